@@ -1,0 +1,476 @@
+"""The wire: pydantic models of aikyo's JSON-RPC 2.0 envelopes and a parser that never raises.
+
+Everything that crosses the network is one of these models. Inbound bytes go through
+:func:`parse_payload` exactly once, at the edge; past it, code handles typed values only.
+
+Strictness mirrors aikyo's zod schemas (``packages/server/schema``): top-level envelopes,
+``State`` params and ``Metadata`` reject unknown keys; the ``params`` of Message, Action and
+Query, and a QueryResult's ``result``, drop unknown keys. Optional fields may be absent but
+not ``null`` (zod's ``.optional()`` accepts only ``undefined``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal, TypeAlias
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "ACTIONS",
+    "MAX_PAYLOAD_BYTES",
+    "MESSAGES",
+    "QUERIES",
+    "STATES",
+    "TOPICS",
+    "Action",
+    "ActionParams",
+    "ClosingStage",
+    "Metadata",
+    "Message",
+    "MessageParams",
+    "Payload",
+    "PayloadError",
+    "Query",
+    "QueryParams",
+    "QueryResult",
+    "QueryResultBody",
+    "State",
+    "StateParams",
+    "canonical_json",
+    "encode",
+    "encode_states",
+    "new_id",
+    "parse_payload",
+]
+
+MESSAGES: Final = "messages"
+STATES: Final = "states"
+QUERIES: Final = "queries"
+ACTIONS: Final = "actions"
+TOPICS: Final[tuple[str, ...]] = (MESSAGES, STATES, QUERIES, ACTIONS)
+
+MAX_PAYLOAD_BYTES: Final = 64 * 1024
+"""Default size limit for one topic payload; larger payloads are dropped before parsing."""
+
+COMPANION_ID_PREFIX: Final = "companion_"
+
+ClosingStage: TypeAlias = Literal["none", "pre-closing", "closing", "terminal"]
+CLOSING_ORDER: Final[tuple[ClosingStage, ...]] = ("none", "pre-closing", "closing", "terminal")
+
+
+def new_id() -> str:
+    """A fresh random id for messages, queries and calls (a UUID4, as aikyo uses)."""
+    return str(uuid.uuid4())
+
+
+class _Strict(BaseModel):
+    """Unknown keys rejected, no type coercion (zod ``.strict()``)."""
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, populate_by_name=True, frozen=True, serialize_by_alias=True
+    )
+
+
+class _Stripping(BaseModel):
+    """Unknown keys dropped, no type coercion (a plain zod object)."""
+
+    model_config = ConfigDict(
+        extra="ignore", strict=True, populate_by_name=True, frozen=True, serialize_by_alias=True
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _optional_is_not_null(cls, data: Any) -> Any:
+        """zod's ``.optional()`` refuses an explicit ``null``; so do we."""
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                key = field.alias or name
+                if not field.is_required() and key in data and data[key] is None:
+                    raise ValueError(f"{key} may be omitted but not null")
+        return data
+
+
+JsonObject: TypeAlias = dict[str, Any]
+
+
+class Metadata(_Strict):
+    """What a companion tells its peers about itself over ``/aikyo/metadata/1.0.0``."""
+
+    id: str
+    name: str
+    personality: str
+    story: str
+    sample: str
+
+
+class MessageParams(_Stripping):
+    id: str
+    from_: str = Field(alias="from")
+    to: list[str]
+    message: str
+    metadata: JsonObject | None = None
+
+
+class Message(_Strict):
+    """``message.send``: one utterance in the conversation (topic ``messages``)."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["message.send"] = "message.send"
+    params: MessageParams
+
+    @classmethod
+    def create(
+        cls,
+        sender: str,
+        to: list[str],
+        text: str,
+        metadata: JsonObject | None = None,
+        id: str | None = None,
+    ) -> Message:
+        return cls(
+            params=MessageParams(
+                id=id or new_id(), from_=sender, to=list(to), message=text, metadata=metadata
+            )
+        )
+
+
+class StateParams(_Strict):
+    from_: str = Field(alias="from")
+    state: Literal["speak", "listen"]
+    importance: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)]
+    selected: bool
+    closing: ClosingStage = "none"
+
+
+class State(_Strict):
+    """``state.send``: one companion's wish to speak or listen; the ``states`` topic carries a list."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["state.send"] = "state.send"
+    params: StateParams
+
+    @classmethod
+    def create(
+        cls,
+        sender: str,
+        state: Literal["speak", "listen"],
+        importance: float,
+        selected: bool,
+        closing: ClosingStage = "none",
+    ) -> State:
+        return cls(
+            params=StateParams(
+                from_=sender, state=state, importance=importance, selected=selected, closing=closing
+            )
+        )
+
+
+class QueryParams(_Stripping):
+    from_: str = Field(alias="from")
+    type: str
+    body: JsonObject | None = None
+
+
+class Query(_Strict):
+    """``query.send``: a companion asks its clients for something (e.g. ``speak``) on ``queries``."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["query.send"] = "query.send"
+    id: str
+    params: QueryParams
+
+    @classmethod
+    def create(
+        cls, sender: str, type: str, body: JsonObject | None = None, id: str | None = None
+    ) -> Query:
+        return cls(id=id or new_id(), params=QueryParams(from_=sender, type=type, body=body))
+
+
+class QueryResultBody(_Stripping):
+    success: bool
+    body: JsonObject
+
+
+class QueryResult(_Strict):
+    """A client's answer to a Query, matched by ``id`` (also on ``queries``)."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    id: str
+    result: QueryResultBody | None = None
+    error: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _optional_is_not_null(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in ("result", "error"):
+                if key in data and data[key] is None:
+                    raise ValueError(f"{key} may be omitted but not null")
+        return data
+
+
+class ActionParams(_Stripping):
+    from_: str = Field(alias="from")
+    name: str
+    params: JsonObject
+    metadata: JsonObject | None = None
+
+
+class Action(_Strict):
+    """``action.send``: an instruction to clients (move, light, progress) on topic ``actions``."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["action.send"] = "action.send"
+    params: ActionParams
+
+    @classmethod
+    def create(
+        cls,
+        sender: str,
+        name: str,
+        params: JsonObject,
+        metadata: JsonObject | None = None,
+    ) -> Action:
+        return cls(params=ActionParams(from_=sender, name=name, params=params, metadata=metadata))
+
+
+Envelope: TypeAlias = Message | State | Query | QueryResult | Action
+Payload: TypeAlias = Message | list[State] | Query | QueryResult | Action
+
+PayloadErrorReason: TypeAlias = Literal[
+    "too_large", "not_utf8", "not_json", "unknown_topic", "wrong_method", "invalid"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PayloadError:
+    """Why a payload was refused. ``reason`` is a stable label for counters; ``detail`` is for logs."""
+
+    reason: PayloadErrorReason
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+
+_METHOD_FOR_TOPIC: Final[dict[str, str]] = {
+    MESSAGES: "message.send",
+    QUERIES: "query.send",
+    ACTIONS: "action.send",
+}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(text: str) -> Any:
+    """JSON.parse semantics: no NaN/Infinity literals."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def _describe_validation(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors(include_url=False)[:5]:
+        where = ".".join(str(p) for p in item["loc"]) or "(root)"
+        parts.append(f"{where}: {item['msg']}")
+    more = error.error_count() - len(parts)
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts)
+
+
+def parse_payload(
+    topic: str, data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES
+) -> Payload | PayloadError:
+    """Turn raw topic bytes into a typed value, or a :class:`PayloadError` saying why not.
+
+    Never raises, whatever the bytes: the caller is usually a gossipsub validator, where an
+    exception would take the whole node down.
+    """
+    try:
+        return _parse(topic, data, max_bytes)
+    except RecursionError:
+        return PayloadError("not_json", "nested too deeply")
+    except Exception as exc:  # a parser must not raise; keep the type for the log
+        return PayloadError("invalid", f"{type(exc).__name__}: {exc}")
+
+
+def _parse(topic: str, data: bytes, max_bytes: int) -> Payload | PayloadError:
+    if topic not in TOPICS:
+        return PayloadError("unknown_topic", f"no such topic {topic!r}")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        return PayloadError("invalid", f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        return PayloadError("too_large", f"{len(data)} bytes > limit {max_bytes}")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return PayloadError("not_utf8", str(exc))
+    try:
+        obj = _loads(text)
+    except (ValueError, RecursionError) as exc:
+        return PayloadError("not_json", str(exc)[:200])
+
+    try:
+        if topic == STATES:
+            if not isinstance(obj, list):
+                return PayloadError("invalid", "the states topic carries a JSON array of State")
+            return [State.model_validate(item) for item in obj]
+        if not isinstance(obj, dict):
+            return PayloadError("invalid", f"expected a JSON object, got {type(obj).__name__}")
+        method = obj.get("method")
+        if topic == QUERIES:
+            if method is None:
+                return QueryResult.model_validate(obj)
+            if method != "query.send":
+                return PayloadError("wrong_method", f"{method!r} is not sent on {topic!r}")
+            return Query.model_validate(obj)
+        expected = _METHOD_FOR_TOPIC[topic]
+        if method != expected:
+            return PayloadError("wrong_method", f"{method!r} is not sent on {topic!r}")
+        if topic == MESSAGES:
+            return Message.model_validate(obj)
+        return Action.model_validate(obj)
+    except ValidationError as exc:
+        return PayloadError("invalid", _describe_validation(exc))
+
+
+# --- Serialization: JSON.stringify of the schema-ordered object -------------------------------
+
+
+def encode(envelope: Envelope) -> bytes:
+    """The bytes to publish: compact JSON in schema field order, as aikyo's nodes send it."""
+    return _stringify(envelope.model_dump(by_alias=True, exclude_none=True)).encode("utf-8")
+
+
+def encode_states(states: list[State]) -> bytes:
+    """The ``states`` topic payload: a JSON array of State envelopes."""
+    return _stringify([s.model_dump(by_alias=True, exclude_none=True) for s in states]).encode(
+        "utf-8"
+    )
+
+
+def canonical_json(message: Message) -> str:
+    """``JSON.stringify`` of a parsed Message as an aikyo 1.6 node computes it (leader election).
+
+    Schema field order, object keys inside ``metadata`` in JavaScript property order, JavaScript
+    number spelling, non-ASCII kept, lone surrogates escaped.
+    """
+    return _stringify(message.model_dump(by_alias=True, exclude_none=True))
+
+
+_MAX_ARRAY_INDEX: Final = 2**32 - 2
+
+
+def _is_array_index(key: str) -> bool:
+    """JavaScript orders these keys first, ascending: canonical decimal integers below 2**32-1."""
+    if not key.isdigit() or not key.isascii():
+        return False
+    if len(key) > 1 and key[0] == "0":
+        return False
+    return int(key) <= _MAX_ARRAY_INDEX
+
+
+def _js_key_order(obj: dict[str, Any]) -> list[str]:
+    indices = sorted((k for k in obj if _is_array_index(k)), key=int)
+    return indices + [k for k in obj if not _is_array_index(k)]
+
+
+_ESCAPES: Final[dict[str, str]] = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+
+
+def _js_string(value: str) -> str:
+    out = ['"']
+    for ch in value:
+        code = ord(ch)
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif code < 0x20 or 0xD800 <= code <= 0xDFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def js_number(value: float | int) -> str:
+    """ECMAScript ``Number::toString`` for a JSON number (every JS number is a double)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return "null"
+    if math.isnan(number) or math.isinf(number):
+        return "null"
+    if number == 0:
+        return "0"
+    sign = "-" if number < 0 else ""
+    digits, exponent = _shortest_digits(abs(number))
+    k = len(digits)
+    n = exponent  # value = 0.digits * 10**n
+    if k <= n <= 21:
+        body = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        body = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        body = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        mantissa = digits[0] + ("." + digits[1:] if k > 1 else "")
+        body = f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+    return sign + body
+
+
+def _shortest_digits(number: float) -> tuple[str, int]:
+    """Shortest round-trip digits and the exponent n with value = 0.d1d2... * 10**n."""
+    text = repr(number)  # Python's repr is the shortest round-trip form, like JS
+    mantissa, _, exp = text.partition("e")
+    exp10 = int(exp) if exp else 0
+    whole, _, frac = mantissa.partition(".")
+    if frac == "0":
+        frac = ""
+    digits = (whole + frac).lstrip("0")
+    leading_zeros = len(whole + frac) - len((whole + frac).lstrip("0"))
+    n = len(whole) + exp10 - leading_zeros
+    digits = digits.rstrip("0") or "0"
+    return digits, n
+
+
+def _stringify(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, str):
+        return _js_string(value)
+    if isinstance(value, int | float):
+        return js_number(value)
+    if isinstance(value, dict):
+        items = (f"{_js_string(k)}:{_stringify(value[k])}" for k in _js_key_order(value))
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_stringify(v) for v in value) + "]"
+    raise TypeError(f"cannot serialize {type(value).__name__} as JSON")
+
+
+def parse_message_text(text: str) -> Message | PayloadError:
+    """Convenience for tests and tools: parse a Message from JSON text."""
+    result = parse_payload(MESSAGES, text.encode("utf-8", "surrogatepass"))
+    if isinstance(result, PayloadError):
+        return result
+    assert isinstance(result, Message)
+    return result
