@@ -1,0 +1,131 @@
+"""The seam between the engine and the network: what a node publishes and what it receives.
+
+The engine and the action runtime see only :class:`Publisher` and a stream of :class:`Inbound`
+values. The libp2p node implements them over gossipsub; :class:`MemoryHub` implements them in
+memory so the engine runs in unit tests without sockets, with hooks to drop, delay or duplicate
+deliveries for fault injection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from .log import log_event
+from .protocol import (
+    STATES,
+    Envelope,
+    Payload,
+    PayloadError,
+    State,
+    encode,
+    encode_states,
+    parse_payload,
+)
+
+__all__ = ["Inbound", "MemoryEndpoint", "MemoryHub", "Publisher", "encode_for_topic"]
+
+logger = logging.getLogger("companion.transport")
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """One payload that passed the edge: parsed, with the peer that signed it."""
+
+    topic: str
+    payload: Payload
+    sender_peer: str
+    """The authenticated origin (libp2p peer id, base58), or the endpoint name in memory."""
+
+
+class Publisher(Protocol):
+    """Publishes one envelope (or the states array) on a topic. Fire and forget, like gossipsub."""
+
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None: ...
+
+
+def encode_for_topic(topic: str, envelope: Envelope | list[State]) -> bytes:
+    if isinstance(envelope, list):
+        if topic != STATES:
+            raise ValueError(f"a list of State is published on {STATES!r}, not {topic!r}")
+        return encode_states(envelope)
+    return encode(envelope)
+
+
+Fault = Callable[[str, str, bytes], Awaitable[list[bytes]]]
+"""``(topic, receiver, data) -> deliveries``: return ``[]`` to drop, ``[data, data]`` to duplicate;
+it may sleep to delay. Used by tests to inject faults per receiver."""
+
+
+@dataclass
+class MemoryEndpoint:
+    """One participant on a :class:`MemoryHub`: publishes to everyone (itself included)."""
+
+    name: str
+    hub: MemoryHub
+    send_channel: trio.MemorySendChannel[Inbound]
+    receive_channel: trio.MemoryReceiveChannel[Inbound]
+    connected: bool = True
+
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
+        if not self.connected:
+            return
+        await self.hub.deliver(self.name, topic, encode_for_topic(topic, envelope))
+
+    def disconnect(self) -> None:
+        """Simulate a crashed peer: it neither sends nor receives from now on."""
+        self.connected = False
+
+
+@dataclass
+class MemoryHub:
+    """In-memory gossip: every published payload reaches every connected endpoint as bytes,
+    is parsed at the receiving edge exactly as the libp2p node does, and arrives in order
+    unless a fault hook says otherwise."""
+
+    buffer: int = 1024
+    fault: Fault | None = None
+    endpoints: dict[str, MemoryEndpoint] = field(default_factory=dict)
+    nursery: trio.Nursery | None = None
+    """Where delayed deliveries run; required only when ``fault`` sleeps."""
+
+    def endpoint(self, name: str) -> MemoryEndpoint:
+        if name in self.endpoints:
+            raise ValueError(f"endpoint {name!r} already exists")
+        send, receive = trio.open_memory_channel[Inbound](self.buffer)
+        ep = MemoryEndpoint(name, self, send, receive)
+        self.endpoints[name] = ep
+        return ep
+
+    async def deliver(self, sender: str, topic: str, data: bytes) -> None:
+        for receiver in list(self.endpoints.values()):
+            if not receiver.connected:
+                continue
+            if self.fault is None:
+                self._put(receiver, sender, topic, data)
+            elif self.nursery is not None:
+                self.nursery.start_soon(self._faulty, receiver, sender, topic, data)
+            else:
+                await self._faulty(receiver, sender, topic, data)
+
+    async def _faulty(self, receiver: MemoryEndpoint, sender: str, topic: str, data: bytes) -> None:
+        assert self.fault is not None
+        for copy in await self.fault(topic, receiver.name, data):
+            if receiver.connected:
+                self._put(receiver, sender, topic, copy)
+
+    def _put(self, receiver: MemoryEndpoint, sender: str, topic: str, data: bytes) -> None:
+        parsed = parse_payload(topic, data)
+        if isinstance(parsed, PayloadError):
+            log_event(logger, "payload_dropped", logging.WARNING, reason=parsed.reason,
+                      detail=parsed.detail, topic=topic, peer=sender)
+            return
+        try:
+            receiver.send_channel.send_nowait(Inbound(topic, parsed, sender))
+        except trio.WouldBlock:
+            log_event(logger, "inbound_overflow", logging.WARNING, receiver=receiver.name,
+                      topic=topic)
