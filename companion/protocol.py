@@ -29,9 +29,9 @@ __all__ = [
     "Action",
     "ActionParams",
     "ClosingStage",
-    "Metadata",
     "Message",
     "MessageParams",
+    "Metadata",
     "Payload",
     "PayloadError",
     "Query",
@@ -184,9 +184,7 @@ class Query(_Strict):
     params: QueryParams
 
     @classmethod
-    def create(
-        cls, sender: str, type: str, body: JsonObject | None = None, id: str | None = None
-    ) -> Query:
+    def create(cls, sender: str, type: str, body: JsonObject | None = None, id: str | None = None) -> Query:
         return cls(id=id or new_id(), params=QueryParams(from_=sender, type=type, body=body))
 
 
@@ -284,9 +282,7 @@ def _describe_validation(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def parse_payload(
-    topic: str, data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES
-) -> Payload | PayloadError:
+def parse_payload(topic: str, data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Payload | PayloadError:
     """Turn raw topic bytes into a typed value, or a :class:`PayloadError` saying why not.
 
     Never raises, whatever the bytes: the caller is usually a gossipsub validator, where an
@@ -350,9 +346,7 @@ def encode(envelope: Envelope) -> bytes:
 
 def encode_states(states: list[State]) -> bytes:
     """The ``states`` topic payload: a JSON array of State envelopes."""
-    return _stringify([s.model_dump(by_alias=True, exclude_none=True) for s in states]).encode(
-        "utf-8"
-    )
+    return _stringify([s.model_dump(by_alias=True, exclude_none=True) for s in states]).encode("utf-8")
 
 
 def canonical_json(message: Message) -> str:

@@ -121,11 +121,17 @@ class MemoryHub:
     def _put(self, receiver: MemoryEndpoint, sender: str, topic: str, data: bytes) -> None:
         parsed = parse_payload(topic, data)
         if isinstance(parsed, PayloadError):
-            log_event(logger, "payload_dropped", logging.WARNING, reason=parsed.reason,
-                      detail=parsed.detail, topic=topic, peer=sender)
+            log_event(
+                logger,
+                "payload_dropped",
+                logging.WARNING,
+                reason=parsed.reason,
+                detail=parsed.detail,
+                topic=topic,
+                peer=sender,
+            )
             return
         try:
             receiver.send_channel.send_nowait(Inbound(topic, parsed, sender))
         except trio.WouldBlock:
-            log_event(logger, "inbound_overflow", logging.WARNING, receiver=receiver.name,
-                      topic=topic)
+            log_event(logger, "inbound_overflow", logging.WARNING, receiver=receiver.name, topic=topic)
