@@ -1,0 +1,125 @@
+"""The model interface the conversation engine needs: exactly three kinds of call per turn.
+
+1. :meth:`CompanionModel.decide_states` — the turn's leader asks once for the states of every
+   addressed companion (aikyo spends one call per companion here).
+2. :meth:`CompanionModel.fill_params` — the speaker fills its card's ``events.params``.
+3. :meth:`CompanionModel.speak` — the speaker runs with the trigger instructions and its card's
+   tools; tool calls go through the action runtime via ``call_tool``.
+
+Requests are plain frozen values so a model is testable without a network or an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from ..protocol import ClosingStage, Message, Metadata
+
+__all__ = [
+    "CompanionModel",
+    "ModelError",
+    "ParamsRequest",
+    "SpeakRequest",
+    "StateDecision",
+    "StatesRequest",
+    "ToolCaller",
+    "ToolInstruction",
+    "ToolSpec",
+]
+
+
+class ModelError(RuntimeError):
+    """The model could not answer (provider down, invalid output after retries, missing key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInstruction:
+    """What a matching CEL condition asks for: use ``tool`` following ``instruction``."""
+
+    tool: str
+    instruction: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as the model sees it: id, what it does, and the JSON Schema of its input."""
+
+    id: str
+    description: str
+    input_schema: Mapping[str, Any]
+    kind: Literal["action", "knowledge"] = "action"
+
+
+ToolCaller = Callable[[str, Mapping[str, Any]], Awaitable[Mapping[str, Any]]]
+"""``call_tool(tool_id, input) -> model-facing JSON result`` (status, output or error message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateDecision:
+    """One companion's state for the next turn, as the leader's model decided it."""
+
+    companion_id: str
+    state: Literal["speak", "listen"]
+    importance: float
+    selected: bool
+    closing: ClosingStage = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class StatesRequest:
+    """Everything the leader's model needs to decide every addressed companion's state."""
+
+    message: Message
+    """The message that started this turn."""
+    companions: Sequence[Metadata]
+    """The addressed, active companions, in the order of ``message.params.to``."""
+    history: Sequence[Message]
+    """Recent conversation, oldest first (the triggering message last)."""
+    nominated: str | None = None
+    """A companion the sender explicitly asked to speak next (must be marked ``selected``)."""
+    closing_floor: ClosingStage = "none"
+    """The least advanced closing stage allowed (repetition or turn limit pushes it forward)."""
+    turn: int = 0
+    """How many turns this conversation has had."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParamsRequest:
+    """The speaker fills its card's ``events.params`` JSON Schema from the conversation."""
+
+    me: Metadata
+    role: str
+    schema: Mapping[str, Any]
+    message: Message
+    history: Sequence[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakRequest:
+    """The speaker's turn: instructions from the triggers, tools from the card."""
+
+    me: Metadata
+    role: str
+    message: Message
+    history: Sequence[Message]
+    instructions: Sequence[ToolInstruction]
+    tools: Sequence[ToolSpec]
+    recipients: Sequence[str]
+    """Who the reply should address by default (the previous speaker and the others present)."""
+    closing: ClosingStage = "none"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class CompanionModel(Protocol):
+    """What the engine needs from a language model. Implementations must be cancellable."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]: ...
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]: ...
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None: ...
