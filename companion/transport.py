@@ -40,6 +40,8 @@ class Inbound:
     payload: Payload
     sender_peer: str
     """The authenticated origin (libp2p peer id, base58), or the endpoint name in memory."""
+    raw: bytes = b""
+    """The bytes as they arrived (the bridge forwards these to clients unchanged)."""
 
 
 class Publisher(Protocol):
@@ -132,6 +134,6 @@ class MemoryHub:
             )
             return
         try:
-            receiver.send_channel.send_nowait(Inbound(topic, parsed, sender))
+            receiver.send_channel.send_nowait(Inbound(topic, parsed, sender, data))
         except trio.WouldBlock:
             log_event(logger, "inbound_overflow", logging.WARNING, receiver=receiver.name, topic=topic)
