@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 __all__ = [
     "ACTIONS",
@@ -67,6 +67,14 @@ def new_id() -> str:
     return str(uuid.uuid4())
 
 
+_WIRE: Final = {"wire": True}
+"""Validation context for payloads from the network (stricter than building models in Python)."""
+
+
+def _from_wire(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("wire"))
+
+
 class _Strict(BaseModel):
     """Unknown keys rejected, no type coercion (zod ``.strict()``)."""
 
@@ -84,9 +92,9 @@ class _Stripping(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _optional_is_not_null(cls, data: Any) -> Any:
-        """zod's ``.optional()`` refuses an explicit ``null``; so do we."""
-        if isinstance(data, dict):
+    def _optional_is_not_null(cls, data: Any, info: ValidationInfo) -> Any:
+        """On the wire, zod's ``.optional()`` refuses an explicit ``null``; so do we."""
+        if _from_wire(info) and isinstance(data, dict):
             for name, field in cls.model_fields.items():
                 key = field.alias or name
                 if not field.is_required() and key in data and data[key] is None:
@@ -203,8 +211,8 @@ class QueryResult(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _optional_is_not_null(cls, data: Any) -> Any:
-        if isinstance(data, dict):
+    def _optional_is_not_null(cls, data: Any, info: ValidationInfo) -> Any:
+        if _from_wire(info) and isinstance(data, dict):
             for key in ("result", "error"):
                 if key in data and data[key] is None:
                     raise ValueError(f"{key} may be omitted but not null")
@@ -316,22 +324,22 @@ def _parse(topic: str, data: bytes, max_bytes: int) -> Payload | PayloadError:
         if topic == STATES:
             if not isinstance(obj, list):
                 return PayloadError("invalid", "the states topic carries a JSON array of State")
-            return [State.model_validate(item) for item in obj]
+            return [State.model_validate(item, context=_WIRE) for item in obj]
         if not isinstance(obj, dict):
             return PayloadError("invalid", f"expected a JSON object, got {type(obj).__name__}")
         method = obj.get("method")
         if topic == QUERIES:
             if method is None:
-                return QueryResult.model_validate(obj)
+                return QueryResult.model_validate(obj, context=_WIRE)
             if method != "query.send":
                 return PayloadError("wrong_method", f"{method!r} is not sent on {topic!r}")
-            return Query.model_validate(obj)
+            return Query.model_validate(obj, context=_WIRE)
         expected = _METHOD_FOR_TOPIC[topic]
         if method != expected:
             return PayloadError("wrong_method", f"{method!r} is not sent on {topic!r}")
         if topic == MESSAGES:
-            return Message.model_validate(obj)
-        return Action.model_validate(obj)
+            return Message.model_validate(obj, context=_WIRE)
+        return Action.model_validate(obj, context=_WIRE)
     except ValidationError as exc:
         return PayloadError("invalid", _describe_validation(exc))
 
