@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the system packages some tests use, when missing: Chromium (browser end-to-end
+# tests) and espeak-ng (voice synthesis). Uses Debian's packages; needs root and apt-get.
+# Idempotent and quiet; where it cannot install, the tests that need a package skip and say why.
+set -uo pipefail
+
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "system-deps: cannot install ${missing[*]} (needs root and apt-get); tests that need them will skip" >&2
+    exit 0
+fi
+echo "system-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >/dev/null 2>&1 || true
+if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
+    echo "system-deps: apt-get could not install ${missing[*]}; tests that need them will skip" >&2
+fi
+exit 0
