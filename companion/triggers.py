@@ -1,0 +1,457 @@
+"""CEL trigger conditions: type-checked and compiled once when a card loads, evaluated every turn.
+
+The card's ``events.params`` JSON Schema declares the CEL environment. Every top-level property
+becomes a CEL variable of the matching type, so expressions read like aikyo's (``emotion == "joy"``):
+
+=================  ==========================================
+JSON Schema type   CEL type
+=================  ==========================================
+string             ``string`` (``enum`` too)
+integer            ``int``
+number             ``double``
+boolean            ``bool``
+array              ``list(T)`` with ``T`` from ``items`` (``dyn`` without)
+object             ``map(string, dyn)`` (nested fields are not type-checked)
+anything else      ``dyn``
+=================  ==========================================
+
+A variable ``params`` (``map(string, dyn)``) holds the whole object, so an optional property can be
+tested with ``has(params.x)`` — unless the schema declares its own ``params`` property, which wins.
+A property the model left out (or gave as ``null``, or with a value of the wrong JSON type) is
+unbound: a condition that reads it evaluates to an error, and an error never counts as true.
+
+Google's checker keeps ``int`` and ``double`` apart (``score > 5`` with a ``number`` parameter is a
+load error: write ``5.0``); values the model sends as ``7.0`` for an ``integer`` are turned into
+``7`` (and ``7`` for a ``number`` into ``7.0``) before evaluation, so each variable always holds
+its declared type.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from cel_expr_python import cel
+from cel_expr_python.ext import ext_math, ext_strings
+
+from .log import log_event
+from .models.base import ToolInstruction
+
+__all__ = [
+    "PARAMS_VARIABLE",
+    "CompiledTriggers",
+    "ConditionOutcome",
+    "ParamType",
+    "TriggerCondition",
+    "TriggerError",
+    "TriggerProblem",
+    "compile_triggers",
+]
+
+logger = logging.getLogger(__name__)
+
+PARAMS_VARIABLE: Final = "params"
+"""The CEL variable holding the whole parameter object (for ``has(params.x)``)."""
+
+ParamKind: TypeAlias = Literal["string", "integer", "number", "boolean", "array", "object", "any"]
+PathPart: TypeAlias = str | int
+
+_JSON_TYPES: Final = ("string", "integer", "number", "boolean", "array", "object", "null")
+_SCALARS: Final[dict[str, ParamKind]] = {
+    "string": "string",
+    "integer": "integer",
+    "number": "number",
+    "boolean": "boolean",
+}
+_IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CEL_RESERVED: Final = frozenset(
+    {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function"}
+    | {"if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while"}
+)
+_CEL_ISSUE: Final = re.compile(
+    r"ERROR: <input>:(?P<line>\d+):(?P<column>\d+): (?P<message>.*?)\n"
+    r" \| (?P<source>.*)\n \| (?P<caret>[.]*\^)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamType:
+    """The declared type of one parameter, as much of it as CEL and normalisation need."""
+
+    kind: ParamKind
+    items: ParamType | None = None
+    properties: Mapping[str, ParamType] = field(default_factory=dict)
+
+    def cel_type(self) -> cel.Type:
+        match self.kind:
+            case "string":
+                return cel.Type.STRING
+            case "integer":
+                return cel.Type.INT
+            case "number":
+                return cel.Type.DOUBLE
+            case "boolean":
+                return cel.Type.BOOL
+            case "array":
+                return cel.Type.List(self.items.cel_type() if self.items else cel.Type.DYN)
+            case "object":
+                return cel.Type.Map(cel.Type.STRING, cel.Type.DYN)
+            case _:
+                return cel.Type.DYN
+
+    def fits(self, value: Any) -> bool:
+        """Whether a JSON value has this type's JSON shape (``bool`` is not a number here)."""
+        match self.kind:
+            case "string":
+                return isinstance(value, str)
+            case "integer":
+                return isinstance(value, int) and not isinstance(value, bool)
+            case "number":
+                return isinstance(value, int | float) and not isinstance(value, bool)
+            case "boolean":
+                return isinstance(value, bool)
+            case "array":
+                return isinstance(value, list)
+            case "object":
+                return isinstance(value, Mapping)
+            case _:
+                return True
+
+    def normalise(self, value: Any) -> Any:
+        """``7.0`` for an integer becomes ``7``, ``7`` for a number ``7.0``; recursively."""
+        if self.kind == "integer" and isinstance(value, float) and value.is_integer():
+            return int(value)
+        if self.kind == "number" and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if self.kind == "array" and isinstance(value, list):
+            return [self.items.normalise(v) for v in value] if self.items else list(value)
+        if self.kind == "object" and isinstance(value, Mapping):
+            return {
+                k: (self.properties[k].normalise(v) if k in self.properties else v) for k, v in value.items()
+            }
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerCondition:
+    """One card condition: a CEL expression and the tool instructions it contributes when true."""
+
+    expression: str
+    execute: tuple[ToolInstruction, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerProblem:
+    """Why a params schema or an expression was refused, where, and how to fix it.
+
+    ``path`` is relative to the card's ``events`` section, e.g. ``("conditions", 2, "expression")``.
+    ``excerpt`` holds the offending expression line and a caret under the column, for CEL errors.
+    """
+
+    path: tuple[PathPart, ...]
+    message: str
+    fix: str
+    excerpt: str = ""
+    line: int | None = None
+    column: int | None = None
+
+
+class TriggerError(ValueError):
+    """The params schema or some conditions cannot be compiled; ``problems`` lists every one."""
+
+    def __init__(self, problems: Sequence[TriggerProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("; ".join(p.message for p in self.problems))
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionOutcome:
+    """What one condition did for one set of values: matched, did not, or failed with ``error``."""
+
+    index: int
+    expression: str
+    matched: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    condition: TriggerCondition
+    program: cel.Expression
+
+
+class CompiledTriggers:
+    """A card's conditions, compiled against its params schema; evaluate them with model output."""
+
+    def __init__(
+        self,
+        env: cel.Env,
+        variables: Mapping[str, ParamType],
+        compiled: Sequence[_Compiled],
+        whole_object: bool,
+    ) -> None:
+        self._env = env
+        self._variables = dict(variables)
+        self._compiled = tuple(compiled)
+        self._whole_object = whole_object
+
+    @property
+    def variables(self) -> Mapping[str, ParamType]:
+        """The declared top-level parameters (not counting the whole-object ``params``)."""
+        return self._variables
+
+    @property
+    def conditions(self) -> tuple[TriggerCondition, ...]:
+        return tuple(c.condition for c in self._compiled)
+
+    def __len__(self) -> int:
+        return len(self._compiled)
+
+    def bind(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The CEL variables for ``values``: normalised, with absent or ill-typed ones left unbound."""
+        bound: dict[str, Any] = {}
+        for name, declared in self._variables.items():
+            if name not in values or values[name] is None:
+                continue
+            value = declared.normalise(values[name])
+            if not declared.fits(value):
+                log_event(
+                    logger,
+                    "trigger_param_type_mismatch",
+                    logging.WARNING,
+                    param=name,
+                    expected=declared.kind,
+                    got=type(value).__name__,
+                )
+                continue
+            bound[name] = value
+        if self._whole_object:
+            bound[PARAMS_VARIABLE] = {
+                k: (self._variables[k].normalise(v) if k in self._variables else v) for k, v in values.items()
+            }
+        return bound
+
+    def explain(self, values: Mapping[str, Any]) -> list[ConditionOutcome]:
+        """Evaluate every condition in card order and say what each one did."""
+        activation = self._env.Activation(self.bind(values))
+        outcomes: list[ConditionOutcome] = []
+        for index, item in enumerate(self._compiled):
+            expression = item.condition.expression
+            error: str | None = None
+            matched = False
+            try:
+                result = item.program.eval(activation)
+            except (RuntimeError, TypeError, ValueError, OverflowError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if result.type() == cel.Type.BOOL:
+                    matched = result.value() is True
+                elif result.type() == cel.Type.ERROR:
+                    error = str(result.value())
+                else:
+                    error = f"the expression produced a {result.type().name()}, not a bool"
+            if error is not None:
+                log_event(
+                    logger,
+                    "trigger_condition_error",
+                    logging.WARNING,
+                    index=index,
+                    expression=expression,
+                    error=error,
+                )
+            outcomes.append(ConditionOutcome(index, expression, matched, error))
+        return outcomes
+
+    def evaluate(self, values: Mapping[str, Any]) -> list[ToolInstruction]:
+        """Instructions of every matching condition, in card order; the first one per tool wins."""
+        chosen: dict[str, ToolInstruction] = {}
+        for outcome in self.explain(values):
+            if outcome.matched:
+                for instruction in self._compiled[outcome.index].condition.execute:
+                    chosen.setdefault(instruction.tool, instruction)
+        return list(chosen.values())
+
+
+def compile_triggers(
+    params_schema: Mapping[str, Any], conditions: Sequence[TriggerCondition]
+) -> CompiledTriggers:
+    """Type-check and compile every condition; raise :class:`TriggerError` listing all problems."""
+    variables, problems = declare_params(params_schema)
+    whole_object = PARAMS_VARIABLE not in variables
+    declarations = {name: t.cel_type() for name, t in variables.items()}
+    if whole_object:
+        declarations[PARAMS_VARIABLE] = cel.Type.Map(cel.Type.STRING, cel.Type.DYN)
+    env = cel.NewEnv(variables=declarations, extensions=[ext_strings.ExtStrings(), ext_math.ExtMath()])
+    compiled: list[_Compiled] = []
+    for index, condition in enumerate(conditions):
+        path: tuple[PathPart, ...] = ("conditions", index, "expression")
+        if not condition.expression.strip():
+            problems.append(
+                TriggerProblem(path, "the expression is empty", "write a CEL condition, e.g. `true`")
+            )
+            continue
+        try:
+            program = env.compile(condition.expression)
+        except RuntimeError as exc:
+            problems.extend(_compile_problems(path, str(exc), list(variables)))
+            continue
+        returns = program.return_type()
+        if returns != cel.Type.BOOL and returns != cel.Type.DYN:
+            problems.append(
+                TriggerProblem(
+                    path,
+                    f"the expression has type {returns.name().lower()}, but a condition must be a bool",
+                    'compare the value to something, e.g. `x > 0`, `x == "joy"` or `size(x) > 0`',
+                )
+            )
+            continue
+        compiled.append(_Compiled(condition, program))
+    if problems:
+        raise TriggerError(problems)
+    return CompiledTriggers(env, variables, compiled, whole_object)
+
+
+def declare_params(schema: Mapping[str, Any]) -> tuple[dict[str, ParamType], list[TriggerProblem]]:
+    """The top-level parameters an ``events.params`` object schema declares, and what is wrong with it."""
+    problems: list[TriggerProblem] = []
+    object_fix = "make events.params a JSON Schema object: `type: object` with a `properties` mapping"
+    if not isinstance(schema, Mapping):
+        return {}, [TriggerProblem(("params",), "params is not a mapping", object_fix)]
+    if schema.get("type") != "object":
+        problems.append(
+            TriggerProblem(
+                ("params", "type"),
+                f"params must be an object schema, but its type is {schema.get('type')!r}",
+                object_fix,
+            )
+        )
+    properties = schema.get("properties", {})
+    if not isinstance(properties, Mapping):
+        problems.append(TriggerProblem(("params", "properties"), "properties is not a mapping", object_fix))
+        return {}, problems
+    variables: dict[str, ParamType] = {}
+    for name, sub in properties.items():
+        path: tuple[PathPart, ...] = ("params", "properties", str(name))
+        if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name) or name in _CEL_RESERVED:
+            problems.append(
+                TriggerProblem(
+                    path,
+                    f"{name!r} cannot be a CEL variable name",
+                    "use letters, digits and underscores, starting with a letter "
+                    "(and not a CEL keyword such as `in` or `null`)",
+                )
+            )
+            continue
+        declared, sub_problems = _param_type(sub, path)
+        problems.extend(sub_problems)
+        variables[name] = declared
+    required = schema.get("required", [])
+    if isinstance(required, list):
+        for i, name in enumerate(required):
+            if name not in properties:
+                problems.append(
+                    TriggerProblem(
+                        ("params", "required", i),
+                        f"{name!r} is required but not declared under properties",
+                        f"declare {name!r} under events.params.properties, or remove it from required",
+                    )
+                )
+    else:
+        problems.append(
+            TriggerProblem(("params", "required"), "required is not a list", "write `required: [name, ...]`")
+        )
+    return variables, problems
+
+
+def _param_type(schema: Any, path: tuple[PathPart, ...]) -> tuple[ParamType, list[TriggerProblem]]:
+    if not isinstance(schema, Mapping):
+        return ParamType("any"), [
+            TriggerProblem(path, "a parameter must be a JSON Schema mapping", "write e.g. `type: string`")
+        ]
+    raw = schema.get("type")
+    names = raw if isinstance(raw, list) else [raw] if raw is not None else []
+    unknown = [n for n in names if n not in _JSON_TYPES]
+    if unknown:
+        return ParamType("any"), [
+            TriggerProblem(
+                (*path, "type"),
+                f"unknown JSON Schema type {unknown[0]!r}",
+                "use one of " + ", ".join(_JSON_TYPES),
+            )
+        ]
+    concrete = [n for n in names if n != "null"]
+    if not concrete:
+        enum = schema.get("enum")
+        if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+            return ParamType("string"), []
+        return ParamType("any"), []
+    if len(concrete) > 1:
+        return ParamType("any"), []
+    kind = concrete[0]
+    if kind == "array":
+        items = schema.get("items")
+        if items is None:
+            return ParamType("array"), []
+        item_type, problems = _param_type(items, (*path, "items"))
+        return ParamType("array", items=item_type), problems
+    if kind == "object":
+        props = schema.get("properties", {})
+        if not isinstance(props, Mapping):
+            return ParamType("object"), [
+                TriggerProblem((*path, "properties"), "properties is not a mapping", "write a mapping")
+            ]
+        nested: dict[str, ParamType] = {}
+        problems = []
+        for name, sub in props.items():
+            nested[str(name)], sub_problems = _param_type(sub, (*path, "properties", str(name)))
+            problems.extend(sub_problems)
+        return ParamType("object", properties=nested), problems
+    return ParamType(_SCALARS[kind]), []
+
+
+def _compile_problems(path: tuple[PathPart, ...], text: str, declared: list[str]) -> list[TriggerProblem]:
+    """Turn the checker's status text into one problem per reported issue, with a caret excerpt."""
+    problems: list[TriggerProblem] = []
+    for m in _CEL_ISSUE.finditer(text):
+        line, column = int(m["line"]), int(m["column"])
+        message = m["message"].removesuffix(" (in container '')")
+        excerpt = f"{m['source']}\n{' ' * (column - 1)}^"
+        problems.append(
+            TriggerProblem(
+                path,
+                f"CEL {line}:{column}: {message}",
+                _fix_for(message, declared),
+                excerpt=excerpt,
+                line=line,
+                column=column,
+            )
+        )
+    if not problems:
+        problems.append(TriggerProblem(path, f"CEL: {text}", "check the expression against the CEL syntax"))
+    return problems
+
+
+def _fix_for(message: str, declared: list[str]) -> str:
+    undeclared = re.match(r"undeclared reference to '([^']*)'", message)
+    if undeclared:
+        name = undeclared[1]
+        close = difflib.get_close_matches(name, declared, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        names = ", ".join(sorted(declared)) or "(none declared yet)"
+        return f"{hint}declare {name!r} under events.params.properties, or use a declared parameter: {names}"
+    if message.startswith("Syntax error"):
+        return "fix the CEL syntax at the caret (strings in quotes, `&&`/`||`, balanced parentheses)"
+    overload = re.match(r"found no matching overload for '([^']*)' applied to '\((.*)\)'", message)
+    if overload:
+        args = overload[2]
+        if "int" in args and "double" in args:
+            return (
+                "CEL does not mix int and double here: write 5.0 for a number, "
+                "or convert with double(x) / int(x)"
+            )
+        return f"the operand types ({args}) do not fit {overload[1]!r}; compare values of the same type"
+    return "check the expression against the parameter types declared in events.params"
