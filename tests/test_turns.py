@@ -1,0 +1,333 @@
+"""Pure turn-taking rules: leader and takeover order, next speaker, closing, metadata extensions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from companion.models.base import StateDecision
+from companion.protocol import MESSAGES, Message, PayloadError, State, parse_payload
+from companion.turns import (
+    META_CLOSING,
+    META_IN_REPLY_TO,
+    META_NEXT_SPEAKER,
+    META_TURN,
+    advance,
+    bigram_jaccard,
+    closing_floor,
+    decide_next_speaker,
+    fallback_decisions,
+    finalize_states,
+    later,
+    plan_leaders,
+    repetition_score,
+    reply_recipients,
+    select_leader,
+    stamp_reply,
+    states_match,
+    turn_info,
+)
+
+VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "leader.json"
+A, B, C, D = "companion_a", "companion_b", "companion_c", "companion_d"
+
+
+def _state(
+    cid: str, state: str = "listen", importance: float = 0, selected: bool = False, closing: str = "none"
+) -> State:
+    return State.create(cid, state, importance, selected, closing)  # type: ignore[arg-type]
+
+
+# --- leader ---------------------------------------------------------------------------------
+
+
+def test_plan_starts_with_aikyo_leader_on_every_vector() -> None:
+    if not VECTORS.exists():
+        pytest.skip(f"shared test vectors not found at {VECTORS}")
+    vectors: list[dict[str, Any]] = json.loads(VECTORS.read_text(encoding="utf-8"))
+    checked = 0
+    for vector in vectors:
+        parsed = parse_payload(MESSAGES, vector["raw"].encode("utf-8"))
+        if isinstance(parsed, PayloadError):
+            continue
+        assert isinstance(parsed, Message)
+        plan = plan_leaders(parsed, vector["active"])
+        assert plan.leader == vector["leader"]
+        expected = set(parsed.params.to) & set(vector["active"])
+        assert set(plan.order) == expected and len(plan.order) == len(expected)
+        if plan.leader is not None:
+            assert plan.order[0] == plan.leader and plan.rank(plan.leader) == 0
+        checked += 1
+    assert checked > 200
+
+
+def test_takeover_order_wraps_after_the_leader_in_to_order() -> None:
+    message = Message.create("user", [A, B, "user_x", C, B, D], "hi")
+    plan = plan_leaders(message, [A, B, C, D])
+    unique = [A, B, C, D]
+    start = unique.index(plan.leader or "")
+    assert list(plan.order) == unique[start:] + unique[:start]
+    assert plan.rank("user_x") is None
+    assert plan.reason == "hash" and plan.leader in plan.why
+
+
+def test_inactive_addressees_never_lead() -> None:
+    message = Message.create("user", [A, B, C], "hi")
+    plan = plan_leaders(message, [C])
+    assert plan.leader == C and plan.order == (C,)
+    none = plan_leaders(message, [D])
+    assert none.leader is None and none.order == () and none.reason == "no_active_addressee"
+    assert none.rank(A) is None
+
+
+# --- next speaker ---------------------------------------------------------------------------
+
+
+def test_selected_wins_over_a_more_important_speaker() -> None:
+    states = [_state(A, "speak", 9), _state(B, "listen", 2, selected=True)]
+    decision = decide_next_speaker(states, [A, B])
+    assert (decision.speaker, decision.reason) == (B, "selected")
+    assert "selected" in decision.why
+
+
+def test_highest_importance_among_selected() -> None:
+    states = [_state(A, "speak", 3, True), _state(B, "speak", 7, True), _state(C, "speak", 10)]
+    assert decide_next_speaker(states, [A, B, C]).speaker == B
+
+
+def test_speakers_by_importance_when_nobody_selected() -> None:
+    states = [_state(A, "speak", 3), _state(B, "listen", 10), _state(C, "speak", 6)]
+    decision = decide_next_speaker(states, [A, B, C])
+    assert (decision.speaker, decision.reason, decision.importance) == (C, "wants_to_speak", 6)
+
+
+def test_ties_go_to_the_earlier_state() -> None:
+    states = [_state(C, "speak", 5), _state(A, "speak", 5), _state(B, "speak", 5)]
+    decision = decide_next_speaker(states, [A, B, C])
+    assert decision.speaker == C and "tie" in decision.why
+
+
+def test_inactive_and_excluded_companions_are_skipped() -> None:
+    states = [_state(A, "speak", 9), _state(B, "speak", 5), _state(C, "speak", 1)]
+    assert decide_next_speaker(states, [B, C]).speaker == B
+    decision = decide_next_speaker(states, [A, B, C], exclude={A})
+    assert decision.speaker == B and "silent" in decision.why
+
+
+def test_nobody_when_nobody_qualifies() -> None:
+    decision = decide_next_speaker([_state(A), _state(B)], [A, B])
+    assert (decision.speaker, decision.reason) == (None, "nobody")
+    assert decide_next_speaker([], [A]).speaker is None
+    assert decide_next_speaker([_state(A, "speak", 5)], [B]).reason == "nobody"
+
+
+def test_terminal_winner_ends_the_conversation() -> None:
+    states = [_state(A, "speak", 5, closing="terminal"), _state(B, "listen", closing="terminal")]
+    decision = decide_next_speaker(states, [A, B])
+    assert decision.speaker is None and decision.conversation_over and decision.closing == "terminal"
+
+
+def _aikyo_reference(states: list[State], active: list[str]) -> str | None:
+    """aikyo's decideNextSpeaker: filter, then a stable sort by importance, descending."""
+    valid = [s for s in states if s.params.from_ in active]
+    for pool in ([s for s in valid if s.params.selected], [s for s in valid if s.params.state == "speak"]):
+        if pool:
+            best = sorted(pool, key=lambda s: -s.params.importance)[0]
+            return None if best.params.closing == "terminal" else best.params.from_
+    return None
+
+
+_ids = st.sampled_from([A, B, C, D])
+_states = st.lists(
+    st.builds(
+        _state,
+        _ids,
+        st.sampled_from(["speak", "listen"]),
+        st.integers(0, 10),
+        st.booleans(),
+        st.sampled_from(["none", "pre-closing", "closing", "terminal"]),
+    ),
+    max_size=6,
+)
+
+
+@given(_states, st.lists(_ids, unique=True))
+def test_same_speaker_as_aikyo(states: list[State], active: list[str]) -> None:
+    assert decide_next_speaker(states, active).speaker == _aikyo_reference(states, active)
+
+
+# --- states the leader publishes -----------------------------------------------------------
+
+
+def test_finalize_fills_missing_drops_unknown_and_clamps() -> None:
+    decisions = [
+        StateDecision(B, "speak", 42.0, False),
+        StateDecision(D, "speak", 5.0, True),
+        StateDecision(B, "listen", 1.0, False),
+        StateDecision(A, "speak", float("nan"), False),
+    ]
+    outcome = finalize_states(decisions, [A, B, C, A], floor="none")
+    assert [s.params.from_ for s in outcome.states] == [A, B, C]
+    assert [s.params.importance for s in outcome.states] == [0.0, 10.0, 0.0]
+    assert outcome.states[2].params.state == "listen"
+    notes = " | ".join(outcome.adjustments)
+    assert D in notes and "second state" in notes and "no state for companion_c" in notes
+
+
+def test_finalize_applies_one_stage_at_least_the_floor() -> None:
+    decisions = [StateDecision(A, "speak", 5, False, "none"), StateDecision(B, "listen", 0, False, "closing")]
+    outcome = finalize_states(decisions, [A, B], floor="pre-closing")
+    assert outcome.stage == "closing"
+    assert {s.params.closing for s in outcome.states} == {"closing"}
+    outcome = finalize_states([StateDecision(A, "speak", 5, False)], [A], floor="terminal")
+    assert outcome.states[0].params.closing == "terminal"
+
+
+def test_nominee_is_the_only_selected_and_speaks() -> None:
+    decisions = [StateDecision(A, "speak", 9, True), StateDecision(B, "listen", 0, False)]
+    outcome = finalize_states(decisions, [A, B], floor="none", nominated=B)
+    assert [(s.params.from_, s.params.selected, s.params.state) for s in outcome.states] == [
+        (A, False, "speak"),
+        (B, True, "speak"),
+    ]
+    assert decide_next_speaker(outcome.states, [A, B]).speaker == B
+    ignored = finalize_states(decisions, [A, B], floor="none", nominated=D)
+    assert ignored.states[0].params.selected and any(
+        "ignored the nomination" in n for n in ignored.adjustments
+    )
+
+
+def test_fallback_picks_the_nominee_or_the_first_addressee() -> None:
+    plain = finalize_states(fallback_decisions([B, A, B]), [B, A], floor="none")
+    assert decide_next_speaker(plain.states, [A, B]).speaker == B
+    nominated = finalize_states(fallback_decisions([B, A], nominated=A), [B, A], floor="none")
+    assert decide_next_speaker(nominated.states, [A, B]).speaker == A
+
+
+def test_states_match_ties_arrays_to_their_message() -> None:
+    first = Message.create("user", [A, B, C], "hi")
+    reply = Message.create(B, ["user", A, C], "hello")
+    array_for_first = [_state(A), _state(B, "speak", 5), _state(C)]
+    array_for_reply = [_state(A), _state(C, "speak", 4)]
+    assert states_match(array_for_first, first)
+    assert not states_match(array_for_first, reply)  # the reply's sender is in it: a late array
+    assert states_match(array_for_reply, reply)
+    assert not states_match([], first)
+    assert not states_match([_state(D)], first)
+
+
+# --- closing ------------------------------------------------------------------------------
+
+
+def test_stage_order() -> None:
+    assert [advance(s) for s in ("none", "pre-closing", "closing", "terminal")] == [
+        "pre-closing",
+        "closing",
+        "terminal",
+        "terminal",
+    ]
+    assert later("closing", "pre-closing") == "closing" and later("none", "terminal") == "terminal"
+
+
+def test_bigram_jaccard_normalises() -> None:
+    assert bigram_jaccard("ＡＢＣ　ｄｅ", "abc de") == 1.0
+    assert bigram_jaccard("ｶﾞｷﾞ", "ガギ") == 1.0
+    assert bigram_jaccard("hello there", "goodbye now") < 0.2
+    assert bigram_jaccard("", "") == 1.0 and bigram_jaccard("a", "") == 0.0
+
+
+def test_repetition_score_needs_five_and_detects_loops() -> None:
+    assert repetition_score(["a b", "c d", "e f", "g h"]) is None
+    same = ["今日はいい天気ですね。"] * 5
+    assert repetition_score(same) == 1.0
+    varied = ["I love the sea.", "Mountains are great", "What about lunch?", "Jazz is my thing", "Rain again"]
+    score = repetition_score(["ignored older line", *varied])
+    assert score is not None and score < 0.2
+
+
+def test_closing_floor_open_by_default() -> None:
+    decision = closing_floor(previous="none", turn=3, utterances=["a", "b"])
+    assert (decision.stage, decision.reason, decision.repetition) == ("none", "open", None)
+
+
+def test_closing_continues_once_begun() -> None:
+    stages = []
+    previous = "pre-closing"
+    for turn in range(3):
+        decision = closing_floor(previous=previous, turn=turn, utterances=[])  # type: ignore[arg-type]
+        stages.append(decision.stage)
+        assert decision.reason == "continues"
+        previous = decision.stage
+    assert stages == ["closing", "terminal", "terminal"]
+
+
+def test_turn_limit_closes_gracefully() -> None:
+    stages = [closing_floor(previous="none", turn=t, utterances=[], max_turns=4).stage for t in range(6)]
+    assert stages == ["none", "none", "pre-closing", "closing", "terminal", "terminal"]
+    assert closing_floor(previous="none", turn=0, utterances=[], max_turns=1).stage == "closing"
+    assert closing_floor(previous="none", turn=4, utterances=[], max_turns=4).reason == "turn_limit"
+
+
+def test_repetition_pushes_to_pre_closing_with_configurable_threshold() -> None:
+    lines = [
+        "Nice weather today!",
+        "Nice weather today.",
+        "nice weather today",
+        "Nice weather, today!",
+        "Nice",
+    ]
+    high = closing_floor(previous="none", turn=5, utterances=lines, threshold=0.5)
+    assert (high.stage, high.reason) == ("pre-closing", "repetition")
+    assert high.repetition is not None and high.repetition >= 0.5
+    strict = closing_floor(previous="none", turn=5, utterances=lines, threshold=0.99)
+    assert strict.stage == "none" and strict.repetition == high.repetition
+
+
+def test_most_advanced_force_wins() -> None:
+    lines = ["same"] * 5
+    decision = closing_floor(previous="closing", turn=1, utterances=lines, max_turns=10)
+    assert (decision.stage, decision.reason) == ("terminal", "continues")
+
+
+# --- metadata extensions -----------------------------------------------------------------
+
+
+def test_turn_info_reads_extensions_and_ignores_bad_values() -> None:
+    meta = {META_TURN: 3, META_CLOSING: "closing", META_NEXT_SPEAKER: B, META_IN_REPLY_TO: "m1"}
+    info = turn_info(Message.create(A, [B], "x", metadata=meta))
+    assert (info.turn, info.closing, info.nominated, info.in_reply_to) == (3, "closing", B, "m1")
+    bad = {META_TURN: True, META_CLOSING: "over", META_NEXT_SPEAKER: 5, META_IN_REPLY_TO: ""}
+    info = turn_info(Message.create(A, [B], "x", metadata=bad))
+    assert (info.turn, info.closing, info.nominated, info.in_reply_to) == (0, "none", None, None)
+    assert turn_info(Message.create(A, [B], "x", metadata={META_TURN: -2})).turn == 0
+
+
+def test_stamp_reply_keeps_the_speakers_keys() -> None:
+    reply = Message.create(B, [A], "hello", metadata={"emotion": "happy", META_NEXT_SPEAKER: C})
+    stamped = stamp_reply(reply, in_reply_to="m0", turn=2, closing="pre-closing")
+    assert stamped.params.metadata == {
+        "emotion": "happy",
+        META_NEXT_SPEAKER: C,
+        META_IN_REPLY_TO: "m0",
+        META_TURN: 2,
+        META_CLOSING: "pre-closing",
+    }
+    assert stamped.params.id == reply.params.id and reply.params.metadata == {
+        "emotion": "happy",
+        META_NEXT_SPEAKER: C,
+    }
+
+
+def test_reply_recipients() -> None:
+    message = Message.create("user", [A, B], "hi")
+    assert reply_recipients(message, B, [A, B, C]) == ["user", A, C]
+
+
+def test_select_leader_is_kept() -> None:
+    message = Message.create("user", [A, B, C], "hi", id="fixed")
+    assert select_leader(message, [A, B, C]) == plan_leaders(message, [A, B, C]).leader
