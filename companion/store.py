@@ -1,0 +1,189 @@
+"""A companion's durable memory in one SQLite file: conversation history, working memory, seen ids.
+
+A restarted node reopens the same file and continues the conversation with what it knew.
+Every write commits on its own with ``synchronous=FULL`` in WAL mode, so once a call returns
+the data survives a crash of the process (or the machine). The file lives under the
+companion's data directory (:data:`DB_FILENAME`).
+
+:class:`Store` implements :class:`companion.history.ConversationHistory`. Calls are synchronous
+and short (one indexed statement each); the engine calls them from its trio task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+from .log import log_event
+from .protocol import MESSAGES, Message, PayloadError, encode, parse_payload
+
+__all__ = ["DB_FILENAME", "Store", "StoreError"]
+
+logger = logging.getLogger("companion.store")
+
+DB_FILENAME: Final = "companion.sqlite3"
+SCHEMA_VERSION: Final = 1
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    sender TEXT NOT NULL,
+    body TEXT NOT NULL,
+    stored_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS memory (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS seen (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    id TEXT NOT NULL,
+    UNIQUE (kind, id)
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used (unreadable file, newer schema, closed)."""
+
+
+class Store:
+    """History, working memory and seen ids of one companion, in SQLite.
+
+    ``seen_limit`` bounds the seen-id table: the oldest ids are forgotten first (a replay older
+    than that is caught by the history's unique message ids anyway).
+    """
+
+    def __init__(self, path: str | Path, *, seen_limit: int = 10_000) -> None:
+        self.path = Path(path)
+        self._seen_limit = seen_limit
+        self._seen_inserts = 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db: sqlite3.Connection | None = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema version {version}; this companion knows {SCHEMA_VERSION}"
+                )
+            self._db.executescript(_SCHEMA)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
+
+    @classmethod
+    def in_directory(cls, data_dir: str | Path, **kwargs: Any) -> Store:
+        """The store of the companion whose data directory is ``data_dir``."""
+        return cls(Path(data_dir) / DB_FILENAME, **kwargs)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise StoreError(f"the store at {self.path} is closed")
+        return self._db
+
+    # --- history -------------------------------------------------------------------------------
+
+    def add(self, message: Message) -> bool:
+        """Record ``message``; ``False`` if a message with its id was already recorded."""
+        cursor = self._conn.execute(
+            "INSERT OR IGNORE INTO messages (id, sender, body, stored_at) VALUES (?, ?, ?, ?)",
+            (message.params.id, message.params.from_, encode(message).decode("utf-8"), time.time()),
+        )
+        return cursor.rowcount == 1
+
+    def append(self, message: Message) -> None:
+        """:class:`~companion.history.ConversationHistory`: record once, the first copy wins."""
+        self.add(message)
+
+    def recent(self, limit: int) -> list[Message]:
+        """The last ``limit`` messages, oldest first."""
+        if limit <= 0:
+            return []
+        rows = self._conn.execute(
+            "SELECT seq, body FROM messages ORDER BY seq DESC LIMIT ?", (limit,)
+        ).fetchall()
+        out: list[Message] = []
+        for seq, body in reversed(rows):
+            parsed = parse_payload(MESSAGES, body.encode("utf-8"))
+            if isinstance(parsed, PayloadError) or not isinstance(parsed, Message):
+                log_event(logger, "store_row_unreadable", logging.ERROR, path=str(self.path), seq=seq)
+                continue
+            out.append(parsed)
+        return out
+
+    def has_message(self, message_id: str) -> bool:
+        row = self._conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone()
+        return row is not None
+
+    def __len__(self) -> int:
+        return int(self._conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+
+    # --- working memory -----------------------------------------------------------------------
+
+    def remember(self, key: str, value: Any) -> None:
+        """Keep a JSON-able ``value`` under ``key`` (replacing what was there)."""
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        self._conn.execute(
+            "INSERT INTO memory (key, value, updated_at) VALUES (?, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            (key, text, time.time()),
+        )
+
+    def recall(self, key: str, default: Any = None) -> Any:
+        row = self._conn.execute("SELECT value FROM memory WHERE key = ?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def forget(self, key: str) -> None:
+        self._conn.execute("DELETE FROM memory WHERE key = ?", (key,))
+
+    def memory(self) -> dict[str, Any]:
+        """All of the working memory, by key."""
+        rows = self._conn.execute("SELECT key, value FROM memory ORDER BY key").fetchall()
+        return {key: json.loads(value) for key, value in rows}
+
+    # --- seen ids -----------------------------------------------------------------------------
+
+    def mark_seen(self, kind: str, item_id: str) -> bool:
+        """Note that ``item_id`` of ``kind`` was handled; ``False`` if it had been already."""
+        cursor = self._conn.execute("INSERT OR IGNORE INTO seen (kind, id) VALUES (?, ?)", (kind, item_id))
+        fresh = cursor.rowcount == 1
+        if fresh:
+            self._seen_inserts += 1
+            if self._seen_inserts >= max(1, self._seen_limit // 10):
+                self._seen_inserts = 0
+                self._prune_seen()
+        return fresh
+
+    def seen(self, kind: str, item_id: str) -> bool:
+        row = self._conn.execute("SELECT 1 FROM seen WHERE kind = ? AND id = ?", (kind, item_id)).fetchone()
+        return row is not None
+
+    def _prune_seen(self) -> None:
+        self._conn.execute(
+            "DELETE FROM seen WHERE seq <= (SELECT MAX(seq) FROM seen) - ?", (self._seen_limit,)
+        )

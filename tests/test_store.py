@@ -1,0 +1,111 @@
+"""The SQLite store: history, working memory and seen ids survive restarts and crashes."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from companion.history import ConversationHistory
+from companion.protocol import Message
+from companion.store import DB_FILENAME, Store, StoreError
+
+
+def _msg(i: int, sender: str = "companion_a") -> Message:
+    return Message.create(
+        sender, ["companion_b"], f"line {i} ＡＩ", metadata={"emotion": "happy", "n": i}, id=f"m{i}"
+    )
+
+
+def test_history_in_order_once_per_id(tmp_path: Path) -> None:
+    with Store.in_directory(tmp_path) as store:
+        history: ConversationHistory = store
+        for i in range(7):
+            history.append(_msg(i))
+        assert store.add(_msg(3)) is False
+        history.append(Message.create("x", [], "a different body", id="m3"))
+        assert len(store) == 7
+        assert [m.params.id for m in history.recent(3)] == ["m4", "m5", "m6"]
+        assert history.recent(0) == [] and len(history.recent(100)) == 7
+        assert history.recent(1)[0] == _msg(6)
+        assert store.has_message("m0") and not store.has_message("m9")
+    assert (tmp_path / DB_FILENAME).exists()
+
+
+def test_everything_survives_a_reopen(tmp_path: Path) -> None:
+    with Store.in_directory(tmp_path) as store:
+        store.append(_msg(1))
+        store.remember("conversation", {"turn": 4, "closing": "pre-closing"})
+        store.remember("mood", "cheerful")
+        store.forget("mood")
+        assert store.mark_seen("messages", "m1") is True
+    with Store.in_directory(tmp_path) as store:
+        assert store.recent(5) == [_msg(1)]
+        assert store.recall("conversation") == {"turn": 4, "closing": "pre-closing"}
+        assert store.recall("mood", "none") == "none"
+        assert store.memory() == {"conversation": {"turn": 4, "closing": "pre-closing"}}
+        assert store.seen("messages", "m1") and store.mark_seen("messages", "m1") is False
+        assert not store.seen("states", "m1")
+
+
+def test_seen_ids_are_bounded(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.db", seen_limit=10) as store:
+        for i in range(25):
+            store.mark_seen("messages", f"id{i}")
+        assert store.seen("messages", "id24") and store.seen("messages", "id15")
+        assert not store.seen("messages", "id0")
+
+
+def test_a_killed_writer_loses_no_committed_message(tmp_path: Path) -> None:
+    """The child commits, says so, then blocks; SIGKILL must not lose what it committed."""
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from companion.protocol import Message
+        from companion.store import Store
+        store = Store.in_directory({str(tmp_path)!r})
+        for i in range(50):
+            store.append(Message.create("companion_a", ["companion_b"], f"durable {{i}}", id=f"d{{i}}"))
+        store.remember("conversation", {{"turn": 50}})
+        print("committed", flush=True)
+        sys.stdin.read()
+        """
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "committed"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    assert child.returncode == -signal.SIGKILL
+    with Store.in_directory(tmp_path) as store:
+        assert len(store) == 50
+        assert store.recent(1)[0].params.message == "durable 49"
+        assert store.recall("conversation") == {"turn": 50}
+
+
+def test_refuses_a_newer_schema_and_a_closed_store(tmp_path: Path) -> None:
+    path = tmp_path / "future.db"
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version=99")
+    with pytest.raises(StoreError, match="schema version 99"):
+        Store(path)
+    store = Store(tmp_path / "ok.db")
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.recent(1)
+
+
+def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreError, match="cannot open"):
+        Store(blocker / "sub" / "x.db")
