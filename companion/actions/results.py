@@ -1,0 +1,115 @@
+"""How a tool call ends: one typed result with a status and, on failure, a stable JSON-RPC code.
+
+Every caller (the model, a test, the command line) gets a :class:`ToolResult`; the model gets
+:meth:`ToolResult.for_model`, a small JSON object it can act on (fix its input, retry, give up).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Literal, TypeAlias
+
+from ..protocol import Action, Message
+
+__all__ = [
+    "ActionRefused",
+    "ErrorCode",
+    "InputIssue",
+    "QueryTimeout",
+    "ToolResult",
+    "ToolStatus",
+]
+
+
+class ErrorCode(IntEnum):
+    """Stable failure codes (JSON-RPC server-error range; -32603 is JSON-RPC's internal error)."""
+
+    CANCELLED = -32001
+    TIMEOUT = -32002
+    NOT_FOUND = -32003
+    INVALID_INPUT = -32004
+    REFUSED = -32005
+    INTERNAL = -32603
+
+
+ToolStatus: TypeAlias = Literal[
+    "ok", "invalid_input", "refused", "timeout", "cancelled", "not_found", "internal_error"
+]
+
+_CODES: dict[ToolStatus, ErrorCode] = {
+    "invalid_input": ErrorCode.INVALID_INPUT,
+    "refused": ErrorCode.REFUSED,
+    "timeout": ErrorCode.TIMEOUT,
+    "cancelled": ErrorCode.CANCELLED,
+    "not_found": ErrorCode.NOT_FOUND,
+    "internal_error": ErrorCode.INTERNAL,
+}
+
+
+class ActionRefused(Exception):
+    """Raised by a handler to refuse the call for a reason the model can read and act on.
+
+    The call ends with status ``refused`` (-32005) and the message goes to the model verbatim,
+    so write it for the model: what was wrong and what would work instead.
+    """
+
+
+class QueryTimeout(TimeoutError):
+    """No client answered a query before its deadline. Uncaught, it ends the call as ``timeout``."""
+
+    def __init__(self, query_type: str, timeout: float) -> None:
+        super().__init__(f"no client answered the {query_type!r} query within {timeout:g} s")
+        self.query_type = query_type
+        self.timeout = timeout
+
+
+@dataclass(frozen=True, slots=True)
+class InputIssue:
+    """One problem with a tool's input: where in the input (``loc``) and what is wrong."""
+
+    loc: tuple[str | int, ...]
+    message: str
+
+    @property
+    def path(self) -> str:
+        """Dotted path into the input (``to.0``); ``(root)`` for the input as a whole."""
+        return ".".join(str(part) for part in self.loc) or "(root)"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The one way a tool call ends. ``output`` is set when ``status == "ok"``."""
+
+    tool_id: str
+    call_id: str
+    status: ToolStatus
+    message: str = ""
+    """On failure, what the model (or person) is told; on success, empty."""
+    output: Any = None
+    """JSON-ready output: a knowledge tool's value, or an action's summary of what it published."""
+    issues: tuple[InputIssue, ...] = ()
+    published: tuple[Message | Action, ...] = ()
+    """What an action published (in order)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def code(self) -> ErrorCode | None:
+        """The stable failure code, or ``None`` on success."""
+        return None if self.status == "ok" else _CODES[self.status]
+
+    def for_model(self) -> dict[str, Any]:
+        """The JSON object a model sees as the tool's answer."""
+        if self.status == "ok":
+            return {"status": "ok", "output": self.output}
+        out: dict[str, Any] = {
+            "status": self.status,
+            "code": int(_CODES[self.status]),
+            "message": self.message,
+        }
+        if self.issues:
+            out["issues"] = [{"path": issue.path, "message": issue.message} for issue in self.issues]
+        return out

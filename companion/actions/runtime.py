@@ -1,0 +1,442 @@
+"""The one execution path for every tool call: a model's tool call, a test, the command line.
+
+:meth:`ActionRuntime.call` validates the input (all issues at once, the handler never runs on a
+bad input), asks for approval when the action needs it, runs the handler under its deadline and
+the caller's cancellation, and settles exactly once with a :class:`ToolResult`. What an action
+returns is checked, published on its topic and recorded in the history.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
+
+import trio
+from pydantic import BaseModel, ValidationError
+
+from ..history import ConversationHistory
+from ..log import log_event
+from ..models.base import ToolSpec
+from ..protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
+from ..transport import Publisher
+from .approval import APPROVAL_QUERY, DEFAULT_APPROVAL_TIMEOUT, approval_body, read_approval
+from .context import ActionContext
+from .definition import ActionDef, KnowledgeDef, validate_input
+from .progress import DEFAULT_MIN_INTERVAL, ProgressGate, progress_action
+from .queries import PendingQueries
+from .results import ActionRefused, InputIssue, QueryTimeout, ToolResult
+
+__all__ = ["ActionRuntime", "ToolDef"]
+
+logger = logging.getLogger("companion.actions")
+
+ToolDef: TypeAlias = ActionDef | KnowledgeDef
+
+DEFAULT_HISTORY_LIMIT: Final = 20
+DEFAULT_PUBLISH_TIMEOUT: Final = 10.0
+"""Seconds to hand one envelope to the network before the call counts as an internal error."""
+
+
+class _BadOutput(Exception):
+    """An action returned something the runtime cannot publish (a bug in the action)."""
+
+
+@dataclass(slots=True)
+class _Call:
+    call_id: str
+    defn: ToolDef
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    cancel_reason: str | None = None
+    handler_scope: trio.CancelScope | None = None
+    cap_at: float = math.inf
+    gate: ProgressGate = field(default_factory=ProgressGate)
+
+
+@dataclass(frozen=True, slots=True)
+class _Produced:
+    value: Any
+
+
+class ActionRuntime:
+    """Runs this companion's tools. One per companion; safe to use from many tasks at once."""
+
+    def __init__(
+        self,
+        *,
+        metadata: Metadata,
+        publisher: Publisher,
+        directory: Mapping[str, Metadata],
+        history: ConversationHistory,
+        clock: Callable[[], float] = trio.current_time,
+        history_limit: int = DEFAULT_HISTORY_LIMIT,
+        approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT,
+        publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
+        progress_interval: float = DEFAULT_MIN_INTERVAL,
+    ) -> None:
+        """``clock`` paces progress messages only; deadlines always use trio's clock."""
+        self._metadata = metadata
+        self._publisher = publisher
+        self._directory: Mapping[str, Metadata] = MappingProxyType(directory)
+        self._history = history
+        self._clock = clock
+        self._history_limit = history_limit
+        self._approval_timeout = approval_timeout
+        self._publish_timeout = publish_timeout
+        self._progress_interval = progress_interval
+        self._tools: dict[str, ToolDef] = {}
+        self._calls: dict[str, _Call] = {}
+        self._queries = PendingQueries(publisher, metadata.id)
+
+    # --- the tool table ------------------------------------------------------------------------
+
+    @property
+    def companion_id(self) -> str:
+        return self._metadata.id
+
+    @property
+    def tools(self) -> Mapping[str, ToolDef]:
+        """The registered tools by id (a live read-only view)."""
+        return MappingProxyType(self._tools)
+
+    def register(self, defn: ToolDef, *, replace: bool = False) -> None:
+        """Add a tool; the model sees it from its next step. Calls already running are unaffected."""
+        if not isinstance(defn, ActionDef | KnowledgeDef):
+            raise TypeError(f"expected an ActionDef or KnowledgeDef, got {type(defn).__name__}")
+        if defn.id in self._tools and not replace and self._tools[defn.id] is not defn:
+            raise ValueError(f"a tool named {defn.id!r} is already registered (pass replace=True)")
+        self._tools[defn.id] = defn
+        log_event(logger, "tool_registered", logging.DEBUG, tool=defn.id, kind=defn.kind)
+
+    def unregister(self, tool_id: str) -> bool:
+        """Remove a tool. A call already running keeps its handler. False if it was not there."""
+        removed = self._tools.pop(tool_id, None) is not None
+        if removed:
+            log_event(logger, "tool_unregistered", logging.DEBUG, tool=tool_id)
+        return removed
+
+    def tool_specs(self) -> list[ToolSpec]:
+        """The tools as the model sees them, in registration order."""
+        return [ToolSpec(d.id, d.description, d.input_schema(), d.kind) for d in self._tools.values()]
+
+    # --- the network side ------------------------------------------------------------------------
+
+    def deliver_query_result(self, result: QueryResult) -> bool:
+        """Feed a QueryResult from topic ``queries``. True if a pending query took it."""
+        return self._queries.deliver(result)
+
+    @property
+    def pending_queries(self) -> int:
+        """How many queries are waiting for an answer right now."""
+        return len(self._queries)
+
+    @property
+    def running(self) -> frozenset[str]:
+        """Ids of the calls running right now."""
+        return frozenset(self._calls)
+
+    def cancel(self, call_id: str, reason: str = "cancelled by the caller") -> bool:
+        """Cancel a running call; it settles as ``cancelled``. False if no such call is running."""
+        call = self._calls.get(call_id)
+        if call is None:
+            return False
+        if call.cancel_reason is None:
+            call.cancel_reason = reason
+        call.scope.cancel()
+        return True
+
+    # --- calling ---------------------------------------------------------------------------------
+
+    async def call(
+        self, tool_id: str, raw_input: Mapping[str, Any], *, call_id: str | None = None
+    ) -> ToolResult:
+        """Run one tool call to its single outcome.
+
+        Returns a :class:`ToolResult` for every outcome the call itself decides, including
+        timeouts and :meth:`cancel`. If the *caller's* own cancel scope is cancelled, trio's
+        ``Cancelled`` propagates as usual (nothing is published and no query stays pending).
+        """
+        call_id = call_id or new_id()
+        if call_id in self._calls:
+            raise ValueError(f"call id {call_id!r} is already running")
+        defn = self._tools.get(tool_id)
+        if defn is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            return self._log_result(
+                ToolResult(tool_id, call_id, "not_found", f"no tool named {tool_id!r}; available: {known}"),
+                0.0,
+            )
+        value = validate_input(defn.input_model, raw_input)
+        if isinstance(value, tuple):
+            return self._log_result(_invalid(defn, call_id, value), 0.0)
+
+        call = _Call(call_id, defn, gate=ProgressGate(self._progress_interval))
+        self._calls[call_id] = call
+        started = trio.current_time()
+        log_event(logger, "tool_call_started", tool=tool_id, call_id=call_id)
+        outcome: ToolResult | _Produced | None = None
+        try:
+            with call.scope:
+                outcome = await self._approve_and_run(call, value)
+        except trio.Cancelled:
+            log_event(logger, "tool_call_abandoned", logging.INFO, tool=tool_id, call_id=call_id)
+            raise
+        finally:
+            self._calls.pop(call_id, None)
+
+        if call.scope.cancel_called:
+            result = ToolResult(
+                tool_id,
+                call_id,
+                "cancelled",
+                f"the call was cancelled ({call.cancel_reason}); nothing was done",
+            )
+        elif isinstance(outcome, ToolResult):
+            result = outcome
+        else:
+            assert outcome is not None
+            result = await self._settle(call, outcome.value)
+        return self._log_result(result, trio.current_time() - started)
+
+    async def _approve_and_run(self, call: _Call, value: BaseModel) -> ToolResult | _Produced:
+        defn = call.defn
+        if isinstance(defn, ActionDef) and defn.requires_approval:
+            refusal = await self._approve(call, defn, value)
+            if refusal is not None:
+                return refusal
+        ctx = self._context(call, value)
+        handler: Callable[[ActionContext[Any]], Any] = (
+            defn.publish if isinstance(defn, ActionDef) else defn.fetch
+        )
+        now = trio.current_time()
+        call.cap_at = now + defn.cap
+        error: Exception | None = None
+        produced: Any = None
+        with trio.CancelScope(deadline=now + defn.timeout) as scope:
+            call.handler_scope = scope
+            try:
+                produced = handler(ctx)
+                if inspect.isawaitable(produced):
+                    produced = await produced
+            except Exception as exc:
+                error = exc
+        if scope.cancel_called:
+            return ToolResult(
+                defn.id,
+                call.call_id,
+                "timeout",
+                f"{defn.id!r} did not finish in time (idle limit {defn.timeout:g} s, "
+                f"cap {defn.cap:g} s); it was stopped",
+            )
+        if error is not None:
+            return self._failure(call, error)
+        return _Produced(produced)
+
+    async def _approve(self, call: _Call, defn: ActionDef, value: BaseModel) -> ToolResult | None:
+        """None when approved; otherwise the result telling the model why the action did not run."""
+        try:
+            body = approval_body(defn, value, call.call_id)
+        except Exception as exc:
+            return self._failure(call, exc)
+        try:
+            answer = await self._queries.ask(APPROVAL_QUERY, body, self._approval_timeout)
+        except QueryTimeout:
+            return ToolResult(
+                defn.id,
+                call.call_id,
+                "timeout",
+                f"nobody approved {defn.id!r} within {self._approval_timeout:g} s "
+                "(no client answered); it did not run",
+            )
+        decision = read_approval(answer)
+        log_event(
+            logger,
+            "approval_decided",
+            tool=defn.id,
+            call_id=call.call_id,
+            approved=decision.approved,
+            reason=decision.reason,
+        )
+        if decision.approved:
+            return None
+        return ToolResult(
+            defn.id,
+            call.call_id,
+            "refused",
+            f"{defn.id!r} was not approved ({decision.reason}); it did not run",
+        )
+
+    def _context(self, call: _Call, value: BaseModel) -> ActionContext[Any]:
+        async def send_query(query_type: str, body: Mapping[str, Any] | None, timeout: float) -> QueryResult:
+            return await self._queries.ask(query_type, body, timeout)
+
+        async def progress(percent: float, message: str) -> None:
+            await self._progress(call, percent, message)
+
+        def deadline() -> float:
+            return call.handler_scope.deadline if call.handler_scope is not None else math.inf
+
+        return ActionContext(
+            input=value,
+            call_id=call.call_id,
+            tool_id=call.defn.id,
+            metadata=self._metadata,
+            companions=self._directory,
+            history=tuple(self._history.recent(self._history_limit)),
+            _send_query=send_query,
+            _progress=progress,
+            _deadline=deadline,
+        )
+
+    async def _progress(self, call: _Call, percent: float, message: str) -> None:
+        if self._calls.get(call.call_id) is not call or call.handler_scope is None:
+            return  # the call has settled; a leaked context cannot reach the network
+        update = call.gate.offer(percent, str(message), self._clock())
+        scope = call.handler_scope
+        extended = min(trio.current_time() + call.defn.timeout, call.cap_at)
+        if extended > scope.deadline:
+            scope.deadline = extended
+        if update is not None:
+            await self._publisher.publish(
+                ACTIONS, progress_action(self.companion_id, call.defn.id, call.call_id, update)
+            )
+
+    # --- settling ----------------------------------------------------------------------------------
+
+    def _failure(self, call: _Call, exc: Exception) -> ToolResult:
+        leaf = _sole_leaf(exc)
+        tool_id = call.defn.id
+        if isinstance(leaf, ActionRefused):
+            message = str(leaf) or f"{tool_id!r} refused without giving a reason"
+            return ToolResult(tool_id, call.call_id, "refused", message)
+        if isinstance(leaf, QueryTimeout):
+            return ToolResult(tool_id, call.call_id, "timeout", f"{leaf}; {tool_id!r} did not finish")
+        return self._internal(call, exc, f"{tool_id!r} failed with an internal error ({type(leaf).__name__})")
+
+    def _internal(self, call: _Call, exc: BaseException, message: str) -> ToolResult:
+        log_event(
+            logger,
+            "tool_call_failed",
+            logging.ERROR,
+            tool=call.defn.id,
+            call_id=call.call_id,
+            error=f"{type(exc).__name__}: {exc}",
+            traceback="".join(traceback.format_exception(exc)),
+        )
+        return ToolResult(
+            call.defn.id, call.call_id, "internal_error", message + "; the details are in the node's log"
+        )
+
+    async def _settle(self, call: _Call, produced: Any) -> ToolResult:
+        defn = call.defn
+        if isinstance(defn, KnowledgeDef):
+            try:
+                output = defn.output_json(produced)
+            except ValidationError as exc:
+                return self._internal(call, exc, f"knowledge {defn.id!r} returned a value of the wrong shape")
+            return ToolResult(defn.id, call.call_id, "ok", output=output)
+
+        try:
+            envelopes = self._checked_output(defn, produced)
+        except _BadOutput as exc:
+            return self._internal(call, exc, f"action {defn.id!r} returned {exc}")
+        published: list[Message | Action] = []
+        try:
+            for envelope in envelopes:
+                with trio.fail_after(self._publish_timeout):
+                    await self._publisher.publish(defn.topic, envelope)
+                published.append(envelope)
+                if isinstance(envelope, Message):
+                    self._history.append(envelope)
+        except Exception as exc:  # trio.TooSlowError included
+            result = self._internal(call, exc, f"action {defn.id!r} could not publish its output")
+            return ToolResult(
+                result.tool_id, result.call_id, result.status, result.message, published=tuple(published)
+            )
+        summary = [_summary(defn.topic, e) for e in published]
+        return ToolResult(
+            defn.id, call.call_id, "ok", output={"published": summary}, published=tuple(published)
+        )
+
+    def _checked_output(self, defn: ActionDef, produced: Any) -> list[Message | Action]:
+        if isinstance(produced, Message | Action | Mapping):
+            items: Sequence[Any] = [produced]
+        elif isinstance(produced, Sequence) and not isinstance(produced, str | bytes):
+            items = produced
+        else:
+            raise _BadOutput(
+                f"{type(produced).__name__}, not a Message, an Action or a list of them"
+                + (" (did publish forget to return?)" if produced is None else "")
+            )
+        return [self._checked_envelope(defn, item, index) for index, item in enumerate(items)]
+
+    def _checked_envelope(self, defn: ActionDef, item: Any, index: int) -> Message | Action:
+        expected: type[Message] | type[Action] = Message if defn.topic == MESSAGES else Action
+        where = f"item {index}"
+        if isinstance(item, Mapping):
+            item = _with_id(item) if expected is Message else item
+            try:
+                item = expected.model_validate(item)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+                    for e in exc.errors(include_url=False)[:5]
+                )
+                raise _BadOutput(f"a malformed {expected.__name__} ({where}: {problems})") from exc
+        if not isinstance(item, expected):
+            raise _BadOutput(
+                f"a {type(item).__name__} ({where}), but its topic {defn.topic!r} carries {expected.__name__}"
+            )
+        if item.params.from_ != self.companion_id:
+            raise _BadOutput(
+                f"an envelope from {item.params.from_!r} ({where}); it must be from {self.companion_id!r}"
+            )
+        return item
+
+    def _log_result(self, result: ToolResult, duration: float) -> ToolResult:
+        level = logging.INFO if result.status in ("ok", "refused", "invalid_input") else logging.WARNING
+        log_event(
+            logger,
+            "tool_call_finished",
+            level,
+            tool=result.tool_id,
+            call_id=result.call_id,
+            status=result.status,
+            code=None if result.code is None else int(result.code),
+            duration=round(duration, 3),
+        )
+        return result
+
+
+def _invalid(defn: ToolDef, call_id: str, issues: tuple[InputIssue, ...]) -> ToolResult:
+    listed = "; ".join(f"{i.path}: {i.message}" for i in issues)
+    count = f"{len(issues)} problem{'s' if len(issues) != 1 else ''}"
+    return ToolResult(
+        defn.id, call_id, "invalid_input", f"{count} with the input of {defn.id!r}: {listed}", issues=issues
+    )
+
+
+def _with_id(item: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Fill a missing ``params.id`` of a ``message.send`` given as a dict."""
+    params = item.get("params")
+    if isinstance(params, Mapping) and "id" not in params:
+        return {**item, "params": {**params, "id": new_id()}}
+    return item
+
+
+def _summary(topic: str, envelope: Message | Action) -> dict[str, Any]:
+    if isinstance(envelope, Message):
+        return {"topic": topic, "id": envelope.params.id, "to": list(envelope.params.to)}
+    return {"topic": topic, "name": envelope.params.name}
+
+
+def _sole_leaf(exc: BaseException) -> BaseException:
+    """Unwrap exception groups holding exactly one exception (a handler's own nursery)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

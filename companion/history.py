@@ -1,0 +1,57 @@
+"""The conversation as the engine and the action runtime read it: an append-only list of messages.
+
+:class:`ConversationHistory` is the seam; :class:`InMemoryHistory` serves tests and short-lived
+nodes, and the SQLite store implements the same protocol for nodes that remember across runs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Protocol
+
+from .protocol import Message
+
+__all__ = ["ConversationHistory", "InMemoryHistory"]
+
+
+class ConversationHistory(Protocol):
+    """Where a node keeps the messages of its conversation, oldest first."""
+
+    def append(self, message: Message) -> None:
+        """Record one message. Recording the same message id twice keeps the first copy."""
+        ...
+
+    def recent(self, limit: int) -> list[Message]:
+        """The last ``limit`` messages, oldest first (fewer if there are fewer)."""
+        ...
+
+
+class InMemoryHistory:
+    """A bounded history in memory.
+
+    Messages are keyed by ``params.id``: a node sees its own messages both when it publishes
+    them and when gossip echoes them back, and the conversation must hold them once.
+    """
+
+    def __init__(self, capacity: int = 1000) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self._capacity = capacity
+        self._messages: OrderedDict[str, Message] = OrderedDict()
+
+    def append(self, message: Message) -> None:
+        key = message.params.id
+        if key in self._messages:
+            return
+        self._messages[key] = message
+        while len(self._messages) > self._capacity:
+            self._messages.popitem(last=False)
+
+    def recent(self, limit: int) -> list[Message]:
+        if limit <= 0:
+            return []
+        items = list(self._messages.values())
+        return items[-limit:]
+
+    def __len__(self) -> int:
+        return len(self._messages)
