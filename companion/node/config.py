@@ -1,0 +1,109 @@
+"""How a node's libp2p host and gossipsub are configured, and why each default is what it is.
+
+Measured on py-libp2p 0.8.1 (see ``shared/notes``): its defaults suit long-lived DHT nodes, not a
+handful of companions that must notice each other within seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import multiaddr
+from libp2p import new_host
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.network import swarm as _swarm
+from libp2p.network.config import ConnectionConfig
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+
+from ..protocol import MAX_PAYLOAD_BYTES
+
+__all__ = ["GOSSIP_V11", "GOSSIP_V12", "NodeConfig", "make_gossipsub", "make_host"]
+
+GOSSIP_V11: tuple[TProtocol, ...] = (PROTOCOL_ID_V11, PROTOCOL_ID)
+"""gossipsub v1.1 and v1.0: measured faster in py-libp2p 0.8.1 (no IDONTWANT for every message)."""
+GOSSIP_V12: tuple[TProtocol, ...] = (PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a :class:`~companion.node.CompanionNode` needs besides its metadata."""
+
+    listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
+    """Multiaddrs to listen on; ``/ip4/0.0.0.0/tcp/PORT`` to accept other machines."""
+    peers: Sequence[str] = ()
+    """Bootstrap multiaddrs (with ``/p2p/PEER_ID``), dialled at start and redialled when lost."""
+    mdns: bool = False
+    """Find and dial peers on the LAN by mDNS (blocks the loop ~1.5 s at start)."""
+    key_path: Path | None = None
+    """Where the node key lives; ``None`` for a fresh key each run."""
+    name: str = ""
+    """A label for logs (the companion id, or ``bridge``)."""
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
+    gossip_protocols: Sequence[TProtocol] = GOSSIP_V11
+    heartbeat_interval: int = 1
+    degree: int = 6
+    degree_low: int = 4
+    degree_high: int = 16
+    """At least the expected number of peers: pruning a small mesh can empty it (measured)."""
+    prune_back_off: int = 5
+    health_check_interval: float = 2.0
+    ping_timeout: float = 2.0
+    """A frozen peer is noticed after about initial delay + interval + timeout (< 10 s)."""
+    dial_timeout: float = 5.0
+    metadata_timeout: float = 5.0
+    redial_initial: float = 0.5
+    redial_max: float = 30.0
+    replay_capacity: int = 65536
+    inbound_buffer: int = 1024
+    stats_interval: float | None = None
+    """Log a ``stats`` event this often (seconds); ``None`` for only on request and at stop."""
+    extra_host_options: dict[str, Any] = field(default_factory=dict)
+
+
+def connection_config(config: NodeConfig) -> ConnectionConfig:
+    """Health monitoring on: a frozen (SIGSTOPped) peer's connection is aborted within seconds."""
+    return ConnectionConfig(
+        enable_health_monitoring=True,
+        health_initial_delay=1.0,
+        health_warmup_window=0.0,
+        health_check_interval=config.health_check_interval,
+        ping_timeout=config.ping_timeout,
+        abort_connection_on_ping_failure=True,
+        dial_timeout=config.dial_timeout,
+    )
+
+
+def make_host(config: NodeConfig, key_pair: KeyPair) -> Any:
+    """A TCP host with Noise only (no plaintext, secio or TLS fallbacks) and Yamux."""
+    _swarm._HAPPY_EYEBALLS_DELAY = 0  # py-libp2p waits 250 ms before every dial otherwise
+    noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
+    return new_host(
+        key_pair=key_pair,
+        sec_opt={NOISE_PROTOCOL_ID: noise},
+        muxer_preference="YAMUX",
+        listen_addrs=[multiaddr.Multiaddr(a) for a in config.listen],
+        enable_mDNS=config.mdns,
+        connection_config=connection_config(config),
+        **config.extra_host_options,
+    )
+
+
+def make_gossipsub(config: NodeConfig) -> GossipSub:
+    """Gossipsub tuned for a few companions: fast heartbeat, no publish rate cap."""
+    return GossipSub(
+        protocols=list(config.gossip_protocols),
+        degree=config.degree,
+        degree_low=config.degree_low,
+        degree_high=config.degree_high,
+        heartbeat_initial_delay=0.1,
+        heartbeat_interval=config.heartbeat_interval,
+        prune_back_off=config.prune_back_off,
+        spam_protection_enabled=False,
+    )

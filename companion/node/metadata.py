@@ -1,0 +1,149 @@
+"""The ``/aikyo/metadata/1.0.0`` stream protocol: how companions learn who is behind a peer.
+
+The listener writes its metadata JSON in one write and closes; the dialer reads to the end.
+aikyo's nodes answer a peer they already know with an empty stream, so a node must have asked
+for the peer's metadata before it answers the peer's own request; :class:`RequestGate` holds
+an answer back until our own request to that peer has been accepted (bounded by a deadline).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import trio
+from libp2p.custom_types import TProtocol
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.id import ID
+from libp2p.protocol_muxer.exceptions import ProtocolNotSupportedError
+from pydantic import ValidationError
+
+from ..log import log_event
+from ..protocol import Metadata
+
+__all__ = [
+    "MAX_METADATA_BYTES",
+    "METADATA_PROTOCOL",
+    "FetchOutcome",
+    "RequestGate",
+    "encode_metadata",
+    "fetch_metadata",
+    "serve_metadata",
+]
+
+logger = logging.getLogger("companion.node.metadata")
+
+METADATA_PROTOCOL: Final = TProtocol("/aikyo/metadata/1.0.0")
+MAX_METADATA_BYTES: Final = 64 * 1024
+
+FetchStatus = Literal["ok", "empty", "unsupported", "invalid", "timeout", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOutcome:
+    """What a metadata request brought: ``metadata`` only when ``status == "ok"``."""
+
+    status: FetchStatus
+    metadata: Metadata | None = None
+    detail: str = ""
+
+
+def encode_metadata(metadata: Metadata) -> bytes:
+    """Compact JSON in schema order, as ``JSON.stringify`` writes it."""
+    return json.dumps(metadata.model_dump(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def decode_metadata(data: bytes) -> FetchOutcome:
+    if not data:
+        return FetchOutcome("empty")
+    try:
+        return FetchOutcome("ok", Metadata.model_validate(json.loads(data.decode("utf-8"))))
+    except (ValueError, ValidationError, RecursionError) as exc:
+        return FetchOutcome("invalid", detail=str(exc)[:200])
+
+
+class RequestGate:
+    """Per peer: set once our metadata request to it was accepted, failed or given up."""
+
+    def __init__(self) -> None:
+        self._events: dict[ID, trio.Event] = {}
+
+    def _event(self, peer: ID) -> trio.Event:
+        event = self._events.get(peer)
+        if event is None:
+            event = self._events[peer] = trio.Event()
+        return event
+
+    def open(self, peer: ID) -> None:
+        self._event(peer).set()
+
+    async def wait(self, peer: ID, timeout: float) -> bool:
+        """Wait until our request to ``peer`` is under way; ``False`` if the deadline passed."""
+        with trio.move_on_after(timeout):
+            await self._event(peer).wait()
+            return True
+        return False
+
+    def forget(self, peer: ID) -> None:
+        self._events.pop(peer, None)
+
+
+async def fetch_metadata(host: Any, peer: ID, gate: RequestGate, *, timeout: float) -> FetchOutcome:
+    """Ask ``peer`` for its metadata; opens ``gate`` for the peer as soon as the request is accepted."""
+    chunks: list[bytes] = []
+    size = 0
+    with trio.move_on_after(timeout):
+        try:
+            stream = await host.new_stream(peer, [METADATA_PROTOCOL])
+        except Exception as exc:  # py-libp2p wraps negotiation failures in StreamFailure
+            gate.open(peer)
+            if isinstance(exc.__cause__, ProtocolNotSupportedError):
+                return FetchOutcome("unsupported", detail=str(exc.__cause__)[:200])
+            return FetchOutcome("error", detail=f"{type(exc).__name__}: {exc}"[:200])
+        gate.open(peer)
+        try:
+            while size <= MAX_METADATA_BYTES:
+                try:
+                    chunk = await stream.read(MAX_METADATA_BYTES + 1 - size)
+                except StreamEOF:
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except Exception as exc:
+            return FetchOutcome("error", detail=f"{type(exc).__name__}: {exc}"[:200])
+        finally:
+            await _close_quietly(stream)
+        if size > MAX_METADATA_BYTES:
+            return FetchOutcome("invalid", detail=f"metadata over {MAX_METADATA_BYTES} bytes")
+        return decode_metadata(b"".join(chunks))
+    gate.open(peer)
+    return FetchOutcome("timeout", detail=f"no answer within {timeout} s")
+
+
+async def serve_metadata(stream: Any, metadata: Metadata, gate: RequestGate, *, wait: float) -> None:
+    """Answer one metadata request: wait (bounded) for our own request to the peer, then write."""
+    peer: ID = stream.muxed_conn.peer_id
+    try:
+        if not await gate.wait(peer, wait):
+            log_event(logger, "metadata_answer_unordered", logging.DEBUG, peer=str(peer))
+        with trio.move_on_after(wait):
+            await stream.write(encode_metadata(metadata))
+    except Exception as exc:
+        log_event(logger, "metadata_answer_failed", logging.DEBUG, peer=str(peer), error=repr(exc))
+    finally:
+        await _close_quietly(stream)
+
+
+async def _close_quietly(stream: Any) -> None:
+    with trio.move_on_after(1.0):
+        try:
+            await stream.close()
+        except Exception:
+            try:
+                await stream.reset()
+            except Exception:
+                return

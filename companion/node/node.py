@@ -1,0 +1,439 @@
+"""A companion's libp2p node: the trio shell around membership, the edge guard and gossipsub.
+
+One :class:`CompanionNode` per companion (or per bridge, with ``metadata=None``). It publishes
+envelopes (it is a :class:`~companion.transport.Publisher`), hands every payload that passed the
+edge to an :class:`InboundHandler`, and keeps :attr:`CompanionNode.directory` current.
+
+Life cycle: ``await nursery.start(node.run, handler)`` returns once the node listens (its
+addresses are in :attr:`listen_addrs`); cancelling the scope closes the host, so peers see the
+disconnect at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import trio
+from libp2p.abc import INetConn, INetStream, INotifee
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
+from libp2p.discovery.events.peerDiscovery import peerDiscovery
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
+
+from ..log import log_event
+from ..membership import Membership, MembershipEvent
+from ..protocol import TOPICS, Envelope, Metadata, State
+from ..transport import Inbound, encode_for_topic
+from .config import NodeConfig, make_gossipsub, make_host
+from .discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
+from .drops import Drop, DropCounters
+from .guard import EdgeGuard
+from .identity import load_or_create_key_pair
+from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
+from .msgid import js_message_id
+from .replay import ReplayGuard
+
+__all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
+
+logger = logging.getLogger("companion.node")
+
+MembershipListener = Callable[[MembershipEvent], None]
+
+
+class InboundHandler(Protocol):
+    """Receives every payload that passed the edge, one at a time, in arrival order.
+
+    ``handle`` should return promptly (start long work in its own nursery): while it runs, the
+    node buffers up to ``NodeConfig.inbound_buffer`` payloads and then drops (counted)."""
+
+    async def handle(self, inbound: Inbound) -> None: ...
+
+
+class NodeNotRunning(RuntimeError):
+    """``publish`` was called before ``run`` started the node or after it stopped."""
+
+
+class _GuardedPubsub(Pubsub):
+    """py-libp2p runs each received message in a task whose exception stops the whole pubsub
+    service (e.g. a bogus ``key`` field makes its signature check raise): contain them."""
+
+    drops: DropCounters | None = None
+
+    async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except Exception as exc:
+            if self.drops is not None:
+                topic = ",".join(msg.topicIDs) if msg.topicIDs else "?"
+                self.drops.record(Drop("malformed_rpc", repr(exc)), peer=str(msg_forwarder), topic=topic)
+
+
+class _ConnectionEvents(INotifee):
+    """py-libp2p awaits notifees inline while connecting: only hand the event over."""
+
+    def __init__(self, send: trio.MemorySendChannel[tuple[str, ID]]) -> None:
+        self._send = send
+
+    def _offer(self, kind: str, conn: INetConn) -> None:
+        try:
+            self._send.send_nowait((kind, conn.muxed_conn.peer_id))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            log_event(logger, "connection_event_dropped", logging.WARNING, kind=kind)
+
+    async def connected(self, network: Any, conn: INetConn) -> None:
+        self._offer("connected", conn)
+
+    async def disconnected(self, network: Any, conn: INetConn) -> None:
+        self._offer("disconnected", conn)
+
+    async def opened_stream(self, network: Any, stream: INetStream) -> None:
+        return None
+
+    async def closed_stream(self, network: Any, stream: INetStream) -> None:
+        return None
+
+    async def listen(self, network: Any, multiaddr: Multiaddr) -> None:
+        return None
+
+    async def listen_close(self, network: Any, multiaddr: Multiaddr) -> None:
+        return None
+
+
+class CompanionNode:
+    """One libp2p host for one companion (or a bridge when ``metadata`` is ``None``)."""
+
+    def __init__(
+        self,
+        metadata: Metadata | None,
+        config: NodeConfig | None = None,
+        *,
+        key_pair: KeyPair | None = None,
+    ) -> None:
+        self.config = config or NodeConfig()
+        self.metadata = metadata
+        if key_pair is None:
+            key_pair = (
+                load_or_create_key_pair(self.config.key_path)
+                if self.config.key_path is not None
+                else create_new_key_pair()
+            )
+        self._key_pair = key_pair
+        self._id = ID.from_pubkey(key_pair.public_key)
+        self.peer_id = self._id.to_base58()
+        self.name = self.config.name or (metadata.id if metadata else "bridge")
+        self.membership = Membership(self.peer_id, metadata)
+        self.drops = DropCounters(trio.current_time, node=self.name)
+        self.guard = EdgeGuard(
+            self.membership,
+            self.drops,
+            replay=ReplayGuard(self.config.replay_capacity),
+            max_bytes=self.config.max_payload_bytes,
+        )
+        self.listen_addrs: list[str] = []
+        self.published = 0
+        self.delivered = 0
+        self._listeners: list[MembershipListener] = []
+        self._stash: OrderedDict[tuple[bytes, str], Inbound] = OrderedDict()
+        self._pubsub: _GuardedPubsub | None = None
+        self._host: Any = None
+        self._gate = RequestGate()
+        self._changed = trio.Event()
+        self._stopped = False
+
+    # --- what others read -------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Mapping[str, Metadata]:
+        """Companion id -> metadata of the companions connected now (this one included)."""
+        return self.membership.directory
+
+    @property
+    def connected_peers(self) -> list[str]:
+        if self._host is None:
+            return []
+        return [p.to_base58() for p in self._host.get_network().connections]
+
+    def add_membership_listener(self, listener: MembershipListener) -> None:
+        """Call ``listener`` (synchronously, in the node's task) on every join, leave and update."""
+        self._listeners.append(listener)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for monitoring and tests: drops by reason, payloads accepted and delivered."""
+        return {
+            "node": self.name,
+            "peer_id": self.peer_id,
+            "accepted": self.guard.accepted,
+            "delivered": self.delivered,
+            "published": self.published,
+            "dropped": self.drops.total,
+            "drops": self.drops.snapshot(),
+            "connected_peers": len(self.connected_peers),
+            "companions": sorted(self.directory),
+        }
+
+    def log_stats(self) -> None:
+        log_event(logger, "stats", **self.stats())
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait until ``predicate()`` holds after a connection or membership change; ``False``
+        if ``timeout`` passed first."""
+        with trio.move_on_after(timeout):
+            while not predicate():
+                await self._changed.wait()
+            return True
+        return False
+
+    # --- publishing -------------------------------------------------------------------------
+
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
+        """Sign and publish one envelope (or the ``states`` array). Fire and forget."""
+        await self.publish_raw(topic, encode_for_topic(topic, envelope))
+
+    async def publish_raw(self, topic: str, data: bytes) -> None:
+        """Publish bytes as they are (the bridge forwards client payloads unchanged). They pass
+        this node's own edge first, like any payload; refused bytes are counted, not sent."""
+        if self._pubsub is None or self._stopped:
+            raise NodeNotRunning(f"node {self.name} is not running")
+        if topic not in TOPICS:
+            raise ValueError(f"unknown topic {topic!r}")
+        if len(data) > self.config.max_payload_bytes:
+            raise ValueError(f"payload of {len(data)} bytes exceeds {self.config.max_payload_bytes}")
+        await self._pubsub.publish(topic, data)
+        self.published += 1
+
+    # --- running ----------------------------------------------------------------------------
+
+    async def run(self, handler: InboundHandler, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled; ``task_status.started()`` once listening."""
+        host = make_host(self.config, self._key_pair)
+        router = make_gossipsub(self.config)
+        pubsub = _GuardedPubsub(
+            host,
+            router,
+            strict_signing=True,
+            msg_id_constructor=js_message_id,
+            validation_cache_ttl=0,
+            max_inbound_rpc_size=self.config.max_payload_bytes * 4 + 65536,
+        )
+        pubsub.drops = self.drops
+        conn_send, conn_recv = trio.open_memory_channel[tuple[str, ID]](1024)
+        inbound_send, inbound_recv = trio.open_memory_channel[Inbound](self.config.inbound_buffer)
+        mdns_send, mdns_recv = trio.open_memory_channel[PeerInfo](64)
+        host.get_network().register_notifee(_ConnectionEvents(conn_send))
+        if self.metadata is not None:
+            host.set_stream_handler(METADATA_PROTOCOL, self._serve_metadata)
+        mdns_bridge = MdnsBridge(self._id, mdns_send, trio.lowlevel.current_trio_token())
+        if self.config.mdns:
+            peerDiscovery.register_peer_discovered_handler(mdns_bridge)
+        self._host = host
+        try:
+            async with host.run(listen_addrs=[Multiaddr(a) for a in self.config.listen]):
+                try:
+                    async with background_trio_service(pubsub), background_trio_service(router):
+                        await pubsub.wait_until_ready()
+                        for topic in TOPICS:
+                            pubsub.set_topic_validator(topic, self._validator(topic), False)
+                        subscriptions = [(t, await pubsub.subscribe(t)) for t in TOPICS]
+                        self._pubsub = pubsub
+                        async with trio.open_nursery() as nursery:
+                            nursery.start_soon(self._connection_events, conn_recv, nursery)
+                            for topic, sub in subscriptions:
+                                nursery.start_soon(self._read_subscription, topic, sub, inbound_send)
+                            nursery.start_soon(self._dispatch, handler, inbound_recv)
+                            nursery.start_soon(self._dial_discovered, mdns_recv)
+                            for addr in self.config.peers:
+                                nursery.start_soon(self._keep_bootstrap, addr)
+                            if self.config.stats_interval:
+                                nursery.start_soon(self._stats_every, self.config.stats_interval)
+                            self.listen_addrs = [str(a) for a in host.get_addrs()]
+                            log_event(
+                                logger,
+                                "started",
+                                node=self.name,
+                                peer_id=self.peer_id,
+                                companion_id=self.metadata.id if self.metadata else None,
+                                addrs=self.listen_addrs,
+                            )
+                            task_status.started()
+                finally:
+                    self._stopped = True
+                    with trio.CancelScope(shield=True), trio.move_on_after(5):
+                        await host.close()
+        finally:
+            self._stopped = True
+            if self.config.mdns:
+                peerDiscovery.unregister_peer_discovered_handler(mdns_bridge)
+            log_event(logger, "stopped", **self.stats())
+
+    # --- the edge -----------------------------------------------------------------------------
+
+    def _validator(self, topic: str) -> Callable[[ID, Any], bool]:
+        def validate(forwarder: ID, msg: Any) -> bool:
+            try:
+                if len(msg.topicIDs) != 1:
+                    self.drops.record(
+                        Drop("multi_topic", f"{len(msg.topicIDs)} topics in one message"),
+                        peer=str(forwarder),
+                        topic=topic,
+                    )
+                    return False
+                msg_id = js_message_id(msg)
+                signer = ID(msg.from_id).to_base58()
+                inbound = self.guard.admit(topic, msg.data, signer, msg_id)
+                if inbound is None:
+                    return False
+                self._stash[(msg_id, topic)] = inbound
+                while len(self._stash) > 4096:
+                    self._stash.popitem(last=False)
+                return True
+            except Exception as exc:  # a raising validator stops py-libp2p's pubsub
+                self.drops.record(Drop("internal_error", repr(exc)), peer=str(forwarder), topic=topic)
+                return False
+
+        return validate
+
+    async def _read_subscription(self, topic: str, sub: Any, out: trio.MemorySendChannel[Inbound]) -> None:
+        """Drain one subscription continuously (py-libp2p drops silently when its 32 slots fill)."""
+        while True:
+            msg = await sub.get()
+            inbound = self._stash.pop((js_message_id(msg), topic), None)
+            if inbound is None:
+                continue  # delivered without passing our validator: nothing we vouch for
+            try:
+                out.send_nowait(inbound)
+            except trio.WouldBlock:
+                self.drops.record(
+                    Drop("inbound_overflow", "handler too slow"), peer=inbound.sender_peer, topic=topic
+                )
+
+    async def _dispatch(self, handler: InboundHandler, inbound: trio.MemoryReceiveChannel[Inbound]) -> None:
+        async for item in inbound:
+            self.delivered += 1
+            try:
+                await handler.handle(item)
+            except Exception:
+                logger.exception("inbound handler failed", extra={"companion_event": "handler_failed"})
+
+    # --- membership ---------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _emit(self, events: list[MembershipEvent]) -> None:
+        for event in events:
+            log_event(
+                logger,
+                f"companion_{event.kind}",
+                node=self.name,
+                companion_id=event.companion_id,
+                peer=event.peer_id,
+                reason=event.reason,
+            )
+            for listener in list(self._listeners):
+                try:
+                    listener(event)
+                except Exception:
+                    logger.exception(
+                        "membership listener failed", extra={"companion_event": "listener_failed"}
+                    )
+
+    def _is_connected(self, peer: ID) -> bool:
+        return bool(self._host is not None and self._host.get_network().connections.get(peer))
+
+    async def _connection_events(
+        self, events: trio.MemoryReceiveChannel[tuple[str, ID]], nursery: trio.Nursery
+    ) -> None:
+        async for kind, peer in events:
+            name = peer.to_base58()
+            if kind == "connected" and not self.membership.is_connected(name):
+                self.membership.peer_connected(name)
+                log_event(logger, "peer_connected", node=self.name, peer=name)
+                nursery.start_soon(self._learn_metadata, peer)
+            elif kind == "disconnected" and not self._is_connected(peer):
+                if self.membership.is_connected(name):
+                    log_event(logger, "peer_disconnected", node=self.name, peer=name)
+                self._gate.forget(peer)
+                self._emit(self.membership.peer_disconnected(name))
+            self._notify()
+
+    async def _learn_metadata(self, peer: ID) -> None:
+        outcome = await fetch_metadata(self._host, peer, self._gate, timeout=self.config.metadata_timeout)
+        name = peer.to_base58()
+        if outcome.metadata is None:
+            log_event(
+                logger,
+                "peer_metadata_unavailable",
+                logging.INFO if outcome.status == "unsupported" else logging.WARNING,
+                node=self.name,
+                peer=name,
+                status=outcome.status,
+                detail=outcome.detail,
+            )
+            return
+        result = self.membership.bind(name, outcome.metadata)
+        if isinstance(result, list):
+            self._emit(result)
+        else:
+            log_event(
+                logger,
+                "metadata_refused",
+                logging.WARNING,
+                node=self.name,
+                peer=name,
+                companion_id=result.companion_id,
+                reason=result.reason,
+                owner=result.owner,
+            )
+        self._notify()
+
+    async def _serve_metadata(self, stream: INetStream) -> None:
+        assert self.metadata is not None
+        await serve_metadata(stream, self.metadata, self._gate, wait=self.config.metadata_timeout)
+
+    # --- discovery ----------------------------------------------------------------------------
+
+    async def _keep_bootstrap(self, addr: str) -> None:
+        info = parse_peer_addr(addr)
+        backoff = Backoff(self.config.redial_initial, self.config.redial_max)
+        await redial_forever(
+            info,
+            self._host.connect,
+            self._is_connected,
+            self._changed_wait,
+            backoff,
+            dial_timeout=self.config.dial_timeout,
+        )
+
+    async def _changed_wait(self) -> None:
+        await self._changed.wait()
+
+    async def _dial_discovered(self, found: trio.MemoryReceiveChannel[PeerInfo]) -> None:
+        async for info in found:
+            if self._is_connected(info.peer_id):
+                continue
+            try:
+                with trio.fail_after(self.config.dial_timeout):
+                    await self._host.connect(info)
+                log_event(logger, "mdns_peer_dialled", node=self.name, peer=str(info.peer_id))
+            except Exception as exc:
+                log_event(
+                    logger,
+                    "mdns_dial_failed",
+                    logging.INFO,
+                    node=self.name,
+                    peer=str(info.peer_id),
+                    error=f"{type(exc).__name__}: {exc}"[:200],
+                )
+
+    async def _stats_every(self, interval: float) -> None:
+        while True:
+            await trio.sleep(interval)
+            self.log_stats()
