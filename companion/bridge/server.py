@@ -1,0 +1,463 @@
+"""The bridge's trio shell: client sessions, the listening socket, the page and the endpoints.
+
+Decisions live in :class:`~companion.bridge.core.FirehoseCore`; this module moves bytes. Each
+client gets two tasks: one writes its queue out, one reads its frames and publishes them.
+Payloads from the network are handed to :meth:`Bridge.deliver`, which never blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+from trio_websocket import wrap_server_stream
+
+from ..log import log_event
+from ..protocol import Envelope, Metadata, State
+from ..transport import Inbound, Publisher
+from .access import AccessPolicy, check_access
+from .channel import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    ChannelClosed,
+    FrameChannel,
+    WebSocketChannel,
+)
+from .clients import DEFAULT_TOPICS, ClientQueue, QueueLimits, parse_topics
+from .core import Fanout, FirehoseCore
+from .frames import MAX_FRAME_BYTES, FrameError
+from .httpserver import (
+    HttpError,
+    HttpRequest,
+    HttpResponse,
+    ReplayStream,
+    Route,
+    json_response,
+    read_request,
+    send_response,
+    text_response,
+)
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
+
+__all__ = ["Bridge", "BridgeConfig", "ReceiveHook"]
+
+logger = logging.getLogger("companion.bridge")
+
+WEB_DIR: Final = Path(__file__).resolve().parent.parent / "web"
+_CONTENT_TYPES: Final = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".png": "image/png",
+    ".svg": "image/svg+xml",
+}
+_PAGE_HEADERS: Final = (
+    (
+        "Content-Security-Policy",
+        "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; "
+        "style-src 'self'; script-src 'self'",
+    ),
+    ("Referrer-Policy", "no-referrer"),
+)
+
+ReceiveHook = Callable[[Any], Mapping[str, Any] | Awaitable[Mapping[str, Any] | None] | None]
+"""aikyo's receive handler: turns any client frame (decoded JSON) into ``{"topic", "body"}`` to
+publish, or ``None`` when the hook consumed the frame itself. May be sync or async."""
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    limits: QueueLimits = field(default_factory=QueueLimits)
+    default_topics: frozenset[str] = DEFAULT_TOPICS
+    max_clients: int = 64
+    request_timeout: float = 10.0
+    """Deadline to read an HTTP request head (and to finish the WebSocket handshake)."""
+    publish_timeout: float = 5.0
+    hook_timeout: float = 5.0
+    close_timeout: float = 2.0
+    """How long a closing handshake may take before the socket is simply dropped."""
+    serve_page: bool = True
+
+    @property
+    def access(self) -> AccessPolicy:
+        return AccessPolicy(self.token, self.allowed_origins)
+
+
+@dataclass
+class _Session:
+    client_id: str
+    label: str
+    queue: ClientQueue
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    wakeup: trio.Event = field(default_factory=trio.Event)
+    kicked: str | None = None
+
+    def kick(self, reason: str) -> None:
+        if self.kicked is None:
+            self.kicked = reason
+        self.scope.cancel()
+
+
+class Bridge:
+    """Serves Firehose clients over WebSocket (and any other :class:`FrameChannel`).
+
+    ``publisher`` is where client frames go (the libp2p node, or a MemoryEndpoint in tests);
+    ``directory`` is the live mapping of connected companions (for names on the page);
+    ``self_peer`` is this process's network identity, whose echoes are ignored.
+    """
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        directory: Mapping[str, Metadata] | None = None,
+        config: BridgeConfig | None = None,
+        receive_hook: ReceiveHook | None = None,
+        self_peer: str | None = None,
+    ) -> None:
+        self.config = config or BridgeConfig()
+        self.core = FirehoseCore(self.config.limits, self.config.default_topics, self_peer)
+        self._publisher = publisher
+        self._directory: Mapping[str, Metadata] = directory if directory is not None else {}
+        self._hook = receive_hook
+        self._sessions: dict[str, _Session] = {}
+        self._routes: dict[str, Route] = {}
+        self._port: int | None = None
+        self._connections = 0
+        self.add_route("/companions", Route(self._companions_route))
+        if self.config.serve_page:
+            self._add_page_routes()
+
+    # --- public surface --------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the bridge is not listening yet")
+        return self._port
+
+    @property
+    def client_count(self) -> int:
+        return len(self._sessions)
+
+    def set_receive_hook(self, hook: ReceiveHook | None) -> None:
+        self._hook = hook
+
+    def add_route(self, path: str, route: Route) -> None:
+        """Serve an extra HTTP endpoint on the bridge's port (e.g. ``/webrtc/offer``)."""
+        self._routes[path] = route
+
+    def deliver(self, inbound: Inbound) -> None:
+        """A payload from the network; queued for subscribed clients. Never blocks."""
+        self._apply(self.core.network_payload(inbound))
+
+    async def pump(self, inbound: trio.MemoryReceiveChannel[Inbound]) -> None:
+        """Deliver everything from a channel of inbound payloads until it closes."""
+        async for item in inbound:
+            self.deliver(item)
+
+    def publisher(self, inner: Publisher) -> Publisher:
+        """Wrap the publisher of a companion running in this process, so local clients see
+        what it publishes (the network does not echo a node's own payloads)."""
+        return _FanoutPublisher(self, inner)
+
+    async def serve_channel(
+        self, channel: FrameChannel, *, topics: Iterable[str] | None = None, label: str = ""
+    ) -> None:
+        """Run one client until it closes, falls too far behind, or the bridge stops."""
+        client_id, queue = self.core.connect(topics)
+        session = _Session(client_id, label or client_id, queue)
+        self._sessions[client_id] = session
+        log_event(logger, "client_connected", client=session.label, clients=len(self._sessions))
+        close_code, close_reason = CLOSE_NORMAL, "closed"
+        try:
+            with session.scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._write_loop, session, channel)
+                    await self._read_loop(session, channel)
+                    nursery.cancel_scope.cancel()
+            if session.kicked is not None:
+                close_code, close_reason = CLOSE_POLICY, session.kicked
+                log_event(
+                    logger, "client_too_slow", logging.WARNING, client=session.label, reason=session.kicked
+                )
+        except trio.Cancelled:
+            close_code, close_reason = CLOSE_GOING_AWAY, "bridge shutting down"
+            raise
+        finally:
+            self.core.disconnect(client_id)
+            self._sessions.pop(client_id, None)
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(self.config.close_timeout),
+                contextlib.suppress(ChannelClosed, trio.BrokenResourceError, trio.ClosedResourceError),
+            ):
+                await channel.close(close_code, close_reason)
+            log_event(
+                logger,
+                "client_disconnected",
+                client=session.label,
+                code=close_code,
+                reason=close_reason,
+                clients=len(self._sessions),
+            )
+
+    async def serve(self, *, task_status: TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``config.host:config.port`` (port 0 picks one); reports the port when ready."""
+        listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        self._port = int(listeners[0].socket.getsockname()[1])
+        log_event(logger, "bridge_listening", host=self.config.host, port=self._port)
+        task_status.started(self._port)
+        await trio.serve_listeners(self._on_connection, listeners)
+
+    # --- client sessions -------------------------------------------------------------------
+
+    def _apply(self, fanout: Fanout) -> None:
+        for client_id in fanout.queued:
+            session = self._sessions.get(client_id)
+            if session is not None:
+                session.wakeup.set()
+        for client_id, reason in fanout.too_slow:
+            session = self._sessions.get(client_id)
+            if session is not None:
+                session.kick(reason)
+
+    async def _write_loop(self, session: _Session, channel: FrameChannel) -> None:
+        while True:
+            frame = session.queue.pop()
+            if frame is None:
+                session.wakeup = trio.Event()
+                await session.wakeup.wait()
+                continue
+            try:
+                await channel.send(frame)
+            except ChannelClosed:
+                session.scope.cancel()
+                return
+
+    async def _read_loop(self, session: _Session, channel: FrameChannel) -> None:
+        while True:
+            data = await channel.receive()
+            if data is None:
+                return
+            await self._handle_frame(session, data)
+
+    async def _handle_frame(self, session: _Session, data: str | bytes) -> None:
+        obj = self.core.decode(data)
+        if isinstance(obj, FrameError):
+            self._refuse(session, obj)
+            return
+        if self._hook is not None:
+            hooked = await self._run_hook(session, obj)
+            if hooked is None or isinstance(hooked, FrameError):
+                if isinstance(hooked, FrameError):
+                    self._refuse(session, hooked)
+                return
+            obj = hooked
+        request = self.core.interpret(obj)
+        if isinstance(request, FrameError):
+            self._refuse(session, request)
+            return
+        try:
+            with trio.fail_after(self.config.publish_timeout):
+                await self._publisher.publish(request.topic, request.envelope)
+        except trio.TooSlowError:
+            log_event(
+                logger, "client_publish_timeout", logging.WARNING, client=session.label, topic=request.topic
+            )
+            self._refuse(
+                session, FrameError("publish_failed", "the network did not accept the frame in time")
+            )
+            return
+        except Exception as exc:
+            _log_failure("client_publish_failed", exc, client=session.label, topic=request.topic)
+            self._refuse(
+                session, FrameError("publish_failed", f"publishing failed: {type(exc).__name__}: {exc}")
+            )
+            return
+        log_event(logger, "client_published", logging.DEBUG, client=session.label, topic=request.topic)
+        self._apply(self.core.local_publish(request.topic, request.envelope, origin=session.client_id))
+
+    async def _run_hook(self, session: _Session, obj: Any) -> Any | FrameError | None:
+        assert self._hook is not None
+        try:
+            with trio.fail_after(self.config.hook_timeout):
+                result = self._hook(obj)
+                if inspect.isawaitable(result):
+                    result = await result
+        except trio.TooSlowError:
+            return FrameError("hook_failed", f"the receive hook took over {self.config.hook_timeout}s")
+        except Exception as exc:
+            log_event(
+                logger,
+                "receive_hook_failed",
+                logging.ERROR,
+                client=session.label,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return FrameError("hook_failed", f"the receive hook failed: {type(exc).__name__}: {exc}")
+        return result
+
+    def _refuse(self, session: _Session, error: FrameError) -> None:
+        log_event(logger, "frame_refused", client=session.label, code=error.code, detail=error.message)
+        self._apply(self.core.error_to(session.client_id, error))
+
+    # --- HTTP and WebSocket ----------------------------------------------------------------
+
+    async def _on_connection(self, stream: trio.SocketStream) -> None:
+        label = _peer_label(stream)
+        try:
+            await self._handle_connection(stream, label)
+        except Exception as exc:
+            if not _only_disconnects(exc):
+                _log_failure("bridge_connection_failed", exc, peer=label)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _handle_connection(self, stream: trio.SocketStream, label: str) -> None:
+        try:
+            with trio.fail_after(self.config.request_timeout):
+                request = await read_request(stream)
+        except trio.TooSlowError:
+            log_event(logger, "http_request_timeout", logging.INFO, peer=label)
+            return
+        except HttpError as exc:
+            await self._respond(stream, text_response(exc.status, exc.reason))
+            return
+        if request.is_websocket:
+            await self._serve_websocket(stream, request, label)
+        else:
+            await self._serve_http(stream, request)
+
+    async def _respond(self, stream: trio.abc.Stream, response: HttpResponse) -> None:
+        with trio.move_on_after(self.config.close_timeout):
+            await send_response(stream, response)
+
+    async def _serve_websocket(self, stream: trio.SocketStream, request: HttpRequest, label: str) -> None:
+        denied = check_access(self.config.access, request.target, request.headers)
+        if denied is not None:
+            log_event(logger, "client_refused", peer=label, status=denied.status, reason=denied.reason)
+            await self._respond(stream, text_response(denied.status, denied.reason))
+            return
+        topics = parse_topics(request.query_value("topics"), self.config.default_topics)
+        if isinstance(topics, str):
+            await self._respond(stream, text_response(400, topics))
+            return
+        if len(self._sessions) >= self.config.max_clients:
+            await self._respond(
+                stream, text_response(503, f"bridge full ({self.config.max_clients} clients)")
+            )
+            return
+        async with trio.open_nursery() as nursery:
+            try:
+                with trio.fail_after(self.config.request_timeout):
+                    ws_request = await wrap_server_stream(
+                        nursery,
+                        ReplayStream(stream, request.raw),
+                        message_queue_size=4,
+                        max_message_size=4 * MAX_FRAME_BYTES,
+                    )
+                    ws = await ws_request.accept()
+            except trio.TooSlowError:
+                log_event(logger, "websocket_handshake_timeout", logging.INFO, peer=label)
+                nursery.cancel_scope.cancel()
+                return
+            await self.serve_channel(WebSocketChannel(ws), topics=topics, label=label)
+            nursery.cancel_scope.cancel()
+
+    async def _serve_http(self, stream: trio.SocketStream, request: HttpRequest) -> None:
+        route = self._routes.get(request.path)
+        if route is None:
+            await self._respond(stream, text_response(404, f"no such page: {request.path}"))
+            return
+        if request.method not in route.methods:
+            await self._respond(stream, text_response(405, f"{request.method} not allowed here"))
+            return
+        if route.needs_token:
+            denied = check_access(self.config.access, request.target, request.headers)
+            if denied is not None:
+                await self._respond(stream, text_response(denied.status, denied.reason))
+                return
+        try:
+            with trio.fail_after(self.config.request_timeout):
+                response = await route.handler(request)
+        except trio.TooSlowError:
+            response = text_response(504, "the handler did not answer in time")
+        await self._respond(stream, response)
+
+    async def _companions_route(self, request: HttpRequest) -> HttpResponse:
+        companions = [m.model_dump(by_alias=True) for m in list(self._directory.values())]
+        return json_response(200, json.dumps({"companions": companions}, ensure_ascii=False))
+
+    def _add_page_routes(self) -> None:
+        if not WEB_DIR.is_dir():
+            log_event(logger, "web_page_missing", logging.WARNING, path=str(WEB_DIR))
+            return
+        for path in sorted(WEB_DIR.iterdir()):
+            content_type = _CONTENT_TYPES.get(path.suffix)
+            if content_type is None or not path.is_file():
+                continue
+            response = HttpResponse(200, path.read_bytes(), content_type, _PAGE_HEADERS)
+            route = Route(_static(response), needs_token=False)
+            self.add_route(f"/{path.name}", route)
+            if path.name == "index.html":
+                self.add_route("/", route)
+
+
+def _static(response: HttpResponse) -> Callable[[HttpRequest], Awaitable[HttpResponse]]:
+    async def handler(request: HttpRequest) -> HttpResponse:
+        return response
+
+    return handler
+
+
+def _only_disconnects(exc: BaseException) -> bool:
+    """The client simply went away (possibly reported through an exception group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_disconnects(e) for e in exc.exceptions)
+    return isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError)
+
+
+def _log_failure(event: str, exc: BaseException, **fields: Any) -> None:
+    """An infrastructure failure or a bug: logged with its context and traceback."""
+    log_event(
+        logger,
+        event,
+        logging.ERROR,
+        error=f"{type(exc).__name__}: {exc}",
+        traceback="".join(traceback.format_exception(exc)),
+        **fields,
+    )
+
+
+def _peer_label(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+    except (OSError, ValueError):
+        return "unknown"
+    return f"{host}:{port}"
+
+
+class _FanoutPublisher:
+    def __init__(self, bridge: Bridge, inner: Publisher) -> None:
+        self._bridge = bridge
+        self._inner = inner
+
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
+        await self._inner.publish(topic, envelope)
+        self._bridge._apply(self._bridge.core.local_publish(topic, envelope, origin=None))
