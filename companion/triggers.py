@@ -72,9 +72,15 @@ _CEL_RESERVED: Final = frozenset(
     {"true", "false", "null", "in", "as", "break", "const", "continue", "else", "for", "function"}
     | {"if", "import", "let", "loop", "package", "namespace", "return", "var", "void", "while"}
 )
-_CEL_ISSUE: Final = re.compile(
-    r"ERROR: <input>:(?P<line>\d+):(?P<column>\d+): (?P<message>.*?)\n"
-    r" \| (?P<source>.*)\n \| (?P<caret>[.]*\^)"
+_CEL_ISSUE: Final = re.compile(r"ERROR: <input>:(?P<line>\d+):(?P<column>\d+): (?P<message>[^\n]*)")
+_SYNTAX_REWRITES: Final = (
+    (re.compile(r"mismatched input '<EOF>' expecting .*"), "the expression ends too early"),
+    (
+        re.compile(r"(?:mismatched|extraneous) input '(.*?)' expecting <EOF>"),
+        r"unexpected '\1' after a complete expression",
+    ),
+    (re.compile(r"(?:mismatched|extraneous) input '(.*?)' expecting .*"), r"unexpected '\1'"),
+    (re.compile(r"token recognition error at: '(.*)'"), r"unrecognised text '\1'"),
 )
 
 
@@ -297,7 +303,7 @@ def compile_triggers(
         try:
             program = env.compile(condition.expression)
         except RuntimeError as exc:
-            problems.extend(_compile_problems(path, str(exc), list(variables)))
+            problems.extend(_compile_problems(path, condition.expression, str(exc), list(variables)))
             continue
         returns = program.return_type()
         if returns != cel.Type.BOOL and returns != cel.Type.DYN:
@@ -413,19 +419,26 @@ def _param_type(schema: Any, path: tuple[PathPart, ...]) -> tuple[ParamType, lis
     return ParamType(_SCALARS[kind]), []
 
 
-def _compile_problems(path: tuple[PathPart, ...], text: str, declared: list[str]) -> list[TriggerProblem]:
+def _compile_problems(
+    path: tuple[PathPart, ...], expression: str, text: str, declared: list[str]
+) -> list[TriggerProblem]:
     """Turn the checker's status text into one problem per reported issue, with a caret excerpt."""
     problems: list[TriggerProblem] = []
+    lines = expression.splitlines() or [""]
     for m in _CEL_ISSUE.finditer(text):
         line, column = int(m["line"]), int(m["column"])
-        message = m["message"].removesuffix(" (in container '')")
-        excerpt = f"{m['source']}\n{' ' * (column - 1)}^"
+        message = _readable(m["message"].removesuffix(" [INVALID_ARGUMENT]"))
+        # An error at the very end may sit on an empty last line: show the end of the text instead.
+        while line > 1 and (line > len(lines) or not lines[line - 1].strip()) and column == 1:
+            line -= 1
+            column = len(lines[line - 1]) + 1 if line <= len(lines) else 1
+        source = lines[line - 1] if line <= len(lines) else ""
         problems.append(
             TriggerProblem(
                 path,
                 f"CEL {line}:{column}: {message}",
                 _fix_for(message, declared),
-                excerpt=excerpt,
+                excerpt=f"{source}\n{' ' * (column - 1)}^",
                 line=line,
                 column=column,
             )
@@ -433,6 +446,18 @@ def _compile_problems(path: tuple[PathPart, ...], text: str, declared: list[str]
     if not problems:
         problems.append(TriggerProblem(path, f"CEL: {text}", "check the expression against the CEL syntax"))
     return problems
+
+
+def _readable(message: str) -> str:
+    """The checker's message without the container note and the parser's long token lists."""
+    message = message.removesuffix(" (in container '')")
+    prefix = "Syntax error: "
+    if message.startswith(prefix):
+        detail = message[len(prefix) :]
+        for pattern, replacement in _SYNTAX_REWRITES:
+            if pattern.fullmatch(detail):
+                return prefix + pattern.sub(replacement, detail)
+    return message
 
 
 def _fix_for(message: str, declared: list[str]) -> str:
@@ -444,6 +469,15 @@ def _fix_for(message: str, declared: list[str]) -> str:
         names = ", ".join(sorted(declared)) or "(none declared yet)"
         return f"{hint}declare {name!r} under events.params.properties, or use a declared parameter: {names}"
     if message.startswith("Syntax error"):
+        if "unrecognised text '=" in message:
+            return "compare with `==` (a single `=` is not CEL)"
+        if "unrecognised text '\"" in message or "unrecognised text ''" in message:
+            return "close the string with the same quote it was opened with"
+        if "ends too early" in message:
+            return (
+                "complete the expression: close every parenthesis and give each `&&`, `||` "
+                "or operator a right side"
+            )
         return "fix the CEL syntax at the caret (strings in quotes, `&&`/`||`, balanced parentheses)"
     overload = re.match(r"found no matching overload for '([^']*)' applied to '\((.*)\)'", message)
     if overload:

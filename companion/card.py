@@ -1,0 +1,567 @@
+"""CompanionCard: who a companion is, which tools it has, and when to use them.
+
+A card is a YAML file (or TOML, or a Python-made :class:`CompanionCard`). Loading it checks
+everything a new user can get wrong and reports every problem at once, each naming the file, the
+line, the field path and a fix, so a broken card can be repaired without reading this code.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeAlias
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .actions import BUILTINS, ActionDef, KnowledgeDef, resolve_tool
+from .models.base import ToolInstruction
+from .protocol import Metadata
+from .triggers import CompiledTriggers, TriggerCondition, TriggerError, compile_triggers
+
+__all__ = [
+    "COMPANION_ID_PREFIX",
+    "CardError",
+    "CardProblem",
+    "CardSettings",
+    "CompanionCard",
+    "Condition",
+    "Events",
+    "Execute",
+    "LoadedCard",
+    "Resolver",
+    "ToolDefinition",
+    "card_json_schema",
+    "load_card",
+]
+
+COMPANION_ID_PREFIX: Final = "companion_"
+
+PathPart: TypeAlias = str | int
+
+
+ToolDefinition: TypeAlias = ActionDef | KnowledgeDef
+"""A resolved action or knowledge definition."""
+
+Resolver: TypeAlias = Callable[[str], ToolDefinition]
+"""``resolve(reference) -> definition``; raises ``ToolNotFound`` (a ``LookupError``) for unknown names."""
+
+
+# --- the card format -----------------------------------------------------------------------------
+
+
+class _CardModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Execute(_CardModel):
+    """One tool to use when a condition holds, and how."""
+
+    instruction: str = Field(min_length=1, description="What the tool should do, in plain words.")
+    tool: str = Field(
+        min_length=1, description="A tool listed under actions or knowledge (its name or reference)."
+    )
+
+
+class Condition(_CardModel):
+    """A CEL expression over the parameters; when true, its tools are used."""
+
+    expression: str = Field(description='A CEL boolean expression, e.g. `emotion == "joy" && energy > 6`.')
+    execute: list[Execute] = Field(min_length=1, description="The tools to use when the expression holds.")
+
+
+class Events(_CardModel):
+    """Parameters the model fills in each turn, and the conditions evaluated over them."""
+
+    params: dict[str, Any] = Field(
+        description="A JSON Schema object (`type: object`, `properties`); each property is a CEL variable."
+    )
+    conditions: list[Condition] = Field(description="Evaluated in order; earlier conditions win per tool.")
+
+
+class CardSettings(_CardModel):
+    """Optional per-card settings for the conversation engine."""
+
+    model: str | None = Field(
+        default=None, description='Model spec: "scripted", "openai:NAME" or "anthropic:NAME".'
+    )
+    max_turns: int | None = Field(
+        default=None, ge=1, description="Turns before the companion starts closing the conversation."
+    )
+    repetition_threshold: float = Field(
+        default=0.6, ge=0, le=1, description="Similarity (0..1) above which replies count as repetitive."
+    )
+
+
+class CompanionCard(_CardModel):
+    """A companion's card: identity, role, tools and trigger conditions."""
+
+    metadata: Metadata = Field(description="Sent to peers as is; id must start with `companion_`.")
+    role: str = Field(min_length=1, description="How the companion behaves in the conversation.")
+    actions: list[str] = Field(
+        description='Action references: built-in names ("speak") or "package.module:attribute".'
+    )
+    knowledge: list[str] = Field(default_factory=list, description="Knowledge references, same form.")
+    events: Events
+    settings: CardSettings = Field(default_factory=CardSettings)
+
+
+def card_json_schema() -> dict[str, Any]:
+    """The JSON Schema of the card format, for editors (YAML language servers) to validate cards."""
+    schema = CompanionCard.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "CompanionCard"
+    metadata_id = schema["$defs"]["Metadata"]["properties"]["id"]
+    metadata_id["pattern"] = f"^{COMPANION_ID_PREFIX}"
+    return schema
+
+
+# --- problems ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CardProblem:
+    """One thing wrong with a card: where (file, line, field path), what, and how to fix it."""
+
+    file: str | None
+    path: str
+    message: str
+    fix: str
+    line: int | None = None
+    excerpt: str = ""
+
+    def __str__(self) -> str:
+        where = self.file or "<card>"
+        if self.line is not None:
+            where += f":{self.line}"
+        head = f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        lines = [head]
+        lines += [f"    {text}" for text in self.excerpt.splitlines()]
+        lines.append(f"    fix: {self.fix}")
+        return "\n".join(lines)
+
+
+class CardError(ValueError):
+    """A card cannot be used; ``problems`` lists everything found, ``str()`` prints them all."""
+
+    def __init__(self, problems: Sequence[CardProblem]) -> None:
+        # Top to bottom through the file, as a reader fixes them.
+        self.problems = sorted(problems, key=lambda p: p.line or 0)
+        count = len(self.problems)
+        file = self.problems[0].file if self.problems else None
+        header = f"{file or 'card'}: {count} problem{'s' if count != 1 else ''}"
+        super().__init__("\n".join([header, *(str(p) for p in self.problems)]))
+
+
+def _dotted(parts: Sequence[PathPart]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedCard:
+    """A checked card: its tools resolved (by tool id) and its conditions compiled."""
+
+    card: CompanionCard
+    path: Path | None
+    triggers: CompiledTriggers
+    tools: Mapping[str, ToolDefinition]
+
+    @classmethod
+    def from_card(
+        cls, card: CompanionCard, *, resolve: Resolver = resolve_tool, path: Path | None = None
+    ) -> LoadedCard:
+        """Check a card built in Python exactly as :func:`load_card` checks a file."""
+        checked = _Checker(str(path) if path else None, None, resolve)
+        triggers, tools = checked.semantic(card.metadata.id, card.actions, card.knowledge, card.events)
+        if checked.problems or triggers is None:
+            raise CardError(checked.problems)
+        return cls(card=card, path=path, triggers=triggers, tools=tools)
+
+
+def load_card(path: str | Path, *, resolve: Resolver = resolve_tool) -> LoadedCard:
+    """Read, validate and compile a card file; raise :class:`CardError` listing every problem.
+
+    ``resolve`` turns tool references into definitions (tests pass their own).
+    """
+    file = Path(path)
+    name = str(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        fix = "check the path, and that the file is UTF-8 text"
+        raise CardError([CardProblem(name, "", f"cannot read the card: {reason}", fix)]) from None
+    checker = _Checker(name, None, resolve)
+    raw = checker.parse(text, toml=file.suffix.lower() == ".toml")
+    if raw is None:
+        raise CardError(checker.problems)
+    card = checker.structure(raw)
+    if card is not None:
+        triggers, tools = checker.semantic(card.metadata.id, card.actions, card.knowledge, card.events)
+        if not checker.problems and triggers is not None:
+            return LoadedCard(card=card, path=file, triggers=triggers, tools=tools)
+    raise CardError(checker.problems)
+
+
+class _Checker:
+    """Collects the problems of one card, locating them in the source when there is one."""
+
+    def __init__(self, file: str | None, root: yaml.Node | None, resolve: Resolver) -> None:
+        self.file = file
+        self.root = root
+        self.resolve = resolve
+        self.problems: list[CardProblem] = []
+
+    def add(
+        self,
+        parts: Sequence[PathPart],
+        message: str,
+        fix: str,
+        excerpt: str = "",
+        inner_line: int | None = None,
+    ) -> None:
+        """Record a problem; ``inner_line`` is a line within a multi-line (``|``) value."""
+        line = self._line_of(parts)
+        if line is not None and inner_line is not None and self._is_literal_block(parts):
+            line += inner_line
+        self.problems.append(CardProblem(self.file, _dotted(parts), message, fix, line, excerpt))
+
+    def _is_literal_block(self, parts: Sequence[PathPart]) -> bool:
+        node = self.root
+        for part in parts:
+            if isinstance(node, yaml.MappingNode):
+                node = next((v for k, v in node.value if k.value == part), None)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+                node = node.value[part]
+            else:
+                return False
+        return isinstance(node, yaml.ScalarNode) and node.style == "|"
+
+    # parsing
+
+    def parse(self, text: str, *, toml: bool) -> dict[str, Any] | None:
+        if toml:
+            try:
+                data: Any = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as exc:
+                self.add([], f"TOML syntax error: {exc}", "fix the TOML syntax at that position")
+                return None
+        else:
+            try:
+                self.root = yaml.compose(text, Loader=yaml.SafeLoader)
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                self._yaml_error(exc, text)
+                return None
+            self._duplicate_keys(self.root, [])
+        if data is None:
+            self.add([], "the card is empty", "start from one of the example cards in cards/")
+            return None
+        if not isinstance(data, dict):
+            self.add(
+                [],
+                f"the card must be a mapping of keys, not a {type(data).__name__}",
+                "write `metadata:`, `role:`, `actions:` and `events:` at the top level",
+            )
+            return None
+        return data
+
+    def _yaml_error(self, exc: yaml.YAMLError, text: str) -> None:
+        mark = getattr(exc, "problem_mark", None)
+        context_mark = getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        message = f"YAML syntax error: {problem}"
+        if context:
+            message += f" ({context}" + (
+                f" started on line {context_mark.line + 1})" if context_mark else ")"
+            )
+        lines = text.splitlines()
+        excerpt = ""
+        line = None
+        if mark is not None:
+            line = mark.line + 1
+            shown = mark
+            if (mark.line >= len(lines) or not lines[mark.line].strip()) and context_mark is not None:
+                shown = context_mark  # the end of the file says little; show where the construct began
+            source = lines[shown.line] if shown.line < len(lines) else ""
+            excerpt = f"{source}\n{' ' * shown.column}^"
+        self.problems.append(
+            CardProblem(
+                self.file,
+                "",
+                message,
+                "check indentation and quoting on that line (a value containing `: ` or starting with"
+                " a quote, `{`, `[`, `*` or `&` must be quoted)",
+                line,
+                excerpt,
+            )
+        )
+
+    def _duplicate_keys(self, node: yaml.Node | None, parts: list[PathPart]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key, value in node.value:
+                name = key.value
+                if name in seen:
+                    self.problems.append(
+                        CardProblem(
+                            self.file,
+                            _dotted([*parts, name]),
+                            f"duplicate key {name!r} (the later value would silently win)",
+                            "keep one of them",
+                            key.start_mark.line + 1,
+                        )
+                    )
+                seen.add(name)
+                self._duplicate_keys(value, [*parts, name])
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._duplicate_keys(item, [*parts, i])
+
+    def _line_of(self, parts: Sequence[PathPart]) -> int | None:
+        """The source line of the key (or list item) at ``parts``, or of the nearest parent found."""
+        node = self.root
+        if node is None:
+            return None
+        line = node.start_mark.line + 1
+        for part in parts:
+            if isinstance(node, yaml.MappingNode):
+                pair = next(((k, v) for k, v in node.value if k.value == part), None)
+                if pair is None:
+                    break
+                line, node = pair[0].start_mark.line + 1, pair[1]
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+                node = node.value[part]
+                line = node.start_mark.line + 1
+            else:
+                break
+        return line
+
+    # structure
+
+    def structure(self, raw: dict[str, Any]) -> CompanionCard | None:
+        try:
+            return CompanionCard.model_validate(raw)
+        except ValidationError as exc:
+            failed_sections = set()
+            for error in exc.errors():
+                loc = tuple(error["loc"])
+                failed_sections.add(loc[0] if loc else "")
+                self._pydantic_problem(loc, error)
+        # Check what did validate, so the user sees every problem in one run.
+        raw_metadata = raw.get("metadata")
+        raw_id = raw_metadata.get("id") if isinstance(raw_metadata, dict) else None
+        events = _try(Events, raw.get("events")) if "events" not in failed_sections else None
+        actions = raw.get("actions") if "actions" not in failed_sections else None
+        knowledge = raw.get("knowledge", []) if "knowledge" not in failed_sections else None
+        self.semantic(raw_id if isinstance(raw_id, str) else None, actions, knowledge, events)
+        return None
+
+    def _pydantic_problem(self, loc: tuple[PathPart, ...], error: Mapping[str, Any]) -> None:
+        kind = error["type"]
+        key = loc[-1] if loc else ""
+        if kind == "extra_forbidden":
+            allowed = _allowed_keys(loc[:-1])
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            self.add(loc, f"unknown key {key!r}", f"{hint}remove it; allowed here: {', '.join(allowed)}")
+        elif kind == "missing":
+            description = _field_description(loc)
+            self.add(
+                loc,
+                f"missing required field {key!r}",
+                f"add `{key}:`" + (f" — {description}" if description else ""),
+            )
+        else:
+            got = json.dumps(error.get("input"), default=str, ensure_ascii=False)
+            got = got if len(got) <= 40 else got[:37] + "..."
+            self.add(loc, f"{error['msg']} (got {got})", _fix_for_type(kind, error))
+
+    # meaning
+
+    def semantic(
+        self,
+        companion_id: str | None,
+        actions: Sequence[str] | None,
+        knowledge: Sequence[str] | None,
+        events: Events | None,
+    ) -> tuple[CompiledTriggers | None, dict[str, ToolDefinition]]:
+        if companion_id is not None and not companion_id.startswith(COMPANION_ID_PREFIX):
+            self.add(
+                ["metadata", "id"],
+                f"companion id {companion_id!r} does not start with {COMPANION_ID_PREFIX!r}",
+                f"rename it, e.g. {COMPANION_ID_PREFIX + companion_id!r} "
+                "(on an aikyo network every companion id starts with companion_)",
+            )
+        tools: dict[str, ToolDefinition] = {}
+        names: dict[str, str] = {}  # reference or id -> tool id
+        listed: set[str] = set()
+        for section, kind, refs in (("actions", "action", actions), ("knowledge", "knowledge", knowledge)):
+            for i, ref in enumerate(refs or []):
+                listed.add(ref)
+                defn = self._resolve([section, i], ref, kind)
+                if defn is None:
+                    continue
+                if defn.id in tools:
+                    self.add(
+                        [section, i],
+                        f"{ref!r} has the tool id {defn.id!r}, which another listed tool already uses",
+                        "list each tool once; two tools must not share an id",
+                    )
+                    continue
+                tools[defn.id] = defn
+                names[ref] = names[defn.id] = defn.id
+        if events is None:
+            return None, tools
+        conditions: list[TriggerCondition] = []
+        for j, condition in enumerate(events.conditions):
+            instructions: list[ToolInstruction] = []
+            for k, step in enumerate(condition.execute):
+                if step.tool not in names and step.tool not in listed:
+                    choices = sorted(set(names) | listed)
+                    close = difflib.get_close_matches(step.tool, choices, n=1)
+                    hint = f"did you mean {close[0]!r}? " if close else ""
+                    self.add(
+                        ["events", "conditions", j, "execute", k, "tool"],
+                        f"tool {step.tool!r} is not listed in actions or knowledge",
+                        f"{hint}add it to actions (or knowledge), or use one of: "
+                        + (", ".join(choices) or "(nothing listed yet)"),
+                    )
+                instructions.append(ToolInstruction(names.get(step.tool, step.tool), step.instruction))
+            conditions.append(TriggerCondition(condition.expression, tuple(instructions)))
+        try:
+            triggers = compile_triggers(events.params, conditions)
+        except TriggerError as exc:
+            for problem in exc.problems:
+                self.add(
+                    ["events", *problem.path], problem.message, problem.fix, problem.excerpt, problem.line
+                )
+            return None, tools
+        return triggers, tools
+
+    def _resolve(self, parts: list[PathPart], ref: str, kind: str) -> ToolDefinition | None:
+        try:
+            defn = self.resolve(ref)
+        except LookupError as exc:
+            reason = getattr(exc, "reason", None) or str(exc)
+            self.add(
+                parts,
+                f"tool {ref!r} is not registered: {reason}",
+                f"use a built-in ({', '.join(BUILTINS)}) or 'package.module:attribute' naming an "
+                f"@{kind} object in your code",
+            )
+            return None
+        if defn.kind != kind:
+            other = "knowledge" if kind == "action" else "actions"
+            self.add(
+                parts,
+                f"{ref!r} is a {defn.kind} tool, listed under {parts[0]}",
+                f"move it to {other}",
+            )
+            return None
+        return defn
+
+
+_M = typing.TypeVar("_M", bound=BaseModel)
+
+
+def _try(model: type[_M], data: Any) -> _M | None:
+    try:
+        return model.model_validate(data)
+    except ValidationError:
+        return None
+
+
+def _model_at(loc: Sequence[PathPart]) -> type[BaseModel] | None:
+    """The card model class found by following field names (list indexes skipped) from the root."""
+    current: Any = CompanionCard
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = current.model_fields.get(part)
+        if field is None:
+            return None
+        current = _innermost_model(field.annotation)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _innermost_model(annotation: Any) -> Any:
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin in (list, typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            annotation = args[0] if args else annotation
+            if origin is list or len(args) == 1:
+                continue
+        return annotation
+
+
+def _allowed_keys(loc: Sequence[PathPart]) -> list[str]:
+    model = _model_at(loc)
+    if model is None:
+        return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+_METADATA_FIELDS: Final[dict[str, str]] = {
+    "id": "a unique id starting with `companion_`, e.g. companion_juniper",
+    "name": "the name others call the companion",
+    "personality": "a sentence or two on how the companion thinks and talks",
+    "story": "the companion's background",
+    "sample": "one line the companion might say, to set its voice",
+}
+
+
+def _field_description(loc: Sequence[PathPart]) -> str:
+    if tuple(loc[:-1]) == ("metadata",) and isinstance(loc[-1], str):
+        return _METADATA_FIELDS.get(loc[-1], "")
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str):
+        return ""
+    field = model.model_fields.get(loc[-1])
+    if field is None:
+        return ""
+    return field.description or ""
+
+
+_TYPE_FIXES: Final[dict[str, str]] = {
+    "string_type": "write a string (quote it if YAML would read it as a number, date or boolean)",
+    "list_type": "write a list: one `- item` per line, or `[a, b]`",
+    "dict_type": "write a mapping of `key: value` lines",
+    "model_type": "write a mapping of `key: value` lines",
+    "model_attributes_type": "write a mapping of `key: value` lines",
+    "int_type": "write a whole number",
+    "int_parsing": "write a whole number",
+    "int_from_float": "write a whole number",
+    "float_type": "write a number",
+    "float_parsing": "write a number",
+    "bool_type": "write true or false",
+    "bool_parsing": "write true or false",
+    "string_too_short": "write some text here; it must not be empty",
+    "too_short": "add at least one entry",
+}
+
+
+def _fix_for_type(kind: str, error: Mapping[str, Any]) -> str:
+    if kind in _TYPE_FIXES:
+        return _TYPE_FIXES[kind]
+    ctx = error.get("ctx") or {}
+    bounds = {"ge": "at least", "le": "at most", "gt": "more than", "lt": "less than"}
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        return "use a value " + " and ".join(f"{bounds.get(k, k)} {v}" for k, v in ctx.items())
+    return "correct the value as the message says"
