@@ -293,11 +293,14 @@ class _Checker:
         line = None
         if mark is not None:
             line = mark.line + 1
-            shown = mark
-            if (mark.line >= len(lines) or not lines[mark.line].strip()) and context_mark is not None:
-                shown = context_mark  # the end of the file says little; show where the construct began
-            source = lines[shown.line] if shown.line < len(lines) else ""
-            excerpt = f"{source}\n{' ' * shown.column}^"
+            # Show where the broken construct began (an unclosed quote, say) and where YAML gave up.
+            scanning = bool(context) and str(context).startswith("while scanning")
+            first = context_mark if scanning else None
+            shown = [m for m in (first, mark) if m is not None and m.line < len(lines)]
+            shown = [m for m in shown if lines[m.line].strip()]
+            if len(shown) == 2 and shown[0].line == shown[1].line:
+                shown = shown[1:]
+            excerpt = "\n".join(f"{lines[m.line]}\n{' ' * m.column}^" for m in shown)
         self.problems.append(
             CardProblem(
                 self.file,

@@ -1,0 +1,472 @@
+"""CompanionCard loading: the example cards, and every problem a broken card can have."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from companion.actions import (
+    BUILTINS,
+    ActionContext,
+    ActionDef,
+    KnowledgeDef,
+    ToolNotFound,
+    action,
+    knowledge,
+)
+from companion.card import (
+    CardError,
+    CardProblem,
+    CardSettings,
+    CompanionCard,
+    Condition,
+    Events,
+    Execute,
+    LoadedCard,
+    card_json_schema,
+    load_card,
+)
+from companion.models import ToolInstruction
+from companion.protocol import Action, Metadata
+
+CARDS = Path(__file__).resolve().parent.parent / "cards"
+
+
+class WaveInput(BaseModel):
+    how: str = "small"
+
+
+@action(id="wave", description="Wave at someone.", input=WaveInput)
+def wave(ctx: ActionContext[WaveInput]) -> Action:
+    return Action.create(ctx.companion_id, "wave", {"how": ctx.input.how})
+
+
+@knowledge(id="weather", description="Today's weather.", input=WaveInput, output=str)
+def weather(ctx: ActionContext[WaveInput]) -> str:
+    return "sunny"
+
+
+@action(id="speak", description="A second tool that claims the id speak.", input=WaveInput)
+def impostor(ctx: ActionContext[WaveInput]) -> Action:
+    return Action.create(ctx.companion_id, "speak", {})
+
+
+TOOLS: dict[str, ActionDef | KnowledgeDef] = {
+    **BUILTINS,
+    "wave": wave,
+    "mytools.gestures:wave_action": wave,
+    "weather": weather,
+    "mytools.impostor:speak": impostor,
+}
+
+
+def resolve(ref: str) -> ActionDef | KnowledgeDef:
+    """A small registry for tests: the built-ins plus a few tools of our own."""
+    if ref not in TOOLS:
+        raise ToolNotFound(ref, "no such tool in the test registry")
+    return TOOLS[ref]
+
+
+GOOD = """\
+metadata:
+  id: companion_tess
+  name: Tess
+  personality: Quick and kind.
+  story: Grew up on a ferry.
+  sample: "Morning! Tide's in."
+role: Keep it short.
+actions: [speak, "mytools.gestures:wave_action"]
+knowledge: [weather]
+events:
+  params:
+    type: object
+    properties:
+      emotion: {type: string, enum: [joy, calm]}
+      energy: {type: integer}
+    required: [emotion, energy]
+  conditions:
+    - expression: emotion == "joy"
+      execute:
+        - {tool: "mytools.gestures:wave_action", instruction: wave hello}
+        - {tool: speak, instruction: greet brightly}
+    - expression: energy > 3
+      execute:
+        - {tool: speak, instruction: keep talking}
+        - {tool: weather, instruction: mention the weather}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "card.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def problems(path: Path) -> list[CardProblem]:
+    with pytest.raises(CardError) as info:
+        load_card(path, resolve=resolve)
+    return info.value.problems
+
+
+def only(found: list[CardProblem], field: str) -> CardProblem:
+    matching = [p for p in found if p.path == field]
+    assert len(matching) == 1, [str(p) for p in found]
+    return matching[0]
+
+
+def edit(old: str, new: str) -> str:
+    assert old in GOOD
+    return GOOD.replace(old, new)
+
+
+# --- the example cards -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(CARDS.glob("*.yaml")), ids=lambda p: p.name)
+def test_example_cards_load_with_the_real_registry(path: Path) -> None:
+    loaded = load_card(path)
+    assert loaded.card.metadata.id.startswith("companion_")
+    assert len(loaded.triggers) >= 2
+    assert "speak" in loaded.tools
+    assert loaded.card.settings.model is None
+    assert loaded.path == path
+
+
+def test_there_are_three_distinct_example_cards() -> None:
+    cards = [load_card(p).card for p in sorted(CARDS.glob("*.yaml"))]
+    assert len(cards) == 3
+    assert len({c.metadata.id for c in cards}) == 3
+    assert len({c.metadata.personality for c in cards}) == 3
+
+
+def test_example_card_conditions_react_to_the_engine_signals() -> None:
+    juniper = load_card(CARDS / "juniper.yaml")
+    ending = juniper.triggers.evaluate({"emotion": "calm", "topic_energy": 5, "wants_to_end": True})
+    assert ending[0].tool == "speak" and "Sign off" in ending[0].instruction
+    curious = juniper.triggers.evaluate({"emotion": "curious", "topic_energy": 8.0, "wants_to_end": False})
+    assert "follow-up question" in curious[0].instruction
+
+
+# --- a good card -----------------------------------------------------------------------------------
+
+
+def test_good_card_resolves_tools_by_id_and_compiles_triggers(tmp_path: Path) -> None:
+    loaded = load_card(write(tmp_path, GOOD), resolve=resolve)
+    assert set(loaded.tools) == {"speak", "wave", "weather"}
+    assert loaded.tools["weather"].kind == "knowledge"
+    assert loaded.triggers.evaluate({"emotion": "joy", "energy": 5}) == [
+        ToolInstruction("wave", "wave hello"),
+        ToolInstruction("speak", "greet brightly"),
+        ToolInstruction("weather", "mention the weather"),
+    ]
+    assert loaded.card.settings == CardSettings()
+    assert loaded.card.settings.repetition_threshold == 0.6
+    assert loaded.card.knowledge == ["weather"]
+
+
+def test_execute_may_name_a_tool_by_its_id(tmp_path: Path) -> None:
+    text = edit('- {tool: "mytools.gestures:wave_action", instruction', "- {tool: wave, instruction")
+    loaded = load_card(write(tmp_path, text), resolve=resolve)
+    assert loaded.triggers.evaluate({"emotion": "joy", "energy": 0})[0] == ToolInstruction(
+        "wave", "wave hello"
+    )
+
+
+def test_settings_are_read(tmp_path: Path) -> None:
+    text = GOOD + "settings:\n  model: openai:gpt-4o-mini\n  max_turns: 8\n  repetition_threshold: 0.5\n"
+    settings = load_card(write(tmp_path, text), resolve=resolve).card.settings
+    assert settings == CardSettings(model="openai:gpt-4o-mini", max_turns=8, repetition_threshold=0.5)
+
+
+def test_toml_cards_load_too(tmp_path: Path) -> None:
+    toml = """\
+        role = "Keep it short."
+        actions = ["speak"]
+        [metadata]
+        id = "companion_tess"
+        name = "Tess"
+        personality = "Quick."
+        story = "Ferry."
+        sample = "Hi."
+        [events.params]
+        type = "object"
+        properties = { energy = { type = "integer" } }
+        [[events.conditions]]
+        expression = "energy > 3"
+        execute = [{ tool = "speak", instruction = "talk" }]
+        """
+    loaded = load_card(write(tmp_path, toml, "card.toml"), resolve=resolve)
+    assert loaded.triggers.evaluate({"energy": 4}) == [ToolInstruction("speak", "talk")]
+
+
+def test_a_card_built_in_python_gets_the_same_checks() -> None:
+    card = CompanionCard(
+        metadata=Metadata(id="companion_py", name="Py", personality="p", story="s", sample="x"),
+        role="r",
+        actions=["speak"],
+        events=Events(
+            params={"type": "object", "properties": {"n": {"type": "integer"}}},
+            conditions=[Condition(expression="n > 1", execute=[Execute(instruction="go", tool="speak")])],
+        ),
+    )
+    loaded = LoadedCard.from_card(card, resolve=resolve)
+    assert loaded.path is None
+    assert loaded.triggers.evaluate({"n": 2}) == [ToolInstruction("speak", "go")]
+
+    bad = card.model_copy(
+        update={
+            "metadata": Metadata(id="py", name="Py", personality="p", story="s", sample="x"),
+            "events": Events(
+                params={"type": "object", "properties": {}},
+                conditions=[Condition(expression="n > 1", execute=[Execute(instruction="go", tool="wave")])],
+            ),
+        }
+    )
+    with pytest.raises(CardError) as info:
+        LoadedCard.from_card(bad, resolve=resolve)
+    assert {p.path for p in info.value.problems} == {
+        "metadata.id",
+        "events.conditions[0].execute[0].tool",
+        "events.conditions[0].expression",
+    }
+    assert all(p.file is None and p.line is None for p in info.value.problems)
+
+
+# --- each kind of problem --------------------------------------------------------------------------
+
+
+def test_unknown_key_names_the_allowed_keys_and_a_likely_spelling(tmp_path: Path) -> None:
+    found = problems(write(tmp_path, GOOD + "setings:\n  max_turns: 3\n"))
+    problem = only(found, "setings")
+    assert problem.message == "unknown key 'setings'"
+    assert "did you mean 'settings'?" in problem.fix
+    assert problem.line == 26
+
+
+def test_unknown_key_inside_a_nested_section(tmp_path: Path) -> None:
+    found = problems(
+        write(
+            tmp_path,
+            edit("    - expression: energy > 3\n", "    - expression: energy > 3\n      when: now\n"),
+        )
+    )
+    problem = only(found, "events.conditions[1].when")
+    assert "allowed here: expression, execute" in problem.fix
+
+
+def test_wrong_id_prefix(tmp_path: Path) -> None:
+    problem = only(problems(write(tmp_path, edit("id: companion_tess", "id: tess"))), "metadata.id")
+    assert "does not start with 'companion_'" in problem.message
+    assert "companion_tess" in problem.fix
+    assert problem.line == 2
+
+
+def test_missing_field(tmp_path: Path) -> None:
+    problem = only(problems(write(tmp_path, edit("role: Keep it short.\n", ""))), "role")
+    assert problem.message == "missing required field 'role'"
+    assert problem.fix.startswith("add `role:`")
+
+
+def test_missing_metadata_field_explains_what_it_is(tmp_path: Path) -> None:
+    text = edit('  sample: "Morning! Tide\'s in."\n', "")
+    problem = only(problems(write(tmp_path, text)), "metadata.sample")
+    assert "one line the companion might say" in problem.fix
+
+
+def test_wrong_value_type(tmp_path: Path) -> None:
+    problem = only(
+        problems(write(tmp_path, edit('actions: [speak, "mytools.gestures:wave_action"]', "actions: speak"))),
+        "actions",
+    )
+    assert "valid list" in problem.message and '"speak"' in problem.message
+    assert "- item" in problem.fix
+
+
+def test_out_of_range_setting(tmp_path: Path) -> None:
+    problem = only(problems(write(tmp_path, GOOD + "settings:\n  max_turns: 0\n")), "settings.max_turns")
+    assert problem.fix == "use a value at least 1"
+
+
+def test_tool_not_registered(tmp_path: Path) -> None:
+    text = edit("knowledge: [weather]", "knowledge: [weather, almanac]")
+    problem = only(problems(write(tmp_path, text)), "knowledge[1]")
+    assert problem.message == "tool 'almanac' is not registered: no such tool in the test registry"
+    assert "speak" in problem.fix and "package.module:attribute" in problem.fix
+
+
+def test_unimportable_reference_with_the_real_resolver(tmp_path: Path) -> None:
+    text = GOOD.replace('"mytools.gestures:wave_action"', '"no_such_pkg.tools:wave"').replace(
+        "knowledge: [weather]", "knowledge: []"
+    )
+    text = text.replace("        - {tool: weather, instruction: mention the weather}\n", "")
+    with pytest.raises(CardError) as info:
+        load_card(write(tmp_path, text))
+    paths = [p.path for p in info.value.problems]
+    assert paths == ["actions[1]"]
+    assert "cannot import 'no_such_pkg.tools'" in info.value.problems[0].message
+
+
+def test_execute_tool_not_listed(tmp_path: Path) -> None:
+    text = edit("- {tool: weather, instruction", "- {tool: wether, instruction")
+    problem = only(problems(write(tmp_path, text)), "events.conditions[1].execute[1].tool")
+    assert problem.message == "tool 'wether' is not listed in actions or knowledge"
+    assert "did you mean 'weather'?" in problem.fix
+
+
+def test_knowledge_listed_as_an_action(tmp_path: Path) -> None:
+    text = edit(
+        'actions: [speak, "mytools.gestures:wave_action"]',
+        'actions: [speak, "mytools.gestures:wave_action", weather]',
+    )
+    text = text.replace("knowledge: [weather]", "knowledge: []")
+    problem = only(problems(write(tmp_path, text)), "actions[2]")
+    assert "is a knowledge tool" in problem.message and problem.fix == "move it to knowledge"
+
+
+def test_two_tools_with_one_id(tmp_path: Path) -> None:
+    text = edit(
+        'actions: [speak, "mytools.gestures:wave_action"]',
+        'actions: [speak, "mytools.gestures:wave_action", "mytools.impostor:speak"]',
+    )
+    problem = only(problems(write(tmp_path, text)), "actions[2]")
+    assert "already uses" in problem.message
+
+
+def test_params_not_an_object_schema(tmp_path: Path) -> None:
+    text = edit("    type: object\n    properties:", "    type: array\n    properties:")
+    problem = only(problems(write(tmp_path, text)), "events.params.type")
+    assert "must be an object schema" in problem.message
+    assert "type: object" in problem.fix
+
+
+def test_cel_syntax_error_gives_line_column_and_caret(tmp_path: Path) -> None:
+    problem = only(
+        problems(write(tmp_path, edit("expression: energy > 3", "expression: energy > > 3"))),
+        "events.conditions[1].expression",
+    )
+    assert problem.message == "CEL 1:10: Syntax error: unexpected '>'"
+    assert problem.excerpt == "energy > > 3\n         ^"
+    rendered = str(problem)
+    assert "    energy > > 3\n             ^" in rendered
+    assert problem.line == 22
+
+
+def test_cel_error_in_a_literal_block_points_at_the_file_line(tmp_path: Path) -> None:
+    text = edit(
+        'expression: emotion == "joy"', 'expression: |\n        emotion == "joy" &&\n          enrgy > 1'
+    )
+    problem = only(problems(write(tmp_path, text)), "events.conditions[0].expression")
+    assert problem.message.startswith("CEL 2:3: undeclared reference to 'enrgy'")
+    lines = text.splitlines()
+    assert problem.line is not None and "enrgy > 1" in lines[problem.line - 1]
+    assert "did you mean 'energy'?" in problem.fix
+
+
+def test_undeclared_parameter(tmp_path: Path) -> None:
+    problem = only(
+        problems(write(tmp_path, edit("expression: energy > 3", "expression: mood > 3"))),
+        "events.conditions[1].expression",
+    )
+    assert "undeclared reference to 'mood'" in problem.message
+    assert "declared parameter: emotion, energy" in problem.fix
+
+
+def test_non_boolean_expression(tmp_path: Path) -> None:
+    problem = only(
+        problems(write(tmp_path, edit("expression: energy > 3", "expression: energy * 2"))),
+        "events.conditions[1].expression",
+    )
+    assert "type int" in problem.message and "bool" in problem.message
+
+
+def test_yaml_syntax_error_has_a_line_and_caret(tmp_path: Path) -> None:
+    text = edit("role: Keep it short.", 'role: "Keep it short.')
+    (problem,) = problems(write(tmp_path, text))
+    assert problem.message.startswith("YAML syntax error")
+    assert problem.line == 8
+    assert problem.excerpt.splitlines() == [
+        'actions: [speak, "mytools.gestures:wave_action"]',
+        " " * 18 + "^",
+    ]
+    assert "quot" in problem.fix
+
+
+def test_unclosed_quote_at_the_end_shows_where_it_began(tmp_path: Path) -> None:
+    (problem,) = problems(write(tmp_path, 'metadata:\n  id: companion_x\n  name: "X\n'))
+    assert "while scanning a quoted scalar started on line 3" in problem.message
+    assert problem.excerpt.splitlines() == ['  name: "X', "        ^"]
+
+
+def test_yaml_indentation_error(tmp_path: Path) -> None:
+    (problem,) = problems(write(tmp_path, "metadata:\n  id: companion_x\n name: X\n"))
+    assert problem.message.startswith("YAML syntax error") and problem.line == 3
+
+
+def test_duplicate_keys_are_reported(tmp_path: Path) -> None:
+    found = problems(write(tmp_path, GOOD + "role: Again.\n"))
+    assert "duplicate key 'role'" in only(found, "role").message
+
+
+@pytest.mark.parametrize(("text", "expected"), [("", "empty"), ("- a\n- b\n", "must be a mapping")])
+def test_empty_or_non_mapping_file(tmp_path: Path, text: str, expected: str) -> None:
+    (problem,) = problems(write(tmp_path, text))
+    assert expected in problem.message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    (problem,) = problems(tmp_path / "nope.yaml")
+    assert "cannot read the card" in problem.message and problem.file == str(tmp_path / "nope.yaml")
+
+
+def test_all_problems_are_collected_and_printed_in_file_order(tmp_path: Path) -> None:
+    text = edit("id: companion_tess", "id: tess")
+    text = text.replace("expression: energy > 3", "expression: mood > 3")
+    text = text.replace("- {tool: weather,", "- {tool: rain,")
+    text = text.replace("  name: Tess\n", "  name: Tess\n  mood: sunny\n")
+    text += "setings: {}\n"
+    path = write(tmp_path, text)
+    with pytest.raises(CardError) as info:
+        load_card(path, resolve=resolve)
+    found = info.value.problems
+    assert [p.path for p in found] == [
+        "metadata.id",
+        "metadata.mood",
+        "events.conditions[1].expression",
+        "events.conditions[1].execute[1].tool",
+        "setings",
+    ]
+    lines = [p.line or 0 for p in found]
+    assert lines == sorted(lines)
+    rendered = str(info.value)
+    assert rendered.startswith(f"{path}: 5 problems\n")
+    for problem in found:
+        assert f"{path}:{problem.line}: {problem.path}: {problem.message}" in rendered
+        assert f"fix: {problem.fix}" in rendered
+
+
+# --- the schema for editors ------------------------------------------------------------------------
+
+
+def test_json_schema_describes_the_card_format() -> None:
+    schema = card_json_schema()
+    assert schema["title"] == "CompanionCard"
+    assert set(schema["required"]) == {"metadata", "role", "actions", "events"}
+    assert schema["additionalProperties"] is False
+    assert schema["$defs"]["Metadata"]["properties"]["id"]["pattern"] == "^companion_"
+
+
+def test_example_cards_validate_against_the_json_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    schema = card_json_schema()
+    for path in sorted(CARDS.glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(path.read_text(encoding="utf-8")), schema)
+    bad: dict[str, Any] = yaml.safe_load((CARDS / "pim.yaml").read_text(encoding="utf-8"))
+    bad["metadata"]["id"] = "pim"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
