@@ -1,0 +1,200 @@
+"""The built-ins on an in-memory network with a fake client, and resolving tool references."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+from actions_support import ME, OTHER, answer, make_runtime, pump_results
+
+from companion.actions import (
+    BUILTINS,
+    ActionDef,
+    ActionRuntime,
+    KnowledgeDef,
+    ToolNotFound,
+    ToolResult,
+    resolve_tool,
+)
+from companion.actions.builtins import companions, speak, speak_with_voice
+from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
+from companion.transport import MemoryEndpoint, MemoryHub
+
+SAY = {"message": "Good morning!", "to": ["user", OTHER.id], "emotion": "happy"}
+
+
+def _expected_wire(message_id: str) -> dict[str, object]:
+    return {
+        "jsonrpc": "2.0",
+        "method": "message.send",
+        "params": {
+            "id": message_id,
+            "from": ME.id,
+            "to": ["user", OTHER.id],
+            "message": "Good morning!",
+            "metadata": {"emotion": "happy"},
+        },
+    }
+
+
+async def _next(endpoint: MemoryEndpoint, topic: str) -> tuple[object, bytes]:
+    with trio.fail_after(5):
+        while True:
+            inbound = await endpoint.receive_channel.receive()
+            if inbound.topic == topic:
+                return inbound.payload, inbound.raw
+
+
+def _nothing_on(endpoint: MemoryEndpoint, topic: str) -> bool:
+    while True:
+        try:
+            inbound = endpoint.receive_channel.receive_nowait()
+        except trio.WouldBlock:
+            return True
+        if inbound.topic == topic:
+            return False
+
+
+async def test_speak_publishes_an_aikyo_message_with_the_emotion() -> None:
+    hub = MemoryHub()
+    node, client = hub.endpoint("node"), hub.endpoint("client")
+    runtime, _ = make_runtime(speak, publisher=node)
+    result = await runtime.call("speak", SAY)
+    assert result.ok
+    payload, raw = await _next(client, MESSAGES)
+    assert isinstance(payload, Message)
+    assert json.loads(raw) == _expected_wire(payload.params.id)
+
+
+async def test_speak_refuses_an_unknown_emotion_and_an_empty_message() -> None:
+    runtime, recorder = make_runtime(speak)
+    result = await runtime.call("speak", {"message": "", "to": ["user"], "emotion": "bored"})
+    assert result.status == "invalid_input"
+    assert {i.path for i in result.issues} == {"message", "emotion"}
+    assert recorder.published == []
+
+
+async def _voice_call(
+    runtime: ActionRuntime,
+    node: MemoryEndpoint,
+    client: MemoryEndpoint,
+    reply: Callable[[Query], QueryResult] | None,
+) -> tuple[ToolResult, Query]:
+    """Run speak_with_voice; the client sees the speak query and (unless reply is None) answers."""
+    results: list[ToolResult] = []
+    async with trio.open_nursery() as outer:
+        outer.start_soon(pump_results, node, runtime)
+        async with trio.open_nursery() as nursery:
+
+            async def run() -> None:
+                results.append(await runtime.call("speak_with_voice", SAY))
+
+            nursery.start_soon(run)
+            query, _ = await _next(client, QUERIES)
+            assert isinstance(query, Query)
+            assert _nothing_on(client, MESSAGES), "the message must wait for the voice"
+            if reply is not None:
+                await client.publish(QUERIES, reply(query))
+        outer.cancel_scope.cancel()
+    return results[0], query
+
+
+async def test_speak_with_voice_waits_for_playback_then_speaks() -> None:
+    hub = MemoryHub()
+    node, client = hub.endpoint("node"), hub.endpoint("client")
+    runtime, _ = make_runtime(speak_with_voice, publisher=node)
+    result, query = await _voice_call(runtime, node, client, lambda q: answer(q, body={"played": True}))
+    assert result.ok
+    assert query.params.type == "speak" and query.params.from_ == ME.id
+    assert query.params.body == {"message": "Good morning!", "emotion": "happy"}  # aikyo's shape
+    payload, raw = await _next(client, MESSAGES)
+    assert isinstance(payload, Message)
+    assert json.loads(raw) == _expected_wire(payload.params.id)
+    assert runtime.pending_queries == 0
+
+
+async def test_speak_with_voice_still_speaks_when_the_client_fails() -> None:
+    hub = MemoryHub()
+    node, client = hub.endpoint("node"), hub.endpoint("client")
+    runtime, _ = make_runtime(speak_with_voice, publisher=node)
+    result, _ = await _voice_call(runtime, node, client, lambda q: QueryResult(id=q.id, error="no voice"))
+    assert result.ok
+    payload, _ = await _next(client, MESSAGES)
+    assert isinstance(payload, Message) and payload.params.message == "Good morning!"
+
+
+async def test_speak_with_voice_without_clients_speaks_after_the_voice_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    hub = MemoryHub()
+    node, client = hub.endpoint("node"), hub.endpoint("client")
+    runtime, _ = make_runtime(speak_with_voice, publisher=node)
+    start = trio.current_time()
+    result, _ = await _voice_call(runtime, node, client, None)
+    assert result.ok
+    assert trio.current_time() - start == pytest.approx(100)
+    payload, _ = await _next(client, MESSAGES)
+    assert isinstance(payload, Message)
+
+
+async def test_companions_lists_who_is_on_the_network() -> None:
+    directory = {ME.id: ME}
+    runtime, recorder = make_runtime(companions, directory=directory)
+    directory[OTHER.id] = OTHER
+    result = await runtime.call("companions", {"ignored": 1})
+    assert result.for_model() == {
+        "status": "ok",
+        "output": {ME.id: ME.model_dump(by_alias=True), OTHER.id: OTHER.model_dump(by_alias=True)},
+    }
+    assert recorder.published == []
+
+
+def test_builtins_and_their_kinds() -> None:
+    assert list(BUILTINS) == ["speak", "speak_with_voice", "companions"]
+    assert isinstance(BUILTINS["speak"], ActionDef) and BUILTINS["speak"].topic == "messages"
+    assert isinstance(BUILTINS["companions"], KnowledgeDef)
+    assert speak_with_voice.timeout > 100  # the voice wait fits inside the action's own deadline
+
+
+# --- resolve_tool -------------------------------------------------------------------------------------
+
+
+def test_resolve_builtins_and_module_references() -> None:
+    assert resolve_tool("speak") is speak
+    assert resolve_tool(" companions ") is companions
+    assert resolve_tool("companion.actions.builtins:speak_with_voice") is speak_with_voice
+
+
+@pytest.mark.parametrize(
+    ("ref", "words"),
+    [
+        ("speek", "did you mean 'speak'"),
+        ("dance", "no built-in tool"),
+        ("no_such_pkg.tools:wave", "cannot import 'no_such_pkg.tools'"),
+        ("companion.actions.builtins:wave", "has no attribute 'wave'"),
+        ("companion.actions.builtins:SpeakInput", "not a tool"),
+        (":wave", "expected 'package.module:attribute'"),
+    ],
+)
+def test_unresolvable_references_say_why(ref: str, words: str) -> None:
+    with pytest.raises(ToolNotFound, match=words) as info:
+        resolve_tool(ref)
+    assert "speak, speak_with_voice, companions" in str(info.value)
+    assert info.value.ref == ref.strip()
+
+
+def test_a_module_that_fails_to_import_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_tools_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "nested_tools_mod.py").write_text(
+        "from types import SimpleNamespace\n"
+        "from companion.actions.builtins import speak\n"
+        "ns = SimpleNamespace(tool=speak)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ToolNotFound, match="RuntimeError: boom at import"):
+        resolve_tool("broken_tools_mod:anything")
+    assert resolve_tool("nested_tools_mod:ns.tool") is speak
