@@ -12,6 +12,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 __all__ = [
     "CLOSE_GOING_AWAY",
+    "CLOSE_INTERNAL_ERROR",
     "CLOSE_NORMAL",
     "CLOSE_POLICY",
     "ChannelClosed",
@@ -24,6 +25,7 @@ CLOSE_NORMAL: Final = 1000
 CLOSE_GOING_AWAY: Final = 1001
 CLOSE_POLICY: Final = 1008
 """Used for a client that fell too far behind (the reason text says so)."""
+CLOSE_INTERNAL_ERROR: Final = 1011
 
 
 class ChannelClosed(Exception):

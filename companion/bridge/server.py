@@ -26,6 +26,7 @@ from ..transport import Inbound, Publisher
 from .access import AccessPolicy, check_access
 from .channel import (
     CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
     CLOSE_NORMAL,
     CLOSE_POLICY,
     ChannelClosed,
@@ -54,6 +55,7 @@ __all__ = ["Bridge", "BridgeConfig", "ReceiveHook"]
 
 logger = logging.getLogger("companion.bridge")
 
+SHUTDOWN_GRACE: Final = 0.2
 WEB_DIR: Final = Path(__file__).resolve().parent.parent / "web"
 _CONTENT_TYPES: Final = {
     ".html": "text/html; charset=utf-8",
@@ -138,7 +140,7 @@ class Bridge:
         self._sessions: dict[str, _Session] = {}
         self._routes: dict[str, Route] = {}
         self._port: int | None = None
-        self._connections = 0
+        self._clients_changed = trio.Event()
         self.add_route("/companions", Route(self._companions_route))
         if self.config.serve_page:
             self._add_page_routes()
@@ -154,6 +156,15 @@ class Bridge:
     @property
     def client_count(self) -> int:
         return len(self._sessions)
+
+    async def wait_for_clients(self, count: int) -> None:
+        """Return once exactly ``count`` clients are connected (the caller sets the deadline)."""
+        while len(self._sessions) != count:
+            await self._clients_changed.wait()
+
+    def _clients_change(self) -> None:
+        self._clients_changed.set()
+        self._clients_changed = trio.Event()
 
     def set_receive_hook(self, hook: ReceiveHook | None) -> None:
         self._hook = hook
@@ -183,6 +194,7 @@ class Bridge:
         client_id, queue = self.core.connect(topics)
         session = _Session(client_id, label or client_id, queue)
         self._sessions[client_id] = session
+        self._clients_change()
         log_event(logger, "client_connected", client=session.label, clients=len(self._sessions))
         close_code, close_reason = CLOSE_NORMAL, "closed"
         try:
@@ -196,15 +208,22 @@ class Bridge:
                 log_event(
                     logger, "client_too_slow", logging.WARNING, client=session.label, reason=session.kicked
                 )
-        except trio.Cancelled:
-            close_code, close_reason = CLOSE_GOING_AWAY, "bridge shutting down"
+        except BaseException as exc:
+            if _only(exc, trio.Cancelled):
+                close_code, close_reason = CLOSE_GOING_AWAY, "bridge shutting down"
+            else:
+                close_code, close_reason = CLOSE_INTERNAL_ERROR, "internal error"
             raise
         finally:
             self.core.disconnect(client_id)
             self._sessions.pop(client_id, None)
+            self._clients_change()
+            # On shutdown the connection's reader is already cancelled, so the peer's closing
+            # reply can never be read: send our close frame and give up waiting quickly.
+            grace = self.config.close_timeout if close_code != CLOSE_GOING_AWAY else SHUTDOWN_GRACE
             with (
                 trio.CancelScope(shield=True),
-                trio.move_on_after(self.config.close_timeout),
+                trio.move_on_after(grace),
                 contextlib.suppress(ChannelClosed, trio.BrokenResourceError, trio.ClosedResourceError),
             ):
                 await channel.close(close_code, close_reason)
@@ -324,7 +343,7 @@ class Bridge:
         try:
             await self._handle_connection(stream, label)
         except Exception as exc:
-            if not _only_disconnects(exc):
+            if not _only(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
                 _log_failure("bridge_connection_failed", exc, peer=label)
         finally:
             await trio.aclose_forcefully(stream)
@@ -426,11 +445,11 @@ def _static(response: HttpResponse) -> Callable[[HttpRequest], Awaitable[HttpRes
     return handler
 
 
-def _only_disconnects(exc: BaseException) -> bool:
-    """The client simply went away (possibly reported through an exception group)."""
+def _only(exc: BaseException, kinds: type[BaseException] | tuple[type[BaseException], ...]) -> bool:
+    """``exc`` is of ``kinds``, or an exception group of nothing else."""
     if isinstance(exc, BaseExceptionGroup):
-        return all(_only_disconnects(e) for e in exc.exceptions)
-    return isinstance(exc, trio.BrokenResourceError | trio.ClosedResourceError)
+        return all(_only(e, kinds) for e in exc.exceptions)
+    return isinstance(exc, kinds)
 
 
 def _log_failure(event: str, exc: BaseException, **fields: Any) -> None:

@@ -1,0 +1,441 @@
+"""The bridge shell on a real loopback socket, with the network replaced by a MemoryHub."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection, open_websocket_url
+
+from companion.bridge import Bridge, BridgeConfig, QueueLimits
+from companion.bridge.channel import CLOSE_GOING_AWAY, CLOSE_POLICY
+from companion.protocol import (
+    ACTIONS,
+    MESSAGES,
+    QUERIES,
+    STATES,
+    Action,
+    Envelope,
+    Message,
+    Metadata,
+    Query,
+    QueryResult,
+    State,
+    encode,
+)
+from companion.transport import Inbound, MemoryEndpoint, MemoryHub
+
+AYA = Metadata(id="companion_aya", name="Aya", personality="kind", story="s", sample="hi")
+
+
+@dataclass
+class Env:
+    bridge: Bridge
+    companion: MemoryEndpoint
+    url: str
+
+    async def next_inbound(self, topic: str | None = None) -> Inbound:
+        with trio.fail_after(5):
+            while True:
+                item = await self.companion.receive_channel.receive()
+                if item.sender_peer == "companion" or (topic is not None and item.topic != topic):
+                    continue
+                return item
+
+
+@asynccontextmanager
+async def running_bridge(
+    nursery: trio.Nursery,
+    directory: Mapping[str, Metadata] | None = None,
+    **config: Any,
+) -> AsyncIterator[Env]:
+    hub = MemoryHub()
+    bridge_ep = hub.endpoint("bridge")
+    companion = hub.endpoint("companion")
+    bridge = Bridge(
+        bridge_ep,
+        directory=directory if directory is not None else {AYA.id: AYA},
+        config=BridgeConfig(host="127.0.0.1", port=0, **config),
+        self_peer="bridge",
+    )
+    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
+    port = await nursery.start(bridge.serve)
+    yield Env(bridge, companion, f"ws://127.0.0.1:{port}/")
+
+
+async def recv_json(ws: WebSocketConnection) -> Any:
+    with trio.fail_after(5):
+        return json.loads(await ws.get_message())
+
+
+def message_frame(text: str = "hello", to: list[str] | None = None, **params: Any) -> str:
+    body = {
+        "jsonrpc": "2.0",
+        "method": "message.send",
+        "params": {
+            "id": "m-1",
+            "from": "user_yamada",
+            "to": to or ["companion_aya"],
+            "message": text,
+            **params,
+        },
+    }
+    return json.dumps({"topic": "messages", "body": body})
+
+
+async def test_client_message_is_published_and_replies_come_back(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
+        await ws.send_message(message_frame("こんにちは"))
+        got = await env.next_inbound(MESSAGES)
+        assert isinstance(got.payload, Message)
+        assert got.payload.params.message == "こんにちは"
+        assert got.payload.params.from_ == "user_yamada"
+
+        reply = Message.create("companion_aya", ["user_yamada"], "やあ", {"emotion": "happy"})
+        query = Query.create("companion_aya", "speak", {"message": "やあ", "emotion": "happy"})
+        action = Action.create("companion_aya", "wave", {"hand": "left"})
+        for topic, envelope in ((MESSAGES, reply), (QUERIES, query), (ACTIONS, action)):
+            await env.companion.publish(topic, envelope)
+            frame = await ws.get_message()
+            assert frame == encode(envelope).decode()  # the raw JSON, unchanged
+
+
+async def test_states_are_sent_only_to_clients_that_ask(nursery: trio.Nursery) -> None:
+    async with (
+        running_bridge(nursery) as env,
+        open_websocket_url(env.url) as plain,
+        open_websocket_url(env.url + "?topics=messages,states") as watcher,
+    ):
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(2)
+        states: list[State] = [State.create("companion_aya", "speak", 8, True)]
+        await env.companion.publish(STATES, states)
+        await env.companion.publish(MESSAGES, Message.create("companion_aya", ["user_x"], "after"))
+        assert isinstance(await recv_json(watcher), list)
+        assert (await recv_json(watcher))["params"]["message"] == "after"
+        assert (await recv_json(plain))["params"]["message"] == "after"  # no states before it
+
+
+async def test_unknown_topic_in_url_is_rejected(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery) as env:
+        with pytest.raises(ConnectionRejected) as info:
+            async with open_websocket_url(env.url + "?topics=gossip"):
+                pass
+        assert info.value.status_code == 400
+        assert b"gossip" in (info.value.body or b"")
+
+
+async def test_bad_frames_get_error_frames_and_the_connection_stays_open(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
+        cases = [
+            ("not json", "not_json"),
+            (json.dumps({"body": {}}), "invalid_frame"),
+            (json.dumps({"topic": "states", "body": {}}), "unknown_topic"),
+            (json.dumps({"topic": "messages", "body": {"jsonrpc": "2.0"}}), "invalid_body"),
+            (message_frame(**{"from": "companion_kyoko"}), "forbidden_sender"),
+        ]
+        for frame, code in cases:
+            await ws.send_message(frame)
+            answer = await recv_json(ws)
+            assert answer["error"]["code"] == code, answer
+        await ws.send_message(b"\xff")
+        assert (await recv_json(ws))["error"]["code"] == "not_utf8"
+        await ws.send_message(message_frame("still here"))
+        got = await env.next_inbound(MESSAGES)
+        assert isinstance(got.payload, Message) and got.payload.params.message == "still here"
+
+
+async def test_other_clients_see_a_clients_message_but_the_sender_gets_no_echo(nursery: trio.Nursery) -> None:
+    async with (
+        running_bridge(nursery) as env,
+        open_websocket_url(env.url) as a,
+        open_websocket_url(env.url) as b,
+    ):
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(2)
+        await a.send_message(message_frame("from a"))
+        assert (await recv_json(b))["params"]["message"] == "from a"
+        # the hub echoes the bridge's own publish back to it; that copy must not reach anyone
+        await env.next_inbound(MESSAGES)
+        await env.companion.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "next"))
+        assert (await recv_json(a))["params"]["message"] == "next"
+        assert (await recv_json(b))["params"]["message"] == "next"
+
+
+async def test_query_result_from_a_client_reaches_the_companion(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
+        result = {"jsonrpc": "2.0", "id": "q-9", "result": {"success": True, "body": {"spoken": True}}}
+        await ws.send_message(json.dumps({"topic": "queries", "body": result}))
+        got = await env.next_inbound(QUERIES)
+        assert isinstance(got.payload, QueryResult) and got.payload.id == "q-9"
+
+
+async def test_token_is_required_when_set(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery, token="s3cret") as env:
+        for suffix in ("", "?token=wrong"):
+            with pytest.raises(ConnectionRejected) as info:
+                async with open_websocket_url(env.url + suffix):
+                    pass
+            assert info.value.status_code == 401
+        async with open_websocket_url(env.url + "?token=s3cret") as ws:
+            await ws.send_message(message_frame())
+            await env.next_inbound(MESSAGES)
+        headers = [(b"Authorization", b"Bearer s3cret")]
+        async with open_websocket_url(env.url, extra_headers=headers) as ws:
+            await ws.send_message(message_frame())
+            await env.next_inbound(MESSAGES)
+
+
+async def test_foreign_browser_origin_is_refused(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery) as env:
+        with pytest.raises(ConnectionRejected) as info:
+            async with open_websocket_url(env.url, extra_headers=[(b"Origin", b"https://evil.example")]):
+                pass
+        assert info.value.status_code == 403
+        async with open_websocket_url(env.url, extra_headers=[(b"Origin", b"http://localhost:5173")]) as ws:
+            await ws.send_message(message_frame())
+            await env.next_inbound(MESSAGES)
+
+
+async def test_receive_hook_turns_custom_frames_into_payloads(nursery: trio.Nursery) -> None:
+    calls: list[Any] = []
+
+    async def hook(data: Any) -> Mapping[str, Any] | None:
+        calls.append(data)
+        if data.get("say") is None:
+            return None  # consumed: nothing to publish
+        if data["say"] == "boom":
+            raise RuntimeError("hook bug")
+        return json.loads(message_frame(data["say"]))
+
+    async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
+        env.bridge.set_receive_hook(hook)
+        await ws.send_message(json.dumps({"ping": 1}))
+        await ws.send_message(json.dumps({"say": "boom"}))
+        assert (await recv_json(ws))["error"]["code"] == "hook_failed"
+        await ws.send_message(json.dumps({"say": "via hook"}))
+        got = await env.next_inbound(MESSAGES)
+        assert isinstance(got.payload, Message) and got.payload.params.message == "via hook"
+        assert calls[0] == {"ping": 1}
+        # the hook's output is checked like any frame
+        env.bridge.set_receive_hook(lambda data: {"topic": "nowhere", "body": {}})
+        await ws.send_message("{}")
+        assert (await recv_json(ws))["error"]["code"] == "unknown_topic"
+
+
+async def test_slow_receive_hook_hits_its_deadline(nursery: trio.Nursery) -> None:
+    async def hook(data: Any) -> Mapping[str, Any] | None:
+        await trio.sleep_forever()
+        return None
+
+    async with running_bridge(nursery, hook_timeout=0.2) as env, open_websocket_url(env.url) as ws:
+        env.bridge.set_receive_hook(hook)
+        await ws.send_message("{}")
+        error = (await recv_json(ws))["error"]
+        assert error["code"] == "hook_failed" and "0.2s" in error["message"]
+
+
+class StuckPublisher:
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
+        await trio.sleep_forever()
+
+
+class BrokenPublisher:
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
+        raise OSError("network down")
+
+
+@pytest.mark.parametrize(
+    ("publisher", "words"), [(StuckPublisher(), "in time"), (BrokenPublisher(), "network down")]
+)
+async def test_publish_failures_become_error_frames(
+    nursery: trio.Nursery, publisher: Any, words: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    bridge = Bridge(publisher, config=BridgeConfig(port=0, publish_timeout=0.2))
+    port = await nursery.start(bridge.serve)
+    async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
+        await ws.send_message(message_frame())
+        error = (await recv_json(ws))["error"]
+        assert error["code"] == "publish_failed" and words in error["message"]
+
+
+async def test_in_process_companion_publisher_reaches_clients(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(1)
+        inner = env.bridge._publisher  # stands for the companion's node in this process
+        local = env.bridge.publisher(inner)
+        await local.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "local"))
+        assert (await recv_json(ws))["params"]["message"] == "local"
+        await env.next_inbound(MESSAGES)  # it also went to the network
+        await env.companion.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "remote"))
+        assert (await recv_json(ws))["params"]["message"] == "remote"  # and no duplicate of "local"
+
+
+async def test_client_that_stops_reading_is_disconnected_and_others_keep_up(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="companion.bridge")
+    limits = QueueLimits(max_frames=16, max_bytes=512 * 1024)
+    async with running_bridge(nursery, limits=limits, close_timeout=0.5) as env:
+        # A raw client: completes the handshake, then never reads again.
+        stream = await trio.open_tcp_stream("127.0.0.1", env.bridge.port)
+        await stream.send_all(
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        head = b""
+        with trio.fail_after(5):
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive_some(1)
+        assert head.startswith(b"HTTP/1.1 101")
+        async with open_websocket_url(env.url, message_queue_size=1000) as fast:
+            with trio.fail_after(5):
+                await env.bridge.wait_for_clients(2)
+            filler = "x" * 40_000
+            sent = 0
+            with trio.fail_after(20):
+                while env.bridge.client_count == 2:
+                    sent += 1
+                    message = Message.create("companion_aya", ["user_yamada"], f"{sent} {filler}")
+                    await env.companion.publish(MESSAGES, message)
+                    frame = await recv_json(fast)
+                    assert frame["params"]["message"].startswith(f"{sent} ")
+                    assert sent < 2000, "the silent client was never disconnected"
+            # the fast client still gets everything after the slow one was dropped
+            await env.companion.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "after"))
+            assert (await recv_json(fast))["params"]["message"] == "after"
+        slow = [r for r in caplog.records if r.getMessage() == "client_too_slow"]
+        assert len(slow) == 1
+        with trio.fail_after(5):  # the silent client's socket is closed by the bridge
+            while await stream.receive_some(65536):
+                pass
+        await stream.aclose()
+
+
+class SilentChannel:
+    """A frame channel whose client never takes a frame."""
+
+    def __init__(self) -> None:
+        self.closed: tuple[int, str] | None = None
+        self.inbox: trio.MemoryReceiveChannel[str | bytes]
+        self.outbox, self.inbox = trio.open_memory_channel[str | bytes](10)
+
+    async def send(self, text: str) -> None:
+        await trio.sleep_forever()
+
+    async def receive(self) -> str | bytes | None:
+        try:
+            return await self.inbox.receive()
+        except trio.EndOfChannel:
+            return None
+
+    async def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+async def test_slow_rule_on_any_frame_channel(nursery: trio.Nursery) -> None:
+    hub = MemoryHub()
+    bridge = Bridge(hub.endpoint("bridge"), config=BridgeConfig(limits=QueueLimits(max_frames=3)))
+    channel = SilentChannel()
+    done = trio.Event()
+
+    async def run() -> None:
+        await bridge.serve_channel(channel, label="silent")
+        done.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(5):
+        await bridge.wait_for_clients(1)
+    message = Message.create("companion_aya", ["user_a"], "hi")
+    for _ in range(5):  # one in flight (stuck in send) + 3 queued, then overflow
+        bridge.deliver(Inbound(MESSAGES, message, "peer", encode(message)))
+        await trio.testing.wait_all_tasks_blocked()
+    with trio.fail_after(5):
+        await done.wait()
+    assert channel.closed is not None
+    code, reason = channel.closed
+    assert code == CLOSE_POLICY and "too slow" in reason
+
+
+async def test_bridge_shutdown_closes_clients_with_going_away(nursery: trio.Nursery) -> None:
+    bridge = Bridge(MemoryHub().endpoint("bridge"), config=BridgeConfig(port=0))
+    serve_scope = trio.CancelScope()
+
+    async def serve(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with serve_scope:
+            await bridge.serve(task_status=task_status)
+
+    port = await nursery.start(serve)
+    async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
+        with trio.fail_after(5):
+            await bridge.wait_for_clients(1)
+        serve_scope.cancel()
+        with pytest.raises(ConnectionClosed) as info, trio.fail_after(5):
+            await ws.get_message()
+        assert info.value.reason is not None and info.value.reason.code == CLOSE_GOING_AWAY
+
+
+async def http_get(port: int, target: str, headers: str = "") -> tuple[int, dict[str, str], bytes]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}\r\n".encode())
+    data = b""
+    with trio.fail_after(5):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    await stream.aclose()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    fields = dict(line.split(": ", 1) for line in lines[1:])
+    return status, {k.lower(): v for k, v in fields.items()}, body
+
+
+async def test_page_and_directory_over_http(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery, token="t0k") as env:
+        port = env.bridge.port
+        status, headers, body = await http_get(port, "/")
+        assert status == 200 and headers["content-type"].startswith("text/html")
+        assert b"<title>" in body
+        assert "default-src 'self'" in headers["content-security-policy"]
+        status, headers, body = await http_get(port, "/app.js")
+        assert status == 200 and headers["content-type"].startswith("text/javascript")
+        status, _, _ = await http_get(port, "/companions")
+        assert status == 401
+        status, headers, body = await http_get(port, "/companions?token=t0k")
+        assert status == 200 and headers["content-type"].startswith("application/json")
+        assert json.loads(body) == {"companions": [AYA.model_dump(by_alias=True)]}
+        status, _, _ = await http_get(port, "/../../etc/passwd")
+        assert status == 404
+
+
+async def test_garbage_and_silent_connections_are_closed(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery, request_timeout=0.3) as env:
+        stream = await trio.open_tcp_stream("127.0.0.1", env.bridge.port)
+        await stream.send_all(b"\x00\x01 not http\r\n\r\n")
+        data = b""
+        with trio.fail_after(5):
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 400")
+        await stream.aclose()
+        silent = await trio.open_tcp_stream("127.0.0.1", env.bridge.port)
+        with trio.fail_after(5):  # the request deadline closes it
+            assert await silent.receive_some(10) == b""
+        await silent.aclose()
+
+
+async def test_bridge_full_refuses_more_clients(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery, max_clients=1) as env, open_websocket_url(env.url):
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(1)
+        with pytest.raises(ConnectionRejected) as info:
+            async with open_websocket_url(env.url):
+                pass
+        assert info.value.status_code == 503
