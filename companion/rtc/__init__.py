@@ -1,0 +1,52 @@
+"""WebRTC clients for the bridge (aiortc on a trio-asyncio island).
+
+The server side (:class:`RtcGateway`, :class:`RtcSession`) answers ``/webrtc/offer`` and moves
+the Firehose frames between a data channel and the bridge, plus an optional voice track that
+speaks ``speak`` queries; the client side (:func:`connect_rtc`) is what ``companion listen
+--webrtc`` and the tests use.
+"""
+
+from .client import ClientClosed, ClientSettings, OfferRejected, ReceivedAudio, RtcClient, connect_rtc
+from .control import StopSpeech, VoiceSwitch, interpret_control
+from .gateway import OfferReply, RtcGateway, open_gateway
+from .ice import LOOPBACK, candidate_addresses_for, host_addresses
+from .island import AsyncioIsland, open_island
+from .link import ClientInfo, FirehoseLink, LinkClosed, LinkOpener
+from .session import RtcSession, SessionSettings, SessionStats
+from .signaling import OfferError, OfferRequest, parse_offer
+from .voicequeue import FRAME_SAMPLES, SAMPLE_RATE, FrameStep, QueueFull, VoiceQueue
+
+__all__ = [
+    "FRAME_SAMPLES",
+    "LOOPBACK",
+    "SAMPLE_RATE",
+    "AsyncioIsland",
+    "ClientClosed",
+    "ClientInfo",
+    "ClientSettings",
+    "FirehoseLink",
+    "FrameStep",
+    "LinkClosed",
+    "LinkOpener",
+    "OfferError",
+    "OfferRejected",
+    "OfferReply",
+    "OfferRequest",
+    "QueueFull",
+    "ReceivedAudio",
+    "RtcClient",
+    "RtcGateway",
+    "RtcSession",
+    "SessionSettings",
+    "SessionStats",
+    "StopSpeech",
+    "VoiceQueue",
+    "VoiceSwitch",
+    "candidate_addresses_for",
+    "connect_rtc",
+    "host_addresses",
+    "interpret_control",
+    "open_gateway",
+    "open_island",
+    "parse_offer",
+]

@@ -1,0 +1,137 @@
+"""The bridge's WebRTC front: answers offers and owns the running sessions.
+
+The HTTP route for ``/webrtc/offer`` calls :meth:`RtcGateway.offer` with the request body and
+gets back an HTTP status and a JSON body. A successful offer leaves a session running in the
+gateway's nursery, attached to the bridge through the ``open_link`` the bridge supplied.
+Leaving :func:`open_gateway` ends every session (each tears itself down within its deadline).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import trio
+
+from ..log import log_event
+from ..voice import Synthesizer
+from .island import AsyncioIsland, open_island
+from .link import ClientInfo, LinkOpener
+from .session import RtcSession, SessionSettings
+from .signaling import OfferError, OfferRequest, answer_body, error_body, parse_offer
+
+__all__ = ["OfferReply", "RtcGateway", "open_gateway"]
+
+logger = logging.getLogger("companion.rtc")
+
+
+@dataclass(frozen=True, slots=True)
+class OfferReply:
+    """The HTTP answer to a posted offer."""
+
+    status: int
+    body: str
+    session_id: str | None = None
+
+
+class RtcGateway:
+    """Accepts WebRTC clients for one bridge."""
+
+    def __init__(
+        self,
+        island: AsyncioIsland,
+        nursery: trio.Nursery,
+        open_link: LinkOpener,
+        *,
+        synthesizer: Synthesizer | None = None,
+        settings: SessionSettings | None = None,
+        max_sessions: int = 32,
+    ) -> None:
+        self.island = island
+        self._nursery = nursery
+        self._open_link = open_link
+        self.synthesizer = synthesizer
+        self.settings = settings or SessionSettings()
+        self.max_sessions = max_sessions
+        self._sessions: dict[str, RtcSession] = {}
+        self._negotiating = 0
+
+    @property
+    def sessions(self) -> Mapping[str, RtcSession]:
+        return MappingProxyType(self._sessions)
+
+    async def offer(self, body: bytes | str, *, query_topics: str | None = None) -> OfferReply:
+        """Answer one posted offer (the bridge has already checked token and origin)."""
+        request = parse_offer(body, query_topics)
+        if isinstance(request, OfferError):
+            return _refuse(request)
+        if len(self._sessions) + self._negotiating >= self.max_sessions:
+            return _refuse(
+                OfferError(503, "busy", f"this bridge already has {self.max_sessions} WebRTC clients")
+            )
+        return await self._accept(request)
+
+    async def _accept(self, request: OfferRequest) -> OfferReply:
+        session = RtcSession(self.island, request, synthesizer=self.synthesizer, settings=self.settings)
+        self._negotiating += 1
+        try:
+            sdp = await session.negotiate()
+        except (ValueError, trio.TooSlowError) as exc:
+            # aiortc raises ValueError for SDP it cannot use; gathering may time out
+            log_event(logger, "rtc_offer_refused", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
+            return _refuse(OfferError(400, "negotiation_failed", f"cannot answer this offer: {exc}"))
+        finally:
+            self._negotiating -= 1
+        self._sessions[session.id] = session
+        self._nursery.start_soon(self._run, session)
+        return OfferReply(200, answer_body(sdp, session.id, session.voice_negotiated), session.id)
+
+    async def _run(self, session: RtcSession) -> None:
+        info = ClientInfo(session.id, session.request.topics, session.voice_negotiated)
+        try:
+            async with self._open_link(info) as link:
+                await session.run(link)
+        except Exception as exc:  # one client's failure must not take the bridge down
+            log_event(
+                logger,
+                "rtc_session_crashed",
+                logging.ERROR,
+                session=session.id,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback="".join(traceback.format_exception(exc)),
+            )
+        finally:
+            with trio.CancelScope(shield=True):
+                await session.abort()
+            self._sessions.pop(session.id, None)
+
+    def close_all(self, reason: str = "bridge shutting down") -> None:
+        for session in list(self._sessions.values()):
+            session.close(reason)
+
+
+def _refuse(error: OfferError) -> OfferReply:
+    return OfferReply(error.status, error_body(error))
+
+
+@asynccontextmanager
+async def open_gateway(
+    open_link: LinkOpener,
+    *,
+    synthesizer: Synthesizer | None = None,
+    settings: SessionSettings | None = None,
+    max_sessions: int = 32,
+) -> AsyncIterator[RtcGateway]:
+    """A gateway with its asyncio island and session nursery; sessions end when the block does."""
+    async with open_island() as island, trio.open_nursery() as nursery:
+        gateway = RtcGateway(
+            island, nursery, open_link, synthesizer=synthesizer, settings=settings, max_sessions=max_sessions
+        )
+        try:
+            yield gateway
+        finally:
+            gateway.close_all()

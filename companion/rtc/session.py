@@ -1,0 +1,503 @@
+"""One WebRTC client on the bridge: SDP answer, the Firehose data channel, and the voice track.
+
+The session is a trio object around an aiortc peer connection (the asyncio island). Its tasks:
+
+- *outbound*: frames from the bridge's queue for this client go out on the data channel
+  (``speak`` queries are also handed to the voice when it is on);
+- *inbound*: frames from the data channel go to the bridge, except control frames;
+- *voice*: speak queries are synthesized in order and queued on the track; when a line's
+  audio has been sent, the query's result is published, so turns follow real speech.
+
+The session ends when the peer closes, ICE fails or consent expires, the data channel does not
+open in time, the client cannot keep up, or the caller is cancelled. Teardown always runs
+(shielded, with a deadline): unanswered speak queries get an "interrupted" result, the track
+stops and the peer connection closes, so no asyncio task, track or socket outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import trio
+from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+
+from ..log import log_event
+from ..protocol import QUERIES, Query, QueryResult, QueryResultBody, new_id, parse_payload
+from ..voice import SynthesisError, Synthesizer
+from .audio import to_track_rate
+from .control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
+from .ice import LOOPBACK, host_addresses
+from .island import AsyncioIsland
+from .link import FirehoseLink, LinkClosed
+from .signaling import OfferRequest
+from .track import VoiceTrack
+from .voicequeue import VoiceQueue
+
+__all__ = ["RtcSession", "SessionSettings", "SessionStats"]
+
+logger = logging.getLogger("companion.rtc")
+
+SPEAK: Final = "speak"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """Limits and deadlines of one session (the defaults suit a bridge on a LAN)."""
+
+    ice_addresses: tuple[str, ...] | None = LOOPBACK
+    """Local addresses offered as ICE candidates (``None``: every interface but loopback)."""
+    negotiate_timeout: float = 10.0
+    """Offer in, answer out (candidate gathering included)."""
+    connect_timeout: float = 15.0
+    """Answer sent to data channel open."""
+    close_timeout: float = 5.0
+    inbound_frames: int = 256
+    """Client frames waiting for the bridge; a client that floods past this is disconnected."""
+    send_high_water: int = 1024 * 1024
+    """Bytes buffered on the data channel before the session waits for the client."""
+    send_stall_timeout: float = 10.0
+    """How long the buffer may stay above the high water mark before the client is dropped."""
+    publish_timeout: float = 5.0
+    voice_lines: int = 32
+    """Speak queries waiting (synthesizing or queued) before new ones are refused."""
+
+
+@dataclass
+class SessionStats:
+    """What a session did (for logs, tests and the benchmark)."""
+
+    frames_in: int = 0
+    frames_out: int = 0
+    lines_spoken: int = 0
+    lines_interrupted: int = 0
+    lines_failed: int = 0
+    speak_latencies: list[float] = field(default_factory=list)
+    """Seconds from a speak query reaching the session to its first audio frame."""
+
+
+@dataclass
+class _Pending:
+    query_id: str
+    text: str
+    emotion: str | None
+    received: float
+    generation: int
+    seconds: float = 0.0
+    audible: bool = False
+
+
+class RtcSession:
+    """Server side of one WebRTC client. Create, :meth:`negotiate`, then :meth:`run`."""
+
+    def __init__(
+        self,
+        island: AsyncioIsland,
+        request: OfferRequest,
+        *,
+        synthesizer: Synthesizer | None = None,
+        settings: SessionSettings | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        self.id = session_id or new_id()
+        self.island = island
+        self.request = request
+        self.settings = settings or SessionSettings()
+        self.synthesizer = synthesizer
+        self.stats = SessionStats()
+        self.end_reason: str | None = None
+        self.voice_negotiated = False
+        self._voice_on = False
+        self._pc: RTCPeerConnection | None = None
+        self._channel: RTCDataChannel | None = None
+        self._track: VoiceTrack | None = None
+        self._queue = VoiceQueue(max_lines=self.settings.voice_lines)
+        self._pending: dict[str, _Pending] = {}
+        self._generation = 0
+        self._synth_scope: trio.CancelScope | None = None
+        self._ended = trio.Event()
+        self._channel_open = trio.Event()
+        self._buffer_low = trio.Event()
+        self._inbound_send, self._inbound_recv = trio.open_memory_channel[str | bytes](
+            self.settings.inbound_frames
+        )
+        self._jobs_send, self._jobs_recv = trio.open_memory_channel[_Pending](self.settings.voice_lines)
+        self._results_send, self._results_recv = trio.open_memory_channel[QueryResult](math.inf)
+        self._closed = False
+
+    # --- negotiation -------------------------------------------------------------------
+
+    async def negotiate(self) -> str:
+        """Apply the client's offer and return the answer SDP (ICE candidates included).
+
+        On failure the peer connection is closed and the exception propagates: a malformed
+        SDP raises ``ValueError`` from aiortc, a deadline ``trio.TooSlowError``.
+        """
+        self.island.enter()
+        try:
+            with trio.fail_after(self.settings.negotiate_timeout):
+                return await self._negotiate()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._close_peer()
+            raise
+
+    async def _negotiate(self) -> str:
+        pc = await self.island.call(_new_peer_connection)
+        self._pc = pc
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("connectionstatechange", self._on_connection_state)
+        await self.island.call(pc.setRemoteDescription, RTCSessionDescription(self.request.sdp, "offer"))
+        if self.request.voice and any(t.kind == "audio" for t in pc.getTransceivers()):
+            self._track = VoiceTrack(self._queue, self._lines_finished, on_frame=self._frame_played)
+            pc.addTrack(self._track)
+            self.voice_negotiated = True
+            self._voice_on = self.synthesizer is not None
+        answer = await self.island.call(pc.createAnswer)
+        with host_addresses(self.settings.ice_addresses):
+            await self.island.call(pc.setLocalDescription, answer)
+        local = pc.localDescription
+        log_event(
+            logger,
+            "rtc_answered",
+            session=self.id,
+            voice=self._voice_on,
+            candidates=local.sdp.count("a=candidate:"),
+        )
+        return str(local.sdp)
+
+    # --- aiortc callbacks (asyncio side, same thread: non-blocking hand-offs only) ---------
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if self._channel is not None:
+            log_event(
+                logger, "rtc_extra_channel_closed", logging.WARNING, session=self.id, label=channel.label
+            )
+            channel.close()
+            return
+        self._channel = channel
+        channel.bufferedAmountLowThreshold = self.settings.send_high_water // 2
+        channel.on("message", self._on_message)
+        channel.on("close", lambda: self._end("data channel closed by the client"))
+        channel.on("bufferedamountlow", self._buffer_low.set)
+        if channel.readyState == "open":
+            self._channel_open.set()
+        else:
+            channel.on("open", self._channel_open.set)
+
+    def _on_message(self, data: str | bytes) -> None:
+        try:
+            self._inbound_send.send_nowait(data)
+        except trio.WouldBlock:
+            limit = self.settings.inbound_frames
+            self._end(f"client sent more than {limit} frames faster than they could be handled")
+        except trio.ClosedResourceError:
+            pass
+
+    def _on_connection_state(self) -> None:
+        if self._pc is None:
+            return
+        state = self._pc.connectionState
+        if state == "failed":
+            self._end("connection failed (ICE failure or consent expired)")
+        elif state == "closed":
+            self._end("peer connection closed")
+
+    def _lines_finished(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            pending = self._pending.get(key)
+            if pending is None:
+                continue
+            self.stats.lines_spoken += 1
+            body: dict[str, Any] = {"spoken": True, "seconds": round(pending.seconds, 3)}
+            if self.synthesizer is not None:
+                body["voice"] = self.synthesizer.name
+            self._answer(key, QueryResult(id=key, result=QueryResultBody(success=True, body=body)))
+
+    def _frame_played(self, key: str | None) -> None:
+        if key is None:
+            return
+        pending = self._pending.get(key)
+        if pending is not None and not pending.audible:
+            pending.audible = True
+            self.stats.speak_latencies.append(time.monotonic() - pending.received)
+
+    # --- running -----------------------------------------------------------------------
+
+    async def run(self, link: FirehoseLink) -> str:
+        """Carry frames and voice until the session ends; returns why it ended. Always tears
+        the peer connection down before returning (also when cancelled)."""
+        self.island.enter()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch_connect)
+                nursery.start_soon(self._outbound, link)
+                nursery.start_soon(self._inbound, link)
+                nursery.start_soon(self._report, link)
+                if self.voice_negotiated:
+                    nursery.start_soon(self._synthesize_in_order)
+                await self._ended.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                if self.end_reason is None:
+                    self.end_reason = "cancelled"
+                await self._teardown(link)
+        return self.end_reason
+
+    async def abort(self) -> None:
+        """Close the peer connection without running (the bridge could not attach the client);
+        harmless after :meth:`run`."""
+        if self.end_reason is None:
+            self.end_reason = "aborted"
+        self._ended.set()
+        await self._close_peer()
+
+    def close(self, reason: str = "closed by the bridge") -> None:
+        """Ask a running session to end (idempotent)."""
+        self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        if self.end_reason is None:
+            self.end_reason = reason
+            log_event(logger, "rtc_session_ending", session=self.id, reason=reason)
+        self._ended.set()
+
+    async def _watch_connect(self) -> None:
+        with trio.move_on_after(self.settings.connect_timeout):
+            await self._channel_open.wait()
+            log_event(logger, "rtc_connected", session=self.id)
+            return
+        self._end(f"the data channel did not open within {self.settings.connect_timeout} s")
+
+    async def _outbound(self, link: FirehoseLink) -> None:
+        await self._channel_open.wait()
+        while True:
+            try:
+                text = await link.next_frame()
+            except LinkClosed as exc:
+                self._end(exc.reason)
+                return
+            if self._voice_on:
+                self._maybe_speak(text)
+            await self._send(text)
+
+    async def _send(self, text: str) -> None:
+        channel = self._channel
+        assert channel is not None
+        if channel.bufferedAmount > self.settings.send_high_water:
+            self._buffer_low = trio.Event()
+            with trio.move_on_after(self.settings.send_stall_timeout) as stall:
+                while channel.bufferedAmount > self.settings.send_high_water // 2:
+                    await self._buffer_low.wait()
+                    self._buffer_low = trio.Event()
+            if stall.cancelled_caught:
+                unsent, waited = channel.bufferedAmount, self.settings.send_stall_timeout
+                self._end(f"client too slow: {unsent} bytes unsent for {waited} s")
+                await trio.sleep_forever()
+        try:
+            channel.send(text)
+        except Exception as exc:  # aiortc raises InvalidStateError once the channel closes
+            self._end(f"data channel send failed: {type(exc).__name__}")
+            await trio.sleep_forever()
+        self.stats.frames_out += 1
+
+    async def _inbound(self, link: FirehoseLink) -> None:
+        async for data in self._inbound_recv:
+            self.stats.frames_in += 1
+            obj = _peek_json(data)
+            control = interpret_control(obj)
+            if isinstance(control, StopSpeech):
+                self._flush("stop")
+                continue
+            if isinstance(control, VoiceSwitch):
+                self._switch_voice(control.enabled)
+                continue
+            if isinstance(control, ControlError):
+                await self._send(_control_error(control))
+                continue
+            if is_new_message(obj):
+                self._flush("new message")
+            await link.client_frame(data)
+
+    # --- voice ---------------------------------------------------------------------------
+
+    def _switch_voice(self, enabled: bool) -> None:
+        if enabled and not self.voice_negotiated:
+            log_event(logger, "rtc_voice_unavailable", logging.WARNING, session=self.id)
+            return
+        if enabled and self.synthesizer is None:
+            return
+        if not enabled:
+            self._flush("voice off")
+        self._voice_on = enabled
+        log_event(logger, "rtc_voice", session=self.id, enabled=enabled)
+
+    def _maybe_speak(self, text: str) -> None:
+        if '"speak"' not in text or '"query.send"' not in text:
+            return  # cheap pre-check: most frames are not speak queries
+        parsed = parse_payload(QUERIES, text.encode("utf-8", "surrogatepass"))
+        if not isinstance(parsed, Query) or parsed.params.type != SPEAK or parsed.id in self._pending:
+            return
+        body = parsed.params.body or {}
+        line = body.get("message")
+        emotion = body.get("emotion")
+        if not isinstance(line, str):
+            self._answer(parsed.id, _failed(parsed.id, "speak query without a message"))
+            return
+        pending = _Pending(
+            query_id=parsed.id,
+            text=line,
+            emotion=emotion if isinstance(emotion, str) else None,
+            received=time.monotonic(),
+            generation=self._generation,
+        )
+        try:
+            self._jobs_send.send_nowait(pending)
+        except trio.WouldBlock:
+            self.stats.lines_failed += 1
+            self._answer(parsed.id, _failed(parsed.id, "voice queue is full"))
+            return
+        self._pending[parsed.id] = pending
+
+    async def _synthesize_in_order(self) -> None:
+        assert self.synthesizer is not None
+        async for job in self._jobs_recv:
+            if job.generation != self._generation or job.query_id not in self._pending:
+                continue  # flushed while waiting; already answered
+            with trio.CancelScope() as scope:
+                self._synth_scope = scope
+                try:
+                    speech = await self.synthesizer.synthesize(job.text, emotion=job.emotion)
+                except SynthesisError as exc:
+                    self.stats.lines_failed += 1
+                    log_event(
+                        logger, "rtc_speech_failed", logging.WARNING, session=self.id, reason=exc.reason
+                    )
+                    self._answer(
+                        job.query_id, QueryResult(id=job.query_id, error=f"voice synthesis failed: {exc}")
+                    )
+                    continue
+                finally:
+                    self._synth_scope = None
+            if scope.cancelled_caught or job.generation != self._generation:
+                continue
+            pcm = to_track_rate(speech)
+            job.seconds = len(pcm) / (2 * 48_000)
+            full = self._queue.add(job.query_id, pcm)
+            if full is not None:
+                self.stats.lines_failed += 1
+                self._answer(
+                    job.query_id, QueryResult(id=job.query_id, error=f"voice queue is full: {full.reason}")
+                )
+
+    def _flush(self, reason: str) -> None:
+        """Drop what is queued or being synthesized; answer those queries as interrupted."""
+        self._generation += 1
+        if self._synth_scope is not None:
+            self._synth_scope.cancel()
+        self._queue.flush()
+        finishing = set(self._queue.take_finished())
+        if finishing:
+            self._lines_finished(sorted(finishing))
+        dropped = list(self._pending)
+        for key in dropped:
+            self.stats.lines_interrupted += 1
+            self._answer(
+                key,
+                QueryResult(
+                    id=key,
+                    result=QueryResultBody(success=False, body={"interrupted": True, "reason": reason}),
+                ),
+            )
+        if dropped:
+            log_event(logger, "rtc_voice_flushed", session=self.id, reason=reason, lines=len(dropped))
+
+    def _answer(self, key: str, result: QueryResult) -> None:
+        """Settle a speak query exactly once."""
+        self._pending.pop(key, None)
+        try:
+            self._results_send.send_nowait(result)
+        except trio.ClosedResourceError:
+            log_event(logger, "rtc_result_dropped", logging.WARNING, session=self.id, query=key)
+
+    async def _report(self, link: FirehoseLink) -> None:
+        async for result in self._results_recv:
+            await self._publish(link, result)
+
+    async def _publish(self, link: FirehoseLink, result: QueryResult) -> None:
+        with trio.move_on_after(self.settings.publish_timeout) as scope:
+            await link.publish(QUERIES, result)
+        if scope.cancelled_caught:
+            log_event(logger, "rtc_result_publish_timeout", logging.WARNING, session=self.id, query=result.id)
+
+    # --- teardown ----------------------------------------------------------------------
+
+    async def _teardown(self, link: FirehoseLink) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        reason = self.end_reason or "closed"
+        self._flush(f"session closed: {reason}")
+        self._results_send.close()
+        self._inbound_send.close()
+        self._jobs_send.close()
+        with trio.move_on_after(self.settings.publish_timeout):
+            async for result in self._results_recv:
+                await self._publish(link, result)
+        await self._close_peer()
+        log_event(
+            logger,
+            "rtc_session_closed",
+            session=self.id,
+            reason=reason,
+            frames_in=self.stats.frames_in,
+            frames_out=self.stats.frames_out,
+            lines_spoken=self.stats.lines_spoken,
+            lines_interrupted=self.stats.lines_interrupted,
+        )
+
+    async def _close_peer(self) -> None:
+        if self._track is not None:
+            self._track.stop()
+        pc, self._pc = self._pc, None
+        if pc is None:
+            return
+        with trio.move_on_after(self.settings.close_timeout) as scope:
+            await self.island.call(pc.close)
+        if scope.cancelled_caught:
+            log_event(logger, "rtc_close_timeout", logging.WARNING, session=self.id)
+
+
+async def _new_peer_connection() -> RTCPeerConnection:
+    """Created on the asyncio side; no STUN/TURN servers (aiortc would otherwise ask Google's)."""
+    return RTCPeerConnection(RTCConfiguration(iceServers=[]))
+
+
+def _failed(query_id: str, message: str) -> QueryResult:
+    """The line could not be spoken (an infrastructure failure, reported as aikyo's ``error``)."""
+    return QueryResult(id=query_id, error=message)
+
+
+def _interrupted(query_id: str, reason: str) -> QueryResult:
+    """The line was dropped before it was completely heard (stop, new message, closed)."""
+    body = {"interrupted": True, "reason": reason}
+    return QueryResult(id=query_id, result=QueryResultBody(success=False, body=body))
+
+
+def _peek_json(data: str | bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the bridge answers it with its own error frame
+
+
+def _control_error(error: ControlError) -> str:
+    return json.dumps(
+        {"error": {"name": "FrameError", "code": "invalid_control", "message": error.message, "issues": []}}
+    )
