@@ -518,3 +518,27 @@ async def test_register_refuses_duplicates_unless_replacing() -> None:
     assert runtime.tool_specs()[0].description == "Another."
     with pytest.raises(TypeError):
         runtime.register("say")  # type: ignore[arg-type]
+
+
+async def test_call_for_model_is_a_tool_caller() -> None:
+    runtime, _ = make_runtime(say)
+    assert (await runtime.call_for_model("say", {"text": "hi"}))["status"] == "ok"
+    assert (await runtime.call_for_model("nope", {}))["code"] == -32003
+
+
+async def test_a_failing_history_is_an_internal_error_not_a_crash() -> None:
+    class BrokenHistory(InMemoryHistory):
+        def recent(self, limit: int) -> list[Message]:
+            raise OSError("disk gone")
+
+    runtime, recorder = make_runtime(say, history=BrokenHistory())
+    result = await runtime.call("say", {"text": "hi"})
+    assert result.status == "internal_error" and "could not run" in result.message
+    assert recorder.published == [] and runtime.running == frozenset()
+
+
+async def test_an_approval_query_that_cannot_be_sent_is_an_internal_error() -> None:
+    guarded = action(id="guarded", description="d", input=Empty, requires_approval=True)(lambda ctx: [])
+    runtime, _ = make_runtime(guarded, publisher=Recorder(fail=ConnectionError("no peers")))
+    result = await runtime.call("guarded", {})
+    assert result.status == "internal_error" and runtime.pending_queries == 0

@@ -182,7 +182,10 @@ class ActionRuntime:
         outcome: ToolResult | _Produced | None = None
         try:
             with call.scope:
-                outcome = await self._approve_and_run(call, value)
+                try:
+                    outcome = await self._approve_and_run(call, value)
+                except Exception as exc:  # the runtime's own infrastructure (history, publisher)
+                    outcome = self._internal(call, exc, f"{tool_id!r} could not run")
         except trio.Cancelled:
             log_event(logger, "tool_call_abandoned", logging.INFO, tool=tool_id, call_id=call_id)
             raise
@@ -202,6 +205,10 @@ class ActionRuntime:
             assert outcome is not None
             result = await self._settle(call, outcome.value)
         return self._log_result(result, trio.current_time() - started)
+
+    async def call_for_model(self, tool_id: str, raw_input: Mapping[str, Any]) -> dict[str, Any]:
+        """:meth:`call`, answering with :meth:`ToolResult.for_model` (a ``models.ToolCaller``)."""
+        return (await self.call(tool_id, raw_input)).for_model()
 
     async def _approve_and_run(self, call: _Call, value: BaseModel) -> ToolResult | _Produced:
         defn = call.defn
