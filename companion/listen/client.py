@@ -1,0 +1,233 @@
+"""The terminal client's trio shell: one WebSocket to the bridge, typed lines, and the voice.
+
+:func:`run_listener` connects, then runs four tasks until the person quits or the connection
+ends: frames from the bridge, lines from the person (any channel of strings, so tests need no
+terminal), the companion directory refreshed from the bridge's ``/companions``, and the voice,
+which speaks lines one at a time and reports each ``speak`` query when its audio has finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import h11
+import trio
+from pydantic import ValidationError
+from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, connect_websocket_url
+
+from ..log import log_event
+from ..protocol import Metadata
+from .core import Effect, ListenSession, Quit, Send, Show, Speak
+from .voice import Voice, VoiceError
+
+__all__ = ["DirectoryError", "ListenOptions", "fetch_companions", "run_listener", "with_query"]
+
+logger = logging.getLogger("companion.listen")
+
+MAX_DIRECTORY_BYTES: Final = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ListenOptions:
+    url: str = "ws://127.0.0.1:8080/"
+    user_id: str = "user_me"
+    token: str | None = None
+    voice: Voice | None = None
+    answer_speak: bool = True
+    connect_timeout: float = 10.0
+    directory_interval: float = 10.0
+    directory_timeout: float = 5.0
+    voice_queue: int = 32
+
+
+class DirectoryError(RuntimeError):
+    """The bridge's companion list could not be read."""
+
+
+def with_query(url: str, **params: str | None) -> str:
+    """``url`` with the given query parameters set (``None`` values left out)."""
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    query.update({k: v for k, v in params.items() if v is not None})
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
+
+
+def directory_url(ws_url: str, token: str | None) -> str:
+    parts = urlsplit(ws_url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return with_query(urlunsplit((scheme, parts.netloc, "/companions", "", "")), token=token)
+
+
+async def fetch_companions(url: str, *, timeout: float = 5.0) -> list[Metadata]:
+    """GET the bridge's ``/companions`` (plain HTTP on loopback; the caller's URL carries the token)."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None:
+        raise DirectoryError(f"cannot fetch {url!r}: only http:// is supported")
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    conn = h11.Connection(h11.CLIENT)
+    body = bytearray()
+    status = 0
+    try:
+        with trio.fail_after(timeout):
+            stream = await trio.open_tcp_stream(parts.hostname, parts.port or 80)
+            async with stream:
+                host = parts.netloc
+                request = h11.Request(
+                    method="GET", target=target, headers=[("Host", host), ("Connection", "close")]
+                )
+                await stream.send_all(conn.send(request) + conn.send(h11.EndOfMessage()))
+                while True:
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        conn.receive_data(await stream.receive_some(65536))
+                    elif isinstance(event, h11.Response):
+                        status = event.status_code
+                    elif isinstance(event, h11.Data):
+                        body += event.data
+                        if len(body) > MAX_DIRECTORY_BYTES:
+                            raise DirectoryError("companion list too large")
+                    elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                        break
+    except trio.TooSlowError as exc:
+        raise DirectoryError(f"no answer from {parts.netloc} within {timeout:g}s") from exc
+    except (OSError, h11.ProtocolError, trio.BrokenResourceError) as exc:
+        raise DirectoryError(f"cannot read {parts.path} from {parts.netloc}: {exc}") from exc
+    if status != 200:
+        raise DirectoryError(
+            f"{parts.path} answered {status}: {bytes(body).decode('utf-8', 'replace').strip()}"
+        )
+    try:
+        data = json.loads(body)
+        return [Metadata.model_validate(item) for item in data["companions"]]
+    except (ValueError, KeyError, TypeError, ValidationError) as exc:
+        raise DirectoryError(f"unexpected companion list: {exc}") from exc
+
+
+async def run_listener(
+    options: ListenOptions,
+    lines: trio.MemoryReceiveChannel[str],
+    show: Callable[[Show], None],
+) -> int:
+    """Run the client until the person quits (0) or the connection fails or ends (1)."""
+    session = ListenSession(
+        options.user_id, answer_speak=options.answer_speak, voice=options.voice is not None
+    )
+    url = with_query(options.url, token=options.token)
+    async with trio.open_nursery() as nursery:
+        try:
+            with trio.fail_after(options.connect_timeout):
+                ws = await connect_websocket_url(nursery, url)
+        except trio.TooSlowError:
+            show(Show(f"could not connect to {options.url} within {options.connect_timeout:g}s", "error"))
+            return 1
+        except (HandshakeError, OSError) as exc:
+            show(Show(f"could not connect to {options.url}: {_describe(exc)}", "error"))
+            return 1
+        try:
+            return await _Client(options, session, ws, show).run(lines)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await ws.aclose()
+            nursery.cancel_scope.cancel()
+
+
+def _describe(exc: BaseException) -> str:
+    status = getattr(exc, "status_code", None)
+    if status is not None:
+        body = (getattr(exc, "body", b"") or b"").decode("utf-8", "replace").strip()
+        return f"the bridge refused ({status}): {body}"
+    return str(exc) or type(exc).__name__
+
+
+class _Client:
+    def __init__(
+        self,
+        options: ListenOptions,
+        session: ListenSession,
+        ws: WebSocketConnection,
+        show: Callable[[Show], None],
+    ) -> None:
+        self.options = options
+        self.session = session
+        self.ws = ws
+        self.show = show
+        self.exit_code = 0
+        self.speak_send, self.speak_receive = trio.open_memory_channel[Speak](options.voice_queue)
+
+    async def run(self, lines: trio.MemoryReceiveChannel[str]) -> int:
+        self.show(Show(f"connected to {self.options.url} as {self.session.user_id}; /help for commands"))
+        await self._refresh_directory(warn=True)
+        async with trio.open_nursery() as nursery:
+            self.scope = nursery.cancel_scope
+            nursery.start_soon(self._frames)
+            nursery.start_soon(self._lines, lines)
+            nursery.start_soon(self._directory)
+            if self.options.voice is not None:
+                nursery.start_soon(self._voice, self.options.voice)
+        return self.exit_code
+
+    async def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            if isinstance(effect, Show):
+                self.show(effect)
+            elif isinstance(effect, Send):
+                try:
+                    await self.ws.send_message(effect.frame)
+                except ConnectionClosed:
+                    return  # _frames notices and reports it
+            elif isinstance(effect, Speak):
+                try:
+                    self.speak_send.send_nowait(effect)
+                except trio.WouldBlock:
+                    await self._apply(
+                        self.session.speak_done(effect.query_id, error="too many lines waiting")
+                    )
+            elif isinstance(effect, Quit):
+                self.scope.cancel()
+
+    async def _frames(self) -> None:
+        while True:
+            try:
+                frame = await self.ws.get_message()
+            except ConnectionClosed as exc:
+                reason = exc.reason
+                detail = f"{reason.code} {reason.reason or ''}".strip() if reason is not None else "closed"
+                self.show(Show(f"the bridge closed the connection ({detail})", "error"))
+                self.exit_code = 1
+                self.scope.cancel()
+                return
+            await self._apply(self.session.on_frame(frame, trio.current_time()))
+
+    async def _lines(self, lines: trio.MemoryReceiveChannel[str]) -> None:
+        async for line in lines:
+            await self._apply(self.session.on_input(line, trio.current_time()))
+        self.scope.cancel()  # end of input: leave
+
+    async def _refresh_directory(self, *, warn: bool) -> None:
+        url = directory_url(self.options.url, self.options.token)
+        try:
+            companions = await fetch_companions(url, timeout=self.options.directory_timeout)
+        except DirectoryError as exc:
+            if warn:
+                log_event(logger, "directory_unavailable", logging.WARNING, error=str(exc))
+            return
+        self.session.set_companions(companions)
+
+    async def _directory(self) -> None:
+        while True:
+            await trio.sleep(self.options.directory_interval)
+            await self._refresh_directory(warn=False)
+
+    async def _voice(self, voice: Voice) -> None:
+        async for item in self.speak_receive:
+            try:
+                await voice.say(item.text, item.emotion)
+            except VoiceError as exc:
+                await self._apply(self.session.speak_done(item.query_id, error=str(exc)))
+            else:
+                await self._apply(self.session.speak_done(item.query_id, engine=voice.name))

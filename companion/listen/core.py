@@ -1,0 +1,366 @@
+"""The terminal client's logic without a terminal: frames and typed lines in, effects out.
+
+:class:`ListenSession` never reads a socket, a clock or the keyboard. The shell feeds it what
+arrived (a frame from the bridge, a line the person typed, a finished utterance) and carries
+out the effects it returns: show a line, send a frame, speak a line. So every rule here — who
+is addressed by ``@name``, how ``/next`` nominates, how a ``y`` answers the oldest approval —
+is tested with plain calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from ..protocol import (
+    ACTIONS,
+    MESSAGES,
+    QUERIES,
+    Action,
+    Message,
+    Metadata,
+    PayloadError,
+    Query,
+    QueryResult,
+    QueryResultBody,
+    encode,
+    new_id,
+    parse_payload,
+)
+from ..turns import META_NEXT_SPEAKER
+
+__all__ = [
+    "APPROVAL_QUERY",
+    "SPEAK_QUERY",
+    "Effect",
+    "ListenSession",
+    "Quit",
+    "Send",
+    "Show",
+    "Speak",
+]
+
+SPEAK_QUERY: Final = "speak"
+APPROVAL_QUERY: Final = "approval"
+COMPANION_PREFIX: Final = "companion_"
+USER_PREFIX: Final = "user_"
+
+HELP: Final = """\
+Type a line to say it to every companion.
+  @NAME text        say it to one companion (several @NAMEs for several)
+  /next NAME [text] nominate who speaks next (with text: send now; without: on your next line)
+  y / n             answer the oldest approval request
+  /who              list the companions
+  /quit             leave"""
+
+ShowKind: TypeAlias = Literal["message", "action", "query", "info", "error", "prompt"]
+
+
+@dataclass(frozen=True, slots=True)
+class Show:
+    """Print a line for the person."""
+
+    text: str
+    kind: ShowKind = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send a Firehose frame (``{"topic", "body"}`` JSON) to the bridge."""
+
+    frame: str
+
+
+@dataclass(frozen=True, slots=True)
+class Speak:
+    """Voice ``text``; when it has finished, call :meth:`ListenSession.speak_done` with ``query_id``."""
+
+    query_id: str
+    text: str
+    emotion: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Quit:
+    """The person asked to leave."""
+
+
+Effect: TypeAlias = Show | Send | Speak | Quit
+
+
+def frame_for(topic: str, envelope: Message | QueryResult) -> str:
+    """A Firehose client frame publishing ``envelope`` on ``topic``."""
+    return '{"topic":' + json.dumps(topic) + ',"body":' + encode(envelope).decode("utf-8") + "}"
+
+
+@dataclass
+class _Approval:
+    query_id: str
+    sender: str
+    preview: str
+    asked_at: float
+
+
+@dataclass
+class ListenSession:
+    """One person's view of the conversation."""
+
+    user_id: str
+    answer_speak: bool = True
+    """Answer ``speak`` queries (off when another client, e.g. a speaker, does it)."""
+    voice: bool = False
+    """Voice the lines of ``speak`` queries before answering (else answer when shown)."""
+    approval_ttl: float = 130.0
+    """Forget an approval prompt after this long (the companion stopped waiting by then)."""
+    new_id: Callable[[], str] = new_id
+    companions: dict[str, Metadata] = field(default_factory=dict)
+    seen_companions: dict[str, None] = field(default_factory=dict)
+    nominated: str | None = None
+    _approvals: list[_Approval] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.user_id.startswith(USER_PREFIX) or len(self.user_id) == len(USER_PREFIX):
+            raise ValueError(f"a person's id starts with 'user_' (got {self.user_id!r}), e.g. user_yamada")
+
+    # --- who is who --------------------------------------------------------------------
+
+    def set_companions(self, companions: Iterable[Metadata]) -> None:
+        """The bridge's directory of connected companions."""
+        self.companions = {m.id: m for m in companions}
+
+    def known_ids(self) -> list[str]:
+        """Everyone a message "to all" goes to: the directory, plus companions seen speaking."""
+        return list(dict.fromkeys([*self.companions, *self.seen_companions]))
+
+    def name(self, participant: str) -> str:
+        if participant == self.user_id:
+            return "you"
+        meta = self.companions.get(participant)
+        if meta is not None:
+            return meta.name
+        for prefix in (COMPANION_PREFIX, USER_PREFIX):
+            if participant.startswith(prefix):
+                return participant[len(prefix) :]
+        return participant
+
+    def resolve(self, name: str) -> str | None:
+        """A companion id from an id, an id without ``companion_``, or a display name."""
+        wanted = name.strip().lstrip("@").casefold()
+        if not wanted:
+            return None
+        for cid in self.known_ids():
+            meta = self.companions.get(cid)
+            candidates = {cid.casefold(), cid.removeprefix(COMPANION_PREFIX).casefold()}
+            if meta is not None:
+                candidates.add(meta.name.casefold())
+            if wanted in candidates:
+                return cid
+        if wanted.startswith(COMPANION_PREFIX):
+            return name.strip().lstrip("@")
+        return None
+
+    # --- from the bridge ---------------------------------------------------------------
+
+    def on_frame(self, data: str | bytes, now: float = 0.0) -> list[Effect]:
+        """A frame from the bridge: a payload on some topic, or an error frame."""
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            return [Show("bridge sent something that is not JSON", "error")]
+        if isinstance(obj, dict) and "error" in obj and "jsonrpc" not in obj:
+            return [Show(f"bridge: {_error_text(obj['error'])}", "error")]
+        payload = _parse_any(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"), obj)
+        effects = self._expire(now)
+        if isinstance(payload, Message):
+            effects += self._on_message(payload)
+        elif isinstance(payload, Query):
+            effects += self._on_query(payload, now)
+        elif isinstance(payload, QueryResult):
+            effects += self._on_result(payload)
+        elif isinstance(payload, Action):
+            effects += self._on_action(payload)
+        return effects
+
+    def _on_message(self, message: Message) -> list[Effect]:
+        params = message.params
+        if params.from_.startswith(COMPANION_PREFIX):
+            self.seen_companions.setdefault(params.from_)
+        to = ", ".join(self.name(t) for t in params.to) or "nobody"
+        emotion = (params.metadata or {}).get("emotion")
+        mood = f" ({emotion})" if isinstance(emotion, str) and emotion else ""
+        return [Show(f"{self.name(params.from_)} → {to}{mood}: {params.message}", "message")]
+
+    def _on_query(self, query: Query, now: float) -> list[Effect]:
+        body = query.params.body or {}
+        who = self.name(query.params.from_)
+        if query.params.type == SPEAK_QUERY:
+            if not self.answer_speak:
+                return []
+            text = body.get("message")
+            if not isinstance(text, str):
+                return [Send(frame_for(QUERIES, _error_result(query.id, "speak query without a message")))]
+            emotion = body.get("emotion") if isinstance(body.get("emotion"), str) else None
+            if self.voice:
+                return [Show(f"♪ {who}: {text}", "query"), Speak(query.id, text, emotion)]
+            return [
+                Show(f"♪ {who}: {text}", "query"),
+                Send(frame_for(QUERIES, _ok_result(query.id, {"spoken": False, "shown": True}))),
+            ]
+        if query.params.type == APPROVAL_QUERY:
+            preview = body.get("preview") or body.get("action") or "an action"
+            self._approvals.append(_Approval(query.id, query.params.from_, str(preview), now))
+            return [Show(f"? {who} asks to run: {preview}  — approve? [y/n]", "prompt")]
+        return []
+
+    def _on_result(self, result: QueryResult) -> list[Effect]:
+        for approval in list(self._approvals):
+            if approval.query_id == result.id:
+                self._approvals.remove(approval)
+                return [Show(f"(the request from {self.name(approval.sender)} was answered elsewhere)")]
+        return []
+
+    def _on_action(self, action: Action) -> list[Effect]:
+        params = action.params
+        who = self.name(params.from_)
+        if params.name == "progress":
+            percent = params.params.get("percent")
+            message = params.params.get("message") or ""
+            return [
+                Show(
+                    f"* {who}: {params.params.get('action', 'working')} {percent}% {message}".rstrip(),
+                    "action",
+                )
+            ]
+        args = json.dumps(params.params, ensure_ascii=False, sort_keys=True)
+        return [Show(f"* {who}: {params.name} {args}", "action")]
+
+    def _expire(self, now: float) -> list[Effect]:
+        effects: list[Effect] = []
+        for approval in list(self._approvals):
+            if now - approval.asked_at > self.approval_ttl:
+                self._approvals.remove(approval)
+                effects.append(Show(f"(the request from {self.name(approval.sender)} expired)"))
+        return effects
+
+    # --- from the person ---------------------------------------------------------------
+
+    def on_input(self, line: str, now: float = 0.0) -> list[Effect]:
+        text = line.strip()
+        effects = self._expire(now)
+        if not text:
+            return effects
+        if self._approvals and text.casefold() in ("y", "yes", "n", "no"):
+            return effects + self._answer_approval(text.casefold().startswith("y"))
+        if text.startswith("/"):
+            return effects + self._command(text)
+        targets: list[str] = []
+        words = text.split()
+        while words and words[0].startswith("@") and len(words[0]) > 1:
+            cid = self.resolve(words[0])
+            if cid is None:
+                return [*effects, Show(f"no companion called {words[0][1:]!r}; {self._who_hint()}", "error")]
+            targets.append(cid)
+            words.pop(0)
+        body = " ".join(words) if targets else text
+        if not body:
+            return [*effects, Show("nothing to say", "error")]
+        return effects + self._say(body, targets or None)
+
+    def _command(self, text: str) -> list[Effect]:
+        command, _, rest = text.partition(" ")
+        command = command.casefold()
+        if command in ("/quit", "/exit"):
+            return [Quit()]
+        if command == "/help":
+            return [Show(HELP)]
+        if command == "/who":
+            if not self.known_ids():
+                return [Show("no companions known yet")]
+            return [Show(f"{self.name(c)} ({c})") for c in self.known_ids()]
+        if command == "/next":
+            name, _, body = rest.strip().partition(" ")
+            cid = self.resolve(name)
+            if cid is None:
+                return [Show(f"/next NAME: no companion called {name!r}; {self._who_hint()}", "error")]
+            if body.strip():
+                return self._say(body.strip(), None, nominate=cid)
+            self.nominated = cid
+            return [Show(f"your next line nominates {self.name(cid)} to speak next")]
+        return [Show(f"unknown command {command}; /help lists them", "error")]
+
+    def _say(self, text: str, targets: list[str] | None, nominate: str | None = None) -> list[Effect]:
+        to = targets if targets is not None else self.known_ids()
+        if not to:
+            return [Show("no companions known yet: wait for one to join, or use @companion_ID", "error")]
+        nominee = nominate or self.nominated
+        metadata: dict[str, Any] | None = None
+        if nominee is not None:
+            metadata = {META_NEXT_SPEAKER: nominee}
+            if nominee not in to:
+                to = [*to, nominee]
+        self.nominated = None
+        message = Message.create(self.user_id, to, text, metadata, id=self.new_id())
+        return [Send(frame_for(MESSAGES, message))]
+
+    def _answer_approval(self, approved: bool) -> list[Effect]:
+        approval = self._approvals.pop(0)
+        body = {"approved": approved, "reason": f"{'approved' if approved else 'denied'} by {self.user_id}"}
+        verdict = "approved" if approved else "denied"
+        return [
+            Send(frame_for(QUERIES, _ok_result(approval.query_id, body))),
+            Show(f"{verdict}: {approval.preview}"),
+        ]
+
+    def _who_hint(self) -> str:
+        names = [self.name(c) for c in self.known_ids()]
+        return f"known: {', '.join(names)}" if names else "no companions known yet"
+
+    @property
+    def pending_approvals(self) -> int:
+        return len(self._approvals)
+
+    # --- from the voice ----------------------------------------------------------------
+
+    def speak_done(self, query_id: str, *, error: str | None = None, engine: str = "") -> list[Effect]:
+        """The line of ``query_id`` finished playing (or failed): report it to the companion."""
+        if error is not None:
+            return [
+                Show(f"(voice failed: {error})", "error"),
+                Send(frame_for(QUERIES, _failed_result(query_id, error))),
+            ]
+        body: dict[str, Any] = {"spoken": True}
+        if engine:
+            body["engine"] = engine
+        return [Send(frame_for(QUERIES, _ok_result(query_id, body)))]
+
+
+def _ok_result(query_id: str, body: Mapping[str, Any]) -> QueryResult:
+    return QueryResult(id=query_id, result=QueryResultBody(success=True, body=dict(body)))
+
+
+def _failed_result(query_id: str, error: str) -> QueryResult:
+    return QueryResult(id=query_id, result=QueryResultBody(success=False, body={"error": error}))
+
+
+def _error_result(query_id: str, error: str) -> QueryResult:
+    return QueryResult(id=query_id, error=error)
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("code") or error)
+    return str(error)
+
+
+def _parse_any(data: bytes, obj: Any) -> object:
+    """A payload from any topic: the frame does not say which topic it came from."""
+    if isinstance(obj, list):
+        return None  # states: not shown
+    if not isinstance(obj, dict):
+        return None
+    method = obj.get("method")
+    topic = {"message.send": MESSAGES, "action.send": ACTIONS}.get(method, QUERIES) if method else QUERIES
+    parsed = parse_payload(topic, data)
+    return None if isinstance(parsed, PayloadError) else parsed

@@ -1,0 +1,220 @@
+"""The terminal client's rules, without a terminal or a socket."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from companion.listen.core import ListenSession, Quit, Send, Show, Speak
+from companion.protocol import Action, Message, Metadata, Query, QueryResult, QueryResultBody, encode
+
+AYA = Metadata(id="companion_aya", name="Aya", personality="p", story="s", sample="x")
+PIM = Metadata(id="companion_pim", name="Pim", personality="p", story="s", sample="x")
+
+
+def session(**kwargs: Any) -> ListenSession:
+    counter = itertools.count(1)
+    s = ListenSession("user_yamada", new_id=lambda: f"id-{next(counter)}", **kwargs)
+    s.set_companions([AYA, PIM])
+    return s
+
+
+def sent(effects: list[Any]) -> list[dict[str, Any]]:
+    return [json.loads(e.frame) for e in effects if isinstance(e, Send)]
+
+
+def shown(effects: list[Any]) -> list[str]:
+    return [e.text for e in effects if isinstance(e, Show)]
+
+
+def test_user_id_must_start_with_user() -> None:
+    with pytest.raises(ValueError, match="user_"):
+        ListenSession("yamada")
+    with pytest.raises(ValueError):
+        ListenSession("user_")
+
+
+def test_plain_line_goes_to_every_known_companion() -> None:
+    s = session()
+    frames = sent(s.on_input("hello all"))
+    assert frames == [
+        {
+            "topic": "messages",
+            "body": {
+                "jsonrpc": "2.0",
+                "method": "message.send",
+                "params": {
+                    "id": "id-1",
+                    "from": "user_yamada",
+                    "to": ["companion_aya", "companion_pim"],
+                    "message": "hello all",
+                },
+            },
+        }
+    ]
+
+
+def test_at_name_addresses_one_or_several() -> None:
+    s = session()
+    (frame,) = sent(s.on_input("@aya how are you?"))
+    assert frame["body"]["params"]["to"] == ["companion_aya"]
+    assert frame["body"]["params"]["message"] == "how are you?"
+    (frame,) = sent(s.on_input("@Aya @companion_pim both"))
+    assert frame["body"]["params"]["to"] == ["companion_aya", "companion_pim"]
+    effects = s.on_input("@nobody hi")
+    assert sent(effects) == [] and "no companion called 'nobody'" in shown(effects)[0]
+    assert "Aya, Pim" in shown(effects)[0]
+
+
+def test_no_companions_known_yet() -> None:
+    s = ListenSession("user_a")
+    effects = s.on_input("hello?")
+    assert sent(effects) == [] and "no companions known yet" in shown(effects)[0]
+
+
+def test_companions_seen_speaking_count_as_known() -> None:
+    s = ListenSession("user_a")
+    s.on_frame(encode(Message.create("companion_kyoko", ["user_a"], "hi")))
+    (frame,) = sent(s.on_input("hi kyoko"))
+    assert frame["body"]["params"]["to"] == ["companion_kyoko"]
+
+
+def test_next_nominates_in_metadata_now_or_on_the_next_line() -> None:
+    s = session()
+    (frame,) = sent(s.on_input("/next pim what do you think?"))
+    assert frame["body"]["params"]["metadata"] == {"next_speaker": "companion_pim"}
+    assert frame["body"]["params"]["message"] == "what do you think?"
+    effects = s.on_input("/next Aya")
+    assert sent(effects) == [] and "nominates Aya" in shown(effects)[0]
+    (frame,) = sent(s.on_input("@pim tell me"))
+    # the nominee is added to the recipients so it takes part in the turn
+    assert frame["body"]["params"]["to"] == ["companion_pim", "companion_aya"]
+    assert frame["body"]["params"]["metadata"] == {"next_speaker": "companion_aya"}
+    (frame,) = sent(s.on_input("and then?"))
+    assert "metadata" not in frame["body"]["params"]  # a nomination is used once
+    assert "no companion" in shown(s.on_input("/next ghost"))[0]
+
+
+def test_commands() -> None:
+    s = session()
+    assert s.on_input("/quit") == [Quit()]
+    assert "@NAME" in shown(s.on_input("/help"))[0]
+    assert shown(s.on_input("/who")) == ["Aya (companion_aya)", "Pim (companion_pim)"]
+    assert "unknown command" in shown(s.on_input("/dance"))[0]
+    assert s.on_input("   ") == []
+
+
+def test_messages_show_who_to_whom_and_emotion() -> None:
+    s = session()
+    message = Message.create("companion_aya", ["user_yamada", "companion_pim"], "やあ", {"emotion": "happy"})
+    assert s.on_frame(encode(message).decode()) == [Show("Aya → you, Pim (happy): やあ", "message")]
+    other = Message.create("user_kenji", ["companion_aya"], "yo")
+    assert s.on_frame(encode(other)) == [Show("kenji → Aya: yo", "message")]
+
+
+def test_actions_and_progress_are_shown() -> None:
+    s = session()
+    wave = Action.create("companion_aya", "wave", {"hand": "left"})
+    assert shown(s.on_frame(encode(wave))) == ['* Aya: wave {"hand": "left"}']
+    progress = Action.create(
+        "companion_pim", "progress", {"call_id": "c", "action": "search", "percent": 40, "message": "reading"}
+    )
+    assert shown(s.on_frame(encode(progress))) == ["* Pim: search 40% reading"]
+
+
+def test_error_frames_and_garbage_are_reported() -> None:
+    s = session()
+    frame = json.dumps({"error": {"code": "invalid_body", "message": "body is not valid"}})
+    assert s.on_frame(frame) == [Show("bridge: body is not valid", "error")]
+    assert s.on_frame("{{") == [Show("bridge sent something that is not JSON", "error")]
+    assert s.on_frame("[]") == []  # states are not shown
+
+
+def speak_query(text: str = "hello there") -> Query:
+    return Query.create("companion_aya", "speak", {"message": text, "emotion": "happy"}, id="q-1")
+
+
+def test_speak_query_without_voice_is_shown_and_answered_at_once() -> None:
+    s = session()
+    effects = s.on_frame(encode(speak_query()))
+    assert shown(effects) == ["♪ Aya: hello there"]
+    (frame,) = sent(effects)
+    assert frame == {
+        "topic": "queries",
+        "body": {
+            "jsonrpc": "2.0",
+            "id": "q-1",
+            "result": {"success": True, "body": {"spoken": False, "shown": True}},
+        },
+    }
+
+
+def test_speak_query_with_voice_is_answered_only_when_done() -> None:
+    s = session(voice=True)
+    effects = s.on_frame(encode(speak_query()))
+    assert [e for e in effects if isinstance(e, Speak)] == [Speak("q-1", "hello there", "happy")]
+    assert sent(effects) == []
+    (frame,) = sent(s.speak_done("q-1", engine="espeak-ng"))
+    assert frame["body"]["result"] == {"success": True, "body": {"spoken": True, "engine": "espeak-ng"}}
+    failed = s.speak_done("q-2", error="no audio device")
+    (frame,) = sent(failed)
+    assert frame["body"]["result"] == {"success": False, "body": {"error": "no audio device"}}
+    assert "voice failed" in shown(failed)[0]
+
+
+def test_speak_queries_can_be_left_to_other_clients() -> None:
+    s = session(answer_speak=False)
+    assert s.on_frame(encode(speak_query())) == []
+
+
+def test_speak_query_without_message_gets_an_error_result() -> None:
+    s = session()
+    query = Query.create("companion_aya", "speak", {"emotion": "happy"}, id="q-3")
+    (frame,) = sent(s.on_frame(encode(query)))
+    assert frame["body"] == {"jsonrpc": "2.0", "id": "q-3", "error": "speak query without a message"}
+
+
+def approval_query(query_id: str, preview: str) -> Query:
+    body = {
+        "call_id": "c1",
+        "action": "buy",
+        "description": "Buy a thing",
+        "side_effects": True,
+        "input": {"item": "tea"},
+        "preview": preview,
+    }
+    return Query.create("companion_pim", "approval", body, id=query_id)
+
+
+def test_approvals_are_answered_oldest_first() -> None:
+    s = session()
+    effects = s.on_frame(encode(approval_query("a-1", "buy tea")))
+    assert shown(effects) == ["? Pim asks to run: buy tea  — approve? [y/n]"]
+    s.on_frame(encode(approval_query("a-2", "buy cake")))
+    assert s.pending_approvals == 2
+    (frame,) = sent(s.on_input("y"))
+    assert frame["body"] == {
+        "jsonrpc": "2.0",
+        "id": "a-1",
+        "result": {"success": True, "body": {"approved": True, "reason": "approved by user_yamada"}},
+    }
+    (frame,) = sent(s.on_input("no"))
+    assert frame["body"]["id"] == "a-2" and frame["body"]["result"]["body"]["approved"] is False
+    # with nothing pending, "y" is just a message
+    (frame,) = sent(s.on_input("y"))
+    assert frame["topic"] == "messages"
+
+
+def test_approval_answered_elsewhere_or_expired_is_dropped() -> None:
+    s = session(approval_ttl=100)
+    s.on_frame(encode(approval_query("a-1", "buy tea")), now=0)
+    other = QueryResult(id="a-1", result=QueryResultBody(success=True, body={"approved": False}))
+    assert "answered elsewhere" in shown(s.on_frame(encode(other), now=1))[0]
+    assert s.pending_approvals == 0
+    s.on_frame(encode(approval_query("a-2", "buy cake")), now=10)
+    effects = s.on_input("y", now=111)
+    assert "expired" in shown(effects)[0]
+    assert sent(effects)[0]["topic"] == "messages"  # the "y" went out as a line, not an answer
