@@ -301,17 +301,7 @@ class _Checker:
             if len(shown) == 2 and shown[0].line == shown[1].line:
                 shown = shown[1:]
             excerpt = "\n".join(f"{lines[m.line]}\n{' ' * m.column}^" for m in shown)
-        self.problems.append(
-            CardProblem(
-                self.file,
-                "",
-                message,
-                "check indentation and quoting on that line (a value containing `: ` or starting with"
-                " a quote, `{`, `[`, `*` or `&` must be quoted)",
-                line,
-                excerpt,
-            )
-        )
+        self.problems.append(CardProblem(self.file, "", message, _yaml_fix(str(problem)), line, excerpt))
 
     def _duplicate_keys(self, node: yaml.Node | None, parts: list[PathPart]) -> None:
         if isinstance(node, yaml.MappingNode):
@@ -339,7 +329,7 @@ class _Checker:
         node = self.root
         if node is None:
             return None
-        line = node.start_mark.line + 1
+        line: int | None = None  # a missing top-level key has no line of its own
         for part in parts:
             if isinstance(node, yaml.MappingNode):
                 pair = next(((k, v) for k, v in node.value if k.value == part), None)
@@ -383,11 +373,9 @@ class _Checker:
             self.add(loc, f"unknown key {key!r}", f"{hint}remove it; allowed here: {', '.join(allowed)}")
         elif kind == "missing":
             description = _field_description(loc)
-            self.add(
-                loc,
-                f"missing required field {key!r}",
-                f"add `{key}:`" + (f" — {description}" if description else ""),
-            )
+            if description:
+                description = " (" + description[0].lower() + description[1:].rstrip(".") + ")"
+            self.add(loc, f"missing required field {key!r}", f"add `{key}:`{description}")
         else:
             got = json.dumps(error.get("input"), default=str, ensure_ascii=False)
             got = got if len(got) <= 40 else got[:37] + "..."
@@ -476,6 +464,25 @@ class _Checker:
             )
             return None
         return defn
+
+
+def _yaml_fix(problem: str) -> str:
+    """Plain advice for the YAML mistakes people make most in cards."""
+    if "found '<scalar>'" in problem:
+        return (
+            "text continues after a closing quote or on a badly indented line: quote the whole value "
+            "(single quotes outside if it contains double quotes) and check the indentation"
+        )
+    if "mapping values are not allowed" in problem:
+        return "a value contains `: `; put the whole value in quotes"
+    if "'\\t'" in problem or "tab" in problem:
+        return "indent with spaces, not tabs"
+    if "end of stream" in problem:
+        return "close the quote or bracket that is still open"
+    return (
+        "check indentation and quoting on that line (a value containing `: ` or starting with a quote, "
+        "`{`, `[`, `*` or `&` must be quoted)"
+    )
 
 
 _M = typing.TypeVar("_M", bound=BaseModel)

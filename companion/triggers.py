@@ -451,6 +451,9 @@ def _compile_problems(
 def _readable(message: str) -> str:
     """The checker's message without the container note and the parser's long token lists."""
     message = message.removesuffix(" (in container '')")
+    overload = re.fullmatch(r"found no matching overload for '_(.+)_' applied to '\((.*)\)'", message)
+    if overload:
+        return f"'{overload[1]}' cannot be applied to ({overload[2]})"
     prefix = "Syntax error: "
     if message.startswith(prefix):
         detail = message[len(prefix) :]
@@ -473,19 +476,21 @@ def _fix_for(message: str, declared: list[str]) -> str:
             return "compare with `==` (a single `=` is not CEL)"
         if "unrecognised text '\"" in message or "unrecognised text ''" in message:
             return "close the string with the same quote it was opened with"
+        if "missing ')'" in message:
+            return "close the parenthesis opened earlier in the expression"
         if "ends too early" in message:
             return (
                 "complete the expression: close every parenthesis and give each `&&`, `||` "
                 "or operator a right side"
             )
         return "fix the CEL syntax at the caret (strings in quotes, `&&`/`||`, balanced parentheses)"
-    overload = re.match(r"found no matching overload for '([^']*)' applied to '\((.*)\)'", message)
+    overload = re.search(r"cannot be applied to \((.*)\)|applied to '\((.*)\)'", message)
     if overload:
-        args = overload[2]
+        args = overload[1] or overload[2] or ""
         if "int" in args and "double" in args:
             return (
-                "CEL does not mix int and double here: write 5.0 for a number, "
-                "or convert with double(x) / int(x)"
+                "CEL keeps int and double apart: compare an integer parameter with 7 and a number "
+                "with 7.0, or convert with double(x) / int(x)"
             )
-        return f"the operand types ({args}) do not fit {overload[1]!r}; compare values of the same type"
+        return f"the operand types ({args}) do not fit together; compare values of the same type"
     return "check the expression against the parameter types declared in events.params"

@@ -268,7 +268,8 @@ def test_wrong_id_prefix(tmp_path: Path) -> None:
 def test_missing_field(tmp_path: Path) -> None:
     problem = only(problems(write(tmp_path, edit("role: Keep it short.\n", ""))), "role")
     assert problem.message == "missing required field 'role'"
-    assert problem.fix.startswith("add `role:`")
+    assert problem.fix == "add `role:` (how the companion behaves in the conversation)"
+    assert problem.line is None
 
 
 def test_missing_metadata_field_explains_what_it_is(tmp_path: Path) -> None:
@@ -392,7 +393,12 @@ def test_yaml_syntax_error_has_a_line_and_caret(tmp_path: Path) -> None:
         'actions: [speak, "mytools.gestures:wave_action"]',
         " " * 18 + "^",
     ]
-    assert "quot" in problem.fix
+    assert "text continues after a closing quote" in problem.fix
+
+
+def test_tab_indentation_is_explained(tmp_path: Path) -> None:
+    (problem,) = problems(write(tmp_path, "metadata:\n\tid: companion_x\n"))
+    assert problem.line == 2 and problem.fix == "indent with spaces, not tabs"
 
 
 def test_unclosed_quote_at_the_end_shows_where_it_began(tmp_path: Path) -> None:
