@@ -57,6 +57,8 @@ class NodeConfig:
     ping_timeout: float = 2.0
     """A frozen peer is noticed after about initial delay + interval + timeout (< 10 s)."""
     dial_timeout: float = 5.0
+    close_timeout: float = 5.0
+    """How long an orderly stop may take before the host is cancelled outright."""
     metadata_timeout: float = 5.0
     redial_initial: float = 0.5
     redial_max: float = 30.0

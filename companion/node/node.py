@@ -146,6 +146,7 @@ class CompanionNode:
         self._gate = RequestGate()
         self._changed = trio.Event()
         self._stopped = False
+        self._finished = trio.Event()
 
     # --- what others read -------------------------------------------------------------------
 
@@ -211,7 +212,30 @@ class CompanionNode:
     # --- running ----------------------------------------------------------------------------
 
     async def run(self, handler: InboundHandler, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled; ``task_status.started()`` once listening."""
+        """Run until cancelled; ``task_status.started()`` once listening.
+
+        Cancellation is turned into an orderly stop: py-libp2p tears connections down half-way
+        when its own tasks are cancelled (peers then notice only at the next health check), so
+        the host runs in a shielded scope and is closed first, within a deadline.
+        """
+        stop = trio.Event()
+        shielded = trio.CancelScope(shield=True)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._serve, handler, stop, shielded)
+            task_status.started()
+            try:
+                await trio.sleep_forever()
+            finally:
+                stop.set()
+                with trio.CancelScope(shield=True), trio.move_on_after(self.config.close_timeout) as waited:
+                    await self._finished.wait()
+                if waited.cancelled_caught:
+                    log_event(logger, "host_close_timeout", logging.WARNING, node=self.name)
+                shielded.cancel()
+
+    async def _serve(
+        self, handler: InboundHandler, stop: trio.Event, shielded: trio.CancelScope, task_status: Any
+    ) -> None:
         host = make_host(self.config, self._key_pair)
         router = make_gossipsub(self.config)
         pubsub = _GuardedPubsub(
@@ -234,8 +258,8 @@ class CompanionNode:
             peerDiscovery.register_peer_discovered_handler(mdns_bridge)
         self._host = host
         try:
-            async with host.run(listen_addrs=[Multiaddr(a) for a in self.config.listen]):
-                try:
+            with shielded:
+                async with host.run(listen_addrs=[Multiaddr(a) for a in self.config.listen]):
                     async with background_trio_service(pubsub), background_trio_service(router):
                         await pubsub.wait_until_ready()
                         for topic in TOPICS:
@@ -262,15 +286,23 @@ class CompanionNode:
                                 addrs=self.listen_addrs,
                             )
                             task_status.started()
-                finally:
-                    self._stopped = True
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
-                        await host.close()
+                            await stop.wait()
+                            self._stopped = True
+                            await self._close_host(host)
+                            nursery.cancel_scope.cancel()
         finally:
             self._stopped = True
             if self.config.mdns:
                 peerDiscovery.unregister_peer_discovered_handler(mdns_bridge)
             log_event(logger, "stopped", **self.stats())
+            self._finished.set()
+
+    async def _close_host(self, host: Any) -> None:
+        """Close connections while the host's services still run, so peers see the disconnect."""
+        try:
+            await host.close()
+        except Exception as exc:
+            log_event(logger, "host_close_failed", logging.WARNING, node=self.name, error=repr(exc))
 
     # --- the edge -----------------------------------------------------------------------------
 
