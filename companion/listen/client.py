@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -18,7 +19,15 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import h11
 import trio
 from pydantic import ValidationError
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection, connect_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    ConnectionTimeout,
+    DisconnectionTimeout,
+    HandshakeError,
+    WebSocketConnection,
+    open_websocket_url,
+)
 
 from ..log import log_event
 from ..protocol import Metadata
@@ -30,6 +39,7 @@ __all__ = ["DirectoryError", "ListenOptions", "fetch_companions", "run_listener"
 logger = logging.getLogger("companion.listen")
 
 MAX_DIRECTORY_BYTES: Final = 1024 * 1024
+DISCONNECT_TIMEOUT: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -118,30 +128,35 @@ async def run_listener(
         options.user_id, answer_speak=options.answer_speak, voice=options.voice is not None
     )
     url = with_query(options.url, token=options.token)
-    async with trio.open_nursery() as nursery:
-        try:
-            with trio.fail_after(options.connect_timeout):
-                ws = await connect_websocket_url(nursery, url)
-        except trio.TooSlowError:
-            show(Show(f"could not connect to {options.url} within {options.connect_timeout:g}s", "error"))
-            return 1
-        except (HandshakeError, OSError) as exc:
-            show(Show(f"could not connect to {options.url}: {_describe(exc)}", "error"))
-            return 1
-        try:
-            return await _Client(options, session, ws, show).run(lines)
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await ws.aclose()
-            nursery.cancel_scope.cancel()
+    timed_out = Show(f"could not connect to {options.url} within {options.connect_timeout:g}s", "error")
+    # Our own deadline around the handshake: trio-websocket 0.12 leaves its reader task waiting
+    # on a server that accepted the socket but never answers, so its own timeout never returns.
+    connecting = trio.CancelScope(deadline=trio.current_time() + options.connect_timeout)
+    try:
+        with connecting:
+            async with open_websocket_url(
+                url, connect_timeout=options.connect_timeout + 1, disconnect_timeout=DISCONNECT_TIMEOUT
+            ) as ws:
+                connecting.deadline = math.inf
+                return await _Client(options, session, ws, show).run(lines)
+        show(timed_out)
+    except ConnectionTimeout:
+        show(timed_out)
+    except DisconnectionTimeout:
+        return 0  # we were leaving anyway; the bridge did not answer our close in time
+    except HandshakeError as exc:
+        show(Show(f"could not connect to {options.url}: {_describe(exc)}", "error"))
+    except OSError as exc:
+        show(Show(f"could not connect to {options.url}: {exc}", "error"))
+    return 1
 
 
-def _describe(exc: BaseException) -> str:
-    status = getattr(exc, "status_code", None)
-    if status is not None:
-        body = (getattr(exc, "body", b"") or b"").decode("utf-8", "replace").strip()
-        return f"the bridge refused ({status}): {body}"
-    return str(exc) or type(exc).__name__
+def _describe(exc: HandshakeError) -> str:
+    if isinstance(exc, ConnectionRejected):
+        body = (exc.body or b"").decode("utf-8", "replace").strip()
+        return f"the bridge refused ({exc.status_code}): {body}"
+    cause = exc.__cause__
+    return str(cause or exc) or type(exc).__name__
 
 
 class _Client:

@@ -54,6 +54,7 @@ class PlayerVoice:
 
     synthesizer: Synthesizer
     player: Sequence[str]
+    slack: float = PLAYBACK_SLACK
 
     @property
     def name(self) -> str:
@@ -67,7 +68,7 @@ class PlayerVoice:
         if not speech.pcm:
             return
         argv = [part.replace("{rate}", str(speech.sample_rate)) for part in self.player]
-        deadline = speech.duration + PLAYBACK_SLACK
+        deadline = speech.duration + self.slack
         try:
             with trio.fail_after(deadline):
                 done = await trio.run_process(
