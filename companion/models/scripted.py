@@ -46,16 +46,17 @@ _SPOKEN_WORDS: Final = ("repl", "spoke", "spoken", "talked", "introduc", "greet"
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
 _SENTENCE_END = re.compile(r"(?<=[.!?。!?])\s*")
 _TRIM: Final = " \"'「」『』.,!?。、!?"
+_QUOTED = re.compile(r'"[^"]*"|「[^」]*」|『[^』]*』')
 _CLAUSE_END = re.compile(r"[、。,.!?!?;;]")
 
 _REACTIONS: Final[dict[Language, tuple[str, ...]]] = {
     "en": (
         '{other}, you said "{echo}" and that stuck with me.',
-        '"{echo}"? I like where this is going, {other}.',
+        '"{echo}" - I like where this is going, {other}.',
         "Hmm, {echo}... let me think about that for a second.",
-        'Oh, {other}! About "{echo}":',
+        'Oh, {other}! I keep thinking about "{echo}".',
         "I was hoping someone would bring that up, {other}.",
-        "Wait, {other}, {echo}? Really?",
+        "Wait, {other}: {echo}! I did not see that coming.",
         "That's a fair point, {other}.",
         "Ha, {other}, you always find the interesting angle.",
     ),
@@ -63,9 +64,9 @@ _REACTIONS: Final[dict[Language, tuple[str, ...]]] = {
         "{other}、「{echo}」って言葉、なんだか心に残ったよ。",
         "「{echo}」かあ。{other}、その話もっと聞きたいな。",
         "うーん、{echo}……ちょっと考えてみるね。",
-        "{other}!「{echo}」のことだけど、",
+        "{other}!「{echo}」のこと、ずっと考えてたんだ。",
         "{other}がその話をしてくれるの、待ってたんだ。",
-        "えっ、{other}、{echo}って本当?",
+        "えっ、{other}、{echo}って本当なんだ。",
         "{other}の言うこと、すごくよくわかるよ。",
         "{other}って、いつも面白いところに気づくよね。",
     ),
@@ -146,9 +147,11 @@ def _language(*texts: str) -> Language:
     return "ja" if any(_CJK.search(t) for t in texts) else "en"
 
 
-def _display_name(cid: str, names: Mapping[str, str]) -> str:
+def _display_name(cid: str, names: Mapping[str, str], language: Language) -> str:
     if cid in names:
         return names[cid]
+    if not cid.startswith("companion_"):
+        return "きみ" if language == "ja" else "friend"  # a person at a client
     return cid.removeprefix("companion_") or cid
 
 
@@ -157,15 +160,33 @@ def _first_clause(text: str, limit: int) -> str:
     return clause[:limit].rstrip()
 
 
-def _echo(text: str, language: Language) -> str:
-    """A short fragment of the last message to react to."""
-    sentence = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].strip()
+def _words_up_to(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:")
+
+
+def _trait(text: str, language: Language, limit: int | None = None) -> str:
+    """The first clause (ja) or sentence (en) of a card field, to quote inside a line."""
     if language == "ja":
-        fragment = _first_clause(sentence, 18)
-    else:
-        words = sentence.split()
-        fragment = " ".join(words[:7])
+        return _first_clause(text, limit or 24)
+    sentence = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].rstrip(".!?")
+    sentence = _words_up_to(sentence, limit or 60)
+    return sentence[:1].lower() + sentence[1:]
+
+
+def _echo(text: str, language: Language, names: Mapping[str, str]) -> str:
+    """A short fragment of the last message to react to: from its last sentence, quotes left out
+    (lines that quote lines that quote lines read badly)."""
+    unquoted = _QUOTED.sub("", text).strip()
+    sentences = [s.strip() for s in _SENTENCE_END.split(unquoted) if len(s.strip()) > 1] or [text]
+    sentence = sentences[-1]
+    fragment = _first_clause(sentence, 18) if language == "ja" else " ".join(sentence.split()[:7])
     fragment = fragment.strip(_TRIM)
+    first = fragment.split(" ", 1)[0].strip(",")
+    if language == "en" and first != "I" and first not in names.values() and fragment[1:2].islower():
+        fragment = fragment[:1].lower() + fragment[1:]  # it goes mid-sentence
     return fragment or ("それ" if language == "ja" else "that")
 
 
@@ -179,9 +200,15 @@ def _similar(a: str, b: str) -> float:
     return len(x & y) / len(x | y) if x | y else 1.0
 
 
-def _mentions(text: str, companion: Metadata) -> bool:
-    folded = text.casefold()
-    return companion.name.casefold() in folded or companion.id.casefold() in folded
+def _asked(text: str, companion: Metadata) -> bool:
+    """Whether a question in ``text`` names ``companion`` (that is how a line passes the turn)."""
+    for sentence in _SENTENCE_END.split(text):
+        folded = sentence.casefold()
+        if sentence.rstrip().endswith(("?", "?")) and (
+            companion.name.casefold() in folded or companion.id.casefold() in folded
+        ):
+            return True
+    return False
 
 
 class ScriptedModel:
@@ -218,7 +245,7 @@ class ScriptedModel:
         text = message.params.message
         length = self.conversation_length(request.history[0] if request.history else message)
         closing: ClosingStage = "pre-closing" if request.turn + 1 >= length else "none"
-        named = [c.id for c in request.companions if _mentions(text, c)]
+        named = [c.id for c in request.companions if _asked(text, c)]
         out: list[StateDecision] = []
         for companion in request.companions:
             rng = self._rng("state", companion.id, message.params.from_, text, request.turn)
@@ -283,7 +310,7 @@ class ScriptedModel:
                 return ""
             if any(word in lowered for word in ("name", "speaker", "partner", "who", "from")):
                 return message.params.from_
-            return _echo(message.params.message, _language(message.params.message))
+            return _echo(message.params.message, _language(message.params.message), {})
         if kind == "array":
             count = int(schema.get("minItems", 0))
             return [self._fill(schema.get("items", {}), key, rng, spoken, message) for _ in range(count)]
@@ -404,18 +431,22 @@ class ScriptedModel:
             already = any(m.params.from_ == me.id for m in request.history)
             if not already and me.sample.strip():
                 return me.sample.strip()
-        other = _display_name(message.params.from_, names)
-        thirds = [r for r in request.recipients if r not in (me.id, message.params.from_)]
+        other = _display_name(message.params.from_, names, language)
+        thirds = [
+            r
+            for r in request.recipients
+            if r not in (me.id, message.params.from_) and r.startswith("companion_")
+        ]
         mine = [m.params.message for m in request.history if m.params.from_ == me.id][-3:]
         rng = self._rng("line", me.id, message.params.from_, message.params.message, len(request.history))
         combos = [(r, f) for r in _REACTIONS[language] for f in _FOLLOW_UPS[language]]
         rng.shuffle(combos)
         fields = {
             "other": other,
-            "echo": _echo(message.params.message, language),
-            "trait": _first_clause(me.personality, 24 if language == "ja" else 60),
-            "story": _first_clause(me.story, 40 if language == "ja" else 80),
-            "third": _display_name(thirds[rng.randrange(len(thirds))], names) if thirds else other,
+            "echo": _echo(message.params.message, language, names),
+            "trait": _trait(me.personality, language),
+            "story": _trait(me.story, language, limit=40 if language == "ja" else 90),
+            "third": _display_name(thirds[rng.randrange(len(thirds))], names, language) if thirds else other,
         }
         closing_pool = _CLOSING_LINES[language].get(request.closing, ())
         tail = closing_pool[rng.randrange(len(closing_pool))] if closing_pool else ""
