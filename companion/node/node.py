@@ -259,37 +259,40 @@ class CompanionNode:
         self._host = host
         try:
             with shielded:
-                async with host.run(listen_addrs=[Multiaddr(a) for a in self.config.listen]):
-                    async with background_trio_service(pubsub), background_trio_service(router):
-                        await pubsub.wait_until_ready()
-                        for topic in TOPICS:
-                            pubsub.set_topic_validator(topic, self._validator(topic), False)
-                        subscriptions = [(t, await pubsub.subscribe(t)) for t in TOPICS]
-                        self._pubsub = pubsub
-                        async with trio.open_nursery() as nursery:
-                            nursery.start_soon(self._connection_events, conn_recv, nursery)
-                            for topic, sub in subscriptions:
-                                nursery.start_soon(self._read_subscription, topic, sub, inbound_send)
-                            nursery.start_soon(self._dispatch, handler, inbound_recv)
-                            nursery.start_soon(self._dial_discovered, mdns_recv)
-                            for addr in self.config.peers:
-                                nursery.start_soon(self._keep_bootstrap, addr)
-                            if self.config.stats_interval:
-                                nursery.start_soon(self._stats_every, self.config.stats_interval)
-                            self.listen_addrs = [str(a) for a in host.get_addrs()]
-                            log_event(
-                                logger,
-                                "started",
-                                node=self.name,
-                                peer_id=self.peer_id,
-                                companion_id=self.metadata.id if self.metadata else None,
-                                addrs=self.listen_addrs,
-                            )
-                            task_status.started()
-                            await stop.wait()
-                            self._stopped = True
-                            await self._close_host(host)
-                            nursery.cancel_scope.cancel()
+                async with (
+                    host.run(listen_addrs=[Multiaddr(a) for a in self.config.listen]),
+                    background_trio_service(pubsub),
+                    background_trio_service(router),
+                ):
+                    await pubsub.wait_until_ready()
+                    for topic in TOPICS:
+                        pubsub.set_topic_validator(topic, self._validator(topic), False)
+                    subscriptions = [(t, await pubsub.subscribe(t)) for t in TOPICS]
+                    self._pubsub = pubsub
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._connection_events, conn_recv, nursery)
+                        for topic, sub in subscriptions:
+                            nursery.start_soon(self._read_subscription, topic, sub, inbound_send)
+                        nursery.start_soon(self._dispatch, handler, inbound_recv)
+                        nursery.start_soon(self._dial_discovered, mdns_recv)
+                        for addr in self.config.peers:
+                            nursery.start_soon(self._keep_bootstrap, addr)
+                        if self.config.stats_interval:
+                            nursery.start_soon(self._stats_every, self.config.stats_interval)
+                        self.listen_addrs = [str(a) for a in host.get_addrs()]
+                        log_event(
+                            logger,
+                            "started",
+                            node=self.name,
+                            peer_id=self.peer_id,
+                            companion_id=self.metadata.id if self.metadata else None,
+                            addrs=self.listen_addrs,
+                        )
+                        task_status.started()
+                        await stop.wait()
+                        self._stopped = True
+                        await self._close_host(host)
+                        nursery.cancel_scope.cancel()
         finally:
             self._stopped = True
             if self.config.mdns:
