@@ -177,6 +177,10 @@ class Bridge:
         """A payload from the network; queued for subscribed clients. Never blocks."""
         self._apply(self.core.network_payload(inbound))
 
+    async def handle(self, inbound: Inbound) -> None:
+        """The node's inbound handler interface: same as :meth:`deliver`."""
+        self.deliver(inbound)
+
     async def pump(self, inbound: trio.MemoryReceiveChannel[Inbound]) -> None:
         """Deliver everything from a channel of inbound payloads until it closes."""
         async for item in inbound:

@@ -1,0 +1,238 @@
+"""``companion bridge``: join the network as a libp2p node (not a companion) and serve clients.
+
+WebSocket clients speak aikyo's Firehose protocol, so existing aikyo clients work unchanged;
+the same port serves the web page at ``/``. The WebSocket binds 127.0.0.1 unless ``--ws`` says
+otherwise; ``--token`` makes every client present a shared token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
+from ..log import configure_logging, log_event
+from ..protocol import STATES
+
+if TYPE_CHECKING:
+    from ..node import CompanionNode
+
+__all__ = ["BridgeOptions", "parse_ws_address", "register", "run_bridge"]
+
+logger = logging.getLogger("companion.cli.bridge")
+
+TOKEN_ENV = "COMPANION_BRIDGE_TOKEN"
+
+
+@dataclass(frozen=True)
+class BridgeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    listen: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
+    peers: Sequence[str] = ()
+    mdns: bool = True
+    key_path: Path | None = None
+    token: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    states: bool = False
+    limits: QueueLimits = field(default_factory=QueueLimits)
+
+
+def parse_ws_address(value: str) -> tuple[str, int]:
+    """``127.0.0.1:8080``, ``[::1]:8080``, ``localhost:0`` or just ``8080`` (on 127.0.0.1)."""
+    text = value.strip()
+    if text.startswith("ws://"):
+        text = text[len("ws://") :].rstrip("/")
+    if text.isdigit():
+        return "127.0.0.1", _port(text, value)
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"--ws {value!r}: write an IPv6 address as [::1]:8080")
+        return host, _port(port, value)
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"--ws {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    return host, _port(port, value)
+
+
+def _port(text: str, value: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise ValueError(f"--ws {value!r}: the port must be a number from 0 to 65535")
+    return int(text)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def run_bridge(
+    options: BridgeOptions,
+    *,
+    ready: Callable[[Bridge, CompanionNode], None] | None = None,
+) -> None:
+    """Start the node, then the WebSocket/HTTP server; run until SIGINT/SIGTERM or cancellation."""
+    from ..node import CompanionNode, NodeConfig
+    from ..node.discovery import parse_peer_addr
+
+    for addr in options.peers:
+        parse_peer_addr(addr)
+    node = CompanionNode(
+        None,
+        NodeConfig(
+            listen=tuple(options.listen),
+            peers=tuple(options.peers),
+            mdns=options.mdns,
+            key_path=options.key_path,
+            name="bridge",
+        ),
+    )
+    topics = DEFAULT_TOPICS | {STATES} if options.states else DEFAULT_TOPICS
+    config = BridgeConfig(
+        host=options.host,
+        port=options.port,
+        token=options.token,
+        allowed_origins=options.allowed_origins,
+        limits=options.limits,
+        default_topics=topics,
+    )
+    bridge = Bridge(node, directory=node.directory, config=config, self_peer=node.peer_id)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run, bridge)
+        port = await nursery.start(bridge.serve)
+        token_query = f"?token={options.token}" if options.token else ""
+        base = f"{_url_host(options.host)}:{port}"
+        print(f"bridge peer {node.peer_id}", flush=True)
+        for addr in node.listen_addrs:
+            print(f"  {addr}", flush=True)
+        print(f"  ws://{base}/{token_query}", flush=True)
+        print(f"  page: http://{base}/{token_query}", flush=True)
+        if ready is not None:
+            ready(bridge, node)
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log_event(logger, "stopping", signal=signal.Signals(signum).name)
+                break
+        nursery.cancel_scope.cancel()
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bridge",
+        help="serve WebSocket clients and the web page (aikyo Firehose protocol)",
+        description=(
+            "Join the companion network as a libp2p node (not a companion) and serve clients: "
+            'they send {"topic": T, "body": {...}} to publish, and receive every payload on '
+            "messages, queries and actions. The web page is served at /."
+        ),
+    )
+    parser.add_argument(
+        "--ws",
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="where clients connect (default 127.0.0.1:8080; 0.0.0.0:8080 to accept other machines)",
+    )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="bootstrap peer, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...; redialled when lost",
+    )
+    parser.add_argument(
+        "--listen",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="libp2p listen address (default /ip4/0.0.0.0/tcp/0)",
+    )
+    parser.add_argument("--no-mdns", action="store_true", help="do not discover peers on the LAN")
+    parser.add_argument(
+        "--token",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="TOKEN",
+        help=f"require this shared token from clients (?token=...); without a value, or with "
+        f"${TOKEN_ENV} set, one is generated or read from the environment",
+    )
+    parser.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="also accept browser pages from this origin (the bridge's own page and loopback "
+        "pages are always accepted; '*' accepts any)",
+    )
+    parser.add_argument("--states", action="store_true", help="send the states topic to every client")
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=QueueLimits().max_frames,
+        metavar="FRAMES",
+        help="frames a client may fall behind before it is disconnected",
+    )
+    parser.add_argument("--data-dir", type=Path, default=None, help="where the bridge's node key is kept")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text")
+    parser.add_argument("--log-level", default="INFO")
+    parser.set_defaults(func=main)
+
+
+def resolve_token(arg: str | None) -> str | None:
+    """``--token X`` -> X; ``--token`` -> $COMPANION_BRIDGE_TOKEN or a fresh random token; absent
+    -> $COMPANION_BRIDGE_TOKEN or no token."""
+    env = os.environ.get(TOKEN_ENV) or None
+    if arg is None:
+        return env
+    if arg:
+        return arg
+    return env or secrets.token_urlsafe(18)
+
+
+def main(args: argparse.Namespace) -> int:
+    from .run import default_data_dir
+
+    configure_logging(args.log_level.upper(), args.log_format)
+    try:
+        host, port = parse_ws_address(args.ws)
+        if args.max_queue < 1:
+            raise ValueError("--max-queue must be at least 1")
+    except ValueError as exc:
+        print(f"companion bridge: {exc}", file=sys.stderr)
+        return 2
+    data_dir = args.data_dir or default_data_dir()
+    options = BridgeOptions(
+        host=host,
+        port=port,
+        listen=tuple(args.listen) or BridgeOptions.listen,
+        peers=tuple(args.peer),
+        mdns=not args.no_mdns,
+        key_path=data_dir / "keys" / "bridge.key",
+        token=resolve_token(args.token),
+        allowed_origins=tuple(args.allow_origin),
+        states=args.states,
+        limits=QueueLimits(max_frames=args.max_queue),
+    )
+    try:
+        trio.run(run_bridge, options)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+            exc = exc.exceptions[0]  # type: ignore[assignment]
+        if isinstance(exc, ValueError | OSError):
+            print(f"companion bridge: {exc}", file=sys.stderr)
+            return 2
+        logger.exception("bridge failed", extra={"companion_event": "bridge_failed"})
+        return 1
+    return 0
