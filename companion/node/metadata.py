@@ -17,7 +17,7 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
-from libp2p.protocol_muxer.exceptions import ProtocolNotSupportedError
+from libp2p.protocol_muxer.exceptions import MultiselectClientError, ProtocolNotSupportedError
 from pydantic import ValidationError
 
 from ..log import log_event
@@ -99,8 +99,11 @@ async def fetch_metadata(host: Any, peer: ID, gate: RequestGate, *, timeout: flo
             stream = await host.new_stream(peer, [METADATA_PROTOCOL])
         except Exception as exc:  # py-libp2p wraps negotiation failures in StreamFailure
             gate.open(peer)
-            if isinstance(exc.__cause__, ProtocolNotSupportedError):
-                return FetchOutcome("unsupported", detail=str(exc.__cause__)[:200])
+            cause = exc.__cause__
+            if isinstance(cause, ProtocolNotSupportedError) or (
+                isinstance(cause, MultiselectClientError) and "not supported" in str(cause)
+            ):
+                return FetchOutcome("unsupported", detail=str(cause)[:200])
             return FetchOutcome("error", detail=f"{type(exc).__name__}: {exc}"[:200])
         gate.open(peer)
         try:

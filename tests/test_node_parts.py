@@ -1,0 +1,178 @@
+"""Deadlines, backoff, identity persistence and discovery plumbing of the node."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from node_support import raw_peer
+
+from companion.node import CompanionNode, NodeConfig
+from companion.node.discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
+from companion.node.identity import IdentityError, load_or_create_key_pair
+from companion.node.metadata import METADATA_PROTOCOL, RequestGate, decode_metadata, fetch_metadata
+from companion.protocol import Metadata
+
+
+def md(key: str) -> Metadata:
+    return Metadata(id=f"companion_{key}", name=key, personality="p", story="s", sample="x")
+
+
+def test_key_is_created_once_and_reused(tmp_path: Path) -> None:
+    path = tmp_path / "keys" / "a.key"
+    first = load_or_create_key_pair(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    again = load_or_create_key_pair(path)
+    assert ID.from_pubkey(first.public_key) == ID.from_pubkey(again.public_key)
+    node = CompanionNode(md("a"), NodeConfig(key_path=path))
+    assert node.peer_id == ID.from_pubkey(first.public_key).to_base58()
+
+
+def test_corrupt_key_is_an_error_and_is_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "a.key"
+    path.write_bytes(b"not a key")
+    with pytest.raises(IdentityError, match="move it away"):
+        load_or_create_key_pair(path)
+    assert path.read_bytes() == b"not a key"
+
+
+def test_backoff_doubles_to_a_ceiling_and_resets() -> None:
+    backoff = Backoff(initial=0.5, maximum=4.0, jitter=0.0)
+    assert [backoff.next() for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    backoff.reset()
+    assert backoff.next() == 0.5
+    jittered = Backoff(initial=1.0, maximum=8.0, jitter=0.2, rng=random.Random(1))
+    assert all(0.8 <= jittered.next() / d <= 1.2 for d in (1.0, 2.0, 4.0, 8.0))
+
+
+def test_bootstrap_address_must_name_the_peer() -> None:
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    info = parse_peer_addr(f"/ip4/127.0.0.1/tcp/4001/p2p/{peer}")
+    assert info.peer_id == peer
+    with pytest.raises(ValueError, match="/p2p/"):
+        parse_peer_addr("/ip4/127.0.0.1/tcp/4001")
+    with pytest.raises(ValueError, match="not a multiaddr"):
+        parse_peer_addr("127.0.0.1:4001")
+
+
+async def test_redial_gives_up_a_hanging_dial_at_its_deadline_and_backs_off(autojump_clock: Any) -> None:
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    attempts: list[float] = []
+    connected = False
+
+    async def connect(info: PeerInfo) -> None:
+        nonlocal connected
+        attempts.append(trio.current_time())
+        if len(attempts) < 4:
+            await trio.sleep_forever()  # a frozen peer: the dial deadline must end it
+        connected = True
+
+    changed = trio.Event()
+
+    async def wait_for_change() -> None:
+        await changed.wait()
+
+    with trio.move_on_after(100):
+        await redial_forever(
+            PeerInfo(peer, []),
+            connect,
+            lambda _: connected,
+            wait_for_change,
+            Backoff(initial=1.0, maximum=4.0, jitter=0.0),
+            dial_timeout=5.0,
+        )
+    start = attempts[0]
+    assert [round(t - start, 3) for t in attempts] == [0.0, 6.0, 13.0, 22.0]  # 5 s deadline + 1, 2, 4 s
+
+
+async def test_metadata_request_to_a_silent_peer_times_out() -> None:
+    async def never_answer(stream: Any) -> None:
+        await trio.sleep_forever()
+
+    async with raw_peer(md("quiet")) as quiet, raw_peer() as asker:
+        quiet.host.set_stream_handler(METADATA_PROTOCOL, never_answer)
+        await asker.connect(quiet.addr)
+        gate = RequestGate()
+        start = trio.current_time()
+        outcome = await fetch_metadata(asker.host, quiet.host.get_id(), gate, timeout=0.5)
+        assert outcome.status == "timeout"
+        assert 0.5 <= trio.current_time() - start < 3
+        assert await gate.wait(quiet.host.get_id(), 1)  # the gate is open once we gave up
+
+
+async def test_metadata_request_to_a_non_companion_is_unsupported() -> None:
+    async with raw_peer() as bridge, raw_peer() as asker:
+        await asker.connect(bridge.addr)
+        outcome = await fetch_metadata(asker.host, bridge.host.get_id(), RequestGate(), timeout=5)
+        assert outcome.status == "unsupported"
+
+
+async def test_gate_wait_ends_at_its_deadline(autojump_clock: Any) -> None:
+    gate = RequestGate()
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    start = trio.current_time()
+    assert not await gate.wait(peer, 3.0)
+    assert trio.current_time() - start == pytest.approx(3.0)
+    gate.open(peer)
+    assert await gate.wait(peer, 3.0)
+
+
+def test_decoding_metadata_answers() -> None:
+    assert decode_metadata(b"").status == "empty"
+    assert decode_metadata(b"{").status == "invalid"
+    assert decode_metadata(b'{"id":"companion_a"}').status == "invalid"
+    ok = decode_metadata(md("a").model_dump_json().encode())
+    assert ok.status == "ok" and ok.metadata == md("a")
+
+
+async def test_wait_for_ends_at_its_deadline(autojump_clock: Any) -> None:
+    node = CompanionNode(md("a"))
+    start = trio.current_time()
+    assert not await node.wait_for(lambda: False, 2.0)
+    assert trio.current_time() - start == pytest.approx(2.0)
+    assert await node.wait_for(lambda: True, 2.0)
+
+
+class Idle:
+    async def handle(self, inbound: Any) -> None:
+        return None
+
+
+async def test_a_stop_that_hangs_is_cut_at_the_close_deadline(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="companion")
+    node = CompanionNode(md("a"), NodeConfig(close_timeout=0.5))
+
+    async def hang(self: Any) -> None:
+        await trio.sleep_forever()
+
+    monkeypatch.setattr(CompanionNode, "_close_host", lambda self, host: hang(self))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run, Idle())
+        start = trio.current_time()
+        nursery.cancel_scope.cancel()
+    assert 0.5 <= trio.current_time() - start < 3
+    events = [getattr(r, "companion_event", "") for r in caplog.records]
+    assert "host_close_timeout" in events and "stopped" in events
+
+
+async def test_mdns_discoveries_cross_into_trio_from_another_thread() -> None:
+    send, receive = trio.open_memory_channel[PeerInfo](4)
+    own = ID.from_pubkey(create_new_key_pair().public_key)
+    other = ID.from_pubkey(create_new_key_pair().public_key)
+    bridge = MdnsBridge(own, send, trio.lowlevel.current_trio_token())
+    await trio.to_thread.run_sync(bridge, PeerInfo(own, []))  # ourselves: ignored
+    await trio.to_thread.run_sync(bridge, PeerInfo(other, []))
+    with trio.fail_after(5):
+        found = await receive.receive()
+    assert found.peer_id == other
+    with pytest.raises(trio.WouldBlock):
+        receive.receive_nowait()
