@@ -1,0 +1,150 @@
+"""What a real model is told for each of the three calls: pure text builders, no I/O.
+
+Each builder returns ``(instructions, prompt)``: the system-level instructions and the user
+prompt. Inputs are bounded (recent history, clipped card fields) so a long conversation or a
+verbose card cannot blow up the request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from ..protocol import Message, Metadata
+from .base import ParamsRequest, SpeakRequest, StatesRequest, ToolSpec
+
+__all__ = [
+    "HISTORY_LIMIT",
+    "format_history",
+    "params_prompt",
+    "persona",
+    "speak_prompt",
+    "states_prompt",
+]
+
+HISTORY_LIMIT = 12
+"""How many recent messages a prompt quotes (the triggering message always included)."""
+
+_FIELD_LIMIT = 600
+_TEXT_LIMIT = 1000
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _who(companion_id: str, names: Mapping[str, str]) -> str:
+    name = names.get(companion_id)
+    return f"{name} ({companion_id})" if name else companion_id
+
+
+def format_history(
+    history: Sequence[Message], message: Message, names: Mapping[str, str], limit: int = HISTORY_LIMIT
+) -> str:
+    """Recent messages as numbered lines, oldest first, ending with the triggering ``message``."""
+    recent = [m for m in history if m.params.id != message.params.id][-(limit - 1) :] if limit > 1 else []
+    lines = []
+    for number, item in enumerate([*recent, message], start=1):
+        p = item.params
+        to = ", ".join(_who(t, names) for t in p.to) or "everyone"
+        lines.append(f"{number}. {_who(p.from_, names)} -> {to}: {_clip(p.message, _TEXT_LIMIT)}")
+    return "\n".join(lines)
+
+
+def persona(me: Metadata, role: str) -> str:
+    """Who the companion is, from its card."""
+    return (
+        f"You are {me.name} (id {me.id}), a companion in a group conversation with other AI "
+        "companions and people.\n"
+        f"Personality: {_clip(me.personality, _FIELD_LIMIT)}\n"
+        f"Background: {_clip(me.story, _FIELD_LIMIT)}\n"
+        f"How you talk (sample): {_clip(me.sample, _FIELD_LIMIT)}\n"
+        f"Your role: {_clip(role, _FIELD_LIMIT)}"
+    )
+
+
+def states_prompt(request: StatesRequest, tool_name: str) -> tuple[str, str]:
+    """The leader's one call: every addressed companion's state for the next turn."""
+    names = {c.id: c.name for c in request.companions}
+    instructions = (
+        "You coordinate turn-taking in a group conversation between AI companions. For every "
+        "companion listed, decide its state for the next turn:\n"
+        "- state: 'speak' if it has something worth saying now, else 'listen';\n"
+        "- importance: 0 to 10, how much its contribution matters now;\n"
+        "- selected: true only if the last message explicitly asks that companion to answer;\n"
+        "- closing: how far the conversation is towards its end: 'none' (going on), "
+        "'pre-closing' (topics are running out), 'closing' (saying goodbye), 'terminal' (over).\n"
+        f"Call the {tool_name} tool exactly once, with one entry per companion listed."
+    )
+    companions = "\n".join(f"- {c.id}: {c.name}; {_clip(c.personality, 200)}" for c in request.companions)
+    rules = []
+    if request.nominated:
+        rules.append(f"The sender asked {_who(request.nominated, names)} to speak next: mark it selected.")
+    if request.closing_floor != "none":
+        rules.append(f"The closing stage is at least '{request.closing_floor}' (it never moves back).")
+    prompt = (
+        f"Companions:\n{companions}\n\n"
+        f"Conversation so far (turn {request.turn}):\n"
+        f"{format_history(request.history, request.message, names)}\n"
+        + ("\n" + "\n".join(rules) + "\n" if rules else "")
+    )
+    return instructions, prompt
+
+
+def params_prompt(request: ParamsRequest, tool_name: str) -> tuple[str, str]:
+    """The speaker's situation parameters, as its card's ``events.params`` schema describes them."""
+    names = {request.me.id: request.me.name}
+    instructions = (
+        persona(request.me, request.role)
+        + "\n\nBefore you reply, assess the situation: fill in the parameters described by the "
+        f"{tool_name} tool from the conversation and your character. Call {tool_name} exactly once."
+    )
+    prompt = (
+        "Conversation so far:\n"
+        f"{format_history(request.history, request.message, names)}\n\n"
+        "Parameters (JSON Schema):\n"
+        f"{json.dumps(request.schema, ensure_ascii=False, sort_keys=True)}"
+    )
+    return instructions, prompt
+
+
+def speak_prompt(request: SpeakRequest, wire_names: Mapping[str, ToolSpec]) -> tuple[str, str]:
+    """The speaker's turn: persona, trigger instructions, tools, recipients, closing stage."""
+    names = {request.me.id: request.me.name}
+    by_id = {spec.id: name for name, spec in wire_names.items()}
+    actions = [name for name, spec in wire_names.items() if spec.kind == "action"]
+    knowledge = [name for name, spec in wire_names.items() if spec.kind == "knowledge"]
+    lines = [
+        persona(request.me, request.role),
+        "",
+        "Others hear you only through your action tools: plain text replies reach nobody. Stay in "
+        "character, keep it short and natural (one to three sentences), and do not repeat what "
+        "was already said.",
+        f"Action tools (they do something others see): {', '.join(actions) or 'none'}.",
+    ]
+    if knowledge:
+        lines.append(
+            f"Knowledge tools (they tell you something; use only if needed): {', '.join(knowledge)}."
+        )
+    if request.instructions:
+        lines.append("Follow these instructions, using every tool named:")
+        lines.extend(f"- {by_id.get(i.tool, i.tool)}: {i.instruction}" for i in request.instructions)
+    closing = {
+        "pre-closing": "The conversation is winding down: start wrapping up your topic.",
+        "closing": "The conversation is ending: say goodbye in your own way.",
+        "terminal": "The conversation is over: at most a very short farewell.",
+    }.get(request.closing)
+    if closing:
+        lines.append(closing)
+    recipients = ", ".join(request.recipients) or "everyone"
+    prompt = (
+        "Conversation so far:\n"
+        f"{format_history(request.history, request.message, names)}\n\n"
+        f"It is your turn ({request.me.name}). Address: {recipients}."
+    )
+    if request.extra:
+        prompt += (
+            f"\nContext: {json.dumps(dict(request.extra), ensure_ascii=False, sort_keys=True, default=str)}"
+        )
+    return "\n".join(lines), prompt

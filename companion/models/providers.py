@@ -1,0 +1,552 @@
+"""Real language models through pydantic-ai: OpenAI-compatible endpoints and Anthropic.
+
+Each :class:`ProviderModel` method opens one short session (an HTTP client on the trio-asyncio
+loop, see :mod:`companion.models.aio`) and sends as few requests as the call allows:
+
+- ``decide_states``: 1 request (2 if the first answer fails validation and is sent back once);
+- ``fill_params``: 1 request (2 likewise);
+- ``speak``: 1 request when the model calls only action tools; one more after each round that
+  called a knowledge tool, failed, or left an instructed tool unused; at most
+  ``max_speak_requests`` (3 by default).
+
+The provider SDKs never retry on their own (``max_retries=0``), so these counts are exact; the
+engine decides what a failed turn means. Every request has a deadline (``request_timeout``), and
+cancelling the trio caller aborts the HTTP request in flight.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias, TypeVar
+from urllib.parse import urlsplit
+
+import anthropic
+import httpx2
+import openai
+import trio
+from pydantic_ai import direct
+from pydantic_ai.exceptions import ModelAPIError, UnexpectedModelBehavior
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    ModelResponse,
+    RetryFeedbackPart,
+    RetryInfo,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.models.anthropic import AnthropicModel
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.tools import ToolDefinition
+
+from ..log import log_event
+from .aio import asyncio_loop, run_asyncio
+from .base import (
+    ModelError,
+    ParamsRequest,
+    SpeakRequest,
+    StateDecision,
+    StatesRequest,
+    ToolCaller,
+    ToolSpec,
+)
+from .errors import ModelSetupError
+from .prompts import params_prompt, speak_prompt, states_prompt
+from .structured import (
+    PARAMS_TOOL,
+    STATES_TOOL,
+    Problems,
+    check_params,
+    check_states,
+    params_schema_problems,
+    parse_json_object,
+    states_schema,
+    wire_tool_names,
+)
+
+__all__ = [
+    "DEFAULT_REQUEST_TIMEOUT",
+    "LOCAL_PLACEHOLDER_KEY",
+    "ModelSetupError",
+    "ProviderConfig",
+    "ProviderKind",
+    "ProviderModel",
+    "is_loopback_url",
+    "resolve_config",
+]
+
+_log = logging.getLogger(__name__)
+
+ProviderKind: TypeAlias = Literal["openai", "anthropic"]
+
+DEFAULT_REQUEST_TIMEOUT: Final = 60.0
+"""Seconds one HTTP request to a provider may take (a slow local model needs a generous one)."""
+
+LOCAL_PLACEHOLDER_KEY: Final = "no-key-needed-for-a-local-endpoint"
+"""Sent as the API key to a loopback ``--base-url`` when no key is set: the SDKs insist on one."""
+
+_KEY_ENV: Final[dict[ProviderKind, str]] = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+_CLOSE_TIMEOUT: Final = 5.0
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    """Everything needed to reach one provider model. Build it with :func:`resolve_config`."""
+
+    kind: ProviderKind
+    model_name: str
+    api_key: str = field(repr=False)
+    base_url: str | None = None
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    max_speak_requests: int = 3
+
+    @property
+    def endpoint(self) -> str:
+        """Where requests go, for messages."""
+        if self.base_url:
+            return self.base_url
+        return "the OpenAI API" if self.kind == "openai" else "the Anthropic API"
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether ``url`` names this machine (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+    host = urlsplit(url).hostname
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_config(
+    kind: ProviderKind,
+    model_name: str,
+    *,
+    base_url: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+) -> ProviderConfig:
+    """A checked :class:`ProviderConfig`, the key taken from the environment.
+
+    Raises :class:`ModelSetupError` when the key is missing (a loopback ``base_url`` needs none:
+    it gets :data:`LOCAL_PLACEHOLDER_KEY`) or the base URL is not an http(s) URL.
+    """
+    env = os.environ if environ is None else environ
+    if not model_name.strip():
+        raise ModelSetupError(f"no model name: use {kind}:NAME")
+    if kind == "openai" and base_url is None:
+        base_url = env.get("OPENAI_BASE_URL") or None
+    if base_url is not None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ModelSetupError(
+                f"--base-url {base_url!r} is not an http(s) URL (e.g. http://127.0.0.1:11434/v1)"
+            )
+    if request_timeout <= 0:
+        raise ModelSetupError(f"the request timeout must be positive, not {request_timeout}")
+    key_env = _KEY_ENV[kind]
+    key = env.get(key_env, "").strip()
+    if not key:
+        if base_url is not None and is_loopback_url(base_url):
+            key = LOCAL_PLACEHOLDER_KEY
+        else:
+            where = f"the endpoint {base_url} is not on this machine" if base_url else f"{kind}:{model_name}"
+            raise ModelSetupError(
+                f"{key_env} is not set: {where} needs an API key. Set {key_env} in the environment "
+                "(a local server on 127.0.0.1 or localhost needs none; for another server without "
+                f"authentication set {key_env} to any text)."
+            )
+    return ProviderConfig(
+        kind=kind, model_name=model_name, api_key=key, base_url=base_url, request_timeout=request_timeout
+    )
+
+
+_PROVIDER_ERRORS: Final = (
+    ModelAPIError,
+    UnexpectedModelBehavior,
+    openai.APIError,
+    anthropic.APIError,
+    httpx2.HTTPError,
+)
+
+
+class _Session:
+    """One call's connection: sends requests with a deadline, turns failures into ModelError."""
+
+    def __init__(self, owner: ProviderModel, model: Model, purpose: str) -> None:
+        self._owner = owner
+        self._model = model
+        self._purpose = purpose
+        self.requests = 0
+
+    async def request(
+        self, messages: Sequence[ModelMessage], params: ModelRequestParameters
+    ) -> ModelResponse:
+        config = self._owner.config
+        self.requests += 1
+        started = trio.current_time()
+        try:
+            with trio.fail_after(config.request_timeout):
+                response = await run_asyncio(
+                    direct.model_request, self._model, list(messages), model_request_parameters=params
+                )
+        except trio.TooSlowError as exc:
+            raise self._failed(f"no answer within {config.request_timeout:g} s", started) from exc
+        except _PROVIDER_ERRORS as exc:
+            raise self._failed(_explain(exc, config), started) from exc
+        log_event(
+            _log,
+            "model_request",
+            model=self._owner.name,
+            purpose=self._purpose,
+            request=self.requests,
+            ms=round((trio.current_time() - started) * 1000),
+            input_tokens=response.usage.input_tokens,
+            output_tokens=response.usage.output_tokens,
+            tool_calls=[p.tool_name for p in response.parts if isinstance(p, ToolCallPart)],
+        )
+        return response
+
+    def _failed(self, reason: str, started: float) -> ModelError:
+        log_event(
+            _log,
+            "model_request_failed",
+            logging.WARNING,
+            model=self._owner.name,
+            purpose=self._purpose,
+            request=self.requests,
+            ms=round((trio.current_time() - started) * 1000),
+            reason=reason,
+        )
+        return ModelError(f"{self._owner.name} ({self._purpose}): {reason}")
+
+
+def _explain(exc: BaseException, config: ProviderConfig) -> str:
+    """A provider failure in words a person can act on."""
+    cause = exc.__cause__ if isinstance(exc, ModelAPIError) and exc.__cause__ is not None else exc
+    status = getattr(exc, "status_code", None) or getattr(cause, "status_code", None)
+    key_env = _KEY_ENV[config.kind]
+    if status in (401, 403):
+        return f"{config.endpoint} refused the API key (HTTP {status}): check {key_env}"
+    if status == 404:
+        return (
+            f"{config.endpoint} has no model {config.model_name!r} or no such path (HTTP 404): "
+            "check the model name and the base URL (OpenAI-compatible servers serve under /v1)"
+        )
+    if isinstance(cause, openai.APIConnectionError | anthropic.APIConnectionError | httpx2.TransportError):
+        return f"cannot reach {config.endpoint} ({type(cause).__name__}: {cause}); is the server running?"
+    if status is not None:
+        return f"{config.endpoint} answered HTTP {status}: {_short(str(exc))}"
+    return f"{type(exc).__name__}: {_short(str(exc))}"
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class ProviderModel:
+    """A :class:`~companion.models.base.CompanionModel` backed by a real provider via pydantic-ai."""
+
+    def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.kind}:{self.config.model_name}"
+
+    def __repr__(self) -> str:
+        return f"ProviderModel({self.name!r}, endpoint={self.config.endpoint!r})"
+
+    # --- connections -------------------------------------------------------------------------
+
+    def _client(self) -> openai.AsyncOpenAI | anthropic.AsyncAnthropic:
+        """A fresh SDK client: no SDK retries, no proxy for loopback endpoints."""
+        c = self.config
+        local = c.base_url is not None and is_loopback_url(c.base_url)
+        http = httpx2.AsyncClient(trust_env=not local, timeout=c.request_timeout + _CLOSE_TIMEOUT)
+        if c.kind == "openai":
+            return openai.AsyncOpenAI(
+                api_key=c.api_key,
+                base_url=c.base_url,
+                max_retries=0,
+                timeout=c.request_timeout + _CLOSE_TIMEOUT,
+                http_client=http,
+            )
+        return anthropic.AsyncAnthropic(
+            api_key=c.api_key,
+            base_url=c.base_url,
+            max_retries=0,
+            timeout=c.request_timeout + _CLOSE_TIMEOUT,
+            http_client=http,
+        )
+
+    def _pydantic_model(self, client: openai.AsyncOpenAI | anthropic.AsyncAnthropic) -> Model:
+        if isinstance(client, openai.AsyncOpenAI):
+            return OpenAIChatModel(self.config.model_name, provider=OpenAIProvider(openai_client=client))
+        return AnthropicModel(self.config.model_name, provider=AnthropicProvider(anthropic_client=client))
+
+    @asynccontextmanager
+    async def _open_client(self) -> AsyncIterator[openai.AsyncOpenAI | anthropic.AsyncAnthropic]:
+        async with asyncio_loop():
+            client = self._client()
+            try:
+                yield client
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+                    await run_asyncio(client.close)
+
+    @asynccontextmanager
+    async def _session(self, purpose: str) -> AsyncIterator[_Session]:
+        async with self._open_client() as client:
+            yield _Session(self, self._pydantic_model(client), purpose)
+
+    # --- start-up check ----------------------------------------------------------------------
+
+    async def check(self, *, timeout: float = 10.0) -> None:
+        """Fail now, with a clear :class:`ModelSetupError`, if the model cannot be used.
+
+        Lists the endpoint's models (no tokens spent): proves the endpoint answers, the key is
+        accepted and, for OpenAI-compatible servers, that the model is served.
+        """
+        c = self.config
+        try:
+            async with self._open_client() as client:
+                with trio.fail_after(timeout):
+                    ids = await run_asyncio(_list_model_ids, client)
+        except trio.TooSlowError as exc:
+            raise ModelSetupError(f"{self.name}: {c.endpoint} did not answer within {timeout:g} s") from exc
+        except _PROVIDER_ERRORS as exc:
+            raise ModelSetupError(f"{self.name}: {_explain(exc, c)}") from exc
+        served = _serves(ids, c.model_name)
+        log_event(_log, "model_checked", model=self.name, endpoint=c.endpoint, listed=len(ids), served=served)
+        if served:
+            return
+        if c.kind == "anthropic":
+            # Aliases (claude-...-latest) work without being listed; let the first call decide.
+            log_event(_log, "model_not_listed", logging.WARNING, model=self.name, endpoint=c.endpoint)
+            return
+        shown = ", ".join(ids[:20]) + (" …" if len(ids) > 20 else "")
+        raise ModelSetupError(
+            f"{self.name}: {c.endpoint} does not serve {c.model_name!r}; it serves: {shown or 'nothing'}. "
+            f"Use one of those (--model openai:NAME), or make the server load it (Ollama: ollama pull "
+            f"{c.model_name})."
+        )
+
+    # --- the three calls ---------------------------------------------------------------------
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
+        """All addressed companions' states in one structured call."""
+        if not request.companions:
+            return []
+        instructions, prompt = states_prompt(request, STATES_TOOL)
+        tool = ToolDefinition(
+            name=STATES_TOOL,
+            parameters_json_schema=states_schema([c.id for c in request.companions]),
+            description="Record the next-turn state of every companion listed.",
+            kind="output",
+        )
+        return await self._structured(
+            "states", instructions, prompt, tool, lambda raw: check_states(raw, request)
+        )
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
+        """The card's ``events.params`` values, validated against its JSON Schema."""
+        problems = params_schema_problems(request.schema)
+        if problems is not None:
+            raise ModelError(f"{self.name} (params): {problems}")
+        instructions, prompt = params_prompt(request, PARAMS_TOOL)
+        tool = ToolDefinition(
+            name=PARAMS_TOOL,
+            parameters_json_schema=dict(request.schema),
+            description="Record your assessment of the situation.",
+            kind="output",
+            strict=False,
+        )
+        return await self._structured(
+            "params", instructions, prompt, tool, lambda raw: check_params(raw, request.schema)
+        )
+
+    async def _structured(
+        self,
+        purpose: str,
+        instructions: str,
+        prompt: str,
+        tool: ToolDefinition,
+        check: Callable[[Mapping[str, Any]], _T | Problems],
+    ) -> _T:
+        """One output-tool request; a refused answer goes back once with its problems."""
+        params = ModelRequestParameters(output_mode="tool", output_tools=[tool], allow_text_output=False)
+        messages: list[ModelMessage] = [
+            ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)
+        ]
+        problems = Problems(())
+        async with self._session(purpose) as session:
+            for attempt in (1, 2):
+                response = await session.request(messages, params)
+                call, raw = _output_of(response, tool.name)
+                if raw is not None:
+                    result = check(raw)
+                elif call is not None:
+                    result = Problems((f"the {tool.name} arguments were not a JSON object",))
+                else:
+                    result = Problems((f"answer by calling the {tool.name} tool",))
+                if not isinstance(result, Problems):
+                    return result
+                problems = result
+                log_event(
+                    _log,
+                    "model_output_refused",
+                    logging.WARNING,
+                    model=self.name,
+                    purpose=purpose,
+                    attempt=attempt,
+                    problems=list(problems.items),
+                )
+                messages += [response, _feedback(response, call, problems, instructions)]
+        raise ModelError(f"{self.name} ({purpose}): invalid answer after a retry: {problems}")
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        """Run the speaker's turn; every tool call goes through ``call_tool``."""
+        tools = wire_tool_names(request.tools)
+        if not any(spec.kind == "action" for spec in tools.values()):
+            log_event(_log, "speak_skipped", logging.WARNING, model=self.name, reason="no action tools")
+            return
+        instructions, prompt = speak_prompt(request, tools)
+        params = ModelRequestParameters(
+            function_tools=[
+                ToolDefinition(
+                    name=name,
+                    parameters_json_schema=dict(spec.input_schema),
+                    description=spec.description,
+                    strict=False,
+                )
+                for name, spec in tools.items()
+            ],
+            allow_text_output=False,
+        )
+        pending = {i.tool for i in request.instructions if any(s.id == i.tool for s in tools.values())}
+        messages: list[ModelMessage] = [
+            ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)
+        ]
+        async with self._session("speak") as session:
+            while session.requests < self.config.max_speak_requests:
+                response = await session.request(messages, params)
+                returns, follow_up = await self._run_calls(response, tools, call_tool, pending)
+                if not follow_up:
+                    return
+                messages += [response, ModelRequest(parts=returns, instructions=instructions)]
+        log_event(
+            _log,
+            "speak_budget_spent",
+            logging.WARNING,
+            model=self.name,
+            requests=self.config.max_speak_requests,
+            unused_instructed=sorted(pending),
+        )
+
+    async def _run_calls(
+        self, response: ModelResponse, tools: Mapping[str, ToolSpec], call_tool: ToolCaller, pending: set[str]
+    ) -> tuple[list[ModelRequestPart], bool]:
+        """Execute the response's tool calls in order; say whether the model must be asked again."""
+        calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+        if not calls:
+            text = " ".join(p.content for p in response.parts if isinstance(p, TextPart)).strip()
+            log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=_short(text, 200))
+            names = ", ".join(n for n, s in tools.items() if s.kind == "action")
+            nudge = f"Nobody heard that: use an action tool ({names}) to talk or act."
+            return [RetryFeedbackPart(nudge, retry=RetryInfo("model_retry"))], True
+        returns: list[ModelRequestPart] = []
+        follow_up = False
+        for call in calls:
+            spec = tools.get(call.tool_name)
+            if spec is None:
+                returns.append(
+                    _retry(call, f"there is no tool {call.tool_name!r}; use one of: {', '.join(tools)}")
+                )
+                follow_up = True
+                continue
+            try:
+                args = call.args_as_dict(raise_if_invalid=True)
+            except ValueError as exc:
+                returns.append(_retry(call, f"the arguments are not a JSON object: {exc}"))
+                follow_up = True
+                continue
+            result = dict(await call_tool(spec.id, args))
+            ok = result.get("status", "ok") == "ok"
+            if ok:
+                pending.discard(spec.id)
+            follow_up = follow_up or spec.kind == "knowledge" or not ok
+            returns.append(
+                ToolReturnPart(
+                    tool_name=call.tool_name,
+                    content=json.dumps(result, ensure_ascii=False, default=str),
+                    tool_call_id=call.tool_call_id,
+                    outcome="success" if ok else "failed",
+                )
+            )
+        return returns, follow_up or bool(pending)
+
+
+def _retry(call: ToolCallPart, message: str) -> ToolReturnPart:
+    return ToolReturnPart(
+        tool_name=call.tool_name, content=message, tool_call_id=call.tool_call_id, outcome="retried"
+    )
+
+
+def _output_of(response: ModelResponse, tool_name: str) -> tuple[ToolCallPart | None, dict[str, Any] | None]:
+    """The output tool call and its arguments; or, from a model that wrote JSON as text, that."""
+    for part in response.parts:
+        if isinstance(part, ToolCallPart) and part.tool_name == tool_name:
+            try:
+                return part, part.args_as_dict(raise_if_invalid=True)
+            except ValueError:
+                return part, None
+    text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
+    return None, parse_json_object(text) if text else None
+
+
+def _feedback(
+    response: ModelResponse, call: ToolCallPart | None, problems: Problems, instructions: str
+) -> ModelRequest:
+    """The retry request: every tool call answered (providers insist), the problems spelled out."""
+    detail = "Fix these problems and call the tool again:\n" + "\n".join(f"- {p}" for p in problems.items)
+    parts: list[ModelRequestPart] = []
+    for part in response.parts:
+        if isinstance(part, ToolCallPart):
+            parts.append(
+                _retry(part, detail if part is call else f"Ignored: {part.tool_name} is not available.")
+            )
+    if call is None:
+        parts.append(RetryFeedbackPart(detail, retry=RetryInfo("validation_error")))
+    return ModelRequest(parts=parts, instructions=instructions)
+
+
+async def _list_model_ids(client: openai.AsyncOpenAI | anthropic.AsyncAnthropic) -> list[str]:
+    """The ids the endpoint lists (asyncio side)."""
+    if isinstance(client, openai.AsyncOpenAI):
+        openai_page = await client.models.list()
+        return [m.id for m in openai_page.data]
+    anthropic_page = await client.models.list(limit=1000)
+    return [m.id for m in anthropic_page.data]
+
+
+def _serves(ids: Sequence[str], name: str) -> bool:
+    """Whether ``name`` is listed; Ollama lists ``NAME:latest`` for a plain ``NAME``."""
+    return name in ids or f"{name}:latest" in ids

@@ -1,0 +1,574 @@
+"""Real providers over real HTTP: a fake OpenAI-compatible (and Anthropic) server on 127.0.0.1.
+
+Covers structured output (states, params) with the one retry, the speak tool-call round trip
+and its request budget, deadlines, cancellation reaching the HTTP request, error messages, the
+start-up check, and that an open trio-asyncio loop is reused rather than a second one started.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+import trio
+import trio_asyncio
+from fake_llm_server import (
+    FakeLLMServer,
+    free_port,
+    hang,
+    http_error,
+    running_server,
+    text,
+    tool_call,
+    tool_calls,
+)
+
+from companion.models import aio
+from companion.models.base import (
+    ModelError,
+    ParamsRequest,
+    SpeakRequest,
+    StatesRequest,
+    ToolInstruction,
+    ToolSpec,
+)
+from companion.models.errors import ModelSetupError
+from companion.models.providers import ProviderConfig, ProviderModel, resolve_config
+from companion.protocol import Message, Metadata
+
+AYA = Metadata(
+    id="companion_aya", name="Aya", personality="cheerful, curious", story="a baker", sample="Yay!"
+)
+BEN = Metadata(id="companion_ben", name="Ben", personality="calm", story="a sailor", sample="Hm. Fair.")
+KAI = Metadata(id="companion_kai", name="Kai", personality="witty", story="a coder", sample="Heh.")
+OPENING = Message.create("user_1", [AYA.id, BEN.id, KAI.id], "Hi all! Ben, what did you see at sea?")
+
+SPEAK = ToolSpec(
+    id="speak",
+    description="Say something to others.",
+    input_schema={
+        "type": "object",
+        "properties": {
+            "message": {"type": "string"},
+            "to": {"type": "array", "items": {"type": "string"}},
+            "emotion": {"type": "string", "enum": ["neutral", "happy", "sad"]},
+        },
+        "required": ["message", "to"],
+    },
+)
+WAVE = ToolSpec(id="wave", description="Wave a hand.", input_schema={"type": "object", "properties": {}})
+COMPANIONS = ToolSpec(
+    id="companions",
+    description="Who is in the conversation.",
+    input_schema={"type": "object", "properties": {}},
+    kind="knowledge",
+)
+PARAMS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "mood": {"type": "string", "enum": ["happy", "bored", "curious"]},
+        "interest": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["mood", "interest"],
+}
+
+
+def state(
+    cid: str, st: str = "listen", importance: float = 2, selected: bool = False, closing: str = "none"
+) -> dict[str, Any]:
+    return {
+        "companion_id": cid,
+        "state": st,
+        "importance": importance,
+        "selected": selected,
+        "closing": closing,
+    }
+
+
+ALL_STATES = {
+    "states": [state(AYA.id, "speak", 5), state(BEN.id, "speak", 9, True), state(KAI.id, "listen", 1)]
+}
+
+
+def states_request(**overrides: Any) -> StatesRequest:
+    fields: dict[str, Any] = {"message": OPENING, "companions": [AYA, BEN, KAI], "history": [OPENING]}
+    fields.update(overrides)
+    return StatesRequest(**fields)
+
+
+def speak_request(**overrides: Any) -> SpeakRequest:
+    fields: dict[str, Any] = {
+        "me": BEN,
+        "role": "a storyteller",
+        "message": OPENING,
+        "history": [OPENING],
+        "instructions": [],
+        "tools": [SPEAK, COMPANIONS],
+        "recipients": ["user_1"],
+    }
+    fields.update(overrides)
+    return SpeakRequest(**fields)
+
+
+@pytest.fixture
+def server() -> Iterator[FakeLLMServer]:
+    with running_server(api_key="sk-test") as srv:
+        yield srv
+
+
+def openai_model(srv: FakeLLMServer, **config: Any) -> ProviderModel:
+    base = resolve_config(
+        "openai", "fake-1", base_url=srv.openai_base_url, environ={"OPENAI_API_KEY": "sk-test"}
+    )
+    fields = {f: getattr(base, f) for f in ("kind", "model_name", "api_key", "base_url")}
+    fields.update(config)
+    return ProviderModel(ProviderConfig(**fields))
+
+
+class ToolRecorder:
+    """The engine's side of speak: records calls and answers like the action runtime does."""
+
+    def __init__(self, answers: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.answers = dict(answers or {})
+
+    async def __call__(self, tool_id: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.calls.append((tool_id, dict(args)))
+        return self.answers.get(tool_id, {"status": "ok", "output": {"published": True}})
+
+
+def tool_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [m for m in body["messages"] if m["role"] == "tool"]
+
+
+# --- structured output: states -------------------------------------------------------------------
+
+
+async def test_states_come_from_one_structured_request(server: FakeLLMServer) -> None:
+    server.push(tool_call("set_states", ALL_STATES))
+    decisions = await openai_model(server).decide_states(states_request())
+
+    assert [(d.companion_id, d.state, d.importance, d.selected) for d in decisions] == [
+        (AYA.id, "speak", 5.0, False),
+        (BEN.id, "speak", 9.0, True),
+        (KAI.id, "listen", 1.0, False),
+    ]
+    [sent] = server.model_requests()
+    assert sent.path == "/v1/chat/completions"
+    assert sent.headers["authorization"] == "Bearer sk-test"
+    body = sent.body
+    assert body["model"] == "fake-1"
+    assert body["tool_choice"] == "required"
+    [tool] = body["tools"]
+    assert tool["function"]["name"] == "set_states"
+    item = tool["function"]["parameters"]["properties"]["states"]["items"]
+    assert item["properties"]["companion_id"]["enum"] == [AYA.id, BEN.id, KAI.id]
+    system, user = body["messages"]
+    assert system["role"] == "system" and "set_states" in system["content"]
+    assert "Ben, what did you see at sea?" in user["content"] and "Kai" in user["content"]
+
+
+async def test_states_respect_closing_floor_and_nomination(server: FakeLLMServer) -> None:
+    server.push(
+        tool_call(
+            "set_states",
+            {"states": [state(AYA.id, closing="none"), state(BEN.id), state(KAI.id, closing="terminal")]},
+        )
+    )
+    decisions = await openai_model(server).decide_states(
+        states_request(closing_floor="closing", nominated=BEN.id)
+    )
+
+    assert [d.closing for d in decisions] == ["closing", "closing", "terminal"]
+    assert [d.selected for d in decisions] == [False, True, False]
+    assert "mark it selected" in server.model_requests()[0].body["messages"][1]["content"]
+
+
+async def test_invalid_states_are_sent_back_once_with_the_problems(server: FakeLLMServer) -> None:
+    server.push(
+        tool_call(
+            "set_states", {"states": [state(AYA.id), state(AYA.id), state("companion_zed", importance=42)]}
+        ),
+        tool_call("set_states", ALL_STATES),
+    )
+    decisions = await openai_model(server).decide_states(states_request())
+
+    assert [d.companion_id for d in decisions] == [AYA.id, BEN.id, KAI.id]
+    _, second = server.model_requests()
+    assistant = second.body["messages"][-2]
+    [feedback] = tool_messages(second.body)
+    assert feedback["tool_call_id"] == assistant["tool_calls"][0]["id"]
+    assert "states.2.importance: Input should be less than or equal to 10" in feedback["content"]
+    assert "'companion_aya' appears more than once" not in feedback["content"]  # pydantic stops first
+
+
+async def test_states_fail_after_one_retry(server: FakeLLMServer) -> None:
+    server.push(tool_call("set_states", {"states": [state(AYA.id)]}), tool_call("set_states", {"states": []}))
+    with pytest.raises(ModelError, match=r"invalid answer after a retry.*no entry for"):
+        await openai_model(server).decide_states(states_request())
+    assert len(server.model_requests()) == 2
+
+
+async def test_no_companions_means_no_request(server: FakeLLMServer) -> None:
+    assert await openai_model(server).decide_states(states_request(companions=[])) == []
+    assert server.model_requests() == []
+
+
+# --- structured output: params -------------------------------------------------------------------
+
+
+def params_request(schema: Mapping[str, Any] = PARAMS_SCHEMA) -> ParamsRequest:
+    return ParamsRequest(me=BEN, role="a storyteller", schema=schema, message=OPENING, history=[OPENING])
+
+
+async def test_params_are_validated_against_the_card_schema_and_retried_once(server: FakeLLMServer) -> None:
+    server.push(
+        tool_call("set_params", {"mood": "ecstatic", "interest": 3}),
+        tool_call("set_params", {"mood": "curious", "interest": 0.8}),
+    )
+    values = await openai_model(server).fill_params(params_request())
+
+    assert values == {"mood": "curious", "interest": 0.8}
+    first, second = server.model_requests()
+    [tool] = first.body["tools"]
+    assert tool["function"]["name"] == "set_params"
+    assert tool["function"]["parameters"]["properties"]["mood"]["enum"] == ["happy", "bored", "curious"]
+    [feedback] = tool_messages(second.body)
+    assert "'ecstatic' is not one of" in feedback["content"]
+    assert "interest: 3 is greater than the maximum of 1" in feedback["content"]
+
+
+async def test_params_written_as_json_text_are_accepted(server: FakeLLMServer) -> None:
+    server.push(text('```json\n{"mood": "happy", "interest": 0.5}\n```'))
+    assert await openai_model(server).fill_params(params_request()) == {"mood": "happy", "interest": 0.5}
+
+
+async def test_params_broken_json_arguments_get_one_retry(server: FakeLLMServer) -> None:
+    server.push(
+        tool_call("set_params", '{"mood": "happy", '),
+        tool_call("set_params", {"mood": "bored", "interest": 0}),
+    )
+    assert await openai_model(server).fill_params(params_request()) == {"mood": "bored", "interest": 0}
+    [feedback] = tool_messages(server.model_requests()[1].body)
+    assert "not a JSON object" in feedback["content"]
+
+
+async def test_unusable_params_schema_is_refused_before_any_request(server: FakeLLMServer) -> None:
+    with pytest.raises(ModelError, match="type 'object'"):
+        await openai_model(server).fill_params(params_request({"type": "string"}))
+    assert server.model_requests() == []
+
+
+# --- speak: tool-call round trips ------------------------------------------------------------------
+
+
+async def test_speak_action_call_ends_the_run_in_one_request(server: FakeLLMServer) -> None:
+    server.push(tool_call("speak", {"message": "Whales, mostly.", "to": ["user_1"], "emotion": "happy"}))
+    tools = ToolRecorder()
+    await openai_model(server).speak(speak_request(), tools)
+
+    assert tools.calls == [("speak", {"message": "Whales, mostly.", "to": ["user_1"], "emotion": "happy"})]
+    [sent] = server.model_requests()
+    assert [t["function"]["name"] for t in sent.body["tools"]] == ["speak", "companions"]
+    assert sent.body["tools"][0]["function"]["parameters"] == SPEAK.input_schema
+    system = sent.body["messages"][0]["content"]
+    assert "You are Ben" in system and "a sailor" in system and "Hm. Fair." in system
+    assert "Address: user_1" in sent.body["messages"][1]["content"]
+
+
+async def test_speak_knowledge_round_trip_feeds_the_result_back(server: FakeLLMServer) -> None:
+    def speak_from_result(body: Any) -> Any:
+        [result] = tool_messages(body)
+        names = json.loads(result["content"])["output"]
+        return tool_call("speak", {"message": f"Hello {' and '.join(names)}!", "to": ["user_1"]})
+
+    server.push(tool_call("companions", {}), speak_from_result)
+    tools = ToolRecorder({"companions": {"status": "ok", "output": ["Aya", "Kai"]}})
+    await openai_model(server).speak(speak_request(), tools)
+
+    assert tools.calls == [("companions", {}), ("speak", {"message": "Hello Aya and Kai!", "to": ["user_1"]})]
+    _, second = server.model_requests()
+    assistant = second.body["messages"][-2]
+    assert assistant["role"] == "assistant"
+    assert assistant["tool_calls"][0]["function"]["name"] == "companions"
+    [result] = tool_messages(second.body)
+    assert result["tool_call_id"] == assistant["tool_calls"][0]["id"]
+
+
+async def test_speak_follows_up_until_instructed_tools_are_used(server: FakeLLMServer) -> None:
+    server.push(tool_call("speak", {"message": "Hi!", "to": ["user_1"]}), tool_call("wave", {}))
+    tools = ToolRecorder()
+    request = speak_request(
+        tools=[SPEAK, WAVE],
+        instructions=[ToolInstruction("speak", "greet warmly"), ToolInstruction("wave", "wave at them")],
+    )
+    await openai_model(server).speak(request, tools)
+
+    assert [c[0] for c in tools.calls] == ["speak", "wave"]
+    assert "- wave: wave at them" in server.model_requests()[0].body["messages"][0]["content"]
+
+
+async def test_speak_parallel_calls_run_in_order_in_one_request(server: FakeLLMServer) -> None:
+    server.push(tool_calls(("speak", {"message": "Hi!", "to": ["user_1"]}), ("wave", {})))
+    tools = ToolRecorder()
+    await openai_model(server).speak(speak_request(tools=[SPEAK, WAVE]), tools)
+    assert [c[0] for c in tools.calls] == ["speak", "wave"]
+    assert len(server.model_requests()) == 1
+
+
+async def test_speak_failed_action_is_shown_to_the_model_which_fixes_it(server: FakeLLMServer) -> None:
+    refused: dict[str, Any] = {
+        "status": "invalid_input",
+        "code": -32004,
+        "message": "to: must name a present companion",
+    }
+    server.push(
+        tool_call("speak", {"message": "Hi!", "to": ["nobody"]}),
+        tool_call("speak", {"message": "Hi!", "to": ["user_1"]}),
+    )
+
+    answers = iter([refused, {"status": "ok", "output": {}}])
+    called: list[dict[str, Any]] = []
+
+    async def runtime(tool_id: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
+        called.append(dict(args))
+        return next(answers)
+
+    await openai_model(server).speak(speak_request(), runtime)
+    assert [c["to"] for c in called] == [["nobody"], ["user_1"]]
+    [result] = tool_messages(server.model_requests()[1].body)
+    assert "must name a present companion" in result["content"]
+
+
+async def test_speak_plain_text_and_unknown_tools_are_nudged(server: FakeLLMServer) -> None:
+    server.push(
+        text("Whales!"), tool_call("shout", {"x": 1}), tool_call("speak", {"message": "Whales!", "to": []})
+    )
+    tools = ToolRecorder()
+    await openai_model(server).speak(speak_request(), tools)
+
+    assert tools.calls == [("speak", {"message": "Whales!", "to": []})]
+    second, third = server.model_requests()[1:]
+    assert "Nobody heard that" in second.body["messages"][-1]["content"]
+    [unknown] = tool_messages(third.body)
+    assert "there is no tool 'shout'" in unknown["content"]
+
+
+async def test_speak_stops_at_its_request_budget(server: FakeLLMServer) -> None:
+    server.push(*[tool_call("companions", {}) for _ in range(5)])
+    tools = ToolRecorder()
+    await openai_model(server, max_speak_requests=3).speak(speak_request(), tools)
+    assert len(server.model_requests()) == 3
+    assert [c[0] for c in tools.calls] == ["companions"] * 3
+    assert server.unused_replies() == 2
+
+
+async def test_speak_without_action_tools_sends_nothing(server: FakeLLMServer) -> None:
+    tools = ToolRecorder()
+    await openai_model(server).speak(speak_request(tools=[COMPANIONS]), tools)
+    assert server.model_requests() == [] and tools.calls == []
+
+
+async def test_tool_ids_are_mapped_to_names_providers_accept(server: FakeLLMServer) -> None:
+    dotted = ToolSpec(
+        id="weather.lookup", description="Weather.", input_schema={"type": "object"}, kind="knowledge"
+    )
+    server.push(tool_call("weather_lookup", {}), tool_call("speak", {"message": "Sunny.", "to": []}))
+    tools = ToolRecorder()
+    await openai_model(server).speak(speak_request(tools=[SPEAK, dotted]), tools)
+    assert [c[0] for c in tools.calls] == ["weather.lookup", "speak"]
+
+
+# --- deadlines, cancellation, failures -----------------------------------------------------------
+
+
+async def test_a_request_past_its_deadline_fails_and_closes_the_connection(server: FakeLLMServer) -> None:
+    server.push(hang())
+    with pytest.raises(ModelError, match=r"no answer within 0\.3 s"):
+        await openai_model(server, request_timeout=0.3).decide_states(states_request())
+    assert await trio.to_thread.run_sync(server.disconnected.wait, 5.0)
+
+
+async def test_cancelling_the_caller_aborts_the_http_request(server: FakeLLMServer) -> None:
+    server.push(hang())
+    model = openai_model(server)
+    async with trio.open_nursery() as nursery:
+
+        async def cancel_when_request_arrives() -> None:
+            assert await trio.to_thread.run_sync(server.arrived.wait, 5.0)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(cancel_when_request_arrives)
+        await model.speak(speak_request(), ToolRecorder())
+        pytest.fail("speak returned although its request never got an answer")
+    assert nursery.cancel_scope.cancelled_caught
+    assert await trio.to_thread.run_sync(server.disconnected.wait, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        (http_error(401, "bad key"), r"refused the API key \(HTTP 401\): check OPENAI_API_KEY"),
+        (http_error(404, "no such model"), r"no model 'fake-1'"),
+        (http_error(500, "meltdown"), r"answered HTTP 500"),
+    ],
+)
+async def test_http_failures_become_model_errors_that_say_what_to_fix(
+    server: FakeLLMServer, reply: Any, expected: str
+) -> None:
+    server.push(reply)
+    with pytest.raises(ModelError, match=expected):
+        await openai_model(server).fill_params(params_request())
+
+
+async def test_a_wrong_key_is_refused_by_the_server() -> None:
+    with running_server(api_key="sk-right") as srv:
+        model = openai_model(srv, api_key="sk-wrong")
+        with pytest.raises(ModelError, match="HTTP 401"):
+            await model.decide_states(states_request())
+
+
+async def test_an_unreachable_endpoint_is_a_model_error() -> None:
+    config = resolve_config("openai", "m", base_url=f"http://127.0.0.1:{free_port()}/v1", environ={})
+    with pytest.raises(ModelError, match="cannot reach"):
+        await ProviderModel(config).decide_states(states_request())
+
+
+# --- the asyncio bridge ----------------------------------------------------------------------------
+
+
+async def test_an_open_trio_asyncio_loop_is_reused(
+    server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[object] = []
+    real_open_loop = trio_asyncio.open_loop
+
+    def counting_open_loop(*args: Any, **kwargs: Any) -> Any:
+        opened.append(object())
+        return real_open_loop(*args, **kwargs)
+
+    monkeypatch.setattr(trio_asyncio, "open_loop", counting_open_loop)
+    server.push(
+        tool_call("set_states", ALL_STATES), tool_call("set_params", {"mood": "happy", "interest": 1})
+    )
+    model = openai_model(server)
+    async with aio.asyncio_loop():
+        assert len(opened) == 1
+        await model.decide_states(states_request())
+        await model.fill_params(params_request())
+    assert len(opened) == 1
+
+    server.push(tool_call("set_states", ALL_STATES))
+    await model.decide_states(states_request())
+    assert len(opened) == 2, "without a loop of its own, a call opens one for itself"
+
+
+async def test_errors_leave_a_temporary_loop_unwrapped() -> None:
+    with pytest.raises(KeyError):
+        async with aio.asyncio_loop():
+            raise KeyError("plain")
+
+
+async def test_run_asyncio_outside_a_loop_is_a_clear_error() -> None:
+    async def nothing() -> None:
+        return None
+
+    with pytest.raises(RuntimeError, match="async with asyncio_loop"):
+        await aio.run_asyncio(nothing)
+
+
+# --- start-up check ----------------------------------------------------------------------------------
+
+
+async def test_check_passes_when_the_model_is_served(server: FakeLLMServer) -> None:
+    await openai_model(server).check()
+    [listing] = server.requests
+    assert (listing.method, listing.path) == ("GET", "/v1/models")
+
+
+async def test_check_accepts_an_ollama_style_latest_tag() -> None:
+    with running_server(models=("llama3.2:latest",)) as srv:
+        config = resolve_config("openai", "llama3.2", base_url=srv.openai_base_url, environ={})
+        await ProviderModel(config).check()
+
+
+async def test_check_names_the_models_the_endpoint_serves() -> None:
+    with running_server(models=("qwen2.5:7b", "phi4")) as srv:
+        config = resolve_config("openai", "llama3", base_url=srv.openai_base_url, environ={})
+        with pytest.raises(ModelSetupError, match=r"does not serve 'llama3'; it serves: qwen2.5:7b, phi4"):
+            await ProviderModel(config).check()
+
+
+async def test_check_reports_a_refused_key(server: FakeLLMServer) -> None:
+    with pytest.raises(ModelSetupError, match=r"refused the API key \(HTTP 401\)"):
+        await openai_model(server, api_key="sk-wrong").check()
+
+
+async def test_check_reports_a_wrong_base_url() -> None:
+    with running_server(models_status=404) as srv:
+        config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
+        with pytest.raises(ModelSetupError, match=r"HTTP 404.*base URL"):
+            await ProviderModel(config).check()
+
+
+async def test_check_reports_an_unreachable_endpoint() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    config = resolve_config("openai", "m", base_url=url, environ={})
+    with pytest.raises(ModelSetupError, match=f"cannot reach {url}.*is the server running"):
+        await ProviderModel(config).check()
+
+
+async def test_check_has_a_deadline(server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def never(client: Any) -> list[str]:
+        import asyncio
+
+        await asyncio.sleep(30)
+        return []
+
+    monkeypatch.setattr("companion.models.providers._list_model_ids", never)
+    with pytest.raises(ModelSetupError, match=r"did not answer within 0\.2 s"):
+        await openai_model(server).check(timeout=0.2)
+
+
+# --- Anthropic ----------------------------------------------------------------------------------------
+
+
+def anthropic_model(srv: FakeLLMServer) -> ProviderModel:
+    return ProviderModel(
+        resolve_config(
+            "anthropic",
+            "claude-fake",
+            base_url=srv.anthropic_base_url,
+            environ={"ANTHROPIC_API_KEY": "sk-test"},
+        )
+    )
+
+
+async def test_anthropic_structured_output_and_tool_round_trip(server: FakeLLMServer) -> None:
+    server.models = ("claude-fake",)
+    server.push(
+        tool_call("set_states", ALL_STATES),
+        tool_call("companions", {}),
+        tool_call("speak", {"message": "Ahoy.", "to": ["user_1"]}),
+    )
+    model = anthropic_model(server)
+    await model.check()
+    decisions = await model.decide_states(states_request())
+    assert [d.state for d in decisions] == ["speak", "speak", "listen"]
+
+    tools = ToolRecorder({"companions": {"status": "ok", "output": ["Aya"]}})
+    await model.speak(speak_request(), tools)
+    assert tools.calls == [("companions", {}), ("speak", {"message": "Ahoy.", "to": ["user_1"]})]
+
+    states_sent, first_speak, second_speak = server.model_requests()
+    assert states_sent.path == "/v1/messages"
+    auth = states_sent.headers
+    assert auth.get("x-api-key") == "sk-test" or auth.get("authorization") == "Bearer sk-test"
+    assert "anthropic-version" in auth
+    assert [t["name"] for t in states_sent.body["tools"]] == ["set_states"]
+    assert "set_states" in json.dumps(states_sent.body["system"])
+    assert [t["name"] for t in first_speak.body["tools"]] == ["speak", "companions"]
+    result_block = second_speak.body["messages"][-1]["content"][0]
+    assert result_block["type"] == "tool_result" and "Aya" in json.dumps(result_block["content"])
