@@ -249,17 +249,14 @@ class CompiledTriggers:
             expression = item.condition.expression
             error: str | None = None
             matched = False
-            try:
-                result = item.program.eval(activation)
-            except (RuntimeError, TypeError, ValueError, OverflowError) as exc:
-                error = f"{type(exc).__name__}: {exc}"
+            # Bad input (wrong types, out-of-range integers) comes back as an error value.
+            result = item.program.eval(activation)
+            if result.type() == cel.Type.BOOL:
+                matched = result.value() is True
+            elif result.type() == cel.Type.ERROR:
+                error = str(result.value())
             else:
-                if result.type() == cel.Type.BOOL:
-                    matched = result.value() is True
-                elif result.type() == cel.Type.ERROR:
-                    error = str(result.value())
-                else:
-                    error = f"the expression produced a {result.type().name()}, not a bool"
+                error = f"the expression produced a {result.type().name()}, not a bool"
             if error is not None:
                 log_event(
                     logger,

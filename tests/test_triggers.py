@@ -258,6 +258,19 @@ def test_a_wrongly_typed_list_element_is_an_error_not_a_match() -> None:
     assert not outcome.matched and outcome.error is not None
 
 
+@pytest.mark.parametrize(
+    ("expression", "values"),
+    [
+        ("energy > 0", {**VALUES, "energy": 2**80}),
+        ("has(speaker.x)", {**VALUES, "speaker": {"x": object()}}),
+        ("size(params) > 0", {**VALUES, "extra": {1, 2}}),
+    ],
+)
+def test_values_cel_cannot_hold_are_errors_not_matches(expression: str, values: dict[str, Any]) -> None:
+    outcome = compile_one(expression).explain(values)[0]
+    assert not outcome.matched and outcome.error is not None
+
+
 def test_dyn_result_that_is_not_a_bool_is_an_error() -> None:
     triggers = compile_one("params.energy")
     outcome = triggers.explain(VALUES)[0]
