@@ -218,7 +218,10 @@ class CompiledTriggers:
         return len(self._compiled)
 
     def bind(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """The CEL variables for ``values``: normalised, with absent or ill-typed ones left unbound."""
+        """The CEL variables for ``values``: normalised, with absent, null or ill-typed ones left unbound.
+
+        ``params`` holds the same values, plus any keys the schema does not declare.
+        """
         bound: dict[str, Any] = {}
         for name, declared in self._variables.items():
             if name not in values or values[name] is None:
@@ -236,9 +239,9 @@ class CompiledTriggers:
                 continue
             bound[name] = value
         if self._whole_object:
-            bound[PARAMS_VARIABLE] = {
-                k: (self._variables[k].normalise(v) if k in self._variables else v) for k, v in values.items()
-            }
+            # The same view as the variables: declared values as bound, extra keys as given.
+            extra = {k: v for k, v in values.items() if k not in self._variables and v is not None}
+            bound[PARAMS_VARIABLE] = {**extra, **bound}
         return bound
 
     def explain(self, values: Mapping[str, Any]) -> list[ConditionOutcome]:

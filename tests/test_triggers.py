@@ -223,7 +223,8 @@ def test_a_missing_parameter_makes_its_conditions_errors() -> None:
 
 
 def test_null_means_absent() -> None:
-    assert compile_one("has(params.note)").evaluate({**VALUES, "note": None}) == [
+    assert compile_one("has(params.note)").evaluate({**VALUES, "note": None}) == []
+    assert compile_one("has(params.note)").evaluate({**VALUES, "note": "hi"}) == [
         ToolInstruction("speak", "x")
     ]
     outcome = compile_one('note == "x"').explain({**VALUES, "note": None})[0]
@@ -251,6 +252,11 @@ def test_a_value_of_the_wrong_json_type_is_left_unbound(logs: Records, name: str
     outcome = compile_one(expression).explain({**VALUES, name: value})[0]
     assert not outcome.matched and outcome.error is not None
     assert logs.events("trigger_param_type_mismatch")[0]["param"] == name
+    assert name not in compile_one("true").bind({**VALUES, name: value})["params"]
+
+
+def test_params_keeps_keys_the_schema_does_not_declare() -> None:
+    assert matches('params.extra == "yes" && params.energy == 7', {**VALUES, "extra": "yes"})
 
 
 def test_a_wrongly_typed_list_element_is_an_error_not_a_match() -> None:
