@@ -1,0 +1,318 @@
+// The companion web page: a Firehose client in plain JavaScript (no build step).
+// It shows the conversation, sends what the person writes, answers approval requests and
+// voices `speak` queries with the browser's speech synthesis, answering each one when its
+// utterance has ended so that turns follow real speech.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const params = new URLSearchParams(location.search);
+  const token = params.get("token");
+  const tokenQuery = token ? `?token=${encodeURIComponent(token)}` : "";
+  const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/${tokenQuery}`;
+
+  const EMOTIONS = { happy: "😊 happy", sad: "😢 sad", angry: "😠 angry", neutral: "😐 neutral" };
+  const APPROVAL_TTL_MS = 130000;
+  const DIRECTORY_EVERY_MS = 5000;
+  const MAX_LINES = 500;
+
+  const companions = new Map(); // id -> metadata, from the bridge's /companions
+  const seen = new Set(); // companion ids seen speaking
+  const approvals = new Map(); // query id -> element
+  let socket = null;
+  let retryMs = 500;
+
+  // --- who am I ---------------------------------------------------------------------------
+  const meInput = $("me");
+  const stored = localStorage.getItem("companion.me");
+  meInput.value = params.get("as") || stored || `user_guest${Math.floor(Math.random() * 9000 + 1000)}`;
+  const me = () => {
+    const value = meInput.value.trim();
+    return /^user_[A-Za-z0-9_\-.]+$/.test(value) ? value : "user_guest";
+  };
+  meInput.addEventListener("change", () => localStorage.setItem("companion.me", me()));
+
+  const voiceMode = $("voice-mode");
+  voiceMode.value = params.get("voice") || localStorage.getItem("companion.voice") || "silent";
+  voiceMode.addEventListener("change", () => {
+    localStorage.setItem("companion.voice", voiceMode.value);
+    if (voiceMode.value === "speak" && "speechSynthesis" in window) {
+      speechSynthesis.cancel(); // unlock audio on this user gesture
+    }
+  });
+
+  const newId = () =>
+    (window.crypto && crypto.randomUUID)
+      ? crypto.randomUUID()
+      : `${Date.now().toString(16)}-${Math.random().toString(16).slice(2)}`;
+
+  const nameOf = (id) => {
+    if (id === me()) return "you";
+    const meta = companions.get(id);
+    if (meta) return meta.name;
+    return id.replace(/^(companion_|user_)/, "");
+  };
+
+  // --- the transcript ---------------------------------------------------------------------
+  const transcript = $("transcript");
+
+  function append(li) {
+    const atBottom = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 40;
+    transcript.appendChild(li);
+    while (transcript.children.length > MAX_LINES) transcript.firstChild.remove();
+    if (atBottom) transcript.scrollTop = transcript.scrollHeight;
+  }
+
+  function el(tag, className, text) {
+    const node = document.createElement(tag);
+    if (className) node.className = className;
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  function showMessage(p) {
+    if (p.from.startsWith("companion_")) seen.add(p.from);
+    const li = el("li", p.from === me() ? "message mine" : "message");
+    li.dataset.id = p.id;
+    li.dataset.from = p.from;
+    const meta = el("div", "meta");
+    meta.appendChild(el("span", "from", nameOf(p.from)));
+    meta.appendChild(document.createTextNode(` → ${p.to.map(nameOf).join(", ") || "nobody"}`));
+    const emotion = p.metadata && typeof p.metadata.emotion === "string" ? p.metadata.emotion : null;
+    if (emotion) meta.appendChild(el("span", `emotion ${emotion}`, EMOTIONS[emotion] || emotion));
+    li.appendChild(meta);
+    li.appendChild(el("div", "bubble", p.message));
+    append(li);
+    refreshCompanions();
+  }
+
+  function showSystem(text, kind) {
+    append(el("li", `system ${kind || ""}`, text));
+  }
+
+  function showAction(p) {
+    let text;
+    if (p.name === "progress") {
+      text = `${nameOf(p.from)}: ${p.params.action || "working"} ${p.params.percent}% ${p.params.message || ""}`;
+    } else {
+      text = `${nameOf(p.from)}: ${p.name} ${JSON.stringify(p.params)}`;
+    }
+    append(el("li", "action", `✱ ${text}`));
+  }
+
+  // --- companions list and pickers --------------------------------------------------------
+  function refreshCompanions() {
+    const ids = [...new Set([...companions.keys(), ...seen])];
+    const list = $("companions");
+    const speaking = new Set([...list.querySelectorAll("li.speaking")].map((li) => li.dataset.id));
+    list.replaceChildren();
+    if (ids.length === 0) list.appendChild(el("li", "empty", "none connected yet"));
+    for (const id of ids) {
+      const li = el("li", speaking.has(id) ? "speaking" : "");
+      li.dataset.id = id;
+      li.appendChild(el("span", "name", nameOf(id)));
+      li.appendChild(el("span", "id", id));
+      list.appendChild(li);
+    }
+    for (const select of [$("to"), $("next")]) {
+      const chosen = select.value;
+      const first = select.options[0];
+      select.replaceChildren(first);
+      for (const id of ids) {
+        const option = el("option", "", nameOf(id));
+        option.value = id;
+        select.appendChild(option);
+      }
+      select.value = ids.includes(chosen) ? chosen : "";
+    }
+  }
+
+  function markSpeaking(id, on) {
+    for (const li of $("companions").querySelectorAll("li")) {
+      if (li.dataset.id === id) li.classList.toggle("speaking", on);
+    }
+  }
+
+  async function loadCompanions() {
+    try {
+      const response = await fetch(`/companions${tokenQuery}`, { cache: "no-store" });
+      if (!response.ok) return;
+      const data = await response.json();
+      companions.clear();
+      for (const meta of data.companions) companions.set(meta.id, meta);
+      refreshCompanions();
+    } catch (err) {
+      // the bridge is restarting; the next round tries again
+    }
+  }
+
+  // --- sending ----------------------------------------------------------------------------
+  function send(topic, body) {
+    if (!socket || socket.readyState !== WebSocket.OPEN) {
+      showSystem("not connected: the frame was not sent", "error");
+      return false;
+    }
+    socket.send(JSON.stringify({ topic, body }));
+    return true;
+  }
+
+  function answer(queryId, success, body) {
+    return send("queries", { jsonrpc: "2.0", id: queryId, result: { success, body } });
+  }
+
+  $("composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = $("text");
+    const text = input.value.trim();
+    if (!text) return;
+    const chosen = $("to").value;
+    let to = chosen ? [chosen] : [...new Set([...companions.keys(), ...seen])];
+    if (to.length === 0) {
+      showSystem("no companions known yet: wait for one to join", "error");
+      return;
+    }
+    const params = { id: newId(), from: me(), to, message: text };
+    const next = $("next").value;
+    if (next) {
+      params.metadata = { next_speaker: next };
+      if (!to.includes(next)) params.to = to = [...to, next];
+    }
+    if (send("messages", { jsonrpc: "2.0", method: "message.send", params })) {
+      showMessage(params); // the bridge does not echo our own frames back
+      input.value = "";
+      $("next").value = "";
+    }
+  });
+
+  // --- speak queries ----------------------------------------------------------------------
+  function guessLang(text) {
+    if (/[\u3040-\u30ff\u4e00-\u9fff]/.test(text)) return "ja-JP";
+    if (/[\uac00-\ud7a3]/.test(text)) return "ko-KR";
+    return document.documentElement.lang || "en";
+  }
+
+  function speak(query) {
+    const body = query.params.body || {};
+    const text = typeof body.message === "string" ? body.message : "";
+    const mode = voiceMode.value;
+    if (mode === "off") return;
+    if (!text) {
+      send("queries", { jsonrpc: "2.0", id: query.id, error: "speak query without a message" });
+      return;
+    }
+    if (mode === "silent" || !("speechSynthesis" in window)) {
+      answer(query.id, true, { spoken: false, shown: true });
+      return;
+    }
+    const from = query.params.from;
+    const utterance = new SpeechSynthesisUtterance(text);
+    utterance.lang = guessLang(text);
+    utterance.pitch = body.emotion === "happy" ? 1.2 : body.emotion === "sad" ? 0.85 : 1;
+    utterance.rate = body.emotion === "angry" ? 1.15 : 1;
+    let settled = false;
+    // Every wait has a deadline: an utterance that never reports its end is answered anyway.
+    const deadline = setTimeout(() => finish(false, { error: "speech did not finish in time" }), 10000 + text.length * 200);
+    function finish(ok, result) {
+      if (settled) return;
+      settled = true;
+      clearTimeout(deadline);
+      markSpeaking(from, false);
+      answer(query.id, ok, result);
+    }
+    utterance.onstart = () => markSpeaking(from, true);
+    utterance.onend = () => finish(true, { spoken: true, engine: "speechSynthesis" });
+    utterance.onerror = (event) => finish(false, { error: `speech failed: ${event.error || "unknown"}` });
+    speechSynthesis.speak(utterance);
+  }
+
+  // --- approval queries -------------------------------------------------------------------
+  function askApproval(query) {
+    const body = query.params.body || {};
+    const card = el("div", "approval");
+    card.dataset.query = query.id;
+    card.appendChild(el("p", "", `${nameOf(query.params.from)} asks to run ${body.action || "an action"}`));
+    if (body.description) card.appendChild(el("p", "description", body.description));
+    card.appendChild(el("p", "preview", body.preview || JSON.stringify(body.input || {})));
+    const decide = (approved) => {
+      settleApproval(query.id);
+      const verdict = approved ? "approved" : "denied";
+      answer(query.id, true, { approved, reason: `${verdict} in the browser by ${me()}` });
+      showSystem(`you ${verdict}: ${body.preview || body.action || query.id}`);
+    };
+    const yes = el("button", "approve", "Approve");
+    yes.type = "button";
+    yes.addEventListener("click", () => decide(true));
+    const no = el("button", "deny secondary", "Deny");
+    no.type = "button";
+    no.addEventListener("click", () => decide(false));
+    card.appendChild(yes);
+    card.appendChild(no);
+    $("approvals").appendChild(card);
+    approvals.set(query.id, card);
+    setTimeout(() => settleApproval(query.id), APPROVAL_TTL_MS);
+  }
+
+  function settleApproval(queryId) {
+    const card = approvals.get(queryId);
+    if (card) {
+      card.remove();
+      approvals.delete(queryId);
+    }
+  }
+
+  // --- frames from the bridge ------------------------------------------------------------
+  function onFrame(text) {
+    let data;
+    try {
+      data = JSON.parse(text);
+    } catch (err) {
+      return;
+    }
+    if (Array.isArray(data) || data === null || typeof data !== "object") return; // states
+    if (data.error !== undefined && data.jsonrpc === undefined) {
+      const error = data.error;
+      showSystem(`bridge: ${typeof error === "object" ? error.message || error.code : error}`, "error");
+      return;
+    }
+    switch (data.method) {
+      case "message.send":
+        showMessage(data.params);
+        break;
+      case "query.send":
+        if (data.params.type === "speak") speak(data);
+        else if (data.params.type === "approval") askApproval(data);
+        break;
+      case "action.send":
+        showAction(data.params);
+        break;
+      default:
+        if (data.id !== undefined) settleApproval(data.id); // a result, maybe from another client
+    }
+  }
+
+  function setStatus(state, text) {
+    const status = $("status");
+    status.dataset.state = state;
+    status.textContent = text;
+  }
+
+  function connect() {
+    setStatus("connecting", "connecting…");
+    socket = new WebSocket(wsUrl);
+    socket.addEventListener("open", () => {
+      retryMs = 500;
+      setStatus("connected", "connected");
+      loadCompanions();
+    });
+    socket.addEventListener("message", (event) => onFrame(event.data));
+    socket.addEventListener("close", (event) => {
+      const why = event.reason ? `: ${event.reason}` : "";
+      setStatus("closed", `disconnected${why} — retrying`);
+      setTimeout(connect, retryMs);
+      retryMs = Math.min(retryMs * 2, 10000);
+    });
+  }
+
+  connect();
+  setInterval(loadCompanions, DIRECTORY_EVERY_MS);
+})();
