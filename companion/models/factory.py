@@ -1,0 +1,87 @@
+"""Turn a ``--model`` spec into a model, and check it at start-up rather than mid-conversation.
+
+Specs: ``scripted`` (the offline default), ``scripted:SEED``, ``openai:NAME`` (any
+OpenAI-compatible endpoint; ``base_url`` for Ollama, llama.cpp server, vLLM) and
+``anthropic:NAME``. The provider packages are an optional extra, imported only for those specs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from ..log import log_event
+from .base import CompanionModel
+from .errors import ModelSetupError
+
+__all__ = ["DEFAULT_MODEL_SPEC", "MODEL_SPEC_FORMS", "check_model", "make_model"]
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_SPEC: Final = "scripted"
+
+MODEL_SPEC_FORMS: Final = (
+    "scripted            offline, deterministic (the default); seed from --seed",
+    "scripted:SEED       offline with this integer seed",
+    "openai:NAME         OpenAI, or any OpenAI-compatible server with --base-url (Ollama, llama.cpp, vLLM)",
+    "anthropic:NAME      Anthropic (ANTHROPIC_API_KEY)",
+)
+
+_DEFAULT_REQUEST_TIMEOUT: Final = 60.0
+
+
+def _spec_error(spec: str, why: str) -> ModelSetupError:
+    forms = "\n".join(f"  {form}" for form in MODEL_SPEC_FORMS)
+    return ModelSetupError(f"model spec {spec!r}: {why}. Valid forms:\n{forms}")
+
+
+def make_model(
+    spec: str,
+    *,
+    base_url: str | None = None,
+    seed: int = 0,
+    timeout: float = _DEFAULT_REQUEST_TIMEOUT,
+) -> CompanionModel:
+    """The model a spec names. Raises :class:`ModelSetupError` with the valid forms or the fix.
+
+    ``seed`` applies to ``scripted`` (``scripted:SEED`` overrides it); ``base_url`` and
+    ``timeout`` (seconds per provider request) apply to provider models.
+    """
+    kind, sep, rest = spec.strip().partition(":")
+    if kind == "scripted":
+        if sep:
+            try:
+                seed = int(rest)
+            except ValueError:
+                raise _spec_error(spec, f"the seed {rest!r} is not an integer") from None
+        if base_url is not None:
+            log_event(_log, "base_url_ignored", logging.WARNING, spec=spec, base_url=base_url)
+        from .scripted import ScriptedModel
+
+        return ScriptedModel(seed=seed)
+    if kind in ("openai", "anthropic"):
+        if not rest.strip():
+            raise _spec_error(spec, f"no model name after '{kind}:'")
+        try:
+            from .providers import ProviderKind, ProviderModel, resolve_config
+        except ImportError as exc:
+            raise ModelSetupError(
+                f"{spec} needs the optional provider packages (missing: {exc.name}). "
+                "Install them with: pip install 'companion[providers]'"
+            ) from exc
+        provider: ProviderKind = "openai" if kind == "openai" else "anthropic"
+        config = resolve_config(provider, rest.strip(), base_url=base_url, request_timeout=timeout)
+        return ProviderModel(config)
+    raise _spec_error(spec, "unknown kind" if spec.strip() else "empty")
+
+
+async def check_model(model: CompanionModel, *, timeout: float = 10.0) -> None:
+    """Raise :class:`ModelSetupError` now if ``model`` cannot work (offline models always can).
+
+    For a provider model this lists the endpoint's models: it proves the endpoint answers within
+    ``timeout`` seconds, accepts the key and serves the model, without spending tokens.
+    """
+    check = getattr(model, "check", None)
+    if check is None:
+        return
+    await check(timeout=timeout)

@@ -1,0 +1,171 @@
+"""The pure parts of the provider path: output checks, tool names and prompt text."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from companion.models.base import SpeakRequest, StatesRequest, ToolInstruction, ToolSpec
+from companion.models.prompts import HISTORY_LIMIT, format_history, speak_prompt, states_prompt
+from companion.models.structured import (
+    Problems,
+    check_params,
+    check_states,
+    params_schema_problems,
+    parse_json_object,
+    states_schema,
+    wire_tool_names,
+)
+from companion.protocol import Message, Metadata
+
+A = Metadata(id="companion_a", name="Ann", personality="bold " * 400, story="s", sample="Yo")
+B = Metadata(id="companion_b", name="Bo", personality="shy", story="s", sample="um")
+OPENING = Message.create("user_1", [A.id, B.id], "Hello!")
+
+
+def entry(cid: str, **over: Any) -> dict[str, Any]:
+    return {
+        "companion_id": cid,
+        "state": "speak",
+        "importance": 5,
+        "selected": False,
+        "closing": "none",
+    } | over
+
+
+def request(**over: Any) -> StatesRequest:
+    fields: dict[str, Any] = {"message": OPENING, "companions": [A, B], "history": [OPENING]}
+    return StatesRequest(**(fields | over))
+
+
+def test_states_come_back_in_companion_order() -> None:
+    decisions = check_states({"states": [entry(B.id, importance=2), entry(A.id, state="listen")]}, request())
+    assert not isinstance(decisions, Problems)
+    assert [(d.companion_id, d.state, d.importance) for d in decisions] == [
+        (A.id, "listen", 5.0),
+        (B.id, "speak", 2.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ({"states": [entry(A.id)]}, "no entry for ['companion_b']"),
+        ({"states": [entry(A.id), entry(A.id), entry(B.id)]}, "'companion_a' appears more than once"),
+        ({"states": [entry(A.id), entry(B.id), entry("companion_x")]}, "'companion_x' is not one of"),
+        ({"states": [entry(A.id, state="shout"), entry(B.id)]}, "states.0.state"),
+        ({"states": [entry(A.id, importance=-1), entry(B.id)]}, "states.0.importance"),
+        ({"states": "none"}, "states: Input should be a valid list"),
+        ({}, "states: Field required"),
+    ],
+)
+def test_bad_states_are_problems_for_the_model(raw: dict[str, Any], problem: str) -> None:
+    result = check_states(raw, request())
+    assert isinstance(result, Problems)
+    assert problem in str(result)
+
+
+def test_states_rules_of_the_request_are_applied() -> None:
+    raw = {"states": [entry(A.id, closing="pre-closing"), entry(B.id, closing="terminal")]}
+    result = check_states(raw, request(closing_floor="closing", nominated=B.id))
+    assert not isinstance(result, Problems)
+    assert [(d.closing, d.selected) for d in result] == [("closing", False), ("terminal", True)]
+
+
+def test_states_schema_names_exactly_the_companions() -> None:
+    schema = states_schema([A.id, B.id])
+    item = schema["properties"]["states"]["items"]
+    assert item["properties"]["companion_id"]["enum"] == [A.id, B.id]
+    assert set(item["required"]) == set(item["properties"])
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"mood": {"enum": ["up", "down"]}, "n": {"type": "integer"}},
+    "required": ["mood"],
+}
+
+
+def test_params_check_lists_every_problem() -> None:
+    assert check_params({"mood": "up", "n": 2}, SCHEMA) == {"mood": "up", "n": 2}
+    problems = check_params({"n": "two"}, SCHEMA)
+    assert isinstance(problems, Problems)
+    assert problems.items == ("(root): 'mood' is a required property", "n: 'two' is not of type 'integer'")
+
+
+def test_params_schema_must_be_an_object_schema() -> None:
+    assert params_schema_problems(SCHEMA) is None
+    assert "type 'object'" in str(params_schema_problems({"type": "array"}))
+    assert "not valid JSON Schema" in str(params_schema_problems({"type": "object", "required": "mood"}))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"a": 1}', {"a": 1}),
+        ('```json\n{"a": 1}\n```', {"a": 1}),
+        ('```\n{"a": [1]}\n```', {"a": [1]}),
+        ("[1, 2]", None),
+        ("sure! here it is", None),
+    ],
+)
+def test_json_written_as_text(text: str, expected: dict[str, Any] | None) -> None:
+    assert parse_json_object(text) == expected
+
+
+def test_wire_tool_names_are_valid_unique_and_stable() -> None:
+    specs = [
+        ToolSpec(id=tool_id, description="", input_schema={})
+        for tool_id in ("speak", "pkg.mod:tool", "pkg_mod_tool", "x" * 80, "", "a b")
+    ]
+    names = wire_tool_names(specs)
+    assert list(names.values()) == specs
+    assert list(names)[:3] == ["speak", "pkg_mod_tool", "pkg_mod_tool_2"]
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name) for name in names)
+    assert wire_tool_names(specs) == names
+
+
+def test_history_is_bounded_and_ends_with_the_message() -> None:
+    history = [Message.create(A.id, [B.id], f"line {i}") for i in range(30)]
+    last = Message.create(B.id, [A.id], "the last one " + "x" * 5000)
+    lines = format_history([*history, last], last, {A.id: "Ann"}).splitlines()
+    assert len(lines) == HISTORY_LIMIT
+    assert lines[0].startswith("1. Ann (companion_a) -> companion_b: line 19")
+    assert lines[-1].startswith(f"{HISTORY_LIMIT}. companion_b -> Ann (companion_a): the last one")
+    assert len(lines[-1]) < 1100
+
+
+def test_states_prompt_is_bounded_and_mentions_the_rules() -> None:
+    instructions, prompt = states_prompt(request(nominated=B.id, closing_floor="pre-closing"), "set_states")
+    assert "set_states" in instructions
+    assert "Bo (companion_b) to speak next" in prompt and "at least 'pre-closing'" in prompt
+    assert len(prompt) < 2000, "a long personality is clipped"
+
+
+def test_speak_prompt_names_tools_instructions_and_closing() -> None:
+    tools = wire_tool_names(
+        [
+            ToolSpec(id="speak", description="", input_schema={}),
+            ToolSpec(id="kb.lookup", description="", input_schema={}, kind="knowledge"),
+        ]
+    )
+    req = SpeakRequest(
+        me=B,
+        role="a helper",
+        message=OPENING,
+        history=[OPENING],
+        instructions=[ToolInstruction("kb.lookup", "check facts"), ToolInstruction("speak", "answer")],
+        tools=list(tools.values()),
+        recipients=["user_1", A.id],
+        closing="closing",
+        extra={"weather": "rain"},
+    )
+    instructions, prompt = speak_prompt(req, tools)
+    assert "You are Bo" in instructions and "a helper" in instructions
+    assert "Action tools (they do something others see): speak." in instructions
+    assert "kb_lookup" in instructions and "- kb_lookup: check facts" in instructions
+    assert "say goodbye" in instructions
+    assert "Address: user_1, companion_a." in prompt
+    assert 'Context: {"weather": "rain"}' in prompt
