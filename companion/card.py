@@ -183,7 +183,7 @@ class LoadedCard:
         cls, card: CompanionCard, *, resolve: Resolver = resolve_tool, path: Path | None = None
     ) -> LoadedCard:
         """Check a card built in Python exactly as :func:`load_card` checks a file."""
-        checked = _Checker(str(path) if path else None, None, resolve)
+        checked = _Checker(str(path) if path else None, resolve)
         triggers, tools = checked.semantic(card.metadata.id, card.actions, card.knowledge, card.events)
         if checked.problems or triggers is None:
             raise CardError(checked.problems)
@@ -203,7 +203,7 @@ def load_card(path: str | Path, *, resolve: Resolver = resolve_tool) -> LoadedCa
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         fix = "check the path, and that the file is UTF-8 text"
         raise CardError([CardProblem(name, "", f"cannot read the card: {reason}", fix)]) from None
-    checker = _Checker(name, None, resolve)
+    checker = _Checker(name, resolve)
     raw = checker.parse(text, toml=file.suffix.lower() == ".toml")
     if raw is None:
         raise CardError(checker.problems)
@@ -218,9 +218,9 @@ def load_card(path: str | Path, *, resolve: Resolver = resolve_tool) -> LoadedCa
 class _Checker:
     """Collects the problems of one card, locating them in the source when there is one."""
 
-    def __init__(self, file: str | None, root: yaml.Node | None, resolve: Resolver) -> None:
+    def __init__(self, file: str | None, resolve: Resolver) -> None:
         self.file = file
-        self.root = root
+        self.root: yaml.Node | None = None  # the YAML node tree, once parsed
         self.resolve = resolve
         self.problems: list[CardProblem] = []
 
@@ -233,21 +233,11 @@ class _Checker:
         inner_line: int | None = None,
     ) -> None:
         """Record a problem; ``inner_line`` is a line within a multi-line (``|``) value."""
-        line = self._line_of(parts)
-        if line is not None and inner_line is not None and self._is_literal_block(parts):
+        line, node = self._locate(parts)
+        literal_block = isinstance(node, yaml.ScalarNode) and node.style == "|"
+        if line is not None and inner_line is not None and literal_block:
             line += inner_line
         self.problems.append(CardProblem(self.file, _dotted(parts), message, fix, line, excerpt))
-
-    def _is_literal_block(self, parts: Sequence[PathPart]) -> bool:
-        node = self.root
-        for part in parts:
-            if isinstance(node, yaml.MappingNode):
-                node = next((v for k, v in node.value if k.value == part), None)
-            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-                node = node.value[part]
-            else:
-                return False
-        return isinstance(node, yaml.ScalarNode) and node.style == "|"
 
     # parsing
 
@@ -324,24 +314,26 @@ class _Checker:
             for i, item in enumerate(node.value):
                 self._duplicate_keys(item, [*parts, i])
 
-    def _line_of(self, parts: Sequence[PathPart]) -> int | None:
-        """The source line of the key (or list item) at ``parts``, or of the nearest parent found."""
+    def _locate(self, parts: Sequence[PathPart]) -> tuple[int | None, yaml.Node | None]:
+        """The source line of the key (or list item) at ``parts`` and its value node.
+
+        When the path leaves the document, the line is that of the nearest parent found (none for
+        a missing top-level key) and the node is ``None``.
+        """
         node = self.root
-        if node is None:
-            return None
-        line: int | None = None  # a missing top-level key has no line of its own
+        line: int | None = None
         for part in parts:
             if isinstance(node, yaml.MappingNode):
                 pair = next(((k, v) for k, v in node.value if k.value == part), None)
                 if pair is None:
-                    break
+                    return line, None
                 line, node = pair[0].start_mark.line + 1, pair[1]
             elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
                 node = node.value[part]
                 line = node.start_mark.line + 1
             else:
-                break
-        return line
+                return line, None
+        return line, node
 
     # structure
 
