@@ -213,6 +213,8 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    import companion.node  # noqa: F401  (py-libp2p resets its loggers on import: import it first)
+
     configure_logging(args.log_level.upper(), args.log_format)
     options = RunOptions(
         cards=args.cards,

@@ -440,12 +440,21 @@ class CompanionNode:
         backoff = Backoff(self.config.redial_initial, self.config.redial_max)
         await redial_forever(
             info,
-            self._host.connect,
+            self._dial,
             self._is_connected,
             self._changed_wait,
             backoff,
             dial_timeout=self.config.dial_timeout,
         )
+
+    async def _dial(self, info: PeerInfo) -> None:
+        """Dial, forgetting py-libp2p's memory of earlier failures (it refuses to redial a peer
+        that failed recently, which would defeat our own backoff)."""
+        network = self._host.get_network()
+        unblock = getattr(network, "unblock_peer", None)
+        if unblock is not None:
+            unblock(info.peer_id)
+        await self._host.connect(info)
 
     async def _changed_wait(self) -> None:
         await self._changed.wait()
@@ -456,7 +465,7 @@ class CompanionNode:
                 continue
             try:
                 with trio.fail_after(self.config.dial_timeout):
-                    await self._host.connect(info)
+                    await self._dial(info)
                 log_event(logger, "mdns_peer_dialled", node=self.name, peer=str(info.peer_id))
             except Exception as exc:
                 log_event(

@@ -1,0 +1,202 @@
+"""Separate node processes on 127.0.0.1 for integration tests: start, read their JSON event lines,
+wait for an event with a deadline, signal and stop them by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+Event = dict[str, Any]
+
+HERE = Path(__file__).resolve().parent
+
+
+class Proc:
+    """One child process whose stderr (or stdout) carries one JSON object per line."""
+
+    def __init__(self, name: str, argv: list[str], *, events_on: str = "stderr", stdin: bool = False) -> None:
+        self.name = name
+        self.events: list[Event] = []
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
+        self.pid = self.popen.pid
+        streams = {"stderr": self.popen.stderr, "stdout": self.popen.stdout}
+        for label, stream in streams.items():
+            parse = label == events_on
+            threading.Thread(target=self._read, args=(stream, parse), daemon=True).start()
+
+    def _read(self, stream: Any, parse: bool) -> None:
+        for line in stream:
+            line = line.rstrip("\n")
+            with self._cond:
+                self.lines.append(line)
+                if parse and line.startswith("{"):
+                    with suppress(ValueError):
+                        self.events.append(json.loads(line))
+                self._cond.notify_all()
+
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float, what: str = "") -> Event:
+        """The first event (already seen or coming) that satisfies ``predicate``; fails after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            seen = 0
+            while True:
+                for event in self.events[seen:]:
+                    if predicate(event):
+                        return event
+                seen = len(self.events)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    tail = "\n".join(self.lines[-15:])
+                    raise AssertionError(
+                        f"{self.name}: no {what or 'matching event'} within {timeout} s\n{tail}"
+                    )
+                self._cond.wait(left)
+
+    def event(self, name: str, timeout: float = 20.0, **fields: Any) -> Event:
+        return self.wait_for(
+            lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items()),
+            timeout,
+            f"{name} {fields}",
+        )
+
+    def count(self, name: str, **fields: Any) -> int:
+        with self._cond:
+            return sum(
+                1
+                for e in self.events
+                if e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
+            )
+
+    def send(self, command: Event) -> None:
+        assert self.popen.stdin is not None
+        self.popen.stdin.write(json.dumps(command) + "\n")
+        self.popen.stdin.flush()
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def stats(self, timeout: float = 10.0) -> Event:
+        """Ask for a ``stats`` event (SIGUSR1) and return the one that follows."""
+        before = self.count("stats")
+        self.signal(signal.SIGUSR1)
+        return self.wait_for(
+            lambda e: e.get("event") == "stats" and self.count("stats") > before, timeout, "stats"
+        )
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGCONT (in case it is frozen), SIGTERM, then SIGKILL after ``timeout``; by PID only."""
+        if self.popen.poll() is None:
+            for signum in (signal.SIGCONT, signal.SIGTERM):
+                try:
+                    os.kill(self.pid, signum)
+                except ProcessLookupError:
+                    break
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                return self.popen.wait(timeout)
+        return self.popen.returncode
+
+
+CARD = """\
+metadata:
+  id: {id}
+  name: {name}
+  personality: calm
+  story: a test companion
+  sample: hello
+role: test
+actions: [speak]
+events:
+  params:
+    type: object
+    properties:
+      mood: {{type: string}}
+    required: [mood]
+  conditions:
+    - expression: "true"
+      execute:
+        - tool: speak
+          instruction: reply
+"""
+
+
+def write_card(directory: Path, key: str) -> Path:
+    path = directory / f"{key}.yaml"
+    path.write_text(CARD.format(id=f"companion_{key}", name=key), encoding="utf-8")
+    return path
+
+
+class Network:
+    """Starts ``companion run`` and raw publisher processes; stops every one of them at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[Proc] = []
+
+    def companion(self, key: str, *peers: str, data_dir: Path | None = None) -> tuple[Proc, Event]:
+        card = write_card(self.tmp, key)
+        argv = [
+            sys.executable,
+            "-m",
+            "companion.cli.run",
+            str(card),
+            "--no-mdns",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--data-dir",
+            str(data_dir or self.tmp / f"data-{key}"),
+            "--log-format",
+            "json",
+        ]
+        for peer in peers:
+            argv += ["--peer", peer]
+        proc = Proc(key, argv)
+        self.procs.append(proc)
+        return proc, proc.event("started", timeout=30)
+
+    def raw(self, key: str | None) -> tuple[Proc, Event]:
+        argv = [sys.executable, str(HERE / "raw_publisher.py")]
+        if key is not None:
+            argv += ["--companion", f"companion_{key}"]
+        proc = Proc(key or "raw", argv, events_on="stdout", stdin=True)
+        self.procs.append(proc)
+        return proc, proc.event("started", timeout=30)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+@contextmanager
+def network(tmp: Path) -> Iterator[Network]:
+    net = Network(tmp)
+    try:
+        yield net
+    finally:
+        net.stop_all()
