@@ -21,7 +21,7 @@ from ..log import log_event
 from ..voice import Synthesizer
 from .island import AsyncioIsland, open_island
 from .link import ClientInfo, LinkOpener
-from .session import RtcSession, SessionSettings
+from .session import NegotiationFailed, RtcSession, SessionSettings
 from .signaling import OfferError, OfferRequest, answer_body, error_body, parse_offer
 
 __all__ = ["OfferReply", "RtcGateway", "open_gateway"]
@@ -80,8 +80,7 @@ class RtcGateway:
         self._negotiating += 1
         try:
             sdp = await session.negotiate()
-        except (ValueError, trio.TooSlowError) as exc:
-            # aiortc raises ValueError for SDP it cannot use; gathering may time out
+        except (NegotiationFailed, trio.TooSlowError) as exc:
             log_event(logger, "rtc_offer_refused", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
             return _refuse(OfferError(400, "negotiation_failed", f"cannot answer this offer: {exc}"))
         finally:
@@ -109,9 +108,20 @@ class RtcGateway:
                 await session.abort()
             self._sessions.pop(session.id, None)
 
+    @property
+    def running(self) -> int:
+        """Session tasks still alive (teardown included)."""
+        return len(self._nursery.child_tasks)
+
     def close_all(self, reason: str = "bridge shutting down") -> None:
+        """Ask every session to end; each tears itself down within its deadline."""
         for session in list(self._sessions.values()):
             session.close(reason)
+
+    def cancel_all(self) -> None:
+        """Cancel every session task at once (they still tear down, shielded, within deadlines).
+        The gateway accepts no new sessions afterwards."""
+        self._nursery.cancel_scope.cancel()
 
 
 def _refuse(error: OfferError) -> OfferReply:

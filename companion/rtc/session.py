@@ -26,6 +26,7 @@ from typing import Any, Final
 
 import trio
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.exceptions import InternalError, InvalidAccessError
 
 from ..log import log_event
 from ..protocol import QUERIES, Query, QueryResult, QueryResultBody, new_id, parse_payload
@@ -39,11 +40,19 @@ from .signaling import OfferRequest
 from .track import VoiceTrack
 from .voicequeue import VoiceQueue
 
-__all__ = ["RtcSession", "SessionSettings", "SessionStats"]
+__all__ = ["NegotiationFailed", "RtcSession", "SessionSettings", "SessionStats"]
 
 logger = logging.getLogger("companion.rtc")
 
 SPEAK: Final = "speak"
+GONE: Final = "the client left or went silent (consent expired)"
+"""aiortc closes the same way for both: when consent expires, the transports below close."""
+
+_SDP_ERRORS: Final = (ValueError, AssertionError, KeyError, IndexError, InternalError, InvalidAccessError)
+
+
+class NegotiationFailed(ValueError):
+    """The client's offer cannot be answered (malformed or unsupported SDP)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +144,8 @@ class RtcSession:
     async def negotiate(self) -> str:
         """Apply the client's offer and return the answer SDP (ICE candidates included).
 
-        On failure the peer connection is closed and the exception propagates: a malformed
-        SDP raises ``ValueError`` from aiortc, a deadline ``trio.TooSlowError``.
+        On failure the peer connection is closed and the exception propagates: an offer that
+        cannot be used raises :class:`NegotiationFailed`, a deadline ``trio.TooSlowError``.
         """
         self.island.enter()
         try:
@@ -152,7 +161,10 @@ class RtcSession:
         self._pc = pc
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_connection_state)
-        await self.island.call(pc.setRemoteDescription, RTCSessionDescription(self.request.sdp, "offer"))
+        try:
+            await self.island.call(pc.setRemoteDescription, RTCSessionDescription(self.request.sdp, "offer"))
+        except _SDP_ERRORS as exc:  # aiortc's parser asserts; all of these mean "bad offer"
+            raise NegotiationFailed(f"unusable offer SDP ({type(exc).__name__}: {exc})") from exc
         if self.request.voice and any(t.kind == "audio" for t in pc.getTransceivers()):
             self._track = VoiceTrack(self._queue, self._lines_finished, on_frame=self._frame_played)
             pc.addTrack(self._track)
@@ -183,7 +195,7 @@ class RtcSession:
         self._channel = channel
         channel.bufferedAmountLowThreshold = self.settings.send_high_water // 2
         channel.on("message", self._on_message)
-        channel.on("close", lambda: self._end("data channel closed by the client"))
+        channel.on("close", lambda: self._end(f"data channel closed: {GONE}"))
         channel.on("bufferedamountlow", self._buffer_low.set)
         if channel.readyState == "open":
             self._channel_open.set()
@@ -204,9 +216,9 @@ class RtcSession:
             return
         state = self._pc.connectionState
         if state == "failed":
-            self._end("connection failed (ICE failure or consent expired)")
+            self._end("connection failed (ICE)")
         elif state == "closed":
-            self._end("peer connection closed")
+            self._end(f"peer connection closed: {GONE}")
 
     def _lines_finished(self, keys: Sequence[str]) -> None:
         for key in keys:
