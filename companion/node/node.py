@@ -447,6 +447,14 @@ class CompanionNode:
             dial_timeout=self.config.dial_timeout,
         )
 
+    async def connect(self, addr: str) -> None:
+        """Dial one peer once (``.../p2p/PEER_ID``) within ``dial_timeout``; raises on failure.
+        Use ``NodeConfig.peers`` for peers that should be redialled when lost."""
+        if self._host is None or self._stopped:
+            raise NodeNotRunning(f"node {self.name} is not running")
+        with trio.fail_after(self.config.dial_timeout):
+            await self._dial(parse_peer_addr(addr))
+
     async def _dial(self, info: PeerInfo) -> None:
         """Dial, forgetting py-libp2p's memory of earlier failures (it refuses to redial a peer
         that failed recently, which would defeat our own backoff)."""

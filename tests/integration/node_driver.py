@@ -1,0 +1,78 @@
+"""Our CompanionNode in a process driven over stdin, for tests against other implementations.
+
+``python node_driver.py METADATA_JSON [--peer ADDR]``; commands on stdin, one JSON object a line:
+``{"op": "connect", "addr": A}``, ``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``.
+Events on stdout, one JSON object a line: ``started``, ``joined``/``left`` (companion_id),
+``inbound`` (topic, peer, text), ``connected``, ``published``, ``error``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import trio
+
+from companion.log import configure_logging
+from companion.membership import MembershipEvent
+from companion.node import CompanionNode, NodeConfig
+from companion.protocol import Metadata
+from companion.transport import Inbound
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+class Printer:
+    async def handle(self, inbound: Inbound) -> None:
+        emit("inbound", topic=inbound.topic, peer=inbound.sender_peer, text=inbound.raw.decode())
+
+
+def on_membership(event: MembershipEvent) -> None:
+    emit(
+        event.kind, companion_id=event.companion_id, peer=event.peer_id, metadata=event.metadata.model_dump()
+    )
+
+
+async def main(metadata: Metadata, peers: list[str]) -> None:
+    node = CompanionNode(metadata, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), peers=peers))
+    node.add_membership_listener(on_membership)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run, Printer())
+        emit("started", peer_id=node.peer_id, addrs=node.listen_addrs)
+        await commands(node)
+        nursery.cancel_scope.cancel()
+
+
+async def commands(node: CompanionNode) -> None:
+    stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
+    buffer = b""
+    while True:
+        chunk = await stdin.receive_some(65536)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            command = json.loads(line)
+            try:
+                if command["op"] == "connect":
+                    await node.connect(command["addr"])
+                    emit("connected", addr=command["addr"])
+                elif command["op"] == "publish":
+                    await node.publish_raw(command["topic"], command["text"].encode())
+                    emit("published", topic=command["topic"])
+            except Exception as exc:
+                emit("error", op=command["op"], error=repr(exc))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("metadata")
+    parser.add_argument("--peer", action="append", default=[])
+    args = parser.parse_args()
+    configure_logging("WARNING")
+    trio.run(main, Metadata.model_validate_json(args.metadata), args.peer)

