@@ -1,9 +1,8 @@
-"""WebRTC sessions end to end on 127.0.0.1: an aiortc client, the gateway, and an in-memory network.
+"""WebRTC sessions on 127.0.0.1: an aiortc client, the gateway and the bridge on an in-memory network.
 
-The bridge is replaced by :class:`HubLink`, a small Firehose link over the in-memory hub, so
-these tests exercise the session layer alone (the bridge's own tests cover its frame rules;
-``tests/integration/test_webrtc*.py`` runs the real bridge). The companion is a test actor
-that sends ``speak`` queries the way aikyo's speak tool does and waits for the result.
+The offer goes to the gateway in-process (the HTTP route and real node processes are covered
+in ``tests/integration/test_webrtc*.py``). The companion is a test actor that sends ``speak``
+queries the way aikyo's speak tool does and waits for their results.
 """
 
 from __future__ import annotations
@@ -19,21 +18,10 @@ import aioice.ice
 import pytest
 import trio
 
-from companion.protocol import (
-    MESSAGES,
-    QUERIES,
-    Envelope,
-    Message,
-    PayloadError,
-    Query,
-    QueryResult,
-    encode,
-    parse_payload,
-)
+from companion.bridge import Bridge, BridgeConfig
+from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult, encode, parse_payload
 from companion.rtc import (
     ClientClosed,
-    ClientInfo,
-    LinkClosed,
     OfferRejected,
     ReceivedAudio,
     RtcClient,
@@ -43,7 +31,7 @@ from companion.rtc import (
     open_gateway,
 )
 from companion.transport import MemoryEndpoint, MemoryHub
-from companion.voice import EspeakSynthesizer, Speech, SynthesisError
+from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesizer
 
 needs_espeak = pytest.mark.skipif(
     not EspeakSynthesizer.available(),
@@ -54,49 +42,12 @@ COMPANION = "companion_aya"
 LONG_LINE = "This is a long line that the companion says slowly, so that there is time to interrupt it. " * 3
 
 
-class HubLink:
-    """A Firehose link over a :class:`MemoryEndpoint`: client frames are published on the hub,
-    payloads from others are queued for the client as raw JSON (the bridge in miniature)."""
-
-    def __init__(self, endpoint: MemoryEndpoint, topics: frozenset[str]) -> None:
-        self.endpoint = endpoint
-        self.topics = topics
-        self.out_send, self.out_recv = trio.open_memory_channel[str](512)
-        self.published: list[tuple[str, Envelope]] = []
-
-    async def pump(self) -> None:
-        async for inbound in self.endpoint.receive_channel:
-            if inbound.sender_peer != self.endpoint.name and inbound.topic in self.topics:
-                await self.out_send.send(inbound.raw.decode("utf-8"))
-
-    async def next_frame(self) -> str:
-        try:
-            return await self.out_recv.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            raise LinkClosed("bridge closed") from None
-
-    async def client_frame(self, data: str | bytes) -> None:
-        try:
-            obj = json.loads(data)
-            parsed = parse_payload(obj["topic"], json.dumps(obj["body"]).encode())
-        except (ValueError, KeyError, TypeError) as exc:
-            parsed = PayloadError("invalid", str(exc))
-        if isinstance(parsed, PayloadError | list):
-            await self.out_send.send(json.dumps({"error": {"message": str(parsed)}}))
-            return
-        await self.publish(obj["topic"], parsed)
-
-    async def publish(self, topic: str, envelope: Envelope) -> None:
-        self.published.append((topic, envelope))
-        await self.endpoint.publish(topic, envelope)
-
-
 @dataclass
 class Net:
     hub: MemoryHub
+    bridge: Bridge
     gateway: RtcGateway
     companion: MemoryEndpoint
-    links: list[HubLink] = field(default_factory=list)
     skipped: list[object] = field(default_factory=list)
 
     async def signal(self, body: bytes) -> tuple[int, bytes | str]:
@@ -120,34 +71,22 @@ class Net:
 
 @asynccontextmanager
 async def network(
-    synthesizer: object | None = None, settings: SessionSettings | None = None
+    synthesizer: Synthesizer | None = None, settings: SessionSettings | None = None
 ) -> AsyncIterator[Net]:
+    """A companion and a bridge on an in-memory network; the bridge's WebRTC gateway."""
     hub = MemoryHub()
     companion = hub.endpoint("companion")
+    node = hub.endpoint("bridge")
+    bridge = Bridge(node, config=BridgeConfig(port=0), self_peer=node.name)
     async with trio.open_nursery() as nursery:
-        links: list[HubLink] = []
-        counter = iter(range(1000))
-
-        @asynccontextmanager
-        async def open_link(info: ClientInfo) -> AsyncIterator[HubLink]:
-            link = HubLink(
-                hub.endpoint(f"rtc-{next(counter)}"), info.topics or frozenset({MESSAGES, QUERIES})
-            )
-            links.append(link)
-            async with trio.open_nursery() as pumps:
-                pumps.start_soon(link.pump)
-                try:
-                    yield link
-                finally:
-                    link.endpoint.disconnect()
-                    pumps.cancel_scope.cancel()
-
+        nursery.start_soon(bridge.pump, node.receive_channel)
         async with open_gateway(
-            open_link,
-            synthesizer=synthesizer,  # type: ignore[arg-type]
+            bridge,
+            bridge.publisher(node),
+            synthesizer=synthesizer,
             settings=settings or SessionSettings(connect_timeout=5),
         ) as gateway:
-            yield Net(hub, gateway, companion, links)
+            yield Net(hub, bridge, gateway, companion)
         nursery.cancel_scope.cancel()
 
 

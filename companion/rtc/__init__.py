@@ -11,8 +11,8 @@ from .control import StopSpeech, VoiceSwitch, interpret_control
 from .gateway import OfferReply, RtcGateway, open_gateway
 from .ice import LOOPBACK, candidate_addresses_for, host_addresses
 from .island import AsyncioIsland, open_island
-from .link import ClientInfo, FirehoseLink, LinkClosed, LinkOpener
-from .session import RtcSession, SessionSettings, SessionStats
+from .seam import FrameServer
+from .session import DataChannelFrames, NegotiationFailed, RtcSession, SessionSettings, SessionStats
 from .signaling import OfferError, OfferRequest, parse_offer
 from .voicequeue import FRAME_SAMPLES, SAMPLE_RATE, FrameStep, QueueFull, VoiceQueue
 
@@ -22,12 +22,11 @@ __all__ = [
     "SAMPLE_RATE",
     "AsyncioIsland",
     "ClientClosed",
-    "ClientInfo",
     "ClientSettings",
-    "FirehoseLink",
+    "DataChannelFrames",
+    "FrameServer",
     "FrameStep",
-    "LinkClosed",
-    "LinkOpener",
+    "NegotiationFailed",
     "OfferError",
     "OfferRejected",
     "OfferReply",

@@ -2,7 +2,7 @@
 
 The HTTP route for ``/webrtc/offer`` calls :meth:`RtcGateway.offer` with the request body and
 gets back an HTTP status and a JSON body. A successful offer leaves a session running in the
-gateway's nursery, attached to the bridge through the ``open_link`` the bridge supplied.
+gateway's nursery, served by the bridge like any other client (``Bridge.serve_channel``).
 Leaving :func:`open_gateway` ends every session (each tears itself down within its deadline).
 """
 
@@ -18,9 +18,10 @@ from types import MappingProxyType
 import trio
 
 from ..log import log_event
+from ..transport import Publisher
 from ..voice import Synthesizer
 from .island import AsyncioIsland, open_island
-from .link import ClientInfo, LinkOpener
+from .seam import FrameServer
 from .session import NegotiationFailed, RtcSession, SessionSettings
 from .signaling import OfferError, OfferRequest, answer_body, error_body, parse_offer
 
@@ -45,7 +46,8 @@ class RtcGateway:
         self,
         island: AsyncioIsland,
         nursery: trio.Nursery,
-        open_link: LinkOpener,
+        server: FrameServer,
+        publisher: Publisher,
         *,
         synthesizer: Synthesizer | None = None,
         settings: SessionSettings | None = None,
@@ -53,7 +55,8 @@ class RtcGateway:
     ) -> None:
         self.island = island
         self._nursery = nursery
-        self._open_link = open_link
+        self._server = server
+        self._publisher = publisher
         self.synthesizer = synthesizer
         self.settings = settings or SessionSettings()
         self.max_sessions = max_sessions
@@ -90,10 +93,8 @@ class RtcGateway:
         return OfferReply(200, answer_body(sdp, session.id, session.voice_negotiated), session.id)
 
     async def _run(self, session: RtcSession) -> None:
-        info = ClientInfo(session.id, session.request.topics, session.voice_negotiated)
         try:
-            async with self._open_link(info) as link:
-                await session.run(link)
+            await session.run(self._server, self._publisher)
         except Exception as exc:  # one client's failure must not take the bridge down
             log_event(
                 logger,
@@ -130,16 +131,27 @@ def _refuse(error: OfferError) -> OfferReply:
 
 @asynccontextmanager
 async def open_gateway(
-    open_link: LinkOpener,
+    server: FrameServer,
+    publisher: Publisher,
     *,
     synthesizer: Synthesizer | None = None,
     settings: SessionSettings | None = None,
     max_sessions: int = 32,
 ) -> AsyncIterator[RtcGateway]:
-    """A gateway with its asyncio island and session nursery; sessions end when the block does."""
+    """A gateway with its asyncio island and session nursery; sessions end when the block does.
+
+    ``server`` serves each client's frames (the bridge); ``publisher`` publishes the speak
+    results (``bridge.publisher(node)``, so the bridge's local clients see them too).
+    """
     async with open_island() as island, trio.open_nursery() as nursery:
         gateway = RtcGateway(
-            island, nursery, open_link, synthesizer=synthesizer, settings=settings, max_sessions=max_sessions
+            island,
+            nursery,
+            server,
+            publisher,
+            synthesizer=synthesizer,
+            settings=settings,
+            max_sessions=max_sessions,
         )
         try:
             yield gateway

@@ -1,11 +1,12 @@
 """One WebRTC client on the bridge: SDP answer, the Firehose data channel, and the voice track.
 
-The session is a trio object around an aiortc peer connection (the asyncio island). Its tasks:
+The session is a trio object around an aiortc peer connection (the asyncio island). The
+bridge serves it like a WebSocket client through :class:`DataChannelFrames`:
 
-- *outbound*: frames from the bridge's queue for this client go out on the data channel
-  (``speak`` queries are also handed to the voice when it is on);
-- *inbound*: frames from the data channel go to the bridge, except control frames;
-- *voice*: speak queries are synthesized in order and queued on the track; when a line's
+- frames from the bridge's queue for this client go out on the data channel (``speak``
+  queries are also handed to the voice when it is on);
+- frames from the data channel go to the bridge, except control frames (:mod:`.control`);
+- the voice synthesizes speak queries in order and queues them on the track; when a line's
   audio has been sent, the query's result is published, so turns follow real speech.
 
 The session ends when the peer closes, ICE fails or consent expires, the data channel does not
@@ -16,6 +17,7 @@ stops and the peer connection closes, so no asyncio task, track or socket outliv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -28,19 +30,21 @@ import trio
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InternalError, InvalidAccessError
 
+from ..bridge.channel import ChannelClosed
 from ..log import log_event
 from ..protocol import QUERIES, Query, QueryResult, QueryResultBody, new_id, parse_payload
+from ..transport import Publisher
 from ..voice import SynthesisError, Synthesizer
 from .audio import to_track_rate
 from .control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
 from .ice import LOOPBACK, host_addresses
 from .island import AsyncioIsland
-from .link import FirehoseLink, LinkClosed
+from .seam import FrameServer
 from .signaling import OfferRequest
 from .track import VoiceTrack
 from .voicequeue import VoiceQueue
 
-__all__ = ["NegotiationFailed", "RtcSession", "SessionSettings", "SessionStats"]
+__all__ = ["DataChannelFrames", "NegotiationFailed", "RtcSession", "SessionSettings", "SessionStats"]
 
 logger = logging.getLogger("companion.rtc")
 
@@ -131,6 +135,9 @@ class RtcSession:
         self._synth_scope: trio.CancelScope | None = None
         self._ended = trio.Event()
         self._channel_open = trio.Event()
+        self._served = trio.Event()
+        self._serving = False
+        self.frames = DataChannelFrames(self)
         self._buffer_low = trio.Event()
         self._inbound_send, self._inbound_recv = trio.open_memory_channel[str | bytes](
             self.settings.inbound_frames
@@ -241,29 +248,34 @@ class RtcSession:
 
     # --- running -----------------------------------------------------------------------
 
-    async def run(self, link: FirehoseLink) -> str:
-        """Carry frames and voice until the session ends; returns why it ended. Always tears
-        the peer connection down before returning (also when cancelled)."""
+    async def run(self, server: FrameServer, publisher: Publisher) -> str:
+        """Serve the client through ``server`` (the bridge) until the session ends; speak
+        results are published with ``publisher``. Returns why it ended, after tearing the
+        peer connection down (also when cancelled)."""
         self.island.enter()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_connect)
-                nursery.start_soon(self._outbound, link)
-                nursery.start_soon(self._inbound, link)
-                nursery.start_soon(self._report, link)
+                nursery.start_soon(self._report, publisher)
+                nursery.start_soon(self._serve, server)
                 if self.voice_negotiated:
                     nursery.start_soon(self._synthesize_in_order)
                 await self._ended.wait()
+                # The bridge's reader now sees the client close and ends its side normally.
+                self._inbound_send.close()
+                if self._serving:
+                    with trio.move_on_after(self.settings.close_timeout):
+                        await self._served.wait()
                 nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 if self.end_reason is None:
                     self.end_reason = "cancelled"
-                await self._teardown(link)
+                await self._teardown(publisher)
         return self.end_reason
 
     async def abort(self) -> None:
-        """Close the peer connection without running (the bridge could not attach the client);
+        """Close the peer connection without running (the bridge could not take the client);
         harmless after :meth:`run`."""
         if self.end_reason is None:
             self.end_reason = "aborted"
@@ -287,21 +299,52 @@ class RtcSession:
             return
         self._end(f"the data channel did not open within {self.settings.connect_timeout} s")
 
-    async def _outbound(self, link: FirehoseLink) -> None:
+    async def _serve(self, server: FrameServer) -> None:
         await self._channel_open.wait()
+        self._serving = True
+        try:
+            await server.serve_channel(self.frames, topics=self.request.topics, label=f"webrtc:{self.id[:8]}")
+        finally:
+            self._served.set()
+        self._end("the bridge closed the client")
+
+    # --- the bridge's frame channel --------------------------------------------------------
+
+    async def send_frame(self, text: str) -> None:
+        """A frame for the client (the bridge's writer calls this, in order)."""
+        if self._ended.is_set():
+            raise ChannelClosed(self.end_reason or "closed")
+        if self._voice_on:
+            self._maybe_speak(text)
+        await self._send(text)
+
+    async def receive_frame(self) -> str | bytes | None:
+        """The next Firehose frame from the client; ``None`` once the session is ending.
+        Control frames are handled here and never reach the bridge."""
         while True:
             try:
-                text = await link.next_frame()
-            except LinkClosed as exc:
-                self._end(exc.reason)
-                return
-            if self._voice_on:
-                self._maybe_speak(text)
-            await self._send(text)
+                data = await self._inbound_recv.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return None
+            self.stats.frames_in += 1
+            obj = _peek_json(data)
+            control = interpret_control(obj)
+            if isinstance(control, StopSpeech):
+                self._flush("stop")
+            elif isinstance(control, VoiceSwitch):
+                self._switch_voice(control.enabled)
+            elif isinstance(control, ControlError):
+                with contextlib.suppress(ChannelClosed):
+                    await self._send(_control_error(control))
+            else:
+                if is_new_message(obj):
+                    self._flush("new message")
+                return data
 
     async def _send(self, text: str) -> None:
         channel = self._channel
-        assert channel is not None
+        if channel is None or self._ended.is_set():
+            raise ChannelClosed(self.end_reason or "not connected")
         if channel.bufferedAmount > self.settings.send_high_water:
             self._buffer_low = trio.Event()
             with trio.move_on_after(self.settings.send_stall_timeout) as stall:
@@ -311,31 +354,13 @@ class RtcSession:
             if stall.cancelled_caught:
                 unsent, waited = channel.bufferedAmount, self.settings.send_stall_timeout
                 self._end(f"client too slow: {unsent} bytes unsent for {waited} s")
-                await trio.sleep_forever()
+                raise ChannelClosed(self.end_reason or "too slow")
         try:
             channel.send(text)
         except Exception as exc:  # aiortc raises InvalidStateError once the channel closes
             self._end(f"data channel send failed: {type(exc).__name__}")
-            await trio.sleep_forever()
+            raise ChannelClosed(self.end_reason or "closed") from exc
         self.stats.frames_out += 1
-
-    async def _inbound(self, link: FirehoseLink) -> None:
-        async for data in self._inbound_recv:
-            self.stats.frames_in += 1
-            obj = _peek_json(data)
-            control = interpret_control(obj)
-            if isinstance(control, StopSpeech):
-                self._flush("stop")
-                continue
-            if isinstance(control, VoiceSwitch):
-                self._switch_voice(control.enabled)
-                continue
-            if isinstance(control, ControlError):
-                await self._send(_control_error(control))
-                continue
-            if is_new_message(obj):
-                self._flush("new message")
-            await link.client_frame(data)
 
     # --- voice ---------------------------------------------------------------------------
 
@@ -438,19 +463,19 @@ class RtcSession:
         except trio.ClosedResourceError:
             log_event(logger, "rtc_result_dropped", logging.WARNING, session=self.id, query=key)
 
-    async def _report(self, link: FirehoseLink) -> None:
+    async def _report(self, publisher: Publisher) -> None:
         async for result in self._results_recv:
-            await self._publish(link, result)
+            await self._publish(publisher, result)
 
-    async def _publish(self, link: FirehoseLink, result: QueryResult) -> None:
+    async def _publish(self, publisher: Publisher, result: QueryResult) -> None:
         with trio.move_on_after(self.settings.publish_timeout) as scope:
-            await link.publish(QUERIES, result)
+            await publisher.publish(QUERIES, result)
         if scope.cancelled_caught:
             log_event(logger, "rtc_result_publish_timeout", logging.WARNING, session=self.id, query=result.id)
 
     # --- teardown ----------------------------------------------------------------------
 
-    async def _teardown(self, link: FirehoseLink) -> None:
+    async def _teardown(self, publisher: Publisher) -> None:
         if self._closed:
             return
         self._closed = True
@@ -461,7 +486,7 @@ class RtcSession:
         self._jobs_send.close()
         with trio.move_on_after(self.settings.publish_timeout):
             async for result in self._results_recv:
-                await self._publish(link, result)
+                await self._publish(publisher, result)
         await self._close_peer()
         log_event(
             logger,
@@ -489,6 +514,23 @@ class RtcSession:
 async def _new_peer_connection() -> RTCPeerConnection:
     """Created on the asyncio side; no STUN/TURN servers (aiortc would otherwise ask Google's)."""
     return RTCPeerConnection(RTCConfiguration(iceServers=[]))
+
+
+class DataChannelFrames:
+    """The session's data channel as the bridge's :class:`FrameChannel`."""
+
+    def __init__(self, session: RtcSession) -> None:
+        self._session = session
+
+    async def send(self, text: str) -> None:
+        await self._session.send_frame(text)
+
+    async def receive(self) -> str | bytes | None:
+        return await self._session.receive_frame()
+
+    async def close(self, code: int, reason: str) -> None:
+        self._session.close(f"closed by the bridge ({code}: {reason})")
+        await trio.lowlevel.checkpoint()
 
 
 def _failed(query_id: str, message: str) -> QueryResult:
