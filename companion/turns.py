@@ -7,9 +7,10 @@ the demo transcript).
 
 The states topic carries no message id, so a node ties a states array to the message it
 answers by content (:func:`states_match`): every state must come from a companion the message
-addressed, and none from its sender. Consecutive messages in one conversation have different
-senders and the speaker of a reply was addressed by the message before it, so a late array for
-an older message never matches a newer one.
+addressed, none from its sender, and every active addressee must have one. Consecutive messages
+in one conversation have different senders, and the speaker of a reply was addressed by the
+message before it, so an array for an older message lacks a state the newer one needs, or has
+one the newer one forbids.
 
 Extensions travel in a Message's ``params.metadata`` (aikyo keeps unknown metadata keys and
 ignores them); the keys are the ``META_*`` constants below:
@@ -185,14 +186,18 @@ def reply_recipients(message: Message, me: str, present: Iterable[str]) -> list[
 # --- States ---------------------------------------------------------------------------------
 
 
-def states_match(states: Sequence[State], message: Message) -> bool:
+def states_match(states: Sequence[State], message: Message, active_ids: Iterable[str]) -> bool:
     """Whether a states array can answer ``message``: every state from an addressee of the
-    message, none from its sender. (See the module docstring for why this ties arrays to turns.)"""
+    message, none from its sender, and one from every addressee active here (see the module
+    docstring for why this ties arrays to turns)."""
     if not states:
         return False
     addressed = set(message.params.to)
     sender = message.params.from_
-    return all(s.params.from_ in addressed and s.params.from_ != sender for s in states)
+    froms = {s.params.from_ for s in states}
+    if sender in froms or not froms <= addressed:
+        return False
+    return (addressed & set(active_ids)) - {sender} <= froms
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +273,7 @@ def fallback_decisions(addressed: Sequence[str], nominated: str | None = None) -
     return [StateDecision(cid, "speak", 5.0, cid == nominated) for cid in order]
 
 
-SpeakerReason: TypeAlias = Literal["selected", "wants_to_speak", "nobody", "terminal"]
+SpeakerReason: TypeAlias = Literal["selected", "wants_to_speak", "stand_in", "nobody", "terminal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +292,11 @@ class SpeakerDecision:
 
 
 def decide_next_speaker(
-    states: Sequence[State], active_ids: Iterable[str], *, exclude: Collection[str] = ()
+    states: Sequence[State],
+    active_ids: Iterable[str],
+    *,
+    exclude: Collection[str] = (),
+    stand_in: bool = False,
 ) -> SpeakerDecision:
     """aikyo's rule: among states from active companions, the ``selected`` ones first, else those
     that want to ``speak``; the highest importance wins and a tie goes to the earlier state in
@@ -295,6 +304,9 @@ def decide_next_speaker(
     when no one qualifies or the winner's stage is ``terminal``.
 
     ``exclude`` drops companions that were chosen before and stayed silent past the deadline.
+    With ``stand_in``, when nobody qualifies a listener speaks instead (highest importance
+    first): after a silent speaker, a turn must not end without a reply, or the conversation
+    stalls before it could close.
     """
     active = set(active_ids)
     valid = [s for s in states if s.params.from_ in active and s.params.from_ not in exclude]
@@ -306,6 +318,8 @@ def decide_next_speaker(
         ("selected", [s for s in valid if s.params.selected], "selected"),
         ("wants_to_speak", [s for s in valid if s.params.state == "speak"], "wanting to speak"),
     ]
+    if stand_in:
+        pools.append(("stand_in", valid, "standing in for silent speakers"))
     for reason, pool, label in pools:
         if not pool:
             continue

@@ -212,13 +212,19 @@ def test_fallback_picks_the_nominee_or_the_first_addressee() -> None:
 def test_states_match_ties_arrays_to_their_message() -> None:
     first = Message.create("user", [A, B, C], "hi")
     reply = Message.create(B, ["user", A, C], "hello")
+    interjection = Message.create("user", [A, B, C], "wait!")
     array_for_first = [_state(A), _state(B, "speak", 5), _state(C)]
     array_for_reply = [_state(A), _state(C, "speak", 4)]
-    assert states_match(array_for_first, first)
-    assert not states_match(array_for_first, reply)  # the reply's sender is in it: a late array
-    assert states_match(array_for_reply, reply)
-    assert not states_match([], first)
-    assert not states_match([_state(D)], first)
+    active = [A, B, C]
+    assert states_match(array_for_first, first, active)
+    assert not states_match(array_for_first, reply, active)  # the reply's sender is in it: a late array
+    assert states_match(array_for_reply, reply, active)
+    assert not states_match(array_for_reply, interjection, active)  # B is addressed but has no state
+    assert states_match(array_for_reply, interjection, [A, C])  # ...unless B is not active here
+    assert not states_match([], first, active)
+    assert not states_match([_state(D)], first, active)
+    aikyo_style = [_state("user"), _state(A), _state(C)]  # JavaScript leaders cover every `to` entry
+    assert states_match(aikyo_style, reply, active)
 
 
 # --- closing ------------------------------------------------------------------------------
@@ -331,3 +337,12 @@ def test_reply_recipients() -> None:
 def test_select_leader_is_kept() -> None:
     message = Message.create("user", [A, B, C], "hi", id="fixed")
     assert select_leader(message, [A, B, C]) == plan_leaders(message, [A, B, C]).leader
+
+
+def test_stand_in_only_after_silence() -> None:
+    states = [_state(A, "speak", 9), _state(B, "listen", 2), _state(C, "listen", 6)]
+    assert decide_next_speaker(states, [A, B, C], exclude={A}).reason == "nobody"
+    decision = decide_next_speaker(states, [A, B, C], exclude={A}, stand_in=True)
+    assert (decision.speaker, decision.reason) == (C, "stand_in")
+    assert decide_next_speaker(states, [A, B, C], stand_in=True).speaker == A
+    assert decide_next_speaker(states, [A, B, C], exclude={A, B, C}, stand_in=True).speaker is None

@@ -1,0 +1,113 @@
+"""Helpers for the engine tests: cards for groups of any size and models with fault hooks."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from companion.card import CardSettings, CompanionCard, Condition, Events, Execute, LoadedCard
+from companion.models.base import (
+    CompanionModel,
+    ParamsRequest,
+    SpeakRequest,
+    StateDecision,
+    StatesRequest,
+    ToolCaller,
+)
+from companion.protocol import Metadata
+
+NAMES = ("Aki", "Bea", "Cai", "Dov", "Eun", "Fay", "Gil", "Hal", "Ida", "Jun", "Kit", "Lev")
+
+PARAMS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "already_replied": {"type": "boolean", "description": "Has this companion spoken already?"},
+        "energy": {"type": "integer", "minimum": 0, "maximum": 10},
+    },
+    "required": ["already_replied", "energy"],
+}
+
+
+def make_card(
+    index: int,
+    *,
+    max_turns: int | None = 8,
+    threshold: float = 0.6,
+    actions: tuple[str, ...] = ("speak",),
+    knowledge: tuple[str, ...] = ("companions",),
+    params: dict[str, Any] | None = None,
+) -> LoadedCard:
+    """A small English card; companion ``index`` of a group."""
+    name = NAMES[index % len(NAMES)] + ("" if index < len(NAMES) else str(index))
+    cid = f"companion_{name.lower()}"
+    speak = actions[0]
+    card = CompanionCard(
+        metadata=Metadata(
+            id=cid,
+            name=name,
+            personality=f"{name} is warm, curious and a little stubborn.",
+            story=f"{name} grew up by a harbour and collects stories from travellers.",
+            sample=f"Hi, I'm {name}! Tell me something I don't know yet.",
+        ),
+        role="You are a friendly member of a small group chat. Keep replies short.",
+        actions=list(actions),
+        knowledge=list(knowledge),
+        events=Events(
+            params=params or PARAMS,
+            conditions=[
+                Condition(
+                    expression="already_replied == false",
+                    execute=[Execute(instruction="Introduce yourself.", tool=speak)],
+                ),
+                Condition(
+                    expression="true",
+                    execute=[Execute(instruction="Continue the conversation.", tool=speak)],
+                ),
+            ],
+        ),
+        settings=CardSettings(max_turns=max_turns, repetition_threshold=threshold),
+    )
+    return LoadedCard.from_card(card)
+
+
+Hook = Callable[[Any], Awaitable[None]]
+
+
+class HookedModel:
+    """Delegates to ``inner``; each hook runs first (it may raise, block or kill the node)."""
+
+    def __init__(
+        self,
+        inner: CompanionModel,
+        *,
+        on_states: Hook | None = None,
+        on_params: Hook | None = None,
+        on_speak: Hook | None = None,
+        params_override: dict[str, Any] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.on_states = on_states
+        self.on_params = on_params
+        self.on_speak = on_speak
+        self.params_override = params_override
+
+    @property
+    def name(self) -> str:
+        return f"hooked({self.inner.name})"
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
+        if self.on_states is not None:
+            await self.on_states(request)
+        return await self.inner.decide_states(request)
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
+        if self.on_params is not None:
+            await self.on_params(request)
+        if self.params_override is not None:
+            return dict(self.params_override)
+        return await self.inner.fill_params(request)
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        if self.on_speak is not None:
+            await self.on_speak(request)
+        await self.inner.speak(request, call_tool)

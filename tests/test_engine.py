@@ -1,0 +1,595 @@
+"""The conversation engine over the in-memory transport: each turn-taking rule, deadlines, the
+speaker path through the action runtime, model-call economy, closing, memory across restarts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from engine_support import HookedModel, make_card
+
+from companion.actions import ActionDef
+from companion.demo import MemoryGroup, Transcript
+from companion.engine import ConversationEngine, EngineEvent, EngineTimings
+from companion.history import InMemoryHistory
+from companion.models.base import ModelError, SpeakRequest, StatesRequest, ToolCaller
+from companion.models.scripted import ScriptedModel
+from companion.protocol import MESSAGES, QUERIES, STATES, Message, QueryResult, QueryResultBody, State
+from companion.store import Store
+from companion.transport import Inbound, MemoryHub
+from companion.turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER, META_TURN, plan_leaders
+
+TIMINGS = EngineTimings.offline()
+
+
+class Recorder:
+    """Engine events and raw payloads, with an event to wait on."""
+
+    def __init__(self) -> None:
+        self.events: list[EngineEvent] = []
+        self.payloads: list[Inbound] = []
+        self.changed = trio.Event()
+
+    def on_event(self, event: EngineEvent) -> None:
+        self.events.append(event)
+        self._poke()
+
+    def _poke(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def kinds(self, kind: str, companion: str | None = None) -> list[EngineEvent]:
+        return [e for e in self.events if e.kind == kind and companion in (None, e.companion)]
+
+    def states_arrays(self) -> list[list[State]]:
+        return [p.payload for p in self.payloads if p.topic == STATES and isinstance(p.payload, list)]
+
+    def replies(self) -> list[Message]:
+        return [
+            p.payload
+            for p in self.payloads
+            if isinstance(p.payload, Message) and p.payload.params.from_.startswith("companion_")
+        ]
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 60) -> None:
+        with trio.fail_after(timeout):
+            while not predicate():
+                await self.changed.wait()
+
+
+@asynccontextmanager
+async def group_of(
+    count: int,
+    *,
+    models: dict[int, Any] | None = None,
+    timings: EngineTimings = TIMINGS,
+    hub: MemoryHub | None = None,
+    **card_options: Any,
+) -> AsyncIterator[tuple[MemoryGroup, Recorder]]:
+    recorder = Recorder()
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=timings, hub=hub, on_engine_event=recorder.on_event)
+        spy = group.hub.endpoint("spy")
+
+        async def watch() -> None:
+            async for inbound in spy.receive_channel:
+                recorder.payloads.append(inbound)
+                recorder._poke()
+
+        nursery.start_soon(watch)
+        for index in range(count):
+            model = (models or {}).get(index) or ScriptedModel(index)
+            await group.add(make_card(index, **card_options), model)
+        yield group, recorder
+        nursery.cancel_scope.cancel()
+
+
+def _ended(transcript: Transcript) -> bool:
+    return transcript.over
+
+
+async def test_one_leader_one_speaker_and_a_stamped_reply(autojump_clock: trio.testing.MockClock) -> None:
+    async with group_of(3, max_turns=None) as (group, rec):
+        opening = await group.say("Hello everyone, how are you?", metadata={"emotion": "happy"})
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        plan = plan_leaders(opening, group.active)
+        published = [e for e in rec.kinds("states_published") if e.fields["message_id"] == opening.params.id]
+        assert [e.companion for e in published] == [plan.leader]
+        assert [s.params.from_ for s in rec.states_arrays()[0]] == list(opening.params.to)
+        verdicts = [e for e in rec.kinds("speaker_chosen") if e.fields["message_id"] == opening.params.id]
+        chosen = {e.fields["speaker"] for e in verdicts}
+        assert len(chosen) == 1 and len(verdicts) == 3  # every node, one verdict
+        reply = rec.replies()[0]
+        assert reply.params.from_ == chosen.pop()
+        meta = reply.params.metadata or {}
+        assert meta[META_IN_REPLY_TO] == opening.params.id and meta[META_TURN] == 1
+        assert meta[META_CLOSING] == "none" and meta["emotion"] in ("happy", "sad", "angry", "neutral")
+        others = [cid for cid in opening.params.to if cid != reply.params.from_]
+        assert reply.params.to == ["user_demo", *others]
+        why = verdicts[0].fields["why"]
+        assert reply.params.from_ in why
+
+
+@pytest.mark.parametrize("size", [3, 6, 12])
+async def test_at_most_three_model_calls_per_turn(autojump_clock: trio.testing.MockClock, size: int) -> None:
+    async with group_of(size, max_turns=6) as (group, _rec):
+        await group.say("Hi all! What are you up to today?")
+        assert await group.wait_until(_ended, 600)
+        calls = group.calls_per_turn()
+        replied = {e.in_reply_to for e in group.transcript.events if e.in_reply_to}
+        assert len(replied) == 6
+        assert all(calls[mid] == 3 for mid in replied)  # states, params, speech
+        assert max(calls.values()) <= 3
+        kinds: Counter[str] = sum((m.model.kinds for m in group.members.values()), start=Counter())
+        assert kinds["decide_states"] == 6  # the terminal turn needs no model: the floor decides
+        assert kinds["fill_params"] == kinds["speak"] == 6
+
+
+async def test_a_failing_model_gives_rule_based_states_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def fail(_request: StatesRequest) -> None:
+        raise ModelError("provider down")
+
+    models = {i: HookedModel(ScriptedModel(i), on_states=fail) for i in range(3)}
+    async with group_of(3, models=models) as (group, rec):
+        start = trio.current_time()
+        opening = await group.say("Hello?")
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        assert trio.current_time() - start < TIMINGS.takeover_after
+        published = [e for e in rec.kinds("states_published") if e.fields["message_id"] == opening.params.id]
+        assert [e.fields["source"] for e in published] == ["fallback_model_error"]
+        assert not rec.kinds("takeover")
+        assert rec.kinds("states_model_failed")
+
+
+async def test_a_slow_model_is_cut_off_before_the_next_slot(autojump_clock: trio.testing.MockClock) -> None:
+    async def slow(_request: StatesRequest) -> None:
+        await trio.sleep(TIMINGS.states_timeout * 5)
+
+    models = {i: HookedModel(ScriptedModel(i), on_states=slow) for i in range(3)}
+    async with group_of(3, models=models) as (group, rec):
+        start = trio.current_time()
+        opening = await group.say("Anyone there?")
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        assert TIMINGS.states_timeout <= trio.current_time() - start < TIMINGS.takeover_after
+        published = [e for e in rec.kinds("states_published") if e.fields["message_id"] == opening.params.id]
+        assert [e.fields["source"] for e in published] == ["fallback_timeout"]
+        assert not rec.kinds("takeover")
+
+
+async def test_next_in_order_takes_over_from_a_crashed_leader(autojump_clock: trio.testing.MockClock) -> None:
+    group_box: list[MemoryGroup] = []
+
+    def crash_on_lead(index: int) -> Any:
+        async def hook(request: StatesRequest) -> None:
+            me = make_card(index).card.metadata.id
+            group_box[0].kill(me, leave=False)  # crashed, and nobody has noticed yet
+            await trio.sleep_forever()
+
+        return hook
+
+    models = {i: HookedModel(ScriptedModel(i), on_states=crash_on_lead(i)) for i in range(3)}
+    opening_text = "Good morning, friends!"
+    probe = Message.create("user_demo", [make_card(i).card.metadata.id for i in range(3)], opening_text)
+    leader = plan_leaders(probe, probe.params.to).leader
+    models = {i: m for i, m in models.items() if make_card(i).card.metadata.id == leader}
+    async with group_of(3, models=models) as (group, rec):
+        group_box.append(group)
+        start = trio.current_time()
+        message = Message.create("user_demo", probe.params.to, opening_text, id=probe.params.id)
+        await group._user.publish(MESSAGES, message)
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        takeovers = rec.kinds("takeover")
+        plan = plan_leaders(message, probe.params.to)
+        assert [e.companion for e in takeovers] == [plan.order[1]]
+        assert trio.current_time() - start >= TIMINGS.takeover_after
+        assert rec.replies()[0].params.from_ != leader
+        opened = [e for e in rec.kinds("states_published") if e.fields["message_id"] == message.params.id]
+        assert [(e.companion, e.fields["rank"]) for e in opened] == [(plan.order[1], 1)]
+
+
+async def test_duplicate_and_competing_arrays_are_ignored(autojump_clock: trio.testing.MockClock) -> None:
+    async with group_of(3, max_turns=None) as (group, rec):
+        hub = group.hub
+        doubling = [True]
+
+        async def doubled(topic: str, receiver: str, data: bytes) -> list[bytes]:
+            return [data, data] if topic == STATES and doubling[0] else [data]
+
+        hub.fault = doubled
+        opening = await group.say("Shall we play a game?")
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        ignored = [e for e in rec.kinds("states_ignored") if e.fields["reason"] == "duplicate"]
+        assert ignored  # (copies arriving after the reply are ignored as no longer current)
+        verdicts = [e for e in rec.kinds("speaker_chosen") if e.fields["message_id"] == opening.params.id]
+        assert sorted(e.companion for e in verdicts) == sorted(opening.params.to)
+        doubling[0] = False
+        # A different array for the same message, after the decision: ignored by everyone.
+        rival = [State.create(cid, "speak", 10, True) for cid in opening.params.to]
+        await group._user.publish(STATES, rival)
+        await rec.until(lambda: any(p.topic == STATES and p.payload == rival for p in rec.payloads))
+        await trio.testing.wait_all_tasks_blocked()
+        assert not [e for e in rec.kinds("speaker_chosen") if e.fields["source"] == "user_demo"]
+        answers = [
+            r for r in rec.replies() if (r.params.metadata or {}).get(META_IN_REPLY_TO) == opening.params.id
+        ]
+        assert len(answers) == 1
+
+
+async def test_a_late_array_never_answers_a_newer_message(autojump_clock: trio.testing.MockClock) -> None:
+    async with group_of(3, max_turns=None) as (group, rec):
+        await group.say("What is your favourite colour?")
+        await rec.until(lambda: len(rec.replies()) >= 2)
+        old_array = rec.states_arrays()[0]
+        await trio.testing.wait_all_tasks_blocked()  # every node has moved on
+        # The first turn's array arrives again (a late or replayed copy) after the conversation
+        # moved on: no node may take it for the current message.
+        await group._user.publish(STATES, old_array)
+        await rec.until(
+            lambda: any(p.payload == old_array and p.sender_peer == "user_demo" for p in rec.payloads)
+        )
+        await trio.testing.wait_all_tasks_blocked()
+        assert not [e for e in rec.kinds("speaker_chosen") if e.fields["source"] == "user_demo"]
+        replayed = [e for e in rec.kinds("states_ignored") if e.fields["source"] == "user_demo"]
+        assert replayed and all(e.fields["reason"] != "duplicate" for e in replayed)
+
+
+async def test_nomination_in_metadata_picks_the_next_speaker(autojump_clock: trio.testing.MockClock) -> None:
+    async with group_of(4, max_turns=None) as (group, rec):
+        for target in group.active:
+            mark = len(rec.replies())
+            opening = await group.say("Quick question for one of you.", metadata={META_NEXT_SPEAKER: target})
+            await rec.until(
+                lambda opening=opening: any(
+                    (r.params.metadata or {}).get(META_IN_REPLY_TO) == opening.params.id
+                    for r in rec.replies()
+                )
+            )
+            reply = next(
+                r
+                for r in rec.replies()[mark:]
+                if (r.params.metadata or {}).get(META_IN_REPLY_TO) == opening.params.id
+            )
+            assert reply.params.from_ == target
+            assert any(
+                e.fields.get("reason") == "selected" and e.fields.get("speaker") == target
+                for e in rec.kinds("speaker_chosen")
+            )
+
+
+async def test_a_silent_speaker_is_skipped(autojump_clock: trio.testing.MockClock) -> None:
+    group_box: list[MemoryGroup] = []
+    silenced: list[str] = []
+
+    def mute(index: int) -> Any:
+        async def hook(request: SpeakRequest) -> None:
+            if not silenced:
+                silenced.append(request.me.id)
+                group_box[0].kill(request.me.id, leave=False)
+                await trio.sleep_forever()
+
+        return hook
+
+    models = {i: HookedModel(ScriptedModel(i), on_speak=mute(i)) for i in range(3)}
+    async with group_of(3, models=models, max_turns=None) as (group, rec):
+        group_box.append(group)
+        start = trio.current_time()
+        opening = await group.say("Tell us a story.")
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        assert trio.current_time() - start >= TIMINGS.reply_timeout
+        reply = rec.replies()[0]
+        assert reply.params.from_ != silenced[0]
+        assert (reply.params.metadata or {})[META_IN_REPLY_TO] == opening.params.id
+        silent = rec.kinds("speaker_silent")
+        assert silent and {e.fields["silent"] for e in silent} == {silenced[0]}
+        assert {e.fields["speaker"] for e in silent} == {reply.params.from_}
+
+
+class TwiceSpeaker:
+    """A model that tries to publish two messages in one turn."""
+
+    def __init__(self) -> None:
+        self.inner = ScriptedModel(0)
+        self.results: list[dict[str, Any]] = []
+
+    @property
+    def name(self) -> str:
+        return "twice"
+
+    async def decide_states(self, request: StatesRequest) -> Any:
+        return await self.inner.decide_states(request)
+
+    async def fill_params(self, request: Any) -> dict[str, Any]:
+        return await self.inner.fill_params(request)
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        for text in ("First thought.", "And a second one!"):
+            result = await call_tool(
+                "speak", {"message": text, "to": list(request.recipients), "emotion": "happy"}
+            )
+            self.results.append(dict(result))
+
+
+async def test_one_message_per_turn_even_if_the_model_tries_two(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    model = TwiceSpeaker()
+    async with group_of(1, models={0: model}, max_turns=None) as (group, rec):
+        only = group.active[0]
+        await group.say("Talk to me.", to=[only])
+        await rec.until(lambda: len(model.results) == 2 and len(rec.replies()) >= 1)
+        assert [r["status"] for r in model.results] == ["ok", "refused"]
+        assert "one message per turn" in model.results[1]["message"]
+        assert [r.params.message for r in rec.replies()] == ["First thought."]
+
+
+async def test_another_reply_withdraws_a_speech_in_progress(autojump_clock: trio.testing.MockClock) -> None:
+    entered = trio.Event()
+
+    async def stall(_request: SpeakRequest) -> None:
+        entered.set()
+        await trio.sleep_forever()
+
+    card = make_card(0, max_turns=None)
+    me = card.card.metadata.id
+    sent: list[Any] = []
+
+    class Sink:
+        async def publish(self, topic: str, envelope: Any) -> None:
+            sent.append((topic, envelope))
+
+    events: list[EngineEvent] = []
+    engine = ConversationEngine(
+        card,
+        HookedModel(ScriptedModel(0), on_speak=stall),
+        Sink(),
+        {me: card.card.metadata},
+        InMemoryHistory(),
+        timings=TIMINGS,
+        observer=events.append,
+    )
+    async with trio.open_nursery() as nursery:
+        engine.attach(nursery)
+        opening = Message.create("user_x", [me, "companion_other"], "Who goes first?")
+        await engine.handle(Inbound(MESSAGES, opening, "peer"))
+        await entered.wait()
+        assert [t for t, _ in sent] == [STATES]
+        rival = Message.create(
+            "companion_other",
+            ["user_x", me],
+            "Me!",
+            metadata={META_IN_REPLY_TO: opening.params.id, META_TURN: 1},
+        )
+        await engine.handle(Inbound(MESSAGES, rival, "peer2"))
+        await trio.testing.wait_all_tasks_blocked()
+        withdrawn = [e for e in events if e.kind == "speech_withdrawn"]
+        assert [e.fields["reason"] for e in withdrawn] == ["another companion replied first"]
+        assert MESSAGES not in [t for t, _ in sent]  # nothing was said
+        old_turn = next(e for e in events if e.kind == "speaker_chosen")
+        assert old_turn.fields["message_id"] == opening.params.id
+        assert engine._speaking is None or engine._speaking.message_id == rival.params.id
+        nursery.cancel_scope.cancel()
+
+
+async def test_turn_limit_closes_gracefully_and_ends(autojump_clock: trio.testing.MockClock) -> None:
+    async with group_of(3, max_turns=3) as (group, rec):
+        await group.say("Let's chat for a bit.")
+        assert await group.wait_until(_ended, 600)
+        replies = rec.replies()
+        stages = [(r.params.metadata or {})[META_CLOSING] for r in replies]
+        assert stages == ["none", "pre-closing", "closing"]
+        assert [(r.params.metadata or {})[META_TURN] for r in replies] == [1, 2, 3]
+        over = rec.kinds("conversation_over")
+        # every companion the last reply addressed (all but its speaker) sees the end
+        assert len(over) == 2 and {e.fields["turn"] for e in over} == {3}
+        finals = rec.kinds("states_published")[-1]
+        assert (
+            finals.fields["source"] == "closing_floor_terminal"
+            and finals.fields["floor_reason"] == "continues"
+        )
+        await trio.sleep(TIMINGS.reply_timeout * 2)
+        assert len(rec.replies()) == 3  # nothing after terminal
+
+
+class Parrot(ScriptedModel):
+    """Always says the same line: repetition must close the conversation."""
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        await call_tool(
+            "speak", {"message": "The weather is nice.", "to": list(request.recipients), "emotion": "neutral"}
+        )
+
+    async def decide_states(self, request: StatesRequest) -> Any:
+        return [
+            d.__class__(d.companion_id, "speak", d.importance, d.selected, "none")
+            for d in await super().decide_states(request)
+        ]
+
+
+async def test_repetition_closes_a_looping_conversation(autojump_clock: trio.testing.MockClock) -> None:
+    models = {i: Parrot(i) for i in range(3)}
+    async with group_of(3, models=models, max_turns=None, threshold=0.6) as (group, rec):
+        await group.say("The weather is nice.")
+        assert await group.wait_until(_ended, 600)
+        published = rec.kinds("states_published")
+        reasons = [e.fields["floor_reason"] for e in published]
+        first = reasons.index("repetition")
+        assert reasons[first:] == ["repetition", "continues", "continues"]
+        assert published[first].fields["repetition"] >= 0.6
+        assert [e.fields["stage"] for e in published[first:]] == ["pre-closing", "closing", "terminal"]
+        assert len(rec.replies()) == first + 2  # the repetitive replies, then two closing turns
+
+
+async def test_companions_not_addressed_stay_out(autojump_clock: trio.testing.MockClock) -> None:
+    async with group_of(3, max_turns=None) as (group, rec):
+        pair = group.active[:2]
+        opening = await group.say("Just you two.", to=pair)
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        outsider = group.active[2]
+        assert [e.fields["message_id"] for e in rec.kinds("leader_chosen", outsider)] != [opening.params.id]
+        assert all(e.fields["message_id"] != opening.params.id for e in rec.kinds("leader_chosen", outsider))
+        assert rec.replies()[0].params.from_ in pair
+
+
+async def test_params_that_break_the_schema_are_reported_not_fatal(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    models = {0: HookedModel(ScriptedModel(0), params_override={"already_replied": "yes", "energy": 99})}
+    async with group_of(1, models=models, max_turns=None) as (group, rec):
+        await group.say("Hello", to=group.active)
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        issues = rec.kinds("instructions")[0].fields["param_issues"]
+        assert any("already_replied" in i for i in issues) and any("energy" in i for i in issues)
+        assert rec.kinds("instructions")[0].fields["instructions"]  # "true" still matched
+
+
+async def test_replies_from_unstamped_peers_advance_the_count(autojump_clock: trio.testing.MockClock) -> None:
+    """An aikyo node's reply carries no turn metadata; the count and the closing go on anyway."""
+    async with group_of(2, max_turns=2) as (group, rec):
+        a, b = group.active
+        js = group.hub.endpoint("aikyo-node")
+        first = Message.create("companion_js", [a, b], "A plain aikyo line.")
+        await js.publish(MESSAGES, first)
+        assert await group.wait_until(_ended, 600)
+        second = Message.create("companion_js", [a, b], "Another plain aikyo line.")
+        await js.publish(MESSAGES, second)
+        await rec.until(
+            lambda: any(e.fields["message_id"] == second.params.id for e in rec.kinds("speaker_chosen"))
+        )
+        turns = {e.fields["message_id"]: e.fields["turn"] for e in rec.kinds("leader_chosen")}
+        assert turns[first.params.id] == 1 and turns[second.params.id] == 3
+        verdict = next(e for e in rec.kinds("speaker_chosen") if e.fields["message_id"] == second.params.id)
+        assert verdict.fields["reason"] == "terminal"
+        assert len(rec.replies()) == 1 + 2  # the aikyo lines and one reply (the closing turn)
+
+
+async def test_a_reply_that_crossed_a_newer_message_is_stale(autojump_clock: trio.testing.MockClock) -> None:
+    card = make_card(0, max_turns=None)
+    me = card.card.metadata.id
+    events: list[EngineEvent] = []
+
+    class Sink:
+        async def publish(self, topic: str, envelope: Any) -> None:
+            pass
+
+    engine = ConversationEngine(
+        card,
+        ScriptedModel(0),
+        Sink(),
+        {me: card.card.metadata},
+        InMemoryHistory(),
+        timings=TIMINGS,
+        observer=events.append,
+    )
+    async with trio.open_nursery() as nursery:
+        engine.attach(nursery)
+        older = Message.create("companion_x", [me, "companion_y"], "First.")
+        newer = Message.create("user_z", [me, "companion_x", "companion_y"], "Wait, everyone!")
+        crossing = Message.create(
+            "companion_y",
+            [me, "companion_x"],
+            "About the first...",
+            metadata={META_IN_REPLY_TO: older.params.id, META_TURN: 1},
+        )
+        for message in (older, newer, crossing):
+            await engine.handle(Inbound(MESSAGES, message, "p"))
+        stale = [e for e in events if e.kind == "message_stale"]
+        assert [e.fields["message_id"] for e in stale] == [crossing.params.id]
+        assert engine._turn is not None and engine._turn.message_id == newer.params.id
+        assert [m.params.id for m in engine.history.recent(3)][-1] == crossing.params.id
+        nursery.cancel_scope.cancel()
+
+
+async def test_query_results_reach_the_action_runtime(autojump_clock: trio.testing.MockClock) -> None:
+    async with group_of(1, actions=("speak_with_voice",), max_turns=None) as (group, rec):
+        await group.say("Say it out loud.", to=group.active)
+        await rec.until(lambda: any(p.topic == QUERIES for p in rec.payloads))
+        query = next(p.payload for p in rec.payloads if p.topic == QUERIES)
+        answer = QueryResult(id=query.id, result=QueryResultBody(success=True, body={}))  # type: ignore[union-attr]
+        await group._user.publish(QUERIES, answer)
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        member = next(iter(group.members.values()))
+        assert isinstance(member.engine.runtime.tools["speak_with_voice"], ActionDef)
+
+
+async def test_a_restarted_node_remembers_and_does_not_reply_twice(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    card = make_card(0, max_turns=None)
+    me = card.card.metadata.id
+    opening = Message.create("user_x", [me], "Remember me?")
+    sent: list[tuple[str, Any]] = []
+
+    class Sink:
+        async def publish(self, topic: str, envelope: Any) -> None:
+            sent.append((topic, envelope))
+
+    async def run_once() -> list[EngineEvent]:
+        events: list[EngineEvent] = []
+        with Store.in_directory(tmp_path) as store:
+            engine = ConversationEngine(
+                card,
+                ScriptedModel(0),
+                Sink(),
+                {me: card.card.metadata},
+                store,
+                store=store,
+                timings=TIMINGS,
+                observer=events.append,
+            )
+            async with trio.open_nursery() as nursery:
+                engine.attach(nursery)
+                await engine.handle(Inbound(MESSAGES, opening, "peer"))
+                mark = len(sent)
+                await trio.testing.wait_all_tasks_blocked()
+                for topic, envelope in sent[mark:]:
+                    if topic == STATES:
+                        await engine.handle(Inbound(STATES, envelope, "self"))
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.cancel_scope.cancel()
+            assert store.recent(10)[0].params.id == opening.params.id
+        return events
+
+    first = await run_once()
+    assert sum(1 for t, _ in sent if t == MESSAGES) == 1
+    second = await run_once()  # the opening is replayed by gossip after the restart
+    assert sum(1 for t, _ in sent if t == MESSAGES) == 1
+    assert [e.kind for e in second] == ["message_duplicate"]
+    with Store.in_directory(tmp_path) as store:
+        assert store.recall("conversation")["turn"] == 1
+        assert store.seen("replied", opening.params.id)
+        reply = store.recent(1)[0]
+        assert (reply.params.metadata or {})[META_IN_REPLY_TO] == opening.params.id  # the stamped copy
+    assert any(e.kind == "replied" for e in first)
+
+
+async def test_handle_needs_a_running_engine() -> None:
+    card = make_card(0)
+    me = card.card.metadata.id
+
+    class Sink:
+        async def publish(self, topic: str, envelope: Any) -> None:
+            pass
+
+    engine = ConversationEngine(card, ScriptedModel(0), Sink(), {me: card.card.metadata}, InMemoryHistory())
+    with pytest.raises(RuntimeError, match="not running"):
+        await engine.handle(Inbound(MESSAGES, Message.create("user", [me], "hi"), "p"))
+
+
+def test_timings_keep_the_safety_orderings() -> None:
+    with pytest.raises(ValueError, match="takeover_after"):
+        EngineTimings(states_timeout=5, takeover_after=5)
+    with pytest.raises(ValueError, match="reply_timeout"):
+        EngineTimings(speak_timeout=10, reply_timeout=10)
+    with pytest.raises(ValueError, match="reply_timeout"):
+        EngineTimings(speak_timeout=10, reply_timeout=12, pace=3)
+    with pytest.raises(ValueError, match="positive"):
+        EngineTimings(publish_timeout=0)
+    assert EngineTimings.offline(pace=1.0).reply_timeout > EngineTimings.offline().speak_timeout + 1.0
