@@ -1,0 +1,725 @@
+"""``companion demo``: three companions hold a conversation you can watch.
+
+Three parts, each usable on its own:
+
+- :class:`Transcript` follows a conversation as a bystander sees it (messages and states
+  arrays) and explains each turn: who spoke, to whom, why they were chosen (the same pure rule
+  every node applies), and the closing stage. It also counts double speech (two replies to one
+  message), which must never happen.
+- :class:`MemoryGroup` runs companions in one process on the in-memory transport, with a
+  transcript, fault hooks and a model-call count per turn (tests, the benchmark and
+  ``companion demo --in-memory``).
+- :func:`run_demo` starts every companion as its own process on 127.0.0.1 (``python -m
+  companion.demo serve CARD ...``: a libp2p node with the conversation engine), joins them with
+  a bridge node, sends the opening line and prints the transcript until ``terminal`` or the
+  turn cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import trio
+
+from .card import LoadedCard, load_card
+from .engine import ConversationEngine, EngineEvent, EngineTimings, engine_handler_factory
+from .history import InMemoryHistory
+from .log import configure_logging, log_event
+from .models.base import (
+    CompanionModel,
+    ParamsRequest,
+    SpeakRequest,
+    StateDecision,
+    StatesRequest,
+    ToolCaller,
+)
+from .protocol import MESSAGES, ClosingStage, Message, Metadata, Payload, State
+from .transport import Inbound, MemoryEndpoint, MemoryHub
+from .turns import SpeakerDecision, decide_next_speaker, states_match, turn_info
+
+__all__ = [
+    "CountingModel",
+    "DemoOptions",
+    "Member",
+    "MemoryGroup",
+    "Transcript",
+    "TranscriptEvent",
+    "default_cards",
+    "kickoff_text",
+    "render_text",
+    "run_demo",
+    "run_in_memory",
+]
+
+logger = logging.getLogger("companion.demo")
+
+USER_ID: Final = "user_demo"
+"""The sender of the opening line (a client, not a companion)."""
+DIRECTORY_LINE: Final = "DEMO-DIRECTORY "
+"""A served companion prints this prefix and the companion ids it knows, on every change."""
+
+
+# --- the transcript -----------------------------------------------------------------------------
+
+
+EventKind = Literal["message", "decision", "end"]
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptEvent:
+    """One line of the transcript. ``speaker`` is the sender of a message, or the companion a
+    decision chose (``None``: nobody)."""
+
+    kind: EventKind
+    speaker: str | None
+    recipients: tuple[str, ...] = ()
+    text: str = ""
+    emotion: str | None = None
+    why: str = ""
+    closing: ClosingStage = "none"
+    turn: int = 0
+    message_id: str | None = None
+    in_reply_to: str | None = None
+    reason: str = ""
+    """For ``decision``: the rule that decided; for ``end``: terminal, turn_cap, idle or timeout."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": self.kind,
+            "speaker": self.speaker,
+            "recipients": list(self.recipients),
+            "text": self.text,
+            "emotion": self.emotion,
+            "why": self.why,
+            "closing": self.closing,
+            "turn": self.turn,
+            "message_id": self.message_id,
+            "in_reply_to": self.in_reply_to,
+            "reason": self.reason,
+        }
+
+
+class Transcript:
+    """A bystander's account of a conversation, fed every message and states array.
+
+    The first states array that matches the current message decides its speaker, as on every
+    node; the decision explains the reply that follows.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[TranscriptEvent] = []
+        self.replies: dict[str, list[str]] = defaultdict(list)
+        self.over: bool = False
+        self._current: Message | None = None
+        self._decisions: dict[str, SpeakerDecision] = {}
+
+    @property
+    def double_speech(self) -> dict[str, list[str]]:
+        """Messages that got more than one reply: message id -> the repliers, in order."""
+        return {mid: senders for mid, senders in self.replies.items() if len(senders) > 1}
+
+    @property
+    def reply_count(self) -> int:
+        return sum(len(s) for s in self.replies.values())
+
+    def feed(self, payload: Payload, active: Iterable[str]) -> list[TranscriptEvent]:
+        """The transcript lines this payload adds (none for other payloads)."""
+        if isinstance(payload, Message):
+            out = [self._message(payload)]
+        elif isinstance(payload, list):
+            out = self._states(payload, list(active))
+        else:
+            out = []
+        self.events.extend(out)
+        return out
+
+    def _message(self, message: Message) -> TranscriptEvent:
+        params = message.params
+        info = turn_info(message)
+        self._current = message
+        self.over = False
+        why = "opened the conversation"
+        if info.in_reply_to is not None:
+            self.replies[info.in_reply_to].append(params.from_)
+            decision = self._decisions.get(info.in_reply_to)
+            if decision is None:
+                why = "chosen by states this bystander did not see"
+            elif decision.speaker == params.from_:
+                why = decision.why
+            else:
+                why = f"spoke although the rule chose {decision.speaker}: {decision.why}"
+        emotion = (params.metadata or {}).get("emotion")
+        return TranscriptEvent(
+            "message",
+            params.from_,
+            tuple(params.to),
+            params.message,
+            emotion if isinstance(emotion, str) else None,
+            why,
+            info.closing,
+            info.turn,
+            params.id,
+            info.in_reply_to,
+        )
+
+    def _states(self, states: list[State], active: list[str]) -> list[TranscriptEvent]:
+        current = self._current
+        if (
+            current is None
+            or current.params.id in self._decisions
+            or not states_match(states, current, active)
+        ):
+            return []
+        decision = decide_next_speaker(states, active)
+        self._decisions[current.params.id] = decision
+        turn = turn_info(current).turn
+        event = TranscriptEvent(
+            "decision",
+            decision.speaker,
+            why=decision.why,
+            closing=decision.closing,
+            turn=turn,
+            message_id=current.params.id,
+            reason=decision.reason,
+        )
+        if decision.conversation_over:
+            self.over = True
+            return [
+                event,
+                TranscriptEvent(
+                    "end", None, why=decision.why, closing="terminal", turn=turn, reason="terminal"
+                ),
+            ]
+        return [event]
+
+
+def render_text(event: TranscriptEvent, names: Mapping[str, str]) -> str | None:
+    """A readable line (or a few) for people; ``None`` for events not worth a line."""
+
+    def name(cid: str | None) -> str:
+        return "nobody" if cid is None else names.get(cid, cid)
+
+    if event.kind == "message":
+        to = ", ".join(name(r) for r in event.recipients) or "everyone"
+        tags = [t for t in (event.emotion, f"turn {event.turn}" if event.in_reply_to else None) if t]
+        if event.closing != "none":
+            tags.append(event.closing)
+        head = f"{name(event.speaker)} → {to}" + (f"  [{', '.join(tags)}]" if tags else "")
+        return f"{head}\n    “{event.text}”\n    why: {event.why}"
+    if event.kind == "decision":
+        if event.speaker is None and event.reason != "terminal":
+            return f"    (nobody speaks: {event.why})"
+        return None
+    return f"— conversation over ({event.reason}): {event.why}"
+
+
+# --- counting model calls -------------------------------------------------------------------------
+
+
+class CountingModel:
+    """Wraps a model and counts its calls by the message each one answers."""
+
+    def __init__(self, inner: CompanionModel, counts: Counter[str] | None = None) -> None:
+        self.inner = inner
+        self.counts: Counter[str] = counts if counts is not None else Counter()
+        self.kinds: Counter[str] = Counter()
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def _count(self, kind: str, message: Message) -> None:
+        self.counts[message.params.id] += 1
+        self.kinds[kind] += 1
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
+        self._count("decide_states", request.message)
+        return await self.inner.decide_states(request)
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
+        self._count("fill_params", request.message)
+        return await self.inner.fill_params(request)
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        self._count("speak", request.message)
+        await self.inner.speak(request, call_tool)
+
+
+# --- in memory ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Member:
+    """One companion of a :class:`MemoryGroup`."""
+
+    loaded: LoadedCard
+    model: CountingModel
+    engine: ConversationEngine
+    endpoint: MemoryEndpoint
+    directory: dict[str, Metadata]
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+    @property
+    def id(self) -> str:
+        return self.loaded.card.metadata.id
+
+
+class MemoryGroup:
+    """Companions in one process on a :class:`~companion.transport.MemoryHub`, watched by a
+    :class:`Transcript`. ``hub.fault`` injects faults per receiver (the bystander endpoint is
+    named ``bystander``)."""
+
+    BYSTANDER: Final = "bystander"
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        timings: EngineTimings | None = None,
+        hub: MemoryHub | None = None,
+        on_event: Callable[[TranscriptEvent], None] | None = None,
+        on_engine_event: Callable[[EngineEvent], None] | None = None,
+    ) -> None:
+        self.nursery = nursery
+        self.hub = hub or MemoryHub(nursery=nursery)
+        if self.hub.nursery is None:
+            self.hub.nursery = nursery
+        self.timings = timings or EngineTimings.offline()
+        self.members: dict[str, Member] = {}
+        self.transcript = Transcript()
+        self.model_calls: Counter[str] = Counter()
+        self._on_event = on_event
+        self._on_engine_event = on_engine_event
+        self._changed = trio.Event()
+        self._bystander = self.hub.endpoint(self.BYSTANDER)
+        self._user = self.hub.endpoint(USER_ID)
+        nursery.start_soon(self._watch)
+
+    @property
+    def active(self) -> list[str]:
+        return [cid for cid, m in self.members.items() if m.endpoint.connected]
+
+    async def add(self, loaded: LoadedCard, model: CompanionModel) -> Member:
+        """Start a companion; every member (and it) learns of the others at once."""
+        cid = loaded.card.metadata.id
+        if cid in self.members:
+            raise ValueError(f"{cid} is already in the group")
+        endpoint = self.hub.endpoint(cid)
+        directory = {m.id: m.loaded.card.metadata for m in self.members.values() if m.endpoint.connected}
+        directory[cid] = loaded.card.metadata
+        counted = CountingModel(model, self.model_calls)
+        engine = ConversationEngine(
+            loaded,
+            counted,
+            endpoint,
+            directory,
+            InMemoryHistory(),
+            timings=self.timings,
+            observer=self._on_engine_event,
+        )
+        member = Member(loaded, counted, engine, endpoint, directory)
+        for other in self.members.values():
+            if other.endpoint.connected:
+                other.directory[cid] = loaded.card.metadata
+        self.members[cid] = member
+        await self.nursery.start(self._serve, member)
+        return member
+
+    async def _serve(self, member: Member, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with member.scope:
+            async with trio.open_nursery() as nursery:
+                member.engine.attach(nursery)
+                task_status.started()
+                async for inbound in member.endpoint.receive_channel:
+                    await member.engine.handle(inbound)
+
+    def kill(self, cid: str, *, leave: bool = True) -> None:
+        """Crash a companion: it stops at once. With ``leave``, the others notice it is gone
+        (as membership does after a disconnect); without, they still count it as present."""
+        member = self.members[cid]
+        member.endpoint.disconnect()
+        member.scope.cancel()
+        if leave:
+            self.leave(cid)
+
+    def leave(self, cid: str) -> None:
+        for other in self.members.values():
+            if other.id != cid:
+                other.directory.pop(cid, None)
+
+    async def say(
+        self, text: str, *, to: Sequence[str] | None = None, metadata: dict[str, Any] | None = None
+    ) -> Message:
+        """Send a message from the user (a client) to ``to`` (default: every companion present)."""
+        message = Message.create(USER_ID, list(to if to is not None else self.active), text, metadata)
+        await self._user.publish(MESSAGES, message)
+        return message
+
+    async def _watch(self) -> None:
+        async for inbound in self._bystander.receive_channel:
+            for event in self.transcript.feed(inbound.payload, self.active):
+                if self._on_event is not None:
+                    self._on_event(event)
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[Transcript], bool], timeout: float) -> bool:
+        """Wait until ``predicate(transcript)`` holds after some payload; ``False`` on timeout."""
+        with trio.move_on_after(timeout):
+            while not predicate(self.transcript):
+                await self._changed.wait()
+            return True
+        return False
+
+    def calls_per_turn(self) -> dict[str, int]:
+        """Model calls by the message they answered (one entry per turn)."""
+        return dict(self.model_calls)
+
+
+def names_of(cards: Iterable[LoadedCard]) -> dict[str, str]:
+    return {c.card.metadata.id: c.card.metadata.name for c in cards}
+
+
+def kickoff_text(cards: Sequence[LoadedCard]) -> str:
+    """An opening line in the cards' language."""
+    samples = " ".join(c.card.metadata.sample for c in cards)
+    if any("\u3040" <= ch <= "\u9fff" for ch in samples):
+        return "みなさん、こんにちは!今日はどんな一日でしたか?"
+    return "Hello everyone! What has been the best part of your day so far?"
+
+
+async def run_in_memory(
+    cards: Sequence[LoadedCard],
+    *,
+    seed: int,
+    max_replies: int,
+    timeout: float,
+    emit: Callable[[TranscriptEvent], None],
+    pace: float = 0.0,
+    text: str | None = None,
+) -> TranscriptEvent:
+    """The demo in one process, no sockets. Returns the final ``end`` event."""
+    from .models.scripted import ScriptedModel
+
+    ended: list[TranscriptEvent] = []
+
+    def on_event(event: TranscriptEvent) -> None:
+        emit(event)
+
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=EngineTimings.offline(pace), on_event=on_event)
+        for index, loaded in enumerate(cards):
+            await group.add(loaded, ScriptedModel(seed + index))
+        await group.say(text or kickoff_text(cards))
+        done = await group.wait_until(lambda t: t.over or t.reply_count >= max_replies, timeout)
+        ended.append(_end_event(group.transcript, done, max_replies))
+        if not group.transcript.over:
+            emit(ended[0])
+        nursery.cancel_scope.cancel()
+    return ended[0]
+
+
+def _end_event(transcript: Transcript, done: bool, max_replies: int) -> TranscriptEvent:
+    last_end = next((e for e in reversed(transcript.events) if e.kind == "end"), None)
+    if transcript.over and last_end is not None:
+        return last_end
+    replies = transcript.reply_count
+    if done:
+        return TranscriptEvent(
+            "end", None, why=f"the turn cap of {max_replies} replies", reason="turn_cap", turn=replies
+        )
+    return TranscriptEvent(
+        "end", None, why=f"no terminal after {replies} replies", reason="timeout", turn=replies
+    )
+
+
+# --- separate processes ---------------------------------------------------------------------------
+
+
+def default_cards(root: Path | None = None) -> list[Path]:
+    """The first three cards in ``cards/`` (next to the package, or the working directory)."""
+    candidates = [root] if root else [Path.cwd() / "cards", Path(__file__).resolve().parents[1] / "cards"]
+    for folder in candidates:
+        if folder.is_dir():
+            found = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".yaml", ".yml", ".toml"))
+            if found:
+                return found[:3]
+    raise FileNotFoundError(f"no card files found in {', '.join(str(c) for c in candidates)}")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    cards: Sequence[Path]
+    model: str = "scripted"
+    base_url: str | None = None
+    seed: int = 0
+    max_replies: int = 30
+    timeout: float = 180.0
+    pace: float = 0.5
+    text: str | None = None
+    json: bool = False
+    in_memory: bool = False
+    keep_dir: Path | None = None
+    start_timeout: float = 60.0
+
+
+@dataclass
+class _Child:
+    card: Path
+    process: trio.Process
+    log_path: Path
+    companion_id: str | None = None
+    peer_id: str | None = None
+    addrs: list[str] = field(default_factory=list)
+    """Full multiaddrs, ``/p2p/PEER`` included."""
+    directory: set[str] = field(default_factory=set)
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def note(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+async def _read_child(child: _Child, stream: trio.abc.ReceiveStream) -> None:
+    """Follow a child's stdout: its peer id, its addresses and its directory lines."""
+    buffer = b""
+    async for chunk in stream:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line.startswith(DIRECTORY_LINE):
+                child.directory = set(filter(None, line[len(DIRECTORY_LINE) :].split(",")))
+            elif line.startswith("companion_") and " peer " in line:
+                cid, _, peer = line.partition(" peer ")
+                child.companion_id, child.peer_id = cid, peer.strip()
+            elif line.strip().startswith("/ip4/") and child.peer_id:
+                child.addrs.append(f"{line.strip()}/p2p/{child.peer_id}")
+            child.note()
+
+
+async def _wait_child(child: _Child, predicate: Callable[[_Child], bool], timeout: float, what: str) -> None:
+    with trio.move_on_after(timeout):
+        while not predicate(child):
+            if child.process.returncode is not None:
+                raise RuntimeError(
+                    f"companion process for {child.card} exited with {child.process.returncode} "
+                    f"before {what}; its log: {child.log_path}"
+                )
+            with trio.move_on_after(0.5):
+                await child.changed.wait()
+        return
+    raise TimeoutError(
+        f"companion process for {child.card} did not {what} within {timeout:g} s; log: {child.log_path}"
+    )
+
+
+async def _stop_child(child: _Child) -> None:
+    """SIGTERM, then SIGKILL after a grace period; only our own child, by its PID."""
+    process = child.process
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(10):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+class _Watcher:
+    """The bridge node's handler: feeds the transcript, prints it, notices the end."""
+
+    def __init__(
+        self,
+        transcript: Transcript,
+        directory: Mapping[str, Metadata],
+        emit: Callable[[TranscriptEvent], None],
+    ) -> None:
+        self.transcript = transcript
+        self.directory = directory
+        self.emit = emit
+        self.changed = trio.Event()
+
+    async def handle(self, inbound: Inbound) -> None:
+        for event in self.transcript.feed(inbound.payload, self.directory):
+            self.emit(event)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[Transcript], bool], timeout: float) -> bool:
+        with trio.move_on_after(timeout):
+            while not predicate(self.transcript):
+                await self.changed.wait()
+            return True
+        return False
+
+
+async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]) -> TranscriptEvent:
+    """Start one process per card on 127.0.0.1, open the conversation, follow it to the end."""
+    from .node import CompanionNode, NodeConfig
+
+    loaded = [load_card(path) for path in options.cards]
+    if options.in_memory:
+        return await run_in_memory(
+            loaded,
+            seed=options.seed,
+            max_replies=options.max_replies,
+            timeout=options.timeout,
+            emit=emit,
+            pace=options.pace,
+            text=options.text,
+        )
+    ids = [c.card.metadata.id for c in loaded]
+    workdir = options.keep_dir or Path(tempfile.mkdtemp(prefix="companion-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    transcript = Transcript()
+    bridge = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="demo-bridge"))
+    watcher = _Watcher(transcript, bridge.directory, emit)
+    children: list[_Child] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(bridge.run, watcher)
+        try:
+            bridge_addr = f"{bridge.listen_addrs[0]}/p2p/{bridge.peer_id}"
+            for index, card in enumerate(options.cards):
+                peers = [bridge_addr, *(c.addrs[0] for c in children)]
+                child = await _spawn(nursery, card, index, peers, options, workdir)
+                children.append(child)
+                await _wait_child(child, lambda c: bool(c.addrs), options.start_timeout, "start listening")
+            for child in children:
+                await _wait_child(
+                    child, lambda c: set(ids) <= c.directory, options.start_timeout, "meet the others"
+                )
+            if not await bridge.wait_for(lambda: set(ids) <= set(bridge.directory), options.start_timeout):
+                raise TimeoutError(
+                    f"the bridge did not meet every companion within {options.start_timeout:g} s"
+                )
+            log_event(logger, "demo_ready", companions=ids, workdir=str(workdir))
+            opening = Message.create(USER_ID, ids, options.text or kickoff_text(loaded))
+            end = await _converse(bridge, watcher, opening, options)
+            emit(end)
+            return end
+        finally:
+            with trio.CancelScope(shield=True):
+                for child in children:
+                    await _stop_child(child)
+            nursery.cancel_scope.cancel()
+
+
+async def _converse(
+    bridge: Any, watcher: _Watcher, opening: Message, options: DemoOptions
+) -> TranscriptEvent:
+    """Send the opening line (again with the same id until someone reacts: the gossip mesh
+    forms on a heartbeat), then follow the conversation to its end."""
+    started = False
+    for _ in range(10):
+        await bridge.publish(MESSAGES, opening)
+        if await watcher.wait_until(lambda t: any(e.kind != "message" for e in t.events), 3.0):
+            started = True
+            break
+    transcript = watcher.transcript
+    if not started:
+        return TranscriptEvent("end", None, why="no companion answered the opening line", reason="timeout")
+    done = await watcher.wait_until(lambda t: t.over or t.reply_count >= options.max_replies, options.timeout)
+    return _end_event(transcript, done, options.max_replies)
+
+
+async def _spawn(
+    nursery: trio.Nursery, card: Path, index: int, peers: list[str], options: DemoOptions, workdir: Path
+) -> _Child:
+    log_path = workdir / f"{card.stem}.log"
+    command = [
+        sys.executable,
+        "-m",
+        "companion.demo",
+        "serve",
+        str(card),
+        "--data-dir",
+        str(workdir / "data"),
+        "--model",
+        options.model,
+        "--seed",
+        str(options.seed + index),
+        "--pace",
+        str(options.pace),
+    ]
+    if options.base_url:
+        command += ["--base-url", options.base_url]
+    for peer in peers:
+        command += ["--peer", peer]
+    log_file = log_path.open("wb")
+    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=log_file)
+    log_file.close()
+    child = _Child(card, process, log_path)
+    assert process.stdout is not None
+    nursery.start_soon(_read_child, child, process.stdout)
+    log_event(logger, "companion_process_started", card=str(card), pid=process.pid, log=str(log_path))
+    return child
+
+
+# --- one served companion (the child process) ----------------------------------------------------
+
+
+def serve(argv: Sequence[str]) -> int:
+    """``python -m companion.demo serve CARD --peer ADDR ...``: one node with the engine."""
+    from .cli.run import RunOptions, run_nodes
+    from .models.factory import make_model
+
+    parser = argparse.ArgumentParser(prog="companion.demo serve")
+    parser.add_argument("card", type=Path)
+    parser.add_argument("--peer", action="append", default=[])
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--model", default="scripted")
+    parser.add_argument("--base-url", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pace", type=float, default=0.0)
+    args = parser.parse_args(list(argv))
+    configure_logging(logging.INFO, "json")
+
+    def model_for(loaded: LoadedCard) -> CompanionModel:
+        return make_model(args.model, base_url=args.base_url, seed=args.seed)
+
+    timings = (
+        EngineTimings.offline(args.pace)
+        if args.model.startswith("scripted")
+        else EngineTimings(pace=args.pace)
+    )
+    factory = engine_handler_factory(model_for, data_dir=args.data_dir, timings=timings)
+
+    def ready(nodes: list[Any]) -> None:
+        for node in nodes:
+
+            def report(_event: Any, node: Any = node) -> None:
+                print(DIRECTORY_LINE + ",".join(sorted(node.directory)), flush=True)
+
+            node.add_membership_listener(report)
+            report(None)
+
+    options = RunOptions(
+        cards=[str(args.card)],
+        listen=["/ip4/127.0.0.1/tcp/0"],
+        peers=args.peer,
+        mdns=False,
+        data_dir=args.data_dir,
+        stats_interval=None,
+    )
+    try:
+        trio.run(lambda: run_nodes(options, handler_factory=factory, ready=ready))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        sys.exit(serve(sys.argv[2:]))
+    sys.exit(f"usage: {sys.argv[0]} serve CARD [--peer ADDR]... (use `companion demo` to run the demo)")
