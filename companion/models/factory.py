@@ -12,6 +12,7 @@ from typing import Final
 
 from ..log import log_event
 from .base import CompanionModel
+from .endpoints import DEFAULT_REQUEST_TIMEOUT, ProviderKind, resolve_config
 from .errors import ModelSetupError
 
 __all__ = ["DEFAULT_MODEL_SPEC", "MODEL_SPEC_FORMS", "check_model", "make_model"]
@@ -27,8 +28,6 @@ MODEL_SPEC_FORMS: Final = (
     "anthropic:NAME      Anthropic (ANTHROPIC_API_KEY)",
 )
 
-_DEFAULT_REQUEST_TIMEOUT: Final = 60.0
-
 
 def _spec_error(spec: str, why: str) -> ModelSetupError:
     forms = "\n".join(f"  {form}" for form in MODEL_SPEC_FORMS)
@@ -40,7 +39,7 @@ def make_model(
     *,
     base_url: str | None = None,
     seed: int = 0,
-    timeout: float = _DEFAULT_REQUEST_TIMEOUT,
+    timeout: float = DEFAULT_REQUEST_TIMEOUT,
 ) -> CompanionModel:
     """The model a spec names. Raises :class:`ModelSetupError` with the valid forms or the fix.
 
@@ -63,7 +62,7 @@ def make_model(
         if not rest.strip():
             raise _spec_error(spec, f"no model name after '{kind}:'")
         try:
-            from .providers import ProviderKind, ProviderModel, resolve_config
+            from .providers import ProviderModel
         except ImportError as exc:
             raise ModelSetupError(
                 f"{spec} needs the optional provider packages (missing: {exc.name}). "
