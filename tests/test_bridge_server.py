@@ -342,7 +342,8 @@ class SilentChannel:
 
 async def test_slow_rule_on_any_frame_channel(nursery: trio.Nursery) -> None:
     hub = MemoryHub()
-    bridge = Bridge(hub.endpoint("bridge"), config=BridgeConfig(limits=QueueLimits(max_frames=3)))
+    config = BridgeConfig(limits=QueueLimits(max_frames=3), close_timeout=0.2)
+    bridge = Bridge(hub.endpoint("bridge"), config=config)
     channel = SilentChannel()
     done = trio.Event()
 
@@ -362,6 +363,47 @@ async def test_slow_rule_on_any_frame_channel(nursery: trio.Nursery) -> None:
     assert channel.closed is not None
     code, reason = channel.closed
     assert code == CLOSE_POLICY and "too slow" in reason
+
+
+class GatedChannel(SilentChannel):
+    """A client that takes each frame only when the test lets it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[str] = []
+        self.gate = trio.Event()
+        self.in_send = trio.Event()
+
+    async def send(self, text: str) -> None:
+        self.in_send.set()
+        await self.gate.wait()
+        self.sent.append(text)
+
+
+async def test_kick_lets_the_frame_in_flight_finish_then_closes_cleanly(nursery: trio.Nursery) -> None:
+    config = BridgeConfig(limits=QueueLimits(max_frames=2), close_timeout=30)
+    bridge = Bridge(MemoryHub().endpoint("bridge"), config=config)
+    channel = GatedChannel()
+    done = trio.Event()
+
+    async def run() -> None:
+        await bridge.serve_channel(channel)
+        done.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(5):
+        await bridge.wait_for_clients(1)
+    message = Message.create("companion_aya", ["user_a"], "hi")
+    bridge.deliver(Inbound(MESSAGES, message, "peer", encode(message)))
+    with trio.fail_after(5):
+        await channel.in_send.wait()
+    for _ in range(3):  # 2 queued, the third overflows while the first is being written
+        bridge.deliver(Inbound(MESSAGES, message, "peer", encode(message)))
+    channel.gate.set()  # the client reads again: the frame in flight completes
+    with trio.fail_after(5):  # well before the 30 s grace
+        await done.wait()
+    assert len(channel.sent) == 1
+    assert channel.closed is not None and channel.closed[0] == CLOSE_POLICY
 
 
 async def test_bridge_shutdown_closes_clients_with_going_away(nursery: trio.Nursery) -> None:

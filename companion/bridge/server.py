@@ -108,11 +108,19 @@ class _Session:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     wakeup: trio.Event = field(default_factory=trio.Event)
     kicked: str | None = None
+    sending: bool = False
+    cut: bool = False
+    """The writer was cancelled in the middle of a frame: the stream is unusable."""
 
-    def kick(self, reason: str) -> None:
+    def kick(self, reason: str, grace: float) -> None:
+        """Disconnect: at once if no frame is being written, else once the frame in flight is
+        written (a client that is reading takes it at once) or ``grace`` runs out."""
         if self.kicked is None:
             self.kicked = reason
-        self.scope.cancel()
+        if self.sending:
+            self.scope.deadline = min(self.scope.deadline, trio.current_time() + grace)
+        else:
+            self.scope.cancel()
 
 
 class Bridge:
@@ -224,7 +232,10 @@ class Bridge:
             self._clients_change()
             # On shutdown the connection's reader is already cancelled, so the peer's closing
             # reply can never be read: send our close frame and give up waiting quickly.
+            # A frame cut in the middle leaves nothing sensible to say: just drop the socket.
             grace = self.config.close_timeout if close_code != CLOSE_GOING_AWAY else SHUTDOWN_GRACE
+            if session.cut:
+                grace = 0
             with (
                 trio.CancelScope(shield=True),
                 trio.move_on_after(grace),
@@ -237,6 +248,7 @@ class Bridge:
                 client=session.label,
                 code=close_code,
                 reason=close_reason,
+                cut=session.cut,
                 clients=len(self._sessions),
             )
 
@@ -258,20 +270,29 @@ class Bridge:
         for client_id, reason in fanout.too_slow:
             session = self._sessions.get(client_id)
             if session is not None:
-                session.kick(reason)
+                session.kick(reason, self.config.close_timeout)
 
     async def _write_loop(self, session: _Session, channel: FrameChannel) -> None:
         while True:
+            if session.kicked is not None:
+                session.scope.cancel()
+                return
             frame = session.queue.pop()
             if frame is None:
                 session.wakeup = trio.Event()
                 await session.wakeup.wait()
                 continue
+            session.sending = True
             try:
                 await channel.send(frame)
+            except trio.Cancelled:
+                session.cut = True
+                raise
             except ChannelClosed:
                 session.scope.cancel()
                 return
+            finally:
+                session.sending = False
 
     async def _read_loop(self, session: _Session, channel: FrameChannel) -> None:
         while True:

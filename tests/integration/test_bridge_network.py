@@ -1,0 +1,170 @@
+"""`companion bridge` processes on a real libp2p network (separate processes on 127.0.0.1).
+
+Two bridges and a companion node: a Firehose client on one bridge reaches a client on the other
+through gossipsub; payloads a companion publishes reach clients byte for byte; bad frames get
+error frames; a client that stops reading is dropped while the others keep up.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import trio
+from bridge_support import blocking, message_frame, next_frame, silent_client, start_bridge
+from network_support import network
+from trio_websocket import open_websocket_url
+
+from companion.listen import fetch_companions
+
+pytestmark = pytest.mark.integration
+
+
+async def test_clients_on_two_bridges_talk_through_the_network(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        _juniper, j_started = await blocking(net.companion, "juniper")
+        j_addr = j_started["addrs"][0]
+        b1, port1, b1_started = await blocking(start_bridge, net, "bridge1", j_addr)
+        b2, port2, _ = await blocking(start_bridge, net, "bridge2", j_addr, b1_started["addrs"][0])
+        for bridge in (b1, b2):
+            await blocking(bridge.event, "companion_joined", 30, companion_id="companion_juniper")
+
+        # the bridge's directory (its node learned juniper's metadata) is served to clients
+        listed = await fetch_companions(f"http://127.0.0.1:{port1}/companions")
+        assert [m.id for m in listed] == ["companion_juniper"]
+
+        raw, _ = await blocking(net.raw, "raw")
+        raw.send({"op": "connect", "addr": b1_started["addrs"][0]})
+        await blocking(raw.event, "connected", 15)
+        await blocking(b1.event, "companion_joined", 30, companion_id="companion_raw")
+
+        async with (
+            open_websocket_url(f"ws://127.0.0.1:{port1}/") as alice,
+            open_websocket_url(f"ws://127.0.0.1:{port2}/") as bob,
+        ):
+            # client -> bridge1 -> gossipsub -> bridge2 -> client (gossip may need a moment to
+            # form its mesh after the joins: a few attempts, each with a deadline)
+            for _attempt in range(5):
+                msg_id = str(uuid.uuid4())
+                await alice.send_message(message_frame("user_alice", ["companion_juniper"], "hello", msg_id))
+                try:
+                    got = await next_frame(bob, lambda f, i=msg_id: f.get("params", {}).get("id") == i, 3)
+                except trio.TooSlowError:
+                    continue
+                break
+            else:
+                raise AssertionError("a client's message never crossed the network")
+            assert got["params"]["from"] == "user_alice" and got["params"]["message"] == "hello"
+
+            # a companion's payloads reach clients exactly as published
+            reply = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "message.send",
+                    "params": {
+                        "id": "r-1",
+                        "from": "companion_raw",
+                        "to": ["user_alice"],
+                        "message": "hi!",
+                        "metadata": {"emotion": "happy"},
+                    },
+                },
+                separators=(",", ":"),
+            )
+            speak = json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "query.send",
+                    "id": "q-1",
+                    "params": {"from": "companion_raw", "type": "speak", "body": {"message": "hi!"}},
+                },
+                separators=(",", ":"),
+            )
+            raw.send({"op": "publish", "topic": "messages", "text": reply})
+            raw.send({"op": "publish", "topic": "queries", "text": speak})
+            with trio.fail_after(10):
+                frames = []
+                while len(frames) < 2:
+                    frame = await alice.get_message()
+                    if '"companion_raw"' in frame:
+                        frames.append(frame)
+            assert frames == [reply, speak]
+
+            # the client answers the speak query; it crosses the network to the other bridge
+            result = {"jsonrpc": "2.0", "id": "q-1", "result": {"success": True, "body": {"spoken": True}}}
+            await alice.send_message(json.dumps({"topic": "queries", "body": result}))
+            answered = await next_frame(bob, lambda f: f.get("id") == "q-1" and "result" in f, 10)
+            assert answered["result"]["body"] == {"spoken": True}
+
+            # bad frames get error frames; the connection stays open
+            await alice.send_message("{oops")
+            error = await next_frame(alice, lambda f: "error" in f and "jsonrpc" not in f, 5)
+            assert error["error"]["code"] == "not_json"
+            spoof = message_frame("companion_juniper", ["companion_raw"], "I am juniper", "s-1")
+            await alice.send_message(spoof)
+            error = await next_frame(alice, lambda f: "error" in f and "jsonrpc" not in f, 5)
+            assert error["error"]["code"] == "forbidden_sender"
+            msg_id = str(uuid.uuid4())
+            await alice.send_message(message_frame("user_alice", ["companion_juniper"], "still here", msg_id))
+            await next_frame(bob, lambda f: f.get("params", {}).get("id") == msg_id, 10)
+
+
+async def test_a_client_that_stops_reading_is_dropped_and_others_keep_up(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        bridge, port, b_started = await blocking(start_bridge, net, "bridge", extra=("--max-queue", "64"))
+        raw, _ = await blocking(net.raw, "raw")
+        raw.send({"op": "connect", "addr": b_started["addrs"][0]})
+        await blocking(raw.event, "connected", 15)
+        await blocking(bridge.event, "companion_joined", 30, companion_id="companion_raw")
+
+        silent = await silent_client(port)
+        async with open_websocket_url(f"ws://127.0.0.1:{port}/", message_queue_size=4096) as fast:
+            # the mesh is up once one probe message gets through
+            for attempt in range(10):
+                probe = {
+                    "jsonrpc": "2.0",
+                    "method": "action.send",
+                    "params": {"from": "companion_raw", "name": "probe", "params": {"n": attempt}},
+                }
+                raw.send({"op": "publish", "topic": "actions", "text": json.dumps(probe)})
+                try:
+                    await next_frame(fast, lambda f: f.get("params", {}).get("name") == "probe", 2)
+                except trio.TooSlowError:
+                    continue
+                break
+            # more than the silent client's socket buffers and queue can hold; the commands go
+            # to the publisher from a thread while this task keeps reading
+            count = 500
+            filler = "x" * 50_000
+            commands: list[dict[str, object]] = [{"op": "pace", "seconds": 0.004}]
+            for i in range(count):
+                body = {
+                    "jsonrpc": "2.0",
+                    "method": "message.send",
+                    "params": {
+                        "id": f"m{i}",
+                        "from": "companion_raw",
+                        "to": ["user_x"],
+                        "message": f"{i} {filler}",
+                    },
+                }
+                data = base64.b64encode(json.dumps(body).encode()).decode()
+                commands.append({"op": "publish", "topic": "messages", "b64": data})
+            seen: set[str] = set()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(blocking, lambda: [raw.send(c) for c in commands])
+                with trio.move_on_after(90):
+                    while len(seen) < count:
+                        frame = json.loads(await fast.get_message())
+                        if frame.get("method") == "message.send":
+                            seen.add(frame["params"]["id"])
+            kicked = await blocking(bridge.event, "client_too_slow", 30)
+            assert "too slow" in kicked["reason"]
+            assert len(seen) >= count * 0.98, f"the reading client got {len(seen)}/{count}"
+        with trio.fail_after(10):  # the bridge closed the silent client's socket
+            while await silent.receive_some(65536):
+                pass
+        await silent.aclose()
