@@ -92,6 +92,8 @@ class FakeLLMServer:
     """When set, requests without this key (Bearer or x-api-key) get HTTP 401."""
     models_status: int = 200
     """Set to e.g. 404 to make ``GET /v1/models`` fail."""
+    hang_models: bool = False
+    """Hold ``GET /v1/models`` without answering (like a hung server)."""
     port: int = 0
     requests: list[Recorded] = field(default_factory=list)
     arrived: threading.Event = field(default_factory=threading.Event)
@@ -206,6 +208,9 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             self._record(None)
             if not self._authorized():
+                return
+            if server.hang_models:
+                self._hang()
                 return
             if self.path.split("?")[0] != "/v1/models" or server.models_status != 200:
                 self._send(server.models_status if server.models_status != 200 else 404, {"error": "no"})

@@ -520,16 +520,12 @@ async def test_check_reports_an_unreachable_endpoint() -> None:
         await ProviderModel(config).check()
 
 
-async def test_check_has_a_deadline(server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def never(client: Any) -> list[str]:
-        import asyncio
-
-        await asyncio.sleep(30)
-        return []
-
-    monkeypatch.setattr("companion.models.providers._list_model_ids", never)
-    with pytest.raises(ModelSetupError, match=r"did not answer within 0\.2 s"):
-        await openai_model(server).check(timeout=0.2)
+async def test_check_has_a_deadline() -> None:
+    with running_server(hang_models=True) as srv:
+        config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
+        with pytest.raises(ModelSetupError, match=r"did not answer within 0\.2 s"):
+            await ProviderModel(config).check(timeout=0.2)
+        assert await trio.to_thread.run_sync(srv.disconnected.wait, 5.0)
 
 
 # --- Anthropic ----------------------------------------------------------------------------------------

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
-import anthropic
 import httpx2
-import openai
 import trio
 from pydantic_ai import direct
 from pydantic_ai.exceptions import ModelAPIError, UnexpectedModelBehavior
@@ -41,10 +40,6 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models import Model, ModelRequestParameters
-from pydantic_ai.models.anthropic import AnthropicModel
-from pydantic_ai.models.openai import OpenAIChatModel
-from pydantic_ai.providers.anthropic import AnthropicProvider
-from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.tools import ToolDefinition
 
 from ..log import log_event
@@ -69,6 +64,7 @@ from .endpoints import (
 )
 from .errors import ModelSetupError
 from .prompts import params_prompt, speak_prompt, states_prompt
+from .sdks import Sdk, SdkClient, load_sdk
 from .structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -98,13 +94,7 @@ _CLOSE_TIMEOUT: Final = 5.0
 _T = TypeVar("_T")
 
 
-_PROVIDER_ERRORS: Final = (
-    ModelAPIError,
-    UnexpectedModelBehavior,
-    openai.APIError,
-    anthropic.APIError,
-    httpx2.HTTPError,
-)
+_COMMON_ERRORS: Final = (ModelAPIError, UnexpectedModelBehavior, httpx2.HTTPError)
 
 
 class _Session:
@@ -129,8 +119,8 @@ class _Session:
                 )
         except trio.TooSlowError as exc:
             raise self._failed(f"no answer within {config.request_timeout:g} s", started) from exc
-        except _PROVIDER_ERRORS as exc:
-            raise self._failed(_explain(exc, config), started) from exc
+        except self._owner._errors as exc:
+            raise self._failed(_explain(exc, config, self._owner._sdk), started) from exc
         log_event(
             _log,
             "model_request",
@@ -158,7 +148,7 @@ class _Session:
         return ModelError(f"{self._owner.name} ({self._purpose}): {reason}")
 
 
-def _explain(exc: BaseException, config: ProviderConfig) -> str:
+def _explain(exc: BaseException, config: ProviderConfig, sdk: Sdk) -> str:
     """A provider failure in words a person can act on."""
     cause = exc.__cause__ if isinstance(exc, ModelAPIError) and exc.__cause__ is not None else exc
     status = getattr(exc, "status_code", None) or getattr(cause, "status_code", None)
@@ -170,7 +160,7 @@ def _explain(exc: BaseException, config: ProviderConfig) -> str:
             f"{config.endpoint} has no model {config.model_name!r} or no such path (HTTP 404): "
             "check the model name and the base URL (OpenAI-compatible servers serve under /v1)"
         )
-    if isinstance(cause, openai.APIConnectionError | anthropic.APIConnectionError | httpx2.TransportError):
+    if isinstance(cause, (*sdk.connection_errors, httpx2.TransportError)):
         return f"cannot reach {config.endpoint} ({type(cause).__name__}: {cause}); is the server running?"
     if status is not None:
         return f"{config.endpoint} answered HTTP {status}: {_short(str(exc))}"
@@ -187,6 +177,9 @@ class ProviderModel:
 
     def __init__(self, config: ProviderConfig) -> None:
         self.config = config
+        self._sdk = load_sdk(config.kind)
+        self._errors: tuple[type[Exception], ...] = (*_COMMON_ERRORS, *self._sdk.errors)
+        self._ssl: ssl.SSLContext | None = None
 
     @property
     def name(self) -> str:
@@ -197,34 +190,19 @@ class ProviderModel:
 
     # --- connections -------------------------------------------------------------------------
 
-    def _client(self) -> openai.AsyncOpenAI | anthropic.AsyncAnthropic:
+    def _client(self) -> SdkClient:
         """A fresh SDK client: no SDK retries, no proxy for loopback endpoints."""
         c = self.config
         local = c.base_url is not None and is_loopback_url(c.base_url)
-        http = httpx2.AsyncClient(trust_env=not local, timeout=c.request_timeout + _CLOSE_TIMEOUT)
-        if c.kind == "openai":
-            return openai.AsyncOpenAI(
-                api_key=c.api_key,
-                base_url=c.base_url,
-                max_retries=0,
-                timeout=c.request_timeout + _CLOSE_TIMEOUT,
-                http_client=http,
-            )
-        return anthropic.AsyncAnthropic(
-            api_key=c.api_key,
-            base_url=c.base_url,
-            max_retries=0,
-            timeout=c.request_timeout + _CLOSE_TIMEOUT,
-            http_client=http,
+        if self._ssl is None:  # loading the CA store costs ~70 ms: once per model, not per call
+            self._ssl = httpx2.create_ssl_context(trust_env=not local)
+        http = httpx2.AsyncClient(
+            verify=self._ssl, trust_env=not local, timeout=c.request_timeout + _CLOSE_TIMEOUT
         )
-
-    def _pydantic_model(self, client: openai.AsyncOpenAI | anthropic.AsyncAnthropic) -> Model:
-        if isinstance(client, openai.AsyncOpenAI):
-            return OpenAIChatModel(self.config.model_name, provider=OpenAIProvider(openai_client=client))
-        return AnthropicModel(self.config.model_name, provider=AnthropicProvider(anthropic_client=client))
+        return self._sdk.make_client(c, http, c.request_timeout + _CLOSE_TIMEOUT)
 
     @asynccontextmanager
-    async def _open_client(self) -> AsyncIterator[openai.AsyncOpenAI | anthropic.AsyncAnthropic]:
+    async def _open_client(self) -> AsyncIterator[SdkClient]:
         async with asyncio_loop():
             client = self._client()
             try:
@@ -236,7 +214,7 @@ class ProviderModel:
     @asynccontextmanager
     async def _session(self, purpose: str) -> AsyncIterator[_Session]:
         async with self._open_client() as client:
-            yield _Session(self, self._pydantic_model(client), purpose)
+            yield _Session(self, self._sdk.make_model(client, self.config.model_name), purpose)
 
     # --- start-up check ----------------------------------------------------------------------
 
@@ -250,11 +228,11 @@ class ProviderModel:
         try:
             async with self._open_client() as client:
                 with trio.fail_after(timeout):
-                    ids = await run_asyncio(_list_model_ids, client)
+                    ids = await run_asyncio(self._sdk.list_model_ids, client)
         except trio.TooSlowError as exc:
             raise ModelSetupError(f"{self.name}: {c.endpoint} did not answer within {timeout:g} s") from exc
-        except _PROVIDER_ERRORS as exc:
-            raise ModelSetupError(f"{self.name}: {_explain(exc, c)}") from exc
+        except self._errors as exc:
+            raise ModelSetupError(f"{self.name}: {_explain(exc, c, self._sdk)}") from exc
         served = _serves(ids, c.model_name)
         log_event(_log, "model_checked", model=self.name, endpoint=c.endpoint, listed=len(ids), served=served)
         if served:
@@ -457,15 +435,6 @@ def _feedback(
     if call is None:
         parts.append(RetryFeedbackPart(detail, retry=RetryInfo("validation_error")))
     return ModelRequest(parts=parts, instructions=instructions)
-
-
-async def _list_model_ids(client: openai.AsyncOpenAI | anthropic.AsyncAnthropic) -> list[str]:
-    """The ids the endpoint lists (asyncio side)."""
-    if isinstance(client, openai.AsyncOpenAI):
-        openai_page = await client.models.list()
-        return [m.id for m in openai_page.data]
-    anthropic_page = await client.models.list(limit=1000)
-    return [m.id for m in anthropic_page.data]
 
 
 def _serves(ids: Sequence[str], name: str) -> bool:

@@ -1,0 +1,88 @@
+"""The per-provider pieces (SDK client, pydantic-ai model, model listing, error classes).
+
+Each SDK is imported only when a model of its kind is made: importing the Anthropic SDK costs
+about 1.5 s, which a node that talks to an OpenAI-compatible server should not pay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx2
+from pydantic_ai.models import Model
+
+from .endpoints import ProviderConfig, ProviderKind
+
+__all__ = ["Sdk", "SdkClient", "load_sdk"]
+
+
+class SdkClient(Protocol):
+    """What every SDK client offers that we use directly."""
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sdk:
+    """How to talk to one kind of provider."""
+
+    make_client: Callable[[ProviderConfig, httpx2.AsyncClient, float], SdkClient]
+    """``(config, http_client, timeout)``: an SDK client that never retries on its own."""
+    make_model: Callable[[SdkClient, str], Model]
+    list_model_ids: Callable[[SdkClient], Awaitable[list[str]]]
+    """Asyncio side: the ids the endpoint lists."""
+    errors: tuple[type[Exception], ...]
+    connection_errors: tuple[type[Exception], ...]
+
+
+def load_sdk(kind: ProviderKind) -> Sdk:
+    """The pieces for ``kind``, importing only that provider's SDK."""
+    return _openai() if kind == "openai" else _anthropic()
+
+
+def _openai() -> Sdk:
+    import openai
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    def make_client(config: ProviderConfig, http: httpx2.AsyncClient, timeout: float) -> SdkClient:
+        return openai.AsyncOpenAI(
+            api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
+        )
+
+    def make_model(client: SdkClient, name: str) -> Model:
+        assert isinstance(client, openai.AsyncOpenAI)
+        return OpenAIChatModel(name, provider=OpenAIProvider(openai_client=client))
+
+    async def list_model_ids(client: SdkClient) -> list[str]:
+        assert isinstance(client, openai.AsyncOpenAI)
+        page = await client.models.list()
+        return [m.id for m in page.data]
+
+    return Sdk(make_client, make_model, list_model_ids, (openai.APIError,), (openai.APIConnectionError,))
+
+
+def _anthropic() -> Sdk:
+    import anthropic
+    from pydantic_ai.models.anthropic import AnthropicModel
+    from pydantic_ai.providers.anthropic import AnthropicProvider
+
+    def make_client(config: ProviderConfig, http: httpx2.AsyncClient, timeout: float) -> SdkClient:
+        return anthropic.AsyncAnthropic(
+            api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
+        )
+
+    def make_model(client: SdkClient, name: str) -> Model:
+        assert isinstance(client, anthropic.AsyncAnthropic)
+        return AnthropicModel(name, provider=AnthropicProvider(anthropic_client=client))
+
+    async def list_model_ids(client: SdkClient) -> list[str]:
+        assert isinstance(client, anthropic.AsyncAnthropic)
+        page = await client.models.list(limit=1000)
+        return [m.id for m in page.data]
+
+    return Sdk(
+        make_client, make_model, list_model_ids, (anthropic.APIError,), (anthropic.APIConnectionError,)
+    )
