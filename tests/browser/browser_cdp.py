@@ -43,6 +43,21 @@ SPEECH_STUB = """
 })();
 """
 
+SPEECH_STUB_TIMED = """
+(() => {
+  // Headless Chromium has no voice: utterances "play" for a time that grows with their length.
+  const state = { spoken: [] };
+  window.__speech = state;
+  speechSynthesis.speak = (utterance) => {
+    state.spoken.push(utterance.text);
+    setTimeout(() => utterance.onstart && utterance.onstart(new Event("start")), 0);
+    const ms = Math.min(200 + utterance.text.length * 10, 1500);
+    setTimeout(() => utterance.onend && utterance.onend(new Event("end")), ms);
+  };
+  speechSynthesis.cancel = () => {};
+})();
+"""
+
 VOICE_COUNT = """
 new Promise((resolve) => {
   const now = speechSynthesis.getVoices().length;

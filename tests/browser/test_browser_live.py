@@ -1,0 +1,66 @@
+"""The web page in headless Chromium with a live network: companions with the conversation
+engine in their own processes, a `companion bridge` process serving the page."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from browser_cdp import SPEECH_STUB_TIMED, VOICE_COUNT, chromium
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+
+from bridge_support import blocking
+from live_support import start_live
+from network_support import network
+
+pytestmark = pytest.mark.integration
+
+MESSAGES_FROM = (
+    "[...document.querySelectorAll('#transcript li.message')]"
+    ".filter(li => li.dataset.from === {who!r}).map(li => li.querySelector('.bubble').textContent)"
+)
+
+
+async def test_page_in_a_live_conversation(chromium_path: str, tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        live = await blocking(start_live, net)
+        async with chromium(chromium_path, tmp_path / "profile") as page:
+            await page.goto(f"http://127.0.0.1:{live.port}/?as=user_tester&voice=speak")
+            await page.wait_for("document.getElementById('status').dataset.state === 'connected'")
+            await page.wait_for(
+                "['Juniper', 'Pim'].every(n => document.getElementById('companions').textContent.includes(n))"
+            )
+            if not await page.evaluate(VOICE_COUNT):
+                await page.evaluate(SPEECH_STUB_TIMED)
+
+            await page.evaluate(
+                "document.getElementById('text').value = 'Hello both! What did you see tonight?';"
+                "document.getElementById('send').click(); true"
+            )
+            await page.wait_for("document.querySelector('#transcript li.mine')")
+
+            # replies from both companions appear; Juniper's line was spoken by the page first
+            juniper = MESSAGES_FROM.format(who="companion_juniper")
+            pim = MESSAGES_FROM.format(who="companion_pim")
+            await page.wait_for(f"{pim}.length >= 1", timeout=60)
+            spoken_then_shown = (
+                f"{juniper}.length >= 1 && (!window.__speech || "
+                f"{juniper}.every(t => window.__speech.spoken.includes(t)))"
+            )
+            await page.wait_for(spoken_then_shown, timeout=60)
+            line = await page.evaluate(
+                "document.querySelector('#transcript li.message[data-from=\"companion_juniper\"] .meta')"
+                ".textContent"
+            )
+            assert "Juniper →" in line and any(e in line for e in ("happy", "sad", "angry", "neutral"))
+
+            # let the conversation run a little for the picture, then take it
+            await page.wait_for("document.querySelectorAll('#transcript li.message').length >= 5", timeout=60)
+            shot = os.environ.get("COMPANION_SCREENSHOT")
+            if shot:
+                await page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+                await page.screenshot(Path(shot))
+            assert page.cdp.exceptions == [], page.cdp.exceptions
