@@ -310,6 +310,42 @@ async def test_speak_follows_up_until_instructed_tools_are_used(server: FakeLLMS
     assert "- wave: wave at them" in server.model_requests()[0].body["messages"][0]["content"]
 
 
+async def test_an_action_runs_at_most_once_per_turn(server: FakeLLMServer) -> None:
+    server.push(
+        tool_calls(("speak", {"message": "One.", "to": []}), ("speak", {"message": "Two.", "to": []})),
+    )
+    tools = ToolRecorder()
+    await openai_model(server).speak(speak_request(), tools)
+    assert tools.calls == [("speak", {"message": "One.", "to": []})]
+    assert len(server.model_requests()) == 1
+
+
+async def test_a_follow_up_cannot_speak_twice(server: FakeLLMServer) -> None:
+    server.push(
+        tool_call("speak", {"message": "Hi!", "to": []}),
+        tool_calls(("speak", {"message": "Hi again!", "to": []}), ("wave", {})),
+    )
+    tools = ToolRecorder()
+    request = speak_request(
+        tools=[SPEAK, WAVE],
+        instructions=[ToolInstruction("speak", "greet"), ToolInstruction("wave", "wave")],
+    )
+    await openai_model(server).speak(request, tools)
+    assert [c[0] for c in tools.calls] == ["speak", "wave"]
+    assert len(server.model_requests()) == 2
+
+
+async def test_an_unused_instructed_lookup_does_not_reopen_the_turn(server: FakeLLMServer) -> None:
+    server.push(tool_call("speak", {"message": "Hi!", "to": []}))
+    tools = ToolRecorder()
+    request = speak_request(
+        instructions=[ToolInstruction("companions", "check who is here"), ToolInstruction("speak", "greet")]
+    )
+    await openai_model(server).speak(request, tools)
+    assert [c[0] for c in tools.calls] == ["speak"]
+    assert len(server.model_requests()) == 1
+
+
 async def test_speak_parallel_calls_run_in_order_in_one_request(server: FakeLLMServer) -> None:
     server.push(tool_calls(("speak", {"message": "Hi!", "to": ["user_1"]}), ("wave", {})))
     tools = ToolRecorder()

@@ -5,9 +5,9 @@ loop, see :mod:`companion.models.aio`) and sends as few requests as the call all
 
 - ``decide_states``: 1 request (2 if the first answer fails validation and is sent back once);
 - ``fill_params``: 1 request (2 likewise);
-- ``speak``: 1 request when the model calls only action tools; one more after each round that
-  called a knowledge tool, failed, or left an instructed tool unused; at most
-  ``max_speak_requests`` (3 by default).
+- ``speak``: 1 request when the model calls only action tools; one more after a round that only
+  looked something up, failed, or left an instructed action unused; at most
+  ``max_speak_requests`` (3 by default). Each action runs at most once per turn.
 
 The provider SDKs never retry on their own (``max_retries=0``), so these counts are exact; the
 engine decides what a failed turn means. Every request has a deadline (``request_timeout``), and
@@ -340,15 +340,15 @@ class ProviderModel:
             ],
             allow_text_output=False,
         )
-        pending = {i.tool for i in request.instructions if any(s.id == i.tool for s in tools.values())}
+        turn = _SpeakTurn(tools, request)
         messages: list[ModelMessage] = [
             ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)
         ]
         async with self._session("speak") as session:
             while session.requests < self.config.max_speak_requests:
                 response = await session.request(messages, params)
-                returns, follow_up = await self._run_calls(response, tools, call_tool, pending)
-                if not follow_up:
+                returns = await self._run_calls(response, turn, call_tool)
+                if not turn.follow_up():
                     return
                 messages += [response, ModelRequest(parts=returns, instructions=instructions)]
         log_event(
@@ -357,50 +357,100 @@ class ProviderModel:
             logging.WARNING,
             model=self.name,
             requests=self.config.max_speak_requests,
-            unused_instructed=sorted(pending),
+            acted=sorted(turn.done),
+            unused_instructed=sorted(turn.pending),
         )
 
     async def _run_calls(
-        self, response: ModelResponse, tools: Mapping[str, ToolSpec], call_tool: ToolCaller, pending: set[str]
-    ) -> tuple[list[ModelRequestPart], bool]:
-        """Execute the response's tool calls in order; say whether the model must be asked again."""
+        self, response: ModelResponse, turn: _SpeakTurn, call_tool: ToolCaller
+    ) -> list[ModelRequestPart]:
+        """Execute the response's tool calls in order; answer each one for the next request."""
+        turn.new_round()
         calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
         if not calls:
             text = " ".join(p.content for p in response.parts if isinstance(p, TextPart)).strip()
             log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=_short(text, 200))
-            names = ", ".join(n for n, s in tools.items() if s.kind == "action")
+            turn.needs_fix = not turn.done
+            names = ", ".join(n for n, s in turn.tools.items() if s.kind == "action")
             nudge = f"Nobody heard that: use an action tool ({names}) to talk or act."
-            return [RetryFeedbackPart(nudge, retry=RetryInfo("model_retry"))], True
+            return [RetryFeedbackPart(nudge, retry=RetryInfo("model_retry"))]
         returns: list[ModelRequestPart] = []
-        follow_up = False
         for call in calls:
-            spec = tools.get(call.tool_name)
-            if spec is None:
-                returns.append(
-                    _retry(call, f"there is no tool {call.tool_name!r}; use one of: {', '.join(tools)}")
+            spec = turn.tools.get(call.tool_name)
+            args = _call_args(call)
+            if spec is None or args is None:
+                turn.needs_fix = True
+                known = ", ".join(turn.tools)
+                why = (
+                    f"there is no tool {call.tool_name!r}; use one of: {known}"
+                    if spec is None
+                    else ("the arguments are not a JSON object")
                 )
-                follow_up = True
+                returns.append(_retry(call, why))
                 continue
-            try:
-                args = call.args_as_dict(raise_if_invalid=True)
-            except ValueError as exc:
-                returns.append(_retry(call, f"the arguments are not a JSON object: {exc}"))
-                follow_up = True
+            if spec.id in turn.done:
+                log_event(_log, "speak_repeat_refused", model=self.name, tool=spec.id)
+                returns.append(
+                    _answer(call, {"status": "refused", "message": "already done this turn"}, False)
+                )
                 continue
             result = dict(await call_tool(spec.id, args))
             ok = result.get("status", "ok") == "ok"
-            if ok:
-                pending.discard(spec.id)
-            follow_up = follow_up or spec.kind == "knowledge" or not ok
-            returns.append(
-                ToolReturnPart(
-                    tool_name=call.tool_name,
-                    content=json.dumps(result, ensure_ascii=False, default=str),
-                    tool_call_id=call.tool_call_id,
-                    outcome="success" if ok else "failed",
-                )
-            )
-        return returns, follow_up or bool(pending)
+            turn.record(spec, ok)
+            returns.append(_answer(call, result, ok))
+        return returns
+
+
+class _SpeakTurn:
+    """Bookkeeping of one speak call: which actions ran, and whether to ask the model again.
+
+    Each action tool runs at most once per turn (a second ``speak`` would be double speech).
+    The model is asked again only when it must: a call failed or was malformed, an instructed
+    action is still missing, or it looked something up and has not acted yet.
+    """
+
+    def __init__(self, tools: Mapping[str, ToolSpec], request: SpeakRequest) -> None:
+        self.tools = tools
+        actions = {s.id for s in tools.values() if s.kind == "action"}
+        self.pending: set[str] = {i.tool for i in request.instructions if i.tool in actions}
+        """Instructed actions not done yet."""
+        self.done: set[str] = set()
+        """Actions that succeeded this turn."""
+        self.needs_fix = False
+        self.looked_up = False
+
+    def new_round(self) -> None:
+        self.needs_fix = False
+        self.looked_up = False
+
+    def record(self, spec: ToolSpec, ok: bool) -> None:
+        if not ok:
+            self.needs_fix = True
+        elif spec.kind == "knowledge":
+            self.looked_up = True
+        else:
+            self.done.add(spec.id)
+            self.pending.discard(spec.id)
+
+    def follow_up(self) -> bool:
+        return self.needs_fix or bool(self.pending) or (self.looked_up and not self.done)
+
+
+def _call_args(call: ToolCallPart) -> dict[str, Any] | None:
+    """A tool call's arguments, or ``None`` when they are not a JSON object."""
+    try:
+        return call.args_as_dict(raise_if_invalid=True)
+    except (ValueError, AssertionError):
+        return None
+
+
+def _answer(call: ToolCallPart, result: Mapping[str, Any], ok: bool) -> ToolReturnPart:
+    return ToolReturnPart(
+        tool_name=call.tool_name,
+        content=json.dumps(result, ensure_ascii=False, default=str),
+        tool_call_id=call.tool_call_id,
+        outcome="success" if ok else "failed",
+    )
 
 
 def _retry(call: ToolCallPart, message: str) -> ToolReturnPart:
@@ -413,10 +463,7 @@ def _output_of(response: ModelResponse, tool_name: str) -> tuple[ToolCallPart | 
     """The output tool call and its arguments; or, from a model that wrote JSON as text, that."""
     for part in response.parts:
         if isinstance(part, ToolCallPart) and part.tool_name == tool_name:
-            try:
-                return part, part.args_as_dict(raise_if_invalid=True)
-            except ValueError:
-                return part, None
+            return part, _call_args(part)
     text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
     return None, parse_json_object(text) if text else None
 
