@@ -14,8 +14,16 @@ from companion.rtc.audio import to_track_rate
 from companion.rtc.control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
 from companion.rtc.http import offer_url
 from companion.rtc.ice import LOOPBACK, candidate_addresses_for
-from companion.rtc.signaling import OfferError, OfferRequest, answer_body, error_body, parse_offer
-from companion.rtc.voicequeue import FRAME_BYTES, SAMPLE_RATE, VoiceQueue
+from companion.rtc.opus import OpusLineEncoder, encode_opus, opus_silence
+from companion.rtc.signaling import (
+    OfferError,
+    OfferRequest,
+    answer_body,
+    audio_codec,
+    error_body,
+    parse_offer,
+)
+from companion.rtc.voicequeue import FRAME_BYTES, PCM_SILENCE, SAMPLE_RATE, VoiceQueue, pcm_frames
 from companion.voice import Speech
 
 # --- the voice playlist ----------------------------------------------------------------------
@@ -25,9 +33,24 @@ def _pcm(frames: float, value: int = 1000) -> bytes:
     return struct.pack("<h", value) * int(frames * FRAME_BYTES // 2)
 
 
+def _line(frames: float, value: int = 1000) -> list[bytes]:
+    return pcm_frames(_pcm(frames, value))
+
+
+def test_pcm_frames_cuts_20ms_and_pads_the_last() -> None:
+    frames = pcm_frames(_pcm(1.5, 1))
+    assert [len(f) for f in frames] == [FRAME_BYTES, FRAME_BYTES]
+    assert frames[1][: FRAME_BYTES // 2] == _pcm(0.5, 1) and frames[1][FRAME_BYTES // 2 :] == bytes(
+        FRAME_BYTES // 2
+    )
+    assert pcm_frames(b"") == []
+    with pytest.raises(ValueError, match="whole"):
+        pcm_frames(b"\x00")
+
+
 def test_a_line_is_finished_only_when_the_sender_comes_back_after_its_last_frame() -> None:
     q = VoiceQueue()
-    assert q.add("a", _pcm(2)) is None
+    assert q.add("a", _line(2)) is None
     first = q.next_frame()
     assert (first.playing, first.finished) == ("a", ())
     last = q.next_frame()
@@ -36,41 +59,55 @@ def test_a_line_is_finished_only_when_the_sender_comes_back_after_its_last_frame
     after = q.next_frame()  # the last frame has been sent now
     assert after.finished == ("a",)
     assert after.playing is None
-    assert after.pcm == bytes(FRAME_BYTES)
+    assert after.frame == PCM_SILENCE
     assert q.idle
 
 
-def test_lines_play_in_order_and_a_partial_frame_is_padded_with_silence() -> None:
-    q = VoiceQueue()
-    q.add("a", _pcm(1.5, 1))
-    q.add("b", _pcm(1, 2))
+def test_lines_play_in_order_then_the_queue_sends_its_silence() -> None:
+    q = VoiceQueue(silence=b"quiet")
+    q.add("a", [b"a1", b"a2"])
+    q.add("b", [b"b1"])
     steps = [q.next_frame() for _ in range(5)]
+    assert [s.frame for s in steps] == [b"a1", b"a2", b"b1", b"quiet", b"quiet"]
     assert [s.playing for s in steps] == ["a", "a", "b", None, None]
     assert [s.finished for s in steps] == [(), (), ("a",), ("b",), ()]
-    half = steps[1].pcm
-    assert half[: FRAME_BYTES // 2] == _pcm(0.5, 1) and half[FRAME_BYTES // 2 :] == bytes(FRAME_BYTES // 2)
+
+
+def test_an_incomplete_line_plays_what_it_has_and_waits_for_the_rest() -> None:
+    q = VoiceQueue(silence=b"quiet")
+    q.add("a", [b"a1"], complete=False)
+    steps = [q.next_frame() for _ in range(3)]
+    assert [(s.frame, s.playing, s.finished) for s in steps] == [
+        (b"a1", "a", ()),
+        (b"quiet", "a", ()),  # caught up with the encoder: silence, still playing "a"
+        (b"quiet", "a", ()),
+    ]
+    assert q.extend("a", [b"a2"], complete=True)
+    assert q.next_frame().frame == b"a2"
+    assert q.next_frame().finished == ("a",)
+    assert not q.extend("a", [b"late"])  # gone (finished or flushed)
 
 
 def test_an_empty_line_finishes_when_reached() -> None:
     q = VoiceQueue()
-    q.add("empty", b"")
-    q.add("b", _pcm(1))
+    q.add("empty", [])
+    q.add("b", _line(1))
     step = q.next_frame()
     assert step.finished == ("empty",) and step.playing == "b"
 
 
 def test_flush_drops_playing_and_queued_lines_but_not_a_completely_sent_one() -> None:
     q = VoiceQueue()
-    q.add("a", _pcm(1))
-    q.add("b", _pcm(3))
-    q.add("c", _pcm(3))
+    q.add("a", _line(1))
+    q.add("b", _line(3))
+    q.add("c", _line(3))
     q.next_frame()  # a's only frame handed over
     q.next_frame()  # a finished; b playing
-    q.add("d", _pcm(1))
+    q.add("d", _line(1))
     assert q.flush() == ["b", "c", "d"]
     assert q.next_frame().playing is None
     q2 = VoiceQueue()
-    q2.add("x", _pcm(1))
+    q2.add("x", _line(1))
     q2.next_frame()
     assert q2.flush() == []
     assert q2.take_finished() == ["x"]
@@ -78,16 +115,66 @@ def test_flush_drops_playing_and_queued_lines_but_not_a_completely_sent_one() ->
 
 def test_queue_limits_refuse_instead_of_growing() -> None:
     q = VoiceQueue(max_lines=2, max_seconds=1.0)
-    assert q.add("a", _pcm(10)) is None
-    full = q.add("b", _pcm(50))  # 0.2 s + 1.0 s > 1 s
+    assert q.add("a", _line(10)) is None
+    full = q.add("b", _line(50))  # 0.2 s + 1.0 s > 1 s
     assert full is not None and "1 s" in full.reason
-    assert q.add("b", _pcm(10)) is None
-    full = q.add("c", _pcm(1))
+    assert q.add("b", _line(10)) is None
+    full = q.add("c", _line(1))
     assert full is not None and "2 lines" in full.reason
     with pytest.raises(ValueError, match="already queued"):
-        q.add("a", b"")
-    with pytest.raises(ValueError, match="whole"):
-        VoiceQueue().add("z", b"\x00")
+        q.add("a", [])
+    q.next_frame()
+    q.flush()
+    assert q.add("big", _line(50)) is None  # flushing gave the room back
+
+
+# --- Opus ahead of time ----------------------------------------------------------------------
+
+
+def test_opus_packets_decode_back_to_the_line() -> None:
+    import av
+
+    tone = b"".join(
+        struct.pack("<h", int(8000 * math.sin(2 * math.pi * 440 * i / SAMPLE_RATE)))
+        for i in range(SAMPLE_RATE // 2)
+    )
+    packets = encode_opus(tone)
+    assert len(packets) == len(pcm_frames(tone)) == 25
+    decoder = av.CodecContext.create("libopus", "r")
+    decoded = bytearray()
+    for data in packets:
+        for frame in decoder.decode(av.Packet(data)):
+            decoded += bytes(frame.planes[0])[: frame.samples * 2 * len(frame.layout.channels)]
+    samples = memoryview(bytes(decoded)).cast("h")
+    assert max(abs(v) for v in samples) > 4000  # the tone survived
+    silence = opus_silence()
+    assert 0 < len(silence) < 100
+    fresh = av.CodecContext.create("libopus", "r")
+    for _ in range(3):
+        quiet = b"".join(bytes(f.planes[0]) for f in fresh.decode(av.Packet(silence)))
+    assert max(abs(v) for v in memoryview(quiet).cast("h")) < 50
+    assert encode_opus(b"") == []
+
+
+def test_a_line_encoded_in_pieces_has_one_packet_per_frame() -> None:
+    frames = pcm_frames(_pcm(30, 3000))
+    encoder = OpusLineEncoder()
+    head = encoder.encode(frames[:8])
+    assert 7 <= len(head) <= 8  # the encoder may hold one packet back (look-ahead)
+    tail = encoder.encode_rest(frames[8:])
+    assert len(head) + len(tail) == len(frames) == len(encode_opus(_pcm(30, 3000)))
+
+
+def test_audio_codec_reads_the_first_audio_payload_type() -> None:
+    sdp = (
+        "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111 0\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:111 opus/48000/2\r\n"
+        "m=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n"
+    )
+    assert audio_codec(sdp) == "opus"
+    pcmu = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0\r\na=rtpmap:0 PCMU/8000\r\n"
+    assert audio_codec(pcmu) == "pcmu"
+    assert audio_codec("v=0\r\nm=application 9 x\r\na=rtpmap:0 PCMU/8000\r\n") is None
+    assert audio_codec("v=0\r\nm=audio 0 UDP/TLS/RTP/SAVPF\r\n") is None
 
 
 # --- PCM conversion ------------------------------------------------------------------------

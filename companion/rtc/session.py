@@ -39,10 +39,11 @@ from .audio import to_track_rate
 from .control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
 from .ice import LOOPBACK, host_addresses
 from .island import AsyncioIsland
+from .opus import OpusLineEncoder, opus_silence
 from .seam import FrameServer
-from .signaling import OfferRequest
+from .signaling import OfferRequest, audio_codec
 from .track import VoiceTrack
-from .voicequeue import VoiceQueue
+from .voicequeue import SAMPLE_RATE, VoiceQueue, pcm_frames
 
 __all__ = ["DataChannelFrames", "NegotiationFailed", "RtcSession", "SessionSettings", "SessionStats"]
 
@@ -51,6 +52,9 @@ logger = logging.getLogger("companion.rtc")
 SPEAK: Final = "speak"
 GONE: Final = "the client left or went silent (consent expired)"
 """aiortc closes the same way for both: when consent expires, the transports below close."""
+
+HEAD_FRAMES: Final = 8
+"""Frames of a line encoded at once so it starts playing; the rest follows from a thread."""
 
 _SDP_ERRORS: Final = (ValueError, AssertionError, KeyError, IndexError, InternalError, InvalidAccessError)
 
@@ -181,6 +185,10 @@ class RtcSession:
         with host_addresses(self.settings.ice_addresses):
             await self.island.call(pc.setLocalDescription, answer)
         local = pc.localDescription
+        if self._track is not None and audio_codec(local.sdp) == "opus":
+            # encode each line once ahead of time; aiortc only packetizes (see .opus)
+            self._track.encoded = True
+            self._queue.silence = opus_silence()
         log_event(
             logger,
             "rtc_answered",
@@ -416,22 +424,26 @@ class RtcSession:
                     log_event(
                         logger, "rtc_speech_failed", logging.WARNING, session=self.id, reason=exc.reason
                     )
-                    self._answer(
-                        job.query_id, QueryResult(id=job.query_id, error=f"voice synthesis failed: {exc}")
-                    )
+                    self._answer(job.query_id, _failed(job.query_id, f"voice synthesis failed: {exc}"))
                     continue
                 finally:
                     self._synth_scope = None
             if scope.cancelled_caught or job.generation != self._generation:
                 continue
             pcm = to_track_rate(speech)
-            job.seconds = len(pcm) / (2 * 48_000)
-            full = self._queue.add(job.query_id, pcm)
+            job.seconds = len(pcm) / (2 * SAMPLE_RATE)
+            frames = pcm_frames(pcm)
+            encoder = OpusLineEncoder() if self._track is not None and self._track.encoded else None
+            head = frames if encoder is None else encoder.encode(frames[:HEAD_FRAMES])
+            full = self._queue.add(job.query_id, head, complete=encoder is None)
             if full is not None:
                 self.stats.lines_failed += 1
-                self._answer(
-                    job.query_id, QueryResult(id=job.query_id, error=f"voice queue is full: {full.reason}")
-                )
+                self._answer(job.query_id, _failed(job.query_id, f"voice queue is full: {full.reason}"))
+                continue
+            if encoder is not None:
+                # the line is already playing; the rest is encoded off the event loop
+                tail = await trio.to_thread.run_sync(encoder.encode_rest, frames[HEAD_FRAMES:])
+                self._queue.extend(job.query_id, tail)  # False if flushed meanwhile: answered
 
     def _flush(self, reason: str) -> None:
         """Drop what is queued or being synthesized; answer those queries as interrupted."""

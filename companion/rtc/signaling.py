@@ -20,6 +20,7 @@ __all__ = [
     "OfferError",
     "OfferRequest",
     "answer_body",
+    "audio_codec",
     "error_body",
     "parse_offer",
 ]
@@ -105,6 +106,24 @@ def _topics(raw: Any) -> frozenset[str] | OfferError | None:
             400, "unknown_topic", f"unknown topic(s) {', '.join(unknown)}; choose from {', '.join(TOPICS)}"
         )
     return frozenset(items) if items else None
+
+
+def audio_codec(sdp: str) -> str | None:
+    """The codec an SDP's (first) audio section sends with: its first payload type's name,
+    lower-cased (``"opus"``, ``"pcmu"``...); ``None`` without audio."""
+    payload_type: str | None = None
+    in_audio = False
+    for line in sdp.splitlines():
+        if line.startswith("m="):
+            if payload_type is not None:
+                break
+            fields = line[2:].split()
+            in_audio = fields[0] == "audio" and len(fields) > 3
+            if in_audio:
+                payload_type = fields[3]
+        elif in_audio and payload_type is not None and line.startswith(f"a=rtpmap:{payload_type} "):
+            return line.split(" ", 1)[1].split("/", 1)[0].lower()
+    return None
 
 
 def answer_body(sdp: str, session_id: str, voice: bool) -> str:

@@ -9,9 +9,10 @@ sent between lines: the RTP clock keeps running and the far end's jitter buffer 
 from __future__ import annotations
 
 import asyncio
+import fractions
 import time
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Any, Final
 
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
@@ -21,7 +22,7 @@ from .voicequeue import FRAME_SAMPLES, SAMPLE_RATE, VoiceQueue
 
 __all__ = ["VoiceTrack"]
 
-FRAME_SECONDS: Final = FRAME_SAMPLES / SAMPLE_RATE
+_TIME_BASE: Final = fractions.Fraction(1, SAMPLE_RATE)
 MAX_LAG: Final = 0.5
 """Behind schedule by more than this (a stalled loop), the pace restarts instead of bursting."""
 
@@ -36,11 +37,14 @@ class VoiceTrack(MediaStreamTrack):
         queue: VoiceQueue,
         on_finished: Callable[[Sequence[str]], None],
         *,
+        encoded: bool = False,
         clock: Callable[[], float] = time.monotonic,
         on_frame: Callable[[str | None], None] | None = None,
     ) -> None:
+        """``encoded``: the queue holds Opus packets (see :mod:`.opus`), else 20 ms of PCM."""
         super().__init__()
         self.queue = queue
+        self.encoded = encoded
         self._on_finished = on_finished
         self._on_frame = on_frame
         self._clock = clock
@@ -48,7 +52,7 @@ class VoiceTrack(MediaStreamTrack):
         self._pts = 0
         self.frames_sent = 0
 
-    async def recv(self) -> av.AudioFrame:
+    async def recv(self) -> av.AudioFrame | av.Packet[Any]:
         if self.readyState != "live":
             raise MediaStreamError
         now = self._clock()
@@ -69,4 +73,9 @@ class VoiceTrack(MediaStreamTrack):
         if self._on_frame is not None:
             self._on_frame(step.playing)
         self.frames_sent += 1
-        return audio_frame(step.pcm, self._pts)
+        if not self.encoded:
+            return audio_frame(step.frame, self._pts)
+        packet = av.Packet(step.frame)
+        packet.pts = self._pts
+        packet.time_base = _TIME_BASE
+        return packet
