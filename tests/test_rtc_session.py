@@ -22,6 +22,7 @@ from companion.bridge import Bridge, BridgeConfig
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult, encode, parse_payload
 from companion.rtc import (
     ClientClosed,
+    ClientSettings,
     OfferRejected,
     ReceivedAudio,
     RtcClient,
@@ -198,6 +199,20 @@ async def test_speak_query_is_heard_before_its_result_arrives() -> None:
         session = next(iter(net.gateway.sessions.values()))
         assert session.stats.lines_spoken == 1
         assert len(session.stats.speak_latencies) == 1
+
+
+@needs_espeak
+async def test_without_opus_the_track_sends_pcm_for_aiortc_to_encode() -> None:
+    pcmu = ClientSettings(audio_codec="PCMU")
+    async with network(EspeakSynthesizer()) as net, connect_rtc(net.signal, settings=pcmu) as client:
+        session = next(iter(net.gateway.sessions.values()))
+        assert session._track is not None and not session._track.encoded
+        q = speak_query("Plain old telephone audio.")
+        await net.companion.publish(QUERIES, q)
+        heard = await first_audible(client)
+        assert heard.sample_rate == 8000  # decoded from G.711
+        result = await net.next_payload(QueryResult)
+        assert isinstance(result, QueryResult) and result.result is not None and result.result.success
 
 
 @needs_espeak

@@ -24,6 +24,7 @@ from aiortc import (
     RTCConfiguration,
     RTCDataChannel,
     RTCPeerConnection,
+    RTCRtpReceiver,
     RTCSessionDescription,
 )
 from aiortc.mediastreams import MediaStreamError
@@ -75,7 +76,9 @@ class ClientSettings:
     close_timeout: float = 5.0
     inbound_frames: int = 4096
     audio_frames: int = 500
-    """Decoded frames kept for a slow consumer (10 s); older ones are dropped and counted."""
+    """Decoded frames kept for a slow consumer (10 s); newer ones are dropped and counted."""
+    audio_codec: str | None = None
+    """Offer only this audio codec (e.g. ``"PCMU"``); default: aiortc's list, Opus first."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,12 @@ class RtcClient:
         channel.on("message", self._on_message)
         channel.on("close", lambda: self._end("data channel closed by the bridge"))
         if voice:
-            pc.addTransceiver("audio", direction="recvonly")
+            transceiver = pc.addTransceiver("audio", direction="recvonly")
+            if self.settings.audio_codec is not None:
+                wanted = f"audio/{self.settings.audio_codec}".lower()
+                capabilities = RTCRtpReceiver.getCapabilities("audio")
+                codecs = capabilities.codecs if capabilities is not None else []
+                transceiver.setCodecPreferences([c for c in codecs if c.mimeType.lower() == wanted])
         with host_addresses(self.settings.ice_addresses):
             await self.island.call(pc.setLocalDescription, await self.island.call(pc.createOffer))
         request: dict[str, Any] = {"type": "offer", "sdp": pc.localDescription.sdp, "voice": voice}
