@@ -202,7 +202,6 @@ def resolve_token(arg: str | None) -> str | None:
 def main(args: argparse.Namespace) -> int:
     from .run import default_data_dir
 
-    configure_logging(args.log_level.upper(), args.log_format)
     try:
         host, port = parse_ws_address(args.ws)
         if args.max_queue < 1:
@@ -210,6 +209,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"companion bridge: {exc}", file=sys.stderr)
         return 2
+    configure_logging(args.log_level.upper(), args.log_format)
     data_dir = args.data_dir or default_data_dir()
     options = BridgeOptions(
         host=host,

@@ -112,11 +112,11 @@ async def _main(options: ListenOptions, color: bool) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level.upper())
     user_id = args.user_id or default_user_id()
     if not user_id.startswith("user_") or user_id == "user_":
         print(f"companion listen: --as must look like user_NAME, not {user_id!r}", file=sys.stderr)
         return 2
+    configure_logging(args.log_level.upper())
     voice = None
     if args.voice:
         voice = find_voice(args.player.split() if args.player else None)

@@ -1,0 +1,56 @@
+"""The command-line edges of the bridge and the terminal client."""
+
+from __future__ import annotations
+
+import pytest
+
+from companion.cli import build_parser, main
+from companion.cli.bridge import TOKEN_ENV, parse_ws_address, resolve_token
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("127.0.0.1:8080", ("127.0.0.1", 8080)),
+        ("8080", ("127.0.0.1", 8080)),
+        ("0.0.0.0:0", ("0.0.0.0", 0)),
+        ("[::1]:9000", ("::1", 9000)),
+        ("ws://localhost:8081/", ("localhost", 8081)),
+    ],
+)
+def test_ws_addresses(value: str, expected: tuple[str, int]) -> None:
+    assert parse_ws_address(value) == expected
+
+
+@pytest.mark.parametrize("value", ["localhost", ":8080", "127.0.0.1:http", "127.0.0.1:70000", "[::1]8080"])
+def test_bad_ws_addresses_say_what_is_expected(value: str) -> None:
+    with pytest.raises(ValueError, match="--ws"):
+        parse_ws_address(value)
+
+
+def test_token_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert resolve_token(None) is None
+    assert resolve_token("given") == "given"
+    generated = resolve_token("")
+    assert generated is not None and len(generated) >= 20
+    assert resolve_token("") != generated
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    assert resolve_token(None) == "from-env"
+    assert resolve_token("") == "from-env"
+    assert resolve_token("given") == "given"
+
+
+def test_subcommands_are_registered() -> None:
+    args = build_parser().parse_args(["bridge", "--ws", "127.0.0.1:0", "--token", "--states"])
+    assert args.command == "bridge" and args.token == "" and args.states
+    args = build_parser().parse_args(["listen", "--as", "user_mika", "--voice"])
+    assert args.command == "listen" and args.user_id == "user_mika" and args.voice
+
+
+def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bridge", "--ws", "nowhere"]) == 2
+    assert "--ws 'nowhere'" in capsys.readouterr().err
+    assert main(["bridge", "--max-queue", "0"]) == 2
+    assert main(["listen", "--as", "mika"]) == 2
+    assert "user_NAME" in capsys.readouterr().err
