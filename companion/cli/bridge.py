@@ -8,12 +8,14 @@ otherwise; ``--token`` makes every client present a shared token.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import secrets
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,10 @@ class BridgeOptions:
     allowed_origins: tuple[str, ...] = ()
     states: bool = False
     limits: QueueLimits = field(default_factory=QueueLimits)
+    webrtc: bool = True
+    """Accept WebRTC clients too (``POST /webrtc/offer``, docs/webrtc.md)."""
+    voice: bool = True
+    """WebRTC clients that ask for voice hear speak queries synthesized on the bridge."""
 
 
 def parse_ws_address(value: str) -> tuple[str, int]:
@@ -107,7 +113,7 @@ async def run_bridge(
         default_topics=topics,
     )
     bridge = Bridge(node, directory=node.directory, config=config, self_peer=node.peer_id)
-    async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery, _webrtc(options, bridge, node):
         await nursery.start(node.run, bridge)
         port = await nursery.start(bridge.serve)
         token_query = f"?token={options.token}" if options.token else ""
@@ -117,6 +123,8 @@ async def run_bridge(
             print(f"  {addr}", flush=True)
         print(f"  ws://{base}/{token_query}", flush=True)
         print(f"  page: http://{base}/{token_query}", flush=True)
+        if options.webrtc:
+            print(f"  webrtc: http://{base}/webrtc/offer{token_query}", flush=True)
         if ready is not None:
             ready(bridge, node)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -124,6 +132,17 @@ async def run_bridge(
                 log_event(logger, "stopping", signal=signal.Signals(signum).name)
                 break
         nursery.cancel_scope.cancel()
+
+
+def _webrtc(
+    options: BridgeOptions, bridge: Bridge, node: CompanionNode
+) -> AbstractAsyncContextManager[object]:
+    """WebRTC clients on the same port, served by the same bridge (see docs/webrtc.md)."""
+    if not options.webrtc:
+        return contextlib.nullcontext()
+    from ..rtc.route import serve_webrtc
+
+    return serve_webrtc(bridge, bridge.publisher(node), voice=options.voice)
 
 
 def register(subparsers: Any) -> None:
@@ -176,6 +195,14 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--states", action="store_true", help="send the states topic to every client")
     parser.add_argument(
+        "--no-webrtc", action="store_true", help="do not accept WebRTC clients (POST /webrtc/offer)"
+    )
+    parser.add_argument(
+        "--no-voice",
+        action="store_true",
+        help="WebRTC clients get no voice from the bridge (speak queries are left to the clients)",
+    )
+    parser.add_argument(
         "--max-queue",
         type=int,
         default=QueueLimits().max_frames,
@@ -222,6 +249,8 @@ def main(args: argparse.Namespace) -> int:
         allowed_origins=tuple(args.allow_origin),
         states=args.states,
         limits=QueueLimits(max_frames=args.max_queue),
+        webrtc=not args.no_webrtc,
+        voice=not args.no_voice,
     )
     try:
         trio.run(run_bridge, options)

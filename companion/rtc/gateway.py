@@ -62,6 +62,7 @@ class RtcGateway:
         self.max_sessions = max_sessions
         self._sessions: dict[str, RtcSession] = {}
         self._negotiating = 0
+        self.closed = False
 
     @property
     def sessions(self) -> Mapping[str, RtcSession]:
@@ -72,6 +73,8 @@ class RtcGateway:
         request = parse_offer(body, query_topics)
         if isinstance(request, OfferError):
             return _refuse(request)
+        if self.closed:
+            return _refuse(OfferError(503, "busy", "the bridge is shutting down"))
         if len(self._sessions) + self._negotiating >= self.max_sessions:
             return _refuse(
                 OfferError(503, "busy", f"this bridge already has {self.max_sessions} WebRTC clients")
@@ -83,6 +86,9 @@ class RtcGateway:
         self._negotiating += 1
         try:
             sdp = await session.negotiate()
+            if self.closed:
+                await session.abort()
+                return _refuse(OfferError(503, "busy", "the bridge is shutting down"))
         except (NegotiationFailed, trio.TooSlowError) as exc:
             log_event(logger, "rtc_offer_refused", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
             return _refuse(OfferError(400, "negotiation_failed", f"cannot answer this offer: {exc}"))
@@ -156,4 +162,5 @@ async def open_gateway(
         try:
             yield gateway
         finally:
+            gateway.closed = True
             gateway.close_all()

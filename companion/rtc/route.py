@@ -1,17 +1,30 @@
-"""``POST /webrtc/offer`` on the bridge's HTTP port.
+"""Putting WebRTC on a bridge: the ``POST /webrtc/offer`` route and the gateway behind it.
 
 The bridge checks the token and origin exactly as for a WebSocket (``Route(needs_token=True)``);
-this handler only turns the request into :meth:`RtcGateway.offer` and its reply into JSON.
+the handler only turns the request into :meth:`RtcGateway.offer` and its reply into JSON.
 """
 
 from __future__ import annotations
 
-from typing import Final
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Final
 
 from ..bridge.httpserver import HttpRequest, HttpResponse, Route, json_response
-from .gateway import RtcGateway
+from ..log import log_event
+from ..transport import Publisher
+from ..voice import EspeakSynthesizer, Synthesizer
+from .gateway import RtcGateway, open_gateway
+from .ice import candidate_addresses_for
+from .session import SessionSettings
 
-__all__ = ["OFFER_PATH", "offer_route"]
+if TYPE_CHECKING:
+    from ..bridge import Bridge
+
+__all__ = ["OFFER_PATH", "offer_route", "serve_webrtc"]
+
+logger = logging.getLogger("companion.rtc")
 
 OFFER_PATH: Final = "/webrtc/offer"
 
@@ -24,3 +37,39 @@ def offer_route(gateway: RtcGateway) -> Route:
         return json_response(reply.status, reply.body)
 
     return Route(handle, needs_token=True, methods=frozenset({"POST"}))
+
+
+@asynccontextmanager
+async def serve_webrtc(
+    bridge: Bridge,
+    publisher: Publisher,
+    *,
+    voice: bool = True,
+    synthesizer: Synthesizer | None = None,
+    settings: SessionSettings | None = None,
+) -> AsyncIterator[RtcGateway]:
+    """Accept WebRTC clients on ``bridge`` for the duration of the block.
+
+    ``publisher`` publishes the speak results (``bridge.publisher(node)``). With ``voice``, the
+    synthesizer is ``synthesizer`` or espeak-ng when installed; ICE candidates follow the
+    bridge's listening address unless ``settings`` say otherwise.
+    """
+    if voice and synthesizer is None:
+        if EspeakSynthesizer.available():
+            synthesizer = EspeakSynthesizer()
+        else:
+            log_event(logger, "voice_unavailable", logging.WARNING, reason="espeak-ng is not installed")
+    if settings is None:
+        settings = SessionSettings(ice_addresses=candidate_addresses_for(bridge.config.host))
+    async with open_gateway(
+        bridge, publisher, synthesizer=synthesizer if voice else None, settings=settings
+    ) as gateway:
+        bridge.add_route(OFFER_PATH, offer_route(gateway))
+        log_event(
+            logger,
+            "webrtc_ready",
+            path=OFFER_PATH,
+            voice=gateway.synthesizer.name if gateway.synthesizer else None,
+            ice=",".join(settings.ice_addresses) if settings.ice_addresses else "all interfaces",
+        )
+        yield gateway

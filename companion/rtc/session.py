@@ -480,8 +480,19 @@ class RtcSession:
             await self._publish(publisher, result)
 
     async def _publish(self, publisher: Publisher, result: QueryResult) -> None:
-        with trio.move_on_after(self.settings.publish_timeout) as scope:
-            await publisher.publish(QUERIES, result)
+        try:
+            with trio.move_on_after(self.settings.publish_timeout) as scope:
+                await publisher.publish(QUERIES, result)
+        except Exception as exc:  # the network is going away (shutdown); the companion times out
+            log_event(
+                logger,
+                "rtc_result_publish_failed",
+                logging.WARNING,
+                session=self.id,
+                query=result.id,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return
         if scope.cancelled_caught:
             log_event(logger, "rtc_result_publish_timeout", logging.WARNING, session=self.id, query=result.id)
 
