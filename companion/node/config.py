@@ -53,7 +53,7 @@ class NodeConfig:
     degree_high: int = 16
     """At least the expected number of peers: pruning a small mesh can empty it (measured)."""
     prune_back_off: int = 5
-    health_check_interval: float = 2.0
+    health_check_interval: float = 3.0
     ping_timeout: float = 2.0
     """A frozen peer is noticed after about initial delay + interval + timeout (< 10 s)."""
     dial_timeout: float = 5.0
