@@ -26,6 +26,10 @@ DEFAULT_TOPICS: Final[frozenset[str]] = frozenset({MESSAGES, QUERIES, ACTIONS})
 """What aikyo's Firehose forwards to clients; ``states`` only on request."""
 
 
+def utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
     """How far behind a client may fall before it is disconnected."""
@@ -43,16 +47,18 @@ class ClientQueue:
     """Frames waiting to be written to one client. ``push`` never blocks; it refuses instead."""
 
     limits: QueueLimits = field(default_factory=QueueLimits)
-    _frames: deque[str] = field(default_factory=deque)
+    _frames: deque[tuple[str, int]] = field(default_factory=deque)
     _bytes: int = 0
     overflowed: str | None = None
     """Set (to the reason) once the client fell too far behind; it gets nothing more."""
 
-    def push(self, frame: str) -> bool:
-        """Queue ``frame``; ``False`` (and :attr:`overflowed` set) if the client is too slow."""
+    def push(self, frame: str, size: int | None = None) -> bool:
+        """Queue ``frame`` (``size``: its UTF-8 length, if known); ``False`` (and
+        :attr:`overflowed` set) if the client is too slow."""
         if self.overflowed is not None:
             return False
-        size = len(frame.encode("utf-8", "surrogatepass"))
+        if size is None:
+            size = utf8_size(frame)
         if len(self._frames) + 1 > self.limits.max_frames:
             self.overflowed = (
                 f"client too slow: {len(self._frames)} frames waiting (limit {self.limits.max_frames})"
@@ -65,15 +71,15 @@ class ClientQueue:
             self._frames.clear()
             self._bytes = 0
             return False
-        self._frames.append(frame)
+        self._frames.append((frame, size))
         self._bytes += size
         return True
 
     def pop(self) -> str | None:
         if not self._frames:
             return None
-        frame = self._frames.popleft()
-        self._bytes -= len(frame.encode("utf-8", "surrogatepass"))
+        frame, size = self._frames.popleft()
+        self._bytes -= size
         return frame
 
     def __len__(self) -> int:
@@ -127,12 +133,13 @@ class ClientRegistry:
         """
         queued: list[str] = []
         too_slow: list[str] = []
+        size = utf8_size(frame)
         for client_id, client in self._clients.items():
             if client_id == exclude or topic not in client.topics:
                 continue
             if client.queue.overflowed is not None:
                 continue
-            if client.queue.push(frame):
+            if client.queue.push(frame, size):
                 queued.append(client_id)
             else:
                 too_slow.append(client_id)
