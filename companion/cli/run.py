@@ -73,6 +73,24 @@ def make_handler(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery)
     return LoggingHandler(node.name)
 
 
+def dialable(addr: str) -> list[str]:
+    """A wildcard listen address spelled out with this machine's IPv4 addresses (for ``--peer``)."""
+    if "/ip4/0.0.0.0/" not in addr:
+        return [addr]
+    try:
+        import ifaddr  # zeroconf's dependency, so present wherever py-libp2p is
+
+        ips = [
+            str(ip.ip)
+            for adapter in ifaddr.get_adapters()
+            for ip in adapter.ips
+            if isinstance(ip.ip, str) and not ip.ip.startswith("127.")
+        ]
+    except Exception:
+        ips = []
+    return [addr.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/") for ip in ips] or [addr]
+
+
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "companion"
@@ -145,7 +163,8 @@ async def run_nodes(
             nodes.append(node)
             print(f"{metadata.id} peer {node.peer_id}", flush=True)
             for addr in node.listen_addrs:
-                print(f"  {addr}", flush=True)
+                for shown in dialable(addr):
+                    print(f"  {shown}", flush=True)
         if ready is not None:
             ready(nodes)
         await _serve_signals(nodes, nursery.cancel_scope)
