@@ -14,6 +14,7 @@ from companion.rtc.audio import to_track_rate
 from companion.rtc.control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
 from companion.rtc.http import offer_url
 from companion.rtc.ice import LOOPBACK, candidate_addresses_for
+from companion.rtc.island import single_exceptions
 from companion.rtc.opus import OpusLineEncoder, encode_opus, opus_silence
 from companion.rtc.signaling import (
     OfferError,
@@ -287,3 +288,16 @@ def test_offer_url_from_bridge_urls() -> None:
     assert offer_url("127.0.0.1:9") == "http://127.0.0.1:9/webrtc/offer"
     with pytest.raises(ValueError, match="scheme"):
         offer_url("ftp://x")
+
+
+# --- exceptions out of the island ------------------------------------------------------------
+
+
+def test_single_exceptions_unwraps_one_leaf_and_keeps_real_groups() -> None:
+    with pytest.raises(KeyError), single_exceptions():
+        raise ExceptionGroup("outer", [ExceptionGroup("inner", [KeyError("x")])])
+    with pytest.raises(ExceptionGroup) as info, single_exceptions():
+        raise ExceptionGroup("two", [KeyError("x"), ValueError("y")])
+    assert len(info.value.exceptions) == 2
+    with pytest.raises(ValueError, match="plain"), single_exceptions():
+        raise ValueError("plain")

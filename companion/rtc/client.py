@@ -32,7 +32,7 @@ from aiortc.mediastreams import MediaStreamError
 from ..log import log_event
 from .http import offer_url, post_json
 from .ice import LOOPBACK, host_addresses
-from .island import AsyncioIsland, open_island
+from .island import AsyncioIsland, open_island, single_exceptions
 
 __all__ = [
     "ClientClosed",
@@ -296,16 +296,17 @@ async def connect_rtc(
     Raises :class:`OfferRejected` when the bridge refuses, ``trio.TooSlowError`` when it does
     not answer or the data channel does not open in time, ``OSError`` when unreachable.
     """
-    async with open_island() as island:
-        client = RtcClient(island, settings or ClientSettings())
-        try:
-            await client._connect(url, token=token, voice=voice, topics=topics)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(client._pump_audio)
-                try:
-                    yield client
-                finally:
-                    nursery.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True):
-                await client._close()
+    with single_exceptions():
+        async with open_island() as island:
+            client = RtcClient(island, settings or ClientSettings())
+            try:
+                await client._connect(url, token=token, voice=voice, topics=topics)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(client._pump_audio)
+                    try:
+                        yield client
+                    finally:
+                        nursery.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await client._close()

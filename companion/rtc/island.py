@@ -11,13 +11,13 @@ may hand values to trio with non-blocking calls (``send_nowait``, ``Event.set``)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, ParamSpec, TypeVar, cast
 
 import trio_asyncio
 
-__all__ = ["AsyncioIsland", "open_island"]
+__all__ = ["AsyncioIsland", "open_island", "single_exceptions"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -53,5 +53,28 @@ async def open_island() -> AsyncIterator[AsyncioIsland]:
     if current is not None:
         yield AsyncioIsland(current)
         return
-    async with trio_asyncio.open_loop() as loop:
-        yield AsyncioIsland(loop)
+    with single_exceptions():
+        async with trio_asyncio.open_loop() as loop:
+            yield AsyncioIsland(loop)
+
+
+@contextmanager
+def single_exceptions() -> Iterator[None]:
+    """Let one exception leave a block as itself, not wrapped in the exception groups of the
+    nurseries inside (trio-asyncio's loop, our own): callers of a context manager expect what
+    their body raised, or one clear error of ours. Groups of several stay groups."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if len(leaves) != 1:
+            raise
+        raise leaves[0] from None
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
