@@ -159,14 +159,16 @@ class Network:
         self.tmp = tmp
         self.procs: list[Proc] = []
 
-    def companion(self, key: str, *peers: str, data_dir: Path | None = None) -> tuple[Proc, Event]:
+    def companion(
+        self, key: str, *peers: str, data_dir: Path | None = None, mdns: bool = False
+    ) -> tuple[Proc, Event]:
         card = write_card(self.tmp, key)
         argv = [
             sys.executable,
             "-m",
             "companion.cli.run",
             str(card),
-            "--no-mdns",
+            *([] if mdns else ["--no-mdns"]),
             "--listen",
             "/ip4/127.0.0.1/tcp/0",
             "--data-dir",

@@ -74,3 +74,13 @@ def test_sigterm_is_seen_at_once_and_restart_keeps_the_peer_id(tmp_path: Path) -
             30,
             "a second join of companion_a",
         )
+
+
+def test_mdns_finds_and_dials_peers_on_this_host(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        # unique ids: other nodes on the LAN may answer mDNS too, these two must find each other
+        stamp = str(time.monotonic_ns())
+        a, _ = net.companion(f"mdns_a{stamp}", mdns=True)
+        b, _ = net.companion(f"mdns_b{stamp}", mdns=True)
+        joined(a, f"mdns_b{stamp}", 30)
+        joined(b, f"mdns_a{stamp}", 30)
