@@ -276,9 +276,29 @@ async def test_synthesis_failure_is_answered_as_an_error() -> None:
         assert client.close_reason is None
 
 
+@needs_espeak
+async def test_voice_can_be_switched_on_later_without_renegotiating() -> None:
+    async with (
+        network(EspeakSynthesizer()) as net,
+        connect_rtc(net.signal, voice=False, audio=True) as client,
+    ):
+        assert client.voice is False
+        first = speak_query("not spoken")
+        await net.companion.publish(QUERIES, first)
+        assert (await next_frame(client))["id"] == first.id
+        await client.set_voice(True)
+        assert await next_frame(client) == {"control": "voice", "enabled": True}
+        second = speak_query("Now I can be heard.")
+        await net.companion.publish(QUERIES, second)
+        await first_audible(client)
+        result = await net.next_payload(QueryResult)
+        assert isinstance(result, QueryResult) and result.id == second.id  # the first was left alone
+
+
 async def test_voice_off_leaves_speak_queries_to_the_client() -> None:
     async with network(BrokenSynth()) as net, connect_rtc(net.signal) as client:
         await client.set_voice(False)
+        assert await next_frame(client) == {"control": "voice", "enabled": False}
         await client.send_json({"control": "dance"})
         error = await next_frame(client)
         assert error["error"]["code"] == "invalid_control"  # type: ignore[index]

@@ -155,7 +155,13 @@ class RtcClient:
     # --- connecting ----------------------------------------------------------------------
 
     async def _connect(
-        self, url: str | Signaler, *, token: str | None, voice: bool, topics: Iterable[str] | None
+        self,
+        url: str | Signaler,
+        *,
+        token: str | None,
+        voice: bool,
+        audio: bool,
+        topics: Iterable[str] | None,
     ) -> None:
         self.island.enter()
         pc = await self.island.call(_new_peer_connection)
@@ -167,7 +173,7 @@ class RtcClient:
         channel.on("open", self._open.set)
         channel.on("message", self._on_message)
         channel.on("close", lambda: self._end("data channel closed by the bridge"))
-        if voice:
+        if audio:
             transceiver = pc.addTransceiver("audio", direction="recvonly")
             if self.settings.audio_codec is not None:
                 wanted = f"audio/{self.settings.audio_codec}".lower()
@@ -287,11 +293,16 @@ async def connect_rtc(
     *,
     token: str | None = None,
     voice: bool = True,
+    audio: bool | None = None,
     topics: Iterable[str] | None = None,
     settings: ClientSettings | None = None,
 ) -> AsyncIterator[RtcClient]:
     """Connect to the bridge at ``url`` (``http://host:port`` or its ``ws://`` URL), or through
     a :data:`Signaler` that delivers the offer some other way (in-process, tests).
+
+    ``voice``: the bridge speaks ``speak`` queries on an audio track from the start;
+    ``audio`` (default: ``voice``): offer to receive audio at all, so voice can be switched on
+    later with :meth:`RtcClient.set_voice`.
 
     Raises :class:`OfferRejected` when the bridge refuses, ``trio.TooSlowError`` when it does
     not answer or the data channel does not open in time, ``OSError`` when unreachable.
@@ -300,7 +311,9 @@ async def connect_rtc(
         async with open_island() as island:
             client = RtcClient(island, settings or ClientSettings())
             try:
-                await client._connect(url, token=token, voice=voice, topics=topics)
+                await client._connect(
+                    url, token=token, voice=voice, audio=voice if audio is None else audio, topics=topics
+                )
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(client._pump_audio)
                     try:

@@ -5,7 +5,8 @@ They steer the session's voice and never reach the network:
 - ``{"control": "stop"}`` — stop speaking now: the line playing and every queued line are
   dropped, and their speak queries are answered as interrupted.
 - ``{"control": "voice", "enabled": false}`` — stop answering speak queries with audio (and
-  flush); ``true`` turns it back on (only on a session that negotiated an audio track).
+  flush); ``true`` turns it back on (only on a session that negotiated an audio track). The
+  session answers with ``{"control": "voice", "enabled": STATE}``, the state now in force.
 
 A person's own ``message.send`` also flushes the queue: what the companions were about to
 say belongs to the conversation the person just interrupted.

@@ -96,7 +96,7 @@ class RtcGateway:
             self._negotiating -= 1
         self._sessions[session.id] = session
         self._nursery.start_soon(self._run, session)
-        return OfferReply(200, answer_body(sdp, session.id, session.voice_negotiated), session.id)
+        return OfferReply(200, answer_body(sdp, session.id, session.voice_on), session.id)
 
     async def _run(self, session: RtcSession) -> None:
         try:

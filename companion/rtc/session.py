@@ -129,6 +129,7 @@ class RtcSession:
         self.stats = SessionStats()
         self.end_reason: str | None = None
         self.voice_negotiated = False
+        """A voice track was negotiated (the offer could receive audio, the bridge can speak)."""
         self._voice_on = False
         self._pc: RTCPeerConnection | None = None
         self._channel: RTCDataChannel | None = None
@@ -176,11 +177,13 @@ class RtcSession:
             await self.island.call(pc.setRemoteDescription, RTCSessionDescription(self.request.sdp, "offer"))
         except _SDP_ERRORS as exc:  # aiortc's parser asserts; all of these mean "bad offer"
             raise NegotiationFailed(f"unusable offer SDP ({type(exc).__name__}: {exc})") from exc
-        if self.request.voice and any(t.kind == "audio" for t in pc.getTransceivers()):
+        if self.synthesizer is not None and any(t.kind == "audio" for t in pc.getTransceivers()):
+            # the track is there whenever the client can receive audio, so voice can be
+            # switched on later without renegotiating; ``voice`` says whether it starts on
             self._track = VoiceTrack(self._queue, self._lines_finished, on_frame=self._frame_played)
             pc.addTrack(self._track)
             self.voice_negotiated = True
-            self._voice_on = self.synthesizer is not None
+            self._voice_on = self.request.voice
         answer = await self.island.call(pc.createAnswer)
         with host_addresses(self.settings.ice_addresses):
             await self.island.call(pc.setLocalDescription, answer)
@@ -341,6 +344,8 @@ class RtcSession:
                 self._flush("stop")
             elif isinstance(control, VoiceSwitch):
                 self._switch_voice(control.enabled)
+                with contextlib.suppress(ChannelClosed):  # tell the client the outcome
+                    await self._send(json.dumps({"control": "voice", "enabled": self._voice_on}))
             elif isinstance(control, ControlError):
                 with contextlib.suppress(ChannelClosed):
                     await self._send(_control_error(control))
@@ -371,6 +376,11 @@ class RtcSession:
         self.stats.frames_out += 1
 
     # --- voice ---------------------------------------------------------------------------
+
+    @property
+    def voice_on(self) -> bool:
+        """Whether speak queries are answered with audio now."""
+        return self._voice_on
 
     def _switch_voice(self, enabled: bool) -> None:
         if enabled and not self.voice_negotiated:

@@ -1,10 +1,12 @@
 """The ``/webrtc/offer`` exchange as pure functions: the request body in, the answer body out.
 
 A client posts ``{"type": "offer", "sdp": "...", "voice": true, "topics": ["messages", ...]}``
-after ICE gathering has completed (no trickle: one request, one answer). ``voice`` defaults to
-whether the offer has an audio section. The answer is ``{"type": "answer", "sdp": "...",
-"session": ID, "voice": bool}``. Refusals are ``{"error": {"code", "message"}}`` with a 4xx
-status, like the bridge's error frames.
+after ICE gathering has completed (no trickle: one request, one answer). An offer that can
+receive audio gets a voice track; ``voice`` (default: whether the offer has an audio section)
+says whether the bridge starts speaking ``speak`` queries on it at once (a control frame
+switches it later). The answer is ``{"type": "answer", "sdp": "...", "session": ID, "voice":
+bool}``, ``voice`` telling whether the bridge speaks now. Refusals are ``{"error": {"code",
+"message"}}`` with a 4xx status, like the bridge's error frames.
 """
 
 from __future__ import annotations
