@@ -2,6 +2,9 @@
 // It shows the conversation, sends what the person writes, answers approval requests and
 // voices `speak` queries with the browser's speech synthesis, answering each one when its
 // utterance has ended so that turns follow real speech.
+// Transport: a WebSocket at once, upgraded to WebRTC when the bridge offers it (the data channel
+// carries the same frames; with voice on, the bridge speaks the lines on an audio track and
+// answers the speak queries itself). See the "WebRTC" section below and docs/webrtc.md.
 "use strict";
 
 (() => {
@@ -148,11 +151,11 @@
 
   // --- sending ----------------------------------------------------------------------------
   function send(topic, body) {
-    if (!socket || socket.readyState !== WebSocket.OPEN) {
+    if (!linkOpen()) {
       showSystem("not connected: the frame was not sent", "error");
       return false;
     }
-    socket.send(JSON.stringify({ topic, body }));
+    linkSend(JSON.stringify({ topic, body }));
     return true;
   }
 
@@ -196,6 +199,7 @@
     const text = typeof body.message === "string" ? body.message : "";
     const mode = voiceMode.value;
     if (mode === "off") return;
+    if (bridgeSpeaks(query)) return; // WebRTC voice: the bridge plays it and answers
     if (!text) {
       send("queries", { jsonrpc: "2.0", id: query.id, error: "speak query without a message" });
       return;
@@ -262,6 +266,7 @@
 
   // --- frames from the bridge ------------------------------------------------------------
   function onFrame(text) {
+    if (duplicateAfterUpgrade(text)) return;
     let data;
     try {
       data = JSON.parse(text);
@@ -269,6 +274,10 @@
       return;
     }
     if (Array.isArray(data) || data === null || typeof data !== "object") return; // states
+    if (data.control !== undefined) {
+      onControl(data); // WebRTC session state (data channel only)
+      return;
+    }
     if (data.error !== undefined && data.jsonrpc === undefined) {
       const error = data.error;
       showSystem(`bridge: ${typeof error === "object" ? error.message || error.code : error}`, "error");
@@ -286,7 +295,10 @@
         showAction(data.params);
         break;
       default:
-        if (data.id !== undefined) settleApproval(data.id); // a result, maybe from another client
+        if (data.id !== undefined) {
+          settleApproval(data.id); // a result, maybe from another client
+          settleVoice(data.id);
+        }
     }
   }
 
@@ -303,15 +315,180 @@
       retryMs = 500;
       setStatus("connected", "connected");
       loadCompanions();
+      upgradeToRtc();
     });
     socket.addEventListener("message", (event) => onFrame(event.data));
     socket.addEventListener("close", (event) => {
+      if (rtc) return; // closed on purpose: the conversation continues over WebRTC
       const why = event.reason ? `: ${event.reason}` : "";
       setStatus("closed", `disconnected${why} — retrying`);
       setTimeout(connect, retryMs);
       retryMs = Math.min(retryMs * 2, 10000);
     });
   }
+
+  // --- WebRTC: data channel for the frames, an audio track for the voice -----------------
+  // The page connects over WebSocket first (no wait), then offers WebRTC to the bridge. When
+  // the data channel opens, the WebSocket is closed; frames that arrived twice meanwhile are
+  // dropped. If WebRTC is not possible (no route for ICE, an older bridge), the WebSocket stays.
+  const wantRtc = params.get("transport") !== "ws" && "RTCPeerConnection" in window;
+  const RTC_GATHER_MS = 2000;
+  const RTC_OPEN_MS = 8000;
+  const UPGRADE_DEDUPE_MS = 3000;
+  let rtc = null; // { pc, channel, voice }
+  let rtcPending = false;
+  let dedupeUntil = 0;
+  const recentFrames = [];
+  const voicePlaying = new Map(); // speak query id -> companion id (the bridge speaks it)
+  const voiceAudio = document.createElement("audio");
+  voiceAudio.autoplay = true;
+  voiceAudio.hidden = true;
+  document.body.appendChild(voiceAudio);
+  const hush = $("hush");
+
+  function linkOpen() {
+    if (rtc) return rtc.channel.readyState === "open";
+    return socket !== null && socket.readyState === WebSocket.OPEN;
+  }
+
+  function linkSend(text) {
+    (rtc ? rtc.channel : socket).send(text);
+  }
+
+  function duplicateAfterUpgrade(text) {
+    const duplicate = Date.now() < dedupeUntil && recentFrames.includes(text);
+    recentFrames.push(text);
+    if (recentFrames.length > 200) recentFrames.shift();
+    return duplicate;
+  }
+
+  function transportLabel() {
+    if (!rtc) return "connected";
+    return rtc.voice ? "connected · WebRTC · voice" : "connected · WebRTC";
+  }
+
+  function showTransport() {
+    $("status").dataset.transport = rtc ? "webrtc" : "websocket";
+    if (linkOpen()) setStatus("connected", transportLabel());
+    if (hush) hush.hidden = !(rtc && rtc.voice);
+  }
+
+  function bridgeSpeaks(query) {
+    if (!rtc || !rtc.voice || voiceMode.value !== "speak") return false;
+    voicePlaying.set(query.id, query.params.from);
+    markSpeaking(query.params.from, true);
+    return true;
+  }
+
+  function settleVoice(queryId) {
+    const from = voicePlaying.get(queryId);
+    if (from === undefined) return;
+    voicePlaying.delete(queryId);
+    if (![...voicePlaying.values()].includes(from)) markSpeaking(from, false);
+  }
+
+  function onControl(data) {
+    if (data.control === "voice" && rtc) {
+      rtc.voice = data.enabled === true;
+      showTransport();
+    }
+  }
+
+  function waitEvent(target, name, ready, ms, what) {
+    return new Promise((resolve, reject) => {
+      if (ready()) { resolve(); return; }
+      const timer = setTimeout(() => { target.removeEventListener(name, check); reject(new Error(`${what} timed out`)); }, ms);
+      function check() {
+        if (!ready()) return;
+        clearTimeout(timer);
+        target.removeEventListener(name, check);
+        resolve();
+      }
+      target.addEventListener(name, check);
+    });
+  }
+
+  async function openRtc() {
+    const pc = new RTCPeerConnection();
+    try {
+      const channel = pc.createDataChannel("firehose");
+      channel.addEventListener("message", (event) => onFrame(event.data));
+      pc.addTransceiver("audio", { direction: "recvonly" });
+      pc.addEventListener("track", (event) => {
+        voiceAudio.srcObject = event.streams[0] || new MediaStream([event.track]);
+        voiceAudio.play().catch(() => {}); // may wait for a click (autoplay rules)
+      });
+      await pc.setLocalDescription(await pc.createOffer());
+      // one request, one answer: send the candidates gathered so far (all, on a LAN)
+      await waitEvent(pc, "icegatheringstatechange", () => pc.iceGatheringState === "complete", RTC_GATHER_MS, "ICE gathering").catch(() => {});
+      const response = await fetch(`/webrtc/offer${tokenQuery}`, {
+        method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ type: "offer", sdp: pc.localDescription.sdp, voice: voiceMode.value === "speak" }),
+      });
+      const reply = await response.json().catch(() => ({}));
+      if (!response.ok) throw new Error(reply.error ? reply.error.message : `HTTP ${response.status}`);
+      await pc.setRemoteDescription({ type: "answer", sdp: reply.sdp });
+      await waitEvent(channel, "open", () => channel.readyState === "open", RTC_OPEN_MS, "data channel");
+      return { pc, channel, voice: reply.voice === true };
+    } catch (err) {
+      pc.close();
+      throw err;
+    }
+  }
+
+  async function upgradeToRtc() {
+    if (!wantRtc || rtc || rtcPending) return;
+    rtcPending = true;
+    try {
+      const session = await openRtc();
+      rtc = session;
+      dedupeUntil = Date.now() + UPGRADE_DEDUPE_MS;
+      const old = socket;
+      socket = null;
+      if (old) old.close(1000, "switched to WebRTC");
+      showTransport();
+      const lost = () => {
+        if (rtc !== session) return;
+        rtc = null;
+        session.pc.close();
+        for (const id of [...voicePlaying.keys()]) settleVoice(id);
+        showTransport();
+        setStatus("closed", "disconnected — retrying");
+        setTimeout(connect, retryMs);
+      };
+      session.channel.addEventListener("close", lost);
+      session.pc.addEventListener("connectionstatechange", () => {
+        if (["failed", "closed"].includes(session.pc.connectionState)) lost();
+      });
+    } catch (err) {
+      showSystem(`WebRTC unavailable (${err.message}); staying on WebSocket`);
+      showTransport();
+    } finally {
+      rtcPending = false;
+    }
+  }
+
+  voiceMode.addEventListener("change", () => {
+    if (voiceMode.value === "speak") voiceAudio.play().catch(() => {}); // a click unlocks audio
+    if (rtc) linkSend(JSON.stringify({ control: "voice", enabled: voiceMode.value === "speak" }));
+  });
+
+  if (hush) {
+    hush.addEventListener("click", () => {
+      if (rtc) linkSend(JSON.stringify({ control: "stop" }));
+    });
+  }
+
+  // leaving the page ends the session at once (otherwise the bridge waits for consent to expire)
+  window.addEventListener("pagehide", () => {
+    if (rtc) rtc.pc.close();
+  });
+
+  window.companionLink = {
+    transport: () => (rtc ? "webrtc" : socket ? "websocket" : "none"),
+    peerConnection: () => (rtc ? rtc.pc : null),
+  };
 
   connect();
   setInterval(loadCompanions, DIRECTORY_EVERY_MS);
