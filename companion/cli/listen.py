@@ -13,12 +13,14 @@ import codecs
 import getpass
 import os
 import re
+import shutil
 import sys
 from typing import Any
 
 import trio
 
 from ..listen import ListenOptions, Show, find_voice, run_listener
+from ..listen.voice import PLAYERS
 from ..log import configure_logging
 from .bridge import TOKEN_ENV
 
@@ -73,8 +75,25 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--no-speak", action="store_true", help="leave speak queries to other clients (do not answer them)"
     )
+    parser.add_argument(
+        "--webrtc",
+        action="store_true",
+        help="connect over WebRTC (a data channel); with --voice the bridge speaks the lines and "
+        "this terminal plays its audio track through the player",
+    )
     parser.add_argument("--log-level", default="WARNING")
     parser.set_defaults(func=main)
+
+
+def _track_player(player: str | None) -> tuple[str, ...] | None:
+    """``--webrtc --voice``: where the bridge's audio track is played (raw mono PCM on stdin)."""
+    if player:
+        return tuple(player.split())
+    for candidate in PLAYERS:
+        if shutil.which(candidate[0]) is not None:
+            return candidate
+    print("companion listen: no audio player found; the voice is received, not played", file=sys.stderr)
+    return None
 
 
 def _printer(color: bool) -> Any:
@@ -118,7 +137,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     configure_logging(args.log_level.upper())
     voice = None
-    if args.voice:
+    if args.voice and not args.webrtc:
         voice = find_voice(args.player.split() if args.player else None)
         if voice is None:
             print(
@@ -130,7 +149,10 @@ def main(args: argparse.Namespace) -> int:
         user_id=user_id,
         token=args.token or os.environ.get(TOKEN_ENV) or None,
         voice=voice,
-        answer_speak=not args.no_speak,
+        answer_speak=not args.no_speak and not (args.webrtc and args.voice),
+        webrtc=args.webrtc,
+        rtc_voice=args.webrtc and args.voice,
+        rtc_player=_track_player(args.player) if args.webrtc and args.voice else None,
     )
     try:
         return trio.run(_main, options, sys.stdout.isatty())

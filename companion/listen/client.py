@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import h11
@@ -34,6 +34,9 @@ from ..protocol import Metadata
 from .core import Effect, ListenSession, Quit, Send, Show, Speak
 from .voice import Voice, VoiceError
 
+if TYPE_CHECKING:
+    from ..rtc.listen import MessageConnection
+
 __all__ = ["DirectoryError", "ListenOptions", "fetch_companions", "run_listener", "with_query"]
 
 logger = logging.getLogger("companion.listen")
@@ -53,6 +56,12 @@ class ListenOptions:
     directory_interval: float = 10.0
     directory_timeout: float = 5.0
     voice_queue: int = 32
+    webrtc: bool = False
+    """Connect over a WebRTC data channel instead of a WebSocket (companion.rtc.listen)."""
+    rtc_voice: bool = False
+    """With ``webrtc``: the bridge speaks the lines on an audio track (and answers them)."""
+    rtc_player: tuple[str, ...] | None = None
+    """Where that audio goes: a player argv with ``{rate}`` (``None``: received, not played)."""
 
 
 class DirectoryError(RuntimeError):
@@ -127,6 +136,8 @@ async def run_listener(
     session = ListenSession(
         options.user_id, answer_speak=options.answer_speak, voice=options.voice is not None
     )
+    if options.webrtc:
+        return await _run_webrtc(options, session, lines, show)
     url = with_query(options.url, token=options.token)
     timed_out = Show(f"could not connect to {options.url} within {options.connect_timeout:g}s", "error")
     # Our own deadline around the handshake: trio-websocket 0.12 leaves its reader task waiting
@@ -151,6 +162,34 @@ async def run_listener(
     return 1
 
 
+async def _run_webrtc(
+    options: ListenOptions,
+    session: ListenSession,
+    lines: trio.MemoryReceiveChannel[str],
+    show: Callable[[Show], None],
+) -> int:
+    """``--webrtc``: the same client over a data channel; the connection offers the two calls
+    the client uses, with the same ``ConnectionClosed`` at the end."""
+    from ..rtc import OfferRejected
+    from ..rtc.listen import open_rtc_listener
+
+    connecting = trio.CancelScope(deadline=trio.current_time() + options.connect_timeout)
+    try:
+        with connecting:
+            async with open_rtc_listener(
+                options.url, token=options.token, voice=options.rtc_voice, player=options.rtc_player
+            ) as link:
+                connecting.deadline = math.inf
+                return await _Client(options, session, link, show).run(lines)
+        too_slow = f"could not connect to {options.url} over WebRTC within {options.connect_timeout:g}s"
+        show(Show(too_slow, "error"))
+    except OfferRejected as exc:
+        show(Show(f"the bridge refused WebRTC: {exc}", "error"))
+    except (OSError, trio.TooSlowError) as exc:
+        show(Show(f"could not connect to {options.url} over WebRTC: {exc}", "error"))
+    return 1
+
+
 def _describe(exc: HandshakeError) -> str:
     if isinstance(exc, ConnectionRejected):
         body = (exc.body or b"").decode("utf-8", "replace").strip()
@@ -164,7 +203,7 @@ class _Client:
         self,
         options: ListenOptions,
         session: ListenSession,
-        ws: WebSocketConnection,
+        ws: WebSocketConnection | MessageConnection,
         show: Callable[[Show], None],
     ) -> None:
         self.options = options
