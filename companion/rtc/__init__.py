@@ -6,7 +6,15 @@ speaks ``speak`` queries; the client side (:func:`connect_rtc`) is what ``compan
 --webrtc`` and the tests use.
 """
 
-from .client import ClientClosed, ClientSettings, OfferRejected, ReceivedAudio, RtcClient, connect_rtc
+from .client import (
+    ClientClosed,
+    ClientSettings,
+    OfferRejected,
+    ReceivedAudio,
+    RtcClient,
+    Signaler,
+    connect_rtc,
+)
 from .control import StopSpeech, VoiceSwitch, interpret_control
 from .gateway import OfferReply, RtcGateway, open_gateway
 from .ice import LOOPBACK, candidate_addresses_for, host_addresses
@@ -38,6 +46,7 @@ __all__ = [
     "RtcSession",
     "SessionSettings",
     "SessionStats",
+    "Signaler",
     "StopSpeech",
     "VoiceQueue",
     "VoiceSwitch",
