@@ -110,8 +110,7 @@ async def test_listen_over_webrtc_shows_sends_and_plays_the_bridge_voice(
         nursery.start_soon(run)
         await screen.wait_for("connected to")
         with trio.fail_after(10):
-            while not setup.gateway.sessions:
-                await trio.sleep(0.02)
+            await setup.gateway.wait_for_sessions(1)
 
         reply = Message.create("companion_aya", ["user_kai"], "Welcome aboard.", {"emotion": "happy"})
         await setup.companion.publish(MESSAGES, reply)
@@ -139,8 +138,7 @@ async def test_listen_over_webrtc_shows_sends_and_plays_the_bridge_voice(
             await done.wait()
         assert codes == [0]
         with trio.fail_after(10):
-            while setup.gateway.sessions:
-                await trio.sleep(0.02)
+            await setup.gateway.wait_for_sessions(0)
 
 
 async def test_listen_over_webrtc_reports_a_refusal(nursery: trio.Nursery) -> None:

@@ -316,8 +316,7 @@ def open_fds() -> int:
 
 async def wait_for_no_sessions(gateway: RtcGateway, timeout: float = 10) -> None:
     with trio.fail_after(timeout):
-        while gateway.sessions or gateway.running:
-            await trio.sleep(0.05)
+        await gateway.wait_for_sessions(0)
 
 
 @needs_espeak
@@ -392,8 +391,7 @@ async def test_a_client_that_never_connects_is_dropped_after_the_deadline() -> N
         assert reply.status == 200
         session = net.gateway.sessions[reply.session_id]  # type: ignore[index]
         with trio.fail_after(5):
-            while net.gateway.sessions:
-                await trio.sleep(0.05)
+            await net.gateway.wait_for_sessions(0)
         assert session.end_reason is not None and "did not open within 0.5 s" in session.end_reason
 
 
@@ -419,7 +417,6 @@ async def test_a_silent_peer_is_dropped_when_consent_expires(monkeypatch: pytest
         # shortened, the bridge notices within about a second, after several missed checks
         silent_since = trio.current_time()
         with trio.fail_after(5):
-            while net.gateway.sessions:
-                await trio.sleep(0.05)
+            await net.gateway.wait_for_sessions(0)
         assert trio.current_time() - silent_since >= 2 * 0.8 * 0.2
         assert session.end_reason is not None and "went silent" in session.end_reason

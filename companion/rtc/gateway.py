@@ -62,6 +62,7 @@ class RtcGateway:
         self.max_sessions = max_sessions
         self._sessions: dict[str, RtcSession] = {}
         self._negotiating = 0
+        self._changed = trio.Event()
         self.closed = False
 
     @property
@@ -95,6 +96,7 @@ class RtcGateway:
         finally:
             self._negotiating -= 1
         self._sessions[session.id] = session
+        self._sessions_changed()
         self._nursery.start_soon(self._run, session)
         return OfferReply(200, answer_body(sdp, session.id, session.voice_on), session.id)
 
@@ -114,6 +116,17 @@ class RtcGateway:
             with trio.CancelScope(shield=True):
                 await session.abort()
             self._sessions.pop(session.id, None)
+            self._sessions_changed()
+
+    async def wait_for_sessions(self, count: int) -> None:
+        """Return once exactly ``count`` sessions are live (a session leaves after its teardown);
+        the caller sets the deadline."""
+        while len(self._sessions) != count:
+            await self._changed.wait()
+
+    def _sessions_changed(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     @property
     def running(self) -> int:

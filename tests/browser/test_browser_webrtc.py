@@ -155,8 +155,7 @@ async def test_page_prefers_webrtc_and_hears_the_voice_track(
             # leaving the page closes the peer connection: the session ends and is cleaned up
             await page.call("Page.navigate", {"url": "about:blank"})
             with trio.fail_after(10):
-                while gateway.sessions or gateway.running:
-                    await trio.sleep(0.05)
+                await gateway.wait_for_sessions(0)
             assert session.end_reason is not None and "closed" in session.end_reason
 
 
