@@ -8,6 +8,7 @@ network; a bare gossipsub peer plays a companion that publishes replies and ``sp
 from __future__ import annotations
 
 import json
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 from bridge_support import blocking, engine_wired, message_frame, next_frame, start_bridge
-from network_support import network
+from network_support import Proc, network
 from trio_websocket import open_websocket_url
 
 from companion.rtc import OfferRejected, ReceivedAudio, RtcClient, connect_rtc
@@ -171,10 +172,6 @@ async def test_a_companion_answers_a_webrtc_client_and_speaks_through_its_track(
     )
     with network(tmp_path) as net:
         bridge, port, b_started = await blocking(start_bridge, net, "bridge")
-        import sys
-
-        from network_support import Proc
-
         argv = [
             sys.executable,
             "-m",
