@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +45,15 @@ from .models.base import (
 )
 from .protocol import MESSAGES, ClosingStage, Message, Metadata, Payload, State
 from .transport import Inbound, MemoryEndpoint, MemoryHub
-from .turns import SpeakerDecision, decide_next_speaker, states_match, turn_info
+from .turns import (
+    ConversationThread,
+    SpeakerDecision,
+    speaking_order,
+    states_match,
+    states_tag,
+    turn_info,
+    turn_tag,
+)
 
 __all__ = [
     "CountingModel",
@@ -119,9 +127,11 @@ class Transcript:
     def __init__(self) -> None:
         self.events: list[TranscriptEvent] = []
         self.replies: dict[str, list[str]] = defaultdict(list)
-        self.over: bool = False
-        self._current: Message | None = None
+        self._messages: dict[str, Message] = {}
+        self._thread = ConversationThread()
         self._decisions: dict[str, SpeakerDecision] = {}
+        self._early: deque[list[State]] = deque(maxlen=16)
+        self._recent_tags: deque[int] = deque(maxlen=256)
 
     @property
     def double_speech(self) -> dict[str, list[str]]:
@@ -132,22 +142,44 @@ class Transcript:
     def reply_count(self) -> int:
         return sum(len(s) for s in self.replies.values())
 
+    @property
+    def current(self) -> Message | None:
+        """The message the conversation is at."""
+        return None if self._thread.current is None else self._messages.get(self._thread.current)
+
+    @property
+    def over(self) -> bool:
+        """Whether the conversation reached ``terminal`` at the message it is at."""
+        decision = self._decisions.get(self._thread.current or "")
+        return decision is not None and decision.conversation_over
+
     def feed(self, payload: Payload, active: Iterable[str]) -> list[TranscriptEvent]:
         """The transcript lines this payload adds (none for other payloads)."""
+        active = list(active)
+        out: list[TranscriptEvent] = []
         if isinstance(payload, Message):
-            out = [self._message(payload)]
+            before = self._thread.current
+            line = self._message(payload)
+            if line is not None:
+                out.append(line)
+            current = self.current
+            if current is not None and self._thread.current != before:
+                for states in list(self._early):  # a states array may overtake its message
+                    if states_match(states, current, active):
+                        self._early.remove(states)
+                        out.extend(self._states(states, active))
+                        break
         elif isinstance(payload, list):
-            out = self._states(payload, list(active))
-        else:
-            out = []
+            out = self._states(payload, active)
         self.events.extend(out)
         return out
 
-    def _message(self, message: Message) -> TranscriptEvent:
+    def _message(self, message: Message) -> TranscriptEvent | None:
         params = message.params
+        if params.id in self._messages:
+            return None
+        self._messages[params.id] = message
         info = turn_info(message)
-        self._current = message
-        self.over = False
         why = "opened the conversation"
         if info.in_reply_to is not None:
             self.replies[info.in_reply_to].append(params.from_)
@@ -158,6 +190,12 @@ class Transcript:
                 why = decision.why
             else:
                 why = f"spoke although the rule chose {decision.speaker}: {decision.why}"
+        placed = self._thread.place(params.id, info.in_reply_to)
+        self._recent_tags.append(turn_tag(message))
+        if placed.kind == "stale":
+            why += " (it crossed a newer message; the conversation follows that one)"
+        elif placed.kind == "overtaken":
+            why += " (its reply overtook it)"
         emotion = (params.metadata or {}).get("emotion")
         return TranscriptEvent(
             "message",
@@ -173,14 +211,15 @@ class Transcript:
         )
 
     def _states(self, states: list[State], active: list[str]) -> list[TranscriptEvent]:
-        current = self._current
-        if (
-            current is None
-            or current.params.id in self._decisions
-            or not states_match(states, current, active)
-        ):
+        current = self.current
+        if current is None or not states_match(states, current, active):
+            tag = states_tag(states)
+            if tag is not None and tag not in self._recent_tags:
+                self._early.append(states)
             return []
-        decision = decide_next_speaker(states, active)
+        if current.params.id in self._decisions:
+            return []
+        decision = speaking_order(states).first
         self._decisions[current.params.id] = decision
         turn = turn_info(current).turn
         event = TranscriptEvent(
@@ -193,7 +232,6 @@ class Transcript:
             reason=decision.reason,
         )
         if decision.conversation_over:
-            self.over = True
             return [
                 event,
                 TranscriptEvent(

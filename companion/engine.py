@@ -3,18 +3,23 @@
 It glues the pure parts (:mod:`companion.turns`, the card's triggers) to a model, the action
 runtime and a transport. For every ``message.send`` that addresses this companion it:
 
-1. opens a *turn*: computes the leader and the takeover order (:func:`turns.plan_leaders`);
-2. leads if it is the leader, or takes over when the states have not arrived after
+1. places the message in the conversation (:class:`turns.ConversationThread`: a reply that
+   crossed a newer message, or one whose own reply came first, opens no turn) and opens a
+   *turn*: the leader and the takeover order (:func:`turns.plan_leaders`);
+2. leads if it is the leader, or takes over when no states arrived after
    ``rank x takeover_after`` seconds: one ``decide_states`` model call for every addressed
    companion, under ``states_timeout`` (a failing or slow model gives rule-based states, so a
-   live leader always publishes before the next one's slot begins);
-3. accepts the first states array that matches the message (:func:`turns.states_match`) and
-   decides the speaker with the shared rule; later or duplicate arrays are ignored;
-4. speaks if chosen: ``fill_params`` (checked against the card's schema), the card's CEL
+   live leader always publishes before the next one's slot begins); the array carries the
+   message's turn tag;
+3. accepts the first states array that matches the message (:func:`turns.states_match`; an
+   array that overtook its message waits for it), and switches to an earlier leader's array
+   if one arrives late, so every node ends on the same array; duplicates are ignored;
+4. derives the speaking order from the array alone (:func:`turns.speaking_order`); slot ``k``
+   opens ``k x reply_timeout`` after acceptance, so a silent speaker is skipped the same way
+   on every node;
+5. speaks in its slot: ``fill_params`` (checked against the card's schema), the card's CEL
    triggers, then ``speak`` with the card's tools, every tool call going through the
-   :class:`~companion.actions.ActionRuntime`, all under ``speak_timeout``;
-5. waits ``reply_timeout`` for the speaker's reply; a silent speaker is skipped and the next
-   one by the same rule speaks.
+   :class:`~companion.actions.ActionRuntime`, all under ``speak_timeout``.
 
 At most three model calls per turn: ``decide_states`` (leader), ``fill_params`` and ``speak``
 (speaker). No double speech: a node speaks at most once per message and never while already
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,17 +77,21 @@ from .turns import (
     META_CLOSING,
     META_TURN,
     REPETITION_WINDOW,
+    ConversationThread,
     LeaderPlan,
     SpeakerDecision,
+    SpeakingOrder,
     closing_floor,
-    decide_next_speaker,
     fallback_decisions,
     finalize_states,
     plan_leaders,
     reply_recipients,
+    speaking_order,
     stamp_reply,
     states_match,
+    states_tag,
     turn_info,
+    turn_tag,
 )
 
 __all__ = [
@@ -98,6 +107,8 @@ logger = logging.getLogger("companion.engine")
 _CONVERSATION_KEY: Final = "conversation"
 _SEEN_MESSAGES: Final = "messages"
 _REPLIED: Final = "replied"
+_EARLY_ARRAYS: Final = 16
+_RECENT_TAGS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,8 +220,13 @@ class _Turn:
     """One per timer or leading task; all cancelled when the turn ends."""
     states_seen: trio.Event = field(default_factory=trio.Event)
     states: list[State] | None = None
+    priority: int = 0
+    """The accepted array's leader rank (lower wins; unknown publishers rank last)."""
+    accepted_at: float = 0.0
+    """When the first array was accepted: slot ``k`` of the speaking order opens ``k`` reply
+    deadlines later."""
+    slots: trio.CancelScope | None = None
     decision: SpeakerDecision | None = None
-    silent: set[str] = field(default_factory=set)
     speak_scope: trio.CancelScope | None = None
     spoke: bool = False
     closed: bool = False
@@ -278,9 +294,13 @@ class ConversationEngine:
         store: Store | None = None,
         timings: EngineTimings | None = None,
         observer: Callable[[EngineEvent], None] | None = None,
+        companion_of: Callable[[str], str | None] | None = None,
     ) -> None:
         """``store`` keeps seen ids, replied ids and working memory across restarts (usually
-        also the ``history``); without it they live in memory."""
+        also the ``history``); without it they live in memory. ``companion_of`` maps an
+        inbound ``sender_peer`` to the companion id it speaks for (the node's membership);
+        without it a sender name that is a companion id in the directory is taken as is (the
+        in-memory transport)."""
         self.loaded = loaded
         self.card = loaded.card
         self.me: Metadata = loaded.card.metadata
@@ -290,6 +310,7 @@ class ConversationEngine:
         self.timings = timings or EngineTimings()
         self._publisher = publisher
         self._observer = observer
+        self._companion_of = companion_of
         self._memory: _Memory = store if store is not None else _VolatileMemory()
         self.runtime = ActionRuntime(
             metadata=self.me, publisher=_Outbox(self, publisher), directory=directory, history=history
@@ -302,8 +323,12 @@ class ConversationEngine:
         saved = self._memory.recall(_CONVERSATION_KEY, {}) or {}
         self._replies: int = int(saved.get("turn", 0))
         self._stage: ClosingStage = _stage_or_none(saved.get("closing"))
-        self._current: str | None = saved.get("message_id")
-        """The message the conversation is at (the latest one that was not stale)."""
+        self._thread = ConversationThread(saved.get("message_id"))
+        self._early: deque[tuple[list[State], str | None]] = deque(maxlen=_EARLY_ARRAYS)
+        self._recent_tags: deque[int] = deque(maxlen=_RECENT_TAGS)
+        """Tags of recent messages: an array tagged for one of them is late, not early."""
+        """Tagged arrays that matched no open turn (their message may be late); the tag keeps
+        them from answering any other message."""
 
     # --- running ---------------------------------------------------------------------------
 
@@ -347,30 +372,29 @@ class ConversationEngine:
             return
         self.history.append(message)
         info = turn_info(message)
-        if (
-            info.in_reply_to is not None
-            and info.in_reply_to != self._current
-            and self._memory.seen(_SEEN_MESSAGES, info.in_reply_to)
-        ):
-            # A reply that crossed a newer message (someone spoke meanwhile): it is part of the
-            # history, but the conversation follows the newer message on every node.
+        placed = self._thread.place(params.id, info.in_reply_to)
+        self._recent_tags.append(turn_tag(message))
+        if self._turn is not None and placed.closes == self._turn.message_id:
+            self._close_turn(self._turn, message)
+        if placed.kind != "current":
             self._emit(
                 "message_stale",
                 message_id=params.id,
                 sender=params.from_,
                 in_reply_to=info.in_reply_to,
-                current=self._current,
-                reason="answers a message that a newer one superseded",
+                current=self._thread.current,
+                reason=(
+                    "its reply arrived first"
+                    if placed.kind == "overtaken"
+                    else "answers a message that a newer one superseded"
+                ),
             )
             return
-        self._current = params.id
         meta = params.metadata or {}
         from_companion = params.from_.startswith("companion_")
         # Replies from nodes that do not stamp (aikyo's) continue the count we kept.
         replies = info.turn if META_TURN in meta else (self._replies + 1 if from_companion else 0)
         stage = info.closing if META_CLOSING in meta else (self._stage if from_companion else "none")
-        if self._turn is not None:
-            self._close_turn(self._turn, message)
         self._replies, self._stage = replies, stage
         self._memory.remember(_CONVERSATION_KEY, {"message_id": params.id, "turn": replies, "closing": stage})
         if params.from_ == self.me.id:
@@ -378,7 +402,7 @@ class ConversationEngine:
         if self.me.id not in params.to:
             self._emit("not_addressed", logging.DEBUG, message_id=params.id, sender=params.from_)
             return
-        plan = plan_leaders(message, self.directory)
+        plan = plan_leaders(message)
         turn = _Turn(message, replies, stage, info.nominated, plan)
         self._turn = turn
         rank = plan.rank(self.me.id)
@@ -395,6 +419,12 @@ class ConversationEngine:
         )
         if rank is not None:
             self._start(self._lead_when_due, turn, rank)
+        for early in list(self._early):
+            states, publisher = early
+            if states_match(states, message, self.directory):
+                self._early.remove(early)
+                self._on_states(states, source="early", publisher=publisher)
+                break
 
     def _close_turn(self, turn: _Turn, by: Message) -> None:
         """A newer message ends ``turn``: its timers stop, and a reply still being prepared is
@@ -417,6 +447,8 @@ class ConversationEngine:
 
     async def _lead_when_due(self, turn: _Turn, rank: int) -> None:
         with turn.task_scope():
+            if turn.states is not None:
+                return  # its states arrived before the message did
             if rank > 0:
                 wait = rank * self.timings.takeover_after
                 with trio.move_on_after(wait):
@@ -448,7 +480,9 @@ class ConversationEngine:
             max_turns=settings.max_turns,
         )
         decisions, source = await self._decide(turn, addressed, floor.stage)
-        outcome = finalize_states(decisions, addressed, floor=floor.stage, nominated=turn.nominated)
+        outcome = finalize_states(
+            decisions, addressed, floor=floor.stage, nominated=turn.nominated, tag=turn_tag(message)
+        )
         if turn.states is not None or turn.closed:
             self._emit("states_withheld", message_id=turn.message_id, reason="states already arrived")
             return
@@ -509,35 +543,62 @@ class ConversationEngine:
 
     # --- deciding the speaker -------------------------------------------------------------
 
-    def _on_states(self, states: list[State], *, source: str) -> None:
+    def _publisher_of(self, source: str) -> str | None:
+        """The companion that published a payload (``self`` for this one), if known."""
+        if source == "self":
+            return self.me.id
+        if self._companion_of is not None:
+            return self._companion_of(source)
+        return source if source in self.directory else None
+
+    def _on_states(self, states: list[State], *, source: str, publisher: str | None = None) -> None:
         turn = self._turn
         senders = [s.params.from_ for s in states]
-        if turn is None:
-            self._emit("states_ignored", logging.DEBUG, source=source, froms=senders, reason="no open turn")
-            return
-        if not states_match(states, turn.message, self.directory):
+        publisher = publisher if publisher is not None else self._publisher_of(source)
+        if turn is None or not states_match(states, turn.message, self.directory):
+            tag = states_tag(states)
+            if tag is not None and tag not in self._recent_tags:
+                self._early.append((states, publisher))  # its message may still be on the way
             self._emit(
                 "states_ignored",
                 logging.DEBUG,
                 source=source,
                 froms=senders,
-                message_id=turn.message_id,
-                reason="not for the current message",
+                message_id=None if turn is None else turn.message_id,
+                reason="no open turn" if turn is None else "not for the current message",
             )
             return
+        rank = turn.plan.rank(publisher) if publisher is not None else None
+        priority = rank if rank is not None else len(turn.plan.order)
         if turn.states is not None:
-            same = turn.states == states
+            if turn.states == states or priority >= turn.priority:
+                same = turn.states == states
+                self._emit(
+                    "states_ignored",
+                    logging.DEBUG if same else logging.INFO,
+                    source=source,
+                    message_id=turn.message_id,
+                    reason="duplicate" if same else "an array from an earlier or equal leader came first",
+                )
+                return
+            # A takeover's array was accepted, then the earlier leader's arrived (it was only
+            # late): every node ends up on the earliest leader's array.
             self._emit(
-                "states_ignored",
-                logging.DEBUG if same else logging.INFO,
+                "states_switched",
+                logging.WARNING,
                 source=source,
                 message_id=turn.message_id,
-                reason="duplicate" if same else "another array was accepted first",
+                rank=rank,
+                replaced_rank=turn.priority,
+                reason="the array of an earlier leader arrived late",
             )
-            return
+        else:
+            turn.accepted_at = trio.current_time()
         turn.states = states
+        turn.priority = priority
         turn.states_seen.set()
-        decision = decide_next_speaker(states, self.directory)
+        speaking = speaking_order(states)
+        decision = speaking.first
         turn.decision = decision
         self._stage = decision.closing
         self._emit(
@@ -548,40 +609,65 @@ class ConversationEngine:
             reason=decision.reason,
             why=decision.why,
             closing=decision.closing,
+            order=list(speaking.order),
             source=source,
         )
-        if decision.conversation_over:
+        if turn.slots is not None:
+            turn.slots.cancel()
+        if decision.conversation_over or not speaking.order:
             turn.stop_tasks()
-            self._emit("conversation_over", message_id=turn.message_id, turn=turn.replies, closing="terminal")
-            return
-        if decision.speaker is None:
-            turn.stop_tasks()
-            return
-        self._start(self._await_reply, turn, decision)
-        if decision.speaker == self.me.id:
-            self._start(self._speak, turn, decision)
-
-    async def _await_reply(self, turn: _Turn, decision: SpeakerDecision) -> None:
-        """Skip a speaker that stays silent past ``reply_timeout``; everyone skips the same way."""
-        assert turn.states is not None
-        current = decision
-        with turn.task_scope():
-            while current.speaker is not None:
-                await trio.sleep(self.timings.reply_timeout)
-                turn.silent.add(current.speaker)
-                nxt = decide_next_speaker(turn.states, self.directory, exclude=turn.silent, stand_in=True)
+            if turn.speak_scope is not None and not turn.spoke:
+                turn.speak_scope.cancel()
+            if decision.conversation_over:
                 self._emit(
-                    "speaker_silent",
-                    logging.WARNING,
-                    message_id=turn.message_id,
-                    silent=current.speaker,
-                    speaker=nxt.speaker,
-                    reason=nxt.reason,
-                    why=nxt.why,
+                    "conversation_over", message_id=turn.message_id, turn=turn.replies, closing="terminal"
                 )
-                if nxt.speaker == self.me.id:
-                    self._start(self._speak, turn, nxt)
-                current = nxt
+            return
+        slot_now = int((trio.current_time() - turn.accepted_at) // self.timings.reply_timeout)
+        if self._speaking is turn and not turn.spoke and speaking.slot(self.me.id) != slot_now:
+            assert turn.speak_scope is not None
+            turn.speak_scope.cancel()
+            self._emit(
+                "speech_withdrawn",
+                message_id=turn.message_id,
+                by=publisher,
+                reason="the earlier leader's array gives this slot to another companion",
+            )
+        turn.slots = turn.task_scope()
+        self._start(self._speaking_slots, turn, speaking, turn.slots)
+
+    async def _speaking_slots(self, turn: _Turn, speaking: SpeakingOrder, scope: trio.CancelScope) -> None:
+        """Slot ``k`` of the speaking order opens ``k x reply_timeout`` after the first array was
+        accepted; a reply from anyone closes the turn and ends this task."""
+        assert turn.decision is not None
+        reply_timeout = self.timings.reply_timeout
+        waited = False
+        with scope:
+            for slot, candidate in enumerate(speaking.order):
+                ends = turn.accepted_at + (slot + 1) * reply_timeout
+                if ends <= trio.current_time():
+                    continue  # passed before this order was known
+                if waited:
+                    self._emit(
+                        "speaker_silent",
+                        logging.WARNING,
+                        message_id=turn.message_id,
+                        silent=speaking.order[slot - 1],
+                        speaker=candidate,
+                        slot=slot,
+                        why=f"no reply within {reply_timeout:g} s; next in the speaking order",
+                    )
+                if candidate == self.me.id and self._speaking is not turn:
+                    self._start(self._speak, turn, turn.decision)
+                await trio.sleep_until(ends)
+                waited = True
+            self._emit(
+                "turn_unanswered",
+                logging.WARNING,
+                message_id=turn.message_id,
+                order=list(speaking.order),
+                reason="every candidate stayed silent",
+            )
 
     # --- speaking --------------------------------------------------------------------------
 
@@ -593,7 +679,7 @@ class ConversationEngine:
                 reason=f"already speaking (reply to {self._speaking.message_id})",
             )
             return
-        if turn.closed or turn.speak_scope is not None:
+        if turn.closed or turn.spoke:
             self._emit("speak_skipped", message_id=turn.message_id, reason="the turn is over")
             return
         if self._memory.seen(_REPLIED, turn.message_id):
@@ -742,8 +828,16 @@ def engine_handler_factory(
     def make(loaded: LoadedCard, node: NodeLike, nursery: trio.Nursery) -> ConversationEngine:
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
         history: ConversationHistory = store if store is not None else InMemoryHistory()
+        membership = getattr(node, "membership", None)
         engine = ConversationEngine(
-            loaded, model_for(loaded), node, node.directory, history, store=store, timings=timings
+            loaded,
+            model_for(loaded),
+            node,
+            node.directory,
+            history,
+            store=store,
+            timings=timings,
+            companion_of=getattr(membership, "companion_of", None),
         )
         engine.attach(nursery)
         return engine

@@ -12,6 +12,13 @@ in one conversation have different senders, and the speaker of a reply was addre
 message before it, so an array for an older message lacks a state the newer one needs, or has
 one the newer one forbids.
 
+Where content cannot tell two messages apart (the same sender speaks again to the same
+companions while a delayed array for its earlier message is still in flight), a *turn tag*
+does: our leaders round every importance to 0.01 and add ``tag x 1e-8`` (subtract it at 10),
+where the tag (1..400000) comes from the message id (:func:`turn_tag`). The same offset on every
+state of an array keeps its ranking, so JavaScript nodes choose the same speaker; arrays without
+a tag (aikyo's leaders) are matched by content alone.
+
 Extensions travel in a Message's ``params.metadata`` (aikyo keeps unknown metadata keys and
 ignores them); the keys are the ``META_*`` constants below:
 
@@ -28,13 +35,14 @@ from __future__ import annotations
 import hashlib
 import math
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any, Final, Literal, TypeAlias
 
 from .models.base import StateDecision
-from .protocol import CLOSING_ORDER, ClosingStage, Message, State, canonical_json
+from .protocol import CLOSING_ORDER, COMPANION_ID_PREFIX, ClosingStage, Message, State, canonical_json
 
 __all__ = [
     "DEFAULT_REPETITION_THRESHOLD",
@@ -45,9 +53,12 @@ __all__ = [
     "REPETITION_WINDOW",
     "ClosingDecision",
     "ClosingReason",
+    "ConversationThread",
     "LeaderPlan",
+    "Placement",
     "SpeakerDecision",
     "SpeakerReason",
+    "SpeakingOrder",
     "StatesOutcome",
     "TurnInfo",
     "advance",
@@ -61,9 +72,12 @@ __all__ = [
     "repetition_score",
     "reply_recipients",
     "select_leader",
+    "speaking_order",
     "stamp_reply",
     "states_match",
+    "states_tag",
     "turn_info",
+    "turn_tag",
 ]
 
 META_NEXT_SPEAKER: Final = "next_speaker"
@@ -112,12 +126,17 @@ class LeaderPlan:
             return None
 
 
-def plan_leaders(message: Message, active_ids: Iterable[str]) -> LeaderPlan:
+def plan_leaders(message: Message, active_ids: Iterable[str] | None = None) -> LeaderPlan:
     """aikyo's leader, then the other active addressees in ``to`` order after it, wrapping round.
 
-    Every node computes the same order from the same message and directory, so a takeover needs
-    no coordination: rank ``k`` waits ``k`` slots and leads only if no states arrived.
+    Without ``active_ids``, every companion the message addresses counts as active: the
+    sender's view of who is present, which is the same on every node, where each node's own
+    directory is not while companions come and go. (With a consistent membership both give
+    aikyo's leader.) A takeover then needs no coordination: rank ``k`` waits ``k`` slots and
+    leads only if no states arrived; a departed leader's slot simply passes.
     """
+    if active_ids is None:
+        active_ids = [cid for cid in message.params.to if cid.startswith(COMPANION_ID_PREFIX)]
     active = set(active_ids)
     leader = select_leader(message, active)
     if leader is None:
@@ -183,13 +202,104 @@ def reply_recipients(message: Message, me: str, present: Iterable[str]) -> list[
     return [cid for cid in dict.fromkeys(ordered) if cid != me]
 
 
+# --- Where the conversation is ------------------------------------------------------------
+
+
+Placing: TypeAlias = Literal["current", "stale", "overtaken"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a newly seen message goes in the conversation, and which turn it ends."""
+
+    kind: Placing
+    """``current``: the conversation is now at it; ``stale``: a reply that crossed a newer
+    message; ``overtaken``: a message whose reply arrived before it."""
+    closes: str | None = None
+    """The message whose turn is over now (the previous current one), if any."""
+
+
+class ConversationThread:
+    """Follows which message a conversation is at, whatever order gossip delivers them in.
+
+    A reply to the current message moves the conversation on; a message that is no reply (a
+    person speaking) moves it too. A reply to an older message, one the conversation already
+    left, is stale: it stays in the history but leads nowhere, so every node keeps following
+    the same message. A message whose reply came first is overtaken: if it answers the
+    current message, the conversation jumps to the newest reply known in its chain.
+    """
+
+    def __init__(self, current: str | None = None, *, limit: int = 4096) -> None:
+        self.current = current
+        self._answers: OrderedDict[str, str] = OrderedDict()
+        self._known: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+
+    def _remember(self, table: OrderedDict[str, Any], key: str, value: Any) -> None:
+        if key not in table:
+            table[key] = value
+            while len(table) > self._limit:
+                table.popitem(last=False)
+
+    def _head(self, message_id: str) -> str:
+        for _ in range(self._limit):
+            if message_id not in self._answers:
+                break
+            message_id = self._answers[message_id]
+        return message_id
+
+    def place(self, message_id: str, in_reply_to: str | None) -> Placement:
+        """Place one message (each id once; duplicates are the caller's to drop)."""
+        previous: str | None = self.current
+        self._remember(self._known, message_id, None)
+        if in_reply_to is not None:
+            self._remember(self._answers, in_reply_to, message_id)
+        if message_id in self._answers and self._answers[message_id] != message_id:
+            if in_reply_to is not None and in_reply_to == self.current:
+                self.current = self._head(message_id)
+                return Placement("overtaken", previous)
+            return Placement("overtaken")
+        if in_reply_to is not None and in_reply_to != self.current and in_reply_to in self._known:
+            return Placement("stale")
+        self.current = message_id
+        return Placement("current", previous)
+
+
 # --- States ---------------------------------------------------------------------------------
+
+
+TAG_UNIT: Final = 1e-8
+TAG_SPACE: Final = 400_000
+"""Tags 1..400000 in units of 1e-8: below half the 0.01 rounding step, exact in a double."""
+
+
+def turn_tag(message: Message) -> int:
+    """The turn tag (1..400000) of the states that answer ``message``."""
+    digest = hashlib.md5(message.params.id.encode("utf-8"), usedforsecurity=False).hexdigest()
+    return int(digest, 16) % TAG_SPACE + 1
+
+
+def _tagged(importance: float, tag: int) -> float:
+    base = round(importance, 2)
+    return base - tag * TAG_UNIT if base >= 10 else base + tag * TAG_UNIT
+
+
+def states_tag(states: Sequence[State]) -> int | None:
+    """The turn tag every state of the array carries, or ``None`` (untagged or inconsistent)."""
+    tags = set()
+    for state in states:
+        value = state.params.importance
+        tags.add(abs(round((value - round(value, 2)) / TAG_UNIT)))
+    if len(tags) != 1:
+        return None
+    tag = tags.pop()
+    return tag if 1 <= tag <= TAG_SPACE else None
 
 
 def states_match(states: Sequence[State], message: Message, active_ids: Iterable[str]) -> bool:
     """Whether a states array can answer ``message``: every state from an addressee of the
-    message, none from its sender, and one from every addressee active here (see the module
-    docstring for why this ties arrays to turns)."""
+    message and none from its sender; then the message's turn tag if the array carries one,
+    else a state from every addressee active here (see the module docstring)."""
     if not states:
         return False
     addressed = set(message.params.to)
@@ -197,6 +307,9 @@ def states_match(states: Sequence[State], message: Message, active_ids: Iterable
     froms = {s.params.from_ for s in states}
     if sender in froms or not froms <= addressed:
         return False
+    tag = states_tag(states)
+    if tag is not None:
+        return tag == turn_tag(message)
     return (addressed & set(active_ids)) - {sender} <= froms
 
 
@@ -221,12 +334,14 @@ def finalize_states(
     *,
     floor: ClosingStage,
     nominated: str | None = None,
+    tag: int | None = None,
 ) -> StatesOutcome:
     """Turn the model's decisions into the states array, one per addressed companion in order.
 
     The model's answer is advice: a missing companion listens, unknown ids are dropped,
     importance is clamped to 0..10, every state carries one closing stage (the latest of the
-    model's stages and ``floor``), and a nominee is the only ``selected`` companion.
+    model's stages and ``floor``), and a nominee is the only ``selected`` companion. With
+    ``tag`` (:func:`turn_tag` of the message), importances carry the turn tag.
     """
     notes: list[str] = []
     order = list(dict.fromkeys(addressed))
@@ -262,7 +377,10 @@ def finalize_states(
                 notes.append(f"{cid} unselected: the sender nominated {nominee}")
             selected = cid == nominee
             state = "speak" if cid == nominee else state
-        states.append(State.create(cid, state, _clamp_importance(decision.importance), selected, stage))
+        importance = _clamp_importance(decision.importance)
+        if tag is not None:
+            importance = _tagged(importance, tag)
+        states.append(State.create(cid, state, importance, selected, stage))
     return StatesOutcome(states, stage, tuple(notes))
 
 
@@ -339,7 +457,7 @@ def decide_next_speaker(
         ties = sum(1 for s in pool if s.params.importance == best.params.importance)
         tie = " (tie broken by array order)" if ties > 1 else ""
         why = (
-            f"{who} is {label} with importance {best.params.importance:g}, "
+            f"{who} is {label} with importance {round(best.params.importance, 2):g}, "
             f"the highest of {len(pool)}{tie}{skipped}"
         )
         return SpeakerDecision(who, reason, why, best.params.closing, best.params.importance)
@@ -349,6 +467,44 @@ def decide_next_speaker(
         f"no active companion is selected or wants to speak ({len(valid)} valid state(s)){skipped}",
         stage,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakingOrder:
+    """Who speaks for a states array, and who stands in, slot by slot, when they stay silent."""
+
+    first: SpeakerDecision
+    order: tuple[str, ...]
+    """``order[k]`` may speak ``k`` reply deadlines after the array was accepted."""
+
+    def slot(self, companion_id: str) -> int | None:
+        try:
+            return self.order.index(companion_id)
+        except ValueError:
+            return None
+
+
+def speaking_order(states: Sequence[State]) -> SpeakingOrder:
+    """The speaker every node derives from an array, and the stand-ins after it.
+
+    The first is aikyo's rule (:func:`decide_next_speaker`) over every companion in the array;
+    each next one is the same rule with the ones before excluded, listeners last. The order
+    depends on the array alone, never on who a node believes is connected: nodes whose
+    directories differ still give each candidate the same slot, so two candidates never speak
+    at once. (aikyo itself ignores absent companions; ours wait one slot for them instead, and
+    a leader includes only the companions it sees.) Empty when nobody wants to speak or the
+    stage is ``terminal``.
+    """
+    everyone = [s.params.from_ for s in states if s.params.from_.startswith(COMPANION_ID_PREFIX)]
+    first = decide_next_speaker(states, everyone)
+    if first.speaker is None:
+        return SpeakingOrder(first, ())
+    order = [first.speaker]
+    while True:
+        nxt = decide_next_speaker(states, everyone, exclude=order, stand_in=True)
+        if nxt.speaker is None:
+            return SpeakingOrder(first, tuple(order))
+        order.append(nxt.speaker)
 
 
 # --- Closing ----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from companion.turns import (
     META_IN_REPLY_TO,
     META_NEXT_SPEAKER,
     META_TURN,
+    ConversationThread,
+    Placement,
     advance,
     bigram_jaccard,
     closing_floor,
@@ -28,9 +31,12 @@ from companion.turns import (
     repetition_score,
     reply_recipients,
     select_leader,
+    speaking_order,
     stamp_reply,
     states_match,
+    states_tag,
     turn_info,
+    turn_tag,
 )
 
 VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "leader.json"
@@ -346,3 +352,106 @@ def test_stand_in_only_after_silence() -> None:
     assert (decision.speaker, decision.reason) == (C, "stand_in")
     assert decide_next_speaker(states, [A, B, C], stand_in=True).speaker == A
     assert decide_next_speaker(states, [A, B, C], exclude={A, B, C}, stand_in=True).speaker is None
+
+
+# --- speaking order ---------------------------------------------------------------------------
+
+
+def test_speaking_order_is_aikyos_choice_then_stand_ins() -> None:
+    states = [
+        _state(A, "listen", 3),
+        _state(B, "speak", 5),
+        _state(C, "speak", 8),
+        _state(D, "listen", 9, selected=True),
+        _state("user_x", "speak", 10),
+    ]
+    speaking = speaking_order(states)
+    assert speaking.first.speaker == D and speaking.first.reason == "selected"
+    assert speaking.order == (D, C, B, A)  # selected, speakers by importance, then listeners
+    assert speaking.slot(B) == 2 and speaking.slot("user_x") is None
+
+
+def test_speaking_order_is_empty_when_nobody_wants_to_or_at_terminal() -> None:
+    assert speaking_order([_state(A), _state(B)]).order == ()
+    over = speaking_order([_state(A, "speak", 5, closing="terminal"), _state(B, closing="terminal")])
+    assert over.order == () and over.first.conversation_over
+
+
+@given(_states)
+def test_speaking_order_depends_on_the_array_alone(states: list[State]) -> None:
+    speaking = speaking_order(states)
+    companions = {s.params.from_ for s in states}
+    assert len(set(speaking.order)) == len(speaking.order) and set(speaking.order) <= companions
+    if speaking.order:
+        assert speaking.order[0] == _aikyo_reference(states, sorted(companions))
+
+
+# --- turn tags --------------------------------------------------------------------------------
+
+
+def test_turn_tags_tie_our_arrays_to_their_message_without_changing_the_ranking() -> None:
+    first = Message.create(A, [B, C], "one", id="m-1")
+    again = Message.create(A, [B, C], "two", id="m-2")  # same sender, same addressees
+    decisions = [StateDecision(B, "speak", 7.0, False), StateDecision(C, "speak", 7.0, False)]
+    tagged = finalize_states(decisions, [B, C], floor="none", tag=turn_tag(first)).states
+    assert states_tag(tagged) == turn_tag(first) != turn_tag(again)
+    assert states_match(tagged, first, [A, B, C]) and not states_match(tagged, again, [A, B, C])
+    plain = finalize_states(decisions, [B, C], floor="none").states
+    assert states_tag(plain) is None and states_match(plain, again, [A, B, C])
+    assert decide_next_speaker(tagged, [B, C]).speaker == decide_next_speaker(plain, [B, C]).speaker == B
+    top = finalize_states([StateDecision(B, "speak", 10, False)], [B], floor="none", tag=400_000).states
+    assert 9.99 < top[0].params.importance < 10 and states_tag(top) == 400_000
+    assert 1 <= turn_tag(first) <= 400_000
+
+
+@given(
+    st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=6),
+    st.integers(1, 400_000),
+)
+def test_tags_survive_any_importance_and_keep_the_order(values: list[float], tag: int) -> None:
+    ids = [f"companion_{i}" for i in range(len(values))]
+    decisions = [StateDecision(cid, "speak", v, False) for cid, v in zip(ids, values, strict=True)]
+    tagged = finalize_states(decisions, ids, floor="none", tag=tag).states
+    assert states_tag(tagged) == tag
+    assert all(0 <= s.params.importance <= 10 for s in tagged)
+    rounded = [round(v, 2) for v in values]
+    for (i, a), (j, b) in itertools.combinations(enumerate(tagged), 2):
+        if rounded[i] != rounded[j]:
+            assert (rounded[i] < rounded[j]) == (a.params.importance < b.params.importance)
+
+
+# --- where the conversation is ---------------------------------------------------------------
+
+
+def test_thread_follows_replies_and_interjections() -> None:
+    thread = ConversationThread()
+    assert thread.place("m1", None) == Placement("current", None)
+    assert thread.place("r1", "m1") == Placement("current", "m1")
+    assert thread.place("u1", None) == Placement("current", "r1")  # a person interjects
+    assert thread.place("r2", "r1") == Placement("stale")  # crossed the interjection
+    assert thread.current == "u1"
+
+
+def test_thread_skips_messages_whose_reply_came_first() -> None:
+    thread = ConversationThread()
+    thread.place("m1", None)
+    assert thread.place("r2", "r1") == Placement("current", "m1")  # r1 not seen yet
+    assert thread.place("r1", "m1") == Placement("overtaken")
+    assert thread.current == "r2"
+    late = ConversationThread()
+    late.place("m1", None)
+    late.place("r1", "m1")
+    assert late.place("r3", "r2") == Placement("current", "r1")
+    assert late.place("r2", "r1") == Placement("overtaken")  # r3 had answered it already
+    assert late.current == "r3"
+
+
+def test_thread_jumps_to_the_newest_known_reply() -> None:
+    thread = ConversationThread()
+    thread.place("u0", None)
+    thread.place("r3", "r2")  # r2 and r1 still on the way
+    thread.place("r2", "r1")
+    thread.place("opening", None)  # a late first message becomes current for a moment...
+    assert thread.current == "opening"
+    placed = thread.place("r1", "opening")  # ...until its reply shows it was answered long ago
+    assert placed == Placement("overtaken", "opening") and thread.current == "r3"
