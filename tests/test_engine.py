@@ -18,12 +18,20 @@ from companion.actions import ActionDef
 from companion.demo import MemoryGroup, Transcript
 from companion.engine import ConversationEngine, EngineEvent, EngineTimings
 from companion.history import InMemoryHistory
-from companion.models.base import ModelError, SpeakRequest, StatesRequest, ToolCaller
+from companion.models.base import ModelError, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
 from companion.protocol import MESSAGES, QUERIES, STATES, Message, QueryResult, QueryResultBody, State
 from companion.store import Store
 from companion.transport import Inbound, MemoryHub
-from companion.turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER, META_TURN, plan_leaders
+from companion.turns import (
+    META_CLOSING,
+    META_IN_REPLY_TO,
+    META_NEXT_SPEAKER,
+    META_TURN,
+    finalize_states,
+    plan_leaders,
+    turn_tag,
+)
 
 TIMINGS = EngineTimings.offline()
 
@@ -593,3 +601,52 @@ def test_timings_keep_the_safety_orderings() -> None:
     with pytest.raises(ValueError, match="positive"):
         EngineTimings(publish_timeout=0)
     assert EngineTimings.offline(pace=1.0).reply_timeout > EngineTimings.offline().speak_timeout + 1.0
+
+
+async def test_a_late_array_from_an_earlier_leader_wins(autojump_clock: trio.testing.MockClock) -> None:
+    """A takeover's array was accepted; then the first leader's array arrives (it was only late):
+    the node switches to it, and speaks if that array gives it the turn."""
+    cards = [make_card(i, max_turns=None) for i in range(3)]
+    ids = [c.card.metadata.id for c in cards]
+    opening = Message.create("user_x", ids, "Who is first?")
+    plan = plan_leaders(opening)
+    leader, second, me = plan.order
+    card = next(c for c in cards if c.card.metadata.id == me)
+    sent: list[tuple[str, Any]] = []
+
+    class Sink:
+        async def publish(self, topic: str, envelope: Any) -> None:
+            sent.append((topic, envelope))
+
+    events: list[EngineEvent] = []
+    engine = ConversationEngine(
+        card,
+        ScriptedModel(0),
+        Sink(),
+        {c.card.metadata.id: c.card.metadata for c in cards},
+        InMemoryHistory(),
+        timings=TIMINGS,
+        observer=events.append,
+    )
+
+    def array(speaker: str) -> list[State]:
+        decisions = [StateDecision(cid, "speak" if cid == speaker else "listen", 5, False) for cid in ids]
+        return finalize_states(decisions, ids, floor="none", tag=turn_tag(opening)).states
+
+    async with trio.open_nursery() as nursery:
+        engine.attach(nursery)
+        await engine.handle(Inbound(MESSAGES, opening, "user_x"))
+        await engine.handle(Inbound(STATES, array(second), second))  # the takeover's array
+        await engine.handle(Inbound(STATES, array(leader), "peer-unknown"))  # unknown: ranks last
+        await engine.handle(Inbound(STATES, array(me), leader))  # the leader's, late
+        await engine.handle(Inbound(STATES, array(second), second))
+        await trio.testing.wait_all_tasks_blocked()
+        chosen = [e.fields["speaker"] for e in events if e.kind == "speaker_chosen"]
+        assert chosen == [second, me]
+        switched = [e for e in events if e.kind == "states_switched"]
+        assert [(e.fields["rank"], e.fields["replaced_rank"]) for e in switched] == [(0, 1)]
+        reasons = [e.fields["reason"] for e in events if e.kind == "states_ignored"]
+        assert reasons == ["an array from an earlier or equal leader came first"] * 2
+        replies = [m for t, m in sent if t == MESSAGES]
+        assert len(replies) == 1 and (replies[0].params.metadata or {})[META_IN_REPLY_TO] == opening.params.id
+        nursery.cancel_scope.cancel()
