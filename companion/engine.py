@@ -317,6 +317,9 @@ class ConversationEngine:
         )
         for defn in loaded.tools.values():
             self.runtime.register(defn)
+        self._params_check = _ParamsCheck(self.card.events.params)
+        if self._params_check.problem is not None:
+            log_event(logger, "params_schema_invalid", logging.ERROR, problem=self._params_check.problem)
         self._nursery: trio.Nursery | None = None
         self._turn: _Turn | None = None
         self._speaking: _Turn | None = None
@@ -721,7 +724,7 @@ class ConversationEngine:
         values = await self.model.fill_params(
             ParamsRequest(self.me, self.card.role, schema, turn.message, recent)
         )
-        issues = _schema_issues(values, schema)
+        issues = self._params_check.issues(values)
         instructions = self.loaded.triggers.evaluate(values)
         self._emit(
             "instructions",
@@ -784,16 +787,27 @@ class ConversationEngine:
         return stamped
 
 
-def _schema_issues(values: Any, schema: Mapping[str, Any]) -> list[str]:
-    """Where the model's parameters break the card's schema (the triggers skip those values)."""
-    try:
-        validator = jsonschema.Draft202012Validator(dict(schema))
+class _ParamsCheck:
+    """The card's ``events.params`` schema, compiled once: where the model's values break it."""
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        self.problem: str | None = None
+        self._validator: jsonschema.protocols.Validator | None = None
+        try:
+            cls = jsonschema.validators.validator_for(dict(schema), jsonschema.Draft202012Validator)
+            cls.check_schema(dict(schema))
+            self._validator = cls(dict(schema))
+        except jsonschema.SchemaError as exc:
+            self.problem = f"the card's params schema is not valid JSON Schema: {exc.message}"
+
+    def issues(self, values: Any) -> list[str]:
+        """At most ten problems, each ``path: message`` (the triggers skip those values)."""
+        if self._validator is None:
+            return [self.problem or "no schema"]
         return [
             f"{'.'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
-            for error in validator.iter_errors(values)
+            for error in self._validator.iter_errors(values)
         ][:10]
-    except jsonschema.SchemaError as exc:
-        return [f"the card's params schema is not valid JSON Schema: {exc.message}"]
 
 
 def _state_summary(state: State) -> dict[str, Any]:

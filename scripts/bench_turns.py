@@ -12,6 +12,7 @@ action runtime, parsing and the transport. Model calls are counted per answered 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -78,7 +79,8 @@ class TimedModel:
             self.spent[request.message.params.id] += time.perf_counter() - started - spent_in_tools
 
 
-def group_cards(size: int) -> list[LoadedCard]:
+@functools.cache
+def group_cards(size: int) -> tuple[LoadedCard, ...]:
     """The example cards, cloned under new ids and names until there are ``size`` of them."""
     base = [load_card(path) for path in default_cards(REPO / "cards")]
     out = []
@@ -99,7 +101,7 @@ def group_cards(size: int) -> list[LoadedCard]:
             }
         )
         out.append(LoadedCard.from_card(card))
-    return out
+    return tuple(out)
 
 
 async def one_conversation(size: int, seed: int) -> tuple[list[float], list[int], int]:
