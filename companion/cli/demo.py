@@ -1,0 +1,102 @@
+"""``companion demo``: watch three companions talk (offline by default), or any cards you name."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..log import configure_logging
+
+__all__ = ["main", "register"]
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="watch companions talk: three processes on 127.0.0.1, scripted model by default",
+        description=(
+            "Start the companions of CARD files (default: the first three in cards/) as separate "
+            "processes on 127.0.0.1, send an opening line, and print the conversation until it "
+            "reaches terminal or the turn cap. Exit status 0 when it ends either way."
+        ),
+    )
+    parser.add_argument("cards", nargs="*", type=Path, metavar="CARD", help="card files (default: cards/)")
+    parser.add_argument(
+        "--model",
+        default="scripted",
+        help="model for every companion: scripted (offline, default), openai:NAME, anthropic:NAME",
+    )
+    parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (Ollama, vLLM...)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the scripted model (default 0)")
+    parser.add_argument("--max-turns", type=int, default=30, help="stop after this many replies (default 30)")
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="give up after this many seconds (default 180)"
+    )
+    parser.add_argument("--pace", type=float, default=0.5, help="seconds a speaker pauses before a reply")
+    parser.add_argument("--say", default=None, metavar="TEXT", help="the opening line")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line instead of text")
+    parser.add_argument(
+        "--in-memory", action="store_true", help="run everything in this process (no sockets)"
+    )
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep logs and data here")
+    parser.add_argument("--log-level", default="WARNING", help="log level of this process (stderr)")
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..card import CardError, load_card
+    from ..demo import DemoOptions, TranscriptEvent, default_cards, names_of, render_text, run_demo
+
+    configure_logging(args.log_level.upper(), "json" if args.json else "text")
+    if args.model != "scripted" and not args.model.startswith("scripted:"):
+        from ..models.errors import ModelSetupError
+        from ..models.factory import make_model
+
+        try:
+            make_model(args.model, base_url=args.base_url)
+        except ModelSetupError as exc:
+            print(f"companion demo: {exc}", file=sys.stderr)
+            return 2
+    try:
+        cards = list(args.cards) or default_cards()
+        names = names_of(load_card(path) for path in cards)
+    except (CardError, FileNotFoundError) as exc:
+        print(f"companion demo: {exc}", file=sys.stderr)
+        return 2
+    options = DemoOptions(
+        cards=cards,
+        model=args.model,
+        base_url=args.base_url,
+        seed=args.seed,
+        max_replies=args.max_turns,
+        timeout=args.timeout,
+        pace=args.pace,
+        text=args.say,
+        json=args.json,
+        in_memory=args.in_memory,
+        keep_dir=args.keep,
+    )
+
+    def emit(event: TranscriptEvent) -> None:
+        if args.json:
+            print(json.dumps(event.to_json(), ensure_ascii=False), flush=True)
+            return
+        line = render_text(event, names)
+        if line is not None:
+            print(line, flush=True)
+
+    if not args.json:
+        print(f"companion demo: {', '.join(names.values())} ({args.model})", flush=True)
+    try:
+        end = trio.run(run_demo, options, emit)
+    except KeyboardInterrupt:
+        return 130
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"companion demo: {exc}", file=sys.stderr)
+        return 1
+    return 0 if end.reason in ("terminal", "turn_cap") else 1
