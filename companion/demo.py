@@ -247,18 +247,25 @@ def render_text(event: TranscriptEvent, names: Mapping[str, str]) -> str | None:
     def name(cid: str | None) -> str:
         return "nobody" if cid is None else names.get(cid, cid)
 
+    def named(text: str) -> str:
+        for cid in sorted(names, key=len, reverse=True):
+            text = text.replace(cid, names[cid])
+        return text
+
     if event.kind == "message":
         to = ", ".join(name(r) for r in event.recipients) or "everyone"
         tags = [t for t in (event.emotion, f"turn {event.turn}" if event.in_reply_to else None) if t]
         if event.closing != "none":
             tags.append(event.closing)
         head = f"{name(event.speaker)} → {to}" + (f"  [{', '.join(tags)}]" if tags else "")
-        return f"{head}\n    “{event.text}”\n    why: {event.why}"
+        return f"{head}\n    “{event.text}”\n    why: {named(event.why)}"
     if event.kind == "decision":
         if event.speaker is None and event.reason != "terminal":
-            return f"    (nobody speaks: {event.why})"
+            return f"    (nobody speaks: {named(event.why)})"
         return None
-    return f"— conversation over ({event.reason}): {event.why}"
+    if event.reason == "terminal":
+        return f"— the conversation closed (terminal) after {event.turn} replies"
+    return f"— stopped ({event.reason}): {named(event.why)}"
 
 
 # --- counting model calls -------------------------------------------------------------------------
@@ -425,7 +432,10 @@ class MemoryGroup:
 
 
 def names_of(cards: Iterable[LoadedCard]) -> dict[str, str]:
-    return {c.card.metadata.id: c.card.metadata.name for c in cards}
+    """Display names by id: the companions', and "User" for the demo's opening line."""
+    names = {c.card.metadata.id: c.card.metadata.name for c in cards}
+    names[USER_ID] = "User"
+    return names
 
 
 def kickoff_text(cards: Sequence[LoadedCard]) -> str:
@@ -607,6 +617,16 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
     from .node import CompanionNode, NodeConfig
 
     loaded = [load_card(path) for path in options.cards]
+    sink, finished = emit, False
+
+    def gated(event: TranscriptEvent) -> None:
+        """Nothing after the end line (companions may still talk while they are stopped)."""
+        nonlocal finished
+        if not finished:
+            sink(event)
+            finished = event.kind == "end"
+
+    emit = gated
     if options.in_memory:
         return await run_in_memory(
             loaded,
@@ -644,7 +664,8 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
             log_event(logger, "demo_ready", companions=ids, workdir=str(workdir))
             opening = Message.create(USER_ID, ids, options.text or kickoff_text(loaded))
             end = await _converse(bridge, watcher, opening, options)
-            emit(end)
+            if not watcher.transcript.over:
+                emit(end)  # (a terminal end is already in the transcript)
             return end
         finally:
             with trio.CancelScope(shield=True):

@@ -1,0 +1,99 @@
+"""`companion demo`: three companion processes on 127.0.0.1 with the scripted model hold one
+conversation to `terminal`; the JSON transcript explains every turn and no message is answered
+twice; every process the demo started is gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+FIELDS = {"event", "speaker", "recipients", "text", "emotion", "why", "closing"}
+
+
+def _run_demo(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    command = [
+        sys.executable,
+        "-m",
+        "companion",
+        "demo",
+        "--json",
+        "--pace",
+        "0.1",
+        "--timeout",
+        "120",
+        "--log-level",
+        "INFO",
+        "--keep",
+        str(tmp_path / "run"),
+        *extra,
+    ]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return done, events
+
+
+def _started_pids(stderr: str) -> list[int]:
+    pids = []
+    for line in stderr.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == "companion_process_started":
+            pids.append(int(record["pid"]))
+    return pids
+
+
+def test_demo_reaches_terminal_with_a_readable_json_transcript(tmp_path: Path) -> None:
+    done, events = _run_demo(tmp_path)
+    logs = "\n".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in sorted((tmp_path / "run").glob("*.log")))
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-3000:]}\n{logs}"
+    assert all(set(e) >= FIELDS for e in events)
+
+    end = events[-1]
+    assert (end["event"], end["reason"], end["closing"]) == ("end", "terminal", "terminal")
+
+    messages = [e for e in events if e["event"] == "message"]
+    opening, replies = messages[0], messages[1:]
+    assert opening["speaker"] == "user_demo" and len(opening["recipients"]) == 3
+    assert len(replies) >= 2
+    answered = [r["in_reply_to"] for r in replies]
+    assert len(answered) == len(set(answered)), "a message was answered twice"
+
+    decisions = {e["message_id"]: e for e in events if e["event"] == "decision"}
+    for reply in replies:
+        assert reply["speaker"].startswith("companion_") and reply["text"]
+        assert reply["emotion"] in ("happy", "sad", "angry", "neutral")
+        assert reply["speaker"] not in reply["recipients"]
+        decision = decisions.get(reply["in_reply_to"])
+        if decision is not None:  # the bystander saw the states that chose this speaker
+            assert decision["speaker"] == reply["speaker"]
+            assert reply["why"] == decision["why"] and reply["speaker"] in reply["why"]
+    stages = [r["closing"] for r in replies]
+    assert stages[-1] == "closing" and "pre-closing" in stages
+    order = ["none", "pre-closing", "closing", "terminal"]
+    assert [order.index(s) for s in stages] == sorted(order.index(s) for s in stages)
+
+    pids = _started_pids(done.stderr)
+    assert len(pids) == 3
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert {p.name for p in (tmp_path / "run").glob("*.log")} == {"juniper.log", "ostra.log", "pim.log"}
+
+
+def test_demo_stops_at_the_turn_cap(tmp_path: Path) -> None:
+    done, events = _run_demo(tmp_path, "--max-turns", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    end = events[-1]
+    assert (end["event"], end["reason"]) == ("end", "turn_cap")
+    assert len([e for e in events if e["event"] == "message" and e["in_reply_to"]]) >= 2
