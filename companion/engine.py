@@ -721,9 +721,20 @@ class ConversationEngine:
     async def _take_turn(self, turn: _Turn, decision: SpeakerDecision) -> None:
         recent = self.history.recent(self.timings.history_limit)
         schema = self.card.events.params
-        values = await self.model.fill_params(
-            ParamsRequest(self.me, self.card.role, schema, turn.message, recent)
-        )
+        try:
+            values = await self.model.fill_params(
+                ParamsRequest(self.me, self.card.role, schema, turn.message, recent)
+            )
+        except ModelError as exc:
+            # The parameters only choose instructions: speak without them rather than not at all.
+            self._emit(
+                "params_failed",
+                logging.WARNING,
+                message_id=turn.message_id,
+                error=str(exc),
+                reason="speaking without parameters; conditions that read them do not match",
+            )
+            values = {}
         issues = self._params_check.issues(values)
         instructions = self.loaded.triggers.evaluate(values)
         self._emit(

@@ -650,3 +650,18 @@ async def test_a_late_array_from_an_earlier_leader_wins(autojump_clock: trio.tes
         replies = [m for t, m in sent if t == MESSAGES]
         assert len(replies) == 1 and (replies[0].params.metadata or {})[META_IN_REPLY_TO] == opening.params.id
         nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_parameter_call_still_lets_the_speaker_speak(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def fail(_request: Any) -> None:
+        raise ModelError("params unavailable")
+
+    models = {0: HookedModel(ScriptedModel(0), on_params=fail)}
+    async with group_of(1, models=models, max_turns=None) as (group, rec):
+        await group.say("Hello", to=group.active)
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        failed = rec.kinds("params_failed")
+        assert len(failed) == 1 and "params unavailable" in failed[0].fields["error"]
+        assert rec.kinds("instructions")[0].fields["params"] == {}

@@ -13,9 +13,13 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))  # the fake model server and its cooperative answers
+
+from fake_llm_server import running_server  # noqa: E402
+from test_engine_providers import FakeCompanions  # noqa: E402
+
+pytestmark = pytest.mark.integration
 FIELDS = {"event", "speaker", "recipients", "text", "emotion", "why", "closing"}
 
 
@@ -97,3 +101,21 @@ def test_demo_stops_at_the_turn_cap(tmp_path: Path) -> None:
     end = events[-1]
     assert (end["event"], end["reason"]) == ("end", "turn_cap")
     assert len([e for e in events if e["event"] == "message" and e["in_reply_to"]]) >= 2
+
+
+def test_demo_with_a_provider_model_over_http(tmp_path: Path) -> None:
+    """`--model openai:NAME --base-url` switches every companion process to the provider path
+    (here the fake OpenAI-compatible server on 127.0.0.1)."""
+    answers = FakeCompanions()
+    with running_server() as server:
+        server.push(*([answers] * 200))
+        done, events = _run_demo(
+            tmp_path, "--model", "openai:fake-1", "--base-url", server.openai_base_url, "--max-turns", "4"
+        )
+        requests = server.model_requests()
+    assert done.returncode == 0, done.stderr[-3000:]
+    replies = [e for e in events if e["event"] == "message" and e["in_reply_to"]]
+    assert len(replies) >= 4 and all(r["text"].startswith("Reply number") for r in replies)
+    assert events[-1]["reason"] == "turn_cap"
+    tools = [{t["function"]["name"] for t in r.body["tools"]} for r in requests]
+    assert {"set_states"} in tools and {"set_params"} in tools and any("speak" in t for t in tools)
