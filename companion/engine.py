@@ -105,6 +105,8 @@ __all__ = [
 logger = logging.getLogger("companion.engine")
 
 _CONVERSATION_KEY: Final = "conversation"
+_VOICES: Final = 16
+_VOICE_CHARS: Final = 160
 _SEEN_MESSAGES: Final = "messages"
 _REPLIED: Final = "replied"
 _EARLY_ARRAYS: Final = 16
@@ -327,6 +329,8 @@ class ConversationEngine:
         self._replies: int = int(saved.get("turn", 0))
         self._stage: ClosingStage = _stage_or_none(saved.get("closing"))
         self._thread = ConversationThread(saved.get("message_id"))
+        self._voices: dict[str, dict[str, Any]] = dict(saved.get("voices", {}))
+        """Working memory: what each participant said last, and at which turn (the model sees it)."""
         self._early: deque[tuple[list[State], str | None]] = deque(maxlen=_EARLY_ARRAYS)
         self._recent_tags: deque[int] = deque(maxlen=_RECENT_TAGS)
         """Tags of recent messages: an array tagged for one of them is late, not early."""
@@ -399,7 +403,14 @@ class ConversationEngine:
         replies = info.turn if META_TURN in meta else (self._replies + 1 if from_companion else 0)
         stage = info.closing if META_CLOSING in meta else (self._stage if from_companion else "none")
         self._replies, self._stage = replies, stage
-        self._memory.remember(_CONVERSATION_KEY, {"message_id": params.id, "turn": replies, "closing": stage})
+        self._voices.pop(params.from_, None)  # most recent last: the oldest voice is dropped first
+        self._voices[params.from_] = {"said": params.message[:_VOICE_CHARS], "turn": replies}
+        while len(self._voices) > _VOICES:
+            self._voices.pop(next(iter(self._voices)))
+        self._memory.remember(
+            _CONVERSATION_KEY,
+            {"message_id": params.id, "turn": replies, "closing": stage, "voices": self._voices},
+        )
         if params.from_ == self.me.id:
             return
         if self.me.id not in params.to:

@@ -571,7 +571,10 @@ async def test_a_restarted_node_remembers_and_does_not_reply_twice(
     assert sum(1 for t, _ in sent if t == MESSAGES) == 1
     assert [e.kind for e in second] == ["message_duplicate"]
     with Store.in_directory(tmp_path) as store:
-        assert store.recall("conversation")["turn"] == 1
+        conversation = store.recall("conversation")
+        assert conversation["turn"] == 1
+        assert conversation["voices"]["user_x"] == {"said": "Remember me?", "turn": 0}
+        assert conversation["voices"][me]["turn"] == 1
         assert store.seen("replied", opening.params.id)
         reply = store.recent(1)[0]
         assert (reply.params.metadata or {})[META_IN_REPLY_TO] == opening.params.id  # the stamped copy
@@ -665,3 +668,20 @@ async def test_a_failed_parameter_call_still_lets_the_speaker_speak(
         failed = rec.kinds("params_failed")
         assert len(failed) == 1 and "params unavailable" in failed[0].fields["error"]
         assert rec.kinds("instructions")[0].fields["params"] == {}
+
+
+async def test_the_speaker_sees_the_working_memory(autojump_clock: trio.testing.MockClock) -> None:
+    seen: list[SpeakRequest] = []
+
+    async def capture(request: SpeakRequest) -> None:
+        seen.append(request)
+
+    models = {0: HookedModel(ScriptedModel(0), on_speak=capture)}
+    async with group_of(1, models=models, max_turns=None) as (group, rec):
+        await group.say("Please remember the blue kite.", to=group.active)
+        await rec.until(lambda: len(seen) == 1)
+        memory = seen[0].extra["memory"]["conversation"]
+        assert memory["voices"]["user_demo"]["said"] == "Please remember the blue kite."
+        assert seen[0].extra["names"] == {
+            group.active[0]: group.members[group.active[0]].loaded.card.metadata.name
+        }
