@@ -332,10 +332,10 @@ class ConversationEngine:
         self._voices: dict[str, dict[str, Any]] = dict(saved.get("voices", {}))
         """Working memory: what each participant said last, and at which turn (the model sees it)."""
         self._early: deque[tuple[list[State], str | None]] = deque(maxlen=_EARLY_ARRAYS)
+        """Tagged arrays that matched no open turn (their message may be late), with their
+        publisher; the tag keeps them from answering any other message."""
         self._recent_tags: deque[int] = deque(maxlen=_RECENT_TAGS)
         """Tags of recent messages: an array tagged for one of them is late, not early."""
-        """Tagged arrays that matched no open turn (their message may be late); the tag keeps
-        them from answering any other message."""
 
     # --- running ---------------------------------------------------------------------------
 
@@ -447,7 +447,7 @@ class ConversationEngine:
         turn.stop_tasks()
         if self._turn is turn:
             self._turn = None
-        if by.params.from_ != self.me.id and turn.speak_scope is not None and not turn.spoke:
+        if by.params.from_ != self.me.id and self._speaking is turn and turn.speak_scope is not None:
             answered = turn_info(by).in_reply_to == turn.message_id
             turn.speak_scope.cancel()
             self._emit(
