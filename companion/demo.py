@@ -455,26 +455,25 @@ async def run_in_memory(
     emit: Callable[[TranscriptEvent], None],
     pace: float = 0.0,
     text: str | None = None,
+    model: str = "scripted",
+    base_url: str | None = None,
 ) -> TranscriptEvent:
     """The demo in one process, no sockets. Returns the final ``end`` event."""
-    from .models.scripted import ScriptedModel
+    from .models.factory import make_model
 
-    ended: list[TranscriptEvent] = []
-
-    def on_event(event: TranscriptEvent) -> None:
-        emit(event)
-
+    offline = model.startswith("scripted")
+    timings = EngineTimings.offline(pace) if offline else EngineTimings(pace=pace)
     async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=EngineTimings.offline(pace), on_event=on_event)
+        group = MemoryGroup(nursery, timings=timings, on_event=emit)
         for index, loaded in enumerate(cards):
-            await group.add(loaded, ScriptedModel(seed + index))
+            await group.add(loaded, make_model(model, base_url=base_url, seed=seed + index))
         await group.say(text or kickoff_text(cards))
         done = await group.wait_until(lambda t: t.over or t.reply_count >= max_replies, timeout)
-        ended.append(_end_event(group.transcript, done, max_replies))
+        end = _end_event(group.transcript, done, max_replies)
         if not group.transcript.over:
-            emit(ended[0])
+            emit(end)
         nursery.cancel_scope.cancel()
-    return ended[0]
+    return end
 
 
 def _end_event(transcript: Transcript, done: bool, max_replies: int) -> TranscriptEvent:
@@ -515,7 +514,6 @@ class DemoOptions:
     timeout: float = 180.0
     pace: float = 0.5
     text: str | None = None
-    json: bool = False
     in_memory: bool = False
     keep_dir: Path | None = None
     start_timeout: float = 60.0
@@ -531,6 +529,8 @@ class _Child:
     addrs: list[str] = field(default_factory=list)
     """Full multiaddrs, ``/p2p/PEER`` included."""
     directory: set[str] = field(default_factory=set)
+    closed: bool = False
+    """Its stdout ended: the process is exiting."""
     changed: trio.Event = field(default_factory=trio.Event)
 
     def note(self) -> None:
@@ -554,32 +554,38 @@ async def _read_child(child: _Child, stream: trio.abc.ReceiveStream) -> None:
             elif line.strip().startswith("/ip4/") and child.peer_id:
                 child.addrs.append(f"{line.strip()}/p2p/{child.peer_id}")
             child.note()
+    child.closed = True
+    child.note()
 
 
 async def _wait_child(child: _Child, predicate: Callable[[_Child], bool], timeout: float, what: str) -> None:
     with trio.move_on_after(timeout):
         while not predicate(child):
-            if child.process.returncode is not None:
+            if child.closed:
+                code = await child.process.wait()
                 raise RuntimeError(
-                    f"companion process for {child.card} exited with {child.process.returncode} "
-                    f"before {what}; its log: {child.log_path}"
+                    f"companion process for {child.card} exited with {code} before {what}; "
+                    f"its log: {child.log_path}"
                 )
-            with trio.move_on_after(0.5):
-                await child.changed.wait()
+            await child.changed.wait()
         return
     raise TimeoutError(
         f"companion process for {child.card} did not {what} within {timeout:g} s; log: {child.log_path}"
     )
 
 
-async def _stop_child(child: _Child) -> None:
-    """SIGTERM, then SIGKILL after a grace period; only our own child, by its PID."""
-    process = child.process
-    if process.returncode is None:
+async def _stop_children(children: Sequence[_Child], grace: float = 10.0) -> None:
+    """SIGTERM to each, then SIGKILL to any still running after ``grace`` seconds. Only our
+    own children, by their PIDs."""
+    running = [c.process for c in children if c.process.returncode is None]
+    for process in running:
         process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(10):
+    with trio.move_on_after(grace):
+        for process in running:
             await process.wait()
+    for process in running:
         if process.returncode is None:
+            log_event(logger, "companion_process_killed", logging.WARNING, pid=process.pid, grace=grace)
             process.kill()
             await process.wait()
 
@@ -636,6 +642,8 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
             emit=emit,
             pace=options.pace,
             text=options.text,
+            model=options.model,
+            base_url=options.base_url,
         )
     ids = [c.card.metadata.id for c in loaded]
     workdir = options.keep_dir or Path(tempfile.mkdtemp(prefix="companion-demo-"))
@@ -669,8 +677,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
             return end
         finally:
             with trio.CancelScope(shield=True):
-                for child in children:
-                    await _stop_child(child)
+                await _stop_children(children)
             nursery.cancel_scope.cancel()
 
 
@@ -680,11 +687,10 @@ async def _converse(
     """Send the opening line (again with the same id until someone reacts: the gossip mesh
     forms on a heartbeat), then follow the conversation to its end."""
     started = False
-    for _ in range(10):
-        await bridge.publish(MESSAGES, opening)
-        if await watcher.wait_until(lambda t: any(e.kind != "message" for e in t.events), 3.0):
-            started = True
-            break
+    with trio.move_on_after(options.timeout):
+        while not started:
+            await bridge.publish(MESSAGES, opening)  # the same id: a node that has it ignores it
+            started = await watcher.wait_until(lambda t: any(e.kind != "message" for e in t.events), 3.0)
     transcript = watcher.transcript
     if not started:
         return TranscriptEvent("end", None, why="no companion answered the opening line", reason="timeout")
@@ -729,29 +735,39 @@ async def _spawn(
 
 
 def serve(argv: Sequence[str]) -> int:
-    """``python -m companion.demo serve CARD --peer ADDR ...``: one node with the engine."""
+    """``python -m companion.demo serve CARD --peer ADDR ...``: one node with the engine.
+
+    The model is ``--model``, else the card's ``settings.model``, else the scripted one; a
+    provider that cannot answer (no key, endpoint down) stops the process at start-up.
+    """
     from .cli.run import RunOptions, run_nodes
-    from .models.factory import make_model
+    from .models.errors import ModelSetupError
+    from .models.factory import check_model, make_model
 
     parser = argparse.ArgumentParser(prog="companion.demo serve")
     parser.add_argument("card", type=Path)
     parser.add_argument("--peer", action="append", default=[])
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--model", default="scripted")
+    parser.add_argument("--model", default=None)
     parser.add_argument("--base-url", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pace", type=float, default=0.0)
     args = parser.parse_args(list(argv))
     configure_logging(logging.INFO, "json")
+    spec = args.model or load_card(args.card).card.settings.model or "scripted"
+    try:
+        model = make_model(spec, base_url=args.base_url, seed=args.seed)
+        trio.run(check_model, model)
+    except ModelSetupError as exc:
+        log_event(logger, "model_unusable", logging.ERROR, spec=spec, error=str(exc))
+        print(f"companion: {exc}", file=sys.stderr)
+        return 2
 
     def model_for(loaded: LoadedCard) -> CompanionModel:
-        return make_model(args.model, base_url=args.base_url, seed=args.seed)
+        return model
 
-    timings = (
-        EngineTimings.offline(args.pace)
-        if args.model.startswith("scripted")
-        else EngineTimings(pace=args.pace)
-    )
+    offline = spec.startswith("scripted")
+    timings = EngineTimings.offline(args.pace) if offline else EngineTimings(pace=args.pace)
     factory = engine_handler_factory(model_for, data_dir=args.data_dir, timings=timings)
 
     def ready(nodes: list[Any]) -> None:

@@ -3,6 +3,9 @@ chosen, double speech, reordering, rendering, the child-process protocol, the in
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,8 @@ from companion.demo import (
     _Child,
     _end_event,
     _read_child,
+    _stop_children,
+    _wait_child,
     default_cards,
     kickoff_text,
     names_of,
@@ -175,3 +180,43 @@ async def test_the_in_memory_demo_reaches_terminal(autojump_clock: trio.testing.
     assert [e.kind for e in events].count("end") == 1
     replies = [e for e in events if e.kind == "message" and e.in_reply_to]
     assert 2 <= len(replies) <= 12 and replies[-1].closing == "closing"
+
+
+async def _child(code: str, tmp_path: Path, nursery: trio.Nursery) -> _Child:
+    process = await trio.lowlevel.open_process([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    child = _Child(Path("card.yaml"), process, tmp_path / "card.log")
+    assert process.stdout is not None
+    nursery.start_soon(_read_child, child, process.stdout)
+    return child
+
+
+async def test_a_child_that_exits_early_is_reported_with_its_log(tmp_path: Path) -> None:
+    async with trio.open_nursery() as nursery:
+        child = await _child("import sys; sys.exit(3)", tmp_path, nursery)
+        with pytest.raises(RuntimeError, match=r"exited with 3 before start listening; its log: .*card\.log"):
+            await _wait_child(child, lambda c: bool(c.addrs), 20, "start listening")
+
+
+async def test_a_silent_child_times_out_and_is_stopped(tmp_path: Path) -> None:
+    code = "import time; print('companion_x peer P', flush=True); time.sleep(60)"
+    async with trio.open_nursery() as nursery:
+        child = await _child(code, tmp_path, nursery)
+        with pytest.raises(TimeoutError, match=r"did not start listening within 0\.5 s"):
+            await _wait_child(child, lambda c: bool(c.addrs), 0.5, "start listening")
+        assert child.peer_id == "P"
+        with trio.fail_after(15):
+            await _stop_children([child], grace=5)
+        assert child.process.returncode == -signal.SIGTERM
+
+
+async def test_a_child_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('DEMO-DIRECTORY companion_x', flush=True); time.sleep(60)"
+    )
+    async with trio.open_nursery() as nursery:
+        child = await _child(code, tmp_path, nursery)
+        await _wait_child(child, lambda c: bool(c.directory), 20, "ignore SIGTERM")
+        with trio.fail_after(15):
+            await _stop_children([child], grace=0.5)
+        assert child.process.returncode == -signal.SIGKILL

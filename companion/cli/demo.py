@@ -53,12 +53,12 @@ def main(args: argparse.Namespace) -> int:
     from ..demo import DemoOptions, TranscriptEvent, default_cards, names_of, render_text, run_demo
 
     configure_logging(args.log_level.upper(), "json" if args.json else "text")
-    if args.model != "scripted" and not args.model.startswith("scripted:"):
+    if not args.model.startswith("scripted"):
         from ..models.errors import ModelSetupError
-        from ..models.factory import make_model
+        from ..models.factory import check_model, make_model
 
-        try:
-            make_model(args.model, base_url=args.base_url)
+        try:  # a missing key or an unreachable endpoint is reported now, not mid-conversation
+            trio.run(check_model, make_model(args.model, base_url=args.base_url))
         except ModelSetupError as exc:
             print(f"companion demo: {exc}", file=sys.stderr)
             return 2
@@ -77,7 +77,6 @@ def main(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         pace=args.pace,
         text=args.say,
-        json=args.json,
         in_memory=args.in_memory,
         keep_dir=args.keep,
     )
