@@ -129,8 +129,9 @@ class EngineTimings:
     """The speaker's budget for parameters, triggers and speech (tool calls included)."""
     reply_timeout: float = 120.0
     """How long everyone waits for the chosen speaker's reply before the next one speaks."""
-    publish_timeout: float = 10.0
-    """Handing one payload to the transport."""
+    publish_timeout: float = 5.0
+    """Handing the states array to the transport (the leader's model time plus this stays
+    inside its slot)."""
     pace: float = 0.0
     """A pause before speaking (aikyo waits a moment too); keeps fast models readable."""
     history_limit: int = 20
@@ -140,8 +141,11 @@ class EngineTimings:
         values = (self.states_timeout, self.takeover_after, self.speak_timeout, self.reply_timeout)
         if not all(v > 0 and math.isfinite(v) for v in (*values, self.publish_timeout)):
             raise ValueError(f"timings must be positive and finite: {self}")
-        if self.states_timeout >= self.takeover_after:
-            raise ValueError("states_timeout must be shorter than takeover_after (a leader yields its slot)")
+        if self.states_timeout + self.publish_timeout >= self.takeover_after:
+            raise ValueError(
+                "states_timeout + publish_timeout must be shorter than takeover_after "
+                "(a leader yields its slot)"
+            )
         if self.pace < 0 or self.pace + self.speak_timeout >= self.reply_timeout:
             raise ValueError("pace + speak_timeout must be shorter than reply_timeout (a speaker yields)")
         if self.history_limit < 1:
@@ -155,7 +159,7 @@ class EngineTimings:
             takeover_after=4.0,
             speak_timeout=8.0,
             reply_timeout=12.0 + pace,
-            publish_timeout=5.0,
+            publish_timeout=1.5,
             pace=pace,
         )
 

@@ -597,6 +597,8 @@ async def test_handle_needs_a_running_engine() -> None:
 def test_timings_keep_the_safety_orderings() -> None:
     with pytest.raises(ValueError, match="takeover_after"):
         EngineTimings(states_timeout=5, takeover_after=5)
+    with pytest.raises(ValueError, match="takeover_after"):
+        EngineTimings(states_timeout=20, publish_timeout=10, takeover_after=30)
     with pytest.raises(ValueError, match="reply_timeout"):
         EngineTimings(speak_timeout=10, reply_timeout=10)
     with pytest.raises(ValueError, match="reply_timeout"):
@@ -685,3 +687,63 @@ async def test_the_speaker_sees_the_working_memory(autojump_clock: trio.testing.
         assert seen[0].extra["names"] == {
             group.active[0]: group.members[group.active[0]].loaded.card.metadata.name
         }
+
+
+async def test_a_speaker_that_hangs_gives_up_before_its_slot_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    hung: list[str] = []
+
+    async def hang_once(request: SpeakRequest) -> None:
+        if not hung:
+            hung.append(request.me.id)
+            await trio.sleep_forever()
+
+    models = {i: HookedModel(ScriptedModel(i), on_speak=hang_once) for i in range(3)}
+    async with group_of(3, models=models, max_turns=None) as (group, rec):
+        start = trio.current_time()
+        await group.say("Anyone?")
+        await rec.until(lambda: len(rec.kinds("speak_timeout")) == 1)
+        timed_out = rec.kinds("speak_timeout")[0]
+        assert timed_out.companion == hung[0] and not timed_out.fields["spoke"]
+        assert trio.current_time() - start == pytest.approx(TIMINGS.speak_timeout)
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        assert rec.replies()[0].params.from_ != hung[0]
+        assert trio.current_time() - start >= TIMINGS.reply_timeout
+
+
+async def test_a_states_publish_that_hangs_is_abandoned_and_taken_over(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    card_ids = [make_card(i).card.metadata.id for i in range(3)]
+    probe = Message.create("user_demo", card_ids, "Hello?", id="fixed-opening")
+    leader = plan_leaders(probe).leader
+    stuck = trio.Event()
+    async with group_of(3, max_turns=None) as (group, rec):
+        member = group.members[leader or ""]
+
+        async def never(topic: str, envelope: Any) -> None:
+            if topic == STATES:
+                stuck.set()
+                await trio.sleep_forever()
+
+        member.engine._publisher = HungPublisher(never)
+        await group._user.publish(MESSAGES, probe)
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        failed = rec.kinds("states_publish_failed", leader)
+        assert stuck.is_set() and len(failed) == 1 and "TooSlowError" in failed[0].fields["error"]
+        assert [e.companion for e in rec.kinds("takeover")] == [plan_leaders(probe).order[1]]
+
+
+class HungPublisher:
+    def __init__(self, publish: Any) -> None:
+        self.publish = publish
+
+
+async def test_pace_delays_the_reply(autojump_clock: trio.testing.MockClock) -> None:
+    paced = EngineTimings.offline(pace=3.0)
+    async with group_of(2, timings=paced, max_turns=None) as (group, rec):
+        start = trio.current_time()
+        await group.say("Take your time.")
+        await rec.until(lambda: len(rec.replies()) >= 1)
+        assert trio.current_time() - start == pytest.approx(3.0)

@@ -19,7 +19,9 @@ from companion.models.endpoints import ProviderConfig
 from companion.models.providers import ProviderModel
 
 # Real time here: the model answers over real sockets, so a mock clock would jump past them.
-TIMINGS = EngineTimings(states_timeout=5, takeover_after=8, speak_timeout=10, reply_timeout=15)
+TIMINGS = EngineTimings(
+    states_timeout=5, publish_timeout=2, takeover_after=8, speak_timeout=10, reply_timeout=15
+)
 
 
 class FakeCompanions:
