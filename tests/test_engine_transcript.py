@@ -15,13 +15,16 @@ import trio.testing
 from companion.card import load_card
 from companion.demo import (
     USER_ID,
+    DemoOptions,
     Transcript,
     TranscriptEvent,
     _Child,
+    _converse,
     _end_event,
     _read_child,
     _stop_children,
     _wait_child,
+    _Watcher,
     default_cards,
     kickoff_text,
     names_of,
@@ -220,3 +223,20 @@ async def test_a_child_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path
         with trio.fail_after(15):
             await _stop_children([child], grace=0.5)
         assert child.process.returncode == -signal.SIGKILL
+
+
+async def test_the_opening_line_is_resent_until_answered_then_given_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    sent: list[Message] = []
+
+    class Bridge:
+        async def publish(self, topic: str, envelope: Message) -> None:
+            sent.append(envelope)
+
+    watcher = _Watcher(Transcript(), {}, lambda event: None)
+    opening = Message.create(USER_ID, ACTIVE, "Hello?")
+    options = DemoOptions(cards=[], timeout=10.0)
+    end = await _converse(Bridge(), watcher, opening, options)
+    assert (end.kind, end.reason) == ("end", "timeout") and "no companion answered" in end.why
+    assert len(sent) >= 3 and {m.params.id for m in sent} == {opening.params.id}
