@@ -82,6 +82,7 @@ from .turns import (
     SpeakerDecision,
     SpeakingOrder,
     closing_floor,
+    closing_stage,
     fallback_decisions,
     finalize_states,
     plan_leaders,
@@ -331,7 +332,7 @@ class ConversationEngine:
         self._speaking: _Turn | None = None
         saved = self._memory.recall(_CONVERSATION_KEY, {}) or {}
         self._replies: int = int(saved.get("turn", 0))
-        self._stage: ClosingStage = _stage_or_none(saved.get("closing"))
+        self._stage: ClosingStage = closing_stage(saved.get("closing"))
         self._thread = ConversationThread(saved.get("message_id"))
         self._voices: dict[str, dict[str, Any]] = dict(saved.get("voices", {}))
         """Working memory: what each participant said last, and at which turn (the model sees it)."""
@@ -845,13 +846,6 @@ def _state_summary(state: State) -> dict[str, Any]:
         "selected": p.selected,
         "closing": p.closing,
     }
-
-
-def _stage_or_none(value: object) -> ClosingStage:
-    for stage in ("pre-closing", "closing", "terminal"):
-        if value == stage:
-            return stage
-    return "none"
 
 
 def engine_handler_factory(

@@ -64,6 +64,7 @@ __all__ = [
     "advance",
     "bigram_jaccard",
     "closing_floor",
+    "closing_stage",
     "decide_next_speaker",
     "fallback_decisions",
     "finalize_states",
@@ -154,7 +155,8 @@ def plan_leaders(message: Message, active_ids: Iterable[str] | None = None) -> L
 # --- Message metadata extensions ------------------------------------------------------------
 
 
-def _stage(value: object) -> ClosingStage:
+def closing_stage(value: object) -> ClosingStage:
+    """``value`` as a closing stage; anything that is not one counts as ``none``."""
     for stage in CLOSING_ORDER:
         if value == stage:
             return stage
@@ -180,7 +182,7 @@ def turn_info(message: Message) -> TurnInfo:
     in_reply_to = meta.get(META_IN_REPLY_TO)
     return TurnInfo(
         turn=turn if isinstance(turn, int) and not isinstance(turn, bool) and turn >= 0 else 0,
-        closing=_stage(closing),
+        closing=closing_stage(closing),
         nominated=nominated if isinstance(nominated, str) and nominated else None,
         in_reply_to=in_reply_to if isinstance(in_reply_to, str) and in_reply_to else None,
     )

@@ -18,12 +18,12 @@ from __future__ import annotations
 import logging
 import random
 import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 from ..log import log_event
 from ..protocol import ClosingStage, Message, Metadata
+from ..turns import bigram_jaccard
 from .base import (
     ModelError,
     ParamsRequest,
@@ -188,16 +188,6 @@ def _echo(text: str, language: Language, names: Mapping[str, str]) -> str:
     if language == "en" and first != "I" and first not in names.values() and fragment[1:2].islower():
         fragment = fragment[:1].lower() + fragment[1:]  # it goes mid-sentence
     return fragment or ("それ" if language == "ja" else "that")
-
-
-def _bigram_set(text: str) -> set[str]:
-    norm = "".join(unicodedata.normalize("NFKC", text).casefold().split())
-    return {norm[i : i + 2] for i in range(len(norm) - 1)}
-
-
-def _similar(a: str, b: str) -> float:
-    x, y = _bigram_set(a), _bigram_set(b)
-    return len(x & y) / len(x | y) if x | y else 1.0
 
 
 def _asked(text: str, companion: Metadata) -> bool:
@@ -458,4 +448,6 @@ class ScriptedModel:
                 parts.append(tail)
             lines.append(separator.join(p.format(**fields) for p in parts))
         # Vary: the first line not too close to one of my own last three.
-        return next((line for line in lines if all(_similar(line, old) < 0.6 for old in mine)), lines[0])
+        return next(
+            (line for line in lines if all(bigram_jaccard(line, old) < 0.6 for old in mine)), lines[0]
+        )
