@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,12 +47,11 @@ from .protocol import MESSAGES, ClosingStage, Message, Metadata, Payload, State
 from .transport import Inbound, MemoryEndpoint, MemoryHub
 from .turns import (
     ConversationThread,
+    EarlyStates,
     SpeakerDecision,
     speaking_order,
     states_match,
-    states_tag,
     turn_info,
-    turn_tag,
 )
 
 __all__ = [
@@ -130,8 +129,7 @@ class Transcript:
         self._messages: dict[str, Message] = {}
         self._thread = ConversationThread()
         self._decisions: dict[str, SpeakerDecision] = {}
-        self._early: deque[list[State]] = deque(maxlen=16)
-        self._recent_tags: deque[int] = deque(maxlen=256)
+        self._early: EarlyStates[None] = EarlyStates()
 
     @property
     def double_speech(self) -> dict[str, list[str]]:
@@ -164,11 +162,9 @@ class Transcript:
                 out.append(line)
             current = self.current
             if current is not None and self._thread.current != before:
-                for states in list(self._early):  # a states array may overtake its message
-                    if states_match(states, current, active):
-                        self._early.remove(states)
-                        out.extend(self._states(states, active))
-                        break
+                early = self._early.take(current, active)  # an array may overtake its message
+                if early is not None:
+                    out.extend(self._states(early[0], active))
         elif isinstance(payload, list):
             out = self._states(payload, active)
         self.events.extend(out)
@@ -191,7 +187,7 @@ class Transcript:
             else:
                 why = f"spoke although the rule chose {decision.speaker}: {decision.why}"
         placed = self._thread.place(params.id, info.in_reply_to)
-        self._recent_tags.append(turn_tag(message))
+        self._early.message_seen(message)
         if placed.kind == "stale":
             why += " (it crossed a newer message; the conversation follows that one)"
         elif placed.kind == "overtaken":
@@ -213,9 +209,7 @@ class Transcript:
     def _states(self, states: list[State], active: list[str]) -> list[TranscriptEvent]:
         current = self.current
         if current is None or not states_match(states, current, active):
-            tag = states_tag(states)
-            if tag is not None and tag not in self._recent_tags:
-                self._early.append(states)
+            self._early.hold(states, None)
             return []
         if current.params.id in self._decisions:
             return []

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +78,7 @@ from .turns import (
     META_TURN,
     REPETITION_WINDOW,
     ConversationThread,
+    EarlyStates,
     LeaderPlan,
     SpeakerDecision,
     SpeakingOrder,
@@ -90,7 +91,6 @@ from .turns import (
     speaking_order,
     stamp_reply,
     states_match,
-    states_tag,
     turn_info,
     turn_tag,
 )
@@ -110,8 +110,6 @@ _VOICES: Final = 16
 _VOICE_CHARS: Final = 160
 _SEEN_MESSAGES: Final = "messages"
 _REPLIED: Final = "replied"
-_EARLY_ARRAYS: Final = 16
-_RECENT_TAGS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,11 +334,8 @@ class ConversationEngine:
         self._thread = ConversationThread(saved.get("message_id"))
         self._voices: dict[str, dict[str, Any]] = dict(saved.get("voices", {}))
         """Working memory: what each participant said last, and at which turn (the model sees it)."""
-        self._early: deque[tuple[list[State], str | None]] = deque(maxlen=_EARLY_ARRAYS)
-        """Tagged arrays that matched no open turn (their message may be late), with their
-        publisher; the tag keeps them from answering any other message."""
-        self._recent_tags: deque[int] = deque(maxlen=_RECENT_TAGS)
-        """Tags of recent messages: an array tagged for one of them is late, not early."""
+        self._early: EarlyStates[str | None] = EarlyStates()
+        """Arrays that came before their message, with their publisher."""
 
     # --- running ---------------------------------------------------------------------------
 
@@ -385,7 +380,7 @@ class ConversationEngine:
         self.history.append(message)
         info = turn_info(message)
         placed = self._thread.place(params.id, info.in_reply_to)
-        self._recent_tags.append(turn_tag(message))
+        self._early.message_seen(message)
         if self._turn is not None and placed.closes == self._turn.message_id:
             self._close_turn(self._turn, message)
         if placed.kind != "current":
@@ -438,12 +433,9 @@ class ConversationEngine:
         )
         if rank is not None:
             self._start(self._lead_when_due, turn, rank)
-        for early in list(self._early):
-            states, publisher = early
-            if states_match(states, message, self.directory):
-                self._early.remove(early)
-                self._on_states(states, source="early", publisher=publisher)
-                break
+        early = self._early.take(message, self.directory)
+        if early is not None:
+            self._on_states(early[0], source="early", publisher=early[1])
 
     def _close_turn(self, turn: _Turn, by: Message) -> None:
         """A newer message ends ``turn``: its timers stop, and a reply still being prepared is
@@ -575,9 +567,7 @@ class ConversationEngine:
         senders = [s.params.from_ for s in states]
         publisher = publisher if publisher is not None else self._publisher_of(source)
         if turn is None or not states_match(states, turn.message, self.directory):
-            tag = states_tag(states)
-            if tag is not None and tag not in self._recent_tags:
-                self._early.append((states, publisher))  # its message may still be on the way
+            self._early.hold(states, publisher)  # its message may still be on the way
             self._emit(
                 "states_ignored",
                 logging.DEBUG,

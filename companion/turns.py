@@ -35,11 +35,11 @@ from __future__ import annotations
 import hashlib
 import math
 import unicodedata
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any, Final, Literal, TypeAlias
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 from .models.base import StateDecision
 from .protocol import CLOSING_ORDER, COMPANION_ID_PREFIX, ClosingStage, Message, State, canonical_json
@@ -54,6 +54,7 @@ __all__ = [
     "ClosingDecision",
     "ClosingReason",
     "ConversationThread",
+    "EarlyStates",
     "LeaderPlan",
     "Placement",
     "SpeakerDecision",
@@ -313,6 +314,42 @@ def states_match(states: Sequence[State], message: Message, active_ids: Iterable
     if tag is not None:
         return tag == turn_tag(message)
     return (addressed & set(active_ids)) - {sender} <= froms
+
+
+NoteT = TypeVar("NoteT")
+
+
+class EarlyStates(Generic[NoteT]):
+    """Tagged states arrays that arrived before their message (gossip does not keep order
+    across topics), each with a note (e.g. its publisher), until that message arrives.
+
+    An array tagged for a message already seen is late, not early, and is not kept; the tag
+    keeps a held array from answering any other message. Both tables are bounded.
+    """
+
+    def __init__(self, capacity: int = 16, memory: int = 256) -> None:
+        self._held: deque[tuple[list[State], NoteT]] = deque(maxlen=capacity)
+        self._seen_tags: deque[int] = deque(maxlen=memory)
+
+    def message_seen(self, message: Message) -> None:
+        self._seen_tags.append(turn_tag(message))
+
+    def hold(self, states: list[State], note: NoteT) -> bool:
+        """Keep an array that matched no open turn, if it may be early; whether it was kept."""
+        tag = states_tag(states)
+        if tag is None or tag in self._seen_tags:
+            return False
+        self._held.append((states, note))
+        return True
+
+    def take(self, message: Message, active_ids: Iterable[str]) -> tuple[list[State], NoteT] | None:
+        """The first held array that answers ``message`` (removed), if any."""
+        active = list(active_ids)
+        for item in self._held:
+            if states_match(item[0], message, active):
+                self._held.remove(item)
+                return item
+        return None
 
 
 @dataclass(frozen=True, slots=True)

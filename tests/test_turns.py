@@ -19,6 +19,7 @@ from companion.turns import (
     META_NEXT_SPEAKER,
     META_TURN,
     ConversationThread,
+    EarlyStates,
     Placement,
     advance,
     bigram_jaccard,
@@ -455,3 +456,19 @@ def test_thread_jumps_to_the_newest_known_reply() -> None:
     assert thread.current == "opening"
     placed = thread.place("r1", "opening")  # ...until its reply shows it was answered long ago
     assert placed == Placement("overtaken", "opening") and thread.current == "r3"
+
+
+def test_early_states_wait_for_their_message_only() -> None:
+    early: EarlyStates[str] = EarlyStates(capacity=2)
+    older = Message.create(A, [B, C], "older", id="m-old")
+    newer = Message.create(A, [B, C], "newer", id="m-new")
+    decisions = [StateDecision(B, "speak", 5, False), StateDecision(C, "listen", 1, False)]
+    for_newer = finalize_states(decisions, [B, C], floor="none", tag=turn_tag(newer)).states
+    for_older = finalize_states(decisions, [B, C], floor="none", tag=turn_tag(older)).states
+    early.message_seen(older)
+    assert early.hold(for_older, "late") is False  # its message was already seen: late, not early
+    assert early.hold(finalize_states(decisions, [B, C], floor="none").states, "untagged") is False
+    assert early.hold(for_newer, "leader") is True
+    assert early.take(older, [A, B, C]) is None  # the tag keeps it for its own message
+    assert early.take(newer, [A, B, C]) == (for_newer, "leader")
+    assert early.take(newer, [A, B, C]) is None
