@@ -646,8 +646,14 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
     bridge = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="demo-bridge"))
     watcher = _Watcher(transcript, bridge.directory, emit)
     children: list[_Child] = []
+    bridge_scope = trio.CancelScope()
+
+    async def run_bridge(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with bridge_scope:
+            await bridge.run(watcher, task_status=task_status)
+
     async with trio.open_nursery() as nursery:
-        await nursery.start(bridge.run, watcher)
+        await nursery.start(run_bridge)
         try:
             bridge_addr = f"{bridge.listen_addrs[0]}/p2p/{bridge.peer_id}"
             for index, card in enumerate(options.cards):
@@ -670,6 +676,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
                 emit(end)  # (a terminal end is already in the transcript)
             return end
         finally:
+            bridge_scope.cancel()  # first, so it does not try to redial companions that stop
             with trio.CancelScope(shield=True):
                 await _stop_children(children)
             nursery.cancel_scope.cancel()

@@ -90,7 +90,8 @@ def main(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     if not args.json:
-        print(f"companion demo: {', '.join(names.values())} ({args.model})", flush=True)
+        cast = [name for cid, name in names.items() if cid.startswith("companion_")]
+        print(f"companion demo: {', '.join(cast)} ({args.model})", flush=True)
     try:
         end = trio.run(run_demo, options, emit)
     except KeyboardInterrupt:
