@@ -6,18 +6,20 @@ every node reaches the same decision from the same inputs. Each decision carries
 the demo transcript).
 
 The states topic carries no message id, so a node ties a states array to the message it
-answers by content (:func:`states_match`): every state must come from a companion the message
-addressed, none from its sender, and every active addressee must have one. Consecutive messages
-in one conversation have different senders, and the speaker of a reply was addressed by the
-message before it, so an array for an older message lacks a state the newer one needs, or has
-one the newer one forbids.
+answers (:func:`states_match`): every state must come from a companion the message addressed,
+and none from its sender. Our leaders also put a *turn tag* in the array: they round every
+importance to 0.01 and add ``tag x 1e-8`` (subtract it at 10), the tag (1..400000) coming from
+the message id (:func:`turn_tag`). The same offset on every state of an array keeps its
+ranking, so JavaScript nodes choose the same speaker, and a late array for an earlier message
+never answers a later one, even from the same sender to the same companions. An array without
+a tag (aikyo's leaders) must instead have a state for every addressee active here: consecutive
+messages have different senders and the speaker of a reply was addressed by the message
+before it, so an older array lacks a state the newer message needs, or has one it forbids.
 
-Where content cannot tell two messages apart (the same sender speaks again to the same
-companions while a delayed array for its earlier message is still in flight), a *turn tag*
-does: our leaders round every importance to 0.01 and add ``tag x 1e-8`` (subtract it at 10),
-where the tag (1..400000) comes from the message id (:func:`turn_tag`). The same offset on every
-state of an array keeps its ranking, so JavaScript nodes choose the same speaker; arrays without
-a tag (aikyo's leaders) are matched by content alone.
+Gossip keeps no order across messages and topics: :class:`ConversationThread` follows which
+message the conversation is at, and :class:`EarlyStates` holds arrays that overtook their
+message. The speaking order (:func:`speaking_order`) depends on the array alone, so nodes whose
+views of who is connected differ still skip a silent speaker in the same way.
 
 Extensions travel in a Message's ``params.metadata`` (aikyo keeps unknown metadata keys and
 ignores them); the keys are the ``META_*`` constants below:
