@@ -25,11 +25,22 @@ import trio
 from ..bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
 from ..log import configure_logging, log_event
 from ..protocol import STATES
+from ..transport import Publisher
 
 if TYPE_CHECKING:
+    from trio_typing import TaskStatus
+
     from ..node import CompanionNode
 
-__all__ = ["BridgeOptions", "parse_ws_address", "register", "run_bridge"]
+__all__ = [
+    "BridgeOptions",
+    "client_urls",
+    "make_bridge",
+    "parse_ws_address",
+    "register",
+    "run_bridge",
+    "serve_clients",
+]
 
 logger = logging.getLogger("companion.cli.bridge")
 
@@ -103,28 +114,15 @@ async def run_bridge(
             name="bridge",
         ),
     )
-    topics = DEFAULT_TOPICS | {STATES} if options.states else DEFAULT_TOPICS
-    config = BridgeConfig(
-        host=options.host,
-        port=options.port,
-        token=options.token,
-        allowed_origins=options.allowed_origins,
-        limits=options.limits,
-        default_topics=topics,
-    )
-    bridge = Bridge(node, directory=node.directory, config=config, self_peer=node.peer_id)
-    async with trio.open_nursery() as nursery, _webrtc(options, bridge, node):
+    bridge = make_bridge(options, node)
+    async with trio.open_nursery() as nursery:
         await nursery.start(node.run, bridge)
-        port = await nursery.start(bridge.serve)
-        token_query = f"?token={options.token}" if options.token else ""
-        base = f"{_url_host(options.host)}:{port}"
+        port = await nursery.start(serve_clients, options, bridge, bridge.publisher(node))
         print(f"bridge peer {node.peer_id}", flush=True)
         for addr in node.listen_addrs:
             print(f"  {addr}", flush=True)
-        print(f"  ws://{base}/{token_query}", flush=True)
-        print(f"  page: http://{base}/{token_query}", flush=True)
-        if options.webrtc:
-            print(f"  webrtc: http://{base}/webrtc/offer{token_query}", flush=True)
+        for url in client_urls(options, port):
+            print(f"  {url}", flush=True)
         if ready is not None:
             ready(bridge, node)
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -134,15 +132,55 @@ async def run_bridge(
         nursery.cancel_scope.cancel()
 
 
+def make_bridge(options: BridgeOptions, node: CompanionNode) -> Bridge:
+    """A bridge whose clients publish through ``node`` (a bridge node, or a companion's node in
+    ``companion run --ws``); the node's own echoes are not sent to clients twice."""
+    topics = DEFAULT_TOPICS | {STATES} if options.states else DEFAULT_TOPICS
+    config = BridgeConfig(
+        host=options.host,
+        port=options.port,
+        token=options.token,
+        allowed_origins=options.allowed_origins,
+        limits=options.limits,
+        default_topics=topics,
+    )
+    return Bridge(node, directory=node.directory, config=config, self_peer=node.peer_id)
+
+
+async def serve_clients(
+    options: BridgeOptions,
+    bridge: Bridge,
+    publisher: Publisher,
+    *,
+    task_status: TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve WebSocket clients (and WebRTC ones unless ``options.webrtc`` is off) until
+    cancelled; reports the bound port. ``publisher`` publishes what the bridge itself says
+    (speak results of its voice): ``bridge.publisher(node)``."""
+    async with _webrtc(options, bridge, publisher), trio.open_nursery() as nursery:
+        port = await nursery.start(bridge.serve)
+        task_status.started(port)
+
+
+def client_urls(options: BridgeOptions, port: int) -> list[str]:
+    """What clients open: the WebSocket, the page and (with WebRTC) the offer endpoint."""
+    token_query = f"?token={options.token}" if options.token else ""
+    base = f"{_url_host(options.host)}:{port}"
+    urls = [f"ws://{base}/{token_query}", f"page: http://{base}/{token_query}"]
+    if options.webrtc:
+        urls.append(f"webrtc: http://{base}/webrtc/offer{token_query}")
+    return urls
+
+
 def _webrtc(
-    options: BridgeOptions, bridge: Bridge, node: CompanionNode
+    options: BridgeOptions, bridge: Bridge, publisher: Publisher
 ) -> AbstractAsyncContextManager[object]:
     """WebRTC clients on the same port, served by the same bridge (see docs/webrtc.md)."""
     if not options.webrtc:
         return contextlib.nullcontext()
     from ..rtc.route import serve_webrtc
 
-    return serve_webrtc(bridge, bridge.publisher(node), voice=options.voice)
+    return serve_webrtc(bridge, publisher, voice=options.voice)
 
 
 def register(subparsers: Any) -> None:
