@@ -9,15 +9,14 @@ Three parts, each usable on its own:
 - :class:`MemoryGroup` runs companions in one process on the in-memory transport, with a
   transcript, fault hooks and a model-call count per turn (tests, the benchmark and
   ``companion demo --in-memory``).
-- :func:`run_demo` starts every companion as its own process on 127.0.0.1 (``python -m
-  companion.demo serve CARD ...``: a libp2p node with the conversation engine), joins them with
-  a bridge node, sends the opening line and prints the transcript until ``terminal`` or the
-  turn cap.
+- :func:`run_demo` starts every companion as its own ``companion run CARD`` process on
+  127.0.0.1 (a libp2p node with the conversation engine; its standard output says when it
+  listens and whom it sees), joins them with a bridge node, sends the opening line and prints
+  the transcript until ``terminal`` or the turn cap.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import subprocess
@@ -32,9 +31,10 @@ from typing import Any, Final, Literal
 import trio
 
 from .card import LoadedCard, load_card
-from .engine import ConversationEngine, EngineEvent, EngineTimings, engine_handler_factory
+from .cli.run import parse_sees
+from .engine import ConversationEngine, EngineEvent, EngineTimings
 from .history import InMemoryHistory
-from .log import configure_logging, log_event
+from .log import log_event
 from .models.base import (
     CompanionModel,
     ParamsRequest,
@@ -72,8 +72,6 @@ logger = logging.getLogger("companion.demo")
 
 USER_ID: Final = "user_demo"
 """The sender of the opening line (a client, not a companion)."""
-DIRECTORY_LINE: Final = "DEMO-DIRECTORY "
-"""A served companion prints this prefix and the companion ids it knows, on every change."""
 
 
 # --- the transcript -----------------------------------------------------------------------------
@@ -540,13 +538,15 @@ async def _read_child(child: _Child, stream: trio.abc.ReceiveStream) -> None:
         *lines, buffer = buffer.split(b"\n")
         for raw in lines:
             line = raw.decode("utf-8", "replace").rstrip()
-            if line.startswith(DIRECTORY_LINE):
-                child.directory = set(filter(None, line[len(DIRECTORY_LINE) :].split(",")))
+            sees = parse_sees(line)
+            if sees is not None:
+                child.directory = set(sees[1])
             elif line.startswith("companion_") and " peer " in line:
                 cid, _, peer = line.partition(" peer ")
                 child.companion_id, child.peer_id = cid, peer.strip()
             elif line.strip().startswith("/ip4/") and child.peer_id:
-                child.addrs.append(f"{line.strip()}/p2p/{child.peer_id}")
+                addr = line.strip()
+                child.addrs.append(addr if "/p2p/" in addr else f"{addr}/p2p/{child.peer_id}")
             child.note()
     child.closed = True
     child.note()
@@ -706,9 +706,11 @@ async def _spawn(
     command = [
         sys.executable,
         "-m",
-        "companion.demo",
-        "serve",
+        "companion.cli.run",
         str(card),
+        "--no-mdns",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
         "--data-dir",
         str(workdir / "data"),
         "--model",
@@ -717,6 +719,8 @@ async def _spawn(
         str(options.seed + index),
         "--pace",
         str(options.pace),
+        "--log-format",
+        "json",
     ]
     if options.base_url:
         command += ["--base-url", options.base_url]
@@ -730,72 +734,3 @@ async def _spawn(
     nursery.start_soon(_read_child, child, process.stdout)
     log_event(logger, "companion_process_started", card=str(card), pid=process.pid, log=str(log_path))
     return child
-
-
-# --- one served companion (the child process) ----------------------------------------------------
-
-
-def serve(argv: Sequence[str]) -> int:
-    """``python -m companion.demo serve CARD --peer ADDR ...``: one node with the engine.
-
-    The model is ``--model``, else the card's ``settings.model``, else the scripted one; a
-    provider that cannot answer (no key, endpoint down) stops the process at start-up.
-    """
-    from .cli.run import RunOptions, run_nodes
-    from .models.errors import ModelSetupError
-    from .models.factory import check_model, make_model
-
-    parser = argparse.ArgumentParser(prog="companion.demo serve")
-    parser.add_argument("card", type=Path)
-    parser.add_argument("--peer", action="append", default=[])
-    parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--base-url", default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--pace", type=float, default=0.0)
-    args = parser.parse_args(list(argv))
-    configure_logging(logging.INFO, "json")
-    spec = args.model or load_card(args.card).card.settings.model or "scripted"
-    try:
-        model = make_model(spec, base_url=args.base_url, seed=args.seed)
-        trio.run(check_model, model)
-    except ModelSetupError as exc:
-        log_event(logger, "model_unusable", logging.ERROR, spec=spec, error=str(exc))
-        print(f"companion: {exc}", file=sys.stderr)
-        return 2
-
-    def model_for(loaded: LoadedCard) -> CompanionModel:
-        return model
-
-    offline = spec.startswith("scripted")
-    timings = EngineTimings.offline(args.pace) if offline else EngineTimings(pace=args.pace)
-    factory = engine_handler_factory(model_for, data_dir=args.data_dir, timings=timings)
-
-    def ready(nodes: list[Any]) -> None:
-        for node in nodes:
-
-            def report(_event: Any, node: Any = node) -> None:
-                print(DIRECTORY_LINE + ",".join(sorted(node.directory)), flush=True)
-
-            node.add_membership_listener(report)
-            report(None)
-
-    options = RunOptions(
-        cards=[str(args.card)],
-        listen=["/ip4/127.0.0.1/tcp/0"],
-        peers=args.peer,
-        mdns=False,
-        data_dir=args.data_dir,
-        stats_interval=None,
-    )
-    try:
-        trio.run(lambda: run_nodes(options, handler_factory=factory, ready=ready))
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "serve":
-        sys.exit(serve(sys.argv[2:]))
-    sys.exit(f"usage: {sys.argv[0]} serve CARD [--peer ADDR]... (use `companion demo` to run the demo)")

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 import trio
 
-from companion.cli.run import LoggingHandler, RunOptions, dialable, listen_addrs_for, run_nodes, summarize
+from companion.cli.run import (
+    LoggingHandler,
+    RunOptions,
+    Running,
+    dialable,
+    listen_addrs_for,
+    run_nodes,
+    summarize,
+)
 from companion.protocol import MESSAGES, STATES, Message, State
 from companion.transport import Inbound
 
@@ -66,8 +74,8 @@ async def test_two_cards_in_one_process_find_each_other(
     nodes: list[Any] = []
     ready = trio.Event()
 
-    def on_ready(started: list[Any]) -> None:
-        nodes.extend(started)
+    def on_ready(running: Running) -> None:
+        nodes.extend(running.nodes)
         ready.set()
 
     with trio.move_on_after(20) as scope:

@@ -1,9 +1,19 @@
-"""``companion run CARD...``: start one libp2p node per card and keep them running.
+"""``companion run CARD...``: one libp2p node per card, each with its conversation engine.
 
-Each node prints its peer id and addresses, joins the network (``--peer`` bootstrap addresses,
-mDNS unless ``--no-mdns``), and hands every payload that passed its edge to a handler made by
-:func:`make_handler`. Ctrl-C or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats``
-event per node (drops by reason, payloads accepted and delivered).
+Each card's model is ``--model`` (for every card), else the card's ``settings.model``, else the
+offline scripted model; every distinct model is built and checked before any node starts, so a
+missing key or an endpoint that is down is an error now (exit 2), not mid-conversation. History
+and working memory live in ``--data-dir/<companion id>/``.
+
+With ``--ws HOST:PORT`` the process also serves clients (the bridge of ``companion bridge``:
+WebSocket, the page, WebRTC). The first card's node carries it: clients publish through that
+node, its engine publishes through the bridge (so local clients see its payloads, whose network
+echo the bridge ignores), and everything that node receives goes to the clients.
+
+Standard output is for people and scripts alike, one fact a line: ``<id> peer <peer id>``
+followed by indented addresses, ``<id> sees <id>,<id>...`` whenever a node's directory changes,
+and ``bridge ws://HOST:PORT/`` followed by the page and WebRTC URLs. Ctrl-C or SIGTERM closes
+every host cleanly; SIGUSR1 logs a ``stats`` event per node.
 """
 
 from __future__ import annotations
@@ -13,37 +23,103 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from ..log import configure_logging, log_event
-from ..protocol import Action, Message, Query, QueryResult
-from ..transport import Inbound
+from ..protocol import Action, Envelope, Message, Metadata, Query, QueryResult, State
+from ..transport import Inbound, Publisher
 
 if TYPE_CHECKING:
+    from ..bridge import Bridge
     from ..card import LoadedCard
+    from ..engine import ConversationEngine, EngineTimings
+    from ..models.base import CompanionModel
     from ..node import CompanionNode, InboundHandler
+    from .bridge import BridgeOptions
 
-__all__ = ["HandlerFactory", "LoggingHandler", "default_data_dir", "make_handler", "register", "run_nodes"]
+__all__ = [
+    "CardModel",
+    "CompanionHandler",
+    "EngineOptions",
+    "HandlerFactory",
+    "LoggingHandler",
+    "RunOptions",
+    "Running",
+    "default_data_dir",
+    "engine_handlers",
+    "model_spec",
+    "parse_sees",
+    "prepare_models",
+    "register",
+    "run_nodes",
+    "sees_line",
+]
 
 logger = logging.getLogger("companion.cli.run")
 
 HandlerFactory = Callable[["LoadedCard", "CompanionNode", trio.Nursery], "InboundHandler"]
 """``(card, node, nursery) -> handler``: the nursery lives as long as the node runs."""
 
+BRIDGE_LINE: Final = "bridge "
+"""Standard output: ``bridge ws://HOST:PORT/`` once clients can connect."""
+_SEES: Final = " sees "
 
-class LoggingHandler:
-    """Logs each received payload as an ``inbound`` event (until the engine takes over)."""
 
-    def __init__(self, node_name: str) -> None:
-        self.node_name = node_name
+# --- standard output ------------------------------------------------------------------------------
 
-    async def handle(self, inbound: Inbound) -> None:
-        log_event(logger, "inbound", node=self.node_name, **summarize(inbound))
+
+def sees_line(companion_id: str, ids: Iterable[str]) -> str:
+    """``<id> sees <id>,<id>``: the companions a node's directory holds (itself included)."""
+    return f"{companion_id}{_SEES}{','.join(sorted(ids))}"
+
+
+def parse_sees(line: str) -> tuple[str, frozenset[str]] | None:
+    """The ``(companion id, directory)`` of a :func:`sees_line`, else ``None``."""
+    cid, sep, rest = line.strip().partition(_SEES)
+    if not sep or not cid.startswith("companion_") or " " in cid:
+        return None
+    return cid, frozenset(filter(None, rest.split(",")))
+
+
+def dialable(addr: str) -> list[str]:
+    """A wildcard listen address spelled out with this machine's IPv4 addresses (for ``--peer``)."""
+    if "/ip4/0.0.0.0/" not in addr:
+        return [addr]
+    try:
+        import ifaddr  # zeroconf's dependency, so present wherever py-libp2p is
+
+        ips = [
+            str(ip.ip)
+            for adapter in ifaddr.get_adapters()
+            for ip in adapter.ips
+            if isinstance(ip.ip, str) and not ip.ip.startswith("127.")
+        ]
+    except Exception:
+        ips = []
+    return [addr.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/") for ip in ips] or [addr]
+
+
+def _announce_directory(node: CompanionNode) -> None:
+    """Print a :func:`sees_line` now and whenever the node's set of companions changes."""
+    shown: set[str] | None = None
+
+    def report(_event: object = None) -> None:
+        nonlocal shown
+        now = set(node.directory)
+        if now != shown:
+            shown = now
+            print(sees_line(node.name, now), flush=True)
+
+    node.add_membership_listener(report)
+    report()
+
+
+# --- handlers ---------------------------------------------------------------------------------------
 
 
 def summarize(inbound: Inbound) -> dict[str, Any]:
@@ -68,27 +144,150 @@ def summarize(inbound: Inbound) -> dict[str, Any]:
     return out
 
 
-def make_handler(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> InboundHandler:
-    """The handler a card's node feeds. Plug the conversation engine in here."""
-    return LoggingHandler(node.name)
+class LoggingHandler:
+    """Logs each received payload as an ``inbound`` event."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+
+    async def handle(self, inbound: Inbound) -> None:
+        log_event(logger, "inbound", node=self.node_name, **summarize(inbound))
 
 
-def dialable(addr: str) -> list[str]:
-    """A wildcard listen address spelled out with this machine's IPv4 addresses (for ``--peer``)."""
-    if "/ip4/0.0.0.0/" not in addr:
-        return [addr]
-    try:
-        import ifaddr  # zeroconf's dependency, so present wherever py-libp2p is
+class CompanionHandler:
+    """What a companion's node feeds: an ``inbound`` log line, then the conversation engine."""
 
-        ips = [
-            str(ip.ip)
-            for adapter in ifaddr.get_adapters()
-            for ip in adapter.ips
-            if isinstance(ip.ip, str) and not ip.ip.startswith("127.")
-        ]
-    except Exception:
-        ips = []
-    return [addr.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/") for ip in ips] or [addr]
+    def __init__(self, node_name: str, engine: ConversationEngine) -> None:
+        self.log = LoggingHandler(node_name)
+        self.engine = engine
+
+    async def handle(self, inbound: Inbound) -> None:
+        await self.log.handle(inbound)
+        await self.engine.handle(inbound)
+
+
+class _Delivering:
+    """The handler of the node that carries the bridge: clients get every payload first (they
+    see a message before anything the engine says about it)."""
+
+    def __init__(self, bridge: Bridge, inner: InboundHandler) -> None:
+        self.bridge = bridge
+        self.inner = inner
+
+    async def handle(self, inbound: Inbound) -> None:
+        self.bridge.deliver(inbound)
+        await self.inner.handle(inbound)
+
+
+class _BridgedNode:
+    """The node as the engine sees it on the bridge's carrier: it publishes through the bridge,
+    so local clients get the engine's payloads too."""
+
+    def __init__(self, node: CompanionNode, publisher: Publisher) -> None:
+        self.membership = node.membership
+        self._node = node
+        self._publisher = publisher
+
+    @property
+    def directory(self) -> Mapping[str, Metadata]:
+        return self._node.directory
+
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
+        await self._publisher.publish(topic, envelope)
+
+
+# --- models -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engines of ``companion run`` get their models."""
+
+    model: str | None = None
+    """A model spec for every card; ``None``: each card's ``settings.model``, else scripted."""
+    base_url: str | None = None
+    """An OpenAI-compatible endpoint for ``openai:NAME`` models."""
+    seed: int = 0
+    """The scripted model's seed for the first card; the card at index ``i`` gets ``seed + i``."""
+    pace: float = 0.0
+    """Seconds a speaker pauses before replying (so a person can follow)."""
+    check_timeout: float = 10.0
+    """Deadline of each provider model's start-up check."""
+
+
+@dataclass(frozen=True)
+class CardModel:
+    """The model one card's engine runs with, and the engine's deadlines for it."""
+
+    spec: str
+    model: CompanionModel
+    timings: EngineTimings
+
+
+def model_spec(loaded: LoadedCard, override: str | None) -> str:
+    """``--model``, else the card's ``settings.model``, else the scripted model."""
+    from ..models.factory import DEFAULT_MODEL_SPEC
+
+    return override or loaded.card.settings.model or DEFAULT_MODEL_SPEC
+
+
+def _offline(spec: str) -> bool:
+    return spec.strip().partition(":")[0] == "scripted"
+
+
+async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) -> dict[str, CardModel]:
+    """A model per card (by companion id). Each distinct model is built once and checked once;
+    raises :class:`~companion.models.errors.ModelSetupError` when one cannot work. Scripted
+    models get their own seed per card; provider models with the same spec are shared."""
+    from ..engine import EngineTimings
+    from ..models.factory import check_model, make_model
+
+    built: dict[tuple[str, int | None], CompanionModel] = {}
+    out: dict[str, CardModel] = {}
+    for index, loaded in enumerate(cards):
+        spec = model_spec(loaded, options.model)
+        offline = _offline(spec)
+        seed = options.seed + index
+        key = (spec, seed if offline else None)
+        model = built.get(key)
+        if model is None:
+            model = make_model(spec, base_url=None if offline else options.base_url, seed=seed)
+            await check_model(model, timeout=options.check_timeout)
+            built[key] = model
+        timings = EngineTimings.offline(options.pace) if offline else EngineTimings(pace=options.pace)
+        cid = loaded.card.metadata.id
+        out[cid] = CardModel(spec, model, timings)
+        log_event(logger, "model_ready", companion=cid, spec=spec, model=model.name)
+    return out
+
+
+def engine_handlers(
+    models: Mapping[str, CardModel],
+    *,
+    data_dir: Path | None,
+    bridges: Mapping[str, Bridge] | None = None,
+) -> HandlerFactory:
+    """The handler factory of ``companion run``: a :class:`CompanionHandler` with a conversation
+    engine per card (its model from ``models``, its history and memory under
+    ``data_dir/<companion id>/``, in memory when ``None``). ``bridges`` maps a node name to the
+    bridge that node carries (read when the handler is made): that engine publishes through it."""
+    from ..engine import engine_handler_factory
+
+    carried = bridges if bridges is not None else {}
+
+    def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
+        chosen = models[loaded.card.metadata.id]
+        factory = engine_handler_factory(
+            lambda _card: chosen.model, data_dir=data_dir, timings=chosen.timings
+        )
+        bridge = carried.get(node.name)
+        seen_as = node if bridge is None else _BridgedNode(node, bridge.publisher(node))
+        return CompanionHandler(node.name, factory(loaded, seen_as, nursery))
+
+    return make
+
+
+# --- running nodes ------------------------------------------------------------------------------------
 
 
 def default_data_dir() -> Path:
@@ -104,6 +303,18 @@ class RunOptions:
     mdns: bool
     data_dir: Path
     stats_interval: float | None
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    bridge: BridgeOptions | None = None
+    """Serve clients from this process (``--ws``); host, port and client options only."""
+
+
+@dataclass(frozen=True)
+class Running:
+    """What :func:`run_nodes` started, handed to its ``ready`` callback."""
+
+    nodes: list[CompanionNode]
+    bridge: Bridge | None = None
+    ws_port: int | None = None
 
 
 def listen_addrs_for(listen: Sequence[str], count: int) -> list[str]:
@@ -129,14 +340,16 @@ def listen_addrs_for(listen: Sequence[str], count: int) -> list[str]:
 async def run_nodes(
     options: RunOptions,
     *,
-    handler_factory: HandlerFactory = make_handler,
-    ready: Callable[[list[CompanionNode]], None] | None = None,
+    handler_factory: HandlerFactory | None = None,
+    ready: Callable[[Running], None] | None = None,
 ) -> None:
-    """Load every card, start a node for each (later ones also dial the earlier ones), run until
-    SIGINT/SIGTERM or cancellation."""
+    """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
+    start a node for each card (later ones also dial the earlier ones) and, with
+    ``options.bridge``, serve clients; run until SIGINT/SIGTERM or cancellation."""
     from ..card import load_card
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
+    from .bridge import client_urls, make_bridge, serve_clients
 
     for addr in options.peers:
         parse_peer_addr(addr)
@@ -145,7 +358,12 @@ async def run_nodes(
     if len(set(ids)) != len(ids):
         raise ValueError(f"two cards share a companion id: {ids}")
     addrs = listen_addrs_for(options.listen, len(loaded))
+    bridges: dict[str, Bridge] = {}
+    if handler_factory is None:
+        models = await prepare_models(loaded, options.engine)
+        handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
     nodes: list[CompanionNode] = []
+    bridge: Bridge | None = None
     async with trio.open_nursery() as nursery:
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
@@ -159,14 +377,24 @@ async def run_nodes(
                 stats_interval=options.stats_interval,
             )
             node = CompanionNode(metadata, config)
-            await nursery.start(_run_one, card, node, handler_factory)
+            if options.bridge is not None and bridge is None:
+                bridge = bridges[node.name] = make_bridge(options.bridge, node)
+            await nursery.start(_run_one, card, node, handler_factory, bridges.get(node.name))
             nodes.append(node)
             print(f"{metadata.id} peer {node.peer_id}", flush=True)
             for addr in node.listen_addrs:
                 for shown in dialable(addr):
                     print(f"  {shown}", flush=True)
+            _announce_directory(node)
+        port: int | None = None
+        if bridge is not None and options.bridge is not None:
+            port = await nursery.start(serve_clients, options.bridge, bridge, bridge.publisher(nodes[0]))
+            ws, *others = client_urls(options.bridge, port)
+            print(f"{BRIDGE_LINE}{ws}", flush=True)
+            for url in others:
+                print(f"  {url}", flush=True)
         if ready is not None:
-            ready(nodes)
+            ready(Running(nodes, bridge, port))
         await _serve_signals(nodes, nursery.cancel_scope)
 
 
@@ -174,10 +402,13 @@ async def _run_one(
     card: LoadedCard,
     node: CompanionNode,
     handler_factory: HandlerFactory,
+    bridge: Bridge | None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     async with trio.open_nursery() as nursery:
         handler = handler_factory(card, node, nursery)
+        if bridge is not None:
+            handler = _Delivering(bridge, handler)
         await nursery.start(node.run, handler)
         task_status.started()
 
@@ -194,11 +425,17 @@ async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope
             return
 
 
+# --- the command ----------------------------------------------------------------------------------
+
+
 def register(subparsers: Any) -> None:
+    from .bridge import TOKEN_ENV
+
     parser = subparsers.add_parser(
         "run",
-        help="run companions (one libp2p node per card)",
-        description="Run one libp2p node per card until Ctrl-C or SIGTERM; SIGUSR1 logs drop counters.",
+        help="run companions (one libp2p node and conversation engine per card)",
+        description="Run one libp2p node per card, each with its conversation engine, until Ctrl-C or "
+        "SIGTERM; SIGUSR1 logs drop counters. With --ws, also serve clients (WebSocket, page, WebRTC).",
     )
     parser.add_argument("cards", nargs="+", metavar="CARD", help="card files (YAML or TOML)")
     parser.add_argument(
@@ -221,8 +458,40 @@ def register(subparsers: Any) -> None:
         "--data-dir",
         type=Path,
         default=None,
-        help=f"where node keys are kept (default: {default_data_dir()})",
+        help=f"where node keys, history and memory are kept (default: {default_data_dir()})",
     )
+    models = parser.add_argument_group("models")
+    models.add_argument(
+        "--model",
+        default=None,
+        metavar="SPEC",
+        help="model for every card: scripted (offline), openai:NAME, anthropic:NAME "
+        "(default: each card's settings.model, else scripted)",
+    )
+    models.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (Ollama, vLLM...)")
+    models.add_argument(
+        "--seed", type=int, default=0, help="scripted model seed of the first card (the next get +1, +2...)"
+    )
+    models.add_argument(
+        "--pace", type=float, default=0.0, metavar="SECONDS", help="pause before each reply (default 0)"
+    )
+    clients = parser.add_argument_group("clients (the bridge inside this process)")
+    clients.add_argument(
+        "--ws",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve WebSocket clients, the page and WebRTC here (e.g. 127.0.0.1:8080; port 0 picks one)",
+    )
+    clients.add_argument(
+        "--token",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="TOKEN",
+        help=f"require this shared token from clients; without a value, ${TOKEN_ENV} or a generated one",
+    )
+    clients.add_argument("--no-webrtc", action="store_true", help="do not accept WebRTC clients")
+    clients.add_argument("--no-voice", action="store_true", help="WebRTC clients get no voice from here")
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument(
@@ -231,9 +500,34 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=main)
 
 
+def _bridge_options(args: argparse.Namespace) -> BridgeOptions | None:
+    """The client side of ``--ws`` (``None`` without it); raises ``ValueError`` for a bad address."""
+    from .bridge import BridgeOptions, parse_ws_address, resolve_token
+
+    if args.ws is None:
+        if args.token is not None or args.no_webrtc or args.no_voice:
+            raise ValueError("--token, --no-webrtc and --no-voice need --ws")
+        return None
+    host, port = parse_ws_address(args.ws)
+    return BridgeOptions(
+        host=host,
+        port=port,
+        token=resolve_token(args.token),
+        webrtc=not args.no_webrtc,
+        voice=not args.no_voice,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     import companion.node  # noqa: F401  (py-libp2p resets its loggers on import: import it first)
 
+    try:
+        bridge = _bridge_options(args)
+        if args.pace < 0:
+            raise ValueError("--pace must not be negative")
+    except ValueError as exc:
+        print(f"companion run: {exc}", file=sys.stderr)
+        return 2
     configure_logging(args.log_level.upper(), args.log_format)
     options = RunOptions(
         cards=args.cards,
@@ -242,6 +536,8 @@ def main(args: argparse.Namespace) -> int:
         mdns=not args.no_mdns,
         data_dir=args.data_dir or default_data_dir(),
         stats_interval=args.stats_interval,
+        engine=EngineOptions(model=args.model, base_url=args.base_url, seed=args.seed, pace=args.pace),
+        bridge=bridge,
     )
     try:
         trio.run(run_nodes, options)
@@ -253,11 +549,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _report_failure(exc: BaseException) -> int:
+    """A refusal the user can fix (card, address, model, port) is one line and exit 2; anything
+    else is a bug or an infrastructure failure, logged with its traceback, exit 1."""
     from ..card import CardError
+    from ..models.errors import ModelSetupError
 
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    if isinstance(exc, CardError | ValueError):
+    if isinstance(exc, CardError | ModelSetupError | ValueError | OSError):
+        if isinstance(exc, ModelSetupError):
+            log_event(logger, "model_unusable", logging.ERROR, error=str(exc))
         print(f"companion run: {exc}", file=sys.stderr)
         return 2
     logger.exception("run failed", extra={"companion_event": "run_failed"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import socket
 import sys
@@ -87,10 +86,3 @@ async def silent_client(port: int) -> trio.SocketStream:
             head += await stream.receive_some(1)
     assert head.startswith(b"HTTP/1.1 101"), head
     return stream
-
-
-def engine_wired() -> bool:
-    """Whether ``companion run`` feeds the conversation engine (not just the logging handler)."""
-    from companion.cli import run
-
-    return "LoggingHandler(" not in inspect.getsource(run.make_handler)

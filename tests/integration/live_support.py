@@ -54,18 +54,22 @@ def write_card(directory: Path, key: str, name: str, tool: str) -> Path:
 def start_companion(
     net: Network, key: str, name: str, tool: str, *peers: str, seed: int = 0
 ) -> tuple[Proc, str]:
-    """One companion with the engine (``python -m companion.demo serve``); returns its address."""
+    """One companion with the engine (``companion run``, scripted model); returns its address."""
     card = write_card(net.tmp, key, name, tool)
     argv = [
         sys.executable,
         "-m",
-        "companion.demo",
-        "serve",
+        "companion.cli.run",
         str(card),
+        "--no-mdns",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
         "--data-dir",
         str(net.tmp / f"data-{key}"),
         "--seed",
         str(seed),
+        "--log-format",
+        "json",
     ]
     for peer in peers:
         argv += ["--peer", peer]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, engine_wired, message_frame, next_frame, start_bridge
+from bridge_support import blocking, message_frame, next_frame, start_bridge
 from network_support import Proc, network
 from trio_websocket import open_websocket_url
 
@@ -158,7 +158,6 @@ async def test_webrtc_client_talks_hears_and_leaves_mid_speech(tmp_path: Path) -
             assert error[1]["error"]["code"] == "not_json"
 
 
-@pytest.mark.skipif(not engine_wired(), reason="companion run does not feed the conversation engine yet")
 async def test_a_companion_answers_a_webrtc_client_and_speaks_through_its_track(tmp_path: Path) -> None:
     card = tmp_path / "juniper.yaml"
     card.write_text(
