@@ -474,11 +474,11 @@ def decide_next_speaker(
         stage = later(stage, s.params.closing)
     skipped = f" (skipping silent {', '.join(sorted(exclude))})" if exclude else ""
     pools: list[tuple[SpeakerReason, list[State], str]] = [
-        ("selected", [s for s in valid if s.params.selected], "selected"),
-        ("wants_to_speak", [s for s in valid if s.params.state == "speak"], "wanting to speak"),
+        ("selected", [s for s in valid if s.params.selected], "is selected"),
+        ("wants_to_speak", [s for s in valid if s.params.state == "speak"], "wants to speak"),
     ]
     if stand_in:
-        pools.append(("stand_in", valid, "standing in for silent speakers"))
+        pools.append(("stand_in", valid, "stands in for silent speakers"))
     for reason, pool, label in pools:
         if not pool:
             continue
@@ -498,7 +498,7 @@ def decide_next_speaker(
         ties = sum(1 for s in pool if s.params.importance == best.params.importance)
         tie = " (tie broken by array order)" if ties > 1 else ""
         why = (
-            f"{who} is {label} with importance {round(best.params.importance, 2):g}, "
+            f"{who} {label} with importance {round(best.params.importance, 2):g}, "
             f"the highest of {len(pool)}{tie}{skipped}"
         )
         return SpeakerDecision(who, reason, why, best.params.closing, best.params.importance)
