@@ -166,7 +166,7 @@ async def test_a_child_reports_its_peer_addresses_and_directory() -> None:
     child = _Child(Path("x.yaml"), process=None, log_path=Path("x.log"))  # type: ignore[arg-type]
     chunks = [
         b"companion_x peer 12D3KooWabc\n  /ip4/127.0.0.1/tcp/4001\n",
-        b"DEMO-DIRECTORY companion_x\nDEMO-DIRECTORY companion_",
+        b"companion_x sees companion_x\ncompanion_x sees companion_",
         b"x,companion_y\n",
     ]
     await _read_child(child, _Lines(chunks))
@@ -215,7 +215,7 @@ async def test_a_silent_child_times_out_and_is_stopped(tmp_path: Path) -> None:
 async def test_a_child_ignoring_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     code = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "print('DEMO-DIRECTORY companion_x', flush=True); time.sleep(60)"
+        "print('companion_x sees companion_x', flush=True); time.sleep(60)"
     )
     async with trio.open_nursery() as nursery:
         child = await _child(code, tmp_path, nursery)
