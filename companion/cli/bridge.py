@@ -14,7 +14,7 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ import trio
 
 from ..bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
 from ..log import configure_logging, log_event
-from ..protocol import STATES
+from ..protocol import STATES, Metadata
 from ..transport import Publisher
 
 if TYPE_CHECKING:
@@ -132,9 +132,12 @@ async def run_bridge(
         nursery.cancel_scope.cancel()
 
 
-def make_bridge(options: BridgeOptions, node: CompanionNode) -> Bridge:
-    """A bridge whose clients publish through ``node`` (a bridge node, or a companion's node in
-    ``companion run --ws``); the node's own echoes are not sent to clients twice."""
+def make_bridge(
+    options: BridgeOptions, node: CompanionNode, directory: Mapping[str, Metadata] | None = None
+) -> Bridge:
+    """A bridge whose clients publish through ``node``, a node that is not a companion (a
+    companion's node may publish only as that companion). ``directory`` lists the companions
+    for the page (default: those ``node`` sees)."""
     topics = DEFAULT_TOPICS | {STATES} if options.states else DEFAULT_TOPICS
     config = BridgeConfig(
         host=options.host,
@@ -144,7 +147,8 @@ def make_bridge(options: BridgeOptions, node: CompanionNode) -> Bridge:
         limits=options.limits,
         default_topics=topics,
     )
-    return Bridge(node, directory=node.directory, config=config, self_peer=node.peer_id)
+    known = node.directory if directory is None else directory
+    return Bridge(node, directory=known, config=config, self_peer=node.peer_id)
 
 
 async def serve_clients(

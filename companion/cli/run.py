@@ -5,10 +5,13 @@ offline scripted model; every distinct model is built and checked before any nod
 missing key or an endpoint that is down is an error now (exit 2), not mid-conversation. History
 and working memory live in ``--data-dir/<companion id>/``.
 
-With ``--ws HOST:PORT`` the process also serves clients (the bridge of ``companion bridge``:
-WebSocket, the page, WebRTC). The first card's node carries it: clients publish through that
-node, its engine publishes through the bridge (so local clients see its payloads, whose network
-echo the bridge ignores), and everything that node receives goes to the clients.
+With ``--ws HOST:PORT`` the process also serves clients with the bridge of ``companion bridge``
+(WebSocket, the page, WebRTC). Clients see the conversation as the first card's companion sees
+it: that node's handler hands every payload to them, and its engine publishes through the
+bridge, so they get its payloads as they go out. What clients send goes out through one more
+node in this process that is not a companion (a companion's node may publish only as that
+companion; clients speak as ``user_...``); the companions here dial it. The page lists every
+companion they see.
 
 Standard output is for people and scripts alike, one fact a line: ``<id> peer <peer id>``
 followed by indented addresses, ``<id> sees <id>,<id>...`` whenever a node's directory changes,
@@ -23,7 +26,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -37,7 +40,7 @@ from ..transport import Inbound, Publisher
 if TYPE_CHECKING:
     from ..bridge import Bridge
     from ..card import LoadedCard
-    from ..engine import ConversationEngine, EngineTimings
+    from ..engine import ConversationEngine, EngineTimings, NodeLike
     from ..models.base import CompanionModel
     from ..node import CompanionNode, InboundHandler
     from .bridge import BridgeOptions
@@ -67,6 +70,9 @@ HandlerFactory = Callable[["LoadedCard", "CompanionNode", trio.Nursery], "Inboun
 
 BRIDGE_LINE: Final = "bridge "
 """Standard output: ``bridge ws://HOST:PORT/`` once clients can connect."""
+CLIENT_NODE_TIMEOUT: Final = 10.0
+"""How long the clients' node may take to meet this process's companions before clients are
+let in anyway (with a warning)."""
 _SEES: Final = " sees "
 
 
@@ -166,36 +172,6 @@ class CompanionHandler:
         await self.engine.handle(inbound)
 
 
-class _Delivering:
-    """The handler of the node that carries the bridge: clients get every payload first (they
-    see a message before anything the engine says about it)."""
-
-    def __init__(self, bridge: Bridge, inner: InboundHandler) -> None:
-        self.bridge = bridge
-        self.inner = inner
-
-    async def handle(self, inbound: Inbound) -> None:
-        self.bridge.deliver(inbound)
-        await self.inner.handle(inbound)
-
-
-class _BridgedNode:
-    """The node as the engine sees it on the bridge's carrier: it publishes through the bridge,
-    so local clients get the engine's payloads too."""
-
-    def __init__(self, node: CompanionNode, publisher: Publisher) -> None:
-        self.membership = node.membership
-        self._node = node
-        self._publisher = publisher
-
-    @property
-    def directory(self) -> Mapping[str, Metadata]:
-        return self._node.directory
-
-    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
-        await self._publisher.publish(topic, envelope)
-
-
 # --- models -------------------------------------------------------------------------------------------
 
 
@@ -269,22 +245,40 @@ def engine_handlers(
 ) -> HandlerFactory:
     """The handler factory of ``companion run``: a :class:`CompanionHandler` with a conversation
     engine per card (its model from ``models``, its history and memory under
-    ``data_dir/<companion id>/``, in memory when ``None``). ``bridges`` maps a node name to the
-    bridge that node carries (read when the handler is made): that engine publishes through it."""
+    ``data_dir/<companion id>/``, in memory when ``None``). The engine of a companion id in
+    ``bridges`` publishes through that bridge, so its clients see what it says."""
     from ..engine import engine_handler_factory
 
-    carried = bridges if bridges is not None else {}
+    carried = bridges or {}
 
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
-        chosen = models[loaded.card.metadata.id]
+        cid = loaded.card.metadata.id
+        chosen = models[cid]
         factory = engine_handler_factory(
             lambda _card: chosen.model, data_dir=data_dir, timings=chosen.timings
         )
-        bridge = carried.get(node.name)
-        seen_as = node if bridge is None else _BridgedNode(node, bridge.publisher(node))
+        bridge = carried.get(cid)
+        seen_as: NodeLike = node if bridge is None else _BridgedNode(node, bridge.publisher(node))
         return CompanionHandler(node.name, factory(loaded, seen_as, nursery))
 
     return make
+
+
+class _BridgedNode:
+    """A node as its engine sees it when the node carries the bridge: it publishes through the
+    bridge, so local clients get the engine's payloads as they are published."""
+
+    def __init__(self, node: CompanionNode, publisher: Publisher) -> None:
+        self.membership = node.membership
+        self._node = node
+        self._publisher = publisher
+
+    @property
+    def directory(self) -> Mapping[str, Metadata]:
+        return self._node.directory
+
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
+        await self._publisher.publish(topic, envelope)
 
 
 # --- running nodes ------------------------------------------------------------------------------------
@@ -313,7 +307,10 @@ class Running:
     """What :func:`run_nodes` started, handed to its ``ready`` callback."""
 
     nodes: list[CompanionNode]
+    """The companions' nodes, in card order."""
     bridge: Bridge | None = None
+    client_node: CompanionNode | None = None
+    """The node the bridge publishes through (not a companion)."""
     ws_port: int | None = None
 
 
@@ -345,11 +342,14 @@ async def run_nodes(
 ) -> None:
     """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
     start a node for each card (later ones also dial the earlier ones) and, with
-    ``options.bridge``, serve clients; run until SIGINT/SIGTERM or cancellation."""
+    ``options.bridge``, serve clients; run until SIGINT/SIGTERM or cancellation.
+
+    With clients, the first card's node carries the bridge: its handler hands every payload to
+    the clients, and its handler must publish through ``running.bridge.publisher(node)`` (the
+    engines do), since the clients are not given what that node signed itself."""
     from ..card import load_card
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
-    from .bridge import client_urls, make_bridge, serve_clients
 
     for addr in options.peers:
         parse_peer_addr(addr)
@@ -358,44 +358,43 @@ async def run_nodes(
     if len(set(ids)) != len(ids):
         raise ValueError(f"two cards share a companion id: {ids}")
     addrs = listen_addrs_for(options.listen, len(loaded))
-    bridges: dict[str, Bridge] = {}
-    if handler_factory is None:
-        models = await prepare_models(loaded, options.engine)
-        handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
+    models = await prepare_models(loaded, options.engine) if handler_factory is None else {}
     nodes: list[CompanionNode] = []
-    bridge: Bridge | None = None
     async with trio.open_nursery() as nursery:
+        clients = None
+        if options.bridge is not None:
+            clients = await _start_client_node(options.bridge, nodes, nursery)
+        bridges = {ids[0]: clients.bridge} if clients is not None else {}
+        if handler_factory is None:
+            handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
             local = [a for node in nodes for a in node.listen_addrs[:1]]
+            extra = [clients.address] if clients is not None else []
             config = NodeConfig(
                 listen=(listen,),
-                peers=(*options.peers, *local),
+                peers=(*options.peers, *local, *extra),
                 mdns=options.mdns,
                 key_path=options.data_dir / "keys" / f"{metadata.id}.key",
                 name=metadata.id,
                 stats_interval=options.stats_interval,
             )
             node = CompanionNode(metadata, config)
-            if options.bridge is not None and bridge is None:
-                bridge = bridges[node.name] = make_bridge(options.bridge, node)
-            await nursery.start(_run_one, card, node, handler_factory, bridges.get(node.name))
+            await nursery.start(_run_one, card, node, handler_factory, bridges.get(metadata.id))
             nodes.append(node)
             print(f"{metadata.id} peer {node.peer_id}", flush=True)
             for addr in node.listen_addrs:
                 for shown in dialable(addr):
                     print(f"  {shown}", flush=True)
             _announce_directory(node)
-        port: int | None = None
-        if bridge is not None and options.bridge is not None:
-            port = await nursery.start(serve_clients, options.bridge, bridge, bridge.publisher(nodes[0]))
-            ws, *others = client_urls(options.bridge, port)
-            print(f"{BRIDGE_LINE}{ws}", flush=True)
-            for url in others:
-                print(f"  {url}", flush=True)
+        running = Running(nodes)
+        if clients is not None and options.bridge is not None:
+            port = await _serve_clients(options.bridge, clients, set(ids), nursery)
+            running = Running(nodes, clients.bridge, clients.node, port)
         if ready is not None:
-            ready(Running(nodes, bridge, port))
-        await _serve_signals(nodes, nursery.cancel_scope)
+            ready(running)
+        everyone = [*nodes, *([running.client_node] if running.client_node else [])]
+        await _serve_signals(everyone, nursery.cancel_scope)
 
 
 async def _run_one(
@@ -408,9 +407,102 @@ async def _run_one(
     async with trio.open_nursery() as nursery:
         handler = handler_factory(card, node, nursery)
         if bridge is not None:
-            handler = _Delivering(bridge, handler)
+            handler = _Delivering(bridge, handler, own_peer=node.peer_id)
         await nursery.start(node.run, handler)
         task_status.started()
+
+
+# --- clients (``--ws``) ---------------------------------------------------------------------------
+
+
+class _Delivering:
+    """The handler of the node that carries the bridge: clients get every payload first (they
+    see a message before anything the engine says about it), except the node's own, which they
+    got when it was published (``bridge.publisher``)."""
+
+    def __init__(self, bridge: Bridge, inner: InboundHandler, *, own_peer: str) -> None:
+        self.bridge = bridge
+        self.inner = inner
+        self.own_peer = own_peer
+
+    async def handle(self, inbound: Inbound) -> None:
+        if inbound.sender_peer != self.own_peer:
+            self.bridge.deliver(inbound)
+        await self.inner.handle(inbound)
+
+
+class _Ignoring:
+    """The clients' node hands nothing to anyone: clients are served from a companion's view."""
+
+    async def handle(self, inbound: Inbound) -> None:
+        return None
+
+
+class _Directories(Mapping[str, Metadata]):
+    """Every companion the given nodes see (live: read on each access)."""
+
+    def __init__(self, nodes: Sequence[CompanionNode]) -> None:
+        self._nodes = nodes
+
+    def __getitem__(self, key: str) -> Metadata:
+        for node in self._nodes:
+            found = node.directory.get(key)
+            if found is not None:
+                return found
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys(cid for node in self._nodes for cid in node.directory))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+@dataclass(frozen=True)
+class _ClientNode:
+    node: CompanionNode
+    bridge: Bridge
+    address: str
+
+
+async def _start_client_node(
+    options: BridgeOptions, nodes: list[CompanionNode], nursery: trio.Nursery
+) -> _ClientNode:
+    """The node clients publish through: not a companion (a companion's node may publish only as
+    that companion, clients speak as ``user_...``). The companions dial it; the bridge lists
+    every companion they see (``nodes`` fills up as they start)."""
+    from ..node import CompanionNode, NodeConfig
+    from .bridge import make_bridge
+
+    node = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="clients"))
+    bridge = make_bridge(options, node, _Directories(nodes))
+    await nursery.start(node.run, _Ignoring())
+    return _ClientNode(node, bridge, node.listen_addrs[0])
+
+
+async def _serve_clients(
+    options: BridgeOptions, clients: _ClientNode, local: set[str], nursery: trio.Nursery
+) -> int:
+    """Let clients in once the clients' node has met this process's companions (``local``), or
+    after :data:`CLIENT_NODE_TIMEOUT` with a warning; prints the ``bridge ws://...`` line."""
+    from .bridge import client_urls, serve_clients
+
+    node = clients.node
+    if not await node.wait_for(lambda: local <= set(node.directory), CLIENT_NODE_TIMEOUT):
+        log_event(
+            logger,
+            "clients_node_not_connected",
+            logging.WARNING,
+            missing=sorted(local - set(node.directory)),
+            timeout=CLIENT_NODE_TIMEOUT,
+        )
+    publisher = clients.bridge.publisher(node)
+    port: int = await nursery.start(serve_clients, options, clients.bridge, publisher)
+    ws, *others = client_urls(options, port)
+    print(f"{BRIDGE_LINE}{ws}", flush=True)
+    for url in others:
+        print(f"  {url}", flush=True)
+    return port
 
 
 async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope) -> None:

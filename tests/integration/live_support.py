@@ -3,12 +3,17 @@ own process, offline scripted model) and a bridge, all on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bridge_support import start_bridge
 from network_support import Network, Proc
+
+from companion.protocol import ACTIONS, MESSAGES, QUERIES, STATES, Payload, PayloadError, parse_payload
 
 CARD = """\
 metadata:
@@ -51,32 +56,64 @@ def write_card(directory: Path, key: str, name: str, tool: str) -> Path:
     return path
 
 
+def start_run(
+    net: Network, name: str, cards: list[Path], *peers: str, seed: int = 0, extra: tuple[str, ...] = ()
+) -> Proc:
+    """``companion run CARD...`` on 127.0.0.1 (scripted models, JSON logs on stderr); returns once
+    every node has started."""
+    argv = [
+        sys.executable,
+        "-m",
+        "companion.cli.run",
+        *map(str, cards),
+        "--no-mdns",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--data-dir",
+        str(net.tmp / f"data-{name}"),
+        "--seed",
+        str(seed),
+        "--log-format",
+        "json",
+        *extra,
+    ]
+    for peer in peers:
+        argv += ["--peer", peer]
+    proc = Proc(name, argv)
+    net.procs.append(proc)
+    proc.wait_for(  # one ``started`` event per node
+        lambda e: e.get("event") == "started" and proc.count("started") >= len(cards),
+        30,
+        "every node started",
+    )
+    return proc
+
+
 def start_companion(
     net: Network, key: str, name: str, tool: str, *peers: str, seed: int = 0
 ) -> tuple[Proc, str]:
     """One companion with the engine (``companion run``, scripted model); returns its address."""
     card = write_card(net.tmp, key, name, tool)
-    argv = [
-        sys.executable,
-        "-m",
-        "companion.cli.run",
-        str(card),
-        "--no-mdns",
-        "--listen",
-        "/ip4/127.0.0.1/tcp/0",
-        "--data-dir",
-        str(net.tmp / f"data-{key}"),
-        "--seed",
-        str(seed),
-        "--log-format",
-        "json",
-    ]
-    for peer in peers:
-        argv += ["--peer", peer]
-    proc = Proc(key, argv)
-    net.procs.append(proc)
-    started = proc.event("started", 30)
-    return proc, started["addrs"][0]
+    proc = start_run(net, key, [card], *peers, seed=seed)
+    return proc, proc.event("started", 1)["addrs"][0]
+
+
+def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float) -> str:
+    """The first line (already printed or coming) that satisfies ``predicate``; fails after
+    ``timeout``. (``Proc`` records every output line under its condition variable.)"""
+    deadline = time.monotonic() + timeout
+    with proc._cond:
+        seen = 0
+        while True:
+            for line in proc.lines[seen:]:
+                if predicate(line):
+                    return line
+            seen = len(proc.lines)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                tail = "\n".join(proc.lines[-15:])
+                raise AssertionError(f"{proc.name}: no matching output line within {timeout} s\n{tail}")
+            proc._cond.wait(left)
 
 
 def start_live(net: Network) -> Live:
@@ -89,3 +126,24 @@ def start_live(net: Network) -> Live:
         bridge.event("companion_joined", 30, companion_id=f"companion_{key}")
     juniper.event("companion_joined", 30, companion_id="companion_pim")
     return Live(bridge, port, {"juniper": juniper, "pim": pim})
+
+
+def payload_of(frame: str) -> Payload | None:
+    """A Firehose frame (the raw JSON of a payload) as the typed payload, its topic inferred from
+    its shape; ``None`` for error frames and anything else."""
+    try:
+        obj = json.loads(frame)
+    except ValueError:
+        return None
+    if isinstance(obj, list):
+        topic = STATES
+    elif not isinstance(obj, dict) or ("error" in obj and "jsonrpc" not in obj):
+        return None
+    elif obj.get("method") == "message.send":
+        topic = MESSAGES
+    elif obj.get("method") == "action.send":
+        topic = ACTIONS
+    else:
+        topic = QUERIES
+    parsed = parse_payload(topic, frame.encode())
+    return None if isinstance(parsed, PayloadError) else parsed
