@@ -1,0 +1,157 @@
+"""`companion run`'s engine wiring: which model each card gets, one check per distinct model,
+the handler the default factory builds, start-up refusals (exit 2 before any node starts), and
+the lines it prints for scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+from fake_llm_server import running_server
+
+from companion.card import LoadedCard, load_card
+from companion.cli import main
+from companion.cli.run import (
+    CompanionHandler,
+    EngineOptions,
+    engine_handlers,
+    model_spec,
+    parse_sees,
+    prepare_models,
+    sees_line,
+)
+from companion.engine import EngineTimings
+from companion.models.scripted import ScriptedModel
+from companion.node import CompanionNode, NodeConfig
+from companion.store import Store
+
+CARD = """\
+metadata:
+  id: companion_{key}
+  name: {key}
+  personality: calm
+  story: a test companion
+  sample: hello
+role: test
+actions: [speak]
+events:
+  params:
+    type: object
+    properties:
+      mood: {{type: string}}
+    required: [mood]
+  conditions:
+    - expression: "true"
+      execute:
+        - tool: speak
+          instruction: reply
+{settings}"""
+
+
+def card(tmp_path: Path, key: str, model: str | None = None) -> Path:
+    settings = f"settings:\n  model: {model!r}\n" if model else ""
+    path = tmp_path / f"{key}.yaml"
+    path.write_text(CARD.format(key=key, settings=settings), encoding="utf-8")
+    return path
+
+
+def loaded(tmp_path: Path, *specs: tuple[str, str | None]) -> list[LoadedCard]:
+    return [load_card(card(tmp_path, key, model)) for key, model in specs]
+
+
+def test_the_model_is_the_override_else_the_cards_else_scripted(tmp_path: Path) -> None:
+    own, plain = loaded(tmp_path, ("own", "openai:m"), ("plain", None))
+    assert model_spec(own, None) == "openai:m"
+    assert model_spec(plain, None) == "scripted"
+    assert model_spec(own, "anthropic:x") == model_spec(plain, "anthropic:x") == "anthropic:x"
+
+
+async def test_each_card_gets_its_own_scripted_seed_and_the_card_setting_is_honoured(tmp_path: Path) -> None:
+    cards = loaded(tmp_path, ("a", "scripted:7"), ("b", None), ("c", None))
+    models = await prepare_models(cards, EngineOptions(seed=3, pace=0.5))
+    a, b, c = (models[f"companion_{k}"] for k in "abc")
+    assert (a.spec, b.spec, c.spec) == ("scripted:7", "scripted", "scripted")
+    assert [m.model.seed for m in (a, b, c) if isinstance(m.model, ScriptedModel)] == [7, 4, 5]
+    assert a.timings == b.timings == EngineTimings.offline(0.5)
+
+    overridden = await prepare_models(cards, EngineOptions(model="scripted", seed=3))
+    seeds = [m.model.seed for m in overridden.values() if isinstance(m.model, ScriptedModel)]
+    assert seeds == [3, 4, 5]
+
+
+async def test_a_provider_model_is_built_and_checked_once_for_the_cards_sharing_it(tmp_path: Path) -> None:
+    cards = loaded(tmp_path, ("a", "openai:fake-1"), ("b", "openai:fake-1"), ("c", None))
+    with running_server() as server:
+        models = await prepare_models(cards, EngineOptions(base_url=server.openai_base_url, pace=1.0))
+        listings = [r for r in server.requests if r.path == "/v1/models"]
+    a, b, c = (models[f"companion_{k}"] for k in "abc")
+    assert a.model is b.model and len(listings) == 1
+    assert a.timings == EngineTimings(pace=1.0)
+    assert isinstance(c.model, ScriptedModel) and c.timings == EngineTimings.offline(1.0)
+
+
+async def test_the_default_factory_builds_an_engine_for_the_card_with_its_model(tmp_path: Path) -> None:
+    cards = loaded(tmp_path, ("a", "scripted:9"), ("b", None))
+    models = await prepare_models(cards, EngineOptions(seed=1))
+    factory = engine_handlers(models, data_dir=tmp_path / "data")
+    async with trio.open_nursery() as nursery:
+        for one in cards:
+            cid = one.card.metadata.id
+            node = CompanionNode(one.card.metadata, NodeConfig(name=cid))
+            handler = factory(one, node, nursery)
+            assert isinstance(handler, CompanionHandler)
+            engine = handler.engine
+            assert engine.loaded is one and engine.me.id == cid
+            assert engine.model is models[cid].model and engine.timings == models[cid].timings
+            assert isinstance(engine.history, Store)  # history and memory on disk, per companion
+            assert (tmp_path / "data" / cid).is_dir()
+        nursery.cancel_scope.cancel()
+    seeds = {m.model.seed for m in models.values() if isinstance(m.model, ScriptedModel)}
+    assert seeds == {9, 2}
+
+
+@pytest.mark.parametrize("where", ["flag", "card"])
+def test_an_unusable_model_stops_run_before_any_node_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    args = ["--model", "openai:x"] if where == "flag" else []
+    path = card(tmp_path, "a", "openai:x" if where == "card" else None)
+    data = tmp_path / "data"
+    code = main(["run", str(path), *args, "--base-url", "http://127.0.0.1:9/v1", "--data-dir", str(data)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    said = err.strip().splitlines()[-1]
+    assert said.startswith("companion run: openai:x: ") and "127.0.0.1:9" in said
+    assert " peer " not in out and not (data / "keys").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--token", "t"], "need --ws"),
+        (["--no-webrtc"], "need --ws"),
+        (["--ws", "nowhere"], "--ws 'nowhere'"),
+        (["--pace", "-1"], "--pace"),
+        (["--model", "nonsense"], "model spec 'nonsense'"),
+    ],
+)
+def test_bad_options_are_refused_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    path = card(tmp_path, "a")
+    assert main(["run", str(path), "--no-mdns", "--data-dir", str(tmp_path / "data"), *args]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_sees_lines_round_trip_and_other_lines_are_not_taken_for_them() -> None:
+    line = sees_line("companion_a", ["companion_b", "companion_a"])
+    assert line == "companion_a sees companion_a,companion_b"
+    assert parse_sees(line) == ("companion_a", frozenset({"companion_a", "companion_b"}))
+    for other in (
+        "companion_a peer 12D3KooW",
+        "  /ip4/127.0.0.1/tcp/1",
+        "bridge ws://127.0.0.1:1/",
+        "x sees y",
+    ):
+        assert parse_sees(other) is None
