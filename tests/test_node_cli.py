@@ -11,8 +11,8 @@ import trio
 
 from companion.cli.run import (
     LoggingHandler,
-    RunOptions,
     Running,
+    RunOptions,
     dialable,
     listen_addrs_for,
     run_nodes,
