@@ -4,6 +4,7 @@ the lines it prints for scripts."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ import trio
 from fake_llm_server import running_server
 
 from companion.card import LoadedCard, load_card
-from companion.cli import main
+from companion.cli import main, run
+from companion.cli.bridge import BridgeOptions, make_bridge
 from companion.cli.run import (
     CompanionHandler,
     EngineOptions,
@@ -155,3 +157,26 @@ def test_sees_lines_round_trip_and_other_lines_are_not_taken_for_them() -> None:
         "x sees y",
     ):
         assert parse_sees(other) is None
+
+
+async def test_clients_are_let_in_when_the_clients_node_does_not_meet_the_companions_in_time(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The wait for the clients' node to meet this process's companions has a deadline: after it,
+    a warning, and clients may connect anyway (here the node never runs, so it meets nobody)."""
+    monkeypatch.setattr(run, "CLIENT_NODE_TIMEOUT", 0.2)
+    caplog.set_level(logging.WARNING, logger="companion.cli.run")
+    node = CompanionNode(None, NodeConfig(name="clients"))
+    options = BridgeOptions(host="127.0.0.1", port=0, webrtc=False)
+    clients = run._ClientNode(node, make_bridge(options, node), "/ip4/127.0.0.1/tcp/1")
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(10):
+            port = await run._serve_clients(options, clients, {"companion_a"}, nursery)
+        stream = await trio.open_tcp_stream("127.0.0.1", port)  # the bridge listens
+        await stream.aclose()
+        nursery.cancel_scope.cancel()
+    [warning] = [
+        r for r in caplog.records if getattr(r, "companion_event", "") == "clients_node_not_connected"
+    ]
+    assert getattr(warning, "companion_fields", {})["missing"] == ["companion_a"]
+    assert f"bridge ws://127.0.0.1:{port}/" in capsys.readouterr().out.splitlines()
