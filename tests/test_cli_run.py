@@ -180,3 +180,24 @@ async def test_clients_are_let_in_when_the_clients_node_does_not_meet_the_compan
     ]
     assert getattr(warning, "companion_fields", {})["missing"] == ["companion_a"]
     assert f"bridge ws://127.0.0.1:{port}/" in capsys.readouterr().out.splitlines()
+
+
+class _ClosedStdout:
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_does_not_stop_a_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sees lines are printed from inside the node (membership listeners): a reader that went
+    away (``companion run ... | head``) costs a warning, not the node."""
+    [one] = loaded(tmp_path, ("a", None))
+    node = CompanionNode(one.card.metadata, NodeConfig(name="companion_a"))
+    monkeypatch.setattr("sys.stdout", _ClosedStdout())
+    caplog.set_level(logging.WARNING, logger="companion.cli.run")
+    run._announce_directory(node)
+    assert [getattr(r, "companion_event", "") for r in caplog.records] == ["stdout_closed"]

@@ -119,7 +119,10 @@ def _announce_directory(node: CompanionNode) -> None:
         now = set(node.directory)
         if now != shown:
             shown = now
-            print(sees_line(node.name, now), flush=True)
+            try:
+                print(sees_line(node.name, now), flush=True)
+            except OSError as exc:  # nobody reads stdout any more: the node keeps running
+                log_event(logger, "stdout_closed", logging.WARNING, node=node.name, error=repr(exc))
 
     node.add_membership_listener(report)
     report()
