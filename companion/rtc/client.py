@@ -263,9 +263,7 @@ class RtcClient:
         pc, self._pc = self._pc, None
         if pc is None:
             return
-        with trio.move_on_after(self.settings.close_timeout) as scope:
-            await self.island.call(pc.close)
-        if scope.cancelled_caught:
+        if not await self.island.close_within(pc.close, self.settings.close_timeout):
             log_event(logger, "rtc_client_close_timeout", logging.WARNING, session=self.session_id)
 
 

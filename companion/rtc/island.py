@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, ParamSpec, TypeVar, cast
 
+import trio
 import trio_asyncio
 
 __all__ = ["AsyncioIsland", "open_island", "single_exceptions"]
@@ -34,6 +35,13 @@ class AsyncioIsland:
         cancels the asyncio task."""
         wrapped = trio_asyncio.aio_as_trio(fn, loop=self.loop)
         return cast(T, await wrapped(*args, **kwargs))
+
+    async def close_within(self, close: Callable[[], Awaitable[Any]], timeout: float) -> bool:
+        """Await an asyncio ``close()`` (a peer connection's) for at most ``timeout`` seconds;
+        ``False`` when the deadline passed first, so callers log it and move on."""
+        with trio.move_on_after(timeout) as scope:
+            await self.call(close)
+        return not scope.cancelled_caught
 
     def enter(self) -> None:
         """Make this loop current for the calling trio task (and the tasks it starts), so
