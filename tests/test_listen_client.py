@@ -5,12 +5,13 @@ from __future__ import annotations
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+from client_support import Screen, needs_espeak
 
 from companion.bridge import Bridge, BridgeConfig
 from companion.listen import (
@@ -18,7 +19,6 @@ from companion.listen import (
     DirectoryError,
     ListenOptions,
     PlayerVoice,
-    Show,
     VoiceError,
     fetch_companions,
     run_listener,
@@ -29,32 +29,6 @@ from companion.voice import EspeakSynthesizer
 
 AYA = Metadata(id="companion_aya", name="Aya", personality="p", story="s", sample="x")
 PIM = Metadata(id="companion_pim", name="Pim", personality="p", story="s", sample="x")
-
-needs_espeak = pytest.mark.skipif(
-    not EspeakSynthesizer.available(),
-    reason="espeak-ng is not installed (scripts/system-deps.sh installs it)",
-)
-
-
-@dataclass
-class Screen:
-    """Collects what the client shows; tests wait on it for a line."""
-
-    lines: list[Show] = field(default_factory=list)
-    changed: trio.Event = field(default_factory=trio.Event)
-
-    def __call__(self, show: Show) -> None:
-        self.lines.append(show)
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def wait_for(self, text: str) -> Show:
-        with trio.fail_after(5):
-            while True:
-                for line in self.lines:
-                    if text in line.text:
-                        return line
-                await self.changed.wait()
 
 
 @dataclass

@@ -24,12 +24,7 @@ from companion.rtc import (
     open_gateway,
 )
 from companion.transport import MemoryEndpoint, MemoryHub, Publisher
-from companion.voice import EspeakSynthesizer, Speech
-
-needs_espeak = pytest.mark.skipif(
-    not EspeakSynthesizer.available(),
-    reason="espeak-ng is not installed (scripts/system-deps.sh installs it)",
-)
+from companion.voice import Speech
 
 
 @asynccontextmanager

@@ -9,44 +9,20 @@ from __future__ import annotations
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import trio
+from client_support import Screen, needs_espeak
 
 from companion.bridge import Bridge, BridgeConfig
 from companion.cli import build_parser
-from companion.listen import ListenOptions, Show, run_listener
+from companion.listen import ListenOptions, run_listener
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
 from companion.rtc import RtcGateway
 from companion.rtc.route import serve_webrtc
 from companion.transport import Inbound, MemoryEndpoint, MemoryHub
 from companion.voice import EspeakSynthesizer
-
-needs_espeak = pytest.mark.skipif(
-    not EspeakSynthesizer.available(),
-    reason="espeak-ng is not installed (scripts/system-deps.sh installs it)",
-)
-
-
-@dataclass
-class Screen:
-    lines: list[Show] = field(default_factory=list)
-    changed: trio.Event = field(default_factory=trio.Event)
-
-    def __call__(self, show: Show) -> None:
-        self.lines.append(show)
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def wait_for(self, text: str, timeout: float = 10) -> Show:
-        with trio.fail_after(timeout):
-            while True:
-                for line in self.lines:
-                    if text in line.text:
-                        return line
-                await self.changed.wait()
 
 
 @dataclass
@@ -108,13 +84,13 @@ async def test_listen_over_webrtc_shows_sends_and_plays_the_bridge_voice(
             done.set()
 
         nursery.start_soon(run)
-        await screen.wait_for("connected to")
+        await screen.wait_for("connected to", timeout=10)
         with trio.fail_after(10):
             await setup.gateway.wait_for_sessions(1)
 
         reply = Message.create("companion_aya", ["user_kai"], "Welcome aboard.", {"emotion": "happy"})
         await setup.companion.publish(MESSAGES, reply)
-        await screen.wait_for("Welcome aboard.")
+        await screen.wait_for("Welcome aboard.", timeout=10)
 
         await lines_send.send("@aya hello over webrtc")
         sent = await setup.from_client(Message)
@@ -147,7 +123,7 @@ async def test_listen_over_webrtc_reports_a_refusal(nursery: trio.Nursery) -> No
         _, lines_receive = trio.open_memory_channel[str](1)
         options = ListenOptions(url=f"ws://127.0.0.1:{setup.port}/", token="wrong", webrtc=True)
         assert await run_listener(options, lines_receive, screen) == 1
-        line = await screen.wait_for("refused WebRTC")
+        line = await screen.wait_for("refused WebRTC", timeout=10)
         assert "401" in line.text and line.kind == "error"
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import aioice.ice
 import pytest
 import trio
+from client_support import needs_espeak
 
 from companion.bridge import Bridge, BridgeConfig
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult, encode, parse_payload
@@ -33,11 +34,6 @@ from companion.rtc import (
 )
 from companion.transport import MemoryEndpoint, MemoryHub
 from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesizer
-
-needs_espeak = pytest.mark.skipif(
-    not EspeakSynthesizer.available(),
-    reason="espeak-ng is not installed (scripts/system-deps.sh installs it)",
-)
 
 COMPANION = "companion_aya"
 LONG_LINE = "This is a long line that the companion says slowly, so that there is time to interrupt it. " * 3

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from client_support import needs_espeak
 
 from companion.voice import (
     EspeakSynthesizer,
@@ -17,11 +18,6 @@ from companion.voice import (
     WavError,
     parse_wav,
     pick_voice,
-)
-
-needs_espeak = pytest.mark.skipif(
-    not EspeakSynthesizer.available(),
-    reason="espeak-ng is not installed (scripts/system-deps.sh installs it)",
 )
 
 
