@@ -3,6 +3,7 @@ wait for an event with a deadline, signal and stop them by PID."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -160,7 +161,12 @@ class Network:
         self.procs: list[Proc] = []
 
     def companion(
-        self, key: str, *peers: str, data_dir: Path | None = None, mdns: bool = False
+        self,
+        key: str,
+        *peers: str,
+        data_dir: Path | None = None,
+        mdns: bool = False,
+        listen: str = "/ip4/127.0.0.1/tcp/0",
     ) -> tuple[Proc, Event]:
         card = write_card(self.tmp, key)
         argv = [
@@ -170,7 +176,7 @@ class Network:
             str(card),
             *([] if mdns else ["--no-mdns"]),
             "--listen",
-            "/ip4/127.0.0.1/tcp/0",
+            listen,
             "--data-dir",
             str(data_dir or self.tmp / f"data-{key}"),
             "--log-format",
@@ -182,10 +188,18 @@ class Network:
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 
-    def raw(self, key: str | None) -> tuple[Proc, Event]:
+    def raw(
+        self, key: str | None, *, metadata: bytes | None = None, identify: bytes | None = None
+    ) -> tuple[Proc, Event]:
+        """A raw publisher (``raw_publisher.py``), claiming ``companion_<key>`` unless ``None``;
+        ``metadata`` / ``identify``: the bytes it answers those requests with instead."""
         argv = [sys.executable, str(HERE / "raw_publisher.py")]
         if key is not None:
             argv += ["--companion", f"companion_{key}"]
+        if metadata is not None:
+            argv += ["--metadata-b64", base64.b64encode(metadata).decode()]
+        if identify is not None:
+            argv += ["--identify-b64", base64.b64encode(identify).decode()]
         proc = Proc(key or "raw", argv, events_on="stdout", stdin=True)
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
