@@ -39,7 +39,7 @@ from .health import ConnectionHealth, HealthSettings
 from .identity import load_or_create_key_pair
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
-from .pubsub import GuardedPubsub
+from .pubsub import CountingGossipSub, GuardedPubsub
 from .replay import ReplayGuard
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
@@ -142,6 +142,7 @@ class CompanionNode:
         self._closing: dict[INetConn, str] = {}
         self._inbound_send: trio.MemorySendChannel[Inbound] | None = None
         self._pubsub: GuardedPubsub | None = None
+        self._router: CountingGossipSub | None = None
         self._host: Any = None
         self._gate = RequestGate()
         self._changed = trio.Event()
@@ -178,6 +179,7 @@ class CompanionNode:
             "connected_peers": len(self.connected_peers),
             "companions": sorted(self.directory),
             "mesh": self._mesh_sizes(),
+            "control": dict(self._router.control) if self._router is not None else {},
             "disconnects": dict(self.disconnects),
             "health": self.health.stats(),
         }
@@ -185,9 +187,9 @@ class CompanionNode:
     def _mesh_sizes(self) -> dict[str, int]:
         """Gossipsub mesh peers per topic (a topic with 0 while peers are connected forwards
         to nobody)."""
-        if self._pubsub is None:
+        if self._router is None:
             return {}
-        mesh = self._pubsub.router.mesh
+        mesh = self._router.mesh
         return {topic: len(mesh.get(topic, ())) for topic in TOPICS}
 
     def log_stats(self) -> None:
@@ -251,7 +253,7 @@ class CompanionNode:
         self, handler: InboundHandler, stop: trio.Event, shielded: trio.CancelScope, task_status: Any
     ) -> None:
         host = make_host(self.config, self._key_pair)
-        router = make_gossipsub(self.config)
+        router = self._router = make_gossipsub(self.config)
         inbound_send, inbound_recv = trio.open_memory_channel[Inbound](self.config.inbound_buffer)
         self._inbound_send = inbound_send
         pubsub = GuardedPubsub(
