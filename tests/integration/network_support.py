@@ -204,6 +204,23 @@ class Network:
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 
+    def driver(self, key: str, *peers: str, config: dict[str, Any] | None = None) -> tuple[Proc, Event]:
+        """A bare CompanionNode (``node_driver.py``) for ``companion_<key>``, no engine; ``config``
+        overrides NodeConfig fields."""
+        metadata = {"id": f"companion_{key}", "name": key, "personality": "p", "story": "s", "sample": "x"}
+        argv = [
+            sys.executable,
+            str(HERE / "node_driver.py"),
+            json.dumps(metadata),
+            "--config",
+            json.dumps(config or {}),
+        ]
+        for peer in peers:
+            argv += ["--peer", peer]
+        proc = Proc(key, argv, events_on="stdout", stdin=True)
+        self.procs.append(proc)
+        return proc, proc.event("started", timeout=30)
+
     def stop_all(self) -> None:
         for proc in self.procs:
             proc.stop()

@@ -197,12 +197,17 @@ def publish(raw: Proc, topic: str, data: bytes, **extra: Any) -> None:
     raw.send({"op": "publish", "topic": topic, "b64": b64(data), **extra})
 
 
-def heard(proc: Proc, message_id: str, timeout: float) -> bool:
+def happens(proc: Proc, predicate: Any, timeout: float) -> bool:
+    """Whether an event satisfying ``predicate`` came (or comes within ``timeout``)."""
     try:
-        proc.event("inbound", timeout, id=message_id)
+        proc.wait_for(predicate, timeout)
     except AssertionError:
         return False
     return True
+
+
+def heard(proc: Proc, message_id: str, timeout: float) -> bool:
+    return happens(proc, lambda e: e.get("event") == "inbound" and e.get("id") == message_id, timeout)
 
 
 def ask(raw: Proc, key: str, tag: str, timeout: float = 30.0) -> Event:
@@ -438,3 +443,65 @@ def test_flood_of_large_messages_at_150_per_second_with_a_starved_receiver(tmp_p
             assert stats["drops"].get("malformed_rpc", 0) == 0, (proc.name, stats["drops"])
         for key in "abc":
             ask(raw, key, "after-flood")
+
+
+def driver_stats(proc: Proc) -> Event:
+    mark = proc.count("stats")
+    proc.send({"op": "stats"})
+    return proc.wait_for(lambda e: e.get("event") == "stats" and proc.count("stats") > mark, 10, "stats")
+
+
+def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path) -> None:
+    """Health checks probe silent connections (Yamux ping, every 1 s here, 3 s to answer) and
+    tolerate one unanswered probe: a peer frozen for 5 s stays; one frozen for good is dropped."""
+    health = {"health_check_interval": 1, "health_timeout": 3, "health_failures_allowed": 1}
+    with network(tmp_path) as net:
+        a, a_started = net.driver("a", config=health)
+        b, _ = net.driver("b", a_started["addrs"][0], config=health)
+        a.event("joined", 20, companion_id="companion_b")
+        time.sleep(2)  # a probe or two answered
+
+        b.signal(signal.SIGSTOP)
+        time.sleep(5)  # one probe goes unanswered, the next is answered once b runs again
+        b.signal(signal.SIGCONT)
+        time.sleep(2)
+        stats = driver_stats(a)
+        assert stats["health"]["probe_failures"] >= 1, stats["health"]
+        assert stats["disconnects"] == {} and a.count("left") == 0
+        assert stats["connected_peers"] == 1
+
+        b.signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        a.event("left", 15, companion_id="companion_b")
+        noticed = time.monotonic() - frozen_at
+        assert noticed < 1 + 2 * 3 + 2, f"a frozen peer was noticed after {noticed:.1f} s"
+        b.signal(signal.SIGCONT)
+        assert driver_stats(a)["disconnects"] == {"unresponsive": 1}
+
+
+def test_a_burst_of_actions_arrives_whole(tmp_path: Path) -> None:
+    """200 actions published back to back (a tool reporting progress): py-libp2p's 32-slot send
+    queue kept 32 and dropped the rest without a trace; the node now waits for room."""
+    with network(tmp_path) as net:
+        a, a_started = net.driver("a")
+        b, _ = net.driver("b", a_started["addrs"][0])
+        a.event("joined", 20, companion_id="companion_b")
+
+        def action(n: int) -> str:
+            return encode(Action.create("companion_a", "progress", {"n": n})).decode()
+
+        for n in range(30):  # until the mesh carries actions
+            a.send({"op": "publish", "topic": ACTIONS, "text": action(-1 - n)})
+            if happens(b, lambda e: e.get("event") == "inbound" and e.get("topic") == ACTIONS, 0.5):
+                break
+        burst = {action(n) for n in range(200)}
+        for text in burst:
+            a.send({"op": "publish", "topic": ACTIONS, "text": text})
+        b.wait_for(
+            lambda e: (
+                sum(1 for x in b.events if x.get("event") == "inbound" and x.get("text") in burst) >= 200
+            ),
+            30,
+            "all 200 actions",
+        )
+        assert driver_stats(a)["drops"] == {}
