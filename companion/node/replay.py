@@ -133,14 +133,14 @@ class ReplayGuard:
         try:
             self._file.writelines(_lines([(msg_id, seen)]))
             self._file.flush()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: the file was closed under us
             self._unusable("replay_store_unwritable", exc)
             return
         self._lines += 1
         if self._lines >= 2 * self._capacity:
             self._rewrite()
 
-    def _unusable(self, event: str, exc: OSError) -> None:
+    def _unusable(self, event: str, exc: Exception) -> None:
         log_event(logger, event, logging.WARNING, path=str(self._path), error=repr(exc))
         self._file = None
         self._path = None
