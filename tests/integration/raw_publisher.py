@@ -86,6 +86,10 @@ class Raw:
         return list(self.host.get_network().connections)
 
     async def publish(self, topic: str, data: bytes) -> rpc_pb2.Message:
+        """Publish, first waiting while a send queue is nearly full: py-libp2p drops beyond 32
+        queued, so offer no more than goes out (what the receiver refuses is its business)."""
+        while max((len(q) for q in self.pubsub.peer_queues.values()), default=0) >= 24:
+            await trio.sleep(0.002)
         await self.pubsub.publish(topic, data)
         self.published += 1
         assert self.pubsub.last_own is not None
@@ -120,8 +124,6 @@ class Raw:
         start = trio.current_time()
         for n in range(count):
             await trio.sleep_until(start + n / rate)
-            while max((len(q) for q in self.pubsub.peer_queues.values()), default=0) >= 24:
-                await trio.sleep(0.002)  # py-libp2p drops beyond 32 queued: offer no more than goes out
             head = Message.create(self.companion, to, "", id=f"flood-{n}")
             filler = "x" * max(0, size - len(encode(head)))
             await self.publish(topic, encode(Message.create(self.companion, to, filler, id=f"flood-{n}")))
