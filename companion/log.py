@@ -139,6 +139,10 @@ class Throttle:
             self._last.popitem(last=False)
         return last[1] if last is not None else 0
 
+    def __len__(self) -> int:
+        """Keys remembered (at most ``max_keys``)."""
+        return len(self._last)
+
     def suppressed(self) -> int:
         """Lines left out and not yet reported by a later line of their key."""
         return sum(count for _, count in self._last.values())

@@ -397,10 +397,8 @@ class CompanionNode:
             for listener in list(self._listeners):
                 try:
                     listener(event)
-                except Exception:
-                    logger.exception(
-                        "membership listener failed", extra={"companion_event": "listener_failed"}
-                    )
+                except Exception as exc:
+                    log_exception(logger, "listener_failed", exc, node=self.name, kind=event.kind)
 
     def _is_connected(self, peer: ID) -> bool:
         return bool(self._host is not None and self._host.get_network().connections.get(peer))
