@@ -163,7 +163,7 @@ def log_exception(
     type and the line that raised it; the next line carries ``suppressed_since_last``."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    left_out = (throttle or _EXCEPTIONS).admit((logger.name, event, type(exc).__name__, where))
+    left_out = (throttle if throttle is not None else _EXCEPTIONS).admit((logger.name, event, type(exc).__name__, where))
     if left_out is None or not logger.isEnabledFor(logging.ERROR):
         return
     bounded = {key: bound(value) for key, value in fields.items()}
@@ -214,7 +214,7 @@ class LibraryRecords(logging.Filter):
 
     def __init__(self, throttle: Throttle | None = None) -> None:
         super().__init__()
-        self.throttle = throttle or Throttle()
+        self.throttle = throttle if throttle is not None else Throttle()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, _EVENT_ATTR, None) is not None:
