@@ -12,9 +12,11 @@ from google.protobuf.message import DecodeError
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamError
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils.varint import read_varint_prefixed_bytes_limited
 from multiaddr import Multiaddr
@@ -128,3 +130,16 @@ async def test_a_write_cut_short_resets_the_stream() -> None:
             await receiver.done.wait()
     assert isinstance(receiver.failure, StreamError)  # a reset, not a decoding error
     assert all(m.publish[0].data[0] != 9 for m in receiver.parsed)
+
+
+async def test_publishing_waits_for_room_within_its_deadline() -> None:
+    receiver = Receiver()
+    async with pair(receiver) as (pubsub, _stream):
+        stuck = RpcQueue()  # a peer whose sender makes no progress
+        for tag in range(40):
+            stuck.push(rpc(tag))
+        pubsub.peer_queues[ID(b"\x00stuck")] = stuck
+        started = trio.current_time()
+        assert await pubsub.wait_for_room(32, 0.3) is False
+        assert 0.3 <= trio.current_time() - started < 2.0
+        assert await pubsub.wait_for_room(64, 0.3) is True
