@@ -163,7 +163,8 @@ def log_exception(
     type and the line that raised it; the next line carries ``suppressed_since_last``."""
     frames = traceback.extract_tb(exc.__traceback__)
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    left_out = (throttle if throttle is not None else _EXCEPTIONS).admit((logger.name, event, type(exc).__name__, where))
+    chosen = throttle if throttle is not None else _EXCEPTIONS
+    left_out = chosen.admit((logger.name, event, type(exc).__name__, where))
     if left_out is None or not logger.isEnabledFor(logging.ERROR):
         return
     bounded = {key: bound(value) for key, value in fields.items()}

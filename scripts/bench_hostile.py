@@ -114,6 +114,7 @@ def run(cases: int, rpc_cases: int) -> dict[str, Any]:
             written = log_bytes(a) - logged
             tried += len(generated)
             attack_log += written
+            print(f"{topic}: done", file=sys.stderr, flush=True)
             result["topics"][topic] = {
                 "tried": len(generated),
                 "seconds": round(time.monotonic() - started, 1),

@@ -18,6 +18,9 @@ What py-libp2p does, measured, and what these subclasses change:
   ``outbound_queue_size``, the node's own publishes wait (bounded) while it is half full
   (:meth:`GuardedPubsub.wait_for_room`), and every payload py-libp2p drops is counted
   (``outbound_queue_full``, ``outbound_oversized``, ``equivocation``).
+- When a write to a peer fails, py-libp2p forgets the subscriptions the peer announced on its
+  own (still working) stream, and never hears them again: here they are kept while the peer
+  stays connected (:class:`SubscriptionKeepingPubsub`).
 - Sequence numbers start at the clock in nanoseconds instead of seconds, so a restarted node
   (same key) never reuses the seqnos, and therefore the message ids, of its previous run: peers
   would otherwise drop its new messages as replays or as equivocation.
@@ -43,7 +46,7 @@ from libp2p.pubsub.rpc_queue import RpcQueue
 from ..log import bound, log_event
 from .drops import Drop, DropCounters
 
-__all__ = ["CountingGossipSub", "GuardedPubsub"]
+__all__ = ["CountingGossipSub", "GuardedPubsub", "SubscriptionKeepingPubsub"]
 
 logger = logging.getLogger("companion.node.pubsub")
 
@@ -103,7 +106,30 @@ class CountingGossipSub(GossipSub):
         return ok
 
 
-class GuardedPubsub(Pubsub):
+class SubscriptionKeepingPubsub(Pubsub):
+    """Pubsub that remembers a peer's subscriptions when only our stream to it failed.
+
+    py-libp2p forgets them whenever a write to the peer fails (e.g. its Yamux window stayed
+    shut for 5 s while it was busy) and opens a new stream; but the subscriptions came on the
+    peer's own stream, which still works, and nothing announces them again: we would never send
+    the peer a message again while the connection lasts (measured under load: a peer that stops
+    hearing anything). Forgotten they are only once the peer is gone."""
+
+    def _handle_dead_peer(self, peer_id: ID) -> None:
+        kept = (
+            [topic for topic, peers in self.peer_topics.items() if peer_id in peers]
+            if self._peer_is_connected(peer_id)
+            else []
+        )
+        count = self._peer_subscription_count.get(peer_id)
+        super()._handle_dead_peer(peer_id)
+        for topic in kept:
+            self.peer_topics.setdefault(topic, set()).add(peer_id)
+        if kept and count is not None:
+            self._peer_subscription_count[peer_id] = count
+
+
+class GuardedPubsub(SubscriptionKeepingPubsub):
     """Pubsub that survives any bytes a peer sends and loses nothing without counting it."""
 
     def __init__(

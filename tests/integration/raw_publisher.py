@@ -42,7 +42,6 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 from libp2p.utils import encode_varint_prefixed
 from multiaddr import Multiaddr
@@ -51,6 +50,7 @@ from companion.log import configure_logging
 from companion.node.config import GOSSIP_V11, NodeConfig, make_gossipsub, make_host
 from companion.node.discovery import parse_peer_addr
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
+from companion.node.pubsub import SubscriptionKeepingPubsub
 from companion.protocol import MESSAGES, TOPICS, Message, Metadata, encode
 
 IDENTIFY_PROTOCOL = TProtocol("/ipfs/id/1.0.0")
@@ -62,8 +62,9 @@ def emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
-class RecordingPubsub(Pubsub):
-    """Remembers the last message this peer signed, so it can be written again by hand."""
+class RecordingPubsub(SubscriptionKeepingPubsub):
+    """Remembers the last message this peer signed, so it can be written again by hand (and keeps
+    the target's subscriptions when a write to it fails, so a long attack under load goes on)."""
 
     last_own: rpc_pb2.Message | None = None
 

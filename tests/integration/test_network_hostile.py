@@ -80,6 +80,15 @@ def ask(raw: Proc, key: str, tag: str, timeout: float = 30.0) -> Event:
         attempt += 1
 
 
+def relays(raw: Proc, b: Proc) -> None:
+    """What the raw peer publishes reaches b through a (published again until it does: the
+    first publishes may precede the mesh)."""
+    assert any(
+        publish(raw, MESSAGES, message("companion_x", "warm", f"warm-{n}")) or heard(b, f"warm-{n}", 0.5)
+        for n in range(30)
+    ), "b never heard x through a"
+
+
 def joined(proc: Proc, *keys: str) -> None:
     for key in keys:
         proc.event("companion_joined", 30, companion_id=f"companion_{key}")
@@ -125,11 +134,7 @@ def test_hostile_payloads_are_counted_dropped_and_not_forwarded(tmp_path: Path) 
         joined(a, "b", "x")
         joined(b, "a")
 
-        # x -> a -> b works before the flood (the first publishes may precede the mesh)
-        assert any(
-            publish(raw, MESSAGES, message("companion_x", "warm", f"warm-{n}")) or heard(b, f"warm-{n}", 0.5)
-            for n in range(30)
-        ), "b never heard x through a"
+        relays(raw, b)  # before the flood
 
         generated = collect(payloads(), 200)
         for topic, data, _ in CORPUS:
@@ -226,10 +231,7 @@ def test_replay_after_restart_is_not_forwarded(tmp_path: Path) -> None:
         raw = attacker(net, a_addr)
         joined(a, "b", "x")
         joined(b, "a")
-        assert any(
-            publish(raw, MESSAGES, message("companion_x", "warm", f"warm-{n}")) or heard(b, f"warm-{n}", 0.5)
-            for n in range(30)
-        ), "b never heard x through a"
+        relays(raw, b)
         publish(raw, MESSAGES, message("companion_x", "remember me", "recorded", ("companion_b",)), keep="m")
         b.event("inbound", 20, id="recorded")
         assert a.stop() == 0
