@@ -37,11 +37,13 @@ from weakref import WeakKeyDictionary, WeakSet
 
 import trio
 from libp2p.abc import INetStream
+from libp2p.network.stream.exceptions import StreamClosed, StreamError, StreamReset
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.utils import encode_varint_prefixed
 
 from ..log import bound, log_event
 from .drops import Drop, DropCounters
@@ -214,9 +216,11 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
     async def write_msg(self, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> bool:
         """One whole RPC at a time per stream; a write that did not finish resets the stream.
 
-        When it fails, py-libp2p forgets the peer's send queue with whatever it still holds (and
-        re-opens a stream if the peer is still connected): those payloads are counted as
-        ``send_failed``, with the one being written."""
+        A failed write ends that stream for good: later writes to it return ``False`` at once
+        (py-libp2p's loops go on writing to a stream that failed, and each failure used to tear
+        down the peer's *new* stream too). If it was the peer's current stream, its send queue
+        goes with it (those payloads are counted as ``send_failed``, with the one being written)
+        and py-libp2p opens a new stream while the peer stays connected."""
         lock = self._write_locks.get(stream)
         if lock is None:
             lock = self._write_locks[stream] = trio.Lock()
@@ -224,17 +228,23 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
             if stream in self._broken:
                 return False
             peer: ID = stream.muxed_conn.peer_id
-            queue = self.peer_queues.get(peer) if self.peers.get(peer) is stream else None
+            current = self.peers.get(peer) is stream
             ok = False
             try:
-                ok = await super().write_msg(stream, rpc_msg)
+                await stream.write(encode_varint_prefixed(rpc_msg.SerializeToString()))
+                ok = True
+            except (StreamClosed, StreamReset) as exc:
+                log_event(logger, "rpc_write_failed", logging.DEBUG, peer=str(peer), error=repr(exc))
             finally:
-                if not ok:
-                    self._broken.add(stream)
-                    self._count_lost(peer, [rpc_msg, *_queued(queue)])
-                    await _reset_quietly(stream)
                 self._written.set()
                 self._written = trio.Event()
+                if not ok:
+                    self._broken.add(stream)
+                    queue = self.peer_queues.get(peer) if current else None
+                    self._count_lost(peer, [rpc_msg, *_queued(queue)])
+                    await _reset_quietly(stream)
+                    if current and self.peers.get(peer) is stream:
+                        self._handle_dead_peer(peer)
             return ok
 
     def _count_lost(self, peer: ID, rpcs: list[rpc_pb2.RPC]) -> None:
@@ -247,7 +257,14 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
             )
 
     async def _handle_new_peer(self, peer_id: ID) -> None:
-        await super()._handle_new_peer(peer_id)
+        try:
+            await super()._handle_new_peer(peer_id)
+        except StreamError as exc:
+            if isinstance(exc, StreamClosed):
+                raise
+            # py-libp2p retries a registration that failed with StreamClosed while the peer stays
+            # connected, and gives up for good on anything else (a reset hello stream, say)
+            raise StreamClosed(f"pubsub stream to {peer_id} failed: {exc!r}") from exc
         queue = self.peer_queues.get(peer_id)
         if queue is not None:
             queue._queue.max_size = self._outbound_queue_size  # py-libp2p fixes it at 32

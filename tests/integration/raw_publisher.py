@@ -49,8 +49,9 @@ from multiaddr import Multiaddr
 from companion.log import configure_logging
 from companion.node.config import GOSSIP_V11, NodeConfig, make_gossipsub, make_host
 from companion.node.discovery import parse_peer_addr
+from companion.node.drops import DropCounters
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
-from companion.node.pubsub import SubscriptionKeepingPubsub
+from companion.node.pubsub import GuardedPubsub
 from companion.protocol import MESSAGES, TOPICS, Message, Metadata, encode
 
 IDENTIFY_PROTOCOL = TProtocol("/ipfs/id/1.0.0")
@@ -62,9 +63,10 @@ def emit(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
-class RecordingPubsub(SubscriptionKeepingPubsub):
-    """Remembers the last message this peer signed, so it can be written again by hand (and keeps
-    the target's subscriptions when a write to it fails, so a long attack under load goes on)."""
+class RecordingPubsub(GuardedPubsub):
+    """Remembers the last message this peer signed, so it can be written again by hand. It is
+    the node's own pubsub otherwise (no validators): whole RPC writes and streams that recover,
+    so that a long attack under load measures the target, not py-libp2p's sender."""
 
     last_own: rpc_pb2.Message | None = None
 
@@ -87,10 +89,9 @@ class Raw:
         return list(self.host.get_network().connections)
 
     async def publish(self, topic: str, data: bytes) -> rpc_pb2.Message:
-        """Publish, first waiting while a send queue is nearly full: py-libp2p drops beyond 32
-        queued, so offer no more than goes out (what the receiver refuses is its business)."""
-        while max((len(q) for q in self.pubsub.peer_queues.values()), default=0) >= 24:
-            await trio.sleep(0.002)
+        """Publish, first waiting (bounded) while a send queue is half full, as the node does:
+        offer no more than goes out (what the receiver refuses is its business)."""
+        await self.pubsub.wait_for_room(NodeConfig().outbound_queue_size // 2, 10.0)
         await self.pubsub.publish(topic, data)
         self.published += 1
         assert self.pubsub.last_own is not None
@@ -172,6 +173,10 @@ class Raw:
             cut = len(a) // 2
             mixed = a[:cut] + b[:cut] + a[cut:] + b[cut:]
             emit("sent", op=op, peers=await self.write_everywhere(protocol, mixed))
+        elif op == "garble":  # garbage on this peer's own pubsub stream to each peer
+            for stream in list(self.pubsub.peers.values()):
+                await stream.write(encode_varint_prefixed(data))
+            emit("sent", op=op, peers=len(self.pubsub.peers))
         elif op == "stream":
             peers = await self.write_everywhere(TProtocol(command["protocol"]), data, answer=True)
             emit("sent", op=op, peers=peers)
@@ -183,7 +188,22 @@ async def main(companion: str | None, metadata_answer: bytes | None, identify_an
     config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",))
     host = make_host(config, create_new_key_pair())
     router = make_gossipsub(config)
-    pubsub = RecordingPubsub(host, router, strict_signing=True)
+    me: list[ID] = []
+
+    def deliver(topic: str, msg: rpc_pb2.Message) -> None:
+        if topic == MESSAGES and ID(msg.from_id) not in me:
+            text = msg.data.decode("utf-8", "replace")
+            emit("message", topic=topic, from_peer=ID(msg.from_id).to_base58(), text=text[:4000])
+
+    pubsub = RecordingPubsub(
+        host,
+        router,
+        drops=DropCounters(trio.current_time, node="raw"),
+        deliver=deliver,
+        outbound_queue_size=config.outbound_queue_size,
+        strict_signing=True,
+    )
+    me.append(host.get_id())
     raw = Raw(host, pubsub, companion)
     if companion is not None or metadata_answer is not None:
         answer = metadata_answer
@@ -210,23 +230,12 @@ async def main(companion: str | None, metadata_answer: bytes | None, identify_an
         background_trio_service(router),
     ):
         await pubsub.wait_until_ready()
-        async with trio.open_nursery() as nursery:
-            for topic in TOPICS:
-                sub = await pubsub.subscribe(topic)
-                nursery.start_soon(drain, topic, sub, host.get_id())
-            emit("started", peer_id=str(host.get_id()), addrs=[str(a) for a in host.get_addrs()])
-            await commands(raw)
-            with trio.move_on_after(5):
-                await host.close()
-            nursery.cancel_scope.cancel()
-
-
-async def drain(topic: str, sub: Any, me: ID) -> None:
-    while True:
-        msg = await sub.get()
-        if topic == MESSAGES and ID(msg.from_id) != me:
-            text = msg.data.decode("utf-8", "replace")
-            emit("message", topic=topic, from_peer=ID(msg.from_id).to_base58(), text=text[:4000])
+        for topic in TOPICS:  # what others publish comes through ``deliver``
+            await pubsub.subscribe(topic)
+        emit("started", peer_id=str(host.get_id()), addrs=[str(a) for a in host.get_addrs()])
+        await commands(raw)
+        with trio.move_on_after(5):
+            await host.close()
 
 
 async def commands(raw: Raw) -> None:
