@@ -12,8 +12,9 @@ reason, accepted, what ``b`` was forwarded, process exits, ``a``'s RSS before an
     python scripts/bench_hostile.py                       # 10,000 cases per topic, a few minutes
     python scripts/bench_hostile.py --cases 500 --rpcs 100 --json
 
-To measure another checkout of the package (e.g. the log volume before a change), put its root
-first on ``PYTHONPATH``: the node processes then run that code.
+``--node-package DIR`` runs the two companions with the package found in ``DIR`` (a checkout
+of another revision, e.g. to measure the log volume before a change); the raw peer and this
+script keep this checkout's.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from companion.protocol import MESSAGES, TOPICS  # noqa: E402
 
 
 def rss_kib(proc: Proc) -> int:
+    if not proc.running:
+        return -1
     for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
@@ -59,24 +62,36 @@ def send_all(raw: Proc, commands: list[dict[str, Any]], timeout: float) -> None:
     raw.wait_for(lambda e: e.get("event") == "published" and raw.count("published") > mark, timeout, "ack")
 
 
+def stats(proc: Proc) -> dict[str, Any]:
+    """The node's counters; its last ``stopped`` figures if it exited (a crash is a result)."""
+    if proc.running:
+        try:
+            return proc.stats()
+        except AssertionError:
+            if proc.running:
+                raise
+    last = [e for e in proc.events if e.get("event") in ("stats", "stopped")]
+    return last[-1] if last else {"accepted": 0, "dropped": 0, "drops": {}}
+
+
 def settled(proc: Proc, limit: float = 60.0) -> dict[str, Any]:
     """The node's stats once it has handled everything sent (its counts stop moving)."""
     deadline = time.monotonic() + limit
-    stats = proc.stats()
-    while time.monotonic() < deadline:
+    current = stats(proc)
+    while proc.running and time.monotonic() < deadline:
         time.sleep(1.0)
-        again = proc.stats()
-        if (again["accepted"], again["dropped"]) == (stats["accepted"], stats["dropped"]):
+        again = stats(proc)
+        if (again["accepted"], again["dropped"]) == (current["accepted"], current["dropped"]):
             return again
-        stats = again
-    return stats
+        current = again
+    return current
 
 
-def answers(raw: Proc, tag: str, timeout: float = 60.0) -> bool:
+def answers(raw: Proc, watched: list[Proc], tag: str, timeout: float = 60.0) -> bool:
     asked = f"bench-{tag}"
     data = message("companion_x", "still there?", asked, ("companion_a",), turn=0, closing="none")
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and all(p.running for p in watched):
         raw.send({"op": "publish", "topic": MESSAGES, "b64": base64.b64encode(data).decode()})
         try:
             raw.wait_for(lambda e: e.get("event") == "message" and asked in str(e.get("text")), 5)
@@ -86,24 +101,24 @@ def answers(raw: Proc, tag: str, timeout: float = 60.0) -> bool:
     return False
 
 
-def run(cases: int, rpc_cases: int) -> dict[str, Any]:
+def run(cases: int, rpc_cases: int, node_package: str | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {"cases_per_topic": cases, "topics": {}}
     with tempfile.TemporaryDirectory() as tmp, network(Path(tmp)) as net:
-        a, a_started = net.companion("a")
-        b, _ = net.companion("b", a_started["addrs"][0])
+        a, a_started = net.companion("a", pythonpath=node_package)
+        b, _ = net.companion("b", a_started["addrs"][0], pythonpath=node_package)
         raw, _ = net.raw("x")
         raw.send({"op": "connect", "addr": a_started["addrs"][0]})
         raw.event("connected", 15)
         for proc, key in ((a, "b"), (a, "x"), (b, "a")):
             proc.event("companion_joined", 30, companion_id=f"companion_{key}")
         raw.send({"op": "pace", "seconds": 0})
-        result["answers_before"] = answers(raw, "before")
+        result["answers_before"] = answers(raw, [a], "before")
         result["rss_kib_before"] = rss_kib(a)
         tried = 0
         attack_log = 0
         for topic in TOPICS:
             generated = collect(payloads((topic,)), cases)
-            before_a, before_b, logged = a.stats()["drops"], b.stats()["drops"], log_bytes(a)
+            before_a, before_b, logged = stats(a)["drops"], stats(b)["drops"], log_bytes(a)
             started = time.monotonic()
             commands = [
                 {"op": "publish", "topic": t, "b64": base64.b64encode(data).decode()} for t, data in generated
@@ -124,7 +139,7 @@ def run(cases: int, rpc_cases: int) -> dict[str, Any]:
             }
         if rpc_cases:
             fuzzed = collect(rpcs(), rpc_cases)
-            before = a.stats()["drops"]
+            before = stats(a)["drops"]
             logged = log_bytes(a)
             commands = [{"op": "rpc", "b64": base64.b64encode(d).decode(), "frame": True} for d in fuzzed]
             send_all(raw, commands, timeout=max(120.0, rpc_cases / 5))
@@ -133,11 +148,11 @@ def run(cases: int, rpc_cases: int) -> dict[str, Any]:
             attack_log += written
             result["rpcs"] = {
                 "tried": len(fuzzed),
-                "dropped": diff(a.stats()["drops"], before),
+                "dropped": diff(stats(a)["drops"], before),
                 "log_bytes_per_1000": round(written / len(fuzzed) * 1000),
             }
             tried += len(fuzzed)
-        result["answers_after"] = answers(raw, "after")
+        result["answers_after"] = answers(raw, [a], "after")
         result["rss_kib_after"] = rss_kib(a)
         final = settled(a)
         result["accepted"] = final["accepted"]
@@ -152,6 +167,10 @@ def run(cases: int, rpc_cases: int) -> dict[str, Any]:
 
 def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v - before.get(k, 0)}
+
+
+def mib(kib: int) -> str:
+    return "gone" if kib < 0 else f"{kib / 1024:.1f} MiB"
 
 
 def describe(result: dict[str, Any]) -> str:
@@ -172,7 +191,7 @@ def describe(result: dict[str, Any]) -> str:
         f"total: {result['tried_total']} tried, {result['accepted']} accepted, "
         f"{result['dropped_total']} dropped; "
         f"exits {result['exits'] or 'none'}, run_failed {result['run_failed']}; "
-        f"RSS {result['rss_kib_before'] / 1024:.1f} -> {result['rss_kib_after'] / 1024:.1f} MiB; "
+        f"RSS {mib(result['rss_kib_before'])} -> {mib(result['rss_kib_after'])}; "
         f"log {result['log_bytes_per_1000_total']} bytes per 1,000 payloads; "
         f"answers before {result['answers_before']}, after {result['answers_after']}"
     )
@@ -183,9 +202,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=10_000, help="hypothesis cases per topic")
     parser.add_argument("--rpcs", type=int, default=1000, help="fuzzed whole RPCs (0: none)")
+    parser.add_argument("--node-package", default=None, help="run the companions with the package in DIR")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    result = run(args.cases, args.rpcs)
+    node_package = str(Path(args.node_package).resolve()) if args.node_package else None
+    result = run(args.cases, args.rpcs, node_package)
     print(json.dumps(result) if args.json else describe(result), flush=True)
     return 0
 

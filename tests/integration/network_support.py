@@ -24,18 +24,31 @@ HERE = Path(__file__).resolve().parent
 class Proc:
     """One child process whose stderr (or stdout) carries one JSON object per line."""
 
-    def __init__(self, name: str, argv: list[str], *, events_on: str = "stderr", stdin: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        events_on: str = "stderr",
+        stdin: bool = False,
+        pythonpath: str | None = None,
+    ) -> None:
+        """``pythonpath``: run the process with another checkout of the package (first on the
+        path, the process started outside any checkout)."""
         self.name = name
         self.events: list[Event] = []
         self.lines: list[str] = []
         self._cond = threading.Condition()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
         self.popen = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=pythonpath,
             text=True,
             bufsize=1,
         )
@@ -167,6 +180,7 @@ class Network:
         data_dir: Path | None = None,
         mdns: bool = False,
         listen: str = "/ip4/127.0.0.1/tcp/0",
+        pythonpath: str | None = None,
     ) -> tuple[Proc, Event]:
         card = write_card(self.tmp, key)
         argv = [
@@ -184,7 +198,7 @@ class Network:
         ]
         for peer in peers:
             argv += ["--peer", peer]
-        proc = Proc(key, argv)
+        proc = Proc(key, argv, pythonpath=pythonpath)
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 
