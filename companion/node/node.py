@@ -31,6 +31,7 @@ from ..log import log_event
 from ..membership import Membership, MembershipEvent
 from ..protocol import TOPICS, Envelope, Metadata, State
 from ..transport import Inbound, encode_for_topic
+from ..trust import TrustStore
 from .config import NodeConfig, make_gossipsub, make_host
 from .discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from .drops import Drop, DropCounters
@@ -115,7 +116,10 @@ class CompanionNode:
         config: NodeConfig | None = None,
         *,
         key_pair: KeyPair | None = None,
+        trust: TrustStore | None = None,
     ) -> None:
+        """``trust``: the pins and allowed answerers (shared by the nodes of one process and
+        kept in the data directory); in memory for this node alone when not given."""
         self.config = config or NodeConfig()
         self.metadata = metadata
         if key_pair is None:
@@ -128,13 +132,14 @@ class CompanionNode:
         self._id = ID.from_pubkey(key_pair.public_key)
         self.peer_id = self._id.to_base58()
         self.name = self.config.name or (metadata.id if metadata else "bridge")
-        self.membership = Membership(self.peer_id, metadata)
+        self.membership = Membership(self.peer_id, metadata, trust)
         self.drops = DropCounters(trio.current_time, node=self.name)
         self.guard = EdgeGuard(
             self.membership,
             self.drops,
             replay=ReplayGuard(self.config.replay_capacity),
             max_bytes=self.config.max_payload_bytes,
+            name=self.name,
         )
         self.listen_addrs: list[str] = []
         self.published = 0
