@@ -26,6 +26,7 @@ from ..bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
 from ..log import configure_logging, log_event
 from ..protocol import STATES, Metadata
 from ..transport import Publisher
+from .trust import TrustOptions, add_trust_arguments, open_trust, trust_options
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -63,6 +64,9 @@ class BridgeOptions:
     """Accept WebRTC clients too (``POST /webrtc/offer``, docs/webrtc.md)."""
     voice: bool = True
     """WebRTC clients that ask for voice hear speak queries synthesized on the bridge."""
+    data_dir: Path | None = None
+    """Where the trust file is (pinned companion ids); ``None``: pins in memory only."""
+    trust: TrustOptions = field(default_factory=TrustOptions)
 
 
 def parse_ws_address(value: str) -> tuple[str, int]:
@@ -113,6 +117,7 @@ async def run_bridge(
             key_path=options.key_path,
             name="bridge",
         ),
+        trust=open_trust(options.data_dir, options.trust),
     )
     bridge = make_bridge(options, node)
     async with trio.open_nursery() as nursery:
@@ -251,7 +256,10 @@ def register(subparsers: Any) -> None:
         metavar="FRAMES",
         help="frames a client may fall behind before it is disconnected",
     )
-    parser.add_argument("--data-dir", type=Path, default=None, help="where the bridge's node key is kept")
+    parser.add_argument(
+        "--data-dir", type=Path, default=None, help="where the bridge's node key and trust file are kept"
+    )
+    add_trust_arguments(parser, answers=False)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
     parser.set_defaults(func=main)
@@ -273,6 +281,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         host, port = parse_ws_address(args.ws)
+        trust = trust_options(args)
         if args.max_queue < 1:
             raise ValueError("--max-queue must be at least 1")
     except ValueError as exc:
@@ -293,6 +302,8 @@ def main(args: argparse.Namespace) -> int:
         limits=QueueLimits(max_frames=args.max_queue),
         webrtc=not args.no_webrtc,
         voice=not args.no_voice,
+        data_dir=data_dir,
+        trust=trust,
     )
     try:
         trio.run(run_bridge, options)
