@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,7 @@ def register(subparsers: Any) -> None:
 
     listing = actions.add_parser("list", help="print every pin and allowed peer")
     listing.add_argument("--json", action="store_true", help="one JSON object")
-    listing.set_defaults(func=_list)
+    listing.set_defaults(func=_command(_list))
 
     add = actions.add_parser(
         "add",
@@ -140,19 +141,19 @@ def register(subparsers: Any) -> None:
     )
     add.add_argument("what", metavar="COMPANION_ID|approver|answerer")
     add.add_argument("peer", metavar="PEER_ID", help="a peer id, or an address ending in /p2p/PEER_ID")
-    add.set_defaults(func=_add)
+    add.set_defaults(func=_command(_add))
 
     remove = actions.add_parser("remove", help="forget a pin (the next peer to prove the id is pinned)")
     remove.add_argument("what", metavar="COMPANION_ID|approver|answerer")
     remove.add_argument("peer", nargs="?", metavar="PEER_ID", help="for approver and answerer")
-    remove.set_defaults(func=_remove)
+    remove.set_defaults(func=_command(_remove))
 
     rekey = actions.add_parser(
         "rekey", help="move a companion id to a new peer id on purpose (its key was replaced)"
     )
     rekey.add_argument("what", metavar="COMPANION_ID")
     rekey.add_argument("peer", metavar="NEW_PEER_ID")
-    rekey.set_defaults(func=_rekey)
+    rekey.set_defaults(func=_command(_rekey))
 
 
 def _store(args: argparse.Namespace) -> TrustStore:
@@ -165,16 +166,25 @@ def _role(what: str) -> Role | None:
     return next((role for role in ROLES if role == what), None)
 
 
-def _fail(exc: Exception) -> int:
-    print(f"companion trust: {exc}", file=sys.stderr)
-    return 2
+Command = Callable[[TrustStore, argparse.Namespace], str]
 
 
-def _list(args: argparse.Namespace) -> int:
-    try:
-        store = _store(args)
-    except (TrustError, OSError) as exc:
-        return _fail(exc)
+def _command(body: Command) -> Callable[[argparse.Namespace], int]:
+    """Open the store, run ``body``, print what it says; a refusal is one line, exit 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            said = body(_store(args), args)
+        except (TrustError, OSError) as exc:
+            print(f"companion trust: {exc}", file=sys.stderr)
+            return 2
+        print(said)
+        return 0
+
+    return run
+
+
+def _list(store: TrustStore, args: argparse.Namespace) -> str:
     pins = store.pins()
     if args.json:
         body = {
@@ -184,63 +194,42 @@ def _list(args: argparse.Namespace) -> int:
             },
             **{f"{role}s": sorted(store.stored_peers(role)) for role in ROLES},
         }
-        print(json.dumps(body, indent=2))
-        return 0
-    print(f"# {store.path}")
-    for pin in pins:
-        print(f"{pin.companion_id}  {pin.peer_id}  {pin.source}  {pin.since}".rstrip())
-    for role in ROLES:
-        for peer in sorted(store.stored_peers(role)):
-            print(f"{role}  {peer}")
-    return 0
+        return json.dumps(body, indent=2)
+    lines = [f"# {store.path}"]
+    lines += [f"{pin.companion_id}  {pin.peer_id}  {pin.source}  {pin.since}".rstrip() for pin in pins]
+    lines += [f"{role}  {peer}" for role in ROLES for peer in sorted(store.stored_peers(role))]
+    return "\n".join(lines)
 
 
-def _add(args: argparse.Namespace) -> int:
-    try:
-        store = _store(args)
+def _add(store: TrustStore, args: argparse.Namespace) -> str:
+    peer = parse_peer_id(args.peer)
+    role = _role(args.what)
+    if role is not None:
+        changed = store.set_role(peer, role, True)
+        return f"{role} {peer}" + ("" if changed else " (already allowed)")
+    pin = store.add(args.what, peer)
+    return f"{pin.companion_id} pinned to {pin.peer_id}"
+
+
+def _remove(store: TrustStore, args: argparse.Namespace) -> str:
+    role = _role(args.what)
+    if role is not None:
+        if args.peer is None:
+            raise TrustError(f"give the peer id: companion trust remove {role} PEER_ID")
         peer = parse_peer_id(args.peer)
-        role = _role(args.what)
-        if role is not None:
-            changed = store.set_role(peer, role, True)
-            print(f"{role} {peer}" + ("" if changed else " (already allowed)"))
-            return 0
-        pin = store.add(args.what, peer)
-    except (TrustError, OSError) as exc:
-        return _fail(exc)
-    print(f"{pin.companion_id} pinned to {pin.peer_id}")
-    return 0
+        if not store.set_role(peer, role, False):
+            raise TrustError(f"{peer} is not an allowed {role} in {store.path}")
+        return f"{role} {peer} removed"
+    if args.peer is not None:
+        raise TrustError(f"companion trust remove {args.what} takes no peer id")
+    pin = store.remove(args.what)
+    if pin is None:
+        raise TrustError(f"{args.what} is not pinned in {store.path}")
+    return f"{pin.companion_id} unpinned (was {pin.peer_id})"
 
 
-def _remove(args: argparse.Namespace) -> int:
-    try:
-        store = _store(args)
-        role = _role(args.what)
-        if role is not None:
-            if args.peer is None:
-                raise TrustError(f"give the peer id: companion trust remove {role} PEER_ID")
-            peer = parse_peer_id(args.peer)
-            if not store.set_role(peer, role, False):
-                raise TrustError(f"{peer} is not an allowed {role} in {store.path}")
-            print(f"{role} {peer} removed")
-            return 0
-        if args.peer is not None:
-            raise TrustError(f"companion trust remove {args.what} takes no peer id")
-        pin = store.remove(args.what)
-        if pin is None:
-            raise TrustError(f"{args.what} is not pinned in {store.path}")
-    except (TrustError, OSError) as exc:
-        return _fail(exc)
-    print(f"{pin.companion_id} unpinned (was {pin.peer_id})")
-    return 0
-
-
-def _rekey(args: argparse.Namespace) -> int:
-    try:
-        store = _store(args)
-        peer = parse_peer_id(args.peer)
-        old = store.rekey(args.what, peer)
-    except (TrustError, OSError) as exc:
-        return _fail(exc)
+def _rekey(store: TrustStore, args: argparse.Namespace) -> str:
+    peer = parse_peer_id(args.peer)
+    old = store.rekey(args.what, peer)
     was = f" (was {old.peer_id})" if old is not None and old.peer_id != peer else ""
-    print(f"{args.what} pinned to {peer}{was}")
-    return 0
+    return f"{args.what} pinned to {peer}{was}"
