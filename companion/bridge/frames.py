@@ -104,7 +104,7 @@ def error_frame(error: FrameError) -> str:
     }
     if error.ref is not None:
         body["ref"] = error.ref
-    return json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps({"error": body}, ensure_ascii=True, separators=(",", ":"))
 
 
 def decode_frame(data: str | bytes) -> Any | FrameError:
