@@ -185,3 +185,20 @@ def test_companion_trust_commands(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert run("add", "user_x", A)[0] == 2
     assert run("add", "companion_x", "not-a-peer")[0] == 2
     assert TrustStore.in_directory(tmp_path).pins() == []
+
+
+CARD = Path(__file__).resolve().parent.parent / "cards" / "pim.yaml"
+
+
+def test_companion_run_refuses_a_broken_trust_file_or_flag_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / TRUST_FILENAME).write_text('{"version": 1, "approvers": ["nope"]}')
+    assert cli(["run", str(CARD), "--no-mdns", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("companion run: ") and "trust.json: approvers.0" in err and "fix:" in err
+    for flags in (["--trust", "companion_pim"], ["--approver", "12D3"], ["--answerer", "x"]):
+        assert cli(["run", str(CARD), "--no-mdns", "--data-dir", str(tmp_path / "other"), *flags]) == 2
+        assert flags[0] in capsys.readouterr().err
+    assert cli(["bridge", "--no-mdns", "--data-dir", str(tmp_path), "--trust", "x=y"]) == 2
+    assert "--trust" in capsys.readouterr().err
