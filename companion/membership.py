@@ -111,11 +111,6 @@ class Membership:
     def self_peer(self) -> str:
         return self._self_peer
 
-    @property
-    def self_id(self) -> str | None:
-        """Our own companion id (``None`` for a bridge)."""
-        return self._self_id
-
     def owner_of(self, companion_id: str) -> str | None:
         """The peer a companion id is pinned to (present or not), if any."""
         if companion_id == self._self_id:

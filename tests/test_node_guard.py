@@ -163,9 +163,10 @@ def test_relayed_states_from_a_pinned_leader_pass_while_it_is_away() -> None:
 
 
 def ask(guard: EdgeGuard, query_type: str, query_id: str) -> None:
-    """This node publishes a query: it passes its own edge first (py-libp2p validates it)."""
-    own = encode(Query.create("companion_me", query_type, {"message": "hi"}, id=query_id))
-    assert guard.admit(QUERIES, own, "peer-me", f"own-{query_id}".encode()) is not None
+    """This node publishes a query (the node tells its guard first), which then passes its edge."""
+    query = Query.create("companion_me", query_type, {"message": "hi"}, id=query_id)
+    guard.asking(query)
+    assert guard.admit(QUERIES, encode(query), "peer-me", f"own-{query_id}".encode()) is not None
 
 
 def result(query_id: str, **body: Any) -> bytes:

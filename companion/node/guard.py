@@ -6,11 +6,11 @@ handled (replays), unparsable (including text that is not Unicode), sent by a si
 not use the claimed ``from`` id, or answering one of this node's own queries from a peer that
 may not answer it; and counts every refusal by reason.
 
-Answers are authenticated against the queries this node asked: its own ``query.send`` payloads
-pass this edge too (py-libp2p validates what a node publishes before it sends it), so the guard
-learns each query's id and type before any peer can see it. A result for one of them is
-admitted only from a peer :meth:`Membership.may_answer` allows for that type; results for
-other nodes' queries are left alone (this node only relays them).
+Answers are authenticated against the queries this node asked: the node tells the guard
+(:meth:`EdgeGuard.asking`) before it publishes one, so the guard knows each query's id and type
+before any peer can see it. A result for one of them is admitted only from a peer
+:meth:`Membership.may_answer` allows for that type; results for other nodes' queries (and for
+queries a bridge relays for its clients) are left alone: this node only relays them.
 """
 
 from __future__ import annotations
@@ -90,6 +90,10 @@ class EdgeGuard:
         self.accepted = 0
         self._asked = _Asked()
 
+    def asking(self, query: Query) -> None:
+        """This node is about to publish ``query``: only peers allowed to answer its type may."""
+        self._asked.add(query)
+
     def admit(self, topic: str, data: bytes, signer: str, msg_id: bytes) -> Inbound | None:
         """The parsed payload if it may be delivered and forwarded, else ``None`` (counted)."""
         try:
@@ -119,8 +123,6 @@ class EdgeGuard:
             refusal = self._authorize(parsed, signer)
             if refusal is not None:
                 return Drop("spoofed_sender", refusal)
-            if isinstance(parsed, Query) and self._asked_here(parsed, signer):
-                self._asked.add(parsed)
         self.replay.remember(msg_id)
         return Inbound(topic, parsed, signer, bytes(data))
 
@@ -130,10 +132,6 @@ class EdgeGuard:
         if isinstance(payload, Message | Query | Action):
             return self.membership.check_sender(signer, payload.params.from_)
         return f"unexpected payload type {type(payload).__name__}"
-
-    def _asked_here(self, query: Query, signer: str) -> bool:
-        """A query this node's companion asked (not one a bridge relays for its clients)."""
-        return signer == self.membership.self_peer and query.params.from_ == self.membership.self_id
 
     def _authorize_answer(self, result: QueryResult, signer: str) -> Drop | None:
         """``unauthorized_approval`` / ``unauthorized_answer`` for a result to one of our own

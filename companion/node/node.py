@@ -29,7 +29,7 @@ from multiaddr import Multiaddr
 
 from ..log import log_event
 from ..membership import Membership, MembershipEvent
-from ..protocol import TOPICS, Envelope, Metadata, State
+from ..protocol import TOPICS, Envelope, Metadata, Query, State
 from ..transport import Inbound, encode_for_topic
 from ..trust import TrustStore
 from .config import NodeConfig, make_gossipsub, make_host
@@ -200,6 +200,8 @@ class CompanionNode:
 
     async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
         """Sign and publish one envelope (or the ``states`` array). Fire and forget."""
+        if isinstance(envelope, Query):
+            self.guard.asking(envelope)  # before anyone can answer: only allowed peers may
         await self.publish_raw(topic, encode_for_topic(topic, envelope))
 
     async def publish_raw(self, topic: str, data: bytes) -> None:
