@@ -297,9 +297,15 @@ def _describe_validation(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89abcdefABCDEF]")
-"""A JSON escape of a UTF-16 surrogate: the only way JSON text decoded as UTF-8 can carry one."""
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _may_hold_surrogates(text: str) -> bool:
+    """Whether JSON text may decode to a surrogate: only a ``\\uD800``-``\\uDFFF`` escape can
+    (UTF-8 cannot encode one). Text without a backslash, most of it, costs one ``memchr``."""
+    first = text.find("\\")
+    return first >= 0 and _SURROGATE_ESCAPE.search(text, first) is not None
 
 
 def _lone_surrogate_at(obj: Any) -> str | None:
@@ -338,7 +344,7 @@ def _decode(data: Any, max_bytes: int) -> Any:
         obj = _loads(text)
     except (ValueError, RecursionError) as exc:
         return PayloadError("not_json", str(exc)[:200])
-    if _SURROGATE_ESCAPE.search(text):
+    if _may_hold_surrogates(text):
         where = _lone_surrogate_at(obj)
         if where is not None:
             return PayloadError("invalid_unicode", f"{where[:200]}: a lone UTF-16 surrogate is not text")
