@@ -25,8 +25,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .protocol import COMPANION_ID_PREFIX, Metadata
-from .trust import PinRefused, TrustStore
+from .protocol import Metadata
+from .trust import PinRefused, TrustStore, is_companion_id
 
 __all__ = ["BindRefused", "DirectoryView", "Membership", "MembershipEvent"]
 
@@ -154,7 +154,7 @@ class Membership:
         """``peer_id`` proved ``companion_id`` through an authenticated source (the metadata
         protocol on a connection, or a signed announcement relayed by others): pin it on first
         use. ``None`` if the peer holds the id now, else why not. Presence is not changed."""
-        if not companion_id.startswith(COMPANION_ID_PREFIX):
+        if not is_companion_id(companion_id):
             return BindRefused(peer_id, companion_id, "not_a_companion_id")
         if companion_id == self._self_id and peer_id != self._self_peer:
             return BindRefused(peer_id, companion_id, "our_own_id", self._self_peer)
@@ -166,7 +166,7 @@ class Membership:
     def bind(self, peer_id: str, metadata: Metadata) -> list[MembershipEvent] | BindRefused:
         """``peer_id`` answered the metadata protocol with ``metadata`` on a connection."""
         cid = metadata.id
-        if not cid.startswith(COMPANION_ID_PREFIX):
+        if not is_companion_id(cid):
             return BindRefused(peer_id, cid, "not_a_companion_id")
         if peer_id not in self._connected:
             return BindRefused(peer_id, cid, "not_connected")

@@ -53,6 +53,7 @@ __all__ = [
     "Role",
     "TrustError",
     "TrustStore",
+    "is_companion_id",
     "parse_peer_id",
     "parse_trust_flag",
 ]
@@ -96,7 +97,7 @@ class PinRefused:
 
     companion_id: str
     peer_id: str
-    reason: Literal["id_pinned", "pin_store_full"]
+    reason: Literal["id_pinned", "pin_store_full", "not_a_companion_id"]
     owner: str | None = None
 
 
@@ -134,9 +135,21 @@ def parse_peer_id(text: str) -> str:
     return value
 
 
+MAX_ID_CHARS: Final = 256
+
+
+def is_companion_id(text: str) -> bool:
+    """Whether ``text`` can be a pinned companion id: ``companion_...``, at most
+    :data:`MAX_ID_CHARS` long (a claim the trust file could not load back is never pinned)."""
+    return text.startswith(COMPANION_ID_PREFIX) and len(text) <= MAX_ID_CHARS
+
+
 def _check_companion_id(companion_id: str) -> str:
-    if not companion_id.startswith(COMPANION_ID_PREFIX) or len(companion_id) > 200:
-        raise TrustError(f"{companion_id!r} is not a companion id (they start with {COMPANION_ID_PREFIX!r})")
+    if not is_companion_id(companion_id):
+        raise TrustError(
+            f"{companion_id[:80]!r} is not a companion id (they start with {COMPANION_ID_PREFIX!r}, "
+            f"at most {MAX_ID_CHARS} characters)"
+        )
     return companion_id
 
 
@@ -319,6 +332,8 @@ class TrustStore:
         """``peer_id`` proved ``companion_id`` (an authenticated source): the pin it now holds,
         or why not. A new first-use pin is written to the file before it counts (another
         process may have pinned the id since this one last looked)."""
+        if not is_companion_id(companion_id):
+            return PinRefused(companion_id, peer_id, "not_a_companion_id")
         pin = self.pin_of(companion_id)
         if pin is None or pin.peer_id != peer_id:
             self.refresh()
@@ -342,6 +357,7 @@ class TrustStore:
             self._reindex()
             return new
         try:
+            parse_peer_id(peer_id)  # what the file could not load back is kept in memory only
             with self._writing() as contents:
                 taken = contents.pins.get(companion_id)
                 if taken is not None and taken.peer_id != peer_id:

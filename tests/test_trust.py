@@ -136,6 +136,17 @@ def test_a_broken_trust_file_fails_at_load_naming_file_field_and_fix(
     assert str(tmp_path / TRUST_FILENAME) in message and where in message and "fix:" in message
 
 
+def test_a_claim_the_file_could_not_load_back_is_never_written(tmp_path: Path) -> None:
+    """A hostile peer's claim must not make the node refuse to start next time."""
+    store = TrustStore.in_directory(tmp_path)
+    huge = "companion_" + "x" * 60_000
+    assert store.claim(huge, A) == PinRefused(huge, A, "not_a_companion_id")
+    assert store.claim("companion_a", "not-a-peer-id").peer_id == "not-a-peer-id"  # type: ignore[union-attr]
+    assert store.claim("companion_b", B).peer_id == B  # type: ignore[union-attr]
+    again = TrustStore.in_directory(tmp_path)
+    assert [p.companion_id for p in again.pins()] == ["companion_b"]
+
+
 def test_a_running_store_keeps_its_pins_when_the_file_is_broken_by_hand(tmp_path: Path) -> None:
     store = TrustStore.in_directory(tmp_path)
     store.claim("companion_a", A)
