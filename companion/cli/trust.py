@@ -3,7 +3,8 @@
 Every node that uses a data directory reads ``trust.json`` there (see :mod:`companion.trust`):
 companion ids pinned to peer ids (learned on first meeting, or added here), and the peers allowed
 to answer queries (``approver``: every query, approvals included; ``answerer``: every query but
-approvals). Changes take effect in running nodes at once (they re-read the file when it changed).
+approvals). Running nodes re-read the file when it changed: an allowed peer counts at its next
+answer, a changed pin when the peer next proves its id.
 
 Also the flags that ``companion run`` and ``companion bridge`` share: ``--trust ID=PEER_ID``
 (pins for this run, over the file) and, for ``run``, ``--approver`` and ``--answerer``.
@@ -114,26 +115,30 @@ _ROLE_HELP = "'approver' or 'answerer' instead of a companion id: allow a peer t
 def register(subparsers: Any) -> None:
     from .run import default_data_dir
 
-    parser = subparsers.add_parser(
-        "trust",
-        help="list and change pinned companion ids and allowed answerers",
-        description="Pinned companion ids (trust on first use) and the peers allowed to answer queries, "
-        f"kept in DATA_DIR/{TRUST_FILENAME}. Running nodes pick changes up at once.",
-    )
-    parser.add_argument(
+    where = argparse.ArgumentParser(add_help=False)  # --data-dir before or after the action
+    where.add_argument(
         "--data-dir",
         type=Path,
-        default=None,
+        default=argparse.SUPPRESS,
         help=f"the data directory of the nodes (default: {default_data_dir()})",
+    )
+    parser = subparsers.add_parser(
+        "trust",
+        parents=[where],
+        help="list and change pinned companion ids and allowed answerers",
+        description="Pinned companion ids (trust on first use) and the peers allowed to answer queries, "
+        f"kept in DATA_DIR/{TRUST_FILENAME}. Running nodes need no restart: an allowed peer counts "
+        "at its next answer, a changed pin when the peer next proves its id.",
     )
     actions = parser.add_subparsers(dest="trust_command", metavar="ACTION", required=True)
 
-    listing = actions.add_parser("list", help="print every pin and allowed peer")
+    listing = actions.add_parser("list", parents=[where], help="print every pin and allowed peer")
     listing.add_argument("--json", action="store_true", help="one JSON object")
     listing.set_defaults(func=_command(_list))
 
     add = actions.add_parser(
         "add",
+        parents=[where],
         help="pin a companion id to a peer id before meeting it (or allow a peer to answer)",
         description="Pin COMPANION_ID to PEER_ID, so any other key claiming it is refused even before "
         "the first meeting; refused if it is pinned to another peer (use rekey). "
@@ -143,13 +148,17 @@ def register(subparsers: Any) -> None:
     add.add_argument("peer", metavar="PEER_ID", help="a peer id, or an address ending in /p2p/PEER_ID")
     add.set_defaults(func=_command(_add))
 
-    remove = actions.add_parser("remove", help="forget a pin (the next peer to prove the id is pinned)")
+    remove = actions.add_parser(
+        "remove", parents=[where], help="forget a pin (the next peer to prove the id is pinned)"
+    )
     remove.add_argument("what", metavar="COMPANION_ID|approver|answerer")
     remove.add_argument("peer", nargs="?", metavar="PEER_ID", help="for approver and answerer")
     remove.set_defaults(func=_command(_remove))
 
     rekey = actions.add_parser(
-        "rekey", help="move a companion id to a new peer id on purpose (its key was replaced)"
+        "rekey",
+        parents=[where],
+        help="move a companion id to a new peer id on purpose (its key was replaced)",
     )
     rekey.add_argument("what", metavar="COMPANION_ID")
     rekey.add_argument("peer", metavar="NEW_PEER_ID")
@@ -159,7 +168,7 @@ def register(subparsers: Any) -> None:
 def _store(args: argparse.Namespace) -> TrustStore:
     from .run import default_data_dir
 
-    return TrustStore.in_directory(args.data_dir or default_data_dir())
+    return TrustStore.in_directory(getattr(args, "data_dir", None) or default_data_dir())
 
 
 def _role(what: str) -> Role | None:
