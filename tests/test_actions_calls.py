@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -166,67 +167,68 @@ async def test_callee_progress_keeps_the_caller_alive_up_to_its_cap(
 # --- cancellation ---------------------------------------------------------------------------------
 
 
-async def _run_top(runtime: Any, results: list[ToolResult]) -> None:
-    results.append(await runtime.call("caller", {}, call_id="top"))
+@dataclass
+class _Waiting:
+    """A caller (``top``) whose callee ``waits`` blocks until cancelled."""
+
+    runtime: Any
+    recorder: Any
+    entered: trio.Event = field(default_factory=trio.Event)
+    cleaned: list[str] = field(default_factory=list)
+    seen: list[ToolResult] = field(default_factory=list)
+    results: list[ToolResult] = field(default_factory=list)
 
 
-async def test_cancelling_the_caller_reaches_the_callee() -> None:
-    entered = trio.Event()
-    cleaned: list[str] = []
-    seen: list[ToolResult] = []
+def _waiting() -> _Waiting:
+    state: _Waiting
 
     @action(id="waits", description="Waits.", input=Empty, timeout=60)
     async def waits(ctx: ActionContext[Empty]) -> Action:
-        entered.set()
+        state.entered.set()
         try:
             await trio.sleep_forever()
         finally:
-            cleaned.append(ctx.call_id)
+            state.cleaned.append(ctx.call_id)
         raise AssertionError("unreachable")
 
     async def body(ctx: ActionContext[Empty]) -> Action:
-        seen.append(await ctx.call("waits"))
-        return Action.create(ctx.companion_id, "never", {})
+        state.seen.append(await ctx.call("waits"))
+        return Action.create(ctx.companion_id, "carried_on", {})
 
-    runtime, recorder = make_runtime(_caller(body, timeout=60), waits)
-    results: list[ToolResult] = []
+    state = _Waiting(*make_runtime(_caller(body, timeout=60), waits))
+    return state
+
+
+async def _cancel_while_waiting(state: _Waiting, which: str) -> None:
+    async def run() -> None:
+        state.results.append(await state.runtime.call("caller", {}, call_id="top"))
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run_top, runtime, results)
+        nursery.start_soon(run)
         with trio.fail_after(5):
-            await entered.wait()
-        assert len(runtime.running) == 2
-        assert runtime.cancel("top", "the user left")
-    [result] = results
-    assert result.status == "cancelled" and "the user left" in result.message
-    assert len(cleaned) == 1 and seen == []  # the callee was cancelled inside, never settled
-    assert runtime.running == frozenset() and recorder.published == []
+            await state.entered.wait()
+        assert len(state.runtime.running) == 2
+        [callee_id] = state.runtime.running - {"top"}
+        target = "top" if which == "caller" else callee_id
+        assert state.runtime.cancel(target, f"{which} not needed")
+
+
+async def test_cancelling_the_caller_reaches_the_callee() -> None:
+    state = _waiting()
+    await _cancel_while_waiting(state, "caller")
+    [result] = state.results
+    assert result.status == "cancelled" and "caller not needed" in result.message
+    assert len(state.cleaned) == 1 and state.seen == []  # cancelled inside, never settled
+    assert state.runtime.running == frozenset() and state.recorder.published == []
 
 
 async def test_cancelling_only_the_callee_gives_the_caller_a_result() -> None:
-    entered = trio.Event()
-    seen: list[ToolResult] = []
-
-    @action(id="waits", description="Waits.", input=Empty, timeout=60)
-    async def waits(ctx: ActionContext[Empty]) -> Action:
-        entered.set()
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    async def body(ctx: ActionContext[Empty]) -> Action:
-        seen.append(await ctx.call("waits"))
-        return Action.create(ctx.companion_id, "carried_on", {})
-
-    runtime, recorder = make_runtime(_caller(body, timeout=60), waits)
-    results: list[ToolResult] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_run_top, runtime, results)
-        with trio.fail_after(5):
-            await entered.wait()
-        [callee_id] = runtime.running - {"top"}
-        assert runtime.cancel(callee_id, "not needed")
-    assert results[0].ok
-    assert seen[0].status == "cancelled" and seen[0].call_id == callee_id
-    assert [a.params.name for a in recorder.on(ACTIONS)] == ["carried_on"]
+    state = _waiting()
+    await _cancel_while_waiting(state, "callee")
+    assert state.results[0].ok
+    [seen] = state.seen
+    assert seen.status == "cancelled" and seen.call_id == state.cleaned[0]
+    assert [a.params.name for a in state.recorder.on(ACTIONS)] == ["carried_on"]
 
 
 # --- cycles and depth -----------------------------------------------------------------------------

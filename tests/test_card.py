@@ -184,8 +184,7 @@ def test_settings_are_read(tmp_path: Path) -> None:
     assert settings == CardSettings(model="openai:gpt-4o-mini", max_turns=8, repetition_threshold=0.5)
 
 
-def test_toml_cards_load_too(tmp_path: Path) -> None:
-    toml = """\
+TOML = """\
         role = "Keep it short."
         actions = ["speak"]
         [metadata]
@@ -201,7 +200,10 @@ def test_toml_cards_load_too(tmp_path: Path) -> None:
         expression = "energy > 3"
         execute = [{ tool = "speak", instruction = "talk" }]
         """
-    loaded = load_card(write(tmp_path, toml, "card.toml"), resolve=resolve)
+
+
+def test_toml_cards_load_too(tmp_path: Path) -> None:
+    loaded = load_card(write(tmp_path, TOML, "card.toml"), resolve=resolve)
     assert loaded.triggers.evaluate({"energy": 4}) == [ToolInstruction("speak", "talk")]
 
 
@@ -492,21 +494,9 @@ def test_routines_load_compiled_with_tool_ids(tmp_path: Path) -> None:
 
 
 def test_routines_in_toml_and_in_python(tmp_path: Path) -> None:
-    toml = """\
-        role = "Keep it short."
-        actions = ["speak"]
-        [metadata]
-        id = "companion_tess"
-        name = "Tess"
-        personality = "Quick."
-        story = "Ferry."
-        sample = "Hi."
-        [events.params]
-        type = "object"
-        properties = { energy = { type = "integer" } }
-        [[events.conditions]]
-        expression = "energy > 3"
-        execute = [{ tool = "speak", instruction = "talk" }]
+    toml = (
+        TOML
+        + """\
         [[routines]]
         tool = "speak"
         on = "message"
@@ -514,6 +504,7 @@ def test_routines_in_toml_and_in_python(tmp_path: Path) -> None:
         input = { emotion = "happy" }
         args = { to = "[sender]", message = '"The tide! " + text' }
         """
+    )
     [routine] = load_card(write(tmp_path, toml, "card.toml"), resolve=resolve).routines
     assert routine.kind == "message" and set(routine.args) == {"to", "message"}
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, TypeAlias
 
 from ..log import log_event
 from .results import ErrorCode
@@ -97,30 +97,6 @@ class StoreLimitExceeded(Exception):
         self.limit = limit
 
 
-class _Backend(Protocol):
-    def read(self, companion: str, namespace: str, key: str) -> str | None: ...
-
-    def write(
-        self,
-        companion: str,
-        namespace: str,
-        key: str,
-        text: str,
-        size: int,
-        check: Callable[[NamespaceUsage], None],
-    ) -> None:
-        """Store ``text`` after ``check(usage of the namespace without this key)`` passes, atomically."""
-        ...
-
-    def delete(self, companion: str, namespace: str, key: str) -> bool: ...
-
-    def keys(self, companion: str, namespace: str) -> list[str]: ...
-
-    def usage(self, companion: str, namespace: str) -> NamespaceUsage: ...
-
-    def close(self) -> None: ...
-
-
 class _SqliteBackend:
     def __init__(self, target: str | Path | sqlite3.Connection) -> None:
         if isinstance(target, sqlite3.Connection):
@@ -169,6 +145,7 @@ class _SqliteBackend:
         size: int,
         check: Callable[[NamespaceUsage], None],
     ) -> None:
+        """Store ``text`` after ``check(usage of the namespace without this key)`` passes, atomically."""
         db = self._conn
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -251,6 +228,9 @@ class _MemoryBackend:
 
     def close(self) -> None:
         self._spaces.clear()
+
+
+_Backend: TypeAlias = _SqliteBackend | _MemoryBackend
 
 
 class KeyValueStore:
