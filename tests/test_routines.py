@@ -69,8 +69,12 @@ def scheduler(*specs: dict[str, Any], clock: Clock, companions: tuple[str, ...] 
 
 
 def run_until(s: RoutineScheduler, clock: Clock, until: float) -> list[Firing]:
-    """The shell's loop: sleep to each deadline, take what is due, report each firing finished."""
+    """The shell's loop: take what is due now (as after an event), then sleep to each deadline
+    until ``until``; report each firing finished at once."""
     fired: list[Firing] = []
+    for firing in s.due(clock.now):
+        fired.append(firing)
+        s.observe(RoutineFinished(firing.routine), clock.now)
     for _ in range(10_000):
         deadline = s.deadline()
         if deadline > until:
@@ -106,6 +110,13 @@ def test_every_fires_once_per_interval_and_says_when_next() -> None:
     assert s.deadline() == clock.now + 60
     fired = run_until(s, clock, clock.now + 600)
     assert [f.at - 1000 for f in fired] == [120 + 60 * i for i in range(10)]
+
+
+def test_a_longer_cooldown_spaces_an_every_routine() -> None:
+    clock = Clock()
+    s = scheduler({"tool": "ping", "every": 10, "cooldown": 25}, clock=clock)
+    fired = run_until(s, clock, clock.now + 100)
+    assert [f.at - 1000 for f in fired] == [10, 35, 60, 85]
 
 
 def test_a_running_firing_is_never_doubled_and_missed_ticks_do_not_pile_up() -> None:
