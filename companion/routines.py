@@ -10,9 +10,10 @@ by CEL when the routine fires). Everything is checked when the card loads
 told what happened (:meth:`~RoutineScheduler.observe`) and asked what is due now
 (:meth:`~RoutineScheduler.due`), and says when to ask next (:meth:`~RoutineScheduler.deadline`).
 The shell around it (the engine) runs each :class:`Firing` through the action runtime and reports
-:class:`RoutineFinished`. Bounds, per routine: never two firings at once, never two within its
-``cooldown`` (an ``every`` routine's cooldown is its interval), at most ``max_fires`` in a run,
-and at most :data:`MAX_PENDING` event firings waiting. A routine whose tool speaks (an action on
+:class:`RoutineFinished`, or hands a firing it could not start back
+(:meth:`~RoutineScheduler.give_back`). Bounds, per routine: never two firings at once, never two
+within its ``cooldown`` (an ``every`` routine's cooldown is its interval), at most ``max_fires``
+in a run, and at most :data:`MAX_PENDING` event firings waiting. A routine whose tool speaks (an action on
 ``messages``) never fires while a conversation is busy: it waits, up to ``max_wait``, for it to
 go quiet.
 
@@ -468,6 +469,8 @@ class _State:
     last_fired: float = -math.inf
     running: bool = False
     pending: deque[_Pending] = field(default_factory=deque)
+    undo: tuple[float, _Pending | None] | None = None
+    """What :meth:`RoutineScheduler.give_back` restores: the previous firing time and the event."""
 
 
 class RoutineScheduler:
@@ -526,6 +529,7 @@ class RoutineScheduler:
                 finished = self._states.get(name)
                 if finished is not None:
                     finished.running = False
+                    finished.undo = None
 
     def _message_variables(self, message: Message) -> dict[str, Any]:
         params = message.params
@@ -568,23 +572,51 @@ class RoutineScheduler:
         if not self._trigger_met(state, now) or not self._free(state, now):
             return None
         variables: dict[str, Any] = {}
+        taken: _Pending | None = None
         if routine.kind == "every":
             state.next_at = now + routine.interval
         elif routine.kind == "idle":
             state.armed = False
         else:
-            variables = state.pending.popleft().variables
+            taken = state.pending.popleft()
+            variables = taken.variables
         if routine.kind in ("every", "idle") and not self._guard(state, variables, now):
             self._skip(state, "guard")
             return None
         arguments = self._arguments(state, variables, now)
         if arguments is None:
             return None
+        state.undo = (state.last_fired, taken)
         state.fired += 1
         state.last_fired = now
         state.running = True
         log_event(logger, "routine_fired", routine=routine.name, tool=routine.tool, kind=routine.kind)
         return Firing(routine.name, routine.tool, arguments, routine.kind, now, routine.speaks)
+
+    def give_back(self, firing: Firing, now: float) -> bool:
+        """Undo a firing the shell could not start (say, the floor was taken before it spoke).
+
+        The routine is due again as soon as its bounds allow (an ``on`` routine's event goes
+        back to the front of its queue, keeping its age for ``max_wait``), and the firing does
+        not count. Report :class:`ConversationBusy` too if that is why. False if ``firing`` is
+        not the routine's running one.
+        """
+        state = self._states.get(firing.routine)
+        if state is None or not state.running or state.undo is None or state.last_fired != firing.at:
+            return False
+        previous, taken = state.undo
+        state.undo = None
+        state.running = False
+        state.fired -= 1
+        state.last_fired = previous
+        if state.routine.kind == "every":
+            state.next_at = now
+        elif state.routine.kind == "idle":
+            state.armed = True
+        elif taken is not None:
+            state.pending.appendleft(taken)
+        log_event(logger, "routine_given_back", routine=firing.routine)
+        return True
 
     def _trigger_met(self, state: _State, now: float) -> bool:
         routine = state.routine

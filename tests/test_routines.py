@@ -280,6 +280,29 @@ def test_a_greeting_waits_for_a_busy_conversation_but_not_forever() -> None:
     assert s.skipped[("speak#0", "expired")] == 1
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"tool": "ping", "every": 30, "max_fires": 1},
+        {"tool": "ping", "idle": 30, "max_fires": 1},
+        {"tool": "ping", "on": "joined", "max_fires": 1, "max_wait": 60},
+    ],
+    ids=["every", "idle", "joined"],
+)
+def test_a_firing_given_back_comes_again_and_does_not_count(spec: dict[str, Any]) -> None:
+    clock = Clock()
+    s = scheduler(spec, clock=clock)
+    s.observe(CompanionJoined("companion_ben", "Ben"), clock.advance(30))
+    [firing] = s.due(clock.now)
+    assert s.give_back(firing, clock.advance(1)) and not s.give_back(firing, clock.now)
+    assert s.fired(firing.routine) == 0 and s.deadline() <= clock.now
+    [again] = s.due(clock.now)
+    assert again.input == firing.input
+    s.observe(RoutineFinished(again.routine), clock.now)
+    assert not s.give_back(again, clock.now)  # finished: nothing to undo
+    assert s.fired(again.routine) == 1 and s.deadline() == math.inf  # max_fires: 1
+
+
 def test_a_leaving_companion_fires_the_left_routine() -> None:
     clock = Clock()
     s = scheduler(
