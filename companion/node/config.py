@@ -67,6 +67,22 @@ class NodeConfig:
     stats_interval: float | None = None
     """Log a ``stats`` event this often (seconds); ``None`` for only on request and at stop."""
     extra_host_options: dict[str, Any] = field(default_factory=dict)
+    # --- beyond one network (routing.py, relay.py) ------------------------------------------
+    relays: Sequence[str] = ()
+    """Circuit relay v2 relays (``.../p2p/PEER_ID``), kept connected like bootstrap peers. While
+    AutoNAT does not find this node reachable it holds a reservation on each and advertises the
+    circuit address; peers it cannot dial directly it dials through them."""
+    max_connections: int = 8
+    """How many connections this node opens itself (DHT discovery, mDNS, py-libp2p's connection
+    manager); peers may still dial in. Bootstrap peers and relays are always kept."""
+    dht: bool = True
+    """Run the Kademlia DHT, so any one bootstrap address finds the rest of the network."""
+    hole_punch: bool = True
+    """Replace relayed connections by direct ones with DCUtR when the NATs allow it."""
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
 
 
 def connection_config(config: NodeConfig) -> ConnectionConfig:
@@ -79,11 +95,17 @@ def connection_config(config: NodeConfig) -> ConnectionConfig:
         ping_timeout=config.ping_timeout,
         abort_connection_on_ping_failure=True,
         dial_timeout=config.dial_timeout,
+        # py-libp2p's connection manager dials known peers up to this many connections (routing.py)
+        min_connections=1,
+        low_watermark=config.max_connections,
+        high_watermark=config.max_connections,
     )
 
 
-def make_host(config: NodeConfig, key_pair: KeyPair) -> Any:
-    """A TCP host with Noise only (no plaintext, secio or TLS fallbacks) and Yamux."""
+def make_host(config: NodeConfig, key_pair: KeyPair, *, addrs_factory: Any = None) -> Any:
+    """A TCP host with Noise only (no plaintext, secio or TLS fallbacks) and Yamux.
+
+    ``addrs_factory`` rewrites the addresses the host advertises (relay.AdvertisedAddrs)."""
     _swarm._HAPPY_EYEBALLS_DELAY = 0  # py-libp2p waits 250 ms before every dial otherwise
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     return new_host(
@@ -93,6 +115,7 @@ def make_host(config: NodeConfig, key_pair: KeyPair) -> Any:
         listen_addrs=[multiaddr.Multiaddr(a) for a in config.listen],
         enable_mDNS=config.mdns,
         connection_config=connection_config(config),
+        addrs_factory=addrs_factory,
         **config.extra_host_options,
     )
 
