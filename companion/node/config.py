@@ -17,7 +17,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network import swarm as _swarm
-from libp2p.network.config import ConnectionConfig
+from libp2p.network.config import MAX_CONNECTIONS, ConnectionConfig
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -99,13 +99,12 @@ def connection_config(config: NodeConfig) -> ConnectionConfig:
         min_connections=1,
         low_watermark=config.max_connections,
         high_watermark=config.max_connections,
+        max_connections=max(MAX_CONNECTIONS, config.max_connections),
     )
 
 
-def make_host(config: NodeConfig, key_pair: KeyPair, *, addrs_factory: Any = None) -> Any:
-    """A TCP host with Noise only (no plaintext, secio or TLS fallbacks) and Yamux.
-
-    ``addrs_factory`` rewrites the addresses the host advertises (relay.AdvertisedAddrs)."""
+def make_host(config: NodeConfig, key_pair: KeyPair) -> Any:
+    """A TCP host with Noise only (no plaintext, secio or TLS fallbacks) and Yamux."""
     _swarm._HAPPY_EYEBALLS_DELAY = 0  # py-libp2p waits 250 ms before every dial otherwise
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     return new_host(
@@ -115,7 +114,6 @@ def make_host(config: NodeConfig, key_pair: KeyPair, *, addrs_factory: Any = Non
         listen_addrs=[multiaddr.Multiaddr(a) for a in config.listen],
         enable_mDNS=config.mdns,
         connection_config=connection_config(config),
-        addrs_factory=addrs_factory,
         **config.extra_host_options,
     )
 

@@ -31,6 +31,7 @@ from ..log import log_event
 from ..membership import Membership, MembershipEvent
 from ..protocol import TOPICS, Envelope, Metadata, State
 from ..transport import Inbound, encode_for_topic
+from .addresses import AdvertisedAddrs
 from .config import NodeConfig, make_gossipsub, make_host
 from .discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from .drops import Drop, DropCounters
@@ -38,7 +39,7 @@ from .guard import EdgeGuard
 from .identity import load_or_create_key_pair
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
-from .relay import AdvertisedAddrs, NatTraversal
+from .relay import NatTraversal
 from .replay import ReplayGuard
 from .routing import DhtDiscovery
 
@@ -242,8 +243,9 @@ class CompanionNode:
     async def _serve(
         self, handler: InboundHandler, stop: trio.Event, shielded: trio.CancelScope, task_status: Any
     ) -> None:
+        host = make_host(self.config, self._key_pair)
         advertised = AdvertisedAddrs()
-        host = make_host(self.config, self._key_pair, addrs_factory=advertised)
+        advertised.install(host)  # wildcards spelled out, circuit addresses (addresses.py)
         router = make_gossipsub(self.config)
         pubsub = _GuardedPubsub(
             host,

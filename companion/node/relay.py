@@ -10,8 +10,8 @@ this module wires it into a node and works around what does not work as shipped:
 - **The swarm never dials ``/p2p-circuit`` addresses** (``Swarm.dial_peer`` drops them), so a
   relayed connection is opened with :meth:`CircuitV2Transport.dial` directly
   (:meth:`NatTraversal.dial_relayed`).
-- **A reservation is not advertised.** The host's addresses do not grow a circuit address when a
-  relay accepts a reservation; :class:`AdvertisedAddrs` (the host's ``addrs_factory``) adds
+- **A reservation is not advertised**, and an ``addrs_factory`` cannot add it (see
+  ``addresses.py``): :class:`~companion.node.addresses.AdvertisedAddrs` appends
   ``<relay>/p2p-circuit`` for every relay holding one, and the peers hear it by identify push
   and in the signed peer record the DHT carries.
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import multiaddr
@@ -44,13 +43,15 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 
 from ..log import log_event
+from .addresses import AdvertisedAddrs
 
 __all__ = [
-    "AdvertisedAddrs",
     "DialBackAutoNAT",
+    "LoggedDCUtR",
     "NatTraversal",
     "Reachability",
     "circuit_addr",
+    "connection_kinds",
     "is_circuit",
     "is_direct_connection",
     "reachability_name",
@@ -92,20 +93,6 @@ def is_direct_connection(conn: Any) -> bool:
     except Exception:
         return False
     return bool(addrs) and not any(is_circuit(a) for a in addrs)
-
-
-@dataclass
-class AdvertisedAddrs:
-    """The host's ``addrs_factory``: its own addresses, then a circuit address per reservation.
-
-    Created before the host (py-libp2p takes the factory at construction) and filled by
-    :class:`NatTraversal` as reservations come and go."""
-
-    circuits: dict[str, multiaddr.Multiaddr] = field(default_factory=dict)
-    """Relay peer id -> ``<relay>/p2p-circuit``, while a reservation there holds."""
-
-    def __call__(self, candidates: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
-        return [*candidates, *self.circuits.values()]
 
 
 class DialBackAutoNAT(AutoNATService):
@@ -150,6 +137,45 @@ async def _close_quietly(conn: Any) -> None:
         log_event(logger, "dialback_close_failed", logging.DEBUG, error=repr(exc))
 
 
+class LoggedDCUtR(DCUtRProtocol):
+    """py-libp2p's DCUtR, with each hole punch (either side) logged as a ``hole_punch`` event."""
+
+    node_name: str = ""
+    punched: int = 0
+    failed: int = 0
+
+    async def _perform_hole_punch(self, peer_id: ID, addrs: list[Any], as_responder: bool = False) -> bool:
+        started = trio.current_time()
+        ok = False
+        try:
+            ok = bool(await super()._perform_hole_punch(peer_id, addrs, as_responder))
+            return ok
+        finally:
+            if ok:
+                self.punched += 1
+            else:
+                self.failed += 1
+            log_event(
+                logger,
+                "hole_punch",
+                logging.INFO,
+                node=self.node_name,
+                peer=peer_id.to_base58(),
+                ok=ok,
+                seconds=round(trio.current_time() - started, 3),
+                addrs=[str(a) for a in addrs][:8],
+            )
+
+
+def connection_kinds(host: Any) -> dict[str, list[str]]:
+    """Peer id -> ``direct`` / ``relayed`` for each open connection (what the network holds now)."""
+    out: dict[str, list[str]] = {}
+    for peer, conns in list(host.get_network().connections.items()):
+        listed = conns if isinstance(conns, list) else [conns]
+        out[peer.to_base58()] = sorted("direct" if is_direct_connection(c) else "relayed" for c in listed)
+    return out
+
+
 class NatTraversal:
     """Relay reservations, relayed dials, DCUtR and AutoNAT for one node's host.
 
@@ -183,7 +209,9 @@ class NatTraversal:
         self._wait_for_change = wait_for_change
         self.protocol = CircuitV2Protocol(host, allow_hop=False)
         self.transport = CircuitV2Transport(host, self.protocol, RelayConfig(roles=RelayRole.STOP))
-        self.dcutr = DCUtRProtocol(host, dial_timeout=max(1, int(dial_timeout))) if hole_punch else None
+        self.dcutr = LoggedDCUtR(host, dial_timeout=max(1, int(dial_timeout))) if hole_punch else None
+        if self.dcutr is not None:
+            self.dcutr.node_name = name
         self.autonat = DialBackAutoNAT(host, serve=True, confirmations=1)
         self.autonat.dial_timeout = dial_timeout
 
@@ -197,6 +225,9 @@ class NatTraversal:
             "reachability": self.reachability,
             "reservations": self.reserved_relays(),
             "relayed_dials": self.relayed_dials,
+            "hole_punches": self.dcutr.punched if self.dcutr is not None else 0,
+            "hole_punches_failed": self.dcutr.failed if self.dcutr is not None else 0,
+            "connections": connection_kinds(self.host),
         }
 
     # --- running ------------------------------------------------------------------------------

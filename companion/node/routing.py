@@ -174,9 +174,10 @@ class DhtDiscovery:
             if peer in connections:
                 continue
             try:
-                if not any(is_circuit(a) for a in store.addrs(peer)):
-                    continue
+                addrs = store.addrs(peer)
             except Exception:
+                addrs = []
+            if not any(is_circuit(a) for a in addrs):
                 continue
             backoff, not_before = self._relay_backoff.get(peer, (Backoff(2.0, LOOKUP_INTERVAL_MAX), 0.0))
             if now < not_before:
