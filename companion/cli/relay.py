@@ -65,15 +65,16 @@ async def run_relay(
     )
     relay = RelayNode(config, options)
     interrupted = False
-    async with trio.open_nursery() as nursery:
-        await nursery.start(relay.run)
-        print(f"{RELAY_LINE}{relay.peer_id}", flush=True)
-        for addr in relay.listen_addrs:
-            for shown in dialable(addr):
-                print(f"  {shown}", flush=True)
-        if ready is not None:
-            ready(relay)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+    # signals are caught from before the first line is printed: a SIGUSR1 right after it is stats
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(relay.run)
+            print(f"{RELAY_LINE}{relay.peer_id}", flush=True)
+            for addr in relay.listen_addrs:
+                for shown in dialable(addr):
+                    print(f"  {shown}", flush=True)
+            if ready is not None:
+                ready(relay)
             async for signum in signals:
                 if signum == signal.SIGUSR1:
                     relay.log_stats()
@@ -81,7 +82,7 @@ async def run_relay(
                 log_event(logger, "stopping", signal=signal.Signals(signum).name)
                 interrupted = signum == signal.SIGINT
                 break
-        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
     if interrupted:
         raise Interrupted
 
