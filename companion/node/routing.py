@@ -47,6 +47,9 @@ DIRECT_HEAD_START: Final = 1.0
 """Seconds the direct dials get before a peer that is still not connected is dialled through a
 relay (a LAN dial takes milliseconds; a private address on another network never answers)."""
 
+MAX_BACKOFF_ENTRIES: Final = 1024
+"""Peers whose relayed dial failed, remembered for their backoff (oldest forgotten first)."""
+
 RelayedDial = Callable[[ID], Awaitable[bool]]
 
 
@@ -186,3 +189,5 @@ class DhtDiscovery:
                 self._relay_backoff.pop(peer, None)
             else:
                 self._relay_backoff[peer] = (backoff, now + backoff.next())
+                while len(self._relay_backoff) > MAX_BACKOFF_ENTRIES:  # oldest first
+                    self._relay_backoff.pop(next(iter(self._relay_backoff)))
