@@ -96,20 +96,9 @@ def parse_sees(line: str) -> tuple[str, frozenset[str]] | None:
 
 def dialable(addr: str) -> list[str]:
     """A wildcard listen address spelled out with this machine's IPv4 addresses (for ``--peer``)."""
-    if "/ip4/0.0.0.0/" not in addr:
-        return [addr]
-    try:
-        import ifaddr  # zeroconf's dependency, so present wherever py-libp2p is
+    from ..node.addresses import expand_wildcard
 
-        ips = [
-            str(ip.ip)
-            for adapter in ifaddr.get_adapters()
-            for ip in adapter.ips
-            if isinstance(ip.ip, str) and not ip.ip.startswith("127.")
-        ]
-    except Exception:
-        ips = []
-    return [addr.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/") for ip in ips] or [addr]
+    return expand_wildcard(addr, loopback=False)
 
 
 def _announce_directory(node: CompanionNode) -> None:
@@ -305,6 +294,10 @@ class RunOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     bridge: BridgeOptions | None = None
     """Serve clients from this process (``--ws``); host, port and client options only."""
+    relays: Sequence[str] = ()
+    """Circuit relays (``--relay``): reachable through them from behind NAT (NodeConfig.relays)."""
+    max_connections: int = 8
+    """Connections each node opens itself (``--max-connections``, NodeConfig.max_connections)."""
     trust: TrustOptions = field(default_factory=TrustOptions)
     """``--trust``, ``--approver``, ``--answerer``; with the data directory's trust file."""
 
@@ -358,7 +351,7 @@ async def run_nodes(
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
 
-    for addr in options.peers:
+    for addr in (*options.peers, *options.relays):
         parse_peer_addr(addr)
     loaded = [load_card(path) for path in options.cards]
     ids = [card.card.metadata.id for card in loaded]
@@ -386,6 +379,8 @@ async def run_nodes(
                 key_path=options.data_dir / "keys" / f"{metadata.id}.key",
                 name=metadata.id,
                 stats_interval=options.stats_interval,
+                relays=tuple(options.relays),
+                max_connections=options.max_connections,
             )
             node = CompanionNode(metadata, config, trust=trust)
             await nursery.start(_run_one, card, node, handler_factory, bridges.get(metadata.id))
@@ -557,6 +552,21 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--no-mdns", action="store_true", help="do not discover peers on the LAN")
     parser.add_argument(
+        "--relay",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="circuit relay (companion relay) to be reachable through from behind NAT, "
+        "e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...; also a bootstrap peer",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=8,
+        metavar="N",
+        help="connections each node opens to peers it discovers (default 8); others may dial in",
+    )
+    parser.add_argument(
         "--data-dir",
         type=Path,
         default=None,
@@ -629,6 +639,8 @@ def main(args: argparse.Namespace) -> int:
         trust = trust_options(args)
         if args.pace < 0:
             raise ValueError("--pace must not be negative")
+        if args.max_connections < 1:
+            raise ValueError("--max-connections must be at least 1")
     except ValueError as exc:
         print(f"companion run: {exc}", file=sys.stderr)
         return 2
@@ -642,6 +654,8 @@ def main(args: argparse.Namespace) -> int:
         stats_interval=args.stats_interval,
         engine=EngineOptions(model=args.model, base_url=args.base_url, seed=args.seed, pace=args.pace),
         bridge=bridge,
+        relays=args.relay,
+        max_connections=args.max_connections,
         trust=trust,
     )
     try:

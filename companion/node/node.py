@@ -32,6 +32,7 @@ from ..membership import Membership, MembershipEvent
 from ..protocol import TOPICS, Envelope, Metadata, Query, State
 from ..transport import Inbound, encode_for_topic
 from ..trust import TrustStore
+from .addresses import AdvertisedAddrs
 from .config import NodeConfig, make_gossipsub, make_host
 from .discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from .drops import Drop, DropCounters
@@ -39,7 +40,9 @@ from .guard import EdgeGuard
 from .identity import load_or_create_key_pair
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
+from .relay import NatTraversal
 from .replay import ReplayGuard
+from .routing import DhtDiscovery
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 
@@ -148,6 +151,8 @@ class CompanionNode:
         self._stash: OrderedDict[tuple[bytes, str], Inbound] = OrderedDict()
         self._pubsub: _GuardedPubsub | None = None
         self._host: Any = None
+        self.nat: NatTraversal | None = None
+        self.routing: DhtDiscovery | None = None
         self._gate = RequestGate()
         self._changed = trio.Event()
         self._stopped = False
@@ -182,6 +187,8 @@ class CompanionNode:
             "drops": self.drops.snapshot(),
             "connected_peers": len(self.connected_peers),
             "companions": sorted(self.directory),
+            **(self.nat.stats() if self.nat is not None else {}),
+            **(self.routing.stats() if self.routing is not None else {}),
         }
 
     def log_stats(self) -> None:
@@ -244,6 +251,8 @@ class CompanionNode:
         self, handler: InboundHandler, stop: trio.Event, shielded: trio.CancelScope, task_status: Any
     ) -> None:
         host = make_host(self.config, self._key_pair)
+        advertised = AdvertisedAddrs()
+        advertised.install(host)  # wildcards spelled out, circuit addresses (addresses.py)
         router = make_gossipsub(self.config)
         pubsub = _GuardedPubsub(
             host,
@@ -282,8 +291,9 @@ class CompanionNode:
                             nursery.start_soon(self._read_subscription, topic, sub, inbound_send)
                         nursery.start_soon(self._dispatch, handler, inbound_recv)
                         nursery.start_soon(self._dial_discovered, mdns_recv)
-                        for addr in self.config.peers:
+                        for addr in dict.fromkeys((*self.config.peers, *self.config.relays)):
                             nursery.start_soon(self._keep_bootstrap, addr)
+                        await self._start_beyond_lan(host, advertised, nursery)
                         if self.config.stats_interval:
                             nursery.start_soon(self._stats_every, self.config.stats_interval)
                         self.listen_addrs = [str(a) for a in host.get_addrs()]
@@ -442,8 +452,34 @@ class CompanionNode:
 
     # --- discovery ----------------------------------------------------------------------------
 
+    async def _start_beyond_lan(self, host: Any, advertised: AdvertisedAddrs, nursery: trio.Nursery) -> None:
+        """Relays, hole punching and DHT discovery (relay.py, routing.py)."""
+        self.nat = NatTraversal(
+            host,
+            self.config.relays,
+            advertised,
+            name=self.name,
+            hole_punch=self.config.hole_punch,
+            dial_timeout=self.config.dial_timeout,
+            is_connected=self._is_connected,
+            wait_for_change=self._changed_wait,
+        )
+        await nursery.start(self.nat.run)
+        if self.config.dht:
+            self.routing = DhtDiscovery(
+                host,
+                name=self.name,
+                max_connections=self.config.max_connections,
+                wait_for_change=self._changed_wait,
+                dial_relayed=self.nat.dial_relayed,
+            )
+            await nursery.start(self.routing.run)
+
     async def _keep_bootstrap(self, addr: str) -> None:
         info = parse_peer_addr(addr)
+        tags = getattr(self._host.get_network(), "tag_store", None)
+        if tags is not None:  # never pruned by py-libp2p's connection manager
+            tags.protect(info.peer_id, "bootstrap")
         backoff = Backoff(self.config.redial_initial, self.config.redial_max)
         await redial_forever(
             info,
@@ -478,6 +514,8 @@ class CompanionNode:
         async for info in found:
             if self._is_connected(info.peer_id):
                 continue
+            if len(self.connected_peers) >= self.config.max_connections:
+                continue  # known now; py-libp2p's connection manager dials it if one drops
             try:
                 with trio.fail_after(self.config.dial_timeout):
                     await self._dial(info)
