@@ -10,6 +10,7 @@ a stable ``code`` and a one-line ``message`` so a person or a program can act on
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
@@ -37,6 +38,7 @@ __all__ = [
     "PublishRequest",
     "decode_frame",
     "error_frame",
+    "frame_ref",
     "interpret_request",
 ]
 
@@ -59,6 +61,9 @@ FrameErrorCode: TypeAlias = Literal[
     "forbidden_sender",
     "hook_failed",
     "publish_failed",
+    "rate_limited",
+    "unknown_query",
+    "already_answered",
 ]
 
 
@@ -79,6 +84,8 @@ class FrameError:
     issues: tuple[Issue, ...] = ()
     ref: str | None = None
     """The id the frame carried (``body.params.id`` or ``body.id``), so a client can match it."""
+    retry_after: float | None = None
+    """``rate_limited``: seconds until the bridge takes a frame from this client again."""
 
     def to_json(self) -> str:
         return error_frame(self)
@@ -104,6 +111,8 @@ def error_frame(error: FrameError) -> str:
     }
     if error.ref is not None:
         body["ref"] = error.ref
+    if error.retry_after is not None:
+        body["retry_after"] = math.ceil(error.retry_after * 1000) / 1000  # never 0: it is a wait
     return json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -127,6 +136,13 @@ def decode_frame(data: str | bytes) -> Any | FrameError:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def frame_ref(obj: Any) -> str | None:
+    """The id a decoded client frame carries (``body.params.id`` or ``body.id``), if any."""
+    if isinstance(obj, Mapping) and isinstance(obj.get("body"), Mapping):
+        return _ref_of(obj["body"])
+    return None
 
 
 def _ref_of(body: Mapping[str, Any]) -> str | None:
