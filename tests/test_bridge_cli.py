@@ -54,3 +54,26 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bridge", "--max-queue", "0"]) == 2
     assert main(["listen", "--as", "mika"]) == 2
     assert "user_NAME" in capsys.readouterr().err
+
+
+def test_beyond_loopback_a_token_is_generated_and_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    from companion.cli.bridge import BridgeOptions, client_urls
+
+    local = BridgeOptions(host="127.0.0.1", port=8080)
+    assert local.token is None and not local.token_generated
+    assert not any(url.startswith("token:") for url in client_urls(local, 8080))
+    lan = BridgeOptions(host="0.0.0.0", port=8080)
+    assert lan.token is not None and len(lan.token) >= 20 and lan.token_generated
+    urls = client_urls(lan, 8080)
+    assert urls[0] == f"ws://0.0.0.0:8080/?token={lan.token}"
+    assert urls[-1].startswith(f"token: {lan.token} (generated")
+    given = BridgeOptions(host="192.168.1.5", port=8080, token="mine")
+    assert given.token == "mine" and not given.token_generated
+
+
+def test_rate_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bridge", "--rate", "0"]) == 2
+    assert "--rate/--burst" in capsys.readouterr().err
+    assert main(["bridge", "--burst", "0"]) == 2
+    assert main(["bridge", "--total-rate", "-1"]) == 2
+    assert "--total-rate" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import logging
 import socket
 import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -89,6 +89,10 @@ publish, or ``None`` when the hook consumed the frame itself. May be sync or asy
 class BridgeBindError(OSError):
     """The bridge cannot listen where it was told (in use, not this machine's, no permission);
     the message names the address and what to do."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.errno = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +207,7 @@ class Bridge:
         self._sessions: dict[str, _Session] = {}
         self._routes: dict[str, Route] = {}
         self._port: int | None = None
+        self._listeners: Sequence[trio.SocketListener] | None = None
         self._clients_changed = trio.Event()
         self.add_route("/companions", Route(self._companions_route))
         if self.config.serve_page:
@@ -310,15 +315,28 @@ class Bridge:
                 **fields,
             )
 
+    async def bind(self) -> int:
+        """Take the listening address now (before anything else starts, so a taken port is an
+        error at once); :meth:`serve` then serves it. Returns the port (port 0 picks one).
+        Raises :class:`BridgeBindError`, naming the address, when it cannot."""
+        if self._listeners is None:
+            try:
+                listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+            except OSError as exc:
+                raise _bind_error(self.config.host, self.config.port, exc) from exc
+            self._listeners = listeners
+            self._port = int(listeners[0].socket.getsockname()[1])
+        assert self._port is not None
+        return self._port
+
     async def serve(self, *, task_status: TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on ``config.host:config.port`` (port 0 picks one); reports the port when ready."""
-        try:
-            listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
-        except OSError as exc:
-            raise _bind_error(self.config.host, self.config.port, exc) from exc
-        self._port = int(listeners[0].socket.getsockname()[1])
-        log_event(logger, "bridge_listening", host=self.config.host, port=self._port)
-        task_status.started(self._port)
+        """Listen on ``config.host:config.port`` (port 0 picks one; or what :meth:`bind` took);
+        reports the port when ready."""
+        port = await self.bind()
+        listeners, self._listeners = self._listeners, None
+        assert listeners is not None
+        log_event(logger, "bridge_listening", host=self.config.host, port=port)
+        task_status.started(port)
         await trio.serve_listeners(self._on_connection, listeners)
 
     # --- client sessions -------------------------------------------------------------------
@@ -666,7 +684,7 @@ def _bind_error(host: str, port: int, exc: OSError) -> BridgeBindError:
         why = "permission denied (ports below 1024 need privileges); choose a port above 1024"
     else:
         why = exc.strerror or str(exc)
-    return BridgeBindError(exc.errno or 0, f"cannot listen on {shown} (--ws): {why}")
+    return BridgeBindError(f"cannot listen on {shown} (--ws): {why}", exc.errno)
 
 
 def _peer_label(stream: trio.SocketStream) -> str:
