@@ -278,3 +278,46 @@ async def test_fetch_companions_deadline() -> None:
         await fetch_companions(f"http://127.0.0.1:{port}/companions", timeout=0.2)
     for listener_ in listeners:
         await listener_.aclose()
+
+
+async def test_the_token_in_the_url_is_passed_on(nursery: trio.Nursery) -> None:
+    """``companion listen --ws "ws://...?token=X"``: the WebSocket and ``/companions`` both get
+    it, so a line to everyone goes to the bridge's companions."""
+    hub = MemoryHub()
+    bridge_ep, companion = hub.endpoint("bridge"), hub.endpoint("companion")
+    bridge = Bridge(
+        bridge_ep,
+        directory={AYA.id: AYA, PIM.id: PIM},
+        config=BridgeConfig(port=0, token="tok"),
+        self_peer="bridge",
+    )
+    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
+    port = await nursery.start(bridge.serve)
+    send, receive = trio.open_memory_channel[str](10)
+    screen = Screen()
+    options = ListenOptions(url=f"ws://127.0.0.1:{port}/?token=tok", user_id="user_yamada")
+    nursery.start_soon(run_listener, options, receive, screen)
+    connected = await screen.wait_for("connected to")
+    assert "tok" not in connected.text  # the token is not shown
+    await screen.wait_for("Type a line")  # the start hint
+    await send.send("hello everyone")
+    with trio.fail_after(10):
+        while True:
+            item = await companion.receive_channel.receive()
+            if item.sender_peer != "companion" and item.topic == MESSAGES:
+                break
+    assert isinstance(item.payload, Message)
+    assert item.payload.params.to == ["companion_aya", "companion_pim"]  # the directory was read
+    assert not [line for line in screen.lines if "no companions known" in line.text]
+    await send.send("/quit")
+
+
+async def test_a_missing_token_says_how_to_give_one(nursery: trio.Nursery) -> None:
+    bridge = Bridge(MemoryHub().endpoint("b"), config=BridgeConfig(port=0, token="right"))
+    port = await nursery.start(bridge.serve)
+    _send, receive = trio.open_memory_channel[str](1)
+    screen = Screen()
+    options = ListenOptions(url=f"ws://127.0.0.1:{port}/", user_id="user_a")
+    assert await run_listener(options, receive, screen) == 1
+    text = screen.lines[-1].text
+    assert "refused (401)" in text and "--token" in text and "?token=" in text
