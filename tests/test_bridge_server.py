@@ -677,3 +677,31 @@ def test_a_bridge_beyond_loopback_must_have_a_token() -> None:
         BridgeConfig(host="0.0.0.0")
     assert BridgeConfig(host="0.0.0.0", token="t").token == "t"
     assert BridgeConfig(host="localhost").token is None
+
+
+async def test_a_session_key_lets_another_connection_of_the_same_client_answer(nursery: trio.Nursery) -> None:
+    """The page switches to WebRTC or reconnects: its queries are answered on its new link.
+    Connections name their session with ``{"session": KEY}``; only that key's holders may answer."""
+    key = "k" * 32
+    async with (
+        running_bridge(nursery) as env,
+        open_websocket_url(env.url) as first,
+        open_websocket_url(env.url + "?topics=messages") as second,
+        open_websocket_url(env.url + "?topics=messages") as stranger,
+    ):
+        await first.send_message(json.dumps({"session": key}))
+        await stranger.send_message(json.dumps({"session": "z" * 32}))
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(3)
+        approval = Query.create("companion_aya", "approval", {"action": "buy"})
+        await env.companion.publish(QUERIES, approval)
+        assert (await recv_json(first))["id"] == approval.id
+        await stranger.send_message(result_frame(approval.id, approved=True))
+        assert (await recv_json(stranger))["error"]["code"] == "unknown_query"
+        await second.send_message(json.dumps({"session": key}))  # the same client, a new link
+        await second.send_message(result_frame(approval.id, approved=False))
+        got = await env.next_inbound(QUERIES)
+        assert isinstance(got.payload, QueryResult) and got.payload.id == approval.id
+        for bad in ({"session": "short"}, {"session": key, "more": 1}, {"session": 5}):
+            await second.send_message(json.dumps(bad))
+            assert (await recv_json(second))["error"]["code"] == "invalid_session"

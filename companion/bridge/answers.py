@@ -81,6 +81,13 @@ class AnswerLedger:
         self._open.pop(query_id, None)
         self._remember_answered(query_id)
 
+    def alias(self, client: str, identity: str) -> None:
+        """``client`` is also ``identity`` from now on (a named session): the queries
+        delivered to it so far may be answered by ``identity``."""
+        for entry in self._open.values():
+            if client in entry:
+                entry.add(identity)
+
     def is_open(self, query_id: str) -> bool:
         return query_id in self._open
 

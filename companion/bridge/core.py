@@ -46,6 +46,8 @@ class FirehoseCore:
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _buckets: dict[str, TokenBucket] = field(default_factory=dict)
     _total: TokenBucket = field(init=False)
+    _sessions: dict[str, str] = field(default_factory=dict)
+    """Client id -> the session it named (its answer identity, shared by its connections)."""
 
     def __post_init__(self) -> None:
         self._registry = ClientRegistry(self.limits)
@@ -63,6 +65,17 @@ class FirehoseCore:
     def disconnect(self, client_id: str) -> None:
         self._registry.remove(client_id)
         self._buckets.pop(client_id, None)
+        self._sessions.pop(client_id, None)
+
+    def name_session(self, client_id: str, key: str) -> None:
+        """The client sent ``{"session": key}``: queries delivered to any connection naming the
+        same key may be answered from this one, and the other way round."""
+        identity = f"session:{key}"
+        self._sessions[client_id] = identity
+        self.answers.alias(client_id, identity)
+
+    def _identity(self, client_id: str) -> str:
+        return self._sessions.get(client_id, client_id)
 
     @property
     def clients(self) -> list[str]:
@@ -89,7 +102,7 @@ class FirehoseCore:
     def _track(self, payload: object, fanout: Fanout) -> Fanout:
         """Queries handed to clients may be answered by them; a result seen settles its query."""
         if isinstance(payload, Query):
-            self.answers.delivered(payload.id, fanout.queued)
+            self.answers.delivered(payload.id, (self._identity(c) for c in fanout.queued))
         elif isinstance(payload, QueryResult):
             self.answers.settled(payload.id)
         return fanout
@@ -107,7 +120,7 @@ class FirehoseCore:
     def claim_answer(self, client_id: str, result: QueryResult) -> FrameError | None:
         """A client's query result: ``None`` if it may be published (then call
         :meth:`answer_done`), else the error frame that refuses it."""
-        claim = self.answers.claim(result.id, client_id)
+        claim = self.answers.claim(result.id, self._identity(client_id))
         if claim == "ok":
             return None
         if claim == "already_answered":

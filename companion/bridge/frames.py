@@ -40,6 +40,7 @@ __all__ = [
     "error_frame",
     "frame_ref",
     "interpret_request",
+    "session_frame",
 ]
 
 CLIENT_TOPICS: Final[tuple[str, ...]] = (MESSAGES, QUERIES, ACTIONS)
@@ -50,6 +51,10 @@ MAX_FRAME_BYTES: Final = 96 * 1024
 """Largest client frame we read: a full-size payload plus the ``topic``/``body`` wrapper."""
 
 COMPANION_PREFIX: Final = "companion_"
+
+SESSION_KEY: Final = "session"
+SESSION_MIN: Final = 16
+SESSION_MAX: Final = 128
 
 FrameErrorCode: TypeAlias = Literal[
     "too_large",
@@ -64,6 +69,7 @@ FrameErrorCode: TypeAlias = Literal[
     "rate_limited",
     "unknown_query",
     "already_answered",
+    "invalid_session",
 ]
 
 
@@ -136,6 +142,26 @@ def decode_frame(data: str | bytes) -> Any | FrameError:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def session_frame(obj: Any) -> str | FrameError | None:
+    """A *session frame* ``{"session": KEY}``: one client connected more than once (the page
+    switching to WebRTC, or reconnecting) names itself with the same random ``KEY``, so a
+    query delivered to one of its connections may be answered from another. ``None`` if
+    ``obj`` is not a session frame; the key, or the error that refuses it."""
+    if not isinstance(obj, dict) or SESSION_KEY not in obj:
+        return None
+    key = obj[SESSION_KEY]
+    if set(obj) != {SESSION_KEY} or not isinstance(key, str):
+        shape = 'a session frame is {"session": "<random key>"} and nothing else'
+        return FrameError("invalid_session", shape)
+    if not SESSION_MIN <= len(key) <= SESSION_MAX or not key.isascii() or not key.isprintable():
+        return FrameError(
+            "invalid_session",
+            f"a session key is {SESSION_MIN} to {SESSION_MAX} printable ASCII characters, random "
+            "(e.g. a UUID): whoever knows it may answer this client's queries",
+        )
+    return key
 
 
 def frame_ref(obj: Any) -> str | None:

@@ -38,7 +38,7 @@ from .channel import (
 )
 from .clients import DEFAULT_TOPICS, ClientQueue, QueueLimits, parse_topics
 from .core import Fanout, FirehoseCore
-from .frames import MAX_FRAME_BYTES, FrameError, frame_ref
+from .frames import MAX_FRAME_BYTES, FrameError, frame_ref, session_frame
 from .handshake import check_handshake
 from .httpserver import (
     HttpError,
@@ -424,6 +424,13 @@ class Bridge:
                     retry_after=wait,
                 ),
             )
+            return
+        named = session_frame(obj)
+        if named is not None:
+            if isinstance(named, FrameError):
+                self._refuse(session, named)
+            else:
+                self.core.name_session(session.client_id, named)
             return
         if self._hook is not None:
             hooked = await self._run_hook(session, obj)
