@@ -705,3 +705,36 @@ async def test_a_session_key_lets_another_connection_of_the_same_client_answer(n
         for bad in ({"session": "short"}, {"session": key, "more": 1}, {"session": 5}):
             await second.send_message(json.dumps(bad))
             assert (await recv_json(second))["error"]["code"] == "invalid_session"
+
+
+async def test_a_client_that_sends_but_never_reads_its_answers_is_dropped(nursery: trio.Nursery) -> None:
+    """Its error frames fill half its queue: it is not read from any more, and after the drain
+    deadline it is disconnected as too slow; its answers were never thrown away meanwhile."""
+    config = BridgeConfig(limits=QueueLimits(max_frames=4), drain_timeout=0.3, close_timeout=0.2)
+    bridge = Bridge(MemoryHub().endpoint("bridge"), config=config)
+    channel = SilentChannel()
+    done = trio.Event()
+
+    async def run() -> None:
+        await bridge.serve_channel(channel, label="flooder")
+        done.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(5):
+        await bridge.wait_for_clients(1)
+    read = 0
+    with trio.fail_after(5):
+        while True:  # the bridge stops taking frames once two answers wait
+            try:
+                channel.outbox.send_nowait("not json")
+            except trio.WouldBlock:
+                break
+            read += 1
+            await trio.testing.wait_all_tasks_blocked()
+    assert read <= 4 + 10  # one in flight, two queued, the rest in the channel's own buffer
+    with trio.fail_after(5):
+        await done.wait()
+    assert channel.closed is not None
+    code, reason = channel.closed
+    assert code == CLOSE_POLICY and "did not read its answers within 0.3s" in reason
+    assert bridge.stats()["refused"] == {"not_json": 3}

@@ -149,8 +149,12 @@ async def run_bridge(
             print(f"  {url}", flush=True)
         if ready is not None:
             ready(bridge, node)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
             async for signum in signals:
+                if signum == signal.SIGUSR1:  # counters, as companion run logs them
+                    node.log_stats()
+                    log_event(logger, "bridge_stats", **bridge.stats())
+                    continue
                 log_event(logger, "stopping", signal=signal.Signals(signum).name)
                 break
         nursery.cancel_scope.cancel()
