@@ -51,8 +51,10 @@ class Setup:
 
 @asynccontextmanager
 async def listener(
-    nursery: trio.Nursery, *, token: str | None = None, **options: Any
+    nursery: trio.Nursery, *, token: str | None = None, token_in_url: bool = False, **options: Any
 ) -> AsyncIterator[Setup]:
+    """A bridge with the client connected; ``token_in_url``: the client is given the token only
+    in its URL (``--ws "ws://...?token=X"``), not as ``--token``."""
     hub = MemoryHub()
     bridge_ep = hub.endpoint("bridge")
     companion = hub.endpoint("companion")
@@ -69,7 +71,10 @@ async def listener(
     send, receive = trio.open_memory_channel[str](10)
     done = trio.Event()
     exit_code: list[int] = []
-    opts = ListenOptions(url=url, user_id="user_yamada", token=token, **options)
+    if token_in_url and token is not None:
+        opts = ListenOptions(url=f"{url}?token={token}", user_id="user_yamada", **options)
+    else:
+        opts = ListenOptions(url=url, user_id="user_yamada", token=token, **options)
 
     async def run() -> None:
         exit_code.append(await run_listener(opts, receive, screen))
@@ -283,33 +288,16 @@ async def test_fetch_companions_deadline() -> None:
 async def test_the_token_in_the_url_is_passed_on(nursery: trio.Nursery) -> None:
     """``companion listen --ws "ws://...?token=X"``: the WebSocket and ``/companions`` both get
     it, so a line to everyone goes to the bridge's companions."""
-    hub = MemoryHub()
-    bridge_ep, companion = hub.endpoint("bridge"), hub.endpoint("companion")
-    bridge = Bridge(
-        bridge_ep,
-        directory={AYA.id: AYA, PIM.id: PIM},
-        config=BridgeConfig(port=0, token="tok"),
-        self_peer="bridge",
-    )
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    port = await nursery.start(bridge.serve)
-    send, receive = trio.open_memory_channel[str](10)
-    screen = Screen()
-    options = ListenOptions(url=f"ws://127.0.0.1:{port}/?token=tok", user_id="user_yamada")
-    nursery.start_soon(run_listener, options, receive, screen)
-    connected = await screen.wait_for("connected to")
-    assert "tok" not in connected.text  # the token is not shown
-    await screen.wait_for("Type a line")  # the start hint
-    await send.send("hello everyone")
-    with trio.fail_after(10):
-        while True:
-            item = await companion.receive_channel.receive()
-            if item.sender_peer != "companion" and item.topic == MESSAGES:
-                break
-    assert isinstance(item.payload, Message)
-    assert item.payload.params.to == ["companion_aya", "companion_pim"]  # the directory was read
-    assert not [line for line in screen.lines if "no companions known" in line.text]
-    await send.send("/quit")
+    async with listener(nursery, token="tok", token_in_url=True) as s:
+        connected = await s.screen.wait_for("connected to")
+        assert "tok" not in connected.text  # the token is not shown
+        await s.screen.wait_for("Type a line")  # the start hint
+        await s.lines.send("hello everyone")
+        got = await s.next_from_client(MESSAGES)
+        assert isinstance(got.payload, Message)
+        assert got.payload.params.to == ["companion_aya", "companion_pim"]  # the directory was read
+        assert not [line for line in s.screen.lines if "no companions known" in line.text]
+        await s.lines.send("/quit")
 
 
 async def test_a_missing_token_says_how_to_give_one(nursery: trio.Nursery) -> None:

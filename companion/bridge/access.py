@@ -52,10 +52,11 @@ STATUS_MISDIRECTED: Final = 421
 
 @dataclass(frozen=True, slots=True)
 class AccessDenied:
-    """A refused request: the HTTP status and the reason sent back."""
+    """A refused request: the HTTP status, the reason sent back, and extra response headers."""
 
     status: int
     reason: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def _normal(name: str) -> str:

@@ -11,22 +11,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["WEBSOCKET_VERSION", "HandshakeRefused", "check_handshake", "header_tokens"]
+from .access import AccessDenied
+
+__all__ = ["WEBSOCKET_VERSION", "check_handshake", "header_tokens"]
 
 WEBSOCKET_VERSION: Final = "13"
 KEY_BYTES: Final = 16
-
-
-@dataclass(frozen=True, slots=True)
-class HandshakeRefused:
-    """Why an upgrade request is refused: the HTTP status, the reason, extra response headers."""
-
-    status: int
-    reason: str
-    headers: tuple[tuple[str, str], ...] = ()
 
 
 def header_tokens(value: str | None) -> set[str]:
@@ -44,29 +36,29 @@ def _key_ok(key: str) -> bool:
     return len(decoded) == KEY_BYTES
 
 
-def check_handshake(method: str, http_version: str, headers: Mapping[str, str]) -> HandshakeRefused | None:
+def check_handshake(method: str, http_version: str, headers: Mapping[str, str]) -> AccessDenied | None:
     """``None`` if this is a well-formed RFC 6455 opening handshake (``headers``: lower-cased names)."""
     if method != "GET":
-        return HandshakeRefused(400, f"a WebSocket handshake is a GET request, not {method[:20]}")
+        return AccessDenied(400, f"a WebSocket handshake is a GET request, not {method[:20]}")
     if http_version != "1.1":
-        return HandshakeRefused(400, f"a WebSocket handshake needs HTTP/1.1, not HTTP/{http_version[:10]}")
+        return AccessDenied(400, f"a WebSocket handshake needs HTTP/1.1, not HTTP/{http_version[:10]}")
     if "websocket" not in header_tokens(headers.get("upgrade")):
-        return HandshakeRefused(400, "Upgrade: websocket is missing")
+        return AccessDenied(400, "Upgrade: websocket is missing")
     if "upgrade" not in header_tokens(headers.get("connection")):
-        return HandshakeRefused(400, "Connection: Upgrade is missing")
+        return AccessDenied(400, "Connection: Upgrade is missing")
     key = headers.get("sec-websocket-key")
     if key is None:
-        return HandshakeRefused(400, "Sec-WebSocket-Key is missing")
+        return AccessDenied(400, "Sec-WebSocket-Key is missing")
     if not _key_ok(key):
-        return HandshakeRefused(400, "Sec-WebSocket-Key must be the base64 encoding of 16 random bytes")
+        return AccessDenied(400, "Sec-WebSocket-Key must be the base64 encoding of 16 random bytes")
     version = headers.get("sec-websocket-version")
     if version is None:
-        return HandshakeRefused(400, "Sec-WebSocket-Version is missing")
+        return AccessDenied(400, "Sec-WebSocket-Version is missing")
     version = version.strip()
     if version != WEBSOCKET_VERSION:
         if not version.isdigit():
-            return HandshakeRefused(400, f"Sec-WebSocket-Version {version[:20]!r} is not a number")
-        return HandshakeRefused(
+            return AccessDenied(400, f"Sec-WebSocket-Version {version[:20]!r} is not a number")
+        return AccessDenied(
             426,
             f"WebSocket version {version[:10]} is not supported; use {WEBSOCKET_VERSION}",
             (("Sec-WebSocket-Version", WEBSOCKET_VERSION),),

@@ -26,7 +26,7 @@ from trio_websocket import wrap_server_stream
 from ..log import log_event
 from ..protocol import Envelope, Metadata, QueryResult, State
 from ..transport import Inbound, Publisher
-from .access import AccessPolicy, check_access, needs_token
+from .access import AccessDenied, AccessPolicy, check_access, needs_token
 from .channel import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
@@ -556,16 +556,12 @@ class Bridge:
             await send_response(stream, response)
 
     async def _serve_websocket(self, stream: trio.SocketStream, request: HttpRequest, label: str) -> None:
-        malformed = check_handshake(request.method, request.http_version, request.headers)
-        if malformed is not None:
-            log_event(logger, "client_refused", peer=label, status=malformed.status, reason=malformed.reason)
-            response = text_response(malformed.status, malformed.reason)
-            await self._respond(stream, replace(response, headers=response.headers + malformed.headers))
-            return
-        denied = check_access(self._access, request.target, request.headers)
+        denied = check_handshake(request.method, request.http_version, request.headers) or check_access(
+            self._access, request.target, request.headers
+        )
         if denied is not None:
             log_event(logger, "client_refused", peer=label, status=denied.status, reason=denied.reason)
-            await self._respond(stream, text_response(denied.status, denied.reason))
+            await self._respond(stream, _refusal(denied))
             return
         topics = parse_topics(request.query_value("topics"), self.config.default_topics)
         if isinstance(topics, str):
@@ -609,7 +605,7 @@ class Bridge:
                 status=denied.status,
                 reason=denied.reason,
             )
-            await self._respond(stream, text_response(denied.status, denied.reason))
+            await self._respond(stream, _refusal(denied))
             return
         if route is None:
             await self._respond(stream, text_response(404, f"no such page: {request.path[:200]}"))
@@ -667,6 +663,11 @@ def _log_failure(event: str, exc: BaseException, **fields: Any) -> None:
         traceback="".join(traceback.format_exception(exc)),
         **fields,
     )
+
+
+def _refusal(denied: AccessDenied) -> HttpResponse:
+    response = text_response(denied.status, denied.reason)
+    return replace(response, headers=response.headers + denied.headers)
 
 
 def _machine_names() -> tuple[str, ...]:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import trio
 from browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
+from conftest import MakeBridge
 
-from companion.bridge import Bridge, BridgeConfig
 from companion.bridge.ratelimit import RateLimit
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Metadata, Query, QueryResult
-from companion.transport import Inbound, MemoryEndpoint, MemoryHub
+from companion.transport import Inbound, MemoryEndpoint
 
 JUNIPER = Metadata(id="companion_juniper", name="Juniper", personality="calm", story="s", sample="x")
 PIM = Metadata(id="companion_pim", name="Pim", personality="bright", story="s", sample="x")
@@ -45,19 +45,10 @@ async def use_speech_stub_if_voiceless(page: Page) -> bool:
 
 
 async def test_page_shows_sends_approves_and_speaks(
-    nursery: trio.Nursery, chromium_path: str, tmp_path: Path
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
 ) -> None:
-    hub = MemoryHub()
-    bridge_ep = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(
-        bridge_ep,
-        directory={JUNIPER.id: JUNIPER, PIM.id: PIM},
-        config=BridgeConfig(port=0, token="tok"),
-        self_peer="bridge",
-    )
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    port = await nursery.start(bridge.serve)
+    served = await memory_bridge({JUNIPER.id: JUNIPER, PIM.id: PIM}, token="tok")
+    companion, port = served.companion, served.port
 
     async with chromium(chromium_path, tmp_path / "profile") as page:
         await page.goto(f"http://127.0.0.1:{port}/?token=tok&as=user_tester&voice=speak")
@@ -144,13 +135,10 @@ async def test_page_shows_sends_approves_and_speaks(
 
 
 async def test_page_without_token_says_a_token_is_needed_and_how_to_give_it(
-    nursery: trio.Nursery, chromium_path: str, tmp_path: Path
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
 ) -> None:
-    hub = MemoryHub()
-    bridge_ep, companion = hub.endpoint("bridge"), hub.endpoint("companion")
-    bridge = Bridge(bridge_ep, config=BridgeConfig(port=0, token="tok"), self_peer="bridge")
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    port = await nursery.start(bridge.serve)
+    served = await memory_bridge(token="tok")
+    bridge, companion, port = served.bridge, served.companion, served.port
     async with chromium(chromium_path, tmp_path / "profile") as page:
         await page.goto(f"http://127.0.0.1:{port}/?as=user_tester")
         status = await page.wait_for(
@@ -189,16 +177,13 @@ async def test_page_without_token_says_a_token_is_needed_and_how_to_give_it(
 
 
 async def test_a_refused_message_is_marked_not_sent(
-    nursery: trio.Nursery, chromium_path: str, tmp_path: Path
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
 ) -> None:
     """Over the rate limit, the bridge answers ``rate_limited``; the page shows which line
     did not go out instead of pretending it did."""
-    hub = MemoryHub()
-    bridge_ep, companion = hub.endpoint("bridge"), hub.endpoint("companion")
-    config = BridgeConfig(port=0, client_rate=RateLimit(rate=0.1, burst=2))  # the session frame, a line
-    bridge = Bridge(bridge_ep, directory={PIM.id: PIM}, config=config, self_peer="bridge")
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    port = await nursery.start(bridge.serve)
+    limit = RateLimit(rate=0.1, burst=2)  # the session frame and one line
+    served = await memory_bridge({PIM.id: PIM}, client_rate=limit)
+    companion, port = served.companion, served.port
     async with chromium(chromium_path, tmp_path / "profile") as page:
         await page.goto(f"http://127.0.0.1:{port}/?as=user_tester&transport=ws")
         await page.wait_for("document.getElementById('companions').textContent.includes('Pim')")
@@ -216,16 +201,13 @@ async def test_a_refused_message_is_marked_not_sent(
 
 
 async def test_an_approval_given_after_a_reconnection_is_accepted(
-    nursery: trio.Nursery, chromium_path: str, tmp_path: Path
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
 ) -> None:
     """The bridge takes a result only from the client it sent the query to; the page is one
     client across its connections (its session key), so a person approving after the link
     dropped and came back is still heard."""
-    hub = MemoryHub()
-    bridge_ep, companion = hub.endpoint("bridge"), hub.endpoint("companion")
-    bridge = Bridge(bridge_ep, directory={PIM.id: PIM}, config=BridgeConfig(port=0), self_peer="bridge")
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    port = await nursery.start(bridge.serve)
+    served = await memory_bridge({PIM.id: PIM})
+    bridge, companion, port = served.bridge, served.companion, served.port
     async with chromium(chromium_path, tmp_path / "profile") as page:
         await page.goto(f"http://127.0.0.1:{port}/?as=user_tester&transport=ws")
         await page.wait_for("document.getElementById('status').dataset.state === 'connected'")

@@ -16,10 +16,9 @@ from typing import Any
 
 import trio
 from browser_cdp import chromium
+from conftest import MakeBridge
 
-from companion.bridge import Bridge, BridgeConfig
 from companion.protocol import MESSAGES, Message, Metadata
-from companion.transport import MemoryHub
 
 PIM = Metadata(id="companion_pim", name="Pim", personality="bright", story="a secret story", sample="x")
 
@@ -64,7 +63,7 @@ async def serve_attacker(stream: trio.SocketStream) -> None:
 
 
 async def test_a_rebinding_page_gets_nothing_from_the_bridge(
-    nursery: trio.Nursery, chromium_path: str, tmp_path: Path
+    nursery: trio.Nursery, memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
 ) -> None:
     attacker_scope = trio.CancelScope()
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -82,13 +81,8 @@ async def test_a_rebinding_page_gets_nothing_from_the_bridge(
         # the name now reaches the bridge: same port, same origin for the page
         attacker_scope.cancel()
         await trio.testing.wait_all_tasks_blocked()
-        hub = MemoryHub()
-        bridge_ep, companion = hub.endpoint("bridge"), hub.endpoint("companion")
-        bridge = Bridge(
-            bridge_ep, directory={PIM.id: PIM}, config=BridgeConfig(port=port), self_peer="bridge"
-        )
-        nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-        assert await nursery.start(bridge.serve) == port
+        served = await memory_bridge({PIM.id: PIM}, port=port)
+        bridge, companion = served.bridge, served.companion
 
         got: dict[str, Any] = json.loads(await page.evaluate("window.attack()", timeout=30))
         assert got["/companions"] == 421, got
