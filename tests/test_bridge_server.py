@@ -603,7 +603,10 @@ def upgrade(
     )
 
 
-async def test_dns_rebinding_gets_nothing_and_honest_clients_still_do(nursery: trio.Nursery) -> None:
+async def test_dns_rebinding_gets_nothing_and_honest_clients_still_do(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="companion.bridge")
     async with running_bridge(nursery) as env:
         port = env.bridge.port
         evil = f"evil.example:{port}".encode()
@@ -616,6 +619,11 @@ async def test_dns_rebinding_gets_nothing_and_honest_clients_still_do(nursery: t
             )
             assert head.startswith(b"HTTP/1.1 421"), (path, head)
         assert env.bridge.client_count == 0
+        for _ in range(50):  # a page that keeps trying: counted, logged a few times, not 50
+            await raw_exchange(port, b"GET /companions HTTP/1.1\r\nHost: " + evil + b"\r\n\r\n")
+        assert env.bridge.stats()["requests_refused"] == {"421": 55}
+        logged = [r for r in caplog.records if r.getMessage() in ("request_refused", "client_refused")]
+        assert len(logged) == 2  # one per kind within the interval
         # the bridge's own page, opened as http://127.0.0.1:PORT/ or http://localhost:PORT/
         for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
             head = await raw_exchange(port, f"GET / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())

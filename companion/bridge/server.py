@@ -144,6 +144,24 @@ class BridgeConfig:
 
 
 @dataclass
+class _LogLimit:
+    """Log an event of a kind once, then at most once per interval, saying how many were left
+    out in between: a flood of refusals is a few lines, and still counted."""
+
+    interval: float = REFUSAL_LOG_INTERVAL
+    _last: dict[object, tuple[float, int]] = field(default_factory=dict)
+
+    def admit(self, key: object, now: float) -> int | None:
+        """``None``: do not log this one. Else log it, with the number left out since the last."""
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.interval:
+            self._last[key] = (last[0], last[1] + 1)
+            return None
+        self._last[key] = (now, 0)
+        return last[1] if last is not None else 0
+
+
+@dataclass
 class _Session:
     client_id: str
     label: str
@@ -157,8 +175,8 @@ class _Session:
     room: trio.Event = field(default_factory=trio.Event)
     """Set by the writer when it takes a frame: the reader may be waiting for room."""
     refused: Counter[str] = field(default_factory=Counter)
-    logged: dict[str, tuple[float, int]] = field(default_factory=dict)
-    """Per refusal code: when it was last logged, and how many were left out since."""
+    logs: _LogLimit = field(default_factory=_LogLimit)
+    """Its refusals are logged once per code and interval."""
 
     def kick(self, reason: str, grace: float) -> None:
         """Disconnect: at once if no frame is being written, else once the frame in flight is
@@ -201,6 +219,9 @@ class Bridge:
         """Client frames refused so far, by error code (every one got an error frame)."""
         self.published = 0
         """Client frames published so far."""
+        self.requests_refused: Counter[int] = Counter()
+        """HTTP requests and handshakes refused so far, by status (421, 403, 401, 400...)."""
+        self._request_logs = _LogLimit()
         self._publisher = publisher
         self._directory: Mapping[str, Metadata] = directory if directory is not None else {}
         self._hook = receive_hook
@@ -503,26 +524,37 @@ class Bridge:
         """Answer a refused frame with its error frame; count it; log it (bounded)."""
         self.refused[error.code] += 1
         session.refused[error.code] += 1
-        now = trio.current_time()
-        last = session.logged.get(error.code)
-        if last is None or now - last[0] >= REFUSAL_LOG_INTERVAL:
-            left_out = last[1] if last is not None else 0
-            session.logged[error.code] = (now, 0)
+        left_out = session.logs.admit(error.code, trio.current_time())
+        if left_out is not None:
+            fields: dict[str, Any] = {"left_out": left_out} if left_out else {}
             log_event(
                 logger,
                 "frame_refused",
+                logging.INFO,
                 client=session.label,
                 code=error.code,
                 detail=error.message[:200],
-                **({"left_out": left_out} if left_out else {}),
+                **fields,
             )
-        else:
-            session.logged[error.code] = (last[0], last[1] + 1)
         self._apply(self.core.error_to(session.client_id, error))
 
+    def _refuse_request(self, event: str, denied: AccessDenied, **fields: Any) -> None:
+        """Count a refused request or handshake; log it once per kind and interval."""
+        self.requests_refused[denied.status] += 1
+        left_out = self._request_logs.admit((event, denied.status), trio.current_time())
+        if left_out is not None:
+            if left_out:
+                fields["left_out"] = left_out
+            log_event(logger, event, logging.INFO, status=denied.status, reason=denied.reason[:200], **fields)
+
     def stats(self) -> dict[str, Any]:
-        """Clients now, frames published and refused (by code) since the start."""
-        return {"clients": len(self._sessions), "published": self.published, "refused": dict(self.refused)}
+        """Clients now, frames published and refused (by code), requests refused (by status)."""
+        return {
+            "clients": len(self._sessions),
+            "published": self.published,
+            "refused": dict(self.refused),
+            "requests_refused": {str(status): n for status, n in sorted(self.requests_refused.items())},
+        }
 
     # --- HTTP and WebSocket ----------------------------------------------------------------
 
@@ -560,7 +592,7 @@ class Bridge:
             self._access, request.target, request.headers
         )
         if denied is not None:
-            log_event(logger, "client_refused", peer=label, status=denied.status, reason=denied.reason)
+            self._refuse_request("client_refused", denied, peer=label)
             await self._respond(stream, _refusal(denied))
             return
         topics = parse_topics(request.query_value("topics"), self.config.default_topics)
@@ -597,14 +629,7 @@ class Bridge:
             self._access, request.target, request.headers, token=route is not None and route.needs_token
         )
         if denied is not None:
-            log_event(
-                logger,
-                "request_refused",
-                peer=label,
-                path=request.path[:200],
-                status=denied.status,
-                reason=denied.reason,
-            )
+            self._refuse_request("request_refused", denied, peer=label, path=request.path[:200])
             await self._respond(stream, _refusal(denied))
             return
         if route is None:
