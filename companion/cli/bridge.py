@@ -327,8 +327,8 @@ def register(subparsers: Any) -> None:
         "--data-dir",
         type=Path,
         default=None,
-        help="where the bridge's node key and trust file are kept (keys/bridge.key: its peer id stays the same "
-        "across runs, so companions can trust it as an answerer)",
+        help="where the bridge's node key and trust file are kept (keys/bridge.key: its peer id stays "
+        "the same across runs, so companions can trust it as an answerer)",
     )
     parser.add_argument(
         "--print-peer-id",
