@@ -311,6 +311,7 @@ async def test_a_separate_bridge_answers_once_the_operator_trusts_it(tmp_path: P
         async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
             await ws.send_message(message_frame("user_tester", ["companion_juniper"], "Say it aloud!", "m-1"))
             query = await query_frame(ws, "speak", 30)
+            first = query["params"]["body"]["message"]
             await answer(ws, query["id"], {"spoken": True})
             dropped = await blocking(juniper.event, "payload_dropped", 15, peer=bridge_peer)
             assert dropped["reason"] == "unauthorized_answer"
@@ -331,9 +332,20 @@ async def test_a_separate_bridge_answers_once_the_operator_trusts_it(tmp_path: P
                 capture_stderr=True,
             )
             assert trusted.returncode == 0, trusted.stderr
-            await answer(ws, query["id"], {"spoken": True})  # the line is still waiting
-            reply = await next_frame(ws, juniper_says, 30)
-            assert reply["params"]["message"] == query["params"]["body"]["message"]
+            # the next line is voiced by the bridge's client: no restart
+            await ws.send_message(message_frame("user_tester", ["companion_juniper"], "Once more!", "m-2"))
+            query = await next_frame(
+                ws,
+                lambda f: f.get("method") == "query.send" and f["params"]["body"].get("message") != first,
+                150,
+            )
+            await answer(ws, query["id"], {"spoken": True})
+            reply = await next_frame(
+                ws,
+                lambda f: juniper_says(f) and f["params"]["message"] == query["params"]["body"]["message"],
+                30,
+            )
+            assert reply["params"]["metadata"]["in_reply_to"] == "m-2"
         event = await blocking(juniper.event, "query_answered", 10, query_id=query["id"])
         assert event["peer"] == bridge_peer
 
