@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -26,7 +27,8 @@ from companion.models.base import (
     ToolInstruction,
     ToolSpec,
 )
-from companion.models.lexicon import content_stems, is_question, sentences
+from companion.models.lexicon import FEELINGS, concepts_in, content_stems, is_question, sentences
+from companion.models.phrasebook import EN, JA
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, Message, Metadata
 from companion.turns import bigram_jaccard
@@ -511,3 +513,14 @@ async def test_odd_input_never_crashes_and_replies_are_clean(text: str) -> None:
     first = ToolLog()
     await model.speak(_speak_request(ALEX, text), first)
     assert again.calls == first.calls  # deterministic on odd input too
+
+
+@pytest.mark.parametrize("language", ["en", "ja"])
+def test_a_reaction_never_sounds_like_the_feeling_it_answers(language: str) -> None:
+    """Companions hear each other: a reassurance that sounds flustered ("Easy mistake to make")
+    makes the next companion reassure it back, line after line."""
+    book = EN if language == "en" else JA
+    for feeling in FEELINGS:
+        for template in book.get(feeling, ()):
+            said = re.sub(r"\{\w+\}", "", template)
+            assert feeling not in concepts_in(said), (feeling, template)

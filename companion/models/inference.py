@@ -34,8 +34,10 @@ from typing import Any, Final
 import jsonschema
 
 from .lexicon import (
+    FEELINGS,
     concepts_in,
     cue_concepts,
+    first_concept,
     liveliness,
     numbers,
     spread,
@@ -69,6 +71,8 @@ _COUNTED: Final = stem_set(
     second degrees degree cups cup pieces piece items item steps step"""
 )
 _COUNT_WORDS: Final = stem_set("once twice thrice")
+_EVIDENT: Final = 0.5
+"""How strongly a message must evoke an option for it to be chosen over the speaker's lead trait."""
 _FORMATS: Final = {
     "date": "2000-01-01",
     "date-time": "2000-01-01T00:00:00Z",
@@ -120,8 +124,9 @@ class Clues:
             raw["doubt"] = raw.get("doubt", 0.0) + 1.0  # a date is a claim to check
         self.raw.update(raw)
         self.evidence.update(spread(raw))
-        persona = {**cue_concepts(self.persona), **concepts_in(self.persona)}
-        self.prior.update({k: 0.1 * min(v, 2.0) for k, v in spread(persona).items()})
+        lead = first_concept(self.persona, FEELINGS)
+        if lead is not None:  # the card's lead trait is the mood when the message shows none
+            self.prior.update({k: 0.3 * min(v, 1.0) for k, v in spread({lead: 1.0}).items()})
 
 
 def fill_schema(schema: Mapping[str, Any], clues: Clues, rng: random.Random) -> Any:
@@ -269,22 +274,27 @@ class _Filler:
             target = low + (high - low) * level
             return min(options, key=lambda o: (abs(o - target), options.index(o)))
         ranked = self.ranked(options)
-        if ranked[0][0] > 0:
+        if ranked[0][0] >= _EVIDENT:
             return ranked[0][1]
+        prior = self.ranked(options, prior_only=True)
+        if prior[0][0] > 0:
+            return prior[0][1]
         if "default" in schema and schema["default"] in options:
             return schema["default"]
         return options[0]
 
-    def ranked(self, options: Sequence[Any]) -> list[tuple[float, Any]]:
-        """``(score, option)``, best first (card order among equals): how much the message (and,
-        a little, the speaker's personality) evokes each option's words."""
+    def ranked(self, options: Sequence[Any], *, prior_only: bool = False) -> list[tuple[float, Any]]:
+        """``(score, option)``, best first (card order among equals): how much the message
+        evokes each option's words; with ``prior_only``, how much the speaker's lead trait does."""
         scored: list[tuple[float, int, Any]] = []
         for index, option in enumerate(options):
             text = str(option)
             meant = cue_concepts(text)
-            score = sum(self.clues.evidence.get(c, 0.0) * w for c, w in meant.items())
-            score += 1.5 * len({stem(w) for w in words(text)} & self.said_stems)
-            score += sum(self.clues.prior.get(c, 0.0) * w for c, w in meant.items())
+            if prior_only:
+                score = sum(self.clues.prior.get(c, 0.0) * w for c, w in meant.items())
+            else:
+                score = sum(self.clues.evidence.get(c, 0.0) * w for c, w in meant.items())
+                score += 1.5 * len({stem(w) for w in words(text)} & self.said_stems)
             scored.append((score, index, option))
         scored.sort(key=lambda s: (-s[0], s[1]))
         return [(score, option) for score, _, option in scored]

@@ -17,6 +17,7 @@ from typing import Final, Literal
 
 __all__ = [
     "CONCEPTS",
+    "FEELINGS",
     "MAX_CHARS",
     "STOPWORDS",
     "Concept",
@@ -25,6 +26,7 @@ __all__ = [
     "concepts_in",
     "content_stems",
     "cue_concepts",
+    "first_concept",
     "has_cjk",
     "is_question",
     "language_of",
@@ -336,7 +338,8 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
         "doubt doubtful unsure maybe perhaps probably supposedly apparently rumour rumor "
         "allegedly claim actually",
         phrases=(
-            "i think|i thought|i believe|i guess|wasn't it|isn't it|i heard|they say|i read|"
+            "i think the|i think it|i think that|i think there|i think they|i think he|i think she|"
+            "i think we|i thought|i believe|i guess|wasn't it|isn't it|i heard|they say|i read|"
             "pretty sure|wasn't that|or was it|if i remember"
         ),
         ja="本当 たぶん 多分 確か かな",
@@ -402,7 +405,7 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
     ),
     _concept(
         "history",
-        "history historical invented ancient century era year date",
+        "history historical invented ancient century era",
         phrases="was founded|founded in|was built in|was invented",
         ja="歴史 年 世紀",
         cues="history date year fact",
@@ -469,6 +472,13 @@ def concepts_in(text: str) -> dict[str, float]:
     return found
 
 
+FEELINGS: Final = (
+    "happy", "sad", "angry", "afraid", "sleepy", "surprised", "curious", "excited", "amused", "calm",
+    "dry", "flustered", "proud", "doubt", "wistful", "tender",
+)  # fmt: skip
+"""The concepts that are feelings (the rest are topics)."""
+
+
 def cue_concepts(text: str) -> dict[str, float]:
     """Concepts that ``text`` (a property name, description or enum option) is *about*."""
     own = [stem(w) for w in words(re.sub(r"[_\-]+|(?<=[a-z])(?=[A-Z])", " ", text))]
@@ -479,6 +489,26 @@ def cue_concepts(text: str) -> dict[str, float]:
         if hits:
             found[concept.name] = float(hits)
     return found
+
+
+def first_concept(text: str, among: Iterable[str]) -> str | None:
+    """The concept of ``among`` that ``text`` evokes first, reading from the start ("Sardonic,
+    precise and secretly kind" is first of all dry): a card's lead trait."""
+    wanted = [c for c in CONCEPTS if c.name in set(among)]
+    best: tuple[int, str] | None = None
+    for index, word in enumerate(words(text)):
+        found = {**cue_concepts(word), **concepts_in(word)}
+        hit = next((c.name for c in wanted if c.name in found), None)
+        if hit is not None:
+            best = (index, hit)
+            break
+    if has_cjk(text):  # Japanese: the earliest cue in the text, by character position
+        for concept in wanted:
+            for cue in concept.ja:
+                at = text.find(cue)
+                if at >= 0 and (best is None or at < best[0]):
+                    best = (at, concept.name)
+    return None if best is None else best[1]
 
 
 def spread(found: Mapping[str, float]) -> dict[str, float]:

@@ -23,7 +23,7 @@ from .lexicon import (
     clean,
     concepts_in,
     content_stems,
-    cue_concepts,
+    first_concept,
     is_question,
     language_of,
     sentences,
@@ -172,19 +172,8 @@ def _persona(cid: str, name: str, personality: str, story: str, sample: str, rol
 
 def _tone(text: str) -> str | None:
     """The tone of the first tone word in ``text`` ("Sardonic, precise and secretly kind" is dry)."""
-    best: tuple[int, str] | None = None
-    for tone, concepts in _TONES:
-        for concept in concepts:
-            for index, word in enumerate(words(text)):
-                if concept in cue_concepts(word) or concept in concepts_in(word):
-                    if best is None or index < best[0]:
-                        best = (index, tone)
-                    break
-            for cue in next(c for c in CONCEPTS if c.name == concept).ja:
-                at = text.find(cue)
-                if at >= 0 and (best is None or at < best[0]):
-                    best = (at, tone)
-    return None if best is None else best[1]
+    concept = first_concept(text, [c for _, concepts in _TONES for c in concepts])
+    return next((tone for tone, concepts in _TONES if concept in concepts), None)
 
 
 def _fact(text: str, source: str) -> Fact:

@@ -45,6 +45,7 @@ from .lexicon import (
     words,
 )
 from .persona import Fact, Persona
+from .phrasebook import EN, INTERJECTIONS, JA
 
 __all__ = ["Heard", "Plan", "compose", "hear", "plan_of"]
 
@@ -103,10 +104,17 @@ class Heard:
 
 
 def hear(
-    text: str, *, sender_name: str | None, names: Sequence[str], me: Persona, from_companion: bool = False
+    text: str,
+    *,
+    sender_name: str | None,
+    names: Sequence[str],
+    me: Persona,
+    from_companion: bool = False,
+    context: str = "",
 ) -> Heard:
     """Read ``text`` (already cleaned) for the parts of a reply. A companion's line is read for
-    the known thing it talks about, not for its framing ("Here's my butter tip" is about butter)."""
+    the known thing it talks about, not for its framing ("Here's my butter tip" is about butter).
+    ``context`` is the line before it: "What's yours?" or "What do you think?" is about that."""
     language: Language = "ja" if me.language == "ja" else "en"
     skip = [*names, me.name]
     said = _without_names(text, skip)
@@ -124,13 +132,14 @@ def hear(
         topic = None  # nor a Japanese one English words
     head = words(topic)[-1] if topic and words(topic) else topic
     feeling = next((f for f in _FEELINGS if found.get(f, 0) >= 1), None)
+    greeted = "greeting" in found and not from_companion  # companions greet people, not each other
     if not text.strip():
         kind = "empty"
     elif "farewell" in found:
         kind = "farewell"
-    elif question and not ("greeting" in found and _wellbeing(text)):
+    elif question and not (greeted and _wellbeing(text)):
         kind = "question"
-    elif "greeting" in found:
+    elif greeted:
         kind = "greeting"
     elif feeling is not None:
         kind = "feeling"
@@ -142,6 +151,22 @@ def hear(
     if question:
         form, aux = _question_form(focus, skip)
         echo = _echo_question(focus, skip)
+        if topic is None and _BACK_REFERENCE.search(focus.casefold()):
+            # "What do you think?" is about what was said just before it: the same line's
+            # statements, else the line before
+            statements = " ".join(s for s in sentences(said) if not is_question(s))
+            favourite = re.search(r"\b(?:my|your)\s+(favou?rite\s+[a-z]+)", f"{statements} {context}", re.I)
+            if favourite:
+                form, topic = "favourite", f"my {favourite.group(1)}"
+            else:
+                topic = (
+                    topical_word(statements, skip)
+                    or topic_phrase(statements, skip, swap=True)
+                    or topical_word(_without_names(context, skip), skip)
+                )
+                form = "opinion"
+            echo = None
+            head = words(topic)[-1] if topic and words(topic) else head
     asked_me = question and me.name.casefold() in text.casefold()
     return Heard(
         text,
@@ -159,6 +184,12 @@ def hear(
         asked_me,
         found,
     )
+
+
+_BACK_REFERENCE: Final = re.compile(
+    r"\b(what's yours|and yours|and you|what about you|how about you|what do you think|your take"
+    r"|you think so)\b"
+)
 
 
 def _without_names(text: str, names: Sequence[str]) -> str:
@@ -198,14 +229,18 @@ def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
         return "wellbeing", None
     if re.search(r"\b(favou?rite|like best|love most|好きな)", folded) or "好き" in sentence:
         return "favourite", None
-    if re.search(r"\b(who are you|about yourself|what do you do|your story|introduce yourself)\b", folded):
+    if re.search(
+        r"\b(who are you|about yourself|what do you do(?: for a living)?\W*$|your story|introduce yourself)",
+        folded,
+    ):
         return "about-me", None
     if own[:1] and own[0] in _AUX and len(own) > 1 and own[1] == "you":
         return "yesno", own[0]
     if own[:1] and own[0] in ("is", "was", "isn't", "does", "did", "can", "could"):
         return "yesno", None
     if re.search(
-        r"\b(what do you (?:think|make) of|what do you think about|how do you feel about|what about)\b",
+        r"\b(what do you (?:think|make) of|what do you think about|how do you feel about|what about"
+        r"|what do you think)\b",
         folded,
     ):
         return "opinion", None
@@ -338,247 +373,6 @@ def _match(pattern: str, text: str) -> str | None:
     return found.group(1).strip() if found else None
 
 
-# --- templates -----------------------------------------------------------------------------------------
-
-_EN: Final[dict[str, tuple[str, ...]]] = {
-    "greeting": ("Hello{voc}!", "Hi{voc}, good to hear from you.", "Evening{voc}.", "Well, hello{voc}."),
-    "wellbeing": (
-        "I'm well, thank you{voc}.",
-        "Doing nicely{voc}, thanks for asking.",
-        "Not bad at all{voc}.",
-    ),
-    "farewell_heard": (
-        "Off already{voc}? Then sleep well.",
-        "Good night then{voc}.",
-        "Leaving so soon{voc}? Take care.",
-    ),
-    "sad": ("I'm sorry{voc}.", "That sounds hard{voc}.", "Oh{voc}, that's a heavy thing to carry."),
-    "angry": (
-        "That would annoy me too{voc}.",
-        "No wonder you're cross{voc}.",
-        "That does sound unfair{voc}.",
-    ),
-    "afraid": (
-        "That sounds unsettling{voc}.",
-        "It's all right to be nervous{voc}.",
-        "I'd be uneasy too{voc}.",
-    ),
-    "flustered": ("No harm done{voc}.", "Don't worry about it{voc}.", "It happens to the best of us{voc}."),
-    "sleepy": ("Sounds like a long day{voc}.", "You sound tired{voc}.", "Rest sounds well earned{voc}."),
-    "proud": ("Well done{voc}!", "You should be proud of that{voc}.", "Now that's an achievement{voc}."),
-    "excited": (
-        "I can hear how excited you are{voc}!",
-        "That's exciting{voc}!",
-        "What a thing to look forward to{voc}!",
-    ),
-    "surprised": (
-        "Well, that's a surprise{voc}.",
-        "I didn't see that coming{voc}.",
-        "That's remarkable{voc}.",
-    ),
-    "amused": ("Ha! That made me laugh{voc}.", "That's a good one{voc}.", "Ha, I like that{voc}."),
-    "wistful": (
-        "Funny what stays with us{voc}.",
-        "Memories like that keep{voc}.",
-        "Some things we carry a long way{voc}.",
-    ),
-    "tender": ("That's kind of you{voc}.", "Thank you{voc}, truly.", "That's a lovely thing to say{voc}."),
-    "happy": ("That's lovely{voc}!", "Oh, how nice{voc}.", "Now that's good news{voc}."),
-    "weather": (
-        "{Topic}? Then it's an evening for staying in{voc}.",
-        "{Topic}, is it? I'll keep an eye on the sky{voc}.",
-        "Ah, {topic}. Good weather for a long talk{voc}.",
-    ),
-    "topical": (
-        "{Topic}, you say{voc}.",
-        "Now {topic} is worth talking about{voc}.",
-        "I didn't expect {topic} to come up{voc}.",
-        "{Topic}! I like where this is going{voc}.",
-    ),
-    "known": (
-        "Now {topic} is something I know a little about{voc}.",
-        "{Topic}! You've found my favourite subject{voc}.",
-        "Ah, {topic}. That's close to home for me{voc}.",
-    ),
-    "flat": ("Fair enough{voc}.", "I see{voc}.", "Mm, right{voc}."),
-    "tell_me": (
-        "Tell me about {topic}, if you'd like.",
-        "I'd like to hear about {topic}, when you're ready.",
-    ),
-    "empty": ("Nothing to say? Then I'll start.", "A quiet moment. I'll fill it."),
-    "related": ("That reminds me: {fact}", "Funny you should say so: {fact}", "{Fact}"),
-    "told": ("{Fact}",),
-    "fav_known": ("{Topic}? Easy: anything with {thing}.", "{Topic}? Anything with {thing}, no question."),
-    "fav_related": (
-        "{Topic}? I'd say it ties back to this: {fact}",
-        "{Topic}? That one's easy for me. {Fact}",
-    ),
-    "fav_none": (
-        "{Topic}? I can't say I have one. {Fact_and_head}",
-        "{Topic}? I'm not sure I have one, to be honest. {Fact_and_head}",
-    ),
-    "yes": ("{aux_yes}, as it happens. {Fact}", "{aux_yes}{voc}. {Fact}", "Yes. {Fact}"),
-    "no": ("{aux_no}, not really. {Fact}", "Honestly, {aux_no_low}. {Fact}"),
-    "yesno_open": ("I think so{voc}. {Fact}", "Hard to say for certain{voc}. {Fact}"),
-    "why": ("Because {fact}", "Partly habit, I think. {Fact}"),
-    "about_me": ("I'm {name}. {Fact}", "Where to begin? {Fact}"),
-    "answer_related": ("{Echo} {Fact}", "{Topic}? {Fact}", "Good question{voc}. {Fact}", "{Fact}"),
-    "answer_unrelated": (
-        "I'm not sure I know{voc}. What I do know: {fact}",
-        "That's outside what I know{voc}. Here's what I can tell you: {fact}",
-    ),
-    "answer_unrelated_echo": (
-        "{Echo} I wouldn't know where to start, to be honest. {Fact}",
-        "{Echo} Not my field, I'm afraid. {Fact}",
-    ),
-    "personal": ("{Topic}? Probably this: {fact}", "{Topic}? Easy. {Fact}", "{Topic}? Let me think. {Fact}"),
-    "opinion_related": ("{Topic}? I'm fond of it. {Fact}", "{Topic}? Close to my heart. {Fact}"),
-    "opinion_unrelated": (
-        "{Topic}? I can't say I've thought much about it. {Fact}",
-        "{Topic}? I'll leave that one to others. {Fact}",
-    ),
-    "about": ("{Fact}", "Happily. {Fact}"),
-    "exhausted": (
-        "I've told you most of what I know about {topic}{voc}.",
-        "That's about all I know of {topic}, I'm afraid.",
-        "There's not much more I can add about {topic}{voc}.",
-    ),
-    "introduce": ("I'm {name}{role}.", "I should introduce myself: I'm {name}{role}."),
-    "correct": (
-        "I'd check that{voc}; {claim}is the kind of thing that gets misquoted.",
-        "Not quite, I think{voc}; {claim}deserves a second look.",
-    ),
-    "cite": ("You'll find the right answer in {place}.", "{Place} has it on record, if you want to look."),
-    "apologise": ("Oh no, sorry, sorry! I mixed that up.", "Oops, my mistake{voc}, sorry!"),
-    "retry": (
-        "Let me try again: {amount} {unit}, exactly.",
-        "Let me try again, properly this time: {amount} {unit}.",
-    ),
-    "retry_plain": ("Let me try again, properly this time.",),
-    "tip": (
-        "Tip for {thing}: weigh it, never guess. {amount} {unit} makes all the difference!",
-        "Here's my {thing} tip: {amount} {unit}, measured twice.",
-    ),
-    "tip_plain": ("Here's my {thing} tip: take it slowly and measure twice.",),
-    "new_topic": (
-        "Here's something quieter, from {source}: {fact}",
-        "Let me turn a page in {source}: {fact}",
-    ),
-    "new_topic_plain": ("Here's a new thought: {fact}", "Shall we try something else? {Fact}"),
-    "detail": ("One detail worth knowing: {fact}", "Here's something you may not know: {fact}"),
-    "ask_clause": ("{clause}, {who}?",),
-    "ask_tie": (
-        "How does {topic} compare with {tie}, {who}?",
-        "What would {topic} look like by {tie}, {who}?",
-    ),
-    "ask_topic": ("What do you make of {topic}, {who}?", "{Who}, what would you do with {topic}?"),
-    "ask_fav": ("What's yours, {who}?", "And you, {who}?"),
-    "ask_open": ("What's on your mind, {who}?", "What do you think, {who}?"),
-    "farewell_like": ("Consider this me {like}: good night, everyone.", "That's me {like}. Good night, all!"),
-    "farewell": (
-        "It was really nice talking with you all. See you next time!",
-        "Thank you for the lovely chat, everyone. Bye for now!",
-        "Let's pick this up again another day. Take care!",
-    ),
-    "last_fact": ("One last thing: {fact}", "Before I go: {fact}"),
-    "tried": ("I tried to {what}, but it didn't work.", "I meant to {what}, but it didn't go through."),
-    "pre-closing": (
-        "It's getting a bit late, though.",
-        "We've covered a lot today.",
-        "I think we're slowly coming to the end of this topic.",
-    ),
-}
-
-_JA: Final[dict[str, tuple[str, ...]]] = {
-    "greeting": ("{voc}こんにちは!", "{voc}来てくれてうれしいな。"),
-    "wellbeing": ("{voc}元気だよ、ありがとう。",),
-    "farewell_heard": ("{voc}もう行っちゃうの?それじゃあ、ゆっくり休んでね。",),
-    "sad": ("{voc}それはつらかったね。", "{voc}大変だったね。"),
-    "angry": ("{voc}それは腹が立つよね。",),
-    "afraid": ("{voc}それは不安になるよね。",),
-    "flustered": ("{voc}大丈夫、よくあることだよ。",),
-    "sleepy": ("{voc}今日は長い一日だったんだね。",),
-    "proud": ("{voc}すごい、よくやったね!",),
-    "excited": ("{voc}ワクワクするね!",),
-    "surprised": ("{voc}それはびっくりだね。",),
-    "amused": ("{voc}あはは、面白いね。",),
-    "wistful": ("{voc}思い出って、ずっと残るよね。",),
-    "tender": ("{voc}ありがとう、うれしいな。",),
-    "happy": ("{voc}それはよかったね!", "{voc}素敵な話だね。"),
-    "weather": ("{topic}かあ。今夜は家でゆっくりするのがいいかもね。", "{voc}{topic}の話、気になるね。"),
-    "topical": ("{voc}{topic}の話、いいね。", "{topic}かあ。", "{voc}{topic}のこと、もっと聞きたいな。"),
-    "known": ("{topic}なら、ちょっと詳しいよ。", "{voc}{topic}の話なら任せて。"),
-    "flat": ("{voc}なるほどね。", "うんうん。"),
-    "tell_me": ("よかったら、{topic}のこと聞かせて。",),
-    "empty": ("静かだね。じゃあ、私から話そうかな。",),
-    "related": ("そういえば、{fact}", "{fact}"),
-    "told": ("{fact}",),
-    "fav_known": ("好きな{head}?{thing}が入ったものかな。",),
-    "fav_related": ("好きな{head}?{fact}",),
-    "fav_none": ("好きな{head}かあ、特にないかも。{fact}",),
-    "yes": ("うん、{fact}",),
-    "no": ("うーん、あまり。{fact}",),
-    "yesno_open": ("たぶんね。{fact}",),
-    "why": ("それはね、{fact}",),
-    "about_me": ("私は{name}。{fact}",),
-    "answer_related": ("いい質問だね。{fact}", "{fact}"),
-    "answer_unrelated_echo": ("うーん、よくわからないな。{fact}",),
-    "personal": ("{topic}?そうだなあ。{fact}",),
-    "opinion_related": ("{topic}、好きだよ。{fact}",),
-    "opinion_unrelated": ("{topic}かあ、あまり考えたことないな。{fact}",),
-    "answer_unrelated": ("よくわからないけど、私に言えるのは、{fact}",),
-    "about": ("{fact}",),
-    "exhausted": ("{topic}については、もう話せることはあまりないかな。",),
-    "introduce": ("私は{name}です。",),
-    "correct": ("{voc}それ、もう一度確かめたほうがいいかも。",),
-    "cite": ("{place}で調べられるよ。",),
-    "apologise": ("ごめんね、間違えちゃった!",),
-    "retry": ("もう一度やってみるね。{amount}{unit}、きっちり!",),
-    "retry_plain": ("もう一度やってみるね。",),
-    "tip": ("{thing}のコツはね、きっちり量ること!{amount}{unit}が大事なんだ。",),
-    "tip_plain": ("{thing}のコツはね、きっちり量ること!",),
-    "new_topic": ("話を変えてもいい?{fact}",),
-    "new_topic_plain": ("話を変えてもいい?{fact}",),
-    "detail": ("ちょっとした豆知識だけど、{fact}",),
-    "ask_clause": ("{who}はどう?",),
-    "ask_tie": ("{who}は{topic}についてどう思う?",),
-    "ask_topic": ("{who}は{topic}についてどう思う?", "{who}だったら、どうする?"),
-    "ask_fav": ("{who}はどう?",),
-    "ask_open": ("{who}はどう思う?",),
-    "farewell_like": ("みんなと話せて本当に楽しかった。またね!",),
-    "farewell": (
-        "みんなと話せて本当に楽しかった。またね!",
-        "素敵なおしゃべりをありがとう。それじゃあ、また!",
-        "続きはまた今度話そうね。元気でね!",
-    ),
-    "last_fact": ("最後にひとつ。{fact}",),
-    "pre-closing": (
-        "そろそろいい時間になってきたね。",
-        "今日はたくさん話せたね。",
-        "この話題もそろそろ一段落かな。",
-    ),
-}
-
-_INTERJECTIONS: Final[dict[str, dict[str, tuple[str, ...]]]] = {
-    "en": {
-        "lively": ("Ooh!", "Oh!", "Wow!"),
-        "calm": ("Hmm.", "Ah."),
-        "dry": ("Well.", "Ah."),
-        "shy": ("Oh! Um,",),
-        "warm": ("Oh,",),
-        "plain": ("Oh,", "Well,"),
-    },
-    "ja": {
-        "lively": ("わあ!", "えっ!"),
-        "calm": ("うーん。",),
-        "dry": ("ふうん。",),
-        "shy": ("あっ、えっと、",),
-        "warm": ("まあ、",),
-        "plain": ("そっか、",),
-    },
-}
-
-
 # --- composing -----------------------------------------------------------------------------------------
 
 
@@ -599,10 +393,10 @@ class _Line:
 
     @property
     def templates(self) -> Mapping[str, tuple[str, ...]]:
-        return _JA if self.persona.language == "ja" else _EN
+        return JA if self.persona.language == "ja" else EN
 
     def pick(self, slot: str, **fields: str) -> str:
-        pool = self.templates.get(slot) or _EN[slot]
+        pool = self.templates.get(slot) or EN[slot]
         usable = [t for t in pool if _fits(t, fields)]
         template = self.rng.choice(usable or list(pool))
         return _fill(template, fields)
@@ -794,7 +588,9 @@ def _answer(line: _Line) -> str:
         return line.pick("why", **fields)
     if form == "about":
         return line.pick("about", **fields)
-    if form == "opinion" and topic:
+    if form == "opinion":
+        if not topic:
+            return line.pick("opinion_open", **fields)
         return line.pick("opinion_related" if related >= 1 else "opinion_unrelated", **fields)
     if re.match(r"(the \w+ (?:part|thing|moment) of )?my\b", topic, re.I):
         return line.pick("personal", **fields)  # "the best part of my day": mine to answer
@@ -851,6 +647,10 @@ def _follow_up(line: _Line) -> str | None:
         return None
     heard, plan = line.heard, line.plan
     topic = heard.topic or ""
+    if not topic and line.persona.language == "en":
+        mine = topical_word(" ".join(line.told)) if line.told else None
+        if mine:
+            topic = mine if mine.split()[0] in ("a", "an", "the") else f"the {mine}"
     if topic.startswith(("my ", "My ")) and line.persona.language == "en":
         topic = "the " + topic.split(" ", 1)[1]  # "my favourite cake" is not theirs to judge
     fields = {"who": who, "Who": who, "topic": topic}
@@ -893,7 +693,7 @@ def _voice(line: _Line) -> str:
     language = line.persona.language
     tone = line.persona.tone
     if line.rng.random() < 0.45 and not parts[0].startswith(("I'm ", "私は")):
-        interjection = line.rng.choice(_INTERJECTIONS[language][tone])
+        interjection = line.rng.choice(INTERJECTIONS[language][tone])
         if interjection.endswith(",") or interjection.endswith("、"):
             parts[0] = (
                 f"{interjection} {_lower_first(parts[0])}" if language == "en" else interjection + parts[0]

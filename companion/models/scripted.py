@@ -328,12 +328,14 @@ class ScriptedModel:
         sender = message.params.from_
         text = clean(message.params.message)
         sender_name = names.get(sender) if sender != me.id and sender.startswith("companion_") else None
+        before = [m for m in request.history if m.params.id != message.params.id]
         heard = hear(
             text,
             sender_name=sender_name,
             names=list(names.values()),
             me=persona,
             from_companion=sender.startswith("companion_"),
+            context=clean(before[-1].params.message, 1000) if before else "",
         )
         params = request.extra.get("params")
         plan = plan_of(instructions, params if isinstance(params, Mapping) else None)
