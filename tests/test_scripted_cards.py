@@ -235,7 +235,9 @@ async def test_a_card_whose_instruction_names_a_custom_action_sees_it_run(
 
 
 @pytest.mark.parametrize("seed", range(10))
-async def test_no_companion_ever_addresses_itself(autojump_clock: trio.testing.MockClock, seed: int) -> None:
+async def test_seeded_conversations_address_real_ids_never_themselves_and_end_with_a_goodbye(
+    autojump_clock: trio.testing.MockClock, seed: int
+) -> None:
     cards = real_cards()
     present = [c.card.metadata.id for c in cards]
     names = {c.card.metadata.id: c.card.metadata.name for c in cards}
@@ -250,6 +252,7 @@ async def test_no_companion_ever_addresses_itself(autojump_clock: trio.testing.M
         assert real_ids(reply.recipients, present), reply
         assert not addresses_itself(reply.text, names[reply.speaker]), reply.text
         assert '"' not in reply.text  # nothing quoted, whole phrases only
+    assert said[-1].closing == "closing"  # a goodbye before terminal, whoever led the last turns
 
 
 async def test_the_same_seed_gives_the_same_conversation(autojump_clock: trio.testing.MockClock) -> None:
@@ -286,3 +289,17 @@ async def test_odd_openings_still_reach_terminal(
     for reply in replies(events):
         reply.text.encode("utf-8")
         assert reply.text.strip()
+
+
+async def test_the_goodbye_comes_before_any_shipped_cards_turn_limit(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Pim's card stops at 10 turns: when Pim leads that turn, the stage is terminal at once, so
+    the offline model must have proposed closing early enough for the goodbye to come first.
+    Which companion leads comes from message ids: pinned here, over several draws."""
+    cards = real_cards()
+    for draw in range(8):
+        with reproducible(draw):
+            events, _, over = await converse(cards, "What's your favourite cake?")
+        said = replies(events)
+        assert over and said[-1].closing == "closing", (draw, [(e.speaker, e.closing) for e in said])

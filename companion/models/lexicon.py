@@ -782,6 +782,8 @@ def topical_word(text: str, names: Iterable[str] = ()) -> str | None:
                 phrase = [folded]
             if before in ("a", "an", "the"):
                 phrase.insert(0, before)
+            elif before in _DETERMINERS and start == index and folded not in _PROPER:
+                phrase.insert(0, "the")  # "your dog": whose depends on who says it back
             return " ".join(phrase)
     return None
 

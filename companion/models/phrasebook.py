@@ -73,7 +73,7 @@ EN: Final[dict[str, tuple[str, ...]]] = {
         "{Topic}, you say{voc}.",
         "Now {topic} is worth talking about{voc}.",
         "I didn't expect {topic} to come up{voc}.",
-        "{Topic}! I like where this is going{voc}.",
+        "{Topic}. Go on{voc}.",
     ),
     "known": (
         "Now {topic} is something I know a little about{voc}.",

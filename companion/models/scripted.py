@@ -75,11 +75,13 @@ def _asked(text: str, companion: Metadata) -> bool:
 class ScriptedModel:
     """A deterministic stand-in for a language model (offline, in character, for demos and tests).
 
-    ``min_replies``..``max_replies`` bound the seeded conversation length after which the
-    leader proposes ``pre-closing``.
+    ``min_replies``..``max_replies`` bound the conversation length after which the leader
+    proposes ``pre-closing``. The default of at most 8 keeps the goodbye (``closing``, one reply
+    later) inside the shortest turn limit of the shipped cards (``max_turns: 10``), whichever
+    companion leads the last turns.
     """
 
-    def __init__(self, seed: int = 0, *, min_replies: int = 6, max_replies: int = 10) -> None:
+    def __init__(self, seed: int = 0, *, min_replies: int = 6, max_replies: int = 8) -> None:
         if not 1 <= min_replies <= max_replies:
             raise ValueError(f"need 1 <= min_replies <= max_replies, got {min_replies}, {max_replies}")
         self.seed = seed
@@ -217,46 +219,50 @@ class ScriptedModel:
             i.instruction for i in request.instructions
         ]
         text = self._line(request, names, instruction_text, failed)
-        arguments = self._speak_input(speaking, request, text, instruction_text)
-        result = await call_tool(speaking.id, arguments)
-        status = result.get("status")
-        if status == "invalid_input":
-            arguments = self._speak_input(speaking, request, text, instruction_text, minimal=True)
-            result = await call_tool(speaking.id, arguments)
-            status = result.get("status")
-        if status != "ok":
-            log_event(
-                logger,
-                "scripted_speak_not_ok",
-                logging.WARNING,
-                companion=me.id,
-                tool=speaking.id,
-                status=status,
-                detail=result.get("message"),
-            )
+        await self._call(speaking, request, " ".join(instruction_text), call_tool, say=text)
 
     async def _call(
-        self, spec: ToolSpec, request: SpeakRequest, instruction: str, call_tool: ToolCaller
+        self,
+        spec: ToolSpec,
+        request: SpeakRequest,
+        instruction: str,
+        call_tool: ToolCaller,
+        *,
+        say: str | None = None,
     ) -> Mapping[str, Any]:
         """Call an instructed tool with input inferred from its schema, the message and the
-        instruction; once more with the schema's bare minimum if the input is refused."""
-        arguments = self._tool_input(spec, request, instruction)
+        instruction (``say`` is the line, for a speaking tool); once more with the schema's bare
+        minimum if the input is refused. A failure is logged and the turn goes on."""
+        arguments = self._arguments(spec, request, instruction, say)
         result = await call_tool(spec.id, arguments)
         if result.get("status") == "invalid_input":
-            minimal = self._tool_input(spec, request, "", minimal=True)
+            minimal = self._arguments(spec, request, instruction, say, minimal=True)
             if minimal != arguments:
                 result = await call_tool(spec.id, minimal)
         if result.get("status") != "ok":
             log_event(
                 logger,
                 "scripted_tool_not_ok",
-                logging.INFO,
+                logging.WARNING if say is not None else logging.INFO,
                 companion=request.me.id,
                 tool=spec.id,
                 status=result.get("status"),
                 detail=result.get("message"),
             )
         return result
+
+    def _arguments(
+        self,
+        spec: ToolSpec,
+        request: SpeakRequest,
+        instruction: str,
+        say: str | None,
+        *,
+        minimal: bool = False,
+    ) -> dict[str, Any]:
+        if say is None:
+            return self._tool_input(spec, request, instruction if not minimal else "", minimal=minimal)
+        return self._speak_input(spec, request, say, [instruction], minimal=minimal)
 
     def _tool_input(
         self, spec: ToolSpec, request: SpeakRequest, instruction: str, *, minimal: bool = False
