@@ -188,7 +188,7 @@ def hear(
 
 _BACK_REFERENCE: Final = re.compile(
     r"\b(what's yours|and yours|and you|what about you|how about you|what do you think|your take"
-    r"|you think so)\b"
+    r"|you think so|on your mind)\b"
 )
 
 
