@@ -3,6 +3,8 @@ the demo runs them (in-memory group, real engines, real action runtime, real CEL
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +14,14 @@ import trio.testing
 from scripted_support import REPO, addresses_itself, converse, real_cards, real_ids, replies, write_card
 from test_engine_faults import reproducible
 
+from companion.actions import ActionRuntime
 from companion.card import LoadedCard
 from companion.demo import USER_ID
-from companion.models.base import ParamsRequest
+from companion.history import InMemoryHistory
+from companion.models.base import ParamsRequest, SpeakRequest
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, Message
+from companion.turns import stamp_reply
 
 OPENINGS = [
     "What's your favourite cake?",
@@ -303,3 +308,91 @@ async def test_the_goodbye_comes_before_any_shipped_cards_turn_limit(
             events, _, over = await converse(cards, "What's your favourite cake?")
         said = replies(events)
         assert over and said[-1].closing == "closing", (draw, [(e.speaker, e.closing) for e in said])
+
+
+_BLOCK = re.compile(r'```console\n\$ companion demo --in-memory --say "(.*?)"\n(.*?)```', re.S)
+_HEAD = re.compile(r"^(\w+) → (.*?)  \[(\w+), turn (\d+)(?:, ([\w-]+))?\]$")
+
+
+def _documented() -> list[tuple[str, list[tuple[str, list[str], str, int, str, str]]]]:
+    """The transcripts in docs/models.md: (opening, [(speaker, recipients, emotion, turn, stage,
+    text)])."""
+    text = (REPO / "docs" / "models.md").read_text(encoding="utf-8")
+    section = text[text.index("## The offline model") :]
+    out = []
+    for opening, body in _BLOCK.findall(section):
+        lines = body.splitlines()
+        said = []
+        for index, line in enumerate(lines):
+            head = _HEAD.match(line)
+            if head:
+                name, to, emotion, turn, stage = head.groups()
+                quoted = lines[index + 1].strip()
+                assert quoted.startswith("“") and quoted.endswith("”"), quoted
+                said.append((name, to.split(", "), emotion, int(turn), stage or "none", quoted[1:-1]))
+        out.append((opening, said))
+    return out
+
+
+async def _say(
+    loaded: LoadedCard, seed: int, messages: list[Message], recipients: list[str], stage: str
+) -> Any:
+    """What ``loaded``'s model says (text, emotion) after ``messages``, asked as its engine asks:
+    parameters, the card's triggers, its tools through a real action runtime."""
+    me = loaded.card.metadata
+    directory = {c.card.metadata.id: c.card.metadata for c in real_cards()}
+    model = ScriptedModel(seed)
+    message, history = messages[-1], messages[-20:]
+    params = await model.fill_params(
+        ParamsRequest(me, loaded.card.role, loaded.card.events.params, message, history)
+    )
+    runtime = ActionRuntime(metadata=me, publisher=_Sink(), directory=directory, history=InMemoryHistory())
+    for tool in loaded.tools.values():
+        runtime.register(tool)
+    spoken: list[tuple[str, str]] = []
+
+    async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+        if tool_id == "speak":
+            spoken.append((raw["message"], raw["emotion"]))
+        return (await runtime.call(tool_id, raw)).for_model()
+
+    request = SpeakRequest(
+        me=me,
+        role=loaded.card.role,
+        message=message,
+        history=history,
+        instructions=loaded.triggers.evaluate(params),
+        tools=runtime.tool_specs(),
+        recipients=recipients,
+        closing=stage,  # type: ignore[arg-type]
+        extra={"names": {cid: meta.name for cid, meta in directory.items()}, "params": params},
+    )
+    await model.speak(request, call_tool)
+    return spoken
+
+
+async def test_the_documented_transcripts_are_what_the_model_says() -> None:
+    """Each reply in docs/models.md is replayed as its speaker's engine would ask for it (same
+    seed, history, parameters, triggers, tools): the model must say it word for word."""
+    cards = real_cards()
+    by_name = {c.card.metadata.name: (index, c) for index, c in enumerate(cards)}
+    ids = {name: c.card.metadata.id for name, (_, c) in by_name.items()} | {"User": USER_ID}
+    documented = _documented()
+    assert len(documented) == 3 and len({opening for opening, _ in documented}) == 3
+    for opening, said in documented:
+        messages = [Message.create(USER_ID, [c.card.metadata.id for c in cards], opening)]
+        assert said and said[-1][4] == "closing"
+        for name, to, emotion, turn, stage, text in said:
+            index, loaded = by_name[name]
+            recipients = [ids[n] for n in to]
+            assert await _say(loaded, index, messages, recipients, stage) == [(text, emotion)], (
+                opening,
+                turn,
+            )
+            reply = Message.create(loaded.card.metadata.id, recipients, text, metadata={"emotion": emotion})
+            messages.append(stamp_reply(reply, in_reply_to=messages[-1].params.id, turn=turn, closing=stage))
+
+
+class _Sink:
+    async def publish(self, topic: str, envelope: Any) -> None:
+        pass
