@@ -49,11 +49,10 @@ from .phrasebook import EN, INTERJECTIONS, JA
 
 __all__ = ["Heard", "Plan", "compose", "hear", "plan_of"]
 
-_FEELINGS: Final = (
+_FEELINGS: Final = (  # the feelings a reaction answers, the most pressing first
     "sad", "angry", "afraid", "flustered", "sleepy", "proud", "excited", "surprised", "amused",
     "wistful", "tender", "happy",
 )  # fmt: skip
-_TOPICAL: Final = ("weather", "food", "sky", "sea", "books", "music", "animals", "history")
 _WH: Final = ("what", "why", "how", "who", "where", "when", "which")
 _AUX: Final = {
     "do": ("I do", "I don't"),
@@ -98,7 +97,6 @@ class Heard:
     """For a yes/no question to "you": its auxiliary ("do", "are")."""
     echo: str | None = None
     """A short question said back in the first person ("What would I bake?")."""
-    asked_me: bool = False
     said_concepts: Mapping[str, float] = field(default_factory=dict)
     """Concepts of the whole message (``concepts`` are the question's, for a question)."""
 
@@ -167,7 +165,6 @@ def hear(
                 form = "opinion"
             echo = None
             head = words(topic)[-1] if topic and words(topic) else head
-    asked_me = question and me.name.casefold() in text.casefold()
     return Heard(
         text,
         language,
@@ -181,7 +178,6 @@ def hear(
         form,
         aux,
         echo,
-        asked_me,
         found,
     )
 
