@@ -51,8 +51,11 @@ from .lexicon import (
 
 __all__ = ["Clues", "fill_schema", "pattern_example"]
 
-_regex_parser: Any = importlib.import_module("re._parser")
-"""The standard library's own regular-expression parser (Python 3.11+), for pattern examples."""
+try:
+    _regex_parser: Any = importlib.import_module("re._parser")
+    """The standard library's own regular-expression parser (Python 3.11+), for pattern examples."""
+except ImportError:  # pragma: no cover - a private module: without it, patterns get no example
+    _regex_parser = None
 
 _WHO: Final = stem_set(
     "name speaker partner who from sender person addressee recipient target user interlocutor"
@@ -564,6 +567,8 @@ def _fit_string(schema: Mapping[str, Any], candidates: Sequence[str]) -> str:
 def pattern_example(pattern: str) -> str | None:
     """The shortest obvious string matching a regular expression (``^[0-9]{3}$`` -> "000"),
     or ``None`` for patterns too intricate to satisfy this way."""
+    if _regex_parser is None:
+        return None
     try:
         parsed = _regex_parser.parse(pattern)
         example = _example(list(parsed), 0)
