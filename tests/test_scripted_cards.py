@@ -16,7 +16,8 @@ from test_engine_faults import reproducible
 
 from companion.actions import ActionRuntime
 from companion.card import LoadedCard
-from companion.demo import USER_ID
+from companion.demo import USER_ID, MemoryGroup
+from companion.engine import EngineTimings
 from companion.history import InMemoryHistory
 from companion.models.base import ParamsRequest, SpeakRequest
 from companion.models.scripted import ScriptedModel
@@ -278,8 +279,6 @@ async def test_the_same_seed_gives_the_same_conversation(autojump_clock: trio.te
     "opening",
     # 60,000 letters: the largest opening the transport carries (64 KiB payloads)
     [
-        "\ud800",
-        "Lone \udfff surrogate, then a question?",
         "",
         "雨が降りそうですね。",
         "a" * 60_000,
@@ -294,6 +293,25 @@ async def test_odd_openings_still_reach_terminal(
     for reply in replies(events):
         reply.text.encode("utf-8")
         assert reply.text.strip()
+
+
+@pytest.mark.parametrize("opening", ["\ud800", "Lone \udfff surrogate, then a question?"])
+async def test_an_opening_that_is_not_text_is_refused_and_the_next_one_is_answered(
+    autojump_clock: trio.testing.MockClock, opening: str
+) -> None:
+    """A lone surrogate is valid JSON but not text: the edge refuses it (``invalid_unicode``), so
+    no companion ever sees it, and the next opening in the same group reaches terminal."""
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=EngineTimings.offline())
+        for index, card in enumerate(real_cards()):
+            await group.add(card, ScriptedModel(index))
+        await group.say(opening)
+        await trio.sleep(30)
+        assert group.transcript.events == []
+        await group.say("Is anyone there?")
+        assert await group.wait_until(lambda t: t.over, 600)
+        assert all(e.text.strip() for e in replies(group.transcript.events))
+        nursery.cancel_scope.cancel()
 
 
 async def test_the_goodbye_comes_before_any_shipped_cards_turn_limit(

@@ -119,7 +119,7 @@ def error_frame(error: FrameError) -> str:
         body["ref"] = error.ref
     if error.retry_after is not None:
         body["retry_after"] = math.ceil(error.retry_after * 1000) / 1000  # never 0: it is a wait
-    return json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps({"error": body}, ensure_ascii=True, separators=(",", ":"))
 
 
 def decode_frame(data: str | bytes) -> Any | FrameError:

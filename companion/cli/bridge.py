@@ -28,6 +28,7 @@ from ..bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimi
 from ..log import configure_logging, log_event
 from ..protocol import STATES, Metadata
 from ..transport import Publisher
+from .trust import TrustOptions, add_trust_arguments, open_trust, trust_options
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -79,6 +80,9 @@ class BridgeOptions:
     """Accept WebRTC clients too (``POST /webrtc/offer``, docs/webrtc.md)."""
     voice: bool = True
     """WebRTC clients that ask for voice hear speak queries synthesized on the bridge."""
+    data_dir: Path | None = None
+    """Where the trust file is (pinned companion ids); ``None``: pins in memory only."""
+    trust: TrustOptions = field(default_factory=TrustOptions)
     token_generated: bool = False
     """The token was made up because the bridge listens beyond loopback and none was given."""
 
@@ -136,6 +140,7 @@ async def run_bridge(
             key_path=options.key_path,
             name="bridge",
         ),
+        trust=open_trust(options.data_dir, options.trust),
     )
     bridge = make_bridge(options, node)
     await bridge.bind()  # a taken --ws address is an error before the node starts
@@ -322,8 +327,8 @@ def register(subparsers: Any) -> None:
         "--data-dir",
         type=Path,
         default=None,
-        help="where the bridge's node key is kept (keys/bridge.key: its peer id stays the same "
-        "across runs, so companions can trust it as an answerer)",
+        help="where the bridge's node key and trust file are kept (keys/bridge.key: its peer id stays "
+        "the same across runs, so companions can trust it as an answerer)",
     )
     parser.add_argument(
         "--print-peer-id",
@@ -331,6 +336,7 @@ def register(subparsers: Any) -> None:
         help="print the bridge's peer id (creating its key if needed) and exit, e.g. for "
         "companion run --approver",
     )
+    add_trust_arguments(parser, answers=False)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
     parser.set_defaults(func=main)
@@ -378,6 +384,7 @@ def main(args: argparse.Namespace) -> int:
         return _print_peer_id(key_path)
     try:
         host, port = parse_ws_address(args.ws)
+        trust = trust_options(args)
         if args.max_queue < 1:
             raise ValueError("--max-queue must be at least 1")
         client_rate = _rate("--rate/--burst", args.rate, args.burst)
@@ -402,6 +409,8 @@ def main(args: argparse.Namespace) -> int:
         total_rate=total_rate,
         webrtc=not args.no_webrtc,
         voice=not args.no_voice,
+        data_dir=data_dir,
+        trust=trust,
     )
     try:
         trio.run(run_bridge, options)

@@ -29,8 +29,9 @@ from multiaddr import Multiaddr
 
 from ..log import log_event
 from ..membership import Membership, MembershipEvent
-from ..protocol import TOPICS, Envelope, Metadata, State
+from ..protocol import TOPICS, Envelope, Metadata, Query, State
 from ..transport import Inbound, encode_for_topic
+from ..trust import TrustStore
 from .addresses import AdvertisedAddrs
 from .config import NodeConfig, make_gossipsub, make_host
 from .discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
@@ -118,7 +119,10 @@ class CompanionNode:
         config: NodeConfig | None = None,
         *,
         key_pair: KeyPair | None = None,
+        trust: TrustStore | None = None,
     ) -> None:
+        """``trust``: the pins and allowed answerers (shared by the nodes of one process and
+        kept in the data directory); in memory for this node alone when not given."""
         self.config = config or NodeConfig()
         self.metadata = metadata
         if key_pair is None:
@@ -131,13 +135,14 @@ class CompanionNode:
         self._id = ID.from_pubkey(key_pair.public_key)
         self.peer_id = self._id.to_base58()
         self.name = self.config.name or (metadata.id if metadata else "bridge")
-        self.membership = Membership(self.peer_id, metadata)
+        self.membership = Membership(self.peer_id, metadata, trust)
         self.drops = DropCounters(trio.current_time, node=self.name)
         self.guard = EdgeGuard(
             self.membership,
             self.drops,
             replay=ReplayGuard(self.config.replay_capacity),
             max_bytes=self.config.max_payload_bytes,
+            name=self.name,
         )
         self.listen_addrs: list[str] = []
         self.published = 0
@@ -202,6 +207,8 @@ class CompanionNode:
 
     async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
         """Sign and publish one envelope (or the ``states`` array). Fire and forget."""
+        if isinstance(envelope, Query):
+            self.guard.asking(envelope)  # before anyone can answer: only allowed peers may
         await self.publish_raw(topic, encode_for_topic(topic, envelope))
 
     async def publish_raw(self, topic: str, data: bytes) -> None:
