@@ -336,4 +336,20 @@ async def test_page_shows_thinking_counting_then_the_failure_then_the_end(
         params = {"in_reply_to": "m-3", "reason": "terminal"}
         await companion.publish(ACTIONS, Action.create("companion_pim", "companion.yield", params))
         await page.wait_for("document.querySelectorAll('#transcript li.system.end').length === 2")
+
+        # a thinking that never ends has a deadline: the page's clock moved on by 300 s
+        await companion.publish(
+            ACTIONS, Action.create("companion_pim", "companion.thinking", {"in_reply_to": "m-4"})
+        )
+        await page.wait_for("document.querySelector('#thinking p')?.textContent === 'Pim is thinking… (0 s)'")
+        await page.evaluate(
+            "(() => { const real = performance.now.bind(performance);"
+            " performance.now = () => real() + 300000; return true; })()"
+        )
+        gone = await page.wait_for(
+            "[...document.querySelectorAll('#transcript li.system')].map(li => li.textContent)"
+            ".find(t => t.startsWith('(no word from'))"
+        )
+        assert gone == "(no word from Pim after 300 s of thinking)"
+        await page.wait_for("document.getElementById('thinking').hidden")
         assert page.cdp.exceptions == [], page.cdp.exceptions
