@@ -3,7 +3,9 @@
 Shows who speaks to whom (and with which emotion), sends what you type (to everyone, or
 ``@name``), answers ``speak`` queries (``--voice`` speaks them through espeak-ng and reports
 them done when the audio has finished) and ``approval`` queries (y/n), and ``/next NAME``
-nominates the next speaker.
+nominates the next speaker. While a companion prepares its reply, a status line counts the
+seconds (``Juniper is thinking… (12 s)``); a companion that cannot reply is one line with the
+reason; the end of a conversation is marked.
 """
 
 from __future__ import annotations
@@ -19,21 +21,13 @@ from typing import Any
 
 import trio
 
-from ..listen import ListenOptions, Show, find_voice, run_listener
+from ..listen import ListenOptions, find_voice, run_listener
+from ..listen.terminal import TerminalScreen
 from ..listen.voice import PLAYERS
 from ..log import configure_logging
 from .bridge import TOKEN_ENV
 
 __all__ = ["default_user_id", "register"]
-
-_STYLES = {
-    "message": "",
-    "action": "\033[36m",
-    "query": "\033[35m",
-    "info": "\033[2m",
-    "error": "\033[31m",
-    "prompt": "\033[33;1m",
-}
 
 
 def default_user_id() -> str:
@@ -96,12 +90,14 @@ def _track_player(player: str | None) -> tuple[str, ...] | None:
     return None
 
 
-def _printer(color: bool) -> Any:
-    def show(item: Show) -> None:
-        style = _STYLES.get(item.kind, "") if color else ""
-        print(f"{style}{item.text}\033[0m" if style else item.text, flush=True)
+def _width() -> int:
+    return shutil.get_terminal_size().columns
 
-    return show
+
+def _write(text: str) -> None:
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 async def _read_stdin(send: trio.MemorySendChannel[str]) -> None:
@@ -121,12 +117,16 @@ async def _read_stdin(send: trio.MemorySendChannel[str]) -> None:
                 return
 
 
-async def _main(options: ListenOptions, color: bool) -> int:
+async def _main(options: ListenOptions, tty: bool) -> int:
+    screen = TerminalScreen(live=tty, color=tty, width=_width)
     send, receive = trio.open_memory_channel[str](16)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_read_stdin, send)
-        code = await run_listener(options, receive, _printer(color))
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_read_stdin, send)
+            code = await run_listener(options, receive, lambda item: _write(screen.render(item)))
+            nursery.cancel_scope.cancel()
+    finally:
+        _write(screen.close())
     return code
 
 

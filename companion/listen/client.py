@@ -1,9 +1,15 @@
 """The terminal client's trio shell: one WebSocket to the bridge, typed lines, and the voice.
 
-:func:`run_listener` connects, then runs four tasks until the person quits or the connection
+:func:`run_listener` connects, then runs five tasks until the person quits or the connection
 ends: frames from the bridge, lines from the person (any channel of strings, so tests need no
-terminal), the companion directory refreshed from the bridge's ``/companions``, and the voice,
-which speaks lines one at a time and reports each ``speak`` query when its audio has finished.
+terminal), the companion directory refreshed from the bridge's ``/companions``, the voice,
+which speaks lines one at a time and reports each ``speak`` query when its audio has finished,
+and the clock, which ticks the status line (``Juniper is thinking… (12 s)``) once a second
+while someone thinks.
+
+It subscribes to ``states`` as well as aikyo's default topics (``?topics=``; an aikyo Firehose
+ignores the parameter): a states array that chooses nobody because the conversation reached
+``terminal`` is how a client learns that it is over.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -29,9 +35,10 @@ from trio_websocket import (
     open_websocket_url,
 )
 
+from ..bridge.access import token_from
 from ..log import log_event
-from ..protocol import Metadata
-from .core import Effect, ListenSession, Quit, Send, Show, Speak
+from ..protocol import ACTIONS, MESSAGES, QUERIES, STATES, Metadata
+from .core import START_HINT, Effect, ListenSession, Quit, Send, Show, Speak
 from .voice import Voice, VoiceError
 
 if TYPE_CHECKING:
@@ -43,6 +50,8 @@ logger = logging.getLogger("companion.listen")
 
 MAX_DIRECTORY_BYTES: Final = 1024 * 1024
 DISCONNECT_TIMEOUT: Final = 2.0
+LISTEN_TOPICS: Final = (MESSAGES, QUERIES, ACTIONS, STATES)
+"""What the client asks the bridge for: aikyo's Firehose topics, and ``states`` for the end."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,12 @@ class ListenOptions:
     """Where that audio goes: a player argv with ``{rate}`` (``None``: received, not played)."""
 
 
+def effective_token(options: ListenOptions) -> str | None:
+    """``--token``, else the one in the URL (``ws://host:port/?token=X``): the same token goes
+    to the WebSocket, to ``/companions`` and to the WebRTC offer."""
+    return options.token or token_from(options.url, {})
+
+
 class DirectoryError(RuntimeError):
     """The bridge's companion list could not be read."""
 
@@ -73,6 +88,20 @@ def with_query(url: str, **params: str | None) -> str:
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
     query.update({k: v for k, v in params.items() if v is not None})
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
+
+
+def subscribed(url: str) -> str:
+    """``url`` asking for :data:`LISTEN_TOPICS`, unless it names its own ``topics``."""
+    if "topics" in dict(parse_qsl(urlsplit(url).query)):
+        return url
+    return with_query(url, topics=",".join(LISTEN_TOPICS))
+
+
+def _without_token(url: str) -> str:
+    """A URL to show on screen: the token is a secret."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "token"]
     return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
 
 
@@ -136,10 +165,14 @@ async def run_listener(
     session = ListenSession(
         options.user_id, answer_speak=options.answer_speak, voice=options.voice is not None
     )
+    token = effective_token(options)
+    if token != options.token:
+        options = replace(options, token=token)
     if options.webrtc:
         return await _run_webrtc(options, session, lines, show)
-    url = with_query(options.url, token=options.token)
-    timed_out = Show(f"could not connect to {options.url} within {options.connect_timeout:g}s", "error")
+    url = subscribed(with_query(options.url, token=options.token))
+    shown = _without_token(options.url)
+    timed_out = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
     # Our own deadline around the handshake: trio-websocket 0.12 leaves its reader task waiting
     # on a server that accepted the socket but never answers, so its own timeout never returns.
     connecting = trio.CancelScope(deadline=trio.current_time() + options.connect_timeout)
@@ -156,9 +189,9 @@ async def run_listener(
     except DisconnectionTimeout:
         return 0  # we were leaving anyway; the bridge did not answer our close in time
     except HandshakeError as exc:
-        show(Show(f"could not connect to {options.url}: {_describe(exc)}", "error"))
+        show(Show(f"could not connect to {shown}: {_describe(exc)}", "error"))
     except OSError as exc:
-        show(Show(f"could not connect to {options.url}: {exc}", "error"))
+        show(Show(f"could not connect to {shown}: {exc}", "error"))
     return 1
 
 
@@ -177,23 +210,34 @@ async def _run_webrtc(
     try:
         with connecting:
             async with open_rtc_listener(
-                options.url, token=options.token, voice=options.rtc_voice, player=options.rtc_player
+                options.url,
+                token=options.token,
+                voice=options.rtc_voice,
+                player=options.rtc_player,
+                topics=LISTEN_TOPICS,
             ) as link:
                 connecting.deadline = math.inf
                 return await _Client(options, session, link, show).run(lines)
-        too_slow = f"could not connect to {options.url} over WebRTC within {options.connect_timeout:g}s"
+        shown = _without_token(options.url)
+        too_slow = f"could not connect to {shown} over WebRTC within {options.connect_timeout:g}s"
         show(Show(too_slow, "error"))
     except OfferRejected as exc:
         show(Show(f"the bridge refused WebRTC: {exc}", "error"))
     except (OSError, trio.TooSlowError) as exc:
-        show(Show(f"could not connect to {options.url} over WebRTC: {exc}", "error"))
+        show(Show(f"could not connect to {_without_token(options.url)} over WebRTC: {exc}", "error"))
     return 1
 
 
 def _describe(exc: HandshakeError) -> str:
     if isinstance(exc, ConnectionRejected):
         body = (exc.body or b"").decode("utf-8", "replace").strip()
-        return f"the bridge refused ({exc.status_code}): {body}"
+        hint = ""
+        if exc.status_code == 401:
+            hint = (
+                "; give the token with --token TOKEN (or $COMPANION_BRIDGE_TOKEN), or in the URL: "
+                "--ws 'ws://HOST:PORT/?token=TOKEN' (the bridge prints it)"
+            )
+        return f"the bridge refused ({exc.status_code}): {body[:300]}{hint}"
     cause = exc.__cause__
     return str(cause or exc) or type(exc).__name__
 
@@ -212,15 +256,19 @@ class _Client:
         self.show = show
         self.exit_code = 0
         self.speak_send, self.speak_receive = trio.open_memory_channel[Speak](options.voice_queue)
+        self.frame_seen = trio.Event()
+        """Set by each frame: the clock looks again at when the status next changes."""
 
     async def run(self, lines: trio.MemoryReceiveChannel[str]) -> int:
-        self.show(Show(f"connected to {self.options.url} as {self.session.user_id}; /help for commands"))
+        self.show(Show(f"connected to {_without_token(self.options.url)} as {self.session.user_id}"))
+        self.show(Show(START_HINT))
         await self._refresh_directory(warn=True)
         async with trio.open_nursery() as nursery:
             self.scope = nursery.cancel_scope
             nursery.start_soon(self._frames)
             nursery.start_soon(self._lines, lines)
             nursery.start_soon(self._directory)
+            nursery.start_soon(self._clock)
             if self.options.voice is not None:
                 nursery.start_soon(self._voice, self.options.voice)
         return self.exit_code
@@ -256,6 +304,17 @@ class _Client:
                 self.scope.cancel()
                 return
             await self._apply(self.session.on_frame(frame, trio.current_time()))
+            self.frame_seen.set()
+
+    async def _clock(self) -> None:
+        """Tick the session when its status line next changes (a thinking counter's second);
+        asleep while nobody thinks."""
+        while True:
+            due = self.session.next_tick(trio.current_time())
+            with trio.move_on_at(math.inf if due is None else due):
+                await self.frame_seen.wait()
+            self.frame_seen = trio.Event()
+            await self._apply(self.session.tick(trio.current_time()))
 
     async def _lines(self, lines: trio.MemoryReceiveChannel[str]) -> None:
         async for line in lines:

@@ -5,6 +5,9 @@
 // Transport: a WebSocket at once, upgraded to WebRTC when the bridge offers it (the data channel
 // carries the same frames; with voice on, the bridge speaks the lines on an audio track and
 // answers the speak queries itself). See the "WebRTC" section below and docs/webrtc.md.
+// While a companion prepares its reply it says so (`companion.thinking`), and when it cannot
+// reply it gives its slot up with a reason (`companion.yield`): the page shows "Juniper is
+// thinking… (12 s)" and then the reply, or one line saying why there is none (docs/clients.md).
 "use strict";
 
 (() => {
@@ -12,16 +15,42 @@
   const params = new URLSearchParams(location.search);
   const token = params.get("token");
   const tokenQuery = token ? `?token=${encodeURIComponent(token)}` : "";
-  const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/${tokenQuery}`;
+  // aikyo's Firehose topics, and `states`: an array that chooses nobody because the stage is
+  // `terminal` is how the page learns that the conversation is over.
+  const TOPICS = ["messages", "queries", "actions", "states"];
+  const wsQuery = new URLSearchParams({ topics: TOPICS.join(",") });
+  if (token) wsQuery.set("token", token);
+  const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/?${wsQuery}`;
 
   const EMOTIONS = { happy: "😊 happy", sad: "😢 sad", angry: "😠 angry", neutral: "😐 neutral" };
+  const START_HINT =
+    "Write below and press Send to talk to every companion, or pick one in “to”; " +
+    "“next” nominates who speaks next.";
+  const END_MARKER = "— the conversation has ended; write below to start a new one —";
+  const REFUSALS = [401, 403, 421]; // the bridge will not take this page as it is: say why, do not retry
   const APPROVAL_TTL_MS = 130000;
   const DIRECTORY_EVERY_MS = 5000;
   const MAX_LINES = 500;
+  const THINKING = "companion.thinking";
+  const YIELD = "companion.yield";
+  const THINKING_DEADLINE_MS = 300000; // a lost reply never leaves an endless "thinking"
+  const MAX_THINKERS = 32;
+  const MAX_DETAIL = 200;
+  const MAX_NAME = 60;
+  const REASON_WORDS = {
+    model_error: "the model failed",
+    timeout: "the model timed out",
+    crashed: "it crashed while preparing its reply",
+    no_reply: "the model gave no reply",
+  };
 
   const companions = new Map(); // id -> metadata, from the bridge's /companions
   const seen = new Set(); // companion ids seen speaking
   const approvals = new Map(); // query id -> element
+  const thinking = new Map(); // companion id -> { inReplyTo, since (performance.now()) }
+  const yieldsSeen = new Set(); // "companion id\n message id" of yields shown
+  let ended = false; // the end marker is shown for the current conversation
+  const answeredHere = new Map(); // approval query id -> what it approved (to explain a late answer)
   let socket = null;
   let retryMs = 500;
 
@@ -49,12 +78,31 @@
       ? crypto.randomUUID()
       : `${Date.now().toString(16)}-${Math.random().toString(16).slice(2)}`;
 
+  // This page's session key: sent first on every link (the WebSocket, its reconnections, the
+  // WebRTC data channel), so the bridge accepts this page's answers to queries it received on
+  // any of them, and nobody else's. Random, kept only in this page's memory.
+  const sessionKey = [...crypto.getRandomValues(new Uint8Array(16))]
+    .map((b) => b.toString(16).padStart(2, "0")).join("");
+  const sessionFrame = JSON.stringify({ session: sessionKey });
+
   const nameOf = (id) => {
     if (id === me()) return "you";
     const meta = companions.get(id);
     if (meta) return meta.name;
     return id.replace(/^(companion_|user_)/, "");
   };
+
+  // Network input on one line: no control or bidi characters, no lone surrogates, bounded.
+  // (Shown with textContent, never as HTML.)
+  function oneLine(value, limit) {
+    const text = String(value)
+      .slice(0, limit * 4)
+      .replace(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, "")
+      .replace(/[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]/g, " ")
+      .replace(/\s+/g, " ")
+      .trim();
+    return text.length <= limit ? text : `${text.slice(0, limit - 1).trimEnd()}…`;
+  }
 
   // --- the transcript ---------------------------------------------------------------------
   const transcript = $("transcript");
@@ -74,7 +122,14 @@
   }
 
   function showMessage(p) {
-    if (p.from.startsWith("companion_")) seen.add(p.from);
+    const metadata = p.metadata !== null && typeof p.metadata === "object" ? p.metadata : {};
+    if (p.from.startsWith("companion_")) {
+      seen.add(p.from);
+      stopThinking(p.from); // its reply, or any word from it, ends its thinking
+      if (typeof metadata.in_reply_to !== "string") ended = false; // a companion opens a conversation
+    } else {
+      ended = false; // a person's message starts a new conversation
+    }
     const li = el("li", p.from === me() ? "message mine" : "message");
     li.dataset.id = p.id;
     li.dataset.from = p.from;
@@ -87,13 +142,146 @@
     li.appendChild(el("div", "bubble", p.message));
     append(li);
     refreshCompanions();
+    if (metadata.closing === "terminal") endConversation();
+  }
+
+  function endConversation() {
+    clearThinking();
+    if (ended) return;
+    ended = true;
+    showSystem(END_MARKER, "end");
+  }
+
+  function markRefused(ref, why) {
+    if (typeof ref !== "string") return;
+    for (const li of transcript.querySelectorAll("li.message.mine")) {
+      if (li.dataset.id !== ref || li.classList.contains("refused")) continue;
+      li.classList.add("refused");
+      li.appendChild(el("span", "note", `not sent: ${why}`));
+    }
   }
 
   function showSystem(text, kind) {
     append(el("li", `system ${kind || ""}`, text));
   }
 
+  // --- thinking, giving up, the end -------------------------------------------------------
+  const thinkingBox = $("thinking");
+  let thinkingTimer = null;
+
+  function startThinking(id, inReplyTo) {
+    const current = thinking.get(id);
+    if (current && current.inReplyTo === inReplyTo) return; // a repeat: the count goes on
+    thinking.delete(id);
+    thinking.set(id, { inReplyTo, since: performance.now() });
+    while (thinking.size > MAX_THINKERS) thinking.delete(thinking.keys().next().value);
+    renderThinking();
+  }
+
+  function stopThinking(id, inReplyTo) {
+    const current = thinking.get(id);
+    if (!current || (inReplyTo !== undefined && current.inReplyTo !== inReplyTo)) return;
+    thinking.delete(id);
+    renderThinking();
+  }
+
+  function clearThinking() {
+    thinking.clear();
+    renderThinking();
+  }
+
+  // One line per thinking companion, its seconds counting up; each line's text is set only
+  // when it reads differently, so nothing flickers between seconds.
+  function renderThinking() {
+    const now = performance.now();
+    for (const [id, t] of [...thinking]) {
+      if (now - t.since >= THINKING_DEADLINE_MS) {
+        thinking.delete(id);
+        const name = oneLine(nameOf(id), MAX_NAME);
+        showSystem(`(no word from ${name} after ${THINKING_DEADLINE_MS / 1000} s of thinking)`);
+      }
+    }
+    const lines = new Map([...thinkingBox.children].map((p) => [p.dataset.id, p]));
+    for (const [id, p] of lines) {
+      if (!thinking.has(id)) p.remove();
+    }
+    for (const [id, t] of thinking) {
+      let p = lines.get(id);
+      if (!p) {
+        p = el("p", "");
+        p.dataset.id = id;
+        thinkingBox.appendChild(p);
+      }
+      const seconds = Math.max(0, Math.floor((now - t.since) / 1000));
+      const text = `${oneLine(nameOf(id), MAX_NAME)} is thinking… (${seconds} s)`;
+      if (p.textContent !== text) p.textContent = text;
+    }
+    thinkingBox.hidden = thinking.size === 0;
+    for (const li of $("companions").querySelectorAll("li")) {
+      li.classList.toggle("thinking", thinking.has(li.dataset.id));
+    }
+    if (thinking.size > 0 && thinkingTimer === null) thinkingTimer = setInterval(renderThinking, 250);
+    if (thinking.size === 0 && thinkingTimer !== null) {
+      clearInterval(thinkingTimer);
+      thinkingTimer = null;
+    }
+  }
+
+  function yieldText(name, reason, detail) {
+    if (reason === "terminal") return `${name} has nothing more to say; the conversation is over`;
+    const words = REASON_WORDS[reason] || `it gave up (${oneLine(reason, 40) || "no reason given"})`;
+    const shown = typeof detail === "string" ? oneLine(detail, MAX_DETAIL) : "";
+    return `${name} could not answer: ${words}${shown ? ` (${shown})` : ""}; the turn passes to the next companion`;
+  }
+
+  // Returns whether the action was one of the two signals (shown here, or dropped if malformed).
+  function onSignal(p) {
+    if (p.name !== THINKING && p.name !== YIELD) return false;
+    const args = p.params !== null && typeof p.params === "object" ? p.params : {};
+    const inReplyTo = args.in_reply_to;
+    const valid = typeof p.from === "string" && p.from.startsWith("companion_") &&
+      typeof inReplyTo === "string" && inReplyTo.length > 0 && inReplyTo.length <= 200;
+    if (!valid) return true;
+    if (p.name === THINKING) {
+      startThinking(p.from, inReplyTo);
+      return true;
+    }
+    if (typeof args.reason !== "string") return true;
+    stopThinking(p.from, inReplyTo);
+    const key = `${p.from}\n${inReplyTo}`;
+    if (yieldsSeen.has(key)) return true; // the same yield again
+    yieldsSeen.add(key);
+    if (yieldsSeen.size > 256) yieldsSeen.delete(yieldsSeen.values().next().value);
+    const name = oneLine(nameOf(p.from), MAX_NAME);
+    if (args.reason === "terminal") {
+      showSystem(yieldText(name, "terminal"), "over");
+      endConversation();
+    } else {
+      showSystem(yieldText(name, args.reason, args.detail), "failure");
+    }
+    return true;
+  }
+
+  // The next-speaker rule every node applies to a states array (aikyo's): among companions'
+  // states the selected ones, else those that want to speak; the highest importance wins, the
+  // earlier on a tie. Nobody speaks when the winner's stage is `terminal`: the conversation ends.
+  function endsConversation(states) {
+    const valid = states.filter((s) => s !== null && typeof s === "object" && s.params != null &&
+      typeof s.params === "object" && typeof s.params.from === "string" &&
+      s.params.from.startsWith("companion_") && typeof s.params.importance === "number");
+    if (valid.length === 0) return false;
+    for (const pool of [valid.filter((s) => s.params.selected === true),
+      valid.filter((s) => s.params.state === "speak")]) {
+      if (pool.length === 0) continue;
+      let best = pool[0];
+      for (const s of pool) if (s.params.importance > best.params.importance) best = s;
+      return best.params.closing === "terminal";
+    }
+    return false;
+  }
+
   function showAction(p) {
+    if (onSignal(p)) return;
     let text;
     if (p.name === "progress") {
       text = `${nameOf(p.from)}: ${p.params.action || "working"} ${p.params.percent}% ${p.params.message || ""}`;
@@ -112,6 +300,7 @@
     if (ids.length === 0) list.appendChild(el("li", "empty", "none connected yet"));
     for (const id of ids) {
       const li = el("li", speaking.has(id) ? "speaking" : "");
+      if (thinking.has(id)) li.classList.add("thinking");
       li.dataset.id = id;
       li.appendChild(el("span", "name", nameOf(id)));
       li.appendChild(el("span", "id", id));
@@ -239,6 +428,8 @@
     card.appendChild(el("p", "preview", body.preview || JSON.stringify(body.input || {})));
     const decide = (approved) => {
       settleApproval(query.id);
+      answeredHere.set(query.id, body.preview || body.action || query.id);
+      if (answeredHere.size > 256) answeredHere.delete(answeredHere.keys().next().value);
       const verdict = approved ? "approved" : "denied";
       answer(query.id, true, { approved, reason: `${verdict} in the browser by ${me()}` });
       showSystem(`you ${verdict}: ${body.preview || body.action || query.id}`);
@@ -273,14 +464,17 @@
     } catch (err) {
       return;
     }
-    if (Array.isArray(data) || data === null || typeof data !== "object") return; // states
+    if (Array.isArray(data)) {
+      if (endsConversation(data)) endConversation(); // states: otherwise not shown
+      return;
+    }
+    if (data === null || typeof data !== "object") return;
     if (data.control !== undefined) {
       onControl(data); // WebRTC session state (data channel only)
       return;
     }
     if (data.error !== undefined && data.jsonrpc === undefined) {
-      const error = data.error;
-      showSystem(`bridge: ${typeof error === "object" ? error.message || error.code : error}`, "error");
+      onError(data.error);
       return;
     }
     switch (data.method) {
@@ -302,24 +496,85 @@
     }
   }
 
+  function onError(error) {
+    const detail = error !== null && typeof error === "object" ? error : { message: String(error) };
+    if (detail.code === "already_answered") {
+      // another client answered first: news only if it was an approval given on this page
+      const what = answeredHere.get(detail.ref);
+      if (what !== undefined) showSystem(`your answer to “${what}” came too late: it was already answered elsewhere`);
+      return;
+    }
+    const text = detail.message || detail.code || "refused";
+    markRefused(detail.ref, text);
+    showSystem(`bridge: ${text}`, "error");
+  }
+
   function setStatus(state, text) {
     const status = $("status");
     status.dataset.state = state;
     status.textContent = text;
   }
 
+  // Browsers do not tell a page why a WebSocket handshake failed; /companions follows the same
+  // rules (host, origin, token), so its answer says whether the bridge refused this page.
+  async function refusal() {
+    try {
+      const response = await fetch(`/companions${tokenQuery}`, { cache: "no-store" });
+      if (REFUSALS.includes(response.status)) {
+        return { status: response.status, text: (await response.text()).trim() };
+      }
+    } catch (err) {
+      // the bridge is down or restarting: an ordinary disconnection
+    }
+    return null;
+  }
+
+  function showRefusal(refused) {
+    if (refused.status === 401) {
+      setStatus("refused", token ? "wrong token" : "token needed");
+      $("token-why").textContent = token
+        ? "The token in this page's address is not this bridge's token. Paste the right one " +
+          "(the bridge prints its page address with ?token=... when it starts):"
+        : "This bridge needs a token. Open the page address the bridge printed when it started " +
+          "(it ends in ?token=...), or paste the token here:";
+      $("token-form").hidden = false;
+      $("token").focus();
+    } else {
+      setStatus("refused", `refused (${refused.status})`);
+    }
+    showSystem(`the bridge refused this page: ${refused.text}`, "error");
+  }
+
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = $("token").value.trim();
+    if (!value) return;
+    params.set("token", value);
+    location.search = `?${params.toString()}`; // reload with the token in the address
+  });
+
   function connect() {
     setStatus("connecting", "connecting…");
+    let opened = false;
     socket = new WebSocket(wsUrl);
     socket.addEventListener("open", () => {
+      opened = true;
+      socket.send(sessionFrame);
       retryMs = 500;
       setStatus("connected", "connected");
       loadCompanions();
       upgradeToRtc();
     });
     socket.addEventListener("message", (event) => onFrame(event.data));
-    socket.addEventListener("close", (event) => {
+    socket.addEventListener("close", async (event) => {
       if (rtc) return; // closed on purpose: the conversation continues over WebRTC
+      if (!opened) {
+        const refused = await refusal();
+        if (refused) {
+          showRefusal(refused);
+          return; // the same request would be refused again: wait for the person
+        }
+      }
       const why = event.reason ? `: ${event.reason}` : "";
       setStatus("closed", `disconnected${why} — retrying`);
       setTimeout(connect, retryMs);
@@ -424,12 +679,15 @@
       const response = await fetch(`/webrtc/offer${tokenQuery}`, {
         method: "POST",
         headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ type: "offer", sdp: pc.localDescription.sdp, voice: voiceMode.value === "speak" }),
+        body: JSON.stringify({
+          type: "offer", sdp: pc.localDescription.sdp, voice: voiceMode.value === "speak", topics: TOPICS,
+        }),
       });
       const reply = await response.json().catch(() => ({}));
       if (!response.ok) throw new Error(reply.error ? reply.error.message : `HTTP ${response.status}`);
       await pc.setRemoteDescription({ type: "answer", sdp: reply.sdp });
       await waitEvent(channel, "open", () => channel.readyState === "open", RTC_OPEN_MS, "data channel");
+      channel.send(sessionFrame);
       return { pc, channel, voice: reply.voice === true };
     } catch (err) {
       pc.close();
@@ -490,6 +748,7 @@
     peerConnection: () => (rtc ? rtc.pc : null),
   };
 
+  showSystem(START_HINT, "hint");
   connect();
   setInterval(loadCompanions, DIRECTORY_EVERY_MS);
 })();

@@ -2,10 +2,12 @@
 
 ``python node_driver.py METADATA_JSON [--peer ADDR] [--config NODE_CONFIG_JSON]``; commands on
 stdin, one JSON object a line: ``{"op": "connect", "addr": A}``,
-``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``, ``{"op": "stats"}``.
+``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``, ``{"op": "stats"}``,
+``{"op": "disconnect", "peer": PEER_ID}`` (hang up on one peer, which does not redial).
 Events on stdout, one JSON object a line: ``started``, ``joined``/``left`` (companion_id),
 ``inbound`` (topic, peer, text), ``connected``, ``published``, ``stats`` (the node's counters),
-``error``. ``--config`` overrides NodeConfig fields (e.g. ``{"health_check_interval": 1}``).
+``disconnected``, ``error``. ``--config`` overrides NodeConfig fields (e.g.
+``{"health_check_interval": 1}``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ async def main(metadata: Metadata, peers: list[str], overrides: dict[str, Any]) 
         nursery.cancel_scope.cancel()
 
 
+async def disconnect(node: CompanionNode, peer: str) -> None:
+    """Close every connection to ``peer`` (a test reaching past the node's public surface)."""
+    from libp2p.peer.id import ID
+
+    with trio.fail_after(10):
+        await node._host.disconnect(ID.from_base58(peer))
+
+
 async def commands(node: CompanionNode) -> None:
     stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
     buffer = b""
@@ -69,6 +79,9 @@ async def commands(node: CompanionNode) -> None:
                     emit("published", topic=command["topic"])
                 elif command["op"] == "stats":
                     emit("stats", **node.stats())
+                elif command["op"] == "disconnect":
+                    await disconnect(node, command["peer"])
+                    emit("disconnected", peer=command["peer"])
             except Exception as exc:
                 emit("error", op=command["op"], error=repr(exc))
 

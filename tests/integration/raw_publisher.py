@@ -23,9 +23,13 @@ Commands on stdin, one JSON object per line (``"b64"`` may be ``"text"`` for UTF
 - ``{"op": "stream", "protocol": P, "b64": DATA}``: open a stream to every peer on protocol
   ``P``, write the bytes, read the answer (bounded), reset.
 
+- ``{"op": "forge", "type": T, "answer": A}``: answer every query of type ``T`` it hears at once
+  with a QueryResult of the fields ``A`` (``{"result": {"success": ..., "body": ...}}`` or
+  ``{"error": TEXT}``).
+
 Events on stdout, one JSON object per line: ``started`` (peer_id, addrs), ``connected``,
 ``published`` (count), ``flooded`` (count), ``sent`` (op, peers), ``message`` (topic, from_peer,
-text: what others published on ``messages``), ``error``.
+text: what others published on ``messages``), ``forging`` (type), ``forged`` (query id), ``error``.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from companion.node.discovery import parse_peer_addr
 from companion.node.drops import DropCounters
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
 from companion.node.pubsub import GuardedPubsub
-from companion.protocol import MESSAGES, TOPICS, Message, Metadata, encode
+from companion.protocol import MESSAGES, QUERIES, TOPICS, Message, Metadata, encode
 
 IDENTIFY_PROTOCOL = TProtocol("/ipfs/id/1.0.0")
 SCRATCH_TOPIC = "raw-scratch"
@@ -82,6 +86,7 @@ class Raw:
         self.pubsub = pubsub
         self.companion = companion or "companion_raw"
         self.kept: dict[str, rpc_pb2.Message] = {}
+        self.forgeries: dict[str, dict[str, Any]] = {}
         self.published = 0
         self.pace = 0.005
 
@@ -145,6 +150,9 @@ class Raw:
             emit("connected", addr=command["addr"])
         elif op == "pace":
             self.pace = float(command["seconds"])
+        elif op == "forge":
+            self.forgeries[command["type"]] = command["answer"]
+            emit("forging", type=command["type"])
         elif op == "publish":
             msg = await self.publish(command["topic"], data)
             if command.get("keep"):
@@ -190,7 +198,12 @@ async def main(companion: str | None, metadata_answer: bytes | None, identify_an
     router = make_gossipsub(config)
     me: list[ID] = []
 
+    queries_send, queries = trio.open_memory_channel[bytes](1024)
+
     def deliver(topic: str, msg: rpc_pb2.Message) -> None:
+        if topic == QUERIES and ID(msg.from_id) not in me:
+            with contextlib.suppress(trio.WouldBlock):
+                queries_send.send_nowait(bytes(msg.data))
         if topic == MESSAGES and ID(msg.from_id) not in me:
             text = msg.data.decode("utf-8", "replace")
             emit("message", topic=topic, from_peer=ID(msg.from_id).to_base58(), text=text[:4000])
@@ -232,10 +245,28 @@ async def main(companion: str | None, metadata_answer: bytes | None, identify_an
         await pubsub.wait_until_ready()
         for topic in TOPICS:  # what others publish comes through ``deliver``
             await pubsub.subscribe(topic)
-        emit("started", peer_id=str(host.get_id()), addrs=[str(a) for a in host.get_addrs()])
-        await commands(raw)
-        with trio.move_on_after(5):
-            await host.close()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(forge_answers, raw, queries)
+            emit("started", peer_id=str(host.get_id()), addrs=[str(a) for a in host.get_addrs()])
+            await commands(raw)
+            with trio.move_on_after(5):
+                await host.close()
+            nursery.cancel_scope.cancel()
+
+
+async def forge_answers(raw: Raw, queries: trio.MemoryReceiveChannel[bytes]) -> None:
+    """Answer every query of a forged type the moment it arrives, before any honest client."""
+    async for data in queries:
+        try:
+            query = json.loads(data)
+            forged = raw.forgeries.get(query.get("params", {}).get("type")) if query.get("method") else None
+        except (ValueError, AttributeError):
+            continue
+        if forged is None:
+            continue
+        answer = {"jsonrpc": "2.0", "id": query["id"], **forged}
+        await raw.pubsub.publish(QUERIES, json.dumps(answer).encode())
+        emit("forged", id=query["id"], type=query["params"]["type"])
 
 
 async def commands(raw: Raw) -> None:
