@@ -246,7 +246,11 @@ def test_a_conversation_with_aikyo_services_stays_connected_for_a_minute(
                 # aikyo's envelope, plus our extension that opens a fresh exchange every time
                 text = encode(
                     Message.create(
-                        JS.id, ["companion_a", "companion_b"], f"what now? ({n})", {"turn": 0}, id=asked
+                        JS.id,
+                        ["companion_a", "companion_b"],
+                        f"what now? ({n})",
+                        {"turn": 0, "closing": "none"},
+                        id=asked,
                     )
                 ).decode()
                 for _attempt in range(3):  # the first may precede the mesh
