@@ -416,7 +416,7 @@ class ConversationEngine:
         if self.me.id not in params.to:
             self._emit("not_addressed", logging.DEBUG, message_id=params.id, sender=params.from_)
             return
-        plan = plan_leaders(message)
+        plan = plan_leaders(message, [c for c in params.to if c.startswith("companion_")])
         turn = _Turn(message, replies, stage, info.nominated, plan)
         self._turn = turn
         rank = plan.rank(self.me.id)

@@ -614,7 +614,7 @@ async def test_a_late_array_from_an_earlier_leader_wins(autojump_clock: trio.tes
     cards = [make_card(i, max_turns=None) for i in range(3)]
     ids = [c.card.metadata.id for c in cards]
     opening = Message.create("user_x", ids, "Who is first?")
-    plan = plan_leaders(opening)
+    plan = plan_leaders(opening, ids)
     leader, second, me = plan.order
     card = next(c for c in cards if c.card.metadata.id == me)
     sent: list[tuple[str, Any]] = []
@@ -717,7 +717,7 @@ async def test_a_states_publish_that_hangs_is_abandoned_and_taken_over(
 ) -> None:
     card_ids = [make_card(i).card.metadata.id for i in range(3)]
     probe = Message.create("user_demo", card_ids, "Hello?", id="fixed-opening")
-    leader = plan_leaders(probe).leader
+    leader = plan_leaders(probe, card_ids).leader
     stuck = trio.Event()
     async with group_of(3, max_turns=None) as (group, rec):
         member = group.members[leader or ""]
@@ -732,7 +732,7 @@ async def test_a_states_publish_that_hangs_is_abandoned_and_taken_over(
         await rec.until(lambda: len(rec.replies()) >= 1)
         failed = rec.kinds("states_publish_failed", leader)
         assert stuck.is_set() and len(failed) == 1 and "TooSlowError" in failed[0].fields["error"]
-        assert [e.companion for e in rec.kinds("takeover")] == [plan_leaders(probe).order[1]]
+        assert [e.companion for e in rec.kinds("takeover")] == [plan_leaders(probe, card_ids).order[1]]
 
 
 class HungPublisher:

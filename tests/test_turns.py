@@ -10,7 +10,6 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from companion.models.base import StateDecision
 from companion.protocol import MESSAGES, Message, PayloadError, State, parse_payload
 from companion.turns import (
     META_CLOSING,
@@ -20,6 +19,7 @@ from companion.turns import (
     ConversationThread,
     EarlyStates,
     Placement,
+    StateDecision,
     advance,
     bigram_jaccard,
     closing_floor,
@@ -333,9 +333,11 @@ def test_stamp_reply_keeps_the_speakers_keys() -> None:
     }
 
 
-def test_reply_recipients() -> None:
-    message = Message.create("user", [A, B], "hi")
-    assert reply_recipients(message, B, [A, B, C]) == ["user", A, C]
+def test_reply_recipients_are_the_conversation_not_everyone_present() -> None:
+    message = Message.create("user", [A, B, "companion_ghost", "user_2", A], "hi")
+    # the sender, then its known or human addressees; never the speaker, a ghost or a bystander C
+    assert reply_recipients(message, B, [A, B, C]) == ["user", A, "user_2"]
+    assert reply_recipients(Message.create(A, [B], "hi"), B, [A, B]) == [A]
 
 
 def test_select_leader_is_kept() -> None:

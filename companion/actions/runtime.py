@@ -22,12 +22,11 @@ from pydantic import BaseModel, ValidationError
 
 from ..history import ConversationHistory
 from ..log import log_event
-from ..models.base import ToolSpec
 from ..protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
 from ..transport import Publisher
 from .approval import APPROVAL_QUERY, DEFAULT_APPROVAL_TIMEOUT, approval_body, read_approval
 from .context import ActionContext
-from .definition import ActionDef, KnowledgeDef, validate_input
+from .definition import ActionDef, KnowledgeDef, ToolSpec, validate_input
 from .progress import DEFAULT_MIN_INTERVAL, ProgressGate, progress_action
 from .queries import PendingQueries
 from .results import ActionRefused, InputIssue, QueryTimeout, ToolResult
