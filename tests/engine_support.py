@@ -111,3 +111,26 @@ class HookedModel:
         if self.on_speak is not None:
             await self.on_speak(request)
         await self.inner.speak(request, call_tool)
+
+
+class EchoSink:
+    """A publisher for one engine driven by hand: it records what the engine publishes and hands
+    it back to the engine, as every transport does (the echo rule of ``companion.ports``)."""
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.sent: list[tuple[str, Any]] = []
+        self.engine: Any = None
+
+    async def publish(self, topic: str, envelope: Any) -> None:
+        self.sent.append((topic, envelope))
+        if self.engine is not None:
+            from companion.ports import Inbound
+
+            await self.engine.handle(Inbound(topic, envelope, self.me))
+
+    def topics(self) -> list[str]:
+        return [topic for topic, _ in self.sent]
+
+    def on(self, topic: str) -> list[Any]:
+        return [envelope for t, envelope in self.sent if t == topic]

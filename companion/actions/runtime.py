@@ -3,7 +3,8 @@
 :meth:`ActionRuntime.call` validates the input (all issues at once, the handler never runs on a
 bad input), asks for approval when the action needs it, runs the handler under its deadline and
 the caller's cancellation, and settles exactly once with a :class:`ToolResult`. What an action
-returns is checked, published on its topic and recorded in the history.
+returns is checked, passed to the outgoing hook (which may stamp or refuse it), published on
+its topic and recorded in the history.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pydantic import BaseModel, ValidationError
 
 from ..history import ConversationHistory
 from ..log import log_event
+from ..ports import OutgoingHook, Publisher
 from ..protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
-from ..transport import Publisher
 from .approval import APPROVAL_QUERY, DEFAULT_APPROVAL_TIMEOUT, approval_body, read_approval
 from .context import ActionContext
 from .definition import ActionDef, KnowledgeDef, ToolSpec, validate_input
@@ -77,8 +78,12 @@ class ActionRuntime:
         approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT,
         publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
         progress_interval: float = DEFAULT_MIN_INTERVAL,
+        outgoing: OutgoingHook | None = None,
     ) -> None:
-        """``clock`` paces progress messages only; deadlines always use trio's clock."""
+        """``clock`` paces progress messages only; deadlines always use trio's clock.
+        ``outgoing`` sees every envelope an action produced before it is published: it returns
+        the envelope to publish (a conversation engine stamps its replies) or a sentence saying
+        why it may not go out (the call ends ``refused`` with it, and nothing more is published)."""
         self._metadata = metadata
         self._publisher = publisher
         self._directory: Mapping[str, Metadata] = MappingProxyType(directory)
@@ -88,6 +93,7 @@ class ActionRuntime:
         self._approval_timeout = approval_timeout
         self._publish_timeout = publish_timeout
         self._progress_interval = progress_interval
+        self._outgoing = outgoing
         self._tools: dict[str, ToolDef] = {}
         self._calls: dict[str, _Call] = {}
         self._queries = PendingQueries(publisher, metadata.id)
@@ -354,6 +360,13 @@ class ActionRuntime:
         published: list[Message | Action] = []
         try:
             for envelope in envelopes:
+                if self._outgoing is not None:
+                    verdict = self._outgoing(defn.topic, envelope)
+                    if isinstance(verdict, str):
+                        return ToolResult(
+                            defn.id, call.call_id, "refused", verdict, published=tuple(published)
+                        )
+                    envelope = verdict
                 with trio.fail_after(self._publish_timeout):
                     await self._publisher.publish(defn.topic, envelope)
                 published.append(envelope)
