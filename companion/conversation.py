@@ -618,9 +618,7 @@ class Conversation:
             reason=plan.reason,
             why=plan.why,
         )
-        early = self._early.take(message, self.present)
-        if early is not None:
-            states, (publisher, _arrived) = early
+        for states, (publisher, _arrived) in self._early.take(message, self.present):
             self._offer(states, publisher, now, out)
         if rank == 0 and turn.states is None:
             self._lead(turn, out)

@@ -235,7 +235,8 @@ class Store:
         )
 
     def known_companions(self) -> list[str]:
-        return [row[0] for row in self._conn.execute("SELECT id FROM companions ORDER BY first_seen")]
+        rows = self._conn.execute("SELECT id FROM companions ORDER BY first_seen").fetchall()
+        return [json.loads(cid) if cid.startswith('"') else cid for (cid,) in rows]  # see _safe
 
     def _prune_seen(self) -> None:
         self._conn.execute(

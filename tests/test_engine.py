@@ -3,6 +3,7 @@ speaker path through the action runtime, model-call economy, closing, memory acr
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from companion.protocol import (
     QueryResultBody,
     State,
 )
-from companion.store import Store
+from companion.store import MemoryStore, Store
 from companion.transport import Inbound, MemoryHub
 from companion.turns import (
     META_CLOSING,
@@ -750,3 +751,84 @@ async def test_pace_delays_the_reply(autojump_clock: trio.testing.MockClock) -> 
         await group.say("Take your time.")
         await rec.until(lambda: len(rec.replies()) >= 1)
         assert trio.current_time() - start == pytest.approx(3.0)
+
+
+class FlakyStore(MemoryStore):
+    """A store whose writes fail while ``failing`` is set (a full disk, a locked file)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = False
+
+    def record(self, message: Message) -> bool:
+        if self.failing:
+            raise sqlite3.OperationalError("disk I/O error")
+        return super().record(message)
+
+
+async def test_a_failing_store_write_leaves_the_conversation_as_it_was(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    card = make_card(0, max_turns=None)
+    me = card.card.metadata.id
+    store, sink, events = FlakyStore(), EchoSink(me), []
+    engine = ConversationEngine(
+        card,
+        ScriptedModel(0),
+        sink,
+        {me: card.card.metadata},
+        store=store,
+        timings=TIMINGS,
+        observer=events.append,
+    )
+    sink.engine = engine
+    async with trio.open_nursery() as nursery:
+        engine.attach(nursery)
+        first = Message.create("user_x", [me], "Are you there?")
+        store.failing = True
+        for message in (first, Message.create("user_x", [me], "Hello?")):
+            await engine.handle(Inbound(MESSAGES, message, "peer"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert [e.kind for e in events] == ["store_failed"]  # once, however many writes fail
+        assert engine.conversation.thread.current is None and engine.conversation.turn is None
+        assert sink.sent == []
+        store.failing = False
+        await engine.handle(Inbound(MESSAGES, first, "peer"))  # gossip delivers it again
+        await trio.testing.wait_all_tasks_blocked()
+        assert "store_recovered" in [e.kind for e in events]
+        assert len(sink.on(MESSAGES)) == 1  # the next message works: one reply
+        nursery.cancel_scope.cancel()
+
+
+async def test_odd_strings_never_poison_the_engine_or_its_store(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    card = make_card(0, max_turns=None)
+    me = card.card.metadata.id
+    odd = "\ud800"
+    sink = EchoSink(me)
+    with Store.in_directory(tmp_path) as store:
+        engine = ConversationEngine(
+            card, ScriptedModel(0), sink, {me: card.card.metadata}, store=store, timings=TIMINGS
+        )
+        sink.engine = engine
+        async with trio.open_nursery() as nursery:
+            engine.attach(nursery)
+            for message in (
+                Message.create(f"user_{odd}", [me, f"companion_{odd}"], f"text {odd}", id=f"id-{odd}"),
+                Message.create(
+                    f"companion_{odd}", [me], odd, id=odd, metadata={META_IN_REPLY_TO: f"id-{odd}"}
+                ),
+            ):
+                await engine.handle(Inbound(MESSAGES, message, f"peer-{odd}"))
+                await trio.testing.wait_all_tasks_blocked()
+            await engine.handle(Inbound(STATES, [State.create(f"companion_{odd}", "speak", 9, True)], odd))
+            answered = len(sink.on(MESSAGES))
+            normal = Message.create("user_x", [me], "And now a normal line.")
+            await engine.handle(Inbound(MESSAGES, normal, "peer"))
+            await trio.testing.wait_all_tasks_blocked()
+            replies = sink.on(MESSAGES)[answered:]
+            assert (
+                len(replies) == 1 and (replies[0].params.metadata or {})[META_IN_REPLY_TO] == normal.params.id
+            )
+            nursery.cancel_scope.cancel()

@@ -468,6 +468,6 @@ def test_early_states_wait_for_their_message_only() -> None:
     assert early.hold(for_older, "late") is False  # its message was already seen: late, not early
     assert early.hold(finalize_states(decisions, [B, C], floor="none").states, "untagged") is False
     assert early.hold(for_newer, "leader") is True
-    assert early.take(older, [A, B, C]) is None  # the tag keeps it for its own message
-    assert early.take(newer, [A, B, C]) == (for_newer, "leader")
-    assert early.take(newer, [A, B, C]) is None
+    assert early.take(older, [A, B, C]) == []  # the tag keeps it for its own message
+    assert early.take(newer, [A, B, C]) == [(for_newer, "leader")]
+    assert early.take(newer, [A, B, C]) == []

@@ -128,14 +128,13 @@ class EarlyStates(Generic[NoteT]):
         self._held.append((states, note))
         return True
 
-    def take(self, message: Message, active_ids: Iterable[str]) -> tuple[list[State], NoteT] | None:
-        """The first held array that answers ``message`` (removed), if any."""
+    def take(self, message: Message, active_ids: Iterable[str]) -> list[tuple[list[State], NoteT]]:
+        """Every held array that answers ``message``, in arrival order (removed)."""
         active = list(active_ids)
-        for item in self._held:
-            if states_match(item[0], message, active):
-                self._held.remove(item)
-                return item
-        return None
+        taken = [item for item in self._held if states_match(item[0], message, active)]
+        for item in taken:
+            self._held.remove(item)
+        return taken
 
 
 @dataclass(frozen=True, slots=True)
