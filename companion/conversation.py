@@ -301,7 +301,8 @@ class Speak:
     turn: int
     """The count the reply carries (companion replies in the thread, this one included)."""
     recipients: tuple[str, ...]
-    """Whom the reply addresses by default: the sender and its companions and people."""
+    """Whom the reply addresses by default: the sender, and the companions present and people it
+    addressed (a companion that left drops out, so every node soon plans over the same ids)."""
     fallback: tuple[str, ...]
     """Whom it addresses if the model names nobody known: the sender and the people."""
     people: tuple[str, ...]
@@ -433,6 +434,8 @@ class Conversation:
         self.people: OrderedDict[str, None] = OrderedDict()
         self._utterances: deque[str] = deque(maxlen=REPETITION_WINDOW)
         self._early: EarlyStates[tuple[str | None, float]] = EarlyStates()
+        self._early_yields: OrderedDict[str, dict[str, str]] = OrderedDict()
+        """Yields whose message has not arrived yet: message id -> companion -> reason."""
         self._messages: OrderedDict[str, Message] = OrderedDict()
 
     # --- queries -------------------------------------------------------------------------------
@@ -618,6 +621,9 @@ class Conversation:
             reason=plan.reason,
             why=plan.why,
         )
+        for companion, reason in self._early_yields.pop(params.id, {}).items():
+            fields = {"message_id": params.id, "yielder": companion, "publisher": companion}
+            self._yield(turn, companion, reason, now, out, fields)
         for states, (publisher, _arrived) in self._early.take(message, self.present):
             self._offer(states, publisher, now, out)
         if rank == 0 and turn.states is None:
@@ -946,7 +952,7 @@ class Conversation:
     def _speak_effect(self, turn: _Turn) -> Speak:
         assert self.me is not None
         message = turn.message
-        recipients = tuple(reply_recipients(message, self.me, self.known))
+        recipients = tuple(reply_recipients(message, self.me, self.present))
         people = tuple(self.people)
         fallback = tuple(cid for cid in dict.fromkeys([message.params.from_, *people]) if cid != self.me)
         return Speak(
@@ -1000,33 +1006,48 @@ class Conversation:
     def _on_yield(self, event: YieldSeen, now: float, out: list[Effect]) -> None:
         turn = self.turn
         fields = {"message_id": event.in_reply_to, "yielder": event.companion, "publisher": event.publisher}
-        problem = None
-        if turn is None or turn.message_id != event.in_reply_to or turn.states is None:
-            problem = "not the current turn"
-        elif event.publisher != event.companion and not (event.publisher is None and self.bystander):
-            problem = "signed by another companion"
-        elif event.companion not in turn.order:
-            problem = "not in the speaking order"
-        elif turn.slot >= 0 and turn.order.index(event.companion) < turn.slot:
-            problem = "its slot has passed"
-        elif event.companion in turn.yielded:
+        if event.publisher != event.companion and not (event.publisher is None and self.bystander):
+            self._log(out, "yield_ignored", "info", reason="signed by another companion", **fields)
+        elif turn is not None and turn.message_id == event.in_reply_to:
+            self._yield(turn, event.companion, event.reason, now, out, fields)
+        elif not self.thread.knows(event.in_reply_to):
+            # Its message (gossip keeps no order) is still on the way: the yield waits for it.
+            held = self._early_yields.setdefault(event.in_reply_to, {})
+            held.setdefault(event.companion, event.reason)
+            while len(self._early_yields) > 64:
+                self._early_yields.popitem(last=False)
+            self._log(out, "yield_held", "debug", reason="its message has not arrived", **fields)
+        else:
+            self._log(out, "yield_ignored", "info", reason="not the current turn", **fields)
+
+    def _yield(
+        self, turn: _Turn, companion: str, reason: str, now: float, out: list[Effect], fields: dict[str, Any]
+    ) -> None:
+        """``companion`` gives up its slot of ``turn`` (also before the array is known: it is then
+        skipped when its slot comes)."""
+        if companion in turn.yielded:
             self._log(out, "yield_ignored", "debug", reason="duplicate", **fields)
             return
-        if problem is not None or turn is None:
-            self._log(out, "yield_ignored", "info", reason=problem, **fields)
-            return
-        slot = turn.order.index(event.companion)
-        turn.yielded.add(event.companion)
+        slot: int | None = None
+        if turn.states is not None:
+            if companion not in turn.order:
+                self._log(out, "yield_ignored", "info", reason="not in the speaking order", **fields)
+                return
+            slot = turn.order.index(companion)
+            if turn.slot >= 0 and slot < turn.slot:
+                self._log(out, "yield_ignored", "info", reason="its slot has passed", **fields)
+                return
+        turn.yielded.add(companion)
         self._log(
             out,
             "speaker_yielded",
             "warning",
             slot=slot,
-            reason=event.reason,
-            why=f"{event.companion} gave its slot up ({event.reason}); next in the speaking order at once",
+            reason=reason,
+            why=f"{companion} gave its slot up ({reason}); the next in the speaking order goes at once",
             **fields,
         )
-        if slot <= max(turn.slot, 0) and not self.bystander:
+        if slot is not None and slot <= max(turn.slot, 0) and not self.bystander:
             self._rebase(turn, slot, now)
 
 

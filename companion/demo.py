@@ -185,6 +185,16 @@ class Transcript:
         self.events.extend(out)
         return out
 
+    def deadline(self) -> float | None:
+        """When an array held for its leader's slot counts (feed :meth:`tick` then)."""
+        return self._machine.deadline()
+
+    def tick(self, now: float) -> list[TranscriptEvent]:
+        """The lines time alone adds (an array that waited for its slot)."""
+        out = self._lines(self._machine.receive(Tick(), now))
+        self.events.extend(out)
+        return out
+
     def _message(self, message: Message, effects: list[Effect]) -> TranscriptEvent:
         params = message.params
         info = turn_info(message)
@@ -353,6 +363,9 @@ class MemoryGroup:
         self.members: dict[str, Member] = {}
         self.transcript = Transcript(timings=self.timings, max_turns=max_turns)
         self.model_calls: Counter[str] = Counter()
+        self.peers: dict[str, tuple[Metadata, MemoryEndpoint, bool]] = {}
+        """Companions that run no engine here (an aikyo node, a hostile one): metadata, endpoint,
+        whether they take part in the conversation."""
         self.user = user
         self._on_event = on_event
         self._on_engine_event = on_engine_event
@@ -363,7 +376,21 @@ class MemoryGroup:
 
     @property
     def active(self) -> list[str]:
-        return [cid for cid, m in self.members.items() if m.endpoint.connected]
+        """The companions of the conversation that are connected (peers that take part included)."""
+        members = [cid for cid, m in self.members.items() if m.endpoint.connected]
+        return members + [
+            cid for cid, (_, ep, takes_part) in self.peers.items() if takes_part and ep.connected
+        ]
+
+    def add_peer(self, metadata: Metadata, *, takes_part: bool = True) -> MemoryEndpoint:
+        """A companion driven by the caller, not by an engine: every member sees it present (as
+        if it proved its id), and it gets an endpoint to publish and receive on."""
+        endpoint = self.hub.endpoint(metadata.id)
+        self.peers[metadata.id] = (metadata, endpoint, takes_part)
+        for member in self.members.values():
+            if member.endpoint.connected:
+                member.directory[metadata.id] = metadata
+        return endpoint
 
     async def add(self, loaded: LoadedCard, model: CompanionModel) -> Member:
         """Start a companion; every member (and it) learns of the others at once."""
@@ -372,6 +399,7 @@ class MemoryGroup:
             raise ValueError(f"{cid} is already in the group")
         endpoint = self.hub.endpoint(cid)
         directory = {m.id: m.loaded.card.metadata for m in self.members.values() if m.endpoint.connected}
+        directory.update({pid: meta for pid, (meta, ep, _) in self.peers.items() if ep.connected})
         directory[cid] = loaded.card.metadata
         counted = CountingModel(model, self.model_calls)
         engine = ConversationEngine(
@@ -422,10 +450,18 @@ class MemoryGroup:
         return message
 
     async def _watch(self) -> None:
-        async for inbound in self._bystander.receive_channel:
-            lines = self.transcript.feed(
-                inbound.payload, self.active, publisher=inbound.sender_peer, now=trio.current_time()
-            )
+        while True:
+            deadline = self.transcript.deadline()
+            inbound: Inbound | None = None
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                inbound = await self._bystander.receive_channel.receive()
+            now = trio.current_time()
+            if inbound is None:
+                lines = self.transcript.tick(now)
+            else:
+                lines = self.transcript.feed(
+                    inbound.payload, self.active, publisher=inbound.sender_peer, now=now
+                )
             for event in lines:
                 if self._on_event is not None:
                     self._on_event(event)

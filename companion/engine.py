@@ -121,8 +121,7 @@ class ConversationEngine:
         )
         for defn in loaded.tools.values():
             self.runtime.register(defn)
-        known = self.conversation.known
-        self._speaker = Speaker(loaded, model, self.runtime, directory, lambda: known, self._emit)
+        self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit)
         self._nursery: trio.Nursery | None = None
         self._tasks: dict[tuple[str, str], trio.CancelScope] = {}
         self._speech: Speech | None = None

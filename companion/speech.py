@@ -12,7 +12,7 @@ means for the turn are the engine's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,12 +74,11 @@ class Speaker:
         model: CompanionModel,
         runtime: ActionRuntime,
         directory: Mapping[str, Metadata],
-        known: Callable[[], Collection[str]],
         emit: Emit,
     ) -> None:
         self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
         self.model, self.runtime, self.directory = model, runtime, directory
-        self._known, self._emit = known, emit
+        self._emit = emit
         self.params_check = ParamsCheck(self.card.events.params)
         if self.params_check.problem is not None:
             emit("params_schema_invalid", logging.ERROR, problem=self.params_check.problem)
@@ -146,10 +145,10 @@ class Speaker:
     def addressed(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech
     ) -> Mapping[str, Any] | ToolResult:
-        """``raw`` with its ``to`` as ids of the conversation's companions and people; a ``to``
-        that names nobody of them is refused once, then replaced by the fallback recipients."""
+        """``raw`` with its ``to`` as ids of the companions present and the conversation's people;
+        a ``to`` that names none of them is refused once, then replaced by the fallback recipients."""
         effect = speech.effect
-        names = {cid: cid for cid in self._known()} | {c: m.name for c, m in self.directory.items()}
+        names = {cid: meta.name for cid, meta in self.directory.items()}
         to = [str(entry) for entry in raw["to"]]
         ids, unknown = resolve_recipients(to, me=self.me.id, companions=names, people=effect.people)
         if ids:

@@ -480,13 +480,35 @@ def test_a_yield_counts_only_from_the_companion_whose_slot_it_is() -> None:
     cases = [
         (YieldSeen(mid, C, "timeout", "companion_mallory"), "signed by another companion"),
         (YieldSeen(mid, C, "timeout", None), "signed by another companion"),
-        (YieldSeen("other", C, "timeout", C), "not the current turn"),
         (YieldSeen(mid, "companion_zed", "timeout", "companion_zed"), "not in the speaking order"),
     ]
     for event, reason in cases:
         out = m.receive(event, 2.0)
         assert decisions(out, "yield_ignored")[0].fields["reason"] == reason and not of(out, Speak)
     assert m.turn is not None and m.turn.slot == 0 and not m.turn.yielded
+    out = m.receive(YieldSeen(message.params.id, C, "timeout", C), 2.5)
+    assert decisions(out, "speaker_yielded") and of(out, Speak)  # C's own: A goes at once
+
+
+def test_a_yield_that_overtook_the_array_or_the_message_still_counts() -> None:
+    message = message_led_by(B, [A, B, C])
+    early = machine(A)
+    held = early.receive(YieldSeen(message.params.id, C, "model_error", C), 0.0)  # before the message
+    assert decisions(held, "yield_held")
+    early.receive(MessageSeen(message), 0.1)
+    out = early.receive(StatesSeen(array(message, C), B), 0.2)
+    assert of(out, Speak)  # C gave up before the array said it should speak: A goes at once
+    before_array = machine(A)
+    before_array.receive(MessageSeen(message), 0.0)
+    assert decisions(
+        before_array.receive(YieldSeen(message.params.id, C, "timeout", C), 0.1), "speaker_yielded"
+    )
+    assert of(before_array.receive(StatesSeen(array(message, C), B), 0.2), Speak)
+    stale = machine(A)
+    stale.receive(MessageSeen(message), 0.0)
+    stale.receive(MessageSeen(Message.create(USER, [A], "newer")), 0.1)
+    out = stale.receive(YieldSeen(message.params.id, C, "timeout", C), 0.2)
+    assert decisions(out, "yield_ignored")[0].fields["reason"] == "not the current turn"
 
 
 def test_a_yield_for_a_later_slot_skips_it_when_it_opens() -> None:

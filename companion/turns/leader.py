@@ -16,7 +16,7 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from ..protocol import Message, canonical_json
+from ..protocol import COMPANION_ID_PREFIX, Message, canonical_json
 
 __all__ = ["MAX_CANDIDATES", "Candidates", "LeaderPlan", "leader_candidates", "plan_leaders", "select_leader"]
 
@@ -48,14 +48,14 @@ class Candidates:
     ids: tuple[str, ...]
     """Distinct known companion ids in ``to`` order, at most :data:`MAX_CANDIDATES`."""
     unknown: int
-    """Distinct addressed ids that are no companion this node knows (ghosts, people)."""
+    """Distinct addressed companion ids this node does not know (ghosts; people are not counted)."""
     capped: int
     """Known companions left out because the message addressed more than the cap."""
 
 
 def leader_candidates(message: Message, known: Container[str], cap: int = MAX_CANDIDATES) -> Candidates:
     """The addressed ids this node knows as companions, the first ``cap`` of them."""
-    distinct = list(dict.fromkeys(message.params.to))
+    distinct = [cid for cid in dict.fromkeys(message.params.to) if cid.startswith(COMPANION_ID_PREFIX)]
     ids = [cid for cid in distinct if cid in known]
     return Candidates(tuple(ids[:cap]), len(distinct) - len(ids), max(0, len(ids) - cap))
 

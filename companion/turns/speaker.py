@@ -26,13 +26,13 @@ __all__ = [
 ]
 
 
-def reply_recipients(message: Message, me: str, known: Container[str]) -> list[str]:
+def reply_recipients(message: Message, me: str, present: Container[str]) -> list[str]:
     """Whom a reply to ``message`` addresses by default: its sender, then the others it addressed
-    that are companions known here or people (ids that are no companion id), without duplicates
-    and never the speaker itself. Companions of other conversations are not added, and ids nobody
-    knows (a message may list thousands) are dropped."""
+    that are companions present here or people (ids that are no companion id), without duplicates
+    and never the speaker itself. Companions of other conversations are not added, and ids of no
+    companion present (a message may list thousands of ghosts) are dropped."""
     sender = message.params.from_
-    others = [cid for cid in message.params.to if cid in known or not cid.startswith(COMPANION_ID_PREFIX)]
+    others = [cid for cid in message.params.to if cid in present or not cid.startswith(COMPANION_ID_PREFIX)]
     return [cid for cid in dict.fromkeys([sender, *others]) if cid != me]
 
 
