@@ -42,8 +42,11 @@ Rules (the rule book itself is :mod:`companion.turns`):
   stage, the turn limit, repetition), so a leader that does not know our rules (aikyo's) cannot
   move the stage back or run past ``max_turns``; the turn count is the thread's companion replies.
 - *Speaker*: slot ``k`` of the speaking order opens ``k x reply_timeout`` after the array counted.
-  A speaker whose model fails gives its slot up at once and says so with a yield signal; every
-  node then opens the next slot at once.
+  A speaker says when it starts preparing (a thinking signal): every node then keeps its slot
+  open for a reply deadline from that moment, so nodes that accepted the array at different
+  times still never skip a speaker that is speaking (and an earlier candidate still preparing
+  withdraws: the later one's node saw its slot pass). A speaker whose model fails gives its
+  slot up at once and says so with a yield signal; every node then opens the next slot at once.
 
 The same machine runs as a *bystander* (``me=None``, e.g. the demo's transcript): it follows the
 thread of the companions it knows, accepts arrays by the same rules and reports the speaker
@@ -54,7 +57,8 @@ do and may show them; both are extensions aikyo ignores):
 
 - ``{"jsonrpc": "2.0", "method": "action.send", "params": {"from": SPEAKER, "name":
   "companion.thinking", "params": {"in_reply_to": MESSAGE_ID}}}`` when a speaker starts preparing
-  its reply to ``MESSAGE_ID``;
+  its reply to ``MESSAGE_ID`` (a client may show "SPEAKER is thinking" until the reply or a
+  yield for ``MESSAGE_ID`` arrives);
 - ``{"jsonrpc": "2.0", "method": "action.send", "params": {"from": SPEAKER, "name":
   "companion.yield", "params": {"in_reply_to": MESSAGE_ID, "reason": REASON}}}`` when it gives up
   its slot; ``REASON`` is ``model_error``, ``timeout``, ``crashed``, ``no_reply`` (the model ended
@@ -92,6 +96,7 @@ from .turns import (
     speaking_order,
     stamp_reply,
     states_match,
+    states_tag,
     turn_info,
     turn_tag,
 )
@@ -119,12 +124,13 @@ __all__ = [
     "SpeakingFailed",
     "StatesReady",
     "StatesSeen",
+    "ThinkingSeen",
     "Tick",
     "TransitionError",
     "Withdraw",
     "YieldSeen",
     "present_diff",
-    "read_yield",
+    "read_signal",
 ]
 
 YIELD_SIGNAL: Final = "companion.yield"
@@ -235,6 +241,16 @@ class YieldSeen:
 
 
 @dataclass(frozen=True, slots=True)
+class ThinkingSeen:
+    """A ``companion.thinking`` signal arrived (:func:`read_signal`): ``companion`` started
+    preparing its reply to ``in_reply_to``."""
+
+    in_reply_to: str
+    companion: str
+    publisher: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed (the driver feeds one at :meth:`Conversation.deadline`)."""
 
@@ -260,6 +276,7 @@ Event: TypeAlias = (
     | ReplyPublished
     | SpeakingFailed
     | YieldSeen
+    | ThinkingSeen
     | Tick
     | CompanionJoined
     | CompanionLeft
@@ -346,15 +363,16 @@ class ClosingSettings:
     repetition_threshold: float = DEFAULT_REPETITION_THRESHOLD
 
 
-def read_yield(action: Action) -> YieldSeen | None:
-    """The yield signal an ``action.send`` carries, or ``None`` (another action, or malformed)."""
+def read_signal(action: Action) -> YieldSeen | ThinkingSeen | None:
+    """The yield or thinking signal an ``action.send`` carries, or ``None`` (another action, or a
+    malformed one). The publisher is the caller's to fill in."""
     p = action.params
-    if p.name != YIELD_SIGNAL:
-        return None
     in_reply_to, reason = p.params.get("in_reply_to"), p.params.get("reason")
-    if not isinstance(in_reply_to, str) or not in_reply_to or not isinstance(reason, str):
+    if p.name not in (YIELD_SIGNAL, THINKING_SIGNAL) or not isinstance(in_reply_to, str) or not in_reply_to:
         return None
-    return YieldSeen(in_reply_to, p.from_, reason[:64])
+    if p.name == THINKING_SIGNAL:
+        return ThinkingSeen(in_reply_to, p.from_)
+    return YieldSeen(in_reply_to, p.from_, reason[:64]) if isinstance(reason, str) else None
 
 
 # --- the turn ------------------------------------------------------------------------------------
@@ -434,6 +452,7 @@ class Conversation:
         self.people: OrderedDict[str, None] = OrderedDict()
         self._utterances: deque[str] = deque(maxlen=REPETITION_WINDOW)
         self._early: EarlyStates[tuple[str | None, float]] = EarlyStates()
+        self._early_plain: deque[tuple[list[State], str | None, float]] = deque(maxlen=4)
         self._early_yields: OrderedDict[str, dict[str, str]] = OrderedDict()
         """Yields whose message has not arrived yet: message id -> companion -> reason."""
         self._messages: OrderedDict[str, Message] = OrderedDict()
@@ -515,6 +534,8 @@ class Conversation:
             self._on_failed(event, now, out)
         elif isinstance(event, YieldSeen):
             self._on_yield(event, now, out)
+        elif isinstance(event, ThinkingSeen):
+            self._on_thinking(event, now, out)
         elif isinstance(event, CompanionJoined):
             self.known.add(event.companion_id)
             self.present.add(event.companion_id)
@@ -626,6 +647,10 @@ class Conversation:
             self._yield(turn, companion, reason, now, out, fields)
         for states, (publisher, _arrived) in self._early.take(message, self.present):
             self._offer(states, publisher, now, out)
+        for item in [i for i in self._early_plain if states_match(i[0], message, self.present)]:
+            self._early_plain.remove(item)
+            if not now - item[2] > self.takeover_after:  # (without a clock, inf - inf: kept)
+                self._offer(item[0], item[1], now, out)
         if rank == 0 and turn.states is None:
             self._lead(turn, out)
 
@@ -723,6 +748,11 @@ class Conversation:
         froms = [s.params.from_ for s in states]
         if turn is None or not states_match(states, turn.message, self.present):
             held = self._early.hold(states, (publisher, now))  # its message may still be on the way
+            if not held and self.bystander and states_tag(states) is None:
+                # Untagged (aikyo's) arrays cannot be tied to a message not seen yet; a bystander
+                # only reports, so it keeps a few for a slot (a wrong match costs a wrong line).
+                self._early_plain.append((states, publisher, now))
+                held = True
             self._log(
                 out,
                 "states_ignored",
@@ -1049,6 +1079,39 @@ class Conversation:
         )
         if slot is not None and slot <= max(turn.slot, 0) and not self.bystander:
             self._rebase(turn, slot, now)
+
+    def _on_thinking(self, event: ThinkingSeen, now: float, out: list[Effect]) -> None:
+        """``companion`` is preparing its reply: its slot stays open a reply deadline from now."""
+        turn = self.turn
+        if (
+            self.bystander
+            or turn is None
+            or turn.message_id != event.in_reply_to
+            or turn.states is None
+            or event.publisher != event.companion
+            or event.companion not in turn.order
+            or event.companion == self.me
+        ):
+            return
+        slot = turn.order.index(event.companion)
+        current = self._slot_at(turn, now)
+        if slot < current:
+            self._log(out, "thinking_late", "warning", message_id=turn.message_id, speaker=event.companion)
+            return
+        if slot > current and turn.phase is Phase.SPEAKING:
+            # Its node saw this node's slot pass: the later speaker goes on, this one withdraws.
+            self._withdraw_speech(turn, event.companion, "a later speaker is already preparing", out)
+            turn.yielded.add(self.me or "")
+            self._goto(turn, Phase.AWAITING_SPEAKER)
+        for j in range(current + 1, slot + 1):
+            turn.slot_opens[j] = min(turn.slot_opens[j], now)  # the slots before it are over
+        end = now + self.reply_timeout
+        for j in range(slot + 1, len(turn.order)):
+            turn.slot_opens[j] = max(turn.slot_opens[j], end + (j - slot - 1) * self.reply_timeout)
+        turn.ends = max(turn.ends, end + (len(turn.order) - slot - 1) * self.reply_timeout)
+        self._log(
+            out, "speaker_thinking", "debug", message_id=turn.message_id, speaker=event.companion, slot=slot
+        )
 
 
 def _state_summary(state: State) -> dict[str, Any]:

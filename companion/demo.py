@@ -43,7 +43,7 @@ from .conversation import (
     StatesSeen,
     Tick,
     present_diff,
-    read_yield,
+    read_signal,
 )
 from .engine import ConversationEngine, EngineEvent, EngineTimings
 from .log import log_event
@@ -178,7 +178,7 @@ class Transcript:
             out.extend(self._lines(effects))
         elif isinstance(payload, list):
             out = self._lines(machine.receive(StatesSeen(payload, publisher), at))
-        elif isinstance(payload, Action) and (signal := read_yield(payload)) is not None:
+        elif isinstance(payload, Action) and (signal := read_signal(payload)) is not None:
             out = self._lines(machine.receive(signal, at))
         elif now is not None:
             out = self._lines(machine.receive(Tick(), at))

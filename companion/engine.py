@@ -170,7 +170,7 @@ class ConversationEngine:
         elif inbound.topic == STATES and isinstance(payload, list):
             self._feed(cv.StatesSeen(payload, publisher))
         elif inbound.topic == ACTIONS and isinstance(payload, Action):
-            signal = cv.read_yield(payload)
+            signal = cv.read_signal(payload)
             if signal is not None:
                 self._feed(replace(signal, publisher=publisher))
         elif inbound.topic == QUERIES and isinstance(payload, QueryResult):

@@ -90,12 +90,21 @@ class Outcome:
 
     def failover_gaps(self) -> list[float]:
         """For each failed speaker (``speaker_failed`` naming a next one): seconds until the next
-        speaker began preparing its reply (its ``instructions``), or its own failure."""
+        speaker began preparing its reply (its ``instructions``), or its own failure, counted from
+        the failure or from when the next speaker had the states array, whichever is later (a
+        node cannot move to a speaker before it knows the speaking order; delayed arrays are
+        another fault of the suite)."""
         gaps = []
         for at, failed in self.kinds("speaker_failed"):
             nxt, mid = failed.fields.get("next"), failed.fields.get("message_id")
             if nxt is None:
                 continue
+            knew = [
+                t
+                for t, e in self.events
+                if e.kind == "speaker_chosen" and e.companion == nxt and e.fields.get("message_id") == mid
+            ]
+            at = max(at, min(knew, default=at))
             later = [
                 t
                 for t, e in self.events

@@ -32,11 +32,12 @@ from companion.conversation import (
     SpeakingFailed,
     StatesReady,
     StatesSeen,
+    ThinkingSeen,
     Tick,
     TransitionError,
     Withdraw,
     YieldSeen,
-    read_yield,
+    read_signal,
 )
 from companion.protocol import Action, ClosingStage, Message, State
 from companion.turns import (
@@ -462,7 +463,7 @@ def test_a_failing_speaker_yields_and_every_node_moves_on_at_once() -> None:
     assert dict(signal.params) == {"in_reply_to": message.params.id, "reason": "model_error"}
     assert phase(group[A]) is Phase.AWAITING_SPEAKER and not of(out, Speak)
     action = Action.create(A, signal.name, dict(signal.params))
-    parsed = read_yield(action)
+    parsed = read_signal(action)
     assert parsed is not None
     nxt = group[order[1]]
     out = nxt.receive(YieldSeen(parsed.in_reply_to, parsed.companion, parsed.reason, A), 3.05)
@@ -522,6 +523,33 @@ def test_a_yield_for_a_later_slot_skips_it_when_it_opens() -> None:
     m.receive(YieldSeen(message.params.id, later_one, "timeout", later_one), 2.0)  # before its slot
     out = m.receive(Tick(), 1.0 + R)  # C stayed silent: the next open slot is the third's
     assert m.turn.slot == 2 and (of(out, Speak) if order[2] == B else True)
+
+
+def test_a_thinking_speaker_keeps_its_slot_open_on_every_node() -> None:
+    message = message_led_by(B, [A, B, C])
+    m = machine(A)
+    m.receive(MessageSeen(message), 0.0)
+    m.receive(StatesSeen(array(message, C), B), 1.0)  # this node accepted the array early
+    assert m.turn is not None and m.turn.order[0] == C and m.deadline() == 1.0 + R
+    m.receive(ThinkingSeen(message.params.id, C, C), 5.0)  # C accepted it 4 s later, and began
+    assert m.deadline() == 5.0 + R  # C's slot lasts a reply deadline from its start
+    out = m.receive(Tick(), 1.0 + R)
+    assert not of(out, Speak) and m.turn.slot == 0
+    forged = m.receive(ThinkingSeen(message.params.id, C, "companion_mallory"), 6.0)
+    assert forged == [] and m.deadline() == 5.0 + R
+
+
+def test_an_earlier_candidate_still_preparing_gives_way_to_a_later_one_already_thinking() -> None:
+    message = message_led_by(B, [A, B, C])
+    m = machine(A)
+    m.receive(MessageSeen(message), 0.0)
+    m.receive(StatesSeen(array(message, A), B), 5.0)  # late: the others' A-slot is nearly over
+    assert phase(m) is Phase.SPEAKING and m.turn is not None
+    later_one = m.turn.order[1]
+    out = m.receive(ThinkingSeen(message.params.id, later_one, later_one), 6.0)
+    assert of(out, Withdraw) and phase(m) is Phase.AWAITING_SPEAKER and m.turn.slot == 1
+    deadline = m.deadline()
+    assert deadline is not None and deadline >= 6.0 + R  # its slot lasts at least a deadline from now
 
 
 def test_the_ordering_of_a_slot_ending_while_speaking_is_safe() -> None:
@@ -632,19 +660,21 @@ def test_odd_strings_never_poison_the_machine() -> None:
             m.receive(StatesReady(effect.message_id, None, "model"), float(i) + 0.1)
     out = m.receive(Tick(), 1000.0)
     assert isinstance(out, list)
-    assert read_yield(Action.create(A, YIELD_SIGNAL, {"in_reply_to": odd, "reason": odd})) is not None
+    assert read_signal(Action.create(A, YIELD_SIGNAL, {"in_reply_to": odd, "reason": odd})) is not None
 
 
-def test_read_yield_accepts_only_its_own_well_formed_signal() -> None:
-    good = read_yield(Action.create(A, YIELD_SIGNAL, {"in_reply_to": "m1", "reason": "timeout"}))
+def test_read_signal_accepts_only_well_formed_signals() -> None:
+    good = read_signal(Action.create(A, YIELD_SIGNAL, {"in_reply_to": "m1", "reason": "timeout"}))
     assert good == YieldSeen("m1", A, "timeout")
+    assert read_signal(Action.create(A, THINKING_SIGNAL, {"in_reply_to": "m1"})) == ThinkingSeen("m1", A)
     for name, params in [
-        (THINKING_SIGNAL, {"in_reply_to": "m1"}),
+        ("companion.other", {"in_reply_to": "m1"}),
+        (THINKING_SIGNAL, {"in_reply_to": ""}),
         (YIELD_SIGNAL, {"in_reply_to": 3, "reason": "timeout"}),
         (YIELD_SIGNAL, {"reason": "timeout"}),
         (YIELD_SIGNAL, {"in_reply_to": "", "reason": "x"}),
     ]:
-        assert read_yield(Action.create(A, name, params)) is None
+        assert read_signal(Action.create(A, name, params)) is None
 
 
 # --- the timer contract ---------------------------------------------------------------------

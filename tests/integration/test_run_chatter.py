@@ -1,0 +1,152 @@
+"""Background chatter never silences a conversation: five `companion run` processes (scripted
+models) on 127.0.0.1, a bare libp2p peer publishing 50 unaddressed `message.send` per second for
+30 s, and a person (a node in the test) addressing one or two companions every 1.5 s meanwhile.
+Every addressed message gets exactly one reply, and no message is answered twice.
+
+This is the condition issue 10 found: with the first engine any newer message, even ``to: []``
+from a stranger, withdrew the reply being prepared, so the chatter left 3-4 of 6 addressed
+messages unanswered."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from bridge_support import blocking
+from network_support import Network, Proc, network
+
+from companion.demo import Transcript
+from companion.node import CompanionNode, NodeConfig
+from companion.protocol import MESSAGES, Message, encode
+from companion.transport import Inbound
+
+pytestmark = pytest.mark.integration
+
+KEYS = ("a", "b", "c", "d", "e")
+IDS = tuple(f"companion_{k}" for k in KEYS)
+USER = "user_test"
+CHATTER_RATE = 50
+CHATTER_SECONDS = 30
+ASK_EVERY = 1.5
+
+
+class Person:
+    """The test node's handler: a bystander's transcript of the companions' conversation."""
+
+    def __init__(self, node: CompanionNode) -> None:
+        self.node = node
+        self.transcript = Transcript()
+        self.chatter = 0
+        self.changed = trio.Event()
+
+    async def handle(self, inbound: Inbound) -> None:
+        payload = inbound.payload
+        if isinstance(payload, Message) and payload.params.from_ == "user_chatter":
+            self.chatter += 1
+        peer = inbound.sender_peer
+        publisher = self.node.membership.companion_of(peer) or peer
+        self.transcript.feed(payload, IDS, publisher=publisher, now=trio.current_time())
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def replies_to(self, message_id: str) -> list[str]:
+        return list(self.transcript.replies.get(message_id, []))
+
+    async def until(self, predicate: Any, timeout: float) -> bool:
+        with trio.move_on_after(timeout):
+            while not predicate():
+                await self.changed.wait()
+            return True
+        return False
+
+
+def start_companions(net: Network) -> tuple[dict[str, Proc], list[str]]:
+    procs: dict[str, Proc] = {}
+    addrs: list[str] = []
+    for key in KEYS:
+        proc, started = net.companion(key, *addrs)
+        procs[key] = proc
+        addrs.append(started["addrs"][0])
+    for key, proc in procs.items():
+        for other in KEYS:
+            if other != key:
+                proc.event("companion_joined", 60, companion_id=f"companion_{other}")
+    return procs, addrs
+
+
+def start_chatter(net: Network, addr: str) -> Proc:
+    """A bare peer (no companion id) that will publish the chatter once told to."""
+    raw, _ = net.raw(None)
+    raw.send({"op": "connect", "addr": addr})
+    raw.event("connected", 20)
+    raw.send({"op": "pace", "seconds": 1 / CHATTER_RATE})
+    return raw
+
+
+def chatter(raw: Proc) -> int:
+    """Queue 30 s of chatter at 50/s (the raw peer paces it); the last one is acknowledged."""
+    count = CHATTER_RATE * CHATTER_SECONDS
+    for n in range(count):
+        to = [] if n % 5 else ["companion_nobody"]
+        data = encode(Message.create("user_chatter", to, f"background noise {n}"))
+        raw.send(
+            {
+                "op": "publish",
+                "topic": MESSAGES,
+                "b64": base64.b64encode(data).decode(),
+                "ack": n == count - 1,
+            }
+        )
+    return count
+
+
+async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        procs, addrs = await blocking(start_companions, net)
+        raw = await blocking(start_chatter, net, addrs[2])
+        node = CompanionNode(
+            None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), peers=tuple(addrs), name="test")
+        )
+        person = Person(node)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run, person)
+            assert await node.wait_for(lambda: set(IDS) <= set(node.directory), 60)
+            # the mesh forms on a heartbeat: resend one probe (same id) until it is answered
+            probe = Message.create(USER, [IDS[0]], "Are you there?")
+            for _ in range(20):
+                await node.publish(MESSAGES, probe)
+                if await person.until(lambda: person.replies_to(probe.params.id), 3):
+                    break
+            assert person.replies_to(probe.params.id), "no companion answered the probe"
+
+            queued = await blocking(chatter, raw)
+            started = trio.current_time()
+            asked: list[Message] = []
+            targets = itertools.cycle([(0,), (1, 2), (3,), (4, 0), (2,), (1,), (3, 4)])
+            while trio.current_time() - started < CHATTER_SECONDS:
+                to = [IDS[i] for i in next(targets)]
+                message = Message.create(USER, to, f"Question {len(asked)} for {', '.join(to)}")
+                await node.publish(MESSAGES, message)
+                asked.append(message)
+                await trio.sleep(ASK_EVERY)
+            await blocking(
+                raw.wait_for, lambda e: e.get("event") == "published" and e["count"] >= queued, 60, "chatter"
+            )
+            answered = await person.until(lambda: all(person.replies_to(m.params.id) for m in asked), 60)
+            await trio.sleep(5)  # time for a second reply, were there one
+            nursery.cancel_scope.cancel()
+
+        assert all(proc.running for proc in procs.values())
+        heard = person.chatter
+        missing = [m.params.message for m in asked if not person.replies_to(m.params.id)]
+        assert answered and not missing, f"{len(missing)} of {len(asked)} unanswered: {missing}"
+        assert all(len(person.replies_to(m.params.id)) == 1 for m in asked), {
+            m.params.message: person.replies_to(m.params.id) for m in asked
+        }
+        assert person.transcript.double_speech == {}
+        assert heard >= queued * 0.9, f"the test heard {heard} of {queued} chatter messages"
+        assert len(asked) >= CHATTER_SECONDS / ASK_EVERY - 1
