@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import trio
 
@@ -29,7 +29,7 @@ from .card import LoadedCard
 from .history import HistoryReader
 from .log import log_event
 from .models.base import CompanionModel, ModelError, StatesRequest
-from .ports import ConversationStore, Inbound, Publisher
+from .ports import ConversationStore, Inbound, NodeLike, Publisher
 from .protocol import (
     ACTIONS,
     MESSAGES,
@@ -63,22 +63,10 @@ class EngineEvent:
     fields: Mapping[str, Any]
 
 
-class NodeLike(Protocol):
-    """What :func:`engine_handler_factory` needs from a node (``CompanionNode`` has it)."""
-
-    @property
-    def directory(self) -> Mapping[str, Metadata]: ...
-
-    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None: ...
-
-
 class ConversationEngine:
-    """One companion's conversation. Feed it every inbound payload with :meth:`handle`.
-
-    Run it with :meth:`run` (``await nursery.start(engine.run)``) or bind it to a nursery you
-    own with :meth:`attach`; turn work (timers, model calls) runs there, so ``handle`` returns
-    at once.
-    """
+    """One companion's conversation. Bind it to a nursery you own with :meth:`attach` (turn work,
+    timers and model calls, runs there), then feed it every inbound payload with :meth:`handle`,
+    which returns at once."""
 
     def __init__(
         self,
@@ -92,10 +80,9 @@ class ConversationEngine:
         observer: Callable[[EngineEvent], None] | None = None,
         companion_of: Callable[[str], str | None] | None = None,
     ) -> None:
-        """``directory``: the companions present (a live mapping); ``companion_of``: the companion a
-        sender peer proved to be (the node's membership; without it, in memory, a sender name
-        that is a known companion id is taken as is). ``store`` keeps the conversation, replied
-        ids and known companions across restarts; without it they live in memory."""
+        """``directory`` and ``companion_of``: see :class:`companion.ports.Directory` (without
+        ``companion_of``, in memory, a sender name that is a known companion id is taken as is).
+        ``store``: see :class:`companion.ports.ConversationStore` (default: in memory)."""
         self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
         self.model, self.directory = model, directory
         self.timings = timings or EngineTimings()
@@ -129,8 +116,7 @@ class ConversationEngine:
         self._store_failing = False
 
     @property
-    def history(self) -> ConversationStore:
-        """The conversation's messages (the store)."""
+    def history(self) -> ConversationStore:  # the conversation's messages: the store
         return self.store
 
     # --- running ---------------------------------------------------------------------------
@@ -139,13 +125,6 @@ class ConversationEngine:
         """Run turn work in ``nursery`` (which must outlive the engine's use)."""
         self._nursery = nursery
         nursery.start_soon(self._clock)
-
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Own a nursery for turn work until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self.attach(nursery)
-            task_status.started()
-            await trio.sleep_forever()
 
     async def _clock(self) -> None:
         """Feed a tick at the machine's deadline; any event may move the deadline."""
@@ -242,7 +221,12 @@ class ConversationEngine:
             action = Action.create(self.me.id, effect.name, dict(effect.params))
             self._nursery.start_soon(self._publish, ACTIONS, action, effect.params.get("in_reply_to", ""))
         elif isinstance(effect, cv.Speak):
-            if self.store.replied(effect.message_id):  # before a restart
+            try:
+                replied = self.store.replied(effect.message_id)  # before a restart
+            except Exception as exc:
+                self._store_failed("replied", exc, message_id=effect.message_id)
+                replied = True  # it cannot tell: better silent than twice
+            if replied:
                 self._feed(cv.SpeakingFailed(effect.message_id, "no_reply", "it replied before a restart"))
                 return
             self._speech = Speech(effect)
@@ -342,8 +326,8 @@ def engine_handler_factory(
     data_dir: Path | None,
     timings: EngineTimings | None = None,
 ) -> Callable[[LoadedCard, NodeLike, trio.Nursery], ConversationEngine]:
-    """A ``(card, node, nursery) -> handler`` for :func:`companion.cli.run.run_nodes`: one
-    engine per card, its store in ``data_dir/<companion id>/`` (in memory when ``None``)."""
+    """``(card, node, nursery) -> engine`` for :func:`companion.cli.run.run_nodes`, the store in
+    ``data_dir/<companion id>/`` (in memory when ``None``)."""
 
     def make(loaded: LoadedCard, node: NodeLike, nursery: trio.Nursery) -> ConversationEngine:
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)

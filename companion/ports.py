@@ -24,6 +24,7 @@ __all__ = [
     "ConversationStore",
     "Directory",
     "Inbound",
+    "NodeLike",
     "OutgoingHook",
     "Publisher",
 ]
@@ -64,6 +65,14 @@ class Directory(Protocol):
     def companions(self) -> Mapping[str, Metadata]: ...
 
     def companion_of(self, peer: str) -> str | None: ...
+
+
+class NodeLike(Publisher, Protocol):
+    """What wiring an engine to a node needs from it: a publisher with a live ``directory``
+    (``CompanionNode`` is one; it also has ``membership.companion_of``)."""
+
+    @property
+    def directory(self) -> Mapping[str, Metadata]: ...
 
 
 class ConversationStore(Protocol):

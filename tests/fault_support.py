@@ -90,36 +90,27 @@ class Outcome:
 
     def failover_gaps(self) -> list[float]:
         """For each failed speaker (``speaker_failed`` naming a next one): seconds until the next
-        speaker began preparing its reply (its ``instructions``), or its own failure, counted from
-        the failure or from when the next speaker had the states array, whichever is later (a
-        node cannot move to a speaker before it knows the speaking order; delayed arrays are
-        another fault of the suite)."""
+        speaker began preparing its reply (its ``instructions``, or its own failure), counted from
+        the failure or from when the next speaker accepted the array it then acted on, whichever
+        is later (a node cannot move to a speaker before it knows the order; delayed arrays are
+        another fault of the suite). ``inf`` if it never began and the turn never ended."""
         gaps = []
         for at, failed in self.kinds("speaker_failed"):
             nxt, mid = failed.fields.get("next"), failed.fields.get("message_id")
             if nxt is None:
                 continue
-            knew = [
-                t
-                for t, e in self.events
-                if e.kind == "speaker_chosen" and e.companion == nxt and e.fields.get("message_id") == mid
+            mine = [
+                (t, e) for t, e in self.events if e.companion == nxt and e.fields.get("message_id") == mid
             ]
-            at = max(at, min(knew, default=at))
-            later = [
-                t
-                for t, e in self.events
-                if t >= at
-                and e.companion == nxt
-                and e.fields.get("message_id") == mid
-                and e.kind in ("instructions", "speaker_failed")
-            ]
-            if later:
-                gaps.append(min(later) - at)
+            began = [t for t, e in mine if t >= at and e.kind in ("instructions", "speaker_failed")]
+            if began:
+                knew = [t for t, e in mine if e.kind == "speaker_chosen" and t <= min(began)]
+                gaps.append(min(began) - max(at, max(knew, default=at)))
             elif not any(
-                t >= at and e.fields.get("message_id") != mid and e.kind == "leader_chosen"
+                t >= at and e.kind == "leader_chosen" and e.fields.get("message_id") != mid
                 for t, e in self.events
             ):
-                gaps.append(float("inf"))  # the next speaker never started, and the turn never ended
+                gaps.append(float("inf"))
         return gaps
 
 
