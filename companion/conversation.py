@@ -24,6 +24,7 @@ companion opens a *turn*, which goes through named phases:
     SPEAKING --(the reply went out)--> REPLIED
     SPEAKING --(the model failed: yield)--> AWAITING_SPEAKER | DONE
     any --(terminal, nobody, every candidate silent)--> DONE
+    DONE --(a late array of an earlier leader gives a speaker)--> AWAITING_SPEAKER
 
 and ends when the thread moves on (a newer message of the thread; a speech in progress is then
 withdrawn). :data:`TRANSITIONS` is the whole table; a transition outside it is a bug and raises.
@@ -64,7 +65,12 @@ do and may show them; both are extensions aikyo ignores):
   its slot; ``REASON`` is ``model_error``, ``timeout``, ``crashed``, ``no_reply`` (the model ended
   without speaking) or ``terminal`` (the array chose it, but its own closing floor ends the
   conversation). Nodes accept it only from the companion whose slot it is (the publisher's
-  authenticated companion id), for the current turn, before that slot has passed.
+  authenticated companion id) and before that slot has passed; one that overtook its array or
+  its message is kept for it.
+
+Both are accepted only when the publisher's authenticated companion id is the ``from``. Nodes
+that accepted the array at different times open each slot at slightly different times; the
+thinking signal anchors the open slot to the speaker's own start on every node.
 """
 
 from __future__ import annotations
@@ -568,16 +574,11 @@ class Conversation:
         placed = self.thread.place(params.id, info.in_reply_to, member=member)
         if not member:
             return  # another conversation, or chatter: it changes nothing here
-        self._messages[params.id] = message
-        while len(self._messages) > 256:
-            self._messages.popitem(last=False)
+        _latest(self._messages, params.id, message, 256)
         self._early.message_seen(message)
         self._utterances.append(params.message)
         if not params.from_.startswith(COMPANION_ID_PREFIX) and params.from_ != self.me:
-            self.people.pop(params.from_, None)
-            self.people[params.from_] = None
-            while len(self.people) > _PEOPLE:
-                self.people.popitem(last=False)
+            _latest(self.people, params.from_, None, _PEOPLE)
         if self.turn is not None and placed.closes == self.turn.message_id:
             self._end_turn(self.turn, message, out)
         if placed.kind != "current":
@@ -600,10 +601,9 @@ class Conversation:
             self.stage = later(self.stage, info.closing)
         else:
             self.replies, self.stage = 0, "none"  # a person speaking opens a new exchange
-        self.voices.pop(params.from_, None)  # most recent last: the oldest voice is dropped first
-        self.voices[params.from_] = {"said": params.message[:_VOICE_CHARS], "turn": self.replies}
-        while len(self.voices) > _VOICES:
-            self.voices.popitem(last=False)
+        _latest(
+            self.voices, params.from_, {"said": params.message[:_VOICE_CHARS], "turn": self.replies}, _VOICES
+        )
         if event.replayed or params.from_ == self.me:
             return
         if self.me is not None and self.me not in params.to:
@@ -1042,10 +1042,9 @@ class Conversation:
             self._yield(turn, event.companion, event.reason, now, out, fields)
         elif not self.thread.knows(event.in_reply_to):
             # Its message (gossip keeps no order) is still on the way: the yield waits for it.
-            held = self._early_yields.setdefault(event.in_reply_to, {})
+            held = self._early_yields.pop(event.in_reply_to, {})
             held.setdefault(event.companion, event.reason)
-            while len(self._early_yields) > 64:
-                self._early_yields.popitem(last=False)
+            _latest(self._early_yields, event.in_reply_to, held, 64)
             self._log(out, "yield_held", "debug", reason="its message has not arrived", **fields)
         else:
             self._log(out, "yield_ignored", "info", reason="not the current turn", **fields)
@@ -1112,6 +1111,14 @@ class Conversation:
         self._log(
             out, "speaker_thinking", "debug", message_id=turn.message_id, speaker=event.companion, slot=slot
         )
+
+
+def _latest(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
+    """Put ``key`` last (the most recent), dropping the oldest entries beyond ``limit``."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > limit:
+        table.popitem(last=False)
 
 
 def _state_summary(state: State) -> dict[str, Any]:

@@ -134,3 +134,25 @@ class EchoSink:
 
     def on(self, topic: str) -> list[Any]:
         return [envelope for t, envelope in self.sent if t == topic]
+
+
+def solo(
+    card: LoadedCard, model: CompanionModel, *, store: Any = None, timings: Any = None
+) -> tuple[Any, EchoSink, list[Any]]:
+    """One engine driven by hand (attach it to a nursery): ``(engine, its echoing sink, its events)``.
+    It sees only itself in its directory."""
+    from companion.engine import ConversationEngine, EngineTimings
+
+    me = card.card.metadata.id
+    sink, events = EchoSink(me), []
+    engine = ConversationEngine(
+        card,
+        model,
+        sink,
+        {me: card.card.metadata},
+        store=store,
+        timings=timings or EngineTimings.offline(),
+        observer=events.append,
+    )
+    sink.engine = engine
+    return engine, sink, events

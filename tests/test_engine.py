@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from engine_support import EchoSink, HookedModel, make_card
+from engine_support import HookedModel, make_card, solo
 
 from companion.actions import ActionDef
 from companion.demo import MemoryGroup, Transcript
@@ -358,17 +358,7 @@ async def test_another_reply_withdraws_a_speech_in_progress(autojump_clock: trio
 
     card = make_card(0, max_turns=None)
     me = card.card.metadata.id
-    sink = EchoSink(me)
-    events: list[EngineEvent] = []
-    engine = ConversationEngine(
-        card,
-        HookedModel(ScriptedModel(0), on_speak=stall),
-        sink,
-        {me: card.card.metadata},
-        timings=TIMINGS,
-        observer=events.append,
-    )
-    sink.engine = engine
+    engine, sink, events = solo(card, HookedModel(ScriptedModel(0), on_speak=stall))
     async with trio.open_nursery() as nursery:
         engine.attach(nursery)
         opening = Message.create("user_x", [me, "companion_other"], "Who goes first?")
@@ -542,21 +532,12 @@ async def test_a_restarted_node_remembers_and_does_not_reply_twice(
     card = make_card(0, max_turns=None)
     me = card.card.metadata.id
     opening = Message.create("user_x", [me], "Remember me?")
-    sink = EchoSink(me)
+    sent: list[tuple[str, Any]] = []
 
     async def run_once() -> tuple[list[EngineEvent], ConversationEngine]:
-        events: list[EngineEvent] = []
         with Store.in_directory(tmp_path) as store:
-            engine = ConversationEngine(
-                card,
-                ScriptedModel(0),
-                sink,
-                {me: card.card.metadata},
-                store=store,
-                timings=TIMINGS,
-                observer=events.append,
-            )
-            sink.engine = engine
+            engine, sink, events = solo(card, ScriptedModel(0), store=store)
+            sink.sent = sent  # one record across both runs
             async with trio.open_nursery() as nursery:
                 engine.attach(nursery)
                 await engine.handle(Inbound(MESSAGES, opening, "peer"))
@@ -565,13 +546,16 @@ async def test_a_restarted_node_remembers_and_does_not_reply_twice(
             assert store.recent(10)[0].params.id == opening.params.id
         return events, engine
 
+    def replies() -> list[Message]:
+        return [envelope for topic, envelope in sent if topic == MESSAGES]
+
     first, _ = await run_once()
-    assert len(sink.on(MESSAGES)) == 1
+    assert len(replies()) == 1
     second, restarted = await run_once()  # the opening is replayed by gossip after the restart
-    assert len(sink.on(MESSAGES)) == 1
+    assert len(replies()) == 1
     assert [e.kind for e in second] == ["message_duplicate"]
     memory = restarted.conversation.memory()  # read back from the store at start-up
-    assert memory["turn"] == 1 and memory["message_id"] == sink.on(MESSAGES)[0].params.id
+    assert memory["turn"] == 1 and memory["message_id"] == replies()[0].params.id
     assert memory["voices"]["user_x"] == {"said": "Remember me?", "turn": 0}
     assert memory["voices"][me]["turn"] == 1
     with Store.in_directory(tmp_path) as store:
@@ -771,17 +755,8 @@ async def test_a_failing_store_write_leaves_the_conversation_as_it_was(
 ) -> None:
     card = make_card(0, max_turns=None)
     me = card.card.metadata.id
-    store, sink, events = FlakyStore(), EchoSink(me), []
-    engine = ConversationEngine(
-        card,
-        ScriptedModel(0),
-        sink,
-        {me: card.card.metadata},
-        store=store,
-        timings=TIMINGS,
-        observer=events.append,
-    )
-    sink.engine = engine
+    store = FlakyStore()
+    engine, sink, events = solo(card, ScriptedModel(0), store=store)
     async with trio.open_nursery() as nursery:
         engine.attach(nursery)
         first = Message.create("user_x", [me], "Are you there?")
@@ -806,12 +781,8 @@ async def test_odd_strings_never_poison_the_engine_or_its_store(
     card = make_card(0, max_turns=None)
     me = card.card.metadata.id
     odd = "\ud800"
-    sink = EchoSink(me)
     with Store.in_directory(tmp_path) as store:
-        engine = ConversationEngine(
-            card, ScriptedModel(0), sink, {me: card.card.metadata}, store=store, timings=TIMINGS
-        )
-        sink.engine = engine
+        engine, sink, _ = solo(card, ScriptedModel(0), store=store)
         async with trio.open_nursery() as nursery:
             engine.attach(nursery)
             for message in (

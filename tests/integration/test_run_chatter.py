@@ -1,7 +1,9 @@
 """Background chatter never silences a conversation: five `companion run` processes (scripted
 models) on 127.0.0.1, a bare libp2p peer publishing 50 unaddressed `message.send` per second for
-30 s, and a person (a node in the test) addressing one or two companions every 1.5 s meanwhile.
-Every addressed message gets exactly one reply, and no message is answered twice.
+30 s, and a person (a node in the test) addressing one or two companions meanwhile, every 1.5 s
+or as soon as the previous question was answered (a second question to the same companion
+before the first was answered would rightly withdraw the first reply). Every addressed message
+gets exactly one reply, and no message is answered twice.
 
 This is the condition issue 10 found: with the first engine any newer message, even ``to: []``
 from a stranger, withdrew the reply being prepared, so the chatter left 3-4 of 6 addressed
@@ -32,6 +34,9 @@ USER = "user_test"
 CHATTER_RATE = 50
 CHATTER_SECONDS = 30
 ASK_EVERY = 1.5
+ANSWER_WITHIN = 20.0
+"""Seconds a question may wait for its reply: a lost states array costs a takeover (4 s offline),
+a silent speaker a reply deadline (12 s)."""
 
 
 class Person:
@@ -62,6 +67,36 @@ class Person:
                 await self.changed.wait()
             return True
         return False
+
+
+def diagnose(procs: dict[str, Proc]) -> str:
+    """What each node did, for a failure: its turn decisions and what its edge dropped."""
+    kinds = (
+        "leader_chosen",
+        "speaker_chosen",
+        "replied",
+        "speech_withdrawn",
+        "speaker_failed",
+        "speaker_yielded",
+        "takeover",
+        "speaker_silent",
+        "states_deferred",
+        "store_failed",
+        "handler_failed",
+    )
+    lines = []
+    for key, proc in procs.items():
+        counts = {kind: proc.count(kind) for kind in kinds}
+        stats = proc.stats() if proc.running else {}
+        network = {
+            k: stats.get(k) for k in ("accepted", "delivered", "connected_peers", "companions", "drops")
+        }
+        lines.append(f"{key}: {counts} {network}")
+        with proc._cond:
+            dropped = [e for e in proc.events if e.get("event") == "payload_dropped"][:5]
+            silent = [e for e in proc.events if e.get("event") in ("speaker_silent", "states_ignored")][:8]
+        lines += [f"   {e}" for e in dropped + silent]
+    return "\n".join(lines)
 
 
 def start_companions(net: Network) -> tuple[dict[str, Proc], list[str]]:
@@ -123,6 +158,7 @@ async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Pa
                     break
             assert person.replies_to(probe.params.id), "no companion answered the probe"
 
+            before = {key: (await blocking(proc.stats))["accepted"] for key, proc in procs.items()}
             queued = await blocking(chatter, raw)
             started = trio.current_time()
             asked: list[Message] = []
@@ -132,21 +168,30 @@ async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Pa
                 message = Message.create(USER, to, f"Question {len(asked)} for {', '.join(to)}")
                 await node.publish(MESSAGES, message)
                 asked.append(message)
-                await trio.sleep(ASK_EVERY)
+                await person.until(lambda m=message: person.replies_to(m.params.id), ANSWER_WITHIN)
+                await trio.sleep_until(started + len(asked) * ASK_EVERY)
             await blocking(
                 raw.wait_for, lambda e: e.get("event") == "published" and e["count"] >= queued, 60, "chatter"
             )
-            answered = await person.until(lambda: all(person.replies_to(m.params.id) for m in asked), 60)
+            answered = all(person.replies_to(m.params.id) for m in asked)
             await trio.sleep(5)  # time for a second reply, were there one
+            after = {key: (await blocking(proc.stats))["accepted"] for key, proc in procs.items()}
             nursery.cancel_scope.cancel()
 
         assert all(proc.running for proc in procs.values())
         heard = person.chatter
         missing = [m.params.message for m in asked if not person.replies_to(m.params.id)]
-        assert answered and not missing, f"{len(missing)} of {len(asked)} unanswered: {missing}"
+        assert answered and not missing, f"{len(missing)} of {len(asked)} unanswered: {missing}\n" + diagnose(
+            procs
+        )
         assert all(len(person.replies_to(m.params.id)) == 1 for m in asked), {
             m.params.message: person.replies_to(m.params.id) for m in asked
         }
         assert person.transcript.double_speech == {}
-        assert heard >= queued * 0.9, f"the test heard {heard} of {queued} chatter messages"
-        assert len(asked) >= CHATTER_SECONDS / ASK_EVERY - 1
+        # the condition held: the chatter reached the companions while they talked (gossip on an
+        # overloaded machine loses messages; then this test proves nothing, and says so)
+        reached = sorted(after[key] - before[key] for key in procs)
+        assert reached[len(reached) // 2] >= queued / 2, (
+            f"companions accepted {reached} of {queued} (heard {heard})"
+        )
+        assert len(asked) >= 10
