@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from companion.protocol import MESSAGES, Message, PayloadError, State, parse_payload
 from companion.turns import (
+    MAX_CANDIDATES,
     META_CLOSING,
     META_IN_REPLY_TO,
     META_NEXT_SPEAKER,
@@ -27,6 +28,7 @@ from companion.turns import (
     fallback_decisions,
     finalize_states,
     later,
+    leader_candidates,
     plan_leaders,
     repetition_score,
     reply_recipients,
@@ -87,6 +89,18 @@ def test_inactive_addressees_never_lead() -> None:
     none = plan_leaders(message, [D])
     assert none.leader is None and none.order == () and none.reason == "no_active_addressee"
     assert none.rank(A) is None
+
+
+def test_candidates_are_the_known_companions_addressed_at_most_64() -> None:
+    ghosts = [f"companion_ghost{i}" for i in range(1000)]
+    message = Message.create("user", [*ghosts[:10], B, "user_x", *ghosts[10:], A, B], "hi")
+    found = leader_candidates(message, {A, B, C})
+    assert found.ids == (B, A) and found.unknown == 1000 and found.capped == 0
+    plan = plan_leaders(message, found.ids)
+    assert set(plan.order) == {A, B}  # no ghost takes a slot: the second known ranks 1, not 500
+    many = [f"companion_{i:03d}" for i in range(80)]
+    capped = leader_candidates(Message.create("user", many, "hi"), set(many))
+    assert capped.ids == tuple(many[:MAX_CANDIDATES]) and capped.capped == 80 - MAX_CANDIDATES
 
 
 # --- next speaker ---------------------------------------------------------------------------
