@@ -177,13 +177,16 @@ async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Pa
                 queued = await blocking(chatter, raw)
                 started = trio.current_time()
                 asked: list[Message] = []
+                waited: list[float] = []
                 targets = itertools.cycle([(0,), (1, 2), (3,), (4, 0), (2,), (1,), (3, 4)])
                 while trio.current_time() - started < CHATTER_SECONDS:
                     to = [IDS[i] for i in next(targets)]
                     message = Message.create(USER, to, f"Question {len(asked)} for {', '.join(to)}")
                     await node.publish(MESSAGES, message)
                     asked.append(message)
+                    sent = trio.current_time()
                     await person.until(lambda m=message: person.replies_to(m.params.id), ANSWER_WITHIN)
+                    waited.append(round(trio.current_time() - sent, 2))
                     await trio.sleep_until(started + len(asked) * ASK_EVERY)
                 await blocking(
                     raw.wait_for,
@@ -209,4 +212,4 @@ async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Pa
     # the condition held: the chatter reached the companions while they talked (gossip on an
     # overloaded machine loses messages; then this test proves nothing, and says so)
     assert reached[len(reached) // 2] >= queued / 2, f"companions got {reached} of {queued} chatter messages"
-    assert len(asked) >= 10
+    assert len(asked) >= 10, f"replies took {waited} s\n{why}"
