@@ -108,6 +108,7 @@ from .turns import (
 )
 
 __all__ = [
+    "ONE_MESSAGE",
     "SLOT_GRACE",
     "THINKING_SIGNAL",
     "TRANSITIONS",
@@ -145,6 +146,8 @@ YIELD_REASONS: Final = ("model_error", "timeout", "crashed", "no_reply", "termin
 SLOT_GRACE: Final = 0.25
 """An array or a yield may come this fraction of a slot early (nodes see a message at slightly
 different times); any earlier, it waits for its slot."""
+ONE_MESSAGE: Final = "you already replied in this turn (one message per turn); finish without speaking again"
+"""What the model hears when it tries to say a second thing in one turn."""
 _VOICES: Final = 16
 _VOICE_CHARS: Final = 160
 _PEOPLE: Final = 16
@@ -502,9 +505,7 @@ class Conversation:
         turn = self.turn
         if turn is None or turn.phase is not Phase.SPEAKING:
             if turn is not None and turn.phase is Phase.REPLIED:
-                return (
-                    "you already replied in this turn (one message per turn); finish without speaking again"
-                )
+                return ONE_MESSAGE
             return "the conversation moved on; this turn is over, finish without speaking"
         return stamp_reply(message, in_reply_to=turn.message_id, turn=turn.replies + 1, closing=turn.closing)
 

@@ -21,13 +21,12 @@ import jsonschema
 from .actions import ActionDef, ActionRuntime, ToolResult
 from .actions.builtins import no_recipients, resolve_recipients
 from .card import LoadedCard
-from .conversation import Speak
+from .conversation import ONE_MESSAGE, Speak
 from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest
 from .protocol import MESSAGES, Message, Metadata, new_id
 
 __all__ = ["ParamsCheck", "Speaker", "Speech"]
 
-ONE_MESSAGE: str = "you already replied in this turn (one message per turn); finish without speaking again"
 
 Emit = Callable[..., None]
 """``emit(kind, level, **fields)``: one structured event (the engine's log and observer)."""
