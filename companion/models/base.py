@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from ..protocol import ClosingStage, Message, Metadata
+from .errors import ModelError
 
 __all__ = [
     "CompanionModel",
@@ -28,10 +29,6 @@ __all__ = [
     "ToolInstruction",
     "ToolSpec",
 ]
-
-
-class ModelError(RuntimeError):
-    """The model could not answer (provider down, invalid output after retries, missing key)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,9 @@ __all__ = [
     "check_states",
     "params_schema_problems",
     "parse_json_object",
+    "parse_text_tool_calls",
+    "speech_args",
+    "spoken_text",
     "states_schema",
     "wire_tool_names",
 ]
@@ -160,22 +163,164 @@ def check_params(raw: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str,
 
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_SCAN_LIMIT = 20_000
+"""Characters of a model's text searched for JSON (a runaway answer must not cost seconds)."""
+
+
+def _json_values(text: str) -> Iterable[Any]:
+    """Every JSON object or array embedded in ``text``, in order, outermost first."""
+    decoder = json.JSONDecoder()
+    text = text[:_SCAN_LIMIT]
+    index = 0
+    while True:
+        starts = [i for i in (text.find("{", index), text.find("[", index)) if i >= 0]
+        if not starts:
+            return
+        start = min(starts)
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except ValueError:
+            index = start + 1
+            continue
+        yield value
+        index = end
 
 
 def parse_json_object(text: str) -> dict[str, Any] | None:
-    """A JSON object a model wrote as plain text (optionally in a code fence), else ``None``.
+    """A JSON object a model wrote as text (bare, in a code fence, or inside prose), else ``None``.
 
-    Some local models answer with the JSON instead of calling the output tool.
+    Some local models answer with the JSON instead of calling the output tool, or wrap it in a
+    sentence; the first object found is the answer.
     """
     text = text.strip()
     fenced = _FENCE.match(text)
     if fenced:
         text = fenced.group(1)
-    try:
-        value = json.loads(text)
-    except ValueError:
+    for value in _json_values(text):
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_FUNCTIONS_PREFIX = re.compile(r"functions\.([A-Za-z0-9_-]+):\s*")
+
+
+def parse_text_tool_calls(text: str, names: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Tool calls a model wrote as text instead of as tool calls, for tools in ``names`` only.
+
+    Recognised: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen,
+    SmolLM), a bare ``{"name": ..., "arguments"|"parameters": {...}}`` or a list of them, and
+    ``functions.NAME: {...}`` (chatml-function-calling). Anything else is not a call.
+    """
+    known = set(names)
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def add(value: Any) -> None:
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if not isinstance(item, dict) or item.get("name") not in known:
+                continue
+            args = item.get("arguments", item.get("parameters", {}))
+            if isinstance(args, str):
+                args = parse_json_object(args)
+            if isinstance(args, dict):
+                calls.append((item["name"], args))
+
+    text = text[:_SCAN_LIMIT]
+    tagged = _TOOL_CALL_TAG.findall(text)
+    for block in tagged:
+        for value in _json_values(block):
+            add(value)
+            break
+    if calls or tagged:
+        return calls
+    prefixed = list(_FUNCTIONS_PREFIX.finditer(text))
+    for match in prefixed:
+        if match.group(1) in known:
+            value = next(iter(_json_values(text[match.end() :])), None)
+            if isinstance(value, dict):
+                calls.append((match.group(1), value))
+    if prefixed:
+        return calls
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    if fenced:
+        stripped = fenced.group(1)
+    if stripped[:1] in ("{", "["):
+        add(next(iter(_json_values(stripped)), None))
+    return calls
+
+
+_MESSAGE_FIELDS = ("message", "text", "content", "utterance")
+_NEUTRAL = ("neutral", "calm", "normal", "none")
+_LABEL = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\))?\s*:\s+")
+
+
+def spoken_text(text: str, speaker_names: Iterable[str] = ()) -> str:
+    """A plain-text answer as a line to say: no ``Name:`` label, no wrapping quotes, trimmed."""
+    line = text.strip()
+    labels = {n.casefold() for n in speaker_names}
+    label = _LABEL.match(line)
+    if label and label.group(1).strip().casefold() in labels:
+        line = line[label.end() :].strip()
+    if len(line) >= 2 and line[0] == line[-1] and line[0] in "\"'":
+        line = line[1:-1].strip()
+    return line
+
+
+def speech_args(spec: ToolSpec, line: str, recipients: Sequence[str]) -> dict[str, Any] | None:
+    """Input for the speaking action ``spec`` that says ``line`` to ``recipients``, or ``None``
+    when ``spec`` takes no message text (so it cannot carry a plain-text answer).
+
+    The message goes into the ``message`` (or ``text``, ``content``) string property; a
+    ``to``-like array of strings gets ``recipients``; other required properties get a neutral
+    value the schema accepts (``neutral`` from an enum, else its first value).
+    """
+    props = spec.input_schema.get("properties")
+    if not isinstance(props, Mapping):
         return None
-    return value if isinstance(value, dict) else None
+    field = next(
+        (
+            f
+            for f in _MESSAGE_FIELDS
+            if isinstance(props.get(f), Mapping) and props[f].get("type") == "string"
+        ),
+        None,
+    )
+    if field is None:
+        return None
+    args: dict[str, Any] = {field: line}
+    required = spec.input_schema.get("required", [])
+    for name, sub in props.items():
+        if name == field or not isinstance(sub, Mapping):
+            continue
+        if name in ("to", "recipients") and sub.get("type") == "array":
+            args[name] = list(recipients)
+        elif name in required:
+            value = _plain_value(sub)
+            if value is not None:
+                args[name] = value
+    return args
+
+
+def _plain_value(schema: Mapping[str, Any]) -> Any:
+    """A neutral value a simple JSON Schema accepts, or ``None`` when there is no obvious one."""
+    if "default" in schema:
+        return schema["default"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return next((v for v in enum if v in _NEUTRAL), enum[0])
+    kind = schema.get("type")
+    if kind == "boolean":
+        return False
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 0)
+    if kind == "array":
+        return []
+    if kind == "string":
+        return ""
+    return None
 
 
 _WIRE_NAME = re.compile(r"[^A-Za-z0-9_-]")
