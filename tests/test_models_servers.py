@@ -10,6 +10,7 @@ without --jinja answers HTTP 500 to any tools; llama-cpp-python ignores ``"requi
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -362,3 +363,31 @@ def test_the_memory_is_bounded() -> None:
     for port in range(10):
         memory.state(resolve_config("openai", "m", base_url=f"http://127.0.0.1:{port + 1}/v1", environ={}))
     assert len(memory._states) == 3
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+async def test_a_retry_reaches_llama_cpp_python_which_refuses_null_content(
+    check: bool, memory: EndpointMemory
+) -> None:
+    """llama-cpp-python answers HTTP 500 to an assistant message with ``content: null`` (a tool
+    call in the history): the retry goes out with the history written as text, at once."""
+    bad = {
+        "states": [
+            {"companion_id": AYA.id, "state": "speak", "importance": 5, "selected": False, "closing": "none"}
+        ]
+    }
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(tool_call("set_states", bad), CooperativeModel())
+        model = model_of(srv, memory)
+        if check:
+            await model.check()
+        decisions = await model.decide_states(states_request())
+        assert len(decisions) == 3
+        refused = len(srv.refusals())
+        assert refused == (0 if check else 1)
+        srv.push(tool_call("set_states", bad), CooperativeModel())
+        await model.decide_states(states_request())
+    assert len(srv.refusals()) == refused  # learned: never sent with null content again
+    retry = srv.model_requests()[-1].body["messages"]
+    assert all(m.get("content") is not None for m in retry)
+    assert "no entry for" in json.dumps(retry), json.dumps(retry)[-600:]

@@ -16,9 +16,11 @@ class ModelError(RuntimeError):
     the message itself, clipped.
     """
 
-    def __init__(self, message: str, *, reason: str | None = None) -> None:
+    def __init__(self, message: str, *, reason: str | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.reason = _one_line(reason if reason else message)
+        self.status = status
+        """The HTTP status the server answered, when the failure was one."""
 
 
 def _one_line(text: str) -> str:

@@ -113,6 +113,47 @@ _REFUSAL_STATUSES: Final = frozenset({400, 415, 422, 500, 501})
 401/403/404/429 and timeouts are never a form's fault: they fail the call at once."""
 
 
+_SPEAK_TOKENS: Final = 200
+"""Tokens a spoken line may take (one to three sentences; a small model otherwise rambles on
+for a thousand tokens and a minute)."""
+_STRUCTURED_TOKENS: Final = 600
+"""Tokens a structured answer may take (the states of a dozen companions fit)."""
+
+
+def _has_tool_messages(messages: Sequence[ModelMessage]) -> bool:
+    return any(
+        isinstance(part, (ToolCallPart, ToolReturnPart)) for message in messages for part in message.parts
+    )
+
+
+def _flatten(messages: Sequence[ModelMessage]) -> list[ModelMessage]:
+    """The same conversation without tool messages: calls and results written out as text."""
+    out: list[ModelMessage] = []
+    for message in messages:
+        if isinstance(message, ModelResponse):
+            said = [p.content for p in message.parts if isinstance(p, TextPart) and p.content.strip()]
+            said += [
+                f"(called {p.tool_name} with {p.args_as_json_str()})"
+                for p in message.parts
+                if isinstance(p, ToolCallPart)
+            ]
+            out.append(ModelResponse(parts=[TextPart(" ".join(said) or "(no answer)")]))
+            continue
+        parts: list[ModelRequestPart] = []
+        for part in message.parts:
+            if isinstance(part, ToolReturnPart):
+                parts.append(UserPromptPart(f"Result of {part.tool_name}: {part.model_response_str()}"))
+            elif isinstance(part, RetryFeedbackPart):
+                content = (
+                    part.content if isinstance(part.content, str) else json.dumps(part.content, default=str)
+                )
+                parts.append(UserPromptPart(content))
+            else:
+                parts.append(part)
+        out.append(ModelRequest(parts=parts, instructions=message.instructions))
+    return out
+
+
 class _Refused(Exception):
     """The server refused this request form (an HTTP error); another form may be accepted."""
 
@@ -141,7 +182,38 @@ class _Session:
         may_refuse: bool = False,
     ) -> ModelResponse:
         """One HTTP request. With ``may_refuse``, an HTTP error that may mean "not this form"
-        raises :class:`_Refused` (the caller tries another form) instead of :class:`ModelError`."""
+        raises :class:`_Refused` (the caller tries another form) instead of :class:`ModelError`.
+
+        A history with tool calls goes out as plain text to endpoints that refuse tool messages
+        (llama-cpp-python refuses an assistant message whose ``content`` is null); an endpoint
+        found refusing them is remembered and the request is sent again, flattened, at once.
+        """
+        memory, config = self._owner.memory, self._owner.config
+        limit = ModelSettings(max_tokens=_SPEAK_TOKENS if self._purpose == "speak" else _STRUCTURED_TOKENS)
+        settings = ModelSettings(**{**limit, **(settings or {})})
+        tooled = _has_tool_messages(messages)
+        flat = tooled and memory.state(config).flat_history
+        try:
+            return await self._send(
+                _flatten(messages) if flat else messages, params, settings, form, may_refuse
+            )
+        except _Refused:
+            if not tooled or flat:
+                raise
+        except ModelError as exc:
+            if not tooled or flat or exc.status not in _REFUSAL_STATUSES:
+                raise
+        memory.flatten_history(config)
+        return await self._send(_flatten(messages), params, settings, form, may_refuse)
+
+    async def _send(
+        self,
+        messages: Sequence[ModelMessage],
+        params: ModelRequestParameters,
+        settings: ModelSettings,
+        form: str,
+        may_refuse: bool,
+    ) -> ModelResponse:
         config = self._owner.config
         self.requests += 1
         started = trio.current_time()
@@ -162,9 +234,11 @@ class _Session:
             if may_refuse and status in _REFUSAL_STATUSES:
                 words = _server_words(exc)
                 self._log_failure(f"HTTP {status}: {words}", started, form, logging.INFO)
-                raise _Refused(status, words) from exc
+                raise _Refused(status or 0, words) from exc
             detail, reason = _explain(exc, config, self._owner._sdk)
-            raise self._failed(detail, reason, started, form) from exc
+            error = self._failed(detail, reason, started, form)
+            error.status = status
+            raise error from exc
         log_event(
             _log,
             "model_request",

@@ -76,6 +76,10 @@ SpeakForm: TypeAlias = Literal["tools_required", "tools_auto", "text"]
 """How the speaking call is asked for: the card's tools with ``tool_choice`` ``"required"``, with
 ``"auto"``, or no tools at all (the answer's text is the line said through the speaking tool)."""
 
+FLAT_HISTORY: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
+"""Servers that refuse tool messages in a history (llama-cpp-python: an assistant message with
+tool calls and ``content: null`` fails its request validation with HTTP 500)."""
+
 SERVER_LABELS: Final[dict[ServerKind, str]] = {
     "openai": "OpenAI",
     "anthropic": "Anthropic",
@@ -170,6 +174,8 @@ class EndpointState:
     """Forms the server refused, with the server's words (first 200 characters)."""
     ignored: set[str] = field(default_factory=set)
     """Forcing forms whose forcing the server ignored (plain text came back)."""
+    flat_history: bool = False
+    """Tool calls and results in a follow-up go out as text (the server refuses tool messages)."""
 
     def forms(self, order: Sequence[str], kind: str) -> list[str]:
         """``order`` without refused or ignored forms, the one that last worked first.
@@ -216,6 +222,7 @@ class EndpointMemory:
         state = self.state(config)
         if state.server != server or not state.identified:
             state.server, state.identified = server, True
+            state.flat_history = state.flat_history or server in FLAT_HISTORY
             log_event(_log, "model_server", endpoint=config.endpoint, server=server)
 
     def structured_forms(self, config: ProviderConfig) -> list[StructuredForm]:
@@ -250,6 +257,12 @@ class EndpointMemory:
         if form not in state.ignored:
             state.ignored.add(form)
             log_event(_log, "model_form_ignored", logging.WARNING, endpoint=config.endpoint, form=form)
+
+    def flatten_history(self, config: ProviderConfig) -> None:
+        state = self.state(config)
+        if not state.flat_history:
+            state.flat_history = True
+            log_event(_log, "model_history_flattened", logging.WARNING, endpoint=config.endpoint)
 
     def forgive(self, config: ProviderConfig, forms: Sequence[str]) -> None:
         """Forget refusals of ``forms``: every form failed, so the server, not the forms, was at fault."""

@@ -55,12 +55,16 @@ def states_schema(companion_ids: Sequence[str]) -> dict[str, Any]:
             "states": {
                 "type": "array",
                 "description": "One entry per companion, in the order listed.",
+                # Exact length and integer importance: servers that turn the schema into a
+                # grammar (llama.cpp, llama-cpp-python, Ollama) then enforce them for small models.
+                "minItems": len(companion_ids),
+                "maxItems": len(companion_ids),
                 "items": {
                     "type": "object",
                     "properties": {
                         "companion_id": {"type": "string", "enum": list(companion_ids)},
                         "state": {"type": "string", "enum": ["speak", "listen"]},
-                        "importance": {"type": "number", "minimum": 0, "maximum": 10},
+                        "importance": {"type": "integer", "enum": list(range(11))},
                         "selected": {"type": "boolean"},
                         "closing": {"type": "string", "enum": list(CLOSING_ORDER)},
                     },
@@ -257,15 +261,23 @@ _NEUTRAL = ("neutral", "calm", "normal", "none")
 _LABEL = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\))?\s*:\s+")
 
 
+_LINE_LIMIT = 400
+
+
 def spoken_text(text: str, speaker_names: Iterable[str] = ()) -> str:
-    """A plain-text answer as a line to say: no ``Name:`` label, no wrapping quotes, trimmed."""
-    line = text.strip()
+    """A plain-text answer as a line to say: its first paragraph, without a ``Name:`` label of
+    the speaker's or wrapping quotes, at most :data:`_LINE_LIMIT` characters (cut after a
+    sentence when it can be). Small models go on writing the other side's lines after their own."""
+    line = next((part.strip() for part in text.strip().split("\n") if part.strip()), "")
     labels = {n.casefold() for n in speaker_names}
     label = _LABEL.match(line)
     if label and label.group(1).strip().casefold() in labels:
         line = line[label.end() :].strip()
     if len(line) >= 2 and line[0] == line[-1] and line[0] in "\"'":
         line = line[1:-1].strip()
+    if len(line) > _LINE_LIMIT:
+        cut = max(line.rfind(mark, 0, _LINE_LIMIT) for mark in (". ", "! ", "? "))
+        line = line[: cut + 1] if cut > 0 else line[: _LINE_LIMIT - 1].rstrip() + "…"
     return line
 
 
