@@ -91,3 +91,7 @@ async def test_a_conversation_reaches_terminal_on_every_server(profile: str) -> 
     assert all(e.recipients and set(e.recipients) <= ids for e in replies), [e.recipients for e in replies]
     assert group.transcript.double_speech == {}
     assert len(srv.refusals()) <= 1  # a refused form is sent once, then never again
+
+
+FakeCompanions = CooperativeModel
+"""The cooperative model under its former name (tests/integration/test_demo.py imports it)."""
