@@ -217,8 +217,16 @@ def demo(
     return transcript, logs, took
 
 
+def card_ids() -> set[str]:
+    """The ids of the demo's companions (its default cards)."""
+    from companion.card import load_card
+    from companion.demo import default_cards
+
+    return {load_card(path).card.metadata.id for path in default_cards(REPO / "cards")}
+
+
 def report(transcript: list[dict[str, Any]], logs: list[dict[str, Any]], took: float, goal: int) -> bool:
-    ids = {e["speaker"] for e in transcript if e.get("event") in ("message", "decision") and e.get("speaker")}
+    ids = card_ids()
     replies = [e for e in transcript if e.get("event") == "message" and e.get("in_reply_to")]
     ends = [e for e in transcript if e.get("event") == "end"]
     end = ends[-1] if ends else {"reason": "none", "why": "no end event"}

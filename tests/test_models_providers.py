@@ -205,7 +205,9 @@ async def test_invalid_states_are_sent_back_once_with_the_problems(server: FakeL
 
 
 async def test_states_fail_after_one_retry(server: FakeLLMServer) -> None:
-    server.push(tool_call("set_states", {"states": [state(AYA.id)]}), tool_call("set_states", {"states": []}))
+    server.push(
+        tool_call("set_states", {"states": [state("companion_zed")]}), tool_call("set_states", {"states": []})
+    )
     with pytest.raises(ModelError, match=r"invalid answer after a retry.*no entry for"):
         await openai_model(server).decide_states(states_request())
     assert len(server.model_requests()) == 2

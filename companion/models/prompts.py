@@ -178,6 +178,8 @@ def speak_prompt(
         f"{format_history(request.history, request.message, names)}\n\n"
         f"It is your turn ({request.me.name}). Address: {recipients}."
     )
+    if text_reply:
+        prompt += f"\nWhat do you say now, {request.me.name}? Only your words."
     if request.extra:
         prompt += (
             f"\nContext: {json.dumps(dict(request.extra), ensure_ascii=False, sort_keys=True, default=str)}"

@@ -667,6 +667,10 @@ class ProviderModel:
         text_reply = form == "text"
         turn.start_form(text_reply)
         instructions, prompt = speak_prompt(request, turn.tools, text_reply)
+        # What the model must not echo as its line: the instructions and the turn's own lines
+        # (not the history or the context, where an earlier line may fairly come back).
+        tail = prompt[prompt.rfind("It is your turn") :].splitlines()
+        turn.prompt = "\n".join([instructions, *(t for t in tail if not t.startswith("Context:"))])
         definitions = [
             ToolDefinition(
                 name=name,
@@ -762,7 +766,7 @@ class ProviderModel:
             return UserPromptPart(
                 f"Results of your tool calls: {json.dumps(results, ensure_ascii=False, default=str)}"
             )
-        line = spoken_text(text, (turn.me.name, turn.me.id))
+        line = spoken_text(text, (turn.me.name, turn.me.id), turn.prompt)
         speaker = turn.speaking_tool()
         if line and speaker is not None and speaker[1].id not in turn.done:
             name, spec = speaker
@@ -814,6 +818,8 @@ class _SpeakTurn:
         """Why nothing has been done yet, for the error if it stays that way."""
         self.switch_form = False
         """Set when the current form gave nothing usable: the next form gets the rest of the budget."""
+        self.prompt = ""
+        """The prompt of the current form (a small model's echo of it is not its line)."""
 
     def start_form(self, text_reply: bool) -> None:
         """A new request form: in the text form no tool can be called, so none is awaited."""

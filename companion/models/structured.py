@@ -107,38 +107,42 @@ def check_states(raw: Mapping[str, Any], request: StatesRequest) -> list[StateDe
     """The decisions in the order of ``request.companions``, or the problems with ``raw``.
 
     The request's hard rules are applied, not argued about: the closing stage never falls below
-    ``closing_floor`` and a nominated companion is always ``selected``.
+    ``closing_floor`` and moves at most one stage past it per turn (a conversation passes through
+    ``pre-closing`` and ``closing`` before ``terminal``, however eager the model), and a nominated
+    companion is always ``selected``. A partial answer is used, not refused: an entry repeated
+    counts once, an unknown id is dropped, a companion without an entry listens (a small model
+    often gets one of these wrong; asking again costs a whole request). Only an answer with no
+    usable entry, or a malformed one, is refused.
     """
     try:
         parsed = _StatesOutput.model_validate(raw)
     except ValidationError as exc:
         return _describe(exc)
     expected = [c.id for c in request.companions]
-    problems: list[str] = []
     by_id: dict[str, _StateItem] = {}
     for item in parsed.states:
-        if item.companion_id not in expected:
-            problems.append(f"states: {item.companion_id!r} is not one of the companions {expected}")
-        elif item.companion_id in by_id:
-            problems.append(f"states: {item.companion_id!r} appears more than once")
-        else:
+        if item.companion_id in expected and item.companion_id not in by_id:
             by_id[item.companion_id] = item
-    missing = [cid for cid in expected if cid not in by_id]
-    if missing:
-        problems.append(f"states: no entry for {missing}")
-    if problems:
-        return Problems(tuple(problems))
+    if not by_id:
+        return Problems((f"states: no entry for any of the companions {expected}",))
     floor = CLOSING_ORDER.index(request.closing_floor)
+    ceiling = min(floor + 1, len(CLOSING_ORDER) - 1)
     decisions = []
     for cid in expected:
-        item = by_id[cid]
+        entry = by_id.get(cid)
+        if entry is None:
+            decisions.append(
+                StateDecision(cid, "listen", 0.0, cid == request.nominated, CLOSING_ORDER[floor])
+            )
+            continue
+        stage = CLOSING_ORDER.index(entry.closing)
         decisions.append(
             StateDecision(
                 companion_id=cid,
-                state=item.state,
-                importance=float(item.importance),
-                selected=item.selected or cid == request.nominated,
-                closing=CLOSING_ORDER[max(floor, CLOSING_ORDER.index(item.closing))],
+                state=entry.state,
+                importance=float(entry.importance),
+                selected=entry.selected or cid == request.nominated,
+                closing=CLOSING_ORDER[max(floor, min(stage, ceiling))],
             )
         )
     return decisions
@@ -262,19 +266,33 @@ _LABEL = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\
 
 
 _LINE_LIMIT = 400
+_HISTORY = re.compile(r"^\s*\d+\.\s+\S.*->.*:")
+"""A line in the prompt's history format (``3. Aya (companion_aya) -> Ben: ...``)."""
 
 
-def spoken_text(text: str, speaker_names: Iterable[str] = ()) -> str:
-    """A plain-text answer as a line to say: its first paragraph, without a ``Name:`` label of
-    the speaker's or wrapping quotes, at most :data:`_LINE_LIMIT` characters (cut after a
-    sentence when it can be). Small models go on writing the other side's lines after their own."""
-    line = next((part.strip() for part in text.strip().split("\n") if part.strip()), "")
+def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") -> str:
+    """A plain-text answer as a line to say: its first paragraph that is not an echo of the
+    ``prompt``, without a ``Name:`` label of the speaker's or wrapping quotes, at most
+    :data:`_LINE_LIMIT` characters (cut after a sentence when it can be). Small models repeat
+    lines of their prompt and go on writing the others' lines after their own."""
+    echoed = {
+        " ".join(line.split()) for line in prompt.splitlines() if line.strip() and not _HISTORY.match(line)
+    }
     labels = {n.casefold() for n in speaker_names}
-    label = _LABEL.match(line)
-    if label and label.group(1).strip().casefold() in labels:
-        line = line[label.end() :].strip()
-    if len(line) >= 2 and line[0] == line[-1] and line[0] in "\"'":
-        line = line[1:-1].strip()
+    line = ""
+    for part in text.strip().split("\n"):
+        candidate = part.strip()
+        label = _LABEL.match(candidate)
+        if label and label.group(1).strip().casefold() in labels:
+            candidate = candidate[label.end() :].strip()
+        if len(candidate) >= 2 and candidate[0] == candidate[-1] and candidate[0] in "\"'":
+            candidate = candidate[1:-1].strip()
+        flat = " ".join(candidate.split())
+        if _HISTORY.match(candidate):
+            continue
+        if candidate and not any(flat in seen or seen in flat for seen in echoed if len(seen) > 12):
+            line = candidate
+            break
     if len(line) > _LINE_LIMIT:
         cut = max(line.rfind(mark, 0, _LINE_LIMIT) for mark in (". ", "! ", "? "))
         line = line[: cut + 1] if cut > 0 else line[: _LINE_LIMIT - 1].rstrip() + "…"
