@@ -248,13 +248,15 @@ def _lmstudio_refusal(what: str, value: str) -> tuple[int, Any]:
     return 400, {"error": "'response_format.type' must be 'json_schema' or 'text'"}
 
 
+_BOTH_FORMATS: dict[str, str] = {"json_schema": "honour", "json_object": "honour"}
+
 PROFILES: dict[str, ServerProfile] = {
-    "openai": ServerProfile("openai", "system", formats={"json_schema": "honour", "json_object": "honour"}),
+    "openai": ServerProfile("openai", "system", formats=_BOTH_FORMATS),
     "llama.cpp": ServerProfile(
         "llama.cpp",
         "llamacpp",
         tools="refused",
-        formats={"json_schema": "honour", "json_object": "honour"},
+        formats=_BOTH_FORMATS,
         refusal=_llama_cpp_refusal,
         call_id="{rand}",
     ),
@@ -263,7 +265,7 @@ PROFILES: dict[str, ServerProfile] = {
         "llamacpp",
         # A named choice is read as "auto"; a forced call came back as text with small templates.
         choices={"named": "as_auto", "required": "ignore"},
-        formats={"json_schema": "honour", "json_object": "honour"},
+        formats=_BOTH_FORMATS,
         refusal=_llama_cpp_refusal,
         call_id="{rand}",
     ),
@@ -289,7 +291,7 @@ PROFILES: dict[str, ServerProfile] = {
         "ollama",
         "library",
         choices={"named": "as_auto", "required": "as_auto"},  # tool_choice is not read at all
-        formats={"json_schema": "honour", "json_object": "honour"},
+        formats=_BOTH_FORMATS,
         refusal=_ollama_refusal,
         tool_call_content="",
         call_id="call_{rand}",
@@ -298,14 +300,14 @@ PROFILES: dict[str, ServerProfile] = {
         "ollama-no-tools",
         "library",
         tools="unsupported_model",
-        formats={"json_schema": "honour", "json_object": "honour"},
+        formats=_BOTH_FORMATS,
         refusal=_ollama_refusal,
     ),
     "vllm": ServerProfile(
         "vllm",
         "vllm",
         choices={"auto": "refuse"},  # without --enable-auto-tool-choice
-        formats={"json_schema": "honour", "json_object": "honour"},
+        formats=_BOTH_FORMATS,
         refusal=_vllm_refusal,
         call_id="chatcmpl-tool-{rand}",
     ),
