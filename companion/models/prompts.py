@@ -89,8 +89,9 @@ def states_prompt(
         "- state: 'speak' if it has something worth saying now, else 'listen';\n"
         "- importance: 0 to 10, how much its contribution matters now;\n"
         "- selected: true only if the last message explicitly asks that companion to answer;\n"
-        "- closing: how far the conversation is towards its end: 'none' (going on), "
-        "'pre-closing' (topics are running out), 'closing' (saying goodbye), 'terminal' (over).\n"
+        "- closing: how far the conversation is towards its end: 'none' while it goes on (the "
+        "usual case), 'pre-closing' only when topics are running out, 'closing' when people say "
+        "goodbye, 'terminal' when it is over.\n"
         "Give one entry per companion listed. " + answer_rule(tool_name, json_schema)
     )
     companions = "\n".join(f"- {c.id}: {c.name}; {_clip(c.personality, 200)}" for c in request.companions)

@@ -266,8 +266,8 @@ _LABEL = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\
 
 
 _LINE_LIMIT = 400
-_HISTORY = re.compile(r"^\s*\d+\.\s+\S.*->.*:")
-"""A line in the prompt's history format (``3. Aya (companion_aya) -> Ben: ...``)."""
+_HISTORY = re.compile(r"^\s*\d+\.\s+\S")
+"""A line in (or cut from) the prompt's numbered history (``3. Aya (companion_aya) -> Ben: ...``)."""
 
 
 def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") -> str:
