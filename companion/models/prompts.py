@@ -153,7 +153,8 @@ def speak_prompt(
         lines = [
             persona(request.me, request.role),
             "",
-            "Others hear you only through your action tools. " + style,
+            "Others hear you through your action tools; an answer without a tool call is said "
+            "out loud as it is, so then write only your words. " + style,
             f"Action tools (they do something others see): {', '.join(actions) or 'none'}.",
         ]
     if knowledge and not text_reply:
