@@ -538,7 +538,8 @@ class ProviderModel:
                     refusals.append((form, refusal))
                     continue
                 call, raw = _output_of(response, tool.name)
-                if call is None and _text_of(response) and (form == "named_tool" or raw is None):
+                forcing = form != "prompted"
+                if forcing and call is None and _text_of(response) and (form == "named_tool" or raw is None):
                     # Text where a tool call was forced, or no JSON where JSON was: ignored.
                     self.memory.ignored(config, form)
                     ignored.append(form)
