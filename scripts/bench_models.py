@@ -178,7 +178,7 @@ def stop(server: subprocess.Popen[bytes]) -> None:
 
 
 def demo(
-    model: str, base: str, replies: int, timeout: float, say_text: str | None
+    model: str, base: str, replies: int, timeout: float, say_text: str | None, keep: Path | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
     """Run ``companion demo`` against ``base``; its transcript events, its log events, seconds."""
     cmd = [sys.executable, "-m", "companion", "demo", "--model", f"openai:{model}", "--base-url", base]
@@ -206,6 +206,10 @@ def demo(
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     took = time.monotonic() - started
+    if keep is not None:
+        (keep / "demo-transcript.jsonl").write_text(done.stdout)
+        (keep / "demo-log.jsonl").write_text(done.stderr)
+        say(f"transcript and log kept in {keep}")
     transcript = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     logs = []
     for line in done.stderr.splitlines():
@@ -292,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             python, gguf = set_up(args.cache)
             server, base = serve(python, gguf, args.chat_format, args.cache / "server.log")
             model = ALIAS
-        transcript, logs, took = demo(model, base, args.replies, args.timeout, args.say)
+        transcript, logs, took = demo(model, base, args.replies, args.timeout, args.say, args.cache)
     finally:
         if server is not None:
             stop(server)
