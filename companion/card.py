@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .actions import BUILTINS, ActionDef, KnowledgeDef, resolve_tool
 from .models.base import ToolInstruction
 from .protocol import Metadata
+from .routines import CompiledRoutine, Routine, RoutineError, compile_routines
 from .triggers import CompiledTriggers, TriggerCondition, TriggerError, compile_triggers
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Execute",
     "LoadedCard",
     "Resolver",
+    "Routine",
     "ToolDefinition",
     "card_json_schema",
     "load_card",
@@ -109,6 +111,10 @@ class CompanionCard(_CardModel):
     )
     knowledge: list[str] = Field(default_factory=list, description="Knowledge references, same form.")
     events: Events
+    routines: list[Routine] = Field(
+        default_factory=list,
+        description="Tools the companion runs on its own: every N seconds, after silence, or on an event.",
+    )
     settings: CardSettings = Field(default_factory=CardSettings)
 
 
@@ -171,12 +177,13 @@ def _dotted(parts: Sequence[PathPart]) -> str:
 
 @dataclass(frozen=True)
 class LoadedCard:
-    """A checked card: its tools resolved (by tool id) and its conditions compiled."""
+    """A checked card: its tools resolved (by tool id), its conditions and routines compiled."""
 
     card: CompanionCard
     path: Path | None
     triggers: CompiledTriggers
     tools: Mapping[str, ToolDefinition]
+    routines: tuple[CompiledRoutine, ...] = ()
 
     @classmethod
     def from_card(
@@ -184,10 +191,10 @@ class LoadedCard:
     ) -> LoadedCard:
         """Check a card built in Python exactly as :func:`load_card` checks a file."""
         checked = _Checker(str(path) if path else None, resolve)
-        triggers, tools = checked.semantic(card.metadata.id, card.actions, card.knowledge, card.events)
-        if checked.problems or triggers is None:
+        found = checked.semantic(card.metadata.id, card.actions, card.knowledge, card.events, card.routines)
+        if checked.problems or found.triggers is None:
             raise CardError(checked.problems)
-        return cls(card=card, path=path, triggers=triggers, tools=tools)
+        return cls(card=card, path=path, triggers=found.triggers, tools=found.tools, routines=found.routines)
 
 
 def load_card(path: str | Path, *, resolve: Resolver = resolve_tool) -> LoadedCard:
@@ -209,10 +216,21 @@ def load_card(path: str | Path, *, resolve: Resolver = resolve_tool) -> LoadedCa
         raise CardError(checker.problems)
     card = checker.structure(raw)
     if card is not None:
-        triggers, tools = checker.semantic(card.metadata.id, card.actions, card.knowledge, card.events)
-        if not checker.problems and triggers is not None:
-            return LoadedCard(card=card, path=file, triggers=triggers, tools=tools)
+        found = checker.semantic(card.metadata.id, card.actions, card.knowledge, card.events, card.routines)
+        if not checker.problems and found.triggers is not None:
+            return LoadedCard(
+                card=card, path=file, triggers=found.triggers, tools=found.tools, routines=found.routines
+            )
     raise CardError(checker.problems)
+
+
+@dataclass(frozen=True, slots=True)
+class _Semantics:
+    """What the meaning checks produced (None / empty where a section could not be checked)."""
+
+    triggers: CompiledTriggers | None
+    tools: dict[str, ToolDefinition]
+    routines: tuple[CompiledRoutine, ...] = ()
 
 
 class _Checker:
@@ -256,6 +274,7 @@ class _Checker:
                 self._yaml_error(exc, text)
                 return None
             self._duplicate_keys(self.root, [])
+            _routine_on_keys(data)
         if data is None:
             self.add([], "the card is empty", "start from one of the example cards in cards/")
             return None
@@ -352,7 +371,8 @@ class _Checker:
         events = _try(Events, raw.get("events")) if "events" not in failed_sections else None
         actions = raw.get("actions") if "actions" not in failed_sections else None
         knowledge = raw.get("knowledge", []) if "knowledge" not in failed_sections else None
-        self.semantic(raw_id if isinstance(raw_id, str) else None, actions, knowledge, events)
+        routines = _try_routines(raw.get("routines", [])) if "routines" not in failed_sections else None
+        self.semantic(raw_id if isinstance(raw_id, str) else None, actions, knowledge, events, routines)
         return None
 
     def _pydantic_problem(self, loc: tuple[PathPart, ...], error: Mapping[str, Any]) -> None:
@@ -381,7 +401,8 @@ class _Checker:
         actions: Sequence[str] | None,
         knowledge: Sequence[str] | None,
         events: Events | None,
-    ) -> tuple[CompiledTriggers | None, dict[str, ToolDefinition]]:
+        routines: Sequence[Routine] | None = None,
+    ) -> _Semantics:
         if companion_id is not None and not companion_id.startswith(COMPANION_ID_PREFIX):
             self.add(
                 ["metadata", "id"],
@@ -407,22 +428,14 @@ class _Checker:
                     continue
                 tools[defn.id] = defn
                 names[ref] = names[defn.id] = defn.id
+        compiled_routines = self._routines(routines or [], tools, names, listed)
         if events is None:
-            return None, tools
+            return _Semantics(None, tools, compiled_routines)
         conditions: list[TriggerCondition] = []
         for j, condition in enumerate(events.conditions):
             instructions: list[ToolInstruction] = []
             for k, step in enumerate(condition.execute):
-                if step.tool not in names and step.tool not in listed:
-                    choices = sorted(set(names) | listed)
-                    close = difflib.get_close_matches(step.tool, choices, n=1)
-                    hint = f"did you mean {close[0]!r}? " if close else ""
-                    self.add(
-                        ["events", "conditions", j, "execute", k, "tool"],
-                        f"tool {step.tool!r} is not listed in actions or knowledge",
-                        f"{hint}add it to actions (or knowledge), or use one of: "
-                        + (", ".join(choices) or "(nothing listed yet)"),
-                    )
+                self._listed(["events", "conditions", j, "execute", k, "tool"], step.tool, names, listed)
                 instructions.append(ToolInstruction(names.get(step.tool, step.tool), step.instruction))
             conditions.append(TriggerCondition(condition.expression, tuple(instructions)))
         try:
@@ -432,8 +445,44 @@ class _Checker:
                 self.add(
                     ["events", *problem.path], problem.message, problem.fix, problem.excerpt, problem.line
                 )
-            return None, tools
-        return triggers, tools
+            return _Semantics(None, tools, compiled_routines)
+        return _Semantics(triggers, tools, compiled_routines)
+
+    def _listed(self, parts: list[PathPart], tool: str, names: Mapping[str, str], listed: set[str]) -> bool:
+        """Whether ``tool`` names a listed tool (by reference or id); a problem if not."""
+        if tool in names or tool in listed:
+            return True
+        choices = sorted(set(names) | listed)
+        close = difflib.get_close_matches(tool, choices, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        self.add(
+            parts,
+            f"tool {tool!r} is not listed in actions or knowledge",
+            f"{hint}add it to actions (or knowledge), or use one of: "
+            + (", ".join(choices) or "(nothing listed yet)"),
+        )
+        return False
+
+    def _routines(
+        self,
+        routines: Sequence[Routine],
+        tools: Mapping[str, ToolDefinition],
+        names: Mapping[str, str],
+        listed: set[str],
+    ) -> tuple[CompiledRoutine, ...]:
+        resolved: list[ToolDefinition | None] = []
+        for i, routine in enumerate(routines):
+            self._listed(["routines", i, "tool"], routine.tool, names, listed)
+            tool_id = names.get(routine.tool)
+            resolved.append(tools.get(tool_id) if tool_id is not None else None)
+        try:
+            return compile_routines(routines, resolved)
+        except RoutineError as exc:
+            for problem in exc.problems:
+                self.add(
+                    ["routines", *problem.path], problem.message, problem.fix, problem.excerpt, problem.line
+                )
+            return ()
 
     def _resolve(self, parts: list[PathPart], ref: str, kind: str) -> ToolDefinition | None:
         try:
@@ -485,6 +534,27 @@ def _try(model: type[_M], data: Any) -> _M | None:
         return model.model_validate(data)
     except ValidationError:
         return None
+
+
+def _try_routines(data: Any) -> list[Routine] | None:
+    """The routines that validate, when some of the others do not (so all problems show at once)."""
+    if not isinstance(data, list):
+        return None
+    found = [_try(Routine, item) for item in data]
+    return [r for r in found if r is not None] if all(r is not None for r in found) else None
+
+
+def _routine_on_keys(data: Any) -> None:
+    """YAML 1.1 (PyYAML) reads the key ``on`` as the boolean true: give routines their ``on`` back.
+
+    Editors and YAML 1.2 readers see the string ``on``, as the card format means.
+    """
+    routines = data.get("routines") if isinstance(data, dict) else None
+    if not isinstance(routines, list):
+        return
+    for item in routines:
+        if isinstance(item, dict) and True in item and "on" not in item:
+            item["on"] = item.pop(True)
 
 
 def _model_at(loc: Sequence[PathPart]) -> type[BaseModel] | None:
@@ -556,6 +626,7 @@ _TYPE_FIXES: Final[dict[str, str]] = {
     "bool_parsing": "write true or false",
     "string_too_short": "write some text here; it must not be empty",
     "too_short": "add at least one entry",
+    "literal_error": "use one of the values the message lists",
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, TypeAlias
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 __all__ = [
     "ACTIONS",
+    "APPROVAL_QUERY",
     "MAX_PAYLOAD_BYTES",
     "MESSAGES",
     "QUERIES",
@@ -44,6 +46,7 @@ __all__ = [
     "encode",
     "encode_states",
     "new_id",
+    "parse_metadata",
     "parse_payload",
 ]
 
@@ -57,6 +60,10 @@ MAX_PAYLOAD_BYTES: Final = 64 * 1024
 """Default size limit for one topic payload; larger payloads are dropped before parsing."""
 
 COMPANION_ID_PREFIX: Final = "companion_"
+
+APPROVAL_QUERY: Final = "approval"
+"""The query type a companion sends before an action that needs a person's yes (clients know it
+by this name); only approvers the operator allows may answer it."""
 
 ClosingStage: TypeAlias = Literal["none", "pre-closing", "closing", "terminal"]
 CLOSING_ORDER: Final[tuple[ClosingStage, ...]] = ("none", "pre-closing", "closing", "terminal")
@@ -248,7 +255,7 @@ Envelope: TypeAlias = Message | State | Query | QueryResult | Action
 Payload: TypeAlias = Message | list[State] | Query | QueryResult | Action
 
 PayloadErrorReason: TypeAlias = Literal[
-    "too_large", "not_utf8", "not_json", "unknown_topic", "wrong_method", "invalid"
+    "too_large", "not_utf8", "not_json", "invalid_unicode", "unknown_topic", "wrong_method", "invalid"
 ]
 
 
@@ -290,6 +297,78 @@ def _describe_validation(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+def _may_hold_surrogates(text: str) -> bool:
+    """Whether JSON text may decode to a surrogate: only a ``\\uD800``-``\\uDFFF`` escape can
+    (UTF-8 cannot encode one). Text without a backslash, most of it, costs one ``memchr``."""
+    first = text.find("\\")
+    return first >= 0 and _SURROGATE_ESCAPE.search(text, first) is not None
+
+
+def _lone_surrogate_at(obj: Any) -> str | None:
+    """The path of the first string (key or value) holding a lone surrogate, else ``None``.
+
+    ``json.loads`` turns ``"\\ud800"`` into a string that is not Unicode text: it cannot be
+    encoded as UTF-8, so every later write of it (the store, a log line, a reply quoting it)
+    raises. Iterative, so nesting the parser accepted cannot overflow the stack here."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return where or "(root)"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return f"{where or '(root)'} (a key)"
+                stack.append((f"{where}.{key}" if where else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}.{i}" if where else str(i), item) for i, item in enumerate(value))
+    return None
+
+
+def _decode(data: Any, max_bytes: int) -> Any:
+    """Bytes to a JSON value of Unicode text only, or the :class:`PayloadError` saying why not."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        return PayloadError("invalid", f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        return PayloadError("too_large", f"{len(data)} bytes > limit {max_bytes}")
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return PayloadError("not_utf8", str(exc))
+    try:
+        obj = _loads(text)
+    except (ValueError, RecursionError) as exc:
+        return PayloadError("not_json", str(exc)[:200])
+    if _may_hold_surrogates(text):
+        where = _lone_surrogate_at(obj)
+        if where is not None:
+            return PayloadError("invalid_unicode", f"{where[:200]}: a lone UTF-16 surrogate is not text")
+    return obj
+
+
+def parse_metadata(data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Metadata | PayloadError:
+    """A metadata protocol answer (``/aikyo/metadata/1.0.0``) as :class:`Metadata`, or why not.
+
+    The same checks as :func:`parse_payload` (UTF-8, JSON, Unicode text only, aikyo's strict
+    schema); never raises."""
+    try:
+        obj = _decode(data, max_bytes)
+        if isinstance(obj, PayloadError):
+            return obj
+        return Metadata.model_validate(obj, context=_WIRE)
+    except ValidationError as exc:
+        return PayloadError("invalid", _describe_validation(exc))
+    except RecursionError:
+        return PayloadError("not_json", "nested too deeply")
+    except Exception as exc:  # a parser must not raise; keep the type for the log
+        return PayloadError("invalid", f"{type(exc).__name__}: {exc}")
+
+
 def parse_payload(topic: str, data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Payload | PayloadError:
     """Turn raw topic bytes into a typed value, or a :class:`PayloadError` saying why not.
 
@@ -307,19 +386,9 @@ def parse_payload(topic: str, data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES
 def _parse(topic: str, data: bytes, max_bytes: int) -> Payload | PayloadError:
     if topic not in TOPICS:
         return PayloadError("unknown_topic", f"no such topic {topic!r}")
-    if not isinstance(data, bytes | bytearray | memoryview):
-        return PayloadError("invalid", f"expected bytes, got {type(data).__name__}")
-    if len(data) > max_bytes:
-        return PayloadError("too_large", f"{len(data)} bytes > limit {max_bytes}")
-    try:
-        text = bytes(data).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return PayloadError("not_utf8", str(exc))
-    try:
-        obj = _loads(text)
-    except (ValueError, RecursionError) as exc:
-        return PayloadError("not_json", str(exc)[:200])
-
+    obj = _decode(data, max_bytes)
+    if isinstance(obj, PayloadError):
+        return obj
     try:
         if topic == STATES:
             if not isinstance(obj, list):

@@ -49,7 +49,11 @@ __all__ = [
     "TriggerCondition",
     "TriggerError",
     "TriggerProblem",
+    "cel_env",
+    "compile_bool",
+    "compile_cel",
     "compile_triggers",
+    "eval_bool",
 ]
 
 logger = logging.getLogger(__name__)
@@ -250,16 +254,7 @@ class CompiledTriggers:
         outcomes: list[ConditionOutcome] = []
         for index, item in enumerate(self._compiled):
             expression = item.condition.expression
-            error: str | None = None
-            matched = False
-            # Bad input (wrong types, out-of-range integers) comes back as an error value.
-            result = item.program.eval(activation)
-            if result.type() == cel.Type.BOOL:
-                matched = result.value() is True
-            elif result.type() == cel.Type.ERROR:
-                error = str(result.value())
-            else:
-                error = f"the expression produced a {result.type().name()}, not a bool"
+            matched, error = eval_bool(item.program, activation)
             if error is not None:
                 log_event(
                     logger,
@@ -291,34 +286,81 @@ def compile_triggers(
     declarations = {name: t.cel_type() for name, t in variables.items()}
     if whole_object:
         declarations[PARAMS_VARIABLE] = cel.Type.Map(cel.Type.STRING, cel.Type.DYN)
-    env = cel.NewEnv(variables=declarations, extensions=[ext_strings.ExtStrings(), ext_math.ExtMath()])
+    env = cel_env(declarations)
     compiled: list[_Compiled] = []
     for index, condition in enumerate(conditions):
         path: tuple[PathPart, ...] = ("conditions", index, "expression")
-        if not condition.expression.strip():
-            problems.append(
-                TriggerProblem(path, "the expression is empty", "write a CEL condition, e.g. `true`")
-            )
-            continue
-        try:
-            program = env.compile(condition.expression)
-        except RuntimeError as exc:
-            problems.extend(_compile_problems(path, condition.expression, str(exc), list(variables)))
-            continue
-        returns = program.return_type()
-        if returns != cel.Type.BOOL and returns != cel.Type.DYN:
-            problems.append(
-                TriggerProblem(
-                    path,
-                    f"the expression has type {returns.name().lower()}, but a condition must be a bool",
-                    'compare the value to something, e.g. `x > 0`, `x == "joy"` or `size(x) > 0`',
-                )
-            )
-            continue
-        compiled.append(_Compiled(condition, program))
+        program, found = compile_bool(env, condition.expression, path, list(variables))
+        problems.extend(found)
+        if program is not None:
+            compiled.append(_Compiled(condition, program))
     if problems:
         raise TriggerError(problems)
     return CompiledTriggers(env, variables, compiled, whole_object)
+
+
+def cel_env(declarations: Mapping[str, cel.Type]) -> cel.Env:
+    """A CEL environment with these typed variables, the standard library and the strings and
+    math extensions (the one vocabulary every CEL expression of a card gets)."""
+    return cel.NewEnv(variables=dict(declarations), extensions=[ext_strings.ExtStrings(), ext_math.ExtMath()])
+
+
+def compile_cel(
+    env: cel.Env,
+    expression: str,
+    path: tuple[PathPart, ...],
+    declared: Sequence[str],
+    *,
+    vocabulary: str | None = None,
+) -> tuple[cel.Expression | None, list[TriggerProblem]]:
+    """Type-check and compile one expression: the program, or the problems (each with a caret).
+
+    ``declared`` names the variables for "did you mean" hints; ``vocabulary`` says where they
+    come from when it is not ``events.params`` (e.g. "a routine's guard").
+    """
+    if not expression.strip():
+        return None, [TriggerProblem(path, "the expression is empty", "write a CEL expression, e.g. `true`")]
+    try:
+        return env.compile(expression), []
+    except RuntimeError as exc:
+        return None, _compile_problems(path, expression, str(exc), list(declared), vocabulary)
+
+
+def compile_bool(
+    env: cel.Env,
+    expression: str,
+    path: tuple[PathPart, ...],
+    declared: Sequence[str],
+    *,
+    vocabulary: str | None = None,
+) -> tuple[cel.Expression | None, list[TriggerProblem]]:
+    """:func:`compile_cel` for a condition: the expression must be a bool (or ``dyn``)."""
+    if not expression.strip():
+        return None, [TriggerProblem(path, "the expression is empty", "write a CEL condition, e.g. `true`")]
+    program, problems = compile_cel(env, expression, path, declared, vocabulary=vocabulary)
+    if program is None:
+        return None, problems
+    returns = program.return_type()
+    if returns != cel.Type.BOOL and returns != cel.Type.DYN:
+        return None, [
+            TriggerProblem(
+                path,
+                f"the expression has type {returns.name().lower()}, but a condition must be a bool",
+                'compare the value to something, e.g. `x > 0`, `x == "joy"` or `size(x) > 0`',
+            )
+        ]
+    return program, []
+
+
+def eval_bool(program: cel.Expression, activation: Any) -> tuple[bool, str | None]:
+    """Evaluate a condition: ``(matched, error)``. An error (or a non-bool) never counts as true."""
+    # Bad input (wrong types, out-of-range integers) comes back as an error value.
+    result = program.eval(activation)
+    if result.type() == cel.Type.BOOL:
+        return result.value() is True, None
+    if result.type() == cel.Type.ERROR:
+        return False, str(result.value())
+    return False, f"the expression produced a {result.type().name()}, not a bool"
 
 
 def declare_params(schema: Mapping[str, Any]) -> tuple[dict[str, ParamType], list[TriggerProblem]]:
@@ -420,7 +462,7 @@ def _param_type(schema: Any, path: tuple[PathPart, ...]) -> tuple[ParamType, lis
 
 
 def _compile_problems(
-    path: tuple[PathPart, ...], expression: str, text: str, declared: list[str]
+    path: tuple[PathPart, ...], expression: str, text: str, declared: list[str], vocabulary: str | None
 ) -> list[TriggerProblem]:
     """Turn the checker's status text into one problem per reported issue, with a caret excerpt."""
     problems: list[TriggerProblem] = []
@@ -437,7 +479,7 @@ def _compile_problems(
             TriggerProblem(
                 path,
                 f"CEL {line}:{column}: {message}",
-                _fix_for(message, declared),
+                _fix_for(message, declared, vocabulary),
                 excerpt=f"{source}\n{' ' * (column - 1)}^",
                 line=line,
                 column=column,
@@ -463,13 +505,15 @@ def _readable(message: str) -> str:
     return message
 
 
-def _fix_for(message: str, declared: list[str]) -> str:
+def _fix_for(message: str, declared: list[str], vocabulary: str | None = None) -> str:
     undeclared = re.match(r"undeclared reference to '([^']*)'", message)
     if undeclared:
         name = undeclared[1]
         close = difflib.get_close_matches(name, declared, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         names = ", ".join(sorted(declared)) or "(none declared yet)"
+        if vocabulary is not None:
+            return f"{hint}{name!r} is not a variable of {vocabulary}; use one of: {names}"
         return f"{hint}declare {name!r} under events.params.properties, or use a declared parameter: {names}"
     if message.startswith("Syntax error"):
         if "unrecognised text '=" in message:

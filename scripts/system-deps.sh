@@ -7,6 +7,7 @@ set -uo pipefail
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)  # NAT routers of the network-namespace tests
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then

@@ -141,6 +141,9 @@ def test_validate_input_refuses_a_non_object() -> None:
         ("timeout", -32002),
         ("cancelled", -32001),
         ("not_found", -32003),
+        ("call_cycle", -32006),
+        ("call_too_deep", -32007),
+        ("store_limit", -32008),
         ("internal_error", -32603),
     ],
 )

@@ -10,10 +10,14 @@ from types import ModuleType
 
 import pytest
 import trio
-from actions_support import ME, answer, make_runtime
+from actions_support import ME, OTHER, answer, make_runtime
 
-from companion.actions import ActionDef, ToolResult, resolve_tool
-from companion.protocol import ACTIONS
+from companion.actions import ActionDef, ActionRuntime, KeyValueStore, ToolResult, resolve_tool
+from companion.card import load_card
+from companion.history import InMemoryHistory
+from companion.protocol import ACTIONS, MESSAGES, Message
+from companion.routines import CompanionJoined, CompanionLeft, RoutineFinished, RoutineScheduler
+from companion.transport import MemoryHub
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "actions.md"
@@ -28,7 +32,9 @@ def _load(relative: str) -> ModuleType:
     return module
 
 
-@pytest.mark.parametrize("relative", ["examples/custom_action.py", "examples/lamp_action.py"])
+@pytest.mark.parametrize(
+    "relative", ["examples/custom_action.py", "examples/lamp_action.py", "examples/greeter_action.py"]
+)
 def test_the_doc_shows_each_example_verbatim(relative: str) -> None:
     text = DOC.read_text(encoding="utf-8")
     match = re.search(rf"<!-- file: {re.escape(relative)} -->\n```python\n(.*?)```", text, re.S)
@@ -93,3 +99,56 @@ async def test_the_lamp_example_refuses_an_unknown_room() -> None:
     result, names = await _lamp(reply_to_lamps=False)
     assert result.status == "refused" and "no lamp in the kitchen" in result.message
     assert names == []
+
+
+# --- the greeter: call, store, note and a routine -------------------------------------------------
+
+
+async def _greet_on_join(kv: KeyValueStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """One node's run: load the example card, let Ben join (and leave), do what the routine says.
+
+    The greeting goes out over the in-memory hub; what Ben's endpoint receives is returned.
+    """
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.delitem(sys.modules, "greeter_action", raising=False)
+    loaded = load_card(ROOT / "examples" / "greeter.yaml")
+    me = loaded.card.metadata
+    hub = MemoryHub()
+    node, ben = hub.endpoint(me.id), hub.endpoint(OTHER.id)
+    directory = {me.id: me}
+    runtime = ActionRuntime(
+        metadata=me, publisher=node, directory=directory, history=InMemoryHistory(), kv=kv
+    )
+    for tool in loaded.tools.values():
+        runtime.register(tool)
+    now = trio.current_time()
+    routines = RoutineScheduler(loaded.routines, me=me.id, now=now)
+    directory[OTHER.id] = OTHER
+    routines.observe(CompanionJoined(OTHER.id, OTHER.name), now)
+    results: list[ToolResult] = []
+    for firing in routines.due(now):
+        results.append(await runtime.call(firing.tool, firing.input))
+        routines.observe(RoutineFinished(firing.routine), now)
+    routines.observe(CompanionLeft(OTHER.id, OTHER.name), now)
+    [result] = results
+    assert result.ok and result.notes and "visited" in result.notes[0]
+    heard: list[str] = []
+    with trio.fail_after(5):
+        while len(heard) < 1:
+            inbound = await ben.receive_channel.receive()
+            if inbound.topic == MESSAGES and isinstance(inbound.payload, Message):
+                assert inbound.payload.params.to == [OTHER.id]
+                heard.append(inbound.payload.params.message)
+    assert not any(result.notes[0] in text for text in heard)
+    return heard
+
+
+async def test_the_greeter_welcomes_a_newcomer_and_remembers_them_after_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "companion.sqlite3"
+    with KeyValueStore.open(path) as kv:
+        assert await _greet_on_join(kv, monkeypatch) == [f"Welcome, {OTHER.name}!"]
+    with KeyValueStore.open(path) as kv:  # the node restarted: a new runtime on the same file
+        assert await _greet_on_join(kv, monkeypatch) == [f"Good to see you again, {OTHER.name}."]
+        assert kv.namespace("companion_wren", "welcome").get(OTHER.id) == 2

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
 from companion.cli import build_parser, main
@@ -54,3 +57,55 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bridge", "--max-queue", "0"]) == 2
     assert main(["listen", "--as", "mika"]) == 2
     assert "user_NAME" in capsys.readouterr().err
+
+
+def test_beyond_loopback_a_token_is_generated_and_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    from companion.cli.bridge import BridgeOptions, client_urls
+
+    local = BridgeOptions(host="127.0.0.1", port=8080)
+    assert local.token is None and not local.token_generated
+    assert not any(url.startswith("token:") for url in client_urls(local, 8080))
+    lan = BridgeOptions(host="0.0.0.0", port=8080)
+    assert lan.token is not None and len(lan.token) >= 20 and lan.token_generated
+    urls = client_urls(lan, 8080)
+    assert urls[0] == f"ws://0.0.0.0:8080/?token={lan.token}"
+    assert urls[-1].startswith(f"token: {lan.token} (generated")
+    given = BridgeOptions(host="192.168.1.5", port=8080, token="mine")
+    assert given.token == "mine" and not given.token_generated
+
+
+def test_rate_flags_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bridge", "--rate", "0"]) == 2
+    assert "--rate/--burst" in capsys.readouterr().err
+    assert main(["bridge", "--burst", "0"]) == 2
+    assert main(["bridge", "--total-rate", "-1"]) == 2
+    assert "--total-rate" in capsys.readouterr().err
+
+
+def test_an_address_in_use_is_an_error_naming_it(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [
+            "bridge",
+            "--ws",
+            f"127.0.0.1:{port}",
+            "--no-mdns",
+            "--no-webrtc",
+            "--data-dir",
+            str(tmp_path),
+        ]
+        assert main([*argv, "--listen", "/ip4/127.0.0.1/tcp/0", "--log-level", "WARNING"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port} (--ws): the address is already in use" in err
+    assert "Traceback" not in err
+
+
+def test_the_peer_id_is_printed_and_kept(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["bridge", "--print-peer-id", "--data-dir", str(tmp_path)]) == 0
+    first = capsys.readouterr().out.strip()
+    assert first.startswith("12D3KooW")
+    assert (tmp_path / "keys" / "bridge.key").stat().st_mode & 0o077 == 0
+    assert main(["bridge", "--print-peer-id", "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == first

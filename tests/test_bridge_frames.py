@@ -131,3 +131,17 @@ def test_error_frame_keeps_zod_shape_and_adds_code() -> None:
     assert err["message"]
     assert {"path": ["topic"], "message": "expected a string, got number"} in err["issues"]
     assert "ref" not in err
+
+
+def test_a_lone_surrogate_is_refused_and_the_error_frame_can_still_be_sent() -> None:
+    """``"\\ud800"`` is valid JSON but not text: the body is refused, and the error frame that
+    echoes the id is still encodable (it is written as JSON escapes, pure ASCII)."""
+    for body in (
+        message_body(id="\ud800"),
+        message_body(message="hi \udfff"),
+        message_body(**{"from": "user_\ud800"}),
+    ):
+        error = interpret_request(decode_frame(json.dumps({"topic": "messages", "body": body})))
+        assert isinstance(error, FrameError) and error.code == "invalid_body"
+        error.to_json().encode("utf-8")
+    assert json.loads(error_frame(FrameError("invalid_body", "x", ref="\ud800")))["error"]["ref"] == "\ud800"

@@ -168,12 +168,56 @@ async def test_other_clients_see_a_clients_message_but_the_sender_gets_no_echo(n
         assert (await recv_json(b))["params"]["message"] == "next"
 
 
+def result_frame(query_id: str, **body: Any) -> str:
+    result = {"jsonrpc": "2.0", "id": query_id, "result": {"success": True, "body": body or {"spoken": True}}}
+    return json.dumps({"topic": "queries", "body": result})
+
+
 async def test_query_result_from_a_client_reaches_the_companion(nursery: trio.Nursery) -> None:
     async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
-        result = {"jsonrpc": "2.0", "id": "q-9", "result": {"success": True, "body": {"spoken": True}}}
-        await ws.send_message(json.dumps({"topic": "queries", "body": result}))
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(1)
+        query = Query.create("companion_aya", "speak", {"message": "hi"}, id="q-9")
+        await env.companion.publish(QUERIES, query)
+        assert (await recv_json(ws))["id"] == "q-9"
+        await ws.send_message(result_frame("q-9"))
         got = await env.next_inbound(QUERIES)
         assert isinstance(got.payload, QueryResult) and got.payload.id == "q-9"
+
+
+async def test_forged_and_repeated_query_results_are_refused(nursery: trio.Nursery) -> None:
+    """A client answers only what it was asked, once: a result for an id it never received
+    (another client's query, a made-up id) and a second result are refused and counted."""
+    async with (
+        running_bridge(nursery) as env,
+        open_websocket_url(env.url) as honest,
+        open_websocket_url(env.url + "?topics=messages") as forger,
+    ):
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(2)
+        approval = Query.create("companion_aya", "approval", {"action": "buy", "preview": "buy"})
+        await env.companion.publish(QUERIES, approval)
+        assert (await recv_json(honest))["id"] == approval.id
+        for query_id in (approval.id, "made-up"):
+            await forger.send_message(result_frame(query_id, approved=True))
+            error = (await recv_json(forger))["error"]
+            assert error["code"] == "unknown_query" and error["ref"] == query_id
+        await honest.send_message(result_frame(approval.id, approved=False))
+        got = await env.next_inbound(QUERIES)
+        assert isinstance(got.payload, QueryResult) and got.payload.result is not None
+        assert got.payload.result.body == {"approved": False}
+        await honest.send_message(result_frame(approval.id, approved=True))
+        assert (await recv_json(honest))["error"]["code"] == "already_answered"
+        assert env.bridge.stats()["refused"] == {"unknown_query": 2, "already_answered": 1}
+        # both still served: the forger's next message goes out, the honest client's next answer too
+        await forger.send_message(message_frame("after"))
+        assert isinstance((await env.next_inbound(MESSAGES)).payload, Message)
+        assert (await recv_json(honest))["params"]["message"] == "after"  # other clients see it
+        speak = Query.create("companion_aya", "speak", {"message": "again"})
+        await env.companion.publish(QUERIES, speak)
+        assert (await recv_json(honest))["id"] == speak.id
+        await honest.send_message(result_frame(speak.id))
+        assert (await env.next_inbound(QUERIES)).payload.id == speak.id  # type: ignore[union-attr]
 
 
 async def test_token_is_required_when_set(nursery: trio.Nursery) -> None:
@@ -481,3 +525,224 @@ async def test_bridge_full_refuses_more_clients(nursery: trio.Nursery) -> None:
             async with open_websocket_url(env.url):
                 pass
         assert info.value.status_code == 503
+
+
+async def test_a_flood_is_answered_with_rate_limited_frames_and_nothing_is_lost(
+    nursery: trio.Nursery,
+) -> None:
+    """10,000 frames as fast as the socket takes them: each is either published or answered
+    with a ``rate_limited`` error frame naming it; an honest client is served meanwhile."""
+    count = 10_000
+    async with (
+        running_bridge(nursery) as env,
+        open_websocket_url(env.url) as flooder,
+        open_websocket_url(env.url) as honest,
+    ):
+        refused: dict[str, float] = {}
+        other: list[Any] = []
+
+        async def read_answers() -> None:
+            while True:
+                frame = json.loads(await flooder.get_message())
+                error = frame.get("error", {})
+                if error.get("code") == "rate_limited":
+                    refused[error["ref"]] = error["retry_after"]
+                elif frame.get("params", {}).get("id") != "h-1":  # the other client's message
+                    other.append(frame)
+
+        async def flood() -> None:
+            for i in range(count):
+                await flooder.send_message(message_frame(f"flood {i}", id=f"f{i}"))
+
+        published: set[str] = set()
+        async with trio.open_nursery() as inner:
+            inner.start_soon(read_answers)
+            with trio.fail_after(60):
+                await flood()
+                await honest.send_message(message_frame("honest", id="h-1"))
+                while len(refused) + len(published) < count or "h-1" not in published:
+                    got = await env.next_inbound(MESSAGES)
+                    assert isinstance(got.payload, Message)
+                    published.add(got.payload.params.id)
+            inner.cancel_scope.cancel()
+        flood_published = published - {"h-1"}
+        assert not other, other[:3]
+        assert not flood_published & refused.keys()
+        assert flood_published | refused.keys() == {f"f{i}" for i in range(count)}
+        assert 30 <= len(flood_published) <= 30 + 10 * 60  # the burst, then 10/s
+        assert all(0 < wait <= 0.1 + 1e-6 for wait in refused.values())
+        assert env.bridge.stats()["refused"] == {"rate_limited": len(refused)}
+        # once it waits as told, the flooder is served again
+        await trio.sleep(max(refused.values()))
+        await flooder.send_message(message_frame("after", id="f-after"))
+        got = await env.next_inbound(MESSAGES)
+        assert isinstance(got.payload, Message) and got.payload.params.id == "f-after"
+
+
+async def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send raw bytes, return the response head's status line and headers."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(request)
+    data = b""
+    with trio.fail_after(5):
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            data += chunk
+    await stream.aclose()
+    return data.partition(b"\r\n\r\n")[0]
+
+
+def upgrade(
+    host: bytes = b"127.0.0.1", key: bytes = b"dGhlIHNhbXBsZSBub25jZQ==", extra: bytes = b""
+) -> bytes:
+    return (
+        b"GET / HTTP/1.1\r\nHost: " + host + b"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: " + key + b"\r\nSec-WebSocket-Version: 13\r\n" + extra + b"\r\n"
+    )
+
+
+async def test_dns_rebinding_gets_nothing_and_honest_clients_still_do(
+    nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="companion.bridge")
+    async with running_bridge(nursery) as env:
+        port = env.bridge.port
+        evil = f"evil.example:{port}".encode()
+        origin = b"Origin: http://" + evil + b"\r\n"
+        head = await raw_exchange(port, upgrade(evil, extra=origin))
+        assert head.startswith(b"HTTP/1.1 421"), head
+        for path in (b"/companions", b"/", b"/app.js", b"/nowhere"):
+            head = await raw_exchange(
+                port, b"GET " + path + b" HTTP/1.1\r\nHost: " + evil + b"\r\n" + origin + b"\r\n"
+            )
+            assert head.startswith(b"HTTP/1.1 421"), (path, head)
+        assert env.bridge.client_count == 0
+        for _ in range(50):  # a page that keeps trying: counted, logged a few times, not 50
+            await raw_exchange(port, b"GET /companions HTTP/1.1\r\nHost: " + evil + b"\r\n\r\n")
+        assert env.bridge.stats()["requests_refused"] == {"421": 55}
+        logged = [r for r in caplog.records if r.getMessage() in ("request_refused", "client_refused")]
+        assert len(logged) == 2  # one per kind within the interval
+        # the bridge's own page, opened as http://127.0.0.1:PORT/ or http://localhost:PORT/
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            head = await raw_exchange(port, f"GET / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            assert head.startswith(b"HTTP/1.1 200"), head
+            own = f"Origin: http://{host}\r\n".encode()
+            head = await raw_exchange(port, upgrade(host.encode(), extra=own))
+            assert head.startswith(b"HTTP/1.1 101"), head
+        async with open_websocket_url(env.url) as ws:
+            await ws.send_message(message_frame("still served"))
+            got = await env.next_inbound(MESSAGES)
+            assert isinstance(got.payload, Message) and got.payload.params.message == "still served"
+
+
+async def test_allowed_host_names_pass(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery, allowed_hosts=("companion.example",)) as env:
+        port = env.bridge.port
+        host = f"companion.example:{port}".encode()
+        head = await raw_exchange(port, upgrade(host, extra=b"Origin: http://" + host + b"\r\n"))
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (upgrade(key=b"!!"), b"400"),
+        (upgrade(key=b"YWJj"), b"400"),
+        (upgrade().replace(b"Sec-WebSocket-Version: 13\r\n", b""), b"400"),
+        (upgrade().replace(b"Connection: Upgrade\r\n", b""), b"400"),
+        (upgrade().replace(b"Sec-WebSocket-Version: 13", b"Sec-WebSocket-Version: 8"), b"426"),
+        (upgrade().replace(b"GET /", b"POST /"), b"400"),
+    ],
+)
+async def test_malformed_handshakes_are_refused(
+    nursery: trio.Nursery, request_bytes: bytes, status: bytes
+) -> None:
+    async with running_bridge(nursery) as env:
+        head = await raw_exchange(env.bridge.port, request_bytes)
+        assert head.startswith(b"HTTP/1.1 " + status), head
+        if status == b"426":
+            assert b"Sec-WebSocket-Version: 13" in head
+        assert env.bridge.client_count == 0
+        async with open_websocket_url(env.url) as ws:  # an honest client still gets in
+            await ws.send_message(message_frame("ok"))
+            await env.next_inbound(MESSAGES)
+
+
+async def test_an_address_in_use_is_an_error_naming_it(nursery: trio.Nursery) -> None:
+    async with running_bridge(nursery) as env:
+        port = env.bridge.port
+        second = Bridge(MemoryHub().endpoint("b"), config=BridgeConfig(port=port))
+        with pytest.raises(
+            OSError, match=f"cannot listen on 127.0.0.1:{port} \\(--ws\\): the address is already in use"
+        ):
+            await second.serve()
+
+
+def test_a_bridge_beyond_loopback_must_have_a_token() -> None:
+    with pytest.raises(ValueError, match=r"0\.0\.0\.0 .*must require a token"):
+        BridgeConfig(host="0.0.0.0")
+    assert BridgeConfig(host="0.0.0.0", token="t").token == "t"
+    assert BridgeConfig(host="localhost").token is None
+
+
+async def test_a_session_key_lets_another_connection_of_the_same_client_answer(nursery: trio.Nursery) -> None:
+    """The page switches to WebRTC or reconnects: its queries are answered on its new link.
+    Connections name their session with ``{"session": KEY}``; only that key's holders may answer."""
+    key = "k" * 32
+    async with (
+        running_bridge(nursery) as env,
+        open_websocket_url(env.url) as first,
+        open_websocket_url(env.url + "?topics=messages") as second,
+        open_websocket_url(env.url + "?topics=messages") as stranger,
+    ):
+        await first.send_message(json.dumps({"session": key}))
+        await stranger.send_message(json.dumps({"session": "z" * 32}))
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(3)
+        approval = Query.create("companion_aya", "approval", {"action": "buy"})
+        await env.companion.publish(QUERIES, approval)
+        assert (await recv_json(first))["id"] == approval.id
+        await stranger.send_message(result_frame(approval.id, approved=True))
+        assert (await recv_json(stranger))["error"]["code"] == "unknown_query"
+        await second.send_message(json.dumps({"session": key}))  # the same client, a new link
+        await second.send_message(result_frame(approval.id, approved=False))
+        got = await env.next_inbound(QUERIES)
+        assert isinstance(got.payload, QueryResult) and got.payload.id == approval.id
+        for bad in ({"session": "short"}, {"session": key, "more": 1}, {"session": 5}):
+            await second.send_message(json.dumps(bad))
+            assert (await recv_json(second))["error"]["code"] == "invalid_session"
+
+
+async def test_a_client_that_sends_but_never_reads_its_answers_is_dropped(nursery: trio.Nursery) -> None:
+    """Its error frames fill half its queue: it is not read from any more, and after the drain
+    deadline it is disconnected as too slow; its answers were never thrown away meanwhile."""
+    config = BridgeConfig(limits=QueueLimits(max_frames=4), drain_timeout=0.3, close_timeout=0.2)
+    bridge = Bridge(MemoryHub().endpoint("bridge"), config=config)
+    channel = SilentChannel()
+    done = trio.Event()
+
+    async def run() -> None:
+        await bridge.serve_channel(channel, label="flooder")
+        done.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(5):
+        await bridge.wait_for_clients(1)
+    read = 0
+    with trio.fail_after(5):
+        while True:  # the bridge stops taking frames once two answers wait
+            try:
+                channel.outbox.send_nowait("not json")
+            except trio.WouldBlock:
+                break
+            read += 1
+            await trio.testing.wait_all_tasks_blocked()
+    assert read <= 4 + 10  # one in flight, two queued, the rest in the channel's own buffer
+    with trio.fail_after(5):
+        await done.wait()
+    assert channel.closed is not None
+    code, reason = channel.closed
+    assert code == CLOSE_POLICY and "did not read its answers within 0.3s" in reason
+    assert bridge.stats()["refused"] == {"not_json": 3}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from companion.actions import (
@@ -27,6 +28,7 @@ from companion.card import (
     Events,
     Execute,
     LoadedCard,
+    Routine,
     card_json_schema,
     load_card,
 )
@@ -182,8 +184,7 @@ def test_settings_are_read(tmp_path: Path) -> None:
     assert settings == CardSettings(model="openai:gpt-4o-mini", max_turns=8, repetition_threshold=0.5)
 
 
-def test_toml_cards_load_too(tmp_path: Path) -> None:
-    toml = """\
+TOML = """\
         role = "Keep it short."
         actions = ["speak"]
         [metadata]
@@ -199,7 +200,10 @@ def test_toml_cards_load_too(tmp_path: Path) -> None:
         expression = "energy > 3"
         execute = [{ tool = "speak", instruction = "talk" }]
         """
-    loaded = load_card(write(tmp_path, toml, "card.toml"), resolve=resolve)
+
+
+def test_toml_cards_load_too(tmp_path: Path) -> None:
+    loaded = load_card(write(tmp_path, TOML, "card.toml"), resolve=resolve)
     assert loaded.triggers.evaluate({"energy": 4}) == [ToolInstruction("speak", "talk")]
 
 
@@ -454,6 +458,150 @@ def test_all_problems_are_collected_and_printed_in_file_order(tmp_path: Path) ->
         assert f"fix: {problem.fix}" in rendered
 
 
+# --- routines ----------------------------------------------------------------------------------------
+
+ROUTINES = """\
+routines:
+  - name: greet
+    tool: speak
+    on: joined
+    when: size(companions) < 10
+    input: {emotion: happy}
+    args:
+      to: "[companion_id]"
+      message: '"Welcome aboard, " + companion_name + "!"'
+  - tool: weather
+    every: 1h
+  - tool: "mytools.gestures:wave_action"
+    idle: 5m
+    input: {how: big}
+"""
+
+
+def test_routines_load_compiled_with_tool_ids(tmp_path: Path) -> None:
+    loaded = load_card(write(tmp_path, GOOD + ROUTINES), resolve=resolve)
+    greet, weather_routine, wave_routine = loaded.routines
+    assert (greet.name, greet.tool, greet.kind, greet.speaks) == ("greet", "speak", "joined", True)
+    assert greet.cooldown == 10 and greet.max_fires == 100 and greet.input == {"emotion": "happy"}
+    assert (weather_routine.name, weather_routine.kind, weather_routine.interval) == (
+        "weather#1",
+        "every",
+        3600,
+    )
+    assert not weather_routine.speaks
+    assert (wave_routine.tool, wave_routine.kind, wave_routine.interval) == ("wave", "idle", 300)
+    assert load_card(write(tmp_path, GOOD, "plain.yaml"), resolve=resolve).routines == ()
+
+
+def test_routines_in_toml_and_in_python(tmp_path: Path) -> None:
+    toml = (
+        TOML
+        + """\
+        [[routines]]
+        tool = "speak"
+        on = "message"
+        when = 'text.contains("tide")'
+        input = { emotion = "happy" }
+        args = { to = "[sender]", message = '"The tide! " + text' }
+        """
+    )
+    [routine] = load_card(write(tmp_path, toml, "card.toml"), resolve=resolve).routines
+    assert routine.kind == "message" and set(routine.args) == {"to", "message"}
+
+    card = load_card(write(tmp_path, GOOD), resolve=resolve).card
+    bad = card.model_copy(update={"routines": [Routine(tool="speak", every="soon")]})
+    with pytest.raises(CardError) as info:
+        LoadedCard.from_card(bad, resolve=resolve)
+    assert [(p.path, p.line) for p in info.value.problems] == [
+        ("routines[0].every", None),
+        ("routines[0]", None),
+    ]
+
+
+def test_a_routine_problem_names_file_line_field_and_fix(tmp_path: Path) -> None:
+    text = GOOD + ROUTINES.replace("companion_name +", "companion_nam +").replace(
+        "every: 1h", "every: 1 hour"
+    )
+    text = text.replace("tool: weather\n", "tool: wether\n").replace("{how: big}", "{how: big, size: 3}")
+    path = write(tmp_path, text)
+    found = problems(path)
+    lines = text.splitlines()
+    by_path = {p.path: p for p in found}
+    assert set(by_path) == {
+        "routines[0].args.message",
+        "routines[1].tool",
+        "routines[1].every",
+        "routines[2].input.size",
+    }
+    args = by_path["routines[0].args.message"]
+    assert args.file == str(path) and "message:" in lines[(args.line or 0) - 1]
+    assert args.message.startswith("CEL 1:22: undeclared reference to 'companion_nam'")
+    assert "did you mean 'companion_name'?" in args.fix and args.excerpt.endswith("^")
+    tool = by_path["routines[1].tool"]
+    assert "wether" in lines[(tool.line or 0) - 1] and "did you mean 'weather'?" in tool.fix
+    every = by_path["routines[1].every"]
+    assert every.message == "'1 hour' is not a duration" and "1h30m" in every.fix
+    assert "every: 1 hour" in lines[(every.line or 0) - 1]
+    size = by_path["routines[2].input.size"]
+    assert size.message == "the tool 'wave' has no input field 'size'" and size.fix == "use one of: how"
+    rendered = str(CardError(found))
+    assert f"{path}:{every.line}: routines[1].every: '1 hour' is not a duration" in rendered
+
+
+def test_a_routine_without_a_trigger_or_with_two(tmp_path: Path) -> None:
+    text = GOOD + "routines:\n  - tool: weather\n  - tool: weather\n    every: 10\n    on: joined\n"
+    found = problems(write(tmp_path, text))
+    none, two = only(found, "routines[0]"), only(found, "routines[1].on")
+    assert none.message == "the routine has no trigger" and none.line == 27
+    assert "`on: joined|left|message`" in none.fix
+    assert "several triggers (every, on)" in two.message and two.line == 30
+
+
+def test_a_routine_whose_tool_needs_input_it_does_not_get(tmp_path: Path) -> None:
+    text = GOOD + "routines:\n  - tool: speak\n    idle: 60\n    input: {emotion: furious}\n"
+    found = problems(write(tmp_path, text))
+    missing, emotion = only(found, "routines[0]"), only(found, "routines[0].input.emotion")
+    assert missing.message == "the tool 'speak' needs the input fields 'message', 'to'"
+    assert "args (a CEL expression)" in missing.fix
+    assert "'happy', 'sad', 'angry' or 'neutral'" in emotion.message and emotion.line == 29
+
+
+def test_a_routine_guard_must_be_a_bool_over_its_own_variables(tmp_path: Path) -> None:
+    text = GOOD + "routines:\n  - tool: weather\n    every: 60\n"
+    text += "    when: |\n      fired > 2 &&\n        text == 'x'\n"
+    problem = only(problems(write(tmp_path, text)), "routines[0].when")
+    assert problem.message.startswith("CEL 2:3: undeclared reference to 'text'")
+    assert problem.line == 31  # the line inside the | block
+    assert "not a variable of a routine fired every" in problem.fix and "idle_seconds" in problem.fix
+    text = GOOD + "routines:\n  - tool: weather\n    every: 60\n    when: fired + 1\n"
+    assert "must be a bool" in only(problems(write(tmp_path, text)), "routines[0].when").message
+
+
+def test_a_misspelt_routine_key_is_caught(tmp_path: Path) -> None:
+    found = problems(write(tmp_path, GOOD + "routines:\n  - tool: weather\n    evry: 60\n"))
+    problem = only(found, "routines[0].evry")
+    assert "did you mean 'every'?" in problem.fix and problem.line == 28
+
+
+def test_the_routine_examples_in_the_docs_load() -> None:
+    doc = (CARDS.parent / "docs" / "cards.md").read_text(encoding="utf-8")
+    blocks = [b for b in doc.split("```yaml\n")[1:] if b.startswith("  - tool: speak")]
+    assert len(blocks) == 1
+    pim = (CARDS / "pim.yaml").read_text(encoding="utf-8")
+    text = pim.replace("routines:\n", "routines:\n" + blocks[0].split("```")[0])
+    path = CARDS.parent / "docs" / "cards.md"
+    loaded = LoadedCard.from_card(CompanionCard.model_validate(_yaml_1_2(yaml.safe_load(text))), path=path)
+    assert [r.kind for r in loaded.routines] == ["message", "idle", "joined"]
+
+
+def _yaml_1_2(data: Any) -> Any:
+    """PyYAML reads YAML 1.1, where a bare `on` key is true; the card loader reads it as `on`."""
+    for routine in data.get("routines", []):
+        if True in routine:
+            routine["on"] = routine.pop(True)
+    return data
+
+
 # --- the schema for editors ------------------------------------------------------------------------
 
 
@@ -467,11 +615,10 @@ def test_json_schema_describes_the_card_format() -> None:
 
 def test_example_cards_validate_against_the_json_schema() -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    import yaml
 
     schema = card_json_schema()
     for path in sorted(CARDS.glob("*.yaml")):
-        jsonschema.validate(yaml.safe_load(path.read_text(encoding="utf-8")), schema)
+        jsonschema.validate(_yaml_1_2(yaml.safe_load(path.read_text(encoding="utf-8"))), schema)
     bad: dict[str, Any] = yaml.safe_load((CARDS / "pim.yaml").read_text(encoding="utf-8"))
     bad["metadata"]["id"] = "pim"
     with pytest.raises(jsonschema.ValidationError):

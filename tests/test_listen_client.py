@@ -51,8 +51,10 @@ class Setup:
 
 @asynccontextmanager
 async def listener(
-    nursery: trio.Nursery, *, token: str | None = None, **options: Any
+    nursery: trio.Nursery, *, token: str | None = None, token_in_url: bool = False, **options: Any
 ) -> AsyncIterator[Setup]:
+    """A bridge with the client connected; ``token_in_url``: the client is given the token only
+    in its URL (``--ws "ws://...?token=X"``), not as ``--token``."""
     hub = MemoryHub()
     bridge_ep = hub.endpoint("bridge")
     companion = hub.endpoint("companion")
@@ -69,7 +71,10 @@ async def listener(
     send, receive = trio.open_memory_channel[str](10)
     done = trio.Event()
     exit_code: list[int] = []
-    opts = ListenOptions(url=url, user_id="user_yamada", token=token, **options)
+    if token_in_url and token is not None:
+        opts = ListenOptions(url=f"{url}?token={token}", user_id="user_yamada", **options)
+    else:
+        opts = ListenOptions(url=url, user_id="user_yamada", token=token, **options)
 
     async def run() -> None:
         exit_code.append(await run_listener(opts, receive, screen))
@@ -278,3 +283,29 @@ async def test_fetch_companions_deadline() -> None:
         await fetch_companions(f"http://127.0.0.1:{port}/companions", timeout=0.2)
     for listener_ in listeners:
         await listener_.aclose()
+
+
+async def test_the_token_in_the_url_is_passed_on(nursery: trio.Nursery) -> None:
+    """``companion listen --ws "ws://...?token=X"``: the WebSocket and ``/companions`` both get
+    it, so a line to everyone goes to the bridge's companions."""
+    async with listener(nursery, token="tok", token_in_url=True) as s:
+        connected = await s.screen.wait_for("connected to")
+        assert "tok" not in connected.text  # the token is not shown
+        await s.screen.wait_for("Type a line")  # the start hint
+        await s.lines.send("hello everyone")
+        got = await s.next_from_client(MESSAGES)
+        assert isinstance(got.payload, Message)
+        assert got.payload.params.to == ["companion_aya", "companion_pim"]  # the directory was read
+        assert not [line for line in s.screen.lines if "no companions known" in line.text]
+        await s.lines.send("/quit")
+
+
+async def test_a_missing_token_says_how_to_give_one(nursery: trio.Nursery) -> None:
+    bridge = Bridge(MemoryHub().endpoint("b"), config=BridgeConfig(port=0, token="right"))
+    port = await nursery.start(bridge.serve)
+    _send, receive = trio.open_memory_channel[str](1)
+    screen = Screen()
+    options = ListenOptions(url=f"ws://127.0.0.1:{port}/", user_id="user_a")
+    assert await run_listener(options, receive, screen) == 1
+    text = screen.lines[-1].text
+    assert "refused (401)" in text and "--token" in text and "?token=" in text

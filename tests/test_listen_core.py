@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from companion.listen.core import ListenSession, Quit, Send, Show, Speak
+from companion.listen.core import END_MARKER, ListenSession, Quit, Send, Show, Speak
 from companion.protocol import Action, Message, Metadata, Query, QueryResult, QueryResultBody, encode
 
 AYA = Metadata(id="companion_aya", name="Aya", personality="p", story="s", sample="x")
@@ -218,3 +218,26 @@ def test_approval_answered_elsewhere_or_expired_is_dropped() -> None:
     effects = s.on_input("y", now=111)
     assert "expired" in shown(effects)[0]
     assert sent(effects)[0]["topic"] == "messages"  # the "y" went out as a line, not an answer
+
+
+def test_the_end_of_a_conversation_is_marked() -> None:
+    s = session()
+    closing = Message.create("companion_aya", ["user_yamada"], "Good night!", {"closing": "closing"})
+    assert shown(s.on_frame(encode(closing))) == ["Aya → you: Good night!"]
+    last = Message.create("companion_aya", ["user_yamada"], "Bye!", {"closing": "terminal", "turn": 9})
+    assert shown(s.on_frame(encode(last))) == ["Aya → you: Bye!", END_MARKER]
+
+
+def test_a_result_refused_as_already_answered_is_quiet_unless_it_was_yours() -> None:
+    s = session()
+    speak_late = json.dumps({"error": {"code": "already_answered", "message": "m", "ref": "q-1"}})
+    assert s.on_frame(speak_late) == []  # another client answered the speak query first
+    body = {"action": "buy", "preview": "buy tea"}
+    s.on_frame(encode(Query.create("companion_pim", "approval", body, id="a-1")), now=0)
+    s.on_input("y", now=1)
+    approval_late = json.dumps({"error": {"code": "already_answered", "message": "m", "ref": "a-1"}})
+    assert shown(s.on_frame(approval_late)) == [
+        "(your answer to 'buy tea' came too late: it was already answered elsewhere)"
+    ]
+    limited = json.dumps({"error": {"code": "rate_limited", "message": "too many frames", "ref": "m-1"}})
+    assert s.on_frame(limited) == [Show("bridge: too many frames", "error")]

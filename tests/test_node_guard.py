@@ -14,11 +14,12 @@ from libp2p.pubsub.pb import rpc_pb2
 
 from companion.membership import Membership
 from companion.node.drops import Drop, DropCounters
-from companion.node.guard import EdgeGuard
+from companion.node.guard import ASKED_CAPACITY, EdgeGuard
 from companion.node.msgid import js_message_id
 from companion.node.replay import ReplayGuard
 from companion.protocol import (
     ACTIONS,
+    APPROVAL_QUERY,
     MESSAGES,
     QUERIES,
     STATES,
@@ -32,6 +33,7 @@ from companion.protocol import (
     encode,
     encode_states,
 )
+from companion.trust import TrustStore
 
 
 class Clock:
@@ -47,7 +49,10 @@ def md(key: str) -> Metadata:
 
 
 def make_guard(max_bytes: int = 4096, capacity: int = 100) -> tuple[EdgeGuard, Clock]:
-    members = Membership("peer-me", md("me"))
+    trust = TrustStore()
+    trust.allow("peer-bridge", "approver")
+    trust.allow("peer-voice", "answerer")
+    members = Membership("peer-me", md("me"), trust)
     members.peer_connected("peer-a")
     assert isinstance(members.bind("peer-a", md("a")), list)
     clock = Clock()
@@ -82,6 +87,8 @@ def test_oversized_is_dropped_before_parsing() -> None:
         (MESSAGES, b"\xff\xfe", "not_utf8"),
         (MESSAGES, b"{not json", "not_json"),
         (MESSAGES, encode(Action.create("companion_a", "wave", {})), "wrong_method"),
+        (MESSAGES, hello().replace(b'"hello"', b'"\\ud800"'), "invalid_unicode"),
+        (MESSAGES, hello().replace(b'"m1"', b'"m\\udc00"'), "invalid_unicode"),
         (STATES, b"{}", "invalid"),
         ("elsewhere", b"{}", "unknown_topic"),
     ],
@@ -132,6 +139,108 @@ def test_spoofed_senders_are_refused(topic: str, data: bytes, signer: str) -> No
 def test_genuine_senders_pass(topic: str, data: bytes, signer: str) -> None:
     guard, _ = make_guard()
     assert guard.admit(topic, data, signer, b"id") is not None
+
+
+def test_a_lone_surrogate_poisons_nothing_after_it() -> None:
+    guard, _ = make_guard()
+    poison = hello("user_1").replace(b'"hello"', b'"\\ud800"')
+    assert guard.admit(MESSAGES, poison, "peer-bridge", b"p") is None
+    inbound = guard.admit(MESSAGES, hello("user_1"), "peer-bridge", b"q")
+    assert inbound is not None and isinstance(inbound.payload, Message)
+    assert guard.drops.snapshot() == {"invalid_unicode": 1}
+
+
+def test_relayed_states_from_a_pinned_leader_pass_while_it_is_away() -> None:
+    guard, _ = make_guard()
+    guard.membership.peer_disconnected("peer-a")  # reached only through others now
+    states = encode_states(
+        [State.create("companion_a", "listen", 1, False), State.create("companion_me", "speak", 9, True)]
+    )
+    assert guard.admit(STATES, states, "peer-a", b"s1") is not None
+    forged = encode_states([State.create("companion_me", "speak", 9, True)])
+    assert guard.admit(STATES, forged, "peer-a", b"s2") is None
+    assert guard.drops.snapshot() == {"spoofed_sender": 1}
+
+
+def ask(guard: EdgeGuard, query_type: str, query_id: str) -> None:
+    """This node publishes a query (the node tells its guard first), which then passes its edge."""
+    query = Query.create("companion_me", query_type, {"message": "hi"}, id=query_id)
+    guard.asking(query)
+    assert guard.admit(QUERIES, encode(query), "peer-me", f"own-{query_id}".encode()) is not None
+
+
+def result(query_id: str, **body: Any) -> bytes:
+    return encode(QueryResult.model_validate({"id": query_id, "result": {"success": True, "body": body}}))
+
+
+@pytest.mark.parametrize(
+    ("query_type", "signer", "reason"),
+    [
+        ("speak", "peer-raw", "unauthorized_answer"),
+        ("speak", "peer-a", "unauthorized_answer"),  # a companion is no client
+        (APPROVAL_QUERY, "peer-raw", "unauthorized_approval"),
+        (APPROVAL_QUERY, "peer-voice", "unauthorized_approval"),  # answerers do not approve
+    ],
+)
+def test_answers_to_our_queries_from_peers_that_may_not_answer_are_dropped(
+    query_type: str, signer: str, reason: str
+) -> None:
+    guard, _ = make_guard()
+    ask(guard, query_type, "q1")
+    assert guard.admit(QUERIES, result("q1", approved=True), signer, b"forged") is None
+    assert guard.drops.snapshot() == {reason: 1}
+    assert b"forged" not in guard.replay
+
+
+@pytest.mark.parametrize(
+    ("query_type", "signer"),
+    [
+        ("speak", "peer-bridge"),
+        ("speak", "peer-voice"),
+        (APPROVAL_QUERY, "peer-bridge"),
+        ("speak", "peer-me"),
+    ],
+)
+def test_answers_from_allowed_peers_pass_and_the_first_is_logged(
+    query_type: str, signer: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    guard, _ = make_guard()
+    caplog.set_level(logging.INFO, logger="companion")
+    ask(guard, query_type, "q1")
+    assert guard.admit(QUERIES, result("q1", approved=True), signer, b"r1") is not None
+    assert guard.admit(QUERIES, result("q1", approved=True), signer, b"r2") is not None  # a second client
+    answered = [r for r in caplog.records if getattr(r, "companion_event", "") == "query_answered"]
+    assert [r.companion_fields for r in answered] == [  # type: ignore[attr-defined]
+        {"node": "", "query_id": "q1", "type": query_type, "peer": signer, "ok": True}
+    ]
+
+
+def test_results_for_queries_of_other_nodes_are_relayed_unjudged() -> None:
+    guard, _ = make_guard()
+    ask(guard, "speak", "mine")
+    assert guard.admit(QUERIES, result("theirs"), "peer-raw", b"r") is not None
+    # a query with our id published by someone else does not teach the guard anything
+    other = encode(Query.create("companion_a", "speak", id="q-a"))
+    assert guard.admit(QUERIES, other, "peer-a", b"qa") is not None
+    assert guard.admit(QUERIES, result("q-a"), "peer-raw", b"ra") is not None
+    assert guard.drops.snapshot() == {}
+
+
+def test_a_bridge_judges_no_answers_to_the_queries_it_relays_for_clients() -> None:
+    members = Membership("peer-bridge-node", None)
+    guard = EdgeGuard(members, DropCounters(Clock()))
+    relayed = encode(Query.create("user_1", "speak", id="q-client"))
+    assert guard.admit(QUERIES, relayed, "peer-bridge-node", b"q") is not None
+    assert guard.admit(QUERIES, result("q-client"), "peer-other-bridge", b"r") is not None
+    assert guard.drops.snapshot() == {}
+
+
+def test_the_guard_remembers_a_bounded_number_of_own_queries() -> None:
+    guard, _ = make_guard()
+    for i in range(ASKED_CAPACITY + 10):
+        ask(guard, APPROVAL_QUERY, f"q{i}")
+    assert len(guard._asked._types) == ASKED_CAPACITY
+    assert guard.admit(QUERIES, result(f"q{ASKED_CAPACITY + 9}"), "peer-raw", b"late") is None
 
 
 def test_each_peer_and_reason_is_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:

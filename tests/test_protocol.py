@@ -29,6 +29,7 @@ from companion.protocol import (
     encode,
     encode_states,
     js_number,
+    parse_metadata,
     parse_payload,
 )
 from companion.turns import select_leader
@@ -221,10 +222,94 @@ def test_metadata_keys_follow_javascript_property_order() -> None:
 
 
 def test_lone_surrogates_are_escaped_like_javascript() -> None:
-    parsed = parse_payload(MESSAGES, _message(message="\ud800x"))
-    assert isinstance(parsed, Message)
-    assert '"message":"\\ud800x"' in canonical_json(parsed)
-    encode(parsed).decode("utf-8")  # still valid UTF-8 on the wire
+    # a message built here (never one parsed from the wire: those are refused, below)
+    message = Message.create("companion_a", ["companion_b"], "\ud800x", id="m1")
+    assert '"message":"\\ud800x"' in canonical_json(message)
+    encode(message).decode("utf-8")  # still valid UTF-8 on the wire
+
+
+_LONE = "\ud800"
+_SURROGATE_PAYLOADS = [
+    (MESSAGES, _message(message=_LONE), "params.message"),
+    (MESSAGES, _message(message="ok " + "\udfff"), "params.message"),
+    (MESSAGES, _message(id=_LONE), "params.id"),
+    (MESSAGES, _message(**{"from": "user_" + _LONE}), "params.from"),
+    (MESSAGES, _message(to=["companion_b", _LONE]), "params.to.1"),
+    (MESSAGES, _message(metadata={"emotion": _LONE}), "params.metadata.emotion"),
+    (MESSAGES, _message(metadata={_LONE: 1}), "params.metadata (a key)"),
+    (MESSAGES, _message(metadata={"deep": [{"x": [_LONE]}]}), "params.metadata.deep.0.x.0"),
+    (MESSAGES, _message(extra_param=_LONE), "params.extra_param"),  # even where it is dropped
+    (STATES, json.dumps([_state(**{"from": _LONE})]).encode(), "0.params.from"),
+    (
+        QUERIES,
+        json.dumps(
+            {**json.loads(encode(Query.create("companion_a", "speak", id="q"))), "id": _LONE}
+        ).encode(),
+        "id",
+    ),
+    (
+        QUERIES,
+        encode(Query.create("companion_a", "speak", {"message": _LONE}, id="q")),
+        "params.body.message",
+    ),
+    (QUERIES, json.dumps({"jsonrpc": "2.0", "id": "q", "error": _LONE}).encode(), "error"),
+    (
+        QUERIES,
+        json.dumps({"jsonrpc": "2.0", "id": "q", "result": {"success": True, "body": {"a": _LONE}}}).encode(),
+        "result.body.a",
+    ),
+    (ACTIONS, encode(Action.create("companion_a", "wave", {"who": _LONE})), "params.params.who"),
+]
+
+
+@pytest.mark.parametrize(("topic", "data", "where"), _SURROGATE_PAYLOADS)
+def test_lone_surrogates_anywhere_are_refused_as_invalid_unicode(topic: str, data: bytes, where: str) -> None:
+    assert b"\\ud" in data.lower()  # valid JSON, valid UTF-8: the escape is plain ASCII
+    result = parse_payload(topic, data)
+    assert isinstance(result, PayloadError), result
+    assert result.reason == "invalid_unicode"
+    assert result.detail.startswith(where + ":"), result.detail
+    str(result).encode("utf-8")  # the detail itself is loggable
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_text() -> None:
+    emoji = parse_payload(MESSAGES, _message(message="\U0001f600"))  # json.dumps writes a pair
+    assert isinstance(emoji, Message) and emoji.params.message == "\U0001f600"
+    literal = parse_payload(
+        MESSAGES,
+        b'{"jsonrpc":"2.0","method":"message.send","params":{"id":"m",'
+        b'"from":"user_a","to":[],"message":"\\\\ud800"}}',
+    )
+    assert isinstance(literal, Message) and literal.params.message == "\\ud800"
+
+
+def test_metadata_answer_is_parsed_with_the_same_checks() -> None:
+    good = {"id": "companion_a", "name": "A", "personality": "p", "story": "s", "sample": "x"}
+    assert parse_metadata(json.dumps(good).encode()) == Metadata(**good)
+    for bad, reason in [
+        (json.dumps({**good, "name": _LONE}).encode(), "invalid_unicode"),
+        (json.dumps({**good, "age": 3}).encode(), "invalid"),
+        (b"\xff", "not_utf8"),
+        (b"[" * 60_000, "not_json"),
+        (b"x" * 70_000, "too_large"),
+    ]:
+        result = parse_metadata(bad)
+        assert isinstance(result, PayloadError) and result.reason == reason, (bad[:40], result)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    field=st.sampled_from(["message", "id", "from"]),
+    text=st.text(alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010), max_size=6),
+)
+def test_any_string_with_a_lone_surrogate_is_refused_and_others_parse(field: str, text: str) -> None:
+    result = parse_payload(MESSAGES, _message(**{field: text}))
+    decoded = json.loads(json.dumps(text))  # a high surrogate escape followed by a low one is a pair
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in decoded):
+        assert isinstance(result, PayloadError) and result.reason == "invalid_unicode"
+    else:
+        assert isinstance(result, Message)
+        assert result.model_dump(by_alias=True)["params"][field] == decoded
 
 
 # --- properties: nothing escapes the parser, whatever the bytes --------------------------------

@@ -6,6 +6,7 @@ with a :class:`ToolResult`. See ``docs/actions.md``.
 """
 
 from .approval import APPROVAL_QUERY
+from .catalog import TOOLS_ACTION, ToolInfo, ToolsChanged, tools_action, tools_json
 from .context import ActionContext
 from .definition import (
     DEFAULT_TIMEOUT,
@@ -16,31 +17,45 @@ from .definition import (
     knowledge,
     validate_input,
 )
+from .kv import KeyValueStore, Namespace, StoreLimitExceeded, StoreLimits
 from .progress import PROGRESS_ACTION
 from .registry import BUILTINS, ToolNotFound, resolve_tool
 from .results import ActionRefused, ErrorCode, InputIssue, QueryTimeout, ToolResult, ToolStatus
-from .runtime import ActionRuntime, ToolDef
+from .runtime import MAX_CALL_DEPTH, MAX_NOTE_CHARS, MAX_NOTES, ActionRuntime, ToolDef, ToolsListener
 
 __all__ = [
     "APPROVAL_QUERY",
     "BUILTINS",
     "DEFAULT_TIMEOUT",
+    "MAX_CALL_DEPTH",
+    "MAX_NOTES",
+    "MAX_NOTE_CHARS",
     "PROGRESS_ACTION",
+    "TOOLS_ACTION",
     "ActionContext",
     "ActionDef",
     "ActionRefused",
     "ActionRuntime",
     "ErrorCode",
     "InputIssue",
+    "KeyValueStore",
     "KnowledgeDef",
+    "Namespace",
     "PublishOutput",
     "QueryTimeout",
+    "StoreLimitExceeded",
+    "StoreLimits",
     "ToolDef",
+    "ToolInfo",
     "ToolNotFound",
     "ToolResult",
     "ToolStatus",
+    "ToolsChanged",
+    "ToolsListener",
     "action",
     "knowledge",
     "resolve_tool",
+    "tools_action",
+    "tools_json",
     "validate_input",
 ]

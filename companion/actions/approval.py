@@ -13,12 +13,11 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
-from ..protocol import QueryResult
+from ..protocol import APPROVAL_QUERY, QueryResult
 from .definition import ActionDef
 
 __all__ = ["APPROVAL_QUERY", "DEFAULT_APPROVAL_TIMEOUT", "ApprovalDecision", "approval_body", "read_approval"]
 
-APPROVAL_QUERY: Final = "approval"
 DEFAULT_APPROVAL_TIMEOUT: Final = 120.0
 """Seconds to wait for a person; separate from (and before) the action's own timeout."""
 MAX_PREVIEW_CHARS: Final = 500

@@ -1,7 +1,8 @@
 """What a handler sees: one read-only context per call, built by the runtime.
 
 The context hands the handler its validated input and the few capabilities it may use (ask
-clients, report progress); everything else about the node stays out of reach.
+clients, report progress, call another tool, keep small values, leave notes for the model);
+everything else about the node stays out of reach.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from ..protocol import Message, Metadata, QueryResult
+from .kv import Namespace
+from .results import ToolResult
 
 __all__ = ["DEFAULT_QUERY_TIMEOUT", "ActionContext", "InputT"]
 
@@ -24,6 +27,8 @@ DEFAULT_QUERY_TIMEOUT = 30.0
 
 QueryFn = Callable[[str, Mapping[str, Any] | None, float], Awaitable[QueryResult]]
 ProgressFn = Callable[[float, str], Awaitable[None]]
+CallFn = Callable[[str, Mapping[str, Any]], Awaitable[ToolResult]]
+NoteFn = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +49,18 @@ class ActionContext(Generic[InputT]):
     """Live, read-only view of the companions on the network (id -> metadata), this one included."""
     history: Sequence[Message]
     """The recent conversation when the call started, oldest first."""
+    store: Namespace
+    """This tool's own key-value memory (JSON values), kept across calls and restarts.
+
+    ``get(key, default=None)``, ``set(key, value)``, ``delete(key)``, ``keys()``. The namespace
+    is the tool's id: other tools of the companion cannot read or change it. A write past a
+    size limit raises :class:`~companion.actions.StoreLimitExceeded`.
+    """
     _send_query: QueryFn = field(repr=False)
     _progress: ProgressFn = field(repr=False)
     _deadline: Callable[[], float] = field(repr=False)
+    _call: CallFn = field(repr=False)
+    _note: NoteFn = field(repr=False)
 
     @property
     def companion_id(self) -> str:
@@ -55,7 +69,11 @@ class ActionContext(Generic[InputT]):
 
     @property
     def deadline(self) -> float:
-        """When the call will be cancelled, in ``trio.current_time()`` terms (progress moves it)."""
+        """When the call will be cancelled, in ``trio.current_time()`` terms (progress moves it).
+
+        In a nested call this is the earliest deadline of the chain: a callee never outlives its
+        caller.
+        """
         return self._deadline()
 
     async def send_query(
@@ -79,3 +97,32 @@ class ActionContext(Generic[InputT]):
         up to the action's absolute cap.
         """
         await self._progress(percent, message)
+
+    async def call(self, tool_id: str, input: Mapping[str, Any] | BaseModel | None = None) -> ToolResult:
+        """Run another tool of this companion, through the same checks, and return its result.
+
+        The callee's input is validated, approval is asked when it needs it, its progress goes
+        to clients, and it runs under its own limits but never past this call's deadline;
+        cancelling this call cancels it too. Check ``result.ok``: a failed callee is a result,
+        not an exception. A tool already running in this chain of calls is refused
+        (``call_cycle``), and so is a chain deeper than
+        :data:`~companion.actions.MAX_CALL_DEPTH` (``call_too_deep``). What the callee
+        publishes is published; its notes come back in ``result.notes`` and reach the model
+        only if this handler passes them on with :meth:`note`.
+        """
+        if isinstance(input, BaseModel):
+            raw: Mapping[str, Any] = input.model_dump(mode="json", by_alias=True)
+        elif input is None:
+            raw = {}
+        else:
+            raw = input
+        return await self._call(tool_id, raw)
+
+    def note(self, text: str) -> None:
+        """Tell the model something for its next step, beside this call's result.
+
+        Notes are never published and never recorded as anyone's words; they reach only the
+        model (``ToolResult.notes``, and the ``notes`` of ``for_model()``). Long notes are cut
+        and only the first few of a call are kept (see ``MAX_NOTES``, ``MAX_NOTE_CHARS``).
+        """
+        self._note(str(text))

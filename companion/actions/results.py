@@ -30,11 +30,26 @@ class ErrorCode(IntEnum):
     NOT_FOUND = -32003
     INVALID_INPUT = -32004
     REFUSED = -32005
+    CALL_CYCLE = -32006
+    """A nested :meth:`~companion.actions.ActionContext.call` named a tool already running in its chain."""
+    CALL_TOO_DEEP = -32007
+    """A nested call would go deeper than :data:`~companion.actions.MAX_CALL_DEPTH`."""
+    STORE_LIMIT = -32008
+    """A :attr:`~companion.actions.ActionContext.store` write went past a size limit (uncaught)."""
     INTERNAL = -32603
 
 
 ToolStatus: TypeAlias = Literal[
-    "ok", "invalid_input", "refused", "timeout", "cancelled", "not_found", "internal_error"
+    "ok",
+    "invalid_input",
+    "refused",
+    "timeout",
+    "cancelled",
+    "not_found",
+    "call_cycle",
+    "call_too_deep",
+    "store_limit",
+    "internal_error",
 ]
 
 _CODES: dict[ToolStatus, ErrorCode] = {
@@ -43,6 +58,9 @@ _CODES: dict[ToolStatus, ErrorCode] = {
     "timeout": ErrorCode.TIMEOUT,
     "cancelled": ErrorCode.CANCELLED,
     "not_found": ErrorCode.NOT_FOUND,
+    "call_cycle": ErrorCode.CALL_CYCLE,
+    "call_too_deep": ErrorCode.CALL_TOO_DEEP,
+    "store_limit": ErrorCode.STORE_LIMIT,
     "internal_error": ErrorCode.INTERNAL,
 }
 
@@ -91,6 +109,11 @@ class ToolResult:
     issues: tuple[InputIssue, ...] = ()
     published: tuple[Message | Action, ...] = ()
     """What an action published (in order)."""
+    notes: tuple[str, ...] = ()
+    """What the handler told the model with :meth:`~companion.actions.ActionContext.note`.
+
+    Notes go to the model's next step only: never published, never recorded as anyone's words.
+    """
 
     @property
     def ok(self) -> bool:
@@ -102,14 +125,14 @@ class ToolResult:
         return None if self.status == "ok" else _CODES[self.status]
 
     def for_model(self) -> dict[str, Any]:
-        """The JSON object a model sees as the tool's answer."""
+        """The JSON object a model sees as the tool's answer (with ``notes`` when there are any)."""
+        out: dict[str, Any]
         if self.status == "ok":
-            return {"status": "ok", "output": self.output}
-        out: dict[str, Any] = {
-            "status": self.status,
-            "code": int(_CODES[self.status]),
-            "message": self.message,
-        }
-        if self.issues:
-            out["issues"] = [{"path": issue.path, "message": issue.message} for issue in self.issues]
+            out = {"status": "ok", "output": self.output}
+        else:
+            out = {"status": self.status, "code": int(_CODES[self.status]), "message": self.message}
+            if self.issues:
+                out["issues"] = [{"path": issue.path, "message": issue.message} for issue in self.issues]
+        if self.notes:
+            out["notes"] = list(self.notes)
         return out

@@ -4,6 +4,11 @@
 bad input), asks for approval when the action needs it, runs the handler under its deadline and
 the caller's cancellation, and settles exactly once with a :class:`ToolResult`. What an action
 returns is checked, published on its topic and recorded in the history.
+
+A handler may call another tool of the same companion (:meth:`ActionContext.call`): the callee
+takes the same path, nested inside the caller (its deadline never past the caller's, the
+caller's cancellation reaching it), and chains are kept short and free of cycles. Changes to
+the tool table are announced to listeners (:meth:`ActionRuntime.on_tools_changed`).
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import inspect
 import logging
 import math
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
@@ -26,13 +31,15 @@ from ..models.base import ToolSpec
 from ..protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
 from ..transport import Publisher
 from .approval import APPROVAL_QUERY, DEFAULT_APPROVAL_TIMEOUT, approval_body, read_approval
+from .catalog import ToolChange, ToolInfo, ToolsChanged, tool_info
 from .context import ActionContext
 from .definition import ActionDef, KnowledgeDef, validate_input
+from .kv import KeyValueStore, StoreLimitExceeded
 from .progress import DEFAULT_MIN_INTERVAL, ProgressGate, progress_action
 from .queries import PendingQueries
 from .results import ActionRefused, InputIssue, QueryTimeout, ToolResult
 
-__all__ = ["ActionRuntime", "ToolDef"]
+__all__ = ["MAX_CALL_DEPTH", "MAX_NOTES", "MAX_NOTE_CHARS", "ActionRuntime", "ToolDef", "ToolsListener"]
 
 logger = logging.getLogger("companion.actions")
 
@@ -41,6 +48,14 @@ ToolDef: TypeAlias = ActionDef | KnowledgeDef
 DEFAULT_HISTORY_LIMIT: Final = 20
 DEFAULT_PUBLISH_TIMEOUT: Final = 10.0
 """Seconds to hand one envelope to the network before the call counts as an internal error."""
+MAX_CALL_DEPTH: Final = 4
+"""How many calls may be nested below the first one (a model's, a routine's, the command line's)."""
+MAX_NOTES: Final = 8
+"""Notes kept per call; later ones are dropped (and logged)."""
+MAX_NOTE_CHARS: Final = 1_000
+"""Longer notes are cut to this many characters."""
+
+ToolsListener: TypeAlias = Callable[[ToolsChanged], None]
 
 
 class _BadOutput(Exception):
@@ -56,6 +71,16 @@ class _Call:
     handler_scope: trio.CancelScope | None = None
     cap_at: float = math.inf
     gate: ProgressGate = field(default_factory=ProgressGate)
+    parent: _Call | None = None
+    """The call whose handler made this one (``ActionContext.call``), or None for a first call."""
+    notes: list[str] = field(default_factory=list)
+
+    def chain(self) -> Iterator[_Call]:
+        """This call and the calls above it, innermost first."""
+        call: _Call | None = self
+        while call is not None:
+            yield call
+            call = call.parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +103,17 @@ class ActionRuntime:
         approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT,
         publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
         progress_interval: float = DEFAULT_MIN_INTERVAL,
+        kv: KeyValueStore | None = None,
+        max_call_depth: int = MAX_CALL_DEPTH,
     ) -> None:
-        """``clock`` paces progress messages only; deadlines always use trio's clock."""
+        """``clock`` paces progress messages only; deadlines always use trio's clock.
+
+        ``kv`` holds the tools' :attr:`ActionContext.store` (usually
+        ``KeyValueStore.open(<the companion's SQLite file>)``); without it values live in memory
+        for the runtime's lifetime. The runtime does not close it.
+        """
+        if max_call_depth < 0:
+            raise ValueError(f"max_call_depth must be 0 or more, got {max_call_depth!r}")
         self._metadata = metadata
         self._publisher = publisher
         self._directory: Mapping[str, Metadata] = MappingProxyType(directory)
@@ -92,6 +126,10 @@ class ActionRuntime:
         self._tools: dict[str, ToolDef] = {}
         self._calls: dict[str, _Call] = {}
         self._queries = PendingQueries(publisher, metadata.id)
+        self._kv = kv if kv is not None else KeyValueStore.in_memory()
+        self._max_call_depth = max_call_depth
+        self._revision = 0
+        self._tool_listeners: list[ToolsListener] = []
 
     # --- the tool table ------------------------------------------------------------------------
 
@@ -105,20 +143,73 @@ class ActionRuntime:
         return MappingProxyType(self._tools)
 
     def register(self, defn: ToolDef, *, replace: bool = False) -> None:
-        """Add a tool; the model sees it from its next step. Calls already running are unaffected."""
+        """Add a tool; the model sees it from its next step. Calls already running are unaffected.
+
+        A change (a new tool, or ``replace=True`` with a different definition) is announced to
+        the :meth:`on_tools_changed` listeners; registering the same definition again is not.
+        """
         if not isinstance(defn, ActionDef | KnowledgeDef):
             raise TypeError(f"expected an ActionDef or KnowledgeDef, got {type(defn).__name__}")
-        if defn.id in self._tools and not replace and self._tools[defn.id] is not defn:
+        previous = self._tools.get(defn.id)
+        if previous is defn:
+            return
+        if previous is not None and not replace:
             raise ValueError(f"a tool named {defn.id!r} is already registered (pass replace=True)")
         self._tools[defn.id] = defn
         log_event(logger, "tool_registered", logging.DEBUG, tool=defn.id, kind=defn.kind)
+        self._announce("registered" if previous is None else "replaced", defn.id)
 
-    def unregister(self, tool_id: str) -> bool:
-        """Remove a tool. A call already running keeps its handler. False if it was not there."""
+    def remove(self, tool_id: str) -> bool:
+        """Remove a tool (announced). A call already running keeps its handler. False if it was not there."""
         removed = self._tools.pop(tool_id, None) is not None
         if removed:
             log_event(logger, "tool_unregistered", logging.DEBUG, tool=tool_id)
+            self._announce("removed", tool_id)
         return removed
+
+    unregister = remove
+    """The earlier name of :meth:`remove`."""
+
+    @property
+    def tools_revision(self) -> int:
+        """Counts the changes to the tool table; a listener that missed one sees a gap."""
+        return self._revision
+
+    def tool_list(self) -> tuple[ToolInfo, ...]:
+        """What this companion offers (id, description, kind), in registration order."""
+        return tuple(tool_info(d) for d in self._tools.values())
+
+    def on_tools_changed(self, listener: ToolsListener) -> Callable[[], None]:
+        """Call ``listener(event)`` after every change to the tool table; returns the unsubscribe.
+
+        The event carries the full list (as Tesseron's ``actions/list_changed``), so a listener
+        never has to ask. Listeners run synchronously inside :meth:`register` / :meth:`remove`:
+        keep them quick (hand the event to a channel); an exception in one is logged and does
+        not stop the change or the other listeners.
+        """
+        self._tool_listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._tool_listeners:
+                self._tool_listeners.remove(listener)
+
+        return unsubscribe
+
+    def _announce(self, change: ToolChange, tool_id: str) -> None:
+        self._revision += 1
+        event = ToolsChanged(self._revision, change, tool_id, self.tool_list())
+        for listener in list(self._tool_listeners):
+            try:
+                listener(event)
+            except Exception as exc:  # a listener's bug must not undo or block the change
+                log_event(
+                    logger,
+                    "tools_listener_failed",
+                    logging.ERROR,
+                    tool=tool_id,
+                    change=change,
+                    error=f"{type(exc).__name__}: {exc}",
+                )
 
     def tool_specs(self) -> list[ToolSpec]:
         """The tools as the model sees them, in registration order."""
@@ -161,7 +252,44 @@ class ActionRuntime:
         timeouts and :meth:`cancel`. If the *caller's* own cancel scope is cancelled, trio's
         ``Cancelled`` propagates as usual (nothing is published and no query stays pending).
         """
-        call_id = call_id or new_id()
+        return await self._run(tool_id, raw_input, call_id or new_id(), None)
+
+    async def _nested(self, parent: _Call, tool_id: str, raw_input: Mapping[str, Any]) -> ToolResult:
+        """``ActionContext.call``: one more link in ``parent``'s chain, refused if it loops or is too deep."""
+        if self._calls.get(parent.call_id) is not parent:
+            raise RuntimeError(
+                f"{parent.defn.id!r} used ActionContext.call after its call {parent.call_id!r} ended"
+            )
+        call_id = new_id()
+        chain = [c.defn.id for c in reversed(list(parent.chain()))]
+        if tool_id in chain:
+            path = " -> ".join([*chain, tool_id])
+            return self._log_result(
+                ToolResult(
+                    tool_id,
+                    call_id,
+                    "call_cycle",
+                    f"{parent.defn.id!r} cannot call {tool_id!r}: it is already running in this chain "
+                    f"({path}); a tool may not call itself, directly or through others",
+                ),
+                0.0,
+            )
+        if len(chain) > self._max_call_depth:
+            return self._log_result(
+                ToolResult(
+                    tool_id,
+                    call_id,
+                    "call_too_deep",
+                    f"{parent.defn.id!r} cannot call {tool_id!r}: calls may nest at most "
+                    f"{self._max_call_depth} deep ({' -> '.join(chain)})",
+                ),
+                0.0,
+            )
+        return await self._run(tool_id, raw_input, call_id, parent)
+
+    async def _run(
+        self, tool_id: str, raw_input: Mapping[str, Any], call_id: str, parent: _Call | None
+    ) -> ToolResult:
         if call_id in self._calls:
             raise ValueError(f"call id {call_id!r} is already running")
         defn = self._tools.get(tool_id)
@@ -175,10 +303,16 @@ class ActionRuntime:
         if isinstance(value, tuple):
             return self._log_result(_invalid(defn, call_id, value), 0.0)
 
-        call = _Call(call_id, defn, gate=ProgressGate(self._progress_interval))
+        call = _Call(call_id, defn, gate=ProgressGate(self._progress_interval), parent=parent)
         self._calls[call_id] = call
         started = trio.current_time()
-        log_event(logger, "tool_call_started", tool=tool_id, call_id=call_id)
+        log_event(
+            logger,
+            "tool_call_started",
+            tool=tool_id,
+            call_id=call_id,
+            parent_call_id=None if parent is None else parent.call_id,
+        )
         outcome: ToolResult | _Produced | None = None
         try:
             with call.scope:
@@ -204,6 +338,8 @@ class ActionRuntime:
         else:
             assert outcome is not None
             result = await self._settle(call, outcome.value)
+        if call.notes:
+            result = replace(result, notes=tuple(call.notes))
         return self._log_result(result, trio.current_time() - started)
 
     async def call_for_model(self, tool_id: str, raw_input: Mapping[str, Any]) -> dict[str, Any]:
@@ -286,7 +422,16 @@ class ActionRuntime:
             await self._progress(call, percent, message)
 
         def deadline() -> float:
-            return call.handler_scope.deadline if call.handler_scope is not None else math.inf
+            return min(
+                (c.handler_scope.deadline for c in call.chain() if c.handler_scope is not None),
+                default=math.inf,
+            )
+
+        async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> ToolResult:
+            return await self._nested(call, tool_id, raw)
+
+        def note(text: str) -> None:
+            self._note(call, text)
 
         return ActionContext(
             input=value,
@@ -295,19 +440,33 @@ class ActionRuntime:
             metadata=self._metadata,
             companions=self._directory,
             history=tuple(self._history.recent(self._history_limit)),
+            store=self._kv.namespace(self.companion_id, call.defn.id),
             _send_query=send_query,
             _progress=progress,
             _deadline=deadline,
+            _call=call_tool,
+            _note=note,
         )
+
+    def _note(self, call: _Call, text: str) -> None:
+        if self._calls.get(call.call_id) is not call:
+            return  # the call has settled; its result is already out
+        if len(call.notes) >= MAX_NOTES:
+            log_event(logger, "tool_note_dropped", logging.WARNING, tool=call.defn.id, call_id=call.call_id)
+            return
+        call.notes.append(text if len(text) <= MAX_NOTE_CHARS else text[: MAX_NOTE_CHARS - 1] + "…")
 
     async def _progress(self, call: _Call, percent: float, message: str) -> None:
         if self._calls.get(call.call_id) is not call or call.handler_scope is None:
             return  # the call has settled; a leaked context cannot reach the network
         update = call.gate.offer(percent, str(message), self._clock())
-        scope = call.handler_scope
-        extended = min(trio.current_time() + call.defn.timeout, call.cap_at)
-        if extended > scope.deadline:
-            scope.deadline = extended
+        now = trio.current_time()
+        # A callee's progress is its callers' too: each link's idle deadline moves, up to its cap.
+        for link in call.chain():
+            if link.handler_scope is not None:
+                extended = min(now + link.defn.timeout, link.cap_at)
+                if extended > link.handler_scope.deadline:
+                    link.handler_scope.deadline = extended
         if update is not None:
             await self._publisher.publish(
                 ACTIONS, progress_action(self.companion_id, call.defn.id, call.call_id, update)
@@ -323,6 +482,8 @@ class ActionRuntime:
             return ToolResult(tool_id, call.call_id, "refused", message)
         if isinstance(leaf, QueryTimeout):
             return ToolResult(tool_id, call.call_id, "timeout", f"{leaf}; {tool_id!r} did not finish")
+        if isinstance(leaf, StoreLimitExceeded):
+            return ToolResult(tool_id, call.call_id, "store_limit", str(leaf))
         return self._internal(call, exc, f"{tool_id!r} failed with an internal error ({type(leaf).__name__})")
 
     def _internal(self, call: _Call, exc: BaseException, message: str) -> ToolResult:

@@ -10,6 +10,7 @@ a stable ``code`` and a one-line ``message`` so a person or a program can act on
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
@@ -37,7 +38,9 @@ __all__ = [
     "PublishRequest",
     "decode_frame",
     "error_frame",
+    "frame_ref",
     "interpret_request",
+    "session_frame",
 ]
 
 CLIENT_TOPICS: Final[tuple[str, ...]] = (MESSAGES, QUERIES, ACTIONS)
@@ -49,6 +52,10 @@ MAX_FRAME_BYTES: Final = 96 * 1024
 
 COMPANION_PREFIX: Final = "companion_"
 
+SESSION_KEY: Final = "session"
+SESSION_MIN: Final = 16
+SESSION_MAX: Final = 128
+
 FrameErrorCode: TypeAlias = Literal[
     "too_large",
     "not_utf8",
@@ -59,6 +66,10 @@ FrameErrorCode: TypeAlias = Literal[
     "forbidden_sender",
     "hook_failed",
     "publish_failed",
+    "rate_limited",
+    "unknown_query",
+    "already_answered",
+    "invalid_session",
 ]
 
 
@@ -79,6 +90,8 @@ class FrameError:
     issues: tuple[Issue, ...] = ()
     ref: str | None = None
     """The id the frame carried (``body.params.id`` or ``body.id``), so a client can match it."""
+    retry_after: float | None = None
+    """``rate_limited``: seconds until the bridge takes a frame from this client again."""
 
     def to_json(self) -> str:
         return error_frame(self)
@@ -104,7 +117,9 @@ def error_frame(error: FrameError) -> str:
     }
     if error.ref is not None:
         body["ref"] = error.ref
-    return json.dumps({"error": body}, ensure_ascii=False, separators=(",", ":"))
+    if error.retry_after is not None:
+        body["retry_after"] = math.ceil(error.retry_after * 1000) / 1000  # never 0: it is a wait
+    return json.dumps({"error": body}, ensure_ascii=True, separators=(",", ":"))
 
 
 def decode_frame(data: str | bytes) -> Any | FrameError:
@@ -127,6 +142,33 @@ def decode_frame(data: str | bytes) -> Any | FrameError:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def session_frame(obj: Any) -> str | FrameError | None:
+    """A *session frame* ``{"session": KEY}``: one client connected more than once (the page
+    switching to WebRTC, or reconnecting) names itself with the same random ``KEY``, so a
+    query delivered to one of its connections may be answered from another. ``None`` if
+    ``obj`` is not a session frame; the key, or the error that refuses it."""
+    if not isinstance(obj, dict) or SESSION_KEY not in obj:
+        return None
+    key = obj[SESSION_KEY]
+    if set(obj) != {SESSION_KEY} or not isinstance(key, str):
+        shape = 'a session frame is {"session": "<random key>"} and nothing else'
+        return FrameError("invalid_session", shape)
+    if not SESSION_MIN <= len(key) <= SESSION_MAX or not key.isascii() or not key.isprintable():
+        return FrameError(
+            "invalid_session",
+            f"a session key is {SESSION_MIN} to {SESSION_MAX} printable ASCII characters, random "
+            "(e.g. a UUID): whoever knows it may answer this client's queries",
+        )
+    return key
+
+
+def frame_ref(obj: Any) -> str | None:
+    """The id a decoded client frame carries (``body.params.id`` or ``body.id``), if any."""
+    if isinstance(obj, Mapping) and isinstance(obj.get("body"), Mapping):
+        return _ref_of(obj["body"])
+    return None
 
 
 def _ref_of(body: Mapping[str, Any]) -> str | None:

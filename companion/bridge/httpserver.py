@@ -51,6 +51,7 @@ class HttpRequest:
     body: bytes = b""
     raw: bytes = b""
     """Every byte read from the connection so far (replayed to the WebSocket handshake)."""
+    http_version: str = "1.1"
 
     @property
     def path(self) -> str:
@@ -66,8 +67,10 @@ class HttpRequest:
 
     @property
     def is_websocket(self) -> bool:
+        """The request asks for a WebSocket (whether its handshake is well-formed is checked
+        by :func:`~companion.bridge.handshake.check_handshake`)."""
         upgrade = self.headers.get("upgrade", "").lower()
-        return self.method == "GET" and "websocket" in {p.strip() for p in upgrade.split(",")}
+        return "websocket" in {p.strip() for p in upgrade.split(",")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,7 @@ async def read_request(stream: trio.abc.Stream) -> HttpRequest:
         headers=headers,
         body=bytes(body),
         raw=bytes(raw),
+        http_version=request.http_version.decode("ascii", "replace"),
     )
 
 

@@ -8,12 +8,15 @@ Payloads from the network are handed to :meth:`Bridge.deliver`, which never bloc
 from __future__ import annotations
 
 import contextlib
+import errno
 import inspect
 import json
 import logging
+import socket
 import traceback
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -21,9 +24,9 @@ import trio
 from trio_websocket import wrap_server_stream
 
 from ..log import log_event
-from ..protocol import Envelope, Metadata, State
+from ..protocol import Envelope, Metadata, QueryResult, State
 from ..transport import Inbound, Publisher
-from .access import AccessPolicy, check_access
+from .access import AccessDenied, AccessPolicy, check_access, needs_token
 from .channel import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
@@ -35,7 +38,8 @@ from .channel import (
 )
 from .clients import DEFAULT_TOPICS, ClientQueue, QueueLimits, parse_topics
 from .core import Fanout, FirehoseCore
-from .frames import MAX_FRAME_BYTES, FrameError
+from .frames import MAX_FRAME_BYTES, FrameError, frame_ref, session_frame
+from .handshake import check_handshake
 from .httpserver import (
     HttpError,
     HttpRequest,
@@ -47,15 +51,19 @@ from .httpserver import (
     send_response,
     text_response,
 )
+from .ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
 
-__all__ = ["Bridge", "BridgeConfig", "ReceiveHook"]
+__all__ = ["Bridge", "BridgeBindError", "BridgeConfig", "ReceiveHook"]
 
 logger = logging.getLogger("companion.bridge")
 
 SHUTDOWN_GRACE: Final = 0.2
+REFUSAL_LOG_INTERVAL: Final = 10.0
+"""A client's refusals of one kind are logged once, then at most once per interval with the
+number left out (a flood of 10,000 frames is a few lines, not 10,000)."""
 WEB_DIR: Final = Path(__file__).resolve().parent.parent / "web"
 _CONTENT_TYPES: Final = {
     ".html": "text/html; charset=utf-8",
@@ -78,12 +86,29 @@ ReceiveHook = Callable[[Any], Mapping[str, Any] | Awaitable[Mapping[str, Any] | 
 publish, or ``None`` when the hook consumed the frame itself. May be sync or async."""
 
 
+class BridgeBindError(OSError):
+    """The bridge cannot listen where it was told (in use, not this machine's, no permission);
+    the message names the address and what to do."""
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.errno = code
+
+
 @dataclass(frozen=True, slots=True)
 class BridgeConfig:
+    """How a bridge serves clients. A ``host`` other than loopback needs a ``token``."""
+
     host: str = "127.0.0.1"
     port: int = 8080
     token: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    """Names a request's ``Host`` may carry besides the bound address (``--allow-host``)."""
+    client_rate: RateLimit = DEFAULT_CLIENT_RATE
+    """How fast one client may send frames; more are answered ``rate_limited``."""
+    total_rate: RateLimit = DEFAULT_TOTAL_RATE
+    """How fast all clients together may send frames."""
     limits: QueueLimits = field(default_factory=QueueLimits)
     default_topics: frozenset[str] = DEFAULT_TOPICS
     max_clients: int = 64
@@ -93,11 +118,47 @@ class BridgeConfig:
     hook_timeout: float = 5.0
     close_timeout: float = 2.0
     """How long a closing handshake may take before the socket is simply dropped."""
+    drain_timeout: float = 10.0
+    """A client whose own answers (error frames) fill half its queue is not read from until it
+    takes them; if it does not within this time, it is disconnected as too slow."""
     serve_page: bool = True
+
+    def __post_init__(self) -> None:
+        if self.token is None and needs_token(self.host):
+            raise ValueError(
+                f"a bridge listening on {self.host} (not loopback) must require a token: "
+                "give one (--token), or listen on 127.0.0.1"
+            )
+        if self.token is not None and not self.token.strip():
+            raise ValueError("the bridge token must not be empty")
 
     @property
     def access(self) -> AccessPolicy:
-        return AccessPolicy(self.token, self.allowed_origins)
+        return AccessPolicy(
+            self.token,
+            self.allowed_origins,
+            bind_host=self.host,
+            allowed_hosts=self.allowed_hosts,
+            machine_names=_machine_names(),
+        )
+
+
+@dataclass
+class _LogLimit:
+    """Log an event of a kind once, then at most once per interval, saying how many were left
+    out in between: a flood of refusals is a few lines, and still counted."""
+
+    interval: float = REFUSAL_LOG_INTERVAL
+    _last: dict[object, tuple[float, int]] = field(default_factory=dict)
+
+    def admit(self, key: object, now: float) -> int | None:
+        """``None``: do not log this one. Else log it, with the number left out since the last."""
+        last = self._last.get(key)
+        if last is not None and now - last[0] < self.interval:
+            self._last[key] = (last[0], last[1] + 1)
+            return None
+        self._last[key] = (now, 0)
+        return last[1] if last is not None else 0
 
 
 @dataclass
@@ -111,6 +172,11 @@ class _Session:
     sending: bool = False
     cut: bool = False
     """The writer was cancelled in the middle of a frame: the stream is unusable."""
+    room: trio.Event = field(default_factory=trio.Event)
+    """Set by the writer when it takes a frame: the reader may be waiting for room."""
+    refused: Counter[str] = field(default_factory=Counter)
+    logs: _LogLimit = field(default_factory=_LogLimit)
+    """Its refusals are logged once per code and interval."""
 
     def kick(self, reason: str, grace: float) -> None:
         """Disconnect: at once if no frame is being written, else once the frame in flight is
@@ -141,13 +207,28 @@ class Bridge:
         self_peer: str | None = None,
     ) -> None:
         self.config = config or BridgeConfig()
-        self.core = FirehoseCore(self.config.limits, self.config.default_topics, self_peer)
+        self.core = FirehoseCore(
+            self.config.limits,
+            self.config.default_topics,
+            self_peer,
+            client_rate=self.config.client_rate,
+            total_rate=self.config.total_rate,
+        )
+        self._access = self.config.access
+        self.refused: Counter[str] = Counter()
+        """Client frames refused so far, by error code (every one got an error frame)."""
+        self.published = 0
+        """Client frames published so far."""
+        self.requests_refused: Counter[int] = Counter()
+        """HTTP requests and handshakes refused so far, by status (421, 403, 401, 400...)."""
+        self._request_logs = _LogLimit()
         self._publisher = publisher
         self._directory: Mapping[str, Metadata] = directory if directory is not None else {}
         self._hook = receive_hook
         self._sessions: dict[str, _Session] = {}
         self._routes: dict[str, Route] = {}
         self._port: int | None = None
+        self._listeners: Sequence[trio.SocketListener] | None = None
         self._clients_changed = trio.Event()
         self.add_route("/companions", Route(self._companions_route))
         if self.config.serve_page:
@@ -242,22 +323,41 @@ class Bridge:
                 contextlib.suppress(ChannelClosed, trio.BrokenResourceError, trio.ClosedResourceError),
             ):
                 await channel.close(close_code, close_reason)
+            fields: dict[str, Any] = {"refused": dict(session.refused)} if session.refused else {}
             log_event(
                 logger,
                 "client_disconnected",
+                logging.INFO,
                 client=session.label,
                 code=close_code,
                 reason=close_reason,
                 cut=session.cut,
                 clients=len(self._sessions),
+                **fields,
             )
 
+    async def bind(self) -> int:
+        """Take the listening address now (before anything else starts, so a taken port is an
+        error at once); :meth:`serve` then serves it. Returns the port (port 0 picks one).
+        Raises :class:`BridgeBindError`, naming the address, when it cannot."""
+        if self._listeners is None:
+            try:
+                listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+            except OSError as exc:
+                raise _bind_error(self.config.host, self.config.port, exc) from exc
+            self._listeners = listeners
+            self._port = int(listeners[0].socket.getsockname()[1])
+        assert self._port is not None
+        return self._port
+
     async def serve(self, *, task_status: TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-        """Listen on ``config.host:config.port`` (port 0 picks one); reports the port when ready."""
-        listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
-        self._port = int(listeners[0].socket.getsockname()[1])
-        log_event(logger, "bridge_listening", host=self.config.host, port=self._port)
-        task_status.started(self._port)
+        """Listen on ``config.host:config.port`` (port 0 picks one; or what :meth:`bind` took);
+        reports the port when ready."""
+        port = await self.bind()
+        listeners, self._listeners = self._listeners, None
+        assert listeners is not None
+        log_event(logger, "bridge_listening", host=self.config.host, port=port)
+        task_status.started(port)
         await trio.serve_listeners(self._on_connection, listeners)
 
     # --- client sessions -------------------------------------------------------------------
@@ -282,6 +382,7 @@ class Bridge:
                 session.wakeup = trio.Event()
                 await session.wakeup.wait()
                 continue
+            session.room.set()
             session.sending = True
             try:
                 await channel.send(frame)
@@ -296,15 +397,61 @@ class Bridge:
 
     async def _read_loop(self, session: _Session, channel: FrameChannel) -> None:
         while True:
+            await self._wait_for_room(session)
             data = await channel.receive()
             if data is None:
                 return
             await self._handle_frame(session, data)
 
+    async def _wait_for_room(self, session: _Session) -> None:
+        """Every frame a client sends is answered (published, or an error frame), so a client
+        that sends faster than it reads fills its own queue with answers. Past half the queue
+        its frames are not read until it takes its answers: the flood is slowed down by TCP
+        instead of answers being lost. A client that never takes them is too slow."""
+        limits = session.queue.limits
+        high_frames, high_bytes = max(1, limits.max_frames // 2), max(1, limits.max_bytes // 2)
+
+        def full() -> bool:
+            return len(session.queue) >= high_frames or session.queue.pending_bytes >= high_bytes
+
+        if not full():
+            return
+        with trio.move_on_after(self.config.drain_timeout):
+            while full() and session.kicked is None:
+                session.room = trio.Event()
+                await session.room.wait()
+            return
+        session.kick(
+            f"client too slow: it did not read its answers within {self.config.drain_timeout:g}s",
+            self.config.close_timeout,
+        )
+        await trio.sleep_forever()  # the kick cancels this session
+
     async def _handle_frame(self, session: _Session, data: str | bytes) -> None:
         obj = self.core.decode(data)
         if isinstance(obj, FrameError):
             self._refuse(session, obj)
+            return
+        wait = self.core.admit(session.client_id, trio.current_time())
+        if wait > 0.0:
+            limit = self.config.client_rate
+            self._refuse(
+                session,
+                FrameError(
+                    "rate_limited",
+                    f"too many frames: this bridge takes {limit.describe()} per client "
+                    f"(and {self.config.total_rate.describe()} in all); send it again in {wait:.2f}s",
+                    ref=frame_ref(obj),
+                    retry_after=wait,
+                ),
+            )
+            return
+        named = session_frame(obj)
+        if named is not None:
+            if isinstance(named, FrameError):
+                self._refuse(session, named)
+            else:
+                self.core.name_session(session.client_id, named)
             return
         if self._hook is not None:
             hooked = await self._run_hook(session, obj)
@@ -317,25 +464,41 @@ class Bridge:
         if isinstance(request, FrameError):
             self._refuse(session, request)
             return
+        answer = request.envelope.id if isinstance(request.envelope, QueryResult) else None
+        if isinstance(request.envelope, QueryResult):
+            refused = self.core.claim_answer(session.client_id, request.envelope)
+            if refused is not None:
+                self._refuse(session, refused)
+                return
+        published = False
+        try:
+            published = await self._publish(session, request.topic, request.envelope)
+        finally:
+            if answer is not None:
+                self.core.answer_done(answer, published=published)
+        if published:
+            self.published += 1
+            self._apply(self.core.local_publish(request.topic, request.envelope, origin=session.client_id))
+
+    async def _publish(self, session: _Session, topic: str, envelope: Envelope) -> bool:
+        """Publish a client's envelope; ``False`` (and an error frame) if the network would not."""
         try:
             with trio.fail_after(self.config.publish_timeout):
-                await self._publisher.publish(request.topic, request.envelope)
+                await self._publisher.publish(topic, envelope)
         except trio.TooSlowError:
-            log_event(
-                logger, "client_publish_timeout", logging.WARNING, client=session.label, topic=request.topic
-            )
+            log_event(logger, "client_publish_timeout", logging.WARNING, client=session.label, topic=topic)
             self._refuse(
                 session, FrameError("publish_failed", "the network did not accept the frame in time")
             )
-            return
+            return False
         except Exception as exc:
-            _log_failure("client_publish_failed", exc, client=session.label, topic=request.topic)
+            _log_failure("client_publish_failed", exc, client=session.label, topic=topic)
             self._refuse(
                 session, FrameError("publish_failed", f"publishing failed: {type(exc).__name__}: {exc}")
             )
-            return
-        log_event(logger, "client_published", logging.DEBUG, client=session.label, topic=request.topic)
-        self._apply(self.core.local_publish(request.topic, request.envelope, origin=session.client_id))
+            return False
+        log_event(logger, "client_published", logging.DEBUG, client=session.label, topic=topic)
+        return True
 
     async def _run_hook(self, session: _Session, obj: Any) -> Any | FrameError | None:
         assert self._hook is not None
@@ -358,8 +521,40 @@ class Bridge:
         return result
 
     def _refuse(self, session: _Session, error: FrameError) -> None:
-        log_event(logger, "frame_refused", client=session.label, code=error.code, detail=error.message)
+        """Answer a refused frame with its error frame; count it; log it (bounded)."""
+        self.refused[error.code] += 1
+        session.refused[error.code] += 1
+        left_out = session.logs.admit(error.code, trio.current_time())
+        if left_out is not None:
+            fields: dict[str, Any] = {"left_out": left_out} if left_out else {}
+            log_event(
+                logger,
+                "frame_refused",
+                logging.INFO,
+                client=session.label,
+                code=error.code,
+                detail=error.message[:200],
+                **fields,
+            )
         self._apply(self.core.error_to(session.client_id, error))
+
+    def _refuse_request(self, event: str, denied: AccessDenied, **fields: Any) -> None:
+        """Count a refused request or handshake; log it once per kind and interval."""
+        self.requests_refused[denied.status] += 1
+        left_out = self._request_logs.admit((event, denied.status), trio.current_time())
+        if left_out is not None:
+            if left_out:
+                fields["left_out"] = left_out
+            log_event(logger, event, logging.INFO, status=denied.status, reason=denied.reason[:200], **fields)
+
+    def stats(self) -> dict[str, Any]:
+        """Clients now, frames published and refused (by code), requests refused (by status)."""
+        return {
+            "clients": len(self._sessions),
+            "published": self.published,
+            "refused": dict(self.refused),
+            "requests_refused": {str(status): n for status, n in sorted(self.requests_refused.items())},
+        }
 
     # --- HTTP and WebSocket ----------------------------------------------------------------
 
@@ -386,17 +581,19 @@ class Bridge:
         if request.is_websocket:
             await self._serve_websocket(stream, request, label)
         else:
-            await self._serve_http(stream, request)
+            await self._serve_http(stream, request, label)
 
     async def _respond(self, stream: trio.abc.Stream, response: HttpResponse) -> None:
         with trio.move_on_after(self.config.close_timeout):
             await send_response(stream, response)
 
     async def _serve_websocket(self, stream: trio.SocketStream, request: HttpRequest, label: str) -> None:
-        denied = check_access(self.config.access, request.target, request.headers)
+        denied = check_handshake(request.method, request.http_version, request.headers) or check_access(
+            self._access, request.target, request.headers
+        )
         if denied is not None:
-            log_event(logger, "client_refused", peer=label, status=denied.status, reason=denied.reason)
-            await self._respond(stream, text_response(denied.status, denied.reason))
+            self._refuse_request("client_refused", denied, peer=label)
+            await self._respond(stream, _refusal(denied))
             return
         topics = parse_topics(request.query_value("topics"), self.config.default_topics)
         if isinstance(topics, str):
@@ -424,19 +621,23 @@ class Bridge:
             await self.serve_channel(WebSocketChannel(ws), topics=topics, label=label)
             nursery.cancel_scope.cancel()
 
-    async def _serve_http(self, stream: trio.SocketStream, request: HttpRequest) -> None:
+    async def _serve_http(self, stream: trio.SocketStream, request: HttpRequest, label: str) -> None:
         route = self._routes.get(request.path)
+        # Host and Origin for every request, so a rebinding page gets not even the page (or a
+        # 404 that tells it the bridge is there); the token for the routes that need it.
+        denied = check_access(
+            self._access, request.target, request.headers, token=route is not None and route.needs_token
+        )
+        if denied is not None:
+            self._refuse_request("request_refused", denied, peer=label, path=request.path[:200])
+            await self._respond(stream, _refusal(denied))
+            return
         if route is None:
-            await self._respond(stream, text_response(404, f"no such page: {request.path}"))
+            await self._respond(stream, text_response(404, f"no such page: {request.path[:200]}"))
             return
         if request.method not in route.methods:
-            await self._respond(stream, text_response(405, f"{request.method} not allowed here"))
+            await self._respond(stream, text_response(405, f"{request.method[:20]} not allowed here"))
             return
-        if route.needs_token:
-            denied = check_access(self.config.access, request.target, request.headers)
-            if denied is not None:
-                await self._respond(stream, text_response(denied.status, denied.reason))
-                return
         try:
             with trio.fail_after(self.config.request_timeout):
                 response = await route.handler(request)
@@ -487,6 +688,36 @@ def _log_failure(event: str, exc: BaseException, **fields: Any) -> None:
         traceback="".join(traceback.format_exception(exc)),
         **fields,
     )
+
+
+def _refusal(denied: AccessDenied) -> HttpResponse:
+    response = text_response(denied.status, denied.reason)
+    return replace(response, headers=response.headers + denied.headers)
+
+
+def _machine_names() -> tuple[str, ...]:
+    """This machine's own names (``Host`` values a wildcard-bound bridge accepts)."""
+    try:
+        name = socket.gethostname().lower()
+    except OSError:
+        return ()
+    return (name, f"{name}.local") if name else ()
+
+
+def _bind_error(host: str, port: int, exc: OSError) -> BridgeBindError:
+    """An error that names the address, and says what to do."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        why = "the address is already in use (another bridge or program listens there); choose another port"
+        if port:
+            why += f", e.g. --ws {shown.rpartition(':')[0]}:0 for a free one"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        why = "this machine has no such address; use 127.0.0.1, 0.0.0.0 or one of its own addresses"
+    elif exc.errno == errno.EACCES:
+        why = "permission denied (ports below 1024 need privileges); choose a port above 1024"
+    else:
+        why = exc.strerror or str(exc)
+    return BridgeBindError(f"cannot listen on {shown} (--ws): {why}", exc.errno)
 
 
 def _peer_label(stream: trio.SocketStream) -> str:

@@ -23,9 +23,12 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
+from ..bridge.access import needs_token
+from ..bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
 from ..log import configure_logging, log_event
 from ..protocol import STATES, Metadata
 from ..transport import Publisher
+from .trust import TrustOptions, add_trust_arguments, open_trust, trust_options
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -45,24 +48,48 @@ __all__ = [
 logger = logging.getLogger("companion.cli.bridge")
 
 TOKEN_ENV = "COMPANION_BRIDGE_TOKEN"
+BRIDGE_KEY = "bridge.key"
+"""The bridge node's key file under ``<data dir>/keys/``."""
 
 
 @dataclass(frozen=True)
 class BridgeOptions:
+    """What ``companion bridge`` (and ``companion run --ws``) serve clients with.
+
+    A bridge bound beyond loopback without a token gets a generated one here
+    (``token_generated``), so every command that builds its options from these prints it
+    with its URLs (:func:`client_urls`) and no client gets in without it.
+    """
+
     host: str = "127.0.0.1"
     port: int = 8080
     listen: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",)
     peers: Sequence[str] = ()
     mdns: bool = True
     key_path: Path | None = None
+    """The node key (its peer id, which operators trust as an answerer); kept across runs."""
     token: str | None = None
     allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    """Extra names a request's ``Host`` may carry (``--allow-host``)."""
     states: bool = False
     limits: QueueLimits = field(default_factory=QueueLimits)
+    client_rate: RateLimit = DEFAULT_CLIENT_RATE
+    total_rate: RateLimit = DEFAULT_TOTAL_RATE
     webrtc: bool = True
     """Accept WebRTC clients too (``POST /webrtc/offer``, docs/webrtc.md)."""
     voice: bool = True
     """WebRTC clients that ask for voice hear speak queries synthesized on the bridge."""
+    data_dir: Path | None = None
+    """Where the trust file is (pinned companion ids); ``None``: pins in memory only."""
+    trust: TrustOptions = field(default_factory=TrustOptions)
+    token_generated: bool = False
+    """The token was made up because the bridge listens beyond loopback and none was given."""
+
+    def __post_init__(self) -> None:
+        if self.token is None and needs_token(self.host):
+            object.__setattr__(self, "token", secrets.token_urlsafe(18))
+            object.__setattr__(self, "token_generated", True)
 
 
 def parse_ws_address(value: str) -> tuple[str, int]:
@@ -113,8 +140,10 @@ async def run_bridge(
             key_path=options.key_path,
             name="bridge",
         ),
+        trust=open_trust(options.data_dir, options.trust),
     )
     bridge = make_bridge(options, node)
+    await bridge.bind()  # a taken --ws address is an error before the node starts
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run, bridge)
         port = await nursery.start(serve_clients, options, bridge, bridge.publisher(node))
@@ -125,8 +154,12 @@ async def run_bridge(
             print(f"  {url}", flush=True)
         if ready is not None:
             ready(bridge, node)
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
             async for signum in signals:
+                if signum == signal.SIGUSR1:  # counters, as companion run logs them
+                    node.log_stats()
+                    log_event(logger, "bridge_stats", **bridge.stats())
+                    continue
                 log_event(logger, "stopping", signal=signal.Signals(signum).name)
                 break
         nursery.cancel_scope.cancel()
@@ -144,6 +177,9 @@ def make_bridge(
         port=options.port,
         token=options.token,
         allowed_origins=options.allowed_origins,
+        allowed_hosts=options.allowed_hosts,
+        client_rate=options.client_rate,
+        total_rate=options.total_rate,
         limits=options.limits,
         default_topics=topics,
     )
@@ -173,6 +209,11 @@ def client_urls(options: BridgeOptions, port: int) -> list[str]:
     urls = [f"ws://{base}/{token_query}", f"page: http://{base}/{token_query}"]
     if options.webrtc:
         urls.append(f"webrtc: http://{base}/webrtc/offer{token_query}")
+    if options.token_generated:
+        urls.append(
+            f"token: {options.token} (generated: clients beyond loopback must present it; "
+            "--token TOKEN chooses one)"
+        )
     return urls
 
 
@@ -235,6 +276,37 @@ def register(subparsers: Any) -> None:
         help="also accept browser pages from this origin (the bridge's own page and loopback "
         "pages are always accepted; '*' accepts any)",
     )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also accept requests whose Host is this name (e.g. a reverse proxy's; by default "
+        "only the --ws address, and localhost for a loopback one; '*' accepts any)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=DEFAULT_CLIENT_RATE.rate,
+        metavar="FRAMES",
+        help=f"frames per second one client may send (default {DEFAULT_CLIENT_RATE.rate:g}); "
+        "more are answered with rate_limited error frames",
+    )
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=DEFAULT_CLIENT_RATE.burst,
+        metavar="FRAMES",
+        help=f"frames one client may send at once after a pause (default {DEFAULT_CLIENT_RATE.burst})",
+    )
+    parser.add_argument(
+        "--total-rate",
+        type=float,
+        default=DEFAULT_TOTAL_RATE.rate,
+        metavar="FRAMES",
+        help=f"frames per second all clients together may send (default {DEFAULT_TOTAL_RATE.rate:g}, "
+        "bursts of twice that)",
+    )
     parser.add_argument("--states", action="store_true", help="send the states topic to every client")
     parser.add_argument(
         "--no-webrtc", action="store_true", help="do not accept WebRTC clients (POST /webrtc/offer)"
@@ -251,10 +323,45 @@ def register(subparsers: Any) -> None:
         metavar="FRAMES",
         help="frames a client may fall behind before it is disconnected",
     )
-    parser.add_argument("--data-dir", type=Path, default=None, help="where the bridge's node key is kept")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the bridge's node key and trust file are kept (keys/bridge.key: its peer id stays "
+        "the same across runs, so companions can trust it as an answerer)",
+    )
+    parser.add_argument(
+        "--print-peer-id",
+        action="store_true",
+        help="print the bridge's peer id (creating its key if needed) and exit, e.g. for "
+        "companion run --approver",
+    )
+    add_trust_arguments(parser, answers=False)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
     parser.set_defaults(func=main)
+
+
+def _rate(flag: str, rate: float, burst: int) -> RateLimit:
+    try:
+        return RateLimit(rate, burst)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: {exc}") from None
+
+
+def _print_peer_id(key_path: Path) -> int:
+    """``--print-peer-id``: the id companions see this bridge's clients publish under."""
+    from libp2p.peer.id import ID
+
+    from ..node.identity import IdentityError, load_or_create_key_pair
+
+    try:
+        pair = load_or_create_key_pair(key_path)
+    except (IdentityError, OSError) as exc:
+        print(f"companion bridge: {exc}", file=sys.stderr)
+        return 2
+    print(ID.from_pubkey(pair.public_key).to_base58(), flush=True)
+    return 0
 
 
 def resolve_token(arg: str | None) -> str | None:
@@ -271,28 +378,39 @@ def resolve_token(arg: str | None) -> str | None:
 def main(args: argparse.Namespace) -> int:
     from .run import default_data_dir
 
+    data_dir = args.data_dir or default_data_dir()
+    key_path = data_dir / "keys" / BRIDGE_KEY
+    if args.print_peer_id:
+        return _print_peer_id(key_path)
     try:
         host, port = parse_ws_address(args.ws)
+        trust = trust_options(args)
         if args.max_queue < 1:
             raise ValueError("--max-queue must be at least 1")
+        client_rate = _rate("--rate/--burst", args.rate, args.burst)
+        total_rate = _rate("--total-rate", args.total_rate, max(1, round(2 * args.total_rate)))
     except ValueError as exc:
         print(f"companion bridge: {exc}", file=sys.stderr)
         return 2
     configure_logging(args.log_level.upper(), args.log_format)
-    data_dir = args.data_dir or default_data_dir()
     options = BridgeOptions(
         host=host,
         port=port,
         listen=tuple(args.listen) or BridgeOptions.listen,
         peers=tuple(args.peer),
         mdns=not args.no_mdns,
-        key_path=data_dir / "keys" / "bridge.key",
+        key_path=key_path,
         token=resolve_token(args.token),
         allowed_origins=tuple(args.allow_origin),
+        allowed_hosts=tuple(args.allow_host),
         states=args.states,
         limits=QueueLimits(max_frames=args.max_queue),
+        client_rate=client_rate,
+        total_rate=total_rate,
         webrtc=not args.no_webrtc,
         voice=not args.no_voice,
+        data_dir=data_dir,
+        trust=trust,
     )
     try:
         trio.run(run_bridge, options)

@@ -36,6 +36,7 @@ import trio
 from ..log import configure_logging, log_event
 from ..protocol import Action, Envelope, Message, Metadata, Query, QueryResult, State
 from ..transport import Inbound, Publisher
+from .trust import TrustOptions, add_trust_arguments, open_trust, trust_options
 
 if TYPE_CHECKING:
     from ..bridge import Bridge
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from ..engine import ConversationEngine, EngineTimings, NodeLike
     from ..models.base import CompanionModel
     from ..node import CompanionNode, InboundHandler
+    from ..trust import TrustStore
     from .bridge import BridgeOptions
 
 __all__ = [
@@ -94,20 +96,9 @@ def parse_sees(line: str) -> tuple[str, frozenset[str]] | None:
 
 def dialable(addr: str) -> list[str]:
     """A wildcard listen address spelled out with this machine's IPv4 addresses (for ``--peer``)."""
-    if "/ip4/0.0.0.0/" not in addr:
-        return [addr]
-    try:
-        import ifaddr  # zeroconf's dependency, so present wherever py-libp2p is
+    from ..node.addresses import expand_wildcard
 
-        ips = [
-            str(ip.ip)
-            for adapter in ifaddr.get_adapters()
-            for ip in adapter.ips
-            if isinstance(ip.ip, str) and not ip.ip.startswith("127.")
-        ]
-    except Exception:
-        ips = []
-    return [addr.replace("/ip4/0.0.0.0/", f"/ip4/{ip}/") for ip in ips] or [addr]
+    return expand_wildcard(addr, loopback=False)
 
 
 def _announce_directory(node: CompanionNode) -> None:
@@ -303,6 +294,12 @@ class RunOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     bridge: BridgeOptions | None = None
     """Serve clients from this process (``--ws``); host, port and client options only."""
+    relays: Sequence[str] = ()
+    """Circuit relays (``--relay``): reachable through them from behind NAT (NodeConfig.relays)."""
+    max_connections: int = 8
+    """Connections each node opens itself (``--max-connections``, NodeConfig.max_connections)."""
+    trust: TrustOptions = field(default_factory=TrustOptions)
+    """``--trust``, ``--approver``, ``--answerer``; with the data directory's trust file."""
 
 
 @dataclass(frozen=True)
@@ -354,19 +351,20 @@ async def run_nodes(
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
 
-    for addr in options.peers:
+    for addr in (*options.peers, *options.relays):
         parse_peer_addr(addr)
     loaded = [load_card(path) for path in options.cards]
     ids = [card.card.metadata.id for card in loaded]
     if len(set(ids)) != len(ids):
         raise ValueError(f"two cards share a companion id: {ids}")
     addrs = listen_addrs_for(options.listen, len(loaded))
+    trust = open_trust(options.data_dir, options.trust)
     models = await prepare_models(loaded, options.engine) if handler_factory is None else {}
     nodes: list[CompanionNode] = []
     async with trio.open_nursery() as nursery:
         clients = None
         if options.bridge is not None:
-            clients = await _start_client_node(options.bridge, nodes, nursery)
+            clients = await _start_client_node(options.bridge, nodes, nursery, trust)
         bridges = {ids[0]: clients.bridge} if clients is not None else {}
         if handler_factory is None:
             handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
@@ -381,8 +379,10 @@ async def run_nodes(
                 key_path=options.data_dir / "keys" / f"{metadata.id}.key",
                 name=metadata.id,
                 stats_interval=options.stats_interval,
+                relays=tuple(options.relays),
+                max_connections=options.max_connections,
             )
-            node = CompanionNode(metadata, config)
+            node = CompanionNode(metadata, config, trust=trust)
             await nursery.start(_run_one, card, node, handler_factory, bridges.get(metadata.id))
             nodes.append(node)
             print(f"{metadata.id} peer {node.peer_id}", flush=True)
@@ -469,15 +469,17 @@ class _ClientNode:
 
 
 async def _start_client_node(
-    options: BridgeOptions, nodes: list[CompanionNode], nursery: trio.Nursery
+    options: BridgeOptions, nodes: list[CompanionNode], nursery: trio.Nursery, trust: TrustStore
 ) -> _ClientNode:
     """The node clients publish through: not a companion (a companion's node may publish only as
     that companion, clients speak as ``user_...``). The companions dial it; the bridge lists
-    every companion they see (``nodes`` fills up as they start)."""
+    every companion they see (``nodes`` fills up as they start). Its clients are this run's
+    approvers: the companions accept their answers and approvals."""
     from ..node import CompanionNode, NodeConfig
     from .bridge import make_bridge
 
-    node = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="clients"))
+    node = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="clients"), trust=trust)
+    trust.allow(node.peer_id, "approver")
     bridge = make_bridge(options, node, _Directories(nodes))
     await nursery.start(node.run, _Ignoring())
     return _ClientNode(node, bridge, node.listen_addrs[0])
@@ -550,6 +552,21 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--no-mdns", action="store_true", help="do not discover peers on the LAN")
     parser.add_argument(
+        "--relay",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="circuit relay (companion relay) to be reachable through from behind NAT, "
+        "e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...; also a bootstrap peer",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=8,
+        metavar="N",
+        help="connections each node opens to peers it discovers (default 8); others may dial in",
+    )
+    parser.add_argument(
         "--data-dir",
         type=Path,
         default=None,
@@ -587,6 +604,7 @@ def register(subparsers: Any) -> None:
     )
     clients.add_argument("--no-webrtc", action="store_true", help="do not accept WebRTC clients")
     clients.add_argument("--no-voice", action="store_true", help="WebRTC clients get no voice from here")
+    add_trust_arguments(parser)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument(
@@ -618,8 +636,11 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         bridge = _bridge_options(args)
+        trust = trust_options(args)
         if args.pace < 0:
             raise ValueError("--pace must not be negative")
+        if args.max_connections < 1:
+            raise ValueError("--max-connections must be at least 1")
     except ValueError as exc:
         print(f"companion run: {exc}", file=sys.stderr)
         return 2
@@ -633,6 +654,9 @@ def main(args: argparse.Namespace) -> int:
         stats_interval=args.stats_interval,
         engine=EngineOptions(model=args.model, base_url=args.base_url, seed=args.seed, pace=args.pace),
         bridge=bridge,
+        relays=args.relay,
+        max_connections=args.max_connections,
+        trust=trust,
     )
     try:
         trio.run(run_nodes, options)

@@ -12,7 +12,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -29,9 +29,10 @@ from trio_websocket import (
     open_websocket_url,
 )
 
+from ..bridge.access import token_from
 from ..log import log_event
 from ..protocol import Metadata
-from .core import Effect, ListenSession, Quit, Send, Show, Speak
+from .core import START_HINT, Effect, ListenSession, Quit, Send, Show, Speak
 from .voice import Voice, VoiceError
 
 if TYPE_CHECKING:
@@ -64,6 +65,12 @@ class ListenOptions:
     """Where that audio goes: a player argv with ``{rate}`` (``None``: received, not played)."""
 
 
+def effective_token(options: ListenOptions) -> str | None:
+    """``--token``, else the one in the URL (``ws://host:port/?token=X``): the same token goes
+    to the WebSocket, to ``/companions`` and to the WebRTC offer."""
+    return options.token or token_from(options.url, {})
+
+
 class DirectoryError(RuntimeError):
     """The bridge's companion list could not be read."""
 
@@ -73,6 +80,13 @@ def with_query(url: str, **params: str | None) -> str:
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
     query.update({k: v for k, v in params.items() if v is not None})
+    return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
+
+
+def _without_token(url: str) -> str:
+    """A URL to show on screen: the token is a secret."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "token"]
     return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
 
 
@@ -136,10 +150,14 @@ async def run_listener(
     session = ListenSession(
         options.user_id, answer_speak=options.answer_speak, voice=options.voice is not None
     )
+    token = effective_token(options)
+    if token != options.token:
+        options = replace(options, token=token)
     if options.webrtc:
         return await _run_webrtc(options, session, lines, show)
     url = with_query(options.url, token=options.token)
-    timed_out = Show(f"could not connect to {options.url} within {options.connect_timeout:g}s", "error")
+    shown = _without_token(options.url)
+    timed_out = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
     # Our own deadline around the handshake: trio-websocket 0.12 leaves its reader task waiting
     # on a server that accepted the socket but never answers, so its own timeout never returns.
     connecting = trio.CancelScope(deadline=trio.current_time() + options.connect_timeout)
@@ -156,9 +174,9 @@ async def run_listener(
     except DisconnectionTimeout:
         return 0  # we were leaving anyway; the bridge did not answer our close in time
     except HandshakeError as exc:
-        show(Show(f"could not connect to {options.url}: {_describe(exc)}", "error"))
+        show(Show(f"could not connect to {shown}: {_describe(exc)}", "error"))
     except OSError as exc:
-        show(Show(f"could not connect to {options.url}: {exc}", "error"))
+        show(Show(f"could not connect to {shown}: {exc}", "error"))
     return 1
 
 
@@ -181,19 +199,26 @@ async def _run_webrtc(
             ) as link:
                 connecting.deadline = math.inf
                 return await _Client(options, session, link, show).run(lines)
-        too_slow = f"could not connect to {options.url} over WebRTC within {options.connect_timeout:g}s"
+        shown = _without_token(options.url)
+        too_slow = f"could not connect to {shown} over WebRTC within {options.connect_timeout:g}s"
         show(Show(too_slow, "error"))
     except OfferRejected as exc:
         show(Show(f"the bridge refused WebRTC: {exc}", "error"))
     except (OSError, trio.TooSlowError) as exc:
-        show(Show(f"could not connect to {options.url} over WebRTC: {exc}", "error"))
+        show(Show(f"could not connect to {_without_token(options.url)} over WebRTC: {exc}", "error"))
     return 1
 
 
 def _describe(exc: HandshakeError) -> str:
     if isinstance(exc, ConnectionRejected):
         body = (exc.body or b"").decode("utf-8", "replace").strip()
-        return f"the bridge refused ({exc.status_code}): {body}"
+        hint = ""
+        if exc.status_code == 401:
+            hint = (
+                "; give the token with --token TOKEN (or $COMPANION_BRIDGE_TOKEN), or in the URL: "
+                "--ws 'ws://HOST:PORT/?token=TOKEN' (the bridge prints it)"
+            )
+        return f"the bridge refused ({exc.status_code}): {body[:300]}{hint}"
     cause = exc.__cause__
     return str(cause or exc) or type(exc).__name__
 
@@ -214,7 +239,8 @@ class _Client:
         self.speak_send, self.speak_receive = trio.open_memory_channel[Speak](options.voice_queue)
 
     async def run(self, lines: trio.MemoryReceiveChannel[str]) -> int:
-        self.show(Show(f"connected to {self.options.url} as {self.session.user_id}; /help for commands"))
+        self.show(Show(f"connected to {_without_token(self.options.url)} as {self.session.user_id}"))
+        self.show(Show(START_HINT))
         await self._refresh_directory(warn=True)
         async with trio.open_nursery() as nursery:
             self.scope = nursery.cancel_scope

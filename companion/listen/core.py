@@ -29,11 +29,13 @@ from ..protocol import (
     new_id,
     parse_payload,
 )
-from ..turns import META_NEXT_SPEAKER
+from ..turns import META_CLOSING, META_NEXT_SPEAKER
 
 __all__ = [
     "APPROVAL_QUERY",
+    "END_MARKER",
     "SPEAK_QUERY",
+    "START_HINT",
     "Effect",
     "ListenSession",
     "Quit",
@@ -54,6 +56,15 @@ Type a line to say it to every companion.
   y / n             answer the oldest approval request
   /who              list the companions
   /quit             leave"""
+
+START_HINT: Final = (
+    "Type a line and press Enter to talk to every companion; @NAME text talks to one; /help for more."
+)
+END_MARKER: Final = "— the conversation has ended; type a line to start a new one —"
+"""Shown after a message whose ``params.metadata.closing`` is ``terminal`` (its last word)."""
+QUIET_ERRORS: Final = frozenset({"already_answered"})
+"""Error frames that are no news to the person: another client answered a speak query first."""
+MAX_ANSWERED: Final = 256
 
 ShowKind: TypeAlias = Literal["message", "action", "query", "info", "error", "prompt"]
 
@@ -119,6 +130,8 @@ class ListenSession:
     seen_companions: dict[str, None] = field(default_factory=dict)
     nominated: str | None = None
     _approvals: list[_Approval] = field(default_factory=list)
+    _answered: dict[str, str] = field(default_factory=dict)
+    """Approvals this person answered (query id -> preview), to explain a late refusal."""
 
     def __post_init__(self) -> None:
         if not self.user_id.startswith(USER_PREFIX) or len(self.user_id) == len(USER_PREFIX):
@@ -170,7 +183,7 @@ class ListenSession:
         except (ValueError, RecursionError):
             return [Show("bridge sent something that is not JSON", "error")]
         if isinstance(obj, dict) and "error" in obj and "jsonrpc" not in obj:
-            return [Show(f"bridge: {_error_text(obj['error'])}", "error")]
+            return self._on_error(obj["error"])
         payload = _parse_any(data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass"), obj)
         effects = self._expire(now)
         if isinstance(payload, Message):
@@ -183,14 +196,28 @@ class ListenSession:
             effects += self._on_action(payload)
         return effects
 
+    def _on_error(self, error: Any) -> list[Effect]:
+        code = error.get("code") if isinstance(error, dict) else None
+        if code in QUIET_ERRORS:
+            ref = error.get("ref")
+            preview = self._answered.get(ref) if isinstance(ref, str) else None
+            if preview is None:
+                return []  # a speak query another client answered first
+            return [Show(f"(your answer to {preview!r} came too late: it was already answered elsewhere)")]
+        return [Show(f"bridge: {_error_text(error)}", "error")]
+
     def _on_message(self, message: Message) -> list[Effect]:
         params = message.params
         if params.from_.startswith(COMPANION_PREFIX):
             self.seen_companions.setdefault(params.from_)
         to = ", ".join(self.name(t) for t in params.to) or "nobody"
-        emotion = (params.metadata or {}).get("emotion")
+        metadata = params.metadata or {}
+        emotion = metadata.get("emotion")
         mood = f" ({emotion})" if isinstance(emotion, str) and emotion else ""
-        return [Show(f"{self.name(params.from_)} → {to}{mood}: {params.message}", "message")]
+        effects: list[Effect] = [Show(f"{self.name(params.from_)} → {to}{mood}: {params.message}", "message")]
+        if metadata.get(META_CLOSING) == "terminal":
+            effects.append(Show(END_MARKER))
+        return effects
 
     def _on_query(self, query: Query, now: float) -> list[Effect]:
         body = query.params.body or {}
@@ -306,6 +333,9 @@ class ListenSession:
 
     def _answer_approval(self, approved: bool) -> list[Effect]:
         approval = self._approvals.pop(0)
+        self._answered[approval.query_id] = approval.preview
+        while len(self._answered) > MAX_ANSWERED:
+            self._answered.pop(next(iter(self._answered)))
         body = {"approved": approved, "reason": f"{'approved' if approved else 'denied'} by {self.user_id}"}
         verdict = "approved" if approved else "denied"
         return [

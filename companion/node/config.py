@@ -17,7 +17,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.network import swarm as _swarm
-from libp2p.network.config import ConnectionConfig
+from libp2p.network.config import MAX_CONNECTIONS, ConnectionConfig
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -67,6 +67,22 @@ class NodeConfig:
     stats_interval: float | None = None
     """Log a ``stats`` event this often (seconds); ``None`` for only on request and at stop."""
     extra_host_options: dict[str, Any] = field(default_factory=dict)
+    # --- beyond one network (routing.py, relay.py) ------------------------------------------
+    relays: Sequence[str] = ()
+    """Circuit relay v2 relays (``.../p2p/PEER_ID``), kept connected like bootstrap peers. While
+    AutoNAT does not find this node reachable it holds a reservation on each and advertises the
+    circuit address; peers it cannot dial directly it dials through them."""
+    max_connections: int = 8
+    """How many connections this node opens itself (DHT discovery, mDNS, py-libp2p's connection
+    manager); peers may still dial in. Bootstrap peers and relays are always kept."""
+    dht: bool = True
+    """Run the Kademlia DHT, so any one bootstrap address finds the rest of the network."""
+    hole_punch: bool = True
+    """Replace relayed connections by direct ones with DCUtR when the NATs allow it."""
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
 
 
 def connection_config(config: NodeConfig) -> ConnectionConfig:
@@ -79,6 +95,11 @@ def connection_config(config: NodeConfig) -> ConnectionConfig:
         ping_timeout=config.ping_timeout,
         abort_connection_on_ping_failure=True,
         dial_timeout=config.dial_timeout,
+        # py-libp2p's connection manager dials known peers up to this many connections (routing.py)
+        min_connections=1,
+        low_watermark=config.max_connections,
+        high_watermark=config.max_connections,
+        max_connections=max(MAX_CONNECTIONS, config.max_connections),
     )
 
 

@@ -18,10 +18,9 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.protocol_muxer.exceptions import MultiselectClientError, ProtocolNotSupportedError
-from pydantic import ValidationError
 
 from ..log import log_event
-from ..protocol import Metadata
+from ..protocol import Metadata, PayloadError, parse_metadata
 
 __all__ = [
     "MAX_METADATA_BYTES",
@@ -58,10 +57,10 @@ def encode_metadata(metadata: Metadata) -> bytes:
 def decode_metadata(data: bytes) -> FetchOutcome:
     if not data:
         return FetchOutcome("empty")
-    try:
-        return FetchOutcome("ok", Metadata.model_validate(json.loads(data.decode("utf-8"))))
-    except (ValueError, ValidationError, RecursionError) as exc:
-        return FetchOutcome("invalid", detail=str(exc)[:200])
+    parsed = parse_metadata(data, max_bytes=MAX_METADATA_BYTES)
+    if isinstance(parsed, PayloadError):
+        return FetchOutcome("invalid", detail=str(parsed)[:200])
+    return FetchOutcome("ok", parsed)
 
 
 class RequestGate:

@@ -29,8 +29,10 @@ from multiaddr import Multiaddr
 
 from ..log import log_event
 from ..membership import Membership, MembershipEvent
-from ..protocol import TOPICS, Envelope, Metadata, State
+from ..protocol import TOPICS, Envelope, Metadata, Query, State
 from ..transport import Inbound, encode_for_topic
+from ..trust import TrustStore
+from .addresses import AdvertisedAddrs
 from .config import NodeConfig, make_gossipsub, make_host
 from .discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from .drops import Drop, DropCounters
@@ -38,7 +40,9 @@ from .guard import EdgeGuard
 from .identity import load_or_create_key_pair
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
+from .relay import NatTraversal
 from .replay import ReplayGuard
+from .routing import DhtDiscovery
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 
@@ -115,7 +119,10 @@ class CompanionNode:
         config: NodeConfig | None = None,
         *,
         key_pair: KeyPair | None = None,
+        trust: TrustStore | None = None,
     ) -> None:
+        """``trust``: the pins and allowed answerers (shared by the nodes of one process and
+        kept in the data directory); in memory for this node alone when not given."""
         self.config = config or NodeConfig()
         self.metadata = metadata
         if key_pair is None:
@@ -128,13 +135,14 @@ class CompanionNode:
         self._id = ID.from_pubkey(key_pair.public_key)
         self.peer_id = self._id.to_base58()
         self.name = self.config.name or (metadata.id if metadata else "bridge")
-        self.membership = Membership(self.peer_id, metadata)
+        self.membership = Membership(self.peer_id, metadata, trust)
         self.drops = DropCounters(trio.current_time, node=self.name)
         self.guard = EdgeGuard(
             self.membership,
             self.drops,
             replay=ReplayGuard(self.config.replay_capacity),
             max_bytes=self.config.max_payload_bytes,
+            name=self.name,
         )
         self.listen_addrs: list[str] = []
         self.published = 0
@@ -143,6 +151,8 @@ class CompanionNode:
         self._stash: OrderedDict[tuple[bytes, str], Inbound] = OrderedDict()
         self._pubsub: _GuardedPubsub | None = None
         self._host: Any = None
+        self.nat: NatTraversal | None = None
+        self.routing: DhtDiscovery | None = None
         self._gate = RequestGate()
         self._changed = trio.Event()
         self._stopped = False
@@ -177,6 +187,8 @@ class CompanionNode:
             "drops": self.drops.snapshot(),
             "connected_peers": len(self.connected_peers),
             "companions": sorted(self.directory),
+            **(self.nat.stats() if self.nat is not None else {}),
+            **(self.routing.stats() if self.routing is not None else {}),
         }
 
     def log_stats(self) -> None:
@@ -195,6 +207,8 @@ class CompanionNode:
 
     async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
         """Sign and publish one envelope (or the ``states`` array). Fire and forget."""
+        if isinstance(envelope, Query):
+            self.guard.asking(envelope)  # before anyone can answer: only allowed peers may
         await self.publish_raw(topic, encode_for_topic(topic, envelope))
 
     async def publish_raw(self, topic: str, data: bytes) -> None:
@@ -237,6 +251,8 @@ class CompanionNode:
         self, handler: InboundHandler, stop: trio.Event, shielded: trio.CancelScope, task_status: Any
     ) -> None:
         host = make_host(self.config, self._key_pair)
+        advertised = AdvertisedAddrs()
+        advertised.install(host)  # wildcards spelled out, circuit addresses (addresses.py)
         router = make_gossipsub(self.config)
         pubsub = _GuardedPubsub(
             host,
@@ -275,8 +291,9 @@ class CompanionNode:
                             nursery.start_soon(self._read_subscription, topic, sub, inbound_send)
                         nursery.start_soon(self._dispatch, handler, inbound_recv)
                         nursery.start_soon(self._dial_discovered, mdns_recv)
-                        for addr in self.config.peers:
+                        for addr in dict.fromkeys((*self.config.peers, *self.config.relays)):
                             nursery.start_soon(self._keep_bootstrap, addr)
+                        await self._start_beyond_lan(host, advertised, nursery)
                         if self.config.stats_interval:
                             nursery.start_soon(self._stats_every, self.config.stats_interval)
                         self.listen_addrs = [str(a) for a in host.get_addrs()]
@@ -435,8 +452,34 @@ class CompanionNode:
 
     # --- discovery ----------------------------------------------------------------------------
 
+    async def _start_beyond_lan(self, host: Any, advertised: AdvertisedAddrs, nursery: trio.Nursery) -> None:
+        """Relays, hole punching and DHT discovery (relay.py, routing.py)."""
+        self.nat = NatTraversal(
+            host,
+            self.config.relays,
+            advertised,
+            name=self.name,
+            hole_punch=self.config.hole_punch,
+            dial_timeout=self.config.dial_timeout,
+            is_connected=self._is_connected,
+            wait_for_change=self._changed_wait,
+        )
+        await nursery.start(self.nat.run)
+        if self.config.dht:
+            self.routing = DhtDiscovery(
+                host,
+                name=self.name,
+                max_connections=self.config.max_connections,
+                wait_for_change=self._changed_wait,
+                dial_relayed=self.nat.dial_relayed,
+            )
+            await nursery.start(self.routing.run)
+
     async def _keep_bootstrap(self, addr: str) -> None:
         info = parse_peer_addr(addr)
+        tags = getattr(self._host.get_network(), "tag_store", None)
+        if tags is not None:  # never pruned by py-libp2p's connection manager
+            tags.protect(info.peer_id, "bootstrap")
         backoff = Backoff(self.config.redial_initial, self.config.redial_max)
         await redial_forever(
             info,
@@ -471,6 +514,8 @@ class CompanionNode:
         async for info in found:
             if self._is_connected(info.peer_id):
                 continue
+            if len(self.connected_peers) >= self.config.max_connections:
+                continue  # known now; py-libp2p's connection manager dials it if one drops
             try:
                 with trio.fail_after(self.config.dial_timeout):
                     await self._dial(info)

@@ -15,6 +15,11 @@
   const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/${tokenQuery}`;
 
   const EMOTIONS = { happy: "😊 happy", sad: "😢 sad", angry: "😠 angry", neutral: "😐 neutral" };
+  const START_HINT =
+    "Write below and press Send to talk to every companion, or pick one in “to”; " +
+    "“next” nominates who speaks next.";
+  const END_MARKER = "— the conversation has ended; write below to start a new one —";
+  const REFUSALS = [401, 403, 421]; // the bridge will not take this page as it is: say why, do not retry
   const APPROVAL_TTL_MS = 130000;
   const DIRECTORY_EVERY_MS = 5000;
   const MAX_LINES = 500;
@@ -22,6 +27,7 @@
   const companions = new Map(); // id -> metadata, from the bridge's /companions
   const seen = new Set(); // companion ids seen speaking
   const approvals = new Map(); // query id -> element
+  const answeredHere = new Map(); // approval query id -> what it approved (to explain a late answer)
   let socket = null;
   let retryMs = 500;
 
@@ -48,6 +54,13 @@
     (window.crypto && crypto.randomUUID)
       ? crypto.randomUUID()
       : `${Date.now().toString(16)}-${Math.random().toString(16).slice(2)}`;
+
+  // This page's session key: sent first on every link (the WebSocket, its reconnections, the
+  // WebRTC data channel), so the bridge accepts this page's answers to queries it received on
+  // any of them, and nobody else's. Random, kept only in this page's memory.
+  const sessionKey = [...crypto.getRandomValues(new Uint8Array(16))]
+    .map((b) => b.toString(16).padStart(2, "0")).join("");
+  const sessionFrame = JSON.stringify({ session: sessionKey });
 
   const nameOf = (id) => {
     if (id === me()) return "you";
@@ -87,6 +100,16 @@
     li.appendChild(el("div", "bubble", p.message));
     append(li);
     refreshCompanions();
+    if (p.metadata && p.metadata.closing === "terminal") showSystem(END_MARKER, "end");
+  }
+
+  function markRefused(ref, why) {
+    if (typeof ref !== "string") return;
+    for (const li of transcript.querySelectorAll("li.message.mine")) {
+      if (li.dataset.id !== ref || li.classList.contains("refused")) continue;
+      li.classList.add("refused");
+      li.appendChild(el("span", "note", `not sent: ${why}`));
+    }
   }
 
   function showSystem(text, kind) {
@@ -239,6 +262,8 @@
     card.appendChild(el("p", "preview", body.preview || JSON.stringify(body.input || {})));
     const decide = (approved) => {
       settleApproval(query.id);
+      answeredHere.set(query.id, body.preview || body.action || query.id);
+      if (answeredHere.size > 256) answeredHere.delete(answeredHere.keys().next().value);
       const verdict = approved ? "approved" : "denied";
       answer(query.id, true, { approved, reason: `${verdict} in the browser by ${me()}` });
       showSystem(`you ${verdict}: ${body.preview || body.action || query.id}`);
@@ -279,8 +304,7 @@
       return;
     }
     if (data.error !== undefined && data.jsonrpc === undefined) {
-      const error = data.error;
-      showSystem(`bridge: ${typeof error === "object" ? error.message || error.code : error}`, "error");
+      onError(data.error);
       return;
     }
     switch (data.method) {
@@ -302,24 +326,85 @@
     }
   }
 
+  function onError(error) {
+    const detail = error !== null && typeof error === "object" ? error : { message: String(error) };
+    if (detail.code === "already_answered") {
+      // another client answered first: news only if it was an approval given on this page
+      const what = answeredHere.get(detail.ref);
+      if (what !== undefined) showSystem(`your answer to “${what}” came too late: it was already answered elsewhere`);
+      return;
+    }
+    const text = detail.message || detail.code || "refused";
+    markRefused(detail.ref, text);
+    showSystem(`bridge: ${text}`, "error");
+  }
+
   function setStatus(state, text) {
     const status = $("status");
     status.dataset.state = state;
     status.textContent = text;
   }
 
+  // Browsers do not tell a page why a WebSocket handshake failed; /companions follows the same
+  // rules (host, origin, token), so its answer says whether the bridge refused this page.
+  async function refusal() {
+    try {
+      const response = await fetch(`/companions${tokenQuery}`, { cache: "no-store" });
+      if (REFUSALS.includes(response.status)) {
+        return { status: response.status, text: (await response.text()).trim() };
+      }
+    } catch (err) {
+      // the bridge is down or restarting: an ordinary disconnection
+    }
+    return null;
+  }
+
+  function showRefusal(refused) {
+    if (refused.status === 401) {
+      setStatus("refused", token ? "wrong token" : "token needed");
+      $("token-why").textContent = token
+        ? "The token in this page's address is not this bridge's token. Paste the right one " +
+          "(the bridge prints its page address with ?token=... when it starts):"
+        : "This bridge needs a token. Open the page address the bridge printed when it started " +
+          "(it ends in ?token=...), or paste the token here:";
+      $("token-form").hidden = false;
+      $("token").focus();
+    } else {
+      setStatus("refused", `refused (${refused.status})`);
+    }
+    showSystem(`the bridge refused this page: ${refused.text}`, "error");
+  }
+
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const value = $("token").value.trim();
+    if (!value) return;
+    params.set("token", value);
+    location.search = `?${params.toString()}`; // reload with the token in the address
+  });
+
   function connect() {
     setStatus("connecting", "connecting…");
+    let opened = false;
     socket = new WebSocket(wsUrl);
     socket.addEventListener("open", () => {
+      opened = true;
+      socket.send(sessionFrame);
       retryMs = 500;
       setStatus("connected", "connected");
       loadCompanions();
       upgradeToRtc();
     });
     socket.addEventListener("message", (event) => onFrame(event.data));
-    socket.addEventListener("close", (event) => {
+    socket.addEventListener("close", async (event) => {
       if (rtc) return; // closed on purpose: the conversation continues over WebRTC
+      if (!opened) {
+        const refused = await refusal();
+        if (refused) {
+          showRefusal(refused);
+          return; // the same request would be refused again: wait for the person
+        }
+      }
       const why = event.reason ? `: ${event.reason}` : "";
       setStatus("closed", `disconnected${why} — retrying`);
       setTimeout(connect, retryMs);
@@ -430,6 +515,7 @@
       if (!response.ok) throw new Error(reply.error ? reply.error.message : `HTTP ${response.status}`);
       await pc.setRemoteDescription({ type: "answer", sdp: reply.sdp });
       await waitEvent(channel, "open", () => channel.readyState === "open", RTC_OPEN_MS, "data channel");
+      channel.send(sessionFrame);
       return { pc, channel, voice: reply.voice === true };
     } catch (err) {
       pc.close();
@@ -490,6 +576,7 @@
     peerConnection: () => (rtc ? rtc.pc : null),
   };
 
+  showSystem(START_HINT, "hint");
   connect();
   setInterval(loadCompanions, DIRECTORY_EVERY_MS);
 })();

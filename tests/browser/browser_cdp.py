@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,8 @@ class Cdp:
         self._answers: dict[int, trio.MemorySendChannel[dict[str, Any]]] = {}
         self.console: list[str] = []
         self.exceptions: list[str] = []
+        self.loaded = trio.Event()
+        """Set by the next ``Page.loadEventFired`` (a new Event before each navigation)."""
 
     async def reader(self) -> None:
         while True:
@@ -119,6 +121,8 @@ class Cdp:
             elif message.get("method") == "Runtime.consoleAPICalled":
                 args = message["params"].get("args", [])
                 self.console.append(" ".join(str(a.get("value", a.get("description", ""))) for a in args))
+            elif message.get("method") == "Page.loadEventFired":
+                self.loaded.set()
             elif message.get("method") == "Runtime.exceptionThrown":
                 details = message["params"]["exceptionDetails"]
                 self.exceptions.append(
@@ -164,9 +168,13 @@ class Page:
         """Run ``source`` in every document before the page's own scripts."""
         await self.call("Page.addScriptToEvaluateOnNewDocument", {"source": source})
 
-    async def goto(self, url: str) -> None:
+    async def goto(self, url: str, timeout: float = 15) -> None:
+        """Navigate and return once the new document has loaded (its load event, so a wait
+        never lands on the document being left)."""
+        self.cdp.loaded = trio.Event()
         await self.call("Page.navigate", {"url": url})
-        await self.wait_for("document.readyState === 'complete'")
+        with trio.fail_after(timeout):
+            await self.cdp.loaded.wait()
 
     async def evaluate(self, expression: str, timeout: float = 15) -> Any:
         result = await self.call(
@@ -208,9 +216,15 @@ class Page:
 
 @asynccontextmanager
 async def chromium(
-    executable: str, profile: Path, *, width: int = 1200, height: int = 760
+    executable: str,
+    profile: Path,
+    *,
+    width: int = 1200,
+    height: int = 760,
+    extra_args: Sequence[str] = (),
 ) -> AsyncIterator[Page]:
-    """Start headless Chromium, open one tab, and close everything on exit."""
+    """Start headless Chromium, open one tab, and close everything on exit. ``extra_args``:
+    more command-line switches (e.g. ``--host-resolver-rules=...``)."""
     argv = [
         executable,
         "--headless=new",
@@ -225,6 +239,7 @@ async def chromium(
         "--remote-debugging-port=0",
         f"--user-data-dir={profile}",
         f"--window-size={width},{height}",
+        *extra_args,
         "about:blank",
     ]
     async with trio.open_nursery() as nursery:

@@ -1,9 +1,19 @@
-"""Browser tests need the distribution's Chromium; the set-up installs it when it can."""
+"""Browser tests need the distribution's Chromium; the set-up installs it when it can. The
+``memory_bridge`` fixture serves the page from a bridge whose network is a MemoryHub."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
+import trio
 from browser_cdp import ensure_chromium
+
+from companion.bridge import Bridge, BridgeConfig
+from companion.protocol import Metadata
+from companion.transport import MemoryEndpoint, MemoryHub
 
 
 @pytest.fixture(scope="session")
@@ -12,3 +22,35 @@ def chromium_path() -> str:
     if path is None:
         pytest.skip("Chromium is not installed and could not be installed (needs root and apt-get)")
     return path
+
+
+@dataclass
+class MemoryBridge:
+    bridge: Bridge
+    companion: MemoryEndpoint
+    """Stands for the network: what it publishes reaches the bridge, and the other way round."""
+    port: int
+
+
+MakeBridge = Callable[..., Awaitable[MemoryBridge]]
+
+
+@pytest.fixture
+def memory_bridge(nursery: trio.Nursery) -> MakeBridge:
+    """``await memory_bridge(directory, **BridgeConfig fields)``: a bridge on 127.0.0.1 (a free
+    port unless ``port`` is given), running until the test ends."""
+
+    async def make(directory: Mapping[str, Metadata] | None = None, **config: Any) -> MemoryBridge:
+        hub = MemoryHub()
+        bridge_ep, companion = hub.endpoint("bridge"), hub.endpoint("companion")
+        bridge = Bridge(
+            bridge_ep,
+            directory=directory or {},
+            config=BridgeConfig(**{"port": 0, **config}),
+            self_peer="bridge",
+        )
+        nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
+        port = await nursery.start(bridge.serve)
+        return MemoryBridge(bridge, companion, port)
+
+    return make

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import trio
 from browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
+from conftest import MakeBridge
 
-from companion.bridge import Bridge, BridgeConfig
+from companion.bridge.ratelimit import RateLimit
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Metadata, Query, QueryResult
-from companion.transport import Inbound, MemoryEndpoint, MemoryHub
+from companion.transport import Inbound, MemoryEndpoint
 
 JUNIPER = Metadata(id="companion_juniper", name="Juniper", personality="calm", story="s", sample="x")
 PIM = Metadata(id="companion_pim", name="Pim", personality="bright", story="s", sample="x")
@@ -44,24 +45,18 @@ async def use_speech_stub_if_voiceless(page: Page) -> bool:
 
 
 async def test_page_shows_sends_approves_and_speaks(
-    nursery: trio.Nursery, chromium_path: str, tmp_path: Path
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
 ) -> None:
-    hub = MemoryHub()
-    bridge_ep = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(
-        bridge_ep,
-        directory={JUNIPER.id: JUNIPER, PIM.id: PIM},
-        config=BridgeConfig(port=0, token="tok"),
-        self_peer="bridge",
-    )
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    port = await nursery.start(bridge.serve)
+    served = await memory_bridge({JUNIPER.id: JUNIPER, PIM.id: PIM}, token="tok")
+    companion, port = served.companion, served.port
 
     async with chromium(chromium_path, tmp_path / "profile") as page:
         await page.goto(f"http://127.0.0.1:{port}/?token=tok&as=user_tester&voice=speak")
         await page.wait_for("document.getElementById('status').dataset.state === 'connected'")
         await page.wait_for("document.getElementById('companions').textContent.includes('Juniper')")
+        # the start hint says how to write to the companions
+        hint = await page.evaluate("document.querySelector('#transcript li.system.hint')?.textContent")
+        assert "talk to every companion" in hint and "“to”" in hint
 
         # a reply from the network appears with the speaker's name and emotion
         reply = Message.create(
@@ -120,23 +115,114 @@ async def test_page_shows_sends_approves_and_speaks(
         assert answer.payload.result.body["approved"] is True
         await page.wait_for("!document.querySelector('.approval')")
 
+        # the companions' last word is followed by the end-of-conversation marker
+        last = Message.create(
+            "companion_pim", ["user_tester", "companion_juniper"], "Good night, all.", {"closing": "terminal"}
+        )
+        await companion.publish(MESSAGES, last)
+        marker = await page.wait_for("document.querySelector('#transcript li.system.end')?.textContent")
+        before = await page.evaluate(
+            "document.querySelector('#transcript li.system.end').previousElementSibling.textContent"
+        )
+        assert "Good night, all." in before
+        assert "write below to start a new one" in marker
+        assert await page.evaluate("document.querySelectorAll('#transcript li.system.end').length") == 1
+
         shot = os.environ.get("COMPANION_SCREENSHOT")
         if shot:
             await page.screenshot(Path(shot))
         assert page.cdp.exceptions == [], page.cdp.exceptions
 
 
-async def test_page_without_token_is_refused_and_says_so(
-    nursery: trio.Nursery, chromium_path: str, tmp_path: Path
+async def test_page_without_token_says_a_token_is_needed_and_how_to_give_it(
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
 ) -> None:
-    bridge = Bridge(MemoryHub().endpoint("bridge"), config=BridgeConfig(port=0, token="tok"))
-    port = await nursery.start(bridge.serve)
+    served = await memory_bridge(token="tok")
+    bridge, companion, port = served.bridge, served.companion, served.port
     async with chromium(chromium_path, tmp_path / "profile") as page:
-        await page.goto(f"http://127.0.0.1:{port}/")
+        await page.goto(f"http://127.0.0.1:{port}/?as=user_tester")
         status = await page.wait_for(
-            "document.getElementById('status').dataset.state === 'closed' && "
+            "document.getElementById('status').dataset.state === 'refused' && "
             "document.getElementById('status').textContent"
         )
-        assert "disconnected" in status
+        assert status == "token needed"
+        why = await page.wait_for(
+            "!document.getElementById('token-form').hidden && "
+            "document.getElementById('token-why').textContent"
+        )
+        assert "needs a token" in why and "?token=" in why
+        line = await page.evaluate(
+            "[...document.querySelectorAll('#transcript li.system.error')].map(li => li.textContent).join()"
+        )
+        assert "requires a token" in line
         assert bridge.client_count == 0
         assert json.loads(await page.evaluate("JSON.stringify(document.title)")) == "companion"
+        # a wrong token is told apart from a missing one
+        await page.goto(f"http://127.0.0.1:{port}/?as=user_tester&token=nope")
+        status = await page.wait_for(
+            "document.getElementById('status').dataset.state === 'refused' && "
+            "document.getElementById('status').textContent"
+        )
+        assert status == "wrong token"
+        # pasting the right token reconnects the page, which then works as usual
+        await page.evaluate(
+            "document.getElementById('token').value = 'tok';"
+            "document.querySelector('#token-form button').click(); true"
+        )
+        await page.wait_for("location.search.includes('token=tok')")
+        await page.wait_for("document.getElementById('status').dataset.state === 'connected'")
+        await companion.publish(MESSAGES, Message.create("companion_pim", ["user_tester"], "Hello!"))
+        await page.wait_for("document.getElementById('transcript').textContent.includes('Hello!')")
+        assert page.cdp.exceptions == [], page.cdp.exceptions
+
+
+async def test_a_refused_message_is_marked_not_sent(
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
+) -> None:
+    """Over the rate limit, the bridge answers ``rate_limited``; the page shows which line
+    did not go out instead of pretending it did."""
+    limit = RateLimit(rate=0.1, burst=2)  # the session frame and one line
+    served = await memory_bridge({PIM.id: PIM}, client_rate=limit)
+    companion, port = served.companion, served.port
+    async with chromium(chromium_path, tmp_path / "profile") as page:
+        await page.goto(f"http://127.0.0.1:{port}/?as=user_tester&transport=ws")
+        await page.wait_for("document.getElementById('companions').textContent.includes('Pim')")
+        for text in ("first line", "second line"):
+            await page.evaluate(
+                f"document.getElementById('text').value = '{text}';"
+                "document.getElementById('send').click(); true"
+            )
+        sent = await from_page(companion, MESSAGES)
+        assert isinstance(sent.payload, Message) and sent.payload.params.message == "first line"
+        note = await page.wait_for("document.querySelector('#transcript li.refused')?.textContent")
+        assert "second line" in note and "not sent: too many frames" in note
+        assert await page.evaluate("document.querySelectorAll('#transcript li.refused').length") == 1
+        assert page.cdp.exceptions == [], page.cdp.exceptions
+
+
+async def test_an_approval_given_after_a_reconnection_is_accepted(
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
+) -> None:
+    """The bridge takes a result only from the client it sent the query to; the page is one
+    client across its connections (its session key), so a person approving after the link
+    dropped and came back is still heard."""
+    served = await memory_bridge({PIM.id: PIM})
+    bridge, companion, port = served.bridge, served.companion, served.port
+    async with chromium(chromium_path, tmp_path / "profile") as page:
+        await page.goto(f"http://127.0.0.1:{port}/?as=user_tester&transport=ws")
+        await page.wait_for("document.getElementById('status').dataset.state === 'connected'")
+        body = {"call_id": "c1", "action": "order_tea", "preview": "order 2 teas"}
+        await companion.publish(QUERIES, Query.create("companion_pim", "approval", body, id="a1"))
+        await page.wait_for("document.querySelector('.approval .preview')?.textContent === 'order 2 teas'")
+        for session in list(bridge._sessions.values()):  # the link drops; the page reconnects
+            session.scope.cancel()
+        await page.wait_for("document.getElementById('status').dataset.state === 'closed'")
+        await page.wait_for("document.getElementById('status').dataset.state === 'connected'")
+        with trio.fail_after(5):
+            await bridge.wait_for_clients(1)
+        await page.evaluate("document.querySelector('.approval button.approve').click(); true")
+        answer = await from_page(companion, QUERIES)
+        assert isinstance(answer.payload, QueryResult) and answer.payload.id == "a1"
+        assert answer.payload.result is not None and answer.payload.result.body["approved"] is True
+        assert bridge.stats()["refused"] == {}
+        assert page.cdp.exceptions == [], page.cdp.exceptions

@@ -90,11 +90,11 @@ def start_run(
 
 
 def start_companion(
-    net: Network, key: str, name: str, tool: str, *peers: str, seed: int = 0
+    net: Network, key: str, name: str, tool: str, *peers: str, seed: int = 0, extra: tuple[str, ...] = ()
 ) -> tuple[Proc, str]:
     """One companion with the engine (``companion run``, scripted model); returns its address."""
     card = write_card(net.tmp, key, name, tool)
-    proc = start_run(net, key, [card], *peers, seed=seed)
+    proc = start_run(net, key, [card], *peers, seed=seed, extra=extra)
     return proc, proc.event("started", 1)["addrs"][0]
 
 
@@ -118,10 +118,16 @@ def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float) ->
 
 def start_live(net: Network) -> Live:
     """Two companions — Juniper answers through ``speak_with_voice`` (a speak query first), Pim
-    through ``speak`` — and a bridge that knows both."""
-    juniper, j_addr = start_companion(net, "juniper", "Juniper", "speak_with_voice", seed=1)
-    pim, p_addr = start_companion(net, "pim", "Pim", "speak", j_addr, seed=2)
-    bridge, port, _ = start_bridge(net, "bridge", j_addr, p_addr)
+    through ``speak`` — and a bridge that knows both. The bridge starts first, so the companions
+    can be told to take its clients' answers (``--approver``): a separate bridge is just another
+    peer to them otherwise."""
+    bridge, port, started = start_bridge(net, "bridge")
+    trusted = ("--approver", str(started["peer_id"]))
+    b_addr = str(started["addrs"][0])
+    juniper, j_addr = start_companion(
+        net, "juniper", "Juniper", "speak_with_voice", b_addr, seed=1, extra=trusted
+    )
+    pim, _ = start_companion(net, "pim", "Pim", "speak", j_addr, b_addr, seed=2, extra=trusted)
     for key in ("juniper", "pim"):
         bridge.event("companion_joined", 30, companion_id=f"companion_{key}")
     juniper.event("companion_joined", 30, companion_id="companion_pim")

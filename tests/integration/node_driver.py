@@ -1,9 +1,10 @@
 """Our CompanionNode in a process driven over stdin, for tests against other implementations.
 
 ``python node_driver.py METADATA_JSON [--peer ADDR]``; commands on stdin, one JSON object a line:
-``{"op": "connect", "addr": A}``, ``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``.
+``{"op": "connect", "addr": A}``, ``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``,
+``{"op": "disconnect", "peer": PEER_ID}`` (hang up on one peer, which does not redial).
 Events on stdout, one JSON object a line: ``started``, ``joined``/``left`` (companion_id),
-``inbound`` (topic, peer, text), ``connected``, ``published``, ``error``.
+``inbound`` (topic, peer, text), ``connected``, ``published``, ``disconnected``, ``error``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ async def main(metadata: Metadata, peers: list[str]) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def disconnect(node: CompanionNode, peer: str) -> None:
+    """Close every connection to ``peer`` (a test reaching past the node's public surface)."""
+    from libp2p.peer.id import ID
+
+    with trio.fail_after(10):
+        await node._host.disconnect(ID.from_base58(peer))
+
+
 async def commands(node: CompanionNode) -> None:
     stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
     buffer = b""
@@ -65,6 +74,9 @@ async def commands(node: CompanionNode) -> None:
                 elif command["op"] == "publish":
                     await node.publish_raw(command["topic"], command["text"].encode())
                     emit("published", topic=command["topic"])
+                elif command["op"] == "disconnect":
+                    await disconnect(node, command["peer"])
+                    emit("disconnected", peer=command["peer"])
             except Exception as exc:
                 emit("error", op=command["op"], error=repr(exc))
 

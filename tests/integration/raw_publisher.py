@@ -3,9 +3,11 @@ publishes any bytes it is told to. It may claim a companion id over the metadata
 
 Commands on stdin, one JSON object per line:
 ``{"op": "connect", "addr": MULTIADDR}``, ``{"op": "publish", "topic": T, "b64": DATA}``
-(``"text"`` instead of ``"b64"`` for UTF-8), ``{"op": "pace", "seconds": S}`` between publishes.
+(``"text"`` instead of ``"b64"`` for UTF-8), ``{"op": "pace", "seconds": S}`` between publishes,
+``{"op": "forge", "type": T, "answer": A}``: answer every query of type T it hears at once with
+a QueryResult of the fields A (``{"result": {"success": ..., "body": ...}}`` or ``{"error": TEXT}``).
 Events on stdout, one JSON object per line: ``started`` (peer_id, addrs), ``connected``,
-``published`` (count), ``error``.
+``published`` (count), ``forged`` (query id), ``error``.
 """
 
 from __future__ import annotations
@@ -53,11 +55,15 @@ async def main(companion: str | None) -> None:
     ):
         await pubsub.wait_until_ready()
         async with trio.open_nursery() as nursery:
+            forgeries: dict[str, dict[str, Any]] = {}
             for topic in TOPICS:
                 sub = await pubsub.subscribe(topic)
-                nursery.start_soon(drain, sub)
+                if topic == "queries":
+                    nursery.start_soon(forge_answers, sub, pubsub, forgeries)
+                else:
+                    nursery.start_soon(drain, sub)
             emit("started", peer_id=str(host.get_id()), addrs=[str(a) for a in host.get_addrs()])
-            await commands(host, pubsub)
+            await commands(host, pubsub, forgeries)
             with trio.move_on_after(5):
                 await host.close()
             nursery.cancel_scope.cancel()
@@ -68,7 +74,23 @@ async def drain(sub: Any) -> None:
         await sub.get()
 
 
-async def commands(host: Any, pubsub: Any) -> None:
+async def forge_answers(sub: Any, pubsub: Any, forgeries: dict[str, dict[str, Any]]) -> None:
+    """Answer every query of a forged type the moment it arrives, before any honest client."""
+    while True:
+        msg = await sub.get()
+        try:
+            query = json.loads(msg.data)
+            forged = forgeries.get(query.get("params", {}).get("type")) if query.get("method") else None
+        except (ValueError, AttributeError):
+            continue
+        if forged is None:
+            continue
+        answer = {"jsonrpc": "2.0", "id": query["id"], **forged}
+        await pubsub.publish("queries", json.dumps(answer).encode())
+        emit("forged", id=query["id"], type=query["params"]["type"])
+
+
+async def commands(host: Any, pubsub: Any, forgeries: dict[str, dict[str, Any]]) -> None:
     stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
     buffer = b""
     pace = 0.005
@@ -89,6 +111,9 @@ async def commands(host: Any, pubsub: Any) -> None:
                     emit("connected", addr=command["addr"])
                 elif op == "pace":
                     pace = float(command["seconds"])
+                elif op == "forge":
+                    forgeries[command["type"]] = command["answer"]
+                    emit("forging", type=command["type"])
                 elif op == "publish":
                     data = base64.b64decode(command["b64"]) if "b64" in command else command["text"].encode()
                     await pubsub.publish(command["topic"], data)

@@ -181,6 +181,8 @@ async def test_a_companion_answers_a_webrtc_client_and_speaks_through_its_track(
             "/ip4/127.0.0.1/tcp/0",
             "--peer",
             b_started["addrs"][0],
+            "--approver",  # the bridge's clients (and its voice) answer juniper's speak queries
+            b_started["peer_id"],
             "--data-dir",
             str(tmp_path / "data-juniper"),
             "--log-format",

@@ -1,0 +1,271 @@
+"""The offline model's phrasebook: every line it can say, by slot, in English and Japanese.
+
+:mod:`.phrasing` picks a slot for each part of a reply and fills a template from it. The
+reactions never use the words that evoke the feeling they answer ("No harm done", not "Easy
+mistake to make"): companions hear each other, and a reassurance that sounds flustered would make
+the next companion reassure it back, forever.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = ["EN", "INTERJECTIONS", "JA"]
+
+EN: Final[dict[str, tuple[str, ...]]] = {
+    "greeting": ("Hello{voc}!", "Hi{voc}, good to hear from you.", "Evening{voc}.", "Well, hello{voc}."),
+    "wellbeing": ("I'm well, since you ask{voc}.", "Doing nicely{voc}, all told.", "Not bad at all{voc}."),
+    "farewell_heard": (
+        "Off already{voc}? Then sleep well.",
+        "Good night then{voc}.",
+        "Leaving so soon{voc}? Take care.",
+    ),
+    "sad": (
+        "That sounds hard{voc}.",
+        "Oh{voc}, that's a heavy thing to carry.",
+        "I'm here, if you want to talk{voc}.",
+    ),
+    "angry": (
+        "That would get to me too{voc}.",
+        "Of course you're cross{voc}.",
+        "That does sound rough{voc}.",
+    ),
+    "afraid": (
+        "That sounds unsettling{voc}.",
+        "It's all right to feel that way{voc}.",
+        "I'd be uneasy too{voc}.",
+    ),
+    "flustered": ("No harm done{voc}.", "Never mind it{voc}.", "It happens to the best of us{voc}."),
+    "sleepy": (
+        "Sounds like a long day{voc}.",
+        "You could do with a rest{voc}.",
+        "Rest sounds well earned{voc}.",
+    ),
+    "proud": ("Well done{voc}!", "You've earned that{voc}.", "Now that's something{voc}!"),
+    "excited": (
+        "I can hear it in your voice{voc}!",
+        "What a thing to look forward to{voc}!",
+        "That sounds like quite a day{voc}!",
+    ),
+    "surprised": (
+        "Well, who'd have thought{voc}.",
+        "I didn't see that coming{voc}.",
+        "That's remarkable{voc}.",
+    ),
+    "amused": ("That's a good one{voc}.", "Ha, I like that{voc}.", "You've made my evening{voc}."),
+    "wistful": (
+        "It's strange what stays with us{voc}.",
+        "Those are worth keeping{voc}.",
+        "Some things we carry a long way{voc}.",
+    ),
+    "tender": (
+        "That's good of you to say{voc}.",
+        "I appreciate that{voc}.",
+        "That's a generous thing to say{voc}.",
+    ),
+    "happy": ("Oh, how nice{voc}.", "That's the best sort of news{voc}.", "That's the way to do it{voc}."),
+    "weather": (
+        "{Topic}? Then it's an evening for staying in{voc}.",
+        "{Topic}, is it? I'll keep an eye on the sky{voc}.",
+        "Ah, {topic}. A fine evening for a long talk, then{voc}.",
+    ),
+    "topical": (
+        "{Topic}, you say{voc}.",
+        "Now {topic} is worth talking about{voc}.",
+        "I didn't expect {topic} to come up{voc}.",
+        "{Topic}. Go on{voc}.",
+    ),
+    "known": (
+        "Now {topic} is something I know a little about{voc}.",
+        "{Topic}! You've found my favourite subject{voc}.",
+        "Ah, {topic}. That's close to home for me{voc}.",
+    ),
+    "flat": ("Fair enough{voc}.", "I see{voc}.", "Mm, right{voc}."),
+    "tell_me": (
+        "Tell me about {topic}, if you'd like.",
+        "I'd like to hear about {topic}, when you're ready.",
+    ),
+    "empty": ("Nothing to say? Then I'll start.", "A quiet moment. I'll fill it."),
+    "related": ("That reminds me: {fact}", "Now that you mention it: {fact}", "{Fact}"),
+    "told": ("{Fact}",),
+    "fav_known": ("{Topic}? Easy: anything with {thing}.", "{Topic}? Anything with {thing}, no question."),
+    "fav_related": (
+        "{Topic}? I'd say it ties back to this: {fact}",
+        "{Topic}? That one's easy for me. {Fact}",
+    ),
+    "fav_none": (
+        "{Topic}? I can't say I have one. {Fact_and_head}",
+        "{Topic}? I'm not sure I have one, to be honest. {Fact_and_head}",
+    ),
+    "yes": ("{aux_yes}, as it happens. {Fact}", "{aux_yes}{voc}. {Fact}", "Yes. {Fact}"),
+    "no": ("{aux_no}, not really. {Fact}", "Honestly, {aux_no_low}. {Fact}"),
+    "yesno_open": ("I'd say so{voc}. {Fact}", "Hard to say for certain{voc}. {Fact}"),
+    "why": ("Because {fact}", "Partly habit, if I'm honest. {Fact}"),
+    "about_me": ("I'm {name}. {Fact}", "Where to begin? {Fact}"),
+    "answer_related": ("{Echo} {Fact}", "{Topic}? {Fact}", "Good question{voc}. {Fact}", "{Fact}"),
+    "answer_unrelated": (
+        "I'm not sure I know{voc}. What I do know: {fact}",
+        "That's outside what I know{voc}. Here's what I can tell you: {fact}",
+    ),
+    "answer_unrelated_echo": (
+        "{Echo} I wouldn't know where to start, to be honest. {Fact}",
+        "{Echo} Not my field, I'm afraid. {Fact}",
+        "Honestly, I'd be lost there{voc}. {Fact}",
+        "That's one for someone else{voc}. {Fact}",
+    ),
+    "personal": (
+        "{Topic}? This, most of all: {fact}",
+        "{Topic}? Easy. {Fact}",
+        "{Topic}? Let me think. {Fact}",
+    ),
+    "opinion_open": (
+        "I'll say this much: {fact}",
+        "Honestly? {Fact}",
+        "Here's my view, for what it's worth: {fact}",
+    ),
+    "opinion_related": ("{Topic}? I'm fond of it. {Fact}", "{Topic}? Close to my heart. {Fact}"),
+    "opinion_unrelated": (
+        "{Topic}? I can't say I've thought much about it. {Fact}",
+        "{Topic}? I'll leave that one to others. {Fact}",
+    ),
+    "about": ("{Fact}", "Happily. {Fact}"),
+    "exhausted": (
+        "I've told you most of what I know about {topic}{voc}.",
+        "That's about all I know of {topic}, I'm afraid.",
+        "There's not much more I can add about {topic}{voc}.",
+    ),
+    "introduce": ("I'm {name}{role}.", "I should introduce myself: I'm {name}{role}."),
+    "correct": (
+        "I'd check that{voc}; {claim}is the sort of thing that gets misquoted.",
+        "Not quite, as far as I know{voc}; {claim}deserves a second look.",
+    ),
+    "cite": ("You'll find the right answer in {place}.", "{Place} has it on record, if you want to look."),
+    "apologise": ("Oh no, sorry, sorry! I mixed that up.", "Oops, my mistake{voc}, sorry!"),
+    "retry": (
+        "Let me try again: {amount} {unit}, exactly.",
+        "Let me try again, properly this time: {amount} {unit}.",
+    ),
+    "retry_plain": ("Let me try again, properly this time.",),
+    "tip": (
+        "Tip for {thing}: weigh it, never guess. {amount} {unit} makes all the difference!",
+        "Here's my {thing} tip: {amount} {unit}, measured twice.",
+    ),
+    "tip_plain": ("Here's my {thing} tip: take it slowly and measure twice.",),
+    "new_topic": (
+        "Here's something quieter, from {source}: {fact}",
+        "Let me turn a page in {source}: {fact}",
+    ),
+    "new_topic_plain": ("Here's a new thought: {fact}", "Shall we try something else? {Fact}"),
+    "detail": ("One detail worth knowing: {fact}", "Here's something you may not know: {fact}"),
+    "ask_clause": ("{clause}, {who}?",),
+    "ask_tie": (
+        "How does {topic} compare with {tie}, {who}?",
+        "What would {topic} look like by {tie}, {who}?",
+    ),
+    "ask_topic": ("What do you make of {topic}, {who}?", "{Who}, what would you do with {topic}?"),
+    "ask_fav": ("What's yours, {who}?", "And you, {who}?"),
+    "ask_open": ("What's on your mind, {who}?", "What do you think, {who}?"),
+    "farewell_like": ("Consider this me {like}: good night, everyone.", "That's me {like}. Good night, all!"),
+    "farewell": (
+        "It was really nice talking with you all. See you next time!",
+        "Thank you for the lovely chat, everyone. Bye for now!",
+        "Let's pick this up again another day. Take care!",
+    ),
+    "last_fact": ("One last thing: {fact}", "Before I go: {fact}"),
+    "tried": ("I tried to {what}, but it didn't work.", "I meant to {what}, but it didn't go through."),
+    "pre-closing": (
+        "It's getting a bit late, though.",
+        "We've covered a lot today.",
+        "We're slowly coming to the end of this topic, I'd say.",
+    ),
+}
+
+JA: Final[dict[str, tuple[str, ...]]] = {
+    "greeting": ("{voc}こんにちは!", "{voc}来てくれてうれしいな。"),
+    "wellbeing": ("{voc}元気だよ、ありがとう。",),
+    "farewell_heard": ("{voc}もう行っちゃうの?それじゃあ、ゆっくり休んでね。",),
+    "sad": ("{voc}それはつらかったね。", "{voc}大変だったね。"),
+    "angry": ("{voc}それはひどいね。",),
+    "afraid": ("{voc}それは落ち着かないよね。",),
+    "flustered": ("{voc}大丈夫、よくあることだよ。",),
+    "sleepy": ("{voc}今日は長い一日だったんだね。",),
+    "proud": ("{voc}すごい、よくやったね!",),
+    "excited": ("{voc}いい日になりそうだね!",),
+    "surprised": ("{voc}それは思いもよらなかったね。",),
+    "amused": ("{voc}あはは、いいね。",),
+    "wistful": ("{voc}ずっと心に残るものってあるよね。",),
+    "tender": ("{voc}そう言ってもらえると元気が出るよ。",),
+    "happy": ("{voc}それは何よりだね!", "{voc}素敵な話だね。"),
+    "weather": ("{topic}かあ。今夜は家でゆっくりするのがいいかもね。", "{voc}{topic}の話、気になるね。"),
+    "topical": ("{voc}{topic}の話、いいね。", "{topic}かあ。", "{voc}{topic}のこと、もっと聞きたいな。"),
+    "known": ("{topic}なら、ちょっと詳しいよ。", "{voc}{topic}の話なら任せて。"),
+    "flat": ("{voc}なるほどね。", "うんうん。"),
+    "tell_me": ("よかったら、{topic}のこと聞かせて。",),
+    "empty": ("静かだね。じゃあ、私から話そうかな。",),
+    "related": ("そういえば、{fact}", "{fact}"),
+    "told": ("{fact}",),
+    "fav_known": ("好きな{head}?{thing}が入ったものかな。",),
+    "fav_related": ("好きな{head}?{fact}",),
+    "fav_none": ("好きな{head}かあ、特にないかも。{fact}",),
+    "yes": ("うん、{fact}",),
+    "no": ("うーん、あまり。{fact}",),
+    "yesno_open": ("たぶんね。{fact}",),
+    "why": ("それはね、{fact}",),
+    "about_me": ("私は{name}。{fact}",),
+    "answer_related": ("いい質問だね。{fact}", "{fact}"),
+    "answer_unrelated_echo": ("うーん、よくわからないな。{fact}",),
+    "personal": ("{topic}?そうだなあ。{fact}",),
+    "opinion_open": ("そうだなあ。{fact}",),
+    "opinion_related": ("{topic}、好きだよ。{fact}",),
+    "opinion_unrelated": ("{topic}かあ、あまり考えたことないな。{fact}",),
+    "answer_unrelated": ("よくわからないけど、私に言えるのは、{fact}",),
+    "about": ("{fact}",),
+    "exhausted": ("{topic}については、もう話せることはあまりないかな。",),
+    "introduce": ("私は{name}です。",),
+    "correct": ("{voc}それ、もう一度確かめたほうがいいかも。",),
+    "cite": ("{place}で調べられるよ。",),
+    "apologise": ("ごめんね、間違えちゃった!",),
+    "retry": ("もう一度やってみるね。{amount}{unit}、きっちり!",),
+    "retry_plain": ("もう一度やってみるね。",),
+    "tip": ("{thing}のコツはね、きっちり量ること!{amount}{unit}が大事なんだ。",),
+    "tip_plain": ("{thing}のコツはね、きっちり量ること!",),
+    "new_topic": ("話を変えてもいい?{fact}",),
+    "new_topic_plain": ("話を変えてもいい?{fact}",),
+    "detail": ("ちょっとした豆知識だけど、{fact}",),
+    "ask_clause": ("{who}はどう?",),
+    "ask_tie": ("{who}は{topic}についてどう思う?",),
+    "ask_topic": ("{who}は{topic}についてどう思う?", "{who}だったら、どうする?"),
+    "ask_fav": ("{who}はどう?",),
+    "ask_open": ("{who}はどう思う?",),
+    "farewell_like": ("みんなと話せて本当に楽しかった。またね!",),
+    "farewell": (
+        "みんなと話せて本当に楽しかった。またね!",
+        "素敵なおしゃべりをありがとう。それじゃあ、また!",
+        "続きはまた今度話そうね。元気でね!",
+    ),
+    "last_fact": ("最後にひとつ。{fact}",),
+    "pre-closing": (
+        "そろそろいい時間になってきたね。",
+        "今日はたくさん話せたね。",
+        "この話題もそろそろ一段落かな。",
+    ),
+}
+
+INTERJECTIONS: Final[dict[str, dict[str, tuple[str, ...]]]] = {
+    "en": {
+        "lively": ("Ooh!", "Oh!", "Wow!"),
+        "calm": ("Hmm.", "Ah."),
+        "dry": ("Well.", "Ah."),
+        "shy": ("Oh! Um,",),
+        "warm": ("Oh,",),
+        "plain": ("Oh,", "Well,"),
+    },
+    "ja": {
+        "lively": ("わあ!", "えっ!"),
+        "calm": ("うーん。",),
+        "dry": ("ふうん。",),
+        "shy": ("あっ、えっと、",),
+        "warm": ("まあ、",),
+        "plain": ("そっか、",),
+    },
+}

@@ -1,0 +1,768 @@
+"""Replies in character for the offline model: what was said, what the instructions ask, who
+the companion is, put into one line.
+
+A line has up to five parts, each chosen from what the message is (a question, a greeting, a
+goodbye, a feeling, a statement about something) and what the matched instructions ask
+(introduce yourself, sign off, ask a question, correct, apologise, share a tip, offer a new
+topic):
+
+1. an opening that reacts to the message, naming the noun phrase it is about when there is one
+   (said back whole, "my"/"your" swapped, never quoted);
+2. for a question, an answer: the companion's fact (story, personality, sample) most related to
+   the question's words, framed for the question's form (favourite, yes/no, why, what...);
+3. what the instruction asks (an introduction, a correction citing a place from the story, a
+   tip in the card's units, a new topic from the source the instruction names);
+4. a follow-up question to someone else present, when the instruction asks for one (never to
+   the speaker itself);
+5. the closing stage's words (winding down, or goodbye).
+
+Templates come in English and Japanese; the card's own words decide the language. The tone
+(lively, calm, dry, shy, warm) comes from the personality and only changes interjections and
+punctuation. Every choice among templates and facts goes through the caller's seeded generator.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from ..protocol import ClosingStage
+from .lexicon import (
+    Language,
+    concepts_in,
+    content_stems,
+    cue_concepts,
+    is_question,
+    numbers,
+    sentences,
+    spread,
+    things_in,
+    topic_phrase,
+    topical_word,
+    words,
+)
+from .persona import Fact, Persona
+from .phrasebook import EN, INTERJECTIONS, JA
+
+__all__ = ["Heard", "Plan", "compose", "hear", "plan_of"]
+
+_FEELINGS: Final = (  # the feelings a reaction answers, the most pressing first
+    "sad", "angry", "afraid", "flustered", "sleepy", "proud", "excited", "surprised", "amused",
+    "wistful", "tender", "happy",
+)  # fmt: skip
+_WH: Final = ("what", "why", "how", "who", "where", "when", "which")
+_AUX: Final = {
+    "do": ("I do", "I don't"),
+    "does": ("It does", "It doesn't"),
+    "did": ("I did", "I didn't"),
+    "are": ("I am", "I'm not"),
+    "were": ("I was", "I wasn't"),
+    "have": ("I have", "I haven't"),
+    "can": ("I can", "I can't"),
+    "could": ("I could", "I couldn't"),
+    "would": ("I would", "I wouldn't"),
+    "will": ("I will", "I won't"),
+    "should": ("I should", "I shouldn't"),
+}
+_I_AUX: Final = {"are": "am", "were": "was", "'re": "'m"}
+_SWAP_ME: Final = {"your": "my", "yours": "mine", "yourself": "myself", "you": "me"}
+
+
+# --- what was said ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """What the message is, as far as the offline model can tell."""
+
+    text: str
+    language: Language
+    sender_name: str | None
+    """The sender's display name when it is a companion (people at a client are not named)."""
+    kind: str
+    """``question``, ``greeting``, ``farewell``, ``feeling``, ``statement``, ``flat`` or ``empty``."""
+    feeling: str | None
+    topic: str | None
+    """The noun phrase the message is about, ready to say back ("my favourite cake")."""
+    head: str | None
+    """The last word of ``topic`` ("cake")."""
+    concepts: Mapping[str, float]
+    stems: frozenset[str]
+    form: str | None = None
+    """For a question: ``favourite``, ``yesno``, ``wellbeing``, ``about-me``, or its wh-word."""
+    aux: str | None = None
+    """For a yes/no question to "you": its auxiliary ("do", "are")."""
+    echo: str | None = None
+    """A short question said back in the first person ("What would I bake?")."""
+    said_concepts: Mapping[str, float] = field(default_factory=dict)
+    """Concepts of the whole message (``concepts`` are the question's, for a question)."""
+
+
+def hear(
+    text: str,
+    *,
+    sender_name: str | None,
+    names: Sequence[str],
+    me: Persona,
+    from_companion: bool = False,
+    context: str = "",
+) -> Heard:
+    """Read ``text`` (already cleaned) for the parts of a reply. A companion's line is read for
+    the known thing it talks about, not for its framing ("Here's my butter tip" is about butter).
+    ``context`` is the line before it: "What's yours?" or "What do you think?" is about that."""
+    language: Language = "ja" if me.language == "ja" else "en"
+    skip = [*names, me.name]
+    said = _without_names(text, skip)
+    found = concepts_in(text)
+    question = is_question(text)
+    focus = _last_question(said) if question else said
+    own = frozenset(content_stems(focus) - {n.casefold() for n in skip})
+    if from_companion and language == "en":
+        topic = topical_word(focus if question else said, skip)
+    else:
+        topic = topic_phrase(said, skip, swap=True)
+    if topic is not None and language == "en" and re.search(r"[\u3040-\u9fff]", topic):
+        topic = None  # an English companion does not say back Japanese words
+    if topic is not None and language == "ja" and not re.search(r"[\u3040-\u9fff]", topic):
+        topic = None  # nor a Japanese one English words
+    head = words(topic)[-1] if topic and words(topic) else topic
+    feeling = next((f for f in _FEELINGS if found.get(f, 0) >= 1), None)
+    greeted = "greeting" in found and not from_companion  # companions greet people, not each other
+    if not text.strip():
+        kind = "empty"
+    elif "farewell" in found:
+        kind = "farewell"
+    elif question and not (greeted and _wellbeing(text)):
+        kind = "question"
+    elif greeted:
+        kind = "greeting"
+    elif feeling is not None:
+        kind = "feeling"
+    elif topic:
+        kind = "statement"
+    else:
+        kind = "flat"
+    form = aux = echo = None
+    if question:
+        form, aux = _question_form(focus, skip)
+        echo = _echo_question(focus, skip)
+        if topic is None and _BACK_REFERENCE.search(focus.casefold()):
+            # "What do you think?" is about what was said just before it: the same line's
+            # statements, else the line before
+            statements = " ".join(s for s in sentences(said) if not is_question(s))
+            favourite = re.search(r"\b(?:my|your)\s+(favou?rite\s+[a-z]+)", f"{statements} {context}", re.I)
+            if favourite:
+                form, topic = "favourite", f"my {favourite.group(1)}"
+            else:
+                topic = (
+                    topical_word(statements, skip)
+                    or topic_phrase(statements, skip, swap=True)
+                    or topical_word(_without_names(context, skip), skip)
+                )
+                form = "opinion"
+            echo = None
+            head = words(topic)[-1] if topic and words(topic) else head
+    return Heard(
+        text,
+        language,
+        sender_name,
+        kind,
+        feeling,
+        topic,
+        head,
+        concepts_in(focus) if question else found,
+        own,
+        form,
+        aux,
+        echo,
+        found,
+    )
+
+
+_BACK_REFERENCE: Final = re.compile(
+    r"\b(what's yours|and yours|and you|what about you|how about you|what do you think|your take"
+    r"|you think so|on your mind)\b"
+)
+
+
+def _without_names(text: str, names: Sequence[str]) -> str:
+    """``text`` without the names it calls people by ("Ostra, what..." -> "what...") and without
+    self-introductions ("I'm Ostra, the archivist."): neither is what a line is about."""
+    for name in names:
+        if not name.strip():
+            continue
+        quoted = re.escape(name)
+        text = re.sub(rf"(^|[.!?]\s+){quoted},\s*(\w)", lambda m: m.group(1) + m.group(2).upper(), text)
+        text = re.sub(rf",\s*{quoted}(?=\s*[.!?]|$)", "", text)
+    named = "|".join(re.escape(n) for n in names if n.strip()) or "(?!)"
+    intro = re.compile(
+        rf"(?:I should introduce myself\b|(?:.*:\s*)?(?:I'm|I am|My name is)\s+(?:{named})\b)", re.I
+    )
+    kept = [s for s in sentences(text) if not intro.match(s)]
+    return " ".join(kept)
+
+
+def _last_question(text: str) -> str:
+    asked = [s for s in sentences(text) if is_question(s)]
+    return asked[-1] if asked else text
+
+
+def _wellbeing(text: str) -> bool:
+    folded = text.casefold()
+    return any(
+        p in folded for p in ("how are you", "how's it going", "how are things", "how have you been", "元気")
+    )
+
+
+def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
+    sentence = _last_question(text)
+    folded = sentence.casefold()
+    own = [w for w in words(sentence) if w not in {n.casefold() for n in names}]
+    if _wellbeing(sentence):
+        return "wellbeing", None
+    if re.search(r"\b(favou?rite|like best|love most|好きな)", folded) or "好き" in sentence:
+        return "favourite", None
+    if re.search(
+        r"\b(who are you|about yourself|what do you do(?: for a living)?\W*$|your story|introduce yourself)",
+        folded,
+    ):
+        return "about-me", None
+    if own[:1] and own[0] in _AUX and len(own) > 1 and own[1] == "you":
+        return "yesno", own[0]
+    if own[:1] and own[0] in ("is", "was", "isn't", "does", "did", "can", "could"):
+        return "yesno", None
+    if re.search(
+        r"\b(what do you (?:think|make) of|what do you think about|how do you feel about|what about"
+        r"|what do you think)\b",
+        folded,
+    ):
+        return "opinion", None
+    wh = next((w for w in own[:3] if w in _WH), None)
+    if wh is None and own[:2] == ["tell", "me"]:
+        return "about", None
+    return wh or "open", None
+
+
+def _echo_question(text: str, names: Sequence[str]) -> str | None:
+    """A short "(wh) (aux) you ...?" question said back in the first person, else ``None``."""
+    sentence = _last_question(text)
+    for name in names:
+        sentence = re.sub(rf",?\s*\b{re.escape(name)}\b\s*,?", " ", sentence, flags=re.I)
+    sentence = " ".join(sentence.replace("?", " ").replace("?", " ").split()).strip(" ,")
+    tokens = sentence.split()
+    if not 3 <= len(tokens) <= 9:
+        return None
+    low = [t.casefold() for t in tokens]
+    if low[0] not in _WH or low[1] not in (*_AUX, "are", "were") or low[2] != "you":
+        return None
+    rest = [_SWAP_ME.get(t.casefold(), t) for t in tokens[3:]]
+    aux = _I_AUX.get(low[1], low[1])
+    return " ".join([tokens[0].capitalize(), aux, "I", *rest]) + "?"
+
+
+# --- what the instructions ask -------------------------------------------------------------------------
+
+_INTENTS: Final = (
+    (
+        "farewell",
+        r"good ?bye|sign off|farewell|close the conversation|say bye|wrap up|parting"
+        r"|さようなら|別れ|締めくく",
+    ),
+    ("introduce", r"introduc|yourself|自己紹介|名乗"),
+    ("correct", r"\bcorrect|fix the (?:claim|mistake)|set .* straight|訂正"),
+    ("apologise", r"apologi[sz]|\bsorry\b|謝"),
+    ("tip", r"\btip\b|advice|how to|コツ"),
+    ("new_topic", r"new topic|change the subject|another topic|new subject|話題を変"),
+    ("detail", r"detail|\bfact\b|trivia|footnote|豆知識"),
+    ("ask", r"\bask\b|question|質問|聞いて|尋ね"),
+    ("excite", r"excite|enthusias|energy|cheer|ワクワク"),
+    ("brief", r"brief|short|one sentence|簡潔|短く"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the matched instructions ask of the line."""
+
+    intents: frozenset[str]
+    query: str
+    """The instructions' words: they steer which fact is told."""
+    like: str | None = None
+    """"like handing over the night watch": a farewell's image, as a gerund phrase."""
+    role: str | None = None
+    """"as the library's archivist": how an introduction names the companion."""
+    source: str | None = None
+    """"from your logbook of stars": where a new topic comes from, said as "my logbook of stars"."""
+    ask_clause: str | None = None
+    """"ask someone what they would bake": the question to ask, as "What would you bake"."""
+    ties: tuple[str, ...] = ()
+    """"tie it to the sea or the night sky": what a follow-up question ties the topic to."""
+    unit: str | None = None
+    with_fact: bool = False
+    one_sentence: bool = False
+    thing_concepts: tuple[str, ...] = ()
+    """Concepts of things the instruction is about ("the food that was mentioned")."""
+    things: tuple[str, ...] = field(default=())
+    """Things named in the card's parameters this turn (e.g. ``foods_mentioned``)."""
+
+
+def plan_of(instructions: Sequence[str], params: Mapping[str, object] | None = None) -> Plan:
+    """The plan of the matched instructions (the speaking tool's first)."""
+    text = " ".join(i.strip() for i in instructions if i.strip())
+    folded = text.casefold()
+    intents = frozenset(name for name, pattern in _INTENTS if re.search(pattern, folded))
+    like = _match(r"\b(?:like|as if|as though)\s+((?:[a-z]+ing)\b[^,.;]*)", text)
+    if like:
+        like = re.split(r"\s+(?:with|in one|and then)\b", like)[0].strip()
+    role = _match(r"\bas\s+((?:the|a|an)\s+[^,.;]+)", text)
+    if role and like and role in like:
+        role = None
+    source = _match(r"\bfrom\s+(your\s+[^,.;]+)", text)
+    if source:
+        source = "my " + source.split(" ", 1)[1]
+    ask_clause = None
+    clause = re.search(
+        r"\bask\s+(?:someone|somebody|others|them|the others|everyone|a friend)?\s*"
+        r"(what|how|why|which|where|when|who|whether|if)\s+(they|he|she)\s+(would|will|could|do|did|are|like|think)\s+([^,.;]+)",
+        folded,
+    )
+    if clause:
+        wh, _, aux, rest = clause.groups()
+        if wh in ("whether", "if"):
+            ask_clause = f"Would you {rest.strip()}"
+        else:
+            ask_clause = f"{wh.capitalize()} {aux} you {rest.strip()}"
+    ties: tuple[str, ...] = ()
+    tie = _match(r"\btie (?:it|this|them) (?:to|with|in with)\s+([^,.;]+)", text)
+    if tie:
+        ties = tuple(t.strip() for t in re.split(r"\s+or\s+|\s+and\s+", tie) if t.strip())
+    unit = _match(
+        r"\bin\s+(grams|kilograms|cups|minutes|degrees|spoons|litres|liters|ounces|pounds)\b", folded
+    )
+    things_about = cue_concepts(text)
+    thing_concepts = tuple(c for c in ("food", "animals", "rooms", "colours") if c in things_about)
+    named: list[str] = []
+    for value in (params or {}).values():
+        if isinstance(value, list):
+            named.extend(v for v in value if isinstance(v, str) and v.strip())
+    return Plan(
+        intents,
+        text,
+        like,
+        role,
+        source,
+        ask_clause,
+        ties,
+        unit,
+        bool(re.search(r"\bwith one\b.*\b(fact|footnote|detail|tip)\b", folded)),
+        "one sentence" in folded,
+        thing_concepts,
+        tuple(named),
+    )
+
+
+def _match(pattern: str, text: str) -> str | None:
+    found = re.search(pattern, text, re.I)
+    return found.group(1).strip() if found else None
+
+
+# --- composing -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Line:
+    persona: Persona
+    heard: Heard
+    plan: Plan
+    rng: random.Random
+    closing: ClosingStage
+    ask_to: str | None
+    used: frozenset[str]
+    failed: tuple[str, ...] = ()
+    said: list[str] = field(default_factory=list)
+    told: set[str] = field(default_factory=set)
+    must_ask: bool = False
+    """Nothing new to tell: the line ends with a question instead."""
+
+    @property
+    def templates(self) -> Mapping[str, tuple[str, ...]]:
+        return JA if self.persona.language == "ja" else EN
+
+    def pick(self, slot: str, **fields: str) -> str:
+        pool = self.templates.get(slot) or EN[slot]
+        usable = [t for t in pool if _fits(t, fields)]
+        template = self.rng.choice(usable or list(pool))
+        return _fill(template, fields)
+
+    def voc(self, chance: float = 0.5) -> str:
+        name = self.heard.sender_name
+        if not name or self.rng.random() >= chance:
+            return ""
+        return f"{name}、" if self.persona.language == "ja" else f", {name}"
+
+    def fact(
+        self, query: str = "", *, need: bool = True, least: float = 0.0, fresh_only: bool = False
+    ) -> Fact | None:
+        """The fact most related to the message (and ``query``), not yet told in this line and,
+        if possible, not in my recent lines (with ``fresh_only``, never); ``None`` when none
+        relates by ``least``."""
+        own = set(self.heard.stems) | content_stems(query)
+        about = spread({**concepts_in(query), **self.heard.concepts})
+        about.pop("question", None)
+        about.pop("greeting", None)
+        pool = [f for f in self.persona.facts if f.text not in self.told]
+        if not pool:
+            return None
+        scored = []
+        for index, fact in enumerate(pool):
+            score = fact.relevance(own, about)
+            if fact.source == "sample":
+                score = score - 1.0 if score < 3 else score
+            fresh = fact.text not in self.used
+            scored.append((fresh, score, self.rng.random() * 0.5, -index, fact))
+        scored.sort(key=lambda s: (s[0], s[1] + s[2], s[3]), reverse=True)
+        fresh, score, _, _, best = scored[0]
+        if fresh_only and not fresh:
+            return None
+        if score <= least and not need:
+            return None
+        if score <= 0 and best.source == "sample":
+            others = [s for s in scored if s[4].source != "sample"]
+            if others:
+                best = others[0][4]
+        self.told.add(best.text)
+        return best
+
+    def relates(self) -> float:
+        about = spread(dict(self.heard.concepts))
+        about.pop("question", None)
+        about.pop("greeting", None)
+        return max((f.relevance(self.heard.stems, about) for f in self.persona.facts), default=0.0)
+
+
+def compose(
+    persona: Persona,
+    heard: Heard,
+    plan: Plan,
+    *,
+    rng: random.Random,
+    closing: ClosingStage = "none",
+    ask_to: str | None = None,
+    used: Sequence[str] = (),
+    failed: Sequence[str] = (),
+) -> str:
+    """One reply in ``persona``'s voice to ``heard``, doing what ``plan`` asks.
+
+    ``ask_to`` is the display name of someone present (never the speaker) to ask a follow-up
+    question; ``used`` are facts the companion told recently (told again only if nothing else fits);
+    ``failed`` describes instructed actions that were refused or failed this turn (the line says so).
+    """
+    line = _Line(persona, heard, plan, rng, closing, ask_to, frozenset(used), tuple(failed))
+    if closing == "closing" or "farewell" in plan.intents:
+        _farewell(line)
+    else:
+        _reply(line)
+        if closing == "pre-closing":
+            line.said.append(line.pick("pre-closing"))
+    return _voice(line)
+
+
+def _reply(line: _Line) -> None:
+    heard, plan = line.heard, line.plan
+    introduce = "introduce" in plan.intents
+    if heard.kind == "question":
+        if "greeting" in heard.said_concepts:
+            line.said.append(line.pick("greeting", voc=line.voc()))
+    elif heard.kind == "feeling" and "apologise" in plan.intents:
+        pass  # "No harm done" and then "sorry, my mistake" contradict each other
+    elif not (introduce and heard.kind in ("greeting", "flat", "empty") and line.persona.intro):
+        line.said.append(_opening(line))
+        if heard.kind == "feeling" and heard.feeling in ("sad", "afraid", "wistful") and heard.topic:
+            line.said.append(line.pick("tell_me", topic=heard.topic))
+    if introduce:
+        if heard.kind in ("greeting", "flat", "empty") and line.persona.intro:
+            line.said.append(line.persona.intro)
+            line.told.update(f.text for f in line.persona.facts if f.text in line.persona.intro)
+        else:
+            role = f", {plan.role}" if plan.role and line.persona.language == "en" else ""
+            line.said.append(line.pick("introduce", name=line.persona.name, role=role))
+    if heard.kind == "question":
+        line.said.append(_answer(line))
+    _tried(line)
+    body = _instructed(line)
+    if body:
+        line.said.append(body)
+    elif heard.kind != "question" and "brief" not in plan.intents:
+        fact = line.fact(plan.query, need=introduce, least=0.0)
+        if fact is not None:
+            linked = fact.relevance(heard.stems, spread(dict(heard.concepts))) > 0
+            slot = "related" if linked and not introduce else "told"
+            line.said.append(line.pick(slot, fact=_lower_first(fact.text), Fact=fact.text))
+            body = fact.text
+    wanted = "ask" in plan.intents or "excite" in plan.intents or line.must_ask
+    if wanted or (heard.kind not in ("question", "farewell") and line.rng.random() < (0.3 if body else 0.6)):
+        question = _follow_up(line)
+        if question:
+            line.said.append(question)
+
+
+def _opening(line: _Line) -> str:
+    heard = line.heard
+    voc = line.voc()
+    topic = heard.topic or ""
+    fields = {"voc": voc, "topic": topic, "Topic": _upper_first(topic)}
+    if heard.kind == "greeting":
+        return line.pick("wellbeing" if _wellbeing(heard.text) else "greeting", **fields)
+    if heard.kind == "farewell":
+        return line.pick("farewell_heard", **fields)
+    if heard.kind == "empty":
+        return line.pick("empty", **fields)
+    if heard.kind == "feeling" and heard.feeling:
+        return line.pick(heard.feeling, **fields)
+    if topic:
+        if "weather" in concepts_in(topic):
+            return line.pick("weather", **fields)
+        if line.persona.relevance(topic) >= 2:
+            return line.pick("known", **fields)
+        return line.pick("topical", **fields)
+    return line.pick("flat", **fields)
+
+
+def _answer(line: _Line) -> str:
+    """An answer to the question: a frame for its form around the most related fact."""
+    heard, persona = line.heard, line.persona
+    topic = heard.topic or ""
+    voc = line.voc(0.35)
+    fact = line.fact(line.plan.query if "new_topic" in line.plan.intents else "", fresh_only=True)
+    if fact is None and persona.facts and heard.form not in ("wellbeing", "yesno"):
+        line.must_ask = True  # everything I know is said: ask instead of telling it again
+        return line.pick(
+            "exhausted", voc=voc, topic=topic or ("that" if persona.language == "en" else "それ")
+        )
+    text = fact.text if fact else ""
+    related = line.relates()
+    fields = {
+        "voc": voc,
+        "topic": topic,
+        "Topic": _upper_first(topic) or "That",
+        "head": heard.head or topic,
+        "fact": _lower_first(text),
+        "Fact": text,
+        "name": persona.name,
+        "Echo": heard.echo or (f"{_upper_first(topic)}?" if topic else ""),
+    }
+    form = heard.form
+    if form == "wellbeing":
+        return " ".join(p for p in (line.pick("wellbeing", **fields), text) if p)
+    if form == "about-me":
+        return line.pick("about_me", **fields)
+    if form == "favourite":
+        fields["Topic"] = _upper_first(topic) or "A favourite"
+        concept = next((c for c in persona.things if c in heard.concepts), None)
+        things = [t for t in persona.things.get(concept or "", ()) if t != (heard.head or "").casefold()]
+        if things:
+            return line.pick("fav_known", thing=line.rng.choice(things), **fields)
+        if related >= 1:
+            return line.pick("fav_related", **fields)
+        head = heard.head or "it"
+        fields["Fact_and_head"] = f"{text.rstrip('.!?。')}, and {head} never came into it." if text else ""
+        if persona.language == "ja":
+            fields["Fact_and_head"] = text
+        return line.pick("fav_none", **fields)
+    if form == "yesno":
+        if heard.aux in _AUX:
+            yes, no = _AUX[heard.aux]
+            fields.update(
+                aux_yes=yes, aux_no=no, aux_no_low=no[:1].lower() + no[1:] if not no.startswith("I") else no
+            )
+            return line.pick("yes" if related >= 1 else "no", **fields)
+        return line.pick("yesno_open", **fields)
+    if form == "why":
+        return line.pick("why", **fields)
+    if form == "about":
+        return line.pick("about", **fields)
+    if form == "opinion":
+        if not topic:
+            return line.pick("opinion_open", **fields)
+        return line.pick("opinion_related" if related >= 1 else "opinion_unrelated", **fields)
+    if re.match(r"(the \w+ (?:part|thing|moment) of )?my\b", topic, re.I):
+        return line.pick("personal", **fields)  # "the best part of my day": mine to answer
+    if related >= 1:
+        return line.pick("answer_related", **fields)
+    if heard.echo:
+        return line.pick("answer_unrelated_echo", **fields)
+    return line.pick("answer_unrelated", **fields)
+
+
+def _instructed(line: _Line) -> str | None:
+    """What the instruction asks beyond a reply, or ``None``."""
+    plan, persona, heard = line.plan, line.persona, line.heard
+    intents = plan.intents
+    unit = plan.unit or (persona.units[0] if persona.units else None)
+    amount = str(_amount(line, unit))
+    if "correct" in intents:
+        claim = _claim(heard)
+        place = persona.places[0] if persona.places else "a good reference book"
+        parts = [
+            line.pick("correct", voc=line.voc(), claim=f"{claim} " if claim else "that "),
+            line.pick("cite", place=place, Place=_upper_first(place)),
+        ]
+        return " ".join(parts)
+    if "apologise" in intents:
+        parts = [line.pick("apologise", voc=line.voc())]
+        parts.append(line.pick("retry", amount=amount, unit=unit) if unit else line.pick("retry_plain"))
+        return " ".join(parts)
+    if "tip" in intents:
+        thing = _thing(line)
+        if unit:
+            return line.pick("tip", thing=thing, amount=_upper_first(amount), unit=unit)
+        return line.pick("tip_plain", thing=thing)
+    if "new_topic" in intents:
+        fact = line.fact(plan.query)
+        if fact is None:
+            return None
+        fields = {"fact": _lower_first(fact.text), "Fact": fact.text}
+        if plan.source and persona.language == "en":
+            return line.pick("new_topic", source=plan.source, **fields)
+        return line.pick("new_topic_plain", **fields)
+    if "detail" in intents and heard.kind != "question":
+        fact = line.fact(plan.query)
+        if fact is None:
+            return None
+        return line.pick("detail", fact=_lower_first(fact.text), Fact=fact.text)
+    return None
+
+
+def _follow_up(line: _Line) -> str | None:
+    """A question for someone else present (``ask_to``), or ``None`` when nobody is there."""
+    who = line.ask_to
+    if not who:
+        return None
+    heard, plan = line.heard, line.plan
+    topic = heard.topic or ""
+    if not topic and line.persona.language == "en":
+        mine = topical_word(" ".join(line.told)) if line.told else None
+        if mine:
+            topic = mine if mine.split()[0] in ("a", "an", "the") else f"the {mine}"
+    if topic.startswith(("my ", "My ")) and line.persona.language == "en":
+        topic = "the " + topic.split(" ", 1)[1]  # "my favourite cake" is not theirs to judge
+    fields = {"who": who, "Who": who, "topic": topic}
+    if plan.ask_clause and line.persona.language == "en":
+        return line.pick("ask_clause", clause=plan.ask_clause, **fields)
+    if heard.form == "favourite":
+        return line.pick("ask_fav", **fields)
+    if topic and plan.ties and line.persona.language == "en":
+        return line.pick("ask_tie", tie=line.rng.choice(plan.ties), **fields)
+    if topic:
+        return line.pick("ask_topic", **fields)
+    return line.pick("ask_open", **fields)
+
+
+def _tried(line: _Line) -> None:
+    """Say that an instructed action did not go through (a refused bell is not a secret)."""
+    for description in line.failed[:1]:
+        if line.persona.language == "en":
+            line.said.append(line.pick("tried", what=_as_me(description)))
+
+
+def _farewell(line: _Line) -> None:
+    plan = line.plan
+    _tried(line)
+    if plan.like and line.persona.language == "en":
+        line.said.append(line.pick("farewell_like", like=_gerund_as_me(plan.like)))
+    else:
+        line.said.append(line.pick("farewell"))
+    if plan.with_fact and not plan.one_sentence:
+        fact = line.fact(plan.query)
+        if fact is not None:
+            line.said.append(line.pick("last_fact", fact=_lower_first(fact.text), Fact=fact.text))
+
+
+def _voice(line: _Line) -> str:
+    """The parts joined, voiced in the persona's tone."""
+    parts = [p.strip() for p in line.said if p and p.strip()]
+    if not parts:
+        parts = [line.pick("flat", voc="")]
+    language = line.persona.language
+    tone = line.persona.tone
+    if line.rng.random() < 0.45 and not parts[0].startswith(("I'm ", "私は")):
+        interjection = line.rng.choice(INTERJECTIONS[language][tone])
+        if interjection.endswith(",") or interjection.endswith("、"):
+            parts[0] = (
+                f"{interjection} {_lower_first(parts[0])}" if language == "en" else interjection + parts[0]
+            )
+        else:
+            parts.insert(0, interjection)
+    if tone == "lively" and language == "en":
+        parts = [p[:-1] + "!" if p.endswith(".") and not p.endswith("..") else p for p in parts]
+    text = ("" if language == "ja" else " ").join(parts)
+    text = re.sub(r"\s+([,.!?;:])", r"\1", text)
+    text = re.sub(r"([!?.])\1{2,}", r"\1", text)
+    return " ".join(text.split())
+
+
+# --- small helpers -------------------------------------------------------------------------------------
+
+
+def _fits(template: str, fields: Mapping[str, str]) -> bool:
+    """Whether every placeholder of ``template`` has a non-empty value (``voc`` may be empty)."""
+    return all(name in ("voc", "role") or fields.get(name) for name in re.findall(r"\{(\w+)\}", template))
+
+
+def _fill(template: str, fields: Mapping[str, str]) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: fields.get(m.group(1), ""), template)
+
+
+def _upper_first(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _lower_first(text: str) -> str:
+    """``text`` to go mid-sentence: its first letter lowered unless it starts with "I" or an
+    acronym ("When the light..." -> "when the light...", "I kept..." stays)."""
+    if re.match(r"I\b", text) or text[:2].isupper():
+        return text
+    return text[:1].lower() + text[1:]
+
+
+def _as_me(description: str) -> str:
+    """A tool's description as something I tried: "Wave a hand at the people you talk to." ->
+    "wave a hand at the people I talk to"."""
+    text = description.strip().rstrip(".!。")
+    return _lower_first(re.sub(r"\byou\b", "I", re.sub(r"\byour\b", "my", text)))
+
+
+def _gerund_as_me(like: str) -> str:
+    """ "handing over the night watch" stays; "closing your shop" becomes "closing my shop"."""
+    return " ".join({"your": "my", "yours": "mine"}.get(w.casefold(), w) for w in like.split())
+
+
+def _claim(heard: Heard) -> str | None:
+    """The short claim a correction is about: a date, else what the line is about."""
+    years = [str(int(v)) for _, v in numbers(heard.text) if 1000 <= v <= 2100 and v.is_integer()]
+    if years:
+        return years[-1]
+    topic = heard.topic
+    return topic if topic and len(topic.split()) <= 4 else None
+
+
+def _thing(line: _Line) -> str:
+    """The thing a tip is about: named in the parameters, the message, or its topic."""
+    for concept in line.plan.thing_concepts or ("food",):
+        found = things_in(concept, [line.heard.text])
+        for thing in line.plan.things:
+            if thing in found or not found:
+                return thing
+        if found:
+            return found[0]
+    return line.plan.things[0] if line.plan.things else (line.heard.head or "that")
+
+
+def _amount(line: _Line, unit: str | None) -> int:
+    written = [int(v) for _, v in numbers(line.heard.text) if 5 <= v <= 5000 and v.is_integer()]
+    if written and unit and unit in line.heard.text:
+        return written[0]
+    return line.rng.randrange(50, 500, 10)

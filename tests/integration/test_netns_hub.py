@@ -1,0 +1,47 @@
+"""Three companions given only a hub's address (``--peer HUB``) find each other through the DHT.
+
+Before the DHT, each knew the hub alone and never learned of the others: the hub saw everyone,
+the others saw only the hub. Separate ``companion run`` processes on 127.0.0.1 (no mDNS), the
+way a user starts them; the clock starts when the last one reports ``started``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from live_support import start_companion, stdout_line
+from network_support import network
+
+from companion.cli.run import parse_sees
+
+pytestmark = pytest.mark.integration
+
+FIND_DEADLINE = 5.0
+"""Seconds from the last node's start until all four see each other (issue 12)."""
+
+
+def test_three_nodes_bootstrapped_to_one_hub_find_each_other(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        _hub, hub_addr = start_companion(net, "hub", "Hub", "speak", seed=0)
+        nodes = {
+            k: start_companion(net, k, k.upper(), "speak", hub_addr, seed=i + 1)[0]
+            for i, k in enumerate("xyz")
+        }
+        started = time.monotonic()
+        everyone = frozenset({"companion_hub", *(f"companion_{k}" for k in nodes)})
+        ids = {k: p.event("started", 5)["peer_id"] for k, p in nodes.items()}
+        for proc in nodes.values():
+            left = FIND_DEADLINE - (time.monotonic() - started)
+            stdout_line(proc, lambda s: (parse_sees(s) or ("", frozenset()))[1] == everyone, max(left, 0.01))
+        elapsed = time.monotonic() - started
+        assert elapsed < FIND_DEADLINE
+        # the others were found by the DHT, not given: each is connected to both other non-hubs
+        lookups = 0
+        for key, proc in nodes.items():
+            stats = proc.stats()
+            others = {ids[k] for k in nodes if k != key}
+            lookups += stats["dht_lookups"]
+            assert others <= set(stats["connections"]), (key, stats["connections"])
+        assert lookups >= 2  # the later nodes asked the hub; the first had no one to find

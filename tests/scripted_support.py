@@ -1,0 +1,100 @@
+"""Pieces for the offline-model tests: a custom action that refuses, a card writer, a group
+runner and checks on replies."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+from pydantic import BaseModel, Field
+
+from companion.actions import ActionContext, ActionRefused, action
+from companion.card import LoadedCard, load_card
+from companion.demo import USER_ID, MemoryGroup, TranscriptEvent, default_cards
+from companion.engine import EngineTimings
+from companion.models.scripted import ScriptedModel
+from companion.protocol import Action
+from companion.transport import Inbound
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Bell(BaseModel):
+    times: int = Field(1, ge=1, le=3, description="How many times to ring.")
+    reason: str = Field(description="Why the bell is rung, in a few words.")
+
+
+RUNG: list[Bell] = []
+
+
+@action(id="ring_bell", description="Ring the shop bell for the people you talk to.", input=Bell, timeout=5)
+def ring_bell(ctx: ActionContext[Bell]) -> Action:
+    """Rings the bell, unless it is asked to ring for a goodbye (it is out of order for those)."""
+    RUNG.append(ctx.input)
+    if "bye" in ctx.input.reason.casefold():
+        raise ActionRefused("the bell is out of order for goodbyes")
+    return Action.create(
+        ctx.companion_id, "ring_bell", {"times": ctx.input.times, "reason": ctx.input.reason}
+    )
+
+
+def real_cards() -> list[LoadedCard]:
+    return [load_card(p) for p in default_cards(REPO / "cards")]
+
+
+def write_card(folder: Path, name: str, body: str) -> LoadedCard:
+    """Write a card as a user would and load it exactly as a node does."""
+    path = folder / f"{name}.yaml"
+    path.write_text(body, encoding="utf-8")
+    return load_card(path)
+
+
+async def converse(
+    cards: Sequence[LoadedCard],
+    opening: str,
+    *,
+    seed: int = 0,
+    max_replies: int = 30,
+    timeout: float = 600,
+    first_only: bool = False,
+) -> tuple[list[TranscriptEvent], list[Inbound], bool]:
+    """Run ``cards`` as an in-memory group (as ``companion demo --in-memory`` does) from
+    ``opening``: the transcript, every payload a bystander saw, and whether it reached terminal."""
+    payloads: list[Inbound] = []
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=EngineTimings.offline())
+        spy = group.hub.endpoint("spy")
+
+        async def watch() -> None:
+            async for inbound in spy.receive_channel:
+                payloads.append(inbound)
+
+        nursery.start_soon(watch)
+        for index, card in enumerate(cards):
+            await group.add(card, ScriptedModel(seed + index))
+        await group.say(opening)
+        if first_only:
+            await group.wait_until(lambda t: t.reply_count >= 1, timeout)
+        else:
+            await group.wait_until(lambda t: t.over or t.reply_count >= max_replies, timeout)
+        over = group.transcript.over
+        events = list(group.transcript.events)
+        nursery.cancel_scope.cancel()
+    return events, payloads, over
+
+
+def replies(events: Sequence[TranscriptEvent]) -> list[TranscriptEvent]:
+    return [e for e in events if e.kind == "message" and e.in_reply_to]
+
+
+def addresses_itself(text: str, name: str) -> bool:
+    """Whether ``text`` calls its own speaker by name ("Ostra, what do you think?"): any use of
+    the name but "I'm Ostra" counts."""
+    without_intro = re.sub(rf"\b(I'm|I am|私は)\s*{re.escape(name)}\b", "", text)
+    return re.search(rf"(?<!\w){re.escape(name)}(?!\w)", without_intro, re.I) is not None
+
+
+def real_ids(recipients: Sequence[str], present: Sequence[str]) -> bool:
+    return bool(recipients) and all(r in present or r == USER_ID for r in recipients)
