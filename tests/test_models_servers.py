@@ -387,3 +387,16 @@ async def test_a_retry_reaches_llama_cpp_python_which_refuses_null_content(
     retry = srv.model_requests()[-1].body["messages"]
     assert all(m.get("content") is not None for m in retry)
     assert "less than or equal to 10" in json.dumps(retry), json.dumps(retry)[-600:]
+
+
+async def test_local_servers_get_the_token_limit_in_the_field_they_read(memory: EndpointMemory) -> None:
+    """llama-cpp-python ignores ``max_completion_tokens`` (measured: a reply ran on for 3,560
+    tokens and four minutes); every local server reads ``max_tokens``."""
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(*[CooperativeModel()] * 3)
+        model = model_of(srv, memory)
+        await model.decide_states(states_request())
+        await model.fill_params(params_request())
+        await model.speak(speak_request(), ToolRecorder())
+    limits = [(r.body.get("max_tokens"), "max_completion_tokens" in r.body) for r in srv.model_requests()]
+    assert limits == [(600, False), (600, False), (200, False)]

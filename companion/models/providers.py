@@ -420,7 +420,7 @@ class ProviderModel:
     @asynccontextmanager
     async def _session(self, purpose: str) -> AsyncIterator[_Session]:
         async with self._open_client() as client:
-            yield _Session(self, self._sdk.make_model(client, self.config.model_name), purpose)
+            yield _Session(self, self._sdk.make_model(client, self.config), purpose)
 
     # --- start-up check ----------------------------------------------------------------------
 

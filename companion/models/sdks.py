@@ -31,7 +31,7 @@ class Sdk:
 
     make_client: Callable[[ProviderConfig, httpx2.AsyncClient, float], SdkClient]
     """``(config, http_client, timeout)``: an SDK client that never retries on its own."""
-    make_model: Callable[[SdkClient, str], Model]
+    make_model: Callable[[SdkClient, ProviderConfig], Model]
     """A pydantic-ai model that may be asked for every request form of
     :mod:`companion.models.servers` (JSON-schema and JSON-mode output included: whether the
     server honours them is learned per endpoint, not assumed from the model's name)."""
@@ -52,16 +52,25 @@ def _openai() -> Sdk:
     from pydantic_ai.profiles.openai import OpenAIModelProfile
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    every_output = OpenAIModelProfile(supports_json_schema_output=True, supports_json_object_output=True)
+    def profile(config: ProviderConfig) -> OpenAIModelProfile:
+        # Local servers (llama.cpp, llama-cpp-python, Ollama, vLLM) read `max_tokens`; the newer
+        # `max_completion_tokens` is silently ignored by llama-cpp-python (measured: a reply ran
+        # on for 3,560 tokens), so only the OpenAI API itself gets it.
+        return OpenAIModelProfile(
+            supports_json_schema_output=True,
+            supports_json_object_output=True,
+            openai_chat_supports_max_completion_tokens=config.base_url is None,
+        )
 
     def make_client(config: ProviderConfig, http: httpx2.AsyncClient, timeout: float) -> SdkClient:
         return openai.AsyncOpenAI(
             api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
         )
 
-    def make_model(client: SdkClient, name: str) -> Model:
+    def make_model(client: SdkClient, config: ProviderConfig) -> Model:
         assert isinstance(client, openai.AsyncOpenAI)
-        return OpenAIChatModel(name, provider=OpenAIProvider(openai_client=client), profile=every_output)
+        provider = OpenAIProvider(openai_client=client)
+        return OpenAIChatModel(config.model_name, provider=provider, profile=profile(config))
 
     async def list_models(client: SdkClient) -> list[ListedModel]:
         assert isinstance(client, openai.AsyncOpenAI)
@@ -81,9 +90,9 @@ def _anthropic() -> Sdk:
             api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
         )
 
-    def make_model(client: SdkClient, name: str) -> Model:
+    def make_model(client: SdkClient, config: ProviderConfig) -> Model:
         assert isinstance(client, anthropic.AsyncAnthropic)
-        return AnthropicModel(name, provider=AnthropicProvider(anthropic_client=client))
+        return AnthropicModel(config.model_name, provider=AnthropicProvider(anthropic_client=client))
 
     async def list_models(client: SdkClient) -> list[ListedModel]:
         assert isinstance(client, anthropic.AsyncAnthropic)
