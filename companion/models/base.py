@@ -23,6 +23,7 @@ from ..actions.definition import ToolSpec
 from ..protocol import ClosingStage, Message, Metadata
 from ..triggers import ToolInstruction
 from ..turns.states import StateDecision
+from .errors import ModelError
 
 __all__ = [
     "CompanionModel",
@@ -35,10 +36,6 @@ __all__ = [
     "ToolInstruction",
     "ToolSpec",
 ]
-
-
-class ModelError(RuntimeError):
-    """The model could not answer (provider down, invalid output after retries, missing key)."""
 
 
 ToolCaller = Callable[[str, Mapping[str, Any]], Awaitable[Mapping[str, Any]]]
