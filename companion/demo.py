@@ -3,9 +3,10 @@
 Three parts, each usable on its own:
 
 - :class:`Transcript` follows a conversation as a bystander sees it (messages and states
-  arrays) and explains each turn: who spoke, to whom, why they were chosen (the same pure rule
-  every node applies), and the closing stage. It also counts double speech (two replies to one
-  message), which must never happen.
+  arrays) and explains each turn: who spoke, to whom, why they were chosen, and the closing
+  stage. It runs the companions' own state machine (:class:`~companion.conversation.Conversation`)
+  as a bystander, so it follows the thread and accepts arrays by the same rules. It also counts
+  double speech (two replies to one message), which must never happen.
 - :class:`MemoryGroup` runs companions in one process on the in-memory transport, with a
   transcript, fault hooks and a model-call count per turn (tests, the benchmark and
   ``companion demo --in-memory``).
@@ -18,6 +19,7 @@ Three parts, each usable on its own:
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import subprocess
 import sys
@@ -32,27 +34,24 @@ import trio
 
 from .card import LoadedCard, load_card
 from .cli.run import parse_sees
+from .conversation import (
+    ClosingSettings,
+    Conversation,
+    Decision,
+    Effect,
+    MessageSeen,
+    StatesSeen,
+    Tick,
+    present_diff,
+    read_signal,
+)
 from .engine import ConversationEngine, EngineEvent, EngineTimings
-from .history import InMemoryHistory
 from .log import log_event
-from .models.base import (
-    CompanionModel,
-    ParamsRequest,
-    SpeakRequest,
-    StateDecision,
-    StatesRequest,
-    ToolCaller,
-)
-from .protocol import MESSAGES, ClosingStage, Message, Metadata, Payload, State
+from .models.base import CompanionModel, ParamsRequest, SpeakRequest, StateDecision, StatesRequest, ToolCaller
+from .protocol import MESSAGES, Action, ClosingStage, Message, Metadata, Payload
+from .store import MemoryStore
 from .transport import Inbound, MemoryEndpoint, MemoryHub
-from .turns import (
-    ConversationThread,
-    EarlyStates,
-    SpeakerDecision,
-    speaking_order,
-    states_match,
-    turn_info,
-)
+from .turns import turn_info
 
 __all__ = [
     "CountingModel",
@@ -117,17 +116,26 @@ class TranscriptEvent:
 class Transcript:
     """A bystander's account of a conversation, fed every message and states array.
 
-    The first states array that matches the current message decides its speaker, as on every
-    node; the decision explains the reply that follows.
+    The companions' state machine in bystander mode decides what counts: the thread of the
+    companions it is given (``active``), and for each message the first array from a leader
+    whose slot is due (a late array of an earlier leader replaces it). Give ``publisher`` (the
+    authenticated companion id, or any other name of the signer) and ``now`` to :meth:`feed`
+    to apply every rule; without them an array counts as the leader's and every slot as due.
+    ``max_turns``: the companions' turn limit, if the bystander should apply it too.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, timings: EngineTimings | None = None, max_turns: int | None = None) -> None:
+        timings = timings or EngineTimings.offline()
         self.events: list[TranscriptEvent] = []
         self.replies: dict[str, list[str]] = defaultdict(list)
-        self._messages: dict[str, Message] = {}
-        self._thread = ConversationThread()
-        self._decisions: dict[str, SpeakerDecision] = {}
-        self._early: EarlyStates[None] = EarlyStates()
+        self._machine = Conversation(
+            None,
+            takeover_after=timings.takeover_after,
+            reply_timeout=timings.reply_timeout,
+            settings=ClosingSettings(max_turns, repetition_threshold=math.inf),
+        )
+        self._decisions: dict[str, tuple[str | None, str, str]] = {}
+        """message id -> (speaker, why, reason) of the array that counted."""
 
     @property
     def double_speech(self) -> dict[str, list[str]]:
@@ -141,38 +149,54 @@ class Transcript:
     @property
     def current(self) -> Message | None:
         """The message the conversation is at."""
-        return None if self._thread.current is None else self._messages.get(self._thread.current)
+        return self._machine.current
 
     @property
     def over(self) -> bool:
         """Whether the conversation reached ``terminal`` at the message it is at."""
-        decision = self._decisions.get(self._thread.current or "")
-        return decision is not None and decision.conversation_over
+        decision = self._decisions.get(self._machine.thread.current or "")
+        return decision is not None and decision[2] == "terminal"
 
-    def feed(self, payload: Payload, active: Iterable[str]) -> list[TranscriptEvent]:
+    def feed(
+        self,
+        payload: Payload,
+        active: Iterable[str],
+        *,
+        publisher: str | None = None,
+        now: float | None = None,
+    ) -> list[TranscriptEvent]:
         """The transcript lines this payload adds (none for other payloads)."""
-        active = list(active)
+        machine, at = self._machine, math.inf if now is None else now
+        for change in present_diff(machine.present, active):
+            machine.receive(change, at)
         out: list[TranscriptEvent] = []
         if isinstance(payload, Message):
-            before = self._thread.current
-            line = self._message(payload)
-            if line is not None:
-                out.append(line)
-            current = self.current
-            if current is not None and self._thread.current != before:
-                early = self._early.take(current, active)  # an array may overtake its message
-                if early is not None:
-                    out.extend(self._states(early[0], active))
+            fresh = not machine.thread.knows(payload.params.id)
+            effects = machine.receive(MessageSeen(payload, publisher), at)
+            if fresh and machine.thread.knows(payload.params.id):
+                out.append(self._message(payload, effects))
+            out.extend(self._lines(effects))
         elif isinstance(payload, list):
-            out = self._states(payload, active)
+            out = self._lines(machine.receive(StatesSeen(payload, publisher), at))
+        elif isinstance(payload, Action) and (signal := read_signal(payload)) is not None:
+            out = self._lines(machine.receive(signal, at))
+        elif now is not None:
+            out = self._lines(machine.receive(Tick(), at))
         self.events.extend(out)
         return out
 
-    def _message(self, message: Message) -> TranscriptEvent | None:
+    def deadline(self) -> float | None:
+        """When an array held for its leader's slot counts (feed :meth:`tick` then)."""
+        return self._machine.deadline()
+
+    def tick(self, now: float) -> list[TranscriptEvent]:
+        """The lines time alone adds (an array that waited for its slot)."""
+        out = self._lines(self._machine.receive(Tick(), now))
+        self.events.extend(out)
+        return out
+
+    def _message(self, message: Message, effects: list[Effect]) -> TranscriptEvent:
         params = message.params
-        if params.id in self._messages:
-            return None
-        self._messages[params.id] = message
         info = turn_info(message)
         why = "opened the conversation"
         if info.in_reply_to is not None:
@@ -180,16 +204,16 @@ class Transcript:
             decision = self._decisions.get(info.in_reply_to)
             if decision is None:
                 why = "chosen by states this bystander did not see"
-            elif decision.speaker == params.from_:
-                why = decision.why
+            elif decision[0] == params.from_:
+                why = decision[1]
             else:
-                why = f"spoke although the rule chose {decision.speaker}: {decision.why}"
-        placed = self._thread.place(params.id, info.in_reply_to)
-        self._early.message_seen(message)
-        if placed.kind == "stale":
-            why += " (it crossed a newer message; the conversation follows that one)"
-        elif placed.kind == "overtaken":
-            why += " (its reply overtook it)"
+                why = f"spoke although the rule chose {decision[0]}: {decision[1]}"
+        for effect in effects:
+            if isinstance(effect, Decision) and effect.event == "message_stale":
+                if effect.fields.get("placement") == "stale":
+                    why += " (it crossed a newer message; the conversation follows that one)"
+                else:
+                    why += " (its reply overtook it)"
         emotion = (params.metadata or {}).get("emotion")
         return TranscriptEvent(
             "message",
@@ -204,33 +228,32 @@ class Transcript:
             info.in_reply_to,
         )
 
-    def _states(self, states: list[State], active: list[str]) -> list[TranscriptEvent]:
-        current = self.current
-        if current is None or not states_match(states, current, active):
-            self._early.hold(states, None)
-            return []
-        if current.params.id in self._decisions:
-            return []
-        decision = speaking_order(states).first
-        self._decisions[current.params.id] = decision
-        turn = turn_info(current).turn
-        event = TranscriptEvent(
-            "decision",
-            decision.speaker,
-            why=decision.why,
-            closing=decision.closing,
-            turn=turn,
-            message_id=current.params.id,
-            reason=decision.reason,
-        )
-        if decision.conversation_over:
-            return [
-                event,
+    def _lines(self, effects: list[Effect]) -> list[TranscriptEvent]:
+        out: list[TranscriptEvent] = []
+        for effect in effects:
+            if not isinstance(effect, Decision) or effect.event != "speaker_chosen":
+                continue
+            f = effect.fields
+            message_id, speaker, reason = f["message_id"], f["speaker"], f["reason"]
+            self._decisions[message_id] = (speaker, f["why"], reason)
+            out.append(
                 TranscriptEvent(
-                    "end", None, why=decision.why, closing="terminal", turn=turn, reason="terminal"
-                ),
-            ]
-        return [event]
+                    "decision",
+                    speaker,
+                    why=f["why"],
+                    closing=f["closing"],
+                    turn=f["turn"],
+                    message_id=message_id,
+                    reason=reason,
+                )
+            )
+            if reason == "terminal":
+                out.append(
+                    TranscriptEvent(
+                        "end", None, why=f["why"], closing="terminal", turn=f["turn"], reason="terminal"
+                    )
+                )
+        return out
 
 
 def render_text(event: TranscriptEvent, names: Mapping[str, str]) -> str | None:
@@ -314,7 +337,8 @@ class Member:
 class MemoryGroup:
     """Companions in one process on a :class:`~companion.transport.MemoryHub`, watched by a
     :class:`Transcript`. ``hub.fault`` injects faults per receiver (the bystander endpoint is
-    named ``bystander``)."""
+    named ``bystander``, or ``name/bystander`` for a named group). Several groups may share a
+    hub (give each a ``name`` and its own ``user``): each holds its own conversation."""
 
     BYSTANDER: Final = "bystander"
 
@@ -326,25 +350,47 @@ class MemoryGroup:
         hub: MemoryHub | None = None,
         on_event: Callable[[TranscriptEvent], None] | None = None,
         on_engine_event: Callable[[EngineEvent], None] | None = None,
+        name: str | None = None,
+        user: str = USER_ID,
+        max_turns: int | None = None,
     ) -> None:
+        """``max_turns``: the transcript applies this turn limit too (the cards' own, if all share it)."""
         self.nursery = nursery
         self.hub = hub or MemoryHub(nursery=nursery)
         if self.hub.nursery is None:
             self.hub.nursery = nursery
         self.timings = timings or EngineTimings.offline()
         self.members: dict[str, Member] = {}
-        self.transcript = Transcript()
+        self.transcript = Transcript(timings=self.timings, max_turns=max_turns)
         self.model_calls: Counter[str] = Counter()
+        self.peers: dict[str, tuple[Metadata, MemoryEndpoint, bool]] = {}
+        """Companions that run no engine here (an aikyo node, a hostile one): metadata, endpoint,
+        whether they take part in the conversation."""
+        self.user = user
         self._on_event = on_event
         self._on_engine_event = on_engine_event
         self._changed = trio.Event()
-        self._bystander = self.hub.endpoint(self.BYSTANDER)
-        self._user = self.hub.endpoint(USER_ID)
+        self._bystander = self.hub.endpoint(self.BYSTANDER if name is None else f"{name}/{self.BYSTANDER}")
+        self._user = self.hub.endpoint(user)
         nursery.start_soon(self._watch)
 
     @property
     def active(self) -> list[str]:
-        return [cid for cid, m in self.members.items() if m.endpoint.connected]
+        """The companions of the conversation that are connected (peers that take part included)."""
+        members = [cid for cid, m in self.members.items() if m.endpoint.connected]
+        return members + [
+            cid for cid, (_, ep, takes_part) in self.peers.items() if takes_part and ep.connected
+        ]
+
+    def add_peer(self, metadata: Metadata, *, takes_part: bool = True) -> MemoryEndpoint:
+        """A companion driven by the caller, not by an engine: every member sees it present (as
+        if it proved its id), and it gets an endpoint to publish and receive on."""
+        endpoint = self.hub.endpoint(metadata.id)
+        self.peers[metadata.id] = (metadata, endpoint, takes_part)
+        for member in self.members.values():
+            if member.endpoint.connected:
+                member.directory[metadata.id] = metadata
+        return endpoint
 
     async def add(self, loaded: LoadedCard, model: CompanionModel) -> Member:
         """Start a companion; every member (and it) learns of the others at once."""
@@ -353,6 +399,7 @@ class MemoryGroup:
             raise ValueError(f"{cid} is already in the group")
         endpoint = self.hub.endpoint(cid)
         directory = {m.id: m.loaded.card.metadata for m in self.members.values() if m.endpoint.connected}
+        directory.update({pid: meta for pid, (meta, ep, _) in self.peers.items() if ep.connected})
         directory[cid] = loaded.card.metadata
         counted = CountingModel(model, self.model_calls)
         engine = ConversationEngine(
@@ -360,7 +407,7 @@ class MemoryGroup:
             counted,
             endpoint,
             directory,
-            InMemoryHistory(),
+            store=MemoryStore(),
             timings=self.timings,
             observer=self._on_engine_event,
         )
@@ -398,13 +445,24 @@ class MemoryGroup:
         self, text: str, *, to: Sequence[str] | None = None, metadata: dict[str, Any] | None = None
     ) -> Message:
         """Send a message from the user (a client) to ``to`` (default: every companion present)."""
-        message = Message.create(USER_ID, list(to if to is not None else self.active), text, metadata)
+        message = Message.create(self.user, list(to if to is not None else self.active), text, metadata)
         await self._user.publish(MESSAGES, message)
         return message
 
     async def _watch(self) -> None:
-        async for inbound in self._bystander.receive_channel:
-            for event in self.transcript.feed(inbound.payload, self.active):
+        while True:
+            deadline = self.transcript.deadline()
+            inbound: Inbound | None = None
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                inbound = await self._bystander.receive_channel.receive()
+            now = trio.current_time()
+            if inbound is None:
+                lines = self.transcript.tick(now)
+            else:
+                lines = self.transcript.feed(
+                    inbound.payload, self.active, publisher=inbound.sender_peer, now=now
+                )
+            for event in lines:
                 if self._on_event is not None:
                     self._on_event(event)
             self._changed.set()
@@ -592,14 +650,21 @@ class _Watcher:
         transcript: Transcript,
         directory: Mapping[str, Metadata],
         emit: Callable[[TranscriptEvent], None],
+        companion_of: Callable[[str], str | None] | None = None,
     ) -> None:
         self.transcript = transcript
         self.directory = directory
         self.emit = emit
+        self.companion_of = companion_of
         self.changed = trio.Event()
 
     async def handle(self, inbound: Inbound) -> None:
-        for event in self.transcript.feed(inbound.payload, self.directory):
+        peer = inbound.sender_peer
+        publisher = (self.companion_of(peer) if self.companion_of else None) or peer
+        lines = self.transcript.feed(
+            inbound.payload, self.directory, publisher=publisher, now=trio.current_time()
+        )
+        for event in lines:
             self.emit(event)
         self.changed.set()
         self.changed = trio.Event()
@@ -642,9 +707,11 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
     ids = [c.card.metadata.id for c in loaded]
     workdir = options.keep_dir or Path(tempfile.mkdtemp(prefix="companion-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    transcript = Transcript()
+    offline = options.model.startswith("scripted")
+    timings = EngineTimings.offline(options.pace) if offline else EngineTimings(pace=options.pace)
+    transcript = Transcript(timings=timings)
     bridge = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="demo-bridge"))
-    watcher = _Watcher(transcript, bridge.directory, emit)
+    watcher = _Watcher(transcript, bridge.directory, emit, bridge.membership.companion_of)
     children: list[_Child] = []
     bridge_scope = trio.CancelScope()
 

@@ -31,9 +31,15 @@ from companion.demo import (
     render_text,
     run_in_memory,
 )
-from companion.models.base import StateDecision
 from companion.protocol import Message, State
-from companion.turns import META_CLOSING, META_IN_REPLY_TO, META_TURN, finalize_states, turn_tag
+from companion.turns import (
+    META_CLOSING,
+    META_IN_REPLY_TO,
+    META_TURN,
+    StateDecision,
+    finalize_states,
+    turn_tag,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 A, B, C = "companion_a", "companion_b", "companion_c"

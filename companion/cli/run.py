@@ -264,6 +264,7 @@ class _BridgedNode:
 
     def __init__(self, node: CompanionNode, publisher: Publisher) -> None:
         self.membership = node.membership
+        self.add_membership_listener = node.add_membership_listener
         self._node = node
         self._publisher = publisher
 

@@ -75,7 +75,11 @@ async def test_a_client_of_companion_run_follows_a_conversation_to_terminal(tmp_
             # the page lists every companion this process's companions see
             listed = await fetch_companions(directory_url(url, None))
             assert {m.id for m in listed} == EVERYONE
-            opening = Message.create("user_mika", [JUNIPER], "Juniper, how is the sea?")
+            # to all three (a reply addresses its conversation, not every companion present),
+            # Juniper first
+            opening = Message.create(
+                "user_mika", sorted(EVERYONE), "Juniper, how is the sea?", metadata={"next_speaker": JUNIPER}
+            )
             frame = json.dumps({"topic": "messages", "body": json.loads(encode(opening))})
             transcript.feed(opening, EVERYONE)  # (a client does not get its own frame back)
             first = await _send_until_answered(ws, frame)
