@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_support import percentile
+
 WORKER_DEADLINE = 60.0
 
 
@@ -185,11 +187,6 @@ class Worker:
             except subprocess.TimeoutExpired:
                 os.kill(self.popen.pid, signal.SIGKILL)
                 self.popen.wait(10)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run_case(nodes: int, rate: float, seconds: float) -> dict[str, Any]:
