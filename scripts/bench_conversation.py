@@ -431,6 +431,7 @@ class Client:
         self._changed = trio.Event()
         self._stop = trio.Event()
         self._done = trio.Event()
+        self.close_error: str | None = None
 
     async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         from multiaddr import Multiaddr
@@ -439,23 +440,31 @@ class Client:
 
         self.host = bare_host()
         self.pubsub, router = bare_pubsub(self.host)
-        async with (
-            self.host.run(listen_addrs=[Multiaddr("/ip4/127.0.0.1/tcp/0")]),
-            background_trio_service_of(self.pubsub),
-            background_trio_service_of(router),
-        ):
-            await self.pubsub.wait_until_ready()
-            async with trio.open_nursery() as nursery:
-                for topic in (MESSAGES, STATES):
-                    nursery.start_soon(self._drain, topic, await self.pubsub.subscribe(topic))
-                task_status.started()
-                try:
-                    await self._stop.wait()
-                finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
-                        await self.host.close()
-                    nursery.cancel_scope.cancel()
-        self._done.set()
+        try:
+            async with (
+                self.host.run(listen_addrs=[Multiaddr("/ip4/127.0.0.1/tcp/0")]),
+                background_trio_service_of(self.pubsub),
+                background_trio_service_of(router),
+            ):
+                await self.pubsub.wait_until_ready()
+                async with trio.open_nursery() as nursery:
+                    for topic in (MESSAGES, STATES):
+                        nursery.start_soon(self._drain, topic, await self.pubsub.subscribe(topic))
+                    task_status.started()
+                    try:
+                        await self._stop.wait()
+                    finally:
+                        with trio.CancelScope(shield=True), trio.move_on_after(5):
+                            await self.host.close()
+                        nursery.cancel_scope.cancel()
+        except Exception as exc:
+            if not self._stop.is_set():
+                raise
+            # py-libp2p 0.8.1 may raise from its swarm while closing ("Nursery is closed to new
+            # arrivals"): the measurements are taken by then
+            self.close_error = repr(exc)
+        finally:
+            self._done.set()
 
     async def close(self, timeout: float = 10.0) -> None:
         """Disconnect before the network stops (else py-libp2p redials the dying nodes)."""
@@ -598,7 +607,7 @@ def bare_argv(names: Sequence[str], peers: Sequence[str]) -> list[str]:
 
 
 async def start_network(
-    net: Network, kind: str, layout: str, ids: list[str], folder: Path, options: Options, total: int
+    net: Network, kind: str, layout: str, ids: list[str], folder: Path, options: Options
 ) -> None:
     """Spawn the processes of a case; returns once each has printed its nodes' addresses."""
 
@@ -723,7 +732,9 @@ async def run_phases(
 ) -> None:
     notes: list[str] = result["notes"]
     size = len(ids)
-    await start_network(net, kind, layout, ids, folder, options, size)
+    await start_network(net, kind, layout, ids, folder, options)
+    # for a profiler (py-spy record -p PID): the PIDs, on stderr so the table stays clean
+    print(f"# {kind} {size} {layout}: PIDs {' '.join(map(str, net.pids()))}", file=sys.stderr, flush=True)
     everyone_present = await net.wait_until(present(net, kind, ids), options.present_timeout)
     assert net.first_spawn is not None
     if everyone_present:
@@ -743,56 +754,7 @@ async def run_phases(
         notes.append("not every node's subscription reached the client within 30 s")
     await trio.sleep(2.0)  # two heartbeats: the client joins the meshes
 
-    first: list[float] = []
-    chain: list[float] = []
-    unanswered = stalled = 0
-    user_ids: list[str] = []
-    cpu_before = network_cpu(net.pids())
-    talk_started = trio.current_time()
-    for round_no in range(options.rounds + 1):  # round 0 warms up and is not counted
-        metadata = None
-        if kind == "bare":
-            metadata = {LEADER_KEY: ids[round_no % size], SPEAKER_KEY: ids[(round_no + 1) % size]}
-        text = f"Round {round_no}, everyone: {QUESTIONS[round_no % len(QUESTIONS)]}"
-        mid = await client.say(text, metadata)
-        if round_no == 1:
-            cpu_before = network_cpu(net.pids())
-            talk_started = trio.current_time()
-        if round_no > 0:
-            user_ids.append(mid)
-        answered = await client.wait_until(lambda m=mid: bool(client.replies.get(m)), options.reply_timeout)
-        if not answered:
-            unanswered += round_no > 0
-            continue
-        if kind == "companion":
-            over = await client.wait_until(
-                lambda m=mid: client.transcript.over and chain_root(client, client.transcript.current) == m,
-                options.round_timeout,
-            )
-            stalled += (not over) and round_no > 0
-        await trio.sleep(0.5)  # a second (double) reply would arrive within this
-        if round_no == 0:
-            continue
-        reply = next(r for r, p in client.reply_to.items() if p == mid)
-        first.append(client.arrivals[reply] - client.arrivals[mid])
-        chain += chain_latencies(client, reply)
-    talked = trio.current_time() - talk_started
-    cpu_after = network_cpu(net.pids())
-    talk_cpu = sum(cpu_after.get(p, 0.0) - v for p, v in cpu_before.items())
-    counted = [len(client.replies.get(m, ())) for m in user_ids]
-    every_reply = [len(v) for k, v in client.replies.items() if k in client.arrivals]
-    result.update(
-        rounds=options.rounds,
-        first_ms=[round(x * 1000, 2) for x in first],
-        chain_ms=[round(x * 1000, 2) for x in chain],
-        answered_once=sum(1 for c in counted if c == 1),
-        unanswered=unanswered,
-        double_speech=sum(1 for c in every_reply if c > 1),
-        stalled=stalled,
-        talk_cpu_per_reply_ms=talk_cpu / (len(first) + len(chain)) * 1000 if first else None,
-        talk_cores=talk_cpu / talked if talked > 0 else None,
-    )
-
+    await talk(net, client, ids, kind, options, result)
     await trio.sleep(options.settle)
     pids = net.pids()
     before = network_cpu(pids)
@@ -822,6 +784,67 @@ async def run_phases(
             flush=True,
         )
         await trio.sleep(options.hold)
+
+
+async def talk(
+    net: Network, client: Client, ids: list[str], kind: str, options: Options, result: dict[str, Any]
+) -> None:
+    """One warm-up round, then ``options.rounds`` measured ones; ``result`` is brought up to date
+    after every round, so a case stopped by its deadline still reports the rounds it had."""
+    size = len(ids)
+    first: list[float] = []
+    chain: list[float] = []
+    unanswered = stalled = 0
+    user_ids: list[str] = []
+    cpu_before = network_cpu(net.pids())
+    talk_started = trio.current_time()
+
+    def tally() -> None:
+        talked = trio.current_time() - talk_started
+        cpu_after = network_cpu(net.pids())
+        talk_cpu = sum(cpu_after.get(p, 0.0) - v for p, v in cpu_before.items())
+        counted = [len(client.replies.get(m, ())) for m in user_ids]
+        every_reply = [len(v) for k, v in client.replies.items() if k in client.arrivals]
+        result.update(
+            rounds=len(user_ids),
+            first_ms=[round(x * 1000, 2) for x in first],
+            chain_ms=[round(x * 1000, 2) for x in chain],
+            answered_once=sum(1 for c in counted if c == 1),
+            unanswered=unanswered,
+            double_speech=sum(1 for c in every_reply if c > 1),
+            stalled=stalled,
+            talk_cpu_per_reply_ms=talk_cpu / (len(first) + len(chain)) * 1000 if first else None,
+            talk_cores=talk_cpu / talked if talked > 0 else None,
+        )
+
+    for round_no in range(options.rounds + 1):  # round 0 warms up and is not counted
+        metadata = None
+        if kind == "bare":
+            metadata = {LEADER_KEY: ids[round_no % size], SPEAKER_KEY: ids[(round_no + 1) % size]}
+        text = f"Round {round_no}, everyone: {QUESTIONS[round_no % len(QUESTIONS)]}"
+        if round_no == 1:
+            cpu_before = network_cpu(net.pids())
+            talk_started = trio.current_time()
+        mid = await client.say(text, metadata)
+        if round_no > 0:
+            user_ids.append(mid)
+        answered = await client.wait_until(lambda m=mid: bool(client.replies.get(m)), options.reply_timeout)
+        if answered and kind == "companion":
+            over = await client.wait_until(
+                lambda m=mid: client.transcript.over and chain_root(client, client.transcript.current) == m,
+                options.round_timeout,
+            )
+            stalled += (not over) and round_no > 0
+        if answered:
+            await trio.sleep(0.5)  # a second (double) reply would arrive within this
+        if round_no > 0:
+            if answered:
+                reply = next(r for r, p in client.reply_to.items() if p == mid)
+                first.append(client.arrivals[reply] - client.arrivals[mid])
+                chain += chain_latencies(client, reply)
+            else:
+                unanswered += 1
+            tally()
 
 
 def chain_root(client: Client, message: Any) -> str | None:
@@ -1018,9 +1041,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         hold=args.hold,
         case_timeout=args.case_timeout,
     )
+    import companion.node  # noqa: F401  (py-libp2p resets its loggers on import: import it first)
     from companion.log import configure_logging
 
-    configure_logging("ERROR")
+    configure_logging("ERROR")  # the client's py-libp2p would print every reset connection
     trio.run(bench, args.sizes, args.layouts, options, not args.no_bare, args.json)
     return 0
 
