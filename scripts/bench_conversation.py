@@ -712,7 +712,12 @@ async def run_case(size: int, layout: str, kind: str, options: Options) -> dict[
         except Exception as exc:  # a case that cannot finish reports what it got, and why
             while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
                 exc = exc.exceptions[0]
-            notes.append(f"stopped early: {exc!r}")
+            why = (
+                f"--case-timeout {options.case_timeout:.0f} s passed"
+                if isinstance(exc, trio.TooSlowError)
+                else repr(exc)
+            )
+            notes.append(f"stopped early: {why}")
     if dead:
         notes.append("exited during the case: " + ", ".join(dead))
     notes.extend(tails)
