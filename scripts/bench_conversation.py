@@ -31,6 +31,10 @@ lets the DHT do the rest (spawned together); ``chain`` gives each process every 
 address (spawned one after the other, as ``companion run`` connects cards in one process). The
 bare network always chains (it has no discovery), so its start-up is not printed.
 
+``BENCH_NODE_CONFIG='{"health_check_interval": 30, "degree_high": 8}'`` replaces NodeConfig fields
+on every node, the companions' and the bare ones' (a settings experiment; the package is not
+changed); environment variables such as ``PY_YAMUX_RELEASE_ON_READ=0`` reach every process.
+
 Every process is stopped by its PID (SIGTERM, then SIGKILL after a grace) when a case ends,
 however it ends; every wait has a deadline. A case that cannot finish prints what it got and why.
 """
@@ -45,7 +49,7 @@ import signal
 import statistics
 import sys
 import tempfile
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_support import bare_host, bare_pubsub, cpu_seconds, percentile, rss_bytes
 
 USER: Final = "user_bench"
+NODE_CONFIG_ENV: Final = "BENCH_NODE_CONFIG"
 LEADER_KEY: Final = "bench_leader"
 SPEAKER_KEY: Final = "bench_speaker"
 """The bare network's turn: the client names a leader, which publishes a states array naming the
@@ -64,6 +69,15 @@ speaker, which replies (keys in ``params.metadata``)."""
 GOALS: Final = (
     "goals (issue 12): 30 companions, p50 <= 150 ms, p90 <= 400 ms, idle CPU of the network <= 0.3 cores"
 )
+CHURN_EVENTS: Final = (
+    "peer_disconnected",
+    "companion_left",
+    "peer_metadata_unavailable",
+    "takeover",
+    "speaker_silent",
+    "message_stale",
+)
+"""Log events counted per case: connections lost and what follows from it."""
 QUESTIONS: Final = (
     "What was the best part of your day so far?",
     "Which book would you take to a lighthouse for a winter?",
@@ -149,7 +163,7 @@ async def bare_node(name: str, peers: Sequence[str], stop: trio.Event, task_stat
     from companion.protocol import MESSAGES, STATES
 
     host = bare_host()
-    pubsub, router = bare_pubsub(host)
+    pubsub, router = bare_pubsub(host, node_config())
     me = host.get_id()
 
     class Count(INotifee):
@@ -389,6 +403,20 @@ class Network:
                 for child in self.children:
                     await child.process.wait()
 
+    def event_counts(self) -> Counter[str]:
+        """How often each JSON log event appears on the processes' stderr so far."""
+        counts: Counter[str] = Counter()
+        for child in self.children:
+            with open(child.stderr_path, "rb") as f:
+                for raw in f:
+                    if not raw.startswith(b"{"):
+                        continue
+                    try:
+                        counts[str(json.loads(raw).get("event"))] += 1
+                    except ValueError:
+                        continue
+        return counts
+
     def stderr_tail(self, lines: int = 5) -> list[str]:
         out = []
         for child in self.children:
@@ -571,14 +599,43 @@ class Options:
     case_timeout: float
 
 
+def node_config() -> Any:
+    """The NodeConfig every node of this run gets: the defaults, with ``BENCH_NODE_CONFIG``'s
+    fields (a JSON object, as for bench_network.py) replaced."""
+    from companion.node.config import NodeConfig
+
+    return NodeConfig(**json.loads(os.environ.get(NODE_CONFIG_ENV) or "{}"))
+
+
+def run_companion(argv: Sequence[str]) -> int:
+    """``companion run ARGV`` with ``BENCH_NODE_CONFIG`` applied to every node it starts (a
+    settings experiment without editing the package)."""
+    import dataclasses
+
+    from companion.node import CompanionNode
+
+    overrides = json.loads(os.environ.get(NODE_CONFIG_ENV) or "{}")
+    original = CompanionNode.__init__
+
+    def configured(self: Any, metadata: Any, config: Any = None, **kwargs: Any) -> None:
+        original(self, metadata, dataclasses.replace(config or node_config(), **overrides), **kwargs)
+
+    CompanionNode.__init__ = configured  # type: ignore[method-assign]
+    from companion.cli.run import standalone
+
+    return standalone(list(argv))
+
+
 def companion_argv(
     cards: Sequence[Path], data: Path, seed: int, peers: Sequence[str], options: Options
 ) -> list[str]:
     size = len(cards)
+    command = ["-m", "companion.cli.run"]
+    if os.environ.get(NODE_CONFIG_ENV):
+        command = [str(Path(__file__).resolve()), "--run-companion"]
     argv = [
         sys.executable,
-        "-m",
-        "companion.cli.run",
+        *command,
         *map(str, cards),
         "--no-mdns",
         "--listen",
@@ -701,8 +758,10 @@ async def run_case(size: int, layout: str, kind: str, options: Options) -> dict[
                 net = Network(Path(tmp), nursery)
                 client = Client(ids, companions=kind == "companion")
                 try:
-                    with trio.fail_after(options.case_timeout):
+                    with trio.fail_after(options.case_timeout), trio.CancelScope() as STOP.scope:
                         await run_phases(net, client, nursery, ids, kind, layout, Path(tmp), options, result)
+                    if STOP.scope.cancelled_caught:
+                        notes.append(f"stopped early: {STOP.why}")
                 finally:
                     await client.close()
                     dead = net.dead()
@@ -778,9 +837,23 @@ async def run_phases(
     if kind == "companion":
         stats = await read_stats(net, ids)
         result["connections"] = [stats[n]["connected_peers"] for n in ids if n in stats]
-        result["dropped"] = sum(int(s.get("dropped", 0)) for s in stats.values())
+        drops: Counter[str] = Counter()
+        for s in stats.values():
+            drops.update({str(k): int(v) for k, v in (s.get("drops") or {}).items()})
+        result["drops"] = dict(drops)
         if len(stats) < size:
             notes.append(f"stats from {len(stats)} of {size} nodes")
+        events = net.event_counts()
+        minutes = (trio.current_time() - (net.first_spawn or 0.0)) / 60
+        churn = {name: events.get(name, 0) for name in CHURN_EVENTS}
+        result["events"] = churn
+        dropped = ", ".join(f"{k} {v}" for k, v in drops.most_common()) or "none"
+        notes.append(
+            f"churn over {minutes:.1f} min: {churn['peer_disconnected']} disconnects "
+            f"({churn['peer_disconnected'] / size / max(minutes, 1e-9):.1f} per node per minute), "
+            + ", ".join(f"{v} {k}" for k, v in churn.items() if k != "peer_disconnected")
+            + f"; payloads dropped: {dropped}"
+        )
     else:
         result["connections"] = [net.nodes[n].connected for n in ids]
     if options.hold > 0:
@@ -957,19 +1030,50 @@ def describe(r: dict[str, Any]) -> list[str]:
     return [f"    {r['kind']} {r['size']} {r['layout']}: {note}" for note in r.get("notes", [])]
 
 
+class _Stop:
+    """SIGTERM or SIGINT ends the case running now (it reports what it got) and the benchmark."""
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.why = ""
+
+    async def watch(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                self.why = signal.Signals(signum).name
+                self.scope.cancel()
+
+
+STOP: Final = _Stop()
+
+
 async def bench(
+    sizes: Sequence[int], layouts: Sequence[str], options: Options, bare: bool, as_json: bool
+) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(STOP.watch)
+        await bench_cases(sizes, layouts, options, bare, as_json)
+        nursery.cancel_scope.cancel()
+
+
+async def bench_cases(
     sizes: Sequence[int], layouts: Sequence[str], options: Options, bare: bool, as_json: bool
 ) -> None:
     if not as_json:
         load = os.getloadavg()
         print(f"# {os.cpu_count()} cores, load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at start")
         print(f"# {GOALS}")
+        for name in (NODE_CONFIG_ENV, "PY_YAMUX_RELEASE_ON_READ"):
+            if os.environ.get(name):
+                print(f"# {name}={os.environ[name]}")
         print(LEGEND)
         print(HEADER, flush=True)
     for size in sizes:
         for layout in layouts:
+            if STOP.why:
+                break
             ours = await run_case(size, layout, "companion", options)
-            theirs = await run_case(size, layout, "bare", options) if bare else None
+            theirs = await run_case(size, layout, "bare", options) if bare and not STOP.why else None
             for r in (ours, theirs):
                 if r is None:
                     continue
@@ -988,6 +1092,9 @@ async def bench(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--run-companion"]:
+        return run_companion(argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,

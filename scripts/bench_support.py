@@ -70,12 +70,13 @@ def bare_host(listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)) -> Any:
     )
 
 
-def bare_pubsub(host: Any) -> tuple[Any, Any]:
-    """``(pubsub, router)`` for ``host``: strict signing, the project's gossipsub parameters."""
+def bare_pubsub(host: Any, config: Any = None) -> tuple[Any, Any]:
+    """``(pubsub, router)`` for ``host``: strict signing, the gossipsub parameters of ``config``
+    (a ``NodeConfig``; default: the project's)."""
     from libp2p.pubsub.pubsub import Pubsub
 
     from companion.node.config import NodeConfig, make_gossipsub
     from companion.node.msgid import js_message_id
 
-    router = make_gossipsub(NodeConfig())
+    router = make_gossipsub(config or NodeConfig())
     return Pubsub(host, router, strict_signing=True, msg_id_constructor=js_message_id), router
