@@ -13,9 +13,11 @@ one warm-up round, then ``--rounds`` measured ones. Printed per size and layout:
   reply -> next reply between companions; replies per message (exactly 1: double speech and
   unanswered messages are counted) and rounds that never reached their end;
 - idle CPU of the whole network (all its processes over ``--idle`` seconds after the rounds, from
-  /proc/PID/stat) in cores, and per node in % of a core; CPU per round while talking;
+  /proc/PID/stat) in cores, and per node in % of a core; the network's CPU while talking, and
+  per reply;
 - RSS per companion (/proc/PID/status VmRSS; in one process: the process's RSS / N);
-- connections per node (the ``stats`` event SIGUSR1 makes ``companion run`` log).
+- connections per node (the ``stats`` event SIGUSR1 makes ``companion run`` log), and the churn
+  the nodes logged: connections lost, companions that left, takeovers, payloads dropped by reason.
 
 Beside each, measured in the same run: a bare py-libp2p gossipsub network of the same size and
 layout (bench_support.bare_*: the project's gossipsub parameters, nothing else), whose nodes do
@@ -47,6 +49,7 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections import Counter, defaultdict
@@ -323,7 +326,7 @@ class Network:
         stderr_path = self.folder / f"{label}.stderr"
         with open(stderr_path, "wb") as stderr:
             process = await trio.lowlevel.open_process(
-                argv, stdin=subprocess_devnull(), stdout=subprocess_pipe(), stderr=stderr
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr
             )
         child = Child(label, process, stderr_path)
         self.children.append(child)
@@ -424,18 +427,6 @@ class Network:
                 text = child.stderr_path.read_text(encoding="utf-8", errors="replace").splitlines()
                 out += [f"{child.label}: {line[:300]}" for line in text[-lines:]]
         return out
-
-
-def subprocess_pipe() -> int:
-    import subprocess
-
-    return subprocess.PIPE
-
-
-def subprocess_devnull() -> int:
-    import subprocess
-
-    return subprocess.DEVNULL
 
 
 # --- the client ------------------------------------------------------------------------------------
