@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_support import percentile
+
 WORKER_DEADLINE = 60.0
 
 
@@ -204,11 +206,6 @@ class Worker:
             except subprocess.TimeoutExpired:
                 os.kill(self.popen.pid, signal.SIGKILL)
                 self.popen.wait(10)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def start_network(nodes: int) -> list[Worker]:
