@@ -354,7 +354,7 @@ class Network:
         self._wake()
 
     def _line(self, child: Child, line: str, current: NodeView | None) -> NodeView | None:
-        from companion.cli.run import parse_sees
+        from companion.app.lines import parse_sees
 
         if line.startswith("  ") and current is not None:
             current.addrs.append(line.strip())
@@ -437,7 +437,7 @@ class Client:
     message and states array: arrival time per message id, replies per message, the transcript."""
 
     def __init__(self, ids: Sequence[str], *, companions: bool) -> None:
-        from companion.demo import Transcript
+        from companion.transcript import Transcript
 
         self.ids = list(ids)
         self.companions = companions

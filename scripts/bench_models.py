@@ -223,8 +223,8 @@ def demo(
 
 def card_ids() -> set[str]:
     """The ids of the demo's companions (its default cards)."""
+    from companion.app.demo import default_cards
     from companion.card import load_card
-    from companion.demo import default_cards
 
     return {load_card(path).card.metadata.id for path in default_cards(REPO / "cards")}
 

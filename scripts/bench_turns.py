@@ -32,21 +32,15 @@ from typing import Any
 import trio
 from bench_support import percentile
 
+from companion.app.demo import DemoOptions, _spawn, _stop_children, _wait_child, default_cards
+from companion.app.group import MemoryGroup
 from companion.card import CardSettings, LoadedCard, load_card
-from companion.demo import (
-    DemoOptions,
-    MemoryGroup,
-    TranscriptEvent,
-    _spawn,
-    _stop_children,
-    _wait_child,
-    default_cards,
-)
 from companion.engine import EngineTimings
 from companion.log import configure_logging
 from companion.models.base import ParamsRequest, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
 from companion.protocol import MESSAGES, Message, Metadata
+from companion.transcript import TranscriptEvent
 from companion.transport import Inbound
 from companion.turns import turn_info
 

@@ -13,7 +13,7 @@ import trio.testing
 from engine_support import make_card
 
 from companion.actions.builtins import no_recipients, resolve_recipients
-from companion.demo import MemoryGroup
+from companion.app.group import MemoryGroup
 from companion.engine import EngineEvent, EngineTimings
 from companion.models.base import SpeakRequest, ToolCaller
 from companion.models.scripted import ScriptedModel

@@ -16,7 +16,7 @@ import trio.testing
 from engine_support import HookedModel, make_card, solo
 
 from companion.actions import ActionDef
-from companion.demo import MemoryGroup, Transcript
+from companion.app.group import MemoryGroup
 from companion.engine import ConversationEngine, EngineEvent, EngineTimings
 from companion.models.base import ModelError, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
@@ -31,6 +31,7 @@ from companion.protocol import (
     State,
 )
 from companion.store import MemoryStore, Store
+from companion.transcript import Transcript
 from companion.transport import Inbound, MemoryHub
 from companion.turns import (
     META_CLOSING,

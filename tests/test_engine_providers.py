@@ -11,7 +11,7 @@ import trio
 from engine_support import make_card
 from fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, running_server
 
-from companion.demo import MemoryGroup
+from companion.app.group import MemoryGroup
 from companion.engine import EngineTimings
 from companion.models.endpoints import ProviderConfig
 from companion.models.providers import ProviderModel, resolve_config

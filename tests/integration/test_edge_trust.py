@@ -29,7 +29,7 @@ from live_support import write_card as write_speaking_card
 from network_support import HERE, Event, Network, Proc, network, write_card
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from companion.cli.run import BRIDGE_LINE
+from companion.app.lines import BRIDGE_LINE
 from companion.node.identity import load_or_create_key_pair
 from companion.protocol import MESSAGES, STATES, Message, State, encode, encode_states
 from companion.turns import select_leader

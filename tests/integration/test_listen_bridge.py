@@ -29,7 +29,7 @@ from bridge_support import blocking, start_bridge
 from live_support import start_run, stdout_line
 from network_support import Proc, network
 
-from companion.cli.run import BRIDGE_LINE, parse_sees
+from companion.app.lines import BRIDGE_LINE, parse_sees
 from companion.listen.core import END_MARKER
 
 pytestmark = pytest.mark.integration

@@ -30,7 +30,7 @@ from live_support import stdout_line, write_card
 from netns_support import HERE_FILE, Topology, in_namespace, unavailable
 from network_support import Event, Network, Proc
 
-from companion.cli.run import parse_sees
+from companion.app.lines import parse_sees
 
 pytestmark = pytest.mark.integration
 

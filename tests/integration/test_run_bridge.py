@@ -23,11 +23,11 @@ from live_support import payload_of, start_run, stdout_line, write_card
 from network_support import Proc, network
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from companion.cli.run import BRIDGE_LINE, parse_sees
-from companion.demo import Transcript
+from companion.app.lines import BRIDGE_LINE, parse_sees
 from companion.listen.client import directory_url, fetch_companions
 from companion.protocol import Message, Query, QueryResult, encode
 from companion.rtc import RtcClient, connect_rtc
+from companion.transcript import Transcript
 from companion.voice import EspeakSynthesizer
 
 pytestmark = pytest.mark.integration

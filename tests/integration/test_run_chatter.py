@@ -25,9 +25,10 @@ import trio
 from bridge_support import blocking
 from network_support import Network, Proc, network, write_card
 
-from companion.demo import DemoOptions, Transcript, _Child, _spawn, _stop_children, _wait_child
+from companion.app.demo import DemoOptions, _Child, _spawn, _stop_children, _wait_child
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message, encode
+from companion.transcript import Transcript
 from companion.transport import Inbound
 
 pytestmark = pytest.mark.integration
