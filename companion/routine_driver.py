@@ -134,7 +134,7 @@ class RoutineDriver:
                 scheduler.observe(ConversationBusy() if busy else ConversationIdle(), now)
             for firing in scheduler.due(now):
                 self._emit(
-                    "routine_fired", logging.INFO, routine=firing.routine, tool=firing.tool, kind=firing.kind
+                    "routine_fired", logging.INFO, routine=firing.routine, tool=firing.tool, on=firing.kind
                 )
                 nursery.start_soon(self._fire, firing)
             at = scheduler.deadline()
