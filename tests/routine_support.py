@@ -43,3 +43,13 @@ SECRET = "the user's cat is called Miso"
 def recall(ctx: ActionContext[Empty]) -> str:
     ctx.note(SECRET)
     return "nothing new"
+
+
+@action(id="jam", description="Always jams.", input=Empty, timeout=5)
+def jam(ctx: ActionContext[Empty]) -> Action:
+    raise RuntimeError("the door is jammed")
+
+
+@action(id="guarded", description="Asks first.", input=Empty, timeout=5, requires_approval=True)
+def guarded(ctx: ActionContext[Empty]) -> Action:
+    return Action.create(ctx.companion_id, "opened", {})
