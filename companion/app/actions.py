@@ -13,22 +13,27 @@ records instead of sending, and approvals answered by the ``--approve`` flag.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from ..actions import ActionRuntime, KeyValueStore
 from ..actions.approval import APPROVAL_QUERY
 from ..history import InMemoryHistory
+from ..log import log_event
 from ..protocol import QUERIES, Envelope, Query, QueryResult, QueryResultBody, State, encode
 from ..store import DB_FILENAME
+
+if TYPE_CHECKING:
+    from ..card import LoadedCard
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -37,8 +42,12 @@ __all__ = [
     "dry_run",
     "live_run",
     "parse_input",
+    "reload_tools",
+    "runtime_of",
     "serve_actions",
 ]
+
+logger = logging.getLogger("companion.app.actions")
 
 DEFAULT_CALL_TIMEOUT: Final = 180.0
 """How long a direct call may take: an approval (120 s) and the action after it."""
@@ -206,6 +215,31 @@ def serve_actions(bridge: Any, runtimes: MutableMapping[str, ActionRuntime]) -> 
 
     endpoint = ActionEndpoint(runtimes, rate=bridge.config.client_rate, call_timeout=DEFAULT_CALL_TIMEOUT)
     bridge.add_route(ACTIONS_PREFIX, endpoint.route())
+
+
+def reload_tools(cards: Sequence[LoadedCard], runtimes: Mapping[str, ActionRuntime]) -> None:
+    """Read each card's ``actions`` and ``knowledge`` again (SIGHUP): tools added, removed or
+    pointing elsewhere take effect in its runtime at once, and the runtime announces the change.
+    A card that no longer loads is logged with its problems and keeps its tools. The rest of
+    the card (events, routines) and the code of modules already imported stay as they started."""
+    from ..card import CardError, load_card
+
+    for card in cards:
+        runtime = runtimes.get(card.card.metadata.id)
+        if runtime is None or card.path is None:
+            continue
+        try:
+            fresh = load_card(card.path)
+        except CardError as exc:
+            log_event(
+                logger, "tools_reload_failed", logging.ERROR, card=str(card.path), problems=str(exc)[:2000]
+            )
+            continue
+        for tool_id in [t for t in runtime.tools if t not in fresh.tools]:
+            runtime.remove(tool_id)
+        for defn in fresh.tools.values():
+            runtime.register(defn, replace=True)  # the same definition again announces nothing
+        log_event(logger, "tools_reloaded", card=str(card.path), tools=list(runtime.tools))
 
 
 def runtime_of(handler: object) -> ActionRuntime | None:

@@ -4,7 +4,9 @@ Later nodes dial the earlier ones. With ``options.bridge`` (``--ws``) the proces
 clients with the bridge of ``companion bridge`` (:mod:`.clients`). Standard output follows
 :mod:`.lines`: ``<id> peer <peer id>`` with indented addresses, ``<id> sees ...`` whenever a
 node's directory changes, and ``bridge ws://HOST:PORT/`` with the page and WebRTC URLs.
-SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node.
+SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node; SIGHUP
+reads the cards' tools again (:func:`.actions.reload_tools`). With clients, ``POST
+/actions/TOOL`` runs a companion's tool (:mod:`companion.bridge.actions`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..log import log_event
-from .actions import runtime_of, serve_actions
+from .actions import reload_tools, runtime_of, serve_actions
 from .engines import EngineOptions, HandlerFactory, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
 from .trust import TrustOptions, open_trust
@@ -155,7 +157,7 @@ async def run_nodes(
         if ready is not None:
             ready(running)
         everyone = [*nodes, *([running.client_node] if running.client_node else [])]
-        await _serve_signals(everyone, nursery.cancel_scope)
+        await _serve_signals(everyone, nursery.cancel_scope, partial(reload_tools, loaded, runtimes))
 
 
 async def _run_one(
@@ -180,9 +182,14 @@ async def _run_one(
         task_status.started()
 
 
-async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+async def _serve_signals(
+    nodes: Sequence[CompanionNode], scope: trio.CancelScope, reload: Callable[[], None]
+) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP) as signals:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                reload()
+                continue
             if signum == signal.SIGUSR1:
                 for node in nodes:
                     node.log_stats()
