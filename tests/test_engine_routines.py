@@ -8,22 +8,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from engine_support import make_card
 
-from companion.actions import TOOLS_ACTION
+from companion.actions import TOOLS_ACTION, KeyValueStore
 from companion.app.group import USER_ID, MemoryGroup
-from companion.card import LoadedCard
-from companion.engine import EngineEvent, EngineTimings
+from companion.card import LoadedCard, load_card
+from companion.engine import ConversationEngine, EngineEvent, EngineTimings
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, Message
 from companion.routines import Routine
+from companion.store import Store
+from companion.transport import MemoryHub
 from companion.turns import META_CLOSING, META_IN_REPLY_TO
 
 TIMINGS = EngineTimings.offline()
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 AKI, BEA, CAI = "companion_aki", "companion_bea", "companion_cai"
 
 
@@ -250,3 +255,42 @@ async def test_the_tool_list_is_announced_once_settled_and_peers_keep_it(
         assert bea.peer_tools[AKI] == {"revision": 3, "tools": ["speak"]}
     changes = [a.params.params.get("change") for _, a in seen.actions(TOOLS_ACTION) if a.params.from_ == AKI]
     assert {"kind": "removed", "tool": "companions"} in changes
+
+
+async def test_the_greeter_example_remembers_a_visitor_across_a_restart(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """examples/greeter.yaml through the engine, its store in the companion's SQLite file (as
+    ``companion run`` opens it): the second run greets the same visitor as a regular."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    loaded = load_card(EXAMPLES / "greeter.yaml")
+    me = loaded.card.metadata
+    visitor = make_card(1).card.metadata
+    heard: list[str] = []
+    for _run in range(2):
+        hub = MemoryHub()
+        node, guest = hub.endpoint(me.id), hub.endpoint(visitor.id)
+        store = Store.in_directory(tmp_path / me.id)
+        directory = {me.id: me}
+        engine = ConversationEngine(
+            loaded,
+            ScriptedModel(0),
+            node,
+            directory,
+            store=store,
+            timings=TIMINGS,
+            kv=KeyValueStore.open(store.path),
+        )
+        async with trio.open_nursery() as nursery:
+            engine.attach(nursery)
+            await trio.sleep(TIMINGS.routine_quiet_start + 1)
+            directory[visitor.id] = visitor
+            engine.directory_changed()
+            with trio.fail_after(5):
+                async for inbound in guest.receive_channel:
+                    if isinstance(inbound.payload, Message) and inbound.payload.params.from_ == me.id:
+                        heard.append(inbound.payload.params.message)
+                        break
+            nursery.cancel_scope.cancel()
+        store.close()
+    assert heard == [f"Welcome, {visitor.name}!", f"Good to see you again, {visitor.name}."]
