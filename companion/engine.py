@@ -209,8 +209,10 @@ class ConversationEngine:
         if tools is None:
             return
         known = self.peer_tools.get(sender)
-        if known is not None and known == tools:
-            return
+        if known is not None:
+            plain = "change" not in action.params.params  # the whole list, sent after a (re)start
+            if known == tools or (tools["revision"] <= known["revision"] and not plain):
+                return  # nothing new, or an older change replayed
         self.peer_tools[sender] = tools
         self._emit("peer_tools", logging.INFO, peer=sender, revision=tools["revision"], tools=tools["tools"])
 
@@ -273,7 +275,8 @@ class ConversationEngine:
                 self.routines.observe(RoutineJoined(cid, self._names[cid]))
                 self.announcer.refresh()
             else:
-                self.routines.observe(RoutineLeft(cid, self._names.get(cid, cid)))
+                self.peer_tools.pop(cid, None)
+                self.routines.observe(RoutineLeft(cid, self._names.pop(cid, cid)))
 
     def _store_failed(self, call: str, exc: Exception | None = None, **fields: Any) -> None:
         """One error event when the store starts failing, one when it works again (``exc=None``)."""

@@ -24,7 +24,7 @@ from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, Message
 from companion.routines import Routine
 from companion.store import Store
-from companion.transport import MemoryHub
+from companion.transport import Inbound, MemoryHub
 from companion.turns import META_CLOSING, META_IN_REPLY_TO
 
 TIMINGS = EngineTimings.offline()
@@ -294,3 +294,35 @@ async def test_the_greeter_example_remembers_a_visitor_across_a_restart(
             nursery.cancel_scope.cancel()
         store.close()
     assert heard == [f"Welcome, {visitor.name}!", f"Good to see you again, {visitor.name}."]
+
+
+async def test_a_peers_tool_list_is_taken_only_from_itself_and_never_rolled_back() -> None:
+    """Hostile announcements: forged (another peer signs it), malformed, a replayed older change."""
+    me, peer = make_card(0).card.metadata, make_card(1).card.metadata
+    hub = MemoryHub()
+    engine = ConversationEngine(
+        make_card(0), ScriptedModel(0), hub.endpoint(me.id), {me.id: me, peer.id: peer}
+    )
+
+    def tools(revision: int, ids: list[str], change: bool = True) -> Action:
+        params: dict[str, Any] = {"revision": revision, "tools": [{"id": i} for i in ids]}
+        if change:
+            params["change"] = {"kind": "registered", "tool": ids[-1]}
+        return Action.create(peer.id, TOOLS_ACTION, params)
+
+    async with trio.open_nursery() as nursery:
+        engine.attach(nursery)
+        feed = [
+            (tools(3, ["speak", "wave"]), peer.id),
+            (tools(9, ["steal"]), "companion_mallory"),  # signed by someone else
+            (Action.create(peer.id, TOOLS_ACTION, {"revision": "x", "tools": 5}), peer.id),
+            (Action.create(peer.id, TOOLS_ACTION, {"revision": 4, "tools": [{"id": ""}]}), peer.id),
+            (tools(2, ["speak"]), peer.id),  # an older change, replayed
+        ]
+        for action_, sender in feed:
+            await engine.handle(Inbound(ACTIONS, action_, sender))
+        assert engine.peer_tools[peer.id] == {"revision": 3, "tools": ["speak", "wave"]}
+        # After a restart the peer sends its whole list with a lower revision: taken.
+        await engine.handle(Inbound(ACTIONS, tools(2, ["speak"], change=False), peer.id))
+        assert engine.peer_tools[peer.id] == {"revision": 2, "tools": ["speak"]}
+        nursery.cancel_scope.cancel()
