@@ -50,7 +50,7 @@ from .protocol import (
     QueryResult,
     State,
 )
-from .routine_driver import RoutineDriver, current_firing
+from .routine_driver import RoutineDriver, current_firing, not_a_routine
 from .routines import CompanionJoined as RoutineJoined
 from .routines import CompanionLeft as RoutineLeft
 from .routines import MessageSeen as RoutineMessage
@@ -329,6 +329,7 @@ class ConversationEngine:
         scope = self._tasks[(what, message_id)] = trio.CancelScope()
 
         async def run() -> None:
+            not_a_routine()  # turn work, even when a routine's call set it off
             try:
                 with scope:
                     await work

@@ -36,7 +36,7 @@ from .routines import (
     RoutineScheduler,
 )
 
-__all__ = ["RoutineDriver", "current_firing"]
+__all__ = ["RoutineDriver", "current_firing", "not_a_routine"]
 
 _FIRING: ContextVar[Firing | None] = ContextVar("companion_routine_firing", default=None)
 _MIN_SLEEP: Final = 0.01
@@ -48,6 +48,13 @@ Emit = Callable[..., None]
 def current_firing() -> Firing | None:
     """The routine firing whose tool call runs in this task (None: a model's or anyone else's)."""
     return _FIRING.get()
+
+
+def not_a_routine() -> None:
+    """Mark the current task as no routine's: a task inherits its spawner's context, and the
+    engine's turn work may be started from inside a routine's call (a transport that delivers
+    synchronously)."""
+    _FIRING.set(None)
 
 
 class RoutineDriver:
@@ -150,6 +157,9 @@ class RoutineDriver:
         fields: dict[str, Any] = {"routine": firing.routine, "tool": firing.tool}
         try:
             result = await self._runtime.call(firing.tool, dict(firing.input))
+        except Exception as exc:  # the runtime settles every call; this is a bug, not a routine's fault
+            fields.update(status="crashed", error=repr(exc)[:300])
+        else:
             fields.update(status=result.status, code=None if result.code is None else int(result.code))
             if result.message:
                 fields["message"] = result.message[:300]
