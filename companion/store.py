@@ -221,7 +221,7 @@ class Store:
 
     def _finish(self, complete: bool) -> None:
         stats = self._writer.stats()
-        level = logging.DEBUG if complete else logging.ERROR
+        level = logging.INFO if complete else logging.ERROR
         log_event(logger, "store_closed", level, path=str(self.path), complete=complete, **stats)
 
     def __enter__(self) -> Store:
