@@ -3,8 +3,9 @@
 A commit with ``synchronous=FULL`` waits for the disk (1.3-13 ms measured on the loop thread,
 per message, per companion); even with ``synchronous=NORMAL`` a checkpoint now and then does.
 So the loop only :meth:`SqlWriter.submit`\\ s a statement (appending to a queue, microseconds)
-and this writer's thread runs everything queued in one transaction: group commit, where the
-next batch gathers while a commit runs, after waiting ``batch_window`` seconds for company.
+and this writer's thread runs what is queued in one transaction (up to a thousand statements):
+group commit, where the next batch gathers while a commit runs, after waiting ``batch_window``
+seconds for company.
 :meth:`SqlWriter.flush` waits (in the calling thread; from trio use ``trio.to_thread``) until
 everything submitted before it is committed.
 
@@ -98,7 +99,7 @@ class SqlWriter:
     def submit(self, sql: str, params: tuple[Any, ...] = ()) -> None:
         """Queue one statement; it runs after every statement submitted before it."""
         with self._cond:
-            if self._closing:
+            if self._closing or not self._thread.is_alive():
                 raise RuntimeError(f"the writer of {self.path} is closed")
             self._queue.append((sql, params))
             self._submitted += 1
@@ -142,6 +143,15 @@ class SqlWriter:
     # --- the writer's thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug here: say so once; flush and close report False
+            log_event(
+                logger, "sql_writer_crashed", logging.CRITICAL, path=str(self.path), error=repr(exc)[:300]
+            )
+            raise
+
+    def _loop(self) -> None:
         pause = _RETRY_FIRST
         while True:
             with self._cond:
