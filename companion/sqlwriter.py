@@ -96,13 +96,15 @@ class SqlWriter:
         with self._cond:
             return self._submitted
 
-    def submit(self, sql: str, params: tuple[Any, ...] = ()) -> None:
-        """Queue one statement; it runs after every statement submitted before it."""
+    def submit(self, sql: str, params: tuple[Any, ...] = (), *, urgent: bool = False) -> None:
+        """Queue one statement; it runs after every statement submitted before it. ``urgent``:
+        commit it without waiting for the batch window."""
         with self._cond:
             if self._closing or not self._thread.is_alive():
                 raise RuntimeError(f"the writer of {self.path} is closed")
             self._queue.append((sql, params))
             self._submitted += 1
+            self._hurry = self._hurry or urgent
             self._cond.notify_all()
 
     def flush(self, timeout: float, *, since: int = 0) -> bool:

@@ -17,7 +17,10 @@ Durability, exactly: a call returns once the view changed and the write is queue
 :meth:`Store.flush` returns once everything queued before it is committed; :meth:`Store.close`
 (and :meth:`Store.serve`, which a node's nursery runs, when it is cancelled) flushes before it
 closes, so a node that stops keeps every message. A process that is killed loses at most what
-it queued in the last batch window (and the commit in flight); a power cut may also roll back
+it queued in the last batch window (and the commit in flight); a seen or replied mark skips the
+window (committed by the next commit, milliseconds, but still after the call returned, so a
+reply published in those milliseconds before a kill may be answered again after the restart);
+a power cut may also roll back
 the commits since the last WAL checkpoint (``synchronous=NORMAL``), leaving a consistent file.
 A disk that fails (read-only, full) is logged and counted (:meth:`Store.stats`), never raised:
 the node keeps running on its view, and the writer retries (see :mod:`companion.sqlwriter`).
@@ -238,9 +241,9 @@ class Store:
             raise StoreError(f"the store at {self.path} is closed")
         return self._db
 
-    def _write(self, sql: str, *params: Any) -> None:
+    def _write(self, sql: str, *params: Any, urgent: bool = False) -> None:
         self._conn  # noqa: B018 -- raises when closed
-        self._writer.submit(sql, params)
+        self._writer.submit(sql, params, urgent=urgent)
 
     # --- history -------------------------------------------------------------------------------
 
@@ -343,10 +346,13 @@ class Store:
     # --- seen ids -----------------------------------------------------------------------------
 
     def mark_seen(self, kind: str, item_id: str) -> bool:
-        """Note that ``item_id`` of ``kind`` was handled; ``False`` if it had been already."""
+        """Note that ``item_id`` of ``kind`` was handled; ``False`` if it had been already.
+        Committed at once, without the batch window: the engine marks a message replied just
+        before its reply goes out, and a restart must not answer it twice."""
         if self.seen(kind, item_id):
             return False
-        self._write("INSERT OR IGNORE INTO seen (kind, id) VALUES (?, ?)", _safe(kind), _safe(item_id))
+        sql = "INSERT OR IGNORE INTO seen (kind, id) VALUES (?, ?)"
+        self._write(sql, _safe(kind), _safe(item_id), urgent=True)
         self._seen[(kind, item_id)] = None
         if len(self._seen) > self._seen_limit:
             self._seen.popitem(last=False)
