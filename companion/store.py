@@ -20,8 +20,8 @@ closes, so a node that stops keeps every message. A process that is killed loses
 it queued in the last batch window (and the commit in flight); a seen or replied mark skips the
 window (committed by the next commit, milliseconds, but still after the call returned, so a
 reply published in those milliseconds before a kill may be answered again after the restart);
-a power cut may also roll back
-the commits since the last WAL checkpoint (``synchronous=NORMAL``), leaving a consistent file.
+a power cut may also roll back the commits since the last WAL checkpoint
+(``synchronous=NORMAL``), leaving a consistent file.
 A disk that fails (read-only, full) is logged and counted (:meth:`Store.stats`), never raised:
 the node keeps running on its view, and the writer retries (see :mod:`companion.sqlwriter`).
 Strings from the network may hold lone surrogates (JSON allows ``"\\ud800"``); they are stored
