@@ -425,7 +425,11 @@ def engine_handler_factory(
 
     def make(loaded: LoadedCard, node: NodeLike, nursery: trio.Nursery) -> ConversationEngine:
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
-        kv = None if store is None else KeyValueStore.open(store.path)
+        kv = None
+        if store is not None:
+            nursery.start_soon(store.serve)  # writes behind; flushed and closed when the node stops
+            kv = KeyValueStore.open(store.path)  # the tools' values, in the same file
+            nursery.start_soon(_serve_kv, kv)
         membership = getattr(node, "membership", None)
         engine = ConversationEngine(
             loaded,
@@ -444,3 +448,13 @@ def engine_handler_factory(
         return engine
 
     return make
+
+
+async def _serve_kv(kv: KeyValueStore) -> None:
+    """Keep the tools' store open until cancelled, then commit what is queued and close it off
+    the loop (as :meth:`Store.serve <companion.store.Store.serve>` does for the history)."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(kv.close)

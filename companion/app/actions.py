@@ -27,6 +27,7 @@ import trio
 
 from ..actions import ActionRuntime, KeyValueStore
 from ..actions.approval import APPROVAL_QUERY
+from ..actions.kv import KV_TABLE
 from ..history import InMemoryHistory
 from ..log import log_event
 from ..protocol import QUERIES, Envelope, Query, QueryResult, QueryResultBody, State, encode
@@ -114,15 +115,22 @@ def _states(states: list[State]) -> bytes:
 
 def _stored_copy(data_dir: Path | None, companion_id: str) -> KeyValueStore:
     """The companion's stored tool values, copied into memory (the file is only read)."""
-    copy = sqlite3.connect(":memory:")
+    kv = KeyValueStore.in_memory()
     path = None if data_dir is None else data_dir / companion_id / DB_FILENAME
-    if path is not None and path.is_file():
-        source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
-            source.backup(copy)
-        finally:
-            source.close()
-    return KeyValueStore.open(copy)
+    if path is None or not path.is_file():
+        return kv
+    source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = source.execute(
+            f"SELECT namespace, key, value FROM {KV_TABLE} WHERE companion = ?", (companion_id,)
+        ).fetchall()
+    except sqlite3.Error:
+        rows = []  # no tool has stored anything yet (no table)
+    finally:
+        source.close()
+    for namespace, key, value in rows:
+        kv.namespace(companion_id, namespace).set(key, json.loads(value))
+    return kv
 
 
 async def dry_run(
