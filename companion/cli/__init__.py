@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 # Subcommand modules, each exposing ``register(subparsers) -> None``; the parser it adds
 # sets ``func(args) -> int`` as its default.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("card", "run", "bridge", "listen", "demo", "relay", "trust")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("card", "run", "bridge", "listen", "demo", "relay", "trust", "action")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
