@@ -35,6 +35,7 @@ from .routines import (
     RoutineFinished,
     RoutineScheduler,
 )
+from .turns import stamp_opening
 
 __all__ = ["RoutineDriver", "current_firing", "not_a_routine"]
 
@@ -125,8 +126,9 @@ class RoutineDriver:
             self._deferred.add(firing.routine)
             self._emit("routine_deferred", logging.INFO, routine=firing.routine, tool=firing.tool)
             return "a conversation is running: this routine waits its turn and fires again when it is over"
-        self._spoke(message)
-        return message
+        opening = stamp_opening(message)  # every node hears a new exchange, whatever came before
+        self._spoke(opening)
+        return opening
 
     async def _loop(self, nursery: trio.Nursery) -> None:
         assert self.scheduler is not None

@@ -222,6 +222,10 @@ async def test_a_routine_due_during_a_conversation_waits_for_its_end(
     assert teas[0] - start > 20, "it fired on time, over the conversation"
     assert talk_overlaps(seen, {"Time for tea!"}) == []
     assert group.transcript.double_speech == {}
+    # the tea opens a new exchange on Bea's node although the last one ended (terminal)
+    tea_id = next(m.params.id for _, m in seen.messages(AKI) if m.params.message == "Time for tea!")
+    answers = [m for _, m in seen.messages(BEA) if (m.params.metadata or {}).get(META_IN_REPLY_TO) == tea_id]
+    assert len(answers) == 1, "Bea never answered the routine's message"
 
 
 async def test_a_conversation_that_starts_while_the_tool_works_defers_its_message(
