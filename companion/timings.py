@@ -66,15 +66,16 @@ class EngineTimings:
 
         Such a server answers one request at a time, and abandoning one does not free it: it
         computes on, and the next request waits behind it. Measured with SmolLM2-135M behind
-        llama-cpp-python on 2 loaded cores, one request took 19-41 s (states 20 s, params 19-27 s,
-        speech 27-41 s), so the default 20 s budget for states was cut on most turns and only
-        wasted the server's time. Every deadline stays finite, and the orderings hold.
+        llama-cpp-python on 2 loaded cores: 12-53 s a request (states 21-26 s, parameters
+        13-46 s, speech 5-53 s), so the default 20 s budget for states was cut on most turns and
+        only wasted the server's time. A speaker's budget holds parameters, speech and one
+        follow-up. Every deadline stays finite, and the orderings hold.
         """
         return cls(
-            states_timeout=60.0,
-            takeover_after=75.0,
-            speak_timeout=150.0,
-            reply_timeout=180.0 + pace,
+            states_timeout=90.0,
+            takeover_after=100.0,
+            speak_timeout=240.0,
+            reply_timeout=270.0 + pace,
             publish_timeout=5.0,
             pace=pace,
         )

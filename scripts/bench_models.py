@@ -284,7 +284,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-url", default=None, help="use this running server instead of starting one")
     parser.add_argument("--model", default=ALIAS, help="model name at --base-url")
     parser.add_argument("--replies", type=int, default=12, help="the demo's --max-turns")
-    parser.add_argument("--timeout", type=float, default=1200.0, help="the demo's --timeout in seconds")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=2400.0,
+        help="the demo's --timeout in seconds (a turn took 40-150 s on 2 loaded cores)",
+    )
     parser.add_argument("--goal", type=int, default=6, help="replies needed before terminal")
     parser.add_argument("--say", default=None, help="the opening line")
     args = parser.parse_args(argv)

@@ -24,7 +24,12 @@ from companion.app.group import MemoryGroup
 from companion.conversation import ClosingSettings
 from companion.engine import EngineTimings
 from companion.models.factory import engine_timings
-from companion.models.providers import ProviderModel, resolve_config
+from companion.models.providers import (
+    DEFAULT_REQUEST_TIMEOUT,
+    LOCAL_REQUEST_TIMEOUT,
+    ProviderModel,
+    resolve_config,
+)
 from companion.models.scripted import ScriptedModel
 from companion.models.servers import EndpointMemory
 from companion.turns.closing import DEFAULT_MIN_REPLIES, counted_proposal
@@ -95,7 +100,7 @@ async def test_a_model_that_proposes_closing_at_once_still_has_six_replies() -> 
 @pytest.mark.timeout(60)
 async def test_local_servers_get_local_deadlines_and_others_do_not() -> None:
     memory = EndpointMemory()
-    chosen = {}
+    chosen, deadlines = {}, {}
     for profile in ("llama-cpp-python", "llama.cpp", "ollama", "vllm", "openai"):
         with running_server(profile=PROFILES[profile]) as srv:
             config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
@@ -103,6 +108,7 @@ async def test_local_servers_get_local_deadlines_and_others_do_not() -> None:
             unchecked = engine_timings([model])
             await model.check()
             chosen[profile] = engine_timings([model], pace=1.0)
+            deadlines[profile] = model.request_timeout
         assert unchecked == EngineTimings.local()  # on a loopback address, before the check
     local, default = EngineTimings.local(pace=1.0), EngineTimings(pace=1.0)
     assert chosen == {
@@ -111,6 +117,14 @@ async def test_local_servers_get_local_deadlines_and_others_do_not() -> None:
         "ollama": local,
         "vllm": default,
         "openai": default,
+    }
+    # a local server computes an abandoned request to its end: its requests get longer too
+    assert deadlines == {
+        "llama-cpp-python": LOCAL_REQUEST_TIMEOUT,
+        "llama.cpp": LOCAL_REQUEST_TIMEOUT,
+        "ollama": LOCAL_REQUEST_TIMEOUT,
+        "vllm": DEFAULT_REQUEST_TIMEOUT,
+        "openai": DEFAULT_REQUEST_TIMEOUT,
     }
     assert engine_timings([ScriptedModel(0), ScriptedModel(1)]) == EngineTimings.offline()
     remote = ProviderModel(

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from companion.models.base import SpeakRequest, StatesRequest, ToolInstruction, ToolSpec
-from companion.models.prompts import HISTORY_LIMIT, format_history, speak_prompt, states_prompt
+from companion.models.base import ParamsRequest, SpeakRequest, StatesRequest, ToolInstruction, ToolSpec
+from companion.models.prompts import HISTORY_LIMIT, format_history, params_prompt, speak_prompt, states_prompt
 from companion.models.structured import (
     Problems,
     check_params,
@@ -194,10 +194,16 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     )
     instructions, prompt = speak_prompt(req, tools)
     assert "You are Bo" in instructions and "a helper" in instructions
-    assert "Action tools (they do something others see): speak." in instructions
-    assert "kb_lookup" in instructions and "- kb_lookup: check facts" in instructions
-    assert "say goodbye" in instructions
+    assert "Action tools (they do something others see): speak." in prompt
+    assert "kb_lookup" in prompt and "- kb_lookup: check facts" in prompt
+    assert "say goodbye" in prompt
     assert "Address: user_1, companion_a." in prompt
+    # the parameters call before it has the same instructions: a local server reuses its prefix
+    params = ParamsRequest(
+        me=B, role="a helper", schema={"type": "object"}, message=OPENING, history=[OPENING]
+    )
+    assert params_prompt(params, "set_params")[0] == instructions
+    assert "Conversation so far:\n1. user_1 -> companion_a, Bo (companion_b): Hello!" in instructions
     assert 'Context: {"weather": "rain"}' in prompt
 
 
