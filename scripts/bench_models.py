@@ -262,6 +262,15 @@ def report(transcript: list[dict[str, Any]], logs: list[dict[str, Any]], took: f
         f"{(len(requests) + len(failed)) / turns:.1f} per turn"
     )
     print(f"  request forms that answered: {dict(forms)}")
+    for purpose in sorted({str(e.get("purpose")) for e in requests}):
+        done = [e for e in requests if e.get("purpose") == purpose]
+        seconds = sorted(e["ms"] / 1000 for e in done)
+        tokens_in = sum(e.get("input_tokens") or 0 for e in done) / len(done)
+        tokens_out = sum(e.get("output_tokens") or 0 for e in done) / len(done)
+        print(
+            f"    {purpose}: {len(done)} answered, {seconds[0]:.1f}-{seconds[-1]:.1f} s "
+            f"(median {seconds[len(seconds) // 2]:.1f}), {tokens_in:.0f} tokens in, {tokens_out:.0f} out"
+        )
     print(f"  seconds: {took:.0f} in all, {took / turns:.1f} per turn")
     print(f"  failures by kind: {dict(failures) or 'none'}")
     for reason, count in reasons.most_common(6):

@@ -207,6 +207,13 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     assert 'Context: {"weather": "rain"}' in prompt
 
 
+def test_a_heading_alone_is_not_a_line() -> None:
+    """Measured with SmolLM2-135M: "Conversation:" was said as a whole line."""
+    assert spoken_text("Conversation:", ["Pim"]) == ""
+    assert spoken_text("Conversation:\nThe oven is warm today!", ["Pim"]) == "The oven is warm today!"
+    assert spoken_text("Note: the oven is warm.", ["Pim"]) == "Note: the oven is warm."
+
+
 def test_a_small_models_echo_of_its_prompt_is_not_its_line() -> None:
     """Measured with SmolLM2-135M: it repeated a history line or the turn line before its own."""
     prompt = (

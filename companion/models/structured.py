@@ -270,6 +270,8 @@ _HISTORY = re.compile(r"^\s*\d+\.(?:\s|$)")
 """A line in (or cut from) the prompt's numbered history (``3. Aya (companion_aya) -> Ben: ...``)."""
 _TURN_ECHO = re.compile(r"(?:\byour turn\b.*\(|\bAddress:\s)", re.IGNORECASE)
 """The prompt's turn line, as small models echo it ("Your turn (Juniper). Address: ...")."""
+_HEADING = re.compile(r"^[\w ()'-]{0,40}:$")
+"""A heading and nothing after it, as SmolLM2-135M wrote ("Conversation:") before other lines."""
 
 
 def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") -> str:
@@ -290,7 +292,7 @@ def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") 
         if len(candidate) >= 2 and candidate[0] == candidate[-1] and candidate[0] in "\"'":
             candidate = candidate[1:-1].strip()
         flat = " ".join(candidate.split())
-        if _HISTORY.match(candidate) or _TURN_ECHO.search(candidate):
+        if _HISTORY.match(candidate) or _TURN_ECHO.search(candidate) or _HEADING.match(candidate):
             continue
         if candidate and not any(flat in seen or seen in flat for seen in echoed if len(seen) > 12):
             line = candidate
