@@ -1,7 +1,8 @@
-"""A small model that proposes closing at once, and the deadlines a local model server gets.
+"""What a small model gets wrong in the leader's seat, and the deadlines a local server gets.
 
 Measured with SmolLM2-135M behind llama-cpp-python: the leader's model proposes ``pre-closing``
-at random from the first turn, which ended the demo after two to four replies; and one request
+at random from the first turn, which ended the demo after two to four replies; it said that
+everybody listens, and the conversation fell silent for good; and one request
 took 19-41 s on two loaded cores, so the 20 s budget for states was cut on most turns while the
 server computed on. Here the eager closer is the fake server (llama-cpp-python's profile, real
 HTTP on 127.0.0.1), and the deadlines come from the server the start-up check identified.
@@ -59,6 +60,43 @@ def _closing(args: dict[str, Any]) -> dict[str, Any]:
     return {"states": [{**s, "closing": "pre-closing"} for s in args["states"]]}
 
 
+class Silent(CooperativeModel):
+    """Says that everybody listens, importance 0, as SmolLM2-135M did on its second turn."""
+
+    def __call__(self, body: Mapping[str, Any]) -> Reply:
+        reply = super().__call__(body)
+        quiet = {"state": "listen", "importance": 0, "selected": False}
+        calls = tuple(
+            (name, {"states": [{**s, **quiet} for s in args["states"]]} if name == "set_states" else args)
+            for name, args in reply.calls
+        )
+        return dataclasses.replace(reply, calls=calls)
+
+
+async def _converse(model: CooperativeModel, max_turns: int | None) -> list[Any]:
+    """Three companions of one llama-cpp-python endpoint (the fake server), to ``terminal``."""
+    memory = EndpointMemory()
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(*([model] * 80))
+        config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
+        async with trio.open_nursery() as nursery:
+            group = MemoryGroup(nursery, timings=TIMINGS)
+            cards = [make_card(index, max_turns=max_turns) for index in range(3)]
+            for card in cards:
+                provider = ProviderModel(config, memory)
+                await provider.check()
+                await group.add(card, provider)
+            await group.say("Hello, everyone!")
+            with trio.fail_after(90):
+                assert await group.wait_until(lambda t: t.over, 90), "no terminal: the conversation stalled"
+            nursery.cancel_scope.cancel()
+    replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
+    ids = {card.card.metadata.id for card in cards} | {"user_demo"}
+    assert all(e.recipients and set(e.recipients) <= ids for e in replies)
+    assert group.transcript.double_speech == {}
+    return replies
+
+
 def test_a_proposal_counts_from_the_minimum_number_of_replies() -> None:
     held = [counted_proposal("pre-closing", floor="none", replies=r, min_replies=4) for r in range(6)]
     assert held == ["none"] * 4 + ["pre-closing"] * 2
@@ -74,27 +112,15 @@ def test_a_proposal_counts_from_the_minimum_number_of_replies() -> None:
 async def test_a_model_that_proposes_closing_at_once_still_has_six_replies() -> None:
     """The eager closer leads every turn; the conversation runs ``DEFAULT_MIN_REPLIES`` open
     replies, then one ``pre-closing`` and one ``closing`` reply, then ``terminal``."""
-    memory = EndpointMemory()
-    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
-        srv.push(*([EagerCloser()] * 80))
-        config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
-        async with trio.open_nursery() as nursery:
-            group = MemoryGroup(nursery, timings=TIMINGS)
-            cards = [make_card(index, max_turns=None) for index in range(3)]
-            for card in cards:
-                model = ProviderModel(config, memory)
-                await model.check()
-                await group.add(card, model)
-            await group.say("Hello, everyone!")
-            with trio.fail_after(90):
-                assert await group.wait_until(lambda t: t.over, 90)
-            nursery.cancel_scope.cancel()
-    replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
+    replies = await _converse(EagerCloser(), max_turns=None)
     assert DEFAULT_MIN_REPLIES == 4  # the demo's goal: at least 6 replies before terminal
     assert [e.closing for e in replies] == ["none"] * 4 + ["pre-closing", "closing"]
-    ids = {card.card.metadata.id for card in cards} | {"user_demo"}
-    assert all(e.recipients and set(e.recipients) <= ids for e in replies)
-    assert group.transcript.double_speech == {}
+
+
+@pytest.mark.timeout(120)
+async def test_a_model_that_says_everybody_listens_does_not_silence_the_conversation() -> None:
+    replies = await _converse(Silent(), max_turns=3)
+    assert [e.closing for e in replies] == ["none", "pre-closing", "closing"]
 
 
 @pytest.mark.timeout(60)

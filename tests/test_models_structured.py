@@ -61,6 +61,23 @@ def test_a_partial_states_answer_is_used_not_refused() -> None:
     ]
 
 
+def test_when_everybody_listens_the_most_important_speaks() -> None:
+    """Measured with SmolLM2-135M: every entry said ``listen`` (importance 0), and nobody spoke
+    again. The companion rated most important speaks; among equals, the first."""
+    quiet = {"states": [entry(A.id, state="listen", importance=1), entry(B.id, state="listen", importance=3)]}
+    decisions = check_states(quiet, request())
+    assert not isinstance(decisions, Problems)
+    assert [(d.companion_id, d.state) for d in decisions] == [(A.id, "listen"), (B.id, "speak")]
+    zeros = {"states": [entry(A.id, state="listen", importance=0), entry(B.id, state="listen", importance=0)]}
+    decisions = check_states(zeros, request())
+    assert not isinstance(decisions, Problems)
+    assert [d.state for d in decisions] == ["speak", "listen"]
+    # a nominee speaks anyway: nobody else is made to
+    decisions = check_states(zeros, request(nominated=B.id))
+    assert not isinstance(decisions, Problems)
+    assert [(d.state, d.selected) for d in decisions] == [("listen", False), ("listen", True)]
+
+
 @pytest.mark.parametrize(
     ("floor", "answered", "expected"),
     [
