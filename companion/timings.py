@@ -66,9 +66,9 @@ class EngineTimings:
 
         Such a server answers one request at a time, and abandoning one does not free it: it
         computes on, and the next request waits behind it. Measured with SmolLM2-135M behind
-        llama-cpp-python on 2 loaded cores: 12-53 s a request (states 21-26 s, parameters
-        13-46 s, speech 5-53 s), so the default 20 s budget for states was cut on most turns and
-        only wasted the server's time. A speaker's budget holds parameters, speech and one
+        llama-cpp-python on 2 loaded cores: 5-87 s a request (states 8-84 s, parameters 11-87 s,
+        speech 5-74 s), so the default 20 s budget for states was cut on most turns and only
+        wasted the server's time. A speaker's budget holds parameters, speech and one
         follow-up. Every deadline stays finite, and the orderings hold.
         """
         return cls(

@@ -117,7 +117,7 @@ _REFUSAL_STATUSES: Final = frozenset({400, 415, 422, 500, 501})
 
 LOCAL_REQUEST_TIMEOUT: Final = 120.0
 """The least per-request deadline for a local server. Measured with SmolLM2-135M behind
-llama-cpp-python on 2 loaded cores: 12-53 s a request, and 60 s cut two requests in ten."""
+llama-cpp-python on 2 loaded cores: 5-87 s a request, and 60 s cut two requests in ten."""
 
 _SPEAK_TOKENS: Final = 120
 """Tokens a spoken line may take: one to three sentences, about the 400 characters a line is cut
