@@ -79,7 +79,7 @@ import enum
 import math
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias
 
 from .protocol import COMPANION_ID_PREFIX, Action, ClosingStage, Message, State
@@ -107,6 +107,7 @@ from .turns import (
     turn_info,
     turn_tag,
 )
+from .turns.closing import DEFAULT_MIN_REPLIES, counted_proposal
 
 __all__ = [
     "ONE_MESSAGE",
@@ -367,10 +368,18 @@ Effect: TypeAlias = Lead | PublishStates | Speak | Withdraw | PublishSignal | De
 
 @dataclass(frozen=True, slots=True)
 class ClosingSettings:
-    """This node's closing rules (a card's ``settings``); a bystander has no turn limit."""
+    """This node's closing rules (a card's ``settings``); a bystander has no turn limit.
+
+    ``min_replies``: companion replies before this node's own leading model may begin closing
+    (:func:`~companion.turns.closing.counted_proposal`)."""
 
     max_turns: int | None = None
     repetition_threshold: float = DEFAULT_REPETITION_THRESHOLD
+    min_replies: int = DEFAULT_MIN_REPLIES
+
+    def __post_init__(self) -> None:
+        if self.min_replies < 0:
+            raise ValueError(f"min_replies must be 0 or more, not {self.min_replies}")
 
 
 def read_signal(action: Action) -> YieldSeen | ThinkingSeen | None:
@@ -719,8 +728,22 @@ class Conversation:
         self, turn: _Turn, decisions: Sequence[StateDecision] | None, source: str, out: list[Effect]
     ) -> None:
         floor = self._floor(turn)
+        held: list[str] = []
         if decisions is None:
             decisions = fallback_decisions(turn.addressed, turn.nominated)
+        else:
+            counted = []
+            for d in decisions:
+                stage = counted_proposal(
+                    d.closing, floor=floor.stage, replies=turn.replies, min_replies=self.settings.min_replies
+                )
+                if stage != d.closing:
+                    held.append(
+                        f"{d.companion_id} proposed {d.closing} before {self.settings.min_replies} "
+                        f"replies: held at {stage}"
+                    )
+                counted.append(replace(d, closing=stage))
+            decisions = counted
         outcome = finalize_states(
             decisions, turn.addressed, floor=floor.stage, nominated=turn.nominated, tag=turn_tag(turn.message)
         )
@@ -735,7 +758,7 @@ class Conversation:
             floor_reason=floor.reason,
             floor_why=floor.why,
             repetition=floor.repetition,
-            adjustments=list(outcome.adjustments),
+            adjustments=[*held, *outcome.adjustments],
             states=[_state_summary(s) for s in outcome.states],
         )
         turn.lead_done = True

@@ -65,3 +65,24 @@ class EngineTimings:
             publish_timeout=1.5,
             pace=pace,
         )
+
+    @classmethod
+    def local(cls, pace: float = 0.0) -> EngineTimings:
+        """Longer deadlines for a model server on this machine's CPU (llama.cpp, llama-cpp-python,
+        Ollama, LM Studio).
+
+        Such a server answers one request at a time, and abandoning one does not free it: it
+        computes on, and the next request waits behind it. Measured with SmolLM2-135M behind
+        llama-cpp-python on 2 loaded cores: 5-87 s a request (states 8-84 s, parameters 11-87 s,
+        speech 5-74 s), so the default 20 s budget for states was cut on most turns and only
+        wasted the server's time. A speaker's budget holds parameters, speech and one
+        follow-up. Every deadline stays finite, and the orderings hold.
+        """
+        return cls(
+            states_timeout=90.0,
+            takeover_after=100.0,
+            speak_timeout=240.0,
+            reply_timeout=270.0 + pace,
+            publish_timeout=5.0,
+            pace=pace,
+        )

@@ -262,6 +262,15 @@ def report(transcript: list[dict[str, Any]], logs: list[dict[str, Any]], took: f
         f"{(len(requests) + len(failed)) / turns:.1f} per turn"
     )
     print(f"  request forms that answered: {dict(forms)}")
+    for purpose in sorted({str(e.get("purpose")) for e in requests}):
+        done = [e for e in requests if e.get("purpose") == purpose]
+        seconds = sorted(e["ms"] / 1000 for e in done)
+        tokens_in = sum(e.get("input_tokens") or 0 for e in done) / len(done)
+        tokens_out = sum(e.get("output_tokens") or 0 for e in done) / len(done)
+        print(
+            f"    {purpose}: {len(done)} answered, {seconds[0]:.1f}-{seconds[-1]:.1f} s "
+            f"(median {seconds[len(seconds) // 2]:.1f}), {tokens_in:.0f} tokens in, {tokens_out:.0f} out"
+        )
     print(f"  seconds: {took:.0f} in all, {took / turns:.1f} per turn")
     print(f"  failures by kind: {dict(failures) or 'none'}")
     for reason, count in reasons.most_common(6):
@@ -284,7 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-url", default=None, help="use this running server instead of starting one")
     parser.add_argument("--model", default=ALIAS, help="model name at --base-url")
     parser.add_argument("--replies", type=int, default=12, help="the demo's --max-turns")
-    parser.add_argument("--timeout", type=float, default=1200.0, help="the demo's --timeout in seconds")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=2400.0,
+        help="the demo's --timeout in seconds (a turn took 40-150 s on 2 loaded cores)",
+    )
     parser.add_argument("--goal", type=int, default=6, help="replies needed before terminal")
     parser.add_argument("--say", default=None, help="the opening line")
     args = parser.parse_args(argv)

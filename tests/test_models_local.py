@@ -33,12 +33,12 @@ def _bench() -> ModuleType:
     return module
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2700)
 def test_a_real_local_model_converses_to_terminal() -> None:
     name = os.environ.get("COMPANION_LOCAL_MODEL_NAME")
     if not name:
         with urllib.request.urlopen(f"{URL.rstrip('/')}/models", timeout=10) as answer:
             name = json.loads(answer.read())["data"][0]["id"]
     bench = _bench()
-    transcript, logs, took = bench.demo(name, URL, 12, 1200.0, None)
+    transcript, logs, took = bench.demo(name, URL, 12, 2400.0, None)
     assert bench.report(transcript, logs, took, 6), "see the figures printed above"

@@ -309,7 +309,7 @@ async def test_speak_follows_up_until_instructed_tools_are_used(server: FakeLLMS
     await openai_model(server).speak(request, tools)
 
     assert [c[0] for c in tools.calls] == ["speak", "wave"]
-    assert "- wave: wave at them" in server.model_requests()[0].body["messages"][0]["content"]
+    assert "- wave: wave at them" in server.model_requests()[0].body["messages"][1]["content"]
 
 
 async def test_an_action_runs_at_most_once_per_turn(server: FakeLLMServer) -> None:

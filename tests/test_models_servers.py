@@ -399,4 +399,4 @@ async def test_local_servers_get_the_token_limit_in_the_field_they_read(memory: 
         await model.fill_params(params_request())
         await model.speak(speak_request(), ToolRecorder())
     limits = [(r.body.get("max_tokens"), "max_completion_tokens" in r.body) for r in srv.model_requests()]
-    assert limits == [(600, False), (600, False), (200, False)]
+    assert limits == [(600, False), (600, False), (120, False)]

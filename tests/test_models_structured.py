@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from companion.models.base import SpeakRequest, StatesRequest, ToolInstruction, ToolSpec
-from companion.models.prompts import HISTORY_LIMIT, format_history, speak_prompt, states_prompt
+from companion.models.base import ParamsRequest, SpeakRequest, StatesRequest, ToolInstruction, ToolSpec
+from companion.models.prompts import HISTORY_LIMIT, format_history, params_prompt, speak_prompt, states_prompt
 from companion.models.structured import (
     Problems,
     check_params,
@@ -59,6 +59,23 @@ def test_a_partial_states_answer_is_used_not_refused() -> None:
         (A.id, "speak", 3.0, False),
         (B.id, "listen", 0.0, True),
     ]
+
+
+def test_when_everybody_listens_the_most_important_speaks() -> None:
+    """Measured with SmolLM2-135M: every entry said ``listen`` (importance 0), and nobody spoke
+    again. The companion rated most important speaks; among equals, the first."""
+    quiet = {"states": [entry(A.id, state="listen", importance=1), entry(B.id, state="listen", importance=3)]}
+    decisions = check_states(quiet, request())
+    assert not isinstance(decisions, Problems)
+    assert [(d.companion_id, d.state) for d in decisions] == [(A.id, "listen"), (B.id, "speak")]
+    zeros = {"states": [entry(A.id, state="listen", importance=0), entry(B.id, state="listen", importance=0)]}
+    decisions = check_states(zeros, request())
+    assert not isinstance(decisions, Problems)
+    assert [d.state for d in decisions] == ["speak", "listen"]
+    # a nominee speaks anyway: nobody else is made to
+    decisions = check_states(zeros, request(nominated=B.id))
+    assert not isinstance(decisions, Problems)
+    assert [(d.state, d.selected) for d in decisions] == [("listen", False), ("listen", True)]
 
 
 @pytest.mark.parametrize(
@@ -194,11 +211,24 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     )
     instructions, prompt = speak_prompt(req, tools)
     assert "You are Bo" in instructions and "a helper" in instructions
-    assert "Action tools (they do something others see): speak." in instructions
-    assert "kb_lookup" in instructions and "- kb_lookup: check facts" in instructions
-    assert "say goodbye" in instructions
+    assert "Action tools (they do something others see): speak." in prompt
+    assert "kb_lookup" in prompt and "- kb_lookup: check facts" in prompt
+    assert "say goodbye" in prompt
     assert "Address: user_1, companion_a." in prompt
+    # the parameters call before it has the same instructions: a local server reuses its prefix
+    params = ParamsRequest(
+        me=B, role="a helper", schema={"type": "object"}, message=OPENING, history=[OPENING]
+    )
+    assert params_prompt(params, "set_params")[0] == instructions
+    assert "Conversation so far:\n1. user_1 -> companion_a, Bo (companion_b): Hello!" in instructions
     assert 'Context: {"weather": "rain"}' in prompt
+
+
+def test_a_heading_alone_is_not_a_line() -> None:
+    """Measured with SmolLM2-135M: "Conversation:" was said as a whole line."""
+    assert spoken_text("Conversation:", ["Pim"]) == ""
+    assert spoken_text("Conversation:\nThe oven is warm today!", ["Pim"]) == "The oven is warm today!"
+    assert spoken_text("Note: the oven is warm.", ["Pim"]) == "Note: the oven is warm."
 
 
 def test_a_small_models_echo_of_its_prompt_is_not_its_line() -> None:

@@ -23,7 +23,6 @@ from typing import Any
 import trio
 
 from ..card import LoadedCard, load_card
-from ..engine import EngineTimings
 from ..log import log_event
 from ..protocol import MESSAGES, Message, Metadata
 from ..transcript import Transcript, TranscriptEvent
@@ -84,14 +83,14 @@ async def run_in_memory(
     base_url: str | None = None,
 ) -> TranscriptEvent:
     """The demo in one process, no sockets. Returns the final ``end`` event."""
-    from ..models.factory import make_model
+    from ..models.factory import engine_timings, make_model
 
-    offline = model.startswith("scripted")
-    timings = EngineTimings.offline(pace) if offline else EngineTimings(pace=pace)
+    models = [make_model(model, base_url=base_url, seed=seed + index) for index in range(len(cards))]
+    timings = engine_timings(models, pace)
     async with trio.open_nursery() as nursery:
         group = MemoryGroup(nursery, timings=timings, on_event=emit)
-        for index, loaded in enumerate(cards):
-            await group.add(loaded, make_model(model, base_url=base_url, seed=seed + index))
+        for loaded, made in zip(cards, models, strict=True):
+            await group.add(loaded, made)
         await group.say(text or kickoff_text(cards))
         done = await group.wait_until(lambda t: t.over or t.reply_count >= max_replies, timeout)
         end = _end_event(group.transcript, done, max_replies)
@@ -281,8 +280,12 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
     ids = [c.card.metadata.id for c in loaded]
     workdir = options.keep_dir or Path(tempfile.mkdtemp(prefix="companion-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    from ..models.factory import engine_timings, make_model
+
+    # The companions' deadlines (each process derives the same from the server its check found).
     offline = options.model.startswith("scripted")
-    timings = EngineTimings.offline(options.pace) if offline else EngineTimings(pace=options.pace)
+    probe = make_model(options.model, base_url=None if offline else options.base_url)
+    timings = engine_timings([probe], options.pace)
     transcript = Transcript(timings=timings)
     bridge = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="demo-bridge"))
     watcher = _Watcher(transcript, bridge.directory, emit, bridge.membership.companion_of)

@@ -135,8 +135,7 @@ async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) ->
     """A model per card (by companion id). Each distinct model is built once and checked once;
     raises :class:`~companion.models.errors.ModelSetupError` when one cannot work. Scripted
     models get their own seed per card; provider models with the same spec are shared."""
-    from ..engine import EngineTimings
-    from ..models.factory import check_model, make_model
+    from ..models.factory import check_model, engine_timings, make_model
 
     built: dict[tuple[str, int | None], CompanionModel] = {}
     out: dict[str, CardModel] = {}
@@ -150,7 +149,7 @@ async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) ->
             model = make_model(spec, base_url=None if offline else options.base_url, seed=seed)
             await check_model(model, timeout=options.check_timeout)
             built[key] = model
-        timings = EngineTimings.offline(options.pace) if offline else EngineTimings(pace=options.pace)
+        timings = engine_timings([model], options.pace)
         cid = loaded.card.metadata.id
         out[cid] = CardModel(spec, model, timings)
         log_event(logger, "model_ready", companion=cid, spec=spec, model=model.name)

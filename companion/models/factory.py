@@ -11,15 +11,24 @@ import contextlib
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from ..log import log_event
+from ..timings import EngineTimings
 from .base import CompanionModel
 from .endpoints import DEFAULT_REQUEST_TIMEOUT, ProviderKind, resolve_config
 from .errors import ModelSetupError
 
-__all__ = ["DEFAULT_MODEL_SPEC", "MODEL_SPEC_FORMS", "check_model", "make_model", "stderr_progress"]
+__all__ = [
+    "DEFAULT_MODEL_SPEC",
+    "MODEL_SPEC_FORMS",
+    "check_model",
+    "engine_timings",
+    "is_local_model",
+    "make_model",
+    "stderr_progress",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -36,6 +45,34 @@ MODEL_SPEC_FORMS: Final = (
 def _spec_error(spec: str, why: str) -> ModelSetupError:
     forms = "\n".join(f"  {form}" for form in MODEL_SPEC_FORMS)
     return ModelSetupError(f"model spec {spec!r}: {why}. Valid forms:\n{forms}")
+
+
+def is_local_model(model: CompanionModel) -> bool:
+    """Whether ``model`` is served on this machine by a server of :data:`~.servers.LOCAL_SERVERS`
+    (as identified by its start-up check), or by an unidentified server on a loopback address."""
+    from .providers import ProviderModel, is_loopback_url
+    from .servers import LOCAL_SERVERS
+
+    if not isinstance(model, ProviderModel):
+        return False
+    server = model.memory.state(model.config)
+    if server.identified:
+        return server.server in LOCAL_SERVERS
+    return model.config.base_url is not None and is_loopback_url(model.config.base_url)
+
+
+def engine_timings(models: Iterable[CompanionModel], pace: float = 0.0) -> EngineTimings:
+    """The engine's deadlines for these models (the slowest kind wins): offline ones for the
+    scripted model alone, :meth:`~EngineTimings.local` ones when any model is served on this
+    machine, the defaults otherwise. Call it after :func:`check_model`, which identifies servers."""
+    from .scripted import ScriptedModel
+
+    chosen = list(models)
+    if any(is_local_model(m) for m in chosen):
+        return EngineTimings.local(pace)
+    if chosen and all(isinstance(m, ScriptedModel) for m in chosen):
+        return EngineTimings.offline(pace)
+    return EngineTimings(pace=pace)
 
 
 def make_model(

@@ -3,6 +3,11 @@
 Each builder returns ``(instructions, prompt)``: the system-level instructions and the user
 prompt. Inputs are bounded (recent history, clipped card fields) so a long conversation or a
 verbose card cannot blow up the request.
+
+The speaker's two calls (parameters, then speech) share their instructions: its persona and the
+conversation, the task in the prompt after them. A local server keeps the last request's
+evaluated prefix (llama.cpp, llama-cpp-python), so the speech call reads only its task: on two
+loaded cores, evaluating a 400-token prompt took 4-10 s, the same prompt again 0.1 s.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ __all__ = [
     "params_prompt",
     "persona",
     "speak_prompt",
+    "speaker_context",
     "states_prompt",
 ]
 
@@ -109,20 +115,22 @@ def states_prompt(
     return instructions, prompt
 
 
+def speaker_context(me: Metadata, role: str, history: Sequence[Message], message: Message) -> str:
+    """The instructions of both of a speaker's calls: who it is, then the conversation so far."""
+    names = {me.id: me.name}
+    return f"{persona(me, role)}\n\nConversation so far:\n{format_history(history, message, names)}"
+
+
 def params_prompt(request: ParamsRequest, tool_name: str, as_json: bool = False) -> tuple[str, str]:
     """The speaker's situation parameters, as its card's ``events.params`` schema describes them
     (through the ``tool_name`` tool, or written out as JSON when ``as_json``)."""
-    names = {request.me.id: request.me.name}
-    instructions = (
-        persona(request.me, request.role)
-        + "\n\nBefore you reply, assess the situation: fill in the parameters below from the "
-        "conversation and your character. " + answer_rule(tool_name, request.schema if as_json else None)
-    )
+    instructions = speaker_context(request.me, request.role, request.history, request.message)
     prompt = (
-        "Conversation so far:\n"
-        f"{format_history(request.history, request.message, names)}\n\n"
-        "Parameters (JSON Schema):\n"
-        f"{json.dumps(request.schema, ensure_ascii=False, sort_keys=True)}"
+        "Before you reply, assess the situation: fill in the parameters below from the "
+        "conversation and your character. "
+        + answer_rule(tool_name, request.schema if as_json else None)
+        + "\n\nParameters (JSON Schema):\n"
+        + json.dumps(request.schema, ensure_ascii=False, sort_keys=True)
     )
     return instructions, prompt
 
@@ -130,11 +138,11 @@ def params_prompt(request: ParamsRequest, tool_name: str, as_json: bool = False)
 def speak_prompt(
     request: SpeakRequest, wire_names: Mapping[str, ToolSpec], text_reply: bool = False
 ) -> tuple[str, str]:
-    """The speaker's turn: persona, trigger instructions, tools, recipients, closing stage.
+    """The speaker's turn: its context (:func:`speaker_context`), then trigger instructions, tools,
+    closing stage and recipients.
 
     ``text_reply`` is for servers that take no tools: the answer's text is the line said.
     """
-    names = {request.me.id: request.me.name}
     by_id = {spec.id: name for name, spec in wire_names.items()}
     actions = [name for name, spec in wire_names.items() if spec.kind == "action"]
     knowledge = [name for name, spec in wire_names.items() if spec.kind == "knowledge"]
@@ -144,15 +152,11 @@ def speak_prompt(
     )
     if text_reply:
         lines = [
-            persona(request.me, request.role),
-            "",
             "Answer with only the words you say out loud, nothing else: no name or label in front, "
             "no quotation marks, no notes. " + style,
         ]
     else:
         lines = [
-            persona(request.me, request.role),
-            "",
             "Others hear you through your action tools; an answer without a tool call is said "
             "out loud as it is, so then write only your words. " + style,
             f"Action tools (they do something others see): {', '.join(actions) or 'none'}.",
@@ -175,15 +179,12 @@ def speak_prompt(
     if closing:
         lines.append(closing)
     recipients = ", ".join(request.recipients) or "everyone"
-    prompt = (
-        "Conversation so far:\n"
-        f"{format_history(request.history, request.message, names)}\n\n"
-        f"It is your turn ({request.me.name}). Address: {recipients}."
-    )
+    lines += ["", f"It is your turn ({request.me.name}). Address: {recipients}."]
+    prompt = "\n".join(lines)
     if text_reply:
         prompt += f"\nWhat do you say now, {request.me.name}? Only your words."
     if request.extra:
         prompt += (
             f"\nContext: {json.dumps(dict(request.extra), ensure_ascii=False, sort_keys=True, default=str)}"
         )
-    return "\n".join(lines), prompt
+    return speaker_context(request.me, request.role, request.history, request.message), prompt

@@ -68,6 +68,7 @@ from .errors import ModelSetupError
 from .prompts import params_prompt, speak_prompt, states_prompt
 from .sdks import Sdk, SdkClient, load_sdk
 from .servers import (
+    LOCAL_SERVERS,
     EndpointMemory,
     SpeakForm,
     StructuredForm,
@@ -92,6 +93,7 @@ from .structured import (
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "LOCAL_PLACEHOLDER_KEY",
+    "LOCAL_REQUEST_TIMEOUT",
     "ModelSetupError",
     "ProviderConfig",
     "ProviderKind",
@@ -113,9 +115,14 @@ _REFUSAL_STATUSES: Final = frozenset({400, 415, 422, 500, 501})
 401/403/404/429 and timeouts are never a form's fault: they fail the call at once."""
 
 
-_SPEAK_TOKENS: Final = 200
-"""Tokens a spoken line may take (one to three sentences; a small model otherwise rambles on
-for a thousand tokens and a minute)."""
+LOCAL_REQUEST_TIMEOUT: Final = 120.0
+"""The least per-request deadline for a local server. Measured with SmolLM2-135M behind
+llama-cpp-python on 2 loaded cores: 5-87 s a request, and 60 s cut two requests in ten."""
+
+_SPEAK_TOKENS: Final = 120
+"""Tokens a spoken line may take: one to three sentences, about the 400 characters a line is cut
+to (a small model otherwise rambles on for a thousand tokens and a minute; with 200, SmolLM2-135M
+used all 200 on most turns, half of which was cut, at 0.1-0.2 s a token on a loaded CPU)."""
 _STRUCTURED_TOKENS: Final = 600
 """Tokens a structured answer may take (the states of a dozen companions fit)."""
 
@@ -218,7 +225,7 @@ class _Session:
         self.requests += 1
         started = trio.current_time()
         try:
-            with trio.fail_after(config.request_timeout):
+            with trio.fail_after(self._owner.request_timeout):
                 response = await run_asyncio(
                     direct.model_request,
                     self._model,
@@ -227,7 +234,7 @@ class _Session:
                     model_request_parameters=params,
                 )
         except trio.TooSlowError as exc:
-            reason = f"no answer within {config.request_timeout:g} s"
+            reason = f"no answer within {self._owner.request_timeout:g} s"
             raise self._failed(reason, reason, started, form) from exc
         except self._owner._errors as exc:
             status = _status_of(exc)
@@ -387,6 +394,16 @@ class ProviderModel:
         """Which server this endpoint is, as far as known (e.g. ``llama-cpp-python``)."""
         return self.memory.state(self.config).server
 
+    @property
+    def request_timeout(self) -> float:
+        """Seconds one HTTP request may take: the configured deadline, at least
+        :data:`LOCAL_REQUEST_TIMEOUT` for a server of :data:`~.servers.LOCAL_SERVERS` (a request
+        it has begun is computed to its end even when the client gives up, so giving up early
+        only makes the next request wait)."""
+        if self.server in LOCAL_SERVERS:
+            return max(self.config.request_timeout, LOCAL_REQUEST_TIMEOUT)
+        return self.config.request_timeout
+
     def __repr__(self) -> str:
         return f"ProviderModel({self.name!r}, endpoint={self.config.endpoint!r})"
 
@@ -403,9 +420,9 @@ class ProviderModel:
         if self._ssl is None:  # loading the CA store costs ~70 ms: once per model, not per call
             self._ssl = httpx2.create_ssl_context(trust_env=not local)
         http = httpx2.AsyncClient(
-            verify=self._ssl, trust_env=not local, timeout=c.request_timeout + _CLOSE_TIMEOUT
+            verify=self._ssl, trust_env=not local, timeout=self.request_timeout + _CLOSE_TIMEOUT
         )
-        return self._sdk.make_client(c, http, c.request_timeout + _CLOSE_TIMEOUT)
+        return self._sdk.make_client(c, http, self.request_timeout + _CLOSE_TIMEOUT)
 
     @asynccontextmanager
     async def _open_client(self) -> AsyncIterator[SdkClient]:
@@ -668,10 +685,11 @@ class ProviderModel:
         text_reply = form == "text"
         turn.start_form(text_reply)
         instructions, prompt = speak_prompt(request, turn.tools, text_reply)
-        # What the model must not echo as its line: the instructions and the turn's own lines
-        # (not the history or the context, where an earlier line may fairly come back).
-        tail = prompt[prompt.rfind("It is your turn") :].splitlines()
-        turn.prompt = "\n".join([instructions, *(t for t in tail if not t.startswith("Context:"))])
+        # What the model must not echo as its line: the persona and the turn's own lines (not the
+        # history, whose numbered lines spoken_text skips, nor the context, where an earlier line
+        # may fairly come back).
+        own = [line for line in prompt.splitlines() if not line.startswith("Context:")]
+        turn.prompt = "\n".join([instructions, *own])
         definitions = [
             ToolDefinition(
                 name=name,

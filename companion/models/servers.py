@@ -40,6 +40,7 @@ from ..log import log_event
 from .endpoints import ProviderConfig
 
 __all__ = [
+    "LOCAL_SERVERS",
     "SERVER_LABELS",
     "SPEAK_FORMS",
     "STRUCTURED_FORMS",
@@ -75,6 +76,12 @@ StructuredForm: TypeAlias = Literal[
 SpeakForm: TypeAlias = Literal["tools_required", "tools_auto", "text"]
 """How the speaking call is asked for: the card's tools with ``tool_choice`` ``"required"``, with
 ``"auto"``, or no tools at all (the answer's text is the line said through the speaking tool)."""
+
+LOCAL_SERVERS: Final[frozenset[ServerKind]] = frozenset(
+    {"llama.cpp", "llama-cpp-python", "ollama", "lmstudio"}
+)
+"""Servers people run on their own machine, usually on its CPU: one request at a time, seconds to
+a minute each (the engine gives them :meth:`~companion.timings.EngineTimings.local` deadlines)."""
 
 FLAT_HISTORY: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
 """Servers that refuse tool messages in a history (llama-cpp-python: an assistant message with

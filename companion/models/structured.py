@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import jsonschema
@@ -113,6 +113,10 @@ def check_states(raw: Mapping[str, Any], request: StatesRequest) -> list[StateDe
     counts once, an unknown id is dropped, a companion without an entry listens (a small model
     often gets one of these wrong; asking again costs a whole request). Only an answer with no
     usable entry, or a malformed one, is refused.
+
+    While the conversation is open, somebody speaks: when every entry says ``listen`` (SmolLM2-135M
+    did, with importance 0, and the conversation fell silent for good), the companion the model
+    rated most important (the first of equals) speaks.
     """
     try:
         parsed = _StatesOutput.model_validate(raw)
@@ -145,6 +149,9 @@ def check_states(raw: Mapping[str, Any], request: StatesRequest) -> list[StateDe
                 closing=CLOSING_ORDER[max(floor, min(stage, ceiling))],
             )
         )
+    if not any(d.state == "speak" or d.selected for d in decisions):
+        keen = max(range(len(decisions)), key=lambda i: (decisions[i].importance, -i))
+        decisions[keen] = replace(decisions[keen], state="speak")
     return decisions
 
 
@@ -270,6 +277,8 @@ _HISTORY = re.compile(r"^\s*\d+\.(?:\s|$)")
 """A line in (or cut from) the prompt's numbered history (``3. Aya (companion_aya) -> Ben: ...``)."""
 _TURN_ECHO = re.compile(r"(?:\byour turn\b.*\(|\bAddress:\s)", re.IGNORECASE)
 """The prompt's turn line, as small models echo it ("Your turn (Juniper). Address: ...")."""
+_HEADING = re.compile(r"^[\w ()'-]{0,40}:$")
+"""A heading and nothing after it, as SmolLM2-135M wrote ("Conversation:") before other lines."""
 
 
 def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") -> str:
@@ -290,7 +299,7 @@ def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") 
         if len(candidate) >= 2 and candidate[0] == candidate[-1] and candidate[0] in "\"'":
             candidate = candidate[1:-1].strip()
         flat = " ".join(candidate.split())
-        if _HISTORY.match(candidate) or _TURN_ECHO.search(candidate):
+        if _HISTORY.match(candidate) or _TURN_ECHO.search(candidate) or _HEADING.match(candidate):
             continue
         if candidate and not any(flat in seen or seen in flat for seen in echoed if len(seen) > 12):
             line = candidate

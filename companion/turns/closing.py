@@ -6,6 +6,12 @@ bigram similarity over the last five utterances, aikyo's judge looks at five too
 (:func:`closing_floor`) is the least advanced stage the next states may carry; every node applies
 it to the array it accepts, whoever led, so a leader that does not know our rules (aikyo's) cannot
 keep a conversation open past its limit.
+
+One force is held back: a leader's own model may not begin closing before ``min_replies`` companion
+replies (:func:`counted_proposal`). A small local model proposes ``pre-closing`` at random from the
+first turn, which ended conversations after two or three replies. Only the array this node
+publishes is affected; arrays other leaders publish (aikyo's) are accepted with their stages as
+they are, and the stage values on the wire are aikyo's.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Final, Literal, TypeAlias
 from ..protocol import CLOSING_ORDER, ClosingStage
 
 __all__ = [
+    "DEFAULT_MIN_REPLIES",
     "DEFAULT_REPETITION_THRESHOLD",
     "REPETITION_WINDOW",
     "ClosingDecision",
@@ -27,6 +34,7 @@ __all__ = [
     "bigram_jaccard",
     "closing_floor",
     "closing_stage",
+    "counted_proposal",
     "later",
     "repetition_score",
 ]
@@ -34,6 +42,10 @@ __all__ = [
 REPETITION_WINDOW: Final = 5
 """How many recent utterances the repetition signal compares (aikyo's judge looks at five)."""
 DEFAULT_REPETITION_THRESHOLD: Final = 0.6
+DEFAULT_MIN_REPLIES: Final = 4
+"""Companion replies before a leader's own model may begin closing. With 4, a conversation whose
+model proposes ``pre-closing`` as early as allowed still has 6 replies (the proposal, then one
+``pre-closing`` and one ``closing`` reply) before ``terminal``."""
 
 
 def closing_stage(value: object) -> ClosingStage:
@@ -53,6 +65,20 @@ def advance(stage: ClosingStage) -> ClosingStage:
 def later(a: ClosingStage, b: ClosingStage) -> ClosingStage:
     """The more advanced of two stages."""
     return a if CLOSING_ORDER.index(a) >= CLOSING_ORDER.index(b) else b
+
+
+def counted_proposal(
+    proposed: ClosingStage, *, floor: ClosingStage, replies: int, min_replies: int
+) -> ClosingStage:
+    """The closing stage a leader's own model proposed, as it counts after ``replies`` companion
+    replies: a proposal past ``floor`` before ``min_replies`` replies is held at ``floor``.
+
+    The floor (turn limit, repetition, closing under way) is never held back, and from
+    ``min_replies`` on the model decides as aikyo's leader does.
+    """
+    if replies >= min_replies or CLOSING_ORDER.index(proposed) <= CLOSING_ORDER.index(floor):
+        return proposed
+    return floor
 
 
 def _bigrams(text: str) -> frozenset[str]:
