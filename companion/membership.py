@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .presence import NewcomerBudget, PresenceChange, PresenceRefusal, PresenceTable
+from .presence import DISCONNECT_GRACE, NewcomerBudget, PresenceChange, PresenceRefusal, PresenceTable
 from .protocol import Metadata, Presence
 from .trust import PinRefused, TrustStore, is_companion_id
 
@@ -188,19 +188,18 @@ class Membership:
         return frozenset(entry.peer_id for entry in self.presence)
 
     def peer_disconnected(
-        self, peer_id: str, *, now: float | None = None, trimmed: bool = False
+        self, peer_id: str, *, now: float | None = None, on_purpose: bool = False
     ) -> list[MembershipEvent]:
         """The last connection to ``peer_id`` closed: its binding ends (its pin stays). With
-        ``now``, its presence entry also goes unless it was heard just before (see
-        :meth:`PresenceTable.disconnected`) or this node trimmed the connection itself
-        (``trimmed``): the peer is still reachable through others."""
+        ``now`` and not ``on_purpose`` (a trim by either side), its presence announcement must
+        be renewed within :data:`~companion.presence.DISCONNECT_GRACE` (a killed peer is not);
+        without ``now`` presence is left alone."""
         self._connected.discard(peer_id)
         if peer_id == self._self_peer:
             return []
-        events: list[MembershipEvent] = []
-        if now is not None and not trimmed:
-            events += self._apply(self.presence.disconnected(peer_id, now))
-        return events + self._leave(peer_id, "disconnected")
+        if now is not None and not on_purpose:
+            self.presence.suspect(peer_id, now + DISCONNECT_GRACE)
+        return self._leave(peer_id, "disconnected")
 
     def _leave(self, peer_id: str, reason: str) -> list[MembershipEvent]:
         companion_id = self._companion_of.pop(peer_id, None)

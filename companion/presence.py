@@ -16,17 +16,20 @@ Rules:
 
 - **Sequence.** ``seq`` is the sender's wall clock in milliseconds, strictly increasing per
   sender (a restarted node continues above its previous run). An announcement whose ``seq`` is
-  not above the last one heard from that peer is ``stale`` (a replay, or a copy overtaken on
-  another path); the last ``seq`` is remembered for :data:`MEMORY_AGE` after the entry went (a
-  bounded number of peers), and an announcement older than that by the receiver's clock is
-  ``too_old``: a captured announcement cannot be replayed later to bring a companion back.
+  the last one heard from that peer is a ``replay`` (or a copy that arrived twice), one below
+  it is ``stale`` (an old one replayed, or overtaken on another path). The last ``seq`` is
+  remembered for :data:`MEMORY_AGE` after the entry went (for a bounded number of peers), and
+  an announcement older than that by the receiver's clock is ``too_old``: a captured
+  announcement cannot be replayed later to bring a companion back.
 - **Deadline.** An entry lasts ``ttl`` seconds from when it was heard; a refresh extends it,
   ``leaving`` ends it at once. :meth:`PresenceTable.deadline` says when the next one expires.
-- **Disconnects.** When the direct connection to an announcing peer closes (not because this
-  node trimmed it), its entry goes at once unless an announcement arrived within
-  :data:`RECENT` seconds: a node that trims a connection announces itself just before, so its
-  peer keeps it; a killed one vanishes from its neighbours at once and from everyone else within
-  its ``ttl``.
+- **Disconnects.** When the direct connection to an announcing peer closes without notice (it
+  was killed, or a health check gave up on it), its entry is *suspected*: it lasts at most
+  :data:`DISCONNECT_GRACE` more seconds unless a new announcement arrives. Every node announces
+  itself when it loses a connection that way, so a live peer reachable through others is heard
+  again within the grace and stays; a killed one leaves its neighbours' directories within the
+  grace and everyone else's within its ``ttl``. A connection trimmed on purpose (by either
+  side, which says so first: :mod:`companion.node.topology`) changes nothing.
 - **Bounds.** At most ``capacity`` entries (new peers are refused ``presence_full`` beyond it,
   the present ones keep refreshing) and ``memory`` remembered sequence numbers.
 """
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Literal, TypeAlias
 
 from .protocol import Metadata, Presence
@@ -44,10 +47,10 @@ __all__ = [
     "CAPACITY",
     "DEFAULT_INTERVAL",
     "DEFAULT_TTL",
+    "DISCONNECT_GRACE",
     "MEMORY",
     "MEMORY_AGE",
     "PRESENCE_TOPIC",
-    "RECENT",
     "Announced",
     "NewcomerBudget",
     "PresenceChange",
@@ -66,16 +69,16 @@ DEFAULT_TTL: Final = 30
 """Seconds an announcement lasts: three intervals, so two lost announcements in a row do not
 make a live companion leave (soft state as in OSPF hellos or PIM: a dead interval of 3-4
 hello intervals)."""
-RECENT: Final = 1.0
-"""Seconds within which an announcement keeps a peer present through the disconnect that
-follows it (a trim); see the module docstring."""
+DISCONNECT_GRACE: Final = 5.0
+"""Seconds a peer whose connection closed without notice has to be heard again (a live one
+announces itself within ``min_gap`` of losing a connection; then it travels a few hops)."""
 CAPACITY: Final = 512
 MEMORY: Final = 4096
 MEMORY_AGE: Final = 3600.0
 """Seconds a peer's last sequence number is remembered after its entry went, and the oldest
 announcement (by its ``seq`` clock) accepted at all: clocks may disagree by up to this much."""
 
-PresenceRefusal: TypeAlias = Literal["stale", "too_old", "presence_full"]
+PresenceRefusal: TypeAlias = Literal["replay", "stale", "too_old", "presence_full"]
 ChangeReason: TypeAlias = Literal["announced", "leaving", "expired", "replaced", "disconnected"]
 
 
@@ -145,7 +148,7 @@ class PresenceTable:
         seq = presence.params.seq
         last = self._last_seq(peer_id, now)
         if last is not None and seq <= last:
-            return "stale"
+            return "replay" if seq == last else "stale"
         if seq < (wall - self.memory_age) * 1000:
             return "too_old"
         if (
@@ -187,13 +190,12 @@ class PresenceTable:
             changes += self._drop(entry.peer_id, "expired")
         return changes
 
-    def disconnected(self, peer_id: str, now: float) -> list[PresenceChange]:
-        """The direct connection to ``peer_id`` closed, not by our own trim: its entry goes unless
-        it announced itself within :data:`RECENT` seconds."""
+    def suspect(self, peer_id: str, until: float) -> None:
+        """``peer_id``'s entry lasts at most until ``until`` unless it is heard again."""
         entry = self._by_peer.get(peer_id)
-        if entry is None or now - entry.heard <= RECENT:
-            return []
-        return self._drop(peer_id, "disconnected")
+        if entry is not None and entry.expires > until:
+            shorter = replace(entry, expires=until)
+            self._by_peer[peer_id] = self._by_id[entry.companion_id] = shorter
 
     def remove(self, peer_id: str, reason: ChangeReason) -> list[PresenceChange]:
         """Forget ``peer_id``'s entry (its sequence number stays remembered)."""

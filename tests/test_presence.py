@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from companion.membership import AnnounceRefused, Membership, MembershipEvent
-from companion.presence import MEMORY_AGE, RECENT, NewcomerBudget, PresenceTable
+from companion.presence import DISCONNECT_GRACE, MEMORY_AGE, NewcomerBudget, PresenceTable
 from companion.protocol import (
     Metadata,
     PayloadError,
@@ -175,10 +175,9 @@ def test_stale_sequence_numbers_and_replays_are_refused(members: Membership, clo
     clock.now = 1.0
     second = ann("a", clock.seq(), name="A2")
     hear(members, clock, "peer-a", second)
-    for old in (first, second):  # an overtaken copy, a replay of the latest
-        assert members.announce("peer-a", old, now=clock.now, wall=clock.wall) == AnnounceRefused(
-            "peer-a", "companion_a", "stale"
-        )
+    for old, reason in ((first, "stale"), (second, "replay")):  # overtaken; the latest again
+        refused = members.announce("peer-a", old, now=clock.now, wall=clock.wall)
+        assert isinstance(refused, AnnounceRefused) and refused.reason == reason
     assert members.directory["companion_a"].name == "A2"
     # after an orderly stop, the last announcement replayed does not bring it back
     clock.now = 2.0
@@ -292,7 +291,7 @@ def test_present_through_either_path_and_one_join_and_one_leave(members: Members
     assert hear(members, clock, "peer-a", ann("a", clock.seq())) == []  # already present
     clock.now = 0.5
     # trimmed by us: still announced, so still present
-    assert members.peer_disconnected("peer-a", now=clock.now, trimmed=True) == []
+    assert members.peer_disconnected("peer-a", now=clock.now, on_purpose=True) == []
     assert "companion_a" in members.directory
     clock.now = 30.0
     assert kinds(members.expire(clock.now)) == [("left", "companion_a", "expired")]
@@ -306,24 +305,28 @@ def test_the_bindings_metadata_wins_over_the_announcements(members: Membership, 
     clock.now = 1.0
     hear(members, clock, "peer-a", ann("a", clock.seq(), name="announced again"))
     assert members.directory["companion_a"].name == "proved"
-    events = members.peer_disconnected("peer-a", now=clock.now, trimmed=True)
+    events = members.peer_disconnected("peer-a", now=clock.now, on_purpose=True)
     assert [(e.kind, e.metadata.name) for e in events] == [("updated", "announced again")]
 
 
-def test_a_killed_neighbour_leaves_at_once_a_trimming_one_stays(members: Membership, clock: Clock) -> None:
-    for key in ("a", "b"):
+def test_a_killed_neighbour_leaves_within_the_grace_a_trimmed_or_live_one_stays(
+    members: Membership, clock: Clock
+) -> None:
+    for key in ("a", "b", "c"):
         members.peer_connected(f"peer-{key}")
         members.bind(f"peer-{key}", md(key))
         hear(members, clock, f"peer-{key}", ann(key, clock.seq()))
-    clock.now = 5.0
-    # b announces just before it closes the connection (it trims us); a was killed
-    hear(members, clock, "peer-b", ann("b", clock.seq()))
-    clock.now = 5.0 + RECENT / 2
-    assert members.peer_disconnected("peer-b", now=clock.now) == []
-    assert kinds(members.peer_disconnected("peer-a", now=clock.now)) == [
-        ("left", "companion_a", "disconnected")
-    ]
-    assert set(members.directory) == {"companion_me", "companion_b"}
+    clock.now = 1.0  # a was killed; b's connection was trimmed; c's failed a health check
+    assert members.peer_disconnected("peer-a", now=clock.now) == []
+    assert members.peer_disconnected("peer-b", now=clock.now, on_purpose=True) == []
+    assert members.peer_disconnected("peer-c", now=clock.now) == []
+    assert members.presence_deadline() == clock.now + DISCONNECT_GRACE
+    clock.now = 2.0  # c, alive, announced itself when it lost us; it reached us through others
+    assert hear(members, clock, "peer-c", ann("c", clock.seq())) == []
+    clock.now = 1.0 + DISCONNECT_GRACE
+    assert kinds(members.expire(clock.now)) == [("left", "companion_a", "expired")]
+    assert set(members.directory) == {"companion_me", "companion_b", "companion_c"}
+    assert members.announcing_peers() == {"peer-b", "peer-c"}
 
 
 def test_aikyo_companions_are_present_by_their_binding_alone(members: Membership, clock: Clock) -> None:

@@ -1,0 +1,264 @@
+"""The trio shell of presence: publish this companion's announcement, take everyone else's.
+
+The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.presence`,
+:meth:`Membership.announce`); this module owns the clocks and the gossipsub topic:
+
+- **Publishing** (companion nodes only): at once when the node starts, then every
+  ``interval`` seconds jittered to 75-100 % of it (nodes started together do not stay in step;
+  never later than ``interval``, so ``ttl`` = 3 intervals always covers two lost
+  announcements). Also soon after a peer connects (once its subscription to the topic arrived,
+  so the announcement reaches it), whenever a companion new to this node appears (so a
+  newcomer learns of everyone within a second, not an interval) and when a connection closed
+  without notice (so the peer behind it, if alive, keeps us): such triggered announcements are
+  coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one with ``leaving``.
+- **Receiving**: every announcement passes :meth:`PresenceService.validate`, py-libp2p's topic
+  validator, once, before gossipsub may forward it: parsed like every payload, then given to
+  the membership. A refused one (parse errors, ``id_pinned``, ``stale``, ...) is counted by
+  reason in the node's drop counters and neither taken nor forwarded.
+- **Expiry**: a task sleeps until the table's next deadline and removes what expired.
+
+Processing happens in the validator (synchronous, never raising), not in a subscription
+reader: nothing is queued, and what py-libp2p does with deliveries does not matter here.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+from libp2p.peer.id import ID
+
+from ..log import log_event
+from ..membership import AnnounceRefused, Membership, MembershipEvent
+from ..presence import PRESENCE_TOPIC
+from ..protocol import Metadata, PayloadError, Presence, PresenceParams, encode_presence, parse_presence
+from .drops import Drop, DropCounters
+
+__all__ = ["PresenceService", "PresenceSettings"]
+
+logger = logging.getLogger("companion.node.presence")
+
+JITTER: Final = (0.75, 1.0)
+"""The share of ``interval`` each wait between periodic announcements takes (uniform)."""
+SUBSCRIPTION_WAIT: Final = 5.0
+"""How long a newly connected peer may take to tell us its subscriptions."""
+FLUSH_TIMEOUT: Final = 0.5
+"""How long an announcement that must precede a close (leaving, a trim) may take to be sent."""
+
+Emit = Callable[[list[MembershipEvent]], None]
+
+
+class PresenceSettings:
+    """What :class:`PresenceService` needs from ``NodeConfig`` (see its ``presence_*`` fields)."""
+
+    __slots__ = ("interval", "max_bytes", "min_gap", "ttl")
+
+    def __init__(self, interval: float, ttl: int, min_gap: float, max_bytes: int) -> None:
+        self.interval = interval
+        self.ttl = ttl
+        self.min_gap = min_gap
+        self.max_bytes = max_bytes
+
+
+class PresenceService:
+    """One node's presence: its announcements out, everyone's in (see the module docstring)."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        metadata: Metadata | None,
+        settings: PresenceSettings,
+        drops: DropCounters,
+        emit: Emit,
+        *,
+        name: str = "",
+        rng: random.Random | None = None,
+    ) -> None:
+        self.membership = membership
+        self.metadata = metadata
+        self.settings = settings
+        self.drops = drops
+        self.name = name
+        self._emit = emit
+        self._rng = rng or random.Random()
+        self._self_peer = membership.self_peer
+        self._pubsub: Any = None
+        self._seq = 0
+        self._last_sent = float("-inf")
+        self._triggered = trio.Event()
+        self._table_changed = trio.Event()
+        self.published = 0
+        self.accepted = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "presence_published": self.published,
+            "presence_accepted": self.accepted,
+            "presence_entries": len(self.membership.presence),
+        }
+
+    # --- running ----------------------------------------------------------------------------
+
+    async def start(self, pubsub: Any, nursery: trio.Nursery) -> None:
+        """Validate, subscribe (to receive and to relay) and start the loops in ``nursery``."""
+        self._pubsub = pubsub
+        pubsub.set_topic_validator(PRESENCE_TOPIC, self.validate, False)
+        subscription = await pubsub.subscribe(PRESENCE_TOPIC)
+        nursery.start_soon(self._drain, subscription)
+        nursery.start_soon(self._expire_loop)
+        if self.metadata is not None:
+            nursery.start_soon(self._publish_loop)
+
+    async def _drain(self, subscription: Any) -> None:
+        """Announcements were taken in the validator; py-libp2p's delivery queue is emptied so
+        it never fills (it drops silently when full)."""
+        while True:
+            await subscription.get()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._announce(leaving=False)
+            wait = self.settings.interval * self._rng.uniform(*JITTER)
+            with trio.move_on_after(wait):
+                await self._triggered.wait()
+                await trio.sleep_until(self._last_sent + self.settings.min_gap)
+            self._triggered = trio.Event()
+
+    async def _expire_loop(self) -> None:
+        while True:
+            deadline = self.membership.presence_deadline()
+            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                await self._table_changed.wait()
+            self._table_changed = trio.Event()
+            self._emit(self.membership.expire(trio.current_time()))
+
+    # --- publishing -------------------------------------------------------------------------
+
+    def trigger(self) -> None:
+        """Announce soon (at most one triggered announcement per ``min_gap``)."""
+        self._triggered.set()
+
+    def connection_lost(self) -> None:
+        """A connection closed without notice: the peer's entry now has a shorter deadline, and
+        we announce ourselves, so that a peer that lost us that way hears from us again."""
+        self._table_changed.set()
+        self.trigger()
+
+    async def peer_connected(self, peer: ID) -> None:
+        """A peer connected: announce once it subscribed to the topic (bounded wait)."""
+        if self._pubsub is None or self.metadata is None:
+            return
+        with trio.move_on_after(SUBSCRIPTION_WAIT):
+            try:
+                await self._pubsub.wait_for_subscription(peer, PRESENCE_TOPIC, timeout=SUBSCRIPTION_WAIT)
+            except Exception:  # too slow (an aikyo peer never subscribes to it), or gone
+                return
+            self.trigger()
+
+    async def announce_now(self) -> None:
+        """Announce at once and wait (bounded) until it was handed to every peer: what a node
+        does just before it closes a connection on purpose (a trim)."""
+        if self.metadata is not None:
+            await self._announce(leaving=False)
+            await self._flush()
+
+    async def leave(self) -> None:
+        """The orderly stop: announce ``leaving`` and give it a moment to go out."""
+        if self.metadata is not None and self._pubsub is not None:
+            await self._announce(leaving=True)
+            await self._flush()
+
+    async def _announce(self, *, leaving: bool) -> None:
+        assert self.metadata is not None
+        if self._pubsub is None:
+            return
+        self._seq = max(self._seq + 1, time.time_ns() // 1_000_000)
+        presence = Presence(
+            params=PresenceParams(
+                metadata=self.metadata, seq=self._seq, ttl=self.settings.ttl, leaving=leaving
+            )
+        )
+        data = encode_presence(presence)
+        if len(data) > self.settings.max_bytes:
+            log_event(
+                logger,
+                "presence_too_large",
+                logging.WARNING,
+                node=self.name,
+                size=len(data),
+                limit=self.settings.max_bytes,
+            )
+            return
+        self._last_sent = trio.current_time()
+        try:
+            await self._pubsub.publish(PRESENCE_TOPIC, data)
+            self.published += 1
+        except Exception as exc:  # a publish that fails must not end the loop
+            log_event(
+                logger, "presence_publish_failed", logging.WARNING, node=self.name, error=repr(exc)[:200]
+            )
+
+    async def _flush(self) -> None:
+        """Wait until py-libp2p's per-peer send queues are empty, within :data:`FLUSH_TIMEOUT`.
+        py-libp2p 0.8.1 has no event for it: the queues are looked at every 10 ms."""
+        queues = getattr(self._pubsub, "peer_queues", {})
+        with trio.move_on_after(FLUSH_TIMEOUT):
+            while any(len(q) for q in list(queues.values())):
+                await trio.sleep(0.01)
+            await trio.sleep(0.02)  # the RPC taken last may still be in its write
+
+    # --- receiving --------------------------------------------------------------------------
+
+    def validate(self, forwarder: ID, msg: Any) -> bool:
+        """py-libp2p's topic validator: take the announcement, or count why not. Never raises
+        (a raising validator stops py-libp2p's pubsub)."""
+        try:
+            return self._validate(forwarder, msg)
+        except Exception as exc:
+            self.drops.record(Drop("internal_error", repr(exc)), peer=str(forwarder), topic=PRESENCE_TOPIC)
+            return False
+
+    def _validate(self, forwarder: ID, msg: Any) -> bool:
+        if len(msg.topicIDs) != 1:
+            self._drop("multi_topic", f"{len(msg.topicIDs)} topics in one message", str(forwarder))
+            return False
+        signer = ID(msg.from_id).to_base58()
+        if signer == self._self_peer:
+            return True  # our own, on its way out
+        parsed = parse_presence(msg.data, max_bytes=self.settings.max_bytes)
+        if isinstance(parsed, PayloadError):
+            self._drop(parsed.reason, parsed.detail, signer)
+            return False
+        result = self.membership.announce(signer, parsed, now=trio.current_time(), wall=time.time())
+        if isinstance(result, AnnounceRefused):
+            self._refused(result)
+            return False
+        self.accepted += 1
+        self._table_changed.set()
+        if result:
+            self._emit(result)
+            if any(event.kind == "joined" for event in result):
+                self.trigger()  # a newcomer: tell it about us now, not an interval later
+        return True
+
+    def _refused(self, refused: AnnounceRefused) -> None:
+        owner = f", pinned to peer {refused.owner}" if refused.owner else ""
+        self._drop(refused.reason, f"announcement for {refused.companion_id[:80]!r}{owner}", refused.peer_id)
+        if refused.reason in ("id_pinned", "our_own_id"):
+            log_event(
+                logger,
+                "presence_refused",
+                logging.DEBUG,
+                node=self.name,
+                peer=refused.peer_id,
+                companion_id=refused.companion_id[:80],
+                reason=refused.reason,
+                owner=refused.owner,
+            )
+
+    def _drop(self, reason: str, detail: str, peer: str) -> None:
+        self.drops.record(Drop(reason, detail), peer=peer, topic=PRESENCE_TOPIC)

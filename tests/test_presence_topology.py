@@ -1,0 +1,100 @@
+"""Which connections a node keeps: the dial target, the ring, and the trimming policy."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from companion.node.config import NodeConfig, connection_config
+from companion.node.topology import Link, dial_target, plan_trims, ring_neighbours
+
+
+@pytest.mark.parametrize(("bound", "target"), [(1, 1), (2, 1), (3, 2), (4, 2), (8, 4), (9, 5)])
+def test_a_node_dials_half_its_bound(bound: int, target: int) -> None:
+    assert dial_target(bound) == target
+    # py-libp2p's connection manager dials up to the midpoint of its watermarks
+    cfg = connection_config(NodeConfig(max_connections=bound))
+    low, high = cfg.low_watermark, cfg.high_watermark
+    assert (int((low + high) / 2) if high > low else low) == target
+    assert high == bound
+
+
+def test_ring_neighbours_wrap_around() -> None:
+    assert ring_neighbours("b", []) == frozenset()
+    assert ring_neighbours("b", ["b"]) == frozenset()
+    assert ring_neighbours("b", ["a"]) == {"a"}
+    assert ring_neighbours("b", ["a", "c", "d"]) == {"a", "c"}
+    assert ring_neighbours("a", ["b", "c", "d"]) == {"b", "d"}
+    assert ring_neighbours("d", ["a", "b", "c", "d"]) == {"a", "c"}
+
+
+@pytest.mark.parametrize("size", [3, 5, 12, 30])
+def test_the_ring_edges_of_everyone_make_one_cycle_through_all(size: int) -> None:
+    """Every node computes its neighbours alone, from the same set: the edges agree and connect
+    everyone, so trimming other connections can never split the network."""
+    peers = [f"12D3KooW{random.Random(size * 1000 + i).getrandbits(64):x}" for i in range(size)]
+    edges = {frozenset({p, q}) for p in peers for q in ring_neighbours(p, peers)}
+    for edge in edges:  # symmetric: each end keeps the edge
+        a, b = tuple(edge)
+        assert b in ring_neighbours(a, peers) and a in ring_neighbours(b, peers)
+    assert len(edges) == size
+    reached, frontier = {peers[0]}, [peers[0]]
+    while frontier:
+        here = frontier.pop()
+        for q in ring_neighbours(here, peers) - reached:
+            reached.add(q)
+            frontier.append(q)
+    assert reached == set(peers)
+
+
+def test_nothing_is_trimmed_within_the_bound_and_protected_peers_do_not_count() -> None:
+    links = [Link(f"p{i}", since=0.0) for i in range(4)] + [Link("boot", since=0.0, protected=True)]
+    assert plan_trims(links, bound=4, grace=10.0, now=100.0).close == ()
+    links.append(Link("relay", since=0.0, protected=True))
+    assert plan_trims(links, bound=4, grace=10.0, now=100.0).close == ()
+
+
+def test_the_newest_are_trimmed_first_and_only_after_their_grace() -> None:
+    links = [Link(f"p{i}", since=float(i)) for i in range(6)]  # p5 is the newest
+    plan = plan_trims(links, bound=4, grace=10.0, now=14.5)
+    assert plan.close == ("p4",)  # p5 is still in its grace period: trimmed when it ends
+    assert plan.later == 15.0
+    plan = plan_trims(links, bound=4, grace=10.0, now=15.0)
+    assert set(plan.close) == {"p4", "p5"} and plan.later is None
+
+
+def test_ring_neighbours_are_never_trimmed() -> None:
+    links = [Link("old", since=0.0), Link("older", since=-1.0), Link("ring", since=5.0, ring=True)]
+    assert plan_trims(links, bound=1, grace=0.0, now=100.0).close == ("old", "older")
+    only_ring = [Link("r1", since=0.0, ring=True), Link("r2", since=0.0, ring=True)]
+    assert plan_trims(only_ring, bound=1, grace=0.0, now=100.0).close == ()
+
+
+def test_peers_only_a_connection_keeps_present_then_mesh_peers_are_kept_first() -> None:
+    links = [
+        Link("aikyo", since=9.0, direct_only=True),
+        Link("meshed", since=8.0, meshes=5),
+        Link("half", since=7.0, meshes=2),
+        Link("old", since=0.0),
+    ]
+    assert plan_trims(links, bound=3, grace=0.0, now=100.0).close == ("old",)
+    assert plan_trims(links, bound=2, grace=0.0, now=100.0).close == ("old", "half")
+    assert set(plan_trims(links, bound=1, grace=0.0, now=100.0).close) == {"old", "half", "meshed"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"presence_interval": 20.0}, "at most half of presence_ttl"),
+        ({"presence_interval": 0.0}, "must be positive"),
+        ({"presence_ttl": 301}, "presence_ttl must be 1..300"),
+        ({"trim_grace": -1.0}, "trim_grace"),
+        ({"presence_min_gap": -0.5}, "presence_min_gap"),
+    ],
+)
+def test_presence_and_trimming_settings_that_cannot_work_are_refused(
+    fields: dict[str, float], says: str
+) -> None:
+    with pytest.raises(ValueError, match=says):
+        NodeConfig(**fields)  # type: ignore[arg-type]
