@@ -175,9 +175,11 @@ class Membership:
         return peer_id in self._connected
 
     def peer_connected(self, peer_id: str) -> None:
-        """The first connection to ``peer_id`` is up (metadata may follow)."""
+        """The first connection to ``peer_id`` is up (metadata may follow); an announcement
+        suspected since its last connection closed gets its deadline back."""
         if peer_id != self._self_peer:
             self._connected.add(peer_id)
+            self.presence.reconnected(peer_id)
 
     def bound_peers(self) -> frozenset[str]:
         """Connected peers that proved a companion id over the metadata protocol."""

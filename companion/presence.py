@@ -25,7 +25,8 @@ Rules:
   ``leaving`` ends it at once. :meth:`PresenceTable.deadline` says when the next one expires.
 - **Disconnects.** When the direct connection to an announcing peer closes without notice (it
   was killed, or a health check gave up on it), its entry is *suspected*: it lasts at most
-  :data:`DISCONNECT_GRACE` more seconds unless a new announcement arrives. Every node announces
+  :data:`DISCONNECT_GRACE` more seconds unless a new announcement arrives or the peer connects
+  again (a Noise-authenticated connection proves it alive as well). Every node announces
   itself when it loses a connection that way, so a live peer reachable through others is heard
   again within the grace and stays; a killed one leaves its neighbours' directories within the
   grace and everyone else's within its ``ttl``. A connection trimmed on purpose (by either
@@ -122,6 +123,8 @@ class PresenceTable:
         self._by_id: dict[str, Announced] = {}
         self._seqs: OrderedDict[str, tuple[int, float]] = OrderedDict()
         """peer -> (last seq heard, when): least recently heard first."""
+        self._suspected: dict[str, float] = {}
+        """peer -> the deadline its entry had before its connection closed without notice."""
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -175,6 +178,7 @@ class PresenceTable:
         if previous is not None and previous.peer_id != peer_id:
             changes += self._drop(previous.peer_id, "replaced")  # its pin moved to this peer
         self._by_peer[peer_id] = self._by_id[new.companion_id] = new
+        self._suspected.pop(peer_id, None)
         if old is None:
             changes.append(PresenceChange("added", new, "announced"))
         elif old.metadata != new.metadata:
@@ -194,8 +198,19 @@ class PresenceTable:
         """``peer_id``'s entry lasts at most until ``until`` unless it is heard again."""
         entry = self._by_peer.get(peer_id)
         if entry is not None and entry.expires > until:
-            shorter = replace(entry, expires=until)
-            self._by_peer[peer_id] = self._by_id[entry.companion_id] = shorter
+            self._suspected.setdefault(peer_id, entry.expires)
+            self._set_expiry(entry, until)
+
+    def reconnected(self, peer_id: str) -> None:
+        """``peer_id`` connected again: a suspected entry gets its deadline back."""
+        deadline = self._suspected.pop(peer_id, None)
+        entry = self._by_peer.get(peer_id)
+        if deadline is not None and entry is not None:
+            self._set_expiry(entry, deadline)
+
+    def _set_expiry(self, entry: Announced, expires: float) -> None:
+        changed = replace(entry, expires=expires)
+        self._by_peer[entry.peer_id] = self._by_id[entry.companion_id] = changed
 
     def remove(self, peer_id: str, reason: ChangeReason) -> list[PresenceChange]:
         """Forget ``peer_id``'s entry (its sequence number stays remembered)."""
@@ -205,6 +220,7 @@ class PresenceTable:
 
     def _drop(self, peer_id: str, reason: ChangeReason) -> list[PresenceChange]:
         entry = self._by_peer.pop(peer_id)
+        self._suspected.pop(peer_id, None)
         if self._by_id.get(entry.companion_id) is entry:
             del self._by_id[entry.companion_id]
         return [PresenceChange("removed", entry, reason)]

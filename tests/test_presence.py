@@ -329,6 +329,19 @@ def test_a_killed_neighbour_leaves_within_the_grace_a_trimmed_or_live_one_stays(
     assert members.announcing_peers() == {"peer-b", "peer-c"}
 
 
+def test_a_suspected_peer_that_connects_again_keeps_its_deadline(members: Membership, clock: Clock) -> None:
+    members.peer_connected("peer-a")
+    hear(members, clock, "peer-a", ann("a", clock.seq()))
+    clock.now = 1.0
+    members.peer_disconnected("peer-a", now=clock.now)  # a health check gave up on it
+    assert members.presence_deadline() == clock.now + DISCONNECT_GRACE
+    clock.now = 2.0
+    members.peer_connected("peer-a")  # it redialled: alive
+    assert members.presence_deadline() == 30.0
+    clock.now = 29.0
+    assert members.expire(clock.now) == []
+
+
 def test_aikyo_companions_are_present_by_their_binding_alone(members: Membership, clock: Clock) -> None:
     members.peer_connected("peer-aikyo")
     members.bind("peer-aikyo", md("aikyo"))

@@ -341,7 +341,7 @@ async def run_nodes(
     ready: Callable[[Running], None] | None = None,
 ) -> None:
     """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
-    start a node for each card (later ones also dial the earlier ones) and, with
+    start a node for each card (each one also dials the one before) and, with
     ``options.bridge``, serve clients; run until SIGINT/SIGTERM or cancellation.
 
     With clients, the first card's node carries the bridge: its handler hands every payload to
@@ -370,7 +370,9 @@ async def run_nodes(
             handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
-            local = [a for node in nodes for a in node.listen_addrs[:1]]
+            # the card before (a bootstrap peer, so protected from trimming): a chain, not a
+            # protected full mesh; presence and the DHT introduce the rest
+            local = [a for node in nodes[-1:] for a in node.listen_addrs[:1]]
             extra = [clients.address] if clients is not None else []
             config = NodeConfig(
                 listen=(listen,),

@@ -50,5 +50,8 @@ def test_three_nodes_bootstrapped_to_one_hub_find_each_other(tmp_path: Path) -> 
         for key, proc in nodes.items():
             stats = proc.stats()
             lookups += stats["dht_lookups"]
-            assert {ids[k] for k in nodes if k != key} <= set(stats["connections"]), (key, stats["connections"])
+            assert {ids[k] for k in nodes if k != key} <= set(stats["connections"]), (
+                key,
+                stats["connections"],
+            )
         assert lookups >= 2  # the later nodes asked the hub; the first had no one to find

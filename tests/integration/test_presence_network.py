@@ -1,0 +1,250 @@
+"""Presence without a full mesh, on real ``companion run`` processes on 127.0.0.1 (no mDNS), each
+given only a hub's address: directories full though each node holds a few connections, a killed
+companion gone from every directory within the announcements' time to live (its neighbours
+sooner), a stopped one at once, a conversation of twelve with one reply per message, and a
+forged announcement refused and counted while the real companion goes on."""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+import trio
+from live_support import stdout_line, write_card
+from network_support import Network, Proc, network
+from test_run_conversation import Bystander
+
+from companion.cli.run import parse_sees
+from companion.node import CompanionNode, NodeConfig
+from companion.presence import DEFAULT_TTL, DISCONNECT_GRACE, PRESENCE_TOPIC
+from companion.protocol import MESSAGES, Message, Metadata, Presence, PresenceParams, encode_presence
+
+pytestmark = pytest.mark.integration
+
+START_TIMEOUT = 90.0
+"""Seconds for a dozen processes started at once on a shared 2-core machine to listen."""
+SPREAD_DEADLINE = 15.0
+"""Seconds from the last start until every directory is full: one announcement interval (10 s,
+what presence needs even if no triggered announcement got through) plus 5 s of delivery."""
+SETTLE_DEADLINE = 45.0
+"""Seconds for the trimming to bring every node within its bound: the 10 s grace of the excess
+connections, then passes a second apart, under load."""
+LEAVE_BOUND = 5.0
+"""Seconds a departure may take beyond its rule (the expiry task, delivery, a loaded machine)."""
+
+
+def spawn(net: Network, key: str, *peers: str, seed: int, extra: tuple[str, ...] = ()) -> Proc:
+    """``companion run`` for one card (scripted model), not waiting for it to start."""
+    argv = [
+        sys.executable,
+        "-m",
+        "companion.cli.run",
+        str(write_card(net.tmp, key, key.capitalize(), "speak")),
+        "--no-mdns",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--data-dir",
+        str(net.tmp / f"data-{key}"),
+        "--seed",
+        str(seed),
+        "--log-format",
+        "json",
+        *extra,
+    ]
+    for peer in peers:
+        argv += ["--peer", peer]
+    proc = Proc(key, argv)
+    net.procs.append(proc)
+    return proc
+
+
+def start_network(net: Network, size: int, bound: int) -> tuple[dict[str, Proc], dict[str, str], str]:
+    """A hub and ``size - 1`` companions given its address, all started at once; returns the
+    processes, their peer ids, and the hub's address."""
+    extra = ("--max-connections", str(bound))
+    hub = spawn(net, "hub", seed=0, extra=extra)
+    hub_addr = hub.event("started", START_TIMEOUT)["addrs"][0]
+    procs = {"hub": hub}
+    for i in range(1, size):
+        procs[f"n{i:02d}"] = spawn(net, f"n{i:02d}", hub_addr, seed=i, extra=extra)
+    ids = {key: proc.event("started", START_TIMEOUT)["peer_id"] for key, proc in procs.items()}
+    return procs, ids, hub_addr
+
+
+def cid(key: str) -> str:
+    return f"companion_{key}"
+
+
+def wait_for_directory(procs: dict[str, Proc], expected: Iterable[str], deadline: float) -> None:
+    """Every process prints a ``sees`` line listing exactly ``expected`` before ``deadline``."""
+    want = frozenset(expected)
+    for key, proc in procs.items():
+        left = deadline - time.monotonic()
+        stdout_line(proc, lambda s, k=key: parse_sees(s) == (cid(k), want), max(left, 0.01))
+
+
+def connections(proc: Proc) -> set[str]:
+    return set(proc.stats()["connections"])
+
+
+def test_twelve_companions_with_four_connections_each_see_everyone_and_talk(tmp_path: Path) -> None:
+    """12 companions, ``--max-connections 4``: a sparse network (not the 66 connections of a full
+    mesh), every directory full, every node within its bound (plus the hub it was given), and a
+    message addressed to all twelve answered by exactly one of them, as is every reply after."""
+    bound = 4
+    with network(tmp_path) as net:
+        procs, ids, hub_addr = start_network(net, 12, bound)
+        everyone = [cid(k) for k in procs]
+        wait_for_directory(procs, everyone, time.monotonic() + SPREAD_DEADLINE)
+
+        settle_by = time.monotonic() + SETTLE_DEADLINE
+        while True:
+            links = {key: connections(proc) for key, proc in procs.items()}
+            protected = {key: {ids["hub"]} & links[key] for key in procs}  # a bootstrap peer
+            over = {k: len(links[k]) for k in procs if len(links[k] - protected[k]) > bound}
+            if not over or time.monotonic() > settle_by:
+                break
+            time.sleep(1.0)
+        assert not over, f"nodes beyond {bound} connections (+ the hub): {over}"
+        pairs = {frozenset({ids[a], peer}) for a in procs for peer in links[a]}
+        assert len(pairs) <= 12 * (bound + 1) // 2, f"{len(pairs)} connections (a full mesh has 66)"
+        apart = [(a, b) for a in procs for b in procs if a < b and ids[b] not in links[a]]
+        assert apart, "every pair directly connected"
+        # ... and yet every directory still lists everyone (presence through others)
+        for key, proc in procs.items():
+            assert sorted(proc.stats()["companions"]) == sorted(everyone), key
+
+        trio.run(_one_reply_per_message, hub_addr, everyone)
+
+
+async def _one_reply_per_message(hub_addr: str, everyone: list[str]) -> None:
+    watcher = Bystander()
+    node = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), peers=(hub_addr,), name="test"))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run, watcher)
+        assert await node.wait_for(lambda: set(everyone) <= set(node.directory), SPREAD_DEADLINE)
+        opening = Message.create("user_test", everyone, "Hello, all twelve of you! Who has news?")
+        reacted = False
+        for _attempt in range(10):  # the same id again until the mesh carried it somewhere
+            await node.publish(MESSAGES, opening)
+            if await watcher.wait_until(lambda t: any(e.kind != "message" for e in t.events), 3):
+                reacted = True
+                break
+        assert reacted, "no companion reacted to the opening line"
+        enough = await watcher.wait_until(lambda t: t.over or t.reply_count >= 3, 120)
+        transcript = watcher.transcript
+        lines = [(e.kind, e.speaker, e.in_reply_to) for e in transcript.events]
+        assert enough, lines
+        assert transcript.double_speech == {}, lines
+        assert len(transcript.replies[opening.params.id]) == 1, lines
+        nursery.cancel_scope.cancel()
+
+
+def test_a_killed_companion_leaves_every_directory_within_the_ttl_a_stopped_one_at_once(
+    tmp_path: Path,
+) -> None:
+    """Six companions with ``--max-connections 2`` (each keeps its two ring neighbours and the
+    hub): a SIGKILLed one leaves its neighbours' directories within the disconnect grace and
+    everyone else's within the time to live; a SIGTERMed one everyone's at once."""
+    with network(tmp_path) as net:
+        procs, ids, _hub_addr = start_network(net, 6, 2)
+        everyone = [cid(k) for k in procs]
+        wait_for_directory(procs, everyone, time.monotonic() + SPREAD_DEADLINE)
+
+        # a victim and an observer that are not connected to each other
+        settle_by = time.monotonic() + SETTLE_DEADLINE
+        choice = None
+        while choice is None:
+            links = {key: connections(proc) for key, proc in procs.items() if key != "hub"}
+            choice = next(
+                (
+                    (v, o)
+                    for v in links
+                    for o in links
+                    if v != o and ids[o] not in links[v] and ids[v] not in links[o]
+                ),
+                None,
+            )
+            if choice is None:
+                assert time.monotonic() < settle_by, f"no two companions apart: {links}"
+                time.sleep(1.0)
+        victim, observer = choice
+        neighbours = {k for k in procs if ids[k] in links[victim]}
+        before = {k: p.count("companion_left") for k, p in procs.items()}  # nobody left yet
+
+        procs[victim].signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        gone = frozenset(everyone) - {cid(victim)}
+        for key in neighbours:  # they lost a connection without notice
+            left = DISCONNECT_GRACE + LEAVE_BOUND - (time.monotonic() - killed_at)
+            stdout_line(procs[key], lambda s, k=key: parse_sees(s) == (cid(k), gone), max(left, 0.01))
+        for key, proc in procs.items():
+            if key != victim:
+                left = DEFAULT_TTL + LEAVE_BOUND - (time.monotonic() - killed_at)
+                stdout_line(proc, lambda s, k=key: parse_sees(s) == (cid(k), gone), max(left, 0.01))
+        seen = procs[observer].event("companion_left", 1, companion_id=cid(victim))
+        assert seen["reason"] == "expired"  # the observer had no connection to lose
+        for key, proc in procs.items():  # nobody else flickered out meanwhile
+            if key != victim:
+                proc.event("companion_left", 5, companion_id=cid(victim))  # stderr may lag stdout
+                assert proc.count("companion_left") == before[key] + 1, key
+
+        stopping = next(k for k in procs if k not in (victim, observer, "hub"))
+        stopped_at = time.monotonic()
+        assert procs[stopping].stop() == 0
+        rest = gone - {cid(stopping)}
+        for key, proc in procs.items():
+            if key not in (victim, stopping):
+                left = LEAVE_BOUND - (time.monotonic() - stopped_at)
+                stdout_line(proc, lambda s, k=key: parse_sees(s) == (cid(k), rest), max(left, 0.01))
+        assert procs[observer].event("companion_left", 1, companion_id=cid(stopping))["reason"] == "leaving"
+
+
+def test_a_forged_announcement_for_a_pinned_id_is_refused_counted_and_not_relayed(tmp_path: Path) -> None:
+    """A bare libp2p peer signs announcements claiming ``companion_a`` (another name, then
+    ``leaving``) and sends them to b; b pinned the id to a's key: refused ``id_pinned``,
+    counted, not relayed to c, and a stays in every directory as itself."""
+    with network(tmp_path) as net:
+        a = spawn(net, "a", seed=1)
+        a_addr = a.event("started", START_TIMEOUT)["addrs"][0]
+        b = spawn(net, "b", a_addr, seed=2)
+        b_addr = b.event("started", START_TIMEOUT)["addrs"][0]
+        c = spawn(net, "c", b_addr, seed=3)
+        c.event("started", START_TIMEOUT)
+        procs = {"a": a, "b": b, "c": c}
+        wait_for_directory(procs, [cid(k) for k in procs], time.monotonic() + SPREAD_DEADLINE)
+        raw, _ = net.raw(None)
+        raw.send({"op": "connect", "addr": b_addr})
+        raw.event("connected", 10)
+        for attempt in range(10):  # until the raw peer knows b subscribes to the topic
+            seq = int(time.time() * 1000)
+            for leaving in (False, True):
+                forged = Presence(
+                    params=PresenceParams(
+                        metadata=Metadata(id=cid("a"), name="Evil", personality="p", story="s", sample="x"),
+                        seq=seq + leaving,
+                        ttl=300,
+                        leaving=leaving,
+                    )
+                )
+                data = base64.b64encode(encode_presence(forged)).decode()
+                raw.send({"op": "publish", "topic": PRESENCE_TOPIC, "b64": data, "ack": True})
+            raw.wait_for(lambda e, n=attempt: e.get("event") == "published" and e["count"] >= 2 * (n + 1), 10)
+            if b.stats()["drops"].get("id_pinned", 0) >= 2:
+                break
+            time.sleep(1.0)
+        assert b.stats()["drops"].get("id_pinned", 0) >= 2, b.stats()["drops"]
+        time.sleep(2.0)  # what b relayed would have reached c by now
+        assert "id_pinned" not in c.stats()["drops"], c.stats()["drops"]
+        for proc in procs.values():
+            assert cid("a") in proc.stats()["companions"]
+            assert proc.count("companion_updated", companion_id=cid("a")) == 0
+            assert proc.count("companion_left", companion_id=cid("a")) == 0
+        detail = json.dumps(b.wait_for(lambda e: e.get("reason") == "id_pinned", 1))
+        assert PRESENCE_TOPIC in detail and "pinned to peer" in detail
