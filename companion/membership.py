@@ -309,7 +309,21 @@ class Membership:
             holder = self._peer_of.get(cid)
             if holder is not None and holder != peer_id:  # bound through the id's old key
                 events += self._leave(holder, "rekeyed")
-        return events + self._apply(self.presence.record(peer_id, presence, now=now))
+        events += self._apply(self.presence.record(peer_id, presence, now=now))
+        self._suspect_lost(peer_id, presence, now)
+        return events
+
+    def _suspect_lost(self, claimer: str, presence: Presence, now: float) -> None:
+        """``claimer`` lost the connections to the peers in ``lost``: each of them (unless it is
+        connected to us, or we heard from it since the claimer last did) must be heard again
+        within the grace. A false claim costs the claimed peer one announcement (it refutes it,
+        see :mod:`companion.node.presence`); it cannot remove a live, reachable companion."""
+        for peer, last_seq in presence.params.lost.items():
+            if peer in (claimer, self._self_peer) or peer in self._connected:
+                continue
+            entry = self.presence.of_peer(peer)
+            if entry is not None and entry.seq <= last_seq:
+                self.presence.suspect(peer, now + DISCONNECT_GRACE)
 
     def expire(self, now: float) -> list[MembershipEvent]:
         """Announcements whose time to live passed: those companions leave unless bound."""

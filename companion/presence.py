@@ -25,12 +25,15 @@ Rules:
   ``leaving`` ends it at once. :meth:`PresenceTable.deadline` says when the next one expires.
 - **Disconnects.** When the direct connection to an announcing peer closes without notice (it
   was killed, or a health check gave up on it), its entry is *suspected*: it lasts at most
-  :data:`DISCONNECT_GRACE` more seconds unless a new announcement arrives or the peer connects
-  again (a Noise-authenticated connection proves it alive as well). Every node announces
-  itself when it loses a connection that way, so a live peer reachable through others is heard
-  again within the grace and stays; a killed one leaves its neighbours' directories within the
-  grace and everyone else's within its ``ttl``. A connection trimmed on purpose (by either
-  side, which says so first: :mod:`companion.node.topology`) changes nothing.
+  :data:`DISCONNECT_GRACE` more seconds unless a newer announcement arrives or the peer
+  connects again (a Noise-authenticated connection proves it alive as well). The node also
+  announces itself at once, listing the peer in ``lost`` with the last ``seq`` it heard from it,
+  so every other node suspects it too (unless it heard something newer from it, or is connected
+  to it). A live peer hears that claim and refutes it by announcing itself; a killed one cannot,
+  and leaves every directory within about the grace, whatever the refresh interval (the
+  suspicion and refutation of SWIM-style membership). A connection trimmed on purpose (by
+  either side, which says so first: :mod:`companion.node.topology`) changes nothing. The
+  ``ttl`` remains the bound when no neighbour reports a loss.
 - **Bounds.** At most ``capacity`` entries (new peers are refused ``presence_full`` beyond it,
   the present ones keep refreshing) and ``memory`` remembered sequence numbers.
 """
@@ -64,9 +67,14 @@ PRESENCE_TOPIC: Final = "companion-presence/1"
 ``states``, ``queries``, ``actions``) and with a character no aikyo topic has, so it cannot
 clash; the version lets a later format live beside this one."""
 
-DEFAULT_INTERVAL: Final = 10.0
-"""Seconds between a node's announcements (each one jittered to 75-100 % of it)."""
-DEFAULT_TTL: Final = 30
+DEFAULT_INTERVAL: Final = 30.0
+"""Seconds between a node's announcements (each wait jittered to 75-100 % of it). What the
+refresh still does once losses are reported (``lost``) and stops announced (``leaving``): repair
+an announcement a node missed, and bound how long a companion stays listed when no neighbour
+saw it go. Every announcement costs every node CPU (gossipsub delivers it once per mesh peer),
+so the interval is long: at 10 s, ten idle nodes spent 1.8x the CPU of no presence at all
+(``scripts/bench_presence.py``)."""
+DEFAULT_TTL: Final = 90
 """Seconds an announcement lasts: three intervals, so two lost announcements in a row do not
 make a live companion leave (soft state as in OSPF hellos or PIM: a dead interval of 3-4
 hello intervals)."""

@@ -25,6 +25,7 @@ __all__ = [
     "APPROVAL_QUERY",
     "MAX_PAYLOAD_BYTES",
     "MESSAGES",
+    "PRESENCE_MAX_LOST",
     "PRESENCE_MAX_TTL",
     "QUERIES",
     "STATES",
@@ -264,6 +265,13 @@ SEQ_MAX: Final = 2**53 - 1
 """The largest integer JavaScript's JSON.parse reads exactly."""
 
 
+PRESENCE_MAX_LOST: Final = 16
+"""The most peers one announcement may report lost."""
+
+PeerIdText = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
+"""A libp2p peer id in base58 (shape only; the table looks it up, never dials it)."""
+
+
 class PresenceParams(_Strict):
     metadata: Metadata
     seq: Annotated[int, Field(ge=0, le=SEQ_MAX)]
@@ -271,6 +279,12 @@ class PresenceParams(_Strict):
     ttl: Annotated[int, Field(ge=1, le=PRESENCE_MAX_TTL)]
     """Seconds the announcement stays valid; the sender refreshes well before."""
     leaving: bool
+    lost: Annotated[
+        dict[PeerIdText, Annotated[int, Field(ge=0, le=SEQ_MAX)]], Field(max_length=PRESENCE_MAX_LOST)
+    ]
+    """Peers whose direct connection to the sender closed without notice in the last few
+    seconds, each with the last ``seq`` the sender heard from it: a hint that they may be gone,
+    which each of them refutes by announcing itself again."""
 
 
 class Presence(_Strict):

@@ -17,7 +17,7 @@ from companion.protocol import (
 )
 from companion.trust import TrustStore
 
-ME = "peer-me"
+ME = "PeerMe"
 WALL = 1_750_000_000.0
 """The fake wall clock's start (seconds since the epoch); the monotonic one starts at 0."""
 
@@ -28,8 +28,17 @@ def md(key: str, **changes: str) -> Metadata:
     return Metadata(**fields)
 
 
-def ann(key: str, seq: int, *, ttl: int = 30, leaving: bool = False, **changes: str) -> Presence:
-    return Presence(params=PresenceParams(metadata=md(key, **changes), seq=seq, ttl=ttl, leaving=leaving))
+def ann(
+    key: str,
+    seq: int,
+    *,
+    ttl: int = 30,
+    leaving: bool = False,
+    lost: dict[str, int] | None = None,
+    **changes: str,
+) -> Presence:
+    params = PresenceParams(metadata=md(key, **changes), seq=seq, ttl=ttl, leaving=leaving, lost=lost or {})
+    return Presence(params=params)
 
 
 class Clock:
@@ -69,13 +78,13 @@ def kinds(events: list[MembershipEvent]) -> list[tuple[str, str, str]]:
 
 
 def test_the_announcement_on_the_wire_is_compact_json_in_field_order() -> None:
-    data = encode_presence(ann("a", 1750000000123))
+    data = encode_presence(ann("a", 1750000000123, lost={"12D3KooWLost": 1749999990000}))
     assert data == (
         b'{"jsonrpc":"2.0","method":"presence.announce","params":{"metadata":{"id":"companion_a",'
         b'"name":"a","personality":"p","story":"s","sample":"x"},"seq":1750000000123,"ttl":30,'
-        b'"leaving":false}}'
+        b'"leaving":false,"lost":{"12D3KooWLost":1749999990000}}}'
     )
-    assert parse_presence(data) == ann("a", 1750000000123)
+    assert parse_presence(data) == ann("a", 1750000000123, lost={"12D3KooWLost": 1749999990000})
 
 
 @pytest.mark.parametrize(
@@ -109,6 +118,11 @@ def test_hostile_bytes_are_refused_with_a_reason(data: bytes, reason: str) -> No
         ('"leaving":false', '"leaving":0'),
         ('"leaving":false', '"leaving":false,"extra":1'),
         (',"leaving":false', ""),
+        (',"lost":{}', ""),
+        ('"lost":{}', '"lost":[]'),
+        ('"lost":{}', '"lost":{"0OIl":1}'),
+        ('"lost":{}', '"lost":{"12D3KooW":-1}'),
+        ('"lost":{}', '"lost":{' + ",".join(f'"P{i}":1' for i in range(17)) + "}"),
         ('"sample":"x"', '"sample":"x","extra":"y"'),
     ],
 )
@@ -415,3 +429,44 @@ def test_newcomers_are_rate_limited_known_ids_are_not(clock: Clock) -> None:
 def test_impossible_bounds_are_refused(capacity: int, memory: int) -> None:
     with pytest.raises(ValueError):
         PresenceTable(capacity=capacity, memory=memory)
+
+
+# --- lost peers: suspicion and refutation ---------------------------------------------------
+
+
+def test_a_peer_reported_lost_must_be_heard_again_within_the_grace(members: Membership, clock: Clock) -> None:
+    hear(members, clock, "PeerP", ann("p", clock.seq()))
+    last = clock.seq()
+    clock.now = 5.0
+    hear(members, clock, "PeerC", ann("c", clock.seq(), lost={"PeerP": last}))
+    assert members.presence_deadline() == 5.0 + DISCONNECT_GRACE
+    clock.now = 5.0 + DISCONNECT_GRACE
+    assert kinds(members.expire(clock.now)) == [("left", "companion_p", "expired")]
+
+
+def test_a_live_peer_refutes_a_report_that_it_is_lost(members: Membership, clock: Clock) -> None:
+    hear(members, clock, "PeerP", ann("p", clock.seq()))
+    last = clock.seq()
+    clock.now = 5.0
+    hear(members, clock, "PeerC", ann("c", clock.seq(), lost={"PeerP": last}))
+    clock.now = 6.0
+    assert hear(members, clock, "PeerP", ann("p", clock.seq())) == []  # its refutation
+    refuted = members.presence.get("companion_p")
+    assert refuted is not None and refuted.expires == 6.0 + 30
+    clock.now = 5.0 + DISCONNECT_GRACE
+    assert members.expire(clock.now) == []
+
+
+def test_a_report_older_than_what_we_heard_or_about_a_connected_peer_is_ignored(
+    members: Membership, clock: Clock
+) -> None:
+    old = clock.seq()
+    clock.now = 1.0
+    hear(members, clock, "PeerP", ann("p", clock.seq()))  # newer than what the claimer had
+    members.peer_connected("PeerQ")
+    hear(members, clock, "PeerQ", ann("q", clock.seq()))
+    claim = {"PeerP": old, "PeerQ": clock.seq(), "PeerC": clock.seq(), ME: clock.seq(), "PeerX": 1}
+    clock.now = 2.0
+    hear(members, clock, "PeerC", ann("c", clock.seq(), lost=claim))
+    assert members.presence_deadline() == 31.0  # p's and q's deadlines untouched
+    assert set(members.directory) == {"companion_me", "companion_p", "companion_q", "companion_c"}

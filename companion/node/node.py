@@ -460,6 +460,7 @@ class CompanionNode:
         if self.topology is not None:
             self.topology.connected(peer.to_base58(), trio.current_time())
         if self.config.presence:
+            self.presence.connection_back(peer.to_base58())
             nursery.start_soon(self.presence.peer_connected, peer)
 
     def _peer_down(self, name: str) -> list[MembershipEvent]:
@@ -472,7 +473,7 @@ class CompanionNode:
             self.topology.disconnected(name)
         events = self.membership.peer_disconnected(name, now=trio.current_time(), on_purpose=on_purpose)
         if not on_purpose:
-            self.presence.connection_lost()
+            self.presence.connection_lost(name)
         return events
 
     async def _learn_metadata(self, peer: ID) -> None:

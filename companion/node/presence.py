@@ -8,9 +8,11 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   never later than ``interval``, so ``ttl`` = 3 intervals always covers two lost
   announcements). Also soon after a peer connects (once its subscription to the topic arrived,
   so the announcement reaches it), whenever a companion new to this node appears (so a
-  newcomer learns of everyone within a second, not an interval) and when a connection closed
-  without notice (so the peer behind it, if alive, keeps us): such triggered announcements are
-  coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one with ``leaving``.
+  newcomer learns of everyone within a second, not an interval), when a connection to an
+  announcing peer closed without notice (the announcement lists it in ``lost`` for
+  :data:`~companion.presence.DISCONNECT_GRACE` seconds, so others suspect it), and when another
+  node's announcement lists this node in ``lost`` (the refutation): such triggered
+  announcements are coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one with ``leaving``.
 - **Receiving**: every announcement passes :meth:`PresenceService.validate`, py-libp2p's topic
   validator, once, before gossipsub may forward it: parsed like every payload, then given to
   the membership. A refused one (parse errors, ``id_pinned``, ``stale``, ...) is counted by
@@ -34,8 +36,16 @@ from libp2p.peer.id import ID
 
 from ..log import log_event
 from ..membership import AnnounceRefused, Membership, MembershipEvent
-from ..presence import PRESENCE_TOPIC
-from ..protocol import Metadata, PayloadError, Presence, PresenceParams, encode_presence, parse_presence
+from ..presence import DISCONNECT_GRACE, PRESENCE_TOPIC
+from ..protocol import (
+    PRESENCE_MAX_LOST,
+    Metadata,
+    PayloadError,
+    Presence,
+    PresenceParams,
+    encode_presence,
+    parse_presence,
+)
 from .drops import Drop, DropCounters
 
 __all__ = ["PresenceService", "PresenceSettings"]
@@ -91,14 +101,23 @@ class PresenceService:
         self._last_sent = float("-inf")
         self._triggered = trio.Event()
         self._table_changed = trio.Event()
+        self._lost: dict[str, tuple[int, float]] = {}
+        """Peers lost without notice: the last seq we heard from each, and until when we say so."""
         self.published = 0
         self.accepted = 0
+        self.bytes_out = 0
+        """Bytes of this node's own announcements handed to gossipsub."""
+        self.bytes_in = 0
+        """Bytes of announcements this node's validator looked at (each message once: copies
+        gossipsub already saw never get here)."""
 
     def stats(self) -> dict[str, Any]:
         return {
             "presence_published": self.published,
             "presence_accepted": self.accepted,
             "presence_entries": len(self.membership.presence),
+            "presence_bytes_out": self.bytes_out,
+            "presence_bytes_in": self.bytes_in,
         }
 
     # --- running ----------------------------------------------------------------------------
@@ -142,11 +161,19 @@ class PresenceService:
         """Announce soon (at most one triggered announcement per ``min_gap``)."""
         self._triggered.set()
 
-    def connection_lost(self) -> None:
-        """A connection closed without notice: the peer's entry now has a shorter deadline, and
-        we announce ourselves, so that a peer that lost us that way hears from us again."""
+    def connection_lost(self, peer: str) -> None:
+        """The connection to ``peer`` closed without notice: its entry now has a shorter
+        deadline, and we announce ourselves at once, saying we lost it (if it announces) and
+        letting it hear from us if it lost us the same way."""
+        entry = self.membership.presence.of_peer(peer)
+        if entry is not None:
+            self._lost[peer] = (entry.seq, trio.current_time() + DISCONNECT_GRACE)
         self._table_changed.set()
         self.trigger()
+
+    def connection_back(self, peer: str) -> None:
+        """``peer`` connected again: it is not lost."""
+        self._lost.pop(peer, None)
 
     async def peer_connected(self, peer: ID) -> None:
         """A peer connected: announce once it subscribed to the topic (bounded wait)."""
@@ -179,7 +206,11 @@ class PresenceService:
         self._seq = max(self._seq + 1, time.time_ns() // 1_000_000)
         presence = Presence(
             params=PresenceParams(
-                metadata=self.metadata, seq=self._seq, ttl=self.settings.ttl, leaving=leaving
+                metadata=self.metadata,
+                seq=self._seq,
+                ttl=self.settings.ttl,
+                leaving=leaving,
+                lost=self._lost_now(),
             )
         )
         data = encode_presence(presence)
@@ -197,10 +228,19 @@ class PresenceService:
         try:
             await self._pubsub.publish(PRESENCE_TOPIC, data)
             self.published += 1
+            self.bytes_out += len(data)
         except Exception as exc:  # a publish that fails must not end the loop
             log_event(
                 logger, "presence_publish_failed", logging.WARNING, node=self.name, error=repr(exc)[:200]
             )
+
+    def _lost_now(self) -> dict[str, int]:
+        """The peers to report lost: those lost within the grace, the most recent first."""
+        now = trio.current_time()
+        for peer in [p for p, (_, until) in self._lost.items() if until <= now]:
+            del self._lost[peer]
+        recent = sorted(self._lost.items(), key=lambda item: item[1][1], reverse=True)
+        return {peer: seq for peer, (seq, _) in recent[:PRESENCE_MAX_LOST]}
 
     async def _flush(self) -> None:
         """Wait until py-libp2p's per-peer send queues are empty, within :data:`FLUSH_TIMEOUT`.
@@ -229,6 +269,7 @@ class PresenceService:
         signer = ID(msg.from_id).to_base58()
         if signer == self._self_peer:
             return True  # our own, on its way out
+        self.bytes_in += len(msg.data)
         parsed = parse_presence(msg.data, max_bytes=self.settings.max_bytes)
         if isinstance(parsed, PayloadError):
             self._drop(parsed.reason, parsed.detail, signer)
@@ -239,6 +280,8 @@ class PresenceService:
             return False
         self.accepted += 1
         self._table_changed.set()
+        if self._self_peer in parsed.params.lost and self.metadata is not None:
+            self.trigger()  # someone lost us: tell everyone we are here
         if result:
             self._emit(result)
             if any(event.kind == "joined" for event in result):
