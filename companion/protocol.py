@@ -25,6 +25,7 @@ __all__ = [
     "APPROVAL_QUERY",
     "MAX_PAYLOAD_BYTES",
     "MESSAGES",
+    "PRESENCE_MAX_ADDRS",
     "PRESENCE_MAX_LOST",
     "PRESENCE_MAX_TTL",
     "QUERIES",
@@ -265,6 +266,8 @@ SEQ_MAX: Final = 2**53 - 1
 """The largest integer JavaScript's JSON.parse reads exactly."""
 
 
+PRESENCE_MAX_ADDRS: Final = 8
+"""The most addresses one announcement may carry."""
 PRESENCE_MAX_LOST: Final = 16
 """The most peers one announcement may report lost."""
 
@@ -279,6 +282,11 @@ class PresenceParams(_Strict):
     ttl: Annotated[int, Field(ge=1, le=PRESENCE_MAX_TTL)]
     """Seconds the announcement stays valid; the sender refreshes well before."""
     leaving: bool
+    addrs: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=300)]], Field(max_length=PRESENCE_MAX_ADDRS)
+    ]
+    """Where the sender listens (multiaddrs ending in ``/p2p/<its peer id>``): how a node that
+    must connect to it (a ring neighbour) finds it without asking the DHT."""
     lost: Annotated[
         dict[PeerIdText, Annotated[int, Field(ge=0, le=SEQ_MAX)]], Field(max_length=PRESENCE_MAX_LOST)
     ]

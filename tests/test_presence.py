@@ -37,7 +37,9 @@ def ann(
     lost: dict[str, int] | None = None,
     **changes: str,
 ) -> Presence:
-    params = PresenceParams(metadata=md(key, **changes), seq=seq, ttl=ttl, leaving=leaving, lost=lost or {})
+    params = PresenceParams(
+        metadata=md(key, **changes), seq=seq, ttl=ttl, leaving=leaving, addrs=[], lost=lost or {}
+    )
     return Presence(params=params)
 
 
@@ -82,7 +84,7 @@ def test_the_announcement_on_the_wire_is_compact_json_in_field_order() -> None:
     assert data == (
         b'{"jsonrpc":"2.0","method":"presence.announce","params":{"metadata":{"id":"companion_a",'
         b'"name":"a","personality":"p","story":"s","sample":"x"},"seq":1750000000123,"ttl":30,'
-        b'"leaving":false,"lost":{"12D3KooWLost":1749999990000}}}'
+        b'"leaving":false,"addrs":[],"lost":{"12D3KooWLost":1749999990000}}}'
     )
     assert parse_presence(data) == ann("a", 1750000000123, lost={"12D3KooWLost": 1749999990000})
 
@@ -119,6 +121,9 @@ def test_hostile_bytes_are_refused_with_a_reason(data: bytes, reason: str) -> No
         ('"leaving":false', '"leaving":false,"extra":1'),
         (',"leaving":false', ""),
         (',"lost":{}', ""),
+        (',"addrs":[]', ""),
+        ('"addrs":[]', '"addrs":[1]'),
+        ('"addrs":[]', '"addrs":[' + ",".join('"/ip4/1.2.3.4/tcp/1"' for _ in range(9)) + "]"),
         ('"lost":{}', '"lost":[]'),
         ('"lost":{}', '"lost":{"0OIl":1}'),
         ('"lost":{}', '"lost":{"12D3KooW":-1}'),

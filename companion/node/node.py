@@ -315,7 +315,9 @@ class CompanionNode:
                     self._pubsub = pubsub
                     async with trio.open_nursery() as nursery:
                         if self.config.presence:
-                            await self.presence.start(pubsub, nursery)
+                            await self.presence.start(
+                                pubsub, nursery, lambda: [str(a) for a in host.get_addrs()]
+                            )
                         nursery.start_soon(self._connection_events, conn_recv, nursery)
                         for topic, sub in subscriptions:
                             nursery.start_soon(self._read_subscription, topic, sub, inbound_send)

@@ -33,11 +33,13 @@ from typing import Any, Final
 
 import trio
 from libp2p.peer.id import ID
+from multiaddr import Multiaddr
 
 from ..log import log_event
 from ..membership import AnnounceRefused, Membership, MembershipEvent
 from ..presence import DISCONNECT_GRACE, PRESENCE_TOPIC
 from ..protocol import (
+    PRESENCE_MAX_ADDRS,
     PRESENCE_MAX_LOST,
     Metadata,
     PayloadError,
@@ -97,6 +99,7 @@ class PresenceService:
         self._rng = rng or random.Random()
         self._self_peer = membership.self_peer
         self._pubsub: Any = None
+        self._addrs: Callable[[], list[str]] = list
         self._seq = 0
         self._last_sent = float("-inf")
         self._triggered = trio.Event()
@@ -122,9 +125,11 @@ class PresenceService:
 
     # --- running ----------------------------------------------------------------------------
 
-    async def start(self, pubsub: Any, nursery: trio.Nursery) -> None:
-        """Validate, subscribe (to receive and to relay) and start the loops in ``nursery``."""
+    async def start(self, pubsub: Any, nursery: trio.Nursery, addrs: Callable[[], list[str]]) -> None:
+        """Validate, subscribe (to receive and to relay) and start the loops in ``nursery``;
+        ``addrs`` says where this node listens now (announced, so ring neighbours can dial)."""
         self._pubsub = pubsub
+        self._addrs = addrs
         pubsub.set_topic_validator(PRESENCE_TOPIC, self.validate, False)
         subscription = await pubsub.subscribe(PRESENCE_TOPIC)
         nursery.start_soon(self._drain, subscription)
@@ -210,6 +215,7 @@ class PresenceService:
                 seq=self._seq,
                 ttl=self.settings.ttl,
                 leaving=leaving,
+                addrs=[a for a in self._addrs() if len(a) <= 300][:PRESENCE_MAX_ADDRS],
                 lost=self._lost_now(),
             )
         )
@@ -280,6 +286,7 @@ class PresenceService:
             return False
         self.accepted += 1
         self._table_changed.set()
+        self._learn_addrs(signer, parsed.params.addrs)
         if self._self_peer in parsed.params.lost and self.metadata is not None:
             self.trigger()  # someone lost us: tell everyone we are here
         if result:
@@ -287,6 +294,21 @@ class PresenceService:
             if any(event.kind == "joined" for event in result):
                 self.trigger()  # a newcomer: tell it about us now, not an interval later
         return True
+
+    def _learn_addrs(self, signer: str, addrs: list[str]) -> None:
+        """Put the addresses a companion announced for itself in the peerstore (those that end
+        in its own peer id and parse); the rest are ignored."""
+        suffix = f"/p2p/{signer}"
+        usable = []
+        for text in addrs:
+            if not text.endswith(suffix):
+                continue
+            try:
+                usable.append(Multiaddr(text[: -len(suffix)]))
+            except Exception:
+                continue
+        if usable and self._pubsub is not None:
+            self._pubsub.host.get_peerstore().add_addrs(ID.from_base58(signer), usable)
 
     def _refused(self, refused: AnnounceRefused) -> None:
         owner = f", pinned to peer {refused.owner}" if refused.owner else ""

@@ -273,6 +273,8 @@ def test_a_forged_announcement_for_a_pinned_id_is_refused_counted_and_not_relaye
                         seq=seq + leaving,
                         ttl=300,
                         leaving=leaving,
+                        addrs=[],
+                        lost={},
                     )
                 )
                 data = base64.b64encode(encode_presence(forged)).decode()
