@@ -21,10 +21,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .actions import BUILTINS, ActionDef, KnowledgeDef, resolve_tool
-from .models.base import ToolInstruction
 from .protocol import Metadata
 from .routines import CompiledRoutine, Routine, RoutineError, compile_routines
-from .triggers import CompiledTriggers, TriggerCondition, TriggerError, compile_triggers
+from .triggers import CompiledTriggers, ToolInstruction, TriggerCondition, TriggerError, compile_triggers
 
 __all__ = [
     "COMPANION_ID_PREFIX",

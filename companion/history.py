@@ -11,7 +11,7 @@ from typing import Protocol
 
 from .protocol import Message
 
-__all__ = ["ConversationHistory", "InMemoryHistory"]
+__all__ = ["ConversationHistory", "HistoryReader", "InMemoryHistory"]
 
 
 class ConversationHistory(Protocol):
@@ -55,3 +55,25 @@ class InMemoryHistory:
 
     def __len__(self) -> int:
         return len(self._messages)
+
+
+class _Recent(Protocol):
+    def recent(self, limit: int) -> list[Message]: ...
+
+
+class HistoryReader:
+    """A history that only reads ``source``: what the conversation engine gives the action runtime.
+
+    The engine records every message of the conversation once, when it arrives (this node's own
+    when the transport echoes them, see :mod:`companion.ports`), so the runtime's own recording of
+    what it published is left out rather than done twice.
+    """
+
+    def __init__(self, source: _Recent) -> None:
+        self._source = source
+
+    def append(self, message: Message) -> None:
+        return None
+
+    def recent(self, limit: int) -> list[Message]:
+        return self._source.recent(limit)

@@ -5,8 +5,12 @@ Every write commits on its own with ``synchronous=FULL`` in WAL mode, so once a 
 the data survives a crash of the process (or the machine). The file lives under the
 companion's data directory (:data:`DB_FILENAME`).
 
-:class:`Store` implements :class:`companion.history.ConversationHistory`. Calls are synchronous
-and short (one indexed statement each); the engine calls them from its trio task.
+:class:`Store` and :class:`MemoryStore` implement :class:`companion.ports.ConversationStore`
+(what the engine keeps: the conversation's messages once each, replied ids, known companions,
+working memory) and :class:`companion.history.ConversationHistory`. Calls are synchronous and
+short (one indexed statement each); the engine calls them from its trio task. A call that fails
+raises and changed nothing. Strings from the network may hold lone surrogates (JSON allows
+``"\\ud800"``); they are stored escaped, never refused with an encoding error.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ import json
 import logging
 import sqlite3
 import time
+from collections import OrderedDict
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from .log import log_event
-from .protocol import MESSAGES, Message, PayloadError, encode, parse_payload
+from pydantic import ValidationError
 
-__all__ = ["DB_FILENAME", "Store", "StoreError"]
+from .log import log_event
+from .protocol import Message, encode
+
+__all__ = ["DB_FILENAME", "MemoryStore", "Store", "StoreError"]
 
 logger = logging.getLogger("companion.store")
 
@@ -48,7 +55,30 @@ CREATE TABLE IF NOT EXISTS seen (
     id TEXT NOT NULL,
     UNIQUE (kind, id)
 );
+CREATE TABLE IF NOT EXISTS companions (
+    id TEXT PRIMARY KEY,
+    first_seen REAL NOT NULL
+);
 """
+_REPLIED: Final = "replied"
+
+
+def _safe(text: str) -> str:
+    """``text`` as SQLite can bind it: unchanged, or JSON-escaped if it holds a lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(text)
+    return text
+
+
+def _safe_json(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, ensure_ascii=True, allow_nan=False)
+    return text
 
 
 class StoreError(RuntimeError):
@@ -108,17 +138,22 @@ class Store:
 
     # --- history -------------------------------------------------------------------------------
 
-    def add(self, message: Message) -> bool:
+    def record(self, message: Message) -> bool:
         """Record ``message``; ``False`` if a message with its id was already recorded."""
+        body = encode(message).decode("utf-8")
         cursor = self._conn.execute(
             "INSERT OR IGNORE INTO messages (id, sender, body, stored_at) VALUES (?, ?, ?, ?)",
-            (message.params.id, message.params.from_, encode(message).decode("utf-8"), time.time()),
+            (_safe(message.params.id), _safe(message.params.from_), body, time.time()),
         )
         return cursor.rowcount == 1
 
+    def add(self, message: Message) -> bool:
+        """:meth:`record` (the older name)."""
+        return self.record(message)
+
     def append(self, message: Message) -> None:
         """:class:`~companion.history.ConversationHistory`: record once, the first copy wins."""
-        self.add(message)
+        self.record(message)
 
     def recent(self, limit: int) -> list[Message]:
         """The last ``limit`` messages, oldest first."""
@@ -129,15 +164,16 @@ class Store:
         ).fetchall()
         out: list[Message] = []
         for seq, body in reversed(rows):
-            parsed = parse_payload(MESSAGES, body.encode("utf-8"))
-            if isinstance(parsed, PayloadError) or not isinstance(parsed, Message):
+            # Rows were checked when they arrived; read them back as they were stored (the edge's
+            # stricter text rules must not make an accepted message unreadable later).
+            try:
+                out.append(Message.model_validate(json.loads(body)))
+            except (ValueError, ValidationError, RecursionError):
                 log_event(logger, "store_row_unreadable", logging.ERROR, path=str(self.path), seq=seq)
-                continue
-            out.append(parsed)
         return out
 
     def has_message(self, message_id: str) -> bool:
-        row = self._conn.execute("SELECT 1 FROM messages WHERE id = ?", (message_id,)).fetchone()
+        row = self._conn.execute("SELECT 1 FROM messages WHERE id = ?", (_safe(message_id),)).fetchone()
         return row is not None
 
     def __len__(self) -> int:
@@ -147,19 +183,19 @@ class Store:
 
     def remember(self, key: str, value: Any) -> None:
         """Keep a JSON-able ``value`` under ``key`` (replacing what was there)."""
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text = _safe_json(value)
         self._conn.execute(
             "INSERT INTO memory (key, value, updated_at) VALUES (?, ?, ?) "
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-            (key, text, time.time()),
+            (_safe(key), text, time.time()),
         )
 
     def recall(self, key: str, default: Any = None) -> Any:
-        row = self._conn.execute("SELECT value FROM memory WHERE key = ?", (key,)).fetchone()
+        row = self._conn.execute("SELECT value FROM memory WHERE key = ?", (_safe(key),)).fetchone()
         return default if row is None else json.loads(row[0])
 
     def forget(self, key: str) -> None:
-        self._conn.execute("DELETE FROM memory WHERE key = ?", (key,))
+        self._conn.execute("DELETE FROM memory WHERE key = ?", (_safe(key),))
 
     def memory(self) -> dict[str, Any]:
         """All of the working memory, by key."""
@@ -170,7 +206,9 @@ class Store:
 
     def mark_seen(self, kind: str, item_id: str) -> bool:
         """Note that ``item_id`` of ``kind`` was handled; ``False`` if it had been already."""
-        cursor = self._conn.execute("INSERT OR IGNORE INTO seen (kind, id) VALUES (?, ?)", (kind, item_id))
+        cursor = self._conn.execute(
+            "INSERT OR IGNORE INTO seen (kind, id) VALUES (?, ?)", (_safe(kind), _safe(item_id))
+        )
         fresh = cursor.rowcount == 1
         if fresh:
             self._seen_inserts += 1
@@ -180,10 +218,90 @@ class Store:
         return fresh
 
     def seen(self, kind: str, item_id: str) -> bool:
-        row = self._conn.execute("SELECT 1 FROM seen WHERE kind = ? AND id = ?", (kind, item_id)).fetchone()
+        row = self._conn.execute(
+            "SELECT 1 FROM seen WHERE kind = ? AND id = ?", (_safe(kind), _safe(item_id))
+        ).fetchone()
         return row is not None
+
+    def mark_replied(self, message_id: str) -> bool:
+        return self.mark_seen(_REPLIED, message_id)
+
+    def replied(self, message_id: str) -> bool:
+        return self.seen(_REPLIED, message_id)
+
+    # --- known companions -----------------------------------------------------------------------
+
+    def remember_companion(self, companion_id: str) -> None:
+        self._conn.execute(
+            "INSERT OR IGNORE INTO companions (id, first_seen) VALUES (?, ?)",
+            (_safe(companion_id), time.time()),
+        )
+
+    def known_companions(self) -> list[str]:
+        rows = self._conn.execute("SELECT id FROM companions ORDER BY first_seen").fetchall()
+        return [json.loads(cid) if cid.startswith('"') else cid for (cid,) in rows]  # see _safe
 
     def _prune_seen(self) -> None:
         self._conn.execute(
             "DELETE FROM seen WHERE seq <= (SELECT MAX(seq) FROM seen) - ?", (self._seen_limit,)
         )
+
+
+class MemoryStore:
+    """The same, in memory and bounded, for an engine without a data directory (tests, the
+    in-memory demo): the last ``capacity`` messages are kept, duplicates caught among the last
+    ``seen_limit`` ids."""
+
+    def __init__(self, capacity: int = 1000, *, seen_limit: int = 10_000) -> None:
+        self._messages: OrderedDict[str, Message] = OrderedDict()
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._replied: OrderedDict[str, None] = OrderedDict()
+        self._companions: dict[str, None] = {}
+        self._values: dict[str, Any] = {}
+        self._capacity = capacity
+        self._seen_limit = seen_limit
+
+    @staticmethod
+    def _add(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> bool:
+        if key in table:
+            return False
+        table[key] = value
+        while len(table) > limit:
+            table.popitem(last=False)
+        return True
+
+    def record(self, message: Message) -> bool:
+        if not self._add(self._ids, message.params.id, None, self._seen_limit):
+            return False
+        self._add(self._messages, message.params.id, message, self._capacity)
+        return True
+
+    def append(self, message: Message) -> None:
+        self.record(message)
+
+    def recent(self, limit: int) -> list[Message]:
+        return list(self._messages.values())[-limit:] if limit > 0 else []
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def mark_replied(self, message_id: str) -> bool:
+        return self._add(self._replied, message_id, None, self._seen_limit)
+
+    def replied(self, message_id: str) -> bool:
+        return message_id in self._replied
+
+    def remember_companion(self, companion_id: str) -> None:
+        self._companions[companion_id] = None
+
+    def known_companions(self) -> list[str]:
+        return list(self._companions)
+
+    def remember(self, key: str, value: Any) -> None:
+        self._values[key] = value
+
+    def recall(self, key: str, default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+    def memory(self) -> dict[str, Any]:
+        return dict(self._values)

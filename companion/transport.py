@@ -1,9 +1,10 @@
-"""The seam between the engine and the network: what a node publishes and what it receives.
+"""The in-memory transport: :class:`MemoryHub`, gossip without sockets, with fault hooks.
 
-The engine and the action runtime see only :class:`Publisher` and a stream of :class:`Inbound`
-values. The libp2p node implements them over gossipsub; :class:`MemoryHub` implements them in
-memory so the engine runs in unit tests without sockets, with hooks to drop, delay or duplicate
-deliveries for fault injection.
+The engine and the action runtime see only :class:`~companion.ports.Publisher` and a stream of
+:class:`~companion.ports.Inbound` values (re-exported here). The libp2p node implements them over
+gossipsub; :class:`MemoryHub` implements them in memory so the engine runs in unit tests without
+sockets, with hooks to drop, delay or duplicate deliveries for fault injection. Like gossipsub
+it follows the echo rule of :mod:`companion.ports`: every endpoint receives what it published.
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import trio
 
 from .log import log_event
+from .ports import Inbound, Publisher
 from .protocol import (
     STATES,
     Envelope,
-    Payload,
     PayloadError,
     State,
     encode,
@@ -30,24 +30,6 @@ from .protocol import (
 __all__ = ["Inbound", "MemoryEndpoint", "MemoryHub", "Publisher", "encode_for_topic"]
 
 logger = logging.getLogger("companion.transport")
-
-
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """One payload that passed the edge: parsed, with the peer that signed it."""
-
-    topic: str
-    payload: Payload
-    sender_peer: str
-    """The authenticated origin (libp2p peer id, base58), or the endpoint name in memory."""
-    raw: bytes = b""
-    """The bytes as they arrived (the bridge forwards these to clients unchanged)."""
-
-
-class Publisher(Protocol):
-    """Publishes one envelope (or the states array) on a topic. Fire and forget, like gossipsub."""
-
-    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None: ...
 
 
 def encode_for_topic(topic: str, envelope: Envelope | list[State]) -> bytes:

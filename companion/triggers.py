@@ -39,13 +39,13 @@ from cel_expr_python import cel
 from cel_expr_python.ext import ext_math, ext_strings
 
 from .log import log_event
-from .models.base import ToolInstruction
 
 __all__ = [
     "PARAMS_VARIABLE",
     "CompiledTriggers",
     "ConditionOutcome",
     "ParamType",
+    "ToolInstruction",
     "TriggerCondition",
     "TriggerError",
     "TriggerProblem",
@@ -144,6 +144,14 @@ class ParamType:
                 k: (self.properties[k].normalise(v) if k in self.properties else v) for k, v in value.items()
             }
         return value
+
+
+@dataclass(frozen=True, slots=True)
+class ToolInstruction:
+    """What a matching CEL condition asks for: use ``tool`` following ``instruction``."""
+
+    tool: str
+    instruction: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,3 +111,48 @@ class HookedModel:
         if self.on_speak is not None:
             await self.on_speak(request)
         await self.inner.speak(request, call_tool)
+
+
+class EchoSink:
+    """A publisher for one engine driven by hand: it records what the engine publishes and hands
+    it back to the engine, as every transport does (the echo rule of ``companion.ports``)."""
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.sent: list[tuple[str, Any]] = []
+        self.engine: Any = None
+
+    async def publish(self, topic: str, envelope: Any) -> None:
+        self.sent.append((topic, envelope))
+        if self.engine is not None:
+            from companion.ports import Inbound
+
+            await self.engine.handle(Inbound(topic, envelope, self.me))
+
+    def topics(self) -> list[str]:
+        return [topic for topic, _ in self.sent]
+
+    def on(self, topic: str) -> list[Any]:
+        return [envelope for t, envelope in self.sent if t == topic]
+
+
+def solo(
+    card: LoadedCard, model: CompanionModel, *, store: Any = None, timings: Any = None
+) -> tuple[Any, EchoSink, list[Any]]:
+    """One engine driven by hand (attach it to a nursery): ``(engine, its echoing sink, its events)``.
+    It sees only itself in its directory."""
+    from companion.engine import ConversationEngine, EngineTimings
+
+    me = card.card.metadata.id
+    sink, events = EchoSink(me), []
+    engine = ConversationEngine(
+        card,
+        model,
+        sink,
+        {me: card.card.metadata},
+        store=store,
+        timings=timings or EngineTimings.offline(),
+        observer=events.append,
+    )
+    sink.engine = engine
+    return engine, sink, events

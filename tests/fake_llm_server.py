@@ -6,11 +6,20 @@ It speaks just enough of two wire formats: OpenAI-compatible chat completions
 :class:`Reply` (or calls a function of the request body that returns one); an unscripted
 request gets HTTP 500 so a test that sends more requests than it expects fails loudly.
 Every request is recorded. It runs in a thread and is stopped by the test.
+
+A :class:`ServerProfile` makes it behave on the wire like one real server (see
+:data:`PROFILES`): which ``tool_choice`` values and ``response_format`` types it refuses (with
+that server's status and error body), which it ignores, and how it returns tool calls. A scripted
+reply says what the *model* means; the profile decides what of it reaches the client, as the
+real server would: a tool call the server does not let through (its tools or forcing ignored)
+arrives as the profile's plain prose, and a tool call under a JSON-schema grammar arrives as
+that JSON in the text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import select
 import socket
 import threading
@@ -23,9 +32,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 __all__ = [
+    "PROFILES",
+    "CooperativeModel",
     "FakeLLMServer",
     "Recorded",
     "Reply",
+    "ServerProfile",
     "free_port",
     "hang",
     "http_error",
@@ -72,15 +84,241 @@ def hang() -> Reply:
     return Reply(hang=True)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Recorded:
     method: str
     path: str
     headers: dict[str, str]
     body: Any
+    refused: bool = False
+    """The server profile refused this request (an HTTP error, no model involved)."""
 
 
 ReplyScript = Reply | Callable[[Any], Reply]
+
+
+_PROSE = "Hope you're doing well! How's your day been so far?"
+"""What a small model writes when its server did not let a tool call through (measured: SmolLM2
+behind llama-cpp-python answered ``tool_choice: "required"`` with this kind of line)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a server makes of one request: a refusal, or what the model may produce."""
+
+    status: int = 200
+    error: Any = None
+    """The error body, in the server's own shape."""
+    forced: str | None = None
+    """The tool whose call the server enforces (a named tool choice it honours)."""
+    forced_any: bool = False
+    """A tool call of some tool is enforced (``"required"`` honoured)."""
+    tools_visible: bool = False
+    """The model may call the request's tools (they reached it and the server parses calls)."""
+    json: bool = False
+    """The answer is constrained to JSON (``response_format`` honoured)."""
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """How one real OpenAI-compatible server treats tools, tool choices and response formats.
+
+    ``screen(body)`` is the server's decision for a request. Every choice below is what the real
+    server does, from its source and from measurements against it (see
+    ``companion/models/servers.py``).
+    """
+
+    name: str
+    owned_by: str
+    tools: str = "ok"
+    """``ok``; ``refused`` (llama.cpp without --jinja); ``unsupported_model`` (an Ollama model
+    without tool support)."""
+    choices: Mapping[str, str] = field(default_factory=dict)
+    """How each ``tool_choice`` kind (``named``, ``required``, ``auto``, ``absent``) is treated:
+    ``honour``, ``ignore`` (tools do not reach the model, prose comes back), ``as_auto`` (the
+    model may call tools but nothing is forced), or ``refuse``."""
+    formats: Mapping[str, str] = field(default_factory=dict)
+    """How each ``response_format`` type (``json_schema``, ``json_object``) is treated:
+    ``honour`` or ``refuse``."""
+    refusal: Callable[[str, str], tuple[int, Any]] = field(default=lambda what, value: (400, {}))
+    """``(what, value) -> (status, body)`` of a refused request."""
+    null_content: str = "ok"
+    """``refuse``: an assistant message with ``content: null`` fails the request validation
+    (llama-cpp-python, measured: HTTP 500 ``7 validation errors ...``)."""
+    tool_call_content: Any = None
+    """``content`` beside tool calls (``None``, or ``""`` as Ollama sends)."""
+    call_id: str = "call_{seq}_{i}"
+
+    def screen(self, body: Mapping[str, Any]) -> Outcome:
+        tools = body.get("tools") or []
+        if self.null_content == "refuse" and any(
+            m.get("role") == "assistant" and m.get("content") is None for m in body.get("messages") or []
+        ):
+            return Outcome(*self.refusal("messages", "null content"))
+        choice = body.get("tool_choice")
+        kind = "absent" if choice is None else "named" if isinstance(choice, Mapping) else str(choice)
+        if tools and self.tools == "refused":
+            return Outcome(*self.refusal("tools", ""))
+        if choice is not None and self.tools == "refused":
+            return Outcome(*self.refusal("tool_choice", kind))
+        if tools and self.tools == "unsupported_model":
+            return Outcome(*self.refusal("tools", str(body.get("model", ""))))
+        json_constrained = False
+        fmt = body.get("response_format")
+        if isinstance(fmt, Mapping) and fmt.get("type") not in (None, "text"):
+            treatment = self.formats.get(str(fmt["type"]), "refuse")
+            if treatment == "refuse":
+                return Outcome(*self.refusal("response_format", str(fmt["type"])))
+            json_constrained = True
+        if not tools:
+            return Outcome(json=json_constrained)
+        treatment = self.choices.get(kind, "honour")
+        if treatment == "refuse":
+            return Outcome(*self.refusal("tool_choice", kind))
+        if treatment == "ignore":
+            return Outcome(json=json_constrained)
+        if treatment == "as_auto" or kind in ("auto", "absent"):
+            return Outcome(tools_visible=True, json=json_constrained)
+        if kind == "named":
+            assert isinstance(choice, Mapping)
+            return Outcome(forced=str(choice["function"]["name"]), tools_visible=True)
+        return Outcome(forced_any=True, tools_visible=True)
+
+    def realise(self, outcome: Outcome, reply: Reply) -> Reply:
+        """What of the model's ``reply`` the client receives under ``outcome``."""
+        if not reply.calls:
+            return reply
+        if outcome.tools_visible:
+            if outcome.forced is not None:
+                return Reply(calls=tuple(c for c in reply.calls if c[0] == outcome.forced) or reply.calls[:1])
+            return reply
+        if outcome.json:
+            _, args = reply.calls[0]
+            return Reply(text=args if isinstance(args, str) else json.dumps(args))
+        return Reply(text=_PROSE)
+
+
+def _openai_error(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def _llama_cpp_refusal(what: str, value: str) -> tuple[int, Any]:
+    message = {
+        "tools": "tools param requires --jinja flag",
+        "tool_choice": "Unsupported param: tool_choice",
+    }.get(what, f'response_format type must be one of "text" or "json_object", but got: {value}')
+    return 500, {"error": {"code": 500, "message": message, "type": "server_error"}}
+
+
+def _llama_cpp_python_refusal(what: str, value: str) -> tuple[int, Any]:
+    if what == "messages":
+        message = (
+            "7 validation errors:\n  {'type': 'literal_error', 'loc': ('body', 'messages', 2, "
+            "'ChatCompletionRequestSystemMessage', 'role'), 'msg': \"Input should be 'system'\", "
+            "'input': 'assistant'}"
+        )
+        return 500, {
+            "error": {"message": message, "type": "internal_server_error", "param": None, "code": None}
+        }
+    if what == "response_format":
+        message = (
+            "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+            f"'msg': \"Input should be 'text' or 'json_object'\", 'input': '{value}'}}"
+        )
+        return 500, {
+            "error": {"message": message, "type": "internal_server_error", "param": None, "code": None}
+        }
+    # chatml-function-calling: `assert tool_choice == "auto"` fails, with an empty message.
+    return 500, {"error": {"message": "", "type": "internal_server_error", "param": None, "code": None}}
+
+
+def _ollama_refusal(what: str, value: str) -> tuple[int, Any]:
+    return 400, _openai_error(f"registry.ollama.ai/library/{value} does not support tools", "api_error")
+
+
+def _vllm_refusal(what: str, value: str) -> tuple[int, Any]:
+    if what == "tool_choice":
+        message = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+    else:
+        message = f"response_format type {value} is not supported"
+    return 400, {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": 400}
+
+
+def _lmstudio_refusal(what: str, value: str) -> tuple[int, Any]:
+    return 400, {"error": "'response_format.type' must be 'json_schema' or 'text'"}
+
+
+_BOTH_FORMATS: dict[str, str] = {"json_schema": "honour", "json_object": "honour"}
+
+PROFILES: dict[str, ServerProfile] = {
+    "openai": ServerProfile("openai", "system", formats=_BOTH_FORMATS),
+    "llama.cpp": ServerProfile(
+        "llama.cpp",
+        "llamacpp",
+        tools="refused",
+        formats=_BOTH_FORMATS,
+        refusal=_llama_cpp_refusal,
+        call_id="{rand}",
+    ),
+    "llama.cpp-jinja": ServerProfile(
+        "llama.cpp-jinja",
+        "llamacpp",
+        # A named choice is read as "auto"; a forced call came back as text with small templates.
+        choices={"named": "as_auto", "required": "ignore"},
+        formats=_BOTH_FORMATS,
+        refusal=_llama_cpp_refusal,
+        call_id="{rand}",
+    ),
+    "llama-cpp-python": ServerProfile(
+        "llama-cpp-python",
+        "me",
+        choices={"required": "ignore", "auto": "ignore", "absent": "ignore"},
+        formats={"json_object": "honour"},
+        refusal=_llama_cpp_python_refusal,
+        null_content="refuse",
+        call_id="call__0_{name}_cmpl-{rand}",
+    ),
+    "llama-cpp-python-fc": ServerProfile(
+        "llama-cpp-python-fc",
+        "me",
+        choices={"required": "refuse", "absent": "ignore"},
+        formats={"json_object": "honour"},
+        refusal=_llama_cpp_python_refusal,
+        null_content="refuse",
+        call_id="call__0_{name}_cmpl-{rand}",
+    ),
+    "ollama": ServerProfile(
+        "ollama",
+        "library",
+        choices={"named": "as_auto", "required": "as_auto"},  # tool_choice is not read at all
+        formats=_BOTH_FORMATS,
+        refusal=_ollama_refusal,
+        tool_call_content="",
+        call_id="call_{rand}",
+    ),
+    "ollama-no-tools": ServerProfile(
+        "ollama-no-tools",
+        "library",
+        tools="unsupported_model",
+        formats=_BOTH_FORMATS,
+        refusal=_ollama_refusal,
+    ),
+    "vllm": ServerProfile(
+        "vllm",
+        "vllm",
+        choices={"auto": "refuse"},  # without --enable-auto-tool-choice
+        formats=_BOTH_FORMATS,
+        refusal=_vllm_refusal,
+        call_id="chatcmpl-tool-{rand}",
+    ),
+    "lmstudio": ServerProfile(
+        "lmstudio",
+        "organization_owner",
+        formats={"json_schema": "honour"},
+        refusal=_lmstudio_refusal,
+    ),
+}
+"""Every server profile by name. ``openai`` (the default) honours everything."""
 
 
 @dataclass
@@ -88,6 +326,8 @@ class FakeLLMServer:
     """Scripted replies in, recorded requests out. Use :func:`running_server` to run one."""
 
     models: tuple[str, ...] = ("fake-1",)
+    profile: ServerProfile = field(default_factory=lambda: PROFILES["openai"])
+    """The real server this one behaves like on the wire."""
     api_key: str | None = None
     """When set, requests without this key (Bearer or x-api-key) get HTTP 401."""
     models_status: int = 200
@@ -121,6 +361,11 @@ class FakeLLMServer:
         with self._lock:
             return [r for r in self.requests if r.method == "POST"]
 
+    def refusals(self) -> list[Recorded]:
+        """The generation requests the profile refused (HTTP error), oldest first."""
+        with self._lock:
+            return [r for r in self.requests if r.method == "POST" and r.refused]
+
     def unused_replies(self) -> int:
         with self._lock:
             return len(self._script)
@@ -133,12 +378,100 @@ class FakeLLMServer:
         return script if isinstance(script, Reply) else script(body)
 
 
-def _openai_completion(reply: Reply, model: str, seq: int) -> dict[str, Any]:
+def plain_value(schema: Mapping[str, Any]) -> Any:
+    """The plainest value a JSON Schema accepts (first enum value, minimum, false, empty)."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object":
+        return {name: plain_value(sub) for name, sub in schema.get("properties", {}).items()}
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 0)
+    if kind == "boolean":
+        return False
+    if kind == "array":
+        return [plain_value(schema.get("items", {})) for _ in range(schema.get("minItems", 0))]
+    return "something"
+
+
+_SCHEMA_IN_TEXT = re.compile(r"JSON Schema\)?:\s*")
+
+
+class CooperativeModel:
+    """A model that answers what each request asks, from what the request shows: the output
+    tool's schema, the ``response_format`` schema, or the schema written in the instructions;
+    and for speaking, a line to the recipients the prompt names. It rotates the speaker, one per
+    states call, so a group conversation moves on. It calls tools when the request has tools and
+    writes JSON or its line as text when it has none; the server profile decides what of that
+    reaches the client."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.lines = 0
+
+    def __call__(self, body: Mapping[str, Any]) -> Reply:
+        tools = {t["function"]["name"]: t["function"] for t in body.get("tools") or []}
+        messages = body.get("messages") or []
+        system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
+        user = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
+        wanted = self._schema(body, tools, system + "\n" + user)
+        if wanted is not None:
+            name, schema = wanted
+            args = self._states(schema) if "states" in schema.get("properties", {}) else plain_value(schema)
+            return tool_call(name, args) if name in tools else text(json.dumps(args))
+        address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
+        to = [a.strip() for a in address.group(1).split(",")] if address else []
+        self.lines += 1
+        line = f"Reply number {self.lines}."
+        if "speak" in tools:
+            return tool_call("speak", {"message": line, "to": to, "emotion": "happy"})
+        return text(line)
+
+    @staticmethod
+    def _schema(
+        body: Mapping[str, Any], tools: Mapping[str, Any], system: str
+    ) -> tuple[str, dict[str, Any]] | None:
+        for name in ("set_states", "set_params"):
+            if name in tools:
+                return name, tools[name]["parameters"]
+        fmt = body.get("response_format")
+        schema: Any = None
+        if isinstance(fmt, Mapping):
+            schema = fmt.get("schema") or (fmt.get("json_schema") or {}).get("schema")
+        shown = _SCHEMA_IN_TEXT.search(system)
+        if schema is None and shown is not None and "JSON object" in system:
+            schema = json.JSONDecoder().raw_decode(system, shown.end())[0]
+        if not isinstance(schema, dict):
+            return None
+        return ("set_states" if "states" in schema.get("properties", {}) else "set_params"), schema
+
+    def _states(self, schema: Mapping[str, Any]) -> dict[str, Any]:
+        item = schema["properties"]["states"]["items"]
+        ids = item["properties"]["companion_id"]["enum"]
+        speaker = ids[self.turn % len(ids)]
+        self.turn += 1
+        return {
+            "states": [
+                {
+                    "companion_id": cid,
+                    "state": "speak" if cid == speaker else "listen",
+                    "importance": 7 if cid == speaker else 1,
+                    "selected": False,
+                    "closing": "none",
+                }
+                for cid in ids
+            ]
+        }
+
+
+def _openai_completion(reply: Reply, model: str, seq: int, profile: ServerProfile) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.calls:
+        if reply.text is None:
+            message["content"] = profile.tool_call_content
         message["tool_calls"] = [
             {
-                "id": f"call_{seq}_{i}",
+                "id": profile.call_id.format(seq=seq, i=i, name=name, rand=f"{seq:08x}{i:04x}"),
                 "type": "function",
                 "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
             }
@@ -189,10 +522,12 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _record(self, body: Any) -> None:
+        def _record(self, body: Any) -> Recorded:
             headers = {k.lower(): v for k, v in self.headers.items()}
+            record = Recorded(self.command, self.path.split("?")[0], headers, body)
             with server._lock:
-                server.requests.append(Recorded(self.command, self.path.split("?")[0], headers, body))
+                server.requests.append(record)
+            return record
 
         def _authorized(self) -> bool:
             if server.api_key is None:
@@ -219,7 +554,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             data = [
                 {"type": "model", "id": m, "display_name": m, "created_at": "2025-01-01T00:00:00Z"}
                 if anthropic
-                else {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                else {"id": m, "object": "model", "created": 0, "owned_by": server.profile.owned_by}
                 for m in server.models
             ]
             payload: dict[str, Any] = {"data": data}
@@ -232,13 +567,20 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")
-            self._record(body)
+            record = self._record(body)
             if not self._authorized():
                 return
             path = self.path.split("?")[0]
             if path not in ("/v1/chat/completions", "/v1/messages"):
                 self._send(404, {"error": {"message": f"no route {path}"}})
                 return
+            outcome = Outcome(tools_visible=True, json=True)
+            if path == "/v1/chat/completions":
+                outcome = server.profile.screen(body)
+                if outcome.status != 200:
+                    record.refused = True
+                    self._send(outcome.status, outcome.error)
+                    return
             reply = server._next(body)
             if reply is None:
                 self._send(500, {"error": {"message": "the fake server has no scripted reply left"}})
@@ -254,7 +596,8 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             if path == "/v1/messages":
                 self._send(200, _anthropic_message(reply, model, seq))
             else:
-                self._send(200, _openai_completion(reply, model, seq))
+                reply = server.profile.realise(outcome, reply)
+                self._send(200, _openai_completion(reply, model, seq, server.profile))
 
         def _hang(self) -> None:
             server.arrived.set()

@@ -11,11 +11,13 @@ import trio
 from pydantic import BaseModel, Field
 
 from companion.actions import ActionContext, ActionRefused, action
+from companion.app.demo import default_cards
+from companion.app.group import USER_ID, MemoryGroup
 from companion.card import LoadedCard, load_card
-from companion.demo import USER_ID, MemoryGroup, TranscriptEvent, default_cards
 from companion.engine import EngineTimings
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Action
+from companion.transcript import TranscriptEvent
 from companion.transport import Inbound
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from companion.cli import build_parser, main
-from companion.cli.bridge import TOKEN_ENV, parse_ws_address, resolve_token
+from companion.cli.options import TOKEN_ENV, parse_ws_address, resolve_token
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_beyond_loopback_a_token_is_generated_and_shown(monkeypatch: pytest.MonkeyPatch) -> None:
-    from companion.cli.bridge import BridgeOptions, client_urls
+    from companion.app.bridge import BridgeOptions, client_urls
 
     local = BridgeOptions(host="127.0.0.1", port=8080)
     assert local.token is None and not local.token_generated

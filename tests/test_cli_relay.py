@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from companion.cli.relay import RELAY_LINE
+from companion.app.lines import RELAY_LINE
 
 
 def start(tmp: Path) -> subprocess.Popen[str]:

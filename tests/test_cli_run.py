@@ -11,18 +11,12 @@ import pytest
 import trio
 from fake_llm_server import running_server
 
+from companion.app import clients as client_wiring
+from companion.app.bridge import BridgeOptions, make_bridge
+from companion.app.engines import CompanionHandler, EngineOptions, engine_handlers, model_spec, prepare_models
+from companion.app.lines import announce_directory, parse_sees, sees_line
 from companion.card import LoadedCard, load_card
-from companion.cli import main, run
-from companion.cli.bridge import BridgeOptions, make_bridge
-from companion.cli.run import (
-    CompanionHandler,
-    EngineOptions,
-    engine_handlers,
-    model_spec,
-    parse_sees,
-    prepare_models,
-    sees_line,
-)
+from companion.cli import main
 from companion.engine import EngineTimings
 from companion.models.scripted import ScriptedModel
 from companion.node import CompanionNode, NodeConfig
@@ -164,14 +158,14 @@ async def test_clients_are_let_in_when_the_clients_node_does_not_meet_the_compan
 ) -> None:
     """The wait for the clients' node to meet this process's companions has a deadline: after it,
     a warning, and clients may connect anyway (here the node never runs, so it meets nobody)."""
-    monkeypatch.setattr(run, "CLIENT_NODE_TIMEOUT", 0.2)
-    caplog.set_level(logging.WARNING, logger="companion.cli.run")
+    monkeypatch.setattr(client_wiring, "CLIENT_NODE_TIMEOUT", 0.2)
+    caplog.set_level(logging.WARNING, logger="companion.app.clients")
     node = CompanionNode(None, NodeConfig(name="clients"))
     options = BridgeOptions(host="127.0.0.1", port=0, webrtc=False)
-    clients = run._ClientNode(node, make_bridge(options, node), "/ip4/127.0.0.1/tcp/1")
+    clients = client_wiring.ClientNode(node, make_bridge(options, node), "/ip4/127.0.0.1/tcp/1")
     async with trio.open_nursery() as nursery:
         with trio.fail_after(10):
-            port = await run._serve_clients(options, clients, {"companion_a"}, nursery)
+            port = await client_wiring.open_to_clients(options, clients, {"companion_a"}, nursery)
         stream = await trio.open_tcp_stream("127.0.0.1", port)  # the bridge listens
         await stream.aclose()
         nursery.cancel_scope.cancel()
@@ -198,6 +192,6 @@ def test_a_closed_stdout_does_not_stop_a_node(
     [one] = loaded(tmp_path, ("a", None))
     node = CompanionNode(one.card.metadata, NodeConfig(name="companion_a"))
     monkeypatch.setattr("sys.stdout", _ClosedStdout())
-    caplog.set_level(logging.WARNING, logger="companion.cli.run")
-    run._announce_directory(node)
+    caplog.set_level(logging.WARNING, logger="companion.app.lines")
+    announce_directory(node)
     assert [getattr(r, "companion_event", "") for r in caplog.records] == ["stdout_closed"]

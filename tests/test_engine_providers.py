@@ -4,72 +4,23 @@ through the action runtime, one HTTP request per model call, to ``terminal``."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import trio
 from engine_support import make_card
-from fake_llm_server import FakeLLMServer, Reply, running_server, tool_call
+from fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, running_server
 
-from companion.demo import MemoryGroup
+from companion.app.group import MemoryGroup
 from companion.engine import EngineTimings
 from companion.models.endpoints import ProviderConfig
-from companion.models.providers import ProviderModel
+from companion.models.providers import ProviderModel, resolve_config
+from companion.models.servers import EndpointMemory
 
 # Real time here: the model answers over real sockets, so a mock clock would jump past them.
 TIMINGS = EngineTimings(
     states_timeout=5, publish_timeout=2, takeover_after=8, speak_timeout=10, reply_timeout=15
 )
-
-
-class FakeCompanions:
-    """Answers every request the way a cooperative model would, from what the request shows."""
-
-    def __init__(self) -> None:
-        self.turn = 0
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        tools = {t["function"]["name"]: t["function"] for t in body.get("tools", [])}
-        prompt = body["messages"][-1]["content"]
-        if "set_states" in tools:
-            item = tools["set_states"]["parameters"]["properties"]["states"]["items"]
-            ids = item["properties"]["companion_id"]["enum"]
-            speaker = ids[self.turn % len(ids)]
-            self.turn += 1
-            states = [
-                {
-                    "companion_id": cid,
-                    "state": "speak" if cid == speaker else "listen",
-                    "importance": 7 if cid == speaker else 1,
-                    "selected": False,
-                    "closing": "none",
-                }
-                for cid in ids
-            ]
-            return tool_call("set_states", {"states": states})
-        if "set_params" in tools:
-            return tool_call("set_params", _fill(tools["set_params"]["parameters"]))
-        address = re.search(r"Address: (.*)\.", prompt)
-        to = [a.strip() for a in address.group(1).split(",")] if address else []
-        return tool_call("speak", {"message": f"Reply number {self.turn}.", "to": to, "emotion": "happy"})
-
-
-def _fill(schema: dict[str, Any]) -> Any:
-    """The plainest value a JSON Schema accepts (first enum value, minimum, false, empty)."""
-    if "enum" in schema:
-        return schema["enum"][0]
-    kind = schema.get("type")
-    if kind == "object":
-        return {name: _fill(sub) for name, sub in schema.get("properties", {}).items()}
-    if kind in ("integer", "number"):
-        return schema.get("minimum", 0)
-    if kind == "boolean":
-        return False
-    if kind == "array":
-        return [_fill(schema.get("items", {})) for _ in range(schema.get("minItems", 0))]
-    return "something"
 
 
 @pytest.fixture
@@ -87,7 +38,7 @@ def provider(srv: FakeLLMServer) -> ProviderModel:
 async def test_a_provider_conversation_reaches_terminal_with_three_requests_per_turn(
     server: FakeLLMServer,
 ) -> None:
-    answers = FakeCompanions()
+    answers = CooperativeModel()
     server.push(*([answers] * 40))
     async with trio.open_nursery() as nursery:
         group = MemoryGroup(nursery, timings=TIMINGS)
@@ -110,3 +61,37 @@ async def test_a_provider_conversation_reaches_terminal_with_three_requests_per_
         r for r in server.model_requests() if any(t["function"]["name"] == "speak" for t in r.body["tools"])
     )
     assert "Address: user_demo" in first_speak.body["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize(
+    "profile",
+    ["llama.cpp", "llama.cpp-jinja", "llama-cpp-python", "llama-cpp-python-fc", "ollama", "vllm"],
+)
+async def test_a_conversation_reaches_terminal_on_every_server(profile: str) -> None:
+    """What a user of each server gets: the start-up check, then a conversation with replies
+    addressed to companions that exist, to ``terminal``, whatever the server refuses or ignores."""
+    memory = EndpointMemory()
+    with running_server(profile=PROFILES[profile]) as srv:
+        srv.push(*([CooperativeModel()] * 60))
+        config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
+        async with trio.open_nursery() as nursery:
+            group = MemoryGroup(nursery, timings=TIMINGS)
+            cards = [make_card(index, max_turns=3) for index in range(3)]
+            for card in cards:
+                model = ProviderModel(config, memory)
+                await model.check()
+                await group.add(card, model)
+            await group.say("Hello, everyone!")
+            with trio.fail_after(60):
+                assert await group.wait_until(lambda t: t.over, 60)
+            nursery.cancel_scope.cancel()
+    replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
+    assert len(replies) == 3
+    ids = {card.card.metadata.id for card in cards} | {"user_demo"}
+    assert all(e.recipients and set(e.recipients) <= ids for e in replies), [e.recipients for e in replies]
+    assert group.transcript.double_speech == {}
+    assert len(srv.refusals()) <= 1  # a refused form is sent once, then never again
+
+
+FakeCompanions = CooperativeModel
+"""The cooperative model under its former name (tests/integration/test_demo.py imports it)."""

@@ -12,12 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from companion.card import load_card
-from companion.demo import (
-    USER_ID,
+from companion.app.demo import (
     DemoOptions,
-    Transcript,
-    TranscriptEvent,
     _Child,
     _converse,
     _end_event,
@@ -28,12 +24,20 @@ from companion.demo import (
     default_cards,
     kickoff_text,
     names_of,
-    render_text,
     run_in_memory,
 )
-from companion.models.base import StateDecision
+from companion.app.group import USER_ID
+from companion.card import load_card
 from companion.protocol import Message, State
-from companion.turns import META_CLOSING, META_IN_REPLY_TO, META_TURN, finalize_states, turn_tag
+from companion.transcript import Transcript, TranscriptEvent, render_text
+from companion.turns import (
+    META_CLOSING,
+    META_IN_REPLY_TO,
+    META_TURN,
+    StateDecision,
+    finalize_states,
+    turn_tag,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 A, B, C = "companion_a", "companion_b", "companion_c"

@@ -19,11 +19,24 @@ from companion.listen import (
     DirectoryError,
     ListenOptions,
     PlayerVoice,
+    Show,
     VoiceError,
     fetch_companions,
     run_listener,
 )
-from companion.protocol import MESSAGES, QUERIES, Message, Metadata, Query, QueryResult
+from companion.listen.core import END_MARKER
+from companion.protocol import (
+    ACTIONS,
+    MESSAGES,
+    QUERIES,
+    STATES,
+    Action,
+    Message,
+    Metadata,
+    Query,
+    QueryResult,
+    State,
+)
 from companion.transport import Inbound, MemoryEndpoint, MemoryHub
 from companion.voice import EspeakSynthesizer
 
@@ -309,3 +322,57 @@ async def test_a_missing_token_says_how_to_give_one(nursery: trio.Nursery) -> No
     assert await run_listener(options, receive, screen) == 1
     text = screen.lines[-1].text
     assert "refused (401)" in text and "--token" in text and "?token=" in text
+
+
+async def test_thinking_counts_in_real_time_then_the_failure_and_the_end(nursery: trio.Nursery) -> None:
+    """The signals as companions publish them reach the client through the bridge (``states``
+    included: the client asks for it), and the status line ticks on the client's own clock."""
+    async with listener(nursery) as s:
+        with trio.fail_after(5):
+            await s.bridge.wait_for_clients(1)
+        await s.companion.publish(
+            ACTIONS, Action.create("companion_aya", "companion.thinking", {"in_reply_to": "m-1"})
+        )
+        await s.screen.wait_for("Aya is thinking… (0 s)")
+        start = trio.current_time()
+        await s.screen.wait_for("Aya is thinking… (2 s)", timeout=6)
+        assert trio.current_time() - start >= 1.5
+        statuses = [line.text for line in s.screen.lines if line.kind == "status"]
+        assert statuses == [f"Aya is thinking… ({n} s)" for n in range(3)]  # once a second, no repeats
+        detail = "the server ignored the forced tool call"
+        await s.companion.publish(
+            ACTIONS,
+            Action.create(
+                "companion_aya",
+                "companion.yield",
+                {"in_reply_to": "m-1", "reason": "model_error", "detail": detail},
+            ),
+        )
+        failed = await s.screen.wait_for("Aya could not answer")
+        assert failed.text == (
+            "Aya could not answer: the model failed (the server ignored the forced tool call); "
+            "the turn passes to the next companion"
+        )
+        assert s.screen.lines[s.screen.lines.index(failed) - 1] == Show("", "status")
+        # the stand-in thinks, replies in a closing stage; the array after it ends the conversation
+        await s.companion.publish(
+            ACTIONS, Action.create("companion_pim", "companion.thinking", {"in_reply_to": "m-1"})
+        )
+        await s.screen.wait_for("Pim is thinking… (0 s)")
+        last = Message.create(
+            "companion_pim", ["user_yamada"], "Good night.", {"in_reply_to": "m-1", "closing": "closing"}
+        )
+        await s.companion.publish(MESSAGES, last)
+        await s.screen.wait_for("Pim → you: Good night.")
+        end = [
+            State.create("companion_aya", "speak", 6, False, "terminal"),
+            State.create("companion_pim", "listen", 2, False, "terminal"),
+        ]
+        await s.companion.publish(STATES, end)
+        marker = await s.screen.wait_for(END_MARKER)
+        await s.companion.publish(STATES, end)  # another leader's array: no second marker
+        await s.companion.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "sync"))
+        await s.screen.wait_for("Aya → you: sync")
+        assert [line for line in s.screen.lines if line.text == END_MARKER] == [marker]
+        assert [line.text for line in s.screen.lines if line.kind == "status"][-1] == ""  # nobody thinks
+        await s.lines.send("/quit")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
-from fake_llm_server import free_port, running_server, tool_call
+from fake_llm_server import PROFILES, free_port, running_server, tool_call
 
 from companion.models.base import StatesRequest
 from companion.models.errors import ModelSetupError
@@ -159,3 +160,25 @@ async def test_a_spec_to_a_local_server_end_to_end() -> None:
         assert (listing.path, generation.path) == ("/v1/models", "/v1/chat/completions")
         assert generation.body["model"] == "qwen2.5:3b"
         assert generation.headers["authorization"] == f"Bearer {LOCAL_PLACEHOLDER_KEY}"
+
+
+async def test_check_model_shows_its_progress_with_seconds() -> None:
+    """A long set-up says when it starts and when it is ready, naming the server it found."""
+    lines: list[str] = []
+    with running_server(models=("smollm2",), profile=PROFILES["llama-cpp-python"]) as srv:
+        await check_model(make_model("openai:smollm2", base_url=srv.openai_base_url), progress=lines.append)
+    assert lines[0] == f"checking openai:smollm2 at {srv.openai_base_url} …"
+    assert re.fullmatch(r"openai:smollm2 ready \(llama-cpp-python\) in \d+\.\d s", lines[1]), lines
+
+
+async def test_check_model_failure_is_one_line_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(ModelSetupError):
+        await check_model(make_model("openai:llama3.2", base_url=url), timeout=5)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"companion: checking openai:llama3.2 at {url} …"
+    assert re.fullmatch(
+        rf"companion: openai:llama3\.2: failed after \d+\.\d s: "
+        rf"cannot reach {re.escape(url)}; is the server running\?",
+        err[1],
+    ), err

@@ -160,7 +160,7 @@ async def test_states_come_from_one_structured_request(server: FakeLLMServer) ->
     assert sent.headers["authorization"] == "Bearer sk-test"
     body = sent.body
     assert body["model"] == "fake-1"
-    assert body["tool_choice"] == "required"
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "set_states"}}
     [tool] = body["tools"]
     assert tool["function"]["name"] == "set_states"
     item = tool["function"]["parameters"]["properties"]["states"]["items"]
@@ -205,7 +205,9 @@ async def test_invalid_states_are_sent_back_once_with_the_problems(server: FakeL
 
 
 async def test_states_fail_after_one_retry(server: FakeLLMServer) -> None:
-    server.push(tool_call("set_states", {"states": [state(AYA.id)]}), tool_call("set_states", {"states": []}))
+    server.push(
+        tool_call("set_states", {"states": [state("companion_zed")]}), tool_call("set_states", {"states": []})
+    )
     with pytest.raises(ModelError, match=r"invalid answer after a retry.*no entry for"):
         await openai_model(server).decide_states(states_request())
     assert len(server.model_requests()) == 2
@@ -378,24 +380,31 @@ async def test_speak_failed_action_is_shown_to_the_model_which_fixes_it(server: 
     assert "must name a present companion" in result["content"]
 
 
-async def test_speak_plain_text_and_unknown_tools_are_nudged(server: FakeLLMServer) -> None:
-    server.push(
-        text("Whales!"), tool_call("shout", {"x": 1}), tool_call("speak", {"message": "Whales!", "to": []})
-    )
+async def test_speak_plain_text_is_said_through_the_speak_tool(server: FakeLLMServer) -> None:
+    """A model that answers in prose instead of calling speak still reaches the runtime."""
+    server.push(text("Ben: Whales!"))
+    tools = ToolRecorder()
+    await openai_model(server).speak(speak_request(), tools)
+    assert tools.calls == [("speak", {"message": "Whales!", "to": ["user_1"]})]
+    assert len(server.model_requests()) == 1
+
+
+async def test_speak_unknown_tools_are_answered_and_the_model_fixes_it(server: FakeLLMServer) -> None:
+    server.push(tool_call("shout", {"x": 1}), tool_call("speak", {"message": "Whales!", "to": []}))
     tools = ToolRecorder()
     await openai_model(server).speak(speak_request(), tools)
 
     assert tools.calls == [("speak", {"message": "Whales!", "to": []})]
-    second, third = server.model_requests()[1:]
-    assert "Nobody heard that" in second.body["messages"][-1]["content"]
-    [unknown] = tool_messages(third.body)
+    [unknown] = tool_messages(server.model_requests()[1].body)
     assert "there is no tool 'shout'" in unknown["content"]
 
 
 async def test_speak_stops_at_its_request_budget(server: FakeLLMServer) -> None:
     server.push(*[tool_call("companions", {}) for _ in range(5)])
     tools = ToolRecorder()
-    await openai_model(server, max_speak_requests=3).speak(speak_request(), tools)
+    with pytest.raises(ModelError) as caught:
+        await openai_model(server, max_speak_requests=3).speak(speak_request(), tools)
+    assert caught.value.reason == "the model did not speak (it only looked things up)"
     assert len(server.model_requests()) == 3
     assert [c[0] for c in tools.calls] == ["companions"] * 3
     assert server.unused_replies() == 2

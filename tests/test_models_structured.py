@@ -15,6 +15,7 @@ from companion.models.structured import (
     check_states,
     params_schema_problems,
     parse_json_object,
+    spoken_text,
     states_schema,
     wire_tool_names,
 )
@@ -49,12 +50,41 @@ def test_states_come_back_in_companion_order() -> None:
     ]
 
 
+def test_a_partial_states_answer_is_used_not_refused() -> None:
+    """A small model repeats an id, invents one, or forgets one: each costs nothing but itself."""
+    raw = {"states": [entry(A.id, importance=3), entry(A.id, importance=9), entry("companion_x")]}
+    decisions = check_states(raw, request(nominated=B.id))
+    assert not isinstance(decisions, Problems)
+    assert [(d.companion_id, d.state, d.importance, d.selected) for d in decisions] == [
+        (A.id, "speak", 3.0, False),
+        (B.id, "listen", 0.0, True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("floor", "answered", "expected"),
+    [
+        ("none", "terminal", "pre-closing"),
+        ("none", "none", "none"),
+        ("pre-closing", "terminal", "closing"),
+        ("closing", "none", "closing"),
+        ("closing", "terminal", "terminal"),
+    ],
+)
+def test_the_closing_stage_moves_at_most_one_step_past_the_floor(
+    floor: str, answered: str, expected: str
+) -> None:
+    raw = {"states": [entry(A.id, closing=answered), entry(B.id, closing=answered)]}
+    decisions = check_states(raw, request(closing_floor=floor))
+    assert not isinstance(decisions, Problems)
+    assert {d.closing for d in decisions} == {expected}
+
+
 @pytest.mark.parametrize(
     ("raw", "problem"),
     [
-        ({"states": [entry(A.id)]}, "no entry for ['companion_b']"),
-        ({"states": [entry(A.id), entry(A.id), entry(B.id)]}, "'companion_a' appears more than once"),
-        ({"states": [entry(A.id), entry(B.id), entry("companion_x")]}, "'companion_x' is not one of"),
+        ({"states": [entry("companion_x")]}, "no entry for any of the companions"),
+        ({"states": []}, "no entry for any of the companions"),
         ({"states": [entry(A.id, state="shout"), entry(B.id)]}, "states.0.state"),
         ({"states": [entry(A.id, importance=-1), entry(B.id)]}, "states.0.importance"),
         ({"states": "none"}, "states: Input should be a valid list"),
@@ -169,3 +199,20 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     assert "say goodbye" in instructions
     assert "Address: user_1, companion_a." in prompt
     assert 'Context: {"weather": "rain"}' in prompt
+
+
+def test_a_small_models_echo_of_its_prompt_is_not_its_line() -> None:
+    """Measured with SmolLM2-135M: it repeated a history line or the turn line before its own."""
+    prompt = (
+        "Answer with only the words you say.\nIt is your turn (Ostra). Address: companion_juniper, user_demo."
+    )
+    echo = (
+        "2. user_demo -> Juniper (companion_juniper), companion_pim: Hello everyone!\n"
+        "It is your turn (Ostra). Address: companion_juniper, user_demo.\n"
+        "Ostra: The tide was kind today.\nJuniper: Indeed!"
+    )
+    assert spoken_text(echo, ["Ostra"], prompt) == "The tide was kind today."
+    assert (
+        spoken_text("It is your turn (Ostra). Address: companion_juniper, user_demo.", ["Ostra"], prompt)
+        == ""
+    )

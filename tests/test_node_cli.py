@@ -9,15 +9,9 @@ from typing import Any
 import pytest
 import trio
 
-from companion.cli.run import (
-    LoggingHandler,
-    Running,
-    RunOptions,
-    dialable,
-    listen_addrs_for,
-    run_nodes,
-    summarize,
-)
+from companion.app.engines import LoggingHandler, summarize
+from companion.app.lines import dialable
+from companion.app.run import Running, RunOptions, listen_addrs_for, run_nodes
 from companion.protocol import MESSAGES, STATES, Message, State
 from companion.transport import Inbound
 

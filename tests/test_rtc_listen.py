@@ -130,6 +130,6 @@ async def test_listen_over_webrtc_reports_a_refusal(nursery: trio.Nursery) -> No
 def test_cli_webrtc_voice_leaves_speak_queries_to_the_bridge() -> None:
     args = build_parser().parse_args(["listen", "--webrtc", "--voice", "--player", "cat {rate}"])
     assert args.webrtc and args.voice
-    from companion.cli.listen import _track_player
+    from companion.app.listen import track_player
 
-    assert _track_player(args.player) == ("cat", "{rate}")
+    assert track_player(args.player) == ("cat", "{rate}")

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from fault_support import reproducible
 from scripted_support import REPO, addresses_itself, converse, real_cards, real_ids, replies, write_card
-from test_engine_faults import reproducible
 
 from companion.actions import ActionRuntime
+from companion.app.group import USER_ID, MemoryGroup
 from companion.card import LoadedCard
-from companion.demo import USER_ID, MemoryGroup
 from companion.engine import EngineTimings
 from companion.history import InMemoryHistory
 from companion.models.base import ParamsRequest, SpeakRequest

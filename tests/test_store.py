@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from companion.history import ConversationHistory
+from companion.ports import ConversationStore
 from companion.protocol import Message
-from companion.store import DB_FILENAME, Store, StoreError
+from companion.store import DB_FILENAME, MemoryStore, Store, StoreError
 
 
 def _msg(i: int, sender: str = "companion_a") -> Message:
@@ -109,3 +110,35 @@ def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(StoreError, match="cannot open"):
         Store(blocker / "sub" / "x.db")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "memory"])
+def test_the_engines_store_records_once_remembers_replies_and_companions(tmp_path: Path, kind: str) -> None:
+    """Both stores keep the :class:`companion.ports.ConversationStore` promises."""
+    store: ConversationStore = Store.in_directory(tmp_path) if kind == "sqlite" else MemoryStore()
+    assert store.record(_msg(1)) is True and store.record(_msg(1)) is False
+    assert store.mark_replied("m1") is True and store.mark_replied("m1") is False
+    assert store.replied("m1") and not store.replied("m2")
+    for cid in ("companion_b", "companion_a", "companion_b"):
+        store.remember_companion(cid)
+    assert store.known_companions() == ["companion_b", "companion_a"]
+    assert [m.params.id for m in store.recent(5)] == ["m1"]
+    if isinstance(store, Store):
+        store.close()
+        with Store.in_directory(tmp_path) as again:
+            assert again.known_companions() == ["companion_b", "companion_a"] and again.replied("m1")
+
+
+def test_odd_strings_from_the_network_are_stored_not_refused(tmp_path: Path) -> None:
+    """JSON allows lone surrogates; SQLite cannot bind them. They are stored escaped and come back."""
+    odd = "\ud800"
+    message = Message.create(f"user_{odd}", [f"companion_{odd}"], f"text {odd}", id=f"id-{odd}")
+    with Store.in_directory(tmp_path) as store:
+        assert store.record(message) is True and store.record(message) is False
+        assert store.has_message(f"id-{odd}")
+        assert store.recent(1) == [message]
+        store.remember_companion(f"companion_{odd}")
+        assert store.mark_replied(odd) and store.replied(odd)
+        store.remember(f"key {odd}", {"said": odd})
+        assert store.recall(f"key {odd}") == {"said": odd}
+        assert store.record(_msg(2))  # and the next write is unaffected

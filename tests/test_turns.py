@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from companion.models.base import StateDecision
 from companion.protocol import MESSAGES, Message, PayloadError, State, parse_payload
 from companion.turns import (
+    MAX_CANDIDATES,
     META_CLOSING,
     META_IN_REPLY_TO,
     META_NEXT_SPEAKER,
@@ -20,6 +20,7 @@ from companion.turns import (
     ConversationThread,
     EarlyStates,
     Placement,
+    StateDecision,
     advance,
     bigram_jaccard,
     closing_floor,
@@ -27,6 +28,7 @@ from companion.turns import (
     fallback_decisions,
     finalize_states,
     later,
+    leader_candidates,
     plan_leaders,
     repetition_score,
     reply_recipients,
@@ -87,6 +89,18 @@ def test_inactive_addressees_never_lead() -> None:
     none = plan_leaders(message, [D])
     assert none.leader is None and none.order == () and none.reason == "no_active_addressee"
     assert none.rank(A) is None
+
+
+def test_candidates_are_the_known_companions_addressed_at_most_64() -> None:
+    ghosts = [f"companion_ghost{i}" for i in range(1000)]
+    message = Message.create("user", [*ghosts[:10], B, "user_x", *ghosts[10:], A, B], "hi")
+    found = leader_candidates(message, {A, B, C})
+    assert found.ids == (B, A) and found.unknown == 1000 and found.capped == 0
+    plan = plan_leaders(message, found.ids)
+    assert set(plan.order) == {A, B}  # no ghost takes a slot: the second known ranks 1, not 500
+    many = [f"companion_{i:03d}" for i in range(80)]
+    capped = leader_candidates(Message.create("user", many, "hi"), set(many))
+    assert capped.ids == tuple(many[:MAX_CANDIDATES]) and capped.capped == 80 - MAX_CANDIDATES
 
 
 # --- next speaker ---------------------------------------------------------------------------
@@ -333,9 +347,11 @@ def test_stamp_reply_keeps_the_speakers_keys() -> None:
     }
 
 
-def test_reply_recipients() -> None:
-    message = Message.create("user", [A, B], "hi")
-    assert reply_recipients(message, B, [A, B, C]) == ["user", A, C]
+def test_reply_recipients_are_the_conversation_not_everyone_present() -> None:
+    message = Message.create("user", [A, B, "companion_ghost", "user_2", A], "hi")
+    # the sender, then its known or human addressees; never the speaker, a ghost or a bystander C
+    assert reply_recipients(message, B, [A, B, C]) == ["user", A, "user_2"]
+    assert reply_recipients(Message.create(A, [B], "hi"), B, [A, B]) == [A]
 
 
 def test_select_leader_is_kept() -> None:
@@ -466,6 +482,6 @@ def test_early_states_wait_for_their_message_only() -> None:
     assert early.hold(for_older, "late") is False  # its message was already seen: late, not early
     assert early.hold(finalize_states(decisions, [B, C], floor="none").states, "untagged") is False
     assert early.hold(for_newer, "leader") is True
-    assert early.take(older, [A, B, C]) is None  # the tag keeps it for its own message
-    assert early.take(newer, [A, B, C]) == (for_newer, "leader")
-    assert early.take(newer, [A, B, C]) is None
+    assert early.take(older, [A, B, C]) == []  # the tag keeps it for its own message
+    assert early.take(newer, [A, B, C]) == [(for_newer, "leader")]
+    assert early.take(newer, [A, B, C]) == []

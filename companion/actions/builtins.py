@@ -2,20 +2,27 @@
 
 Wire shapes follow aikyo's core tools so existing aikyo clients keep working: a ``message.send``
 with ``metadata.emotion``, and a ``speak`` query whose body is ``{message, emotion}``.
+
+Models often address people and companions by name (``["juniper", "Ostra"]``) or not at all:
+``speak`` maps names to ids (:func:`resolve_recipients`), leaves the speaker out, and refuses an
+empty ``to`` with an error that lists whom the model can address, so it can try again. (The
+conversation engine goes further before the call: it drops ids nobody in the conversation has,
+and after one refusal falls back to the previous speaker and the people.)
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..log import log_event
-from ..protocol import Message, Metadata
+from ..protocol import COMPANION_ID_PREFIX, Message, Metadata
 from .context import ActionContext
 from .definition import action, knowledge
-from .results import QueryTimeout
+from .results import ActionRefused, QueryTimeout
 
 __all__ = [
     "VOICE_QUERY",
@@ -24,6 +31,8 @@ __all__ = [
     "NoInput",
     "SpeakInput",
     "companions",
+    "no_recipients",
+    "resolve_recipients",
     "speak",
     "speak_with_voice",
 ]
@@ -54,10 +63,78 @@ class NoInput(BaseModel):
     model_config = ConfigDict(title="NoInput")
 
 
-def _message(ctx: ActionContext[SpeakInput]) -> Message:
-    return Message.create(
-        ctx.companion_id, ctx.input.to, ctx.input.message, metadata={"emotion": ctx.input.emotion}
+def resolve_recipients(
+    to: Sequence[str],
+    *,
+    me: str,
+    companions: Mapping[str, str],
+    people: Iterable[str],
+    keep_unknown: bool = False,
+) -> tuple[list[str], list[str]]:
+    """``(ids, unknown)``: the entries of ``to`` as recipient ids, and those that name nobody.
+
+    ``companions`` maps the companion ids one may address to their names, ``people`` are the
+    ids of the people in the conversation. An id stays; a companion's name, its id in other
+    case or without ``companion_``, or a person's id in other case, becomes the id. The speaker
+    itself is left out; order is kept, duplicates dropped. With ``keep_unknown``, entries that
+    name nobody stay in ``ids`` as they are (and are still listed in ``unknown``).
+    """
+    ids = {cid: cid for cid in companions}
+    by_key: dict[str, str] = {}
+    for cid, name in companions.items():
+        for key in (name, cid, cid.removeprefix(COMPANION_ID_PREFIX)):
+            by_key.setdefault(key.strip().casefold(), cid)
+    for person in people:
+        ids[person] = person
+        by_key.setdefault(person.casefold(), person)
+    out: list[str] = []
+    unknown: list[str] = []
+    for entry in to:
+        found = ids.get(entry) or by_key.get(entry.strip().lstrip("@").casefold())
+        if found is None:
+            unknown.append(entry)
+            if keep_unknown and entry.strip() and entry != me:
+                out.append(entry)
+        elif found != me:
+            out.append(found)
+    return list(dict.fromkeys(out)), unknown
+
+
+def no_recipients(
+    to: Sequence[str], unknown: Sequence[str], companions: Mapping[str, str], people: Iterable[str]
+) -> str:
+    """The refusal a model gets for a ``to`` that names nobody: what was wrong, whom it can address."""
+    valid = [f"{cid} ({name})" if name != cid else cid for cid, name in companions.items()]
+    valid += [p for p in people if p not in companions]
+    wrong = f"unknown: {', '.join(repr(u) for u in list(unknown)[:5])}" if unknown else "it is empty"
+    return (
+        f"'to' names nobody you can address ({wrong}); use ids or names from: "
+        f"{', '.join(valid[:20]) or 'nobody is known yet'}. Call the tool again with them."
     )
+
+
+def _recipients(ctx: ActionContext[SpeakInput]) -> list[str]:
+    """The input's ``to`` with names of the companions present, or of those who spoke in the
+    history, as their ids; other entries stay as they are. Refused if nobody is left."""
+    companions = {cid: meta.name for cid, meta in ctx.companions.items()}
+    people: list[str] = []
+    for message in ctx.history:
+        sender = message.params.from_
+        if sender.startswith(COMPANION_ID_PREFIX):
+            companions.setdefault(sender, sender)
+        else:
+            people.append(sender)
+    people = list(dict.fromkeys(people))
+    ids, unknown = resolve_recipients(
+        ctx.input.to, me=ctx.companion_id, companions=companions, people=people, keep_unknown=True
+    )
+    if not ids:
+        raise ActionRefused(no_recipients(ctx.input.to, unknown, companions, people))
+    return ids
+
+
+def _message(ctx: ActionContext[SpeakInput], to: list[str]) -> Message:
+    return Message.create(ctx.companion_id, to, ctx.input.message, metadata={"emotion": ctx.input.emotion})
 
 
 @action(
@@ -69,7 +146,7 @@ def _message(ctx: ActionContext[SpeakInput]) -> Message:
 )
 def speak(ctx: ActionContext[SpeakInput]) -> Message:
     """Publish the utterance at once."""
-    return _message(ctx)
+    return _message(ctx, _recipients(ctx))
 
 
 @action(
@@ -85,6 +162,7 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
     Turns are paced by real speech; a client that fails, or no client at all, only delays the
     message by the voice deadline, it never silences the companion.
     """
+    to = _recipients(ctx)  # before the voice: a refused message is not heard either
     body = {"message": ctx.input.message, "emotion": ctx.input.emotion}
     try:
         answer = await ctx.send_query(VOICE_QUERY, body, timeout=VOICE_TIMEOUT)
@@ -99,7 +177,7 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
                 call_id=ctx.call_id,
                 error=answer.error or "success=false",
             )
-    return _message(ctx)
+    return _message(ctx, to)
 
 
 @knowledge(

@@ -26,6 +26,7 @@ __all__ = [
     "ActionDef",
     "KnowledgeDef",
     "PublishOutput",
+    "ToolSpec",
     "action",
     "knowledge",
     "validate_input",
@@ -71,6 +72,16 @@ def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
 
 def _input_schema(model: type[BaseModel]) -> dict[str, Any]:
     return copy.deepcopy(_schema_of(model))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool as the model sees it: id, what it does, and the JSON Schema of its input."""
+
+    id: str
+    description: str
+    input_schema: Mapping[str, Any]
+    kind: Literal["action", "knowledge"] = "action"
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 :meth:`ActionRuntime.call` validates the input (all issues at once, the handler never runs on a
 bad input), asks for approval when the action needs it, runs the handler under its deadline and
 the caller's cancellation, and settles exactly once with a :class:`ToolResult`. What an action
-returns is checked, published on its topic and recorded in the history.
+returns is checked, passed to the outgoing hook (which may stamp or refuse it), published on
+its topic and recorded in the history.
 
 A handler may call another tool of the same companion (:meth:`ActionContext.call`): the callee
 takes the same path, nested inside the caller (its deadline never past the caller's, the
@@ -27,13 +28,12 @@ from pydantic import BaseModel, ValidationError
 
 from ..history import ConversationHistory
 from ..log import log_event
-from ..models.base import ToolSpec
+from ..ports import OutgoingHook, Publisher
 from ..protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
-from ..transport import Publisher
 from .approval import APPROVAL_QUERY, DEFAULT_APPROVAL_TIMEOUT, approval_body, read_approval
 from .catalog import ToolChange, ToolInfo, ToolsChanged, tool_info
 from .context import ActionContext
-from .definition import ActionDef, KnowledgeDef, validate_input
+from .definition import ActionDef, KnowledgeDef, ToolSpec, validate_input
 from .kv import KeyValueStore, StoreLimitExceeded
 from .progress import DEFAULT_MIN_INTERVAL, ProgressGate, progress_action
 from .queries import PendingQueries
@@ -103,11 +103,15 @@ class ActionRuntime:
         approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT,
         publish_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
         progress_interval: float = DEFAULT_MIN_INTERVAL,
+        outgoing: OutgoingHook | None = None,
         kv: KeyValueStore | None = None,
         max_call_depth: int = MAX_CALL_DEPTH,
     ) -> None:
         """``clock`` paces progress messages only; deadlines always use trio's clock.
 
+        ``outgoing`` sees every envelope an action produced before it is published: it returns
+        the envelope to publish (a conversation engine stamps its replies) or a sentence saying
+        why it may not go out (the call ends ``refused`` with it, and nothing more is published).
         ``kv`` holds the tools' :attr:`ActionContext.store` (usually
         ``KeyValueStore.open(<the companion's SQLite file>)``); without it values live in memory
         for the runtime's lifetime. The runtime does not close it.
@@ -123,6 +127,7 @@ class ActionRuntime:
         self._approval_timeout = approval_timeout
         self._publish_timeout = publish_timeout
         self._progress_interval = progress_interval
+        self._outgoing = outgoing
         self._tools: dict[str, ToolDef] = {}
         self._calls: dict[str, _Call] = {}
         self._queries = PendingQueries(publisher, metadata.id)
@@ -516,6 +521,13 @@ class ActionRuntime:
         published: list[Message | Action] = []
         try:
             for envelope in envelopes:
+                if self._outgoing is not None:
+                    verdict = self._outgoing(defn.topic, envelope)
+                    if isinstance(verdict, str):
+                        return ToolResult(
+                            defn.id, call.call_id, "refused", verdict, published=tuple(published)
+                        )
+                    envelope = verdict
                 with trio.fail_after(self._publish_timeout):
                     await self._publisher.publish(defn.topic, envelope)
                 published.append(envelope)

@@ -1,4 +1,7 @@
-"""``companion demo``: watch three companions talk (offline by default), or any cards you name."""
+"""``companion demo``: watch three companions talk (offline by default), or any cards you name.
+
+What runs is :mod:`companion.app.demo`; this module parses the arguments and prints the transcript.
+"""
 
 from __future__ import annotations
 
@@ -49,16 +52,16 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..app.demo import DemoOptions, check_demo_model, default_cards, names_of, run_demo
     from ..card import CardError, load_card
-    from ..demo import DemoOptions, TranscriptEvent, default_cards, names_of, render_text, run_demo
+    from ..transcript import TranscriptEvent, render_text
 
     configure_logging(args.log_level.upper(), "json" if args.json else "text")
     if not args.model.startswith("scripted"):
         from ..models.errors import ModelSetupError
-        from ..models.factory import check_model, make_model
 
         try:  # a missing key or an unreachable endpoint is reported now, not mid-conversation
-            trio.run(check_model, make_model(args.model, base_url=args.base_url))
+            check_demo_model(args.model, args.base_url)
         except ModelSetupError as exc:
             print(f"companion demo: {exc}", file=sys.stderr)
             return 2

@@ -3,37 +3,24 @@
 Shows who speaks to whom (and with which emotion), sends what you type (to everyone, or
 ``@name``), answers ``speak`` queries (``--voice`` speaks them through espeak-ng and reports
 them done when the audio has finished) and ``approval`` queries (y/n), and ``/next NAME``
-nominates the next speaker.
+nominates the next speaker. While a companion prepares its reply, a status line counts the
+seconds (``Juniper is thinking… (12 s)``); a companion that cannot reply is one line with the
+reason; the end of a conversation is marked.
 """
 
 from __future__ import annotations
 
 import argparse
-import codecs
 import getpass
 import os
 import re
-import shutil
 import sys
 from typing import Any
 
-import trio
-
-from ..listen import ListenOptions, Show, find_voice, run_listener
-from ..listen.voice import PLAYERS
 from ..log import configure_logging
-from .bridge import TOKEN_ENV
+from .options import TOKEN_ENV
 
 __all__ = ["default_user_id", "register"]
-
-_STYLES = {
-    "message": "",
-    "action": "\033[36m",
-    "query": "\033[35m",
-    "info": "\033[2m",
-    "error": "\033[31m",
-    "prompt": "\033[33;1m",
-}
 
 
 def default_user_id() -> str:
@@ -85,76 +72,24 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=main)
 
 
-def _track_player(player: str | None) -> tuple[str, ...] | None:
-    """``--webrtc --voice``: where the bridge's audio track is played (raw mono PCM on stdin)."""
-    if player:
-        return tuple(player.split())
-    for candidate in PLAYERS:
-        if shutil.which(candidate[0]) is not None:
-            return candidate
-    print("companion listen: no audio player found; the voice is received, not played", file=sys.stderr)
-    return None
-
-
-def _printer(color: bool) -> Any:
-    def show(item: Show) -> None:
-        style = _STYLES.get(item.kind, "") if color else ""
-        print(f"{style}{item.text}\033[0m" if style else item.text, flush=True)
-
-    return show
-
-
-async def _read_stdin(send: trio.MemorySendChannel[str]) -> None:
-    """Lines typed by the person; the channel closes at end of input."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    pending = ""
-    async with send, trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as stdin:
-        while True:
-            data = await stdin.receive_some(4096)
-            pending += decoder.decode(data, final=not data)
-            *lines, pending = pending.split("\n")
-            for line in lines:
-                await send.send(line)
-            if not data:
-                if pending:
-                    await send.send(pending)
-                return
-
-
-async def _main(options: ListenOptions, color: bool) -> int:
-    send, receive = trio.open_memory_channel[str](16)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_read_stdin, send)
-        code = await run_listener(options, receive, _printer(color))
-        nursery.cancel_scope.cancel()
-    return code
-
-
 def main(args: argparse.Namespace) -> int:
+    from ..app.listen import listen_options, run_terminal
+
     user_id = args.user_id or default_user_id()
     if not user_id.startswith("user_") or user_id == "user_":
         print(f"companion listen: --as must look like user_NAME, not {user_id!r}", file=sys.stderr)
         return 2
     configure_logging(args.log_level.upper())
-    voice = None
-    if args.voice and not args.webrtc:
-        voice = find_voice(args.player.split() if args.player else None)
-        if voice is None:
-            print(
-                "companion listen: espeak-ng is not installed; lines will be shown, not spoken",
-                file=sys.stderr,
-            )
-    options = ListenOptions(
+    options = listen_options(
         url=args.ws,
         user_id=user_id,
         token=args.token or os.environ.get(TOKEN_ENV) or None,
-        voice=voice,
-        answer_speak=not args.no_speak and not (args.webrtc and args.voice),
+        voice=args.voice,
+        player=args.player,
+        speak=not args.no_speak,
         webrtc=args.webrtc,
-        rtc_voice=args.webrtc and args.voice,
-        rtc_player=_track_player(args.player) if args.webrtc and args.voice else None,
     )
     try:
-        return trio.run(_main, options, sys.stdout.isatty())
+        return run_terminal(options)
     except KeyboardInterrupt:
         return 130

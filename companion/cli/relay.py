@@ -2,7 +2,8 @@
 
 No companion runs here. Companions behind NAT reserve a slot on it (``companion run --relay
 ADDR``) and are reached through it; DCUtR then tries to replace each relayed connection with a
-direct one. Its DHT lets any companion that knows this one address find the others.
+direct one. Its DHT lets any companion that knows this one address find the others (the wiring
+is :mod:`companion.app.relay`; this module parses the arguments).
 
 Standard output, as ``companion run`` prints it: ``relay peer <peer id>`` then one indented
 address per line (give one of them to ``--relay`` and ``--peer``). Ctrl-C exits with status 130,
@@ -13,83 +14,24 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any
 
 import trio
 
-from ..log import configure_logging, log_event
+from ..app.logs import configure_node_logging
+from ..app.paths import default_data_dir
+from ..app.relay import DEFAULT_LISTEN, KEY_NAME, Interrupted, relay_options, run_relay
+from .exits import innermost
 
-if TYPE_CHECKING:
-    from ..node.relay_node import RelayNode, RelayOptions
-
-__all__ = ["RELAY_LINE", "register", "run_relay"]
+__all__ = ["register"]
 
 logger = logging.getLogger("companion.cli.relay")
 
-RELAY_LINE: Final = "relay peer "
-DEFAULT_LISTEN: Final = "/ip4/0.0.0.0/tcp/4001"
-KEY_NAME: Final = "relay.key"
-
-
-class Interrupted(Exception):
-    """SIGINT arrived: the relay stopped cleanly and the command exits with 130."""
-
-
-async def run_relay(
-    listen: Sequence[str],
-    peers: Sequence[str],
-    data_dir: Path | None,
-    options: RelayOptions,
-    *,
-    ready: Callable[[RelayNode], None] | None = None,
-) -> None:
-    """Start the relay, print its peer id and addresses, serve until SIGINT (raises
-    :class:`Interrupted`), SIGTERM or cancellation."""
-    from ..node import NodeConfig
-    from ..node.discovery import parse_peer_addr
-    from ..node.relay_node import RelayNode
-    from .run import dialable
-
-    for addr in peers:
-        parse_peer_addr(addr)
-    config = NodeConfig(
-        listen=tuple(listen) or (DEFAULT_LISTEN,),
-        peers=tuple(peers),
-        key_path=data_dir / "keys" / KEY_NAME if data_dir is not None else None,
-        name="relay",
-        max_connections=options.max_reservations * 2,
-    )
-    relay = RelayNode(config, options)
-    interrupted = False
-    # signals are caught from before the first line is printed: a SIGUSR1 right after it is stats
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(relay.run)
-            print(f"{RELAY_LINE}{relay.peer_id}", flush=True)
-            for addr in relay.listen_addrs:
-                for shown in dialable(addr):
-                    print(f"  {shown}", flush=True)
-            if ready is not None:
-                ready(relay)
-            async for signum in signals:
-                if signum == signal.SIGUSR1:
-                    relay.log_stats()
-                    continue
-                log_event(logger, "stopping", signal=signal.Signals(signum).name)
-                interrupted = signum == signal.SIGINT
-                break
-            nursery.cancel_scope.cancel()
-    if interrupted:
-        raise Interrupted
-
 
 def register(subparsers: Any) -> None:
-    from .run import default_data_dir
-
     parser = subparsers.add_parser(
         "relay",
         help="run a public relay and bootstrap node (no companion)",
@@ -130,16 +72,11 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    import companion.node  # noqa: F401  (py-libp2p resets its loggers on import: import it first)
-
-    from ..node.relay_node import RelayOptions
-    from .run import default_data_dir
-
     if args.max_reservations < 1:
         print("companion relay: --max-reservations must be at least 1", file=sys.stderr)
         return 2
-    configure_logging(args.log_level.upper(), args.log_format)
-    options = RelayOptions(max_reservations=args.max_reservations)
+    configure_node_logging(args.log_level.upper(), args.log_format)
+    options = relay_options(args.max_reservations)
     data_dir = args.data_dir or default_data_dir()
     try:
         trio.run(run_relay, args.listen, args.peer, data_dir, options)
@@ -152,8 +89,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _report_failure(exc: BaseException) -> int:
     """An address or port the user can fix is one line and exit 2; anything else exit 1."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    exc = innermost(exc)
     if isinstance(exc, Interrupted):
         return 130
     if isinstance(exc, ValueError | OSError):

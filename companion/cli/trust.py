@@ -4,7 +4,8 @@ Every node that uses a data directory reads ``trust.json`` there (see :mod:`comp
 companion ids pinned to peer ids (learned on first meeting, or added here), and the peers allowed
 to answer queries (``approver``: every query, approvals included; ``answerer``: every query but
 approvals). Running nodes re-read the file when it changed: an allowed peer counts at its next
-answer, a changed pin when the peer next proves its id.
+answer, a changed pin when the peer next proves its id. What each action does is
+:mod:`companion.app.trust`; this module parses the arguments.
 
 Also the flags that ``companion run`` and ``companion bridge`` share: ``--trust ID=PEER_ID``
 (pins for this run, over the file) and, for ``run``, ``--approver`` and ``--answerer``.
@@ -13,33 +14,27 @@ Also the flags that ``companion run`` and ``companion bridge`` share: ``--trust 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..log import log_event
-from ..trust import ROLES, TRUST_FILENAME, Role, TrustError, TrustStore, parse_peer_id, parse_trust_flag
+from ..app.paths import default_data_dir
+from ..app.trust import (
+    TRUST_FILENAME,
+    TrustError,
+    TrustOptions,
+    add_trust,
+    list_trust,
+    rekey_trust,
+    remove_trust,
+    trust_store,
+)
 
-__all__ = ["TrustOptions", "add_trust_arguments", "open_trust", "register", "trust_options"]
-
-logger = logging.getLogger("companion.cli.trust")
+__all__ = ["add_trust_arguments", "register", "trust_options"]
 
 
 # --- the flags of ``companion run`` and ``companion bridge`` ----------------------------------------
-
-
-@dataclass(frozen=True)
-class TrustOptions:
-    """Trust given on the command line, for one run (nothing of it is written)."""
-
-    pins: tuple[tuple[str, str], ...] = ()
-    """``--trust COMPANION_ID=PEER_ID``."""
-    approvers: tuple[str, ...] = ()
-    answerers: tuple[str, ...] = ()
 
 
 def add_trust_arguments(parser: argparse.ArgumentParser, *, answers: bool = True) -> None:
@@ -72,39 +67,7 @@ def add_trust_arguments(parser: argparse.ArgumentParser, *, answers: bool = True
 
 def trust_options(args: argparse.Namespace) -> TrustOptions:
     """The parsed flags; raises :class:`~companion.trust.TrustError` (a ``ValueError``)."""
-
-    def peers(flag: str, values: list[str]) -> tuple[str, ...]:
-        try:
-            return tuple(parse_peer_id(v) for v in values)
-        except TrustError as exc:
-            raise TrustError(f"{flag}: {exc}") from None
-
-    return TrustOptions(
-        pins=tuple(parse_trust_flag(v) for v in args.trust),
-        approvers=peers("--approver", getattr(args, "approver", [])),
-        answerers=peers("--answerer", getattr(args, "answerer", [])),
-    )
-
-
-def open_trust(data_dir: Path | None, options: TrustOptions) -> TrustStore:
-    """The store a run's nodes share: the data directory's file plus the command line's flags.
-    Raises :class:`~companion.trust.TrustError` for a file that cannot be used."""
-    store = TrustStore.in_directory(data_dir) if data_dir is not None else TrustStore()
-    for companion_id, peer in options.pins:
-        store.hold(companion_id, peer, "flag")
-    for peer in options.approvers:
-        store.allow(peer, "approver")
-    for peer in options.answerers:
-        store.allow(peer, "answerer")
-    log_event(
-        logger,
-        "trust_loaded",
-        path=str(store.path) if store.path else None,
-        pins=len(store.pins()),
-        approvers=len(store.peers("approver")),
-        answerers=len(store.peers("answerer")),
-    )
-    return store
+    return TrustOptions.from_flags(args.trust, getattr(args, "approver", []), getattr(args, "answerer", []))
 
 
 # --- ``companion trust`` ------------------------------------------------------------------------------
@@ -113,8 +76,6 @@ _ROLE_HELP = "'approver' or 'answerer' instead of a companion id: allow a peer t
 
 
 def register(subparsers: Any) -> None:
-    from .run import default_data_dir
-
     where = argparse.ArgumentParser(add_help=False)  # --data-dir before or after the action
     where.add_argument(
         "--data-dir",
@@ -165,25 +126,15 @@ def register(subparsers: Any) -> None:
     rekey.set_defaults(func=_command(_rekey))
 
 
-def _store(args: argparse.Namespace) -> TrustStore:
-    from .run import default_data_dir
-
-    return TrustStore.in_directory(getattr(args, "data_dir", None) or default_data_dir())
-
-
-def _role(what: str) -> Role | None:
-    return next((role for role in ROLES if role == what), None)
-
-
-Command = Callable[[TrustStore, argparse.Namespace], str]
+Command = Callable[[argparse.Namespace], str]
 
 
 def _command(body: Command) -> Callable[[argparse.Namespace], int]:
-    """Open the store, run ``body``, print what it says; a refusal is one line, exit 2."""
+    """Run ``body``, print what it says; a refusal is one line, exit 2."""
 
     def run(args: argparse.Namespace) -> int:
         try:
-            said = body(_store(args), args)
+            said = body(args)
         except (TrustError, OSError) as exc:
             print(f"companion trust: {exc}", file=sys.stderr)
             return 2
@@ -193,52 +144,21 @@ def _command(body: Command) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _list(store: TrustStore, args: argparse.Namespace) -> str:
-    pins = store.pins()
-    if args.json:
-        body = {
-            "path": str(store.path),
-            "companions": {
-                p.companion_id: {"peer": p.peer_id, "source": p.source, "since": p.since} for p in pins
-            },
-            **{f"{role}s": sorted(store.stored_peers(role)) for role in ROLES},
-        }
-        return json.dumps(body, indent=2)
-    lines = [f"# {store.path}"]
-    lines += [f"{pin.companion_id}  {pin.peer_id}  {pin.source}  {pin.since}".rstrip() for pin in pins]
-    lines += [f"{role}  {peer}" for role in ROLES for peer in sorted(store.stored_peers(role))]
-    return "\n".join(lines)
+def _data_dir(args: argparse.Namespace) -> Path:
+    return getattr(args, "data_dir", None) or default_data_dir()
 
 
-def _add(store: TrustStore, args: argparse.Namespace) -> str:
-    peer = parse_peer_id(args.peer)
-    role = _role(args.what)
-    if role is not None:
-        changed = store.set_role(peer, role, True)
-        return f"{role} {peer}" + ("" if changed else " (already allowed)")
-    pin = store.add(args.what, peer)
-    return f"{pin.companion_id} pinned to {pin.peer_id}"
+def _list(args: argparse.Namespace) -> str:
+    return list_trust(trust_store(_data_dir(args)), as_json=args.json)
 
 
-def _remove(store: TrustStore, args: argparse.Namespace) -> str:
-    role = _role(args.what)
-    if role is not None:
-        if args.peer is None:
-            raise TrustError(f"give the peer id: companion trust remove {role} PEER_ID")
-        peer = parse_peer_id(args.peer)
-        if not store.set_role(peer, role, False):
-            raise TrustError(f"{peer} is not an allowed {role} in {store.path}")
-        return f"{role} {peer} removed"
-    if args.peer is not None:
-        raise TrustError(f"companion trust remove {args.what} takes no peer id")
-    pin = store.remove(args.what)
-    if pin is None:
-        raise TrustError(f"{args.what} is not pinned in {store.path}")
-    return f"{pin.companion_id} unpinned (was {pin.peer_id})"
+def _add(args: argparse.Namespace) -> str:
+    return add_trust(trust_store(_data_dir(args)), args.what, args.peer)
 
 
-def _rekey(store: TrustStore, args: argparse.Namespace) -> str:
-    peer = parse_peer_id(args.peer)
-    old = store.rekey(args.what, peer)
-    was = f" (was {old.peer_id})" if old is not None and old.peer_id != peer else ""
-    return f"{args.what} pinned to {peer}{was}"
+def _remove(args: argparse.Namespace) -> str:
+    return remove_trust(trust_store(_data_dir(args)), args.what, args.peer)
+
+
+def _rekey(args: argparse.Namespace) -> str:
+    return rekey_trust(trust_store(_data_dir(args)), args.what, args.peer)

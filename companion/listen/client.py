@@ -1,9 +1,15 @@
 """The terminal client's trio shell: one WebSocket to the bridge, typed lines, and the voice.
 
-:func:`run_listener` connects, then runs four tasks until the person quits or the connection
+:func:`run_listener` connects, then runs five tasks until the person quits or the connection
 ends: frames from the bridge, lines from the person (any channel of strings, so tests need no
-terminal), the companion directory refreshed from the bridge's ``/companions``, and the voice,
-which speaks lines one at a time and reports each ``speak`` query when its audio has finished.
+terminal), the companion directory refreshed from the bridge's ``/companions``, the voice,
+which speaks lines one at a time and reports each ``speak`` query when its audio has finished,
+and the clock, which ticks the status line (``Juniper is thinking… (12 s)``) once a second
+while someone thinks.
+
+It subscribes to ``states`` as well as aikyo's default topics (``?topics=``; an aikyo Firehose
+ignores the parameter): a states array that chooses nobody because the conversation reached
+``terminal`` is how a client learns that it is over.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from trio_websocket import (
 
 from ..bridge.access import token_from
 from ..log import log_event
-from ..protocol import Metadata
+from ..protocol import ACTIONS, MESSAGES, QUERIES, STATES, Metadata
 from .core import START_HINT, Effect, ListenSession, Quit, Send, Show, Speak
 from .voice import Voice, VoiceError
 
@@ -44,6 +50,8 @@ logger = logging.getLogger("companion.listen")
 
 MAX_DIRECTORY_BYTES: Final = 1024 * 1024
 DISCONNECT_TIMEOUT: Final = 2.0
+LISTEN_TOPICS: Final = (MESSAGES, QUERIES, ACTIONS, STATES)
+"""What the client asks the bridge for: aikyo's Firehose topics, and ``states`` for the end."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,13 @@ def with_query(url: str, **params: str | None) -> str:
     query = dict(parse_qsl(parts.query))
     query.update({k: v for k, v in params.items() if v is not None})
     return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
+
+
+def subscribed(url: str) -> str:
+    """``url`` asking for :data:`LISTEN_TOPICS`, unless it names its own ``topics``."""
+    if "topics" in dict(parse_qsl(urlsplit(url).query)):
+        return url
+    return with_query(url, topics=",".join(LISTEN_TOPICS))
 
 
 def _without_token(url: str) -> str:
@@ -155,7 +170,7 @@ async def run_listener(
         options = replace(options, token=token)
     if options.webrtc:
         return await _run_webrtc(options, session, lines, show)
-    url = with_query(options.url, token=options.token)
+    url = subscribed(with_query(options.url, token=options.token))
     shown = _without_token(options.url)
     timed_out = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
     # Our own deadline around the handshake: trio-websocket 0.12 leaves its reader task waiting
@@ -195,7 +210,11 @@ async def _run_webrtc(
     try:
         with connecting:
             async with open_rtc_listener(
-                options.url, token=options.token, voice=options.rtc_voice, player=options.rtc_player
+                options.url,
+                token=options.token,
+                voice=options.rtc_voice,
+                player=options.rtc_player,
+                topics=LISTEN_TOPICS,
             ) as link:
                 connecting.deadline = math.inf
                 return await _Client(options, session, link, show).run(lines)
@@ -237,6 +256,8 @@ class _Client:
         self.show = show
         self.exit_code = 0
         self.speak_send, self.speak_receive = trio.open_memory_channel[Speak](options.voice_queue)
+        self.frame_seen = trio.Event()
+        """Set by each frame: the clock looks again at when the status next changes."""
 
     async def run(self, lines: trio.MemoryReceiveChannel[str]) -> int:
         self.show(Show(f"connected to {_without_token(self.options.url)} as {self.session.user_id}"))
@@ -247,6 +268,7 @@ class _Client:
             nursery.start_soon(self._frames)
             nursery.start_soon(self._lines, lines)
             nursery.start_soon(self._directory)
+            nursery.start_soon(self._clock)
             if self.options.voice is not None:
                 nursery.start_soon(self._voice, self.options.voice)
         return self.exit_code
@@ -282,6 +304,17 @@ class _Client:
                 self.scope.cancel()
                 return
             await self._apply(self.session.on_frame(frame, trio.current_time()))
+            self.frame_seen.set()
+
+    async def _clock(self) -> None:
+        """Tick the session when its status line next changes (a thinking counter's second);
+        asleep while nobody thinks."""
+        while True:
+            due = self.session.next_tick(trio.current_time())
+            with trio.move_on_at(math.inf if due is None else due):
+                await self.frame_seen.wait()
+            self.frame_seen = trio.Event()
+            await self._apply(self.session.tick(trio.current_time()))
 
     async def _lines(self, lines: trio.MemoryReceiveChannel[str]) -> None:
         async for line in lines:

@@ -4,7 +4,9 @@
 arrived (a frame from the bridge, a line the person typed, a finished utterance) and carries
 out the effects it returns: show a line, send a frame, speak a line. So every rule here — who
 is addressed by ``@name``, how ``/next`` nominates, how a ``y`` answers the oldest approval —
-is tested with plain calls.
+is tested with plain calls. Time comes in as ``now`` (the shell's clock): the thinking
+counter reads it, and :meth:`ListenSession.tick` says what changed since (the shell calls it at
+:meth:`ListenSession.next_tick`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..protocol import (
     ACTIONS,
     MESSAGES,
     QUERIES,
+    STATES,
     Action,
     Message,
     Metadata,
@@ -29,7 +32,17 @@ from ..protocol import (
     new_id,
     parse_payload,
 )
-from ..turns import META_CLOSING, META_NEXT_SPEAKER
+from ..turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
+from .signals import (
+    MAX_NAME,
+    THINKING_SIGNAL,
+    YIELD_SIGNAL,
+    Waiting,
+    ends_conversation,
+    one_line,
+    read_signal,
+    yield_text,
+)
 
 __all__ = [
     "APPROVAL_QUERY",
@@ -61,17 +74,21 @@ START_HINT: Final = (
     "Type a line and press Enter to talk to every companion; @NAME text talks to one; /help for more."
 )
 END_MARKER: Final = "— the conversation has ended; type a line to start a new one —"
-"""Shown after a message whose ``params.metadata.closing`` is ``terminal`` (its last word)."""
+"""Shown once per conversation when it ends: after a message whose ``params.metadata.closing``
+is ``terminal``, a states array that chooses nobody because its stage is ``terminal``, or a
+``companion.yield`` with reason ``terminal``."""
+MAX_YIELDS_SEEN: Final = 256
 QUIET_ERRORS: Final = frozenset({"already_answered"})
 """Error frames that are no news to the person: another client answered a speak query first."""
 MAX_ANSWERED: Final = 256
 
-ShowKind: TypeAlias = Literal["message", "action", "query", "info", "error", "prompt"]
+ShowKind: TypeAlias = Literal["message", "action", "query", "info", "error", "prompt", "status"]
 
 
 @dataclass(frozen=True, slots=True)
 class Show:
-    """Print a line for the person."""
+    """Print a line for the person. Kind ``status``: the status line now reads ``text`` (``""``:
+    no status), replacing the one before (e.g. ``Juniper is thinking… (12 s)``, once a second)."""
 
     text: str
     kind: ShowKind = "info"
@@ -132,6 +149,14 @@ class ListenSession:
     _approvals: list[_Approval] = field(default_factory=list)
     _answered: dict[str, str] = field(default_factory=dict)
     """Approvals this person answered (query id -> preview), to explain a late refusal."""
+    waiting: Waiting = field(default_factory=Waiting)
+    """Companions preparing a reply (``companion.thinking``), shown on the status line."""
+    _status: str = ""
+    _ended: bool = False
+    """The end marker was shown for the current conversation (a new one resets it)."""
+    _yields_seen: dict[tuple[str, str], None] = field(default_factory=dict)
+    dropped_signals: int = 0
+    """Thinking or yield actions without what a signal must carry (not shown)."""
 
     def __post_init__(self) -> None:
         if not self.user_id.startswith(USER_PREFIX) or len(self.user_id) == len(USER_PREFIX):
@@ -193,8 +218,47 @@ class ListenSession:
         elif isinstance(payload, QueryResult):
             effects += self._on_result(payload)
         elif isinstance(payload, Action):
-            effects += self._on_action(payload)
-        return effects
+            effects += self._on_action(payload, now)
+        elif isinstance(payload, list) and ends_conversation(payload):
+            effects += self._end()
+        return self._status_update(now) + effects
+
+    # --- waiting and the end -----------------------------------------------------------
+
+    def tick(self, now: float) -> list[Effect]:
+        """What changed with time alone: the thinking counters, and speakers past the deadline."""
+        effects: list[Effect] = [
+            Show(f"(no word from {self._short_name(s)} after {self.waiting.deadline:g} s of thinking)")
+            for s in self.waiting.expire(now)
+        ]
+        return self._status_update(now) + effects
+
+    def next_tick(self, now: float) -> float | None:
+        """When :meth:`tick` next has something to say (``None``: nobody is thinking)."""
+        return self.waiting.next_change(now)
+
+    @property
+    def status(self) -> str:
+        """The status line as last shown."""
+        return self._status
+
+    def _status_update(self, now: float) -> list[Effect]:
+        text = self.waiting.status(now, self.name)
+        if text == self._status:
+            return []
+        self._status = text
+        return [Show(text, "status")]
+
+    def _end(self) -> list[Effect]:
+        """The conversation is over: nobody is thinking any more; the marker, once."""
+        self.waiting.clear()
+        if self._ended:
+            return []
+        self._ended = True
+        return [Show(END_MARKER)]
+
+    def _short_name(self, participant: str) -> str:
+        return one_line(self.name(participant), MAX_NAME)
 
     def _on_error(self, error: Any) -> list[Effect]:
         code = error.get("code") if isinstance(error, dict) else None
@@ -208,15 +272,20 @@ class ListenSession:
 
     def _on_message(self, message: Message) -> list[Effect]:
         params = message.params
+        metadata = params.metadata or {}
         if params.from_.startswith(COMPANION_PREFIX):
             self.seen_companions.setdefault(params.from_)
+            self.waiting.stop(params.from_)  # its reply (or any word from it) ends its thinking
+            if not isinstance(metadata.get(META_IN_REPLY_TO), str):
+                self._ended = False  # a companion opens a new conversation
+        else:
+            self._ended = False  # a person's message starts a new conversation
         to = ", ".join(self.name(t) for t in params.to) or "nobody"
-        metadata = params.metadata or {}
         emotion = metadata.get("emotion")
         mood = f" ({emotion})" if isinstance(emotion, str) and emotion else ""
         effects: list[Effect] = [Show(f"{self.name(params.from_)} → {to}{mood}: {params.message}", "message")]
         if metadata.get(META_CLOSING) == "terminal":
-            effects.append(Show(END_MARKER))
+            effects += self._end()
         return effects
 
     def _on_query(self, query: Query, now: float) -> list[Effect]:
@@ -248,8 +317,31 @@ class ListenSession:
                 return [Show(f"(the request from {self.name(approval.sender)} was answered elsewhere)")]
         return []
 
-    def _on_action(self, action: Action) -> list[Effect]:
+    def _on_signal(self, action: Action, now: float) -> list[Effect]:
         params = action.params
+        signal = read_signal(params.from_, params.name, params.params)
+        if signal is None:
+            self.dropped_signals += 1
+            return []
+        if signal.name == THINKING_SIGNAL:
+            self.waiting.start(signal.speaker, signal.in_reply_to, now)
+            return []
+        self.waiting.stop(signal.speaker, signal.in_reply_to)
+        key = (signal.speaker, signal.in_reply_to)
+        if key in self._yields_seen:
+            return []  # the same yield again (another path, a replay)
+        self._yields_seen[key] = None
+        while len(self._yields_seen) > MAX_YIELDS_SEEN:
+            self._yields_seen.pop(next(iter(self._yields_seen)))
+        name = self._short_name(signal.speaker)
+        if signal.reason == "terminal":
+            return [Show(yield_text(name, signal.reason, None)), *self._end()]
+        return [Show(yield_text(name, signal.reason, signal.detail), "error")]
+
+    def _on_action(self, action: Action, now: float) -> list[Effect]:
+        params = action.params
+        if params.name in (THINKING_SIGNAL, YIELD_SIGNAL):
+            return self._on_signal(action, now)
         who = self.name(params.from_)
         if params.name == "progress":
             percent = params.params.get("percent")
@@ -328,6 +420,7 @@ class ListenSession:
             if nominee not in to:
                 to = [*to, nominee]
         self.nominated = None
+        self._ended = False  # this line starts a new conversation
         message = Message.create(self.user_id, to, text, metadata, id=self.new_id())
         return [Send(frame_for(MESSAGES, message))]
 
@@ -387,7 +480,8 @@ def _error_text(error: Any) -> str:
 def _parse_any(data: bytes, obj: Any) -> object:
     """A payload from any topic: the frame does not say which topic it came from."""
     if isinstance(obj, list):
-        return None  # states: not shown
+        states = parse_payload(STATES, data)  # not shown; read for the end of a conversation
+        return None if isinstance(states, PayloadError) else states
     if not isinstance(obj, dict):
         return None
     method = obj.get("method")

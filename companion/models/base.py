@@ -6,16 +6,24 @@
 3. :meth:`CompanionModel.speak` — the speaker runs with the trigger instructions and its card's
    tools; tool calls go through the action runtime via ``call_tool``.
 
-Requests are plain frozen values so a model is testable without a network or an engine.
+Requests are plain frozen values so a model is testable without a network or an engine. The
+vocabulary they are made of lives with its owner and is only re-exported here: ``ToolInstruction``
+in :mod:`companion.triggers` (what a condition asks for), ``ToolSpec`` in :mod:`companion.actions`
+(a tool as the model sees it), ``StateDecision`` in :mod:`companion.turns` (one state the leader's
+model decided).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from ..actions.definition import ToolSpec
 from ..protocol import ClosingStage, Message, Metadata
+from ..triggers import ToolInstruction
+from ..turns.states import StateDecision
+from .errors import ModelError
 
 __all__ = [
     "CompanionModel",
@@ -30,41 +38,8 @@ __all__ = [
 ]
 
 
-class ModelError(RuntimeError):
-    """The model could not answer (provider down, invalid output after retries, missing key)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolInstruction:
-    """What a matching CEL condition asks for: use ``tool`` following ``instruction``."""
-
-    tool: str
-    instruction: str
-
-
-@dataclass(frozen=True, slots=True)
-class ToolSpec:
-    """A tool as the model sees it: id, what it does, and the JSON Schema of its input."""
-
-    id: str
-    description: str
-    input_schema: Mapping[str, Any]
-    kind: Literal["action", "knowledge"] = "action"
-
-
 ToolCaller = Callable[[str, Mapping[str, Any]], Awaitable[Mapping[str, Any]]]
 """``call_tool(tool_id, input) -> model-facing JSON result`` (status, output or error message)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StateDecision:
-    """One companion's state for the next turn, as the leader's model decided it."""
-
-    companion_id: str
-    state: Literal["speak", "listen"]
-    importance: float
-    selected: bool
-    closing: ClosingStage = "none"
 
 
 @dataclass(frozen=True, slots=True)

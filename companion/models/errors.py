@@ -1,10 +1,31 @@
-"""Start-up errors of models, importable without the optional provider packages."""
+"""Errors of models, importable without the optional provider packages."""
 
 from __future__ import annotations
 
-from .base import ModelError
+__all__ = ["ModelError", "ModelSetupError"]
 
-__all__ = ["ModelSetupError"]
+_REASON_LIMIT = 160
+
+
+class ModelError(RuntimeError):
+    """The model could not answer (provider down, invalid output after retries, missing key).
+
+    ``str(error)`` is the full message for logs (which model, which call, what happened);
+    ``reason`` is the short version for one transcript line ("no answer within 60 s", "the
+    server ignored the forced tool call (llama-cpp-python)"). Without an explicit reason it is
+    the message itself, clipped.
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = _one_line(reason if reason else message)
+        self.status = status
+        """The HTTP status the server answered, when the failure was one."""
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 1] + "…"
 
 
 class ModelSetupError(ModelError):

@@ -7,7 +7,11 @@ OpenAI-compatible endpoint; ``base_url`` for Ollama, llama.cpp server, vLLM) and
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
+import time
+from collections.abc import Callable
 from typing import Final
 
 from ..log import log_event
@@ -15,7 +19,7 @@ from .base import CompanionModel
 from .endpoints import DEFAULT_REQUEST_TIMEOUT, ProviderKind, resolve_config
 from .errors import ModelSetupError
 
-__all__ = ["DEFAULT_MODEL_SPEC", "MODEL_SPEC_FORMS", "check_model", "make_model"]
+__all__ = ["DEFAULT_MODEL_SPEC", "MODEL_SPEC_FORMS", "check_model", "make_model", "stderr_progress"]
 
 _log = logging.getLogger(__name__)
 
@@ -74,13 +78,40 @@ def make_model(
     raise _spec_error(spec, "unknown kind" if spec.strip() else "empty")
 
 
-async def check_model(model: CompanionModel, *, timeout: float = 10.0) -> None:
+def stderr_progress(line: str) -> None:
+    """Progress of a long set-up step, one line on stderr (stdout stays the transcript)."""
+    with contextlib.suppress(OSError, ValueError):  # a closed stderr must not cost the start-up
+        print(f"companion: {line}", file=sys.stderr, flush=True)
+
+
+async def check_model(
+    model: CompanionModel,
+    *,
+    timeout: float = 10.0,
+    progress: Callable[[str], None] | None = stderr_progress,
+) -> None:
     """Raise :class:`ModelSetupError` now if ``model`` cannot work (offline models always can).
 
     For a provider model this lists the endpoint's models: it proves the endpoint answers within
-    ``timeout`` seconds, accepts the key and serves the model, without spending tokens.
+    ``timeout`` seconds, accepts the key and serves the model, without spending tokens. It also
+    tells which server the endpoint is, so the first request already has a form it accepts.
+    ``progress`` gets a line when the check starts and one when it is done or failed, with the
+    seconds it took (``None``: silent).
     """
     check = getattr(model, "check", None)
     if check is None:
         return
-    await check(timeout=timeout)
+    where = getattr(getattr(model, "config", None), "endpoint", "")
+    if progress is not None:
+        progress(f"checking {model.name}{f' at {where}' if where else ''} …")
+    started = time.monotonic()
+    try:
+        await check(timeout=timeout)
+    except ModelSetupError as exc:
+        if progress is not None:
+            progress(f"{model.name}: failed after {time.monotonic() - started:.1f} s: {exc.reason}")
+        raise
+    if progress is not None:
+        server = getattr(model, "server", "")
+        known = f" ({server})" if server and server != "unknown" else ""
+        progress(f"{model.name} ready{known} in {time.monotonic() - started:.1f} s")

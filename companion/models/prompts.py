@@ -15,6 +15,7 @@ from .base import ParamsRequest, SpeakRequest, StatesRequest, ToolSpec
 
 __all__ = [
     "HISTORY_LIMIT",
+    "answer_rule",
     "format_history",
     "params_prompt",
     "persona",
@@ -52,6 +53,18 @@ def format_history(
     return "\n".join(lines)
 
 
+def answer_rule(tool_name: str, json_schema: Mapping[str, object] | None, *, as_json: bool = False) -> str:
+    """How to hand in a structured answer: by calling the output tool, or (``as_json``, for
+    servers that cannot force a tool call) as one JSON object written out, valid against
+    ``json_schema`` (quoted here when given; otherwise the prompt shows it)."""
+    if not as_json and json_schema is None:
+        return f"Call the {tool_name} tool exactly once."
+    rule = "Answer with one JSON object and nothing else (no prose, no code fence), valid against "
+    if json_schema is None:
+        return rule + "the JSON Schema below."
+    return rule + f"this JSON Schema: {json.dumps(json_schema, ensure_ascii=False, sort_keys=True)}"
+
+
 def persona(me: Metadata, role: str) -> str:
     """Who the companion is, from its card."""
     return (
@@ -64,8 +77,11 @@ def persona(me: Metadata, role: str) -> str:
     )
 
 
-def states_prompt(request: StatesRequest, tool_name: str) -> tuple[str, str]:
-    """The leader's one call: every addressed companion's state for the next turn."""
+def states_prompt(
+    request: StatesRequest, tool_name: str, json_schema: Mapping[str, object] | None = None
+) -> tuple[str, str]:
+    """The leader's one call: every addressed companion's state for the next turn (through the
+    ``tool_name`` tool, or as JSON valid against ``json_schema`` when that is given)."""
     names = {c.id: c.name for c in request.companions}
     instructions = (
         "You coordinate turn-taking in a group conversation between AI companions. For every "
@@ -73,9 +89,10 @@ def states_prompt(request: StatesRequest, tool_name: str) -> tuple[str, str]:
         "- state: 'speak' if it has something worth saying now, else 'listen';\n"
         "- importance: 0 to 10, how much its contribution matters now;\n"
         "- selected: true only if the last message explicitly asks that companion to answer;\n"
-        "- closing: how far the conversation is towards its end: 'none' (going on), "
-        "'pre-closing' (topics are running out), 'closing' (saying goodbye), 'terminal' (over).\n"
-        f"Call the {tool_name} tool exactly once, with one entry per companion listed."
+        "- closing: how far the conversation is towards its end: 'none' while it goes on (the "
+        "usual case), 'pre-closing' only when topics are running out, 'closing' when people say "
+        "goodbye, 'terminal' when it is over.\n"
+        "Give one entry per companion listed. " + answer_rule(tool_name, json_schema)
     )
     companions = "\n".join(f"- {c.id}: {c.name}; {_clip(c.personality, 200)}" for c in request.companions)
     rules = []
@@ -92,13 +109,14 @@ def states_prompt(request: StatesRequest, tool_name: str) -> tuple[str, str]:
     return instructions, prompt
 
 
-def params_prompt(request: ParamsRequest, tool_name: str) -> tuple[str, str]:
-    """The speaker's situation parameters, as its card's ``events.params`` schema describes them."""
+def params_prompt(request: ParamsRequest, tool_name: str, as_json: bool = False) -> tuple[str, str]:
+    """The speaker's situation parameters, as its card's ``events.params`` schema describes them
+    (through the ``tool_name`` tool, or written out as JSON when ``as_json``)."""
     names = {request.me.id: request.me.name}
     instructions = (
         persona(request.me, request.role)
-        + "\n\nBefore you reply, assess the situation: fill in the parameters described by the "
-        f"{tool_name} tool from the conversation and your character. Call {tool_name} exactly once."
+        + "\n\nBefore you reply, assess the situation: fill in the parameters below from the "
+        "conversation and your character. " + answer_rule(tool_name, request.schema if as_json else None)
     )
     prompt = (
         "Conversation so far:\n"
@@ -109,25 +127,44 @@ def params_prompt(request: ParamsRequest, tool_name: str) -> tuple[str, str]:
     return instructions, prompt
 
 
-def speak_prompt(request: SpeakRequest, wire_names: Mapping[str, ToolSpec]) -> tuple[str, str]:
-    """The speaker's turn: persona, trigger instructions, tools, recipients, closing stage."""
+def speak_prompt(
+    request: SpeakRequest, wire_names: Mapping[str, ToolSpec], text_reply: bool = False
+) -> tuple[str, str]:
+    """The speaker's turn: persona, trigger instructions, tools, recipients, closing stage.
+
+    ``text_reply`` is for servers that take no tools: the answer's text is the line said.
+    """
     names = {request.me.id: request.me.name}
     by_id = {spec.id: name for name, spec in wire_names.items()}
     actions = [name for name, spec in wire_names.items() if spec.kind == "action"]
     knowledge = [name for name, spec in wire_names.items() if spec.kind == "knowledge"]
-    lines = [
-        persona(request.me, request.role),
-        "",
-        "Others hear you only through your action tools: plain text replies reach nobody. Stay in "
-        "character, keep it short and natural (one to three sentences), and do not repeat what "
-        "was already said.",
-        f"Action tools (they do something others see): {', '.join(actions) or 'none'}.",
-    ]
-    if knowledge:
+    style = (
+        "Stay in character, keep it short and natural (one to three sentences), and do not repeat "
+        "what was already said."
+    )
+    if text_reply:
+        lines = [
+            persona(request.me, request.role),
+            "",
+            "Answer with only the words you say out loud, nothing else: no name or label in front, "
+            "no quotation marks, no notes. " + style,
+        ]
+    else:
+        lines = [
+            persona(request.me, request.role),
+            "",
+            "Others hear you through your action tools; an answer without a tool call is said "
+            "out loud as it is, so then write only your words. " + style,
+            f"Action tools (they do something others see): {', '.join(actions) or 'none'}.",
+        ]
+    if knowledge and not text_reply:
         lines.append(
             f"Knowledge tools (they tell you something; use only if needed): {', '.join(knowledge)}."
         )
-    if request.instructions:
+    if request.instructions and text_reply:
+        lines.append("Follow these instructions in what you say:")
+        lines.extend(f"- {i.instruction}" for i in request.instructions)
+    elif request.instructions:
         lines.append("Follow these instructions, using every tool named:")
         lines.extend(f"- {by_id.get(i.tool, i.tool)}: {i.instruction}" for i in request.instructions)
     closing = {
@@ -143,6 +180,8 @@ def speak_prompt(request: SpeakRequest, wire_names: Mapping[str, ToolSpec]) -> t
         f"{format_history(request.history, request.message, names)}\n\n"
         f"It is your turn ({request.me.name}). Address: {recipients}."
     )
+    if text_reply:
+        prompt += f"\nWhat do you say now, {request.me.name}? Only your words."
     if request.extra:
         prompt += (
             f"\nContext: {json.dumps(dict(request.extra), ensure_ascii=False, sort_keys=True, default=str)}"

@@ -40,6 +40,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.output import OutputObjectDefinition
+from pydantic_ai.settings import ModelSettings, ToolOrOutput
 from pydantic_ai.tools import ToolDefinition
 
 from ..log import log_event
@@ -65,6 +67,13 @@ from .endpoints import (
 from .errors import ModelSetupError
 from .prompts import params_prompt, speak_prompt, states_prompt
 from .sdks import Sdk, SdkClient, load_sdk
+from .servers import (
+    EndpointMemory,
+    SpeakForm,
+    StructuredForm,
+    identify_server,
+    shared_memory,
+)
 from .structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -73,6 +82,9 @@ from .structured import (
     check_states,
     params_schema_problems,
     parse_json_object,
+    parse_text_tool_calls,
+    speech_args,
+    spoken_text,
     states_schema,
     wire_tool_names,
 )
@@ -96,6 +108,60 @@ _T = TypeVar("_T")
 
 _COMMON_ERRORS: Final = (ModelAPIError, UnexpectedModelBehavior, httpx2.HTTPError)
 
+_REFUSAL_STATUSES: Final = frozenset({400, 415, 422, 500, 501})
+"""HTTP statuses with which servers refuse a request *form* (tools, tool_choice, response_format).
+401/403/404/429 and timeouts are never a form's fault: they fail the call at once."""
+
+
+_SPEAK_TOKENS: Final = 200
+"""Tokens a spoken line may take (one to three sentences; a small model otherwise rambles on
+for a thousand tokens and a minute)."""
+_STRUCTURED_TOKENS: Final = 600
+"""Tokens a structured answer may take (the states of a dozen companions fit)."""
+
+
+def _has_tool_messages(messages: Sequence[ModelMessage]) -> bool:
+    return any(
+        isinstance(part, (ToolCallPart, ToolReturnPart)) for message in messages for part in message.parts
+    )
+
+
+def _flatten(messages: Sequence[ModelMessage]) -> list[ModelMessage]:
+    """The same conversation without tool messages: calls and results written out as text."""
+    out: list[ModelMessage] = []
+    for message in messages:
+        if isinstance(message, ModelResponse):
+            said = [p.content for p in message.parts if isinstance(p, TextPart) and p.content.strip()]
+            said += [
+                f"(called {p.tool_name} with {p.args_as_json_str()})"
+                for p in message.parts
+                if isinstance(p, ToolCallPart)
+            ]
+            out.append(ModelResponse(parts=[TextPart(" ".join(said) or "(no answer)")]))
+            continue
+        parts: list[ModelRequestPart] = []
+        for part in message.parts:
+            if isinstance(part, ToolReturnPart):
+                parts.append(UserPromptPart(f"Result of {part.tool_name}: {part.model_response_str()}"))
+            elif isinstance(part, RetryFeedbackPart):
+                content = (
+                    part.content if isinstance(part.content, str) else json.dumps(part.content, default=str)
+                )
+                parts.append(UserPromptPart(content))
+            else:
+                parts.append(part)
+        out.append(ModelRequest(parts=parts, instructions=message.instructions))
+    return out
+
+
+class _Refused(Exception):
+    """The server refused this request form (an HTTP error); another form may be accepted."""
+
+    def __init__(self, status: int, words: str) -> None:
+        super().__init__(f"HTTP {status}: {words}")
+        self.status = status
+        self.words = words
+
 
 class _Session:
     """One call's connection: sends requests with a deadline, turns failures into ModelError."""
@@ -107,7 +173,46 @@ class _Session:
         self.requests = 0
 
     async def request(
-        self, messages: Sequence[ModelMessage], params: ModelRequestParameters
+        self,
+        messages: Sequence[ModelMessage],
+        params: ModelRequestParameters,
+        settings: ModelSettings | None = None,
+        *,
+        form: str = "",
+        may_refuse: bool = False,
+    ) -> ModelResponse:
+        """One HTTP request. With ``may_refuse``, an HTTP error that may mean "not this form"
+        raises :class:`_Refused` (the caller tries another form) instead of :class:`ModelError`.
+
+        A history with tool calls goes out as plain text to endpoints that refuse tool messages
+        (llama-cpp-python refuses an assistant message whose ``content`` is null); an endpoint
+        found refusing them is remembered and the request is sent again, flattened, at once.
+        """
+        memory, config = self._owner.memory, self._owner.config
+        limit = ModelSettings(max_tokens=_SPEAK_TOKENS if self._purpose == "speak" else _STRUCTURED_TOKENS)
+        settings = ModelSettings(**{**limit, **(settings or {})})
+        tooled = _has_tool_messages(messages)
+        flat = tooled and memory.state(config).flat_history
+        try:
+            return await self._send(
+                _flatten(messages) if flat else messages, params, settings, form, may_refuse
+            )
+        except _Refused:
+            if not tooled or flat:
+                raise
+        except ModelError as exc:
+            if not tooled or flat or exc.status not in _REFUSAL_STATUSES:
+                raise
+        memory.flatten_history(config)
+        return await self._send(_flatten(messages), params, settings, form, may_refuse)
+
+    async def _send(
+        self,
+        messages: Sequence[ModelMessage],
+        params: ModelRequestParameters,
+        settings: ModelSettings,
+        form: str,
+        may_refuse: bool,
     ) -> ModelResponse:
         config = self._owner.config
         self.requests += 1
@@ -115,17 +220,31 @@ class _Session:
         try:
             with trio.fail_after(config.request_timeout):
                 response = await run_asyncio(
-                    direct.model_request, self._model, list(messages), model_request_parameters=params
+                    direct.model_request,
+                    self._model,
+                    list(messages),
+                    model_settings=settings,
+                    model_request_parameters=params,
                 )
         except trio.TooSlowError as exc:
-            raise self._failed(f"no answer within {config.request_timeout:g} s", started) from exc
+            reason = f"no answer within {config.request_timeout:g} s"
+            raise self._failed(reason, reason, started, form) from exc
         except self._owner._errors as exc:
-            raise self._failed(_explain(exc, config, self._owner._sdk), started) from exc
+            status = _status_of(exc)
+            if may_refuse and status in _REFUSAL_STATUSES:
+                words = _server_words(exc)
+                self._log_failure(f"HTTP {status}: {words}", started, form, logging.INFO)
+                raise _Refused(status or 0, words) from exc
+            detail, reason = _explain(exc, config, self._owner._sdk)
+            error = self._failed(detail, reason, started, form)
+            error.status = status
+            raise error from exc
         log_event(
             _log,
             "model_request",
             model=self._owner.name,
             purpose=self._purpose,
+            form=form,
             request=self.requests,
             ms=round((trio.current_time() - started) * 1000),
             input_tokens=response.usage.input_tokens,
@@ -134,37 +253,78 @@ class _Session:
         )
         return response
 
-    def _failed(self, reason: str, started: float) -> ModelError:
+    def _log_failure(self, reason: str, started: float, form: str, level: int) -> None:
         log_event(
             _log,
             "model_request_failed",
-            logging.WARNING,
+            level,
             model=self._owner.name,
             purpose=self._purpose,
+            form=form,
             request=self.requests,
             ms=round((trio.current_time() - started) * 1000),
             reason=reason,
         )
-        return ModelError(f"{self._owner.name} ({self._purpose}): {reason}")
+
+    def _failed(self, detail: str, reason: str, started: float, form: str) -> ModelError:
+        self._log_failure(detail, started, form, logging.WARNING)
+        return self._owner.error(self._purpose, detail, reason)
 
 
-def _explain(exc: BaseException, config: ProviderConfig, sdk: Sdk) -> str:
-    """A provider failure in words a person can act on."""
+def _status_of(exc: BaseException) -> int | None:
     cause = exc.__cause__ if isinstance(exc, ModelAPIError) and exc.__cause__ is not None else exc
     status = getattr(exc, "status_code", None) or getattr(cause, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def _server_words(exc: BaseException) -> str:
+    """What the server said in its error body (``error.message``, ``message`` or ``detail``)."""
+    body = getattr(exc, "body", None)
+    if body is None and isinstance(exc.__cause__, BaseException):
+        body = getattr(exc.__cause__, "body", None)
+    if isinstance(body, Mapping):
+        inner = body.get("error")
+        if isinstance(inner, Mapping):
+            body = inner
+        elif isinstance(inner, str):
+            return _short(inner, 200)
+        for key in ("message", "detail"):
+            value = body.get(key)
+            if value:
+                return _short(value if isinstance(value, str) else json.dumps(value), 200)
+    if isinstance(body, str) and body:
+        return _short(body, 200)
+    return _short(str(exc), 200)
+
+
+def _explain(exc: BaseException, config: ProviderConfig, sdk: Sdk) -> tuple[str, str]:
+    """A provider failure in words a person can act on: ``(detail for the log, short reason)``."""
+    cause = exc.__cause__ if isinstance(exc, ModelAPIError) and exc.__cause__ is not None else exc
+    status = _status_of(exc)
     key_env = KEY_ENV[config.kind]
     if status in (401, 403):
-        return f"{config.endpoint} refused the API key (HTTP {status}): check {key_env}"
+        return (
+            f"{config.endpoint} refused the API key (HTTP {status}): check {key_env}",
+            f"the server refused the API key (HTTP {status}); check {key_env}",
+        )
     if status == 404:
         return (
             f"{config.endpoint} has no model {config.model_name!r} or no such path (HTTP 404): "
-            "check the model name and the base URL (OpenAI-compatible servers serve under /v1)"
+            "check the model name and the base URL (OpenAI-compatible servers serve under /v1)",
+            f"no model {config.model_name!r} at {config.endpoint} (HTTP 404)",
         )
     if isinstance(cause, (*sdk.connection_errors, httpx2.TransportError)):
-        return f"cannot reach {config.endpoint} ({type(cause).__name__}: {cause}); is the server running?"
+        return (
+            f"cannot reach {config.endpoint} ({type(cause).__name__}: {cause}); is the server running?",
+            f"cannot reach {config.endpoint}; is the server running?",
+        )
     if status is not None:
-        return f"{config.endpoint} answered HTTP {status}: {_short(str(exc))}"
-    return f"{type(exc).__name__}: {_short(str(exc))}"
+        words = _server_words(exc)
+        return (
+            f"{config.endpoint} answered HTTP {status}: {words}",
+            f"the server answered HTTP {status}: {words}",
+        )
+    return f"{type(exc).__name__}: {_short(str(exc))}", f"{type(exc).__name__}: {_short(str(exc), 100)}"
 
 
 def _short(text: str, limit: int = 300) -> str:
@@ -172,11 +332,48 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class ProviderModel:
-    """A :class:`~companion.models.base.CompanionModel` backed by a real provider via pydantic-ai."""
+_NAMED: Final = ModelSettings(tool_choice=ToolOrOutput(function_tools=[]))
+"""With exactly one output tool and no text allowed, pydantic-ai sends a ``tool_choice`` that names
+that tool (not ``"required"``, which some servers ignore)."""
 
-    def __init__(self, config: ProviderConfig) -> None:
+
+def _structured_request(
+    form: StructuredForm, tool: ToolDefinition
+) -> tuple[ModelRequestParameters, ModelSettings | None]:
+    """The request parameters of one structured form (see :mod:`companion.models.servers`)."""
+    if form == "named_tool":
+        params = ModelRequestParameters(output_mode="tool", output_tools=[tool], allow_text_output=False)
+        return params, _NAMED
+    if form == "prompted":
+        return ModelRequestParameters(output_mode="text", allow_text_output=True), None
+    output = OutputObjectDefinition(
+        json_schema=dict(tool.parameters_json_schema),
+        name=tool.name,
+        description=tool.description,
+        strict=False,
+    )
+    if form == "json_schema":
+        return ModelRequestParameters(output_mode="native", output_object=output), None
+    # JSON mode; the schema is in the instructions (ours: pydantic-ai's template is turned off).
+    params = ModelRequestParameters(
+        output_mode="prompted", output_object=output, prompted_output_template=False
+    )
+    if form == "json_object_schema":
+        fmt = {"type": "json_object", "schema": dict(tool.parameters_json_schema)}
+        return params, ModelSettings(extra_body={"response_format": fmt})
+    return params, None
+
+
+class ProviderModel:
+    """A :class:`~companion.models.base.CompanionModel` backed by a real provider via pydantic-ai.
+
+    ``memory`` keeps what each endpoint accepts (by default shared by the whole process, so a
+    model made after the start-up check knows which server the check found).
+    """
+
+    def __init__(self, config: ProviderConfig, memory: EndpointMemory | None = None) -> None:
         self.config = config
+        self.memory = shared_memory() if memory is None else memory
         self._sdk = load_sdk(config.kind)
         self._errors: tuple[type[Exception], ...] = (*_COMMON_ERRORS, *self._sdk.errors)
         self._ssl: ssl.SSLContext | None = None
@@ -185,8 +382,17 @@ class ProviderModel:
     def name(self) -> str:
         return f"{self.config.kind}:{self.config.model_name}"
 
+    @property
+    def server(self) -> str:
+        """Which server this endpoint is, as far as known (e.g. ``llama-cpp-python``)."""
+        return self.memory.state(self.config).server
+
     def __repr__(self) -> str:
         return f"ProviderModel({self.name!r}, endpoint={self.config.endpoint!r})"
+
+    def error(self, purpose: str, detail: str, reason: str) -> ModelError:
+        """A :class:`ModelError` for this model: full ``detail`` in the message, ``reason`` short."""
+        return ModelError(f"{self.name} ({purpose}): {detail}", reason=reason)
 
     # --- connections -------------------------------------------------------------------------
 
@@ -214,7 +420,7 @@ class ProviderModel:
     @asynccontextmanager
     async def _session(self, purpose: str) -> AsyncIterator[_Session]:
         async with self._open_client() as client:
-            yield _Session(self, self._sdk.make_model(client, self.config.model_name), purpose)
+            yield _Session(self, self._sdk.make_model(client, self.config), purpose)
 
     # --- start-up check ----------------------------------------------------------------------
 
@@ -222,19 +428,35 @@ class ProviderModel:
         """Fail now, with a clear :class:`ModelSetupError`, if the model cannot be used.
 
         Lists the endpoint's models (no tokens spent): proves the endpoint answers, the key is
-        accepted and, for OpenAI-compatible servers, that the model is served.
+        accepted and, for OpenAI-compatible servers, that the model is served. The list also
+        tells which server it is (llama.cpp, llama-cpp-python, Ollama, vLLM, LM Studio), so the
+        first request already has the form that server accepts.
         """
         c = self.config
         try:
             async with self._open_client() as client:
                 with trio.fail_after(timeout):
-                    ids = await run_asyncio(self._sdk.list_model_ids, client)
+                    listed = await run_asyncio(self._sdk.list_models, client)
         except trio.TooSlowError as exc:
-            raise ModelSetupError(f"{self.name}: {c.endpoint} did not answer within {timeout:g} s") from exc
+            raise ModelSetupError(
+                f"{self.name}: {c.endpoint} did not answer within {timeout:g} s",
+                reason=f"{c.endpoint} did not answer within {timeout:g} s",
+            ) from exc
         except self._errors as exc:
-            raise ModelSetupError(f"{self.name}: {_explain(exc, c, self._sdk)}") from exc
+            detail, reason = _explain(exc, c, self._sdk)
+            raise ModelSetupError(f"{self.name}: {detail}", reason=reason) from exc
+        ids = [m.id for m in listed]
+        self.memory.identify(c, identify_server(c, listed))
         served = _serves(ids, c.model_name)
-        log_event(_log, "model_checked", model=self.name, endpoint=c.endpoint, listed=len(ids), served=served)
+        log_event(
+            _log,
+            "model_checked",
+            model=self.name,
+            endpoint=c.endpoint,
+            listed=len(ids),
+            served=served,
+            server=self.server,
+        )
         if served:
             return
         if c.kind == "anthropic":
@@ -245,7 +467,8 @@ class ProviderModel:
         raise ModelSetupError(
             f"{self.name}: {c.endpoint} does not serve {c.model_name!r}; it serves: {shown or 'nothing'}. "
             f"Use one of those (--model openai:NAME), or make the server load it (Ollama: ollama pull "
-            f"{c.model_name})."
+            f"{c.model_name}).",
+            reason=f"{c.endpoint} does not serve {c.model_name!r}",
         )
 
     # --- the three calls ---------------------------------------------------------------------
@@ -254,23 +477,23 @@ class ProviderModel:
         """All addressed companions' states in one structured call."""
         if not request.companions:
             return []
-        instructions, prompt = states_prompt(request, STATES_TOOL)
         tool = ToolDefinition(
             name=STATES_TOOL,
             parameters_json_schema=states_schema([c.id for c in request.companions]),
             description="Record the next-turn state of every companion listed.",
             kind="output",
         )
-        return await self._structured(
-            "states", instructions, prompt, tool, lambda raw: check_states(raw, request)
-        )
+
+        def prompt(as_json: bool) -> tuple[str, str]:
+            return states_prompt(request, STATES_TOOL, tool.parameters_json_schema if as_json else None)
+
+        return await self._structured("states", prompt, tool, lambda raw: check_states(raw, request))
 
     async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
         """The card's ``events.params`` values, validated against its JSON Schema."""
         problems = params_schema_problems(request.schema)
         if problems is not None:
-            raise ModelError(f"{self.name} (params): {problems}")
-        instructions, prompt = params_prompt(request, PARAMS_TOOL)
+            raise self.error("params", str(problems), str(problems))
         tool = ToolDefinition(
             name=PARAMS_TOOL,
             parameters_json_schema=dict(request.schema),
@@ -278,108 +501,237 @@ class ProviderModel:
             kind="output",
             strict=False,
         )
-        return await self._structured(
-            "params", instructions, prompt, tool, lambda raw: check_params(raw, request.schema)
-        )
+
+        def prompt(as_json: bool) -> tuple[str, str]:
+            return params_prompt(request, PARAMS_TOOL, as_json)
+
+        return await self._structured("params", prompt, tool, lambda raw: check_params(raw, request.schema))
 
     async def _structured(
         self,
         purpose: str,
-        instructions: str,
-        prompt: str,
+        prompt: Callable[[bool], tuple[str, str]],
         tool: ToolDefinition,
         check: Callable[[Mapping[str, Any]], _T | Problems],
     ) -> _T:
-        """One output-tool request; a refused answer goes back once with its problems."""
-        params = ModelRequestParameters(output_mode="tool", output_tools=[tool], allow_text_output=False)
-        messages: list[ModelMessage] = [
-            ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)
-        ]
-        problems = Problems(())
+        """The structured answer, in the first form the endpoint accepts and honours.
+
+        A form refused with an HTTP error, or whose forcing was ignored (text without JSON came
+        back), is remembered and the next form is tried at once. An answer that fails its check
+        goes back once with its problems; a second failure is a :class:`ModelError`.
+        """
+        config = self.config
+        forms = self.memory.structured_forms(config)
+        refusals: list[tuple[str, _Refused]] = []
+        ignored: list[str] = []
         async with self._session(purpose) as session:
-            for attempt in (1, 2):
-                response = await session.request(messages, params)
+            for index, form in enumerate(forms):
+                instructions, text = prompt(form != "named_tool")
+                params, settings = _structured_request(form, tool)
+                messages: list[ModelMessage] = [
+                    ModelRequest(parts=[UserPromptPart(text)], instructions=instructions)
+                ]
+                try:
+                    response = await session.request(messages, params, settings, form=form, may_refuse=True)
+                except _Refused as refusal:
+                    self.memory.refused(config, form, str(refusal))
+                    refusals.append((form, refusal))
+                    continue
                 call, raw = _output_of(response, tool.name)
-                if raw is not None:
-                    result = check(raw)
-                elif call is not None:
-                    result = Problems((f"the {tool.name} arguments were not a JSON object",))
-                else:
-                    result = Problems((f"answer by calling the {tool.name} tool",))
-                if not isinstance(result, Problems):
-                    return result
-                problems = result
-                log_event(
-                    _log,
-                    "model_output_refused",
-                    logging.WARNING,
-                    model=self.name,
-                    purpose=purpose,
-                    attempt=attempt,
-                    problems=list(problems.items),
-                )
-                messages += [response, _feedback(response, call, problems, instructions)]
-        raise ModelError(f"{self.name} ({purpose}): invalid answer after a retry: {problems}")
+                forcing = form != "prompted"
+                if forcing and call is None and _text_of(response) and (form == "named_tool" or raw is None):
+                    # Text where a tool call was forced, or no JSON where JSON was: ignored.
+                    self.memory.ignored(config, form)
+                    ignored.append(form)
+                    if raw is None and index < len(forms) - 1:
+                        continue
+                result = self._checked(purpose, check, call, raw, tool.name, attempt=1)
+                if isinstance(result, Problems):
+                    messages += [response, _feedback(response, call, result, instructions)]
+                    retry = await session.request(messages, params, settings, form=form)
+                    call, raw = _output_of(retry, tool.name)
+                    result = self._checked(purpose, check, call, raw, tool.name, attempt=2)
+                    if isinstance(result, Problems):
+                        raise self.error(
+                            purpose,
+                            f"invalid answer after a retry: {result}",
+                            f"the model's {purpose} answer was invalid twice ({_short(result.items[0], 80)})",
+                        )
+                self.memory.worked(config, "structured", form)
+                return result
+        raise self._all_refused(purpose, refusals)
+
+    def _all_refused(self, purpose: str, refusals: Sequence[tuple[str, _Refused]]) -> ModelError:
+        """Every form failed with an HTTP error: the server's fault, not the forms' (so their
+        refusals are forgotten), reported with the server's last words."""
+        self.memory.forgive(self.config, [f for f, _ in refusals])
+        last = refusals[-1][1]
+        tried = ", ".join(f for f, _ in refusals)
+        label = self.memory.label(self.config)
+        every = " to every request form" if len(refusals) > 1 else ""
+        return self.error(
+            purpose,
+            f"{self.config.endpoint} ({label}) answered HTTP {last.status}{every} ({tried}): {last.words}",
+            f"the server answered HTTP {last.status}{every}: {_short(last.words, 80)}",
+        )
+
+    def _checked(
+        self,
+        purpose: str,
+        check: Callable[[Mapping[str, Any]], _T | Problems],
+        call: ToolCallPart | None,
+        raw: dict[str, Any] | None,
+        tool_name: str,
+        attempt: int,
+    ) -> _T | Problems:
+        if raw is not None:
+            result = check(raw)
+        elif call is not None:
+            result = Problems((f"the {tool_name} arguments were not a JSON object",))
+        else:
+            result = Problems(("the answer held no JSON object: answer with one JSON object as asked",))
+        if isinstance(result, Problems):
+            log_event(
+                _log,
+                "model_output_refused",
+                logging.WARNING,
+                model=self.name,
+                purpose=purpose,
+                attempt=attempt,
+                problems=list(result.items),
+            )
+        return result
 
     async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
-        """Run the speaker's turn; every tool call goes through ``call_tool``."""
+        """Run the speaker's turn; every tool call goes through ``call_tool``.
+
+        The first speaking form the endpoint accepts is used (tools with ``"required"``, with
+        ``"auto"``, or none). A plain-text answer is the line said, through the card's speaking
+        tool (so the runtime's checks apply); a tool call written as text is run as a tool call.
+        A turn in which nothing was done ends in a :class:`ModelError` that says why.
+        """
         tools = wire_tool_names(request.tools)
         if not any(spec.kind == "action" for spec in tools.values()):
             log_event(_log, "speak_skipped", logging.WARNING, model=self.name, reason="no action tools")
             return
-        instructions, prompt = speak_prompt(request, tools)
-        params = ModelRequestParameters(
-            function_tools=[
-                ToolDefinition(
-                    name=name,
-                    parameters_json_schema=dict(spec.input_schema),
-                    description=spec.description,
-                    strict=False,
-                )
-                for name, spec in tools.items()
-            ],
-            allow_text_output=False,
-        )
+        config = self.config
+        forms = self.memory.speak_forms(config)
         turn = _SpeakTurn(tools, request)
+        refusals: list[tuple[str, _Refused]] = []
+        async with self._session("speak") as session:
+            for index, form in enumerate(forms):
+                if turn.answers >= config.max_speak_requests:
+                    break
+                try:
+                    await self._speak_in(
+                        form, session, request, turn, call_tool, last=index == len(forms) - 1
+                    )
+                except _Refused as refusal:
+                    self.memory.refused(config, form, str(refusal))
+                    refusals.append((form, refusal))
+                    continue
+                if turn.done:
+                    self.memory.worked(config, "speak", form)
+                    if turn.pending:
+                        log_event(
+                            _log,
+                            "speak_budget_spent",
+                            logging.WARNING,
+                            model=self.name,
+                            requests=turn.answers,
+                            acted=sorted(turn.done),
+                            unused_instructed=sorted(turn.pending),
+                        )
+                    return
+                if not turn.switch_form:
+                    break
+                turn.switch_form = False
+        if turn.answers == 0 and refusals:
+            raise self._all_refused("speak", refusals)
+        raise self.error(
+            "speak",
+            f"nothing said after {turn.answers} answer(s): {turn.problem}",
+            f"the model did not speak ({turn.problem})",
+        )
+
+    async def _speak_in(
+        self,
+        form: SpeakForm,
+        session: _Session,
+        request: SpeakRequest,
+        turn: _SpeakTurn,
+        call_tool: ToolCaller,
+        *,
+        last: bool,
+    ) -> None:
+        """The speaking turn in one form, within the turn's request budget."""
+        text_reply = form == "text"
+        turn.start_form(text_reply)
+        instructions, prompt = speak_prompt(request, turn.tools, text_reply)
+        # What the model must not echo as its line: the instructions and the turn's own lines
+        # (not the history or the context, where an earlier line may fairly come back).
+        tail = prompt[prompt.rfind("It is your turn") :].splitlines()
+        turn.prompt = "\n".join([instructions, *(t for t in tail if not t.startswith("Context:"))])
+        definitions = [
+            ToolDefinition(
+                name=name,
+                parameters_json_schema=dict(spec.input_schema),
+                description=spec.description,
+                strict=False,
+            )
+            for name, spec in turn.tools.items()
+        ]
+        if text_reply:
+            params = ModelRequestParameters(output_mode="text", allow_text_output=True)
+        else:
+            params = ModelRequestParameters(
+                function_tools=definitions, allow_text_output=form == "tools_auto"
+            )
         messages: list[ModelMessage] = [
             ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)
         ]
-        async with self._session("speak") as session:
-            while session.requests < self.config.max_speak_requests:
-                response = await session.request(messages, params)
-                returns = await self._run_calls(response, turn, call_tool)
-                if not turn.follow_up():
-                    return
-                messages += [response, ModelRequest(parts=returns, instructions=instructions)]
-        log_event(
-            _log,
-            "speak_budget_spent",
-            logging.WARNING,
-            model=self.name,
-            requests=self.config.max_speak_requests,
-            acted=sorted(turn.done),
-            unused_instructed=sorted(turn.pending),
-        )
+        first = True
+        while turn.answers < self.config.max_speak_requests:
+            response = await session.request(messages, params, form=form, may_refuse=first)
+            first = False
+            turn.answers += 1
+            called = any(isinstance(p, ToolCallPart) for p in response.parts)
+            said = _text_of(response)
+            if form == "tools_required" and not called:
+                self.memory.ignored(self.config, form)
+            if not called and not said and not text_reply and not last and not turn.done:
+                # Neither a call nor a word: with these tools this server and model give nothing.
+                self.memory.ignored(self.config, form)
+                turn.failed("an empty answer")
+                turn.switch_form = True
+                return
+            returns = await self._run_calls(response, turn, call_tool)
+            if not turn.follow_up():
+                return
+            messages += [response, ModelRequest(parts=returns, instructions=instructions)]
 
     async def _run_calls(
         self, response: ModelResponse, turn: _SpeakTurn, call_tool: ToolCaller
     ) -> list[ModelRequestPart]:
-        """Execute the response's tool calls in order; answer each one for the next request."""
+        """Execute the response's tool calls in order; answer each one for the next request.
+
+        A response without tool calls is read as text: a tool call written out is run, any other
+        text is the line said through the speaking tool, an empty answer is sent back.
+        """
         turn.new_round()
         calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
         if not calls:
-            text = " ".join(p.content for p in response.parts if isinstance(p, TextPart)).strip()
-            log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=_short(text, 200))
-            turn.needs_fix = not turn.done
-            names = ", ".join(n for n, s in turn.tools.items() if s.kind == "action")
-            nudge = f"Nobody heard that: use an action tool ({names}) to talk or act."
-            return [RetryFeedbackPart(nudge, retry=RetryInfo("model_retry"))]
+            return [await self._run_text(_text_of(response), turn, call_tool)]
         returns: list[ModelRequestPart] = []
         for call in calls:
             spec = turn.tools.get(call.tool_name)
             args = _call_args(call)
             if spec is None or args is None:
-                turn.needs_fix = True
+                turn.failed(
+                    f"it called an unknown tool {call.tool_name!r}"
+                    if spec is None
+                    else f"the {call.tool_name} arguments were not a JSON object"
+                )
                 known = ", ".join(turn.tools)
                 why = (
                     f"there is no tool {call.tool_name!r}; use one of: {known}"
@@ -388,17 +740,56 @@ class ProviderModel:
                 )
                 returns.append(_retry(call, why))
                 continue
-            if spec.id in turn.done:
-                log_event(_log, "speak_repeat_refused", model=self.name, tool=spec.id)
-                returns.append(
-                    _answer(call, {"status": "refused", "message": "already done this turn"}, False)
-                )
-                continue
-            result = dict(await call_tool(spec.id, args))
-            ok = result.get("status", "ok") == "ok"
-            turn.record(spec, ok)
-            returns.append(_answer(call, result, ok))
+            result = await self._run_one(spec, args, turn, call_tool)
+            returns.append(_answer(call, result, result.get("status", "ok") == "ok"))
         return returns
+
+    async def _run_one(
+        self, spec: ToolSpec, args: Mapping[str, Any], turn: _SpeakTurn, call_tool: ToolCaller
+    ) -> dict[str, Any]:
+        if spec.id in turn.done:
+            log_event(_log, "speak_repeat_refused", model=self.name, tool=spec.id)
+            return {"status": "refused", "message": "already done this turn"}
+        result = dict(await call_tool(spec.id, args))
+        ok = result.get("status", "ok") == "ok"
+        turn.record(spec, ok, str(result.get("message", result.get("status", ""))))
+        return result
+
+    async def _run_text(self, text: str, turn: _SpeakTurn, call_tool: ToolCaller) -> ModelRequestPart:
+        """A text answer: written-out tool calls, else the line said; the feedback for a follow-up."""
+        written = parse_text_tool_calls(text, turn.tools)
+        if written:
+            results = []
+            for name, given in written:
+                results.append(
+                    {"tool": name, **await self._run_one(turn.tools[name], given, turn, call_tool)}
+                )
+            return UserPromptPart(
+                f"Results of your tool calls: {json.dumps(results, ensure_ascii=False, default=str)}"
+            )
+        line = spoken_text(text, (turn.me.name, turn.me.id), turn.prompt)
+        speaker = turn.speaking_tool()
+        if line and speaker is not None and speaker[1].id not in turn.done:
+            name, spec = speaker
+            said = speech_args(spec, line, turn.recipients)
+            assert said is not None  # speaking_tool only offers tools that take a message
+            log_event(_log, "speak_text_as_tool", model=self.name, tool=spec.id, text=_short(line, 200))
+            result = await self._run_one(spec, said, turn, call_tool)
+            if result.get("status", "ok") == "ok":
+                return UserPromptPart(f"You said that through {name}.")
+            return UserPromptPart(
+                f"What you said could not be delivered: {json.dumps(result, ensure_ascii=False, default=str)}"
+            )
+        log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=_short(text, 200))
+        if not turn.done:
+            turn.failed("an empty answer" if not line else "a text answer and no tool to say it with")
+        names = ", ".join(n for n, s in turn.tools.items() if s.kind == "action")
+        nudge = (
+            "You said nothing. Say your line now."
+            if turn.text_reply
+            else f"Nobody heard that: use an action tool ({names}) to talk or act."
+        )
+        return RetryFeedbackPart(nudge, retry=RetryInfo("model_retry"))
 
 
 class _SpeakTurn:
@@ -411,29 +802,70 @@ class _SpeakTurn:
 
     def __init__(self, tools: Mapping[str, ToolSpec], request: SpeakRequest) -> None:
         self.tools = tools
+        self.me = request.me
+        self.recipients = list(request.recipients)
         actions = {s.id for s in tools.values() if s.kind == "action"}
-        self.pending: set[str] = {i.tool for i in request.instructions if i.tool in actions}
+        self.instructed: list[str] = [i.tool for i in request.instructions if i.tool in actions]
+        self.pending: set[str] = set(self.instructed)
         """Instructed actions not done yet."""
         self.done: set[str] = set()
         """Actions that succeeded this turn."""
         self.needs_fix = False
         self.looked_up = False
+        self.text_reply = False
+        self.answers = 0
+        """Answered requests so far (the turn's budget counts these)."""
+        self.problem = "no answer"
+        """Why nothing has been done yet, for the error if it stays that way."""
+        self.switch_form = False
+        """Set when the current form gave nothing usable: the next form gets the rest of the budget."""
+        self.prompt = ""
+        """The prompt of the current form (a small model's echo of it is not its line)."""
+
+    def start_form(self, text_reply: bool) -> None:
+        """A new request form: in the text form no tool can be called, so none is awaited."""
+        self.text_reply = text_reply
+        if text_reply:
+            self.pending.clear()
 
     def new_round(self) -> None:
         self.needs_fix = False
         self.looked_up = False
 
-    def record(self, spec: ToolSpec, ok: bool) -> None:
+    def failed(self, problem: str) -> None:
+        self.needs_fix = True
+        self.problem = problem
+
+    def record(self, spec: ToolSpec, ok: bool, message: str = "") -> None:
         if not ok:
-            self.needs_fix = True
+            self.failed(f"{spec.id} failed: {_short(message, 80)}")
         elif spec.kind == "knowledge":
             self.looked_up = True
+            self.problem = "it only looked things up"
         else:
             self.done.add(spec.id)
             self.pending.discard(spec.id)
 
     def follow_up(self) -> bool:
         return self.needs_fix or bool(self.pending) or (self.looked_up and not self.done)
+
+    def speaking_tool(self) -> tuple[str, ToolSpec] | None:
+        """The action that carries a plain-text answer: an instructed one that takes a message,
+        else ``speak``, else the first action that takes a message."""
+        able = [
+            (name, spec)
+            for name, spec in self.tools.items()
+            if spec.kind == "action" and speech_args(spec, "-", self.recipients) is not None
+        ]
+        for wanted in (*self.instructed, "speak"):
+            for name, spec in able:
+                if spec.id == wanted:
+                    return name, spec
+        return able[0] if able else None
+
+
+def _text_of(response: ModelResponse) -> str:
+    return "".join(p.content for p in response.parts if isinstance(p, TextPart)).strip()
 
 
 def _call_args(call: ToolCallPart) -> dict[str, Any] | None:
@@ -464,7 +896,7 @@ def _output_of(response: ModelResponse, tool_name: str) -> tuple[ToolCallPart | 
     for part in response.parts:
         if isinstance(part, ToolCallPart) and part.tool_name == tool_name:
             return part, _call_args(part)
-    text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
+    text = _text_of(response)
     return None, parse_json_object(text) if text else None
 
 

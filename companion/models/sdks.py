@@ -14,6 +14,7 @@ import httpx2
 from pydantic_ai.models import Model
 
 from .endpoints import ProviderConfig, ProviderKind
+from .servers import ListedModel
 
 __all__ = ["Sdk", "SdkClient", "load_sdk"]
 
@@ -30,9 +31,12 @@ class Sdk:
 
     make_client: Callable[[ProviderConfig, httpx2.AsyncClient, float], SdkClient]
     """``(config, http_client, timeout)``: an SDK client that never retries on its own."""
-    make_model: Callable[[SdkClient, str], Model]
-    list_model_ids: Callable[[SdkClient], Awaitable[list[str]]]
-    """Asyncio side: the ids the endpoint lists."""
+    make_model: Callable[[SdkClient, ProviderConfig], Model]
+    """A pydantic-ai model that may be asked for every request form of
+    :mod:`companion.models.servers` (JSON-schema and JSON-mode output included: whether the
+    server honours them is learned per endpoint, not assumed from the model's name)."""
+    list_models: Callable[[SdkClient], Awaitable[list[ListedModel]]]
+    """Asyncio side: the models the endpoint lists."""
     errors: tuple[type[Exception], ...]
     connection_errors: tuple[type[Exception], ...]
 
@@ -45,23 +49,35 @@ def load_sdk(kind: ProviderKind) -> Sdk:
 def _openai() -> Sdk:
     import openai
     from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.profiles.openai import OpenAIModelProfile
     from pydantic_ai.providers.openai import OpenAIProvider
+
+    def profile(config: ProviderConfig) -> OpenAIModelProfile:
+        # Local servers (llama.cpp, llama-cpp-python, Ollama, vLLM) read `max_tokens`; the newer
+        # `max_completion_tokens` is silently ignored by llama-cpp-python (measured: a reply ran
+        # on for 3,560 tokens), so only the OpenAI API itself gets it.
+        return OpenAIModelProfile(
+            supports_json_schema_output=True,
+            supports_json_object_output=True,
+            openai_chat_supports_max_completion_tokens=config.base_url is None,
+        )
 
     def make_client(config: ProviderConfig, http: httpx2.AsyncClient, timeout: float) -> SdkClient:
         return openai.AsyncOpenAI(
             api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
         )
 
-    def make_model(client: SdkClient, name: str) -> Model:
+    def make_model(client: SdkClient, config: ProviderConfig) -> Model:
         assert isinstance(client, openai.AsyncOpenAI)
-        return OpenAIChatModel(name, provider=OpenAIProvider(openai_client=client))
+        provider = OpenAIProvider(openai_client=client)
+        return OpenAIChatModel(config.model_name, provider=provider, profile=profile(config))
 
-    async def list_model_ids(client: SdkClient) -> list[str]:
+    async def list_models(client: SdkClient) -> list[ListedModel]:
         assert isinstance(client, openai.AsyncOpenAI)
         page = await client.models.list()
-        return [m.id for m in page.data]
+        return [ListedModel(m.id, str(getattr(m, "owned_by", "") or "")) for m in page.data]
 
-    return Sdk(make_client, make_model, list_model_ids, (openai.APIError,), (openai.APIConnectionError,))
+    return Sdk(make_client, make_model, list_models, (openai.APIError,), (openai.APIConnectionError,))
 
 
 def _anthropic() -> Sdk:
@@ -74,15 +90,13 @@ def _anthropic() -> Sdk:
             api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
         )
 
-    def make_model(client: SdkClient, name: str) -> Model:
+    def make_model(client: SdkClient, config: ProviderConfig) -> Model:
         assert isinstance(client, anthropic.AsyncAnthropic)
-        return AnthropicModel(name, provider=AnthropicProvider(anthropic_client=client))
+        return AnthropicModel(config.model_name, provider=AnthropicProvider(anthropic_client=client))
 
-    async def list_model_ids(client: SdkClient) -> list[str]:
+    async def list_models(client: SdkClient) -> list[ListedModel]:
         assert isinstance(client, anthropic.AsyncAnthropic)
         page = await client.models.list(limit=1000)
-        return [m.id for m in page.data]
+        return [ListedModel(m.id, "anthropic") for m in page.data]
 
-    return Sdk(
-        make_client, make_model, list_model_ids, (anthropic.APIError,), (anthropic.APIConnectionError,)
-    )
+    return Sdk(make_client, make_model, list_models, (anthropic.APIError,), (anthropic.APIConnectionError,))

@@ -26,6 +26,9 @@ __all__ = [
     "check_states",
     "params_schema_problems",
     "parse_json_object",
+    "parse_text_tool_calls",
+    "speech_args",
+    "spoken_text",
     "states_schema",
     "wire_tool_names",
 ]
@@ -52,12 +55,16 @@ def states_schema(companion_ids: Sequence[str]) -> dict[str, Any]:
             "states": {
                 "type": "array",
                 "description": "One entry per companion, in the order listed.",
+                # Exact length and integer importance: servers that turn the schema into a
+                # grammar (llama.cpp, llama-cpp-python, Ollama) then enforce them for small models.
+                "minItems": len(companion_ids),
+                "maxItems": len(companion_ids),
                 "items": {
                     "type": "object",
                     "properties": {
                         "companion_id": {"type": "string", "enum": list(companion_ids)},
                         "state": {"type": "string", "enum": ["speak", "listen"]},
-                        "importance": {"type": "number", "minimum": 0, "maximum": 10},
+                        "importance": {"type": "integer", "enum": list(range(11))},
                         "selected": {"type": "boolean"},
                         "closing": {"type": "string", "enum": list(CLOSING_ORDER)},
                     },
@@ -100,38 +107,42 @@ def check_states(raw: Mapping[str, Any], request: StatesRequest) -> list[StateDe
     """The decisions in the order of ``request.companions``, or the problems with ``raw``.
 
     The request's hard rules are applied, not argued about: the closing stage never falls below
-    ``closing_floor`` and a nominated companion is always ``selected``.
+    ``closing_floor`` and moves at most one stage past it per turn (a conversation passes through
+    ``pre-closing`` and ``closing`` before ``terminal``, however eager the model), and a nominated
+    companion is always ``selected``. A partial answer is used, not refused: an entry repeated
+    counts once, an unknown id is dropped, a companion without an entry listens (a small model
+    often gets one of these wrong; asking again costs a whole request). Only an answer with no
+    usable entry, or a malformed one, is refused.
     """
     try:
         parsed = _StatesOutput.model_validate(raw)
     except ValidationError as exc:
         return _describe(exc)
     expected = [c.id for c in request.companions]
-    problems: list[str] = []
     by_id: dict[str, _StateItem] = {}
     for item in parsed.states:
-        if item.companion_id not in expected:
-            problems.append(f"states: {item.companion_id!r} is not one of the companions {expected}")
-        elif item.companion_id in by_id:
-            problems.append(f"states: {item.companion_id!r} appears more than once")
-        else:
+        if item.companion_id in expected and item.companion_id not in by_id:
             by_id[item.companion_id] = item
-    missing = [cid for cid in expected if cid not in by_id]
-    if missing:
-        problems.append(f"states: no entry for {missing}")
-    if problems:
-        return Problems(tuple(problems))
+    if not by_id:
+        return Problems((f"states: no entry for any of the companions {expected}",))
     floor = CLOSING_ORDER.index(request.closing_floor)
+    ceiling = min(floor + 1, len(CLOSING_ORDER) - 1)
     decisions = []
     for cid in expected:
-        item = by_id[cid]
+        entry = by_id.get(cid)
+        if entry is None:
+            decisions.append(
+                StateDecision(cid, "listen", 0.0, cid == request.nominated, CLOSING_ORDER[floor])
+            )
+            continue
+        stage = CLOSING_ORDER.index(entry.closing)
         decisions.append(
             StateDecision(
                 companion_id=cid,
-                state=item.state,
-                importance=float(item.importance),
-                selected=item.selected or cid == request.nominated,
-                closing=CLOSING_ORDER[max(floor, CLOSING_ORDER.index(item.closing))],
+                state=entry.state,
+                importance=float(entry.importance),
+                selected=entry.selected or cid == request.nominated,
+                closing=CLOSING_ORDER[max(floor, min(stage, ceiling))],
             )
         )
     return decisions
@@ -160,22 +171,188 @@ def check_params(raw: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str,
 
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_SCAN_LIMIT = 20_000
+"""Characters of a model's text searched for JSON (a runaway answer must not cost seconds)."""
+
+
+def _json_values(text: str) -> Iterable[Any]:
+    """Every JSON object or array embedded in ``text``, in order, outermost first."""
+    decoder = json.JSONDecoder()
+    text = text[:_SCAN_LIMIT]
+    index = 0
+    while True:
+        starts = [i for i in (text.find("{", index), text.find("[", index)) if i >= 0]
+        if not starts:
+            return
+        start = min(starts)
+        try:
+            value, end = decoder.raw_decode(text, start)
+        except ValueError:
+            index = start + 1
+            continue
+        yield value
+        index = end
 
 
 def parse_json_object(text: str) -> dict[str, Any] | None:
-    """A JSON object a model wrote as plain text (optionally in a code fence), else ``None``.
+    """A JSON object a model wrote as text (bare, in a code fence, or inside prose), else ``None``.
 
-    Some local models answer with the JSON instead of calling the output tool.
+    Some local models answer with the JSON instead of calling the output tool, or wrap it in a
+    sentence; the first object found is the answer.
     """
     text = text.strip()
     fenced = _FENCE.match(text)
     if fenced:
         text = fenced.group(1)
-    try:
-        value = json.loads(text)
-    except ValueError:
+    for value in _json_values(text):
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+_FUNCTIONS_PREFIX = re.compile(r"functions\.([A-Za-z0-9_-]+):\s*")
+
+
+def parse_text_tool_calls(text: str, names: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Tool calls a model wrote as text instead of as tool calls, for tools in ``names`` only.
+
+    Recognised: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes, Qwen,
+    SmolLM), a bare ``{"name": ..., "arguments"|"parameters": {...}}`` or a list of them, and
+    ``functions.NAME: {...}`` (chatml-function-calling). Anything else is not a call.
+    """
+    known = set(names)
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def add(value: Any) -> None:
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if not isinstance(item, dict) or item.get("name") not in known:
+                continue
+            args = item.get("arguments", item.get("parameters", {}))
+            if isinstance(args, str):
+                args = parse_json_object(args)
+            if isinstance(args, dict):
+                calls.append((item["name"], args))
+
+    text = text[:_SCAN_LIMIT]
+    tagged = _TOOL_CALL_TAG.findall(text)
+    for block in tagged:
+        for value in _json_values(block):
+            add(value)
+            break
+    if calls or tagged:
+        return calls
+    prefixed = list(_FUNCTIONS_PREFIX.finditer(text))
+    for match in prefixed:
+        if match.group(1) in known:
+            value = next(iter(_json_values(text[match.end() :])), None)
+            if isinstance(value, dict):
+                calls.append((match.group(1), value))
+    if prefixed:
+        return calls
+    stripped = text.strip()
+    fenced = _FENCE.match(stripped)
+    if fenced:
+        stripped = fenced.group(1)
+    if stripped[:1] in ("{", "["):
+        add(next(iter(_json_values(stripped)), None))
+    return calls
+
+
+_MESSAGE_FIELDS = ("message", "text", "content", "utterance")
+_NEUTRAL = ("neutral", "calm", "normal", "none")
+_LABEL = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\))?\s*:\s+")
+
+
+_LINE_LIMIT = 400
+_HISTORY = re.compile(r"^\s*\d+\.(?:\s|$)")
+"""A line in (or cut from) the prompt's numbered history (``3. Aya (companion_aya) -> Ben: ...``)."""
+_TURN_ECHO = re.compile(r"(?:\byour turn\b.*\(|\bAddress:\s)", re.IGNORECASE)
+"""The prompt's turn line, as small models echo it ("Your turn (Juniper). Address: ...")."""
+
+
+def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") -> str:
+    """A plain-text answer as a line to say: its first paragraph that is not an echo of the
+    ``prompt``, without a ``Name:`` label of the speaker's or wrapping quotes, at most
+    :data:`_LINE_LIMIT` characters (cut after a sentence when it can be). Small models repeat
+    lines of their prompt and go on writing the others' lines after their own."""
+    echoed = {
+        " ".join(line.split()) for line in prompt.splitlines() if line.strip() and not _HISTORY.match(line)
+    }
+    labels = {n.casefold() for n in speaker_names}
+    line = ""
+    for part in text.strip().split("\n"):
+        candidate = part.strip()
+        label = _LABEL.match(candidate)
+        if label and label.group(1).strip().casefold() in labels:
+            candidate = candidate[label.end() :].strip()
+        if len(candidate) >= 2 and candidate[0] == candidate[-1] and candidate[0] in "\"'":
+            candidate = candidate[1:-1].strip()
+        flat = " ".join(candidate.split())
+        if _HISTORY.match(candidate) or _TURN_ECHO.search(candidate):
+            continue
+        if candidate and not any(flat in seen or seen in flat for seen in echoed if len(seen) > 12):
+            line = candidate
+            break
+    if len(line) > _LINE_LIMIT:
+        cut = max(line.rfind(mark, 0, _LINE_LIMIT) for mark in (". ", "! ", "? "))
+        line = line[: cut + 1] if cut > 0 else line[: _LINE_LIMIT - 1].rstrip() + "…"
+    return line
+
+
+def speech_args(spec: ToolSpec, line: str, recipients: Sequence[str]) -> dict[str, Any] | None:
+    """Input for the speaking action ``spec`` that says ``line`` to ``recipients``, or ``None``
+    when ``spec`` takes no message text (so it cannot carry a plain-text answer).
+
+    The message goes into the ``message`` (or ``text``, ``content``) string property; a
+    ``to``-like array of strings gets ``recipients``; other required properties get a neutral
+    value the schema accepts (``neutral`` from an enum, else its first value).
+    """
+    props = spec.input_schema.get("properties")
+    if not isinstance(props, Mapping):
         return None
-    return value if isinstance(value, dict) else None
+    field = next(
+        (
+            f
+            for f in _MESSAGE_FIELDS
+            if isinstance(props.get(f), Mapping) and props[f].get("type") == "string"
+        ),
+        None,
+    )
+    if field is None:
+        return None
+    args: dict[str, Any] = {field: line}
+    required = spec.input_schema.get("required", [])
+    for name, sub in props.items():
+        if name == field or not isinstance(sub, Mapping):
+            continue
+        if name in ("to", "recipients") and sub.get("type") == "array":
+            args[name] = list(recipients)
+        elif name in required:
+            value = _plain_value(sub)
+            if value is not None:
+                args[name] = value
+    return args
+
+
+def _plain_value(schema: Mapping[str, Any]) -> Any:
+    """A neutral value a simple JSON Schema accepts, or ``None`` when there is no obvious one."""
+    if "default" in schema:
+        return schema["default"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return next((v for v in enum if v in _NEUTRAL), enum[0])
+    kind = schema.get("type")
+    if kind == "boolean":
+        return False
+    if kind in ("integer", "number"):
+        return schema.get("minimum", 0)
+    if kind == "array":
+        return []
+    if kind == "string":
+        return ""
+    return None
 
 
 _WIRE_NAME = re.compile(r"[^A-Za-z0-9_-]")

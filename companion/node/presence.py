@@ -20,7 +20,9 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
 - **Expiry**: a task sleeps until the table's next deadline and removes what expired.
 
 Processing happens in the validator (synchronous, never raising), not in a subscription
-reader: nothing is queued, and what py-libp2p does with deliveries does not matter here.
+reader: nothing is queued, and what the pubsub does with deliveries does not matter here (the
+node's :class:`~companion.node.pubsub.GuardedPubsub` hands them to the node, which has no
+validated payload stashed for them and ignores them).
 """
 
 from __future__ import annotations
@@ -131,17 +133,10 @@ class PresenceService:
         self._pubsub = pubsub
         self._addrs = addrs
         pubsub.set_topic_validator(PRESENCE_TOPIC, self.validate, False)
-        subscription = await pubsub.subscribe(PRESENCE_TOPIC)
-        nursery.start_soon(self._drain, subscription)
+        await pubsub.subscribe(PRESENCE_TOPIC)  # joins the mesh; deliveries go to the node, unused
         nursery.start_soon(self._expire_loop)
         if self.metadata is not None:
             nursery.start_soon(self._publish_loop)
-
-    async def _drain(self, subscription: Any) -> None:
-        """Announcements were taken in the validator; py-libp2p's delivery queue is emptied so
-        it never fills (it drops silently when full)."""
-        while True:
-            await subscription.get()
 
     async def _publish_loop(self) -> None:
         while True:

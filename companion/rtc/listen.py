@@ -12,7 +12,7 @@ from __future__ import annotations
 import array
 import logging
 import subprocess
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Protocol
 
@@ -102,11 +102,19 @@ async def play_audio(audio: trio.MemoryReceiveChannel[ReceivedAudio], player: Se
 
 @asynccontextmanager
 async def open_rtc_listener(
-    url: str, *, token: str | None, voice: bool, player: Sequence[str] | None
+    url: str,
+    *,
+    token: str | None,
+    voice: bool,
+    player: Sequence[str] | None,
+    topics: Iterable[str] | None = None,
 ) -> AsyncIterator[RtcFrames]:
     """Connect to the bridge at ``url`` over WebRTC; with ``voice``, play its audio track
-    through ``player`` (or discard it when there is none)."""
-    async with connect_rtc(url, token=token, voice=voice) as client, trio.open_nursery() as nursery:
+    through ``player`` (or discard it when there is none). ``topics``: as for a WebSocket."""
+    async with (
+        connect_rtc(url, token=token, voice=voice, topics=topics) as client,
+        trio.open_nursery() as nursery,
+    ):
         if voice:
             if player:
                 nursery.start_soon(play_audio, client.audio, player)

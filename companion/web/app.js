@@ -5,6 +5,9 @@
 // Transport: a WebSocket at once, upgraded to WebRTC when the bridge offers it (the data channel
 // carries the same frames; with voice on, the bridge speaks the lines on an audio track and
 // answers the speak queries itself). See the "WebRTC" section below and docs/webrtc.md.
+// While a companion prepares its reply it says so (`companion.thinking`), and when it cannot
+// reply it gives its slot up with a reason (`companion.yield`): the page shows "Juniper is
+// thinking… (12 s)" and then the reply, or one line saying why there is none (docs/clients.md).
 "use strict";
 
 (() => {
@@ -12,7 +15,12 @@
   const params = new URLSearchParams(location.search);
   const token = params.get("token");
   const tokenQuery = token ? `?token=${encodeURIComponent(token)}` : "";
-  const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/${tokenQuery}`;
+  // aikyo's Firehose topics, and `states`: an array that chooses nobody because the stage is
+  // `terminal` is how the page learns that the conversation is over.
+  const TOPICS = ["messages", "queries", "actions", "states"];
+  const wsQuery = new URLSearchParams({ topics: TOPICS.join(",") });
+  if (token) wsQuery.set("token", token);
+  const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/?${wsQuery}`;
 
   const EMOTIONS = { happy: "😊 happy", sad: "😢 sad", angry: "😠 angry", neutral: "😐 neutral" };
   const START_HINT =
@@ -23,10 +31,25 @@
   const APPROVAL_TTL_MS = 130000;
   const DIRECTORY_EVERY_MS = 5000;
   const MAX_LINES = 500;
+  const THINKING = "companion.thinking";
+  const YIELD = "companion.yield";
+  const THINKING_DEADLINE_MS = 300000; // a lost reply never leaves an endless "thinking"
+  const MAX_THINKERS = 32;
+  const MAX_DETAIL = 200;
+  const MAX_NAME = 60;
+  const REASON_WORDS = {
+    model_error: "the model failed",
+    timeout: "the model timed out",
+    crashed: "it crashed while preparing its reply",
+    no_reply: "the model gave no reply",
+  };
 
   const companions = new Map(); // id -> metadata, from the bridge's /companions
   const seen = new Set(); // companion ids seen speaking
   const approvals = new Map(); // query id -> element
+  const thinking = new Map(); // companion id -> { inReplyTo, since (performance.now()) }
+  const yieldsSeen = new Set(); // "companion id\n message id" of yields shown
+  let ended = false; // the end marker is shown for the current conversation
   const answeredHere = new Map(); // approval query id -> what it approved (to explain a late answer)
   let socket = null;
   let retryMs = 500;
@@ -69,6 +92,18 @@
     return id.replace(/^(companion_|user_)/, "");
   };
 
+  // Network input on one line: no control or bidi characters, no lone surrogates, bounded.
+  // (Shown with textContent, never as HTML.)
+  function oneLine(value, limit) {
+    const text = String(value)
+      .slice(0, limit * 4)
+      .replace(/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g, "")
+      .replace(/[\u0000-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]/g, " ")
+      .replace(/\s+/g, " ")
+      .trim();
+    return text.length <= limit ? text : `${text.slice(0, limit - 1).trimEnd()}…`;
+  }
+
   // --- the transcript ---------------------------------------------------------------------
   const transcript = $("transcript");
 
@@ -87,7 +122,14 @@
   }
 
   function showMessage(p) {
-    if (p.from.startsWith("companion_")) seen.add(p.from);
+    const metadata = p.metadata !== null && typeof p.metadata === "object" ? p.metadata : {};
+    if (p.from.startsWith("companion_")) {
+      seen.add(p.from);
+      stopThinking(p.from); // its reply, or any word from it, ends its thinking
+      if (typeof metadata.in_reply_to !== "string") ended = false; // a companion opens a conversation
+    } else {
+      ended = false; // a person's message starts a new conversation
+    }
     const li = el("li", p.from === me() ? "message mine" : "message");
     li.dataset.id = p.id;
     li.dataset.from = p.from;
@@ -100,7 +142,14 @@
     li.appendChild(el("div", "bubble", p.message));
     append(li);
     refreshCompanions();
-    if (p.metadata && p.metadata.closing === "terminal") showSystem(END_MARKER, "end");
+    if (metadata.closing === "terminal") endConversation();
+  }
+
+  function endConversation() {
+    clearThinking();
+    if (ended) return;
+    ended = true;
+    showSystem(END_MARKER, "end");
   }
 
   function markRefused(ref, why) {
@@ -116,7 +165,123 @@
     append(el("li", `system ${kind || ""}`, text));
   }
 
+  // --- thinking, giving up, the end -------------------------------------------------------
+  const thinkingBox = $("thinking");
+  let thinkingTimer = null;
+
+  function startThinking(id, inReplyTo) {
+    const current = thinking.get(id);
+    if (current && current.inReplyTo === inReplyTo) return; // a repeat: the count goes on
+    thinking.delete(id);
+    thinking.set(id, { inReplyTo, since: performance.now() });
+    while (thinking.size > MAX_THINKERS) thinking.delete(thinking.keys().next().value);
+    renderThinking();
+  }
+
+  function stopThinking(id, inReplyTo) {
+    const current = thinking.get(id);
+    if (!current || (inReplyTo !== undefined && current.inReplyTo !== inReplyTo)) return;
+    thinking.delete(id);
+    renderThinking();
+  }
+
+  function clearThinking() {
+    thinking.clear();
+    renderThinking();
+  }
+
+  // One line per thinking companion, its seconds counting up; each line's text is set only
+  // when it reads differently, so nothing flickers between seconds.
+  function renderThinking() {
+    const now = performance.now();
+    for (const [id, t] of [...thinking]) {
+      if (now - t.since >= THINKING_DEADLINE_MS) {
+        thinking.delete(id);
+        const name = oneLine(nameOf(id), MAX_NAME);
+        showSystem(`(no word from ${name} after ${THINKING_DEADLINE_MS / 1000} s of thinking)`);
+      }
+    }
+    const lines = new Map([...thinkingBox.children].map((p) => [p.dataset.id, p]));
+    for (const [id, p] of lines) {
+      if (!thinking.has(id)) p.remove();
+    }
+    for (const [id, t] of thinking) {
+      let p = lines.get(id);
+      if (!p) {
+        p = el("p", "");
+        p.dataset.id = id;
+        thinkingBox.appendChild(p);
+      }
+      const seconds = Math.max(0, Math.floor((now - t.since) / 1000));
+      const text = `${oneLine(nameOf(id), MAX_NAME)} is thinking… (${seconds} s)`;
+      if (p.textContent !== text) p.textContent = text;
+    }
+    thinkingBox.hidden = thinking.size === 0;
+    for (const li of $("companions").querySelectorAll("li")) {
+      li.classList.toggle("thinking", thinking.has(li.dataset.id));
+    }
+    if (thinking.size > 0 && thinkingTimer === null) thinkingTimer = setInterval(renderThinking, 250);
+    if (thinking.size === 0 && thinkingTimer !== null) {
+      clearInterval(thinkingTimer);
+      thinkingTimer = null;
+    }
+  }
+
+  function yieldText(name, reason, detail) {
+    if (reason === "terminal") return `${name} has nothing more to say; the conversation is over`;
+    const words = REASON_WORDS[reason] || `it gave up (${oneLine(reason, 40) || "no reason given"})`;
+    const shown = typeof detail === "string" ? oneLine(detail, MAX_DETAIL) : "";
+    return `${name} could not answer: ${words}${shown ? ` (${shown})` : ""}; the turn passes to the next companion`;
+  }
+
+  // Returns whether the action was one of the two signals (shown here, or dropped if malformed).
+  function onSignal(p) {
+    if (p.name !== THINKING && p.name !== YIELD) return false;
+    const args = p.params !== null && typeof p.params === "object" ? p.params : {};
+    const inReplyTo = args.in_reply_to;
+    const valid = typeof p.from === "string" && p.from.startsWith("companion_") &&
+      typeof inReplyTo === "string" && inReplyTo.length > 0 && inReplyTo.length <= 200;
+    if (!valid) return true;
+    if (p.name === THINKING) {
+      startThinking(p.from, inReplyTo);
+      return true;
+    }
+    if (typeof args.reason !== "string") return true;
+    stopThinking(p.from, inReplyTo);
+    const key = `${p.from}\n${inReplyTo}`;
+    if (yieldsSeen.has(key)) return true; // the same yield again
+    yieldsSeen.add(key);
+    if (yieldsSeen.size > 256) yieldsSeen.delete(yieldsSeen.values().next().value);
+    const name = oneLine(nameOf(p.from), MAX_NAME);
+    if (args.reason === "terminal") {
+      showSystem(yieldText(name, "terminal"), "over");
+      endConversation();
+    } else {
+      showSystem(yieldText(name, args.reason, args.detail), "failure");
+    }
+    return true;
+  }
+
+  // The next-speaker rule every node applies to a states array (aikyo's): among companions'
+  // states the selected ones, else those that want to speak; the highest importance wins, the
+  // earlier on a tie. Nobody speaks when the winner's stage is `terminal`: the conversation ends.
+  function endsConversation(states) {
+    const valid = states.filter((s) => s !== null && typeof s === "object" && s.params != null &&
+      typeof s.params === "object" && typeof s.params.from === "string" &&
+      s.params.from.startsWith("companion_") && typeof s.params.importance === "number");
+    if (valid.length === 0) return false;
+    for (const pool of [valid.filter((s) => s.params.selected === true),
+      valid.filter((s) => s.params.state === "speak")]) {
+      if (pool.length === 0) continue;
+      let best = pool[0];
+      for (const s of pool) if (s.params.importance > best.params.importance) best = s;
+      return best.params.closing === "terminal";
+    }
+    return false;
+  }
+
   function showAction(p) {
+    if (onSignal(p)) return;
     let text;
     if (p.name === "progress") {
       text = `${nameOf(p.from)}: ${p.params.action || "working"} ${p.params.percent}% ${p.params.message || ""}`;
@@ -135,6 +300,7 @@
     if (ids.length === 0) list.appendChild(el("li", "empty", "none connected yet"));
     for (const id of ids) {
       const li = el("li", speaking.has(id) ? "speaking" : "");
+      if (thinking.has(id)) li.classList.add("thinking");
       li.dataset.id = id;
       li.appendChild(el("span", "name", nameOf(id)));
       li.appendChild(el("span", "id", id));
@@ -298,7 +464,11 @@
     } catch (err) {
       return;
     }
-    if (Array.isArray(data) || data === null || typeof data !== "object") return; // states
+    if (Array.isArray(data)) {
+      if (endsConversation(data)) endConversation(); // states: otherwise not shown
+      return;
+    }
+    if (data === null || typeof data !== "object") return;
     if (data.control !== undefined) {
       onControl(data); // WebRTC session state (data channel only)
       return;
@@ -509,7 +679,9 @@
       const response = await fetch(`/webrtc/offer${tokenQuery}`, {
         method: "POST",
         headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ type: "offer", sdp: pc.localDescription.sdp, voice: voiceMode.value === "speak" }),
+        body: JSON.stringify({
+          type: "offer", sdp: pc.localDescription.sdp, voice: voiceMode.value === "speak", topics: TOPICS,
+        }),
       });
       const reply = await response.json().catch(() => ({}));
       if (!response.ok) throw new Error(reply.error ? reply.error.message : `HTTP ${response.status}`);

@@ -63,4 +63,11 @@ async def test_page_in_a_live_conversation(chromium_path: str, tmp_path: Path) -
             if shot:
                 await page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
                 await page.screenshot(Path(shot))
+            # the conversation closes; the leader's last array (nobody speaks: terminal) reaches the
+            # page through the bridge, which marks the end once
+            await page.wait_for("document.querySelector('#transcript li.system.end')", timeout=90)
+            marker = "document.querySelector('#transcript li.system.end')"
+            # it follows the last reply (the message the array answers)
+            assert await page.evaluate(f"{marker}.previousElementSibling.matches('.message, .action')")
+            assert await page.evaluate("document.querySelectorAll('#transcript li.system.end').length") == 1
             assert page.cdp.exceptions == [], page.cdp.exceptions

@@ -11,7 +11,18 @@ from browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
 from conftest import MakeBridge
 
 from companion.bridge.ratelimit import RateLimit
-from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Metadata, Query, QueryResult
+from companion.protocol import (
+    ACTIONS,
+    MESSAGES,
+    QUERIES,
+    STATES,
+    Action,
+    Message,
+    Metadata,
+    Query,
+    QueryResult,
+    State,
+)
 from companion.transport import Inbound, MemoryEndpoint
 
 JUNIPER = Metadata(id="companion_juniper", name="Juniper", personality="calm", story="s", sample="x")
@@ -225,4 +236,120 @@ async def test_an_approval_given_after_a_reconnection_is_accepted(
         assert isinstance(answer.payload, QueryResult) and answer.payload.id == "a1"
         assert answer.payload.result is not None and answer.payload.result.body["approved"] is True
         assert bridge.stats()["refused"] == {}
+        assert page.cdp.exceptions == [], page.cdp.exceptions
+
+
+async def test_page_shows_thinking_counting_then_the_failure_then_the_end(
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
+) -> None:
+    """The signals as companions publish them: "is thinking… (N s)" counts up once a second
+    (each text set once: no flicker), a yield is one line with its reason and its detail as
+    text (never HTML), and the end marker comes once, from the states array that ends it."""
+    served = await memory_bridge({JUNIPER.id: JUNIPER, PIM.id: PIM})
+    companion, port = served.companion, served.port
+    async with chromium(chromium_path, tmp_path / "profile") as page:
+        await page.goto(f"http://127.0.0.1:{port}/?as=user_tester&transport=ws")
+        await page.wait_for("document.getElementById('companions').textContent.includes('Pim')")
+        await page.evaluate(
+            """(() => {
+              // every text the thinking line takes, and how often the page writes there
+              window.__thinkingTexts = [];
+              window.__writes = 0;
+              new MutationObserver((records) => {
+                window.__writes += records.filter((r) => r.target.closest?.('#thinking') ||
+                  r.target.parentElement?.closest('#thinking')).length;
+                for (const p of document.querySelectorAll('#thinking p')) {
+                  const last = window.__thinkingTexts[window.__thinkingTexts.length - 1];
+                  if (p.textContent !== last) window.__thinkingTexts.push(p.textContent);
+                }
+              }).observe(document.body, {subtree: true, childList: true, characterData: true});
+              return true;
+            })()"""
+        )
+        thinking = {"in_reply_to": "m-1"}
+        await companion.publish(ACTIONS, Action.create("companion_juniper", "companion.thinking", thinking))
+        await page.wait_for(
+            "document.querySelector('#thinking p')?.textContent === 'Juniper is thinking… (0 s)'"
+        )
+        assert await page.evaluate("document.getElementById('thinking').hidden") is False
+        assert (
+            await page.evaluate("document.querySelector('#companions li.thinking')?.dataset.id")
+            == "companion_juniper"
+        )
+        await page.wait_for(
+            "document.querySelector('#thinking p')?.textContent === 'Juniper is thinking… (2 s)'", timeout=6
+        )
+        texts = await page.evaluate("window.__thinkingTexts")
+        assert texts == [f"Juniper is thinking… ({n} s)" for n in range(3)]
+        assert await page.evaluate("window.__writes") <= 5  # the line added, then one text per second
+
+        detail = '<img src=x onerror="window.__pwned=1"> the server ignored the forced tool call'
+        params = {"in_reply_to": "m-1", "reason": "model_error", "detail": detail}
+        await companion.publish(ACTIONS, Action.create("companion_juniper", "companion.yield", params))
+        failed = await page.wait_for("document.querySelector('#transcript li.system.failure')?.textContent")
+        assert failed == (
+            'Juniper could not answer: the model failed (<img src=x onerror="window.__pwned=1"> the server '
+            "ignored the forced tool call); the turn passes to the next companion"
+        )
+        assert await page.evaluate("document.querySelectorAll('#transcript img, #thinking img').length") == 0
+        assert await page.evaluate("window.__pwned === undefined") is True
+        await page.wait_for("document.getElementById('thinking').hidden")
+        assert await page.evaluate("document.querySelectorAll('#thinking p').length") == 0
+
+        # the stand-in replies in the closing stage; the leader's array after it ends the conversation
+        await companion.publish(
+            ACTIONS, Action.create("companion_pim", "companion.thinking", {"in_reply_to": "m-1"})
+        )
+        await page.wait_for(
+            "document.querySelector('#thinking p')?.textContent.startsWith('Pim is thinking')"
+        )
+        last = Message.create(
+            "companion_pim", ["user_tester"], "Good night.", {"in_reply_to": "m-1", "closing": "closing"}
+        )
+        await companion.publish(MESSAGES, last)
+        await page.wait_for("document.getElementById('thinking').hidden")
+        end = [
+            State.create("companion_juniper", "speak", 6, False, "terminal"),
+            State.create("companion_pim", "listen", 2, False, "terminal"),
+        ]
+        await companion.publish(STATES, end)
+        marker = await page.wait_for("document.querySelector('#transcript li.system.end')?.textContent")
+        assert "write below to start a new one" in marker
+        before = await page.evaluate(
+            "document.querySelector('#transcript li.system.end').previousElementSibling.textContent"
+        )
+        assert "Good night." in before
+        # another leader's array and a terminal yield: the yield's line, no second marker
+        await companion.publish(STATES, end)
+        params = {"in_reply_to": "m-2", "reason": "terminal"}
+        await companion.publish(ACTIONS, Action.create("companion_juniper", "companion.yield", params))
+        over = await page.wait_for("document.querySelector('#transcript li.system.over')?.textContent")
+        assert over == "Juniper has nothing more to say; the conversation is over"
+        assert await page.evaluate("document.querySelectorAll('#transcript li.system.end').length") == 1
+
+        # the person's next line starts a new conversation, which ends with its own marker
+        await page.evaluate(
+            "document.getElementById('text').value = 'One more question';"
+            "document.getElementById('send').click(); true"
+        )
+        await from_page(companion, MESSAGES)
+        params = {"in_reply_to": "m-3", "reason": "terminal"}
+        await companion.publish(ACTIONS, Action.create("companion_pim", "companion.yield", params))
+        await page.wait_for("document.querySelectorAll('#transcript li.system.end').length === 2")
+
+        # a thinking that never ends has a deadline: the page's clock moved on by 300 s
+        await companion.publish(
+            ACTIONS, Action.create("companion_pim", "companion.thinking", {"in_reply_to": "m-4"})
+        )
+        await page.wait_for("document.querySelector('#thinking p')?.textContent === 'Pim is thinking… (0 s)'")
+        await page.evaluate(
+            "(() => { const real = performance.now.bind(performance);"
+            " performance.now = () => real() + 300000; return true; })()"
+        )
+        gone = await page.wait_for(
+            "[...document.querySelectorAll('#transcript li.system')].map(li => li.textContent)"
+            ".find(t => t.startsWith('(no word from'))"
+        )
+        assert gone == "(no word from Pim after 300 s of thinking)"
+        await page.wait_for("document.getElementById('thinking').hidden")
         assert page.cdp.exceptions == [], page.cdp.exceptions

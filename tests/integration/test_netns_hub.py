@@ -16,7 +16,7 @@ import pytest
 from live_support import start_companion, stdout_line
 from network_support import network
 
-from companion.cli.run import parse_sees
+from companion.app.lines import parse_sees
 
 pytestmark = pytest.mark.integration
 

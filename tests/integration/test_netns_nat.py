@@ -30,7 +30,7 @@ from live_support import stdout_line, write_card
 from netns_support import HERE_FILE, Topology, in_namespace, unavailable
 from network_support import Event, Network, Proc
 
-from companion.cli.run import parse_sees
+from companion.app.lines import parse_sees
 
 pytestmark = pytest.mark.integration
 
@@ -152,13 +152,20 @@ def test_companions_behind_nat_converse_and_dcutr_makes_cone_pairs_direct(
     assert "direct" in kinds(b_stats, "a"), json.dumps(b_stats)
     for stats, other in ((a_stats, "c"), (b_stats, "c"), (c_stats, "a"), (c_stats, "b")):
         assert kinds(stats, other) and set(kinds(stats, other)) == {"relayed"}, json.dumps(stats)
-    punched = [
-        e
-        for key in ("a", "b")
-        for e in procs[key].events
-        if e.get("event") == "hole_punch" and e.get("peer") == ids["b" if key == "a" else "a"]
-    ]
-    assert any(e["ok"] for e in punched), punched
+
+    # the direct connection exists a moment before DCUtR returns and logs its punch: wait for it
+    def punched() -> list[Event]:
+        return [
+            e
+            for key in ("a", "b")
+            for e in list(procs[key].events)
+            if e.get("event") == "hole_punch" and e.get("peer") == ids["b" if key == "a" else "a"]
+        ]
+
+    deadline = time.monotonic() + 30
+    while not any(e["ok"] for e in punched()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert any(e["ok"] for e in punched()), punched()
     # nobody can dial a home directly: every companion-to-companion connection began relayed
     assert sum(procs[k].stats()["relayed_dials"] for k in COMPANIONS) >= 3
     # no punch through c's NAT ever succeeds, on either side

@@ -23,11 +23,11 @@ from live_support import payload_of, start_run, stdout_line, write_card
 from network_support import Proc, network
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from companion.cli.run import BRIDGE_LINE, parse_sees
-from companion.demo import Transcript
+from companion.app.lines import BRIDGE_LINE, parse_sees
 from companion.listen.client import directory_url, fetch_companions
 from companion.protocol import Message, Query, QueryResult, encode
 from companion.rtc import RtcClient, connect_rtc
+from companion.transcript import Transcript
 from companion.voice import EspeakSynthesizer
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,11 @@ async def test_a_client_of_companion_run_follows_a_conversation_to_terminal(tmp_
             # the page lists every companion this process's companions see
             listed = await fetch_companions(directory_url(url, None))
             assert {m.id for m in listed} == EVERYONE
-            opening = Message.create("user_mika", [JUNIPER], "Juniper, how is the sea?")
+            # to all three (a reply addresses its conversation, not every companion present),
+            # Juniper first
+            opening = Message.create(
+                "user_mika", sorted(EVERYONE), "Juniper, how is the sea?", metadata={"next_speaker": JUNIPER}
+            )
             frame = json.dumps({"topic": "messages", "body": json.loads(encode(opening))})
             transcript.feed(opening, EVERYONE)  # (a client does not get its own frame back)
             first = await _send_until_answered(ws, frame)

@@ -13,10 +13,10 @@ from bridge_support import blocking
 from live_support import start_companion, stdout_line
 from network_support import network
 
-from companion.cli.run import parse_sees
-from companion.demo import Transcript, TranscriptEvent
+from companion.app.lines import parse_sees
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message
+from companion.transcript import Transcript, TranscriptEvent
 from companion.transport import Inbound
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,377 @@
+"""``companion demo``: companions hold a conversation you can watch.
+
+:func:`run_demo` starts every companion as its own ``companion run CARD`` process on 127.0.0.1
+(a libp2p node with the conversation engine; its standard output says when it listens and whom
+it sees, :mod:`.lines`), joins them with a bridge node that watches as a bystander
+(:class:`~companion.transcript.Transcript`), sends the opening line and prints the transcript
+until ``terminal`` or the turn cap. With ``in_memory`` everything runs in this process instead
+(:func:`run_in_memory`, on :class:`~.group.MemoryGroup`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..card import LoadedCard, load_card
+from ..engine import EngineTimings
+from ..log import log_event
+from ..protocol import MESSAGES, Message, Metadata
+from ..transcript import Transcript, TranscriptEvent
+from ..transport import Inbound
+from .cards import card_files
+from .group import USER_ID, MemoryGroup
+from .lines import parse_peer_line, parse_sees
+
+__all__ = [
+    "DemoOptions",
+    "check_demo_model",
+    "default_cards",
+    "kickoff_text",
+    "names_of",
+    "run_demo",
+    "run_in_memory",
+]
+
+logger = logging.getLogger("companion.app.demo")
+
+
+def check_demo_model(spec: str, base_url: str | None) -> None:
+    """Build and check a provider model once, so a missing key or an unreachable endpoint is
+    reported before any process starts. Raises :class:`~companion.models.errors.ModelSetupError`."""
+    from ..models.factory import check_model, make_model
+
+    trio.run(check_model, make_model(spec, base_url=base_url))
+
+
+# --- in memory ------------------------------------------------------------------------------------
+
+
+def names_of(cards: Iterable[LoadedCard]) -> dict[str, str]:
+    """Display names by id: the companions', and "User" for the demo's opening line."""
+    names = {c.card.metadata.id: c.card.metadata.name for c in cards}
+    names[USER_ID] = "User"
+    return names
+
+
+def kickoff_text(cards: Sequence[LoadedCard]) -> str:
+    """An opening line in the cards' language."""
+    samples = " ".join(c.card.metadata.sample for c in cards)
+    if any("\u3040" <= ch <= "\u9fff" for ch in samples):
+        return "みなさん、こんにちは!今日はどんな一日でしたか?"
+    return "Hello everyone! What has been the best part of your day so far?"
+
+
+async def run_in_memory(
+    cards: Sequence[LoadedCard],
+    *,
+    seed: int,
+    max_replies: int,
+    timeout: float,
+    emit: Callable[[TranscriptEvent], None],
+    pace: float = 0.0,
+    text: str | None = None,
+    model: str = "scripted",
+    base_url: str | None = None,
+) -> TranscriptEvent:
+    """The demo in one process, no sockets. Returns the final ``end`` event."""
+    from ..models.factory import make_model
+
+    offline = model.startswith("scripted")
+    timings = EngineTimings.offline(pace) if offline else EngineTimings(pace=pace)
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=timings, on_event=emit)
+        for index, loaded in enumerate(cards):
+            await group.add(loaded, make_model(model, base_url=base_url, seed=seed + index))
+        await group.say(text or kickoff_text(cards))
+        done = await group.wait_until(lambda t: t.over or t.reply_count >= max_replies, timeout)
+        end = _end_event(group.transcript, done, max_replies)
+        if not group.transcript.over:
+            emit(end)
+        nursery.cancel_scope.cancel()
+    return end
+
+
+def _end_event(transcript: Transcript, done: bool, max_replies: int) -> TranscriptEvent:
+    last_end = next((e for e in reversed(transcript.events) if e.kind == "end"), None)
+    if transcript.over and last_end is not None:
+        return last_end
+    replies = transcript.reply_count
+    if done:
+        return TranscriptEvent(
+            "end", None, why=f"the turn cap of {max_replies} replies", reason="turn_cap", turn=replies
+        )
+    return TranscriptEvent(
+        "end", None, why=f"no terminal after {replies} replies", reason="timeout", turn=replies
+    )
+
+
+# --- separate processes ---------------------------------------------------------------------------
+
+
+def default_cards(root: Path | None = None) -> list[Path]:
+    """The first three cards in ``cards/`` (next to the package, or the working directory)."""
+    candidates = [root] if root else [Path.cwd() / "cards", Path(__file__).resolve().parents[2] / "cards"]
+    for folder in candidates:
+        if folder.is_dir():
+            found = card_files(folder)
+            if found:
+                return found[:3]
+    raise FileNotFoundError(f"no card files found in {', '.join(str(c) for c in candidates)}")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    cards: Sequence[Path]
+    model: str = "scripted"
+    base_url: str | None = None
+    seed: int = 0
+    max_replies: int = 30
+    timeout: float = 180.0
+    pace: float = 0.5
+    text: str | None = None
+    in_memory: bool = False
+    keep_dir: Path | None = None
+    start_timeout: float = 60.0
+
+
+@dataclass
+class _Child:
+    card: Path
+    process: trio.Process
+    log_path: Path
+    companion_id: str | None = None
+    peer_id: str | None = None
+    addrs: list[str] = field(default_factory=list)
+    """Full multiaddrs, ``/p2p/PEER`` included."""
+    directory: set[str] = field(default_factory=set)
+    closed: bool = False
+    """Its stdout ended: the process is exiting."""
+    changed: trio.Event = field(default_factory=trio.Event)
+
+    def note(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+async def _read_child(child: _Child, stream: trio.abc.ReceiveStream) -> None:
+    """Follow a child's stdout: its peer id, its addresses and its directory lines."""
+    buffer = b""
+    async for chunk in stream:
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip()
+            sees = parse_sees(line)
+            if sees is not None:
+                child.directory = set(sees[1])
+            elif (started := parse_peer_line(line)) is not None:
+                child.companion_id, child.peer_id = started
+            elif line.strip().startswith("/ip4/") and child.peer_id:
+                addr = line.strip()
+                child.addrs.append(addr if "/p2p/" in addr else f"{addr}/p2p/{child.peer_id}")
+            child.note()
+    child.closed = True
+    child.note()
+
+
+async def _wait_child(child: _Child, predicate: Callable[[_Child], bool], timeout: float, what: str) -> None:
+    with trio.move_on_after(timeout):
+        while not predicate(child):
+            if child.closed:
+                code = await child.process.wait()
+                raise RuntimeError(
+                    f"companion process for {child.card} exited with {code} before {what}; "
+                    f"its log: {child.log_path}"
+                )
+            await child.changed.wait()
+        return
+    raise TimeoutError(
+        f"companion process for {child.card} did not {what} within {timeout:g} s; log: {child.log_path}"
+    )
+
+
+async def _stop_children(children: Sequence[_Child], grace: float = 10.0) -> None:
+    """SIGTERM to each, then SIGKILL to any still running after ``grace`` seconds. Only our
+    own children, by their PIDs."""
+    running = [c.process for c in children if c.process.returncode is None]
+    for process in running:
+        process.send_signal(signal.SIGTERM)
+    with trio.move_on_after(grace):
+        for process in running:
+            await process.wait()
+    for process in running:
+        if process.returncode is None:
+            log_event(logger, "companion_process_killed", logging.WARNING, pid=process.pid, grace=grace)
+            process.kill()
+            await process.wait()
+
+
+class _Watcher:
+    """The bridge node's handler: feeds the transcript, prints it, notices the end."""
+
+    def __init__(
+        self,
+        transcript: Transcript,
+        directory: Mapping[str, Metadata],
+        emit: Callable[[TranscriptEvent], None],
+        companion_of: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.transcript = transcript
+        self.directory = directory
+        self.emit = emit
+        self.companion_of = companion_of
+        self.changed = trio.Event()
+
+    async def handle(self, inbound: Inbound) -> None:
+        peer = inbound.sender_peer
+        publisher = (self.companion_of(peer) if self.companion_of else None) or peer
+        lines = self.transcript.feed(
+            inbound.payload, self.directory, publisher=publisher, now=trio.current_time()
+        )
+        for event in lines:
+            self.emit(event)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[Transcript], bool], timeout: float) -> bool:
+        with trio.move_on_after(timeout):
+            while not predicate(self.transcript):
+                await self.changed.wait()
+            return True
+        return False
+
+
+async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]) -> TranscriptEvent:
+    """Start one process per card on 127.0.0.1, open the conversation, follow it to the end."""
+    from ..node import CompanionNode, NodeConfig
+
+    loaded = [load_card(path) for path in options.cards]
+    sink, finished = emit, False
+
+    def gated(event: TranscriptEvent) -> None:
+        """Nothing after the end line (companions may still talk while they are stopped)."""
+        nonlocal finished
+        if not finished:
+            sink(event)
+            finished = event.kind == "end"
+
+    emit = gated
+    if options.in_memory:
+        return await run_in_memory(
+            loaded,
+            seed=options.seed,
+            max_replies=options.max_replies,
+            timeout=options.timeout,
+            emit=emit,
+            pace=options.pace,
+            text=options.text,
+            model=options.model,
+            base_url=options.base_url,
+        )
+    ids = [c.card.metadata.id for c in loaded]
+    workdir = options.keep_dir or Path(tempfile.mkdtemp(prefix="companion-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    offline = options.model.startswith("scripted")
+    timings = EngineTimings.offline(options.pace) if offline else EngineTimings(pace=options.pace)
+    transcript = Transcript(timings=timings)
+    bridge = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="demo-bridge"))
+    watcher = _Watcher(transcript, bridge.directory, emit, bridge.membership.companion_of)
+    children: list[_Child] = []
+    bridge_scope = trio.CancelScope()
+
+    async def run_bridge(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with bridge_scope:
+            await bridge.run(watcher, task_status=task_status)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_bridge)
+        try:
+            bridge_addr = f"{bridge.listen_addrs[0]}/p2p/{bridge.peer_id}"
+            for index, card in enumerate(options.cards):
+                peers = [bridge_addr, *(c.addrs[0] for c in children)]
+                child = await _spawn(nursery, card, index, peers, options, workdir)
+                children.append(child)
+                await _wait_child(child, lambda c: bool(c.addrs), options.start_timeout, "start listening")
+            for child in children:
+                await _wait_child(
+                    child, lambda c: set(ids) <= c.directory, options.start_timeout, "meet the others"
+                )
+            if not await bridge.wait_for(lambda: set(ids) <= set(bridge.directory), options.start_timeout):
+                raise TimeoutError(
+                    f"the bridge did not meet every companion within {options.start_timeout:g} s"
+                )
+            log_event(logger, "demo_ready", companions=ids, workdir=str(workdir))
+            opening = Message.create(USER_ID, ids, options.text or kickoff_text(loaded))
+            end = await _converse(bridge, watcher, opening, options)
+            if not watcher.transcript.over:
+                emit(end)  # (a terminal end is already in the transcript)
+            return end
+        finally:
+            bridge_scope.cancel()  # first, so it does not try to redial companions that stop
+            with trio.CancelScope(shield=True):
+                await _stop_children(children)
+            nursery.cancel_scope.cancel()
+
+
+async def _converse(
+    bridge: Any, watcher: _Watcher, opening: Message, options: DemoOptions
+) -> TranscriptEvent:
+    """Send the opening line (again with the same id until someone reacts: the gossip mesh
+    forms on a heartbeat), then follow the conversation to its end."""
+    started = False
+    with trio.move_on_after(options.timeout):
+        while not started:
+            await bridge.publish(MESSAGES, opening)  # the same id: a node that has it ignores it
+            started = await watcher.wait_until(lambda t: any(e.kind != "message" for e in t.events), 3.0)
+    transcript = watcher.transcript
+    if not started:
+        return TranscriptEvent("end", None, why="no companion answered the opening line", reason="timeout")
+    done = await watcher.wait_until(lambda t: t.over or t.reply_count >= options.max_replies, options.timeout)
+    return _end_event(transcript, done, options.max_replies)
+
+
+async def _spawn(
+    nursery: trio.Nursery, card: Path, index: int, peers: list[str], options: DemoOptions, workdir: Path
+) -> _Child:
+    log_path = workdir / f"{card.stem}.log"
+    command = [
+        sys.executable,
+        "-m",
+        "companion.cli.run",
+        str(card),
+        "--no-mdns",
+        "--listen",
+        "/ip4/127.0.0.1/tcp/0",
+        "--data-dir",
+        str(workdir / "data"),
+        "--model",
+        options.model,
+        "--seed",
+        str(options.seed + index),
+        "--pace",
+        str(options.pace),
+        "--log-format",
+        "json",
+    ]
+    if options.base_url:
+        command += ["--base-url", options.base_url]
+    for peer in peers:
+        command += ["--peer", peer]
+    log_file = log_path.open("wb")
+    process = await trio.lowlevel.open_process(command, stdout=subprocess.PIPE, stderr=log_file)
+    log_file.close()
+    child = _Child(card, process, log_path)
+    assert process.stdout is not None
+    nursery.start_soon(_read_child, child, process.stdout)
+    log_event(logger, "companion_process_started", card=str(card), pid=process.pid, log=str(log_path))
+    return child

@@ -1,0 +1,184 @@
+"""The conversation engines of ``companion run``: a model per card, an engine per node.
+
+Each card's model is ``--model`` (for every card), else the card's ``settings.model``, else the
+offline scripted model; every distinct model is built and checked before any node starts
+(:func:`prepare_models`), so a missing key or an endpoint that is down is an error at start-up,
+not mid-conversation. History and working memory live in ``<data dir>/<companion id>/``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..log import log_event
+from ..protocol import Action, Message, Query, QueryResult
+from ..transport import Inbound
+
+if TYPE_CHECKING:
+    from ..bridge import Bridge
+    from ..card import LoadedCard
+    from ..engine import ConversationEngine, EngineTimings
+    from ..models.base import CompanionModel
+    from ..node import CompanionNode, InboundHandler
+
+__all__ = [
+    "CardModel",
+    "CompanionHandler",
+    "EngineOptions",
+    "HandlerFactory",
+    "LoggingHandler",
+    "engine_handlers",
+    "model_spec",
+    "prepare_models",
+    "summarize",
+]
+
+logger = logging.getLogger("companion.app.engines")
+
+HandlerFactory = Callable[["LoadedCard", "CompanionNode", trio.Nursery], "InboundHandler"]
+"""``(card, node, nursery) -> handler``: the nursery lives as long as the node runs."""
+
+
+# --- handlers ---------------------------------------------------------------------------------------
+
+
+def summarize(inbound: Inbound) -> dict[str, Any]:
+    """The fields of a payload worth a log line (ids, senders, a text excerpt)."""
+    payload = inbound.payload
+    out: dict[str, Any] = {"topic": inbound.topic, "peer": inbound.sender_peer}
+    if isinstance(payload, list):
+        out["states"] = [
+            {"from": s.params.from_, "state": s.params.state, "selected": s.params.selected} for s in payload
+        ]
+    elif isinstance(payload, Message):
+        p = payload.params
+        out.update(method=payload.method, id=p.id, sender=p.from_, to=p.to, text=p.message[:200])
+    elif isinstance(payload, Query):
+        out.update(
+            method=payload.method, id=payload.id, sender=payload.params.from_, type=payload.params.type
+        )
+    elif isinstance(payload, QueryResult):
+        out.update(id=payload.id, ok=payload.error is None)
+    elif isinstance(payload, Action):
+        out.update(method=payload.method, sender=payload.params.from_, name=payload.params.name)
+    return out
+
+
+class LoggingHandler:
+    """Logs each received payload as an ``inbound`` event."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+
+    async def handle(self, inbound: Inbound) -> None:
+        log_event(logger, "inbound", node=self.node_name, **summarize(inbound))
+
+
+class CompanionHandler:
+    """What a companion's node feeds: an ``inbound`` log line, then the conversation engine."""
+
+    def __init__(self, node_name: str, engine: ConversationEngine) -> None:
+        self.log = LoggingHandler(node_name)
+        self.engine = engine
+
+    async def handle(self, inbound: Inbound) -> None:
+        await self.log.handle(inbound)
+        await self.engine.handle(inbound)
+
+
+# --- models -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engines of ``companion run`` get their models."""
+
+    model: str | None = None
+    """A model spec for every card; ``None``: each card's ``settings.model``, else scripted."""
+    base_url: str | None = None
+    """An OpenAI-compatible endpoint for ``openai:NAME`` models."""
+    seed: int = 0
+    """The scripted model's seed for the first card; the card at index ``i`` gets ``seed + i``."""
+    pace: float = 0.0
+    """Seconds a speaker pauses before replying (so a person can follow)."""
+    check_timeout: float = 10.0
+    """Deadline of each provider model's start-up check."""
+
+
+@dataclass(frozen=True)
+class CardModel:
+    """The model one card's engine runs with, and the engine's deadlines for it."""
+
+    spec: str
+    model: CompanionModel
+    timings: EngineTimings
+
+
+def model_spec(loaded: LoadedCard, override: str | None) -> str:
+    """``--model``, else the card's ``settings.model``, else the scripted model."""
+    from ..models.factory import DEFAULT_MODEL_SPEC
+
+    return override or loaded.card.settings.model or DEFAULT_MODEL_SPEC
+
+
+def _offline(spec: str) -> bool:
+    return spec.strip().partition(":")[0] == "scripted"
+
+
+async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) -> dict[str, CardModel]:
+    """A model per card (by companion id). Each distinct model is built once and checked once;
+    raises :class:`~companion.models.errors.ModelSetupError` when one cannot work. Scripted
+    models get their own seed per card; provider models with the same spec are shared."""
+    from ..engine import EngineTimings
+    from ..models.factory import check_model, make_model
+
+    built: dict[tuple[str, int | None], CompanionModel] = {}
+    out: dict[str, CardModel] = {}
+    for index, loaded in enumerate(cards):
+        spec = model_spec(loaded, options.model)
+        offline = _offline(spec)
+        seed = options.seed + index
+        key = (spec, seed if offline else None)
+        model = built.get(key)
+        if model is None:
+            model = make_model(spec, base_url=None if offline else options.base_url, seed=seed)
+            await check_model(model, timeout=options.check_timeout)
+            built[key] = model
+        timings = EngineTimings.offline(options.pace) if offline else EngineTimings(pace=options.pace)
+        cid = loaded.card.metadata.id
+        out[cid] = CardModel(spec, model, timings)
+        log_event(logger, "model_ready", companion=cid, spec=spec, model=model.name)
+    return out
+
+
+def engine_handlers(
+    models: Mapping[str, CardModel],
+    *,
+    data_dir: Path | None,
+    bridges: Mapping[str, Bridge] | None = None,
+) -> HandlerFactory:
+    """The handler factory of ``companion run``: a :class:`CompanionHandler` with a conversation
+    engine per card (its model from ``models``, its history and memory under
+    ``data_dir/<companion id>/``, in memory when ``None``). The engine of a companion id in
+    ``bridges`` publishes through that bridge, so its clients see what it says."""
+    from ..engine import engine_handler_factory
+    from .clients import bridged
+
+    carried = bridges or {}
+
+    def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
+        cid = loaded.card.metadata.id
+        chosen = models[cid]
+        factory = engine_handler_factory(
+            lambda _card: chosen.model, data_dir=data_dir, timings=chosen.timings
+        )
+        bridge = carried.get(cid)
+        return CompanionHandler(node.name, factory(loaded, bridged(node, bridge), nursery))
+
+    return make

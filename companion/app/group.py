@@ -1,0 +1,236 @@
+"""Companions in one process on the in-memory transport, watched by a bystander's transcript.
+
+:class:`MemoryGroup` starts one conversation engine per card on a
+:class:`~companion.transport.MemoryHub` (no sockets), lets a person speak, feeds a
+:class:`~companion.transcript.Transcript` from a bystander endpoint, injects faults per receiver
+and counts model calls per turn. The unit tests, the fault suite, the benchmarks and
+``companion demo --in-memory`` run conversations with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import trio
+
+from ..card import LoadedCard
+from ..engine import ConversationEngine, EngineEvent, EngineTimings
+from ..models.base import (
+    CompanionModel,
+    ParamsRequest,
+    SpeakRequest,
+    StateDecision,
+    StatesRequest,
+    ToolCaller,
+)
+from ..protocol import MESSAGES, Message, Metadata
+from ..store import MemoryStore
+from ..transcript import Transcript, TranscriptEvent
+from ..transport import Inbound, MemoryEndpoint, MemoryHub
+
+__all__ = ["USER_ID", "CountingModel", "Member", "MemoryGroup"]
+
+USER_ID: Final = "user_demo"
+"""The person of a group (the sender of the demo's opening line: a client, not a companion)."""
+
+
+# --- counting model calls -------------------------------------------------------------------------
+
+
+class CountingModel:
+    """Wraps a model and counts its calls by the message each one answers."""
+
+    def __init__(self, inner: CompanionModel, counts: Counter[str] | None = None) -> None:
+        self.inner = inner
+        self.counts: Counter[str] = counts if counts is not None else Counter()
+        self.kinds: Counter[str] = Counter()
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def _count(self, kind: str, message: Message) -> None:
+        self.counts[message.params.id] += 1
+        self.kinds[kind] += 1
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
+        self._count("decide_states", request.message)
+        return await self.inner.decide_states(request)
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
+        self._count("fill_params", request.message)
+        return await self.inner.fill_params(request)
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        self._count("speak", request.message)
+        await self.inner.speak(request, call_tool)
+
+
+# --- the group ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Member:
+    """One companion of a :class:`MemoryGroup`."""
+
+    loaded: LoadedCard
+    model: CountingModel
+    engine: ConversationEngine
+    endpoint: MemoryEndpoint
+    directory: dict[str, Metadata]
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+    @property
+    def id(self) -> str:
+        return self.loaded.card.metadata.id
+
+
+class MemoryGroup:
+    """Companions in one process on a :class:`~companion.transport.MemoryHub`, watched by a
+    :class:`Transcript`. ``hub.fault`` injects faults per receiver (the bystander endpoint is
+    named ``bystander``, or ``name/bystander`` for a named group). Several groups may share a
+    hub (give each a ``name`` and its own ``user``): each holds its own conversation."""
+
+    BYSTANDER: Final = "bystander"
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        timings: EngineTimings | None = None,
+        hub: MemoryHub | None = None,
+        on_event: Callable[[TranscriptEvent], None] | None = None,
+        on_engine_event: Callable[[EngineEvent], None] | None = None,
+        name: str | None = None,
+        user: str = USER_ID,
+        max_turns: int | None = None,
+    ) -> None:
+        """``max_turns``: the transcript applies this turn limit too (the cards' own, if all share it)."""
+        self.nursery = nursery
+        self.hub = hub or MemoryHub(nursery=nursery)
+        if self.hub.nursery is None:
+            self.hub.nursery = nursery
+        self.timings = timings or EngineTimings.offline()
+        self.members: dict[str, Member] = {}
+        self.transcript = Transcript(timings=self.timings, max_turns=max_turns)
+        self.model_calls: Counter[str] = Counter()
+        self.peers: dict[str, tuple[Metadata, MemoryEndpoint, bool]] = {}
+        """Companions that run no engine here (an aikyo node, a hostile one): metadata, endpoint,
+        whether they take part in the conversation."""
+        self.user = user
+        self._on_event = on_event
+        self._on_engine_event = on_engine_event
+        self._changed = trio.Event()
+        self._bystander = self.hub.endpoint(self.BYSTANDER if name is None else f"{name}/{self.BYSTANDER}")
+        self._user = self.hub.endpoint(user)
+        nursery.start_soon(self._watch)
+
+    @property
+    def active(self) -> list[str]:
+        """The companions of the conversation that are connected (peers that take part included)."""
+        members = [cid for cid, m in self.members.items() if m.endpoint.connected]
+        return members + [
+            cid for cid, (_, ep, takes_part) in self.peers.items() if takes_part and ep.connected
+        ]
+
+    def add_peer(self, metadata: Metadata, *, takes_part: bool = True) -> MemoryEndpoint:
+        """A companion driven by the caller, not by an engine: every member sees it present (as
+        if it proved its id), and it gets an endpoint to publish and receive on."""
+        endpoint = self.hub.endpoint(metadata.id)
+        self.peers[metadata.id] = (metadata, endpoint, takes_part)
+        for member in self.members.values():
+            if member.endpoint.connected:
+                member.directory[metadata.id] = metadata
+        return endpoint
+
+    async def add(self, loaded: LoadedCard, model: CompanionModel) -> Member:
+        """Start a companion; every member (and it) learns of the others at once."""
+        cid = loaded.card.metadata.id
+        if cid in self.members:
+            raise ValueError(f"{cid} is already in the group")
+        endpoint = self.hub.endpoint(cid)
+        directory = {m.id: m.loaded.card.metadata for m in self.members.values() if m.endpoint.connected}
+        directory.update({pid: meta for pid, (meta, ep, _) in self.peers.items() if ep.connected})
+        directory[cid] = loaded.card.metadata
+        counted = CountingModel(model, self.model_calls)
+        engine = ConversationEngine(
+            loaded,
+            counted,
+            endpoint,
+            directory,
+            store=MemoryStore(),
+            timings=self.timings,
+            observer=self._on_engine_event,
+        )
+        member = Member(loaded, counted, engine, endpoint, directory)
+        for other in self.members.values():
+            if other.endpoint.connected:
+                other.directory[cid] = loaded.card.metadata
+        self.members[cid] = member
+        await self.nursery.start(self._serve, member)
+        return member
+
+    async def _serve(self, member: Member, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with member.scope:
+            async with trio.open_nursery() as nursery:
+                member.engine.attach(nursery)
+                task_status.started()
+                async for inbound in member.endpoint.receive_channel:
+                    await member.engine.handle(inbound)
+
+    def kill(self, cid: str, *, leave: bool = True) -> None:
+        """Crash a companion: it stops at once. With ``leave``, the others notice it is gone
+        (as membership does after a disconnect); without, they still count it as present."""
+        member = self.members[cid]
+        member.endpoint.disconnect()
+        member.scope.cancel()
+        if leave:
+            self.leave(cid)
+
+    def leave(self, cid: str) -> None:
+        for other in self.members.values():
+            if other.id != cid:
+                other.directory.pop(cid, None)
+
+    async def say(
+        self, text: str, *, to: Sequence[str] | None = None, metadata: dict[str, Any] | None = None
+    ) -> Message:
+        """Send a message from the user (a client) to ``to`` (default: every companion present)."""
+        message = Message.create(self.user, list(to if to is not None else self.active), text, metadata)
+        await self._user.publish(MESSAGES, message)
+        return message
+
+    async def _watch(self) -> None:
+        while True:
+            deadline = self.transcript.deadline()
+            inbound: Inbound | None = None
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                inbound = await self._bystander.receive_channel.receive()
+            now = trio.current_time()
+            if inbound is None:
+                lines = self.transcript.tick(now)
+            else:
+                lines = self.transcript.feed(
+                    inbound.payload, self.active, publisher=inbound.sender_peer, now=now
+                )
+            for event in lines:
+                if self._on_event is not None:
+                    self._on_event(event)
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[Transcript], bool], timeout: float) -> bool:
+        """Wait until ``predicate(transcript)`` holds after some payload; ``False`` on timeout."""
+        with trio.move_on_after(timeout):
+            while not predicate(self.transcript):
+                await self._changed.wait()
+            return True
+        return False
+
+    def calls_per_turn(self) -> dict[str, int]:
+        """Model calls by the message they answered (one entry per turn)."""
+        return dict(self.model_calls)

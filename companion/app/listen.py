@@ -1,0 +1,109 @@
+"""What ``companion listen`` runs: the bridge client, the keyboard and the terminal screen.
+
+Lines typed on standard input go to the listener (:func:`companion.listen.run_listener`), which
+sends them to the bridge; what it shows is rendered by :class:`~companion.listen.terminal.TerminalScreen`
+(a live status line on a terminal, plain lines otherwise).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import shutil
+import sys
+
+import trio
+
+from ..listen import ListenOptions, find_voice, run_listener
+from ..listen.terminal import TerminalScreen
+from ..listen.voice import PLAYERS
+
+__all__ = ["listen_options", "run_terminal", "track_player"]
+
+
+def track_player(player: str | None) -> tuple[str, ...] | None:
+    """``--webrtc --voice``: where the bridge's audio track is played (raw mono PCM on stdin)."""
+    if player:
+        return tuple(player.split())
+    for candidate in PLAYERS:
+        if shutil.which(candidate[0]) is not None:
+            return candidate
+    print("companion listen: no audio player found; the voice is received, not played", file=sys.stderr)
+    return None
+
+
+def listen_options(
+    *,
+    url: str,
+    user_id: str,
+    token: str | None,
+    voice: bool,
+    player: str | None,
+    speak: bool,
+    webrtc: bool,
+) -> ListenOptions:
+    """The listener's options from the flags: ``voice`` speaks lines here through espeak-ng
+    (or, with ``webrtc``, plays the bridge's voice); ``speak``: answer speak queries."""
+    local_voice = None
+    if voice and not webrtc:
+        local_voice = find_voice(player.split() if player else None)
+        if local_voice is None:
+            print(
+                "companion listen: espeak-ng is not installed; lines will be shown, not spoken",
+                file=sys.stderr,
+            )
+    return ListenOptions(
+        url=url,
+        user_id=user_id,
+        token=token,
+        voice=local_voice,
+        answer_speak=speak and not (webrtc and voice),
+        webrtc=webrtc,
+        rtc_voice=webrtc and voice,
+        rtc_player=track_player(player) if webrtc and voice else None,
+    )
+
+
+def run_terminal(options: ListenOptions) -> int:
+    """Run the listener on this terminal until the bridge or the keyboard ends it; its exit status."""
+    return trio.run(_main, options, sys.stdout.isatty())
+
+
+def _width() -> int:
+    return shutil.get_terminal_size().columns
+
+
+def _write(text: str) -> None:
+    if text:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+async def _read_stdin(send: trio.MemorySendChannel[str]) -> None:
+    """Lines typed by the person; the channel closes at end of input."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    pending = ""
+    async with send, trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as stdin:
+        while True:
+            data = await stdin.receive_some(4096)
+            pending += decoder.decode(data, final=not data)
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                await send.send(line)
+            if not data:
+                if pending:
+                    await send.send(pending)
+                return
+
+
+async def _main(options: ListenOptions, tty: bool) -> int:
+    screen = TerminalScreen(live=tty, color=tty, width=_width)
+    send, receive = trio.open_memory_channel[str](16)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_read_stdin, send)
+            code = await run_listener(options, receive, lambda item: _write(screen.render(item)))
+            nursery.cancel_scope.cancel()
+    finally:
+        _write(screen.close())
+    return code

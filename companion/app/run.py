@@ -1,0 +1,183 @@
+"""What ``companion run CARD...`` starts: one libp2p node per card, each with its conversation engine.
+
+Each node dials the one before (a chain: presence and the DHT introduce the rest). With
+``options.bridge`` (``--ws``) the process also serves clients with the bridge of ``companion
+bridge`` (:mod:`.clients`). Standard output follows
+:mod:`.lines`: ``<id> peer <peer id>`` with indented addresses, ``<id> sees ...`` whenever a
+node's directory changes, and ``bridge ws://HOST:PORT/`` with the page and WebRTC URLs.
+SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..log import log_event
+from .engines import EngineOptions, HandlerFactory, engine_handlers, prepare_models
+from .lines import announce_directory, peer_line, print_addresses
+from .trust import TrustOptions, open_trust
+
+if TYPE_CHECKING:
+    from ..bridge import Bridge
+    from ..card import LoadedCard
+    from ..node import CompanionNode
+    from .bridge import BridgeOptions
+
+__all__ = ["RunOptions", "Running", "listen_addrs_for", "run_nodes"]
+
+logger = logging.getLogger("companion.app.run")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    cards: Sequence[str]
+    listen: Sequence[str]
+    peers: Sequence[str]
+    mdns: bool
+    data_dir: Path
+    stats_interval: float | None
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    bridge: BridgeOptions | None = None
+    """Serve clients from this process (``--ws``); host, port and client options only."""
+    relays: Sequence[str] = ()
+    """Circuit relays (``--relay``): reachable through them from behind NAT (NodeConfig.relays)."""
+    max_connections: int = 8
+    """Connections each node opens itself (``--max-connections``, NodeConfig.max_connections)."""
+    trust: TrustOptions = field(default_factory=TrustOptions)
+    """``--trust``, ``--approver``, ``--answerer``; with the data directory's trust file."""
+
+
+@dataclass(frozen=True)
+class Running:
+    """What :func:`run_nodes` started, handed to its ``ready`` callback."""
+
+    nodes: list[CompanionNode]
+    """The companions' nodes, in card order."""
+    bridge: Bridge | None = None
+    client_node: CompanionNode | None = None
+    """The node the bridge publishes through (not a companion)."""
+    ws_port: int | None = None
+
+
+def listen_addrs_for(listen: Sequence[str], count: int) -> list[str]:
+    """One listen address per card: given per card, or one shared with ports counted up from it."""
+    if not listen:
+        listen = ["/ip4/0.0.0.0/tcp/0"]
+    if len(listen) == count:
+        return list(listen)
+    if len(listen) != 1:
+        raise ValueError(f"give one --listen for all cards or one per card ({count}), not {len(listen)}")
+    parts = listen[0].split("/")
+    if "tcp" not in parts:
+        raise ValueError(f"--listen {listen[0]!r} is not a TCP multiaddr")
+    at = parts.index("tcp") + 1
+    port = int(parts[at])
+    out = []
+    for i in range(count):
+        parts[at] = str(port + i if port else 0)
+        out.append("/".join(parts))
+    return out
+
+
+async def run_nodes(
+    options: RunOptions,
+    *,
+    handler_factory: HandlerFactory | None = None,
+    ready: Callable[[Running], None] | None = None,
+) -> None:
+    """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
+    start a node for each card (each one also dials the one before) and, with
+    ``options.bridge``, serve clients; run until SIGINT/SIGTERM or cancellation.
+
+    With clients, the first card's node carries the bridge: its handler hands every payload to
+    the clients, and its handler must publish through ``running.bridge.publisher(node)`` (the
+    engines do), since the clients are not given what that node signed itself."""
+    from ..card import load_card
+    from ..node import CompanionNode, NodeConfig
+    from ..node.discovery import parse_peer_addr
+    from .clients import open_to_clients, start_client_node
+
+    for addr in (*options.peers, *options.relays):
+        parse_peer_addr(addr)
+    loaded = [load_card(path) for path in options.cards]
+    ids = [card.card.metadata.id for card in loaded]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"two cards share a companion id: {ids}")
+    addrs = listen_addrs_for(options.listen, len(loaded))
+    trust = open_trust(options.data_dir, options.trust)
+    models = await prepare_models(loaded, options.engine) if handler_factory is None else {}
+    nodes: list[CompanionNode] = []
+    async with trio.open_nursery() as nursery:
+        clients = None
+        if options.bridge is not None:
+            clients = await start_client_node(options.bridge, nodes, nursery, trust)
+        bridges = {ids[0]: clients.bridge} if clients is not None else {}
+        if handler_factory is None:
+            handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
+        for card, listen in zip(loaded, addrs, strict=True):
+            metadata = card.card.metadata
+            # the card before (a bootstrap peer, so protected from trimming): a chain, not a
+            # protected full mesh; presence and the DHT introduce the rest
+            local = [a for node in nodes[-1:] for a in node.listen_addrs[:1]]
+            extra = [clients.address] if clients is not None else []
+            config = NodeConfig(
+                listen=(listen,),
+                peers=(*options.peers, *local, *extra),
+                mdns=options.mdns,
+                key_path=options.data_dir / "keys" / f"{metadata.id}.key",
+                replay_path=options.data_dir / "replay" / f"{metadata.id}.ids",
+                name=metadata.id,
+                stats_interval=options.stats_interval,
+                relays=tuple(options.relays),
+                max_connections=options.max_connections,
+            )
+            node = CompanionNode(metadata, config, trust=trust)
+            await nursery.start(_run_one, card, node, handler_factory, bridges.get(metadata.id))
+            nodes.append(node)
+            print(peer_line(metadata.id, node.peer_id), flush=True)
+            print_addresses(node.listen_addrs)
+            announce_directory(node)
+        running = Running(nodes)
+        if clients is not None and options.bridge is not None:
+            port = await open_to_clients(options.bridge, clients, set(ids), nursery)
+            running = Running(nodes, clients.bridge, clients.node, port)
+        if ready is not None:
+            ready(running)
+        everyone = [*nodes, *([running.client_node] if running.client_node else [])]
+        await _serve_signals(everyone, nursery.cancel_scope)
+
+
+async def _run_one(
+    card: LoadedCard,
+    node: CompanionNode,
+    handler_factory: HandlerFactory,
+    bridge: Bridge | None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    from .clients import Delivering
+
+    async with trio.open_nursery() as nursery:
+        handler = handler_factory(card, node, nursery)
+        if bridge is not None:
+            handler = Delivering(bridge, handler, own_peer=node.peer_id)
+        await nursery.start(node.run, handler)
+        task_status.started()
+
+
+async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+        async for signum in signals:
+            if signum == signal.SIGUSR1:
+                for node in nodes:
+                    node.log_stats()
+                continue
+            log_event(logger, "stopping", signal=signal.Signals(signum).name)
+            scope.cancel()
+            return

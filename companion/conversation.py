@@ -1,0 +1,1142 @@
+"""One companion's part in a group conversation, as a state machine without I/O.
+
+Theory of operation
+-------------------
+Like h11 for HTTP, a :class:`Conversation` owns every transition and does nothing itself. Its
+driver (:mod:`companion.engine`) feeds it *events* -- what the node saw (a message, a states
+array, a peer's yield signal, a companion joining or leaving) and what the driver finished (the
+leader's model answered, the reply went out, speaking failed) -- each with the current time:
+``receive(event, now) -> list[Effect]``. Effects say what to do: ask the model for states,
+publish the array, speak, withdraw a speech or a lead in progress, publish a signal, log a
+decision. ``deadline()`` is the earliest time at which the machine wants a :class:`Tick`; the
+driver sleeps until then (or until the next event). No clock is read here, nothing is awaited,
+no socket is touched, so every rule below is a unit test with plain values.
+
+The conversation is one *thread* of messages (:mod:`companion.turns.thread`): those that address
+this companion, and those that answer a message of the thread. Anything else on the network --
+unaddressed chatter, other groups' conversations, strangers -- never moves the thread, never
+opens a turn and never withdraws a reply. Each message of the thread that addresses this
+companion opens a *turn*, which goes through named phases:
+
+    AWAITING_STATES --(this node's leader slot is due)--> LEADING
+    AWAITING_STATES | LEADING --(an array counts)--> AWAITING_SPEAKER | SPEAKING | DONE
+    AWAITING_SPEAKER --(this node's speaking slot opens)--> SPEAKING
+    SPEAKING --(the reply went out)--> REPLIED
+    SPEAKING --(the model failed: yield)--> AWAITING_SPEAKER | DONE
+    any --(terminal, nobody, every candidate silent)--> DONE
+    DONE --(a late array of an earlier leader gives a speaker)--> AWAITING_SPEAKER
+
+and ends when the thread moves on (a newer message of the thread; a speech in progress is then
+withdrawn). :data:`TRANSITIONS` is the whole table; a transition outside it is a bug and raises.
+
+Rules (the rule book itself is :mod:`companion.turns`):
+
+- *Leader*: the candidates are the addressed ids this node knows as companions (bound now or
+  earlier), at most :data:`~companion.turns.MAX_CANDIDATES`; aikyo's md5 rule picks the leader
+  among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the message.
+- *States*: an array counts only from a candidate whose slot is due (its rank's slot began,
+  give or take :data:`SLOT_GRACE` of a slot for clock and delivery skew); an array from anyone
+  else is logged and ignored whatever it says, ``terminal`` included. A candidate's array that
+  comes before its slot is held until the slot, and dropped if an earlier leader's comes. A late
+  array from an earlier leader replaces a takeover's, so every node ends on the same array.
+- *Closing*: the stage of the accepted array is raised to this node's closing floor (the thread's
+  stage, the turn limit, repetition), so a leader that does not know our rules (aikyo's) cannot
+  move the stage back or run past ``max_turns``; the turn count is the thread's companion replies.
+- *Speaker*: slot ``k`` of the speaking order opens ``k x reply_timeout`` after the array counted.
+  A speaker says when it starts preparing (a thinking signal): every node then keeps its slot
+  open for a reply deadline from that moment, so nodes that accepted the array at different
+  times still never skip a speaker that is speaking (and an earlier candidate still preparing
+  withdraws: the later one's node saw its slot pass). A speaker whose model fails gives its
+  slot up at once and says so with a yield signal; every node then opens the next slot at once.
+
+The same machine runs as a *bystander* (``me=None``, e.g. the demo's transcript): it follows the
+thread of the companions it knows, accepts arrays by the same rules and reports the speaker
+decisions, but never leads or speaks.
+
+Signals (``action.send`` on the ``actions`` topic; aikyo companions do not subscribe to it, clients
+do and may show them; both are extensions aikyo ignores):
+
+- ``{"jsonrpc": "2.0", "method": "action.send", "params": {"from": SPEAKER, "name":
+  "companion.thinking", "params": {"in_reply_to": MESSAGE_ID}}}`` when a speaker starts preparing
+  its reply to ``MESSAGE_ID`` (a client may show "SPEAKER is thinking" until the reply or a
+  yield for ``MESSAGE_ID`` arrives);
+- ``{"jsonrpc": "2.0", "method": "action.send", "params": {"from": SPEAKER, "name":
+  "companion.yield", "params": {"in_reply_to": MESSAGE_ID, "reason": REASON}}}`` when it gives up
+  its slot; ``REASON`` is ``model_error``, ``timeout``, ``crashed``, ``no_reply`` (the model ended
+  without speaking) or ``terminal`` (the array chose it, but its own closing floor ends the
+  conversation). Nodes accept it only from the companion whose slot it is (the publisher's
+  authenticated companion id) and before that slot has passed; one that overtook its array or
+  its message is kept for it.
+
+Both are accepted only when the publisher's authenticated companion id is the ``from``. Nodes
+that accepted the array at different times open each slot at slightly different times; the
+thinking signal anchors the open slot to the speaker's own start on every node.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import OrderedDict, deque
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from .protocol import COMPANION_ID_PREFIX, Action, ClosingStage, Message, State
+from .turns import (
+    DEFAULT_REPETITION_THRESHOLD,
+    REPETITION_WINDOW,
+    ClosingDecision,
+    ConversationThread,
+    EarlyStates,
+    LeaderPlan,
+    SpeakingOrder,
+    StateDecision,
+    closing_floor,
+    fallback_decisions,
+    finalize_states,
+    later,
+    leader_candidates,
+    plan_leaders,
+    reply_recipients,
+    speaking_order,
+    stamp_reply,
+    states_match,
+    states_tag,
+    turn_info,
+    turn_tag,
+)
+
+__all__ = [
+    "ONE_MESSAGE",
+    "SLOT_GRACE",
+    "THINKING_SIGNAL",
+    "TRANSITIONS",
+    "YIELD_REASONS",
+    "YIELD_SIGNAL",
+    "ClosingSettings",
+    "CompanionJoined",
+    "CompanionLeft",
+    "Conversation",
+    "Decision",
+    "Effect",
+    "Event",
+    "Lead",
+    "MessageSeen",
+    "Phase",
+    "PublishSignal",
+    "PublishStates",
+    "ReplyPublished",
+    "Speak",
+    "SpeakingFailed",
+    "StatesReady",
+    "StatesSeen",
+    "ThinkingSeen",
+    "Tick",
+    "TransitionError",
+    "Withdraw",
+    "YieldSeen",
+    "present_diff",
+    "read_signal",
+]
+
+YIELD_SIGNAL: Final = "companion.yield"
+THINKING_SIGNAL: Final = "companion.thinking"
+YIELD_REASONS: Final = ("model_error", "timeout", "crashed", "no_reply", "terminal")
+SLOT_GRACE: Final = 0.25
+"""An array or a yield may come this fraction of a slot early (nodes see a message at slightly
+different times); any earlier, it waits for its slot."""
+ONE_MESSAGE: Final = "you already replied in this turn (one message per turn); finish without speaking again"
+"""What the model hears when it tries to say a second thing in one turn."""
+_VOICES: Final = 16
+_VOICE_CHARS: Final = 160
+_PEOPLE: Final = 16
+
+Level: TypeAlias = Literal["debug", "info", "warning", "error"]
+
+
+class TransitionError(RuntimeError):
+    """A transition outside :data:`TRANSITIONS`: a bug in the machine, never a network condition."""
+
+
+class Phase(enum.Enum):
+    """Where this node is in the turn opened by the current message."""
+
+    AWAITING_STATES = "awaiting_states"
+    """No array counted yet; this node is no leader, or its leader slot has not come."""
+    LEADING = "leading"
+    """This node asked its model for everybody's state and publishes the array."""
+    AWAITING_SPEAKER = "awaiting_speaker"
+    """An array counted; the open speaking slot is another companion's."""
+    SPEAKING = "speaking"
+    """This node prepares its reply (model calls, tools)."""
+    REPLIED = "replied"
+    """This node's reply went out; the thread moves on when it comes back."""
+    DONE = "done"
+    """Nobody speaks any more in this turn: terminal, nobody wanted to, or everyone stayed silent."""
+
+
+TRANSITIONS: Final[Mapping[Phase, frozenset[Phase]]] = {
+    Phase.AWAITING_STATES: frozenset({Phase.LEADING, Phase.AWAITING_SPEAKER, Phase.SPEAKING, Phase.DONE}),
+    Phase.LEADING: frozenset({Phase.AWAITING_SPEAKER, Phase.SPEAKING, Phase.DONE}),
+    Phase.AWAITING_SPEAKER: frozenset({Phase.SPEAKING, Phase.DONE}),
+    Phase.SPEAKING: frozenset({Phase.REPLIED, Phase.AWAITING_SPEAKER, Phase.DONE}),
+    Phase.REPLIED: frozenset(),
+    Phase.DONE: frozenset({Phase.AWAITING_SPEAKER}),
+}
+"""Every phase a turn may move to from each phase. ``DONE -> AWAITING_SPEAKER``: an earlier
+leader's array that arrives late replaces the one that ended the turn. A turn in any phase ends
+when the thread moves on (that is the turn's end, not a transition)."""
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSeen:
+    """A ``message.send`` arrived (this node's own come back too: the transport echoes them)."""
+
+    message: Message
+    publisher: str | None = None
+    """The authenticated companion id of its publisher, if it proved one."""
+    replayed: bool = False
+    """Read back from the store at start-up: it moves the thread but opens no turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatesSeen:
+    """A states array arrived."""
+
+    states: Sequence[State]
+    publisher: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StatesReady:
+    """The leader's model answered (``decisions``) or could not (``None``: rule-based states)."""
+
+    message_id: str
+    decisions: Sequence[StateDecision] | None
+    source: str
+    """``model``, or why the fallback: ``fallback_model_error``, ``fallback_timeout``..."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyPublished:
+    """This node's reply to ``message_id`` went out (stamped by :meth:`Conversation.outgoing`)."""
+
+    message_id: str
+    reply: Message
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakingFailed:
+    """This node could not reply to ``message_id``: it gives its slot up."""
+
+    message_id: str
+    reason: str
+    """One of :data:`YIELD_REASONS`."""
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class YieldSeen:
+    """A ``companion.yield`` signal arrived (:func:`read_yield`)."""
+
+    in_reply_to: str
+    companion: str
+    reason: str
+    publisher: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingSeen:
+    """A ``companion.thinking`` signal arrived (:func:`read_signal`): ``companion`` started
+    preparing its reply to ``in_reply_to``."""
+
+    in_reply_to: str
+    companion: str
+    publisher: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed (the driver feeds one at :meth:`Conversation.deadline`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompanionJoined:
+    """A companion is present (and known from now on)."""
+
+    companion_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompanionLeft:
+    """A companion is no longer present (it stays known)."""
+
+    companion_id: str
+
+
+Event: TypeAlias = (
+    MessageSeen
+    | StatesSeen
+    | StatesReady
+    | ReplyPublished
+    | SpeakingFailed
+    | YieldSeen
+    | ThinkingSeen
+    | Tick
+    | CompanionJoined
+    | CompanionLeft
+)
+
+
+# --- effects ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lead:
+    """Ask the model for the states of ``addressed`` (the driver answers with :class:`StatesReady`)."""
+
+    message_id: str
+    message: Message
+    addressed: tuple[str, ...]
+    nominated: str | None
+    floor: ClosingStage
+    turn: int
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishStates:
+    """Publish this array on ``states`` (it counts when it comes back, like anyone's)."""
+
+    message_id: str
+    states: list[State]
+
+
+@dataclass(frozen=True, slots=True)
+class Speak:
+    """Prepare and publish the reply to ``message`` (the driver answers with
+    :class:`ReplyPublished` through :meth:`Conversation.outgoing`, or :class:`SpeakingFailed`)."""
+
+    message_id: str
+    message: Message
+    closing: ClosingStage
+    turn: int
+    """The count the reply carries (companion replies in the thread, this one included)."""
+    recipients: tuple[str, ...]
+    """Whom the reply addresses by default: the sender, and the companions present and people it
+    addressed (a companion that left drops out, so every node soon plans over the same ids)."""
+    fallback: tuple[str, ...]
+    """Whom it addresses if the model names nobody known: the sender and the people."""
+    people: tuple[str, ...]
+    """The people (ids that are no companion id) of the conversation, most recent last."""
+
+
+@dataclass(frozen=True, slots=True)
+class Withdraw:
+    """Cancel the speech (or the lead) in progress for ``message_id``; nothing of it goes out."""
+
+    message_id: str
+    what: Literal["speech", "lead"]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishSignal:
+    """Publish ``action.send`` ``{from: me, name, params}`` on ``actions``."""
+
+    name: str
+    params: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One structured log event: a decision or something that happened, with its reason."""
+
+    event: str
+    fields: Mapping[str, Any]
+    level: Level = "info"
+
+
+Effect: TypeAlias = Lead | PublishStates | Speak | Withdraw | PublishSignal | Decision
+
+
+@dataclass(frozen=True, slots=True)
+class ClosingSettings:
+    """This node's closing rules (a card's ``settings``); a bystander has no turn limit."""
+
+    max_turns: int | None = None
+    repetition_threshold: float = DEFAULT_REPETITION_THRESHOLD
+
+
+def read_signal(action: Action) -> YieldSeen | ThinkingSeen | None:
+    """The yield or thinking signal an ``action.send`` carries, or ``None`` (another action, or a
+    malformed one). The publisher is the caller's to fill in."""
+    p = action.params
+    in_reply_to, reason = p.params.get("in_reply_to"), p.params.get("reason")
+    if p.name not in (YIELD_SIGNAL, THINKING_SIGNAL) or not isinstance(in_reply_to, str) or not in_reply_to:
+        return None
+    if p.name == THINKING_SIGNAL:
+        return ThinkingSeen(in_reply_to, p.from_)
+    return YieldSeen(in_reply_to, p.from_, reason[:64]) if isinstance(reason, str) else None
+
+
+# --- the turn ------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Turn:
+    """The turn opened by one message: everything the rules need, nothing the driver owns."""
+
+    message: Message
+    opened_at: float
+    replies: int
+    """Companion replies in the thread before this message's reply."""
+    previous: ClosingStage
+    """The thread's closing stage at the message."""
+    nominated: str | None
+    plan: LeaderPlan
+    addressed: tuple[str, ...]
+    """The candidates present here: whom this node's states array speaks for."""
+    rank: int | None
+    phase: Phase = Phase.AWAITING_STATES
+    states: Sequence[State] | None = None
+    priority: int = 0
+    """The accepted array's leader rank (lower wins)."""
+    pending: dict[int, tuple[Sequence[State], str | None]] = field(default_factory=dict)
+    """Arrays of candidates whose slot had not come, by rank, with their publisher."""
+    lead_done: bool = False
+    """This node's leading finished (its array was published or withheld)."""
+    accepted_at: float = 0.0
+    order: tuple[str, ...] = ()
+    """The speaking order of the accepted array (empty: nobody speaks)."""
+    closing: ClosingStage = "none"
+    slot_opens: list[float] = field(default_factory=list)
+    """When each slot of ``order`` opens (a yield opens the next one early)."""
+    ends: float = math.inf
+    """When the last slot closes."""
+    slot: int = -1
+    """The open slot as last seen (``-1``: none yet)."""
+    yielded: set[str] = field(default_factory=set)
+
+    @property
+    def message_id(self) -> str:
+        return self.message.params.id
+
+
+class Conversation:
+    """The conversation as one node follows it (``me``: its companion id; ``None``: a bystander).
+
+    ``known``: companions this node knew before (the store remembers them across restarts);
+    ``takeover_after`` and ``reply_timeout``: the lengths of a leader slot and a speaking slot.
+    """
+
+    def __init__(
+        self,
+        me: str | None,
+        *,
+        takeover_after: float,
+        reply_timeout: float,
+        settings: ClosingSettings | None = None,
+        known: Iterable[str] = (),
+    ) -> None:
+        if not (takeover_after > 0 and reply_timeout > 0):
+            raise ValueError("slot lengths must be positive")
+        self.me = me
+        self.takeover_after = takeover_after
+        self.reply_timeout = reply_timeout
+        self.settings = settings or ClosingSettings()
+        self.known: set[str] = set(known) | ({me} if me is not None else set())
+        self.present: set[str] = set()
+        self.thread = ConversationThread()
+        self.turn: _Turn | None = None
+        self.replies = 0
+        """Companion replies in the thread up to the current message."""
+        self.stage: ClosingStage = "none"
+        self.voices: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        """What each participant said last, and at which turn (the speaker's model sees it)."""
+        self.people: OrderedDict[str, None] = OrderedDict()
+        self._utterances: deque[str] = deque(maxlen=REPETITION_WINDOW)
+        self._early: EarlyStates[tuple[str | None, float]] = EarlyStates()
+        self._early_plain: deque[tuple[list[State], str | None, float]] = deque(maxlen=4)
+        self._early_yields: OrderedDict[str, dict[str, str]] = OrderedDict()
+        """Yields whose message has not arrived yet: message id -> companion -> reason."""
+        self._messages: OrderedDict[str, Message] = OrderedDict()
+
+    # --- queries -------------------------------------------------------------------------------
+
+    @property
+    def bystander(self) -> bool:
+        return self.me is None
+
+    @property
+    def current(self) -> Message | None:
+        """The message the conversation is at."""
+        return None if self.thread.current is None else self._messages.get(self.thread.current)
+
+    def belongs(self, message: Message) -> bool:
+        """Whether ``message`` is part of this conversation: it comes from or addresses this
+        companion (a bystander: a companion it knows), or answers a message of the thread."""
+        params = message.params
+        if self.me is not None:
+            involved = params.from_ == self.me or self.me in params.to
+        else:
+            involved = params.from_ in self.known or any(cid in self.known for cid in params.to)
+        if involved:
+            return True
+        in_reply_to = turn_info(message).in_reply_to
+        return in_reply_to is not None and self.thread.knows(in_reply_to)
+
+    def memory(self) -> dict[str, Any]:
+        """The working memory of the conversation, as the speaker's model sees it."""
+        return {
+            "message_id": self.thread.current,
+            "turn": self.replies,
+            "closing": self.stage,
+            "voices": {k: dict(v) for k, v in self.voices.items()},
+        }
+
+    def outgoing(self, message: Message) -> Message | str:
+        """This node's reply, stamped with its turn extensions; or why it may not go out (a
+        sentence for the model). Pure: :class:`ReplyPublished` records that it went out."""
+        turn = self.turn
+        if turn is None or turn.phase is not Phase.SPEAKING:
+            if turn is not None and turn.phase is Phase.REPLIED:
+                return ONE_MESSAGE
+            return "the conversation moved on; this turn is over, finish without speaking"
+        return stamp_reply(message, in_reply_to=turn.message_id, turn=turn.replies + 1, closing=turn.closing)
+
+    def deadline(self) -> float | None:
+        """The earliest time at which this machine wants a :class:`Tick` (``None``: no timer)."""
+        turn = self.turn
+        if turn is None:
+            return None
+        times: list[float] = []
+        if turn.states is None:
+            if turn.phase is Phase.AWAITING_STATES and turn.rank:
+                times.append(turn.opened_at + turn.rank * self.takeover_after)
+            times.extend(self._due(turn, rank) for rank in turn.pending)
+        elif turn.phase in (Phase.AWAITING_SPEAKER, Phase.SPEAKING) and not self.bystander:
+            k = turn.slot
+            times.append(turn.slot_opens[k + 1] if k >= 0 and k + 1 < len(turn.order) else turn.ends)
+        return min(times) if times else None
+
+    # --- the one entry point ---------------------------------------------------------------------
+
+    def receive(self, event: Event, now: float) -> list[Effect]:
+        """Feed one event; the effects the driver must carry out, in order."""
+        out: list[Effect] = []
+        if isinstance(event, MessageSeen):
+            self._on_message(event, now, out)
+        elif isinstance(event, StatesSeen):
+            self._offer(list(event.states), event.publisher, now, out)
+        elif isinstance(event, StatesReady):
+            self._on_states_ready(event, out)
+        elif isinstance(event, ReplyPublished):
+            self._on_replied(event, out)
+        elif isinstance(event, SpeakingFailed):
+            self._on_failed(event, now, out)
+        elif isinstance(event, YieldSeen):
+            self._on_yield(event, now, out)
+        elif isinstance(event, ThinkingSeen):
+            self._on_thinking(event, now, out)
+        elif isinstance(event, CompanionJoined):
+            self.known.add(event.companion_id)
+            self.present.add(event.companion_id)
+        elif isinstance(event, CompanionLeft):
+            self.present.discard(event.companion_id)
+        self._on_time(now, out)
+        return out
+
+    # --- transitions ---------------------------------------------------------------------------
+
+    def _goto(self, turn: _Turn, phase: Phase) -> None:
+        if phase not in TRANSITIONS[turn.phase]:
+            raise TransitionError(f"turn {turn.message_id}: {turn.phase.name} -> {phase.name} is not allowed")
+        turn.phase = phase
+
+    @staticmethod
+    def _log(out: list[Effect], event: str, level: Level = "info", **fields: Any) -> None:
+        out.append(Decision(event, fields, level))
+
+    # --- messages ------------------------------------------------------------------------------
+
+    def _on_message(self, event: MessageSeen, now: float, out: list[Effect]) -> None:
+        message = event.message
+        params = message.params
+        info = turn_info(message)
+        if self.thread.knows(params.id):
+            self._log(out, "message_duplicate", "debug", message_id=params.id, sender=params.from_)
+            return
+        member = self.belongs(message)
+        placed = self.thread.place(params.id, info.in_reply_to, member=member)
+        if not member:
+            return  # another conversation, or chatter: it changes nothing here
+        _latest(self._messages, params.id, message, 256)
+        self._early.message_seen(message)
+        self._utterances.append(params.message)
+        if not params.from_.startswith(COMPANION_ID_PREFIX) and params.from_ != self.me:
+            _latest(self.people, params.from_, None, _PEOPLE)
+        if self.turn is not None and placed.closes == self.turn.message_id:
+            self._end_turn(self.turn, message, out)
+        if placed.kind != "current":
+            self._log(
+                out,
+                "message_stale",
+                message_id=params.id,
+                sender=params.from_,
+                in_reply_to=info.in_reply_to,
+                current=self.thread.current,
+                placement=placed.kind,
+                reason="its reply arrived first"
+                if placed.kind == "overtaken"
+                else "answers a message that a newer one superseded",
+            )
+            return
+        if params.from_.startswith(COMPANION_ID_PREFIX):
+            # The count follows the thread: our replies say it, aikyo's do not; nobody holds it down.
+            self.replies = max(self.replies + 1, info.turn if info.stamped else 0)
+            self.stage = later(self.stage, info.closing)
+        else:
+            self.replies, self.stage = 0, "none"  # a person speaking opens a new exchange
+        _latest(
+            self.voices, params.from_, {"said": params.message[:_VOICE_CHARS], "turn": self.replies}, _VOICES
+        )
+        if event.replayed or params.from_ == self.me:
+            return
+        if self.me is not None and self.me not in params.to:
+            self._log(out, "not_addressed", "debug", message_id=params.id, sender=params.from_)
+            return
+        self._open_turn(message, info.nominated, now, out)
+
+    def _open_turn(self, message: Message, nominated: str | None, now: float, out: list[Effect]) -> None:
+        params = message.params
+        candidates = leader_candidates(message, self.known)
+        if candidates.capped:
+            self._log(
+                out,
+                "addressees_capped",
+                "warning",
+                message_id=params.id,
+                dropped=candidates.capped,
+                reason="too_many_addressees",
+                why=f"more than {len(candidates.ids)} companions addressed; the rest take no part",
+            )
+        plan = plan_leaders(message, candidates.ids)
+        addressed = tuple(cid for cid in candidates.ids if cid in self.present)
+        rank = plan.rank(self.me)
+        turn = _Turn(message, now, self.replies, self.stage, nominated, plan, addressed, rank)
+        self.turn = turn
+        self._log(
+            out,
+            "leader_chosen",
+            message_id=params.id,
+            sender=params.from_,
+            turn=self.replies,
+            leader=plan.leader,
+            rank=rank,
+            order=list(plan.order),
+            unknown_addressees=candidates.unknown,
+            reason=plan.reason,
+            why=plan.why,
+        )
+        for companion, reason in self._early_yields.pop(params.id, {}).items():
+            fields = {"message_id": params.id, "yielder": companion, "publisher": companion}
+            self._yield(turn, companion, reason, now, out, fields)
+        for states, (publisher, _arrived) in self._early.take(message, self.present):
+            self._offer(states, publisher, now, out)
+        for item in [i for i in self._early_plain if states_match(i[0], message, self.present)]:
+            self._early_plain.remove(item)
+            if not now - item[2] > self.takeover_after:  # (without a clock, inf - inf: kept)
+                self._offer(item[0], item[1], now, out)
+        if rank == 0 and turn.states is None:
+            self._lead(turn, out)
+
+    def _end_turn(self, turn: _Turn, by: Message, out: list[Effect]) -> None:
+        """A newer message of the thread ends ``turn``: a lead or a speech in progress is withdrawn,
+        unless the newer message is this node's own reply."""
+        self.turn = None
+        if turn.phase is Phase.LEADING and not turn.lead_done:
+            out.append(Withdraw(turn.message_id, "lead", "the conversation moved on"))
+        if turn.phase is Phase.SPEAKING and by.params.from_ != self.me:
+            answered = turn_info(by).in_reply_to == turn.message_id
+            reason = (
+                "another companion replied first"
+                if answered
+                else "a newer message of the conversation arrived"
+            )
+            out.append(Withdraw(turn.message_id, "speech", reason))
+            self._log(out, "speech_withdrawn", message_id=turn.message_id, by=by.params.from_, reason=reason)
+
+    # --- leading -------------------------------------------------------------------------------
+
+    def _floor(self, turn: _Turn) -> ClosingDecision:
+        return closing_floor(
+            previous=turn.previous,
+            turn=turn.replies,
+            utterances=list(self._utterances),
+            threshold=self.settings.repetition_threshold,
+            max_turns=self.settings.max_turns,
+        )
+
+    def _lead(self, turn: _Turn, out: list[Effect]) -> None:
+        self._goto(turn, Phase.LEADING)
+        floor = self._floor(turn)
+        assert turn.rank is not None
+        if floor.stage == "terminal":  # no model needed: the floor decides
+            self._publish_states(turn, None, "closing_floor_terminal", out)
+            return
+        out.append(
+            Lead(
+                turn.message_id,
+                turn.message,
+                turn.addressed,
+                turn.nominated,
+                floor.stage,
+                turn.replies,
+                turn.rank,
+            )
+        )
+
+    def _on_states_ready(self, event: StatesReady, out: list[Effect]) -> None:
+        turn = self.turn
+        if (
+            turn is None
+            or turn.message_id != event.message_id
+            or turn.phase is not Phase.LEADING
+            or turn.lead_done
+        ):
+            self._log(out, "states_withheld", message_id=event.message_id, reason="states already arrived")
+            return
+        self._publish_states(turn, event.decisions, event.source, out)
+
+    def _publish_states(
+        self, turn: _Turn, decisions: Sequence[StateDecision] | None, source: str, out: list[Effect]
+    ) -> None:
+        floor = self._floor(turn)
+        if decisions is None:
+            decisions = fallback_decisions(turn.addressed, turn.nominated)
+        outcome = finalize_states(
+            decisions, turn.addressed, floor=floor.stage, nominated=turn.nominated, tag=turn_tag(turn.message)
+        )
+        self._log(
+            out,
+            "states_published",
+            message_id=turn.message_id,
+            rank=turn.rank,
+            source=source,
+            stage=outcome.stage,
+            floor=floor.stage,
+            floor_reason=floor.reason,
+            floor_why=floor.why,
+            repetition=floor.repetition,
+            adjustments=list(outcome.adjustments),
+            states=[_state_summary(s) for s in outcome.states],
+        )
+        turn.lead_done = True
+        out.append(PublishStates(turn.message_id, outcome.states))
+
+    # --- accepting states ----------------------------------------------------------------------
+
+    def _due(self, turn: _Turn, rank: int) -> float:
+        return turn.opened_at + (rank - SLOT_GRACE) * self.takeover_after if rank else turn.opened_at
+
+    def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:
+        turn = self.turn
+        froms = [s.params.from_ for s in states]
+        if turn is None or not states_match(states, turn.message, self.present):
+            held = self._early.hold(states, (publisher, now))  # its message may still be on the way
+            if not held and self.bystander and states_tag(states) is None:
+                # Untagged (aikyo's) arrays cannot be tied to a message not seen yet; a bystander
+                # only reports, so it keeps a few for a slot (a wrong match costs a wrong line).
+                self._early_plain.append((states, publisher, now))
+                held = True
+            self._log(
+                out,
+                "states_ignored",
+                "debug",
+                publisher=publisher,
+                froms=froms,
+                message_id=None if turn is None else turn.message_id,
+                held=held,
+                reason="no open turn" if turn is None else "not for the current message",
+            )
+            return
+        # A bystander that cannot authenticate publishers takes an array as the leader's.
+        rank = 0 if publisher is None and self.bystander else turn.plan.rank(publisher)
+        if rank is None:
+            self._log(
+                out,
+                "states_ignored",
+                "warning",
+                publisher=publisher,
+                message_id=turn.message_id,
+                closing=sorted({s.params.closing for s in states}),
+                reason="not_a_leader",
+                why=f"published by {publisher or 'an unknown peer'}, no leader candidate of this message",
+            )
+            return
+        if turn.states is not None:
+            if list(turn.states) == states or rank >= turn.priority:
+                same = list(turn.states) == states
+                self._log(
+                    out,
+                    "states_ignored",
+                    "debug" if same else "info",
+                    publisher=publisher,
+                    message_id=turn.message_id,
+                    reason="duplicate" if same else "an array from an earlier or equal leader came first",
+                )
+                return
+            self._log(
+                out,
+                "states_switched",
+                "warning",
+                publisher=publisher,
+                message_id=turn.message_id,
+                rank=rank,
+                replaced_rank=turn.priority,
+                reason="the array of an earlier leader arrived late",
+            )
+            self._accept(turn, states, rank, publisher, now, out)
+            return
+        if now < self._due(turn, rank):
+            if rank not in turn.pending:
+                turn.pending[rank] = (states, publisher)
+            self._log(
+                out,
+                "states_deferred",
+                "warning",
+                publisher=publisher,
+                message_id=turn.message_id,
+                rank=rank,
+                reason="slot_not_due",
+                why=f"{publisher} ranks {rank}: it counts in its slot unless an earlier one does",
+            )
+            return
+        self._accept(turn, states, rank, publisher, now, out)
+
+    def _accept(
+        self,
+        turn: _Turn,
+        states: list[State],
+        rank: int,
+        publisher: str | None,
+        now: float,
+        out: list[Effect],
+    ) -> None:
+        first = turn.states is None
+        if first:
+            turn.accepted_at = now
+        turn.states, turn.priority = states, rank
+        for dropped in [r for r in turn.pending if r >= rank]:
+            del turn.pending[dropped]
+        speaking: SpeakingOrder = speaking_order(states)
+        decision = speaking.first
+        floor = self._floor(turn)
+        closing = later(decision.closing, floor.stage)
+        over = decision.conversation_over or closing == "terminal"
+        why = decision.why
+        if closing != decision.closing:
+            why += f"; closing raised to {closing} ({floor.why})"
+        turn.closing = closing
+        turn.order = () if over else speaking.order
+        turn.slot_opens = [turn.accepted_at + k * self.reply_timeout for k in range(len(turn.order))]
+        turn.ends = turn.accepted_at + len(turn.order) * self.reply_timeout
+        turn.slot = -1
+        self._log(
+            out,
+            "speaker_chosen",
+            message_id=turn.message_id,
+            turn=turn.replies,
+            speaker=None if over else decision.speaker,
+            reason="terminal" if over else decision.reason,
+            why=why,
+            closing=closing,
+            order=list(turn.order),
+            source=publisher,
+        )
+        if turn.phase is Phase.LEADING and not turn.lead_done:
+            out.append(Withdraw(turn.message_id, "lead", "another leader's array counted first"))
+        if over and not decision.conversation_over and self.me in speaking.order:
+            # The array gives this node a slot its own floor forbids: the others need not wait for it.
+            out.append(PublishSignal(YIELD_SIGNAL, {"in_reply_to": turn.message_id, "reason": "terminal"}))
+        if not turn.order:
+            if turn.phase is Phase.SPEAKING:
+                self._withdraw_speech(turn, publisher, "the accepted array ends the turn", out)
+            if turn.phase not in (Phase.DONE, Phase.REPLIED):
+                self._goto(turn, Phase.DONE)
+            if over:
+                self._log(
+                    out,
+                    "conversation_over",
+                    message_id=turn.message_id,
+                    turn=turn.replies,
+                    closing="terminal",
+                )
+            return
+        if turn.phase in (Phase.AWAITING_STATES, Phase.LEADING, Phase.DONE):
+            self._goto(turn, Phase.AWAITING_SPEAKER)
+        elif turn.phase is Phase.SPEAKING:
+            slot = self._slot_at(turn, now)
+            if slot >= len(turn.order) or turn.order[slot] != self.me:
+                reason = "the earlier leader's array gives this slot to another companion"
+                self._withdraw_speech(turn, publisher, reason, out)
+                self._goto(turn, Phase.AWAITING_SPEAKER)
+
+    def _withdraw_speech(self, turn: _Turn, by: str | None, reason: str, out: list[Effect]) -> None:
+        out.append(Withdraw(turn.message_id, "speech", reason))
+        self._log(out, "speech_withdrawn", message_id=turn.message_id, by=by, reason=reason)
+
+    # --- speaking ------------------------------------------------------------------------------
+
+    def _slot_at(self, turn: _Turn, now: float) -> int:
+        """The open slot at ``now`` (``len(order)``: every slot has passed)."""
+        if now >= turn.ends:
+            return len(turn.order)
+        slot = 0
+        while slot + 1 < len(turn.order) and turn.slot_opens[slot + 1] <= now:
+            slot += 1
+        return slot
+
+    def _rebase(self, turn: _Turn, after: int, now: float) -> None:
+        """Slot ``after`` is given up: the next one opens now, the later ones a reply deadline apart."""
+        for j in range(after + 1, len(turn.order)):
+            turn.slot_opens[j] = min(turn.slot_opens[j], now + (j - after - 1) * self.reply_timeout)
+        last = turn.slot_opens[-1] + self.reply_timeout if after + 1 < len(turn.order) else now
+        turn.ends = min(turn.ends, last)
+
+    def _on_time(self, now: float, out: list[Effect]) -> None:
+        turn = self.turn
+        if turn is None:
+            return
+        if turn.states is None:
+            ready = [r for r in sorted(turn.pending) if self._due(turn, r) <= now]
+            if ready:
+                states, publisher = turn.pending.pop(ready[0])
+                self._accept(turn, list(states), ready[0], publisher, now, out)
+            elif (
+                turn.phase is Phase.AWAITING_STATES
+                and turn.rank
+                and now >= turn.opened_at + turn.rank * self.takeover_after
+            ):
+                wait = turn.rank * self.takeover_after
+                self._log(
+                    out,
+                    "takeover",
+                    "warning",
+                    message_id=turn.message_id,
+                    rank=turn.rank,
+                    reason="no_states",
+                    why=f"no states within {wait:g} s from {', '.join(turn.plan.order[: turn.rank])}",
+                )
+                self._lead(turn, out)
+        if (
+            turn.states is None
+            or self.bystander
+            or turn.phase not in (Phase.AWAITING_SPEAKER, Phase.SPEAKING)
+        ):
+            return
+        slot = self._slot_at(turn, now)
+        while slot < len(turn.order) and turn.order[slot] in turn.yielded:
+            self._rebase(turn, slot, now)
+            slot = self._slot_at(turn, now)
+        if slot != turn.slot:
+            previous = turn.order[turn.slot] if 0 <= turn.slot < len(turn.order) else None
+            if previous is not None and previous not in turn.yielded and slot < len(turn.order):
+                self._log(
+                    out,
+                    "speaker_silent",
+                    "warning",
+                    message_id=turn.message_id,
+                    silent=previous,
+                    speaker=turn.order[slot],
+                    slot=slot,
+                    why=f"no reply within {self.reply_timeout:g} s; next in the speaking order",
+                )
+            turn.slot = slot
+        if turn.phase is Phase.SPEAKING and (slot >= len(turn.order) or turn.order[slot] != self.me):
+            # Its speaking deadline keeps a speaker inside its slot; should the slot end first,
+            # the next speaker must not find it still speaking.
+            self._withdraw_speech(turn, None, "this node's speaking slot ended", out)
+            turn.yielded.add(self.me or "")
+            self._goto(turn, Phase.AWAITING_SPEAKER)
+        if slot >= len(turn.order):
+            self._log(
+                out,
+                "turn_unanswered",
+                "warning",
+                message_id=turn.message_id,
+                order=list(turn.order),
+                reason="every candidate stayed silent or gave up",
+            )
+            self._goto(turn, Phase.DONE)
+            return
+        if turn.order[slot] == self.me and turn.phase is Phase.AWAITING_SPEAKER:
+            self._goto(turn, Phase.SPEAKING)
+            out.append(PublishSignal(THINKING_SIGNAL, {"in_reply_to": turn.message_id}))
+            out.append(self._speak_effect(turn))
+
+    def _speak_effect(self, turn: _Turn) -> Speak:
+        assert self.me is not None
+        message = turn.message
+        recipients = tuple(reply_recipients(message, self.me, self.present))
+        people = tuple(self.people)
+        fallback = tuple(cid for cid in dict.fromkeys([message.params.from_, *people]) if cid != self.me)
+        return Speak(
+            turn.message_id,
+            message,
+            turn.closing,
+            turn.replies + 1,
+            recipients,
+            fallback or recipients,
+            people,
+        )
+
+    def _on_replied(self, event: ReplyPublished, out: list[Effect]) -> None:
+        turn = self.turn
+        if turn is None or turn.message_id != event.message_id or turn.phase is not Phase.SPEAKING:
+            return
+        self._goto(turn, Phase.REPLIED)
+        p = event.reply.params
+        self._log(
+            out,
+            "replied",
+            message_id=turn.message_id,
+            reply_id=p.id,
+            to=list(p.to),
+            turn=turn.replies + 1,
+            closing=turn.closing,
+        )
+
+    def _on_failed(self, event: SpeakingFailed, now: float, out: list[Effect]) -> None:
+        turn = self.turn
+        if turn is None or turn.message_id != event.message_id or turn.phase is not Phase.SPEAKING:
+            return
+        assert self.me is not None
+        slot = turn.order.index(self.me)
+        turn.yielded.add(self.me)
+        nxt = next((cid for cid in turn.order[slot + 1 :] if cid not in turn.yielded), None)
+        self._log(
+            out,
+            "speaker_failed",
+            "warning",
+            message_id=turn.message_id,
+            reason=event.reason,
+            detail=event.detail[:300],
+            next=nxt,
+            why=f"could not reply ({event.reason}); gave the slot up to {nxt or 'nobody'} at once",
+        )
+        out.append(PublishSignal(YIELD_SIGNAL, {"in_reply_to": turn.message_id, "reason": event.reason}))
+        self._goto(turn, Phase.AWAITING_SPEAKER)
+        self._rebase(turn, slot, now)
+
+    def _on_yield(self, event: YieldSeen, now: float, out: list[Effect]) -> None:
+        turn = self.turn
+        fields = {"message_id": event.in_reply_to, "yielder": event.companion, "publisher": event.publisher}
+        if event.publisher != event.companion and not (event.publisher is None and self.bystander):
+            self._log(out, "yield_ignored", "info", reason="signed by another companion", **fields)
+        elif turn is not None and turn.message_id == event.in_reply_to:
+            self._yield(turn, event.companion, event.reason, now, out, fields)
+        elif not self.thread.knows(event.in_reply_to):
+            # Its message (gossip keeps no order) is still on the way: the yield waits for it.
+            held = self._early_yields.pop(event.in_reply_to, {})
+            held.setdefault(event.companion, event.reason)
+            _latest(self._early_yields, event.in_reply_to, held, 64)
+            self._log(out, "yield_held", "debug", reason="its message has not arrived", **fields)
+        else:
+            self._log(out, "yield_ignored", "info", reason="not the current turn", **fields)
+
+    def _yield(
+        self, turn: _Turn, companion: str, reason: str, now: float, out: list[Effect], fields: dict[str, Any]
+    ) -> None:
+        """``companion`` gives up its slot of ``turn`` (also before the array is known: it is then
+        skipped when its slot comes)."""
+        if companion in turn.yielded:
+            self._log(out, "yield_ignored", "debug", reason="duplicate", **fields)
+            return
+        slot: int | None = None
+        if turn.states is not None:
+            if companion not in turn.order:
+                self._log(out, "yield_ignored", "info", reason="not in the speaking order", **fields)
+                return
+            slot = turn.order.index(companion)
+            if turn.slot >= 0 and slot < turn.slot:
+                self._log(out, "yield_ignored", "info", reason="its slot has passed", **fields)
+                return
+        turn.yielded.add(companion)
+        self._log(
+            out,
+            "speaker_yielded",
+            "warning",
+            slot=slot,
+            reason=reason,
+            why=f"{companion} gave its slot up ({reason}); the next in the speaking order goes at once",
+            **fields,
+        )
+        if slot is not None and slot <= max(turn.slot, 0) and not self.bystander:
+            self._rebase(turn, slot, now)
+
+    def _on_thinking(self, event: ThinkingSeen, now: float, out: list[Effect]) -> None:
+        """``companion`` is preparing its reply: its slot stays open a reply deadline from now."""
+        turn = self.turn
+        if (
+            self.bystander
+            or turn is None
+            or turn.message_id != event.in_reply_to
+            or turn.states is None
+            or event.publisher != event.companion
+            or event.companion not in turn.order
+            or event.companion == self.me
+        ):
+            return
+        slot = turn.order.index(event.companion)
+        current = self._slot_at(turn, now)
+        if slot < current:
+            self._log(out, "thinking_late", "warning", message_id=turn.message_id, speaker=event.companion)
+            return
+        if slot > current and turn.phase is Phase.SPEAKING:
+            # Its node saw this node's slot pass: the later speaker goes on, this one withdraws.
+            self._withdraw_speech(turn, event.companion, "a later speaker is already preparing", out)
+            turn.yielded.add(self.me or "")
+            self._goto(turn, Phase.AWAITING_SPEAKER)
+        for j in range(current + 1, slot + 1):
+            turn.slot_opens[j] = min(turn.slot_opens[j], now)  # the slots before it are over
+        end = now + self.reply_timeout
+        for j in range(slot + 1, len(turn.order)):
+            turn.slot_opens[j] = max(turn.slot_opens[j], end + (j - slot - 1) * self.reply_timeout)
+        turn.ends = max(turn.ends, end + (len(turn.order) - slot - 1) * self.reply_timeout)
+        self._log(
+            out, "speaker_thinking", "debug", message_id=turn.message_id, speaker=event.companion, slot=slot
+        )
+
+
+def _latest(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
+    """Put ``key`` last (the most recent), dropping the oldest entries beyond ``limit``."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > limit:
+        table.popitem(last=False)
+
+
+def _state_summary(state: State) -> dict[str, Any]:
+    p = state.params
+    return {
+        "from": p.from_,
+        "state": p.state,
+        "importance": p.importance,
+        "selected": p.selected,
+        "closing": p.closing,
+    }
+
+
+def present_diff(present: Collection[str], now: Iterable[str]) -> list[CompanionJoined | CompanionLeft]:
+    """The join and leave events that take a machine's ``present`` set to ``now``."""
+    current = set(now)
+    joined: list[CompanionJoined | CompanionLeft] = [
+        CompanionJoined(c) for c in sorted(current - set(present))
+    ]
+    return joined + [CompanionLeft(c) for c in sorted(set(present) - current)]

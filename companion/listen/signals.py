@@ -1,0 +1,194 @@
+"""What companions say about their own turn, in words a person reads: thinking, giving up, the end.
+
+A speaker announces that it started preparing a reply (``companion.thinking``) and, when it
+cannot reply, that it gives its slot up (``companion.yield`` with a reason); both are
+``action.send`` envelopes on ``actions`` (see docs/clients.md). Without them a person watching
+a slow or failing model sees nothing for minutes. This module is pure: :class:`Waiting` keeps
+who is thinking since when, and the functions turn signals and states arrays into the lines a
+client shows. Everything here is network input: names, reasons and details are folded onto one
+line, stripped of control characters and bounded before they reach a screen.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ..models.lexicon import clean
+from ..protocol import COMPANION_ID_PREFIX, State
+from ..turns import decide_next_speaker
+
+__all__ = [
+    "MAX_DETAIL",
+    "REASON_WORDS",
+    "THINKING_DEADLINE",
+    "THINKING_SIGNAL",
+    "YIELD_REASONS",
+    "YIELD_SIGNAL",
+    "Signal",
+    "Waiting",
+    "ends_conversation",
+    "one_line",
+    "read_signal",
+    "thinking_text",
+    "yield_text",
+]
+
+THINKING_SIGNAL: Final = "companion.thinking"
+YIELD_SIGNAL: Final = "companion.yield"
+YIELD_REASONS: Final = ("model_error", "timeout", "crashed", "no_reply", "terminal")
+
+REASON_WORDS: Final[Mapping[str, str]] = {
+    "model_error": "the model failed",
+    "timeout": "the model timed out",
+    "crashed": "it crashed while preparing its reply",
+    "no_reply": "the model gave no reply",
+}
+"""Each failure reason in plain words (``terminal`` is not a failure: :func:`yield_text`)."""
+
+THINKING_DEADLINE: Final = 300.0
+"""Stop showing a thinking speaker after this long without its reply or yield: a lost signal
+must never leave an endless spinner."""
+MAX_DETAIL: Final = 200
+MAX_NAME: Final = 60
+MAX_REASON: Final = 40
+MAX_ID: Final = 200
+MAX_THINKERS: Final = 32
+"""At most this many speakers tracked at once (oldest dropped): signals are network input."""
+SHOWN_THINKERS: Final = 3
+
+_FORMAT_CONTROLS = re.compile(r"[\u061c\u2066-\u2069]")
+"""Bidi controls :func:`companion.models.lexicon.clean` keeps (it strips the others)."""
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, without control characters or lone surrogates, at most ``limit``
+    characters (cut with an ellipsis): safe to print in a terminal and to set as text."""
+    folded = clean(_FORMAT_CONTROLS.sub(" ", text[: limit * 4]), limit + 1)
+    return folded if len(folded) <= limit else folded[: limit - 1].rstrip() + "…"
+
+
+def thinking_text(name: str, seconds: int) -> str:
+    return f"{name} is thinking… ({seconds} s)"
+
+
+def yield_text(name: str, reason: str, detail: str | None) -> str:
+    """The line for a speaker that gave its slot up, e.g. ``Juniper could not answer: the model
+    timed out (no answer in 60 s); the turn passes to the next companion``."""
+    if reason == "terminal":
+        return f"{name} has nothing more to say; the conversation is over"
+    words = REASON_WORDS.get(reason) or f"it gave up ({one_line(reason, MAX_REASON) or 'no reason given'})"
+    shown = one_line(detail, MAX_DETAIL) if detail else ""
+    because = f" ({shown})" if shown else ""
+    return f"{name} could not answer: {words}{because}; the turn passes to the next companion"
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """A thinking or yield signal read from an action (:func:`read_signal`)."""
+
+    name: str
+    speaker: str
+    in_reply_to: str
+    reason: str = ""
+    detail: str | None = None
+
+
+def read_signal(speaker: str, name: str, params: Mapping[str, Any]) -> Signal | None:
+    """The signal in an action's ``name`` and ``params``, or ``None`` when it is not one of the
+    two signals from a companion or lacks what a signal must carry (then it is dropped)."""
+    if name not in (THINKING_SIGNAL, YIELD_SIGNAL) or not speaker.startswith(COMPANION_ID_PREFIX):
+        return None
+    in_reply_to = params.get("in_reply_to")
+    if not isinstance(in_reply_to, str) or not 0 < len(in_reply_to) <= MAX_ID:
+        return None
+    if name == THINKING_SIGNAL:
+        return Signal(name, speaker, in_reply_to)
+    reason, detail = params.get("reason"), params.get("detail")
+    if not isinstance(reason, str):
+        return None
+    return Signal(
+        name, speaker, in_reply_to, reason[: MAX_REASON * 4], detail if isinstance(detail, str) else None
+    )
+
+
+def ends_conversation(states: Sequence[State]) -> bool:
+    """Whether this states array ends the conversation: the next-speaker rule (the one every
+    node applies) chooses nobody because the winner's stage is ``terminal``."""
+    everyone = [s.params.from_ for s in states if s.params.from_.startswith(COMPANION_ID_PREFIX)]
+    return bool(everyone) and decide_next_speaker(states, everyone).conversation_over
+
+
+@dataclass(slots=True)
+class _Thinking:
+    in_reply_to: str
+    since: float
+
+
+@dataclass
+class Waiting:
+    """Who is preparing a reply, since when (the client's clock when the signal arrived)."""
+
+    deadline: float = THINKING_DEADLINE
+    _thinkers: OrderedDict[str, _Thinking] = field(default_factory=OrderedDict)
+
+    def start(self, speaker: str, in_reply_to: str, now: float) -> None:
+        """``speaker`` started preparing its reply to ``in_reply_to`` (a speaker prepares one reply
+        at a time: a new signal replaces its old one; a repeat keeps the count running)."""
+        current = self._thinkers.get(speaker)
+        if current is not None and current.in_reply_to == in_reply_to:
+            return
+        self._thinkers.pop(speaker, None)
+        self._thinkers[speaker] = _Thinking(in_reply_to, now)
+        while len(self._thinkers) > MAX_THINKERS:
+            self._thinkers.popitem(last=False)
+
+    def stop(self, speaker: str, in_reply_to: str | None = None) -> bool:
+        """``speaker`` replied (``in_reply_to`` ``None``: to anything) or gave its slot up for
+        ``in_reply_to``; whether it was thinking about it."""
+        current = self._thinkers.get(speaker)
+        if current is None or (in_reply_to is not None and current.in_reply_to != in_reply_to):
+            return False
+        del self._thinkers[speaker]
+        return True
+
+    def clear(self) -> None:
+        self._thinkers.clear()
+
+    def __len__(self) -> int:
+        return len(self._thinkers)
+
+    def expire(self, now: float) -> list[str]:
+        """Speakers thinking for longer than the deadline, no longer shown."""
+        gone = [s for s, t in self._thinkers.items() if now - t.since >= self.deadline]
+        for speaker in gone:
+            del self._thinkers[speaker]
+        return gone
+
+    def status(self, now: float, name: Callable[[str], str]) -> str:
+        """``Juniper is thinking… (12 s)`` for each speaker (a few, then how many more), or ``""``."""
+        parts = [
+            thinking_text(one_line(name(speaker), MAX_NAME), _seconds(now - t.since))
+            for speaker, t in list(self._thinkers.items())[:SHOWN_THINKERS]
+        ]
+        more = len(self._thinkers) - SHOWN_THINKERS
+        if more > 0:
+            parts.append(f"and {more} more")
+        return " · ".join(parts)
+
+    def next_change(self, now: float) -> float | None:
+        """When :meth:`status` next reads differently (a counter's next second or a deadline)."""
+        times = []
+        for t in self._thinkers.values():
+            times.append(t.since + _seconds(now - t.since) + 1)
+            times.append(t.since + self.deadline)
+        return min(times) if times else None
+
+
+def _seconds(elapsed: float) -> int:
+    """Whole seconds elapsed; a clock read a hair early still counts the second it woke for."""
+    return max(0, math.floor(elapsed + 1e-6))

@@ -1,0 +1,173 @@
+"""The speaker's work in its slot: parameters, the card's triggers, then ``speak`` with its tools.
+
+Two model calls for one reply (``fill_params``, then ``speak`` with the instructions the CEL
+conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. Two
+checks sit between the model and the runtime, because models get them wrong: one message per
+turn, and a ``to`` that names people and companions of the conversation (names become ids; a
+``to`` naming nobody is refused once with an error the model can act on, then replaced by the
+previous speaker and the people, never by nobody). Deadlines, cancellation and what a failure
+means for the turn are the engine's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from .actions import ActionDef, ActionRuntime, ToolResult
+from .actions.builtins import no_recipients, resolve_recipients
+from .card import LoadedCard
+from .conversation import ONE_MESSAGE, Speak
+from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest
+from .protocol import MESSAGES, Message, Metadata, new_id
+
+__all__ = ["ParamsCheck", "Speaker", "Speech"]
+
+
+Emit = Callable[..., None]
+"""``emit(kind, level, **fields)``: one structured event (the engine's log and observer)."""
+
+
+@dataclass
+class Speech:
+    """One reply being prepared: whether it went out, and whether its ``to`` was refused once."""
+
+    effect: Speak
+    spoke: bool = False
+    refused_once: bool = False
+
+
+class ParamsCheck:
+    """The card's ``events.params`` schema, compiled once: where the model's values break it."""
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        self.problem: str | None = None
+        self._validator: jsonschema.protocols.Validator | None = None
+        try:
+            cls = jsonschema.validators.validator_for(dict(schema), jsonschema.Draft202012Validator)
+            cls.check_schema(dict(schema))
+            self._validator = cls(dict(schema))
+        except jsonschema.SchemaError as exc:
+            self.problem = f"the card's params schema is not valid JSON Schema: {exc.message}"
+
+    def issues(self, values: Any) -> list[str]:
+        """At most ten problems, each ``path: message`` (the triggers skip those values)."""
+        if self._validator is None:
+            return [self.problem or "no schema"]
+        return [
+            f"{'.'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+            for error in self._validator.iter_errors(values)
+        ][:10]
+
+
+class Speaker:
+    """Prepares this companion's replies (one :class:`Speech` at a time, the engine decides when)."""
+
+    def __init__(
+        self,
+        loaded: LoadedCard,
+        model: CompanionModel,
+        runtime: ActionRuntime,
+        directory: Mapping[str, Metadata],
+        emit: Emit,
+    ) -> None:
+        self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
+        self.model, self.runtime, self.directory = model, runtime, directory
+        self._emit = emit
+        self.params_check = ParamsCheck(self.card.events.params)
+        if self.params_check.problem is not None:
+            emit("params_schema_invalid", logging.ERROR, problem=self.params_check.problem)
+
+    async def reply(self, speech: Speech, history: list[Message], memory: Mapping[str, Any]) -> None:
+        """Fill the parameters, evaluate the triggers, run ``speak``. The reply itself leaves
+        through the runtime (its outgoing hook records it); raises :class:`ModelError` when the
+        model cannot speak."""
+        effect = speech.effect
+        message = effect.message
+        try:
+            request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
+            values = await self.model.fill_params(request)
+        except ModelError as exc:
+            # The parameters only choose instructions: speak without them rather than not at all.
+            self._emit(
+                "params_failed",
+                logging.WARNING,
+                message_id=effect.message_id,
+                error=str(exc),
+                reason="speaking without parameters; conditions that read them do not match",
+            )
+            values = {}
+        issues = self.params_check.issues(values)
+        instructions = self.loaded.triggers.evaluate(values)
+        self._emit(
+            "instructions",
+            logging.INFO,
+            message_id=effect.message_id,
+            params=values,
+            param_issues=issues,
+            instructions=[{"tool": i.tool, "instruction": i.instruction} for i in instructions],
+        )
+        speak = SpeakRequest(
+            me=self.me,
+            role=self.card.role,
+            message=message,
+            history=history,
+            instructions=instructions,
+            tools=self.runtime.tool_specs(),
+            recipients=list(effect.recipients),
+            closing=effect.closing,
+            extra={
+                "names": {cid: meta.name for cid, meta in self.directory.items()},
+                "params": values,
+                "memory": dict(memory),
+            },
+        )
+
+        async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+            defn = self.runtime.tools.get(tool_id)
+            if isinstance(defn, ActionDef) and defn.topic == MESSAGES:
+                if speech.spoke:
+                    return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
+                if isinstance(raw.get("to"), list):
+                    checked = self.addressed(tool_id, raw, speech)
+                    if isinstance(checked, ToolResult):
+                        return checked.for_model()
+                    raw = checked
+            return (await self.runtime.call(tool_id, raw)).for_model()
+
+        await self.model.speak(speak, call_tool)
+
+    def addressed(
+        self, tool_id: str, raw: Mapping[str, Any], speech: Speech
+    ) -> Mapping[str, Any] | ToolResult:
+        """``raw`` with its ``to`` as ids of the companions present and the conversation's people;
+        a ``to`` that names none of them is refused once, then replaced by the fallback recipients."""
+        effect = speech.effect
+        names = {cid: meta.name for cid, meta in self.directory.items()}
+        to = [str(entry) for entry in raw["to"]]
+        ids, unknown = resolve_recipients(to, me=self.me.id, companions=names, people=effect.people)
+        if ids:
+            return {**raw, "to": ids}
+        if not speech.refused_once:
+            speech.refused_once = True
+            self._emit(
+                "recipients_refused",
+                logging.INFO,
+                message_id=effect.message_id,
+                to=to[:10],
+                reason="names nobody of the conversation",
+            )
+            return ToolResult(tool_id, new_id(), "refused", no_recipients(to, unknown, names, effect.people))
+        fallback = list(effect.fallback)
+        self._emit(
+            "recipients_fallback",
+            logging.WARNING,
+            message_id=effect.message_id,
+            to=fallback,
+            reason="named nobody of the conversation twice: the previous speaker and the people",
+        )
+        return {**raw, "to": fallback}

@@ -1,0 +1,240 @@
+"""A bystander's account of a conversation: who spoke, to whom, why they were chosen, and the closing stage.
+
+:class:`Transcript` is fed every message and states array a bystander sees (the demo's bridge
+node, the in-memory group's bystander endpoint) and explains each turn. It runs the companions'
+own state machine (:class:`~companion.conversation.Conversation`) as a bystander, so it follows
+the thread and accepts arrays by the same rules. It also counts double speech (two replies to
+one message), which must never happen. Pure: the clock is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .conversation import (
+    ClosingSettings,
+    Conversation,
+    Decision,
+    Effect,
+    MessageSeen,
+    StatesSeen,
+    Tick,
+    present_diff,
+    read_signal,
+)
+from .protocol import Action, ClosingStage, Message, Payload
+from .timings import EngineTimings
+from .turns import turn_info
+
+__all__ = ["EventKind", "Transcript", "TranscriptEvent", "render_text"]
+
+
+EventKind = Literal["message", "decision", "end"]
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptEvent:
+    """One line of the transcript. ``speaker`` is the sender of a message, or the companion a
+    decision chose (``None``: nobody)."""
+
+    kind: EventKind
+    speaker: str | None
+    recipients: tuple[str, ...] = ()
+    text: str = ""
+    emotion: str | None = None
+    why: str = ""
+    closing: ClosingStage = "none"
+    turn: int = 0
+    message_id: str | None = None
+    in_reply_to: str | None = None
+    reason: str = ""
+    """For ``decision``: the rule that decided; for ``end``: terminal, turn_cap, idle or timeout."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": self.kind,
+            "speaker": self.speaker,
+            "recipients": list(self.recipients),
+            "text": self.text,
+            "emotion": self.emotion,
+            "why": self.why,
+            "closing": self.closing,
+            "turn": self.turn,
+            "message_id": self.message_id,
+            "in_reply_to": self.in_reply_to,
+            "reason": self.reason,
+        }
+
+
+class Transcript:
+    """A bystander's account of a conversation, fed every message and states array.
+
+    The companions' state machine in bystander mode decides what counts: the thread of the
+    companions it is given (``active``), and for each message the first array from a leader
+    whose slot is due (a late array of an earlier leader replaces it). Give ``publisher`` (the
+    authenticated companion id, or any other name of the signer) and ``now`` to :meth:`feed`
+    to apply every rule; without them an array counts as the leader's and every slot as due.
+    ``max_turns``: the companions' turn limit, if the bystander should apply it too.
+    """
+
+    def __init__(self, *, timings: EngineTimings | None = None, max_turns: int | None = None) -> None:
+        timings = timings or EngineTimings.offline()
+        self.events: list[TranscriptEvent] = []
+        self.replies: dict[str, list[str]] = defaultdict(list)
+        self._machine = Conversation(
+            None,
+            takeover_after=timings.takeover_after,
+            reply_timeout=timings.reply_timeout,
+            settings=ClosingSettings(max_turns, repetition_threshold=math.inf),
+        )
+        self._decisions: dict[str, tuple[str | None, str, str]] = {}
+        """message id -> (speaker, why, reason) of the array that counted."""
+
+    @property
+    def double_speech(self) -> dict[str, list[str]]:
+        """Messages that got more than one reply: message id -> the repliers, in order."""
+        return {mid: senders for mid, senders in self.replies.items() if len(senders) > 1}
+
+    @property
+    def reply_count(self) -> int:
+        return sum(len(s) for s in self.replies.values())
+
+    @property
+    def current(self) -> Message | None:
+        """The message the conversation is at."""
+        return self._machine.current
+
+    @property
+    def over(self) -> bool:
+        """Whether the conversation reached ``terminal`` at the message it is at."""
+        decision = self._decisions.get(self._machine.thread.current or "")
+        return decision is not None and decision[2] == "terminal"
+
+    def feed(
+        self,
+        payload: Payload,
+        active: Iterable[str],
+        *,
+        publisher: str | None = None,
+        now: float | None = None,
+    ) -> list[TranscriptEvent]:
+        """The transcript lines this payload adds (none for other payloads)."""
+        machine, at = self._machine, math.inf if now is None else now
+        for change in present_diff(machine.present, active):
+            machine.receive(change, at)
+        out: list[TranscriptEvent] = []
+        if isinstance(payload, Message):
+            fresh = not machine.thread.knows(payload.params.id)
+            effects = machine.receive(MessageSeen(payload, publisher), at)
+            if fresh and machine.thread.knows(payload.params.id):
+                out.append(self._message(payload, effects))
+            out.extend(self._lines(effects))
+        elif isinstance(payload, list):
+            out = self._lines(machine.receive(StatesSeen(payload, publisher), at))
+        elif isinstance(payload, Action) and (signal := read_signal(payload)) is not None:
+            out = self._lines(machine.receive(signal, at))
+        elif now is not None:
+            out = self._lines(machine.receive(Tick(), at))
+        self.events.extend(out)
+        return out
+
+    def deadline(self) -> float | None:
+        """When an array held for its leader's slot counts (feed :meth:`tick` then)."""
+        return self._machine.deadline()
+
+    def tick(self, now: float) -> list[TranscriptEvent]:
+        """The lines time alone adds (an array that waited for its slot)."""
+        out = self._lines(self._machine.receive(Tick(), now))
+        self.events.extend(out)
+        return out
+
+    def _message(self, message: Message, effects: list[Effect]) -> TranscriptEvent:
+        params = message.params
+        info = turn_info(message)
+        why = "opened the conversation"
+        if info.in_reply_to is not None:
+            self.replies[info.in_reply_to].append(params.from_)
+            decision = self._decisions.get(info.in_reply_to)
+            if decision is None:
+                why = "chosen by states this bystander did not see"
+            elif decision[0] == params.from_:
+                why = decision[1]
+            else:
+                why = f"spoke although the rule chose {decision[0]}: {decision[1]}"
+        for effect in effects:
+            if isinstance(effect, Decision) and effect.event == "message_stale":
+                if effect.fields.get("placement") == "stale":
+                    why += " (it crossed a newer message; the conversation follows that one)"
+                else:
+                    why += " (its reply overtook it)"
+        emotion = (params.metadata or {}).get("emotion")
+        return TranscriptEvent(
+            "message",
+            params.from_,
+            tuple(params.to),
+            params.message,
+            emotion if isinstance(emotion, str) else None,
+            why,
+            info.closing,
+            info.turn,
+            params.id,
+            info.in_reply_to,
+        )
+
+    def _lines(self, effects: list[Effect]) -> list[TranscriptEvent]:
+        out: list[TranscriptEvent] = []
+        for effect in effects:
+            if not isinstance(effect, Decision) or effect.event != "speaker_chosen":
+                continue
+            f = effect.fields
+            message_id, speaker, reason = f["message_id"], f["speaker"], f["reason"]
+            self._decisions[message_id] = (speaker, f["why"], reason)
+            out.append(
+                TranscriptEvent(
+                    "decision",
+                    speaker,
+                    why=f["why"],
+                    closing=f["closing"],
+                    turn=f["turn"],
+                    message_id=message_id,
+                    reason=reason,
+                )
+            )
+            if reason == "terminal":
+                out.append(
+                    TranscriptEvent(
+                        "end", None, why=f["why"], closing="terminal", turn=f["turn"], reason="terminal"
+                    )
+                )
+        return out
+
+
+def render_text(event: TranscriptEvent, names: Mapping[str, str]) -> str | None:
+    """A readable line (or a few) for people; ``None`` for events not worth a line."""
+
+    def name(cid: str | None) -> str:
+        return "nobody" if cid is None else names.get(cid, cid)
+
+    def named(text: str) -> str:
+        for cid in sorted(names, key=len, reverse=True):
+            text = text.replace(cid, names[cid])
+        return text
+
+    if event.kind == "message":
+        to = ", ".join(name(r) for r in event.recipients) or "everyone"
+        tags = [t for t in (event.emotion, f"turn {event.turn}" if event.in_reply_to else None) if t]
+        if event.closing != "none":
+            tags.append(event.closing)
+        head = f"{name(event.speaker)} → {to}" + (f"  [{', '.join(tags)}]" if tags else "")
+        return f"{head}\n    “{event.text}”\n    why: {named(event.why)}"
+    if event.kind == "decision":
+        if event.speaker is None and event.reason != "terminal":
+            return f"    (nobody speaks: {named(event.why)})"
+        return None
+    if event.reason == "terminal":
+        return f"— the conversation closed (terminal) after {event.turn} replies"
+    return f"— stopped ({event.reason}): {named(event.why)}"

@@ -1,0 +1,99 @@
+"""The rule book of turn-taking: pure functions over wire models, one module per concept.
+
+No sockets, no clocks: every node reaches the same decision from the same inputs, and each
+decision carries a stable ``reason`` label (for counters and tests) and a ``why`` sentence (for
+people reading logs or the demo transcript).
+
+- :mod:`.thread` -- which message a conversation is at; the turn extensions in metadata
+- :mod:`.leader` -- who leads a turn and who takes over (aikyo's md5 rule over known companions)
+- :mod:`.states` -- the leader's states array, its turn tag, which message an array answers
+- :mod:`.speaker` -- who speaks next and who stands in; whom a reply addresses
+- :mod:`.closing` -- closing stages, repetition, the turn limit
+
+What a node *does* with these rules, event by event, is :mod:`companion.conversation`.
+"""
+
+from .closing import (
+    DEFAULT_REPETITION_THRESHOLD,
+    REPETITION_WINDOW,
+    ClosingDecision,
+    ClosingReason,
+    advance,
+    bigram_jaccard,
+    closing_floor,
+    closing_stage,
+    later,
+    repetition_score,
+)
+from .leader import MAX_CANDIDATES, Candidates, LeaderPlan, leader_candidates, plan_leaders, select_leader
+from .speaker import (
+    SpeakerDecision,
+    SpeakerReason,
+    SpeakingOrder,
+    decide_next_speaker,
+    reply_recipients,
+    speaking_order,
+)
+from .states import (
+    EarlyStates,
+    StateDecision,
+    StatesOutcome,
+    fallback_decisions,
+    finalize_states,
+    states_match,
+    states_tag,
+    turn_tag,
+)
+from .thread import (
+    META_CLOSING,
+    META_IN_REPLY_TO,
+    META_NEXT_SPEAKER,
+    META_TURN,
+    ConversationThread,
+    Placement,
+    TurnInfo,
+    stamp_reply,
+    turn_info,
+)
+
+__all__ = [
+    "DEFAULT_REPETITION_THRESHOLD",
+    "MAX_CANDIDATES",
+    "META_CLOSING",
+    "META_IN_REPLY_TO",
+    "META_NEXT_SPEAKER",
+    "META_TURN",
+    "REPETITION_WINDOW",
+    "Candidates",
+    "ClosingDecision",
+    "ClosingReason",
+    "ConversationThread",
+    "EarlyStates",
+    "LeaderPlan",
+    "Placement",
+    "SpeakerDecision",
+    "SpeakerReason",
+    "SpeakingOrder",
+    "StateDecision",
+    "StatesOutcome",
+    "TurnInfo",
+    "advance",
+    "bigram_jaccard",
+    "closing_floor",
+    "closing_stage",
+    "decide_next_speaker",
+    "fallback_decisions",
+    "finalize_states",
+    "later",
+    "leader_candidates",
+    "plan_leaders",
+    "repetition_score",
+    "reply_recipients",
+    "select_leader",
+    "speaking_order",
+    "stamp_reply",
+    "states_match",
+    "states_tag",
+    "turn_info",
+    "turn_tag",
+]

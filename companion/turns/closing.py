@@ -1,0 +1,150 @@
+"""Closing: how a conversation comes to an end, ``none -> pre-closing -> closing -> terminal``.
+
+Three forces push the stage forward and nothing moves it back: once closing has begun each turn
+moves it one stage on; a turn limit (``max_turns`` companion replies); repetition (character
+bigram similarity over the last five utterances, aikyo's judge looks at five too). The floor
+(:func:`closing_floor`) is the least advanced stage the next states may carry; every node applies
+it to the array it accepts, whoever led, so a leader that does not know our rules (aikyo's) cannot
+keep a conversation open past its limit.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Final, Literal, TypeAlias
+
+from ..protocol import CLOSING_ORDER, ClosingStage
+
+__all__ = [
+    "DEFAULT_REPETITION_THRESHOLD",
+    "REPETITION_WINDOW",
+    "ClosingDecision",
+    "ClosingReason",
+    "advance",
+    "bigram_jaccard",
+    "closing_floor",
+    "closing_stage",
+    "later",
+    "repetition_score",
+]
+
+REPETITION_WINDOW: Final = 5
+"""How many recent utterances the repetition signal compares (aikyo's judge looks at five)."""
+DEFAULT_REPETITION_THRESHOLD: Final = 0.6
+
+
+def closing_stage(value: object) -> ClosingStage:
+    """``value`` as a closing stage; anything that is not one counts as ``none``."""
+    for stage in CLOSING_ORDER:
+        if value == stage:
+            return stage
+    return "none"
+
+
+def advance(stage: ClosingStage) -> ClosingStage:
+    """The stage after ``stage`` (``terminal`` stays ``terminal``)."""
+    index = CLOSING_ORDER.index(stage)
+    return CLOSING_ORDER[min(index + 1, len(CLOSING_ORDER) - 1)]
+
+
+def later(a: ClosingStage, b: ClosingStage) -> ClosingStage:
+    """The more advanced of two stages."""
+    return a if CLOSING_ORDER.index(a) >= CLOSING_ORDER.index(b) else b
+
+
+def _bigrams(text: str) -> frozenset[str]:
+    norm = "".join(unicodedata.normalize("NFKC", text).casefold().split())
+    if len(norm) < 2:
+        return frozenset({norm}) if norm else frozenset()
+    return frozenset(norm[i : i + 2] for i in range(len(norm) - 1))
+
+
+def bigram_jaccard(a: str, b: str) -> float:
+    """Jaccard similarity of the character bigrams of two texts after NFKC normalisation,
+    case folding and removal of whitespace (so full-width and half-width forms compare equal)."""
+    x, y = _bigrams(a), _bigrams(b)
+    if not x and not y:
+        return 1.0
+    return len(x & y) / len(x | y)
+
+
+def repetition_score(utterances: Sequence[str], window: int = REPETITION_WINDOW) -> float | None:
+    """How repetitive the last ``window`` utterances are: the mean pairwise bigram Jaccard
+    (0 all different, 1 all identical). ``None`` until there are ``window`` utterances, as
+    aikyo's judge waits for five messages. No model call."""
+    recent = list(utterances)[-window:]
+    if window < 2 or len(recent) < window:
+        return None
+    pairs = list(combinations(recent, 2))
+    return sum(bigram_jaccard(a, b) for a, b in pairs) / len(pairs)
+
+
+ClosingReason: TypeAlias = Literal["open", "continues", "repetition", "turn_limit"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClosingDecision:
+    """The least advanced stage the next states may carry, and why."""
+
+    stage: ClosingStage
+    reason: ClosingReason
+    why: str
+    repetition: float | None = None
+
+
+def closing_floor(
+    *,
+    previous: ClosingStage,
+    turn: int,
+    utterances: Sequence[str],
+    threshold: float = DEFAULT_REPETITION_THRESHOLD,
+    max_turns: int | None = None,
+    window: int = REPETITION_WINDOW,
+) -> ClosingDecision:
+    """The closing floor for the states answering a message after ``turn`` companion replies.
+
+    Three forces push the stage forward; the most advanced wins:
+
+    - once closing has begun (``previous`` past ``none``), each turn moves it one stage on, so a
+      closing conversation ends within three turns;
+    - a turn limit: the reply that reaches ``max_turns`` is a ``closing`` one, the one before it
+      ``pre-closing``, and after it the stage is ``terminal``;
+    - repetition at or above ``threshold`` over the last ``window`` utterances: ``pre-closing``.
+    """
+    score = repetition_score(utterances, window)
+    candidates: list[ClosingDecision] = []
+    if previous != "none":
+        nxt = advance(previous)
+        candidates.append(ClosingDecision(nxt, "continues", f"closing continues: {previous} -> {nxt}"))
+    if max_turns is not None:
+        replies_after = turn + 1
+        if turn >= max_turns:
+            stage: ClosingStage = "terminal"
+        elif replies_after == max_turns:
+            stage = "closing"
+        elif replies_after == max_turns - 1:
+            stage = "pre-closing"
+        else:
+            stage = "none"
+        if stage != "none":
+            candidates.append(
+                ClosingDecision(stage, "turn_limit", f"turn limit {max_turns} after {turn} replies: {stage}")
+            )
+    if score is not None and score >= threshold:
+        candidates.append(
+            ClosingDecision(
+                "pre-closing",
+                "repetition",
+                f"repetition {score:.2f} >= {threshold:g} over the last {window} utterances",
+            )
+        )
+    best = ClosingDecision("none", "open", "the conversation is open")
+    for candidate in candidates:
+        if CLOSING_ORDER.index(candidate.stage) > CLOSING_ORDER.index(best.stage):
+            best = candidate
+    if score is not None:
+        best = ClosingDecision(best.stage, best.reason, f"{best.why} (repetition {score:.2f})", score)
+    return best

@@ -1,0 +1,152 @@
+"""The speaker: who answers a message, and who stands in, slot by slot, when they stay silent.
+
+Every node applies aikyo's rule to the one array it accepted (:func:`decide_next_speaker`): the
+``selected`` states first, else those that want to ``speak``; the highest importance wins and a
+tie goes to the earlier state. :func:`speaking_order` extends it to stand-ins, from the array
+alone, so nodes whose views of who is connected differ still skip a silent speaker in the same
+way. :func:`reply_recipients` is whom a reply addresses by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Container, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from ..protocol import COMPANION_ID_PREFIX, ClosingStage, Message, State
+from .closing import later
+
+__all__ = [
+    "SpeakerDecision",
+    "SpeakerReason",
+    "SpeakingOrder",
+    "decide_next_speaker",
+    "reply_recipients",
+    "speaking_order",
+]
+
+
+def reply_recipients(message: Message, me: str, present: Container[str]) -> list[str]:
+    """Whom a reply to ``message`` addresses by default: its sender, then the others it addressed
+    that are companions present here or people (ids that are no companion id), without duplicates
+    and never the speaker itself. Companions of other conversations are not added, and ids of no
+    companion present (a message may list thousands of ghosts) are dropped."""
+    sender = message.params.from_
+    others = [cid for cid in message.params.to if cid in present or not cid.startswith(COMPANION_ID_PREFIX)]
+    return [cid for cid in dict.fromkeys([sender, *others]) if cid != me]
+
+
+SpeakerReason: TypeAlias = Literal["selected", "wants_to_speak", "stand_in", "nobody", "terminal"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakerDecision:
+    """Who speaks next (``None``: nobody) and why, as every node computes it from one array."""
+
+    speaker: str | None
+    reason: SpeakerReason
+    why: str
+    closing: ClosingStage
+    importance: float | None = None
+
+    @property
+    def conversation_over(self) -> bool:
+        return self.reason == "terminal"
+
+
+def decide_next_speaker(
+    states: Sequence[State],
+    active_ids: Iterable[str],
+    *,
+    exclude: Collection[str] = (),
+    stand_in: bool = False,
+) -> SpeakerDecision:
+    """aikyo's rule: among states from active companions, the ``selected`` ones first, else those
+    that want to ``speak``; the highest importance wins and a tie goes to the earlier state in
+    the array (JavaScript's stable sort), so JavaScript and Python nodes agree. Nobody speaks
+    when no one qualifies or the winner's stage is ``terminal``.
+
+    ``exclude`` drops companions that were chosen before and stayed silent past the deadline.
+    With ``stand_in``, when nobody qualifies a listener speaks instead (highest importance
+    first): after a silent speaker, a turn must not end without a reply, or the conversation
+    stalls before it could close.
+    """
+    active = set(active_ids)
+    valid = [s for s in states if s.params.from_ in active and s.params.from_ not in exclude]
+    stage: ClosingStage = "none"
+    for s in valid:
+        stage = later(stage, s.params.closing)
+    skipped = f" (skipping silent {', '.join(sorted(exclude))})" if exclude else ""
+    pools: list[tuple[SpeakerReason, list[State], str]] = [
+        ("selected", [s for s in valid if s.params.selected], "is selected"),
+        ("wants_to_speak", [s for s in valid if s.params.state == "speak"], "wants to speak"),
+    ]
+    if stand_in:
+        pools.append(("stand_in", valid, "stands in for silent speakers"))
+    for reason, pool, label in pools:
+        if not pool:
+            continue
+        best = pool[0]
+        for s in pool[1:]:
+            if s.params.importance > best.params.importance:
+                best = s
+        who = best.params.from_
+        if best.params.closing == "terminal":
+            return SpeakerDecision(
+                None,
+                "terminal",
+                f"{who} would speak but the conversation reached terminal{skipped}",
+                "terminal",
+                best.params.importance,
+            )
+        ties = sum(1 for s in pool if s.params.importance == best.params.importance)
+        tie = " (tie broken by array order)" if ties > 1 else ""
+        why = (
+            f"{who} {label} with importance {round(best.params.importance, 2):g}, "
+            f"the highest of {len(pool)}{tie}{skipped}"
+        )
+        return SpeakerDecision(who, reason, why, best.params.closing, best.params.importance)
+    return SpeakerDecision(
+        None,
+        "nobody",
+        f"no active companion is selected or wants to speak ({len(valid)} valid state(s)){skipped}",
+        stage,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SpeakingOrder:
+    """Who speaks for a states array, and who stands in, slot by slot, when they stay silent."""
+
+    first: SpeakerDecision
+    order: tuple[str, ...]
+    """``order[k]`` may speak ``k`` reply deadlines after the array was accepted."""
+
+    def slot(self, companion_id: str) -> int | None:
+        try:
+            return self.order.index(companion_id)
+        except ValueError:
+            return None
+
+
+def speaking_order(states: Sequence[State]) -> SpeakingOrder:
+    """The speaker every node derives from an array, and the stand-ins after it.
+
+    The first is aikyo's rule (:func:`decide_next_speaker`) over every companion in the array;
+    each next one is the same rule with the ones before excluded, listeners last. The order
+    depends on the array alone, never on who a node believes is connected: nodes whose
+    directories differ still give each candidate the same slot, so two candidates never speak
+    at once. (aikyo itself ignores absent companions; ours wait one slot for them instead, and
+    a leader includes only the companions it sees.) Empty when nobody wants to speak or the
+    stage is ``terminal``.
+    """
+    everyone = [s.params.from_ for s in states if s.params.from_.startswith(COMPANION_ID_PREFIX)]
+    first = decide_next_speaker(states, everyone)
+    if first.speaker is None:
+        return SpeakingOrder(first, ())
+    order = [first.speaker]
+    while True:
+        nxt = decide_next_speaker(states, everyone, exclude=order, stand_in=True)
+        if nxt.speaker is None:
+            return SpeakingOrder(first, tuple(order))
+        order.append(nxt.speaker)

@@ -1,0 +1,137 @@
+"""The fault suite at scale: many seeded conversations under faults (``tests/fault_support.py``:
+killed leaders and speakers, failing and slow models, reordered states, joiners, and the
+scenarios chatter, two groups, forger, ghosts, flaky provider, aikyo-style leader), on the
+in-memory transport with a virtual clock.
+
+Prints, over all seeds and per scenario: double speech (messages answered twice; goal 0),
+stalls (conversations that never reached ``terminal``; goal 0), the longest failover (a failing
+speaker's yield to the next speaker starting; goal under FAILOVER seconds), the longest silence
+between two messages of a conversation (virtual seconds; dead speakers cost a reply deadline
+each), and the terminal rate (goal 100 %). Exit status 1 when a goal is missed.
+
+    python scripts/bench_faults.py [--seeds 1000] [--first 0] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from fault_support import FAILOVER, SCENARIOS, Outcome, converse, describe
+
+from companion.log import configure_logging
+
+
+def longest_silence(outcome: Outcome) -> float:
+    """The longest wait between two consecutive messages of one conversation, in virtual seconds
+    (when its first node saw each message)."""
+    longest = 0.0
+    for members in outcome.groups:
+        first: dict[str, float] = {}
+        for at, event in outcome.events:
+            if event.kind == "leader_chosen" and event.companion in members:
+                first.setdefault(str(event.fields["message_id"]), at)
+        times = sorted(first.values())
+        longest = max([longest, *(b - a for a, b in itertools.pairwise(times))])
+    return longest
+
+
+async def run(seeds: range) -> tuple[list[dict[str, Any]], list[Outcome]]:
+    rows: list[dict[str, Any]] = []
+    failures: list[Outcome] = []
+    for seed in seeds:
+        outcome = await converse(seed)
+        gaps = outcome.failover_gaps()
+        row = {
+            "seed": seed,
+            "scenario": outcome.scenario,
+            "double_speech": len(outcome.double_speech),
+            "stalled": not outcome.ended,
+            "failover": max(gaps, default=0.0),
+            "silence": longest_silence(outcome),
+            "replies": sum(t.reply_count for t in outcome.transcripts),
+        }
+        rows.append(row)
+        if row["double_speech"] or row["stalled"] or row["failover"] >= FAILOVER:
+            failures.append(outcome)
+    return rows, failures
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(rows)
+    return {
+        "conversations": n,
+        "double_speech": sum(r["double_speech"] for r in rows),
+        "stalls": sum(r["stalled"] for r in rows),
+        "longest_failover_s": round(max((r["failover"] for r in rows), default=0.0), 3),
+        "longest_silence_s": round(max((r["silence"] for r in rows), default=0.0), 3),
+        "terminal_rate": round(100.0 * sum(not r["stalled"] for r in rows) / n, 2) if n else math.nan,
+        "replies": sum(r["replies"] for r in rows),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--seeds", type=int, default=1000, help="how many seeded conversations (default 1000)"
+    )
+    parser.add_argument("--first", type=int, default=0, help="the first seed (default 0)")
+    parser.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    parser.add_argument("--show", type=int, default=1, help="describe this many failing seeds (default 1)")
+    args = parser.parse_args()
+    configure_logging("ERROR", "json")
+    started = time.perf_counter()
+    rows, failures = trio.run(
+        run, range(args.first, args.first + args.seeds), clock=trio.testing.MockClock(autojump_threshold=0)
+    )
+    wall = time.perf_counter() - started
+    total = summary(rows)
+    by_scenario: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_scenario[row["scenario"]].append(row)
+    if args.json:
+        print(
+            json.dumps(
+                {"all": total, "scenarios": {k: summary(v) for k, v in by_scenario.items()}, "wall_s": wall}
+            )
+        )
+    else:
+        header = (
+            f"{'scenario':<12}{'runs':>6}{'double':>8}{'stalls':>8}"
+            f"{'failover s':>12}{'silence s':>11}{'terminal %':>12}"
+        )
+        print(header)
+        print("-" * len(header))
+        for name in (*SCENARIOS, "all"):
+            s = total if name == "all" else summary(by_scenario.get(name, []))
+            if not s["conversations"]:
+                continue
+            print(
+                f"{name:<12}{s['conversations']:>6}{s['double_speech']:>8}{s['stalls']:>8}"
+                f"{s['longest_failover_s']:>12.3f}{s['longest_silence_s']:>11.1f}{s['terminal_rate']:>12.2f}"
+            )
+        print(
+            f"\ngoals: double 0, stalls 0, failover < {FAILOVER:g} s, terminal 100 %; {wall:.0f} s wall clock"
+        )
+    for outcome in failures[: args.show]:
+        print("\nfailing seed:\n" + describe(outcome), file=sys.stderr)
+    missed = total["double_speech"] or total["stalls"] or total["longest_failover_s"] >= FAILOVER
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

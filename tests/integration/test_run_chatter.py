@@ -1,0 +1,216 @@
+"""Background chatter never silences a conversation: five `companion run` processes (scripted
+models) on 127.0.0.1, a bare libp2p peer publishing 50 unaddressed `message.send` per second for
+30 s, and a person (a node in the test) addressing one or two companions meanwhile, every 1.5 s
+or as soon as the previous question was answered (a second question to the same companion
+before the first was answered would rightly withdraw the first reply). Every addressed message
+gets exactly one reply, and no message is answered twice.
+
+This is the condition issue 10 found: with the first engine any newer message, even ``to: []``
+from a stranger, withdrew the reply being prepared, so the chatter left 3-4 of 6 addressed
+messages unanswered."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from bridge_support import blocking
+from network_support import Network, Proc, network, write_card
+
+from companion.app.demo import DemoOptions, _Child, _spawn, _stop_children, _wait_child
+from companion.node import CompanionNode, NodeConfig
+from companion.protocol import MESSAGES, Message, encode
+from companion.transcript import Transcript
+from companion.transport import Inbound
+
+pytestmark = pytest.mark.integration
+
+KEYS = ("a", "b", "c", "d", "e")
+IDS = tuple(f"companion_{k}" for k in KEYS)
+USER = "user_test"
+CHATTER_RATE = 50
+CHATTER_SECONDS = 30
+ASK_EVERY = 1.5
+ANSWER_WITHIN = 20.0
+"""Seconds a question may wait for its reply: a lost states array costs a takeover (4 s offline),
+a silent speaker a reply deadline (12 s)."""
+
+
+class Person:
+    """The test node's handler: a bystander's transcript of the companions' conversation."""
+
+    def __init__(self, node: CompanionNode) -> None:
+        self.node = node
+        self.transcript = Transcript()
+        self.chatter = 0
+        self.changed = trio.Event()
+
+    async def handle(self, inbound: Inbound) -> None:
+        payload = inbound.payload
+        if isinstance(payload, Message) and payload.params.from_ == "user_chatter":
+            self.chatter += 1
+        peer = inbound.sender_peer
+        publisher = self.node.membership.companion_of(peer) or peer
+        self.transcript.feed(payload, IDS, publisher=publisher, now=trio.current_time())
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def replies_to(self, message_id: str) -> list[str]:
+        return list(self.transcript.replies.get(message_id, []))
+
+    async def until(self, predicate: Any, timeout: float) -> bool:
+        with trio.move_on_after(timeout):
+            while not predicate():
+                await self.changed.wait()
+            return True
+        return False
+
+
+def log_of(child: _Child) -> list[dict[str, Any]]:
+    """A companion process's JSON log (its standard error went to a file: at 50 payloads a second
+    a pipe read line by line would load this process more than the companions)."""
+    out = []
+    for line in child.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def diagnose(children: list[_Child]) -> str:
+    """What each node did, for a failure: its turn decisions and what its edge dropped."""
+    kinds = {
+        "leader_chosen",
+        "speaker_chosen",
+        "replied",
+        "speech_withdrawn",
+        "speaker_failed",
+        "speaker_yielded",
+        "takeover",
+        "speaker_silent",
+        "states_deferred",
+        "store_failed",
+        "handler_failed",
+        "payload_dropped",
+        "companion_left",
+    }
+    lines = []
+    for child in children:
+        counts = Counter(e.get("event") for e in log_of(child) if e.get("event") in kinds)
+        lines.append(f"{child.companion_id}: {dict(counts)} sees {sorted(child.directory)}")
+    return "\n".join(lines)
+
+
+@asynccontextmanager
+async def companions(tmp_path: Path, nursery: trio.Nursery, *peers: str) -> AsyncIterator[list[_Child]]:
+    """Five ``companion run`` processes (scripted models), each dialling the ones before."""
+    options = DemoOptions(cards=[], model="scripted", pace=0.0)
+    children: list[_Child] = []
+    try:
+        for index, key in enumerate(KEYS):
+            card = write_card(tmp_path, key)
+            dial = [*peers, *(c.addrs[0] for c in children)]
+            child = await _spawn(nursery, card, index, dial, options, tmp_path)
+            children.append(child)
+            await _wait_child(child, lambda c: bool(c.addrs), 60, "start listening")
+        for child in children:
+            await _wait_child(child, lambda c: set(IDS) <= c.directory, 60, "meet the others")
+        yield children
+    finally:
+        with trio.CancelScope(shield=True):
+            await _stop_children(children)
+
+
+def start_chatter(net: Network, addr: str) -> Proc:
+    """A bare peer (no companion id) that will publish the chatter once told to."""
+    raw, _ = net.raw(None)
+    raw.send({"op": "connect", "addr": addr})
+    raw.event("connected", 20)
+    raw.send({"op": "pace", "seconds": 1 / CHATTER_RATE})
+    return raw
+
+
+def chatter(raw: Proc) -> int:
+    """Queue 30 s of chatter at 50/s (the raw peer paces it); the last one is acknowledged."""
+    count = CHATTER_RATE * CHATTER_SECONDS
+    for n in range(count):
+        to = [] if n % 5 else ["companion_nobody"]
+        data = encode(Message.create("user_chatter", to, f"background noise {n}"))
+        raw.send(
+            {
+                "op": "publish",
+                "topic": MESSAGES,
+                "b64": base64.b64encode(data).decode(),
+                "ack": n == count - 1,
+            }
+        )
+    return count
+
+
+async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        node = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="test"))
+        person = Person(node)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run, person)
+            node_addr = f"{node.listen_addrs[0]}/p2p/{node.peer_id}"
+            async with companions(tmp_path, nursery, node_addr) as children:
+                assert await node.wait_for(lambda: set(IDS) <= set(node.directory), 60)
+                raw = await blocking(start_chatter, net, children[2].addrs[0])
+                # the mesh forms on a heartbeat: resend one probe (same id) until it is answered
+                probe = Message.create(USER, [IDS[0]], "Are you there?")
+                for _ in range(20):
+                    await node.publish(MESSAGES, probe)
+                    if await person.until(lambda: person.replies_to(probe.params.id), 3):
+                        break
+                assert person.replies_to(probe.params.id), "no companion answered the probe"
+
+                queued = await blocking(chatter, raw)
+                started = trio.current_time()
+                asked: list[Message] = []
+                waited: list[float] = []
+                targets = itertools.cycle([(0,), (1, 2), (3,), (4, 0), (2,), (1,), (3, 4)])
+                while trio.current_time() - started < CHATTER_SECONDS:
+                    to = [IDS[i] for i in next(targets)]
+                    message = Message.create(USER, to, f"Question {len(asked)} for {', '.join(to)}")
+                    await node.publish(MESSAGES, message)
+                    asked.append(message)
+                    sent = trio.current_time()
+                    await person.until(lambda m=message: person.replies_to(m.params.id), ANSWER_WITHIN)
+                    waited.append(round(trio.current_time() - sent, 2))
+                    await trio.sleep_until(started + len(asked) * ASK_EVERY)
+                await blocking(
+                    raw.wait_for,
+                    lambda e: e.get("event") == "published" and e["count"] >= queued,
+                    60,
+                    "chatter",
+                )
+                await trio.sleep(5)  # time for a second reply, were there one
+                running = [child.process.returncode is None for child in children]
+                why = diagnose(children)
+                reached = sorted(
+                    sum(1 for e in log_of(c) if e.get("sender") == "user_chatter") for c in children
+                )
+            nursery.cancel_scope.cancel()
+
+    assert all(running), why
+    missing = [m.params.message for m in asked if not person.replies_to(m.params.id)]
+    assert not missing, f"{len(missing)} of {len(asked)} unanswered: {missing}\n{why}"
+    assert all(len(person.replies_to(m.params.id)) == 1 for m in asked), {
+        m.params.message: person.replies_to(m.params.id) for m in asked
+    }
+    assert person.transcript.double_speech == {}
+    # the condition held: the chatter reached the companions while they talked (gossip on an
+    # overloaded machine loses messages; then this test proves nothing, and says so)
+    assert reached[len(reached) // 2] >= queued / 2, f"companions got {reached} of {queued} chatter messages"
+    assert len(asked) >= 10, f"replies took {waited} s\n{why}"

@@ -1,0 +1,402 @@
+"""Each real server's quirks, reproduced on the wire by the fake server's profiles: every call
+ends in an answer or a prompt ModelError with a reason, never a stall, and no request form a
+server refused or ignored is sent to it again.
+
+The profiles (tests/fake_llm_server.py) refuse and ignore what the real servers do: llama.cpp
+without --jinja answers HTTP 500 to any tools; llama-cpp-python ignores ``"required"`` and
+``"auto"`` and answers ``json_schema`` with HTTP 500; its chatml-function-calling format answers
+``"required"`` with HTTP 500; Ollama reads no ``tool_choice``; vLLM refuses ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+from fake_llm_server import (
+    PROFILES,
+    CooperativeModel,
+    FakeLLMServer,
+    Recorded,
+    http_error,
+    running_server,
+    text,
+    tool_call,
+)
+from test_models_providers import (
+    AYA,
+    BEN,
+    KAI,
+    SPEAK,
+    WAVE,
+    ToolRecorder,
+    params_request,
+    speak_request,
+    states_request,
+)
+
+from companion.models.base import ModelError, ToolInstruction
+from companion.models.providers import ProviderModel, resolve_config
+from companion.models.servers import EndpointMemory, ListedModel, identify_server
+
+
+@pytest.fixture
+def memory() -> EndpointMemory:
+    return EndpointMemory()
+
+
+def model_of(srv: FakeLLMServer, memory: EndpointMemory) -> ProviderModel:
+    config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
+    return ProviderModel(config, memory)
+
+
+def form_of(request: Recorded) -> str:
+    """The request form a recorded body used (see companion/models/servers.py)."""
+    body = request.body
+    fmt = body.get("response_format")
+    if body.get("tools"):
+        choice = body.get("tool_choice")
+        return "named_tool" if isinstance(choice, dict) else f"tools_{choice}"
+    if isinstance(fmt, dict):
+        if fmt.get("type") == "json_object":
+            return "json_object_schema" if "schema" in fmt else "json_object"
+        return str(fmt.get("type"))
+    return "plain"
+
+
+def forms(srv: FakeLLMServer) -> list[str]:
+    return [form_of(r) for r in srv.model_requests()]
+
+
+# --- structured output, per server ----------------------------------------------------------------
+
+# (profile, forms sent on the first call without a start-up check, with one)
+STRUCTURED = [
+    ("openai", ["named_tool"], ["named_tool"]),
+    ("llama.cpp", ["named_tool", "json_schema"], ["json_schema"]),
+    ("llama.cpp-jinja", ["named_tool"], ["json_schema"]),
+    ("llama-cpp-python", ["named_tool"], ["named_tool"]),
+    ("llama-cpp-python-fc", ["named_tool"], ["named_tool"]),
+    ("ollama", ["named_tool"], ["json_schema"]),
+    ("vllm", ["named_tool"], ["named_tool"]),
+    ("lmstudio", ["named_tool"], ["named_tool"]),
+]
+
+
+@pytest.mark.parametrize(("profile", "unchecked", "checked"), STRUCTURED)
+@pytest.mark.parametrize("check", [False, True], ids=["unchecked", "checked"])
+async def test_states_and_params_work_on_every_server(
+    profile: str, unchecked: list[str], checked: list[str], check: bool, memory: EndpointMemory
+) -> None:
+    with running_server(profile=PROFILES[profile]) as srv:
+        srv.push(*[CooperativeModel()] * 8)
+        model = model_of(srv, memory)
+        if check:
+            await model.check()
+        with trio.fail_after(10):
+            decisions = await model.decide_states(states_request())
+        assert [d.companion_id for d in decisions] == [AYA.id, BEN.id, KAI.id]
+        assert forms(srv) == (checked if check else unchecked)
+        first = len(srv.model_requests())
+        with trio.fail_after(10):
+            values = await model.fill_params(params_request())
+            await model.decide_states(states_request())
+        assert values == {"mood": "happy", "interest": 0}
+        # Later calls go straight to the form that worked: one request each.
+        assert len(srv.model_requests()) == first + 2
+        assert forms(srv)[first:] == [forms(srv)[first - 1]] * 2
+
+
+async def test_llama_cpp_python_ignoring_required_is_never_sent_required(memory: EndpointMemory) -> None:
+    """The issue's case: llama-cpp-python ignores "required"; the named choice it honours is used."""
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(*[CooperativeModel()] * 4)
+        model = model_of(srv, memory)
+        await model.decide_states(states_request())
+        await model.fill_params(params_request())
+    assert all(r.body.get("tool_choice") != "required" for r in srv.model_requests())
+    assert srv.refusals() == []
+
+
+async def test_a_refused_form_is_not_sent_again(memory: EndpointMemory) -> None:
+    """llama.cpp without --jinja refuses tools with HTTP 500 once; never again in this process."""
+    with running_server(profile=PROFILES["llama.cpp"]) as srv:
+        srv.push(*[CooperativeModel()] * 6)
+        model = model_of(srv, memory)
+        for _ in range(3):
+            await model.decide_states(states_request())
+        again = model_of(srv, memory)  # another model on the same endpoint shares the memory
+        await again.fill_params(params_request())
+    assert len(srv.refusals()) == 1
+    assert forms(srv) == ["named_tool", "json_schema", "json_schema", "json_schema", "json_schema"]
+
+
+async def test_an_ignored_forced_tool_falls_back_to_a_grammar(memory: EndpointMemory) -> None:
+    """llama.cpp --jinja reads a named tool_choice as "auto"; a model that answers in prose there
+    is asked again in the JSON-schema form, which the server enforces."""
+    with running_server(profile=PROFILES["llama.cpp-jinja"]) as srv:
+        srv.push(text("Sounds like fun, everyone!"), CooperativeModel(), CooperativeModel())
+        model = model_of(srv, memory)
+        decisions = await model.decide_states(states_request())
+        await model.decide_states(states_request())
+    assert len(decisions) == 3
+    assert forms(srv) == ["named_tool", "json_schema", "json_schema"]
+
+
+async def test_every_form_refused_is_one_prompt_model_error(memory: EndpointMemory) -> None:
+    """A server that refuses every form (e.g. it is broken) fails the call after one request per
+    form, with the server's words, and its refusals are forgiven for the next call."""
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        model = model_of(srv, memory)
+        await model.check()  # identified: named tool, json_object with a schema, plain text
+        srv.push(*[http_error(500, "meltdown")] * 3)
+        started = trio.current_time()
+        with pytest.raises(ModelError) as caught:
+            await model.decide_states(states_request())
+        assert trio.current_time() - started < 5
+    assert caught.value.reason == "the server answered HTTP 500 to every request form: meltdown"
+    assert forms(srv) == ["named_tool", "json_object_schema", "plain"]
+    assert memory.structured_forms(model.config) == ["named_tool", "json_object_schema", "prompted"]
+
+
+# --- malformed, unknown, empty ---------------------------------------------------------------------
+
+
+async def test_malformed_json_twice_is_a_prompt_model_error(memory: EndpointMemory) -> None:
+    with running_server() as srv:
+        srv.push(tool_call("set_states", '{"states": [{"comp'), tool_call("set_states", "not json"))
+        with pytest.raises(ModelError) as caught:
+            await model_of(srv, memory).decide_states(states_request())
+    assert "invalid twice" in caught.value.reason and "not a JSON object" in caught.value.reason
+    assert len(srv.model_requests()) == 2
+
+
+async def test_malformed_json_text_on_a_plain_server_is_a_prompt_model_error(memory: EndpointMemory) -> None:
+    """A server with no forced forms left (plain text) and a model that writes broken JSON."""
+    with running_server(profile=PROFILES["llama.cpp"]) as srv:
+        srv.push(text('{"mood": "happy", "interest": '), text("I think I'm happy!"))
+        model = model_of(srv, memory)
+        memory.refused(model.config, "json_schema", "test: pretend refused")
+        memory.refused(model.config, "json_object_schema", "test: pretend refused")
+        await model.check()
+        with pytest.raises(ModelError) as caught:
+            await model.fill_params(params_request())
+    assert "held no JSON object" in caught.value.reason
+    assert forms(srv) == ["plain", "plain"]
+
+
+async def test_an_empty_structured_answer_is_retried_once_then_an_error(memory: EndpointMemory) -> None:
+    with running_server() as srv:
+        srv.push(text(""), text(""))
+        with pytest.raises(ModelError, match="invalid answer after a retry"):
+            await model_of(srv, memory).decide_states(states_request())
+    assert len(srv.model_requests()) == 2
+
+
+async def test_unknown_tools_end_in_a_model_error_with_the_reason(memory: EndpointMemory) -> None:
+    with running_server() as srv:
+        srv.push(*[tool_call("shout", {"x": 1})] * 3)
+        with pytest.raises(ModelError) as caught:
+            await model_of(srv, memory).speak(speak_request(), ToolRecorder())
+    assert caught.value.reason == "the model did not speak (it called an unknown tool 'shout')"
+    assert len(srv.model_requests()) == 3
+
+
+async def test_empty_speech_ends_in_a_model_error_within_the_budget(memory: EndpointMemory) -> None:
+    with running_server(profile=PROFILES["llama-cpp-python-fc"]) as srv:
+        srv.push(*[text("")] * 5)
+        model = model_of(srv, memory)
+        await model.check()
+        tools = ToolRecorder()
+        with pytest.raises(ModelError) as caught:
+            await model.speak(speak_request(), tools)
+    assert caught.value.reason == "the model did not speak (an empty answer)"
+    assert tools.calls == []
+    # auto (empty) -> the text form for the rest of the budget: 3 answers in all.
+    assert forms(srv) == ["tools_auto", "plain", "plain"]
+
+
+# --- speaking, per server ---------------------------------------------------------------------------
+
+SPEAKING = [
+    ("openai", ["tools_required"]),
+    ("llama.cpp", ["tools_auto", "plain"]),
+    ("llama.cpp-jinja", ["tools_auto"]),
+    ("llama-cpp-python", ["tools_auto"]),
+    ("llama-cpp-python-fc", ["tools_auto"]),
+    ("ollama", ["tools_auto"]),
+    ("ollama-no-tools", ["tools_auto", "plain"]),
+    ("vllm", ["tools_required"]),
+    ("lmstudio", ["tools_required"]),
+]
+
+
+@pytest.mark.parametrize(("profile", "sent"), SPEAKING)
+async def test_speaking_reaches_the_speak_tool_on_every_server(
+    profile: str, sent: list[str], memory: EndpointMemory
+) -> None:
+    with running_server(profile=PROFILES[profile]) as srv:
+        srv.push(*[CooperativeModel()] * 6)
+        model = model_of(srv, memory)
+        await model.check()
+        tools = ToolRecorder()
+        with trio.fail_after(10):
+            await model.speak(speak_request(), tools)
+            await model.speak(speak_request(), tools)
+    [(first_tool, first), (second_tool, _)] = tools.calls
+    assert first_tool == second_tool == "speak"
+    assert first["to"] == ["user_1"]
+    assert forms(srv) == [*sent, sent[-1]]
+    if PROFILES[profile].choices.get("auto") == "ignore":
+        # The server never let the tools through: the model's prose is the line, said to the
+        # recipients through the speak tool.
+        assert first == {"message": "Hope you're doing well! How's your day been so far?", "to": ["user_1"]}
+
+
+async def test_an_unidentified_server_that_ignores_required_gets_auto_next(memory: EndpointMemory) -> None:
+    """No start-up check: "required" is tried once, ignored, and never sent again."""
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(*[CooperativeModel()] * 3)
+        model = model_of(srv, memory)
+        tools = ToolRecorder()
+        for _ in range(3):
+            await model.speak(speak_request(), tools)
+    assert forms(srv) == ["tools_required", "tools_auto", "tools_auto"]
+    assert [c[0] for c in tools.calls] == ["speak"] * 3
+
+
+async def test_chatml_function_calling_refusing_required_is_asked_with_auto(memory: EndpointMemory) -> None:
+    """HTTP 500 for "required" (empty message): the next request of the same call uses "auto",
+    and "required" is never repeated."""
+    with running_server(profile=PROFILES["llama-cpp-python-fc"]) as srv:
+        srv.push(*[CooperativeModel()] * 2)
+        model = model_of(srv, memory)
+        tools = ToolRecorder()
+        await model.speak(speak_request(), tools)
+        await model.speak(speak_request(), tools)
+    assert forms(srv) == ["tools_required", "tools_auto", "tools_auto"]
+    assert len(srv.refusals()) == 1 and [c[0] for c in tools.calls] == ["speak"] * 2
+
+
+async def test_vllm_without_auto_tool_choice_never_gets_auto(memory: EndpointMemory) -> None:
+    with running_server(profile=PROFILES["vllm"]) as srv:
+        srv.push(*[CooperativeModel()] * 2)
+        model = model_of(srv, memory)
+        await model.check()
+        await model.speak(speak_request(), ToolRecorder())
+    assert all(r.body.get("tool_choice") != "auto" for r in srv.model_requests())
+
+
+async def test_a_tool_call_written_as_text_is_run(memory: EndpointMemory) -> None:
+    """SmolLM2 and Hermes-style models write <tool_call> blocks when the server parses none."""
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(
+            text('<tool_call>{"name": "wave", "arguments": {}}</tool_call>'),
+            text("Hello, Aya!"),
+        )
+        model = model_of(srv, memory)
+        await model.check()
+        tools = ToolRecorder()
+        request = speak_request(
+            tools=[SPEAK, WAVE],
+            instructions=[ToolInstruction("wave", "wave"), ToolInstruction("speak", "greet")],
+        )
+        await model.speak(request, tools)
+    assert [c[0] for c in tools.calls] == ["wave", "speak"]
+    assert tools.calls[1][1]["message"] == "Hello, Aya!"
+
+
+async def test_text_speech_is_refused_by_the_runtime_like_any_call(memory: EndpointMemory) -> None:
+    """The runtime's checks apply to text turned into speech: a refusal is shown to the model."""
+    refused = {"status": "invalid_input", "message": "to: must name a present companion"}
+    with running_server(profile=PROFILES["llama.cpp"]) as srv:
+        srv.push(text("Ben: Whales, mostly."), text("Whales, mostly."))
+        model = model_of(srv, memory)
+        await model.check()
+        memory.refused(model.config, "tools_auto", "test")
+        answers = iter([refused, {"status": "ok"}])
+        said: list[dict[str, Any]] = []
+
+        async def runtime(tool_id: str, args: Any) -> Any:
+            said.append(dict(args))
+            return next(answers)
+
+        await model.speak(speak_request(), runtime)
+    assert [s["message"] for s in said] == ["Whales, mostly.", "Whales, mostly."]  # "Ben:" label dropped
+    assert "could not be delivered" in srv.model_requests()[1].body["messages"][-1]["content"]
+
+
+# --- identification -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("owner", "base_url", "ids", "expected"),
+    [
+        ("llamacpp", "http://127.0.0.1:8080/v1", ["m"], "llama.cpp"),
+        ("me", "http://127.0.0.1:8000/v1", ["m"], "llama-cpp-python"),
+        ("library", "http://127.0.0.1:9999/v1", ["m"], "ollama"),
+        ("", "http://127.0.0.1:11434/v1", ["m"], "ollama"),
+        ("x", "http://127.0.0.1:9999/v1", ["llama3.2:latest"], "ollama"),
+        ("vllm", "http://127.0.0.1:8000/v1", ["m"], "vllm"),
+        ("organization_owner", "http://127.0.0.1:1234/v1", ["m"], "lmstudio"),
+        ("someone", "http://127.0.0.1:9999/v1", ["m"], "unknown"),
+    ],
+)
+def test_servers_are_identified_from_their_model_list(
+    owner: str, base_url: str, ids: list[str], expected: str
+) -> None:
+    config = resolve_config("openai", "m", base_url=base_url, environ={})
+    assert identify_server(config, [ListedModel(i, owner) for i in ids]) == expected
+
+
+def test_hosted_endpoints_are_known_without_a_list() -> None:
+    openai = resolve_config("openai", "gpt-4o-mini", environ={"OPENAI_API_KEY": "k"})
+    anthropic = resolve_config("anthropic", "claude", environ={"ANTHROPIC_API_KEY": "k"})
+    memory = EndpointMemory()
+    assert memory.state(openai).server == "openai" and memory.state(anthropic).server == "anthropic"
+
+
+def test_the_memory_is_bounded() -> None:
+    memory = EndpointMemory(limit=3)
+    for port in range(10):
+        memory.state(resolve_config("openai", "m", base_url=f"http://127.0.0.1:{port + 1}/v1", environ={}))
+    assert len(memory._states) == 3
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+async def test_a_retry_reaches_llama_cpp_python_which_refuses_null_content(
+    check: bool, memory: EndpointMemory
+) -> None:
+    """llama-cpp-python answers HTTP 500 to an assistant message with ``content: null`` (a tool
+    call in the history): the retry goes out with the history written as text, at once."""
+    bad = {"states": [{"companion_id": AYA.id, "state": "speak", "importance": 42, "selected": False}]}
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(tool_call("set_states", bad), CooperativeModel())
+        model = model_of(srv, memory)
+        if check:
+            await model.check()
+        decisions = await model.decide_states(states_request())
+        assert len(decisions) == 3
+        refused = len(srv.refusals())
+        assert refused == (0 if check else 1)
+        srv.push(tool_call("set_states", bad), CooperativeModel())
+        await model.decide_states(states_request())
+    assert len(srv.refusals()) == refused  # learned: never sent with null content again
+    retry = srv.model_requests()[-1].body["messages"]
+    assert all(m.get("content") is not None for m in retry)
+    assert "less than or equal to 10" in json.dumps(retry), json.dumps(retry)[-600:]
+
+
+async def test_local_servers_get_the_token_limit_in_the_field_they_read(memory: EndpointMemory) -> None:
+    """llama-cpp-python ignores ``max_completion_tokens`` (measured: a reply ran on for 3,560
+    tokens and four minutes); every local server reads ``max_tokens``."""
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(*[CooperativeModel()] * 3)
+        model = model_of(srv, memory)
+        await model.decide_states(states_request())
+        await model.fill_params(params_request())
+        await model.speak(speak_request(), ToolRecorder())
+    limits = [(r.body.get("max_tokens"), "max_completion_tokens" in r.body) for r in srv.model_requests()]
+    assert limits == [(600, False), (600, False), (200, False)]
