@@ -17,11 +17,16 @@ from pathlib import Path
 
 import pytest
 import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from live_support import stdout_line, write_card
 from network_support import Network, Proc, network
+from test_network_hostile import ask
 from test_run_conversation import Bystander
 
-from companion.cli.run import parse_sees
+from companion.app.lines import parse_sees
 from companion.node import CompanionNode, NodeConfig
 from companion.presence import DISCONNECT_GRACE, PRESENCE_TOPIC
 from companion.protocol import MESSAGES, Message, Metadata, Presence, PresenceParams, encode_presence
@@ -96,7 +101,7 @@ def wait_for_directory(procs: dict[str, Proc], expected: Iterable[str], deadline
         except AssertionError:
             stats = proc.stats()
             missing = sorted(want - set(stats["companions"]))
-            raise AssertionError(f"{key} misses {missing}: {stats}") from None
+            raise AssertionError(f"{key} misses {missing}: {departures(proc)} {stats}") from None
 
 
 def departures(proc: Proc) -> list[tuple[float, str, str]]:
@@ -125,6 +130,23 @@ def excess(proc: Proc, peers: set[str], bound: int) -> list[str]:
     return settled[bound:] if len(settled) > bound else []
 
 
+def churn(procs: dict[str, Proc], links: dict[str, set[str]]) -> dict[str, object]:
+    """Per node, for failure messages: connections, those still in their grace period, and the
+    trims and ring dials so far."""
+    out: dict[str, object] = {}
+    for key, proc in procs.items():
+        stats = proc.stats()
+        young = len(links[key]) - len(excess(proc, links[key], 0))
+        out[key] = (len(links[key]), young, stats.get("trimmed"), stats.get("ring_dials"))
+    return out
+
+
+def last_connected(proc: Proc) -> float:
+    """When (wall clock) the node's latest ``peer_connected`` so far happened."""
+    with proc._cond:
+        return max((e["ts"] for e in proc.events if e.get("event") == "peer_connected"), default=0.0)
+
+
 def connections(proc: Proc) -> set[str]:
     return set(proc.stats()["connections"])
 
@@ -140,6 +162,10 @@ def test_twelve_companions_with_four_connections_each_see_everyone_and_talk(tmp_
         wait_for_directory(procs, everyone, time.monotonic() + SPREAD_DEADLINE)
 
         settle_by = time.monotonic() + SETTLE_DEADLINE
+        # the bound is for connections past their grace: first let the ones opened while the
+        # directories filled reach it (otherwise every connection is young and nothing is judged)
+        opened = max(last_connected(proc) for proc in procs.values())
+        time.sleep(max(0.0, opened + NodeConfig().trim_grace + TRIM_SLACK - time.time()))
         while True:  # connections past their grace period, beyond the bound: none for long
             links = {key: connections(proc) for key, proc in procs.items()}
             protected = {key: {ids["hub"]} & links[key] for key in procs}  # a bootstrap peer
@@ -150,7 +176,9 @@ def test_twelve_companions_with_four_connections_each_see_everyone_and_talk(tmp_
             time.sleep(1.0)
         assert not over, f"connections beyond {bound} (+ the hub) past the trim grace: {over}"
         pairs = {frozenset({ids[a], peer}) for a in procs for peer in links[a]}
-        assert len(pairs) <= 12 * (bound + 1) // 2, f"{len(pairs)} connections (a full mesh has 66)"
+        assert len(pairs) <= 12 * (bound + 1) // 2, (
+            f"{len(pairs)} connections (a full mesh has 66): {churn(procs, links)}"
+        )
         apart = [(a, b) for a in procs for b in procs if a < b and ids[b] not in links[a]]
         assert apart, "every pair directly connected"
         # ... and yet every directory still lists everyone (presence through others)
@@ -292,3 +320,86 @@ def test_a_forged_announcement_for_a_pinned_id_is_refused_counted_and_not_relaye
             assert proc.count("companion_left", companion_id=cid("a")) == 0
         detail = json.dumps(b.wait_for(lambda e: e.get("reason") == "id_pinned", 1))
         assert PRESENCE_TOPIC in detail and "pinned to peer" in detail
+
+
+def _announcement(key: str, seq: int, *, leaving: bool = False) -> bytes:
+    metadata = Metadata(id=cid(key), name=key, personality="p", story="s", sample="x")
+    params = PresenceParams(metadata=metadata, seq=seq, ttl=300, leaving=leaving, addrs=[], lost={})
+    return encode_presence(Presence(params=params))
+
+
+def _badly_signed(data: bytes, *, borrowed: bool) -> str:
+    """A pubsub RPC (base64) carrying ``data`` on the presence topic whose signature does not
+    verify: garbage, or (``borrowed``) a genuine signature by another key than ``from``'s."""
+    signer, claimed = create_new_key_pair(), create_new_key_pair()
+    author = claimed if borrowed else signer
+    msg = rpc_pb2.Message(
+        from_id=ID.from_pubkey(author.public_key).to_bytes(),
+        data=data,
+        seqno=time.time_ns().to_bytes(8, "big"),
+        topicIDs=[PRESENCE_TOPIC],
+        key=author.public_key.serialize(),
+    )
+    unsigned = PUBSUB_SIGNING_PREFIX.encode() + msg.SerializeToString()
+    msg.signature = signer.private_key.sign(unsigned) if borrowed else bytes(64)
+    return base64.b64encode(rpc_pb2.RPC(publish=[msg]).SerializeToString()).decode()
+
+
+def test_hostile_announcements_are_dropped_counted_and_the_node_goes_on(tmp_path: Path) -> None:
+    """A raw peer proving ``companion_x`` sends a (a real ``companion run``) announcements that
+    replay or go back in sequence, claim a's id or another than its own, carry a signature that
+    does not verify (garbage, or another key's), and a flood of 300 malformed ones at 150/s.
+    Each is dropped and counted by reason; a stays up, answers x, keeps b as itself, and b's
+    directory never holds what a refused."""
+    with network(tmp_path) as net:
+        a = spawn(net, "a", seed=1)
+        a_addr = a.event("started", START_TIMEOUT)["addrs"][0]
+        b = spawn(net, "b", a_addr, seed=2)
+        b.event("started", START_TIMEOUT)
+        wait_for_directory({"a": a, "b": b}, [cid("a"), cid("b")], time.monotonic() + SPREAD_DEADLINE)
+        raw, _ = net.raw("x")
+        raw.send({"op": "connect", "addr": a_addr})
+        raw.event("connected", 10)
+
+        def send(data: bytes) -> None:
+            raw.send({"op": "publish", "topic": PRESENCE_TOPIC, "b64": base64.b64encode(data).decode()})
+
+        seq = int(time.time() * 1000)
+        for _attempt in range(20):  # until a took one (the first may precede a's subscription)
+            seq += 1
+            send(_announcement("x", seq))
+            time.sleep(0.5)
+            if a.stats()["presence_accepted"] >= 1:
+                break
+        assert a.stats()["presence_accepted"] >= 1, a.stats()
+        accepted = a.stats()["presence_accepted"]
+
+        send(_announcement("x", seq))  # the same sequence number in a new gossip message
+        send(_announcement("x", seq - 1))
+        send(_announcement("a", seq + 1))  # a's own id
+        send(_announcement("y", seq + 2))  # x proved companion_x on its connection
+        send(_announcement("a", seq + 3, leaving=True))
+        for borrowed in (False, True):
+            raw.send({"op": "rpc", "b64": _badly_signed(_announcement("z", seq), borrowed=borrowed)})
+        raw.send({"op": "flood", "topic": PRESENCE_TOPIC, "rate": 150, "count": 300, "size": 400})
+        raw.event("flooded", 30)
+
+        want = {"replay": 1, "stale": 1, "id_pinned": 2, "id_mismatch": 1, "bad_signature": 2}
+        deadline = time.monotonic() + 15
+        while True:
+            drops = a.stats()["drops"]
+            malformed = drops.get("wrong_method", 0) + drops.get("invalid", 0)
+            if all(drops.get(r, 0) >= n for r, n in want.items()) and malformed >= 300:
+                break
+            assert time.monotonic() < deadline, (want, drops)
+            time.sleep(0.5)
+        assert a.running()
+        ask(raw, "a", "after-hostile-presence")
+        stats = a.stats()
+        assert stats["presence_accepted"] == accepted, stats  # nothing hostile taken
+        assert sorted(stats["companions"]) == [cid("a"), cid("b"), cid("x")]
+        assert a.count("companion_updated", companion_id=cid("x")) == 0
+        for proc in (a, b):
+            assert cid("y") not in proc.stats()["companions"] and cid("z") not in proc.stats()["companions"]
+        assert b.count("companion_left", companion_id=cid("a")) == 0
+        assert b.count("companion_updated", companion_id=cid("a")) == 0
