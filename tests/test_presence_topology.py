@@ -1,13 +1,26 @@
-"""Which connections a node keeps: the dial target, the ring, and the trimming policy."""
+"""Which connections a node keeps: the dial target, the ring, the trimming policy, and the
+addresses announced for dialling ring neighbours."""
 
 from __future__ import annotations
 
 import random
+import time
+from types import SimpleNamespace
 
 import pytest
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
+from libp2p.peer.id import ID
+from libp2p.peer.peerstore import PeerStore
 
+from companion.membership import Membership
 from companion.node.config import NodeConfig, connection_config
+from companion.node.drops import DropCounters
+from companion.node.presence import PresenceService, PresenceSettings
 from companion.node.topology import Link, dial_target, plan_trims, ring_neighbours
+from companion.presence import PRESENCE_TOPIC
+from companion.protocol import PRESENCE_MAX_ADDRS, Metadata, Presence, PresenceParams, encode_presence
 
 
 @pytest.mark.parametrize(("bound", "target"), [(1, 1), (2, 1), (3, 2), (4, 2), (8, 4), (9, 5)])
@@ -98,3 +111,66 @@ def test_presence_and_trimming_settings_that_cannot_work_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=says):
         NodeConfig(**fields)  # type: ignore[arg-type]
+
+
+class _Network:
+    def __init__(self) -> None:
+        self.connections: dict[ID, list[object]] = {}
+
+
+class _Host:
+    def __init__(self) -> None:
+        self.network = _Network()
+        self.store = PeerStore()
+
+    def get_network(self) -> _Network:
+        return self.network
+
+    def get_peerstore(self) -> PeerStore:
+        return self.store
+
+
+class _Pubsub:
+    def __init__(self) -> None:
+        self.host = _Host()
+
+
+def _announced(key_pair: KeyPair, seq: int, addrs: list[str]) -> SimpleNamespace:
+    """What py-libp2p hands the topic validator: a signed message's signer, topics and data."""
+    metadata = Metadata(id="companion_x", name="x", personality="p", story="s", sample="x")
+    params = PresenceParams(metadata=metadata, seq=seq, ttl=30, leaving=False, addrs=addrs, lost={})
+    peer = ID.from_pubkey(key_pair.public_key)
+    return SimpleNamespace(
+        from_id=peer.to_bytes(), topicIDs=[PRESENCE_TOPIC], data=encode_presence(Presence(params=params))
+    )
+
+
+async def test_announced_addresses_replace_the_peerstores_within_the_bound() -> None:
+    """A ring neighbour is dialled from the addresses it announced: only those ending in its own
+    peer id are taken, each announcement replaces the last (a signer announcing new addresses
+    every time cannot grow the peerstore), and a connected peer's (identify's) are left alone."""
+    me = create_new_key_pair()
+    service = PresenceService(
+        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
+        None,
+        PresenceSettings(30.0, 90, 1.0, 65536),
+        DropCounters(trio.current_time),
+        lambda _events: None,
+    )
+    pubsub = _Pubsub()
+    service._pubsub = pubsub
+    signer = create_new_key_pair()
+    peer = ID.from_pubkey(signer.public_key)
+    other = ID.from_pubkey(create_new_key_pair().public_key)
+    seq = int(time.time() * 1000)
+    for n in range(50):
+        addrs = [f"/ip4/127.0.0.1/tcp/{4000 + 8 * n + i}/p2p/{peer}" for i in range(7)]
+        addrs.append(f"/ip4/127.0.0.1/tcp/1/p2p/{other}")  # someone else's: ignored
+        assert service.validate(peer, _announced(signer, seq + n, addrs))
+    known = [str(a) for a in pubsub.host.store.addrs(peer)]
+    assert known == [f"/ip4/127.0.0.1/tcp/{4000 + 8 * 49 + i}" for i in range(7)]
+    assert len(known) <= PRESENCE_MAX_ADDRS
+    pubsub.host.network.connections[peer] = [object()]
+    assert service.validate(peer, _announced(signer, seq + 50, [f"/ip4/10.0.0.1/tcp/1/p2p/{peer}"]))
+    assert [str(a) for a in pubsub.host.store.addrs(peer)] == known
+    assert service.validate(peer, _announced(signer, seq + 51, ["garbage/p2p/" + str(peer), "x" * 300]))
