@@ -41,6 +41,8 @@ __all__ = [
     "PayloadError",
     "Presence",
     "PresenceParams",
+    "PresenceRequest",
+    "PresenceRequestParams",
     "Query",
     "QueryParams",
     "QueryResult",
@@ -305,6 +307,21 @@ class Presence(_Strict):
     params: PresenceParams
 
 
+class PresenceRequestParams(_Strict):
+    pass
+
+
+class PresenceRequest(_Strict):
+    """``presence.request``: a node that does not announce itself (a bridge, the clients' node)
+    and just joined asks every companion to announce now, instead of waiting up to an interval
+    for the periodic announcements. No fields: it changes nothing but when the next
+    announcement goes out."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["presence.request"] = "presence.request"
+    params: PresenceRequestParams = PresenceRequestParams()
+
+
 Envelope: TypeAlias = Message | State | Query | QueryResult | Action
 Payload: TypeAlias = Message | list[State] | Query | QueryResult | Action
 
@@ -467,13 +484,18 @@ def _parse(topic: str, data: bytes, max_bytes: int) -> Payload | PayloadError:
         return PayloadError("invalid", _describe_validation(exc))
 
 
-def parse_presence(data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> Presence | PayloadError:
-    """A presence announcement as :class:`Presence`, or why not: the checks of
-    :func:`parse_payload` (size, UTF-8, JSON, Unicode text only, strict schema); never raises."""
+def parse_presence(
+    data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES
+) -> Presence | PresenceRequest | PayloadError:
+    """A presence announcement as :class:`Presence` (or a :class:`PresenceRequest`), or why not:
+    the checks of :func:`parse_payload` (size, UTF-8, JSON, Unicode text only, strict schema);
+    never raises."""
     try:
         obj = _decode(data, max_bytes)
         if isinstance(obj, PayloadError):
             return obj
+        if isinstance(obj, dict) and obj.get("method") == "presence.request":
+            return PresenceRequest.model_validate(obj, context=_WIRE)
         if isinstance(obj, dict) and obj.get("method") != "presence.announce":
             return PayloadError(
                 "wrong_method", f"{str(obj.get('method'))[:80]!r} is not a presence announcement"
@@ -500,7 +522,7 @@ def encode_states(states: list[State]) -> bytes:
     return _stringify([s.model_dump(by_alias=True, exclude_none=True) for s in states]).encode("utf-8")
 
 
-def encode_presence(presence: Presence) -> bytes:
+def encode_presence(presence: Presence | PresenceRequest) -> bytes:
     """A presence announcement's bytes: compact JSON in schema field order, like every payload."""
     return _stringify(presence.model_dump(by_alias=True)).encode("utf-8")
 

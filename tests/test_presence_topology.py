@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import trio
+import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
@@ -17,10 +18,17 @@ from libp2p.peer.peerstore import PeerStore
 from companion.membership import Membership
 from companion.node.config import NodeConfig, connection_config
 from companion.node.drops import DropCounters
-from companion.node.presence import PresenceService, PresenceSettings
+from companion.node.presence import REQUEST_GAP, PresenceService, PresenceSettings
 from companion.node.topology import Link, dial_target, plan_trims, ring_neighbours
 from companion.presence import PRESENCE_TOPIC
-from companion.protocol import PRESENCE_MAX_ADDRS, Metadata, Presence, PresenceParams, encode_presence
+from companion.protocol import (
+    PRESENCE_MAX_ADDRS,
+    Metadata,
+    Presence,
+    PresenceParams,
+    PresenceRequest,
+    encode_presence,
+)
 
 
 @pytest.mark.parametrize(("bound", "target"), [(1, 1), (2, 1), (3, 2), (4, 2), (8, 4), (9, 5)])
@@ -174,3 +182,36 @@ async def test_announced_addresses_replace_the_peerstores_within_the_bound() -> 
     assert service.validate(peer, _announced(signer, seq + 50, [f"/ip4/10.0.0.1/tcp/1/p2p/{peer}"]))
     assert [str(a) for a in pubsub.host.store.addrs(peer)] == known
     assert service.validate(peer, _announced(signer, seq + 51, ["garbage/p2p/" + str(peer), "x" * 300]))
+
+
+async def test_a_presence_request_is_served_once_per_gap_and_relayed_only_then(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A node that does not announce asks with ``presence.request``: a companion announces soon
+    and relays it; another within the gap (a flood) is refused ``request_limit``, not relayed."""
+    me = create_new_key_pair()
+    drops = DropCounters(trio.current_time)
+    service = PresenceService(
+        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
+        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
+        PresenceSettings(30.0, 90, 1.0, 65536),
+        drops,
+        lambda _events: None,
+    )
+    service._pubsub = _Pubsub()
+    asker = create_new_key_pair()
+    request = SimpleNamespace(
+        from_id=ID.from_pubkey(asker.public_key).to_bytes(),
+        topicIDs=[PRESENCE_TOPIC],
+        data=encode_presence(PresenceRequest()),
+    )
+    assert request.data == b'{"jsonrpc":"2.0","method":"presence.request","params":{}}'
+    assert service.validate(ID(request.from_id), request)
+    assert service._triggered.is_set()
+    assert [service.validate(ID(request.from_id), request) for _ in range(100)] == [False] * 100
+    assert drops.snapshot() == {"request_limit": 100} and service.requests == 1
+    await trio.sleep(REQUEST_GAP)
+    assert service.validate(ID(request.from_id), request) and service.requests == 2
+    extra = SimpleNamespace(**{**vars(request), "data": request.data.replace(b"{}", b'{"x":1}')})
+    assert not service.validate(ID(request.from_id), extra)
+    assert drops.snapshot()["invalid"] == 1

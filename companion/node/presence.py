@@ -18,6 +18,9 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   validator, once, before gossipsub may forward it: parsed like every payload, then given to
   the membership. A refused one (parse errors, ``id_pinned``, ``stale``, ...) is counted by
   reason in the node's drop counters and neither taken nor forwarded.
+- **Asking** (nodes without a companion: bridges): ``presence.request`` once a peer is on the
+  topic, and twice later (:data:`REQUEST_AFTER`); a companion node that takes one announces
+  soon and relays it, at most one per :data:`REQUEST_GAP`.
 - **Expiry**: a task sleeps until the table's next deadline and removes what expired.
 
 Processing happens in the validator (synchronous, never raising), not in a subscription
@@ -48,6 +51,7 @@ from ..protocol import (
     PayloadError,
     Presence,
     PresenceParams,
+    PresenceRequest,
     encode_presence,
     parse_presence,
 )
@@ -66,6 +70,13 @@ relay whose mesh is empty forwards to nobody, and gossip about it lasts three he
 nothing triggers the announcement again once the node knows everyone: measured with twelve
 nodes started at once on a loaded machine, some never heard one of them for an interval. Four
 more announcements per start, while the meshes settle, reach everyone."""
+REQUEST_GAP: Final = 5.0
+"""Seconds after serving a ``presence.request`` during which a node refuses (and does not relay)
+another one (``request_limit``): one request makes every companion announce once; a flood of
+them costs each node at most one announcement per gap."""
+REQUEST_AFTER: Final = (0.0, REQUEST_GAP + 1.0, 3 * REQUEST_GAP)
+"""When a node that does not announce itself asks, counted from its first peer on the topic
+(again later, in case a node refused the first within another request's gap)."""
 SUBSCRIPTION_WAIT: Final = 5.0
 """How long a newly connected peer may take to tell us its subscriptions."""
 FLUSH_TIMEOUT: Final = 0.5
@@ -112,6 +123,8 @@ class PresenceService:
         self._addrs: Callable[[], list[str]] = list
         self._seq = 0
         self._last_sent = float("-inf")
+        self._last_request = float("-inf")
+        self.requests = 0
         self._triggered = trio.Event()
         self._table_changed = trio.Event()
         self._lost: dict[str, tuple[int, float]] = {}
@@ -128,6 +141,7 @@ class PresenceService:
         return {
             "presence_published": self.published,
             "presence_accepted": self.accepted,
+            "presence_requests": self.requests,
             "presence_entries": len(self.membership.presence),
             "presence_bytes_out": self.bytes_out,
             "presence_bytes_in": self.bytes_in,
@@ -145,6 +159,8 @@ class PresenceService:
         nursery.start_soon(self._expire_loop)
         if self.metadata is not None:
             nursery.start_soon(self._publish_loop)
+        else:
+            nursery.start_soon(self._request_loop)
 
     async def _publish_loop(self) -> None:
         warmup = [w for w in WARMUP if w < self.settings.interval]
@@ -155,6 +171,14 @@ class PresenceService:
                 await self._triggered.wait()
                 await trio.sleep_until(self._last_sent + self.settings.min_gap)
             self._triggered = trio.Event()
+
+    async def _request_loop(self) -> None:
+        """A node that does not announce (a bridge) has nothing that makes others announce to
+        it: it asks, once a peer is on the topic, at :data:`REQUEST_AFTER`."""
+        await self._triggered.wait()
+        for wait in REQUEST_AFTER:
+            await trio.sleep(wait)
+            await self._publish(encode_presence(PresenceRequest()))
 
     async def _expire_loop(self) -> None:
         while True:
@@ -185,8 +209,9 @@ class PresenceService:
         self._lost.pop(peer, None)
 
     async def peer_connected(self, peer: ID) -> None:
-        """A peer connected: announce once it subscribed to the topic (bounded wait)."""
-        if self._pubsub is None or self.metadata is None:
+        """A peer connected: announce (or, without metadata, ask) once it subscribed to the
+        topic (bounded wait)."""
+        if self._pubsub is None:
             return
         with trio.move_on_after(SUBSCRIPTION_WAIT):
             try:
@@ -223,7 +248,11 @@ class PresenceService:
                 lost=self._lost_now(),
             )
         )
-        data = encode_presence(presence)
+        await self._publish(encode_presence(presence))
+
+    async def _publish(self, data: bytes) -> None:
+        if self._pubsub is None:
+            return
         if len(data) > self.settings.max_bytes:
             log_event(
                 logger,
@@ -284,6 +313,8 @@ class PresenceService:
         if isinstance(parsed, PayloadError):
             self._drop(parsed.reason, parsed.detail, signer)
             return False
+        if isinstance(parsed, PresenceRequest):
+            return self._requested(signer)
         result = self.membership.announce(signer, parsed, now=trio.current_time(), wall=time.time())
         if isinstance(result, AnnounceRefused):
             self._refused(result)
@@ -297,6 +328,19 @@ class PresenceService:
             self._emit(result)
             if any(event.kind == "joined" for event in result):
                 self.trigger()  # a newcomer: tell it about us now, not an interval later
+        return True
+
+    def _requested(self, signer: str) -> bool:
+        """Someone asked for announcements: announce soon and relay the request, unless one was
+        served within :data:`REQUEST_GAP`."""
+        now = trio.current_time()
+        if now - self._last_request < REQUEST_GAP:
+            self._drop("request_limit", f"a presence request within {REQUEST_GAP:g} s of another", signer)
+            return False
+        self._last_request = now
+        self.requests += 1
+        if self.metadata is not None:
+            self.trigger()
         return True
 
     def _learn_addrs(self, signer: str, addrs: list[str]) -> None:
