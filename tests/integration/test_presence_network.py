@@ -12,7 +12,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ from companion.app.lines import parse_sees
 from companion.node import CompanionNode, NodeConfig
 from companion.presence import DISCONNECT_GRACE, PRESENCE_TOPIC
 from companion.protocol import MESSAGES, Message, Metadata, Presence, PresenceParams, encode_presence
+from companion.transport import Inbound
 
 pytestmark = pytest.mark.integration
 
@@ -188,9 +189,23 @@ def test_twelve_companions_with_four_connections_each_see_everyone_and_talk(tmp_
         trio.run(_one_reply_per_message, hub_addr, everyone)
 
 
+class Watcher(Bystander):
+    """The test node's handler: the transcript of the conversation, with the companions in the
+    node's directory as the ones present."""
+
+    def __init__(self, present: Callable[[], Iterable[str]]) -> None:
+        super().__init__()
+        self.present = present
+
+    async def handle(self, inbound: Inbound) -> None:
+        self.lines.extend(self.transcript.feed(inbound.payload, self.present()))
+        self.changed.set()
+        self.changed = trio.Event()
+
+
 async def _one_reply_per_message(hub_addr: str, everyone: list[str]) -> None:
-    watcher = Bystander()
     node = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), peers=(hub_addr,), name="test"))
+    watcher = Watcher(lambda: list(node.directory))
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run, watcher)
         assert await node.wait_for(lambda: set(everyone) <= set(node.directory), SPREAD_DEADLINE)
