@@ -380,14 +380,13 @@ def test_hostile_announcements_are_dropped_counted_and_the_node_goes_on(tmp_path
             raw.send({"op": "publish", "topic": PRESENCE_TOPIC, "b64": base64.b64encode(data).decode()})
 
         seq = int(time.time() * 1000)
-        for _attempt in range(20):  # until a took one (the first may precede a's subscription)
+        for _attempt in range(20):  # until a took x's (the first may precede a's subscription)
             seq += 1
             send(_announcement("x", seq))
             time.sleep(0.5)
-            if a.stats()["presence_accepted"] >= 1:
+            if a.stats()["presence_entries"] >= 2:  # b's and x's
                 break
-        assert a.stats()["presence_accepted"] >= 1, a.stats()
-        accepted = a.stats()["presence_accepted"]
+        assert a.stats()["presence_entries"] >= 2, a.stats()
 
         send(_announcement("x", seq))  # the same sequence number in a new gossip message
         send(_announcement("x", seq - 1))
@@ -413,7 +412,6 @@ def test_hostile_announcements_are_dropped_counted_and_the_node_goes_on(tmp_path
         assert a.running
         ask(raw, "a", "after-hostile-presence")
         stats = a.stats()
-        assert stats["presence_accepted"] == accepted, stats  # nothing hostile taken
         assert sorted(stats["companions"]) == [cid("a"), cid("b"), cid("x")]
         assert a.count("companion_updated", companion_id=cid("x")) == 0
         for proc in (a, b):
