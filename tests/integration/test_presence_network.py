@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,7 +20,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
-from live_support import stdout_line, write_card
+from live_support import spawn_run, stdout_line, write_card
 from network_support import Network, Proc, network
 from test_network_hostile import ask
 from test_run_conversation import Bystander
@@ -52,27 +51,8 @@ LEAVE_BOUND = 5.0
 
 def spawn(net: Network, key: str, *peers: str, seed: int, extra: tuple[str, ...] = ()) -> Proc:
     """``companion run`` for one card (scripted model), not waiting for it to start."""
-    argv = [
-        sys.executable,
-        "-m",
-        "companion.cli.run",
-        str(write_card(net.tmp, key, key.capitalize(), "speak")),
-        "--no-mdns",
-        "--listen",
-        "/ip4/127.0.0.1/tcp/0",
-        "--data-dir",
-        str(net.tmp / f"data-{key}"),
-        "--seed",
-        str(seed),
-        "--log-format",
-        "json",
-        *extra,
-    ]
-    for peer in peers:
-        argv += ["--peer", peer]
-    proc = Proc(key, argv)
-    net.procs.append(proc)
-    return proc
+    card = write_card(net.tmp, key, key.capitalize(), "speak")
+    return spawn_run(net, key, [card], *peers, seed=seed, extra=extra)
 
 
 def start_network(net: Network, size: int, bound: int) -> tuple[dict[str, Proc], dict[str, str], str]:
