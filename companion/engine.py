@@ -337,6 +337,8 @@ def engine_handler_factory(
 
     def make(loaded: LoadedCard, node: NodeLike, nursery: trio.Nursery) -> ConversationEngine:
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
+        if store is not None:
+            nursery.start_soon(store.serve)  # writes behind; flushed and closed when the node stops
         membership = getattr(node, "membership", None)
         engine = ConversationEngine(
             loaded,

@@ -365,6 +365,7 @@ class ActionRuntime:
         call.cap_at = now + defn.cap
         error: Exception | None = None
         produced: Any = None
+        writes = self._kv.writes
         with trio.CancelScope(deadline=now + defn.timeout) as scope:
             call.handler_scope = scope
             try:
@@ -373,6 +374,9 @@ class ActionRuntime:
                     produced = await produced
             except Exception as exc:
                 error = exc
+        if self._kv.writes != writes and not await self._kv.flush(since=writes):
+            # What the tool wrote is durable when its call returns (committed off the loop).
+            log_event(logger, "tool_store_not_durable", logging.ERROR, tool=defn.id, call_id=call.call_id)
         if scope.cancel_called:
             return ToolResult(
                 defn.id,
