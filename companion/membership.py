@@ -15,8 +15,13 @@ Binding rules (trust on first use, see :mod:`companion.trust`):
 - A peer pinned to a companion speaks only as that companion, connected or not (a relayed
   message, or one sent while it reconnects). A peer pinned to no companion (a bridge relaying
   clients) may use any id that is not pinned to another peer.
-- Presence (the directory) is separate: a companion is present while the peer that proved
-  its id over a connection stays connected.
+- Presence (the directory) is separate from pins: a companion is present while the peer that
+  proved its id over a connection stays connected (a *binding*, as in aikyo), **or** while its
+  latest signed presence announcement, relayed by anyone, has not expired (see
+  :mod:`companion.presence`). An announcement is checked against the pins like any claim (an
+  id pinned to another key is refused ``id_pinned``) and pins the id on first use; a peer bound
+  to one id over a connection may not announce another (``id_mismatch``). The directory's
+  metadata is the binding's while there is one, else the announcement's.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .protocol import Metadata
+from .presence import DISCONNECT_GRACE, NewcomerBudget, PresenceChange, PresenceRefusal, PresenceTable
+from .protocol import Metadata, Presence
 from .trust import PinRefused, TrustStore, is_companion_id
 
-__all__ = ["BindRefused", "DirectoryView", "Membership", "MembershipEvent"]
+__all__ = ["AnnounceRefused", "BindRefused", "DirectoryView", "Membership", "MembershipEvent"]
 
 EventKind = Literal["joined", "left", "updated"]
 
@@ -42,9 +48,10 @@ class MembershipEvent:
     peer_id: str
     metadata: Metadata
     reason: str
-    """Why: ``metadata`` (proved over the metadata protocol), ``replaced`` (the peer now claims
-    another id), ``rekeyed`` (an operator moved the id to another key, which proved it),
-    ``disconnected``."""
+    """Why: ``metadata`` (proved over the metadata protocol), ``announced`` (a presence
+    announcement), ``replaced`` (the peer now claims another id), ``rekeyed`` (an operator moved
+    the id to another key, which proved it), ``disconnected``, ``expired`` (its announcement's
+    time to live passed), ``leaving`` (it announced an orderly stop)."""
 
 
 RefusalReason = Literal["not_connected", "id_pinned", "pin_store_full", "not_a_companion_id", "our_own_id"]
@@ -58,6 +65,31 @@ class BindRefused:
     peer_id: str
     companion_id: str
     reason: RefusalReason
+    owner: str | None = None
+
+
+AnnounceRefusalReason = Literal[
+    PresenceRefusal,
+    "id_pinned",
+    "pin_store_full",
+    "not_a_companion_id",
+    "our_own_id",
+    "id_mismatch",
+    "newcomer_limit",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class AnnounceRefused:
+    """A presence announcement that was not taken; ``owner`` as in :class:`BindRefused`. The
+    reasons are drop labels: ``stale`` (a sequence number not above the last one: a replay or an
+    overtaken copy), ``too_old``, ``presence_full``, ``newcomer_limit`` (too many new ids at
+    once, see :class:`~companion.presence.NewcomerBudget`), ``id_mismatch`` (the peer proved
+    another id on its connection), and the pin refusals of :class:`BindRefused`."""
+
+    peer_id: str
+    companion_id: str
+    reason: AnnounceRefusalReason
     owner: str | None = None
 
 
@@ -89,22 +121,34 @@ class Membership:
     store (in memory when not given)."""
 
     def __init__(
-        self, self_peer: str, self_metadata: Metadata | None, trust: TrustStore | None = None
+        self,
+        self_peer: str,
+        self_metadata: Metadata | None,
+        trust: TrustStore | None = None,
+        *,
+        presence: PresenceTable | None = None,
+        newcomers: NewcomerBudget | None = None,
     ) -> None:
         self._self_peer = self_peer
         self._self_id = self_metadata.id if self_metadata is not None else None
         self.trust = trust if trust is not None else TrustStore()
+        self.presence = presence if presence is not None else PresenceTable()
+        self._newcomers = newcomers if newcomers is not None else NewcomerBudget()
         self._connected: set[str] = set()
         self._companion_of: dict[str, str] = {}
         """peer id -> companion id, for connected peers that proved it (and ourselves)."""
         self._peer_of: dict[str, str] = {}
-        """The reverse: companion id -> the peer it is present through."""
+        """The reverse: companion id -> the peer it is bound through."""
+        self._bound: dict[str, Metadata] = {}
+        """companion id -> the metadata its peer proved on a connection (and ourselves)."""
         self._present: dict[str, Metadata] = {}
+        """The directory: bound or announced."""
         self.directory: Mapping[str, Metadata] = DirectoryView(self._present)
         if self_metadata is not None:
             self.trust.hold(self_metadata.id, self_peer, "local")
             self._companion_of[self_peer] = self_metadata.id
             self._peer_of[self_metadata.id] = self_peer
+            self._bound[self_metadata.id] = self_metadata
             self._present[self_metadata.id] = self_metadata
 
     @property
@@ -131,15 +175,32 @@ class Membership:
         return peer_id in self._connected
 
     def peer_connected(self, peer_id: str) -> None:
-        """The first connection to ``peer_id`` is up (metadata may follow)."""
+        """The first connection to ``peer_id`` is up (metadata may follow); an announcement
+        suspected since its last connection closed gets its deadline back."""
         if peer_id != self._self_peer:
             self._connected.add(peer_id)
+            self.presence.reconnected(peer_id)
 
-    def peer_disconnected(self, peer_id: str) -> list[MembershipEvent]:
-        """The last connection to ``peer_id`` closed: its companion leaves (its pin stays)."""
+    def bound_peers(self) -> frozenset[str]:
+        """Connected peers that proved a companion id over the metadata protocol."""
+        return frozenset(p for p in self._companion_of if p != self._self_peer)
+
+    def announcing_peers(self) -> frozenset[str]:
+        """Peers whose presence announcement holds now, connected or not."""
+        return frozenset(entry.peer_id for entry in self.presence)
+
+    def peer_disconnected(
+        self, peer_id: str, *, now: float | None = None, on_purpose: bool = False
+    ) -> list[MembershipEvent]:
+        """The last connection to ``peer_id`` closed: its binding ends (its pin stays). With
+        ``now`` and not ``on_purpose`` (a trim by either side), its presence announcement must
+        be renewed within :data:`~companion.presence.DISCONNECT_GRACE` (a killed peer is not);
+        without ``now`` presence is left alone."""
         self._connected.discard(peer_id)
         if peer_id == self._self_peer:
             return []
+        if now is not None and not on_purpose:
+            self.presence.suspect(peer_id, now + DISCONNECT_GRACE)
         return self._leave(peer_id, "disconnected")
 
     def _leave(self, peer_id: str, reason: str) -> list[MembershipEvent]:
@@ -147,8 +208,32 @@ class Membership:
         if companion_id is None:
             return []
         del self._peer_of[companion_id]
-        metadata = self._present.pop(companion_id)
-        return [MembershipEvent("left", companion_id, peer_id, metadata, reason)]
+        del self._bound[companion_id]
+        return self._settle(companion_id, peer_id, reason)
+
+    def _settle(self, companion_id: str, peer_id: str, reason: str) -> list[MembershipEvent]:
+        """Bring the directory entry of ``companion_id`` in line with its binding and its
+        announcement; the events that makes (a join, a leave, an update, or none)."""
+        announced = self.presence.get(companion_id)
+        metadata = self._bound.get(companion_id) or (announced.metadata if announced else None)
+        old = self._present.get(companion_id)
+        if metadata is None:
+            if old is None:
+                return []
+            del self._present[companion_id]
+            return [MembershipEvent("left", companion_id, peer_id, old, reason)]
+        self._present[companion_id] = metadata
+        if old is None:
+            return [MembershipEvent("joined", companion_id, peer_id, metadata, reason)]
+        if old != metadata:
+            return [MembershipEvent("updated", companion_id, peer_id, metadata, reason)]
+        return []
+
+    def _apply(self, changes: list[PresenceChange]) -> list[MembershipEvent]:
+        events: list[MembershipEvent] = []
+        for change in changes:
+            events += self._settle(change.entry.companion_id, change.entry.peer_id, change.reason)
+        return events
 
     def pin(self, peer_id: str, companion_id: str) -> BindRefused | None:
         """``peer_id`` proved ``companion_id`` through an authenticated source (the metadata
@@ -177,20 +262,76 @@ class Membership:
         events: list[MembershipEvent] = []
         previous = self._companion_of.get(peer_id)
         if previous == cid:
-            if self._present[cid] != metadata:
-                self._present[cid] = metadata
-                events.append(MembershipEvent("updated", cid, peer_id, metadata, "metadata"))
-            return events
+            self._bound[cid] = metadata
+            return self._settle(cid, peer_id, "metadata")
         if previous is not None:
             events.extend(self._leave(peer_id, "replaced"))
         holder = self._peer_of.get(cid)
         if holder is not None:  # the pin moved to this peer (an operator re-keyed the id)
             events.extend(self._leave(holder, "rekeyed"))
+        stale = self.presence.get(cid)
+        if stale is not None and stale.peer_id != peer_id:  # announced by the id's old key
+            events.extend(self._apply(self.presence.remove(stale.peer_id, "replaced")))
         self._companion_of[peer_id] = cid
         self._peer_of[cid] = peer_id
-        self._present[cid] = metadata
-        events.append(MembershipEvent("joined", cid, peer_id, metadata, "metadata"))
+        self._bound[cid] = metadata
+        return events + self._settle(cid, peer_id, "metadata")
+
+    # --- presence announcements -------------------------------------------------------------------
+
+    def announce(
+        self, peer_id: str, presence: Presence, *, now: float, wall: float
+    ) -> list[MembershipEvent] | AnnounceRefused:
+        """``peer_id`` signed ``presence`` (relayed by anyone): the events it makes, or why it
+        was refused. ``now`` is a monotonic clock (deadlines), ``wall`` seconds since the epoch
+        (the age of ``seq``). Our own announcements change nothing."""
+        cid = presence.params.metadata.id
+        if peer_id == self._self_peer:
+            return []
+        bound = self._companion_of.get(peer_id)
+        if bound is not None and bound != cid:
+            return AnnounceRefused(peer_id, cid, "id_mismatch")
+        refusal = self.presence.screen(peer_id, presence, now=now, wall=wall)
+        if refusal is not None:
+            return AnnounceRefused(peer_id, cid, refusal)
+        events: list[MembershipEvent] = []
+        if presence.params.leaving:  # nothing to pin; the peer's own entry (if any) goes
+            owner = self.owner_of(cid)
+            if owner is not None and owner != peer_id:
+                return AnnounceRefused(peer_id, cid, "id_pinned", owner)
+        else:
+            if self.owner_of(cid) != peer_id and is_companion_id(cid) and not self._newcomers.take(now):
+                return AnnounceRefused(peer_id, cid, "newcomer_limit")
+            refused = self.pin(peer_id, cid)
+            if refused is not None:
+                assert refused.reason != "not_connected"  # pin() needs no connection
+                return AnnounceRefused(peer_id, cid, refused.reason, refused.owner)
+            holder = self._peer_of.get(cid)
+            if holder is not None and holder != peer_id:  # bound through the id's old key
+                events += self._leave(holder, "rekeyed")
+        events += self._apply(self.presence.record(peer_id, presence, now=now))
+        self._suspect_lost(peer_id, presence, now)
         return events
+
+    def _suspect_lost(self, claimer: str, presence: Presence, now: float) -> None:
+        """``claimer`` lost the connections to the peers in ``lost``: each of them (unless it is
+        connected to us, or we heard from it since the claimer last did) must be heard again
+        within the grace. A false claim costs the claimed peer one announcement (it refutes it,
+        see :mod:`companion.node.presence`); it cannot remove a live, reachable companion."""
+        for peer, last_seq in presence.params.lost.items():
+            if peer in (claimer, self._self_peer) or peer in self._connected:
+                continue
+            entry = self.presence.of_peer(peer)
+            if entry is not None and entry.seq <= last_seq:
+                self.presence.suspect(peer, now + DISCONNECT_GRACE)
+
+    def expire(self, now: float) -> list[MembershipEvent]:
+        """Announcements whose time to live passed: those companions leave unless bound."""
+        return self._apply(self.presence.expire(now))
+
+    def presence_deadline(self) -> float | None:
+        """When the next announcement expires (call :meth:`expire` then)."""
+        return self.presence.deadline()
 
     def _ids_of(self, peer_id: str) -> frozenset[str]:
         """Every companion id ``peer_id`` may speak as (its pins; our own id for ourselves)."""

@@ -25,6 +25,9 @@ __all__ = [
     "APPROVAL_QUERY",
     "MAX_PAYLOAD_BYTES",
     "MESSAGES",
+    "PRESENCE_MAX_ADDRS",
+    "PRESENCE_MAX_LOST",
+    "PRESENCE_MAX_TTL",
     "QUERIES",
     "STATES",
     "TOPICS",
@@ -36,6 +39,10 @@ __all__ = [
     "Metadata",
     "Payload",
     "PayloadError",
+    "Presence",
+    "PresenceParams",
+    "PresenceRequest",
+    "PresenceRequestParams",
     "Query",
     "QueryParams",
     "QueryResult",
@@ -44,10 +51,12 @@ __all__ = [
     "StateParams",
     "canonical_json",
     "encode",
+    "encode_presence",
     "encode_states",
     "new_id",
     "parse_metadata",
     "parse_payload",
+    "parse_presence",
 ]
 
 MESSAGES: Final = "messages"
@@ -251,6 +260,68 @@ class Action(_Strict):
         return cls(params=ActionParams(from_=sender, name=name, params=params, metadata=metadata))
 
 
+PRESENCE_MAX_TTL: Final = 300
+"""The longest time to live an announcement may ask for (seconds): one captured announcement
+can keep a companion listed for at most this long."""
+
+SEQ_MAX: Final = 2**53 - 1
+"""The largest integer JavaScript's JSON.parse reads exactly."""
+
+
+PRESENCE_MAX_ADDRS: Final = 8
+"""The most addresses one announcement may carry."""
+PRESENCE_MAX_LOST: Final = 16
+"""The most peers one announcement may report lost."""
+
+PeerIdText = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")]
+"""A libp2p peer id in base58 (shape only; the table looks it up, never dials it)."""
+
+
+class PresenceParams(_Strict):
+    metadata: Metadata
+    seq: Annotated[int, Field(ge=0, le=SEQ_MAX)]
+    """Milliseconds since the Unix epoch when it was published, strictly increasing per sender."""
+    ttl: Annotated[int, Field(ge=1, le=PRESENCE_MAX_TTL)]
+    """Seconds the announcement stays valid; the sender refreshes well before."""
+    leaving: bool
+    addrs: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=300)]], Field(max_length=PRESENCE_MAX_ADDRS)
+    ]
+    """Where the sender listens (multiaddrs ending in ``/p2p/<its peer id>``): how a node that
+    must connect to it (a ring neighbour) finds it without asking the DHT."""
+    lost: Annotated[
+        dict[PeerIdText, Annotated[int, Field(ge=0, le=SEQ_MAX)]], Field(max_length=PRESENCE_MAX_LOST)
+    ]
+    """Peers whose direct connection to the sender closed without notice in the last few
+    seconds, each with the last ``seq`` the sender heard from it: a hint that they may be gone,
+    which each of them refutes by announcing itself again."""
+
+
+class Presence(_Strict):
+    """``presence.announce``: a companion says it is on the network (our own topic, see
+    :mod:`companion.presence`; aikyo nodes do not subscribe to it). Every ``params`` key is
+    required."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["presence.announce"] = "presence.announce"
+    params: PresenceParams
+
+
+class PresenceRequestParams(_Strict):
+    pass
+
+
+class PresenceRequest(_Strict):
+    """``presence.request``: a node that does not announce itself (a bridge, the clients' node)
+    and just joined asks every companion to announce now, instead of waiting up to an interval
+    for the periodic announcements. No fields: it changes nothing but when the next
+    announcement goes out."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["presence.request"] = "presence.request"
+    params: PresenceRequestParams = PresenceRequestParams()
+
+
 Envelope: TypeAlias = Message | State | Query | QueryResult | Action
 Payload: TypeAlias = Message | list[State] | Query | QueryResult | Action
 
@@ -413,6 +484,31 @@ def _parse(topic: str, data: bytes, max_bytes: int) -> Payload | PayloadError:
         return PayloadError("invalid", _describe_validation(exc))
 
 
+def parse_presence(
+    data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES
+) -> Presence | PresenceRequest | PayloadError:
+    """A presence announcement as :class:`Presence` (or a :class:`PresenceRequest`), or why not:
+    the checks of :func:`parse_payload` (size, UTF-8, JSON, Unicode text only, strict schema);
+    never raises."""
+    try:
+        obj = _decode(data, max_bytes)
+        if isinstance(obj, PayloadError):
+            return obj
+        if isinstance(obj, dict) and obj.get("method") == "presence.request":
+            return PresenceRequest.model_validate(obj, context=_WIRE)
+        if isinstance(obj, dict) and obj.get("method") != "presence.announce":
+            return PayloadError(
+                "wrong_method", f"{str(obj.get('method'))[:80]!r} is not a presence announcement"
+            )
+        return Presence.model_validate(obj, context=_WIRE)
+    except ValidationError as exc:
+        return PayloadError("invalid", _describe_validation(exc))
+    except RecursionError:
+        return PayloadError("not_json", "nested too deeply")
+    except Exception as exc:  # a parser must not raise; keep the type for the log
+        return PayloadError("invalid", f"{type(exc).__name__}: {exc}")
+
+
 # --- Serialization: JSON.stringify of the schema-ordered object -------------------------------
 
 
@@ -424,6 +520,11 @@ def encode(envelope: Envelope) -> bytes:
 def encode_states(states: list[State]) -> bytes:
     """The ``states`` topic payload: a JSON array of State envelopes."""
     return _stringify([s.model_dump(by_alias=True, exclude_none=True) for s in states]).encode("utf-8")
+
+
+def encode_presence(presence: Presence | PresenceRequest) -> bytes:
+    """A presence announcement's bytes: compact JSON in schema field order, like every payload."""
+    return _stringify(presence.model_dump(by_alias=True)).encode("utf-8")
 
 
 def canonical_json(message: Message) -> str:

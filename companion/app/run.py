@@ -1,7 +1,8 @@
 """What ``companion run CARD...`` starts: one libp2p node per card, each with its conversation engine.
 
-Later nodes dial the earlier ones. With ``options.bridge`` (``--ws``) the process also serves
-clients with the bridge of ``companion bridge`` (:mod:`.clients`). Standard output follows
+Each node dials the one before (a chain: presence and the DHT introduce the rest). With
+``options.bridge`` (``--ws``) the process also serves clients with the bridge of ``companion
+bridge`` (:mod:`.clients`). Standard output follows
 :mod:`.lines`: ``<id> peer <peer id>`` with indented addresses, ``<id> sees ...`` whenever a
 node's directory changes, and ``bridge ws://HOST:PORT/`` with the page and WebRTC URLs.
 SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node; SIGHUP
@@ -97,7 +98,7 @@ async def run_nodes(
     ready: Callable[[Running], None] | None = None,
 ) -> None:
     """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
-    start a node for each card (later ones also dial the earlier ones) and, with
+    start a node for each card (each one also dials the one before) and, with
     ``options.bridge``, serve clients; run until SIGINT/SIGTERM or cancellation.
 
     With clients, the first card's node carries the bridge: its handler hands every payload to
@@ -130,7 +131,9 @@ async def run_nodes(
             handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
-            local = [a for node in nodes for a in node.listen_addrs[:1]]
+            # the card before (a bootstrap peer, so protected from trimming): a chain, not a
+            # protected full mesh; presence and the DHT introduce the rest
+            local = [a for node in nodes[-1:] for a in node.listen_addrs[:1]]
             extra = [clients.address] if clients is not None else []
             config = NodeConfig(
                 listen=(listen,),

@@ -23,8 +23,10 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V1
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
-from ..protocol import MAX_PAYLOAD_BYTES
+from ..presence import DEFAULT_INTERVAL, DEFAULT_TTL
+from ..protocol import MAX_PAYLOAD_BYTES, PRESENCE_MAX_TTL
 from .pubsub import CountingGossipSub
+from .topology import dial_target
 
 __all__ = ["GOSSIP_V11", "GOSSIP_V12", "YAMUX_RELEASE_ON_READ", "NodeConfig", "make_gossipsub", "make_host"]
 
@@ -98,31 +100,67 @@ class NodeConfig:
     AutoNAT does not find this node reachable it holds a reservation on each and advertises the
     circuit address; peers it cannot dial directly it dials through them."""
     max_connections: int = 8
-    """How many connections this node opens itself (DHT discovery, mDNS, py-libp2p's connection
-    manager); peers may still dial in. Bootstrap peers and relays are always kept."""
+    """The most connections this node keeps, inbound ones included, besides protected ones
+    (bootstrap peers, relays, allowed bridges): it dials half as many itself (DHT discovery,
+    mDNS, py-libp2p's connection manager) and trims the excess (``topology.py``)."""
+    trim_grace: float = 10.0
+    """Seconds a new connection is kept before it may be trimmed: time to exchange metadata and
+    a first presence announcement."""
     dht: bool = True
     """Run the Kademlia DHT, so any one bootstrap address finds the rest of the network."""
     hole_punch: bool = True
     """Replace relayed connections by direct ones with DCUtR when the NATs allow it."""
+    # --- presence (presence.py) -------------------------------------------------------------
+    presence: bool = True
+    """Announce this companion on the presence topic and take others' announcements, so the
+    directory holds companions that are not directly connected."""
+    presence_interval: float = DEFAULT_INTERVAL
+    """Seconds between announcements (each wait jittered to 75-100 % of it)."""
+    presence_ttl: int = DEFAULT_TTL
+    """Seconds an announcement lasts: how long a killed companion stays listed by nodes not
+    connected to it."""
+    presence_min_gap: float = 1.0
+    """Seconds between two announcements triggered by a new peer or companion."""
 
     def __post_init__(self) -> None:
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {self.max_connections}")
+        if self.trim_grace < 0:
+            raise ValueError(f"trim_grace must not be negative, not {self.trim_grace}")
+        if not 0 < self.presence_interval <= self.presence_ttl / 2:
+            raise ValueError(
+                f"presence_interval ({self.presence_interval} s) must be positive and at most half of "
+                f"presence_ttl ({self.presence_ttl} s), so a lost announcement does not make a "
+                "companion leave; raise the ttl or shorten the interval"
+            )
+        if not 1 <= self.presence_ttl <= PRESENCE_MAX_TTL:
+            raise ValueError(f"presence_ttl must be 1..{PRESENCE_MAX_TTL} seconds, not {self.presence_ttl}")
+        if self.presence_min_gap < 0:
+            raise ValueError(f"presence_min_gap must not be negative, not {self.presence_min_gap}")
 
 
 def connection_config(config: NodeConfig) -> ConnectionConfig:
     """py-libp2p's health monitor off: :mod:`companion.node.health` watches connections instead
     (py-libp2p's pinged on a fresh stream every few seconds, aborted peers without the ping
     protocol, and cost most of an idle node's CPU)."""
+    low = low_watermark(config.max_connections)
     return ConnectionConfig(
         enable_health_monitoring=False,
         dial_timeout=config.dial_timeout,
-        # py-libp2p's connection manager dials known peers up to this many connections (routing.py)
-        min_connections=1,
-        low_watermark=config.max_connections,
+        min_connections=min(1, low),
+        low_watermark=low,
         high_watermark=config.max_connections,
+        grace_period=config.trim_grace,
         max_connections=max(MAX_CONNECTIONS, config.max_connections),
     )
+
+
+def low_watermark(max_connections: int) -> int:
+    """py-libp2p's connection manager dials known peers up to the midpoint of its low and high
+    watermarks (routing.py). The high one is the bound (where its own pruner starts; it cannot
+    close connections with streams, see topology.py), the low one makes the midpoint
+    :func:`~.topology.dial_target`."""
+    return max(0, 2 * dial_target(max_connections) - max_connections)
 
 
 def make_host(config: NodeConfig, key_pair: KeyPair) -> Any:

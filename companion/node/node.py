@@ -29,6 +29,7 @@ from multiaddr import Multiaddr
 
 from ..log import log_event, log_exception
 from ..membership import Membership, MembershipEvent
+from ..presence import PRESENCE_TOPIC
 from ..protocol import TOPICS, Envelope, Metadata, Query, State
 from ..transport import Inbound, encode_for_topic
 from ..trust import TrustStore
@@ -41,10 +42,12 @@ from .health import ConnectionHealth, HealthSettings
 from .identity import load_or_create_key_pair
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
+from .presence import PresenceService, PresenceSettings
 from .pubsub import CountingGossipSub, GuardedPubsub
 from .relay import NatTraversal
 from .replay import ReplayGuard
 from .routing import DhtDiscovery
+from .topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_pruner
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 
@@ -97,6 +100,14 @@ class _ConnectionEvents(INotifee):
         return None
 
 
+def _known_addrs(host: Any, peer: ID) -> list[Multiaddr]:
+    """The peerstore's addresses of ``peer`` (it raises for a peer it never heard of)."""
+    try:
+        return list(host.get_peerstore().addrs(peer))
+    except Exception:
+        return []
+
+
 class CompanionNode:
     """One libp2p host for one companion (or a bridge when ``metadata`` is ``None``)."""
 
@@ -134,6 +145,20 @@ class CompanionNode:
             max_bytes=self.config.max_payload_bytes,
             name=self.name,
         )
+        self.presence = PresenceService(
+            self.membership,
+            metadata,
+            PresenceSettings(
+                self.config.presence_interval,
+                self.config.presence_ttl,
+                self.config.presence_min_gap,
+                self.config.max_payload_bytes,
+            ),
+            self.drops,
+            self._membership_changed,
+            name=self.name,
+        )
+        self.topology: Topology | None = None
         self.health = ConnectionHealth(
             HealthSettings(
                 self.config.health_check_interval,
@@ -166,7 +191,8 @@ class CompanionNode:
 
     @property
     def directory(self) -> Mapping[str, Metadata]:
-        """Companion id -> metadata of the companions connected now (this one included)."""
+        """Companion id -> metadata of the companions present now (this one included): directly
+        connected, or announced through any path (presence)."""
         return self.membership.directory
 
     @property
@@ -197,6 +223,8 @@ class CompanionNode:
             "health": self.health.stats(),
             **(self.nat.stats() if self.nat is not None else {}),
             **(self.routing.stats() if self.routing is not None else {}),
+            **self.presence.stats(),
+            **(self.topology.stats() if self.topology is not None else {}),
         }
 
     def _mesh_sizes(self) -> dict[str, int]:
@@ -205,7 +233,7 @@ class CompanionNode:
         if self._router is None:
             return {}
         mesh = self._router.mesh
-        return {topic: len(mesh.get(topic, ())) for topic in TOPICS}
+        return {topic: len(mesh.get(topic, ())) for topic in (*TOPICS, PRESENCE_TOPIC)}
 
     def log_stats(self) -> None:
         log_event(logger, "stats", **self.stats())
@@ -309,12 +337,17 @@ class CompanionNode:
                         await pubsub.subscribe(topic)
                     self._pubsub = pubsub
                     async with trio.open_nursery() as nursery:
+                        if self.config.presence:
+                            await self.presence.start(
+                                pubsub, nursery, lambda: [str(a) for a in host.get_addrs()]
+                            )
                         nursery.start_soon(self._connection_events, conn_recv, nursery)
                         nursery.start_soon(self._dispatch, handler, inbound_recv)
                         nursery.start_soon(self._dial_discovered, mdns_recv)
                         for addr in dict.fromkeys((*self.config.peers, *self.config.relays)):
                             nursery.start_soon(self._keep_bootstrap, addr)
                         await self._start_beyond_lan(host, advertised, nursery)
+                        await self._start_topology(host, router, nursery)
                         if self.config.stats_interval:
                             nursery.start_soon(self._stats_every, self.config.stats_interval)
                         self.listen_addrs = [str(a) for a in host.get_addrs()]
@@ -329,6 +362,7 @@ class CompanionNode:
                         task_status.started()
                         await stop.wait()
                         self._stopped = True
+                        await self.presence.leave()
                         await self._close_host(host)
                         nursery.cancel_scope.cancel()
         finally:
@@ -404,6 +438,12 @@ class CompanionNode:
         self._changed.set()
         self._changed = trio.Event()
 
+    def _membership_changed(self, events: list[MembershipEvent]) -> None:
+        """Presence changed the directory (announcements, expiry)."""
+        if events:
+            self._emit(events)
+            self._notify()
+
     def _emit(self, events: list[MembershipEvent]) -> None:
         for event in events:
             log_event(
@@ -438,12 +478,34 @@ class CompanionNode:
                 self.membership.peer_connected(name)
                 log_event(logger, "peer_connected", node=self.name, peer=name)
                 nursery.start_soon(self._learn_metadata, peer)
+                self._peer_up(peer, nursery)
             elif kind == "disconnected" and not self._is_connected(peer):
                 if self.membership.is_connected(name):
                     log_event(logger, "peer_disconnected", node=self.name, peer=name, reason=reason)
                 self._gate.forget(peer)
-                self._emit(self.membership.peer_disconnected(name))
+                self._emit(self._peer_down(name))
             self._notify()
+
+    def _peer_up(self, peer: ID, nursery: trio.Nursery) -> None:
+        """Presence and the connection bound hear of a new peer."""
+        if self.topology is not None:
+            self.topology.connected(peer.to_base58(), trio.current_time())
+        if self.config.presence:
+            self.presence.connection_back(peer.to_base58())
+            nursery.start_soon(self.presence.peer_connected, peer)
+
+    def _peer_down(self, name: str) -> list[MembershipEvent]:
+        """The last connection to a peer closed: its binding ends, and unless either side
+        trimmed it on purpose (topology.py) its announcement must be renewed soon, and this
+        node announces itself (presence.py)."""
+        on_purpose = False
+        if self.topology is not None:
+            on_purpose = self.topology.closed_on_purpose(name)
+            self.topology.disconnected(name)
+        events = self.membership.peer_disconnected(name, now=trio.current_time(), on_purpose=on_purpose)
+        if not on_purpose:
+            self.presence.connection_lost(name)
+        return events
 
     async def _close_connection(self, conn: INetConn, reason: str) -> None:
         """Close one connection on our own initiative, remembering why for its disconnect event."""
@@ -515,22 +577,32 @@ class CompanionNode:
             self.routing = DhtDiscovery(
                 host,
                 name=self.name,
-                max_connections=self.config.max_connections,
+                max_connections=dial_target(self.config.max_connections),
                 wait_for_change=self._changed_wait,
                 dial_relayed=self.nat.dial_relayed,
             )
             await nursery.start(self.routing.run)
 
     async def _keep_bootstrap(self, addr: str) -> None:
+        """Relays are kept connected; a bootstrap peer is dialled at start and redialled when
+        lost while this node has fewer connections than it dials itself (the way libp2p nodes
+        use bootstrap peers): a hub that trims its excess connections is not redialled by every
+        node it trimmed."""
         info = parse_peer_addr(addr)
         tags = getattr(self._host.get_network(), "tag_store", None)
-        if tags is not None:  # never pruned by py-libp2p's connection manager
+        if tags is not None:  # never pruned by py-libp2p's connection manager nor trimmed by us
             tags.protect(info.peer_id, "bootstrap")
         backoff = Backoff(self.config.redial_initial, self.config.redial_max)
+        relay = addr in self.config.relays
+        target = dial_target(self.config.max_connections)
+
+        def needed_elsewhere(peer: ID) -> bool:
+            return self._is_connected(peer) or (not relay and len(self.connected_peers) >= target)
+
         await redial_forever(
             info,
             self._dial,
-            self._is_connected,
+            needed_elsewhere,
             self._changed_wait,
             backoff,
             dial_timeout=self.config.dial_timeout,
@@ -560,7 +632,7 @@ class CompanionNode:
         async for info in found:
             if self._is_connected(info.peer_id):
                 continue
-            if len(self.connected_peers) >= self.config.max_connections:
+            if len(self.connected_peers) >= dial_target(self.config.max_connections):
                 continue  # known now; py-libp2p's connection manager dials it if one drops
             try:
                 with trio.fail_after(self.config.dial_timeout):
@@ -575,6 +647,61 @@ class CompanionNode:
                     peer=str(info.peer_id),
                     error=f"{type(exc).__name__}: {exc}"[:200],
                 )
+
+    # --- the connection bound -------------------------------------------------------------------
+
+    async def _start_topology(self, host: Any, router: Any, nursery: trio.Nursery) -> None:
+        """Trim connections beyond ``max_connections`` and keep the ring (topology.py)."""
+        tags = getattr(host.get_network(), "tag_store", None)
+        trust = self.membership.trust
+
+        def is_protected(peer: ID) -> bool:
+            name = peer.to_base58()
+            allowed = name in trust.peers("approver") or name in trust.peers("answerer")
+            return allowed or bool(tags is not None and tags.is_protected(peer))
+
+        def meshes() -> list[set[ID]]:
+            mesh = getattr(router, "mesh", {})
+            return [mesh.get(topic, set()) for topic in (*TOPICS, PRESENCE_TOPIC)]
+
+        def direct_only() -> frozenset[str]:
+            return self.membership.bound_peers() - self.membership.announcing_peers()
+
+        announcing = self.metadata is not None and self.config.presence
+        self.topology = Topology(
+            host,
+            name=self.name,
+            bound=self.config.max_connections,
+            grace=self.config.trim_grace,
+            self_peer=self.peer_id,
+            is_protected=is_protected,
+            ring_members=self.membership.announcing_peers if announcing else None,
+            direct_only=direct_only,
+            meshes=meshes,
+            announce=self.presence.announce_now,
+            dial=self._dial_known,
+            wait_for_change=self._changed_wait,
+        )
+        host.set_stream_handler(TRIM_PROTOCOL, self.topology.serve_notice)
+        disable_libp2p_pruner(host)
+        await nursery.start(self.topology.run)
+
+    async def _dial_known(self, peer: ID) -> bool:
+        """Dial a peer we know by id only (a ring neighbour): its addresses from the peerstore,
+        else from the DHT; through a relay when it cannot be dialled directly."""
+        if not _known_addrs(self._host, peer) and self.routing is not None:
+            await self.routing.locate(peer)
+        try:
+            with trio.fail_after(self.config.dial_timeout):
+                await self._dial(PeerInfo(peer, []))
+            return True
+        except Exception as exc:
+            log_event(
+                logger, "dial_failed", logging.DEBUG, node=self.name, peer=str(peer), error=repr(exc)[:200]
+            )
+        if self.nat is not None:
+            return await self.nat.dial_relayed(peer)
+        return False
 
     async def _stats_every(self, interval: float) -> None:
         while True:

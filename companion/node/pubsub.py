@@ -12,6 +12,8 @@ What py-libp2p does, measured, and what these subclasses change:
   window runs out, two RPCs interleave and the receiver cannot decode either. Here whole RPC
   writes are serialized per stream, and a stream whose write failed half-way is reset at once
   (never followed by another RPC's bytes).
+- A message whose signature does not verify is dropped with a debug line only; here it is
+  counted (``bad_signature``).
 - Delivered messages wait in a 32-slot channel per subscription that drops silently when full;
   here they go straight to the node (``deliver``), whose own bounded channel counts overflows.
 - The per-peer send queue holds 32 RPCs and drops the rest with a debug line; here it holds
@@ -43,6 +45,7 @@ from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.pubsub.validators import signature_validator
 from libp2p.utils import encode_varint_prefixed
 
 from ..log import bound, log_event
@@ -153,6 +156,7 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
         self._broken: WeakSet[INetStream] = WeakSet()
         self._written = trio.Event()
         self._readers: set[trio.lowlevel.Task] = set()
+        self._validating: set[trio.lowlevel.Task] = set()
         if isinstance(router, CountingGossipSub):
             router.drops = drops
 
@@ -194,13 +198,33 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
 
     async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
         """Each received message runs in its own task whose exception would stop the service
-        (e.g. a bogus ``key`` makes the signature check raise): contain and count it."""
+        (e.g. a bogus ``key`` makes the signature check raise): contain and count it.
+
+        py-libp2p drops a message whose signature does not verify with a debug line only; a new
+        message that never reached the validators is checked again here (only then, so an
+        honest message is verified once) and counted as ``bad_signature``."""
+        task = trio.lowlevel.current_task()
+        fresh = not self._is_msg_seen(msg)
         try:
             await super().push_msg(msg_forwarder, msg)
         except Exception as exc:
             self._drops.record(
                 Drop("malformed_rpc", repr(exc)), peer=str(msg_forwarder), topic=_topic_of(msg)
             )
+            return
+        finally:
+            validated = task in self._validating
+            self._validating.discard(task)
+        if fresh and not validated and self.strict_signing and not signature_validator(msg):
+            self._drops.record(
+                Drop("bad_signature", "a message whose signature does not verify (py-libp2p drops it)"),
+                peer=str(msg_forwarder),
+                topic=_topic_of(msg),
+            )
+
+    async def validate_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        self._validating.add(trio.lowlevel.current_task())  # the signature verified (push_msg)
+        await super().validate_msg(msg_forwarder, msg)
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         for topic in publish_message.topicIDs:

@@ -5,8 +5,10 @@ and regularly asks each peer it is connected to (a bootstrap node, a relay, any 
 peers closest to its own id and to a random key; the answers (peer ids, addresses and signed
 peer records) land in the peerstore. Dialling is bounded: py-libp2p's connection manager
 (``ConnectionConfig`` watermarks, see ``config.connection_config``) dials known peers until the
-node has ``NodeConfig.max_connections`` connections, and peers that only a relay reaches are
-dialled through one (``NatTraversal.dial_relayed``) within the same bound.
+node has its dial target (half of ``NodeConfig.max_connections``, :func:`topology.dial_target`)
+connections, and peers that only a relay reaches are dialled through one
+(``NatTraversal.dial_relayed``) within the same target. Connections beyond the bound, inbound
+ones included, are trimmed by :mod:`companion.node.topology`.
 
 Lookups only ask peers we are already connected to (one FIND_NODE each): an iterative Kademlia
 lookup would connect to every peer it asks, which is the full mesh this module exists to avoid.
@@ -53,6 +55,17 @@ MAX_BACKOFF_ENTRIES: Final = 1024
 RelayedDial = Callable[[ID], Awaitable[bool]]
 
 
+class _AskConnectedOnly(KadDHT):
+    """py-libp2p's DHT without its own routing-table refresh: at start and every 10 minutes it
+    runs an iterative lookup for its own id, which opens a connection to every peer it queries
+    (measured: 12 nodes given one hub each opened 4-5 connections within a second of starting,
+    so every node had 10 or 11 and then trimmed most of them). :meth:`DhtDiscovery.round` asks
+    connected peers instead."""
+
+    async def refresh_routing_table(self) -> None:
+        return None
+
+
 class DhtDiscovery:
     """The DHT service of one host, its lookup rounds and the bounded dialling that follows."""
 
@@ -69,8 +82,9 @@ class DhtDiscovery:
         self.host = host
         self.name = name
         self.max_connections = max_connections
+        """How many connections this node dials up to (its dial target)."""
         self.serve_only = serve_only
-        self.dht = KadDHT(host, DHTMode.SERVER, enable_providers=False, enable_values=False)
+        self.dht = _AskConnectedOnly(host, DHTMode.SERVER, enable_providers=False, enable_values=False)
         self.lookups = 0
         self.learned: set[ID] = set()
         self._self_id: ID = host.get_id()
@@ -139,6 +153,19 @@ class DhtDiscovery:
             except Exception as exc:
                 log_event(logger, "dht_add_failed", logging.DEBUG, node=self.name, error=repr(exc))
         return servers
+
+    async def locate(self, target: ID) -> bool:
+        """Ask the connected DHT servers for ``target`` (one FIND_NODE each, for its id), so its
+        addresses land in the peerstore; ``True`` if the peerstore has some afterwards."""
+        found: set[ID] = set()
+        async with trio.open_nursery() as nursery:
+            for peer in (await self._fill_table())[:MAX_QUERIED]:
+                if peer != target:
+                    nursery.start_soon(self._ask, peer, target.to_bytes(), found)
+        try:
+            return bool(self.host.get_peerstore().addrs(target))
+        except Exception:
+            return False
 
     async def _ask(self, peer: ID, key: bytes, found: set[ID]) -> None:
         """One FIND_NODE to one connected peer (py-libp2p stores the addresses it returns)."""

@@ -56,11 +56,11 @@ def write_card(directory: Path, key: str, name: str, tool: str) -> Path:
     return path
 
 
-def start_run(
+def spawn_run(
     net: Network, name: str, cards: list[Path], *peers: str, seed: int = 0, extra: tuple[str, ...] = ()
 ) -> Proc:
-    """``companion run CARD...`` on 127.0.0.1 (scripted models, JSON logs on stderr); returns once
-    every node has started."""
+    """``companion run CARD...`` on 127.0.0.1 (scripted models, JSON logs on stderr), not waiting
+    for it to start (to start many at once)."""
     argv = [
         sys.executable,
         "-m",
@@ -81,6 +81,14 @@ def start_run(
         argv += ["--peer", peer]
     proc = Proc(name, argv)
     net.procs.append(proc)
+    return proc
+
+
+def start_run(
+    net: Network, name: str, cards: list[Path], *peers: str, seed: int = 0, extra: tuple[str, ...] = ()
+) -> Proc:
+    """:func:`spawn_run`, returning once every node has started."""
+    proc = spawn_run(net, name, cards, *peers, seed=seed, extra=extra)
     proc.wait_for(  # one ``started`` event per node
         lambda e: e.get("event") == "started" and proc.count("started") >= len(cards),
         30,

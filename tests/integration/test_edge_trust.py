@@ -477,7 +477,7 @@ def test_states_relayed_from_the_true_leader_are_accepted(tmp_path: Path) -> Non
         # the leader hangs up on x: from now on its payloads reach x only through r
         leader.send({"op": "disconnect", "peer": peer_of(x_started)})
         leader.event("disconnected", 15)
-        x.event("companion_left", 15, companion_id="companion_l")
+        x.event("peer_disconnected", 15, peer=leader_peer)  # still present: its announcements come through r
         user, _ = net.raw(None)
         connect(user, x_started["addrs"][0])
         ask_until_replied(user, x, ["companion_x"], "warm")

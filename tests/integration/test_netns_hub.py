@@ -1,8 +1,10 @@
-"""Three companions given only a hub's address (``--peer HUB``) find each other through the DHT.
+"""Three companions given only a hub's address (``--peer HUB``) find each other.
 
-Before the DHT, each knew the hub alone and never learned of the others: the hub saw everyone,
-the others saw only the hub. Separate ``companion run`` processes on 127.0.0.1 (no mDNS), the
-way a user starts them; the clock starts when the last one reports ``started``.
+Before, each knew the hub alone and never learned of the others: the hub saw everyone, the
+others saw only the hub. Now their presence announcements, relayed by the hub, put everyone in
+every directory, and the DHT connects them directly. Separate ``companion run`` processes on
+127.0.0.1 (no mDNS), the way a user starts them; the clock starts when the last one reports
+``started``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ pytestmark = pytest.mark.integration
 
 FIND_DEADLINE = 5.0
 """Seconds from the last node's start until all four see each other (issue 12)."""
+CONNECT_DEADLINE = 15.0
+"""Seconds from the last node's start until the DHT connected each to both others (bound 8)."""
 
 
 def test_three_nodes_bootstrapped_to_one_hub_find_each_other(tmp_path: Path) -> None:
@@ -37,11 +41,17 @@ def test_three_nodes_bootstrapped_to_one_hub_find_each_other(tmp_path: Path) -> 
             stdout_line(proc, lambda s: (parse_sees(s) or ("", frozenset()))[1] == everyone, max(left, 0.01))
         elapsed = time.monotonic() - started
         assert elapsed < FIND_DEADLINE
-        # the others were found by the DHT, not given: each is connected to both other non-hubs
+        # the others were found by the DHT, not given: each connects to both other non-hubs
+        for key, proc in nodes.items():
+            for other in (k for k in nodes if k != key):
+                left = CONNECT_DEADLINE - (time.monotonic() - started)
+                proc.event("peer_connected", max(left, 0.01), peer=ids[other])
         lookups = 0
         for key, proc in nodes.items():
             stats = proc.stats()
-            others = {ids[k] for k in nodes if k != key}
             lookups += stats["dht_lookups"]
-            assert others <= set(stats["connections"]), (key, stats["connections"])
+            assert {ids[k] for k in nodes if k != key} <= set(stats["connections"]), (
+                key,
+                stats["connections"],
+            )
         assert lookups >= 2  # the later nodes asked the hub; the first had no one to find

@@ -20,6 +20,7 @@ import pytest
 from hostile_payloads import CORPUS, collect, message, payloads, rpcs
 from network_support import Event, Network, Proc, network
 
+from companion.presence import DISCONNECT_GRACE
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
@@ -157,7 +158,9 @@ def test_hostile_payloads_are_counted_dropped_and_not_forwarded(tmp_path: Path) 
             assert a_stats["drops"].get(reason, 0) >= count, (reason, a_stats["drops"])
         assert a_stats["dropped"] >= len(CORPUS) + len(generated) // 2
         # b heard nothing of it: a forwarded none of the refused payloads
-        assert {k: v for k, v in b_stats["drops"].items() if k != "replay"} == {}
+        # (replays and stale presence announcements are gossip artifacts: copies, or an older
+        # announcement overtaken on another path)
+        assert {k: v for k, v in b_stats["drops"].items() if k not in ("replay", "stale")} == {}
         assert b.count("inbound", id="spoof-1") == b.count("inbound", id="spoof-2") == 0
         assert a.count("inbound", id="spoof-1") == 0
         # each (peer, reason) is logged once a minute, however many arrive
@@ -318,9 +321,12 @@ def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path)
 
         b.signal(signal.SIGSTOP)
         frozen_at = time.monotonic()
-        a.event("left", 15, companion_id="companion_b")
-        noticed = time.monotonic() - frozen_at
-        assert noticed < 1 + 2 * 3 + 2, f"a frozen peer was noticed after {noticed:.1f} s"
+        bound = 1 + 2 * 3 + 2
+        while driver_stats(a)["disconnects"] != {"unresponsive": 1}:
+            assert time.monotonic() - frozen_at < bound, f"a frozen peer not noticed within {bound} s"
+            time.sleep(0.2)
+        # then its presence announcement is suspected: it leaves unless heard within the grace
+        a.event("left", DISCONNECT_GRACE + 2, companion_id="companion_b")
         b.signal(signal.SIGCONT)
         assert driver_stats(a)["disconnects"] == {"unresponsive": 1}
 

@@ -1,0 +1,387 @@
+"""The trio shell of presence: publish this companion's announcement, take everyone else's.
+
+The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.presence`,
+:meth:`Membership.announce`); this module owns the clocks and the gossipsub topic:
+
+- **Publishing** (companion nodes only): at once when the node starts, again after 1, 2, 4 and 8
+  s (:data:`WARMUP`), then every ``interval`` seconds, each wait jittered to 75-100 % of it
+  (nodes started together do not stay in step; never later than ``interval``, so ``ttl`` = 3
+  intervals always covers two lost announcements). Also soon after a peer connects (once its
+  subscription to the topic arrived, so the announcement reaches it), whenever a companion new
+  to this node appears (so a newcomer learns of everyone within a second, not an interval), when
+  a connection to an announcing peer closed without notice (the announcement lists it in
+  ``lost`` for :data:`~companion.presence.DISCONNECT_GRACE` seconds, so others suspect it), and
+  when another node's announcement lists this node in ``lost`` (the refutation): such triggered
+  announcements are coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one with
+  ``leaving``.
+- **Receiving**: every announcement passes :meth:`PresenceService.validate`, py-libp2p's topic
+  validator, once, before gossipsub may forward it: parsed like every payload, then given to
+  the membership. A refused one (parse errors, ``id_pinned``, ``stale``, ...) is counted by
+  reason in the node's drop counters and neither taken nor forwarded.
+- **Asking** (nodes without a companion: bridges): ``presence.request`` once a peer is on the
+  topic, and twice later (:data:`REQUEST_AFTER`); a companion node that takes one announces
+  soon and relays it, at most one per :data:`REQUEST_GAP`.
+- **Expiry**: a task sleeps until the table's next deadline and removes what expired.
+
+Processing happens in the validator (synchronous, never raising), not in a subscription
+reader: nothing is queued, and what the pubsub does with deliveries does not matter here (the
+node's :class:`~companion.node.pubsub.GuardedPubsub` hands them to the node, which has no
+validated payload stashed for them and ignores them).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+from libp2p.peer.id import ID
+from multiaddr import Multiaddr
+
+from ..log import log_event
+from ..membership import AnnounceRefused, Membership, MembershipEvent
+from ..presence import DISCONNECT_GRACE, PRESENCE_TOPIC
+from ..protocol import (
+    PRESENCE_MAX_ADDRS,
+    PRESENCE_MAX_LOST,
+    Metadata,
+    PayloadError,
+    Presence,
+    PresenceParams,
+    PresenceRequest,
+    encode_presence,
+    parse_presence,
+)
+from .drops import Drop, DropCounters
+
+__all__ = ["PresenceService", "PresenceSettings"]
+
+logger = logging.getLogger("companion.node.presence")
+
+JITTER: Final = (0.75, 1.0)
+"""The share of ``interval`` each wait between periodic announcements takes (uniform)."""
+WARMUP: Final = (1.0, 2.0, 4.0, 8.0)
+"""The first waits between periodic announcements after a start (then ``interval``). What a node
+publishes while the gossipsub meshes are still forming reaches only part of the network (a
+relay whose mesh is empty forwards to nobody, and gossip about it lasts three heartbeats), and
+nothing triggers the announcement again once the node knows everyone: measured with twelve
+nodes started at once on a loaded machine, some never heard one of them for an interval. Four
+more announcements per start, while the meshes settle, reach everyone."""
+REQUEST_GAP: Final = 5.0
+"""Seconds after serving a ``presence.request`` during which a node refuses (and does not relay)
+another one (``request_limit``): one request makes every companion announce once; a flood of
+them costs each node at most one announcement per gap."""
+REQUEST_AFTER: Final = (0.0, REQUEST_GAP + 1.0, 3 * REQUEST_GAP)
+"""When a node that does not announce itself asks, counted from its first peer on the topic
+(again later, in case a node refused the first within another request's gap)."""
+SUBSCRIPTION_WAIT: Final = 5.0
+"""How long a newly connected peer may take to tell us its subscriptions."""
+FLUSH_TIMEOUT: Final = 0.5
+"""How long an announcement that must precede a close (leaving, a trim) may take to be sent."""
+
+Emit = Callable[[list[MembershipEvent]], None]
+
+
+class PresenceSettings:
+    """What :class:`PresenceService` needs from ``NodeConfig`` (see its ``presence_*`` fields)."""
+
+    __slots__ = ("interval", "max_bytes", "min_gap", "ttl")
+
+    def __init__(self, interval: float, ttl: int, min_gap: float, max_bytes: int) -> None:
+        self.interval = interval
+        self.ttl = ttl
+        self.min_gap = min_gap
+        self.max_bytes = max_bytes
+
+
+class PresenceService:
+    """One node's presence: its announcements out, everyone's in (see the module docstring)."""
+
+    def __init__(
+        self,
+        membership: Membership,
+        metadata: Metadata | None,
+        settings: PresenceSettings,
+        drops: DropCounters,
+        emit: Emit,
+        *,
+        name: str = "",
+        rng: random.Random | None = None,
+    ) -> None:
+        self.membership = membership
+        self.metadata = metadata
+        self.settings = settings
+        self.drops = drops
+        self.name = name
+        self._emit = emit
+        self._rng = rng or random.Random()
+        self._self_peer = membership.self_peer
+        self._pubsub: Any = None
+        self._addrs: Callable[[], list[str]] = list
+        self._seq = 0
+        self._last_sent = float("-inf")
+        self._last_request = float("-inf")
+        self.requests = 0
+        self._triggered = trio.Event()
+        self._table_changed = trio.Event()
+        self._lost: dict[str, tuple[int, float]] = {}
+        """Peers lost without notice: the last seq we heard from each, and until when we say so."""
+        self.published = 0
+        self.accepted = 0
+        self.bytes_out = 0
+        """Bytes of this node's own announcements handed to gossipsub."""
+        self.bytes_in = 0
+        """Bytes of announcements this node's validator looked at (each message once: copies
+        gossipsub already saw never get here)."""
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "presence_published": self.published,
+            "presence_accepted": self.accepted,
+            "presence_requests": self.requests,
+            "presence_entries": len(self.membership.presence),
+            "presence_bytes_out": self.bytes_out,
+            "presence_bytes_in": self.bytes_in,
+        }
+
+    # --- running ----------------------------------------------------------------------------
+
+    async def start(self, pubsub: Any, nursery: trio.Nursery, addrs: Callable[[], list[str]]) -> None:
+        """Validate, subscribe (to receive and to relay) and start the loops in ``nursery``;
+        ``addrs`` says where this node listens now (announced, so ring neighbours can dial)."""
+        self._pubsub = pubsub
+        self._addrs = addrs
+        pubsub.set_topic_validator(PRESENCE_TOPIC, self.validate, False)
+        await pubsub.subscribe(PRESENCE_TOPIC)  # joins the mesh; deliveries go to the node, unused
+        nursery.start_soon(self._expire_loop)
+        if self.metadata is not None:
+            nursery.start_soon(self._publish_loop)
+        else:
+            nursery.start_soon(self._request_loop)
+
+    async def _publish_loop(self) -> None:
+        warmup = [w for w in WARMUP if w < self.settings.interval]
+        while True:
+            await self._announce(leaving=False)
+            wait = (warmup.pop(0) if warmup else self.settings.interval) * self._rng.uniform(*JITTER)
+            with trio.move_on_after(wait):
+                await self._triggered.wait()
+                await trio.sleep_until(self._last_sent + self.settings.min_gap)
+            self._triggered = trio.Event()
+
+    async def _request_loop(self) -> None:
+        """A node that does not announce (a bridge) has nothing that makes others announce to
+        it: it asks, once a peer is on the topic, at :data:`REQUEST_AFTER`."""
+        await self._triggered.wait()
+        for wait in REQUEST_AFTER:
+            await trio.sleep(wait)
+            await self._publish(encode_presence(PresenceRequest()))
+
+    async def _expire_loop(self) -> None:
+        while True:
+            deadline = self.membership.presence_deadline()
+            with trio.move_on_at(deadline if deadline is not None else float("inf")):
+                await self._table_changed.wait()
+            self._table_changed = trio.Event()
+            self._emit(self.membership.expire(trio.current_time()))
+
+    # --- publishing -------------------------------------------------------------------------
+
+    def trigger(self) -> None:
+        """Announce soon (at most one triggered announcement per ``min_gap``)."""
+        self._triggered.set()
+
+    def connection_lost(self, peer: str) -> None:
+        """The connection to ``peer`` closed without notice: its entry now has a shorter
+        deadline, and we announce ourselves at once, saying we lost it (if it announces) and
+        letting it hear from us if it lost us the same way."""
+        entry = self.membership.presence.of_peer(peer)
+        if entry is not None:
+            self._lost[peer] = (entry.seq, trio.current_time() + DISCONNECT_GRACE)
+        self._table_changed.set()
+        self.trigger()
+
+    def connection_back(self, peer: str) -> None:
+        """``peer`` connected again: it is not lost."""
+        self._lost.pop(peer, None)
+
+    async def peer_connected(self, peer: ID) -> None:
+        """A peer connected: announce (or, without metadata, ask) once it subscribed to the
+        topic (bounded wait)."""
+        if self._pubsub is None:
+            return
+        with trio.move_on_after(SUBSCRIPTION_WAIT):
+            try:
+                await self._pubsub.wait_for_subscription(peer, PRESENCE_TOPIC, timeout=SUBSCRIPTION_WAIT)
+            except Exception:  # too slow (an aikyo peer never subscribes to it), or gone
+                return
+            self.trigger()
+
+    async def announce_now(self) -> None:
+        """Announce at once and wait (bounded) until it was handed to every peer: what a node
+        does just before it closes a connection on purpose (a trim)."""
+        if self.metadata is not None:
+            await self._announce(leaving=False)
+            await self._flush()
+
+    async def leave(self) -> None:
+        """The orderly stop: announce ``leaving`` and give it a moment to go out."""
+        if self.metadata is not None and self._pubsub is not None:
+            await self._announce(leaving=True)
+            await self._flush()
+
+    async def _announce(self, *, leaving: bool) -> None:
+        assert self.metadata is not None
+        if self._pubsub is None:
+            return
+        self._seq = max(self._seq + 1, time.time_ns() // 1_000_000)
+        presence = Presence(
+            params=PresenceParams(
+                metadata=self.metadata,
+                seq=self._seq,
+                ttl=self.settings.ttl,
+                leaving=leaving,
+                addrs=[a for a in self._addrs() if len(a) <= 300][:PRESENCE_MAX_ADDRS],
+                lost=self._lost_now(),
+            )
+        )
+        await self._publish(encode_presence(presence))
+
+    async def _publish(self, data: bytes) -> None:
+        if self._pubsub is None:
+            return
+        if len(data) > self.settings.max_bytes:
+            log_event(
+                logger,
+                "presence_too_large",
+                logging.WARNING,
+                node=self.name,
+                size=len(data),
+                limit=self.settings.max_bytes,
+            )
+            return
+        self._last_sent = trio.current_time()
+        try:
+            await self._pubsub.publish(PRESENCE_TOPIC, data)
+            self.published += 1
+            self.bytes_out += len(data)
+        except Exception as exc:  # a publish that fails must not end the loop
+            log_event(
+                logger, "presence_publish_failed", logging.WARNING, node=self.name, error=repr(exc)[:200]
+            )
+
+    def _lost_now(self) -> dict[str, int]:
+        """The peers to report lost: those lost within the grace, the most recent first."""
+        now = trio.current_time()
+        for peer in [p for p, (_, until) in self._lost.items() if until <= now]:
+            del self._lost[peer]
+        recent = sorted(self._lost.items(), key=lambda item: item[1][1], reverse=True)
+        return {peer: seq for peer, (seq, _) in recent[:PRESENCE_MAX_LOST]}
+
+    async def _flush(self) -> None:
+        """Wait until py-libp2p's per-peer send queues are empty, within :data:`FLUSH_TIMEOUT`.
+        py-libp2p 0.8.1 has no event for it: the queues are looked at every 10 ms."""
+        queues = getattr(self._pubsub, "peer_queues", {})
+        with trio.move_on_after(FLUSH_TIMEOUT):
+            while any(len(q) for q in list(queues.values())):
+                await trio.sleep(0.01)
+            await trio.sleep(0.02)  # the RPC taken last may still be in its write
+
+    # --- receiving --------------------------------------------------------------------------
+
+    def validate(self, forwarder: ID, msg: Any) -> bool:
+        """py-libp2p's topic validator: take the announcement, or count why not. Never raises
+        (a raising validator stops py-libp2p's pubsub)."""
+        try:
+            return self._validate(forwarder, msg)
+        except Exception as exc:
+            self.drops.record(Drop("internal_error", repr(exc)), peer=str(forwarder), topic=PRESENCE_TOPIC)
+            return False
+
+    def _validate(self, forwarder: ID, msg: Any) -> bool:
+        if len(msg.topicIDs) != 1:
+            self._drop("multi_topic", f"{len(msg.topicIDs)} topics in one message", str(forwarder))
+            return False
+        signer = ID(msg.from_id).to_base58()
+        if signer == self._self_peer:
+            return True  # our own, on its way out
+        self.bytes_in += len(msg.data)
+        parsed = parse_presence(msg.data, max_bytes=self.settings.max_bytes)
+        if isinstance(parsed, PayloadError):
+            self._drop(parsed.reason, parsed.detail, signer)
+            return False
+        if isinstance(parsed, PresenceRequest):
+            return self._requested(signer)
+        result = self.membership.announce(signer, parsed, now=trio.current_time(), wall=time.time())
+        if isinstance(result, AnnounceRefused):
+            self._refused(result)
+            return False
+        self.accepted += 1
+        self._table_changed.set()
+        self._learn_addrs(signer, parsed.params.addrs)
+        if self._self_peer in parsed.params.lost and self.metadata is not None:
+            self.trigger()  # someone lost us: tell everyone we are here
+        if result:
+            self._emit(result)
+            if any(event.kind == "joined" for event in result):
+                self.trigger()  # a newcomer: tell it about us now, not an interval later
+        return True
+
+    def _requested(self, signer: str) -> bool:
+        """Someone asked for announcements: announce soon and relay the request, unless one was
+        served within :data:`REQUEST_GAP`."""
+        now = trio.current_time()
+        if now - self._last_request < REQUEST_GAP:
+            self._drop("request_limit", f"a presence request within {REQUEST_GAP:g} s of another", signer)
+            return False
+        self._last_request = now
+        self.requests += 1
+        if self.metadata is not None:
+            self.trigger()
+        return True
+
+    def _learn_addrs(self, signer: str, addrs: list[str]) -> None:
+        """Make the addresses a companion announced for itself (those that end in its own peer
+        id and parse; the rest are ignored) the peerstore's addresses of it, unless it is
+        connected (identify knows them then). Replaced, never added to: py-libp2p's peerstore
+        appends without bound, and each announcement could carry new ones."""
+        if self._pubsub is None:
+            return
+        host = self._pubsub.host
+        peer = ID.from_base58(signer)
+        if host.get_network().connections.get(peer):
+            return
+        suffix = f"/p2p/{signer}"
+        usable = []
+        for text in addrs:
+            if not text.endswith(suffix):
+                continue
+            try:
+                usable.append(Multiaddr(text[: -len(suffix)]))
+            except Exception:
+                continue
+        if usable:
+            store = host.get_peerstore()
+            store.clear_addrs(peer)
+            store.add_addrs(peer, usable[:PRESENCE_MAX_ADDRS])
+
+    def _refused(self, refused: AnnounceRefused) -> None:
+        owner = f", pinned to peer {refused.owner}" if refused.owner else ""
+        self._drop(refused.reason, f"announcement for {refused.companion_id[:80]!r}{owner}", refused.peer_id)
+        if refused.reason in ("id_pinned", "our_own_id"):
+            log_event(
+                logger,
+                "presence_refused",
+                logging.DEBUG,
+                node=self.name,
+                peer=refused.peer_id,
+                companion_id=refused.companion_id[:80],
+                reason=refused.reason,
+                owner=refused.owner,
+            )
+
+    def _drop(self, reason: str, detail: str, peer: str) -> None:
+        self.drops.record(Drop(reason, detail), peer=peer, topic=PRESENCE_TOPIC)

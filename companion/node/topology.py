@@ -1,0 +1,335 @@
+"""Which connections a node keeps: at most ``max_connections`` (plus protected ones), inbound too,
+and a ring that keeps the network in one piece.
+
+py-libp2p's connection manager dials known peers up to a target (``config.connection_config``:
+half the bound, so a node has room for peers that dial it) and has a pruner with a grace
+period, but the pruner never closes a connection with an open stream, and every gossipsub peer
+has one: inbound connections were never trimmed. This module trims them itself, as a policy:
+
+1. **Protected** peers are never trimmed and not counted: bootstrap peers and relays (protected
+   in py-libp2p's tag store) and the bridges the operator allowed to answer (the in-process
+   clients node of ``companion run --ws`` among them).
+2. **Ring neighbours** are never trimmed: among the peers announcing presence (and this node),
+   sorted by peer id, each node keeps a connection to the one before and the one after it, and
+   dials them when they are not connected. Since every node sees the same announcements, the
+   ring edges form one cycle through every companion: trimming anything else cannot cut the
+   network in two.
+3. Beyond the bound, the peers kept first are those only a direct connection keeps in the
+   directory (companions that do not announce presence: aikyo's), then peers in more gossipsub
+   meshes, then the oldest connections; the rest is trimmed, each connection only after a
+   ``grace`` period (time to exchange metadata and a first announcement).
+
+Before it trims a connection, a node announces its presence and tells the peer on
+:data:`TRIM_PROTOCOL` (a stream the peer acknowledges with one byte): the trimmed peer keeps it
+in its directory, reachable through gossip, while a peer whose connection closed without that
+notice (killed, or unreachable) leaves its neighbours' directories at once (see
+:mod:`companion.presence`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import trio
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from ..log import log_event
+from .discovery import Backoff
+
+__all__ = [
+    "TRIM_PROTOCOL",
+    "Link",
+    "Topology",
+    "TrimPlan",
+    "dial_target",
+    "disable_libp2p_pruner",
+    "plan_trims",
+    "ring_neighbours",
+]
+
+logger = logging.getLogger("companion.node.topology")
+
+MIN_PASS_INTERVAL: Final = 1.0
+"""Seconds between two passes over the connections (each pass is cheap; changes come in bursts)."""
+RING_DIAL_TIMEOUT: Final = 5.0
+TRIM_PROTOCOL: Final = TProtocol("/companion/trim/1.0.0")
+"""Opened by a node about to close a connection on purpose; the peer answers one byte."""
+NOTICE_TIMEOUT: Final = 2.0
+"""How long telling a peer it is being trimmed may take (then it is closed regardless)."""
+NOTICE_VALID: Final = 30.0
+"""Seconds a peer's trim notice covers the disconnect that should follow it."""
+
+
+def dial_target(max_connections: int) -> int:
+    """How many connections a node dials itself: half its bound (rounded up), so that on average
+    as many peers dial it and most nodes stay within the bound without trimming."""
+    return max(1, math.ceil(max_connections / 2))
+
+
+def disable_libp2p_pruner(host: Any) -> None:
+    """Leave trimming to :class:`Topology`. Above its high watermark py-libp2p's pruner closes
+    connections without open streams down to the *low* watermark, whatever they carry, with no
+    notice to the peer; the policy here decides instead. A pruner that was never started does
+    nothing, so the running one is replaced by a fresh one."""
+    network = host.get_network()
+    current = getattr(network, "connection_pruner", None)
+    if current is not None:
+        network.connection_pruner = type(current)(network)
+
+
+def ring_neighbours(self_peer: str, members: Iterable[str]) -> frozenset[str]:
+    """The peers just before and just after ``self_peer`` among ``members`` sorted by peer id
+    (wrapping around); none when alone."""
+    ring = sorted({*members, self_peer})
+    if len(ring) < 2:
+        return frozenset()
+    at = ring.index(self_peer)
+    return frozenset({ring[at - 1], ring[(at + 1) % len(ring)]})
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """What the policy knows about one connected peer."""
+
+    peer: str
+    since: float
+    """When the first of its current connections opened (monotonic clock)."""
+    protected: bool = False
+    ring: bool = False
+    direct_only: bool = False
+    """A companion present in the directory only through this connection (it does not announce)."""
+    meshes: int = 0
+    """Gossipsub topics whose mesh holds it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrimPlan:
+    close: tuple[str, ...]
+    """Peers to disconnect now."""
+    later: float | None
+    """When a peer due for trimming leaves its grace period (look again then)."""
+
+
+def plan_trims(links: Sequence[Link], *, bound: int, grace: float, now: float) -> TrimPlan:
+    """Which peers to disconnect so that at most ``bound`` unprotected peers stay connected
+    (ring neighbours are kept even beyond it). The ones trimmed are the least worth keeping
+    (see the module docstring); one still in its grace period is trimmed when it ends."""
+    counted = [link for link in links if not link.protected]
+    excess = len(counted) - bound
+    if excess <= 0:
+        return TrimPlan((), None)
+    candidates = sorted(
+        (link for link in counted if not link.ring),
+        key=lambda link: (link.direct_only, link.meshes, -link.since),
+    )[:excess]
+    close = tuple(link.peer for link in candidates if now - link.since >= grace)
+    young = [link.since + grace for link in candidates if now - link.since < grace]
+    return TrimPlan(close, min(young) if young else None)
+
+
+Dial = Callable[[ID], Awaitable[bool]]
+
+
+class Topology:
+    """The trio shell: trims excess connections and keeps the ring neighbours connected.
+
+    The node reports connections as they open and close (:meth:`connected`,
+    :meth:`disconnected`), asks on each disconnect whether it was on purpose
+    (:meth:`closed_on_purpose`: our trim, or the peer's, announced on :data:`TRIM_PROTOCOL`),
+    and serves that protocol with :meth:`serve_notice`."""
+
+    def __init__(
+        self,
+        host: Any,
+        *,
+        name: str,
+        bound: int,
+        grace: float,
+        self_peer: str,
+        is_protected: Callable[[ID], bool],
+        ring_members: Callable[[], Iterable[str]] | None,
+        direct_only: Callable[[], frozenset[str]],
+        meshes: Callable[[], Iterable[Iterable[ID]]],
+        announce: Callable[[], Awaitable[None]],
+        dial: Dial,
+        wait_for_change: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.host = host
+        self.name = name
+        self.bound = bound
+        self.grace = grace
+        self.self_peer = self_peer
+        self._is_protected = is_protected
+        self._ring_members = ring_members
+        self._direct_only = direct_only
+        self._meshes = meshes
+        self._announce = announce
+        self._dial = dial
+        self._wait_for_change = wait_for_change
+        self._since: dict[str, float] = {}
+        self._trimming: set[str] = set()
+        self._notices: dict[str, float] = {}
+        """Connected peers that told us they are trimming us, and when."""
+        self._dialling: set[str] = set()
+        self._backoff: dict[str, tuple[Backoff, float]] = {}
+        self.trimmed = 0
+        self.ring_dials = 0
+
+    def stats(self) -> dict[str, Any]:
+        return {"trimmed": self.trimmed, "ring_dials": self.ring_dials, "ring": sorted(self._ring())}
+
+    # --- what the node reports --------------------------------------------------------------
+
+    def connected(self, peer: str, now: float) -> None:
+        self._since.setdefault(peer, now)
+
+    def disconnected(self, peer: str) -> None:
+        self._since.pop(peer, None)
+
+    def closed_on_purpose(self, peer: str) -> bool:
+        """Whether the connection to ``peer`` that just closed was trimmed, by us or by the peer
+        (which said so first); forgets both marks."""
+        ours = peer in self._trimming
+        self._trimming.discard(peer)
+        told = self._notices.pop(peer, None)
+        return ours or (told is not None and trio.current_time() - told <= NOTICE_VALID)
+
+    async def serve_notice(self, stream: Any) -> None:
+        """A peer is about to trim its connection to us: remember it (one mark per connected
+        peer, so it stays bounded) and acknowledge, so it closes only after we know."""
+        try:
+            peer = stream.muxed_conn.peer_id
+            if self.host.get_network().connections.get(peer):
+                self._notices[peer.to_base58()] = trio.current_time()
+            with trio.move_on_after(NOTICE_TIMEOUT):
+                await stream.write(b"\x01")
+        except Exception as exc:
+            log_event(logger, "trim_notice_failed", logging.DEBUG, node=self.name, error=repr(exc)[:200])
+        finally:
+            with trio.move_on_after(NOTICE_TIMEOUT), contextlib.suppress(Exception):
+                await stream.close()
+
+    # --- running ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                plan = plan_trims(self._links(), bound=self.bound, grace=self.grace, now=trio.current_time())
+                if plan.close:
+                    await self._trim(plan.close)
+                self._keep_ring(nursery)
+                await trio.sleep(MIN_PASS_INTERVAL)
+                with trio.move_on_at(plan.later if plan.later is not None else math.inf):
+                    await self._wait_for_change()
+
+    def _ring(self) -> frozenset[str]:
+        """Our ring neighbours (none for a node that does not announce itself: a bridge)."""
+        if self._ring_members is None:
+            return frozenset()
+        return ring_neighbours(self.self_peer, self._ring_members())
+
+    def _links(self) -> list[Link]:
+        ring = self._ring()
+        direct_only = self._direct_only()
+        in_mesh: dict[str, int] = {}
+        for mesh in self._meshes():
+            for peer in mesh:
+                name = peer.to_base58()
+                in_mesh[name] = in_mesh.get(name, 0) + 1
+        now = trio.current_time()
+        links = []
+        for peer in list(self.host.get_network().connections):
+            name = peer.to_base58()
+            if name in self._trimming:
+                continue
+            links.append(
+                Link(
+                    name,
+                    self._since.get(name, now),
+                    protected=self._is_protected(peer),
+                    ring=name in ring,
+                    direct_only=name in direct_only,
+                    meshes=in_mesh.get(name, 0),
+                )
+            )
+        return links
+
+    async def _trim(self, peers: tuple[str, ...]) -> None:
+        """Announce ourselves and tell each peer (so they keep us: see the module docstring),
+        then close."""
+        self._trimming.update(peers)
+        await self._announce()
+        network = self.host.get_network()
+        for name in peers:
+            log_event(logger, "connection_trimmed", node=self.name, peer=name, bound=self.bound)
+            self.trimmed += 1
+            peer = ID.from_base58(name)
+            await self._tell(peer)
+            try:
+                with trio.move_on_after(RING_DIAL_TIMEOUT):
+                    await network.close_peer(peer)
+            except Exception as exc:
+                log_event(
+                    logger, "trim_failed", logging.WARNING, node=self.name, peer=name, error=repr(exc)[:200]
+                )
+            if name not in self._since or network.connections.get(peer):
+                self._trimming.discard(name)  # its disconnect was seen already, or it failed
+
+    async def _tell(self, peer: ID) -> None:
+        """Open :data:`TRIM_PROTOCOL` to ``peer`` and wait for its byte (bounded; a peer without
+        the protocol, such as aikyo's, simply refuses it)."""
+        with trio.move_on_after(NOTICE_TIMEOUT):
+            try:
+                stream = await self.host.new_stream(peer, [TRIM_PROTOCOL])
+                try:
+                    await stream.read(1)
+                finally:
+                    await stream.close()
+            except Exception as exc:
+                log_event(
+                    logger,
+                    "trim_notice_unsent",
+                    logging.DEBUG,
+                    node=self.name,
+                    peer=str(peer),
+                    error=repr(exc)[:200],
+                )
+
+    def _keep_ring(self, nursery: trio.Nursery) -> None:
+        connections = self.host.get_network().connections
+        now = trio.current_time()
+        for name in sorted(self._ring()):
+            if name in self._dialling or name in self._trimming:
+                continue
+            peer = ID.from_base58(name)
+            if connections.get(peer):
+                self._backoff.pop(name, None)
+                continue
+            backoff, not_before = self._backoff.get(name, (Backoff(1.0, 30.0), 0.0))
+            if now < not_before:
+                continue
+            self._backoff[name] = (backoff, now + backoff.next())
+            self._dialling.add(name)
+            nursery.start_soon(self._dial_ring, name, peer)
+        for name in [n for n in self._backoff if n not in self._ring()]:
+            del self._backoff[name]
+
+    async def _dial_ring(self, name: str, peer: ID) -> None:
+        self.ring_dials += 1
+        try:
+            with trio.move_on_after(RING_DIAL_TIMEOUT):
+                ok = await self._dial(peer)
+                log_event(logger, "ring_dialled", logging.DEBUG, node=self.name, peer=name, ok=ok)
+        except Exception as exc:  # a failed dial is normal; it must never end the node
+            log_event(
+                logger, "ring_dial_failed", logging.DEBUG, node=self.name, peer=name, error=repr(exc)[:200]
+            )
+        finally:
+            self._dialling.discard(name)
