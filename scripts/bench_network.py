@@ -380,23 +380,38 @@ class Worker:
         except OSError:
             pass  # it exited: its wait fails with the reason
 
-    def stop(self, grace: float = 5.0) -> None:
-        """``stop``, then SIGTERM, then SIGKILL, each within ``grace``; by PID only."""
+    def kill(self, signum: int) -> None:
         if self.popen.poll() is None:
-            self.send({"op": "stop"})
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.kill(self.pid, signal.SIGTERM)
-                try:
-                    self.popen.wait(grace)
-                except subprocess.TimeoutExpired:
-                    os.kill(self.pid, signal.SIGKILL)
-                    self.popen.wait(grace)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def close(self) -> None:
         for stream in (self.popen.stdin, self.popen.stdout):
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
+
+
+def stop_all(workers: Sequence[Worker], grace: float = 5.0) -> None:
+    """Stop every process, all at once and by its PID: the ``stop`` command, then SIGTERM, then
+    SIGKILL, each step with ``grace`` seconds for all of them."""
+    steps: list[Callable[[Worker], None]] = [
+        lambda w: w.send({"op": "stop"}),
+        lambda w: w.kill(signal.SIGTERM),
+        lambda w: w.kill(signal.SIGKILL),
+    ]
+    for step in steps:
+        running = [w for w in workers if w.popen.poll() is None]
+        if not running:
+            break
+        for w in running:
+            step(w)
+        deadline = time.monotonic() + grace
+        for w in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.popen.wait(max(0.0, deadline - time.monotonic()))
+    for w in workers:
+        w.close()
 
 
 def edges(topology: str, nodes: int) -> list[tuple[int, int]]:
@@ -451,8 +466,7 @@ class Network:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for w in self.workers:
-            w.stop()
+        stop_all(self.workers)
 
     def start(self) -> None:
         degree = neighbours(self.pairs, self.nodes)
@@ -509,11 +523,12 @@ def publish_case(net: Network, run: int, rate: float, seconds: float, out: dict[
     publisher.send({"op": "bench_blast", "run": run, "rate": rate, "count": count})
     try:
         publisher.wait_after(mark, seconds * 3 + 30, "bench_blasted", run=run)
-    finally:
-        out["publish_s"] = time.monotonic() - began
-        reports = drain(net, expected)
-        cpu = [b - a for a, b in zip(cpu0, net.cpu(), strict=True)]
-        summarise(out, reports, cpu, count)
+    except Exception as exc:  # what arrived is still reported
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    out["publish_s"] = time.monotonic() - began
+    reports = drain(net, expected)
+    cpu = [b - a for a, b in zip(cpu0, net.cpu(), strict=True)]
+    summarise(out, reports, cpu, count)
 
 
 def drain(net: Network, expected: int, quiet: float = 2.0, limit: float = 30.0) -> list[dict[str, Any]]:
@@ -590,7 +605,7 @@ def network_cases(
             try:
                 publish_case(net, run, rate, seconds, out)
             except Exception as exc:
-                out["error"] = f"{type(exc).__name__}: {exc}"
+                out.setdefault("error", f"{type(exc).__name__}: {exc}")
             results.append(out)
         if idle > 0:
             out = {**base, "idle_seconds": idle}
@@ -789,7 +804,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker is not None:
         worker(args.worker, args.index, args.max_connections)
-        return 0
+        sys.stdout.flush()
+        os._exit(0)  # the node is closed; py-libp2p's threads would keep the interpreter alive
 
     def interrupted(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # unwinds through every Network, which stops its processes
@@ -802,19 +818,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         js = js_peer_command()
     results: list[dict[str, Any]] = []
-    for topology in args.topology:
-        for nodes in args.nodes:
-            seconds = (6.0 if nodes <= 2 else 10.0) if args.seconds is None else args.seconds
-            for impl in args.impl:  # interleaved: the same load for all three
-                for r in network_cases(impl, topology, nodes, args.rate, seconds, args.idle, js):
-                    results.append(r)
-                    emit(r, describe(r), args.json)
+    interrupted_by: str | None = None
+    try:
+        for topology in args.topology:
+            for nodes in args.nodes:
+                seconds = (6.0 if nodes <= 2 else 10.0) if args.seconds is None else args.seconds
+                for impl in args.impl:  # interleaved: the same load for all three
+                    for r in network_cases(impl, topology, nodes, args.rate, seconds, args.idle, js):
+                        results.append(r)
+                        emit(r, describe(r), args.json)
+    except KeyboardInterrupt:  # every process is stopped by now; say what was measured
+        interrupted_by = "interrupted: the figures below cover only the cases above"
+        print(interrupted_by, file=sys.stderr, flush=True)
     rows = ratios(results)
     for row in rows:
         emit(row, describe_ratios(row), args.json)
     g = goals(results, rows)
     emit(g, describe_goals(g), args.json)
-    return 0
+    return 130 if interrupted_by else 0
 
 
 if __name__ == "__main__":
