@@ -38,12 +38,15 @@ at 20 msg/s with 10 nodes (companion, each topology), and companion p99 <= 2 x j
 case measured for both.
 
 ``--idle S`` adds, for each network, the CPU each node spends in S seconds of an idle network
-(connected, nothing published, after 5 s of settling), in % of one core.
+(connected, nothing published, after 5 s of settling), in % of one core; for the project's node
+also the connections lost and the PRUNEs received per node per minute in that time (a churning
+mesh shows there). ``disconnects`` / ``dropped`` on a publishing line: the project's node's
+connections lost and payloads its edge dropped, all nodes, since start.
 
-    python scripts/bench_network.py                                 # all 36 cases, ~15 min
+    python scripts/bench_network.py                                 # 36 cases, 12 networks
     python scripts/bench_network.py --nodes 2 --rate 5 --seconds 3  # a short check
     python scripts/bench_network.py --impl companion js --topology sparse --nodes 10 --rate 20
-    python scripts/bench_network.py --nodes 10 --seconds 0 --idle 30   # idle CPU only
+    python scripts/bench_network.py --impl companion --topology mesh --nodes 10 --seconds 0 --idle 30
     BENCH_NODE_CONFIG='{"health_check_interval": 60}' python scripts/bench_network.py --impl companion
 
 ``BENCH_NODE_CONFIG`` replaces NodeConfig fields on every companion node (and the gossipsub
@@ -252,6 +255,7 @@ class CompanionNodeUnderTest:
             "mesh": stats["mesh"].get("messages", 0),
             "disconnects": sum(stats["disconnects"].values()),
             "dropped": stats["dropped"],
+            "prunes": stats["control"].get("prune_received", 0),
         }
 
 
@@ -621,8 +625,10 @@ def network_cases(
 
 
 def idle_case(net: Network, seconds: float, out: dict[str, Any], settle: float = 5.0) -> None:
-    """CPU per node of the connected network while nothing is published."""
+    """CPU per node of the connected network while nothing is published; for the project's
+    node also the connections it lost and the PRUNEs it received (a churning mesh shows there)."""
     time.sleep(settle)
+    before = net.report()
     cpu0 = net.cpu()
     time.sleep(seconds)
     percent = [(b - a) / seconds * 100 for a, b in zip(cpu0, net.cpu(), strict=True)]
@@ -633,6 +639,12 @@ def idle_case(net: Network, seconds: float, out: dict[str, Any], settle: float =
         connections=[r.get("connections") for r in reports],
         mesh=[r.get("mesh") for r in reports],
     )
+    if all("prunes" in r for r in reports):
+        pairs = list(zip(before, reports, strict=True))
+        out["disconnects"] = sum(r["disconnects"] - b["disconnects"] for b, r in pairs)
+        out["prunes_per_node_per_minute"] = (
+            statistics.mean(r["prunes"] - b["prunes"] for b, r in pairs) * 60 / seconds
+        )
 
 
 # --- output -----------------------------------------------------------------------------------------
@@ -661,6 +673,8 @@ def describe(r: dict[str, Any]) -> str:
             f" (max {r['idle_cpu_percent_max']:.2f})"
             f"  conn {span(r['connections'])}  mesh {span(r['mesh'])}"
         )
+        if "prunes_per_node_per_minute" in r:
+            head += f"  disconnects {r['disconnects']}  PRUNEs {r['prunes_per_node_per_minute']:.1f}/node/min"
     elif "delivered" in r:
         head += (
             f"  p50 {ms(r['p50_ms'])} ms  p99 {ms(r['p99_ms'])} ms"
