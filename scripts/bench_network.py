@@ -176,6 +176,7 @@ def worker(impl: str, index: int, max_connections: int) -> None:
                 await node.publish(envelope(me, {"bench": "warm", "seq": cmd["seq"], "t": time.time()}))
             elif op == "bench_begin":
                 recorder.begin(int(cmd["run"]))
+                emit("bench_begun", run=recorder.run)
             elif op == "bench_blast":
                 nursery.start_soon(
                     blast, node.publish, int(cmd["run"]), float(cmd["rate"]), int(cmd["count"])
@@ -489,8 +490,7 @@ class Network:
     def warm(self) -> None:
         """Publish warm-up messages from node 0 until one reached every other node (gossipsub
         meshes form at heartbeats)."""
-        for w in self.workers:  # bench mode on (the js peer then counts instead of emitting)
-            w.send({"op": "bench_begin", "run": -1})
+        self.begin(-1)  # bench mode on (the js peer then counts instead of emitting)
         deadline = time.monotonic() + WARM_TIMEOUT
         for seq in range(10**6):
             self.workers[0].send({"op": "bench_warm", "seq": seq})
@@ -499,6 +499,14 @@ class Network:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"warm-up: no message reached every node within {WARM_TIMEOUT} s")
+
+    def begin(self, run: int) -> None:
+        """Every node records ``run`` from now on (acknowledged, so no message of it is missed)."""
+        marks = [w.mark() for w in self.workers]
+        for w in self.workers:
+            w.send({"op": "bench_begin", "run": run})
+        for w, m in zip(self.workers, marks, strict=True):
+            w.wait_after(m, REPORT_TIMEOUT, "bench_begun", run=run)
 
     def cpu(self) -> list[float]:
         return [cpu_seconds(w.pid) or 0.0 for w in self.workers]
@@ -517,9 +525,7 @@ def publish_case(net: Network, run: int, rate: float, seconds: float, out: dict[
     count = max(1, int(rate * seconds))
     expected = count * (net.nodes - 1)
     out.update(messages=count, expected=expected)
-    for w in net.workers:
-        w.send({"op": "bench_begin", "run": run})
-    time.sleep(0.2)  # the begin reached every process before the first message can
+    net.begin(run)
     cpu0 = net.cpu()
     began = time.monotonic()
     publisher = net.workers[0]

@@ -13,7 +13,7 @@
 // For scripts/bench_network.py (unused by the interop test; nothing changes until one arrives):
 //   stdin:  {"op":"bench_warm","seq":N} | {"op":"bench_begin","run":R}
 //           | {"op":"bench_blast","run":R,"rate":MSG_PER_S,"count":N} | {"op":"bench_report"}
-//   stdout: bench_warm (a warm-up message arrived), bench_blasted, bench_report
+//   stdout: bench_warm (a warm-up message arrived), bench_begun, bench_blasted, bench_report
 // Bench payloads are aikyo message.send envelopes on "messages" whose text is JSON
 // {"bench":"warm"|"data","run","seq","t"} (t: the sender's wall clock in seconds); once a bench
 // command arrived they are counted here instead of emitted one "message" event each.
@@ -174,6 +174,7 @@ async function benchCommand (command) {
     bench.run = command.run
     bench.latencies = []
     bench.seen = new Set()
+    emit('bench_begun', { run: bench.run })
   } else if (command.op === 'bench_blast') {
     benchBlast(command.run, command.rate, command.count) // runs on while commands keep coming
   } else if (command.op === 'bench_report') {
