@@ -165,9 +165,10 @@ def worker(impl: str, index: int, max_connections: int) -> None:
         emit("bench_blasted", run=run, count=count)
 
     async def command(nursery: trio.Nursery, line: bytes) -> bool:
+        op = "?"
         try:
             cmd = json.loads(line)
-            op = cmd["op"]
+            op = str(cmd["op"])
             if op == "dial":
                 with trio.fail_after(DIAL_TIMEOUT / 2):
                     await node.dial(cmd["addr"])
@@ -186,7 +187,7 @@ def worker(impl: str, index: int, max_connections: int) -> None:
             elif op == "stop":
                 return False
         except Exception as exc:
-            emit("error", op=str(line[:40]), error=f"{type(exc).__name__}: {exc}"[:200])
+            emit("error", op=op, error=f"{type(exc).__name__}: {exc}"[:200])
         return True
 
     async def commands(nursery: trio.Nursery) -> None:
@@ -351,27 +352,31 @@ class Worker:
 
     def wait_after(self, mark: int, timeout: float, name: str, **fields: Any) -> dict[str, Any]:
         """The first ``name`` event with ``fields`` after the first ``mark`` events."""
+
+        def match(event: dict[str, Any]) -> bool:
+            return event.get("event") == name and all(event.get(k) == v for k, v in fields.items())
+
+        return self.wait_for(mark, timeout, match, f"{name} {fields}")
+
+    def wait_for(
+        self, mark: int, timeout: float, match: Callable[[dict[str, Any]], bool], what: str
+    ) -> dict[str, Any]:
+        """The first event after the first ``mark`` events that ``match`` accepts."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while True:
                 for event in self.events[mark:]:
-                    if event.get("event") == name and all(event.get(k) == v for k, v in fields.items()):
+                    if match(event):
                         return event
                 left = deadline - time.monotonic()
                 if left <= 0 or self.popen.poll() is not None:
-                    state = (
-                        "exited"
-                        if self.popen.poll() is not None
-                        else f"no {name} {fields} within {timeout} s"
-                    )
+                    state = "exited" if self.popen.poll() is not None else f"no {what} within {timeout} s"
                     raise TimeoutError(f"{self.impl} node {self.index}: {state}")
                 self.cond.wait(min(left, 1.0))
 
-    def has(self, name: str, **fields: Any) -> bool:
+    def warm_seqs(self) -> set[int]:
         with self.cond:
-            return any(
-                e.get("event") == name and all(e.get(k) == v for k, v in fields.items()) for e in self.events
-            )
+            return {e.get("seq") for e in self.events if e.get("event") == "bench_warm"}
 
     def mark(self) -> int:
         with self.cond:
@@ -417,6 +422,16 @@ def stop_all(workers: Sequence[Worker], grace: float = 5.0) -> None:
                 w.popen.wait(max(0.0, deadline - time.monotonic()))
     for w in workers:
         w.close()
+
+
+def dial_answer(addr: str) -> Callable[[dict[str, Any]], bool]:
+    """Matches the answer to a dial of ``addr``: ``dialled``, or an ``error`` of a dial."""
+
+    def match(event: dict[str, Any]) -> bool:
+        dialled = event.get("event") == "dialled" and event.get("addr") == addr
+        return dialled or (event.get("event") == "error" and event.get("op") == "dial")
+
+    return match
 
 
 def edges(topology: str, nodes: int) -> list[tuple[int, int]]:
@@ -485,7 +500,11 @@ class Network:
             marks[i, j] = self.workers[i].mark()
             self.workers[i].send({"op": "dial", "addr": addrs[j]})
         for i, j in self.pairs:
-            self.workers[i].wait_after(marks[i, j], DIAL_TIMEOUT, "dialled", addr=addrs[j])
+            done = self.workers[i].wait_for(
+                marks[i, j], DIAL_TIMEOUT, dial_answer(addrs[j]), f"dial {addrs[j]}"
+            )
+            if done.get("event") != "dialled":
+                raise RuntimeError(f"{self.impl} node {i} could not dial node {j}: {done.get('error')}")
 
     def warm(self) -> None:
         """Publish warm-up messages from node 0 until one reached every other node (gossipsub
@@ -494,11 +513,16 @@ class Network:
         deadline = time.monotonic() + WARM_TIMEOUT
         for seq in range(10**6):
             self.workers[0].send({"op": "bench_warm", "seq": seq})
-            time.sleep(0.2)
-            if all(w.has("bench_warm", seq=seq) for w in self.workers[1:]):
-                return
+            time.sleep(0.3)
+            if set.intersection(*(w.warm_seqs() for w in self.workers[1:])):
+                return  # one warm-up message (any: on a loaded box they take seconds) reached all
             if time.monotonic() > deadline:
-                raise TimeoutError(f"warm-up: no message reached every node within {WARM_TIMEOUT} s")
+                reached = [len(w.warm_seqs()) > 0 for w in self.workers[1:]]
+                raise TimeoutError(
+                    f"warm-up: no message reached every node within {WARM_TIMEOUT} s"
+                    f" ({sum(reached)} of {len(reached)} receivers got any)"
+                )
+        raise AssertionError("unreachable")
 
     def begin(self, run: int) -> None:
         """Every node records ``run`` from now on (acknowledged, so no message of it is missed)."""
