@@ -495,16 +495,36 @@ class Network:
         started = [w.wait_after(0, START_TIMEOUT, "started") for w in self.workers]
         self.start_s = [s["at"] - w.spawned for s, w in zip(started, self.workers, strict=True)]
         addrs = [next((a for a in s["addrs"] if "/ip4/127.0.0.1/" in a), s["addrs"][0]) for s in started]
-        marks = {}
-        for i, j in self.pairs:
-            marks[i, j] = self.workers[i].mark()
-            self.workers[i].send({"op": "dial", "addr": addrs[j]})
-        for i, j in self.pairs:
-            done = self.workers[i].wait_for(
-                marks[i, j], DIAL_TIMEOUT, dial_answer(addrs[j]), f"dial {addrs[j]}"
-            )
-            if done.get("event") != "dialled":
-                raise RuntimeError(f"{self.impl} node {i} could not dial node {j}: {done.get('error')}")
+        self.dial(addrs)
+
+    def dial(self, addrs: Sequence[str], attempts: int = 5) -> None:
+        """Every dial of the topology, all at once; failed ones again after a second, at most
+        ``attempts`` times (js-libp2p refuses more than 5 inbound connections a second from one
+        address, and every node here is 127.0.0.1)."""
+        pending = list(self.pairs)
+        errors: dict[tuple[int, int], str] = {}
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(1.0)
+            marks = {}
+            for i, j in pending:
+                marks[i, j] = self.workers[i].mark()
+                self.workers[i].send({"op": "dial", "addr": addrs[j]})
+            failed = []
+            for i, j in pending:
+                done = self.workers[i].wait_for(
+                    marks[i, j], DIAL_TIMEOUT, dial_answer(addrs[j]), f"dial {addrs[j]}"
+                )
+                if done.get("event") != "dialled":
+                    failed.append((i, j))
+                    errors[i, j] = str(done.get("error"))
+            pending = failed
+            if not pending:
+                return
+        i, j = pending[0]
+        raise RuntimeError(
+            f"{self.impl}: {len(pending)} dials failed {attempts} times, e.g. node {i} -> {j}: {errors[i, j]}"
+        )
 
     def warm(self) -> None:
         """Publish warm-up messages from node 0 until one reached every other node (gossipsub
