@@ -62,7 +62,6 @@ async def running_bridge(
         bridge_ep,
         directory=directory if directory is not None else {AYA.id: AYA},
         config=BridgeConfig(host="127.0.0.1", port=0, **config),
-        self_peer="bridge",
     )
     nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
     port = await nursery.start(bridge.serve)
@@ -309,17 +308,33 @@ async def test_publish_failures_become_error_frames(
         assert error["code"] == "publish_failed" and words in error["message"]
 
 
-async def test_in_process_companion_publisher_reaches_clients(nursery: trio.Nursery) -> None:
+async def test_what_the_bridges_node_publishes_reaches_clients_through_its_echo_once(
+    nursery: trio.Nursery,
+) -> None:
     async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
         with trio.fail_after(5):
             await env.bridge.wait_for_clients(1)
-        inner = env.bridge._publisher  # stands for the companion's node in this process
-        local = env.bridge.publisher(inner)
-        await local.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "local"))
+        node = env.bridge._publisher  # the bridge's node, as the voice publishes through it
+        await node.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "local"))
         assert (await recv_json(ws))["params"]["message"] == "local"
         await env.next_inbound(MESSAGES)  # it also went to the network
         await env.companion.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "remote"))
         assert (await recv_json(ws))["params"]["message"] == "remote"  # and no duplicate of "local"
+
+
+async def test_a_clients_frame_reaches_the_other_clients_and_not_its_sender(nursery: trio.Nursery) -> None:
+    async with (
+        running_bridge(nursery) as env,
+        open_websocket_url(env.url) as sender,
+        open_websocket_url(env.url) as other,
+    ):
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(2)
+        await sender.send_message(message_frame("mine"))
+        assert (await recv_json(other))["params"]["message"] == "mine"
+        await env.companion.publish(MESSAGES, Message.create("companion_aya", ["user_yamada"], "reply"))
+        assert (await recv_json(other))["params"]["message"] == "reply"
+        assert (await recv_json(sender))["params"]["message"] == "reply"  # its own frame never came
 
 
 async def test_client_that_stops_reading_is_disconnected_and_others_keep_up(

@@ -75,7 +75,6 @@ async def listener(
         bridge_ep,
         directory={AYA.id: AYA, PIM.id: PIM},
         config=BridgeConfig(port=0, token=token),
-        self_peer="bridge",
     )
     nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
     port = await nursery.start(bridge.serve)

@@ -34,12 +34,12 @@ async def gateway_on_hub(
     hub = MemoryHub()
     node = hub.endpoint("bridge")
     companion = hub.endpoint("companion")
-    bridge = Bridge(node, config=BridgeConfig(port=0), self_peer="bridge")
+    bridge = Bridge(node, config=BridgeConfig(port=0))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(bridge.pump, node.receive_channel)
         async with open_gateway(
             bridge,
-            publisher or bridge.publisher(node),
+            publisher or node,
             settings=settings,
             **kwargs,  # type: ignore[arg-type]
         ) as gateway:
@@ -165,8 +165,8 @@ async def test_publishing_a_result_has_a_deadline() -> None:
     hub = MemoryHub()
     node = hub.endpoint("bridge")
     companion = hub.endpoint("companion")
-    bridge = Bridge(node, config=BridgeConfig(port=0), self_peer="bridge")
-    hanging = HangingPublisher(bridge.publisher(node))
+    bridge = Bridge(node, config=BridgeConfig(port=0))
+    hanging = HangingPublisher(node)
     settings = SessionSettings(publish_timeout=0.2)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(bridge.pump, node.receive_channel)

@@ -45,9 +45,9 @@ async def bridge_with_webrtc(nursery: trio.Nursery, token: str | None = None) ->
     hub = MemoryHub()
     node = hub.endpoint("bridge")
     companion = hub.endpoint("companion")
-    bridge = Bridge(node, config=BridgeConfig(port=0, token=token), self_peer="bridge")
+    bridge = Bridge(node, config=BridgeConfig(port=0, token=token))
     nursery.start_soon(bridge.pump, node.receive_channel)
-    async with serve_webrtc(bridge, bridge.publisher(node), synthesizer=EspeakSynthesizer()) as gateway:
+    async with serve_webrtc(bridge, node, synthesizer=EspeakSynthesizer()) as gateway:
         port = await nursery.start(bridge.serve)
         yield Setup(bridge, gateway, companion, port)
 

@@ -74,12 +74,12 @@ async def network(
     hub = MemoryHub()
     companion = hub.endpoint("companion")
     node = hub.endpoint("bridge")
-    bridge = Bridge(node, config=BridgeConfig(port=0), self_peer=node.name)
+    bridge = Bridge(node, config=BridgeConfig(port=0))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(bridge.pump, node.receive_channel)
         async with open_gateway(
             bridge,
-            bridge.publisher(node),
+            node,
             synthesizer=synthesizer,
             settings=settings or SessionSettings(connect_timeout=5),
         ) as gateway:

@@ -47,7 +47,6 @@ def memory_bridge(nursery: trio.Nursery) -> MakeBridge:
             bridge_ep,
             directory=directory or {},
             config=BridgeConfig(**{"port": 0, **config}),
-            self_peer="bridge",
         )
         nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
         port = await nursery.start(bridge.serve)

@@ -83,10 +83,9 @@ async def test_page_prefers_webrtc_and_hears_the_voice_track(
         bridge_ep,
         directory={JUNIPER.id: JUNIPER},
         config=BridgeConfig(port=0, token="tok"),
-        self_peer="bridge",
     )
     nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    async with serve_webrtc(bridge, bridge.publisher(bridge_ep), synthesizer=EspeakSynthesizer()) as gateway:
+    async with serve_webrtc(bridge, bridge_ep, synthesizer=EspeakSynthesizer()) as gateway:
         port = await nursery.start(bridge.serve)
         browser = chromium_with_webrtc(chromium_path, tmp_path)
         async with chromium(browser, tmp_path / "profile") as page:
@@ -165,7 +164,7 @@ async def test_page_stays_on_websocket_when_webrtc_is_not_offered(
     hub = MemoryHub()
     bridge_ep = hub.endpoint("bridge")
     companion = hub.endpoint("companion")
-    bridge = Bridge(bridge_ep, config=BridgeConfig(port=0), self_peer="bridge")  # no /webrtc/offer
+    bridge = Bridge(bridge_ep, config=BridgeConfig(port=0))  # no /webrtc/offer
     nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
     port = await nursery.start(bridge.serve)
     async with chromium(chromium_with_webrtc(chromium_path, tmp_path), tmp_path / "profile") as page:
