@@ -332,7 +332,7 @@ def engine_handler_factory(
     data_dir: Path | None,
     timings: EngineTimings | None = None,
 ) -> Callable[[LoadedCard, NodeLike, trio.Nursery], ConversationEngine]:
-    """``(card, node, nursery) -> engine`` for :func:`companion.cli.run.run_nodes`, the store in
+    """``(card, node, nursery) -> engine`` for :func:`companion.app.run.run_nodes`, the store in
     ``data_dir/<companion id>/`` (in memory when ``None``)."""
 
     def make(loaded: LoadedCard, node: NodeLike, nursery: trio.Nursery) -> ConversationEngine:

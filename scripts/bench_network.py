@@ -2,10 +2,13 @@
 
 For 2 and for 10 node processes (a full mesh through ``--peer``-style bootstrap addresses) it
 prints: start-up to first connection, publish-to-delivery latency p50/p99 at a steady rate,
-loss, and CPU per message (all processes together, and per receiving process).
+loss, and CPU per message (all processes together, and per receiving process). ``--idle S``
+adds, per node count, the CPU each node spends in ``S`` seconds of an idle network (connected,
+nothing published), as a percentage of one core.
 
     python scripts/bench_network.py                 # both cases, about a minute
     python scripts/bench_network.py --nodes 10 --rate 10 --seconds 10
+    python scripts/bench_network.py --nodes 10 --idle 30 --seconds 0   # idle CPU only
     BENCH_DEBUG=1 BENCH_NODE_CONFIG='{"health_check_interval": 60}' python scripts/bench_network.py
 
 ``BENCH_NODE_CONFIG`` overrides NodeConfig fields on every node; ``BENCH_DEBUG`` prints each
@@ -28,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_support import percentile
 
 WORKER_DEADLINE = 60.0
 
@@ -83,6 +88,7 @@ def worker(index: int, spawned: float, peers: list[str]) -> None:
         stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
         buffer = b""
         cpu_start = time.process_time()
+        control_start: dict[str, int] = {}
         while True:
             chunk = await stdin.receive_some(65536)
             if not chunk:
@@ -96,6 +102,7 @@ def worker(index: int, spawned: float, peers: list[str]) -> None:
                     await node.publish(MESSAGES, Message.create(me, [], text))
                 elif command["op"] == "begin":
                     cpu_start = time.process_time()
+                    control_start = dict(node.stats()["control"])
                     latencies.clear()
                     seen.clear()
                 elif command["op"] == "blast":
@@ -105,7 +112,8 @@ def worker(index: int, spawned: float, peers: list[str]) -> None:
                         "report",
                         latencies=latencies,
                         cpu=time.process_time() - cpu_start,
-                        stats=node.stats(),
+                        stats=(stats := node.stats()),
+                        control={k: v - control_start.get(k, 0) for k, v in stats["control"].items()},
                         mesh=len(node._pubsub.router.mesh.get("messages", ())) if node._pubsub else -1,
                     )
 
@@ -166,6 +174,19 @@ class Worker:
                     raise TimeoutError(f"node {self.index}: no {name} {fields} within {timeout} s")
                 self.cond.wait(left)
 
+    def wait_after(self, name: str, mark: int, timeout: float) -> dict[str, Any]:
+        """The first ``name`` event after the first ``mark`` events."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for event in self.events[mark:]:
+                    if event["event"] == name:
+                        return event
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"node {self.index}: no {name} within {timeout} s")
+                self.cond.wait(left)
+
     def has(self, name: str, **fields: Any) -> bool:
         with self.cond:
             return any(
@@ -187,23 +208,52 @@ class Worker:
                 self.popen.wait(10)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+def start_network(nodes: int) -> list[Worker]:
+    """``nodes`` workers, each bootstrapped to every earlier one (a full mesh), all seeing each
+    other; the caller stops them."""
+    workers: list[Worker] = []
+    for i in range(nodes):
+        workers.append(Worker(i, [w.wait("started", 60)["addr"] for w in workers]))
+    for w in workers:
+        w.wait("started", 60)
+    deadline = time.monotonic() + 60
+    while not all(w.has("members", count=nodes) for w in workers):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the nodes did not all see each other within 60 s")
+        time.sleep(0.05)
+    return workers
+
+
+def report_all(workers: list[Worker]) -> list[dict[str, Any]]:
+    marks = [len(w.events) for w in workers]
+    for w in workers:
+        w.send({"op": "report"})
+    return [w.wait_after("report", mark, 30) for w, mark in zip(workers, marks, strict=True)]
+
+
+def drained(
+    workers: list[Worker], expected: int, quiet: float = 2.0, limit: float = 30.0
+) -> list[dict[str, Any]]:
+    """Reports once deliveries stop: nothing new for ``quiet`` seconds, or all ``expected`` in,
+    or ``limit`` seconds (a late message counts as delivered, with its latency; a missing one
+    as lost)."""
+    deadline = time.monotonic() + limit
+    reports = report_all(workers)
+    delivered = sum(len(r["latencies"]) for r in reports)
+    while delivered < expected and time.monotonic() < deadline:
+        time.sleep(quiet)
+        reports = report_all(workers)
+        now = sum(len(r["latencies"]) for r in reports)
+        if now == delivered:
+            break
+        delivered = now
+    return reports
 
 
 def run_case(nodes: int, rate: float, seconds: float) -> dict[str, Any]:
     workers: list[Worker] = []
     try:
-        for i in range(nodes):  # each new node bootstraps to every earlier one: a full mesh
-            workers.append(Worker(i, [w.wait("started", 60)["addr"] for w in workers]))
-        for w in workers:
-            w.wait("started", 60)
-        deadline = time.monotonic() + 60
-        while not all(w.has("members", count=nodes) for w in workers):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the nodes did not all see each other within 60 s")
-            time.sleep(0.05)
+        workers = start_network(nodes)
         first = [w.wait("first_connection", 30)["after"] for w in workers[1:]]
         # warm up until every receiver got one message through the mesh (bounded)
         publisher, receivers = workers[0], workers[1:]
@@ -217,10 +267,7 @@ def run_case(nodes: int, rate: float, seconds: float) -> dict[str, Any]:
         count = int(rate * seconds)
         publisher.send({"op": "blast", "rate": rate, "count": count})
         publisher.wait("blasted", seconds + 30)
-        time.sleep(2.0)  # let the last messages arrive
-        for w in workers:
-            w.send({"op": "report"})
-        reports = [w.wait("report", 30) for w in workers]
+        reports = drained(workers, count * (nodes - 1))
     finally:
         for w in workers:
             w.stop()
@@ -246,6 +293,33 @@ def run_case(nodes: int, rate: float, seconds: float) -> dict[str, Any]:
     }
 
 
+def idle_case(nodes: int, seconds: float, settle: float = 5.0) -> dict[str, Any]:
+    """CPU per node of a connected network that publishes nothing, after ``settle`` seconds."""
+    workers: list[Worker] = []
+    try:
+        workers = start_network(nodes)
+        time.sleep(settle)  # identify, metadata, subscriptions and the first GRAFTs are done
+        for w in workers:
+            w.send({"op": "begin"})
+        time.sleep(seconds)
+        reports = report_all(workers)
+    finally:
+        for w in workers:
+            w.stop()
+    percent = [r["cpu"] / seconds * 100 for r in reports]
+    return {
+        "nodes": nodes,
+        "idle_seconds": seconds,
+        "idle_cpu_percent_mean": statistics.mean(percent),
+        "idle_cpu_percent_max": max(percent),
+        "disconnects": sum(sum(r["stats"]["disconnects"].values()) for r in reports),
+        "prunes_per_node_per_minute": statistics.mean(r["control"].get("prune_received", 0) for r in reports)
+        * 60
+        / seconds,
+        "mesh_sizes": sorted(r["mesh"] for r in reports),
+    }
+
+
 def describe(result: dict[str, Any]) -> str:
     p50 = "-" if result["p50_ms"] is None else f"{result['p50_ms']:.1f}"
     p99 = "-" if result["p99_ms"] is None else f"{result['p99_ms']:.1f}"
@@ -260,6 +334,15 @@ def describe(result: dict[str, Any]) -> str:
     )
 
 
+def describe_idle(result: dict[str, Any]) -> str:
+    return (
+        f"{result['nodes']:>3} nodes  idle {result['idle_seconds']:.0f} s  "
+        f"CPU per node {result['idle_cpu_percent_mean']:.3f} % of a core "
+        f"(max {result['idle_cpu_percent_max']:.3f} %)  disconnects {result['disconnects']}  "
+        f"PRUNEs {result['prunes_per_node_per_minute']:.1f} per node per minute  mesh {result['mesh_sizes']}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
@@ -269,7 +352,10 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, default=None, help="messages per second (default: 50 for 2 nodes, 5 for more)"
     )
-    parser.add_argument("--seconds", type=float, default=None, help="publishing time (default: 6 / 10)")
+    parser.add_argument(
+        "--seconds", type=float, default=None, help="publishing time (default: 6 / 10; 0: no publishing case)"
+    )
+    parser.add_argument("--idle", type=float, default=0.0, help="also measure S seconds of idle CPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object per case")
     args = parser.parse_args()
     if args.worker is not None:
@@ -277,9 +363,13 @@ def main() -> int:
         return 0
     for nodes in args.nodes or [2, 10]:
         rate = args.rate or (50.0 if nodes <= 2 else 5.0)
-        seconds = args.seconds or (6.0 if nodes <= 2 else 10.0)
-        result = run_case(nodes, rate, seconds)
-        print(json.dumps(result) if args.json else describe(result), flush=True)
+        seconds = (6.0 if nodes <= 2 else 10.0) if args.seconds is None else args.seconds
+        if seconds > 0:
+            result = run_case(nodes, rate, seconds)
+            print(json.dumps(result) if args.json else describe(result), flush=True)
+        if args.idle > 0:
+            idle = idle_case(nodes, args.idle)
+            print(json.dumps(idle) if args.json else describe_idle(idle), flush=True)
     return 0
 
 

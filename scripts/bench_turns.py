@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from bench_support import percentile
 
 from companion.app.demo import DemoOptions, _spawn, _stop_children, _wait_child, default_cards
 from companion.app.group import MemoryGroup
@@ -140,11 +141,6 @@ async def one_conversation(size: int, seed: int) -> tuple[list[float], list[int]
     overheads = [latency - spent[message_id] for message_id, latency in latencies]
     calls = list(group.calls_per_turn().values())
     return overheads, calls, len(latencies)
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 async def bench(sizes: Sequence[int], runs: int) -> list[dict[str, Any]]:

@@ -329,5 +329,5 @@ def test_drop_counters_bound_their_log_memory() -> None:
     counters = DropCounters(Clock(), max_tracked=3)
     for i in range(10):
         counters.record(Drop("not_json", "x"), peer=f"p{i}", topic=MESSAGES)
-    assert len(counters._last_logged) == 3
+    assert len(counters._throttle) == 3
     assert counters.total == 10 and counters.by_topic[MESSAGES] == 10

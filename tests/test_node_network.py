@@ -269,3 +269,26 @@ async def test_malformed_signed_message_does_not_stop_the_node() -> None:
 async def test_raw_peer_helper_sees_everything(nursery: trio.Nursery) -> None:
     async with raw_peer() as peer:
         assert isinstance(peer, RawPeer) and peer.received == []
+
+
+async def test_a_failed_write_to_a_peer_does_not_stop_its_deliveries() -> None:
+    """A write to b fails (its stream reset, as when b's window stays shut for 5 s): py-libp2p
+    forgot b's subscriptions and never sent b anything again; b still hears a afterwards."""
+    async with trio.open_nursery() as nursery, running(nursery, md("a")) as (a, _rec_a):
+        async with running(nursery, md("b"), peers=[a.listen_addrs[0]]) as (b, rec_b):
+            assert await a.wait_for(lambda: "companion_b" in a.directory, 10)
+
+            def make(tag: str) -> Message:
+                return Message.create("companion_a", ["companion_b"], tag)
+
+            def from_a(item: Inbound, tag: str) -> bool:
+                return item.sender_peer == a.peer_id and isinstance(item.payload, Message)
+
+            await deliver(make, a.publish, MESSAGES, rec_b, from_a)
+            assert a._pubsub is not None
+            b_id = ID.from_base58(b.peer_id)
+            await a._pubsub.peers[b_id].reset()  # our stream to b: the next write fails
+            rec_b.items.clear()
+            await deliver(make, a.publish, MESSAGES, rec_b, from_a)
+            assert a.stats()["connected_peers"] == 1
+        nursery.cancel_scope.cancel()

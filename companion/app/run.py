@@ -126,6 +126,7 @@ async def run_nodes(
                 peers=(*options.peers, *local, *extra),
                 mdns=options.mdns,
                 key_path=options.data_dir / "keys" / f"{metadata.id}.key",
+                replay_path=options.data_dir / "replay" / f"{metadata.id}.ids",
                 name=metadata.id,
                 stats_interval=options.stats_interval,
                 relays=tuple(options.relays),

@@ -8,11 +8,11 @@ lines it left out since.
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..log import log_event
+from ..log import Throttle, log_event
 
 __all__ = ["Drop", "DropCounters"]
 
@@ -41,13 +41,10 @@ class DropCounters:
         max_tracked: int = 4096,
         node: str = "",
     ) -> None:
-        self._clock = clock
-        self._interval = interval
-        self._max_tracked = max_tracked
+        self._throttle = Throttle(interval, max_keys=max_tracked, clock=clock)
         self._node = node
         self.by_reason: Counter[str] = Counter()
         self.by_topic: Counter[str] = Counter()
-        self._last_logged: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
 
     @property
     def total(self) -> int:
@@ -57,17 +54,9 @@ class DropCounters:
         """Count ``drop``; log it unless this peer and reason were logged within the interval."""
         self.by_reason[drop.reason] += 1
         self.by_topic[topic] += 1
-        key = (peer, drop.reason)
-        now = self._clock()
-        last = self._last_logged.get(key)
-        if last is not None and now - last[0] < self._interval:
-            self._last_logged[key] = (last[0], last[1] + 1)
+        suppressed = self._throttle.admit((peer, drop.reason))
+        if suppressed is None:
             return
-        suppressed = last[1] if last is not None else 0
-        self._last_logged[key] = (now, 0)
-        self._last_logged.move_to_end(key)
-        while len(self._last_logged) > self._max_tracked:
-            self._last_logged.popitem(last=False)
         level = logging.DEBUG if drop.reason in _QUIET_REASONS else logging.WARNING
         log_event(
             logger,
@@ -75,7 +64,7 @@ class DropCounters:
             level,
             node=self._node,
             reason=drop.reason,
-            detail=drop.detail[:300],
+            detail=drop.detail,
             topic=topic,
             peer=peer,
             suppressed_since_last=suppressed,

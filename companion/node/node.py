@@ -12,7 +12,7 @@ disconnect at once.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -23,11 +23,11 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.discovery.events.peerDiscovery import peerDiscovery
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
-from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from ..log import log_event
+from ..log import log_event, log_exception
 from ..membership import Membership, MembershipEvent
 from ..protocol import TOPICS, Envelope, Metadata, Query, State
 from ..transport import Inbound, encode_for_topic
@@ -37,9 +37,11 @@ from .config import NodeConfig, make_gossipsub, make_host
 from .discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from .drops import Drop, DropCounters
 from .guard import EdgeGuard
+from .health import ConnectionHealth, HealthSettings
 from .identity import load_or_create_key_pair
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
+from .pubsub import CountingGossipSub, GuardedPubsub
 from .relay import NatTraversal
 from .replay import ReplayGuard
 from .routing import DhtDiscovery
@@ -64,30 +66,15 @@ class NodeNotRunning(RuntimeError):
     """``publish`` was called before ``run`` started the node or after it stopped."""
 
 
-class _GuardedPubsub(Pubsub):
-    """py-libp2p runs each received message in a task whose exception stops the whole pubsub
-    service (e.g. a bogus ``key`` field makes its signature check raise): contain them."""
-
-    drops: DropCounters | None = None
-
-    async def push_msg(self, msg_forwarder: ID, msg: Any) -> None:
-        try:
-            await super().push_msg(msg_forwarder, msg)
-        except Exception as exc:
-            if self.drops is not None:
-                topic = ",".join(msg.topicIDs) if msg.topicIDs else "?"
-                self.drops.record(Drop("malformed_rpc", repr(exc)), peer=str(msg_forwarder), topic=topic)
-
-
 class _ConnectionEvents(INotifee):
     """py-libp2p awaits notifees inline while connecting: only hand the event over."""
 
-    def __init__(self, send: trio.MemorySendChannel[tuple[str, ID]]) -> None:
+    def __init__(self, send: trio.MemorySendChannel[tuple[str, INetConn]]) -> None:
         self._send = send
 
     def _offer(self, kind: str, conn: INetConn) -> None:
         try:
-            self._send.send_nowait((kind, conn.muxed_conn.peer_id))
+            self._send.send_nowait((kind, conn))
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             log_event(logger, "connection_event_dropped", logging.WARNING, kind=kind)
 
@@ -137,19 +124,36 @@ class CompanionNode:
         self.name = self.config.name or (metadata.id if metadata else "bridge")
         self.membership = Membership(self.peer_id, metadata, trust)
         self.drops = DropCounters(trio.current_time, node=self.name)
+        self._replay = ReplayGuard(
+            self.config.replay_capacity, window=self.config.replay_window, path=self.config.replay_path
+        )
         self.guard = EdgeGuard(
             self.membership,
             self.drops,
-            replay=ReplayGuard(self.config.replay_capacity),
+            replay=self._replay,
             max_bytes=self.config.max_payload_bytes,
             name=self.name,
         )
+        self.health = ConnectionHealth(
+            HealthSettings(
+                self.config.health_check_interval,
+                self.config.health_timeout,
+                self.config.health_failures_allowed,
+            ),
+            self._close_connection,
+        )
+        self.disconnects: Counter[str] = Counter()
+        """Closed connections by reason: ``unresponsive`` (health probes unanswered), ``stopping``
+        (this node stopped), ``closed`` (the peer or the network closed it)."""
         self.listen_addrs: list[str] = []
         self.published = 0
         self.delivered = 0
         self._listeners: list[MembershipListener] = []
         self._stash: OrderedDict[tuple[bytes, str], Inbound] = OrderedDict()
-        self._pubsub: _GuardedPubsub | None = None
+        self._closing: dict[INetConn, str] = {}
+        self._inbound_send: trio.MemorySendChannel[Inbound] | None = None
+        self._pubsub: GuardedPubsub | None = None
+        self._router: CountingGossipSub | None = None
         self._host: Any = None
         self.nat: NatTraversal | None = None
         self.routing: DhtDiscovery | None = None
@@ -187,9 +191,21 @@ class CompanionNode:
             "drops": self.drops.snapshot(),
             "connected_peers": len(self.connected_peers),
             "companions": sorted(self.directory),
+            "mesh": self._mesh_sizes(),
+            "control": dict(self._router.control) if self._router is not None else {},
+            "disconnects": dict(self.disconnects),
+            "health": self.health.stats(),
             **(self.nat.stats() if self.nat is not None else {}),
             **(self.routing.stats() if self.routing is not None else {}),
         }
+
+    def _mesh_sizes(self) -> dict[str, int]:
+        """Gossipsub mesh peers per topic (a topic with 0 while peers are connected forwards
+        to nobody)."""
+        if self._router is None:
+            return {}
+        mesh = self._router.mesh
+        return {topic: len(mesh.get(topic, ())) for topic in TOPICS}
 
     def log_stats(self) -> None:
         log_event(logger, "stats", **self.stats())
@@ -220,6 +236,9 @@ class CompanionNode:
             raise ValueError(f"unknown topic {topic!r}")
         if len(data) > self.config.max_payload_bytes:
             raise ValueError(f"payload of {len(data)} bytes exceeds {self.config.max_payload_bytes}")
+        # py-libp2p never waits: a burst beyond a peer's send queue would be dropped, so our own
+        # publishes wait (bounded) while any queue is half full
+        await self._pubsub.wait_for_room(self.config.outbound_queue_size // 2, self.config.publish_wait)
         await self._pubsub.publish(topic, data)
         self.published += 1
 
@@ -253,18 +272,21 @@ class CompanionNode:
         host = make_host(self.config, self._key_pair)
         advertised = AdvertisedAddrs()
         advertised.install(host)  # wildcards spelled out, circuit addresses (addresses.py)
-        router = make_gossipsub(self.config)
-        pubsub = _GuardedPubsub(
+        router = self._router = make_gossipsub(self.config)
+        inbound_send, inbound_recv = trio.open_memory_channel[Inbound](self.config.inbound_buffer)
+        self._inbound_send = inbound_send
+        pubsub = GuardedPubsub(
             host,
             router,
+            drops=self.drops,
+            deliver=self._deliver,
+            outbound_queue_size=self.config.outbound_queue_size,
             strict_signing=True,
             msg_id_constructor=js_message_id,
             validation_cache_ttl=0,
             max_inbound_rpc_size=self.config.max_payload_bytes * 4 + 65536,
         )
-        pubsub.drops = self.drops
-        conn_send, conn_recv = trio.open_memory_channel[tuple[str, ID]](1024)
-        inbound_send, inbound_recv = trio.open_memory_channel[Inbound](self.config.inbound_buffer)
+        conn_send, conn_recv = trio.open_memory_channel[tuple[str, INetConn]](1024)
         mdns_send, mdns_recv = trio.open_memory_channel[PeerInfo](64)
         host.get_network().register_notifee(_ConnectionEvents(conn_send))
         if self.metadata is not None:
@@ -283,12 +305,11 @@ class CompanionNode:
                     await pubsub.wait_until_ready()
                     for topic in TOPICS:
                         pubsub.set_topic_validator(topic, self._validator(topic), False)
-                    subscriptions = [(t, await pubsub.subscribe(t)) for t in TOPICS]
+                    for topic in TOPICS:  # announces the topics; messages come through _deliver
+                        await pubsub.subscribe(topic)
                     self._pubsub = pubsub
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(self._connection_events, conn_recv, nursery)
-                        for topic, sub in subscriptions:
-                            nursery.start_soon(self._read_subscription, topic, sub, inbound_send)
                         nursery.start_soon(self._dispatch, handler, inbound_recv)
                         nursery.start_soon(self._dial_discovered, mdns_recv)
                         for addr in dict.fromkeys((*self.config.peers, *self.config.relays)):
@@ -312,6 +333,7 @@ class CompanionNode:
                         nursery.cancel_scope.cancel()
         finally:
             self._stopped = True
+            self._replay.close()
             if self.config.mdns:
                 peerDiscovery.unregister_peer_discovered_handler(mdns_bridge)
             log_event(logger, "stopped", **self.stats())
@@ -319,6 +341,9 @@ class CompanionNode:
 
     async def _close_host(self, host: Any) -> None:
         """Close connections while the host's services still run, so peers see the disconnect."""
+        for conns in list(host.get_network().connections.values()):
+            for conn in conns:
+                self._closing.setdefault(conn, "stopping")
         try:
             await host.close()
         except Exception as exc:
@@ -351,27 +376,27 @@ class CompanionNode:
 
         return validate
 
-    async def _read_subscription(self, topic: str, sub: Any, out: trio.MemorySendChannel[Inbound]) -> None:
-        """Drain one subscription continuously (py-libp2p drops silently when its 32 slots fill)."""
-        while True:
-            msg = await sub.get()
-            inbound = self._stash.pop((js_message_id(msg), topic), None)
-            if inbound is None:
-                continue  # delivered without passing our validator: nothing we vouch for
-            try:
-                out.send_nowait(inbound)
-            except trio.WouldBlock:
-                self.drops.record(
-                    Drop("inbound_overflow", "handler too slow"), peer=inbound.sender_peer, topic=topic
-                )
+    def _deliver(self, topic: str, msg: rpc_pb2.Message) -> None:
+        """A message gossipsub validated and delivers to us (synchronously, from py-libp2p)."""
+        inbound = self._stash.pop((js_message_id(msg), topic), None)
+        if inbound is None or self._inbound_send is None:
+            return  # delivered without passing our validator: nothing we vouch for
+        try:
+            self._inbound_send.send_nowait(inbound)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            self.drops.record(
+                Drop("inbound_overflow", "handler too slow"), peer=inbound.sender_peer, topic=topic
+            )
 
     async def _dispatch(self, handler: InboundHandler, inbound: trio.MemoryReceiveChannel[Inbound]) -> None:
         async for item in inbound:
             self.delivered += 1
             try:
                 await handler.handle(item)
-            except Exception:
-                logger.exception("inbound handler failed", extra={"companion_event": "handler_failed"})
+            except Exception as exc:
+                log_exception(
+                    logger, "handler_failed", exc, node=self.name, topic=item.topic, peer=item.sender_peer
+                )
 
     # --- membership ---------------------------------------------------------------------------
 
@@ -392,29 +417,50 @@ class CompanionNode:
             for listener in list(self._listeners):
                 try:
                     listener(event)
-                except Exception:
-                    logger.exception(
-                        "membership listener failed", extra={"companion_event": "listener_failed"}
-                    )
+                except Exception as exc:
+                    log_exception(logger, "listener_failed", exc, node=self.name, kind=event.kind)
 
     def _is_connected(self, peer: ID) -> bool:
         return bool(self._host is not None and self._host.get_network().connections.get(peer))
 
     async def _connection_events(
-        self, events: trio.MemoryReceiveChannel[tuple[str, ID]], nursery: trio.Nursery
+        self, events: trio.MemoryReceiveChannel[tuple[str, INetConn]], nursery: trio.Nursery
     ) -> None:
-        async for kind, peer in events:
+        async for kind, conn in events:
+            peer: ID = conn.muxed_conn.peer_id
             name = peer.to_base58()
+            if kind == "connected":
+                self.health.watch(conn, nursery)
+            else:
+                reason = self._closing.pop(conn, "closed")
+                self.disconnects[reason] += 1
             if kind == "connected" and not self.membership.is_connected(name):
                 self.membership.peer_connected(name)
                 log_event(logger, "peer_connected", node=self.name, peer=name)
                 nursery.start_soon(self._learn_metadata, peer)
             elif kind == "disconnected" and not self._is_connected(peer):
                 if self.membership.is_connected(name):
-                    log_event(logger, "peer_disconnected", node=self.name, peer=name)
+                    log_event(logger, "peer_disconnected", node=self.name, peer=name, reason=reason)
                 self._gate.forget(peer)
                 self._emit(self.membership.peer_disconnected(name))
             self._notify()
+
+    async def _close_connection(self, conn: INetConn, reason: str) -> None:
+        """Close one connection on our own initiative, remembering why for its disconnect event."""
+        self._closing[conn] = reason
+        log_event(
+            logger,
+            "connection_closing",
+            logging.WARNING,
+            node=self.name,
+            peer=str(conn.muxed_conn.peer_id),
+            reason=reason,
+        )
+        with trio.move_on_after(self.config.close_timeout):
+            try:
+                await conn.close()
+            except Exception as exc:
+                log_event(logger, "connection_close_failed", logging.WARNING, node=self.name, error=repr(exc))
 
     async def _learn_metadata(self, peer: ID) -> None:
         outcome = await fetch_metadata(self._host, peer, self._gate, timeout=self.config.metadata_timeout)

@@ -3,6 +3,7 @@ wait for an event with a deadline, signal and stop them by PID."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -23,18 +24,31 @@ HERE = Path(__file__).resolve().parent
 class Proc:
     """One child process whose stderr (or stdout) carries one JSON object per line."""
 
-    def __init__(self, name: str, argv: list[str], *, events_on: str = "stderr", stdin: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        events_on: str = "stderr",
+        stdin: bool = False,
+        pythonpath: str | None = None,
+    ) -> None:
+        """``pythonpath``: run the process with another checkout of the package (first on the
+        path, the process started outside any checkout)."""
         self.name = name
         self.events: list[Event] = []
         self.lines: list[str] = []
         self._cond = threading.Condition()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath
         self.popen = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=pythonpath,
             text=True,
             bufsize=1,
         )
@@ -160,7 +174,13 @@ class Network:
         self.procs: list[Proc] = []
 
     def companion(
-        self, key: str, *peers: str, data_dir: Path | None = None, mdns: bool = False
+        self,
+        key: str,
+        *peers: str,
+        data_dir: Path | None = None,
+        mdns: bool = False,
+        listen: str = "/ip4/127.0.0.1/tcp/0",
+        pythonpath: str | None = None,
     ) -> tuple[Proc, Event]:
         card = write_card(self.tmp, key)
         argv = [
@@ -170,7 +190,7 @@ class Network:
             str(card),
             *([] if mdns else ["--no-mdns"]),
             "--listen",
-            "/ip4/127.0.0.1/tcp/0",
+            listen,
             "--data-dir",
             str(data_dir or self.tmp / f"data-{key}"),
             "--log-format",
@@ -178,15 +198,40 @@ class Network:
         ]
         for peer in peers:
             argv += ["--peer", peer]
-        proc = Proc(key, argv)
+        proc = Proc(key, argv, pythonpath=pythonpath)
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 
-    def raw(self, key: str | None) -> tuple[Proc, Event]:
+    def raw(
+        self, key: str | None, *, metadata: bytes | None = None, identify: bytes | None = None
+    ) -> tuple[Proc, Event]:
+        """A raw publisher (``raw_publisher.py``), claiming ``companion_<key>`` unless ``None``;
+        ``metadata`` / ``identify``: the bytes it answers those requests with instead."""
         argv = [sys.executable, str(HERE / "raw_publisher.py")]
         if key is not None:
             argv += ["--companion", f"companion_{key}"]
+        if metadata is not None:
+            argv += ["--metadata-b64", base64.b64encode(metadata).decode()]
+        if identify is not None:
+            argv += ["--identify-b64", base64.b64encode(identify).decode()]
         proc = Proc(key or "raw", argv, events_on="stdout", stdin=True)
+        self.procs.append(proc)
+        return proc, proc.event("started", timeout=30)
+
+    def driver(self, key: str, *peers: str, config: dict[str, Any] | None = None) -> tuple[Proc, Event]:
+        """A bare CompanionNode (``node_driver.py``) for ``companion_<key>``, no engine; ``config``
+        overrides NodeConfig fields."""
+        metadata = {"id": f"companion_{key}", "name": key, "personality": "p", "story": "s", "sample": "x"}
+        argv = [
+            sys.executable,
+            str(HERE / "node_driver.py"),
+            json.dumps(metadata),
+            "--config",
+            json.dumps(config or {}),
+        ]
+        for peer in peers:
+            argv += ["--peer", peer]
+        proc = Proc(key, argv, events_on="stdout", stdin=True)
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 

@@ -1,10 +1,13 @@
 """Our CompanionNode in a process driven over stdin, for tests against other implementations.
 
-``python node_driver.py METADATA_JSON [--peer ADDR]``; commands on stdin, one JSON object a line:
-``{"op": "connect", "addr": A}``, ``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``,
+``python node_driver.py METADATA_JSON [--peer ADDR] [--config NODE_CONFIG_JSON]``; commands on
+stdin, one JSON object a line: ``{"op": "connect", "addr": A}``,
+``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``, ``{"op": "stats"}``,
 ``{"op": "disconnect", "peer": PEER_ID}`` (hang up on one peer, which does not redial).
 Events on stdout, one JSON object a line: ``started``, ``joined``/``left`` (companion_id),
-``inbound`` (topic, peer, text), ``connected``, ``published``, ``disconnected``, ``error``.
+``inbound`` (topic, peer, text), ``connected``, ``published``, ``stats`` (the node's counters),
+``disconnected``, ``error``. ``--config`` overrides NodeConfig fields (e.g.
+``{"health_check_interval": 1}``).
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ def on_membership(event: MembershipEvent) -> None:
     )
 
 
-async def main(metadata: Metadata, peers: list[str]) -> None:
-    node = CompanionNode(metadata, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), peers=peers))
+async def main(metadata: Metadata, peers: list[str], overrides: dict[str, Any]) -> None:
+    node = CompanionNode(metadata, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), peers=peers, **overrides))
     node.add_membership_listener(on_membership)
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run, Printer())
@@ -74,6 +77,8 @@ async def commands(node: CompanionNode) -> None:
                 elif command["op"] == "publish":
                     await node.publish_raw(command["topic"], command["text"].encode())
                     emit("published", topic=command["topic"])
+                elif command["op"] == "stats":
+                    emit("stats", **node.stats())
                 elif command["op"] == "disconnect":
                     await disconnect(node, command["peer"])
                     emit("disconnected", peer=command["peer"])
@@ -85,6 +90,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("metadata")
     parser.add_argument("--peer", action="append", default=[])
+    parser.add_argument("--config", default="{}", help="NodeConfig fields as JSON")
     args = parser.parse_args()
     configure_logging("WARNING")
-    trio.run(main, Metadata.model_validate_json(args.metadata), args.peer)
+    trio.run(main, Metadata.model_validate_json(args.metadata), args.peer, json.loads(args.config))

@@ -1,6 +1,7 @@
 """Our node against a JavaScript libp2p 2.9 peer configured as aikyo configures it, over loopback,
 in both dial directions: metadata, subscriptions and payloads on all four topics both ways, and
-gossipsub message ids that agree.
+gossipsub message ids that agree; and a conversation of over a minute with two ``companion run``
+companions in which nobody is disconnected (the peer mounts no ping protocol, as aikyo).
 
 The JavaScript dependencies (versions pinned in tests/js/package.json, aikyo's) are installed with
 npm into a cache directory outside the repository. On Node.js 20/21 the peer polyfills
@@ -16,13 +17,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from network_support import HERE, Proc
+from network_support import HERE, Proc, network
 
 from companion.node.msgid import js_message_id
 from companion.protocol import (
@@ -216,3 +218,73 @@ def test_our_node_dials_js_peer(js_peer: list[str]) -> None:
     finally:
         for proc in procs:
             proc.stop()
+
+
+def test_a_conversation_with_aikyo_services_stays_connected_for_a_minute(
+    js_peer: list[str], tmp_path: Path
+) -> None:
+    """The JavaScript peer mounts exactly aikyo 1.6's services (gossipsub, identify: no ping) and
+    talks with two ``companion run`` companions for over a minute, including 40 s of silence (the
+    health checks then probe it with a Yamux ping, which it answers as every Yamux does). Nobody
+    is disconnected: a node that required ``/ipfs/ping/1.0.0`` cut aikyo off within seconds."""
+    procs: list[Proc] = []
+    with network(tmp_path) as net:
+        a, a_started = net.companion("a")
+        b, b_started = net.companion("b", a_started["addrs"][0])
+        js, js_started = start_js(js_peer, procs)
+        try:
+            js_id = str(js_started["peer_id"])
+            for started in (a_started, b_started):
+                js.send({"op": "dial", "addr": started["addrs"][0]})
+                js.event("dialled", 30, addr=started["addrs"][0])
+            for proc in (a, b):
+                proc.event("companion_joined", 30, companion_id=JS.id)
+            began = time.monotonic()
+
+            def prompt(n: int) -> None:
+                asked = f"js-prompt-{n}"
+                # aikyo's envelope, plus our extension that opens a fresh exchange every time
+                text = encode(
+                    Message.create(
+                        JS.id,
+                        ["companion_a", "companion_b"],
+                        f"what now? ({n})",
+                        {"turn": 0, "closing": "none"},
+                        id=asked,
+                    )
+                ).decode()
+                for _attempt in range(3):  # the first may precede the mesh
+                    js.send({"op": "publish", "topic": MESSAGES, "text": text})
+                    if replied(js, asked, 8):
+                        return
+                raise AssertionError(f"no companion answered {asked}")
+
+            for n in range(4):  # talk for about 20 s
+                prompt(n)
+                time.sleep(5)
+            time.sleep(40)  # silence: longer than the health-check interval (30 s)
+            prompt(4)
+            prompt(5)
+            elapsed = time.monotonic() - began
+            assert elapsed >= 60, elapsed
+            assert js.count("disconnected") == 0
+            for proc in (a, b):
+                assert proc.count("peer_disconnected", peer=js_id) == 0
+                assert proc.count("companion_left", companion_id=JS.id) == 0
+                stats = proc.stats()
+                assert stats["disconnects"] == {} and stats["health"]["probe_failures"] == 0
+            assert js.count("error") == 0
+        finally:
+            for proc in procs:
+                proc.stop()
+
+
+def replied(js: Proc, asked: str, timeout: float) -> bool:
+    try:
+        js.wait_for(
+            lambda e: e.get("event") == "message" and f'"in_reply_to":"{asked}"' in str(e.get("text")),
+            timeout,
+        )
+    except AssertionError:
+        return False
+    return True

@@ -1,148 +1,142 @@
-"""Hostile input at running node processes: a raw publisher (no validators, strict signing) sends
-a corpus of nasty payloads, hypothesis-generated ones and spoofed senders to node a; node b hears
-only what a forwards. Afterwards both run, a's counters show the drops, b saw none of them."""
+"""Hostile input at running node processes (``companion run`` with the scripted model), from a
+raw py-libp2p peer that publishes any bytes and writes any bytes on any stream.
+
+Every test ends the way a user would check it: each attacked node still answers a message
+addressed to it (its scripted model replies), and its counters say what it refused.
+"""
 
 from __future__ import annotations
 
 import base64
-import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from network_support import Proc, network
+from hostile_payloads import CORPUS, collect, message, payloads, rpcs
+from network_support import Event, Network, Proc, network
 
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
-    QUERIES,
-    STATES,
-    TOPICS,
     Action,
-    Message,
-    Query,
-    State,
     encode,
-    encode_states,
 )
 
 pytestmark = pytest.mark.integration
 
 
-def message(sender: str, text: str, id: str) -> bytes:
-    return encode(Message.create(sender, ["companion_a", "companion_b"], text, id=id))
+# --- helpers ---------------------------------------------------------------------------------------
 
 
-VALID = json.loads(message("companion_x", "ok", "v"))
-
-CORPUS: list[tuple[str, bytes, str]] = [
-    (MESSAGES, b"", "not_json"),
-    (MESSAGES, b"\xff\xfe\x00garbage", "not_utf8"),
-    (MESSAGES, b'{"jsonrpc":"2.0","method":"message.send","params":{', "not_json"),
-    (MESSAGES, b"\xef\xbb\xbf" + message("companion_x", "bom", "bom"), "not_json"),
-    (MESSAGES, b"[" * 5000 + b"]" * 5000, "not_json"),
-    (MESSAGES, message("companion_x", "x", "nan").replace(b'"x"', b"NaN"), "not_json"),
-    (MESSAGES, b"null", "invalid"),
-    (MESSAGES, b"[]", "invalid"),
-    (MESSAGES, json.dumps({**VALID, "extra": 1}).encode(), "invalid"),
-    (MESSAGES, json.dumps({**VALID, "params": {**VALID["params"], "to": "companion_a"}}).encode(), "invalid"),
-    (MESSAGES, json.dumps({**VALID, "params": {**VALID["params"], "metadata": None}}).encode(), "invalid"),
-    (MESSAGES, encode(Action.create("companion_x", "wave", {})), "wrong_method"),
-    (
-        MESSAGES,
-        json.dumps({**VALID, "params": {**VALID["params"], "message": "a" * 100_000}}).encode(),
-        "too_large",
-    ),
-    (STATES, b"{}", "invalid"),
-    (
-        STATES,
-        b'[{"jsonrpc":"2.0","method":"state.send","params":{"from":"companion_x","state":"speak",'
-        b'"importance":1e999,"selected":true,"closing":"none"}}]',
-        "invalid",
-    ),
-    (
-        STATES,
-        b'[{"jsonrpc":"2.0","method":"state.send","params":{"from":"companion_x","state":"shout",'
-        b'"importance":5,"selected":true,"closing":"none"}}]',
-        "invalid",
-    ),
-    (
-        QUERIES,
-        b'{"jsonrpc":"2.0","method":"query.send","id":"q","params":{"from":"companion_x","type":"t",'
-        b'"body":null}}',
-        "invalid",
-    ),
-    (QUERIES, b'{"jsonrpc":"2.0","method":"other.send","id":"q"}', "wrong_method"),
-    (QUERIES, b'{"jsonrpc":"2.0","id":"q","result":null}', "invalid"),
-    (ACTIONS, b'{"jsonrpc":"2.0","method":"action.send","params":{"from":"companion_x"}}', "invalid"),
-    (ACTIONS, b"1e999999", "invalid"),
-    # spoofed senders: ids bound to other peers, or a client id from a companion's peer
-    (MESSAGES, message("companion_a", "I am a", "spoof-1"), "spoofed_sender"),
-    (MESSAGES, message("companion_b", "I am b", "spoof-2"), "spoofed_sender"),
-    (MESSAGES, message("user_1", "I am a user", "spoof-3"), "spoofed_sender"),
-    (ACTIONS, encode(Action.create("companion_a", "wave", {})), "spoofed_sender"),
-    (QUERIES, encode(Query.create("companion_b", "speak", id="spoof-q")), "spoofed_sender"),
-    (STATES, encode_states([State.create("companion_a", "speak", 9, True)]), "spoofed_sender"),
-]
-
-
-def generated_payloads() -> list[tuple[str, bytes]]:
-    """Hypothesis-made payloads: arbitrary bytes, arbitrary JSON, and envelopes with a wrong field."""
-    found: list[tuple[str, bytes]] = []
-    json_value = st.recursive(
-        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-        lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
-        max_leaves=30,
-    )
-    broken_envelope = st.builds(
-        lambda key, value: json.dumps({**VALID, "params": {**VALID["params"], key: value}}).encode(),
-        st.sampled_from(["id", "from", "to", "message"]),
-        json_value.filter(lambda v: not isinstance(v, str)),
-    )
-    payload = st.one_of(
-        st.binary(max_size=400), json_value.map(lambda v: json.dumps(v).encode()), broken_envelope
-    )
-
-    @settings(max_examples=150, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(topic=st.sampled_from(TOPICS), data=payload)
-    def collect(topic: str, data: bytes) -> None:
-        found.append((topic, data))
-
-    collect()
-    return found
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
 
 
 def publish(raw: Proc, topic: str, data: bytes, **extra: Any) -> None:
-    raw.send({"op": "publish", "topic": topic, "b64": base64.b64encode(data).decode(), **extra})
+    raw.send({"op": "publish", "topic": topic, "b64": b64(data), **extra})
 
 
-def heard(proc: Proc, message_id: str, timeout: float) -> bool:
+def happens(proc: Proc, predicate: Any, timeout: float) -> bool:
+    """Whether an event satisfying ``predicate`` came (or comes within ``timeout``)."""
     try:
-        proc.event("inbound", timeout, id=message_id)
+        proc.wait_for(predicate, timeout)
     except AssertionError:
         return False
     return True
+
+
+def heard(proc: Proc, message_id: str, timeout: float) -> bool:
+    return happens(proc, lambda e: e.get("event") == "inbound" and e.get("id") == message_id, timeout)
+
+
+def ask(raw: Proc, key: str, tag: str, timeout: float = 30.0) -> Event:
+    """A message from the raw peer's companion id addressed to ``companion_<key>``; returns the
+    reply (published again every few seconds: the first may precede the mesh)."""
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while True:
+        asked = f"ask-{tag}-{attempt}"
+        # turn 0, closing none: a fresh conversation, whatever earlier messages made of the last one
+        text = f"are you there, {key}?"
+        publish(
+            raw, MESSAGES, message("companion_x", text, asked, (f"companion_{key}",), turn=0, closing="none")
+        )
+        try:
+            return raw.wait_for(
+                lambda e, asked=asked: (
+                    e.get("event") == "message" and f'"in_reply_to":"{asked}"' in e["text"]
+                ),
+                min(4.0, max(0.1, deadline - time.monotonic())),
+                f"a reply from companion_{key} to {asked}",
+            )
+        except AssertionError:
+            if time.monotonic() >= deadline:
+                raise
+        attempt += 1
+
+
+def relays(raw: Proc, b: Proc) -> None:
+    """What the raw peer publishes reaches b through a (published again until it does: the
+    first publishes may precede the mesh)."""
+    assert any(
+        publish(raw, MESSAGES, message("companion_x", "warm", f"warm-{n}")) or heard(b, f"warm-{n}", 0.5)
+        for n in range(30)
+    ), "b never heard x through a"
+
+
+def joined(proc: Proc, *keys: str) -> None:
+    for key in keys:
+        proc.event("companion_joined", 30, companion_id=f"companion_{key}")
+
+
+def attacker(net: Network, addr: str, **options: Any) -> Proc:
+    raw, _ = net.raw("x", **options)
+    raw.send({"op": "connect", "addr": addr})
+    raw.event("connected", 15)
+    return raw
+
+
+@contextmanager
+def starved(proc: Proc, stopped: float = 0.4, running: float = 0.2) -> Iterator[None]:
+    """Starve ``proc`` of CPU: SIGSTOP for ``stopped`` s, SIGCONT for ``running`` s, over and over."""
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            proc.signal(signal.SIGSTOP)
+            done.wait(stopped)
+            proc.signal(signal.SIGCONT)
+            done.wait(running)
+
+    thread = threading.Thread(target=cycle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(5)
+        proc.signal(signal.SIGCONT)
+
+
+# --- tests -----------------------------------------------------------------------------------------
 
 
 def test_hostile_payloads_are_counted_dropped_and_not_forwarded(tmp_path: Path) -> None:
     with network(tmp_path) as net:
         a, a_started = net.companion("a")
         b, _ = net.companion("b", a_started["addrs"][0])
-        raw, _ = net.raw("x")
-        raw.send({"op": "connect", "addr": a_started["addrs"][0]})
-        raw.event("connected", 15)
-        for proc, key in ((a, "b"), (a, "x"), (b, "a")):
-            proc.event("companion_joined", 20, companion_id=f"companion_{key}")
+        raw = attacker(net, a_started["addrs"][0])
+        joined(a, "b", "x")
+        joined(b, "a")
 
-        # x -> a -> b works before the flood (the first publishes may precede the mesh)
-        assert any(
-            publish(raw, MESSAGES, message("companion_x", "warm", f"warm-{n}")) or heard(b, f"warm-{n}", 0.5)
-            for n in range(30)
-        ), "b never heard x through a"
+        relays(raw, b)  # before the flood
 
-        generated = generated_payloads()
+        generated = collect(payloads(), 200)
         for topic, data, _ in CORPUS:
             publish(raw, topic, data)
         for topic, data in generated:
@@ -169,3 +163,191 @@ def test_hostile_payloads_are_counted_dropped_and_not_forwarded(tmp_path: Path) 
         # each (peer, reason) is logged once a minute, however many arrive
         assert a.count("payload_dropped", reason="spoofed_sender") == 1
         assert a.count("payload_dropped", reason="not_json") == 1
+        ask(raw, "a", "after-payloads")
+        ask(raw, "b", "after-payloads")
+
+
+def test_undecodable_and_interleaved_rpcs_reset_one_stream_not_the_node(tmp_path: Path) -> None:
+    """py-libp2p's RPC reader let ``DecodeError`` end the node (``run_failed``)."""
+    with network(tmp_path) as net:
+        a, a_started = net.companion("a")
+        raw = attacker(net, a_started["addrs"][0])
+        joined(a, "x")
+        ask(raw, "a", "before")
+
+        raw.send({"op": "interleave", "size": 20_000})  # two RPCs mixed as unserialized writers mix them
+        raw.event("sent", 15, op="interleave")
+        raw.send({"op": "rpc", "b64": b64(b"\xff\xff\xff\xff\x0f garbage"), "frame": True})
+        raw.event("sent", 15, op="rpc")
+        raw.send({"op": "rpc", "b64": b64(b"\xff" * 12), "frame": False})  # not even a length prefix
+        assert raw.wait_for(lambda e: e.get("event") == "sent" and raw.count("sent", op="rpc") >= 2, 15)
+
+        assert a.running
+        assert a.stats()["drops"].get("malformed_rpc", 0) >= 3
+        assert a.count("run_failed") == 0
+        ask(raw, "a", "after")  # pubsub with the attacker itself came back after each reset
+
+
+def test_fuzzed_rpcs_through_the_pubsub_stream(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        a, a_started = net.companion("a")
+        raw = attacker(net, a_started["addrs"][0])
+        joined(a, "x")
+        cases = collect(rpcs(), 60)
+        for data in cases:
+            raw.send({"op": "rpc", "b64": b64(data), "frame": True})
+        raw.wait_for(lambda e: e.get("event") == "sent" and raw.count("sent", op="rpc") >= len(cases), 120)
+        assert a.running and a.count("run_failed") == 0
+        ask(raw, "a", "after-fuzz")
+
+
+def test_garbage_on_metadata_identify_and_ping_streams(tmp_path: Path) -> None:
+    garbage = b"\xff\xfe{{\x00\xc0" * 40
+    with network(tmp_path) as net:
+        a, a_started = net.companion("a")
+        # a peer whose metadata and identify answers are garbage, and that writes garbage on every
+        # protocol a node speaks
+        raw = attacker(net, a_started["addrs"][0], metadata=garbage, identify=garbage)
+        a.event("peer_metadata_unavailable", 20, status="invalid")
+        for protocol in (
+            "/aikyo/metadata/1.0.0",
+            "/ipfs/id/1.0.0",
+            "/ipfs/id/push/1.0.0",
+            "/ipfs/ping/1.0.0",
+            "/meshsub/1.1.0",
+        ):
+            raw.send({"op": "stream", "protocol": protocol, "b64": b64(garbage)})
+        raw.wait_for(lambda e: e.get("event") == "sent" and raw.count("sent", op="stream") >= 5, 60)
+        assert a.running and a.count("run_failed") == 0
+        ask(raw, "a", "after-garbage")  # not a companion: it may still speak as an unbound id
+
+
+def test_replay_after_restart_is_not_forwarded(tmp_path: Path) -> None:
+    data = tmp_path / "a-data"
+    with network(tmp_path) as net:
+        a, first = net.companion("a", data_dir=data)
+        a_addr = first["addrs"][0]
+        b, _ = net.companion("b", a_addr)  # b redials a after the restart
+        raw = attacker(net, a_addr)
+        joined(a, "b", "x")
+        joined(b, "a")
+        relays(raw, b)
+        publish(raw, MESSAGES, message("companion_x", "remember me", "recorded", ("companion_b",)), keep="m")
+        b.event("inbound", 20, id="recorded")
+        assert a.stop() == 0
+
+        port = a_addr.split("/")[4]
+        a2, second = net.companion("a", data_dir=data, listen=f"/ip4/127.0.0.1/tcp/{port}")
+        assert second["peer_id"] == first["peer_id"]
+        joined(a2, "b")
+        raw.send({"op": "connect", "addr": a_addr})
+        raw.wait_for(lambda e: e.get("event") == "connected" and raw.count("connected") >= 2, 15)
+        joined(a2, "x")
+        replays_at_b = b.stats()["drops"].get("replay", 0)
+
+        raw.send({"op": "resend", "name": "m"})  # the recorded message, signature and seqno intact
+        raw.event("sent", 15, op="resend")
+        deadline = time.monotonic() + 10
+        while a2.stats()["drops"].get("replay", 0) < 1:
+            assert time.monotonic() < deadline, "a did not refuse the replay"
+            time.sleep(0.2)
+        assert a2.count("inbound", id="recorded") == 0
+        ask(raw, "a", "after-restart")  # a forwards to b again: anything new reaches b
+        assert b.stats()["drops"].get("replay", 0) == replays_at_b  # a forwarded no copy of it
+        assert b.count("inbound", id="recorded") == 1
+
+
+def test_flood_of_large_messages_at_150_per_second_with_a_starved_receiver(tmp_path: Path) -> None:
+    """Well-formed 20 KB messages at 150/s; meanwhile c joins and gets the CPU a third of the
+    time. a then writes to c from two tasks at once (its replay of the recent messages to a new
+    subscriber, and its send queue), and c's Yamux window keeps running out: unserialized, the
+    two writers' RPCs interleave and c cannot decode them."""
+    with network(tmp_path) as net:
+        a, a_started = net.companion("a")
+        a_addr = a_started["addrs"][0]
+        b, _ = net.companion("b", a_addr)
+        raw = attacker(net, a_addr)
+        joined(a, "b", "x")
+        raw.send({"op": "flood", "topic": MESSAGES, "rate": 150, "count": 1500, "size": 20_000, "to": []})
+        b.wait_for(  # 2 s in: a's message cache is full of them
+            lambda e: (
+                e.get("event") == "inbound"
+                and str(e.get("id")).startswith("flood-")
+                and int(e["id"][6:]) >= 300
+            ),
+            30,
+            "the flood, 300 messages in",
+        )
+        c, _ = net.companion("c", a_addr)
+        with starved(c):
+            raw.event("flooded", 60)
+        joined(c, "a")
+        assert a.running and b.running and c.running
+        for proc in (a, b, c):
+            assert proc.count("run_failed") == 0
+            stats = proc.stats()
+            assert stats["drops"].get("malformed_rpc", 0) == 0, (proc.name, stats["drops"])
+        for key in "abc":
+            ask(raw, key, "after-flood")
+
+
+def driver_stats(proc: Proc) -> Event:
+    mark = proc.count("stats")
+    proc.send({"op": "stats"})
+    return proc.wait_for(lambda e: e.get("event") == "stats" and proc.count("stats") > mark, 10, "stats")
+
+
+def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path) -> None:
+    """Health checks probe silent connections (Yamux ping, every 1 s here, 3 s to answer) and
+    tolerate one unanswered probe: a peer frozen for 5 s stays; one frozen for good is dropped."""
+    health = {"health_check_interval": 1, "health_timeout": 3, "health_failures_allowed": 1}
+    with network(tmp_path) as net:
+        a, a_started = net.driver("a", config=health)
+        b, _ = net.driver("b", a_started["addrs"][0], config=health)
+        a.event("joined", 20, companion_id="companion_b")
+        time.sleep(2)  # a probe or two answered
+
+        b.signal(signal.SIGSTOP)
+        time.sleep(5)  # one probe goes unanswered, the next is answered once b runs again
+        b.signal(signal.SIGCONT)
+        time.sleep(2)
+        stats = driver_stats(a)
+        assert stats["health"]["probe_failures"] >= 1, stats["health"]
+        assert stats["disconnects"] == {} and a.count("left") == 0
+        assert stats["connected_peers"] == 1
+
+        b.signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        a.event("left", 15, companion_id="companion_b")
+        noticed = time.monotonic() - frozen_at
+        assert noticed < 1 + 2 * 3 + 2, f"a frozen peer was noticed after {noticed:.1f} s"
+        b.signal(signal.SIGCONT)
+        assert driver_stats(a)["disconnects"] == {"unresponsive": 1}
+
+
+def test_a_burst_of_actions_arrives_whole(tmp_path: Path) -> None:
+    """200 actions published back to back (a tool reporting progress): py-libp2p's 32-slot send
+    queue kept 32 and dropped the rest without a trace; the node now waits for room."""
+    with network(tmp_path) as net:
+        a, a_started = net.driver("a")
+        b, _ = net.driver("b", a_started["addrs"][0])
+        a.event("joined", 20, companion_id="companion_b")
+
+        def action(n: int) -> str:
+            return encode(Action.create("companion_a", "progress", {"n": n})).decode()
+
+        for n in range(30):  # until the mesh carries actions
+            a.send({"op": "publish", "topic": ACTIONS, "text": action(-1 - n)})
+            if happens(b, lambda e: e.get("event") == "inbound" and e.get("topic") == ACTIONS, 0.5):
+                break
+        burst = {action(n) for n in range(200)}
+        for text in burst:
+            a.send({"op": "publish", "topic": ACTIONS, "text": text})
+        b.wait_for(
+            lambda e: (
+                sum(1 for x in b.events if x.get("event") == "inbound" and x.get("text") in burst) >= 200
+            ),
+            30,
+            "all 200 actions",
+        )
+        assert driver_stats(a)["drops"] == {}

@@ -1,5 +1,5 @@
 """Separate `companion run` processes on 127.0.0.1: discovery through --peer, joins, leaves
-(SIGKILL, SIGSTOP, SIGTERM), and a restarted node keeping its peer id."""
+(SIGKILL, SIGTERM; SIGSTOP in test_network_hostile.py), and a restarted node keeping its peer id."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def joined(proc: Proc, key: str, timeout: float = 20.0) -> None:
     proc.event("companion_joined", timeout, companion_id=f"companion_{key}")
 
 
-def test_three_nodes_join_then_leave_on_kill_and_freeze(tmp_path: Path) -> None:
+def test_three_nodes_join_then_leave_on_kill(tmp_path: Path) -> None:
     with network(tmp_path) as net:
         a, a_started = net.companion("a")
         a_addr = a_started["addrs"][0]
@@ -31,12 +31,8 @@ def test_three_nodes_join_then_leave_on_kill_and_freeze(tmp_path: Path) -> None:
         a.event("companion_left", 10, companion_id="companion_c")
         b.event("companion_left", 10, companion_id="companion_c")
 
-        b.signal(signal.SIGSTOP)
-        frozen_at = time.monotonic()
-        a.event("companion_left", 15, companion_id="companion_b")
-        noticed = time.monotonic() - frozen_at
-        assert noticed < 10, f"a frozen peer was noticed after {noticed:.1f} s"
-        b.signal(signal.SIGCONT)
+        # a frozen peer (SIGSTOP) is dropped by the health checks: test_network_hostile.py tests
+        # it with short settings (the defaults probe a silent connection after 30 s)
         assert a.running and b.running
 
 

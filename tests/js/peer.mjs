@@ -1,5 +1,8 @@
 // A JavaScript libp2p peer set up the way aikyo 1.6 sets up its companions (TCP, Noise, Yamux,
-// gossipsub with emitSelf, identify, the /aikyo/metadata/1.0.0 protocol), for the interop test.
+// gossipsub with allowPublishToZeroTopicPeers and emitSelf, identify, the /aikyo/metadata/1.0.0
+// protocol), for the interop test. Exactly aikyo's services: no ping (aikyo's default libp2p
+// config, packages/server/lib/server/libp2p/mergeConfig.ts, mounts only pubsub and identify;
+// its mDNS discovery is left out, the test dials).
 // Commands arrive on stdin and events leave on stdout, one JSON object per line.
 //
 //   node peer.mjs '<metadata json>'

@@ -1,0 +1,307 @@
+"""py-libp2p's pubsub and gossipsub with their edges made safe, by subclassing (py-libp2p 0.8.1).
+
+What py-libp2p does, measured, and what these subclasses change:
+
+- An RPC that does not decode (``DecodeError`` from ``ParseFromString`` in
+  ``continuously_read_stream``) escapes the pubsub service and ends the whole node. Here any
+  failure while reading a peer's RPC stream resets that one stream and counts ``malformed_rpc``;
+  the node goes on.
+- Several tasks write RPCs to one peer stream (the per-peer send queue, the flush of messages
+  held for a peer whose subscriptions were pending, the replay of the message cache to a peer
+  that subscribed late), and Yamux takes its write lock per frame, not per RPC: when the send
+  window runs out, two RPCs interleave and the receiver cannot decode either. Here whole RPC
+  writes are serialized per stream, and a stream whose write failed half-way is reset at once
+  (never followed by another RPC's bytes).
+- Delivered messages wait in a 32-slot channel per subscription that drops silently when full;
+  here they go straight to the node (``deliver``), whose own bounded channel counts overflows.
+- The per-peer send queue holds 32 RPCs and drops the rest with a debug line; here it holds
+  ``outbound_queue_size``, the node's own publishes wait (bounded) while it is half full
+  (:meth:`GuardedPubsub.wait_for_room`), and every payload py-libp2p drops is counted
+  (``outbound_queue_full``, ``outbound_oversized``, ``equivocation``).
+- When a write to a peer fails, py-libp2p forgets the subscriptions the peer announced on its
+  own (still working) stream, and never hears them again: here they are kept while the peer
+  stays connected (:class:`SubscriptionKeepingPubsub`).
+- Sequence numbers start at the clock in nanoseconds instead of seconds, so a restarted node
+  (same key) never reuses the seqnos, and therefore the message ids, of its previous run: peers
+  would otherwise drop its new messages as replays or as equivocation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+from weakref import WeakKeyDictionary, WeakSet
+
+import trio
+from libp2p.abc import INetStream
+from libp2p.network.stream.exceptions import StreamClosed, StreamError, StreamReset
+from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.utils import encode_varint_prefixed
+
+from ..log import bound, log_event
+from .drops import Drop, DropCounters
+
+__all__ = ["CountingGossipSub", "GuardedPubsub", "SubscriptionKeepingPubsub"]
+
+logger = logging.getLogger("companion.node.pubsub")
+
+Deliver = Callable[[str, rpc_pb2.Message], None]
+"""``(topic, message)``: a validated message for one of our topics, called synchronously."""
+
+
+def _topic_of(msg: rpc_pb2.Message) -> str:
+    return ",".join(msg.topicIDs) if msg.topicIDs else "?"
+
+
+class CountingGossipSub(GossipSub):
+    """GossipSub that counts the payloads it drops instead of only logging them at debug level,
+    and the mesh changes peers ask for (``control``: GRAFTs and PRUNEs received; a mesh that
+    keeps churning shows here)."""
+
+    drops: DropCounters | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.control: Counter[str] = Counter()
+
+    def _perform_opportunistic_grafting(self, topic: str, peers_to_graft: Any) -> int:
+        """Off. It is meant for meshes of scored peers; with no peer scoring configured (every
+        score 0) py-libp2p 0.8.1 grafts every peer outside the mesh on every heartbeat, past
+        D_high, and the next heartbeat prunes them again: 178 PRUNEs per node per minute in an
+        idle 10-node network (measured), and most of its idle CPU."""
+        return 0
+
+    async def handle_graft(self, graft_msg: rpc_pb2.ControlGraft, sender_peer_id: ID) -> None:
+        self.control["graft_received"] += 1
+        await super().handle_graft(graft_msg, sender_peer_id)
+
+    async def handle_prune(self, prune_msg: rpc_pb2.ControlPrune, sender_peer_id: ID) -> None:
+        self.control["prune_received"] += 1
+        await super().handle_prune(prune_msg, sender_peer_id)
+
+    def _handle_dropped_rpc(self, peer_id: ID, rpc: rpc_pb2.RPC, reason: str) -> None:
+        if self.drops is not None:
+            label = "outbound_queue_full" if reason == "queue_full" else "outbound_oversized"
+            for msg in rpc.publish:
+                self.drops.record(
+                    Drop(label, f"py-libp2p dropped an RPC to this peer ({reason})"),
+                    peer=str(peer_id),
+                    topic=_topic_of(msg),
+                )
+        super()._handle_dropped_rpc(peer_id, rpc, reason)
+
+    def _check_equivocation(self, msg: rpc_pb2.Message) -> bool:
+        ok = super()._check_equivocation(msg)
+        if not ok and self.drops is not None:
+            self.drops.record(
+                Drop("equivocation", "same signer and seqno as an earlier message, other content"),
+                peer=ID(msg.from_id).to_base58() if msg.from_id else "?",
+                topic=_topic_of(msg),
+            )
+        return ok
+
+
+class SubscriptionKeepingPubsub(Pubsub):
+    """Pubsub that remembers a peer's subscriptions when only our stream to it failed.
+
+    py-libp2p forgets them whenever a write to the peer fails (e.g. its Yamux window stayed
+    shut for 5 s while it was busy) and opens a new stream; but the subscriptions came on the
+    peer's own stream, which still works, and nothing announces them again: we would never send
+    the peer a message again while the connection lasts (measured under load: a peer that stops
+    hearing anything). Forgotten they are only once the peer is gone."""
+
+    def _handle_dead_peer(self, peer_id: ID) -> None:
+        kept = (
+            [topic for topic, peers in self.peer_topics.items() if peer_id in peers]
+            if self._peer_is_connected(peer_id)
+            else []
+        )
+        count = self._peer_subscription_count.get(peer_id)
+        super()._handle_dead_peer(peer_id)
+        for topic in kept:
+            self.peer_topics.setdefault(topic, set()).add(peer_id)
+        if kept and count is not None:
+            self._peer_subscription_count[peer_id] = count
+
+
+class GuardedPubsub(SubscriptionKeepingPubsub):
+    """Pubsub that survives any bytes a peer sends and loses nothing without counting it."""
+
+    def __init__(
+        self,
+        host: Any,
+        router: GossipSub,
+        *,
+        drops: DropCounters,
+        deliver: Deliver,
+        outbound_queue_size: int,
+        **options: Any,
+    ) -> None:
+        super().__init__(host, router, **options)
+        self.counter = time.time_ns()  # the seqno counter (see the module docstring)
+        self._drops = drops
+        self._deliver = deliver
+        self._outbound_queue_size = outbound_queue_size
+        self._write_locks: WeakKeyDictionary[INetStream, trio.Lock] = WeakKeyDictionary()
+        self._broken: WeakSet[INetStream] = WeakSet()
+        self._written = trio.Event()
+        self._readers: set[trio.lowlevel.Task] = set()
+        if isinstance(router, CountingGossipSub):
+            router.drops = drops
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def stream_handler(self, stream: INetStream) -> None:
+        """Read a peer's RPC stream until it ends; whatever goes wrong ends only this stream.
+
+        Only the offending stream is reset: the peer's state (its subscriptions, our stream to
+        it) stays, so a hostile extra stream cannot cut an honest one off, and a peer whose own
+        stream broke opens a new one (py-libp2p and js-libp2p both do when a write fails)."""
+        task = trio.lowlevel.current_task()
+        self._readers.add(task)
+        try:
+            await self.continuously_read_stream(stream)
+            return
+        except Exception as exc:  # undecodable bytes, or py-libp2p choking on what they decoded to
+            self._drops.record(
+                Drop("malformed_rpc", f"RPC stream reset: {type(exc).__name__}: {exc}"),
+                peer=str(stream.muxed_conn.peer_id),
+                topic="*",
+            )
+        finally:
+            self._readers.discard(task)
+        await _reset_quietly(stream)
+
+    def _handle_dead_peer(self, peer_id: ID) -> None:
+        if trio.lowlevel.current_task() in self._readers:
+            # py-libp2p's reader calls this after resetting a stream that announced an RPC over
+            # the size limit: forgetting the peer would cut off its other, honest stream (tasks
+            # the reader spawned are not readers: their calls go through)
+            self._drops.record(
+                Drop("oversized_rpc", f"RPC stream reset: an RPC over {self.max_inbound_rpc_size} bytes"),
+                peer=str(peer_id),
+                topic="*",
+            )
+            return
+        super()._handle_dead_peer(peer_id)
+
+    async def push_msg(self, msg_forwarder: ID, msg: rpc_pb2.Message) -> None:
+        """Each received message runs in its own task whose exception would stop the service
+        (e.g. a bogus ``key`` makes the signature check raise): contain and count it."""
+        try:
+            await super().push_msg(msg_forwarder, msg)
+        except Exception as exc:
+            self._drops.record(
+                Drop("malformed_rpc", repr(exc)), peer=str(msg_forwarder), topic=_topic_of(msg)
+            )
+
+    def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
+        for topic in publish_message.topicIDs:
+            if topic not in self.topic_ids:
+                continue
+            try:
+                self._deliver(topic, publish_message)
+            except Exception as exc:  # a bug in delivery must not stop gossipsub's forwarding
+                self._drops.record(Drop("internal_error", repr(exc)), peer="?", topic=topic)
+
+    # --- writing --------------------------------------------------------------------------
+
+    async def write_msg(self, stream: INetStream, rpc_msg: rpc_pb2.RPC) -> bool:
+        """One whole RPC at a time per stream; a write that did not finish resets the stream.
+
+        A failed write ends that stream for good: later writes to it return ``False`` at once
+        (py-libp2p's loops go on writing to a stream that failed, and each failure used to tear
+        down the peer's *new* stream too). If it was the peer's current stream, its send queue
+        goes with it (those payloads are counted as ``send_failed``, with the one being written)
+        and py-libp2p opens a new stream while the peer stays connected."""
+        lock = self._write_locks.get(stream)
+        if lock is None:
+            lock = self._write_locks[stream] = trio.Lock()
+        async with lock:
+            if stream in self._broken:
+                return False
+            peer: ID = stream.muxed_conn.peer_id
+            current = self.peers.get(peer) is stream
+            ok = False
+            try:
+                await stream.write(encode_varint_prefixed(rpc_msg.SerializeToString()))
+                ok = True
+            except (StreamClosed, StreamReset) as exc:
+                log_event(logger, "rpc_write_failed", logging.DEBUG, peer=str(peer), error=repr(exc))
+            finally:
+                self._written.set()
+                self._written = trio.Event()
+                if not ok:
+                    self._broken.add(stream)
+                    queue = self.peer_queues.get(peer) if current else None
+                    self._count_lost(peer, [rpc_msg, *_queued(queue)])
+                    await _reset_quietly(stream)
+                    if current and self.peers.get(peer) is stream:
+                        self._handle_dead_peer(peer)
+            return ok
+
+    def _count_lost(self, peer: ID, rpcs: list[rpc_pb2.RPC]) -> None:
+        lost = [msg for rpc in rpcs for msg in rpc.publish]
+        for msg in lost:
+            self._drops.record(
+                Drop("send_failed", f"the stream to this peer failed with {len(lost)} payloads unsent"),
+                peer=str(peer),
+                topic=_topic_of(msg),
+            )
+
+    async def _handle_new_peer(self, peer_id: ID) -> None:
+        try:
+            await super()._handle_new_peer(peer_id)
+        except StreamError as exc:
+            if isinstance(exc, StreamClosed):
+                raise
+            # py-libp2p retries a registration that failed with StreamClosed while the peer stays
+            # connected, and gives up for good on anything else (a reset hello stream, say)
+            raise StreamClosed(f"pubsub stream to {peer_id} failed: {exc!r}") from exc
+        queue = self.peer_queues.get(peer_id)
+        if queue is not None:
+            queue._queue.max_size = self._outbound_queue_size  # py-libp2p fixes it at 32
+
+    def fullest_queue(self) -> int:
+        """RPCs waiting in the fullest per-peer send queue."""
+        return max((len(q) for q in self.peer_queues.values()), default=0)
+
+    async def wait_for_room(self, limit: int, timeout: float) -> bool:
+        """Wait until every per-peer send queue holds fewer than ``limit`` RPCs; ``False`` if
+        ``timeout`` passed first (the caller publishes anyway; overflows are counted)."""
+        with trio.move_on_after(timeout):
+            while self.fullest_queue() >= limit:
+                await self._written.wait()
+            return True
+        log_event(
+            logger,
+            "publish_backpressure_timeout",
+            logging.WARNING,
+            queued=self.fullest_queue(),
+            limit=limit,
+            waited=bound(timeout),
+        )
+        return False
+
+
+def _queued(queue: RpcQueue | None) -> list[rpc_pb2.RPC]:
+    """What a py-libp2p send queue still holds (it has no public way to say)."""
+    if queue is None:
+        return []
+    inner = queue._queue
+    return [*inner._priority, *inner._non_priority]
+
+
+async def _reset_quietly(stream: INetStream) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+        try:
+            await stream.reset()
+        except Exception as exc:
+            log_event(logger, "stream_reset_failed", logging.DEBUG, error=repr(exc))

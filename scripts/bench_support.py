@@ -1,0 +1,82 @@
+"""What the benchmark scripts share: percentiles, readings of a process from ``/proc``, and a
+bare py-libp2p gossipsub peer, the reference the project's node is measured against.
+
+The bare peer is py-libp2p 0.8.1 with nothing of the project on top: TCP, Noise, Yamux and
+gossipsub with the project's gossipsub parameters (so a ratio against it shows what the node
+adds: health checks, the DHT, membership, validation, the engine, the store, logging), and
+js-libp2p's message ids (so it gossips with the project's nodes without duplicates). No health
+monitoring, no metadata protocol, no validators.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["bare_host", "bare_pubsub", "cpu_seconds", "percentile", "rss_bytes"]
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile (0..1) of a non-empty sample."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU of a process, all its threads (``/proc/PID/stat``); ``None`` once
+    it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the command name may hold spaces and parentheses
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14 and 15)
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of a process (``VmRSS`` of ``/proc/PID/status``); ``None`` once gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def bare_host(listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)) -> Any:
+    """A py-libp2p host (TCP, Noise, Yamux, a fresh key) with py-libp2p's connection defaults."""
+    import multiaddr
+    from libp2p import new_host
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+    from libp2p.network import swarm
+    from libp2p.security.noise.transport import PROTOCOL_ID as NOISE
+    from libp2p.security.noise.transport import Transport as NoiseTransport
+
+    swarm._HAPPY_EYEBALLS_DELAY = 0  # as the project's node does: no 250 ms wait per dial
+    key_pair = create_new_key_pair()
+    noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
+    return new_host(
+        key_pair=key_pair,
+        sec_opt={NOISE: noise},
+        muxer_preference="YAMUX",
+        listen_addrs=[multiaddr.Multiaddr(a) for a in listen],
+    )
+
+
+def bare_pubsub(host: Any, config: Any = None) -> tuple[Any, Any]:
+    """``(pubsub, router)`` for ``host``: strict signing, the gossipsub parameters of ``config``
+    (a ``NodeConfig``; default: the project's)."""
+    from libp2p.pubsub.pubsub import Pubsub
+
+    from companion.node.config import NodeConfig, make_gossipsub
+    from companion.node.msgid import js_message_id
+
+    router = make_gossipsub(config or NodeConfig())
+    return Pubsub(host, router, strict_signing=True, msg_id_constructor=js_message_id), router

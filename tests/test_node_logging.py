@@ -1,0 +1,120 @@
+"""Bounded, throttled logs: what peers send ends up in log fields, so every field is cut to size
+with a marker, repeats become one line with a count, and py-libp2p's records go the same way."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from companion.log import (
+    MAX_CHARS,
+    MAX_ITEMS,
+    MAX_TRACEBACK_CHARS,
+    Throttle,
+    bound,
+    configure_logging,
+    log_event,
+    log_exception,
+)
+
+
+@pytest.fixture
+def captured() -> Any:
+    """Logging configured as the command line does, into a buffer; put back as it was after."""
+    saved = [
+        (logger, logger.handlers[:], logger.level, logger.propagate)
+        for logger in (logging.getLogger("companion"), logging.getLogger("libp2p"))
+    ]
+    stream = io.StringIO()
+    configure_logging("DEBUG", "json", stream)
+    yield stream
+    for logger, handlers, level, propagate in saved:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def lines(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_strings_lists_and_dicts_are_cut_with_a_marker() -> None:
+    assert bound("x" * 500) == "x" * MAX_CHARS + "…[+300 chars]"
+    assert bound(list(range(50))) == [*range(MAX_ITEMS), "…[+30 items]"]
+    cut = bound({f"k{n}": n for n in range(25)})
+    assert len(cut) == MAX_ITEMS + 1 and cut["…"] == "+5 items"
+    assert bound({"k" * 300: 1}) == {"k" * MAX_CHARS + "…[+100 chars]": 1}
+    assert bound(("a", b"\x00" * 400)) == ["a", bound(repr(b"\x00" * 201))]
+    assert bound(None) is None and bound(3.5) == 3.5 and bound(True) is True
+
+
+def test_nesting_is_cut_and_odd_values_never_raise() -> None:
+    deep: Any = "leaf"
+    for _ in range(10):
+        deep = [deep]
+    assert bound(deep) == [[[["…[list of 1 items]"]]]]
+    assert bound("\ud800 lone") == "\\ud800 lone"  # writable as UTF-8
+
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert bound(Broken()) == "<unprintable Broken: RuntimeError>"
+
+
+def test_log_event_bounds_every_field(captured: io.StringIO) -> None:
+    logger = logging.getLogger("companion.test")
+    log_event(logger, "inbound", to=[f"companion_{n}" for n in range(1000)], text="y" * 70_000)
+    (line,) = lines(captured)
+    assert len(line["to"]) == MAX_ITEMS + 1 and line["to"][-1] == "…[+980 items]"
+    assert len(line["text"]) < MAX_CHARS + 30
+    assert len(captured.getvalue()) < 2000
+
+
+def test_throttle_admits_one_per_interval_and_counts_the_rest() -> None:
+    now = [0.0]
+    throttle = Throttle(60.0, clock=lambda: now[0])
+    assert throttle.admit("k") == 0
+    assert [throttle.admit("k") for _ in range(5)] == [None] * 5
+    assert throttle.admit("other") == 0
+    assert throttle.suppressed() == 5
+    now[0] = 61.0
+    assert throttle.admit("k") == 5  # the summary: five left out since the last line
+    assert throttle.suppressed() == 0
+
+
+def test_throttle_forgets_the_oldest_keys_beyond_its_bound() -> None:
+    throttle = Throttle(60.0, max_keys=3, clock=lambda: 0.0)
+    for key in "abcd":
+        throttle.admit(key)
+    assert throttle.admit("a") == 0  # forgotten, so admitted again
+
+
+def test_repeated_failures_log_one_bounded_traceback_a_minute(captured: io.StringIO) -> None:
+    logger = logging.getLogger("companion.test")
+    throttle = Throttle(60.0)
+    for n in range(100):
+        try:
+            raise ValueError("z" * 10_000 + str(n))
+        except ValueError as exc:
+            log_exception(logger, "handler_failed", exc, throttle=throttle, peer="p" * 1000)
+    (line,) = lines(captured)
+    assert line["event"] == "handler_failed" and line["suppressed_since_last"] == 0
+    assert len(line["traceback"]) <= MAX_TRACEBACK_CHARS + 40
+    assert len(line["error"]) < MAX_CHARS + 30 and len(line["peer"]) < MAX_CHARS + 30
+    assert throttle.suppressed() == 99
+
+
+def test_libp2p_records_are_routed_bounded_and_throttled(captured: io.StringIO) -> None:
+    library = logging.getLogger("libp2p.pubsub.pubsub")
+    for n in range(50):
+        library.warning("fail to deliver message to subscription for topic %s", "t" * 1000 + str(n))
+    library.info("below the level: not shown")
+    (line,) = lines(captured)
+    assert line["event"] == "libp2p" and line["logger"] == "libp2p.pubsub.pubsub"
+    assert line["message"].startswith("fail to deliver") and len(line["message"]) < MAX_CHARS + 30
+    assert line["suppressed_since_last"] == 0

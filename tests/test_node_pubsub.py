@@ -1,0 +1,145 @@
+"""RPC writes over real Yamux streams on loopback: whole RPCs per stream, and a write that did not
+finish resets the stream instead of leaving half an RPC for the next writer to continue."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+from google.protobuf.message import DecodeError
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.tools.anyio_service import background_trio_service
+from libp2p.utils.varint import read_varint_prefixed_bytes_limited
+from multiaddr import Multiaddr
+
+from companion.node.config import NodeConfig, make_gossipsub, make_host
+from companion.node.drops import DropCounters
+from companion.node.pubsub import GuardedPubsub
+
+PROTOCOL = TProtocol("/companion-test/rpc/1.0.0")
+RPC_BYTES = 150_000  # more than one Yamux frame (64 KB): each write yields between its frames
+
+
+def rpc(tag: int) -> rpc_pb2.RPC:
+    return rpc_pb2.RPC(publish=[rpc_pb2.Message(data=bytes([tag]) * RPC_BYTES, topicIDs=["messages"])])
+
+
+class Receiver:
+    """Reads varint-prefixed RPCs from the one stream it is given, once ``go`` is set."""
+
+    def __init__(self) -> None:
+        self.go = trio.Event()
+        self.parsed: list[rpc_pb2.RPC] = []
+        self.failure: BaseException | None = None
+        self.done = trio.Event()
+
+    async def handle(self, stream: Any) -> None:
+        await self.go.wait()  # until then the sender's window runs out
+        try:
+            while True:
+                data = await read_varint_prefixed_bytes_limited(stream, 10 * RPC_BYTES)
+                message = rpc_pb2.RPC()
+                message.ParseFromString(data)
+                self.parsed.append(message)
+        except (DecodeError, StreamError, Exception) as exc:
+            self.failure = exc
+        finally:
+            self.done.set()
+
+
+@asynccontextmanager
+async def pair(receiver: Receiver) -> AsyncIterator[tuple[GuardedPubsub, Any]]:
+    """A GuardedPubsub on one host and a stream from it to a second host that runs ``receiver``."""
+    config = NodeConfig()
+    a, b = make_host(config, create_new_key_pair()), make_host(config, create_new_key_pair())
+    b.set_stream_handler(PROTOCOL, receiver.handle)
+    listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    router = make_gossipsub(config)
+    pubsub = GuardedPubsub(
+        a,
+        router,
+        drops=DropCounters(trio.current_time),
+        deliver=lambda topic, msg: None,
+        outbound_queue_size=128,
+    )
+    async with a.run(listen_addrs=listen), b.run(listen_addrs=listen):
+        try:
+            async with background_trio_service(pubsub), background_trio_service(router):
+                with trio.fail_after(10):
+                    await pubsub.wait_until_ready()
+                    await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
+                    stream = await a.new_stream(b.get_id(), [PROTOCOL])
+                yield pubsub, stream
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(3):
+                await a.close()
+                await b.close()
+
+
+async def write_concurrently(write: Any, stream: Any, receiver: Receiver, count: int) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            for tag in range(count):
+                nursery.start_soon(write, stream, rpc(tag))
+            await trio.sleep(0.5)
+            receiver.go.set()
+        await stream.close()
+        await receiver.done.wait()
+
+
+async def test_concurrent_rpc_writes_arrive_whole() -> None:
+    receiver = Receiver()
+    async with pair(receiver) as (pubsub, stream):
+        await write_concurrently(pubsub.write_msg, stream, receiver, 4)
+    assert sorted(m.publish[0].data[0] for m in receiver.parsed) == [0, 1, 2, 3]
+    assert all(m.publish[0].data == m.publish[0].data[:1] * RPC_BYTES for m in receiver.parsed)
+
+
+async def test_py_libp2p_alone_interleaves_them() -> None:
+    """Why the lock exists: the same writes through py-libp2p's own ``write_msg`` mix their frames
+    (if this starts passing, py-libp2p serializes RPC writes itself)."""
+    receiver = Receiver()
+    async with pair(receiver) as (pubsub, stream):
+
+        async def unguarded(stream: Any, message: rpc_pb2.RPC) -> None:
+            await Pubsub.write_msg(pubsub, stream, message)
+
+        await write_concurrently(unguarded, stream, receiver, 4)
+    assert isinstance(receiver.failure, DecodeError) or len(receiver.parsed) < 4
+
+
+async def test_a_write_cut_short_resets_the_stream() -> None:
+    receiver = Receiver()
+    async with pair(receiver) as (pubsub, stream):
+        with trio.move_on_after(1.0) as waited:  # the receiver does not read: the window runs out mid-RPC
+            for tag in range(200):
+                await pubsub.write_msg(stream, rpc(tag % 9))
+        assert waited.cancelled_caught, "30 MB went out without the receiver reading"
+        assert await pubsub.write_msg(stream, rpc(9)) is False  # never after half an RPC
+        receiver.go.set()
+        with trio.fail_after(10):
+            await receiver.done.wait()
+    assert isinstance(receiver.failure, StreamError)  # a reset, not a decoding error
+    assert all(m.publish[0].data[0] != 9 for m in receiver.parsed)
+
+
+async def test_publishing_waits_for_room_within_its_deadline() -> None:
+    receiver = Receiver()
+    async with pair(receiver) as (pubsub, _stream):
+        stuck = RpcQueue()  # a peer whose sender makes no progress
+        for tag in range(40):
+            stuck.push(rpc(tag))
+        pubsub.peer_queues[ID(b"\x00stuck")] = stuck
+        started = trio.current_time()
+        assert await pubsub.wait_for_room(32, 0.3) is False
+        assert 0.3 <= trio.current_time() - started < 2.0
+        assert await pubsub.wait_for_room(64, 0.3) is True
