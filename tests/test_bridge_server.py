@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+from support.bridges import bridge_on_hub
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection, open_websocket_url
 
 from companion.bridge import Bridge, BridgeConfig, QueueLimits
@@ -55,17 +56,11 @@ async def running_bridge(
     directory: Mapping[str, Metadata] | None = None,
     **config: Any,
 ) -> AsyncIterator[Env]:
-    hub = MemoryHub()
-    bridge_ep = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(
-        bridge_ep,
-        directory=directory if directory is not None else {AYA.id: AYA},
-        config=BridgeConfig(host="127.0.0.1", port=0, **config),
+    net = bridge_on_hub(
+        nursery, directory if directory is not None else {AYA.id: AYA}, host="127.0.0.1", **config
     )
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    port = await nursery.start(bridge.serve)
-    yield Env(bridge, companion, f"ws://127.0.0.1:{port}/")
+    port = await nursery.start(net.bridge.serve)
+    yield Env(net.bridge, net.companion, f"ws://127.0.0.1:{port}/")
 
 
 async def recv_json(ws: WebSocketConnection) -> Any:
