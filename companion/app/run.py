@@ -5,7 +5,9 @@ clients with the bridge of ``companion bridge``, on a node of its own (:mod:`.cl
 Standard output follows :mod:`.lines`: ``<id> peer <peer id>`` with indented addresses,
 ``<id> sees ...`` whenever a node's directory changes, and ``bridge ws://HOST:PORT/`` with the
 page and WebRTC URLs.
-SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node.
+SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node; SIGHUP
+reads the cards' tools again (:func:`.actions.reload_tools`). With clients, ``POST
+/actions/TOOL`` runs a companion's tool (:mod:`companion.bridge.actions`).
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import logging
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..log import log_event
+from .actions import reload_tools, runtime_of, serve_actions
 from .engines import EngineOptions, HandlerFactory, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
+    from ..actions import ActionRuntime
     from ..bridge import Bridge
     from ..card import LoadedCard
     from ..node import CompanionNode
@@ -115,6 +120,9 @@ async def run_nodes(
         clients = None
         if options.bridge is not None:
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
+        runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL reaches these
+        if clients is not None:
+            serve_actions(clients.bridge, runtimes)
         if handler_factory is None:
             handler_factory = engine_handlers(models, data_dir=options.data_dir)
         for card, listen in zip(loaded, addrs, strict=True):
@@ -133,7 +141,8 @@ async def run_nodes(
                 max_connections=options.max_connections,
             )
             node = CompanionNode(metadata, config, trust=trust)
-            await nursery.start(_run_one, card, node, handler_factory)
+            run_one = partial(_run_one, runtimes=runtimes)
+            await nursery.start(run_one, card, node, handler_factory)
             nodes.append(node)
             print(peer_line(metadata.id, node.peer_id), flush=True)
             print_addresses(node.listen_addrs)
@@ -145,23 +154,34 @@ async def run_nodes(
         if ready is not None:
             ready(running)
         everyone = [*nodes, *([running.client_node] if running.client_node else [])]
-        await _serve_signals(everyone, nursery.cancel_scope)
+        await _serve_signals(everyone, nursery.cancel_scope, partial(reload_tools, loaded, runtimes))
 
 
 async def _run_one(
     card: LoadedCard,
     node: CompanionNode,
     handler_factory: HandlerFactory,
+    *,
+    runtimes: dict[str, ActionRuntime],
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     async with trio.open_nursery() as nursery:
-        await nursery.start(node.run, handler_factory(card, node, nursery))
+        handler = handler_factory(card, node, nursery)
+        runtime = runtime_of(handler)
+        if runtime is not None:
+            runtimes[card.card.metadata.id] = runtime
+        await nursery.start(node.run, handler)
         task_status.started()
 
 
-async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+async def _serve_signals(
+    nodes: Sequence[CompanionNode], scope: trio.CancelScope, reload: Callable[[], None]
+) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP) as signals:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                reload()
+                continue
             if signum == signal.SIGUSR1:
                 for node in nodes:
                     node.log_stats()
