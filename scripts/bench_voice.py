@@ -98,13 +98,11 @@ async def bench(sessions: int, rounds: int, idle: float) -> dict[str, Any]:
     hub = MemoryHub()
     companion = hub.endpoint("companion")
     node = hub.endpoint("bridge")
-    bridge = Bridge(node, config=BridgeConfig(port=0), self_peer=node.name)
+    bridge = Bridge(node, config=BridgeConfig(port=0))
     synth = EspeakSynthesizer()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(bridge.pump, node.receive_channel)
-        async with open_gateway(
-            bridge, bridge.publisher(node), synthesizer=synth, settings=SessionSettings()
-        ) as gw:
+        async with open_gateway(bridge, node, synthesizer=synth, settings=SessionSettings()) as gw:
             bridge.add_route(OFFER_PATH, offer_route(gw))
             port = await nursery.start(bridge.serve)
             url = f"http://127.0.0.1:{port}"

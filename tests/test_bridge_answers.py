@@ -62,9 +62,9 @@ def test_the_core_records_deliveries_per_client_topic() -> None:
     core.answer_done(query.id, published=True)
     again = core.claim_answer(a, result(query.id))
     assert again is not None and again.code == "already_answered"
-    # a query published by this process (a companion running here) is tracked the same way
+    # a query published by this process (a client, through the node's echo) is tracked the same way
     local = Query.create("companion_aya", "approval", {"action": "x"})
-    core.local_publish(QUERIES, local, origin=None)
+    core.network_payload(Inbound(QUERIES, local, "me", encode(local)))
     late, _ = core.connect()
     assert core.claim_answer(late, result(local.id)) is not None  # connected after it was sent
     assert core.claim_answer(a, result(local.id)) is None

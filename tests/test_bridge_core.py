@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from companion.bridge.clients import QueueLimits
-from companion.bridge.core import FirehoseCore
+from companion.bridge.core import MAX_AWAITED_ECHOES, FirehoseCore
 from companion.bridge.frames import FrameError
 from companion.protocol import MESSAGES, QUERIES, STATES, Message, Query, State, encode, encode_states
 from companion.transport import Inbound
@@ -58,23 +58,53 @@ def test_states_only_on_request() -> None:
     assert json.loads(drain(core, watcher)[0])[0]["params"]["from"] == "companion_aya"
 
 
-def test_own_echo_is_ignored() -> None:
-    core = FirehoseCore(self_peer="me")
-    client, _ = core.connect()
-    message = Message.create("user_a", ["companion_aya"], "hi")
-    assert core.network_payload(inbound(MESSAGES, message, sender="me")).queued == ()
-    assert core.network_payload(inbound(MESSAGES, message, sender="other")).queued == (client,)
-
-
-def test_local_publish_reaches_other_clients_only() -> None:
+def test_the_echo_of_a_clients_frame_reaches_every_other_client_once() -> None:
+    """The bridge's node delivers what the bridge published back to it (the echo rule): the
+    clients get it from there, all but the one that sent it."""
     core = FirehoseCore()
     a, _ = core.connect()
     b, _ = core.connect()
     message = Message.create("user_a", ["companion_aya"], "hi")
-    fanout = core.local_publish(MESSAGES, message, origin=a)
-    assert fanout.queued == (b,)
+    core.sending(a, MESSAGES, message)
+    echo = inbound(MESSAGES, message, sender="me")
+    assert core.network_payload(echo).queued == (b,)
     assert drain(core, b) == [encode(message).decode()]
-    assert core.local_publish(MESSAGES, message, origin=None).queued == (a, b)
+    assert core.network_payload(echo).queued == (a, b)  # the same bytes again: not an echo
+
+
+def test_a_frame_sent_twice_is_kept_from_its_sender_twice_and_a_failed_one_not_at_all() -> None:
+    core = FirehoseCore()
+    a, _ = core.connect()
+    b, _ = core.connect()
+    message = Message.create("user_a", ["companion_aya"], "hi")
+    core.sending(a, MESSAGES, message)
+    core.sending(a, MESSAGES, message)
+    echo = inbound(MESSAGES, message, sender="me")
+    assert core.network_payload(echo).queued == (b,)
+    assert core.network_payload(echo).queued == (b,)
+    failed = core.sending(b, MESSAGES, message)
+    core.not_sent(failed)
+    assert core.network_payload(echo).queued == (a, b)
+
+
+def test_what_the_bridge_itself_published_reaches_every_client() -> None:
+    """The voice's speak results (sent by no client) come back to all of them."""
+    core = FirehoseCore()
+    a, _ = core.connect()
+    b, _ = core.connect()
+    message = Message.create("user_a", ["companion_aya"], "hi")
+    assert core.network_payload(inbound(MESSAGES, message, sender="me")).queued == (a, b)
+
+
+def test_awaited_echoes_are_bounded() -> None:
+    core = FirehoseCore()
+    a, _ = core.connect()
+    first = Message.create("user_a", ["companion_aya"], "first")
+    core.sending(a, MESSAGES, first)
+    for i in range(MAX_AWAITED_ECHOES):
+        core.sending(a, MESSAGES, Message.create("user_a", ["companion_aya"], f"m{i}"))
+    assert len(core._awaited) == MAX_AWAITED_ECHOES
+    assert core.network_payload(inbound(MESSAGES, first)).queued == (a,)  # forgotten: delivered
 
 
 def test_slow_client_is_reported_and_others_unaffected() -> None:

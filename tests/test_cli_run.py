@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 from fake_llm_server import running_server
+from support.cards import write_card
 
 from companion.app import clients as client_wiring
 from companion.app.bridge import BridgeOptions, make_bridge
@@ -22,38 +23,9 @@ from companion.models.scripted import ScriptedModel
 from companion.node import CompanionNode, NodeConfig
 from companion.store import Store
 
-CARD = """\
-metadata:
-  id: companion_{key}
-  name: {key}
-  personality: calm
-  story: a test companion
-  sample: hello
-role: test
-actions: [speak]
-events:
-  params:
-    type: object
-    properties:
-      mood: {{type: string}}
-    required: [mood]
-  conditions:
-    - expression: "true"
-      execute:
-        - tool: speak
-          instruction: reply
-{settings}"""
-
-
-def card(tmp_path: Path, key: str, model: str | None = None) -> Path:
-    settings = f"settings:\n  model: {model!r}\n" if model else ""
-    path = tmp_path / f"{key}.yaml"
-    path.write_text(CARD.format(key=key, settings=settings), encoding="utf-8")
-    return path
-
 
 def loaded(tmp_path: Path, *specs: tuple[str, str | None]) -> list[LoadedCard]:
-    return [load_card(card(tmp_path, key, model)) for key, model in specs]
+    return [load_card(write_card(tmp_path, key, model=model)) for key, model in specs]
 
 
 def test_the_model_is_the_override_else_the_cards_else_scripted(tmp_path: Path) -> None:
@@ -112,7 +84,7 @@ def test_an_unusable_model_stops_run_before_any_node_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
 ) -> None:
     args = ["--model", "openai:x"] if where == "flag" else []
-    path = card(tmp_path, "a", "openai:x" if where == "card" else None)
+    path = write_card(tmp_path, "a", model="openai:x" if where == "card" else None)
     data = tmp_path / "data"
     code = main(["run", str(path), *args, "--base-url", "http://127.0.0.1:9/v1", "--data-dir", str(data)])
     out, err = capsys.readouterr()
@@ -135,7 +107,7 @@ def test_an_unusable_model_stops_run_before_any_node_starts(
 def test_bad_options_are_refused_with_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], said: str
 ) -> None:
-    path = card(tmp_path, "a")
+    path = write_card(tmp_path, "a")
     assert main(["run", str(path), "--no-mdns", "--data-dir", str(tmp_path / "data"), *args]) == 2
     assert said in capsys.readouterr().err
 

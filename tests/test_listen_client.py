@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 from client_support import Screen, needs_espeak
+from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge, BridgeConfig
 from companion.listen import (
@@ -68,16 +69,8 @@ async def listener(
 ) -> AsyncIterator[Setup]:
     """A bridge with the client connected; ``token_in_url``: the client is given the token only
     in its URL (``--ws "ws://...?token=X"``), not as ``--token``."""
-    hub = MemoryHub()
-    bridge_ep = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(
-        bridge_ep,
-        directory={AYA.id: AYA, PIM.id: PIM},
-        config=BridgeConfig(port=0, token=token),
-        self_peer="bridge",
-    )
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
+    net = bridge_on_hub(nursery, {AYA.id: AYA, PIM.id: PIM}, token=token)
+    bridge, companion = net.bridge, net.companion
     port = await nursery.start(bridge.serve)
     url = f"ws://127.0.0.1:{port}/"
     screen = Screen()

@@ -8,17 +8,11 @@ from pathlib import Path
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
+from support.cards import metadata as md
 
 from companion.membership import BindRefused, Membership, MembershipEvent
 from companion.protocol import APPROVAL_QUERY, Metadata
 from companion.trust import TrustStore
-
-
-def md(key: str, **changes: str) -> Metadata:
-    fields = {"id": f"companion_{key}", "name": key, "personality": "p", "story": "s", "sample": "x"}
-    fields.update(changes)
-    return Metadata(**fields)
-
 
 ME = "peer-me"
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
+from support.cards import metadata as md
 
 from companion.membership import Membership
 from companion.node.drops import Drop, DropCounters
@@ -26,7 +27,6 @@ from companion.protocol import (
     TOPICS,
     Action,
     Message,
-    Metadata,
     Query,
     QueryResult,
     State,
@@ -42,10 +42,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def md(key: str) -> Metadata:
-    return Metadata(id=f"companion_{key}", name=key, personality="p", story="s", sample="x")
 
 
 def make_guard(max_bytes: int = 4096, capacity: int = 100) -> tuple[EdgeGuard, Clock]:

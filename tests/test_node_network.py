@@ -11,6 +11,7 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from node_support import RawPeer, raw_peer
+from support.cards import metadata as md
 
 from companion.membership import MembershipEvent
 from companion.node import CompanionNode, NodeConfig, NodeNotRunning
@@ -29,10 +30,6 @@ from companion.protocol import (
     encode,
 )
 from companion.transport import Inbound
-
-
-def md(key: str) -> Metadata:
-    return Metadata(id=f"companion_{key}", name=key, personality="p", story="s", sample="x")
 
 
 class Recorder:

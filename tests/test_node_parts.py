@@ -13,16 +13,12 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from node_support import raw_peer
+from support.cards import metadata as md
 
 from companion.node import CompanionNode, NodeConfig
 from companion.node.discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from companion.node.identity import IdentityError, load_or_create_key_pair
 from companion.node.metadata import METADATA_PROTOCOL, RequestGate, decode_metadata, fetch_metadata
-from companion.protocol import Metadata
-
-
-def md(key: str) -> Metadata:
-    return Metadata(id=f"companion_{key}", name=key, personality="p", story="s", sample="x")
 
 
 def test_key_is_created_once_and_reused(tmp_path: Path) -> None:

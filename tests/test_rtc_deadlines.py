@@ -11,8 +11,8 @@ from functools import partial
 import pytest
 import trio
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from support.bridges import bridge_on_hub
 
-from companion.bridge import Bridge, BridgeConfig
 from companion.protocol import MESSAGES, QUERIES, Envelope, Message, Query, State
 from companion.rtc import (
     ClientSettings,
@@ -23,7 +23,7 @@ from companion.rtc import (
     host_addresses,
     open_gateway,
 )
-from companion.transport import MemoryEndpoint, MemoryHub, Publisher
+from companion.transport import MemoryEndpoint, Publisher
 from companion.voice import Speech
 
 
@@ -31,19 +31,15 @@ from companion.voice import Speech
 async def gateway_on_hub(
     settings: SessionSettings, *, publisher: Publisher | None = None, **kwargs: object
 ) -> AsyncIterator[tuple[RtcGateway, MemoryEndpoint]]:
-    hub = MemoryHub()
-    node = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(node, config=BridgeConfig(port=0), self_peer="bridge")
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(bridge.pump, node.receive_channel)
+        net = bridge_on_hub(nursery)
         async with open_gateway(
-            bridge,
-            publisher or bridge.publisher(node),
+            net.bridge,
+            publisher or net.node,
             settings=settings,
             **kwargs,  # type: ignore[arg-type]
         ) as gateway:
-            yield gateway, companion
+            yield gateway, net.companion
         nursery.cancel_scope.cancel()
 
 
@@ -162,16 +158,12 @@ class QuickSynth:
 
 
 async def test_publishing_a_result_has_a_deadline() -> None:
-    hub = MemoryHub()
-    node = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(node, config=BridgeConfig(port=0), self_peer="bridge")
-    hanging = HangingPublisher(bridge.publisher(node))
     settings = SessionSettings(publish_timeout=0.2)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(bridge.pump, node.receive_channel)
+        net = bridge_on_hub(nursery)
+        companion, hanging = net.companion, HangingPublisher(net.node)
         async with (
-            open_gateway(bridge, hanging, synthesizer=QuickSynth(), settings=settings) as gateway,
+            open_gateway(net.bridge, hanging, synthesizer=QuickSynth(), settings=settings) as gateway,
             connect_rtc(signal_to(gateway)) as client,
         ):
             for n in range(2):

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import trio
 from client_support import Screen, needs_espeak
+from support.bridges import bridge_on_hub
 
-from companion.bridge import Bridge, BridgeConfig
+from companion.bridge import Bridge
 from companion.cli import build_parser
 from companion.listen import ListenOptions, run_listener
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
 from companion.rtc import RtcGateway
 from companion.rtc.route import serve_webrtc
-from companion.transport import Inbound, MemoryEndpoint, MemoryHub
+from companion.transport import Inbound, MemoryEndpoint
 from companion.voice import EspeakSynthesizer
 
 
@@ -42,14 +43,10 @@ class Setup:
 
 @asynccontextmanager
 async def bridge_with_webrtc(nursery: trio.Nursery, token: str | None = None) -> AsyncIterator[Setup]:
-    hub = MemoryHub()
-    node = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(node, config=BridgeConfig(port=0, token=token), self_peer="bridge")
-    nursery.start_soon(bridge.pump, node.receive_channel)
-    async with serve_webrtc(bridge, bridge.publisher(node), synthesizer=EspeakSynthesizer()) as gateway:
-        port = await nursery.start(bridge.serve)
-        yield Setup(bridge, gateway, companion, port)
+    net = bridge_on_hub(nursery, token=token)
+    async with serve_webrtc(net.bridge, net.node, synthesizer=EspeakSynthesizer()) as gateway:
+        port = await nursery.start(net.bridge.serve)
+        yield Setup(net.bridge, gateway, net.companion, port)
 
 
 def file_player(tmp_path: Path) -> tuple[str, ...]:

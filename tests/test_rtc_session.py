@@ -18,8 +18,9 @@ import aioice.ice
 import pytest
 import trio
 from client_support import needs_espeak
+from support.bridges import bridge_on_hub
 
-from companion.bridge import Bridge, BridgeConfig
+from companion.bridge import Bridge
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult, encode, parse_payload
 from companion.rtc import (
     ClientClosed,
@@ -71,19 +72,15 @@ async def network(
     synthesizer: Synthesizer | None = None, settings: SessionSettings | None = None
 ) -> AsyncIterator[Net]:
     """A companion and a bridge on an in-memory network; the bridge's WebRTC gateway."""
-    hub = MemoryHub()
-    companion = hub.endpoint("companion")
-    node = hub.endpoint("bridge")
-    bridge = Bridge(node, config=BridgeConfig(port=0), self_peer=node.name)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(bridge.pump, node.receive_channel)
+        net = bridge_on_hub(nursery)
         async with open_gateway(
-            bridge,
-            bridge.publisher(node),
+            net.bridge,
+            net.node,
             synthesizer=synthesizer,
             settings=settings or SessionSettings(connect_timeout=5),
         ) as gateway:
-            yield Net(hub, bridge, gateway, companion)
+            yield Net(net.hub, net.bridge, gateway, net.companion)
         nursery.cancel_scope.cancel()
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import trio
 
 from ..log import log_event
+from ..ports import Publisher
 from ..protocol import QUERIES, Query, QueryResult
-from ..transport import Publisher
 from .results import QueryTimeout
 
 __all__ = ["PendingQueries"]

@@ -124,7 +124,7 @@ async def run_bridge(
     await bridge.bind()  # a taken --ws address is an error before the node starts
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run, bridge)
-        port = await nursery.start(serve_clients, options, bridge, bridge.publisher(node))
+        port = await nursery.start(serve_clients, options, bridge, node)
         print(peer_line("bridge", node.peer_id), flush=True)
         for addr in node.listen_addrs:
             print(f"  {addr}", flush=True)
@@ -147,8 +147,9 @@ def make_bridge(
     options: BridgeOptions, node: CompanionNode, directory: Mapping[str, Metadata] | None = None
 ) -> Bridge:
     """A bridge whose clients publish through ``node``, a node that is not a companion (a
-    companion's node may publish only as that companion). ``directory`` lists the companions
-    for the page (default: those ``node`` sees)."""
+    companion's node may publish only as that companion); run ``node`` with the bridge as its
+    handler, so clients get everything it receives. ``directory`` lists the companions for
+    the page (default: those ``node`` sees)."""
     topics = DEFAULT_TOPICS | {STATES} if options.states else DEFAULT_TOPICS
     config = BridgeConfig(
         host=options.host,
@@ -162,7 +163,7 @@ def make_bridge(
         default_topics=topics,
     )
     known = node.directory if directory is None else directory
-    return Bridge(node, directory=known, config=config, self_peer=node.peer_id)
+    return Bridge(node, directory=known, config=config)
 
 
 async def serve_clients(
@@ -174,7 +175,7 @@ async def serve_clients(
 ) -> None:
     """Serve WebSocket clients (and WebRTC ones unless ``options.webrtc`` is off) until
     cancelled; reports the bound port. ``publisher`` publishes what the bridge itself says
-    (speak results of its voice): ``bridge.publisher(node)``."""
+    (speak results of its voice): the bridge's node, so the echo shows them to its clients."""
     async with _webrtc(options, bridge, publisher), trio.open_nursery() as nursery:
         port = await nursery.start(bridge.serve)
         task_status.started(port)

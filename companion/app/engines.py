@@ -21,7 +21,6 @@ from ..protocol import Action, Message, Query, QueryResult
 from ..transport import Inbound
 
 if TYPE_CHECKING:
-    from ..bridge import Bridge
     from ..card import LoadedCard
     from ..engine import ConversationEngine, EngineTimings
     from ..models.base import CompanionModel
@@ -156,28 +155,17 @@ async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) ->
     return out
 
 
-def engine_handlers(
-    models: Mapping[str, CardModel],
-    *,
-    data_dir: Path | None,
-    bridges: Mapping[str, Bridge] | None = None,
-) -> HandlerFactory:
+def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -> HandlerFactory:
     """The handler factory of ``companion run``: a :class:`CompanionHandler` with a conversation
     engine per card (its model from ``models``, its history and memory under
-    ``data_dir/<companion id>/``, in memory when ``None``). The engine of a companion id in
-    ``bridges`` publishes through that bridge, so its clients see what it says."""
+    ``data_dir/<companion id>/``, in memory when ``None``), publishing through the card's node."""
     from ..engine import engine_handler_factory
-    from .clients import bridged
-
-    carried = bridges or {}
 
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
-        cid = loaded.card.metadata.id
-        chosen = models[cid]
+        chosen = models[loaded.card.metadata.id]
         factory = engine_handler_factory(
             lambda _card: chosen.model, data_dir=data_dir, timings=chosen.timings
         )
-        bridge = carried.get(cid)
-        return CompanionHandler(node.name, factory(loaded, bridged(node, bridge), nursery))
+        return CompanionHandler(node.name, factory(loaded, node, nursery))
 
     return make

@@ -2,9 +2,9 @@
 
 Each node dials the one before (a chain: presence and the DHT introduce the rest). With
 ``options.bridge`` (``--ws``) the process also serves clients with the bridge of ``companion
-bridge`` (:mod:`.clients`). Standard output follows
-:mod:`.lines`: ``<id> peer <peer id>`` with indented addresses, ``<id> sees ...`` whenever a
-node's directory changes, and ``bridge ws://HOST:PORT/`` with the page and WebRTC URLs.
+bridge``, on a node of its own (:mod:`.clients`). Standard output follows :mod:`.lines`:
+``<id> peer <peer id>`` with indented addresses, ``<id> sees ...`` whenever a node's directory
+changes, and ``bridge ws://HOST:PORT/`` with the page and WebRTC URLs.
 SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node; SIGHUP
 reads the cards' tools again (:func:`.actions.reload_tools`). With clients, ``POST
 /actions/TOOL`` runs a companion's tool (:mod:`companion.bridge.actions`).
@@ -99,11 +99,8 @@ async def run_nodes(
 ) -> None:
     """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
     start a node for each card (each one also dials the one before) and, with
-    ``options.bridge``, serve clients; run until SIGINT/SIGTERM or cancellation.
-
-    With clients, the first card's node carries the bridge: its handler hands every payload to
-    the clients, and its handler must publish through ``running.bridge.publisher(node)`` (the
-    engines do), since the clients are not given what that node signed itself."""
+    ``options.bridge``, serve clients from the clients' node (:mod:`.clients`); run until
+    SIGINT/SIGTERM or cancellation. Each handler publishes through its own node."""
     from ..card import load_card
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
@@ -123,12 +120,11 @@ async def run_nodes(
         clients = None
         if options.bridge is not None:
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
-        bridges = {ids[0]: clients.bridge} if clients is not None else {}
         runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL reaches these
         if clients is not None:
             serve_actions(clients.bridge, runtimes)
         if handler_factory is None:
-            handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
+            handler_factory = engine_handlers(models, data_dir=options.data_dir)
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
             # the card before (a bootstrap peer, so protected from trimming): a chain, not a
@@ -148,7 +144,7 @@ async def run_nodes(
             )
             node = CompanionNode(metadata, config, trust=trust)
             run_one = partial(_run_one, runtimes=runtimes)
-            await nursery.start(run_one, card, node, handler_factory, bridges.get(metadata.id))
+            await nursery.start(run_one, card, node, handler_factory)
             nodes.append(node)
             print(peer_line(metadata.id, node.peer_id), flush=True)
             print_addresses(node.listen_addrs)
@@ -167,20 +163,15 @@ async def _run_one(
     card: LoadedCard,
     node: CompanionNode,
     handler_factory: HandlerFactory,
-    bridge: Bridge | None,
     *,
     runtimes: dict[str, ActionRuntime],
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    from .clients import Delivering
-
     async with trio.open_nursery() as nursery:
         handler = handler_factory(card, node, nursery)
         runtime = runtime_of(handler)
         if runtime is not None:
             runtimes[card.card.metadata.id] = runtime
-        if bridge is not None:
-            handler = Delivering(bridge, handler, own_peer=node.peer_id)
         await nursery.start(node.run, handler)
         task_status.started()
 

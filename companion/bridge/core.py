@@ -2,24 +2,37 @@
 
 The trio shell (:mod:`companion.bridge.server`) owns sockets and tasks; this part owns the
 decisions, so they are tested with plain function calls. Every transport that carries the
-Firehose frames (WebSocket today, a WebRTC data channel later) goes through the same core.
+Firehose frames (WebSocket, a WebRTC data channel) goes through the same core.
+
+Clients see each other through the bridge's node: by the echo rule of :mod:`companion.ports`
+the node receives what the bridge published, and :meth:`FirehoseCore.network_payload` hands it
+to every subscribed client but the one that sent it (:meth:`FirehoseCore.sending` notes the
+bytes it awaits back). What the bridge publishes for no client (the voice's speak results)
+comes back to all of them the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-from ..protocol import Envelope, Query, QueryResult, State, encode
+from ..protocol import Envelope, Query, QueryResult, State
 from ..transport import Inbound, encode_for_topic
 from .answers import AnswerLedger
 from .clients import DEFAULT_TOPICS, ClientQueue, ClientRegistry, QueueLimits
 from .frames import FrameError, PublishRequest, decode_frame, interpret_request
 from .ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit, TokenBucket, admit
 
-__all__ = ["Fanout", "FirehoseCore"]
+__all__ = ["MAX_AWAITED_ECHOES", "Fanout", "FirehoseCore"]
+
+MAX_AWAITED_ECHOES: Final = 1024
+"""Client frames published and not yet back from the node. An echo that never comes (the node
+dropped the frame) is forgotten with the oldest: that frame, if it ever does come, then reaches
+its sender too, which costs a duplicate on one client and nothing else."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +49,6 @@ class FirehoseCore:
 
     limits: QueueLimits = field(default_factory=QueueLimits)
     default_topics: frozenset[str] = DEFAULT_TOPICS
-    self_peer: str | None = None
-    """The bridge's own network identity: the network's echo of what we published is ignored
-    (local clients already got it from :meth:`local_publish`)."""
     client_rate: RateLimit = DEFAULT_CLIENT_RATE
     total_rate: RateLimit = DEFAULT_TOTAL_RATE
     answers: AnswerLedger = field(default_factory=AnswerLedger)
@@ -48,6 +58,11 @@ class FirehoseCore:
     _total: TokenBucket = field(init=False)
     _sessions: dict[str, str] = field(default_factory=dict)
     """Client id -> the session it named (its answer identity, shared by its connections)."""
+    _awaited: OrderedDict[int, tuple[bytes, str]] = field(default_factory=OrderedDict)
+    """Echo token -> (digest of the topic and bytes, client that sent them), oldest first."""
+    _by_digest: dict[bytes, deque[int]] = field(default_factory=dict)
+    """Digest -> the tokens awaiting it, oldest first (the same frame may be sent twice)."""
+    _tokens: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         self._registry = ClientRegistry(self.limits)
@@ -84,20 +99,48 @@ class FirehoseCore:
     # --- outbound ------------------------------------------------------------------------
 
     def network_payload(self, inbound: Inbound) -> Fanout:
-        """A payload from the network: forward its raw JSON to every client subscribed to its topic."""
-        if self.self_peer is not None and inbound.sender_peer == self.self_peer:
-            return Fanout()
-        if inbound.raw:
-            text = inbound.raw.decode("utf-8", "surrogatepass")  # the edge already checked UTF-8
-        else:
-            text = _encode_payload(inbound.topic, inbound.payload).decode("utf-8", "surrogatepass")
-        return self._track(inbound.payload, self._broadcast(inbound.topic, text, exclude=None))
+        """A payload the node received: forward its raw JSON to every client subscribed to its
+        topic, except the client whose frame this is the echo of (:meth:`sending`)."""
+        data = inbound.raw or encode_for_topic(inbound.topic, inbound.payload)
+        text = data.decode("utf-8", "surrogatepass")  # the edge already checked UTF-8
+        sender = self._echo_of(_digest(inbound.topic, data))
+        return self._track(inbound.payload, self._broadcast(inbound.topic, text, exclude=sender))
 
-    def local_publish(self, topic: str, envelope: Envelope | list[State], *, origin: str | None) -> Fanout:
-        """Something this process published (for a client, or a companion running here): the
-        network does not echo it back to us, so local clients other than ``origin`` get it here."""
-        text = encode_for_topic(topic, envelope).decode("utf-8", "surrogatepass")
-        return self._track(envelope, self._broadcast(topic, text, exclude=origin))
+    def sending(self, client_id: str, topic: str, envelope: Envelope | list[State]) -> int:
+        """``client_id``'s frame is about to be published: its echo will reach every client but
+        this one. Returns the token to give :meth:`not_sent` if publishing fails."""
+        token = next(self._tokens)
+        digest = _digest(topic, encode_for_topic(topic, envelope))
+        self._awaited[token] = (digest, client_id)
+        self._by_digest.setdefault(digest, deque()).append(token)
+        while len(self._awaited) > MAX_AWAITED_ECHOES:
+            oldest, (old_digest, _) = self._awaited.popitem(last=False)
+            self._drop_token(old_digest, oldest)
+        return token
+
+    def not_sent(self, token: int) -> None:
+        """The frame of ``token`` was not published: no echo of it will come."""
+        awaited = self._awaited.pop(token, None)
+        if awaited is not None:
+            self._drop_token(awaited[0], token)
+
+    def _echo_of(self, digest: bytes) -> str | None:
+        """The client whose published frame these bytes are (the oldest waiting), or ``None``."""
+        tokens = self._by_digest.get(digest)
+        if not tokens:
+            return None
+        token = tokens.popleft()
+        if not tokens:
+            del self._by_digest[digest]
+        return self._awaited.pop(token)[1]
+
+    def _drop_token(self, digest: bytes, token: int) -> None:
+        tokens = self._by_digest.get(digest)
+        if tokens is None:
+            return
+        tokens.remove(token)
+        if not tokens:
+            del self._by_digest[digest]
 
     def _track(self, payload: object, fanout: Fanout) -> Fanout:
         """Queries handed to clients may be answered by them; a result seen settles its query."""
@@ -169,7 +212,9 @@ class FirehoseCore:
         return interpret_request(obj)
 
 
-def _encode_payload(topic: str, payload: Envelope | list[State]) -> bytes:
-    if isinstance(payload, list):
-        return encode_for_topic(topic, payload)
-    return encode(payload)
+def _digest(topic: str, data: bytes) -> bytes:
+    """The echo's key: bytes published on one topic are not the same payload on another."""
+    digest = hashlib.blake2b(topic.encode(), digest_size=16)
+    digest.update(b"\0")
+    digest.update(data)
+    return digest.digest()

@@ -2,7 +2,9 @@
 
 Decisions live in :class:`~companion.bridge.core.FirehoseCore`; this module moves bytes. Each
 client gets two tasks: one writes its queue out, one reads its frames and publishes them.
-Payloads from the network are handed to :meth:`Bridge.deliver`, which never blocks.
+Payloads the bridge's node receives are handed to :meth:`Bridge.deliver`, which never blocks;
+what the bridge publishes reaches its clients the same way, as the node's echo (the echo rule of
+:mod:`companion.ports`), never the sender's own frame back.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import trio
 from trio_websocket import wrap_server_stream
 
 from ..log import log_event
-from ..protocol import Envelope, Metadata, QueryResult, State
+from ..protocol import Envelope, Metadata, QueryResult
 from ..transport import Inbound, Publisher
 from .access import AccessDenied, AccessPolicy, check_access, needs_token
 from .channel import (
@@ -193,8 +195,9 @@ class Bridge:
     """Serves Firehose clients over WebSocket (and any other :class:`FrameChannel`).
 
     ``publisher`` is where client frames go (the libp2p node, or a MemoryEndpoint in tests);
-    ``directory`` is the live mapping of connected companions (for names on the page);
-    ``self_peer`` is this process's network identity, whose echoes are ignored.
+    everything that node receives must be handed to :meth:`deliver` (or :meth:`handle`), its
+    own publications included: that is how clients see each other's frames. ``directory`` is
+    the live mapping of connected companions (for names on the page).
     """
 
     def __init__(
@@ -204,13 +207,11 @@ class Bridge:
         directory: Mapping[str, Metadata] | None = None,
         config: BridgeConfig | None = None,
         receive_hook: ReceiveHook | None = None,
-        self_peer: str | None = None,
     ) -> None:
         self.config = config or BridgeConfig()
         self.core = FirehoseCore(
             self.config.limits,
             self.config.default_topics,
-            self_peer,
             client_rate=self.config.client_rate,
             total_rate=self.config.total_rate,
         )
@@ -264,7 +265,8 @@ class Bridge:
         self._routes[path] = route
 
     def deliver(self, inbound: Inbound) -> None:
-        """A payload from the network; queued for subscribed clients. Never blocks."""
+        """A payload the node received (the echo of this bridge's own included); queued for
+        subscribed clients. Never blocks."""
         self._apply(self.core.network_payload(inbound))
 
     async def handle(self, inbound: Inbound) -> None:
@@ -275,11 +277,6 @@ class Bridge:
         """Deliver everything from a channel of inbound payloads until it closes."""
         async for item in inbound:
             self.deliver(item)
-
-    def publisher(self, inner: Publisher) -> Publisher:
-        """Wrap the publisher of a companion running in this process, so local clients see
-        what it publishes (the network does not echo a node's own payloads)."""
-        return _FanoutPublisher(self, inner)
 
     async def serve_channel(
         self, channel: FrameChannel, *, topics: Iterable[str] | None = None, label: str = ""
@@ -472,14 +469,16 @@ class Bridge:
                 self._refuse(session, refused)
                 return
         published = False
+        echo = self.core.sending(session.client_id, request.topic, request.envelope)
         try:
             published = await self._publish(session, request.topic, request.envelope)
         finally:
             if answer is not None:
                 self.core.answer_done(answer, published=published)
+            if not published:
+                self.core.not_sent(echo)
         if published:
             self.published += 1
-            self._apply(self.core.local_publish(request.topic, request.envelope, origin=session.client_id))
 
     async def _publish(self, session: _Session, topic: str, envelope: Envelope) -> bool:
         """Publish a client's envelope; ``False`` (and an error frame) if the network would not."""
@@ -734,13 +733,3 @@ def _peer_label(stream: trio.SocketStream) -> str:
     except (OSError, ValueError):
         return "unknown"
     return f"{host}:{port}"
-
-
-class _FanoutPublisher:
-    def __init__(self, bridge: Bridge, inner: Publisher) -> None:
-        self._bridge = bridge
-        self._inner = inner
-
-    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
-        await self._inner.publish(topic, envelope)
-        self._bridge._apply(self._bridge.core.local_publish(topic, envelope, origin=None))

@@ -160,7 +160,7 @@ async def open_gateway(
     """A gateway with its asyncio island and session nursery; sessions end when the block does.
 
     ``server`` serves each client's frames (the bridge); ``publisher`` publishes the speak
-    results (``bridge.publisher(node)``, so the bridge's local clients see them too).
+    results (the bridge's node: its echo shows them to the bridge's clients too).
     """
     async with open_island() as island, trio.open_nursery() as nursery:
         gateway = RtcGateway(

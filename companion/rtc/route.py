@@ -50,7 +50,7 @@ async def serve_webrtc(
 ) -> AsyncIterator[RtcGateway]:
     """Accept WebRTC clients on ``bridge`` for the duration of the block.
 
-    ``publisher`` publishes the speak results (``bridge.publisher(node)``). With ``voice``, the
+    ``publisher`` publishes the speak results (the bridge's node). With ``voice``, the
     synthesizer is ``synthesizer`` or espeak-ng when installed; ICE candidates follow the
     bridge's listening address unless ``settings`` say otherwise.
     """

@@ -5,8 +5,7 @@ The bridge serves any :class:`~companion.bridge.channel.FrameChannel` with
 receive hook, error frames and fan-out as a WebSocket client. A session hands it a channel
 backed by its data channel (:class:`~companion.rtc.frames.DataChannelFrames`). Only the voice
 talks to the network on its own account: it publishes the results of the speak queries it
-answered, through a publisher that also shows them to the bridge's local clients
-(``bridge.publisher(node)``).
+answered, through the bridge's node; the node's echo shows them to the bridge's clients.
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import trio
 from browser_cdp import ensure_chromium
+from support.bridges import bridge_on_hub
 
-from companion.bridge import Bridge, BridgeConfig
+from companion.bridge import Bridge
 from companion.protocol import Metadata
-from companion.transport import MemoryEndpoint, MemoryHub
+from companion.transport import MemoryEndpoint
 
 
 @pytest.fixture(scope="session")
@@ -41,16 +42,8 @@ def memory_bridge(nursery: trio.Nursery) -> MakeBridge:
     port unless ``port`` is given), running until the test ends."""
 
     async def make(directory: Mapping[str, Metadata] | None = None, **config: Any) -> MemoryBridge:
-        hub = MemoryHub()
-        bridge_ep, companion = hub.endpoint("bridge"), hub.endpoint("companion")
-        bridge = Bridge(
-            bridge_ep,
-            directory=directory or {},
-            config=BridgeConfig(**{"port": 0, **config}),
-            self_peer="bridge",
-        )
-        nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-        port = await nursery.start(bridge.serve)
-        return MemoryBridge(bridge, companion, port)
+        net = bridge_on_hub(nursery, directory, **config)
+        port = await nursery.start(net.bridge.serve)
+        return MemoryBridge(net.bridge, net.companion, port)
 
     return make

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import trio
 from browser_cdp import SPEECH_STUB, Page, chromium
+from support.bridges import bridge_on_hub
 
-from companion.bridge import Bridge, BridgeConfig
 from companion.protocol import MESSAGES, QUERIES, Message, Metadata, Query, QueryResult
 from companion.rtc.route import serve_webrtc
-from companion.transport import MemoryEndpoint, MemoryHub
+from companion.transport import MemoryEndpoint
 from companion.voice import EspeakSynthesizer
 
 pytestmark = pytest.mark.skipif(
@@ -76,17 +76,9 @@ async def audio_stats(page: Page) -> dict[str, float]:
 async def test_page_prefers_webrtc_and_hears_the_voice_track(
     nursery: trio.Nursery, chromium_path: str, tmp_path: Path
 ) -> None:
-    hub = MemoryHub()
-    bridge_ep = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(
-        bridge_ep,
-        directory={JUNIPER.id: JUNIPER},
-        config=BridgeConfig(port=0, token="tok"),
-        self_peer="bridge",
-    )
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
-    async with serve_webrtc(bridge, bridge.publisher(bridge_ep), synthesizer=EspeakSynthesizer()) as gateway:
+    net = bridge_on_hub(nursery, {JUNIPER.id: JUNIPER}, token="tok")
+    bridge, companion = net.bridge, net.companion
+    async with serve_webrtc(bridge, net.node, synthesizer=EspeakSynthesizer()) as gateway:
         port = await nursery.start(bridge.serve)
         browser = chromium_with_webrtc(chromium_path, tmp_path)
         async with chromium(browser, tmp_path / "profile") as page:
@@ -162,11 +154,8 @@ async def test_page_prefers_webrtc_and_hears_the_voice_track(
 async def test_page_stays_on_websocket_when_webrtc_is_not_offered(
     nursery: trio.Nursery, chromium_path: str, tmp_path: Path
 ) -> None:
-    hub = MemoryHub()
-    bridge_ep = hub.endpoint("bridge")
-    companion = hub.endpoint("companion")
-    bridge = Bridge(bridge_ep, config=BridgeConfig(port=0), self_peer="bridge")  # no /webrtc/offer
-    nursery.start_soon(bridge.pump, bridge_ep.receive_channel)
+    net = bridge_on_hub(nursery)  # no /webrtc/offer
+    bridge, companion = net.bridge, net.companion
     port = await nursery.start(bridge.serve)
     async with chromium(chromium_with_webrtc(chromium_path, tmp_path), tmp_path / "profile") as page:
         await page.goto(f"http://127.0.0.1:{port}/?as=user_tester&voice=silent")

@@ -20,6 +20,9 @@ Event = dict[str, Any]
 
 HERE = Path(__file__).resolve().parent
 
+sys.path.insert(0, str(HERE.parent))  # tests/: also when a helper here runs as a script or a bench imports it
+from support.cards import write_card  # noqa: E402
+
 
 class Proc:
     """One child process whose stderr (or stdout) carries one JSON object per line."""
@@ -135,35 +138,6 @@ class Proc:
                 os.kill(self.pid, signal.SIGKILL)
                 return self.popen.wait(timeout)
         return self.popen.returncode
-
-
-CARD = """\
-metadata:
-  id: {id}
-  name: {name}
-  personality: calm
-  story: a test companion
-  sample: hello
-role: test
-actions: [speak]
-events:
-  params:
-    type: object
-    properties:
-      mood: {{type: string}}
-    required: [mood]
-  conditions:
-    - expression: "true"
-      execute:
-        - tool: speak
-          instruction: reply
-"""
-
-
-def write_card(directory: Path, key: str) -> Path:
-    path = directory / f"{key}.yaml"
-    path.write_text(CARD.format(id=f"companion_{key}", name=key), encoding="utf-8")
-    return path
 
 
 class Network:

@@ -1,8 +1,9 @@
 """`companion bridge` processes on a real libp2p network (separate processes on 127.0.0.1).
 
 Two bridges and a companion node: a Firehose client on one bridge reaches a client on the other
-through gossipsub; payloads a companion publishes reach clients byte for byte; bad frames get
-error frames; a client that stops reading is dropped while the others keep up.
+through gossipsub; clients of one bridge see each other through its node's echo, once each and
+never their own frames; payloads a companion publishes reach clients byte for byte; bad frames
+get error frames; a client that stops reading is dropped while the others keep up.
 """
 
 from __future__ import annotations
@@ -110,6 +111,44 @@ async def test_clients_on_two_bridges_talk_through_the_network(tmp_path: Path) -
             msg_id = str(uuid.uuid4())
             await alice.send_message(message_frame("user_alice", ["companion_juniper"], "still here", msg_id))
             await next_frame(bob, lambda f: f.get("params", {}).get("id") == msg_id, 10)
+
+
+async def test_clients_of_one_bridge_see_each_others_frames_once_and_never_their_own(tmp_path: Path) -> None:
+    """The bridge's clients see each other through its libp2p node's echo (py-libp2p delivers a
+    node's own publications to it): every other client gets a frame once, its sender never."""
+    with network(tmp_path) as net:
+        _juniper, j_started = await blocking(net.companion, "juniper")
+        bridge, port, _ = await blocking(start_bridge, net, "bridge", j_started["addrs"][0])
+        await blocking(bridge.event, "companion_joined", 30, companion_id="companion_juniper")
+        async with (
+            open_websocket_url(f"ws://127.0.0.1:{port}/") as alice,
+            open_websocket_url(f"ws://127.0.0.1:{port}/") as carol,
+        ):
+            sent = [str(uuid.uuid4()) for _ in range(3)]
+            for msg_id in sent:
+                await alice.send_message(message_frame("user_alice", [], "to nobody", msg_id))
+            seen: list[str] = []
+            while len(set(seen)) < len(sent):
+                frame = await next_frame(carol, lambda f: f.get("params", {}).get("from") == "user_alice", 10)
+                seen.append(frame["params"]["id"])
+            # alice's echoes were delivered before carol's marker was sent: one to alice would
+            # stand before the marker in her queue
+            marker = str(uuid.uuid4())
+            await carol.send_message(message_frame("user_carol", [], "marker", marker))
+            frame = await next_frame(
+                alice, lambda f: f.get("params", {}).get("from") in ("user_alice", "user_carol"), 10
+            )
+            assert frame["params"]["id"] == marker, f"alice got her own frame back: {frame}"
+            # a second copy of alice's frames would stand before this one in carol's queue
+            last = str(uuid.uuid4())
+            await alice.send_message(message_frame("user_alice", [], "last", last))
+            while (
+                frame := await next_frame(
+                    carol, lambda f: f.get("params", {}).get("from") == "user_alice", 10
+                )
+            )["params"]["id"] != last:
+                seen.append(frame["params"]["id"])
+            assert sorted(seen) == sorted(sent), f"carol got {seen} for {sent}"
 
 
 async def test_a_client_that_stops_reading_is_dropped_and_others_keep_up(tmp_path: Path) -> None:

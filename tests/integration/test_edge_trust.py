@@ -26,7 +26,8 @@ import trio
 from bridge_support import blocking, message_frame, next_frame, start_bridge
 from live_support import start_run, stdout_line
 from live_support import write_card as write_speaking_card
-from network_support import HERE, Event, Network, Proc, network, write_card
+from network_support import HERE, Event, Network, Proc, network
+from support.cards import write_card
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE

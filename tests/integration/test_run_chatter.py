@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import trio
 from bridge_support import blocking
-from network_support import Network, Proc, network, write_card
+from network_support import Network, Proc, network
+from support.cards import write_card
 
 from companion.app.demo import DemoOptions, _Child, _spawn, _stop_children, _wait_child
 from companion.node import CompanionNode, NodeConfig
