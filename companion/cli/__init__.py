@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from companion import __version__
 
-    parser.add_argument("--version", action="version", version=f"companion {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"companion {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         module = importlib.import_module(f"companion.cli.{name}")
