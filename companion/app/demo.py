@@ -28,7 +28,7 @@ from ..log import log_event
 from ..protocol import MESSAGES, Message, Metadata
 from ..transcript import Transcript, TranscriptEvent
 from ..transport import Inbound
-from .cards import card_files
+from .cards import card_files, packaged_cards
 from .group import USER_ID, MemoryGroup
 from .lines import parse_peer_line, parse_sees
 
@@ -119,8 +119,9 @@ def _end_event(transcript: Transcript, done: bool, max_replies: int) -> Transcri
 
 
 def default_cards(root: Path | None = None) -> list[Path]:
-    """The first three cards in ``cards/`` (next to the package, or the working directory)."""
-    candidates = [root] if root else [Path.cwd() / "cards", Path(__file__).resolve().parents[2] / "cards"]
+    """The first three cards in ``root``, else in ``cards/`` of the working directory, else the
+    cards installed with the package."""
+    candidates = [root] if root else [Path.cwd() / "cards", packaged_cards()]
     for folder in candidates:
         if folder.is_dir():
             found = card_files(folder)

@@ -28,7 +28,13 @@ def register(subparsers: Any) -> None:
             "reaches terminal or the turn cap. Exit status 0 when it ends either way."
         ),
     )
-    parser.add_argument("cards", nargs="*", type=Path, metavar="CARD", help="card files (default: cards/)")
+    parser.add_argument(
+        "cards",
+        nargs="*",
+        type=Path,
+        metavar="CARD",
+        help="card files or names of shipped cards (default: ./cards/, else the shipped pim, ostra, juniper)",
+    )
     parser.add_argument(
         "--model",
         default="scripted",
@@ -52,6 +58,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..app.cards import resolve_card
     from ..app.demo import DemoOptions, check_demo_model, default_cards, names_of, run_demo
     from ..card import CardError, load_card
     from ..transcript import TranscriptEvent, render_text
@@ -66,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"companion demo: {exc}", file=sys.stderr)
             return 2
     try:
-        cards = list(args.cards) or default_cards()
+        cards = [resolve_card(card) for card in args.cards] or default_cards()
         names = names_of(load_card(path) for path in cards)
     except (CardError, FileNotFoundError) as exc:
         print(f"companion demo: {exc}", file=sys.stderr)

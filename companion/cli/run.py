@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..app.cards import resolve_card
 from ..app.paths import default_data_dir
 from .exits import innermost
 from .options import TOKEN_ENV, parse_ws_address, resolve_token
@@ -44,7 +45,12 @@ def register(subparsers: Any) -> None:
         description="Run one libp2p node per card, each with its conversation engine, until Ctrl-C or "
         "SIGTERM; SIGUSR1 logs drop counters. With --ws, also serve clients (WebSocket, page, WebRTC).",
     )
-    parser.add_argument("cards", nargs="+", metavar="CARD", help="card files (YAML or TOML)")
+    parser.add_argument(
+        "cards",
+        nargs="+",
+        metavar="CARD",
+        help="card files (YAML or TOML), or the name of a card shipped with companion (pim, ostra, juniper)",
+    )
     parser.add_argument(
         "--listen",
         action="append",
@@ -158,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     configure_node_logging(args.log_level.upper(), args.log_format)
     options = RunOptions(
-        cards=args.cards,
+        cards=[str(resolve_card(card)) for card in args.cards],
         listen=args.listen,
         peers=args.peer,
         mdns=not args.no_mdns,
