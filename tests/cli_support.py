@@ -64,6 +64,15 @@ class Started:
             time.sleep(0.1)
         return False
 
+    def wait_for_stderr(self, needle: str, timeout: float) -> bool:
+        """Whether ``needle`` shows up on standard error within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if needle in self.stderr():
+                return True
+            time.sleep(0.1)
+        return needle in self.stderr()
+
     def ctrl_c(self) -> None:
         """What Ctrl-C in a terminal does: SIGINT to the command's process group (its children
         included), which this test created for it."""
@@ -74,7 +83,8 @@ class Started:
 def started_companion(
     args: Sequence[str], *, cwd: Path, logs: Path, env: dict[str, str] | None = None
 ) -> Iterator[Started]:
-    """``companion ARGS`` running in its own process group, output in files under ``logs``;
+    """``companion ARGS`` running in its own process group with an open standard input (a pipe
+    the test holds), output in files under ``logs``;
     on the way out anything of it still running is killed by its process group's id."""
     logs.mkdir(parents=True, exist_ok=True)
     out_path, err_path = logs / "stdout.txt", logs / "stderr.txt"
@@ -84,7 +94,7 @@ def started_companion(
             cwd=cwd,
             stdout=out,
             stderr=err,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,  # open, as a terminal's is (``listen`` quits at end of input)
             text=True,
             env=env,
             start_new_session=True,
@@ -97,3 +107,5 @@ def started_companion(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+        if process.stdin is not None:
+            process.stdin.close()

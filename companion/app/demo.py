@@ -363,6 +363,8 @@ async def _spawn(
         str(options.pace),
         "--log-format",
         "json",
+        "--log-level",
+        "INFO",  # its log file explains every turn
     ]
     if options.base_url:
         command += ["--base-url", options.base_url]

@@ -21,6 +21,7 @@ import trio
 from ..log import log_event
 from .engines import EngineOptions, HandlerFactory, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
+from .signals import Interrupted
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
@@ -93,7 +94,8 @@ async def run_nodes(
 ) -> None:
     """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
     start a node for each card (later ones also dial the earlier ones) and, with
-    ``options.bridge``, serve clients; run until SIGINT/SIGTERM or cancellation.
+    ``options.bridge``, serve clients; run until SIGINT (then raise :class:`~.signals.Interrupted`
+    once every node has stopped), SIGTERM or cancellation.
 
     With clients, the first card's node carries the bridge: its handler hands every payload to
     the clients, and its handler must publish through ``running.bridge.publisher(node)`` (the
@@ -148,7 +150,9 @@ async def run_nodes(
         if ready is not None:
             ready(running)
         everyone = [*nodes, *([running.client_node] if running.client_node else [])]
-        await _serve_signals(everyone, nursery.cancel_scope)
+        stopped_by = await _serve_signals(everyone, nursery.cancel_scope)
+    if stopped_by == signal.SIGINT:
+        raise Interrupted
 
 
 async def _run_one(
@@ -168,7 +172,8 @@ async def _run_one(
         task_status.started()
 
 
-async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope) -> None:
+async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope) -> int:
+    """Serve SIGUSR1 (stats) until SIGINT or SIGTERM, then cancel ``scope``; the signal that stopped."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
         async for signum in signals:
             if signum == signal.SIGUSR1:
@@ -177,4 +182,5 @@ async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope
                 continue
             log_event(logger, "stopping", signal=signal.Signals(signum).name)
             scope.cancel()
-            return
+            return signum
+    raise AssertionError("unreachable: the signal receiver never ends")

@@ -36,5 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(func(args))
-    except KeyboardInterrupt:
-        return 130
+    except BaseException as exc:  # Ctrl-C anywhere, also inside trio's exception groups
+        from ..app.signals import is_interrupt
+
+        if is_interrupt(exc):
+            return 130
+        raise

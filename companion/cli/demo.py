@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from ..app.logs import configure_node_logging
 from ..log import configure_logging
 
 __all__ = ["main", "register"]
@@ -63,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
     from ..card import CardError, load_card
     from ..transcript import TranscriptEvent, render_text
 
-    configure_logging(args.log_level.upper(), "json" if args.json else "text")
+    configure = configure_logging if args.in_memory else configure_node_logging  # py-libp2p's too
+    configure(args.log_level.upper(), "json" if args.json else "text")
     if not args.model.startswith("scripted"):
         from ..models.errors import ModelSetupError
 

@@ -75,6 +75,7 @@ def start_run(
         str(seed),
         "--log-format",
         "json",
+        "-v",  # the events these tests wait for are INFO
         *extra,
     ]
     for peer in peers:
