@@ -27,7 +27,7 @@ from ..log import log_event
 from ..protocol import STATES, Metadata
 from ..transport import Publisher
 from .lines import peer_line
-from .signals import Interrupted
+from .stopping import Interrupted
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ async def run_bridge(
     ready: Callable[[Bridge, CompanionNode], None] | None = None,
 ) -> None:
     """Start the node, then the WebSocket/HTTP server; run until SIGINT (then raise
-    :class:`~.signals.Interrupted` once stopped), SIGTERM or cancellation."""
+    :class:`~.stopping.Interrupted` once stopped), SIGTERM or cancellation."""
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
 

@@ -11,6 +11,7 @@ until ``terminal`` or the turn cap. With ``in_memory`` everything runs in this p
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import subprocess
 import sys
@@ -239,6 +240,20 @@ class _Watcher:
         lines = self.transcript.feed(
             inbound.payload, self.directory, publisher=publisher, now=trio.current_time()
         )
+        self._show(lines)
+
+    async def clock(self) -> None:
+        """Feed the transcript the time when it is due to add a line by itself: a speaker still
+        thinking ("Juniper is thinking… (13 s)"), an array held for its leader's slot."""
+        while True:
+            deadline = self.transcript.deadline()
+            changed = self.changed
+            with trio.move_on_at(math.inf if deadline is None else deadline) as waited:
+                await changed.wait()  # something arrived: the deadline may have moved
+            if waited.cancelled_caught:
+                self._show(self.transcript.tick(trio.current_time()))
+
+    def _show(self, lines: list[TranscriptEvent]) -> None:
         for event in lines:
             self.emit(event)
         self.changed.set()
@@ -296,6 +311,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
 
     async with trio.open_nursery() as nursery:
         await nursery.start(run_bridge)
+        nursery.start_soon(watcher.clock)
         try:
             bridge_addr = f"{bridge.listen_addrs[0]}/p2p/{bridge.peer_id}"
             for index, card in enumerate(options.cards):

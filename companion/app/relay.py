@@ -18,7 +18,7 @@ import trio
 
 from ..log import log_event
 from .lines import RELAY_LINE, print_addresses
-from .signals import Interrupted
+from .stopping import Interrupted
 
 if TYPE_CHECKING:
     from ..node.relay_node import RelayNode, RelayOptions

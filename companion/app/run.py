@@ -21,7 +21,7 @@ import trio
 from ..log import log_event
 from .engines import EngineOptions, HandlerFactory, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
-from .signals import Interrupted
+from .stopping import Interrupted
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ async def run_nodes(
 ) -> None:
     """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
     start a node for each card (later ones also dial the earlier ones) and, with
-    ``options.bridge``, serve clients; run until SIGINT (then raise :class:`~.signals.Interrupted`
+    ``options.bridge``, serve clients; run until SIGINT (then raise :class:`~.stopping.Interrupted`
     once every node has stopped), SIGTERM or cancellation.
 
     With clients, the first card's node carries the bridge: its handler hands every payload to

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(func(args))
     except BaseException as exc:  # Ctrl-C anywhere, also inside trio's exception groups
-        from ..app.signals import is_interrupt
+        from ..app.stopping import is_interrupt
 
         if is_interrupt(exc):
             return 130

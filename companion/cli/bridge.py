@@ -28,7 +28,7 @@ from ..app.bridge import (
 )
 from ..app.logs import configure_node_logging
 from ..app.paths import default_data_dir
-from ..app.signals import is_interrupt
+from ..app.stopping import is_interrupt
 from .exits import innermost
 from .options import TOKEN_ENV, parse_ws_address, resolve_token
 from .trust import add_trust_arguments, trust_options

@@ -24,7 +24,7 @@ import trio
 from ..app.logs import configure_node_logging
 from ..app.paths import default_data_dir
 from ..app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
-from ..app.signals import is_interrupt
+from ..app.stopping import is_interrupt
 from .exits import innermost
 
 __all__ = ["register"]

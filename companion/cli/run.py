@@ -26,7 +26,7 @@ import trio
 
 from ..app.cards import resolve_card
 from ..app.paths import default_data_dir
-from ..app.signals import is_interrupt
+from ..app.stopping import is_interrupt
 from .exits import innermost
 from .options import TOKEN_ENV, parse_ws_address, resolve_token
 from .trust import add_trust_arguments, trust_options

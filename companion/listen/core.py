@@ -32,8 +32,7 @@ from ..protocol import (
     new_id,
     parse_payload,
 )
-from ..turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
-from .signals import (
+from ..signals import (
     MAX_NAME,
     THINKING_SIGNAL,
     YIELD_SIGNAL,
@@ -43,6 +42,7 @@ from .signals import (
     read_signal,
     yield_text,
 )
+from ..turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
 
 __all__ = [
     "APPROVAL_QUERY",
