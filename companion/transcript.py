@@ -243,6 +243,8 @@ class Transcript:
                 why = "chosen by states this bystander did not see"
             elif decision[0] == params.from_:
                 why = decision[1]
+            elif decision[0] is not None and (decision[0], info.in_reply_to) in self._yields:
+                why = f"next in the speaking order: {decision[0]} gave its turn up ({decision[1]})"
             else:
                 why = f"spoke although the rule chose {decision[0]}: {decision[1]}"
         for effect in effects:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from companion.app.group import USER_ID
 from companion.conversation import THINKING_SIGNAL, YIELD_SIGNAL
-from companion.protocol import Action, Message
+from companion.protocol import Action, Message, State
 from companion.transcript import THINKING_EVERY, THINKING_SHOWN_AFTER, Transcript, render_text
-from companion.turns import META_IN_REPLY_TO, META_TURN
+from companion.turns import META_IN_REPLY_TO, META_TURN, StateDecision, finalize_states, turn_tag
 
 J, OS, P = "companion_juniper", "companion_ostra", "companion_pim"
 ACTIVE = [J, OS, P]
@@ -17,6 +17,14 @@ NAMES = {J: "Juniper", OS: "Ostra", P: "Pim", USER_ID: "User"}
 
 def _reply(sender: str, to: Message, text: str) -> Message:
     return Message.create(sender, [USER_ID], text, metadata={META_IN_REPLY_TO: to.params.id, META_TURN: 1})
+
+
+def _states_for(message: Message, speaker: str) -> list[State]:
+    decisions = [
+        StateDecision(c, "speak" if c == speaker else "listen", 7 if c == speaker else 1, False)
+        for c in ACTIVE
+    ]
+    return finalize_states(decisions, ACTIVE, floor="none", tag=turn_tag(message)).states  # type: ignore[arg-type]
 
 
 def _opened(t0: float = 100.0) -> tuple[Transcript, Message]:
@@ -97,3 +105,11 @@ def test_signals_for_another_companion_and_hostile_details_do_not_reach_the_scre
     assert "\n" not in line and "\x1b" not in line and "\x07" not in line and "\u202e" not in line
     assert len(line) < 320 and "line one line two" in line
     assert _texts(transcript.feed(_yield(P, opening, "terminal"), ACTIVE, publisher=P, now=103.0)) == []
+
+
+def test_the_next_speaker_after_a_yield_is_explained_by_it() -> None:
+    transcript, opening = _opened()
+    transcript.feed(_states_for(opening, OS), ACTIVE, now=100.5)
+    transcript.feed(_yield(OS, opening, "model_error", "boom"), ACTIVE, publisher=OS, now=101.0)
+    [line] = transcript.feed(_reply(P, opening, "Then I will."), ACTIVE, publisher=P, now=101.5)
+    assert line.why.startswith("next in the speaking order: companion_ostra gave its turn up (")
