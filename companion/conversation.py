@@ -92,6 +92,7 @@ from .turns import (
     LeaderPlan,
     SpeakingOrder,
     StateDecision,
+    TurnInfo,
     closing_floor,
     fallback_decisions,
     finalize_states,
@@ -606,12 +607,13 @@ class Conversation:
                 else "answers a message that a newer one superseded",
             )
             return
-        if params.from_.startswith(COMPANION_ID_PREFIX):
+        if params.from_.startswith(COMPANION_ID_PREFIX) and not opens_exchange(info):
             # The count follows the thread: our replies say it, aikyo's do not; nobody holds it down.
             self.replies = max(self.replies + 1, info.turn if info.stamped else 0)
             self.stage = later(self.stage, info.closing)
         else:
-            self.replies, self.stage = 0, "none"  # a person speaking opens a new exchange
+            # a person speaking opens a new exchange, as does a companion that says it opens one
+            self.replies, self.stage = 0, "none"
         _latest(
             self.voices, params.from_, {"said": params.message[:_VOICE_CHARS], "turn": self.replies}, _VOICES
         )
@@ -1125,6 +1127,13 @@ class Conversation:
         self._log(
             out, "speaker_thinking", "debug", message_id=turn.message_id, speaker=event.companion, slot=slot
         )
+
+
+def opens_exchange(info: TurnInfo) -> bool:
+    """Whether a companion's message opens a new exchange rather than continuing the thread: it
+    answers nothing and says ``turn: 0`` (a routine speaking first, a client or tool speaking with
+    a companion id). Replies always carry ``in_reply_to``; aikyo's carry no ``turn`` and continue."""
+    return info.stamped and info.turn == 0 and info.in_reply_to is None
 
 
 def _latest(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:

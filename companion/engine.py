@@ -10,6 +10,14 @@ cancelling, and each decision as one structured log event (and to the optional `
 The echo rule (:mod:`companion.ports`) makes this node's own reply and states count when they
 come back; the runtime's outgoing hook stamps the reply and notes in the store, before it leaves,
 that its message was answered, so a restarted node never answers it again.
+
+Beside the turns: the card's routines run from a :class:`~companion.routine_driver.RoutineDriver`
+(fed every message, join and leave; a conversation counts as running while a turn is open here,
+or until ``reply_timeout`` after the last message anyone sent, unless it closed ``terminal``),
+the tool list goes out as ``companion.tools`` (:mod:`companion.tools_announcer`) and the peers'
+lists are kept in :attr:`ConversationEngine.peer_tools`. Tools keep their
+:attr:`~companion.actions.ActionContext.store` in ``kv`` (the companion's SQLite file). A tool's
+notes reach the model's next step through the tool's answer within the speaker's turn only.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from typing import Any, Final
 import trio
 
 from . import conversation as cv
-from .actions import ActionRuntime
+from .actions import ActionRuntime, KeyValueStore
 from .card import LoadedCard
 from .history import HistoryReader
 from .log import log_event
@@ -42,9 +50,15 @@ from .protocol import (
     QueryResult,
     State,
 )
+from .routine_driver import RoutineDriver, current_firing, not_a_routine
+from .routines import CompanionJoined as RoutineJoined
+from .routines import CompanionLeft as RoutineLeft
+from .routines import MessageSeen as RoutineMessage
 from .speech import Speaker, Speech
 from .store import MemoryStore, Store
 from .timings import EngineTimings
+from .tools_announcer import ToolsAnnouncer, read_tools
+from .turns import turn_info
 
 __all__ = ["ConversationEngine", "EngineEvent", "EngineTimings", "NodeLike", "engine_handler_factory"]
 
@@ -79,10 +93,12 @@ class ConversationEngine:
         timings: EngineTimings | None = None,
         observer: Callable[[EngineEvent], None] | None = None,
         companion_of: Callable[[str], str | None] | None = None,
+        kv: KeyValueStore | None = None,
     ) -> None:
         """``directory`` and ``companion_of``: see :class:`companion.ports.Directory` (without
         ``companion_of``, in memory, a sender name that is a known companion id is taken as is).
-        ``store``: see :class:`companion.ports.ConversationStore` (default: in memory)."""
+        ``store``: see :class:`companion.ports.ConversationStore` (default: in memory).
+        ``kv``: the tools' key-value memory (default: in memory; the engine does not close it)."""
         self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
         self.model, self.directory = model, directory
         self.timings = timings or EngineTimings()
@@ -105,9 +121,27 @@ class ConversationEngine:
             directory=directory,
             history=HistoryReader(self.store),  # the engine records each message once, on arrival
             outgoing=self._outgoing,
+            kv=kv,
         )
         for defn in loaded.tools.values():
             self.runtime.register(defn)
+        self._last_activity = -math.inf
+        self._names: dict[str, str] = {}
+        self.routines = RoutineDriver(
+            loaded.routines,
+            self.runtime,
+            me=self.me.id,
+            busy_until=self._busy_until,
+            spoke=self._routine_spoke,
+            emit=self._emit,
+            quiet_start=self.timings.routine_quiet_start,
+            rejoin_grace=self.timings.rejoin_grace,
+        )
+        self.announcer = ToolsAnnouncer(
+            self.runtime, publisher, emit=self._emit, publish_timeout=self.timings.publish_timeout
+        )
+        self.peer_tools: dict[str, dict[str, Any]] = {}
+        """What each peer announced: companion id -> ``{revision, tools: [ids]}``."""
         self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit)
         self._nursery: trio.Nursery | None = None
         self._tasks: dict[tuple[str, str], trio.CancelScope] = {}
@@ -125,6 +159,8 @@ class ConversationEngine:
         """Run turn work in ``nursery`` (which must outlive the engine's use)."""
         self._nursery = nursery
         nursery.start_soon(self._clock)
+        self.routines.start(nursery, self.directory)
+        self.announcer.start(nursery, first_after=self.timings.routine_quiet_start)
 
     async def _clock(self) -> None:
         """Feed a tick at the machine's deadline; any event may move the deadline."""
@@ -145,13 +181,17 @@ class ConversationEngine:
         self._sync_directory()
         payload, publisher = inbound.payload, self._publisher_of(inbound.sender_peer)
         if inbound.topic == MESSAGES and isinstance(payload, Message):
+            self._activity(payload)
             self._on_message(payload, publisher)
+            self.routines.observe(RoutineMessage(payload))
         elif inbound.topic == STATES and isinstance(payload, list):
             self._feed(cv.StatesSeen(payload, publisher))
         elif inbound.topic == ACTIONS and isinstance(payload, Action):
             signal = cv.read_signal(payload)
             if signal is not None:
                 self._feed(replace(signal, publisher=publisher))
+            else:
+                self._peer_tools(payload, publisher)
         elif inbound.topic == QUERIES and isinstance(payload, QueryResult):
             self.runtime.deliver_query_result(payload)
 
@@ -159,6 +199,40 @@ class ConversationEngine:
         if self._companion_of is not None:
             return self._companion_of(peer)
         return peer if peer in self.conversation.known else None
+
+    def _peer_tools(self, action: Action, publisher: str | None) -> None:
+        """Keep a peer's announced tool list: only its own (the authenticated publisher's)."""
+        sender = action.params.from_
+        if publisher != sender or sender == self.me.id or sender not in self.directory:
+            return
+        tools = read_tools(action)
+        if tools is None:
+            return
+        known = self.peer_tools.get(sender)
+        if known is not None:
+            plain = "change" not in action.params.params  # the whole list, sent after a (re)start
+            if known == tools or (tools["revision"] <= known["revision"] and not plain):
+                return  # nothing new, or an older change replayed
+        self.peer_tools[sender] = tools
+        self._emit("peer_tools", logging.INFO, peer=sender, revision=tools["revision"], tools=tools["tools"])
+
+    # --- routines ----------------------------------------------------------------------------
+
+    def _activity(self, message: Message) -> None:
+        """Any message keeps a conversation running for a reply slot, unless it closed it."""
+        closed = turn_info(message).closing == "terminal"
+        self._last_activity = -math.inf if closed else trio.current_time()
+
+    def _busy_until(self, now: float) -> float:
+        if self._tasks:
+            return math.inf  # leading or speaking here
+        turn = self.conversation.turn
+        if turn is not None and turn.phase not in (cv.Phase.DONE, cv.Phase.REPLIED):
+            return math.inf  # a turn of ours runs: the machine's deadlines end it
+        return self._last_activity + self.timings.reply_timeout
+
+    def _routine_spoke(self, message: Message) -> None:
+        self._activity(message)  # busy from this instant: no second routine speaks now
 
     def _on_message(self, message: Message, publisher: str | None) -> None:
         event = cv.MessageSeen(message, publisher)
@@ -195,6 +269,14 @@ class ConversationEngine:
                     continue  # not known yet: tried again with the next payload
                 self._remembered.add(cid)
             self._feed(change)
+            if isinstance(change, cv.CompanionJoined):
+                meta = self.directory.get(cid)
+                self._names[cid] = meta.name if meta is not None else cid
+                self.routines.observe(RoutineJoined(cid, self._names[cid]))
+                self.announcer.refresh()
+            else:
+                self.peer_tools.pop(cid, None)
+                self.routines.observe(RoutineLeft(cid, self._names.pop(cid, cid)))
 
     def _store_failed(self, call: str, exc: Exception | None = None, **fields: Any) -> None:
         """One error event when the store starts failing, one when it works again (``exc=None``)."""
@@ -207,6 +289,7 @@ class ConversationEngine:
         for effect in self.conversation.receive(event, trio.current_time()):
             self._do(effect)
         self._wake.set()
+        self.routines.poke()
 
     # --- out -------------------------------------------------------------------------------
 
@@ -246,12 +329,14 @@ class ConversationEngine:
         scope = self._tasks[(what, message_id)] = trio.CancelScope()
 
         async def run() -> None:
+            not_a_routine()  # turn work, even when a routine's call set it off
             try:
                 with scope:
                     await work
             finally:
                 if self._tasks.get((what, message_id)) is scope:
                     del self._tasks[(what, message_id)]
+                self.routines.poke()
 
         assert self._nursery is not None
         self._nursery.start_soon(run)
@@ -312,6 +397,9 @@ class ConversationEngine:
         noted that its message was answered."""
         if topic != MESSAGES or not isinstance(envelope, Message) or envelope.params.from_ != self.me.id:
             return envelope
+        firing = current_firing()
+        if firing is not None:  # a routine's: it opens a conversation, never talks over one
+            return self.routines.admit(firing, envelope)
         verdict = self.conversation.outgoing(envelope)
         speech = self._speech
         if isinstance(verdict, str) or speech is None:
@@ -337,6 +425,11 @@ def engine_handler_factory(
 
     def make(loaded: LoadedCard, node: NodeLike, nursery: trio.Nursery) -> ConversationEngine:
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
+        kv = None
+        if store is not None:
+            nursery.start_soon(store.serve)  # writes behind; flushed and closed when the node stops
+            kv = KeyValueStore.open(store.path)  # the tools' values, in the same file
+            nursery.start_soon(_serve_kv, kv)
         membership = getattr(node, "membership", None)
         engine = ConversationEngine(
             loaded,
@@ -346,6 +439,7 @@ def engine_handler_factory(
             store=store,
             timings=timings,
             companion_of=getattr(membership, "companion_of", None),
+            kv=kv,
         )
         engine.attach(nursery)
         listen = getattr(node, "add_membership_listener", None)
@@ -354,3 +448,13 @@ def engine_handler_factory(
         return engine
 
     return make
+
+
+async def _serve_kv(kv: KeyValueStore) -> None:
+    """Keep the tools' store open until cancelled, then commit what is queued and close it off
+    the loop (as :meth:`Store.serve <companion.store.Store.serve>` does for the history)."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(kv.close)

@@ -87,6 +87,8 @@ DEFAULT_MAX_WAIT: Final = 120.0
 """Seconds a firing may wait for a busy conversation to go quiet before it is dropped."""
 MAX_PENDING: Final = 8
 """Event firings one routine keeps waiting (the earliest; later events are dropped and counted)."""
+_MAX_LEFT: Final = 1024
+"""Departures remembered for the rejoin grace."""
 MIN_INTERVAL: Final = 1.0
 MAX_INTERVAL: Final = 7 * 24 * 3600.0
 MAX_WAIT_LIMIT: Final = 24 * 3600.0
@@ -456,6 +458,9 @@ class Firing:
 class _Pending:
     since: float
     variables: dict[str, Any]
+    ready_at: float = -math.inf
+    """Not due before this (a ``left`` event waits out the rejoin grace)."""
+    companion: str | None = None
 
 
 @dataclass(slots=True)
@@ -487,8 +492,20 @@ class RoutineScheduler:
         me: str,
         now: float,
         companions: Iterable[str] = (),
+        quiet_until: float = -math.inf,
+        rejoin_grace: float = 0.0,
     ) -> None:
+        """``quiet_until``: nothing fires before it, and companions that join before it are
+        taken as present (a node that just started sees everyone arrive: none of them is a
+        newcomer). ``rejoin_grace``: a companion that comes back within this many seconds of
+        leaving neither fires ``joined`` again nor, having come back, ``left`` (a flapping
+        connection is not a goodbye and a new hello)."""
+        if rejoin_grace < 0:
+            raise ValueError(f"rejoin_grace must be 0 or more, got {rejoin_grace!r}")
         self._me = me
+        self._quiet_until = quiet_until
+        self._grace = rejoin_grace
+        self._left_at: dict[str, float] = {}
         self._states: dict[str, _State] = {}
         for routine in routines:
             state = _State(routine)
@@ -516,11 +533,20 @@ class RoutineScheduler:
             case CompanionJoined(id=cid, name=name):
                 if cid != self._me and cid not in self._companions:
                     self._companions.add(cid)
+                    left_at = self._left_at.pop(cid, None)
+                    if now < self._quiet_until:
+                        return
+                    if left_at is not None and now - left_at <= self._grace:
+                        self._came_back(cid)
+                        return
                     self._offer("joined", {"companion_id": cid, "companion_name": name}, now)
             case CompanionLeft(id=cid, name=name):
                 if cid in self._companions:
                     self._companions.discard(cid)
-                    self._offer("left", {"companion_id": cid, "companion_name": name}, now)
+                    self._remember_leaving(cid, now)
+                    if now >= self._quiet_until:
+                        variables = {"companion_id": cid, "companion_name": name}
+                        self._offer("left", variables, now, ready_at=now + self._grace, companion=cid)
             case ConversationBusy():
                 self._busy = True
             case ConversationIdle():
@@ -541,7 +567,34 @@ class RoutineScheduler:
             "metadata": dict(params.metadata or {}),
         }
 
-    def _offer(self, kind: RoutineKind, variables: dict[str, Any], now: float) -> None:
+    def _remember_leaving(self, cid: str, now: float) -> None:
+        """When ``cid`` left, for the rejoin grace; bounded (the oldest are forgotten first)."""
+        for old in [c for c, at in self._left_at.items() if now - at > self._grace]:
+            del self._left_at[old]
+        while len(self._left_at) >= _MAX_LEFT:
+            del self._left_at[next(iter(self._left_at))]
+        self._left_at[cid] = now
+
+    def _came_back(self, cid: str) -> None:
+        """``cid`` rejoined within the grace: no hello, and its goodbye is withdrawn."""
+        for state in self._states.values():
+            if state.routine.kind == "joined":
+                self._skip(state, "rejoined")
+            elif state.routine.kind == "left":
+                kept = deque(p for p in state.pending if p.companion != cid)
+                if len(kept) != len(state.pending):
+                    self._skip(state, "rejoined", len(state.pending) - len(kept))
+                    state.pending = kept
+
+    def _offer(
+        self,
+        kind: RoutineKind,
+        variables: dict[str, Any],
+        now: float,
+        *,
+        ready_at: float = -math.inf,
+        companion: str | None = None,
+    ) -> None:
         for state in self._states.values():
             routine = state.routine
             if routine.kind != kind:
@@ -553,13 +606,15 @@ class RoutineScheduler:
             elif len(state.pending) >= MAX_PENDING:
                 self._skip(state, "pending_full")
             else:
-                state.pending.append(_Pending(now, variables))
+                state.pending.append(_Pending(now, variables, ready_at, companion))
 
     # what to do
 
     def due(self, now: float) -> list[Firing]:
         """The firings to start now, in card order; each is counted as fired."""
         out: list[Firing] = []
+        if now < self._quiet_until:
+            return out
         for state in self._states.values():
             firing = self._try(state, now)
             if firing is not None:
@@ -624,7 +679,7 @@ class RoutineScheduler:
             return now >= state.next_at
         if routine.kind == "idle":
             return state.armed and now - self._last_message >= routine.interval
-        return bool(state.pending)
+        return bool(state.pending) and state.pending[0].ready_at <= now
 
     def _free(self, state: _State, now: float) -> bool:
         """Whether the bounds let the routine fire now (leaving its trigger met if not)."""
@@ -639,13 +694,17 @@ class RoutineScheduler:
         )
 
     def _expire(self, state: _State, now: float) -> None:
-        while state.pending and now - state.pending[0].since > state.routine.max_wait:
+        while (
+            state.pending
+            and now - max(state.pending[0].since, state.pending[0].ready_at) > state.routine.max_wait
+        ):
             state.pending.popleft()
             self._skip(state, "expired")
 
     def deadline(self) -> float:
         """When :meth:`due` may next return something (``inf``: only after an event)."""
-        return min((self._next(state) for state in self._states.values()), default=math.inf)
+        at = min((self._next(state) for state in self._states.values()), default=math.inf)
+        return max(at, self._quiet_until)
 
     def _next(self, state: _State) -> float:
         routine = state.routine
@@ -656,7 +715,7 @@ class RoutineScheduler:
             return max(state.next_at, ready)
         if routine.kind == "idle":
             return max(self._last_message + routine.interval, ready) if state.armed else math.inf
-        return max(state.pending[0].since, ready) if state.pending else math.inf
+        return max(state.pending[0].since, state.pending[0].ready_at, ready) if state.pending else math.inf
 
     # CEL
 

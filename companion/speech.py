@@ -149,7 +149,10 @@ class Speaker:
         effect = speech.effect
         names = {cid: meta.name for cid, meta in self.directory.items()}
         to = [str(entry) for entry in raw["to"]]
-        ids, unknown = resolve_recipients(to, me=self.me.id, companions=names, people=effect.people)
+        # Whoever spoke to us is addressable, bound or not (an aikyo companion whose metadata
+        # never arrived, a peer with a companion id but no card): the fallback holds the sender.
+        people = tuple(dict.fromkeys([*effect.people, *effect.fallback]))
+        ids, unknown = resolve_recipients(to, me=self.me.id, companions=names, people=people)
         if ids:
             return {**raw, "to": ids}
         if not speech.refused_once:
@@ -161,7 +164,7 @@ class Speaker:
                 to=to[:10],
                 reason="names nobody of the conversation",
             )
-            return ToolResult(tool_id, new_id(), "refused", no_recipients(to, unknown, names, effect.people))
+            return ToolResult(tool_id, new_id(), "refused", no_recipients(to, unknown, names, people))
         fallback = list(effect.fallback)
         self._emit(
             "recipients_fallback",

@@ -1,16 +1,31 @@
 """A companion's durable memory in one SQLite file: conversation history, working memory, seen ids.
 
-A restarted node reopens the same file and continues the conversation with what it knew.
-Every write commits on its own with ``synchronous=FULL`` in WAL mode, so once a call returns
-the data survives a crash of the process (or the machine). The file lives under the
-companion's data directory (:data:`DB_FILENAME`).
+A restarted node reopens the same file and continues the conversation with what it knew. The
+file lives under the companion's data directory (:data:`DB_FILENAME`), in WAL mode.
 
 :class:`Store` and :class:`MemoryStore` implement :class:`companion.ports.ConversationStore`
 (what the engine keeps: the conversation's messages once each, replied ids, known companions,
-working memory) and :class:`companion.history.ConversationHistory`. Calls are synchronous and
-short (one indexed statement each); the engine calls them from its trio task. A call that fails
-raises and changed nothing. Strings from the network may hold lone surrogates (JSON allows
-``"\\ud800"``); they are stored escaped, never refused with an encoding error.
+working memory) and :class:`companion.history.ConversationHistory`. The engine calls them from
+its trio task, for every message, so no call waits for the disk: :class:`Store` answers from an
+in-memory view loaded at open (the known companions, the working memory, the seen ids, the
+last ``tail`` messages and the last ``id_window`` message ids) and writes behind, through a
+:class:`~companion.sqlwriter.SqlWriter` thread that commits in batches (``batch_window``
+seconds) with ``synchronous=NORMAL``. Only a message id older than the id window, or more
+history than the tail, is looked up on disk (one indexed read; reads never wait for a writer).
+
+Durability, exactly: a call returns once the view changed and the write is queued.
+:meth:`Store.flush` returns once everything queued before it is committed; :meth:`Store.close`
+(and :meth:`Store.serve`, which a node's nursery runs, when it is cancelled) flushes before it
+closes, so a node that stops keeps every message. A process that is killed loses at most what
+it queued in the last batch window (and the commit in flight); a seen or replied mark skips the
+window (committed by the next commit, milliseconds, but still after the call returned, so a
+reply published in those milliseconds before a kill may be answered again after the restart);
+a power cut may also roll back the commits since the last WAL checkpoint
+(``synchronous=NORMAL``), leaving a consistent file.
+A disk that fails (read-only, full) is logged and counted (:meth:`Store.stats`), never raised:
+the node keeps running on its view, and the writer retries (see :mod:`companion.sqlwriter`).
+Strings from the network may hold lone surrogates (JSON allows ``"\\ud800"``); they are stored
+escaped, never refused with an encoding error.
 """
 
 from __future__ import annotations
@@ -19,15 +34,17 @@ import json
 import logging
 import sqlite3
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
+import trio
 from pydantic import ValidationError
 
 from .log import log_event
 from .protocol import Message, encode
+from .sqlwriter import SqlWriter
 
 __all__ = ["DB_FILENAME", "MemoryStore", "Store", "StoreError"]
 
@@ -85,42 +102,130 @@ class StoreError(RuntimeError):
     """The store cannot be used (unreadable file, newer schema, closed)."""
 
 
-class Store:
-    """History, working memory and seen ids of one companion, in SQLite.
+def _unsafe(text: str) -> str:
+    """The text :func:`_safe` was given: JSON-decoded only if that yields a lone surrogate."""
+    if text.startswith('"'):
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(decoded, str) and _safe(decoded) != decoded:
+            return decoded
+    return text
 
-    ``seen_limit`` bounds the seen-id table: the oldest ids are forgotten first (a replay older
-    than that is caught by the history's unique message ids anyway).
+
+class Store:
+    """History, working memory and seen ids of one companion, in SQLite, written behind.
+
+    ``seen_limit`` bounds the seen ids (on disk and in the view): the oldest are forgotten
+    first (a replay older than that is caught by the history's unique message ids anyway).
+    ``tail`` messages and ``id_window`` message ids are kept in the view; ``batch_window`` is
+    how long the writer waits to gather a batch (what a killed process may lose).
     """
 
-    def __init__(self, path: str | Path, *, seen_limit: int = 10_000) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        seen_limit: int = 10_000,
+        tail: int = 512,
+        id_window: int = 10_000,
+        batch_window: float = 0.02,
+    ) -> None:
         self.path = Path(path)
         self._seen_limit = seen_limit
         self._seen_inserts = 0
+        self._id_window = max(1, id_window)
+        self._db: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db: sqlite3.Connection | None = sqlite3.connect(self.path, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-            version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+            self._db = db = sqlite3.connect(self.path, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=5000")
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
             if version > SCHEMA_VERSION:
                 raise StoreError(
                     f"{self.path} has schema version {version}; this companion knows {SCHEMA_VERSION}"
                 )
-            self._db.executescript(_SCHEMA)
-            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if version < SCHEMA_VERSION:  # a file that has the schema is not written at open
+                db.executescript(_SCHEMA)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._load(db, max(1, tail))
+            self._writer = SqlWriter(
+                self.path, synchronous="NORMAL", batch_window=batch_window, name=self.path.parent.name
+            )
         except (sqlite3.Error, OSError) as exc:
+            if self._db is not None:
+                self._db.close()
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
+        except StoreError:
+            db.close()
+            raise
+
+    def _load(self, db: sqlite3.Connection, tail: int) -> None:
+        """The in-memory view, from the file."""
+        self._count = int(db.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+        rows = db.execute("SELECT id FROM messages ORDER BY seq DESC LIMIT ?", (self._id_window,))
+        self._ids: OrderedDict[str, None] = OrderedDict(
+            (_unsafe(i), None) for (i,) in reversed(rows.fetchall())
+        )
+        self._ids_complete = len(self._ids) == self._count  # every stored id is in the view
+        self._tail: deque[Message] = deque(self._read_recent(db, tail), maxlen=tail)
+        rows = db.execute("SELECT kind, id FROM seen ORDER BY seq DESC LIMIT ?", (self._seen_limit,))
+        self._seen: OrderedDict[tuple[str, str], None] = OrderedDict(
+            ((_unsafe(k), _unsafe(i)), None) for k, i in reversed(rows.fetchall())
+        )
+        rows = db.execute("SELECT id FROM companions ORDER BY first_seen")
+        self._companions: dict[str, None] = {_unsafe(cid): None for (cid,) in rows.fetchall()}
+        rows = db.execute("SELECT key, value FROM memory ORDER BY key")
+        self._values: dict[str, str] = {_unsafe(key): value for key, value in rows.fetchall()}
 
     @classmethod
     def in_directory(cls, data_dir: str | Path, **kwargs: Any) -> Store:
         """The store of the companion whose data directory is ``data_dir``."""
         return cls(Path(data_dir) / DB_FILENAME, **kwargs)
 
-    def close(self) -> None:
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait (in this thread) until every write so far is committed: ``True``, or ``False``
+        if the disk failed or ``timeout`` seconds passed."""
+        self._conn  # noqa: B018 -- raises when closed
+        return self._writer.flush(timeout)
+
+    def stats(self) -> dict[str, int]:
+        """The writer's counters: ``committed``, ``batches``, ``failures``, ``lost``, ``backlog``."""
+        return self._writer.stats()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush (within ``timeout``), stop the writer and close the file. Blocks this thread:
+        from trio, use :meth:`aclose`."""
         if self._db is not None:
-            self._db.close()
-            self._db = None
+            db, self._db = self._db, None
+            self._finish(self._writer.close(timeout))
+            db.close()
+
+    async def aclose(self, timeout: float = 10.0) -> None:
+        """:meth:`close`, the flush waited for in a worker thread, not on the loop."""
+        if self._db is not None:
+            db, self._db = self._db, None
+            self._finish(await trio.to_thread.run_sync(self._writer.close, timeout))
+            db.close()
+
+    async def serve(self) -> None:
+        """Keep the store open until cancelled, then flush and close it without blocking the
+        loop: run it in the nursery of the node the store serves, so stopping it keeps every
+        message."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.aclose()
+
+    def _finish(self, complete: bool) -> None:
+        stats = self._writer.stats()
+        level = logging.INFO if complete else logging.ERROR
+        log_event(logger, "store_closed", level, path=str(self.path), complete=complete, **stats)
 
     def __enter__(self) -> Store:
         return self
@@ -136,16 +241,32 @@ class Store:
             raise StoreError(f"the store at {self.path} is closed")
         return self._db
 
+    def _write(self, sql: str, *params: Any, urgent: bool = False) -> None:
+        self._conn  # noqa: B018 -- raises when closed
+        self._writer.submit(sql, params, urgent=urgent)
+
     # --- history -------------------------------------------------------------------------------
 
     def record(self, message: Message) -> bool:
         """Record ``message``; ``False`` if a message with its id was already recorded."""
+        mid = message.params.id
+        if self.has_message(mid):
+            return False
         body = encode(message).decode("utf-8")
-        cursor = self._conn.execute(
+        self._write(
             "INSERT OR IGNORE INTO messages (id, sender, body, stored_at) VALUES (?, ?, ?, ?)",
-            (_safe(message.params.id), _safe(message.params.from_), body, time.time()),
+            _safe(mid),
+            _safe(message.params.from_),
+            body,
+            time.time(),
         )
-        return cursor.rowcount == 1
+        self._ids[mid] = None
+        if len(self._ids) > self._id_window:
+            self._ids.popitem(last=False)
+            self._ids_complete = False
+        self._tail.append(message)
+        self._count += 1
+        return True
 
     def add(self, message: Message) -> bool:
         """:meth:`record` (the older name)."""
@@ -157,11 +278,20 @@ class Store:
 
     def recent(self, limit: int) -> list[Message]:
         """The last ``limit`` messages, oldest first."""
+        db = self._conn
         if limit <= 0:
             return []
-        rows = self._conn.execute(
-            "SELECT seq, body FROM messages ORDER BY seq DESC LIMIT ?", (limit,)
-        ).fetchall()
+        if limit <= len(self._tail) or self._count <= len(self._tail):
+            return list(self._tail)[-limit:]
+        # Older than the tail: from the file, which may not hold the newest (queued) ones yet,
+        # all of them in the tail (unless a failing disk let the queue outgrow it).
+        tail_ids = {m.params.id for m in self._tail}
+        rows = self._read_recent(db, limit + len(self._tail))
+        older = [m for m in rows if m.params.id not in tail_ids]
+        return [*older, *self._tail][-limit:]
+
+    def _read_recent(self, db: sqlite3.Connection, limit: int) -> list[Message]:
+        rows = db.execute("SELECT seq, body FROM messages ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
         out: list[Message] = []
         for seq, body in reversed(rows):
             # Rows were checked when they arrived; read them back as they were stored (the edge's
@@ -173,55 +303,68 @@ class Store:
         return out
 
     def has_message(self, message_id: str) -> bool:
-        row = self._conn.execute("SELECT 1 FROM messages WHERE id = ?", (_safe(message_id),)).fetchone()
+        db = self._conn
+        if message_id in self._ids:
+            return True
+        if self._ids_complete:
+            return False
+        row = db.execute("SELECT 1 FROM messages WHERE id = ?", (_safe(message_id),)).fetchone()
         return row is not None
 
     def __len__(self) -> int:
-        return int(self._conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+        self._conn  # noqa: B018 -- raises when closed
+        return self._count
 
     # --- working memory -----------------------------------------------------------------------
 
     def remember(self, key: str, value: Any) -> None:
         """Keep a JSON-able ``value`` under ``key`` (replacing what was there)."""
         text = _safe_json(value)
-        self._conn.execute(
+        self._write(
             "INSERT INTO memory (key, value, updated_at) VALUES (?, ?, ?) "
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-            (_safe(key), text, time.time()),
+            _safe(key),
+            text,
+            time.time(),
         )
+        self._values[key] = text
 
     def recall(self, key: str, default: Any = None) -> Any:
-        row = self._conn.execute("SELECT value FROM memory WHERE key = ?", (_safe(key),)).fetchone()
-        return default if row is None else json.loads(row[0])
+        self._conn  # noqa: B018 -- raises when closed
+        text = self._values.get(key)
+        return default if text is None else json.loads(text)
 
     def forget(self, key: str) -> None:
-        self._conn.execute("DELETE FROM memory WHERE key = ?", (_safe(key),))
+        self._write("DELETE FROM memory WHERE key = ?", _safe(key))
+        self._values.pop(key, None)
 
     def memory(self) -> dict[str, Any]:
-        """All of the working memory, by key."""
-        rows = self._conn.execute("SELECT key, value FROM memory ORDER BY key").fetchall()
-        return {key: json.loads(value) for key, value in rows}
+        """All of the working memory, by key (fresh copies)."""
+        self._conn  # noqa: B018 -- raises when closed
+        return {key: json.loads(self._values[key]) for key in sorted(self._values)}
 
     # --- seen ids -----------------------------------------------------------------------------
 
     def mark_seen(self, kind: str, item_id: str) -> bool:
-        """Note that ``item_id`` of ``kind`` was handled; ``False`` if it had been already."""
-        cursor = self._conn.execute(
-            "INSERT OR IGNORE INTO seen (kind, id) VALUES (?, ?)", (_safe(kind), _safe(item_id))
-        )
-        fresh = cursor.rowcount == 1
-        if fresh:
-            self._seen_inserts += 1
-            if self._seen_inserts >= max(1, self._seen_limit // 10):
-                self._seen_inserts = 0
-                self._prune_seen()
-        return fresh
+        """Note that ``item_id`` of ``kind`` was handled; ``False`` if it had been already.
+        Committed at once, without the batch window: the engine marks a message replied just
+        before its reply goes out, and a restart must not answer it twice."""
+        if self.seen(kind, item_id):
+            return False
+        sql = "INSERT OR IGNORE INTO seen (kind, id) VALUES (?, ?)"
+        self._write(sql, _safe(kind), _safe(item_id), urgent=True)
+        self._seen[(kind, item_id)] = None
+        if len(self._seen) > self._seen_limit:
+            self._seen.popitem(last=False)
+        self._seen_inserts += 1
+        if self._seen_inserts >= max(1, self._seen_limit // 10):
+            self._seen_inserts = 0
+            self._write("DELETE FROM seen WHERE seq <= (SELECT MAX(seq) FROM seen) - ?", self._seen_limit)
+        return True
 
     def seen(self, kind: str, item_id: str) -> bool:
-        row = self._conn.execute(
-            "SELECT 1 FROM seen WHERE kind = ? AND id = ?", (_safe(kind), _safe(item_id))
-        ).fetchone()
-        return row is not None
+        self._conn  # noqa: B018 -- raises when closed
+        return (kind, item_id) in self._seen
 
     def mark_replied(self, message_id: str) -> bool:
         return self.mark_seen(_REPLIED, message_id)
@@ -232,19 +375,19 @@ class Store:
     # --- known companions -----------------------------------------------------------------------
 
     def remember_companion(self, companion_id: str) -> None:
-        self._conn.execute(
+        if companion_id in self._companions:
+            self._conn  # noqa: B018 -- raises when closed
+            return
+        self._write(
             "INSERT OR IGNORE INTO companions (id, first_seen) VALUES (?, ?)",
-            (_safe(companion_id), time.time()),
+            _safe(companion_id),
+            time.time(),
         )
+        self._companions[companion_id] = None
 
     def known_companions(self) -> list[str]:
-        rows = self._conn.execute("SELECT id FROM companions ORDER BY first_seen").fetchall()
-        return [json.loads(cid) if cid.startswith('"') else cid for (cid,) in rows]  # see _safe
-
-    def _prune_seen(self) -> None:
-        self._conn.execute(
-            "DELETE FROM seen WHERE seq <= (SELECT MAX(seq) FROM seen) - ?", (self._seen_limit,)
-        )
+        self._conn  # noqa: B018 -- raises when closed
+        return list(self._companions)
 
 
 class MemoryStore:

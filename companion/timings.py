@@ -32,6 +32,11 @@ class EngineTimings:
     """A pause before speaking (aikyo waits a moment too); keeps fast models readable."""
     history_limit: int = 20
     """How many recent messages the model sees."""
+    routine_quiet_start: float = 5.0
+    """No routine fires this long after the engine starts: the directory fills up first, and
+    the companions already there are not newcomers."""
+    rejoin_grace: float = 30.0
+    """A companion back within this long of leaving is not greeted again (nor seen off)."""
 
     def __post_init__(self) -> None:
         values = (self.states_timeout, self.takeover_after, self.speak_timeout, self.reply_timeout)
@@ -44,6 +49,8 @@ class EngineTimings:
             )
         if self.pace < 0 or self.pace + self.speak_timeout >= self.reply_timeout:
             raise ValueError("pace + speak_timeout must be shorter than reply_timeout (a speaker yields)")
+        if not (0 <= self.routine_quiet_start < math.inf and 0 <= self.rejoin_grace < math.inf):
+            raise ValueError("routine_quiet_start and rejoin_grace must be 0 or more, and finite")
         if self.history_limit < 1:
             raise ValueError("history_limit must be at least 1")
 

@@ -81,18 +81,32 @@ async def test_values_survive_closing_and_reopening_the_file(kv_file: Path) -> N
 _WRITER = textwrap.dedent(
     """
     import sys, time
+    import trio
+    from actions_support import make_runtime
+    from test_actions_store import put
     from companion.actions import KeyValueStore
     kv = KeyValueStore.open(sys.argv[1])
-    kv.namespace("companion_a", "greet").set("greeted", {"companion_b": 2})
+    if sys.argv[2] == "call":  # a tool writes; its call returns
+        runtime, _ = make_runtime(put, kv=kv)
+        result = trio.run(runtime.call, "put", {"key": "greeted", "value": {"companion_b": 2}})
+        assert result.ok, result
+    else:  # the API outside a runtime: set, then sync
+        kv.namespace("companion_a", "put").set("greeted", {"companion_b": 2})
+        assert kv.sync(10)
     print("written", flush=True)
     time.sleep(60)
     """
 )
 
 
-def test_a_returned_write_survives_the_process_being_killed(kv_file: Path) -> None:
-    """The writer is killed with SIGKILL right after ``set`` returns: no close, no flush."""
-    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(kv_file)], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("how", ["call", "sync"])
+def test_a_returned_write_survives_the_process_being_killed(kv_file: Path, how: str) -> None:
+    """The writer is killed with SIGKILL right after the tool's call returned (or ``sync`` did):
+    no close. The write was committed off the loop, with ``synchronous=FULL``."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(kv_file), how], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "written"
@@ -100,7 +114,7 @@ def test_a_returned_write_survives_the_process_being_killed(kv_file: Path) -> No
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=10)
     with KeyValueStore.open(kv_file) as kv:
-        assert kv.namespace("companion_a", "greet").get("greeted") == {"companion_b": 2}
+        assert kv.namespace("companion_a", "put").get("greeted") == {"companion_b": 2}
 
 
 def test_it_shares_the_companions_sqlite_file_with_the_store(kv_file: Path) -> None:
@@ -178,11 +192,13 @@ async def test_a_non_json_value_is_a_handler_bug() -> None:
     assert (await runtime.call("bad", {})).status == "internal_error"
 
 
-def test_an_unreadable_row_reads_as_missing(kv: KeyValueStore, kv_file: Path) -> None:
-    kv.namespace(ME.id, "t").set("k", 1)
-    with sqlite3.connect(kv_file) as conn:
+def test_an_unreadable_row_reads_as_missing(kv_file: Path) -> None:
+    with KeyValueStore.open(kv_file) as kv:
+        kv.namespace(ME.id, "t").set("k", 1)
+    with sqlite3.connect(kv_file) as conn:  # damaged between two runs
         conn.execute(f"UPDATE {KV_TABLE} SET value = '{{broken'")
-    assert kv.namespace(ME.id, "t").get("k", "default") == "default"
+    with KeyValueStore.open(kv_file) as kv:
+        assert kv.namespace(ME.id, "t").get("k", "default") == "default"
 
 
 # --- limits ---------------------------------------------------------------------------------------

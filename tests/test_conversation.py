@@ -740,3 +740,19 @@ def test_after_any_event_nothing_is_overdue(events: list[tuple[float, Any]], me:
         assert deadline is None or deadline > now
         if m.turn is not None and m.turn.phase is Phase.SPEAKING:
             assert m.turn.order[m.turn.slot] == me
+
+
+def test_after_terminal_a_companion_message_saying_turn_0_opens_a_new_exchange() -> None:
+    """A conversation that reached ``terminal`` stays over for replies (aikyo's carry no count),
+    but a companion id that opens a fresh exchange (``turn: 0``, answering nothing) is heard."""
+    m = machine(A, max_turns=1)
+    opening = Message.create(USER, [A, B], "hi")
+    m.receive(MessageSeen(opening), 0.0)
+    m.receive(MessageSeen(reply(B, [A], opening, turn=1, closing="terminal")), 1.0)
+    assert m.stage == "terminal"
+    late = Message.create(D, [A], "an aikyo reply, no count")
+    m.receive(MessageSeen(late), 2.0)
+    assert m.stage == "terminal"
+    fresh = Message.create(D, [A], "are you there?", metadata={META_TURN: 0, META_CLOSING: "none"})
+    m.receive(MessageSeen(fresh), 3.0)
+    assert (m.replies, m.stage) == (0, "none")

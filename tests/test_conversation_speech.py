@@ -103,3 +103,22 @@ async def test_unknown_ids_only_are_refused_and_the_model_can_correct_itself(
     assert [r["status"] for r in model.results] == ["refused", "ok"]
     assert "'companion_ghost'" in model.results[0]["message"]
     assert reply.params.to == [ids[1]]  # the speaker itself (Aki) is left out
+
+
+async def test_the_sender_is_addressable_even_when_no_card_of_it_arrived(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A peer claiming a companion id whose metadata never arrived (garbage, or an aikyo node
+    still binding) asks a companion something: the reply goes to it, it is not refused."""
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=EngineTimings.offline())
+        await group.add(make_card(0, max_turns=None), ScriptedModel(0))
+        ids = list(group.members)
+        group.user = "companion_stranger"
+        opening = await group.say("are you there?", to=[ids[0]])
+        assert await group.wait_until(lambda t: t.reply_count >= 1, 60)
+        reply = next(
+            e for e in group.transcript.events if e.kind == "message" and e.in_reply_to == opening.params.id
+        )
+        assert list(reply.recipients) == ["companion_stranger"]
+        nursery.cancel_scope.cancel()

@@ -433,3 +433,33 @@ def test_compile_reports_every_problem_with_its_path() -> None:
     assert "between 1 s" in paths[(1, "every")].message
     assert "did you mean 'text'?" in paths[(3, "when")].fix
     assert paths[(3, "when")].excerpt.endswith("^")
+
+
+def test_quiet_start_and_rejoin_grace() -> None:
+    """Companions found in the quiet start are no newcomers; a flapping one is neither greeted
+    again nor seen off; one gone longer than the grace is both."""
+    clock = Clock()
+    s = RoutineScheduler(
+        compiled(
+            {"tool": "ping", "on": "joined", "cooldown": 1}, {"tool": "ping", "on": "left", "cooldown": 1}
+        ),
+        me=ME,
+        now=clock.now,
+        quiet_until=clock.now + 5,
+        rejoin_grace=30,
+    )
+    s.observe(CompanionJoined("companion_old", "Old"), clock.advance(1))
+    assert s.deadline() >= clock.now + 4 and s.due(clock.advance(10)) == []
+    s.observe(CompanionLeft("companion_old", "Old"), clock.advance(1))
+    assert s.due(clock.advance(10)) == []  # the goodbye waits out the grace
+    s.observe(CompanionJoined("companion_old", "Old"), clock.advance(1))
+    assert s.due(clock.advance(60)) == []  # back within it: no hello, no goodbye
+    assert s.skipped[("ping#0", "rejoined")] == 1 and s.skipped[("ping#1", "rejoined")] == 1
+    s.observe(CompanionLeft("companion_old", "Old"), clock.now)
+    assert s.deadline() == clock.now + 30
+    [left] = s.due(clock.advance(31))
+    assert left.kind == "left" and left.input == {}
+    s.observe(RoutineFinished(left.routine), clock.now)
+    s.observe(CompanionJoined("companion_old", "Old"), clock.advance(1))
+    [joined] = s.due(clock.now)
+    assert joined.kind == "joined"

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -62,35 +63,89 @@ def test_seen_ids_are_bounded(tmp_path: Path) -> None:
         assert not store.seen("messages", "id0")
 
 
-def test_a_killed_writer_loses_no_committed_message(tmp_path: Path) -> None:
-    """The child commits, says so, then blocks; SIGKILL must not lose what it committed."""
-    script = textwrap.dedent(
-        f"""
-        import sys, time
-        from companion.protocol import Message
-        from companion.store import Store
-        store = Store.in_directory({str(tmp_path)!r})
-        for i in range(50):
-            store.append(Message.create("companion_a", ["companion_b"], f"durable {{i}}", id=f"d{{i}}"))
-        store.remember("conversation", {{"turn": 50}})
-        print("committed", flush=True)
-        sys.stdin.read()
-        """
-    )
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import sys
+    from companion.protocol import Message
+    from companion.store import Store
+    store = Store.in_directory(sys.argv[1])
+    for i in range(50):
+        store.append(Message.create("companion_a", ["companion_b"], f"durable {i}", id=f"d{i}"))
+    store.remember("conversation", {"turn": 50})
+    store.mark_replied("d49")
+    if sys.argv[2] == "flush":
+        assert store.flush(10)
+    print("queued", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def _committed(path: Path) -> int:
+    with sqlite3.connect(path) as db:
+        return int(db.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+
+
+@pytest.mark.parametrize("flush", ["flush", "no-flush"])
+def test_a_killed_writer_loses_nothing_it_flushed_and_commits_within_its_window(
+    tmp_path: Path, flush: str
+) -> None:
+    """SIGKILL, no close: after ``flush`` returned, nothing is lost; without it the writer thread
+    commits on its own, so another process sees every message within a bounded time."""
     child = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path), flush],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "committed"
+        assert child.stdout.readline().strip() == "queued"
+        if flush == "no-flush":
+            deadline = time.monotonic() + 5.0
+            while _committed(tmp_path / DB_FILENAME) < 50 and time.monotonic() < deadline:
+                time.sleep(0.01)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
     assert child.returncode == -signal.SIGKILL
     with Store.in_directory(tmp_path) as store:
         assert len(store) == 50
-        assert store.recent(1)[0].params.message == "durable 49"
+        assert [m.params.message for m in store.recent(50)] == [f"durable {i}" for i in range(50)]
         assert store.recall("conversation") == {"turn": 50}
+        assert store.replied("d49")
+
+
+def test_stop_then_reopen_sees_every_message_in_order(tmp_path: Path) -> None:
+    """A burst far beyond one batch, closed at once: the close flushes all of it, in order, and
+    the ids stay unique across the restart (a replayed message is a duplicate)."""
+    with Store.in_directory(tmp_path) as store:
+        for i in range(3000):
+            assert store.record(_msg(i))
+        store.remember_companion("companion_b")
+    with Store.in_directory(tmp_path, tail=16, id_window=100) as store:
+        assert len(store) == 3000
+        assert [m.params.id for m in store.recent(3000)] == [f"m{i}" for i in range(3000)]
+        assert store.record(_msg(5)) is False and store.record(_msg(2999)) is False  # disk, view
+        assert store.has_message("m0") and not store.has_message("m3000")
+        assert store.known_companions() == ["companion_b"]
+
+
+def test_reads_beyond_the_view_merge_the_file_with_what_is_still_queued(tmp_path: Path) -> None:
+    """A slow writer (a long batch window) leaves the newest messages only in the view: a read of
+    more history than the tail must still give every message once, oldest first."""
+    with Store.in_directory(tmp_path) as store:
+        for i in range(20):
+            store.record(_msg(i))
+    with Store.in_directory(tmp_path, tail=10, id_window=5, batch_window=30.0) as store:
+        for i in range(20, 28):
+            assert store.record(_msg(i))
+        assert _committed(tmp_path / DB_FILENAME) == 20  # the eight new ones are queued
+        assert [m.params.id for m in store.recent(14)] == [f"m{i}" for i in range(14, 28)]
+        assert [m.params.id for m in store.recent(100)] == [f"m{i}" for i in range(28)]
+        assert store.record(_msg(3)) is False and store.record(_msg(25)) is False
+        assert len(store) == 28
+    assert _committed(tmp_path / DB_FILENAME) == 28  # closing did not wait for the window
 
 
 def test_refuses_a_newer_schema_and_a_closed_store(tmp_path: Path) -> None:

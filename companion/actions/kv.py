@@ -12,8 +12,13 @@ and a namespace's key count and total size. Going past one raises :class:`StoreL
 whose stable code (:attr:`ErrorCode.STORE_LIMIT <companion.actions.ErrorCode.STORE_LIMIT>`)
 ends the call as ``store_limit`` when the handler does not catch it.
 
-Calls are synchronous and short (one indexed statement, or one small transaction for a write),
-like :class:`companion.store.Store`'s, so plain and ``async`` handlers use them alike.
+Calls are synchronous and never wait for the disk, so plain and ``async`` handlers use them
+alike: reads come from a view of the table loaded at open, writes change the view and are
+committed by a writer thread (:mod:`companion.sqlwriter`, ``synchronous=FULL`` in WAL mode).
+The runtime awaits :meth:`KeyValueStore.flush` (in a worker thread) when a handler returns, so
+what a tool wrote survives a crash of the process or the machine once its call has returned;
+outside a runtime, :meth:`KeyValueStore.sync` is that wait. A disk that fails (read-only,
+full) is logged and counted, never raised: the values stay in the view for the process's life.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
+import trio
+
 from ..log import log_event
+from ..sqlwriter import SqlWriter
 from .results import ErrorCode
 
 __all__ = [
@@ -97,100 +105,6 @@ class StoreLimitExceeded(Exception):
         self.limit = limit
 
 
-class _SqliteBackend:
-    def __init__(self, target: str | Path | sqlite3.Connection) -> None:
-        if isinstance(target, sqlite3.Connection):
-            self._db: sqlite3.Connection | None = target
-            self._owned = False
-        else:
-            path = Path(target)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None)
-            self._owned = True
-            # The same durability as the companion's Store: a returned write survives a crash.
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA busy_timeout=5000")
-        self._conn.execute(_SCHEMA)
-        if self._conn.in_transaction:
-            self._conn.commit()
-
-    @property
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise RuntimeError("the key-value store is closed")
-        return self._db
-
-    def read(self, companion: str, namespace: str, key: str) -> str | None:
-        row = self._conn.execute(
-            f"SELECT value FROM {KV_TABLE} WHERE companion = ? AND namespace = ? AND key = ?",
-            (companion, namespace, key),
-        ).fetchone()
-        return None if row is None else str(row[0])
-
-    def _usage_without(self, companion: str, namespace: str, key: str) -> NamespaceUsage:
-        count, total = self._conn.execute(
-            f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {KV_TABLE} "
-            "WHERE companion = ? AND namespace = ? AND key != ?",
-            (companion, namespace, key),
-        ).fetchone()
-        return NamespaceUsage(int(count), int(total))
-
-    def write(
-        self,
-        companion: str,
-        namespace: str,
-        key: str,
-        text: str,
-        size: int,
-        check: Callable[[NamespaceUsage], None],
-    ) -> None:
-        """Store ``text`` after ``check(usage of the namespace without this key)`` passes, atomically."""
-        db = self._conn
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            check(self._usage_without(companion, namespace, key))
-            db.execute(
-                f"INSERT INTO {KV_TABLE} (companion, namespace, key, value, size, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (companion, namespace, key) "
-                "DO UPDATE SET value = excluded.value, size = excluded.size, "
-                "updated_at = excluded.updated_at",
-                (companion, namespace, key, text, size, time.time()),
-            )
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-
-    def delete(self, companion: str, namespace: str, key: str) -> bool:
-        cursor = self._conn.execute(
-            f"DELETE FROM {KV_TABLE} WHERE companion = ? AND namespace = ? AND key = ?",
-            (companion, namespace, key),
-        )
-        if self._conn.in_transaction:
-            self._conn.commit()
-        return cursor.rowcount == 1
-
-    def keys(self, companion: str, namespace: str) -> list[str]:
-        rows = self._conn.execute(
-            f"SELECT key FROM {KV_TABLE} WHERE companion = ? AND namespace = ? ORDER BY key",
-            (companion, namespace),
-        ).fetchall()
-        return [str(row[0]) for row in rows]
-
-    def usage(self, companion: str, namespace: str) -> NamespaceUsage:
-        count, total = self._conn.execute(
-            f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {KV_TABLE} WHERE companion = ? AND namespace = ?",
-            (companion, namespace),
-        ).fetchone()
-        return NamespaceUsage(int(count), int(total))
-
-    def close(self) -> None:
-        if self._db is not None and self._owned:
-            self._db.close()
-        self._db = None
-
-
 class _MemoryBackend:
     def __init__(self) -> None:
         self._spaces: dict[tuple[str, str], dict[str, tuple[str, int]]] = {}
@@ -230,6 +144,72 @@ class _MemoryBackend:
         self._spaces.clear()
 
 
+class _SqliteBackend(_MemoryBackend):
+    """The values of one SQLite file: read from a view loaded at open, written through a
+    :class:`~companion.sqlwriter.SqlWriter` thread (``synchronous=FULL``), so no call waits for
+    the disk; :meth:`KeyValueStore.flush` waits for the commits, off the loop."""
+
+    def __init__(self, target: str | Path | sqlite3.Connection) -> None:
+        super().__init__()
+        if isinstance(target, sqlite3.Connection):  # the caller's: it names the file
+            row = target.execute("PRAGMA database_list").fetchone()
+            if row is None or not row[2]:
+                raise ValueError("KeyValueStore.open needs a connection to a file, not an in-memory database")
+            path = Path(row[2])
+        else:
+            path = Path(target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        # A returned call's writes survive a crash of the machine, as before: FULL, not NORMAL.
+        self.writer = SqlWriter(path, synchronous="FULL", name=f"kv {path.name}")
+        try:
+            db = sqlite3.connect(path, isolation_level=None)
+            try:
+                db.execute("PRAGMA busy_timeout=5000")
+                db.execute(_SCHEMA)
+                rows = db.execute(f"SELECT companion, namespace, key, value, size FROM {KV_TABLE}")
+                for companion, namespace, key, value, size in rows.fetchall():
+                    self._spaces.setdefault((companion, namespace), {})[key] = (value, int(size))
+            finally:
+                db.close()
+        except BaseException:
+            self.writer.close()
+            raise
+
+    def write(
+        self,
+        companion: str,
+        namespace: str,
+        key: str,
+        text: str,
+        size: int,
+        check: Callable[[NamespaceUsage], None],
+    ) -> None:
+        super().write(companion, namespace, key, text, size, check)  # raises, writing nothing
+        self.writer.submit(
+            f"INSERT INTO {KV_TABLE} (companion, namespace, key, value, size, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (companion, namespace, key) "
+            "DO UPDATE SET value = excluded.value, size = excluded.size, "
+            "updated_at = excluded.updated_at",
+            (companion, namespace, key, text, size, time.time()),
+        )
+
+    def delete(self, companion: str, namespace: str, key: str) -> bool:
+        if not super().delete(companion, namespace, key):
+            return False
+        self.writer.submit(
+            f"DELETE FROM {KV_TABLE} WHERE companion = ? AND namespace = ? AND key = ?",
+            (companion, namespace, key),
+        )
+        return True
+
+    def close(self) -> None:
+        if not self.writer.close():
+            log_event(
+                logger, "kv_writes_lost", logging.ERROR, path=str(self.writer.path), **self.writer.stats()
+            )
+        super().close()
+
+
 _Backend: TypeAlias = _SqliteBackend | _MemoryBackend
 
 
@@ -260,8 +240,30 @@ class KeyValueStore:
         """The view of ``companion_id``'s keys under ``name`` (a tool's id, for a handler)."""
         return Namespace(self, companion_id, name)
 
+    @property
+    def writes(self) -> int:
+        """How many writes were made so far: a mark for :meth:`flush`'s ``since``."""
+        backend = self._backend
+        return backend.writer.submitted if isinstance(backend, _SqliteBackend) else 0
+
+    def sync(self, timeout: float = 10.0, *, since: int = 0) -> bool:
+        """Wait, blocking this thread, until every write so far is committed: ``True``, or
+        ``False`` if one after the first ``since`` (a :attr:`writes` mark) was lost to a
+        failing disk or ``timeout`` seconds passed. In memory: ``True`` at once."""
+        backend = self._backend
+        return backend.writer.flush(timeout, since=since) if isinstance(backend, _SqliteBackend) else True
+
+    async def flush(self, timeout: float = 10.0, *, since: int = 0) -> bool:
+        """:meth:`sync`, waited for in a worker thread so the trio loop runs on meanwhile (the
+        runtime awaits it when a handler returns: what a tool wrote is durable when its call
+        returns)."""
+        if not isinstance(self._backend, _SqliteBackend):
+            return True
+        return await trio.to_thread.run_sync(lambda: self.sync(timeout, since=since))
+
     def close(self) -> None:
-        """Close the file (a connection passed to :meth:`open` stays open)."""
+        """Commit what is queued and close the file (a connection passed to :meth:`open` stays
+        open: the store writes through its own connection to the same file)."""
         self._backend.close()
 
     def __enter__(self) -> KeyValueStore:

@@ -19,6 +19,7 @@ __all__ = [
     "QueryTimeout",
     "ToolResult",
     "ToolStatus",
+    "published_summary",
 ]
 
 
@@ -136,3 +137,31 @@ class ToolResult:
         if self.notes:
             out["notes"] = list(self.notes)
         return out
+
+    def for_caller(self) -> dict[str, Any]:
+        """The whole typed result as JSON, for a person or a program that called the tool
+        directly (``companion action run``, the bridge's ``POST /actions/TOOL``).
+
+        ``{tool, call_id, status, output | code + message, issues?, notes?, published}``; the
+        notes are the caller's to read (it made the call), and ``published`` summarises every
+        envelope that went out, a failed call's included.
+        """
+        out: dict[str, Any] = {"tool": self.tool_id, "call_id": self.call_id, "status": self.status}
+        if self.status == "ok":
+            out["output"] = self.output
+        else:
+            out["code"] = int(_CODES[self.status])
+            out["message"] = self.message
+        if self.issues:
+            out["issues"] = [{"path": issue.path, "message": issue.message} for issue in self.issues]
+        if self.notes:
+            out["notes"] = list(self.notes)
+        out["published"] = [published_summary(e) for e in self.published]
+        return out
+
+
+def published_summary(envelope: Message | Action) -> dict[str, Any]:
+    """What one published envelope was, in a line: its topic and id or name."""
+    if isinstance(envelope, Message):
+        return {"topic": "messages", "id": envelope.params.id, "to": list(envelope.params.to)}
+    return {"topic": "actions", "name": envelope.params.name}

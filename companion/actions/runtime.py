@@ -37,7 +37,7 @@ from .definition import ActionDef, KnowledgeDef, ToolSpec, validate_input
 from .kv import KeyValueStore, StoreLimitExceeded
 from .progress import DEFAULT_MIN_INTERVAL, ProgressGate, progress_action
 from .queries import PendingQueries
-from .results import ActionRefused, InputIssue, QueryTimeout, ToolResult
+from .results import ActionRefused, InputIssue, QueryTimeout, ToolResult, published_summary
 
 __all__ = ["MAX_CALL_DEPTH", "MAX_NOTES", "MAX_NOTE_CHARS", "ActionRuntime", "ToolDef", "ToolsListener"]
 
@@ -365,6 +365,7 @@ class ActionRuntime:
         call.cap_at = now + defn.cap
         error: Exception | None = None
         produced: Any = None
+        writes = self._kv.writes
         with trio.CancelScope(deadline=now + defn.timeout) as scope:
             call.handler_scope = scope
             try:
@@ -373,6 +374,9 @@ class ActionRuntime:
                     produced = await produced
             except Exception as exc:
                 error = exc
+        if self._kv.writes != writes and not await self._kv.flush(since=writes):
+            # What the tool wrote is durable when its call returns (committed off the loop).
+            log_event(logger, "tool_store_not_durable", logging.ERROR, tool=defn.id, call_id=call.call_id)
         if scope.cancel_called:
             return ToolResult(
                 defn.id,
@@ -538,7 +542,7 @@ class ActionRuntime:
             return ToolResult(
                 result.tool_id, result.call_id, result.status, result.message, published=tuple(published)
             )
-        summary = [_summary(defn.topic, e) for e in published]
+        summary = [published_summary(e) for e in published]
         return ToolResult(
             defn.id, call.call_id, "ok", output={"published": summary}, published=tuple(published)
         )
@@ -607,12 +611,6 @@ def _with_id(item: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(params, Mapping) and "id" not in params:
         return {**item, "params": {**params, "id": new_id()}}
     return item
-
-
-def _summary(topic: str, envelope: Message | Action) -> dict[str, Any]:
-    if isinstance(envelope, Message):
-        return {"topic": topic, "id": envelope.params.id, "to": list(envelope.params.to)}
-    return {"topic": topic, "name": envelope.params.name}
 
 
 def _sole_leaf(exc: BaseException) -> BaseException:

@@ -170,6 +170,7 @@ class MemoryGroup:
         for other in self.members.values():
             if other.endpoint.connected:
                 other.directory[cid] = loaded.card.metadata
+                other.engine.directory_changed()  # as a membership listener would
         self.members[cid] = member
         await self.nursery.start(self._serve, member)
         return member
@@ -195,6 +196,8 @@ class MemoryGroup:
         for other in self.members.values():
             if other.id != cid:
                 other.directory.pop(cid, None)
+                if other.endpoint.connected:
+                    other.engine.directory_changed()
 
     async def say(
         self, text: str, *, to: Sequence[str] | None = None, metadata: dict[str, Any] | None = None

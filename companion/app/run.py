@@ -4,7 +4,9 @@ Later nodes dial the earlier ones. With ``options.bridge`` (``--ws``) the proces
 clients with the bridge of ``companion bridge`` (:mod:`.clients`). Standard output follows
 :mod:`.lines`: ``<id> peer <peer id>`` with indented addresses, ``<id> sees ...`` whenever a
 node's directory changes, and ``bridge ws://HOST:PORT/`` with the page and WebRTC URLs.
-SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node.
+SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node; SIGHUP
+reads the cards' tools again (:func:`.actions.reload_tools`). With clients, ``POST
+/actions/TOOL`` runs a companion's tool (:mod:`companion.bridge.actions`).
 """
 
 from __future__ import annotations
@@ -13,18 +15,21 @@ import logging
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..log import log_event
+from .actions import reload_tools, runtime_of, serve_actions
 from .engines import EngineOptions, HandlerFactory, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
 from .stopping import Interrupted
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
+    from ..actions import ActionRuntime
     from ..bridge import Bridge
     from ..card import LoadedCard
     from ..node import CompanionNode
@@ -120,6 +125,9 @@ async def run_nodes(
         if options.bridge is not None:
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
         bridges = {ids[0]: clients.bridge} if clients is not None else {}
+        runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL reaches these
+        if clients is not None:
+            serve_actions(clients.bridge, runtimes)
         if handler_factory is None:
             handler_factory = engine_handlers(models, data_dir=options.data_dir, bridges=bridges)
         for card, listen in zip(loaded, addrs, strict=True):
@@ -138,7 +146,8 @@ async def run_nodes(
                 max_connections=options.max_connections,
             )
             node = CompanionNode(metadata, config, trust=trust)
-            await nursery.start(_run_one, card, node, handler_factory, bridges.get(metadata.id))
+            run_one = partial(_run_one, runtimes=runtimes)
+            await nursery.start(run_one, card, node, handler_factory, bridges.get(metadata.id))
             nodes.append(node)
             print(peer_line(metadata.id, node.peer_id), flush=True)
             print_addresses(node.listen_addrs)
@@ -150,7 +159,8 @@ async def run_nodes(
         if ready is not None:
             ready(running)
         everyone = [*nodes, *([running.client_node] if running.client_node else [])]
-        stopped_by = await _serve_signals(everyone, nursery.cancel_scope)
+        reload = partial(reload_tools, loaded, runtimes)
+        stopped_by = await _serve_signals(everyone, nursery.cancel_scope, reload)
     if stopped_by == signal.SIGINT:
         raise Interrupted
 
@@ -160,22 +170,33 @@ async def _run_one(
     node: CompanionNode,
     handler_factory: HandlerFactory,
     bridge: Bridge | None,
+    *,
+    runtimes: dict[str, ActionRuntime],
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
     from .clients import Delivering
 
     async with trio.open_nursery() as nursery:
         handler = handler_factory(card, node, nursery)
+        runtime = runtime_of(handler)
+        if runtime is not None:
+            runtimes[card.card.metadata.id] = runtime
         if bridge is not None:
             handler = Delivering(bridge, handler, own_peer=node.peer_id)
         await nursery.start(node.run, handler)
         task_status.started()
 
 
-async def _serve_signals(nodes: Sequence[CompanionNode], scope: trio.CancelScope) -> int:
-    """Serve SIGUSR1 (stats) until SIGINT or SIGTERM, then cancel ``scope``; the signal that stopped."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
+async def _serve_signals(
+    nodes: Sequence[CompanionNode], scope: trio.CancelScope, reload: Callable[[], None]
+) -> int:
+    """Serve SIGHUP (reload tools) and SIGUSR1 (stats) until SIGINT or SIGTERM, then cancel
+    ``scope``; the signal that stopped."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP) as signals:
         async for signum in signals:
+            if signum == signal.SIGHUP:
+                reload()
+                continue
             if signum == signal.SIGUSR1:
                 for node in nodes:
                     node.log_stats()

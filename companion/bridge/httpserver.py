@@ -99,6 +99,8 @@ class Route:
     handler: Handler
     needs_token: bool = True
     methods: frozenset[str] = field(default_factory=lambda: frozenset({"GET"}))
+    timeout: float | None = None
+    """The handler's deadline (default: the bridge's request timeout)."""
 
 
 async def read_request(stream: trio.abc.Stream) -> HttpRequest:

@@ -259,7 +259,8 @@ class Bridge:
         self._hook = hook
 
     def add_route(self, path: str, route: Route) -> None:
-        """Serve an extra HTTP endpoint on the bridge's port (e.g. ``/webrtc/offer``)."""
+        """Serve an extra HTTP endpoint on the bridge's port (e.g. ``/webrtc/offer``); a path
+        ending in ``/`` (not ``/`` itself) serves every path below it."""
         self._routes[path] = route
 
     def deliver(self, inbound: Inbound) -> None:
@@ -622,7 +623,7 @@ class Bridge:
             nursery.cancel_scope.cancel()
 
     async def _serve_http(self, stream: trio.SocketStream, request: HttpRequest, label: str) -> None:
-        route = self._routes.get(request.path)
+        route = self._routes.get(request.path) or self._prefix_route(request.path)
         # Host and Origin for every request, so a rebinding page gets not even the page (or a
         # 404 that tells it the bridge is there); the token for the routes that need it.
         denied = check_access(
@@ -639,11 +640,18 @@ class Bridge:
             await self._respond(stream, text_response(405, f"{request.method[:20]} not allowed here"))
             return
         try:
-            with trio.fail_after(self.config.request_timeout):
+            with trio.fail_after(route.timeout or self.config.request_timeout):
                 response = await route.handler(request)
         except trio.TooSlowError:
             response = text_response(504, "the handler did not answer in time")
         await self._respond(stream, response)
+
+    def _prefix_route(self, path: str) -> Route | None:
+        """A route added for a path ending in ``/`` serves every path below it (``/actions/``)."""
+        for prefix, route in self._routes.items():
+            if prefix.endswith("/") and prefix != "/" and path.startswith(prefix):
+                return route
+        return None
 
     async def _companions_route(self, request: HttpRequest) -> HttpResponse:
         companions = [m.model_dump(by_alias=True) for m in list(self._directory.values())]

@@ -9,10 +9,13 @@ from collections.abc import Sequence
 
 # Subcommand modules, each exposing ``register(subparsers) -> None``; the parser it adds
 # sets ``func(args) -> int`` as its default.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("card", "run", "bridge", "listen", "demo", "relay", "trust")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("card", "run", "bridge", "listen", "demo", "relay", "trust", "action")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every subcommand, or, given the ``command`` about to run, of that one alone:
+    each subcommand's module imports what it needs, and ``companion run`` need not pay for the
+    bridge's (start-up time)."""
     parser = argparse.ArgumentParser(
         prog="companion",
         description="Run and inspect AI companions on a peer-to-peer network (aikyo-compatible).",
@@ -22,14 +25,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action="version", version=f"companion {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
+        if command in SUBCOMMAND_MODULES and name != command:
+            continue
         module = importlib.import_module(f"companion.cli.{name}")
         module.register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words else None)  # a subcommand comes first, or none runs
+    args = parser.parse_args(words)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

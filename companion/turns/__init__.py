@@ -52,6 +52,7 @@ from .thread import (
     ConversationThread,
     Placement,
     TurnInfo,
+    stamp_opening,
     stamp_reply,
     turn_info,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "reply_recipients",
     "select_leader",
     "speaking_order",
+    "stamp_opening",
     "stamp_reply",
     "states_match",
     "states_tag",

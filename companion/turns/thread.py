@@ -37,6 +37,7 @@ __all__ = [
     "ConversationThread",
     "Placement",
     "TurnInfo",
+    "stamp_opening",
     "stamp_reply",
     "turn_info",
 ]
@@ -81,6 +82,18 @@ def stamp_reply(message: Message, *, in_reply_to: str, turn: int, closing: Closi
     ``next_speaker``) are kept."""
     meta = dict(message.params.metadata or {})
     meta.update({META_IN_REPLY_TO: in_reply_to, META_TURN: turn, META_CLOSING: closing})
+    params = message.params.model_copy(update={"metadata": meta})
+    return message.model_copy(update={"params": params})
+
+
+def stamp_opening(message: Message) -> Message:
+    """A companion's message that starts a conversation (a routine's greeting): ``turn: 0`` and
+    closing ``none`` tell every node it opens a new exchange, even after one that ended; a message
+    that answers something (``in_reply_to``) is left as it is."""
+    meta = dict(message.params.metadata or {})
+    if meta.get(META_IN_REPLY_TO):
+        return message
+    meta.update({META_TURN: 0, META_CLOSING: "none"})
     params = message.params.model_copy(update={"metadata": meta})
     return message.model_copy(update={"params": params})
 

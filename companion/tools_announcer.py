@@ -1,0 +1,117 @@
+"""Telling the network what tools a companion has: ``companion.tools`` on ``actions``.
+
+An announcement goes out after every change to the runtime's tool table (the change and the
+full list, as Tesseron's ``actions/list_changed``), and the plain list once the node has
+settled and whenever a companion joins, so a peer or client that arrives later learns it too.
+Announcements are coalesced: at most one per ``min_interval`` seconds, the latest winning (its
+list is whole; a gap in ``revision`` says changes were folded together). aikyo companions do not
+subscribe to ``actions``; aikyo clients ignore an action they do not know. The metadata over
+``/aikyo/metadata/1.0.0`` stays aikyo's five fields.
+
+:func:`read_tools` is the receiving side: the list a peer announced, checked and bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from .actions import TOOLS_ACTION, ActionRuntime, ToolsChanged, tools_action, tools_json
+from .actions.catalog import MAX_ANNOUNCED_TOOLS
+from .ports import Publisher
+from .protocol import ACTIONS, Action
+
+__all__ = ["DEFAULT_ANNOUNCE_INTERVAL", "ToolsAnnouncer", "read_tools"]
+
+DEFAULT_ANNOUNCE_INTERVAL: Final = 2.0
+_MAX_ID_CHARS: Final = 128
+
+Emit = Callable[..., None]
+
+
+class ToolsAnnouncer:
+    """Publishes one companion's tool list; :meth:`start` it in a nursery someone owns."""
+
+    def __init__(
+        self,
+        runtime: ActionRuntime,
+        publisher: Publisher,
+        *,
+        emit: Emit,
+        publish_timeout: float,
+        min_interval: float = DEFAULT_ANNOUNCE_INTERVAL,
+    ) -> None:
+        self._runtime = runtime
+        self._publisher = publisher
+        self._emit = emit
+        self._publish_timeout = publish_timeout
+        self._min_interval = min_interval
+        self._change: ToolsChanged | None = None
+        self._wanted = False
+        self._wake = trio.Event()
+        self.sent = 0
+
+    def start(self, nursery: trio.Nursery, *, first_after: float) -> None:
+        """Listen for changes now; announce the list ``first_after`` seconds from now."""
+        self._runtime.on_tools_changed(self._changed)
+        nursery.start_soon(self._loop, first_after)
+
+    def _changed(self, event: ToolsChanged) -> None:
+        self._change = event
+        self._wake.set()
+
+    def refresh(self) -> None:
+        """Someone new may not know the list: announce it (coalesced)."""
+        self._wanted = True
+        self._wake.set()
+
+    def envelope(self) -> Action:
+        """What goes out now: the latest change, else the plain list."""
+        if self._change is not None:
+            return tools_action(self._runtime.companion_id, self._change)
+        params = tools_json(self._runtime.tool_list(), self._runtime.tools_revision)
+        return Action.create(self._runtime.companion_id, TOOLS_ACTION, params)
+
+    async def _loop(self, first_after: float) -> None:
+        with trio.move_on_after(first_after):
+            await trio.sleep_forever()
+        self._wanted = True
+        while True:
+            if self._change is None and not self._wanted:
+                wake = self._wake = trio.Event()
+                await wake.wait()
+                continue
+            envelope = self.envelope()
+            self._change, self._wanted = None, False
+            try:
+                with trio.fail_after(self._publish_timeout):
+                    await self._publisher.publish(ACTIONS, envelope)
+                self.sent += 1
+                self._emit("tools_announced", logging.INFO, revision=envelope.params.params.get("revision"))
+            except Exception as exc:  # trio.TooSlowError included
+                self._emit("tools_announce_failed", logging.WARNING, error=repr(exc)[:300])
+            await trio.sleep(self._min_interval)
+
+
+def read_tools(action: Action) -> dict[str, Any] | None:
+    """A peer's ``companion.tools`` announcement as ``{revision, tools: [ids]}``, or None if it
+    is not one or is malformed (hostile input: never raises)."""
+    if action.params.name != TOOLS_ACTION:
+        return None
+    params = action.params.params
+    revision, tools = params.get("revision"), params.get("tools")
+    if not isinstance(revision, int) or isinstance(revision, bool) or not isinstance(tools, list):
+        return None
+    if not 0 <= revision < math.inf:
+        return None
+    ids: list[str] = []
+    for tool in tools[:MAX_ANNOUNCED_TOOLS]:
+        tool_id = tool.get("id") if isinstance(tool, dict) else None
+        if not isinstance(tool_id, str) or not tool_id or len(tool_id) > _MAX_ID_CHARS:
+            return None
+        ids.append(tool_id)
+    return {"revision": revision, "tools": ids}
