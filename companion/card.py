@@ -240,6 +240,9 @@ class _Checker:
         self.root: yaml.Node | None = None  # the YAML node tree, once parsed
         self.resolve = resolve
         self.problems: list[CardProblem] = []
+        self.unimported: set[str] = set()
+        """Attributes of ``module:attribute`` tools whose module could not be imported: their
+        tool ids are unknown, so a condition or routine naming one is not a second problem."""
 
     def add(
         self,
@@ -451,6 +454,8 @@ class _Checker:
         """Whether ``tool`` names a listed tool (by reference or id); a problem if not."""
         if tool in names or tool in listed:
             return True
+        if tool in self.unimported:
+            return False  # its tool could not be imported: already reported
         choices = sorted(set(names) | listed)
         close = difflib.get_close_matches(tool, choices, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -488,12 +493,16 @@ class _Checker:
             defn = self.resolve(ref)
         except LookupError as exc:
             reason = getattr(exc, "reason", None) or str(exc)
-            self.add(
-                parts,
-                f"tool {ref!r} is not registered: {reason}",
-                f"use a built-in ({', '.join(BUILTINS)}) or 'package.module:attribute' naming an "
-                f"@{kind} object in your code",
-            )
+            missing = getattr(exc, "missing_module", None)
+            if missing:
+                self.unimported.add(ref.rpartition(":")[2].rpartition(".")[2])
+                fix = _importable_fix(ref.partition(":")[0], missing, self.file)
+            else:
+                fix = (
+                    f"use a built-in ({', '.join(BUILTINS)}) or 'package.module:attribute' naming an "
+                    f"@{kind} object in your code"
+                )
+            self.add(parts, f"tool {ref!r} is not registered: {reason}", fix)
             return None
         if defn.kind != kind:
             other = "knowledge" if kind == "action" else "actions"
@@ -504,6 +513,26 @@ class _Checker:
             )
             return None
         return defn
+
+
+def _importable_fix(module: str, missing: str, card_file: str | None) -> str:
+    """How to make ``module`` importable when Python found no ``missing`` module: Python looks
+    in PYTHONPATH and the installed packages, not in the card's folder, so a module lying next
+    to the card needs its folder named; a module it imports needs installing."""
+    if not f"{module}.".startswith(f"{missing}."):
+        return f"{module!r} imports {missing!r}, which is not installed here: pip install the package with it"
+    top = module.partition(".")[0]
+    folder = Path(card_file).parent if card_file else None
+    if folder is not None and ((folder / f"{top}.py").is_file() or (folder / top).is_dir()):
+        shown = str(folder) if str(folder) != "." else "."
+        return (
+            f"{top!r} is in the card's folder, which Python does not search: run with "
+            f"PYTHONPATH={shown} (e.g. PYTHONPATH={shown} companion run {card_file})"
+        )
+    return (
+        f"make {module!r} importable: add the folder that holds {top}.py (or the {top} package) to "
+        "PYTHONPATH, or pip install the package that provides it"
+    )
 
 
 def _yaml_fix(problem: str) -> str:

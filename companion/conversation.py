@@ -110,6 +110,7 @@ from .turns import (
 from .turns.closing import DEFAULT_MIN_REPLIES, counted_proposal
 
 __all__ = [
+    "MAX_DETAIL",
     "ONE_MESSAGE",
     "SLOT_GRACE",
     "THINKING_SIGNAL",
@@ -145,6 +146,8 @@ __all__ = [
 YIELD_SIGNAL: Final = "companion.yield"
 THINKING_SIGNAL: Final = "companion.thinking"
 YIELD_REASONS: Final = ("model_error", "timeout", "crashed", "no_reply", "terminal")
+MAX_DETAIL: Final = 200
+"""Longest ``detail`` a yield carries (the model error's reason, for people to read)."""
 SLOT_GRACE: Final = 0.25
 """An array or a yield may come this fraction of a slot early (nodes see a message at slightly
 different times); any earlier, it waits for its slot."""
@@ -249,6 +252,8 @@ class YieldSeen:
     companion: str
     reason: str
     publisher: str | None = None
+    detail: str = ""
+    """Why, in words (at most :data:`MAX_DETAIL` characters; network input: show it bounded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,7 +396,12 @@ def read_signal(action: Action) -> YieldSeen | ThinkingSeen | None:
         return None
     if p.name == THINKING_SIGNAL:
         return ThinkingSeen(in_reply_to, p.from_)
-    return YieldSeen(in_reply_to, p.from_, reason[:64]) if isinstance(reason, str) else None
+    if not isinstance(reason, str):
+        return None
+    detail = p.params.get("detail")
+    return YieldSeen(
+        in_reply_to, p.from_, reason[:64], detail=detail[:MAX_DETAIL] if isinstance(detail, str) else ""
+    )
 
 
 # --- the turn ------------------------------------------------------------------------------------
@@ -1055,7 +1065,10 @@ class Conversation:
             next=nxt,
             why=f"could not reply ({event.reason}); gave the slot up to {nxt or 'nobody'} at once",
         )
-        out.append(PublishSignal(YIELD_SIGNAL, {"in_reply_to": turn.message_id, "reason": event.reason}))
+        params = {"in_reply_to": turn.message_id, "reason": event.reason}
+        if event.detail:
+            params["detail"] = event.detail[:MAX_DETAIL]  # clients show it (listen, the page, the demo)
+        out.append(PublishSignal(YIELD_SIGNAL, params))
         self._goto(turn, Phase.AWAITING_SPEAKER)
         self._rebase(turn, slot, now)
 

@@ -4,16 +4,20 @@
 node, the in-memory group's bystander endpoint) and explains each turn. It runs the companions'
 own state machine (:class:`~companion.conversation.Conversation`) as a bystander, so it follows
 the thread and accepts arrays by the same rules. It also counts double speech (two replies to
-one message), which must never happen. Pure: the clock is passed in.
+one message), which must never happen. It also says what people would otherwise wait for in
+silence: a speaker that has been preparing its reply for a while (``thinking``, from its
+``companion.thinking`` signal: first after :data:`THINKING_SHOWN_AFTER` seconds, then every
+:data:`THINKING_EVERY`) and a speaker that gave its turn up (``yield``, with the reason and its
+words). Pure: the clock is passed in.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from .conversation import (
     ClosingSettings,
@@ -22,18 +26,36 @@ from .conversation import (
     Effect,
     MessageSeen,
     StatesSeen,
+    ThinkingSeen,
     Tick,
+    YieldSeen,
     present_diff,
     read_signal,
 )
 from .protocol import Action, ClosingStage, Message, Payload
+from .signals import MAX_NAME, THINKING_DEADLINE, one_line, thinking_text, yield_text
 from .timings import EngineTimings
 from .turns import turn_info
 
-__all__ = ["EventKind", "Transcript", "TranscriptEvent", "render_text"]
+__all__ = [
+    "THINKING_EVERY",
+    "THINKING_SHOWN_AFTER",
+    "EventKind",
+    "Transcript",
+    "TranscriptEvent",
+    "render_text",
+]
 
 
-EventKind = Literal["message", "decision", "end"]
+EventKind = Literal["message", "decision", "thinking", "yield", "end"]
+
+THINKING_SHOWN_AFTER: Final = 3.0
+"""Seconds a speaker prepares its reply before the transcript says it is thinking (a quick
+reply, as offline, needs no line)."""
+THINKING_EVERY: Final = 10.0
+"""Seconds between two lines about the same speaker still thinking."""
+_MAX_THINKERS: Final = 32
+_MAX_YIELDS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +74,12 @@ class TranscriptEvent:
     message_id: str | None = None
     in_reply_to: str | None = None
     reason: str = ""
-    """For ``decision``: the rule that decided; for ``end``: terminal, turn_cap, idle or timeout."""
+    """For ``decision``: the rule that decided; for ``yield``: why the speaker gave its turn up
+    (model_error, timeout, crashed, no_reply); for ``end``: terminal, turn_cap, idle or timeout."""
+    detail: str = ""
+    """For ``yield``: the reason in the speaker's words (e.g. the model's error), bounded."""
+    elapsed: int = 0
+    """For ``thinking``: whole seconds the speaker has been preparing its reply."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +94,8 @@ class TranscriptEvent:
             "message_id": self.message_id,
             "in_reply_to": self.in_reply_to,
             "reason": self.reason,
+            "detail": self.detail,
+            "elapsed": self.elapsed,
         }
 
 
@@ -93,6 +122,10 @@ class Transcript:
         )
         self._decisions: dict[str, tuple[str | None, str, str]] = {}
         """message id -> (speaker, why, reason) of the array that counted."""
+        self._thinking: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
+        """speaker -> (message id it prepares a reply to, since, thinking lines shown so far)."""
+        self._yields: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """(speaker, message id) of the yields already shown (a signal may arrive twice)."""
 
     @property
     def double_speech(self) -> dict[str, list[str]]:
@@ -136,24 +169,71 @@ class Transcript:
         elif isinstance(payload, list):
             out = self._lines(machine.receive(StatesSeen(payload, publisher), at))
         elif isinstance(payload, Action) and (signal := read_signal(payload)) is not None:
+            signal = _published_by(signal, publisher)
             out = self._lines(machine.receive(signal, at))
+            out.extend(self._signal(signal, now))
         elif now is not None:
             out = self._lines(machine.receive(Tick(), at))
         self.events.extend(out)
         return out
 
     def deadline(self) -> float | None:
-        """When an array held for its leader's slot counts (feed :meth:`tick` then)."""
-        return self._machine.deadline()
+        """When time alone adds a line (feed :meth:`tick` then): an array held for its leader's
+        slot counts, or a thinking speaker's next line is due."""
+        times = [_next_shown(since, shown) for _, since, shown in self._thinking.values()]
+        machine = self._machine.deadline()
+        if machine is not None:
+            times.append(machine)
+        return min(times) if times else None
 
     def tick(self, now: float) -> list[TranscriptEvent]:
-        """The lines time alone adds (an array that waited for its slot)."""
+        """The lines time alone adds (an array that waited for its slot, a speaker still thinking)."""
         out = self._lines(self._machine.receive(Tick(), now))
+        for speaker, (message_id, since, shown) in list(self._thinking.items()):
+            if now - since >= THINKING_DEADLINE:  # its reply or yield got lost: stop saying it thinks
+                del self._thinking[speaker]
+                continue
+            due = _next_shown(since, shown)
+            if now < due:
+                continue
+            while _next_shown(since, shown) <= now:  # one line, however late the tick
+                shown += 1
+            self._thinking[speaker] = (message_id, since, shown)
+            elapsed = int(_next_shown(since, shown - 1) - since)
+            out.append(TranscriptEvent("thinking", speaker, in_reply_to=message_id, elapsed=elapsed))
         self.events.extend(out)
         return out
 
+    def _signal(self, signal: YieldSeen | ThinkingSeen, now: float | None) -> list[TranscriptEvent]:
+        """Follow who is thinking; the line for a yield that is a failure (once per turn)."""
+        speaker = signal.companion
+        if signal.publisher is not None and signal.publisher != speaker:
+            return []  # one companion cannot speak for another
+        if isinstance(signal, ThinkingSeen):
+            if now is not None:
+                self._thinking.pop(speaker, None)
+                self._thinking[speaker] = (signal.in_reply_to, now, 0)
+                while len(self._thinking) > _MAX_THINKERS:
+                    self._thinking.popitem(last=False)
+            return []
+        current = self._thinking.get(speaker)
+        if current is not None and current[0] == signal.in_reply_to:
+            del self._thinking[speaker]
+        key = (speaker, signal.in_reply_to)
+        if signal.reason == "terminal" or key in self._yields:
+            return []
+        self._yields[key] = None
+        while len(self._yields) > _MAX_YIELDS:
+            self._yields.popitem(last=False)
+        return [
+            TranscriptEvent(
+                "yield", speaker, in_reply_to=signal.in_reply_to, reason=signal.reason, detail=signal.detail
+            )
+        ]
+
     def _message(self, message: Message, effects: list[Effect]) -> TranscriptEvent:
         params = message.params
+        self._thinking.pop(params.from_, None)  # it replied
         info = turn_info(message)
         why = "opened the conversation"
         if info.in_reply_to is not None:
@@ -163,6 +243,8 @@ class Transcript:
                 why = "chosen by states this bystander did not see"
             elif decision[0] == params.from_:
                 why = decision[1]
+            elif decision[0] is not None and (decision[0], info.in_reply_to) in self._yields:
+                why = f"next in the speaking order: {decision[0]} gave its turn up ({decision[1]})"
             else:
                 why = f"spoke although the rule chose {decision[0]}: {decision[1]}"
         for effect in effects:
@@ -213,6 +295,17 @@ class Transcript:
         return out
 
 
+def _published_by(signal: YieldSeen | ThinkingSeen, publisher: str | None) -> YieldSeen | ThinkingSeen:
+    if isinstance(signal, YieldSeen):
+        return YieldSeen(signal.in_reply_to, signal.companion, signal.reason, publisher, signal.detail)
+    return ThinkingSeen(signal.in_reply_to, signal.companion, publisher)
+
+
+def _next_shown(since: float, shown: int) -> float:
+    """When the line number ``shown`` (from 0) about a speaker thinking since ``since`` is due."""
+    return since + THINKING_SHOWN_AFTER + shown * THINKING_EVERY
+
+
 def render_text(event: TranscriptEvent, names: Mapping[str, str]) -> str | None:
     """A readable line (or a few) for people; ``None`` for events not worth a line."""
 
@@ -231,6 +324,12 @@ def render_text(event: TranscriptEvent, names: Mapping[str, str]) -> str | None:
             tags.append(event.closing)
         head = f"{name(event.speaker)} → {to}" + (f"  [{', '.join(tags)}]" if tags else "")
         return f"{head}\n    “{event.text}”\n    why: {named(event.why)}"
+    if event.kind == "thinking":
+        return f"    {thinking_text(one_line(name(event.speaker), MAX_NAME), event.elapsed)}"
+    if event.kind == "yield":
+        return (
+            f"    {yield_text(one_line(name(event.speaker), MAX_NAME), event.reason, event.detail or None)}"
+        )
     if event.kind == "decision":
         if event.speaker is None and event.reason != "terminal":
             return f"    (nobody speaks: {named(event.why)})"

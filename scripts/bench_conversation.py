@@ -1120,7 +1120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="companion run --max-connections (default: max(8, N))",
     )
-    parser.add_argument("--log-level", default="INFO", help="companion run --log-level (INFO, its default)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="companion run --log-level (default INFO: the events read here)",
+    )
     parser.add_argument("--no-bare", action="store_true", help="skip the bare py-libp2p reference")
     parser.add_argument("--hold", type=float, default=0.0, help="keep each network up this long at the end")
     parser.add_argument("--json", action="store_true", help="one JSON object per case")

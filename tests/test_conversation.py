@@ -460,11 +460,15 @@ def test_a_failing_speaker_yields_and_every_node_moves_on_at_once() -> None:
     )
     [signal] = of(out, PublishSignal)
     assert signal.name == YIELD_SIGNAL
-    assert dict(signal.params) == {"in_reply_to": message.params.id, "reason": "model_error"}
+    assert dict(signal.params) == {
+        "in_reply_to": message.params.id,
+        "reason": "model_error",
+        "detail": "provider down",  # the reason in words, for the people watching
+    }
     assert phase(group[A]) is Phase.AWAITING_SPEAKER and not of(out, Speak)
     action = Action.create(A, signal.name, dict(signal.params))
     parsed = read_signal(action)
-    assert parsed is not None
+    assert isinstance(parsed, YieldSeen) and parsed.detail == "provider down"
     nxt = group[order[1]]
     out = nxt.receive(YieldSeen(parsed.in_reply_to, parsed.companion, parsed.reason, A), 3.05)
     assert decisions(out, "speaker_yielded") and of(out, Speak)  # at once, not after the deadline

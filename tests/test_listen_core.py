@@ -241,3 +241,16 @@ def test_a_result_refused_as_already_answered_is_quiet_unless_it_was_yours() -> 
     ]
     limited = json.dumps({"error": {"code": "rate_limited", "message": "too many frames", "ref": "m-1"}})
     assert s.on_frame(limited) == [Show("bridge: too many frames", "error")]
+
+
+def test_at_name_says_once_that_it_is_not_private() -> None:
+    """``@pim`` only chooses who answers: the line goes out on the public topic (``to`` is a
+    field every peer reads), and the person is told so the first time, and in /help."""
+    s = session()
+    assert "not private" in shown(s.on_input("/help"))[0]
+    first = s.on_input("@pim just between us: where is the key?")
+    (frame,) = sent(first)
+    assert frame["topic"] == "messages" and frame["body"]["params"]["to"] == ["companion_pim"]
+    assert any("not private" in line for line in shown(first))
+    assert not any("not private" in line for line in shown(s.on_input("@aya and you?")))
+    assert not any("not private" in line for line in shown(s.on_input("@ghost hello")))

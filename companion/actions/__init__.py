@@ -5,6 +5,9 @@ through :class:`ActionRuntime`, which validates, enforces deadlines and settles 
 with a :class:`ToolResult`. See ``docs/actions.md``.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from .approval import APPROVAL_QUERY
 from .catalog import TOOLS_ACTION, ToolInfo, ToolsChanged, tools_action, tools_json
 from .context import ActionContext
@@ -18,11 +21,33 @@ from .definition import (
     knowledge,
     validate_input,
 )
-from .kv import KeyValueStore, Namespace, StoreLimitExceeded, StoreLimits
 from .progress import PROGRESS_ACTION
 from .registry import BUILTINS, ToolNotFound, resolve_tool
 from .results import ActionRefused, ErrorCode, InputIssue, QueryTimeout, ToolResult, ToolStatus
-from .runtime import MAX_CALL_DEPTH, MAX_NOTE_CHARS, MAX_NOTES, ActionRuntime, ToolDef, ToolsListener
+
+if TYPE_CHECKING:
+    from .kv import KeyValueStore, Namespace, StoreLimitExceeded, StoreLimits
+    from .runtime import MAX_CALL_DEPTH, MAX_NOTE_CHARS, MAX_NOTES, ActionRuntime, ToolDef, ToolsListener
+
+# The runtime and the store run on trio; card loading, the models' vocabulary and the demo's
+# transcript import this package for definitions only, so those two load on first use.
+_LAZY = {
+    **dict.fromkeys(("KeyValueStore", "Namespace", "StoreLimitExceeded", "StoreLimits"), ".kv"),
+    **dict.fromkeys(
+        ("MAX_CALL_DEPTH", "MAX_NOTE_CHARS", "MAX_NOTES", "ActionRuntime", "ToolDef", "ToolsListener"),
+        ".runtime",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "APPROVAL_QUERY",

@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
 from ..protocol import Message, Metadata, QueryResult
-from .kv import Namespace
 from .results import ToolResult
+
+if TYPE_CHECKING:
+    from .kv import Namespace  # the store runs on trio: not loaded for definitions
 
 __all__ = ["DEFAULT_QUERY_TIMEOUT", "ActionContext", "InputT"]
 

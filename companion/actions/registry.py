@@ -20,7 +20,7 @@ BUILTINS: Mapping[str, ActionDef | KnowledgeDef] = MappingProxyType(
 class ToolNotFound(LookupError):
     """A card names a tool that does not exist or cannot be imported."""
 
-    def __init__(self, ref: str, reason: str) -> None:
+    def __init__(self, ref: str, reason: str, missing_module: str | None = None) -> None:
         builtins = ", ".join(BUILTINS)
         super().__init__(
             f"tool {ref!r}: {reason}. Built-in tools: {builtins}; a custom tool is named "
@@ -28,6 +28,9 @@ class ToolNotFound(LookupError):
         )
         self.ref = ref
         self.reason = reason
+        self.missing_module = missing_module
+        """The module Python did not find while importing ``ref``'s module: that module itself (or
+        a package above it: make it importable), or one it imports (install that)."""
 
 
 def resolve_tool(ref: str) -> ActionDef | KnowledgeDef:
@@ -44,6 +47,9 @@ def resolve_tool(ref: str) -> ActionDef | KnowledgeDef:
         raise ToolNotFound(ref, "expected 'package.module:attribute'")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        reason = f"cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        raise ToolNotFound(ref, reason, exc.name) from exc
     except Exception as exc:  # an import runs arbitrary code; any failure is a reason to report
         raise ToolNotFound(ref, f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
     target: object = module

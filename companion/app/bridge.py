@@ -27,6 +27,7 @@ from ..log import log_event
 from ..protocol import STATES, Metadata
 from ..transport import Publisher
 from .lines import peer_line
+from .stopping import Interrupted
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
@@ -103,7 +104,8 @@ async def run_bridge(
     *,
     ready: Callable[[Bridge, CompanionNode], None] | None = None,
 ) -> None:
-    """Start the node, then the WebSocket/HTTP server; run until SIGINT/SIGTERM or cancellation."""
+    """Start the node, then the WebSocket/HTTP server; run until SIGINT (then raise
+    :class:`~.stopping.Interrupted` once stopped), SIGTERM or cancellation."""
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
 
@@ -122,6 +124,7 @@ async def run_bridge(
     )
     bridge = make_bridge(options, node)
     await bridge.bind()  # a taken --ws address is an error before the node starts
+    stopped_by = None
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run, bridge)
         port = await nursery.start(serve_clients, options, bridge, node)
@@ -139,8 +142,11 @@ async def run_bridge(
                     log_event(logger, "bridge_stats", **bridge.stats())
                     continue
                 log_event(logger, "stopping", signal=signal.Signals(signum).name)
+                stopped_by = signum
                 break
         nursery.cancel_scope.cancel()
+    if stopped_by == signal.SIGINT:
+        raise Interrupted
 
 
 def make_bridge(

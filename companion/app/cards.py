@@ -1,4 +1,6 @@
-"""``companion card check``: load each card exactly as a node would and report every problem."""
+"""Card files: ``companion card check`` (load each card exactly as a node would and report every
+problem), and where a card named on the command line is found (the example cards ship inside the
+package, so ``companion run pim`` works from any folder after ``pip install``)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,35 @@ from typing import Final, TextIO
 
 from ..card import CardError, LoadedCard, load_card
 
-__all__ = ["CARD_SUFFIXES", "card_files", "check_paths"]
+__all__ = ["CARD_SUFFIXES", "card_files", "check_paths", "packaged_cards", "resolve_card"]
 
 CARD_SUFFIXES: Final = (".yaml", ".yml", ".toml")
+PACKAGED_FOLDER: Final = "cards"
+"""The folder name a packaged card may be written under (``cards/pim.yaml``, as in the README)."""
+
+
+def packaged_cards() -> Path:
+    """The folder of the example cards installed with the package (``companion/cards``)."""
+    return Path(__file__).resolve().parent.parent / PACKAGED_FOLDER
+
+
+def resolve_card(arg: str | Path) -> Path:
+    """The card file ``arg`` names: the path itself when it exists; else, for a bare name
+    (``pim``, ``pim.yaml``) or ``cards/NAME`` that is not here, the packaged card of that name;
+    else the path unchanged (:func:`companion.card.load_card` then says it cannot be read)."""
+    path = Path(arg)
+    if path.exists():
+        return path
+    if path.parent not in (Path(), Path(PACKAGED_FOLDER)) or (
+        path.suffix and path.suffix not in CARD_SUFFIXES
+    ):
+        return path
+    folder = packaged_cards()
+    for suffix in (path.suffix,) if path.suffix else CARD_SUFFIXES:
+        candidate = folder / f"{path.stem}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return path
 
 
 def card_files(folder: Path) -> list[Path]:
@@ -42,7 +70,7 @@ def _card_files(paths: Sequence[Path], out: TextIO) -> Iterator[Path]:
         elif path.exists() and path.suffix.lower() not in CARD_SUFFIXES:
             out.write(f"skipped {path} (not a .yaml, .yml or .toml file)\n")
         else:
-            yield path  # a missing file is reported by load_card
+            yield resolve_card(path)  # a missing file is reported by load_card
 
 
 def _summary(loaded: LoadedCard) -> str:

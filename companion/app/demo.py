@@ -11,6 +11,7 @@ until ``terminal`` or the turn cap. With ``in_memory`` everything runs in this p
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from ..log import log_event
 from ..protocol import MESSAGES, Message, Metadata
 from ..transcript import Transcript, TranscriptEvent
 from ..transport import Inbound
-from .cards import card_files
+from .cards import card_files, packaged_cards
 from .group import USER_ID, MemoryGroup
 from .lines import parse_peer_line, parse_sees
 
@@ -118,8 +119,9 @@ def _end_event(transcript: Transcript, done: bool, max_replies: int) -> Transcri
 
 
 def default_cards(root: Path | None = None) -> list[Path]:
-    """The first three cards in ``cards/`` (next to the package, or the working directory)."""
-    candidates = [root] if root else [Path.cwd() / "cards", Path(__file__).resolve().parents[2] / "cards"]
+    """The first three cards in ``root``, else in ``cards/`` of the working directory, else the
+    cards installed with the package."""
+    candidates = [root] if root else [Path.cwd() / "cards", packaged_cards()]
     for folder in candidates:
         if folder.is_dir():
             found = card_files(folder)
@@ -237,6 +239,20 @@ class _Watcher:
         lines = self.transcript.feed(
             inbound.payload, self.directory, publisher=publisher, now=trio.current_time()
         )
+        self._show(lines)
+
+    async def clock(self) -> None:
+        """Feed the transcript the time when it is due to add a line by itself: a speaker still
+        thinking ("Juniper is thinking… (13 s)"), an array held for its leader's slot."""
+        while True:
+            deadline = self.transcript.deadline()
+            changed = self.changed
+            with trio.move_on_at(math.inf if deadline is None else deadline) as waited:
+                await changed.wait()  # something arrived: the deadline may have moved
+            if waited.cancelled_caught:
+                self._show(self.transcript.tick(trio.current_time()))
+
+    def _show(self, lines: list[TranscriptEvent]) -> None:
         for event in lines:
             self.emit(event)
         self.changed.set()
@@ -298,6 +314,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
 
     async with trio.open_nursery() as nursery:
         await nursery.start(run_bridge)
+        nursery.start_soon(watcher.clock)
         try:
             bridge_addr = f"{bridge.listen_addrs[0]}/p2p/{bridge.peer_id}"
             for index, card in enumerate(options.cards):
@@ -365,6 +382,8 @@ async def _spawn(
         str(options.pace),
         "--log-format",
         "json",
+        "--log-level",
+        "INFO",  # its log file explains every turn
     ]
     if options.base_url:
         command += ["--base-url", options.base_url]

@@ -10,7 +10,9 @@ from __future__ import annotations
 import codecs
 import os
 import shutil
+import signal
 import sys
+from collections.abc import AsyncIterator
 
 import trio
 
@@ -97,13 +99,24 @@ async def _read_stdin(send: trio.MemorySendChannel[str]) -> None:
 
 
 async def _main(options: ListenOptions, tty: bool) -> int:
+    """The listener and the keyboard; Ctrl-C (SIGINT) closes the connection and exits with 130."""
     screen = TerminalScreen(live=tty, color=tty, width=_width)
     send, receive = trio.open_memory_channel[str](16)
+    code, interrupted = 1, trio.Event()
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_read_stdin, send)
-            code = await run_listener(options, receive, lambda item: _write(screen.render(item)))
-            nursery.cancel_scope.cancel()
+        with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_read_stdin, send)
+                nursery.start_soon(_cancel_on_signal, interrupts, nursery.cancel_scope, interrupted)
+                code = await run_listener(options, receive, lambda item: _write(screen.render(item)))
+                nursery.cancel_scope.cancel()
     finally:
         _write(screen.close())
-    return code
+    return 130 if interrupted.is_set() else code
+
+
+async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope, seen: trio.Event) -> None:
+    async for _ in signals:
+        seen.set()
+        scope.cancel()
+        return

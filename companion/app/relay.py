@@ -18,6 +18,7 @@ import trio
 
 from ..log import log_event
 from .lines import RELAY_LINE, print_addresses
+from .stopping import Interrupted
 
 if TYPE_CHECKING:
     from ..node.relay_node import RelayNode, RelayOptions
@@ -29,10 +30,6 @@ logger = logging.getLogger("companion.app.relay")
 DEFAULT_LISTEN: Final = "/ip4/0.0.0.0/tcp/4001"
 KEY_NAME: Final = "relay.key"
 """The relay's key file under ``<data dir>/keys/``."""
-
-
-class Interrupted(Exception):
-    """SIGINT arrived: the relay stopped cleanly and the command exits with 130."""
 
 
 def relay_options(max_reservations: int) -> RelayOptions:

@@ -26,6 +26,7 @@ from ..log import log_event
 from .actions import reload_tools, runtime_of, serve_actions
 from .engines import EngineOptions, HandlerFactory, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
+from .stopping import Interrupted
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
@@ -99,8 +100,9 @@ async def run_nodes(
 ) -> None:
     """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
     start a node for each card (each one also dials the one before) and, with
-    ``options.bridge``, serve clients from the clients' node (:mod:`.clients`); run until
-    SIGINT/SIGTERM or cancellation. Each handler publishes through its own node."""
+    ``options.bridge``, serve clients from the clients' node (:mod:`.clients`); run until SIGINT
+    (then raise :class:`~.stopping.Interrupted` once every node has stopped), SIGTERM or
+    cancellation. Each handler publishes through its own node."""
     from ..card import load_card
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
@@ -156,7 +158,10 @@ async def run_nodes(
         if ready is not None:
             ready(running)
         everyone = [*nodes, *([running.client_node] if running.client_node else [])]
-        await _serve_signals(everyone, nursery.cancel_scope, partial(reload_tools, loaded, runtimes))
+        reload = partial(reload_tools, loaded, runtimes)
+        stopped_by = await _serve_signals(everyone, nursery.cancel_scope, reload)
+    if stopped_by == signal.SIGINT:
+        raise Interrupted
 
 
 async def _run_one(
@@ -178,7 +183,9 @@ async def _run_one(
 
 async def _serve_signals(
     nodes: Sequence[CompanionNode], scope: trio.CancelScope, reload: Callable[[], None]
-) -> None:
+) -> int:
+    """Serve SIGHUP (reload tools) and SIGUSR1 (stats) until SIGINT or SIGTERM, then cancel
+    ``scope``; the signal that stopped."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP) as signals:
         async for signum in signals:
             if signum == signal.SIGHUP:
@@ -190,4 +197,5 @@ async def _serve_signals(
                 continue
             log_event(logger, "stopping", signal=signal.Signals(signum).name)
             scope.cancel()
-            return
+            return signum
+    raise AssertionError("unreachable: the signal receiver never ends")

@@ -10,7 +10,6 @@ what the bridge publishes reaches its clients the same way, as the node's echo (
 from __future__ import annotations
 
 import contextlib
-import errno
 import inspect
 import json
 import logging
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 from trio_websocket import wrap_server_stream
 
+from ..bind import bind_reason
 from ..log import log_event
 from ..protocol import Envelope, Metadata, QueryResult
 from ..transport import Inbound, Publisher
@@ -714,16 +714,8 @@ def _machine_names() -> tuple[str, ...]:
 def _bind_error(host: str, port: int, exc: OSError) -> BridgeBindError:
     """An error that names the address, and says what to do."""
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    if exc.errno == errno.EADDRINUSE:
-        why = "the address is already in use (another bridge or program listens there); choose another port"
-        if port:
-            why += f", e.g. --ws {shown.rpartition(':')[0]}:0 for a free one"
-    elif exc.errno == errno.EADDRNOTAVAIL:
-        why = "this machine has no such address; use 127.0.0.1, 0.0.0.0 or one of its own addresses"
-    elif exc.errno == errno.EACCES:
-        why = "permission denied (ports below 1024 need privileges); choose a port above 1024"
-    else:
-        why = exc.strerror or str(exc)
+    free = f"--ws {shown.rpartition(':')[0]}:0" if port else None
+    why = bind_reason(exc.errno, exc.strerror or str(exc), free)
     return BridgeBindError(f"cannot listen on {shown} (--ws): {why}", exc.errno)
 
 

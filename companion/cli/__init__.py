@@ -22,7 +22,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     from companion import __version__
 
-    parser.add_argument("--version", action="version", version=f"companion {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"companion {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         if command in SUBCOMMAND_MODULES and name != command:
@@ -42,5 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(func(args))
-    except KeyboardInterrupt:
-        return 130
+    except BaseException as exc:  # Ctrl-C anywhere, also inside trio's exception groups
+        from ..app.stopping import is_interrupt
+
+        if is_interrupt(exc):
+            return 130
+        raise

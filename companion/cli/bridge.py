@@ -28,6 +28,7 @@ from ..app.bridge import (
 )
 from ..app.logs import configure_node_logging
 from ..app.paths import default_data_dir
+from ..app.stopping import is_interrupt
 from .exits import innermost
 from .options import TOKEN_ENV, parse_ws_address, resolve_token
 from .trust import add_trust_arguments, trust_options
@@ -206,9 +207,9 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         trio.run(run_bridge, options)
-    except KeyboardInterrupt:
-        return 130
     except Exception as exc:
+        if is_interrupt(exc):
+            return 130
         failure = innermost(exc)
         if isinstance(failure, ValueError | OSError):
             print(f"companion bridge: {failure}", file=sys.stderr)

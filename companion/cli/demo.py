@@ -13,6 +13,7 @@ from typing import Any
 
 import trio
 
+from ..app.logs import configure_node_logging
 from ..log import configure_logging
 
 __all__ = ["main", "register"]
@@ -28,7 +29,13 @@ def register(subparsers: Any) -> None:
             "reaches terminal or the turn cap. Exit status 0 when it ends either way."
         ),
     )
-    parser.add_argument("cards", nargs="*", type=Path, metavar="CARD", help="card files (default: cards/)")
+    parser.add_argument(
+        "cards",
+        nargs="*",
+        type=Path,
+        metavar="CARD",
+        help="card files or names of shipped cards (default: ./cards/, else the shipped pim, ostra, juniper)",
+    )
     parser.add_argument(
         "--model",
         default="scripted",
@@ -52,11 +59,13 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..app.cards import resolve_card
     from ..app.demo import DemoOptions, check_demo_model, default_cards, names_of, run_demo
     from ..card import CardError, load_card
     from ..transcript import TranscriptEvent, render_text
 
-    configure_logging(args.log_level.upper(), "json" if args.json else "text")
+    configure = configure_logging if args.in_memory else configure_node_logging  # py-libp2p's too
+    configure(args.log_level.upper(), "json" if args.json else "text")
     if not args.model.startswith("scripted"):
         from ..models.errors import ModelSetupError
 
@@ -66,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"companion demo: {exc}", file=sys.stderr)
             return 2
     try:
-        cards = list(args.cards) or default_cards()
+        cards = [resolve_card(card) for card in args.cards] or default_cards()
         names = names_of(load_card(path) for path in cards)
     except (CardError, FileNotFoundError) as exc:
         print(f"companion demo: {exc}", file=sys.stderr)

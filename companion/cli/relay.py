@@ -23,7 +23,8 @@ import trio
 
 from ..app.logs import configure_node_logging
 from ..app.paths import default_data_dir
-from ..app.relay import DEFAULT_LISTEN, KEY_NAME, Interrupted, relay_options, run_relay
+from ..app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
+from ..app.stopping import is_interrupt
 from .exits import innermost
 
 __all__ = ["register"]
@@ -80,8 +81,6 @@ def main(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or default_data_dir()
     try:
         trio.run(run_relay, args.listen, args.peer, data_dir, options)
-    except (KeyboardInterrupt, Interrupted):
-        return 130
     except BaseException as exc:
         return _report_failure(exc)
     return 0
@@ -89,9 +88,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _report_failure(exc: BaseException) -> int:
     """An address or port the user can fix is one line and exit 2; anything else exit 1."""
-    exc = innermost(exc)
-    if isinstance(exc, Interrupted):
+    if is_interrupt(exc):
         return 130
+    exc = innermost(exc)
     if isinstance(exc, ValueError | OSError):
         print(f"companion relay: {exc}", file=sys.stderr)
         return 2

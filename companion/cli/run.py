@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..app.cards import resolve_card
 from ..app.paths import default_data_dir
+from ..app.stopping import is_interrupt
 from .exits import innermost
 from .options import TOKEN_ENV, parse_ws_address, resolve_token
 from .trust import add_trust_arguments, trust_options
@@ -44,7 +46,12 @@ def register(subparsers: Any) -> None:
         description="Run one libp2p node per card, each with its conversation engine, until Ctrl-C or "
         "SIGTERM; SIGUSR1 logs drop counters. With --ws, also serve clients (WebSocket, page, WebRTC).",
     )
-    parser.add_argument("cards", nargs="+", metavar="CARD", help="card files (YAML or TOML)")
+    parser.add_argument(
+        "cards",
+        nargs="+",
+        metavar="CARD",
+        help="card files (YAML or TOML), or the name of a card shipped with companion (pim, ostra, juniper)",
+    )
     parser.add_argument(
         "--listen",
         action="append",
@@ -116,7 +123,14 @@ def register(subparsers: Any) -> None:
     clients.add_argument("--no-voice", action="store_true", help="WebRTC clients get no voice from here")
     add_trust_arguments(parser)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log more: -v every event (INFO: joins, turns, decisions), -vv DEBUG; default WARNING",
+    )
+    parser.add_argument("--log-level", default=None, help="log level by name (overrides -v)")
     parser.add_argument(
         "--stats-interval", type=float, default=None, metavar="SECONDS", help="log a stats event this often"
     )
@@ -156,9 +170,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"companion run: {exc}", file=sys.stderr)
         return 2
-    configure_node_logging(args.log_level.upper(), args.log_format)
+    configure_node_logging(log_level(args.log_level, args.verbose), args.log_format)
     options = RunOptions(
-        cards=args.cards,
+        cards=[str(resolve_card(card)) for card in args.cards],
         listen=args.listen,
         peers=args.peer,
         mdns=not args.no_mdns,
@@ -172,11 +186,19 @@ def main(args: argparse.Namespace) -> int:
     )
     try:
         trio.run(run_nodes, options)
-    except KeyboardInterrupt:
-        return 130
     except Exception as exc:
+        if is_interrupt(exc):
+            return 130
         return _report_failure(exc)
     return 0
+
+
+def log_level(name: str | None, verbose: int) -> str:
+    """``--log-level NAME`` if given, else WARNING, INFO with ``-v``, DEBUG with ``-vv``: a
+    conversation logs hundreds of INFO events, which a person at a terminal does not want."""
+    if name:
+        return name.upper()
+    return ("WARNING", "INFO", "DEBUG")[min(verbose, 2)]
 
 
 def _report_failure(exc: BaseException) -> int:
@@ -201,7 +223,12 @@ def standalone(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="companion")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["run", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BaseException as exc:  # Ctrl-C before the signal receiver is installed
+        if is_interrupt(exc):
+            return 130
+        raise
 
 
 if __name__ == "__main__":

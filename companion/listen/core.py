@@ -32,8 +32,7 @@ from ..protocol import (
     new_id,
     parse_payload,
 )
-from ..turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
-from .signals import (
+from ..signals import (
     MAX_NAME,
     THINKING_SIGNAL,
     YIELD_SIGNAL,
@@ -43,6 +42,7 @@ from .signals import (
     read_signal,
     yield_text,
 )
+from ..turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
 
 __all__ = [
     "APPROVAL_QUERY",
@@ -64,7 +64,8 @@ USER_PREFIX: Final = "user_"
 
 HELP: Final = """\
 Type a line to say it to every companion.
-  @NAME text        say it to one companion (several @NAMEs for several)
+  @NAME text        say it to one companion (several @NAMEs for several); not private:
+                    everyone on the network sees the line, only NAME answers
   /next NAME [text] nominate who speaks next (with text: send now; without: on your next line)
   y / n             answer the oldest approval request
   /who              list the companions
@@ -77,6 +78,11 @@ END_MARKER: Final = "— the conversation has ended; type a line to start a new 
 """Shown once per conversation when it ends: after a message whose ``params.metadata.closing``
 is ``terminal``, a states array that chooses nobody because its stage is ``terminal``, or a
 ``companion.yield`` with reason ``terminal``."""
+NOT_PRIVATE: Final = (
+    "(@NAME chooses who answers; it is not private: every companion and client on the network sees the line)"
+)
+"""Shown the first time the person addresses someone with ``@NAME``: messages travel on one
+public gossip topic, and ``to`` only says who should answer."""
 MAX_YIELDS_SEEN: Final = 256
 QUIET_ERRORS: Final = frozenset({"already_answered"})
 """Error frames that are no news to the person: another client answered a speak query first."""
@@ -153,6 +159,7 @@ class ListenSession:
     """Companions preparing a reply (``companion.thinking``), shown on the status line."""
     _status: str = ""
     _ended: bool = False
+    _told_not_private: bool = False
     """The end marker was shown for the current conversation (a new one resets it)."""
     _yields_seen: dict[tuple[str, str], None] = field(default_factory=dict)
     dropped_signals: int = 0
@@ -385,7 +392,11 @@ class ListenSession:
         body = " ".join(words) if targets else text
         if not body:
             return [*effects, Show("nothing to say", "error")]
-        return effects + self._say(body, targets or None)
+        said = self._say(body, targets or None)
+        if targets and not self._told_not_private and any(isinstance(e, Send) for e in said):
+            self._told_not_private = True
+            said.append(Show(NOT_PRIVATE))
+        return effects + said
 
     def _command(self, text: str) -> list[Effect]:
         command, _, rest = text.partition(" ")

@@ -25,6 +25,7 @@ from .addresses import AdvertisedAddrs
 from .config import NodeConfig, make_host
 from .discovery import Backoff, parse_peer_addr, redial_forever
 from .identity import load_or_create_key_pair
+from .listening import require_listening
 from .relay import DialBackAutoNAT
 from .routing import DhtDiscovery
 
@@ -132,6 +133,7 @@ class RelayNode:
                     background_trio_service(self.hop),
                     trio.open_nursery() as nursery,
                 ):
+                    require_listening(host, self.config.listen)
                     await nursery.start(self.routing.run)
                     for addr in self.config.peers:
                         nursery.start_soon(self._keep_peer, addr)

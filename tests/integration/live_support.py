@@ -75,6 +75,7 @@ def spawn_run(
         str(seed),
         "--log-format",
         "json",
+        "-v",  # the events these tests wait for are INFO
         *extra,
     ]
     for peer in peers:

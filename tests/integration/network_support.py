@@ -169,6 +169,7 @@ class Network:
             str(data_dir or self.tmp / f"data-{key}"),
             "--log-format",
             "json",
+            "-v",  # the events these tests wait for are INFO
         ]
         for peer in peers:
             argv += ["--peer", peer]

@@ -73,7 +73,7 @@ def start_companion(topo: Topology, net: Network, key: str, relay: str, seed: in
     card = write_card(net.tmp, key, key.upper(), "speak")
     argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
     argv += ["--listen", "/ip4/0.0.0.0/tcp/4001", "--relay", relay, "--seed", str(seed)]
-    argv += ["--data-dir", str(net.tmp / f"data-{key}"), "--log-format", "json"]
+    argv += ["--data-dir", str(net.tmp / f"data-{key}"), "--log-format", "json", "-v"]
     proc = Proc(key, in_namespace(topo.homes[key].host, *argv))
     net.procs.append(proc)
     return proc

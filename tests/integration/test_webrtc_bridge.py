@@ -187,6 +187,7 @@ async def test_a_companion_answers_a_webrtc_client_and_speaks_through_its_track(
             str(tmp_path / "data-juniper"),
             "--log-format",
             "json",
+            "-v",
         ]
         juniper = Proc("juniper", argv)
         net.procs.append(juniper)

@@ -5,8 +5,10 @@ cannot reply, that it gives its slot up (``companion.yield`` with a reason); bot
 ``action.send`` envelopes on ``actions`` (see docs/clients.md). Without them a person watching
 a slow or failing model sees nothing for minutes. This module is pure: :class:`Waiting` keeps
 who is thinking since when, and the functions turn signals and states arrays into the lines a
-client shows. Everything here is network input: names, reasons and details are folded onto one
-line, stripped of control characters and bounded before they reach a screen.
+client shows (``companion listen``, and the demo's transcript, :mod:`companion.transcript`; the
+page words them the same way in ``web/app.js``). Everything here is network input: names,
+reasons and details are folded onto one line, stripped of control characters and bounded
+before they reach a screen.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..models.lexicon import clean
-from ..protocol import COMPANION_ID_PREFIX, State
-from ..turns import decide_next_speaker
+from .conversation import MAX_DETAIL, THINKING_SIGNAL, YIELD_REASONS, YIELD_SIGNAL
+from .models.lexicon import clean
+from .protocol import COMPANION_ID_PREFIX, State
+from .turns import decide_next_speaker
 
 __all__ = [
     "MAX_DETAIL",
@@ -38,10 +41,6 @@ __all__ = [
     "yield_text",
 ]
 
-THINKING_SIGNAL: Final = "companion.thinking"
-YIELD_SIGNAL: Final = "companion.yield"
-YIELD_REASONS: Final = ("model_error", "timeout", "crashed", "no_reply", "terminal")
-
 REASON_WORDS: Final[Mapping[str, str]] = {
     "model_error": "the model failed",
     "timeout": "the model timed out",
@@ -53,7 +52,6 @@ REASON_WORDS: Final[Mapping[str, str]] = {
 THINKING_DEADLINE: Final = 300.0
 """Stop showing a thinking speaker after this long without its reply or yield: a lost signal
 must never leave an endless spinner."""
-MAX_DETAIL: Final = 200
 MAX_NAME: Final = 60
 MAX_REASON: Final = 40
 MAX_ID: Final = 200

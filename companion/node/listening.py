@@ -1,0 +1,63 @@
+"""Whether a host listens where it was told to, and if not, an error that names the address.
+
+py-libp2p 0.8.1 logs a listener that cannot bind (``Failed to start TCP listener ...``) and goes
+on without it: ``Swarm.listen`` only fails when no address at all worked, and ``host.run`` does
+not even look at that. A node on a port that is in use would then run unreachable, printing a
+peer id with no address. :func:`require_listening` turns that into :class:`ListenError` naming
+each address, with the reason found by binding the address once more ourselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+from multiaddr import Multiaddr
+
+from ..bind import bind_reason
+
+__all__ = ["ListenError", "require_listening"]
+
+
+class ListenError(OSError):
+    """A listen address could not be bound; the message names it and says what to do."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+def require_listening(host: Any, requested: Iterable[str], flag: str = "--listen") -> None:
+    """Raise :class:`ListenError` unless ``host`` (py-libp2p's, running) listens on each of
+    the ``requested`` multiaddrs."""
+    listening = set(getattr(host.get_network(), "listeners", {}))
+    problems = [_problem(addr, flag) for addr in requested if str(Multiaddr(addr)) not in listening]
+    if problems:
+        raise ListenError(problems[0][0], "; ".join(text for _, text in problems))
+
+
+def _problem(addr: str, flag: str) -> tuple[int | None, str]:
+    code, strerror = _probe(addr)
+    parts = addr.split("/")
+    free = None
+    if "tcp" in parts and parts.index("tcp") + 1 < len(parts):
+        at = parts.index("tcp") + 1
+        free = "/".join([*parts[:at], "0", *parts[at + 1 :]])
+    return code, f"cannot listen on {addr} ({flag}): {bind_reason(code, strerror, free)}"
+
+
+def _probe(addr: str) -> tuple[int | None, str | None]:
+    """Bind ``addr`` (``/ip4|ip6/HOST/tcp/PORT``) as trio's listener does, to learn the reason."""
+    parts = addr.strip("/").split("/")
+    if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or not parts[3].isdigit():
+        return None, None
+    family = socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            with contextlib.suppress(OSError):
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((parts[1], int(parts[3])))
+    except OSError as exc:
+        return exc.errno, exc.strerror
+    return None, None

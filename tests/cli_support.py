@@ -1,0 +1,111 @@
+"""The ``companion`` command as a user runs it: the console script pip installed next to this
+Python, in a process of its own (its own process group, so a test can press Ctrl-C on it the way
+a terminal does: SIGINT to the whole foreground group), from a working directory of the test's
+choosing, always stopped by its PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Started", "companion_argv", "run_companion", "started_companion"]
+
+
+def companion_argv() -> list[str]:
+    """The installed ``companion`` script (``python -m companion`` if pip put none here)."""
+    script = shutil.which("companion", path=str(Path(sys.executable).parent))
+    return [script] if script else [sys.executable, "-m", "companion"]
+
+
+def run_companion(
+    args: Sequence[str], *, cwd: Path, timeout: float = 60.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``companion ARGS`` to its end (at most ``timeout`` seconds) and capture its output."""
+    return subprocess.run(
+        [*companion_argv(), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@dataclass
+class Started:
+    process: subprocess.Popen[str]
+    out_path: Path
+    err_path: Path
+
+    def stdout(self) -> str:
+        return self.out_path.read_text(encoding="utf-8", errors="replace")
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_for_output(self, needle: str, timeout: float) -> bool:
+        """Whether ``needle`` shows up on standard output within ``timeout`` seconds (``False``
+        at once when the process ended without it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.stdout():
+                return True
+            if self.process.poll() is not None:
+                return needle in self.stdout()
+            time.sleep(0.1)
+        return False
+
+    def wait_for_stderr(self, needle: str, timeout: float) -> bool:
+        """Whether ``needle`` shows up on standard error within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if needle in self.stderr():
+                return True
+            time.sleep(0.1)
+        return needle in self.stderr()
+
+    def ctrl_c(self) -> None:
+        """What Ctrl-C in a terminal does: SIGINT to the command's process group (its children
+        included), which this test created for it."""
+        os.killpg(self.process.pid, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def started_companion(
+    args: Sequence[str], *, cwd: Path, logs: Path, env: dict[str, str] | None = None
+) -> Iterator[Started]:
+    """``companion ARGS`` running in its own process group with an open standard input (a pipe
+    the test holds), output in files under ``logs``;
+    on the way out anything of it still running is killed by its process group's id."""
+    logs.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = logs / "stdout.txt", logs / "stderr.txt"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        process = subprocess.Popen(
+            [*companion_argv(), *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.PIPE,  # open, as a terminal's is (``listen`` quits at end of input)
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        yield Started(process, out_path, err_path)
+    finally:
+        # The group outlives its leader while any child of it runs (and Linux gives no new
+        # process that id meanwhile), so this reaches only what this test started.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+        if process.stdin is not None:
+            process.stdin.close()

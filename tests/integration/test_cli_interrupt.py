@@ -1,0 +1,93 @@
+"""Ctrl-C on every long-running command, as a terminal delivers it: SIGINT to the command's
+whole process group while it runs. Each exits with 130 within seconds, prints no traceback, and
+leaves nothing running (the demo's companion processes included, found by their PIDs)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the command as a user runs it
+
+from cli_support import Started, started_companion
+
+pytestmark = pytest.mark.integration
+
+READY_WITHIN = 60.0
+STOP_WITHIN = 20.0
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie or a reused pid running something else does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z" and b"companion" in cmdline
+
+
+def _stops_with_130(started: Started) -> None:
+    rc = started.process.wait(timeout=STOP_WITHIN)
+    assert rc == 130, started.stderr()
+    assert "Traceback" not in started.stderr() and "ExceptionGroup" not in started.stderr()
+
+
+@pytest.mark.parametrize(
+    ("command", "ready"),
+    [
+        (["run", "pim", "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"], "companion_pim sees "),
+        (["bridge", "--no-mdns", "--ws", "127.0.0.1:0", "--listen", "/ip4/127.0.0.1/tcp/0"], "ws://"),
+        (["relay", "--listen", "/ip4/127.0.0.1/tcp/0"], "relay peer "),
+    ],
+)
+def test_ctrl_c_ends_a_node_command_with_130(command: list[str], ready: str, tmp_path: Path) -> None:
+    args = [*command, "--data-dir", str(tmp_path / "data")]
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as started:
+        assert started.wait_for_output(ready, READY_WITHIN), started.stderr()
+        started.ctrl_c()
+        _stops_with_130(started)
+
+
+def test_ctrl_c_ends_listen_with_130(tmp_path: Path) -> None:
+    bridge_args = ["bridge", "--no-mdns", "--ws", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")]
+    with started_companion(bridge_args, cwd=tmp_path, logs=tmp_path / "bridge") as bridge:
+        assert bridge.wait_for_output("ws://", READY_WITHIN), bridge.stderr()
+        time.sleep(0.5)  # the rest of its URL lines
+        url = re.search(r"ws://\S+", bridge.stdout())
+        assert url is not None
+        listen_args = ["listen", "--ws", url.group(0), "--as", "user_mika"]
+        with started_companion(listen_args, cwd=tmp_path, logs=tmp_path / "listen") as listen:
+            assert listen.wait_for_output("connected to ", READY_WITHIN), listen.stderr()
+            listen.ctrl_c()
+            _stops_with_130(listen)
+
+
+def _companion_pids(stderr: str) -> list[int]:
+    return [int(pid) for pid in re.findall(r"companion_process_started .*?pid=(\d+)", stderr)]
+
+
+@pytest.mark.parametrize("whole_group", [True, False], ids=["ctrl-c", "sigint-to-the-demo-only"])
+def test_ctrl_c_ends_the_demo_and_its_companion_processes(whole_group: bool, tmp_path: Path) -> None:
+    """A reply on screen, then Ctrl-C: the terminal signals the demo and its children at once
+    (or only the demo, as ``kill -INT``): either way every companion process is gone."""
+    args = ["demo", "--pace", "0.2", "--log-level", "INFO"]
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as demo:
+        assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
+        children = _companion_pids(demo.stderr())
+        assert len(children) == 3 and all(_alive(pid) for pid in children)
+        if whole_group:
+            demo.ctrl_c()
+        else:
+            os.kill(demo.process.pid, signal.SIGINT)
+        _stops_with_130(demo)
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in children if _alive(pid)] == []
