@@ -182,3 +182,13 @@ async def test_check_model_failure_is_one_line_on_stderr(capsys: pytest.CaptureF
         rf"cannot reach {re.escape(url)}; is the server running\?",
         err[1],
     ), err
+
+
+def test_timings_for_the_scripted_model_need_no_provider_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wheel installed without the ``providers`` extra runs the offline demo: choosing the
+    engine's deadlines must not import pydantic-ai's side (it did: ``No module named 'httpx2'``)."""
+    from companion.models.factory import engine_timings
+    from companion.timings import EngineTimings
+
+    monkeypatch.setitem(sys.modules, "companion.models.providers", None)  # import raises ImportError
+    assert engine_timings([ScriptedModel(0)]) == EngineTimings.offline()
