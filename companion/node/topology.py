@@ -57,6 +57,8 @@ logger = logging.getLogger("companion.node.topology")
 
 MIN_PASS_INTERVAL: Final = 1.0
 """Seconds between two passes over the connections (each pass is cheap; changes come in bursts)."""
+RECHECK_INTERVAL: Final = 5.0
+"""The longest a node goes without a pass over its connections, changes or not."""
 RING_DIAL_TIMEOUT: Final = 5.0
 TRIM_PROTOCOL: Final = TProtocol("/companion/trim/1.0.0")
 """Opened by a node about to close a connection on purpose; the peer answers one byte."""
@@ -225,9 +227,14 @@ class Topology:
                 if plan.close:
                     await self._trim(plan.close)
                 self._keep_ring(nursery)
-                await trio.sleep(MIN_PASS_INTERVAL)
-                with trio.move_on_at(plan.later if plan.later is not None else math.inf):
+                # A change that happens between two waits sets an event nobody waits on any more
+                # (the node replaces it): a hub whose eleven connections came during the pause
+                # after a pass with two never looked again until the next change, 45 s later.
+                # So the pause comes after the wait, and a pass runs at least every few seconds.
+                later = plan.later if plan.later is not None else math.inf
+                with trio.move_on_at(min(later, trio.current_time() + RECHECK_INTERVAL)):
                     await self._wait_for_change()
+                await trio.sleep(MIN_PASS_INTERVAL)
 
     def _ring(self) -> frozenset[str]:
         """Our ring neighbours (none for a node that does not announce itself: a bridge)."""
