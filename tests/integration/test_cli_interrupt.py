@@ -77,7 +77,9 @@ def _companion_pids(stderr: str) -> list[int]:
 def test_ctrl_c_ends_the_demo_and_its_companion_processes(whole_group: bool, tmp_path: Path) -> None:
     """A reply on screen, then Ctrl-C: the terminal signals the demo and its children at once
     (or only the demo, as ``kill -INT``): either way every companion process is gone."""
-    args = ["demo", "--pace", "0.2", "--log-level", "INFO"]
+    # a pace of 3 s keeps the conversation going while Ctrl-C comes (at 0.2 s a quiet machine
+    # finished the whole demo first, exit 0)
+    args = ["demo", "--pace", "3", "--log-level", "INFO"]
     with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as demo:
         assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
         children = _companion_pids(demo.stderr())
