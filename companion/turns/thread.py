@@ -80,20 +80,21 @@ def turn_info(message: Message) -> TurnInfo:
 def stamp_reply(message: Message, *, in_reply_to: str, turn: int, closing: ClosingStage) -> Message:
     """The reply with its turn extensions added; keys the speaker set itself (emotion,
     ``next_speaker``) are kept."""
-    meta = dict(message.params.metadata or {})
-    meta.update({META_IN_REPLY_TO: in_reply_to, META_TURN: turn, META_CLOSING: closing})
-    params = message.params.model_copy(update={"metadata": meta})
-    return message.model_copy(update={"params": params})
+    return _with_metadata(message, {META_IN_REPLY_TO: in_reply_to, META_TURN: turn, META_CLOSING: closing})
 
 
 def stamp_opening(message: Message) -> Message:
     """A companion's message that starts a conversation (a routine's greeting): ``turn: 0`` and
     closing ``none`` tell every node it opens a new exchange, even after one that ended; a message
     that answers something (``in_reply_to``) is left as it is."""
-    meta = dict(message.params.metadata or {})
-    if meta.get(META_IN_REPLY_TO):
+    if (message.params.metadata or {}).get(META_IN_REPLY_TO):
         return message
-    meta.update({META_TURN: 0, META_CLOSING: "none"})
+    return _with_metadata(message, {META_TURN: 0, META_CLOSING: "none"})
+
+
+def _with_metadata(message: Message, keys: Mapping[str, Any]) -> Message:
+    """A copy of ``message`` whose ``params.metadata`` also holds ``keys`` (the others are kept)."""
+    meta = {**(message.params.metadata or {}), **keys}
     params = message.params.model_copy(update={"metadata": meta})
     return message.model_copy(update={"params": params})
 
