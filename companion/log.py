@@ -48,6 +48,12 @@ THROTTLE_INTERVAL: Final = 60.0
 _FIELDS_ATTR = "companion_fields"
 _EVENT_ATTR = "companion_event"
 _LIBP2P_EVENT = "libp2p"
+_END_OF_STREAM = frozenset({"StreamEOF", "MuxedStreamEOF"})
+"""py-libp2p's exceptions for a stream the other side closed for writing: its request is done."""
+_ROUTINE_AT_END = frozenset({"Failed to read DHT message from stream: %s"})
+"""py-libp2p 0.8.1 warnings that mean nothing when their argument is an end of stream: the DHT
+server treats only a zero-byte read as a clean end, so every peer that half-closes its request
+stream after the answer (py-libp2p's and js-libp2p's clients do) made a warning on the server."""
 
 
 def _bound_str(text: str, max_chars: int) -> str:
@@ -220,6 +226,8 @@ class LibraryRecords(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, _EVENT_ATTR, None) is not None:
             return True
+        if _routine_end_of_stream(record) and not logging.getLogger("libp2p").isEnabledFor(logging.DEBUG):
+            return False
         left_out = self.throttle.admit((record.name, record.pathname, record.lineno))
         if left_out is None:
             return False
@@ -232,6 +240,13 @@ class LibraryRecords(logging.Filter):
         return True
 
 
+def _routine_end_of_stream(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is one of :data:`_ROUTINE_AT_END` about a stream the peer ended."""
+    if record.msg not in _ROUTINE_AT_END or not isinstance(record.args, tuple) or not record.args:
+        return False
+    return type(record.args[0]).__name__ in _END_OF_STREAM
+
+
 def configure_logging(
     level: int | str = logging.INFO,
     fmt: Literal["text", "json"] = "text",
@@ -241,7 +256,13 @@ def configure_logging(
 ) -> None:
     """Send the ``companion`` loggers to stderr (or ``stream``), and py-libp2p's records at
     ``libp2p_level`` and above through the same handler, bounded and throttled (py-libp2p would
-    otherwise print multi-line errors through Python's last-resort handler)."""
+    otherwise print multi-line errors through Python's last-resort handler).
+
+    Imports ``libp2p`` first: py-libp2p 0.8.1's package ``__init__`` clears the handlers of its
+    ``libp2p`` logger when it is first imported, so a handler installed before that import was
+    silently lost and the library's warnings went out raw and unthrottled."""
+    import libp2p  # noqa: F401  (its import-time logging set-up must run before ours)
+
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonLinesFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("companion")
