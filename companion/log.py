@@ -258,11 +258,9 @@ def configure_logging(
     ``libp2p_level`` and above through the same handler, bounded and throttled (py-libp2p would
     otherwise print multi-line errors through Python's last-resort handler).
 
-    Imports ``libp2p`` first: py-libp2p 0.8.1's package ``__init__`` clears the handlers of its
-    ``libp2p`` logger when it is first imported, so a handler installed before that import was
-    silently lost and the library's warnings went out raw and unthrottled."""
-    import libp2p  # noqa: F401  (its import-time logging set-up must run before ours)
-
+    py-libp2p 0.8.1's package ``__init__`` clears the handlers of its ``libp2p`` logger when it
+    is first imported: a process that runs nodes calls
+    :func:`companion.app.logs.configure_node_logging`, which imports it first."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonLinesFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger("companion")
