@@ -80,18 +80,23 @@ async def test_the_default_factory_builds_an_engine_for_the_card_with_its_model(
 
 
 @pytest.mark.parametrize("where", ["flag", "card"])
-def test_an_unusable_model_stops_run_before_any_node_starts(
+def test_an_unusable_model_stops_run_with_exit_2_before_its_companion_is_announced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
 ) -> None:
+    """The node dials while the model is checked (start-up), so its key exists by then; the
+    failure names where the spec came from (the flag, or the card's file and field), stops the
+    node and no ``peer`` line ever says the companion is up."""
     args = ["--model", "openai:x"] if where == "flag" else []
     path = write_card(tmp_path, "a", model="openai:x" if where == "card" else None)
     data = tmp_path / "data"
-    code = main(["run", str(path), *args, "--base-url", "http://127.0.0.1:9/v1", "--data-dir", str(data)])
+    argv = ["run", str(path), *args, "--no-mdns", "--base-url", "http://127.0.0.1:9/v1", "--data-dir", str(data)]
+    code = main(argv)
     out, err = capsys.readouterr()
     assert code == 2
     said = err.strip().splitlines()[-1]
-    assert said.startswith("companion run: openai:x: ") and "127.0.0.1:9" in said
-    assert " peer " not in out and not (data / "keys").exists()
+    source = "" if where == "flag" else f"{path}: settings.model: "
+    assert said.startswith(f"companion run: {source}openai:x: ") and "127.0.0.1:9" in said
+    assert " peer " not in out
 
 
 @pytest.mark.parametrize(

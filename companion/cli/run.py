@@ -139,12 +139,12 @@ def register(subparsers: Any) -> None:
 
 def _bridge_options(args: argparse.Namespace) -> BridgeOptions | None:
     """The client side of ``--ws`` (``None`` without it); raises ``ValueError`` for a bad address."""
-    from ..app.bridge import BridgeOptions
-
     if args.ws is None:
         if args.token is not None or args.no_webrtc or args.no_voice:
             raise ValueError("--token, --no-webrtc and --no-voice need --ws")
         return None
+    from ..app.bridge import BridgeOptions  # the bridge's modules only with --ws (start-up)
+
     host, port = parse_ws_address(args.ws)
     return BridgeOptions(
         host=host,
