@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -263,6 +262,8 @@ class _Checker:
 
     def parse(self, text: str, *, toml: bool) -> dict[str, Any] | None:
         if toml:
+            import tomllib  # only for TOML cards (start-up)
+
             try:
                 data: Any = tomllib.loads(text)
             except tomllib.TOMLDecodeError as exc:

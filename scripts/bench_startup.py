@@ -10,8 +10,9 @@ without ``PYTHONDONTWRITEBYTECODE``: an installed package has its modules compil
 them, every start compiles the package's ~90 modules from source; a third kind of run shows that
 cost: ``companion run`` with ``PYTHONDONTWRITEBYTECODE=1``, as this machine sets it). Printed: the
 median and spread of several runs, the ratio companion/bare, the CPU time each process had used
-by then (from ``/proc``: less sensitive to a loaded machine than the wall clock), and
-``--help`` (the package's import cost alone, no network).
+by then (from ``/proc``: less sensitive to a loaded machine than the wall clock), ``--help``,
+and interpreters that only import what each kind of start imports before it dials (what is
+py-libp2p's and what is the package's).
 
     python scripts/bench_startup.py [--runs 5] [--card cards/juniper.yaml]
 """
@@ -109,20 +110,28 @@ async def measure(card: Path, runs: int, timeout: float) -> dict[str, list[float
     return out
 
 
-def help_times(runs: int) -> tuple[list[float], list[float]]:
-    """Spawn -> exit of ``companion --help``, and of an interpreter that does nothing."""
-    helps, empties = [], []
+IMPORTS: dict[str, str] = {
+    "python -c pass": "pass",
+    "import trio, libp2p (the bare node's)": "import trio, libp2p",
+    "imports of companion run before its dial": "import companion.cli.run, companion.app.run, "
+    "companion.node, companion.node.discovery, companion.app.clients",
+}
+"""What each start spends on imports alone (spawn -> exit): ours minus libp2p's is the package's."""
+
+
+def help_times(runs: int) -> dict[str, list[float]]:
+    """Spawn -> exit of ``companion --help`` and of interpreters that only import (:data:`IMPORTS`)."""
+    out: dict[str, list[float]] = {"companion --help": [], **{label: [] for label in IMPORTS}}
     for _ in range(runs):
-        for argv, into in (
-            ([sys.executable, "-m", "companion", "--help"], helps),
-            ([sys.executable, "-c", "pass"], empties),
-        ):
+        commands = [([sys.executable, "-m", "companion", "--help"], out["companion --help"])]
+        commands += [([sys.executable, "-c", code], out[label]) for label, code in IMPORTS.items()]
+        for argv, into in commands:
             start = time.monotonic()
             subprocess.run(
                 argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=60, env=_ENV
             )
             into.append(time.monotonic() - start)
-    return helps, empties
+    return out
 
 
 def _row(label: str, values: list[float]) -> float:
@@ -160,10 +169,9 @@ def main() -> int:
     bare_cpu = _row("bare py-libp2p node", times["bare_cpu"])
     _row("the same, PYTHONDONTWRITEBYTECODE=1", times["uncompiled_cpu"])
     print(f"  ratio companion/bare: {companion_cpu / bare_cpu:.2f}x")
-    helps, empties = help_times(args.runs)
     print("spawn -> exit:")
-    _row("companion --help", helps)
-    _row("python -c pass", empties)
+    for label, values in help_times(args.runs).items():
+        _row(label, values)
     with open("/proc/loadavg") as f:
         print(f"load average at end: {f.read().split()[0]}")
     return 0

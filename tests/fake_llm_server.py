@@ -334,6 +334,9 @@ class FakeLLMServer:
     """Set to e.g. 404 to make ``GET /v1/models`` fail."""
     hang_models: bool = False
     """Hold ``GET /v1/models`` without answering (like a hung server)."""
+    models_gate: threading.Event | None = None
+    """When given, ``GET /v1/models`` is answered only once this is set (or after the hang
+    limit): a server that is slow to come up. ``arrived`` is set when such a request came."""
     port: int = 0
     requests: list[Recorded] = field(default_factory=list)
     arrived: threading.Event = field(default_factory=threading.Event)
@@ -547,6 +550,9 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             if server.hang_models:
                 self._hang()
                 return
+            if server.models_gate is not None:
+                server.arrived.set()
+                server.models_gate.wait(_HANG_LIMIT)
             if self.path.split("?")[0] != "/v1/models" or server.models_status != 200:
                 self._send(server.models_status if server.models_status != 200 else 404, {"error": "no"})
                 return

@@ -9,19 +9,29 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from fake_llm_server import running_server
 from support.cards import write_card
 
 from companion.app import clients as client_wiring
 from companion.app.bridge import BridgeOptions, make_bridge
-from companion.app.engines import CompanionHandler, EngineOptions, engine_handlers, model_spec, prepare_models
+from companion.app.engines import (
+    CompanionHandler,
+    EngineOptions,
+    PendingHandler,
+    engine_handlers,
+    model_spec,
+    prepare_models,
+)
 from companion.app.lines import announce_directory, parse_sees, sees_line
 from companion.card import LoadedCard, load_card
 from companion.cli import main
 from companion.engine import EngineTimings
 from companion.models.scripted import ScriptedModel
 from companion.node import CompanionNode, NodeConfig
+from companion.protocol import MESSAGES, Message
 from companion.store import Store
+from companion.transport import Inbound
 
 
 def loaded(tmp_path: Path, *specs: tuple[str, str | None]) -> list[LoadedCard]:
@@ -79,19 +89,68 @@ async def test_the_default_factory_builds_an_engine_for_the_card_with_its_model(
     assert seeds == {9, 2}
 
 
+class _Recorder:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def handle(self, inbound: Inbound) -> None:
+        assert isinstance(inbound.payload, Message)
+        self.seen.append(inbound.payload.params.message)
+
+
+async def test_a_pending_handler_holds_payloads_in_order_until_the_engine_is_given() -> None:
+    """A node runs with it while its engine is prepared: what arrives waits, nothing is lost."""
+    pending, engine = PendingHandler(), _Recorder()
+    received: list[str] = []
+    send, recv = trio.open_memory_channel[Inbound](8)
+
+    async def dispatch() -> None:  # as the node's dispatcher: one payload at a time, in order
+        async for item in recv:
+            received.append(item.payload.params.message)  # type: ignore[union-attr]
+            await pending.handle(item)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dispatch)
+        for n in range(3):
+            message = Message.create("user_a", ["companion_a"], f"m{n}")
+            send.send_nowait(Inbound(MESSAGES, message, "peer", b""))
+        await trio.testing.wait_all_tasks_blocked()
+        assert received == ["m0"] and engine.seen == [] and pending.handler is None
+        pending.become(engine)
+        await trio.testing.wait_all_tasks_blocked()
+        assert engine.seen == ["m0", "m1", "m2"] and pending.handler is engine
+        with pytest.raises(RuntimeError, match="already given"):
+            pending.become(_Recorder())
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("where", ["flag", "card"])
-def test_an_unusable_model_stops_run_before_any_node_starts(
+def test_an_unusable_model_stops_run_with_exit_2_before_its_companion_is_announced(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
 ) -> None:
+    """The node dials while the model is checked (start-up), so its key exists by then; the
+    failure names where the spec came from (the flag, or the card's file and field), stops the
+    node and no ``peer`` line ever says the companion is up."""
     args = ["--model", "openai:x"] if where == "flag" else []
     path = write_card(tmp_path, "a", model="openai:x" if where == "card" else None)
     data = tmp_path / "data"
-    code = main(["run", str(path), *args, "--base-url", "http://127.0.0.1:9/v1", "--data-dir", str(data)])
+    argv = [
+        "run",
+        str(path),
+        *args,
+        "--no-mdns",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--data-dir",
+        str(data),
+    ]
+    code = main(argv)
     out, err = capsys.readouterr()
     assert code == 2
     said = err.strip().splitlines()[-1]
-    assert said.startswith("companion run: openai:x: ") and "127.0.0.1:9" in said
-    assert " peer " not in out and not (data / "keys").exists()
+    source = "" if where == "flag" else f"{path}: settings.model: "
+    assert said.startswith(f"companion run: {source}openai:x: ") and "127.0.0.1:9" in said
+    assert " peer " not in out
 
 
 @pytest.mark.parametrize(

@@ -98,3 +98,29 @@ async def test_a_bad_bootstrap_address_is_refused_before_anything_starts(tmp_pat
     options = RunOptions([str(CARD / "pim.yaml")], [], ["/ip4/127.0.0.1/tcp/1"], False, tmp_path, None)
     with pytest.raises(ValueError, match="/p2p/"):
         await run_nodes(options)
+
+
+async def test_an_unreachable_peer_delays_the_engine_by_the_head_start_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The engines wait for the first connections at most ``DIAL_HEAD_START``: with a ``--peer``
+    that never answers (nothing listens there) the companion still gets its engine and is
+    announced (``ready`` comes once the engines are)."""
+    from fake_llm_server import free_port
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    nobody = ID.from_pubkey(create_new_key_pair().public_key)
+    peer = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{nobody}"
+    options = RunOptions([str(CARD / "pim.yaml")], ["/ip4/127.0.0.1/tcp/0"], [peer], False, tmp_path, None)
+    got: list[Running] = []
+    with trio.move_on_after(30) as scope:  # the head start, the imports, the scripted model
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: run_nodes(options, ready=got.append))
+            while not got:
+                await trio.sleep(0.05)
+            (node,) = got[0].nodes
+            assert node.connected_peers == []
+            nursery.cancel_scope.cancel()
+    assert not scope.cancelled_caught, "the companion never became ready"
+    assert f"companion_pim peer {node.peer_id}" in capsys.readouterr().out

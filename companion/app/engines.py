@@ -1,13 +1,16 @@
 """The conversation engines of ``companion run``: a model per card, an engine per node.
 
 Each card's model is ``--model`` (for every card), else the card's ``settings.model``, else the
-offline scripted model; every distinct model is built and checked before any node starts
+offline scripted model; every distinct model is built and checked at start-up
 (:func:`prepare_models`), so a missing key or an endpoint that is down is an error at start-up,
-not mid-conversation. History and working memory live in ``<data dir>/<companion id>/``.
+not mid-conversation. The nodes do not wait for it: each runs with a :class:`PendingHandler`
+and dials its peers while the models and engines are prepared, and gets its engine once that
+is done. History and working memory live in ``<data dir>/<companion id>/``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ __all__ = [
     "EngineOptions",
     "HandlerFactory",
     "LoggingHandler",
+    "PendingHandler",
     "engine_handlers",
     "model_spec",
     "prepare_models",
@@ -91,6 +95,36 @@ class CompanionHandler:
         await self.engine.handle(inbound)
 
 
+class PendingHandler:
+    """A node's handler until its engine is ready, so the node can dial before the engine exists.
+
+    Payloads that arrive before wait, in arrival order, in the node's bounded inbound buffer
+    (past it the node drops and counts them, as for any slow handler), and reach the engine
+    once :meth:`become` gave it: the engine takes them as it takes payloads that arrive late.
+    Until then nothing answers or leads a turn for this companion."""
+
+    def __init__(self) -> None:
+        self._ready = trio.Event()
+        self._handler: InboundHandler | None = None
+
+    @property
+    def handler(self) -> InboundHandler | None:
+        """The handler given by :meth:`become`; ``None`` while pending."""
+        return self._handler
+
+    def become(self, handler: InboundHandler) -> None:
+        """From now on every payload (the waiting ones first) goes to ``handler``."""
+        if self._handler is not None:
+            raise RuntimeError("the handler is already given")
+        self._handler = handler
+        self._ready.set()
+
+    async def handle(self, inbound: Inbound) -> None:
+        await self._ready.wait()
+        assert self._handler is not None
+        await self._handler.handle(inbound)
+
+
 # --- models -------------------------------------------------------------------------------------------
 
 
@@ -130,23 +164,49 @@ def _offline(spec: str) -> bool:
     return spec.strip().partition(":")[0] == "scripted"
 
 
+def _import_engine_modules(specs: Sequence[str]) -> None:
+    """Import the modules the engines and these models need (in a worker thread, see
+    :func:`prepare_models`). An import that fails is left for :func:`make_model` to report."""
+    from importlib import import_module
+
+    import_module("companion.engine")
+    import_module("companion.models.scripted")
+    if not all(_offline(spec) for spec in specs):
+        with contextlib.suppress(ImportError):
+            import_module("companion.models.providers")
+
+
 async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) -> dict[str, CardModel]:
-    """A model per card (by companion id). Each distinct model is built once and checked once;
-    raises :class:`~companion.models.errors.ModelSetupError` when one cannot work. Scripted
-    models get their own seed per card; provider models with the same spec are shared."""
+    """A model per card (by companion id). Each distinct model is built once and checked once
+    (each check within ``options.check_timeout``); raises
+    :class:`~companion.models.errors.ModelSetupError` when one cannot work, naming the card file
+    and its ``settings.model`` when the spec came from there. Scripted models get their own seed
+    per card; provider models with the same spec are shared.
+
+    The engines' and models' modules are imported first in a worker thread: the trio loop keeps
+    turning meanwhile (the GIL changes hands every few milliseconds), so the nodes that already
+    dial finish their handshakes instead of waiting for a few hundred milliseconds of imports."""
+    from ..models.errors import ModelSetupError
     from ..models.factory import check_model, engine_timings, make_model
 
+    specs = [model_spec(loaded, options.model) for loaded in cards]
+    await trio.to_thread.run_sync(_import_engine_modules, specs)
     built: dict[tuple[str, int | None], CompanionModel] = {}
     out: dict[str, CardModel] = {}
-    for index, loaded in enumerate(cards):
-        spec = model_spec(loaded, options.model)
+    for index, (loaded, spec) in enumerate(zip(cards, specs, strict=True)):
         offline = _offline(spec)
         seed = options.seed + index
         key = (spec, seed if offline else None)
         model = built.get(key)
         if model is None:
-            model = make_model(spec, base_url=None if offline else options.base_url, seed=seed)
-            await check_model(model, timeout=options.check_timeout)
+            try:
+                model = make_model(spec, base_url=None if offline else options.base_url, seed=seed)
+                await check_model(model, timeout=options.check_timeout)
+            except ModelSetupError as exc:
+                if options.model is not None or not loaded.card.settings.model or loaded.path is None:
+                    raise
+                where = f"{loaded.path}: settings.model: {exc}"
+                raise ModelSetupError(where, reason=exc.reason, status=exc.status) from exc
             built[key] = model
         timings = engine_timings([model], options.pace)
         cid = loaded.card.metadata.id
@@ -166,6 +226,8 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
         factory = engine_handler_factory(
             lambda _card: chosen.model, data_dir=data_dir, timings=chosen.timings
         )
-        return CompanionHandler(node.name, factory(loaded, node, nursery))
+        engine = factory(loaded, node, nursery)
+        engine.directory_changed()  # the node may have met companions before its engine existed
+        return CompanionHandler(node.name, engine)
 
     return make

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from ..log import log_event
-from .actions import reload_tools, runtime_of, serve_actions
-from .engines import EngineOptions, HandlerFactory, engine_handlers, prepare_models
+from .engines import EngineOptions, HandlerFactory, PendingHandler, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
 from .stopping import Interrupted
 from .trust import TrustOptions, open_trust
@@ -33,12 +32,17 @@ if TYPE_CHECKING:
     from ..actions import ActionRuntime
     from ..bridge import Bridge
     from ..card import LoadedCard
-    from ..node import CompanionNode
+    from ..node import CompanionNode, InboundHandler
     from .bridge import BridgeOptions
 
-__all__ = ["RunOptions", "Running", "listen_addrs_for", "run_nodes"]
+__all__ = ["DIAL_HEAD_START", "RunOptions", "Running", "listen_addrs_for", "run_nodes"]
 
 logger = logging.getLogger("companion.app.run")
+
+DIAL_HEAD_START: Final = 0.5
+"""Seconds the models and engines wait for the nodes' first connections before they are
+prepared (start-up): preparing imports a few hundred milliseconds of modules, which would hold
+up the handshakes of the first dials; a peer that is slow to answer delays them by this much."""
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,17 @@ async def run_nodes(
     handler_factory: HandlerFactory | None = None,
     ready: Callable[[Running], None] | None = None,
 ) -> None:
-    """Load every card, prepare the models (unless ``handler_factory`` replaces the engines),
-    start a node for each card (each one also dials the one before) and, with
-    ``options.bridge``, serve clients from the clients' node (:mod:`.clients`); run until SIGINT
-    (then raise :class:`~.stopping.Interrupted` once every node has stopped), SIGTERM or
-    cancellation. Each handler publishes through its own node."""
+    """Load every card, start a node for each card (each one also dials the one before) and,
+    while the nodes dial their peers, prepare the models (unless ``handler_factory`` replaces
+    the engines) and each node's engine; with ``options.bridge``, serve clients from the
+    clients' node (:mod:`.clients`). Run until SIGINT (then raise
+    :class:`~.stopping.Interrupted` once every node has stopped), SIGTERM or cancellation.
+    Each handler publishes through its own node.
+
+    Start-up order: a node runs with a :class:`~.engines.PendingHandler` (payloads wait for the
+    engine) and its ``<id> peer`` line is printed once its engine is ready, so the line still
+    means "this companion answers". A model that cannot work (:func:`~.engines.prepare_models`)
+    stops every node and is raised here, as a bad card is (before any node starts)."""
     from ..card import load_card
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
@@ -116,17 +126,24 @@ async def run_nodes(
         raise ValueError(f"two cards share a companion id: {ids}")
     addrs = listen_addrs_for(options.listen, len(loaded))
     trust = open_trust(options.data_dir, options.trust)
-    models = await prepare_models(loaded, options.engine) if handler_factory is None else {}
     nodes: list[CompanionNode] = []
+    runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL and SIGHUP reach these
+    clients = None
+    stopped_by: list[int] = []
     async with trio.open_nursery() as nursery:
-        clients = None
+
+        def everyone() -> list[CompanionNode]:
+            return [*nodes, *([clients.node] if clients is not None else [])]
+
+        reload = partial(_reload_tools, loaded, runtimes)
+        # served from the start: a SIGTERM while the models are checked closes the nodes cleanly
+        await nursery.start(_serve_signals, everyone, nursery.cancel_scope, reload, stopped_by)
         if options.bridge is not None:
+            from .actions import serve_actions
+
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
-        runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL reaches these
-        if clients is not None:
             serve_actions(clients.bridge, runtimes)
-        if handler_factory is None:
-            handler_factory = engine_handlers(models, data_dir=options.data_dir)
+        pending: list[tuple[LoadedCard, CompanionNode, PendingHandler, trio.Nursery]] = []
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
             # the card before (a bootstrap peer, so protected from trimming): a chain, not a
@@ -145,10 +162,24 @@ async def run_nodes(
                 max_connections=options.max_connections,
             )
             node = CompanionNode(metadata, config, trust=trust)
-            run_one = partial(_run_one, runtimes=runtimes)
-            await nursery.start(run_one, card, node, handler_factory)
+            waiting = PendingHandler()
+            node_nursery: trio.Nursery = await nursery.start(_run_one, node, waiting)
             nodes.append(node)
-            print(peer_line(metadata.id, node.peer_id), flush=True)
+            pending.append((card, node, waiting, node_nursery))
+        # the nodes dial now; the models and engines are prepared meanwhile, after a head start
+        from .actions import runtime_of
+
+        await _first_connections(nodes, DIAL_HEAD_START)
+        if handler_factory is None:
+            models = await prepare_models(loaded, options.engine)
+            handler_factory = engine_handlers(models, data_dir=options.data_dir)
+        for card, node, waiting, node_nursery in pending:
+            handler = handler_factory(card, node, node_nursery)
+            runtime = runtime_of(handler)
+            if runtime is not None:
+                runtimes[card.card.metadata.id] = runtime
+            waiting.become(handler)
+            print(peer_line(node.name, node.peer_id), flush=True)
             print_addresses(node.listen_addrs)
             announce_directory(node)
         running = Running(nodes)
@@ -157,45 +188,61 @@ async def run_nodes(
             running = Running(nodes, clients.bridge, clients.node, port)
         if ready is not None:
             ready(running)
-        everyone = [*nodes, *([running.client_node] if running.client_node else [])]
-        reload = partial(reload_tools, loaded, runtimes)
-        stopped_by = await _serve_signals(everyone, nursery.cancel_scope, reload)
-    if stopped_by == signal.SIGINT:
+        await trio.sleep_forever()  # until _serve_signals cancels the nursery
+    if stopped_by == [signal.SIGINT]:
         raise Interrupted
 
 
+async def _first_connections(nodes: Sequence[CompanionNode], timeout: float) -> None:
+    """Return once every node that has peers to dial is connected to one, or after ``timeout``."""
+    with trio.move_on_after(timeout):
+        for node in nodes:
+            if node.config.peers or node.config.relays:
+                await node.wait_for(partial(_connected, node), timeout)
+
+
+def _connected(node: CompanionNode) -> bool:
+    return bool(node.connected_peers)
+
+
 async def _run_one(
-    card: LoadedCard,
-    node: CompanionNode,
-    handler_factory: HandlerFactory,
-    *,
-    runtimes: dict[str, ActionRuntime],
-    task_status: Any = trio.TASK_STATUS_IGNORED,
+    node: CompanionNode, handler: InboundHandler, *, task_status: Any = trio.TASK_STATUS_IGNORED
 ) -> None:
+    """Run ``node`` in a nursery of its own, handed back once the node listens: its engine's
+    tasks run there (started later, see :func:`run_nodes`) and stop with it."""
     async with trio.open_nursery() as nursery:
-        handler = handler_factory(card, node, nursery)
-        runtime = runtime_of(handler)
-        if runtime is not None:
-            runtimes[card.card.metadata.id] = runtime
         await nursery.start(node.run, handler)
-        task_status.started()
+        task_status.started(nursery)
+
+
+def _reload_tools(cards: Sequence[LoadedCard], runtimes: Mapping[str, ActionRuntime]) -> None:
+    """:func:`.actions.reload_tools`, imported on the first SIGHUP, not before the first dial."""
+    from .actions import reload_tools
+
+    reload_tools(cards, runtimes)
 
 
 async def _serve_signals(
-    nodes: Sequence[CompanionNode], scope: trio.CancelScope, reload: Callable[[], None]
-) -> int:
-    """Serve SIGHUP (reload tools) and SIGUSR1 (stats) until SIGINT or SIGTERM, then cancel
-    ``scope``; the signal that stopped."""
+    nodes: Callable[[], Sequence[CompanionNode]],
+    scope: trio.CancelScope,
+    reload: Callable[[], None],
+    stopped_by: list[int],
+    *,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve SIGHUP (reload tools) and SIGUSR1 (stats of ``nodes()``) until SIGINT or SIGTERM,
+    then note it in ``stopped_by`` and cancel ``scope``."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP) as signals:
+        task_status.started()
         async for signum in signals:
             if signum == signal.SIGHUP:
                 reload()
                 continue
             if signum == signal.SIGUSR1:
-                for node in nodes:
+                for node in nodes():
                     node.log_stats()
                 continue
             log_event(logger, "stopping", signal=signal.Signals(signum).name)
+            stopped_by.append(signum)
             scope.cancel()
-            return signum
-    raise AssertionError("unreachable: the signal receiver never ends")
+            return

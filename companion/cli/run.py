@@ -1,10 +1,11 @@
 """``companion run CARD...``: one libp2p node per card, each with its conversation engine.
 
 Each card's model is ``--model`` (for every card), else the card's ``settings.model``, else the
-offline scripted model; every distinct model is built and checked before any node starts, so a
-missing key or an endpoint that is down is an error now (exit 2), not mid-conversation. History
-and working memory live in ``--data-dir/<companion id>/``. With ``--ws HOST:PORT`` the process
-also serves clients with the bridge of ``companion bridge`` (WebSocket, the page, WebRTC).
+offline scripted model; every distinct model is built and checked at start-up, while the nodes
+already dial their peers, so a missing key or an endpoint that is down is an error now (exit 2),
+not mid-conversation. History and working memory live in ``--data-dir/<companion id>/``. With
+``--ws HOST:PORT`` the process also serves clients with the bridge of ``companion bridge``
+(WebSocket, the page, WebRTC).
 
 What runs is :mod:`companion.app.run`; this module parses the arguments and maps failures to
 exit statuses. Standard output (:mod:`companion.app.lines`): ``<id> peer <peer id>`` followed by
@@ -139,12 +140,12 @@ def register(subparsers: Any) -> None:
 
 def _bridge_options(args: argparse.Namespace) -> BridgeOptions | None:
     """The client side of ``--ws`` (``None`` without it); raises ``ValueError`` for a bad address."""
-    from ..app.bridge import BridgeOptions
-
     if args.ws is None:
         if args.token is not None or args.no_webrtc or args.no_voice:
             raise ValueError("--token, --no-webrtc and --no-voice need --ws")
         return None
+    from ..app.bridge import BridgeOptions  # the bridge's modules only with --ws (start-up)
+
     host, port = parse_ws_address(args.ws)
     return BridgeOptions(
         host=host,

@@ -50,6 +50,8 @@ def _spec_error(spec: str, why: str) -> ModelSetupError:
 def is_local_model(model: CompanionModel) -> bool:
     """Whether ``model`` is served on this machine by a server of :data:`~.servers.LOCAL_SERVERS`
     (as identified by its start-up check), or by an unidentified server on a loopback address."""
+    if "companion.models.providers" not in sys.modules:
+        return False  # no provider model exists before its module is imported (pydantic-ai: ~0.5 s)
     try:
         from .providers import ProviderModel, is_loopback_url
     except ImportError:  # without the ``providers`` extra no model is a provider's (the wheel's demo)
