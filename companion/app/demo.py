@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
 
@@ -31,6 +32,7 @@ from ..transport import Inbound
 from .cards import card_files, packaged_cards
 from .group import USER_ID, MemoryGroup
 from .lines import parse_peer_line, parse_sees
+from .stopping import is_interrupt
 
 __all__ = [
     "DemoOptions",
@@ -43,6 +45,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger("companion.app.demo")
+
+
+FINISHED: Final = ("terminal", "turn_cap")
+"""The ends of a demo that did what it should (exit 0; the folder of logs is removed)."""
 
 
 def check_demo_model(spec: str, base_url: str | None) -> None:
@@ -312,35 +318,54 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
         with bridge_scope:
             await bridge.run(watcher, task_status=task_status)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(run_bridge)
-        nursery.start_soon(watcher.clock)
-        try:
-            bridge_addr = f"{bridge.listen_addrs[0]}/p2p/{bridge.peer_id}"
-            for index, card in enumerate(options.cards):
-                peers = [bridge_addr, *(c.addrs[0] for c in children)]
-                child = await _spawn(nursery, card, index, peers, options, workdir)
-                children.append(child)
-                await _wait_child(child, lambda c: bool(c.addrs), options.start_timeout, "start listening")
-            for child in children:
-                await _wait_child(
-                    child, lambda c: set(ids) <= c.directory, options.start_timeout, "meet the others"
+    async def with_processes() -> TranscriptEvent:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_bridge)
+            nursery.start_soon(watcher.clock)
+            try:
+                bridge_addr = f"{bridge.listen_addrs[0]}/p2p/{bridge.peer_id}"
+                for index, card in enumerate(options.cards):
+                    peers = [bridge_addr, *(c.addrs[0] for c in children)]
+                    child = await _spawn(nursery, card, index, peers, options, workdir)
+                    children.append(child)
+                    await _wait_child(
+                        child, lambda c: bool(c.addrs), options.start_timeout, "start listening"
+                    )
+                for child in children:
+                    await _wait_child(
+                        child, lambda c: set(ids) <= c.directory, options.start_timeout, "meet the others"
+                    )
+                everyone = await bridge.wait_for(
+                    lambda: set(ids) <= set(bridge.directory), options.start_timeout
                 )
-            if not await bridge.wait_for(lambda: set(ids) <= set(bridge.directory), options.start_timeout):
-                raise TimeoutError(
-                    f"the bridge did not meet every companion within {options.start_timeout:g} s"
-                )
-            log_event(logger, "demo_ready", companions=ids, workdir=str(workdir))
-            opening = Message.create(USER_ID, ids, options.text or kickoff_text(loaded))
-            end = await _converse(bridge, watcher, opening, options)
-            if not watcher.transcript.over:
-                emit(end)  # (a terminal end is already in the transcript)
-            return end
-        finally:
-            bridge_scope.cancel()  # first, so it does not try to redial companions that stop
-            with trio.CancelScope(shield=True):
-                await _stop_children(children)
-            nursery.cancel_scope.cancel()
+                if not everyone:
+                    raise TimeoutError(
+                        f"the bridge did not meet every companion within {options.start_timeout:g} s"
+                    )
+                log_event(logger, "demo_ready", companions=ids, workdir=str(workdir))
+                opening = Message.create(USER_ID, ids, options.text or kickoff_text(loaded))
+                end = await _converse(bridge, watcher, opening, options)
+                if not watcher.transcript.over:
+                    emit(end)  # (a terminal end is already in the transcript)
+                return end
+            finally:
+                bridge_scope.cancel()  # first, so it does not try to redial companions that stop
+                with trio.CancelScope(shield=True):
+                    await _stop_children(children)
+                nursery.cancel_scope.cancel()
+
+    try:
+        end = await with_processes()
+    except (Exception, KeyboardInterrupt) as exc:
+        if options.keep_dir is None and is_interrupt(exc):
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise  # an error names a log in the folder, so the folder stays
+    if options.keep_dir is None:
+        if end.reason in FINISHED:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:  # the companions' logs say why it did not finish
+            log_event(logger, "demo_logs_kept", logging.WARNING, workdir=str(workdir), reason=end.reason)
+    return end
 
 
 async def _converse(

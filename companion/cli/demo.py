@@ -53,14 +53,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--in-memory", action="store_true", help="run everything in this process (no sockets)"
     )
-    parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep logs and data here")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=(
+            "keep the companions' logs and data here (otherwise they go to a temporary folder,"
+            " removed when the demo finishes and kept when it fails)"
+        ),
+    )
     parser.add_argument("--log-level", default="WARNING", help="log level of this process (stderr)")
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     from ..app.cards import resolve_card
-    from ..app.demo import DemoOptions, check_demo_model, default_cards, names_of, run_demo
+    from ..app.demo import FINISHED, DemoOptions, check_demo_model, default_cards, names_of, run_demo
     from ..card import CardError, load_card
     from ..transcript import TranscriptEvent, render_text
 
@@ -111,4 +120,4 @@ def main(args: argparse.Namespace) -> int:
     except (TimeoutError, RuntimeError) as exc:
         print(f"companion demo: {exc}", file=sys.stderr)
         return 1
-    return 0 if end.reason in ("terminal", "turn_cap") else 1
+    return 0 if end.reason in FINISHED else 1

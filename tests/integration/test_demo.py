@@ -119,3 +119,33 @@ def test_demo_with_a_provider_model_over_http(tmp_path: Path) -> None:
     assert events[-1]["reason"] == "turn_cap"
     tools = [{t["function"]["name"] for t in r.body["tools"]} for r in requests]
     assert {"set_states"} in tools and {"set_params"} in tools and any("speak" in t for t in tools)
+
+
+def test_a_finished_demo_leaves_no_folder_behind_and_a_failed_one_keeps_its_logs(tmp_path: Path) -> None:
+    """Without ``--keep`` the companions' logs and data go to a temporary folder: removed when the
+    conversation ended as it should, kept (and named) when it did not."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    base = [sys.executable, "-m", "companion", "demo", "--json", "--pace", "0.1", "--log-level", "INFO"]
+    finished = [*base, "--timeout", "120"]
+    done = subprocess.run(finished, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert list(scratch.iterdir()) == []
+
+    # a model server that answers its check and then fails every request: nobody replies
+    with running_server() as server:
+        failed = subprocess.run(
+            [*base, "--timeout", "6", "--model", "openai:fake-1", "--base-url", server.openai_base_url],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    (kept,) = scratch.iterdir()
+    assert {p.name for p in kept.glob("*.log")} == {"juniper.log", "ostra.log", "pim.log"}
+    kept_lines = [json.loads(line) for line in failed.stderr.splitlines() if line.startswith("{")]
+    assert any(r.get("event") == "demo_logs_kept" and r["workdir"] == str(kept) for r in kept_lines)
