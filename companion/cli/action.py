@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .options import TOKEN_ENV
+from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level
 
 __all__ = ["register"]
 
@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help="with --dry-run: the data directory whose stored values the tool reads",
     )
-    run.add_argument("--log-level", default="ERROR", help="log level of the tool's own log (stderr)")
+    add_log_level_arguments(run, "ERROR", "the tool's own warnings (stderr)")
     run.set_defaults(func=main)
 
 
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
     from ..card import CardError, load_card
     from ..log import configure_logging
 
-    configure_logging(args.log_level.upper())
+    configure_logging(chosen_log_level(args))
     raw = parse_input(args.input)
     if isinstance(raw, str):
         print(f"companion action run: {raw}", file=sys.stderr)

@@ -30,7 +30,7 @@ from ..app.logs import configure_node_logging
 from ..app.paths import default_data_dir
 from ..app.stopping import is_interrupt
 from .exits import innermost
-from .options import TOKEN_ENV, parse_ws_address, resolve_token
+from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level, parse_ws_address, resolve_token
 from .trust import add_trust_arguments, trust_options
 
 __all__ = ["register"]
@@ -148,7 +148,7 @@ def register(subparsers: Any) -> None:
     )
     add_trust_arguments(parser, answers=False)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--log-level", default="INFO")
+    add_log_level_arguments(parser, "INFO", "the peers' payloads and every client frame")
     parser.set_defaults(func=main)
 
 
@@ -185,7 +185,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"companion bridge: {exc}", file=sys.stderr)
         return 2
-    configure_node_logging(args.log_level.upper(), args.log_format)
+    configure_node_logging(chosen_log_level(args), args.log_format)
     options = BridgeOptions(
         host=host,
         port=port,

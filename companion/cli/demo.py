@@ -15,6 +15,7 @@ import trio
 
 from ..app.logs import configure_node_logging
 from ..log import configure_logging
+from .options import add_log_level_arguments, chosen_log_level
 
 __all__ = ["main", "register"]
 
@@ -63,7 +64,7 @@ def register(subparsers: Any) -> None:
             " removed when the demo finishes and kept when it fails)"
         ),
     )
-    parser.add_argument("--log-level", default="WARNING", help="log level of this process (stderr)")
+    add_log_level_arguments(parser, "WARNING", "this process's events (the companions log to their files)")
     parser.set_defaults(func=main)
 
 
@@ -74,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
     from ..transcript import TranscriptEvent, render_text
 
     configure = configure_logging if args.in_memory else configure_node_logging  # py-libp2p's too
-    configure(args.log_level.upper(), "json" if args.json else "text")
+    configure(chosen_log_level(args), "json" if args.json else "text")
     if not args.model.startswith("scripted"):
         from ..models.errors import ModelSetupError
 

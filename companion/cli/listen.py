@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from ..log import configure_logging
-from .options import TOKEN_ENV
+from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level
 
 __all__ = ["default_user_id", "register"]
 
@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
         help="connect over WebRTC (a data channel); with --voice the bridge speaks the lines and "
         "this terminal plays its audio track through the player",
     )
-    parser.add_argument("--log-level", default="WARNING")
+    add_log_level_arguments(parser, "WARNING", "the connection's events")
     parser.set_defaults(func=main)
 
 
@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     if not user_id.startswith("user_") or user_id == "user_":
         print(f"companion listen: --as must look like user_NAME, not {user_id!r}", file=sys.stderr)
         return 2
-    configure_logging(args.log_level.upper())
+    configure_logging(chosen_log_level(args))
     options = listen_options(
         url=args.ws,
         user_id=user_id,

@@ -2,11 +2,50 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 from typing import Final
 
-__all__ = ["TOKEN_ENV", "parse_ws_address", "resolve_token"]
+__all__ = [
+    "TOKEN_ENV",
+    "add_log_level_arguments",
+    "chosen_log_level",
+    "log_level",
+    "parse_ws_address",
+    "resolve_token",
+]
+
+_LEVELS: Final = ("ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def add_log_level_arguments(parser: argparse.ArgumentParser, default: str, events: str) -> None:
+    """``-v``/``--verbose`` (one level more each time) and ``--log-level NAME`` (overrides ``-v``),
+    the same on every command; ``events`` says what ``-v`` shows there."""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help=f"log more: -v {events}, -vv more still, up to DEBUG; default {default}",
+    )
+    parser.add_argument("--log-level", default=None, help="log level by name (overrides -v)")
+    parser.set_defaults(log_level_default=default)
+
+
+def log_level(name: str | None, verbose: int, default: str = "WARNING") -> str:
+    """``--log-level NAME`` if given, else ``default`` raised one level per ``-v`` (up to DEBUG).
+    A conversation logs hundreds of INFO events, which a person at a terminal does not want."""
+    if name:
+        return name.upper()
+    start = _LEVELS.index(default)
+    return _LEVELS[min(start + verbose, len(_LEVELS) - 1)]
+
+
+def chosen_log_level(args: argparse.Namespace) -> str:
+    """The level :func:`add_log_level_arguments`' flags chose."""
+    return log_level(args.log_level, args.verbose, args.log_level_default)
+
 
 TOKEN_ENV: Final = "COMPANION_BRIDGE_TOKEN"
 

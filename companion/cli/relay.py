@@ -26,6 +26,7 @@ from ..app.paths import default_data_dir
 from ..app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
 from ..app.stopping import is_interrupt
 from .exits import innermost
+from .options import add_log_level_arguments, chosen_log_level
 
 __all__ = ["register"]
 
@@ -68,7 +69,7 @@ def register(subparsers: Any) -> None:
         help="companions that may be reachable through this relay at once (default 128)",
     )
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument("--log-level", default="INFO")
+    add_log_level_arguments(parser, "INFO", "DEBUG: every reservation and relayed stream")
     parser.set_defaults(func=main)
 
 
@@ -76,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     if args.max_reservations < 1:
         print("companion relay: --max-reservations must be at least 1", file=sys.stderr)
         return 2
-    configure_node_logging(args.log_level.upper(), args.log_format)
+    configure_node_logging(chosen_log_level(args), args.log_format)
     options = relay_options(args.max_reservations)
     data_dir = args.data_dir or default_data_dir()
     try:

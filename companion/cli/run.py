@@ -29,7 +29,7 @@ from ..app.cards import resolve_card
 from ..app.paths import default_data_dir
 from ..app.stopping import is_interrupt
 from .exits import innermost
-from .options import TOKEN_ENV, parse_ws_address, resolve_token
+from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level, parse_ws_address, resolve_token
 from .trust import add_trust_arguments, trust_options
 
 if TYPE_CHECKING:
@@ -124,14 +124,7 @@ def register(subparsers: Any) -> None:
     clients.add_argument("--no-voice", action="store_true", help="WebRTC clients get no voice from here")
     add_trust_arguments(parser)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="log more: -v every event (INFO: joins, turns, decisions), -vv DEBUG; default WARNING",
-    )
-    parser.add_argument("--log-level", default=None, help="log level by name (overrides -v)")
+    add_log_level_arguments(parser, "WARNING", "every event (INFO: joins, turns, decisions)")
     parser.add_argument(
         "--stats-interval", type=float, default=None, metavar="SECONDS", help="log a stats event this often"
     )
@@ -171,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"companion run: {exc}", file=sys.stderr)
         return 2
-    configure_node_logging(log_level(args.log_level, args.verbose), args.log_format)
+    configure_node_logging(chosen_log_level(args), args.log_format)
     options = RunOptions(
         cards=[str(resolve_card(card)) for card in args.cards],
         listen=args.listen,
@@ -192,14 +185,6 @@ def main(args: argparse.Namespace) -> int:
             return 130
         return _report_failure(exc)
     return 0
-
-
-def log_level(name: str | None, verbose: int) -> str:
-    """``--log-level NAME`` if given, else WARNING, INFO with ``-v``, DEBUG with ``-vv``: a
-    conversation logs hundreds of INFO events, which a person at a terminal does not want."""
-    if name:
-        return name.upper()
-    return ("WARNING", "INFO", "DEBUG")[min(verbose, 2)]
 
 
 def _report_failure(exc: BaseException) -> int:
