@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -243,7 +244,13 @@ async def chromium(
         "about:blank",
     ]
     async with trio.open_nursery() as nursery:
-        process = await trio.lowlevel.open_process(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # Chromium leaves org.chromium.Chromium.* folders in $TMPDIR: give it one of its own,
+        # short (a socket's path inside it is limited to 107 bytes), removed afterwards
+        scratch = Path(tempfile.mkdtemp(prefix="cdp-"))
+        env = {**os.environ, "TMPDIR": str(scratch)}
+        process = await trio.lowlevel.open_process(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+        )
         found: list[str] = []
         ready = trio.Event()
 
@@ -288,3 +295,4 @@ async def chromium(
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
+                shutil.rmtree(scratch, ignore_errors=True)
