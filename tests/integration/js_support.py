@@ -9,10 +9,13 @@ once per manifest. On Node.js 20/21 the peer polyfills ``Promise.withResolvers``
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["JS_DIR", "js_peer_command"]
@@ -47,8 +50,23 @@ def js_peer_command() -> list[str] | None:
     manifest = (JS_DIR / "package.json").read_bytes()
     work = _cache_root() / hashlib.sha256(manifest).hexdigest()[:16]
     work.mkdir(parents=True, exist_ok=True)
-    (work / "package.json").write_bytes(manifest)
-    shutil.copy(JS_DIR / "peer.mjs", work / "peer.mjs")
+    with _locked(work / ".install.lock"):  # test workers and benchmarks may start at once
+        (work / "package.json").write_bytes(manifest)
+        shutil.copy(JS_DIR / "peer.mjs", work / "peer.mjs")
+        return _installed(node, npm, work)
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _installed(node: str, npm: str, work: Path) -> list[str]:
     stamp = work / "node_modules" / ".companion-installed"
     if not stamp.exists():
         _run([npm, "install", "--no-audit", "--no-fund", "--no-package-lock"], work)
