@@ -125,6 +125,7 @@ def test_processes_writing_at_once_lose_no_pin(tmp_path: Path) -> None:
         (json.dumps({"version": 1, "approvers": [A, "12D3"]}), "approvers.1"),
         ('{"version": 1, "pins": {}}', "pins"),
     ],
+    ids=["not-json", "version", "bad-peer", "user-pinned", "source", "approvers", "unknown-key"],
 )
 def test_a_broken_trust_file_fails_at_load_naming_file_field_and_fix(
     tmp_path: Path, content: str, where: str
