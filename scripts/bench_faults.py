@@ -106,7 +106,12 @@ def main() -> int:
     if args.json:
         print(
             json.dumps(
-                {"all": total, "scenarios": {k: summary(v) for k, v in by_scenario.items()}, "wall_s": wall}
+                {
+                    "all": total,
+                    "scenarios": {k: summary(v) for k, v in by_scenario.items()},
+                    "failing_seeds": [o.seed for o in failures],
+                    "wall_s": wall,
+                }
             )
         )
     else:
@@ -124,6 +129,8 @@ def main() -> int:
                 f"{name:<12}{s['conversations']:>6}{s['double_speech']:>8}{s['stalls']:>8}"
                 f"{s['longest_failover_s']:>12.3f}{s['longest_silence_s']:>11.1f}{s['terminal_rate']:>12.2f}"
             )
+        if failures:
+            print(f"\nfailing seeds: {' '.join(str(o.seed) for o in failures)}")
         print(
             f"\ngoals: double 0, stalls 0, failover < {FAILOVER:g} s, terminal 100 %; {wall:.0f} s wall clock"
         )

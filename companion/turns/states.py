@@ -37,6 +37,8 @@ __all__ = [
     "EarlyStates",
     "StateDecision",
     "StatesOutcome",
+    "closing_states",
+    "ends_conversation",
     "fallback_decisions",
     "finalize_states",
     "states_match",
@@ -213,3 +215,15 @@ def fallback_decisions(addressed: Sequence[str], nominated: str | None = None) -
     willing at the same importance, so the first addressee speaks, or the nominee if there is one."""
     order = list(dict.fromkeys(addressed))
     return [StateDecision(cid, "speak", 5.0, cid == nominated) for cid in order]
+
+
+def closing_states(addressed: Sequence[str], message: Message) -> list[State]:
+    """The *closing array* for ``message``: every addressee listens, at ``terminal``, tagged for
+    the message. A leader publishes it when nobody answered the message (see
+    :mod:`companion.conversation`); aikyo nodes read it as any ``terminal`` array: nobody speaks."""
+    return finalize_states([], addressed, floor="terminal", tag=turn_tag(message)).states
+
+
+def ends_conversation(states: Sequence[State]) -> bool:
+    """Whether an array ends the conversation by itself: every state is at ``terminal``."""
+    return bool(states) and all(s.params.closing == "terminal" for s in states)
