@@ -508,6 +508,11 @@ class Conversation:
         """The message the conversation is at."""
         return None if self.thread.current is None else self._messages.get(self.thread.current)
 
+    @property
+    def in_turn(self) -> bool:
+        """Whether a turn of this node is still running: its deadlines, not a routine, end it."""
+        return self.turn is not None and self.turn.phase not in (Phase.DONE, Phase.REPLIED)
+
     def belongs(self, message: Message) -> bool:
         """Whether ``message`` is part of this conversation: it comes from or addresses this
         companion (a bystander: a companion it knows), or answers a message of the thread."""
@@ -1162,7 +1167,7 @@ class Conversation:
             why=f"nobody answered the message: {gave_up}; the conversation ends here",
         )
         assert self.me is not None  # a bystander never closes: it never sees a turn unanswered
-        states = closing_states(turn.addressed or (self.me,), turn.message)
+        states = closing_states(turn.addressed, turn.message, self.me)
         out.append(PublishStates(turn.message_id, states))
 
     def _on_replied(self, event: ReplyPublished, out: list[Effect]) -> None:

@@ -46,6 +46,7 @@ from companion.turns import (
     META_IN_REPLY_TO,
     META_TURN,
     StateDecision,
+    ends_conversation,
     finalize_states,
     plan_leaders,
     turn_tag,
@@ -687,7 +688,8 @@ def test_a_turn_whose_every_speaker_failed_ends_the_conversation_on_every_node()
         net.one(speaker, SpeakingFailed(message.params.id, "model_error", "provider down"), 2.0 + k)
     [(closer, closing)] = net.arrays
     assert closer == B and {s.params.closing for s in closing} == {"terminal"}  # the leader, at once
-    assert all(s.params.state == "listen" and not s.params.selected for s in closing)
+    assert ends_conversation(closing)  # as the leader's last array: clients and aikyo see the end
+    assert [s.params.from_ for s in closing if s.params.state == "speak"] == [B]
     [unanswered] = decisions(net.log[B], "turn_unanswered")
     assert unanswered.fields["gave_up"] == {cid: "model_error" for cid in order}
     [published] = [d for d in decisions(net.log[B], "states_published") if d.fields["stage"] == "terminal"]
@@ -740,7 +742,7 @@ def test_a_closing_array_counts_only_from_a_candidate_and_only_once_the_turn_is_
     message = message_led_by(B, [A, B, C])
     plan = plan_leaders(message, [A, B, C])
     later_one = C  # ranks after B, whose array counts
-    terminal = array(message, None, closing="terminal")
+    terminal = array(message, C, closing="terminal")
     m = machine(A)
     m.receive(MessageSeen(message), 0.0)
     m.receive(StatesSeen(array(message, C), B), 1.0)  # C speaks first, A stands in

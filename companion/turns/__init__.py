@@ -31,6 +31,7 @@ from .speaker import (
     SpeakerReason,
     SpeakingOrder,
     decide_next_speaker,
+    ends_conversation,
     reply_recipients,
     speaking_order,
 )
@@ -39,7 +40,6 @@ from .states import (
     StateDecision,
     StatesOutcome,
     closing_states,
-    ends_conversation,
     fallback_decisions,
     finalize_states,
     states_match,

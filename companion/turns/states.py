@@ -38,7 +38,6 @@ __all__ = [
     "StateDecision",
     "StatesOutcome",
     "closing_states",
-    "ends_conversation",
     "fallback_decisions",
     "finalize_states",
     "states_match",
@@ -217,13 +216,12 @@ def fallback_decisions(addressed: Sequence[str], nominated: str | None = None) -
     return [StateDecision(cid, "speak", 5.0, cid == nominated) for cid in order]
 
 
-def closing_states(addressed: Sequence[str], message: Message) -> list[State]:
-    """The *closing array* for ``message``: every addressee listens, at ``terminal``, tagged for
-    the message. A leader publishes it when nobody answered the message (see
-    :mod:`companion.conversation`); aikyo nodes read it as any ``terminal`` array: nobody speaks."""
-    return finalize_states([], addressed, floor="terminal", tag=turn_tag(message)).states
-
-
-def ends_conversation(states: Sequence[State]) -> bool:
-    """Whether an array ends the conversation by itself: every state is at ``terminal``."""
-    return bool(states) and all(s.params.closing == "terminal" for s in states)
+def closing_states(addressed: Sequence[str], message: Message, closer: str) -> list[State]:
+    """The *closing array* for ``message``, published by ``closer`` when nobody answered it (see
+    :mod:`companion.conversation`): at ``terminal``, tagged for the message, the closer the only
+    one that would speak, so the next-speaker rule says ``terminal`` as for a leader's last
+    array (:func:`~companion.turns.speaker.ends_conversation`): every node, client and aikyo
+    node reads it as the end."""
+    ids = list(dict.fromkeys([*addressed, closer] if closer not in addressed else addressed))
+    decisions = [StateDecision(closer, "speak", 0.0, False, "terminal")]
+    return finalize_states(decisions, ids, floor="terminal", tag=turn_tag(message)).states
