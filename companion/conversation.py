@@ -23,8 +23,11 @@ companion opens a *turn*, which goes through named phases:
     AWAITING_SPEAKER --(this node's speaking slot opens)--> SPEAKING
     SPEAKING --(the reply went out)--> REPLIED
     SPEAKING --(the model failed: yield)--> AWAITING_SPEAKER | DONE
-    any --(terminal, nobody, every candidate silent)--> DONE
+    any --(terminal, nobody, every slot passed unanswered)--> DONE
     DONE --(a late array of an earlier leader gives a speaker)--> AWAITING_SPEAKER
+
+A turn DONE because every slot passed unanswered is then *closed* by a closing array (below);
+once closed, no array counts for it any more.
 
 and ends when the thread moves on (a newer message of the thread; a speech in progress is then
 withdrawn). :data:`TRANSITIONS` is the whole table; a transition outside it is a bug and raises.
@@ -42,6 +45,18 @@ Rules (the rule book itself is :mod:`companion.turns`):
 - *Closing*: the stage of the accepted array is raised to this node's closing floor (the thread's
   stage, the turn limit, repetition), so a leader that does not know our rules (aikyo's) cannot
   move the stage back or run past ``max_turns``; the turn count is the thread's companion replies.
+  Cards' limits differ, so floors differ: where only this node's floor reaches ``terminal``, the
+  conversation is over for this companion alone. It gives its slot up (a ``terminal`` yield)
+  and keeps following the turn; the conversation ends for everyone only by an array on the wire.
+- *Unanswered*: when every slot of the order passed without a reply (each speaker failed, gave
+  its slot up or is gone), nobody will ever answer, so the conversation ends, visibly: the
+  leader whose array counted publishes a *closing array* (``terminal``, tagged for the message,
+  :func:`~companion.turns.closing_states`) at once, else the next candidate in the takeover
+  order one leader slot later, and so on; ``turn_unanswered`` and ``states_published`` (source
+  ``unanswered``) say who gave up and why. It counts from the leader whose array counted (or an
+  earlier one) at once; from a later candidate only once this node saw every slot pass too (it
+  is held until then), so nobody cuts off a speaker still in its slot. :meth:`_unanswered` says
+  why the conversation ends rather than going back to the sender.
 - *Speaker*: slot ``k`` of the speaking order opens ``k x reply_timeout`` after the array counted.
   A speaker says when it starts preparing (a thinking signal): every node then keeps its slot
   open for a reply deadline from that moment, so nodes that accepted the array at different
@@ -873,16 +888,8 @@ class Conversation:
         if now < self._due(turn, rank):
             if rank not in turn.pending:
                 turn.pending[rank] = (states, publisher)
-            self._log(
-                out,
-                "states_deferred",
-                "warning",
-                publisher=publisher,
-                message_id=turn.message_id,
-                rank=rank,
-                reason="slot_not_due",
-                why=f"{publisher} ranks {rank}: it counts in its slot unless an earlier one does",
-            )
+            why = f"{publisher} ranks {rank}: it counts in its slot unless an earlier one does"
+            self._deferred(turn, publisher, rank, "slot_not_due", why, out)
             return
         self._accept(turn, states, rank, publisher, now, out)
 
@@ -906,16 +913,22 @@ class Conversation:
         else:
             if turn.held_closing is None or rank < turn.held_closing[2]:
                 turn.held_closing = (states, publisher, rank)
-            self._log(
-                out,
-                "states_deferred",
-                "warning",
-                publisher=publisher,
-                message_id=turn.message_id,
-                rank=rank,
-                reason="turn_not_over",
-                why=f"{publisher} closes the conversation; it counts once every speaking slot passed here",
-            )
+            why = f"{publisher} closes the conversation; it counts once every speaking slot passed here"
+            self._deferred(turn, publisher, rank, "turn_not_over", why, out)
+
+    def _deferred(
+        self, turn: _Turn, publisher: str | None, rank: int, reason: str, why: str, out: list[Effect]
+    ) -> None:
+        self._log(
+            out,
+            "states_deferred",
+            "warning",
+            publisher=publisher,
+            message_id=turn.message_id,
+            rank=rank,
+            reason=reason,
+            why=why,
+        )
 
     def _accept(
         self,
