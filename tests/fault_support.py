@@ -194,8 +194,8 @@ class Chaos:
     def kill(self, cid: str) -> bool:
         assert self.nursery is not None
         group = self.group_of(cid)
-        if self.kill_budget <= 0 or not group.members[cid].endpoint.connected:
-            return False
+        if self.kill_budget <= 0 or not group.members[cid].endpoint.connected or cid == self.strict:
+            return False  # (``outage``'s strict companion is the one its crash leaves alive)
         self.kill_budget -= 1
         noticed = self.rng.choice(["at_once", "later", "never"])
         group.kill(cid, leave=noticed == "at_once")
