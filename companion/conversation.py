@@ -23,8 +23,11 @@ companion opens a *turn*, which goes through named phases:
     AWAITING_SPEAKER --(this node's speaking slot opens)--> SPEAKING
     SPEAKING --(the reply went out)--> REPLIED
     SPEAKING --(the model failed: yield)--> AWAITING_SPEAKER | DONE
-    any --(terminal, nobody, every candidate silent)--> DONE
+    any --(terminal, nobody, every slot passed unanswered)--> DONE
     DONE --(a late array of an earlier leader gives a speaker)--> AWAITING_SPEAKER
+
+A turn DONE because every slot passed unanswered is then *closed* by a closing array (below);
+once closed, no array counts for it any more.
 
 and ends when the thread moves on (a newer message of the thread; a speech in progress is then
 withdrawn). :data:`TRANSITIONS` is the whole table; a transition outside it is a bug and raises.
@@ -42,6 +45,18 @@ Rules (the rule book itself is :mod:`companion.turns`):
 - *Closing*: the stage of the accepted array is raised to this node's closing floor (the thread's
   stage, the turn limit, repetition), so a leader that does not know our rules (aikyo's) cannot
   move the stage back or run past ``max_turns``; the turn count is the thread's companion replies.
+  Cards' limits differ, so floors differ: where only this node's floor reaches ``terminal``, the
+  conversation is over for this companion alone. It gives its slot up (a ``terminal`` yield)
+  and keeps following the turn; the conversation ends for everyone only by an array on the wire.
+- *Unanswered*: when every slot of the order passed without a reply (each speaker failed, gave
+  its slot up or is gone), nobody will ever answer, so the conversation ends, visibly: the
+  leader whose array counted publishes a *closing array* (``terminal``, tagged for the message,
+  :func:`~companion.turns.closing_states`) at once, else the next candidate in the takeover
+  order one leader slot later, and so on; ``turn_unanswered`` and ``states_published`` (source
+  ``unanswered``) say who gave up and why. It counts from the leader whose array counted (or an
+  earlier one) at once; from a later candidate only once this node saw every slot pass too (it
+  is held until then), so nobody cuts off a speaker still in its slot. :meth:`_unanswered` says
+  why the conversation ends rather than going back to the sender.
 - *Speaker*: slot ``k`` of the speaking order opens ``k x reply_timeout`` after the array counted.
   A speaker says when it starts preparing (a thinking signal): every node then keeps its slot
   open for a reply deadline from that moment, so nodes that accepted the array at different
@@ -94,6 +109,8 @@ from .turns import (
     StateDecision,
     TurnInfo,
     closing_floor,
+    closing_states,
+    ends_conversation,
     fallback_decisions,
     finalize_states,
     later,
@@ -440,7 +457,16 @@ class _Turn:
     """When the last slot closes."""
     slot: int = -1
     """The open slot as last seen (``-1``: none yet)."""
-    yielded: set[str] = field(default_factory=set)
+    yielded: dict[str, str] = field(default_factory=dict)
+    """Companions that gave their slot up, and why (a reason of :data:`YIELD_REASONS`)."""
+    unanswered_at: float | None = None
+    """When this node saw every slot of the order pass without a reply."""
+    closing_at: float | None = None
+    """When this node publishes the closing array if nobody's counted first (``None``: never)."""
+    held_closing: tuple[list[State], str | None, int] | None = None
+    """A later candidate's closing array that came before the turn was unanswered here."""
+    closed: bool = False
+    """A closing array counted: the conversation ended at this message; no array counts any more."""
 
     @property
     def message_id(self) -> str:
@@ -497,6 +523,11 @@ class Conversation:
         """The message the conversation is at."""
         return None if self.thread.current is None else self._messages.get(self.thread.current)
 
+    @property
+    def in_turn(self) -> bool:
+        """Whether a turn of this node is still running: its deadlines, not a routine, end it."""
+        return self.turn is not None and self.turn.phase not in (Phase.DONE, Phase.REPLIED)
+
     def belongs(self, message: Message) -> bool:
         """Whether ``message`` is part of this conversation: it comes from or addresses this
         companion (a bystander: a companion it knows), or answers a message of the thread."""
@@ -542,6 +573,8 @@ class Conversation:
         elif turn.phase in (Phase.AWAITING_SPEAKER, Phase.SPEAKING) and not self.bystander:
             k = turn.slot
             times.append(turn.slot_opens[k + 1] if k >= 0 and k + 1 < len(turn.order) else turn.ends)
+        elif turn.closing_at is not None:
+            times.append(turn.closing_at)
         return min(times) if times else None
 
     # --- the one entry point ---------------------------------------------------------------------
@@ -815,8 +848,21 @@ class Conversation:
             )
             return
         if turn.states is not None:
-            if list(turn.states) == states or rank >= turn.priority:
-                same = list(turn.states) == states
+            same = list(turn.states) == states
+            if turn.closed:
+                self._log(
+                    out,
+                    "states_ignored",
+                    "debug" if same else "info",
+                    publisher=publisher,
+                    message_id=turn.message_id,
+                    reason="the conversation closed at this message",
+                )
+                return
+            if not same and rank >= turn.priority and ends_conversation(states):
+                self._offer_closing(turn, states, rank, publisher, now, out)
+                return
+            if same or rank >= turn.priority:
                 self._log(
                     out,
                     "states_ignored",
@@ -837,22 +883,52 @@ class Conversation:
                 reason="the array of an earlier leader arrived late",
             )
             self._accept(turn, states, rank, publisher, now, out)
+            turn.closed = ends_conversation(states)  # the earliest leader ended it: final
             return
         if now < self._due(turn, rank):
             if rank not in turn.pending:
                 turn.pending[rank] = (states, publisher)
-            self._log(
-                out,
-                "states_deferred",
-                "warning",
-                publisher=publisher,
-                message_id=turn.message_id,
-                rank=rank,
-                reason="slot_not_due",
-                why=f"{publisher} ranks {rank}: it counts in its slot unless an earlier one does",
-            )
+            why = f"{publisher} ranks {rank}: it counts in its slot unless an earlier one does"
+            self._deferred(turn, publisher, rank, "slot_not_due", why, out)
             return
         self._accept(turn, states, rank, publisher, now, out)
+
+    def _offer_closing(
+        self,
+        turn: _Turn,
+        states: list[State],
+        rank: int,
+        publisher: str | None,
+        now: float,
+        out: list[Effect],
+    ) -> None:
+        """A ``terminal`` array after an array counted: from the leader whose array counted (or a
+        bystander's view) it ends the turn at once; from a later candidate only once every slot
+        passed here (held until then), so nobody can cut off a speaker still in its slot."""
+        if not turn.order and turn.closing == "terminal":
+            reason = "the conversation already ended here"
+            self._log(out, "states_ignored", publisher=publisher, message_id=turn.message_id, reason=reason)
+        elif self.bystander or rank <= turn.priority or turn.unanswered_at is not None:
+            self._accept(turn, states, rank, publisher, now, out, closes=True)
+        else:
+            if turn.held_closing is None or rank < turn.held_closing[2]:
+                turn.held_closing = (states, publisher, rank)
+            why = f"{publisher} closes the conversation; it counts once every speaking slot passed here"
+            self._deferred(turn, publisher, rank, "turn_not_over", why, out)
+
+    def _deferred(
+        self, turn: _Turn, publisher: str | None, rank: int, reason: str, why: str, out: list[Effect]
+    ) -> None:
+        self._log(
+            out,
+            "states_deferred",
+            "warning",
+            publisher=publisher,
+            message_id=turn.message_id,
+            rank=rank,
+            reason=reason,
+            why=why,
+        )
 
     def _accept(
         self,
@@ -862,21 +938,41 @@ class Conversation:
         publisher: str | None,
         now: float,
         out: list[Effect],
+        *,
+        closes: bool = False,
     ) -> None:
+        """``states`` count for ``turn`` (``closes``: it is a closing array, see :meth:`_unanswered`).
+
+        The stage is raised to this node's floor. Where the floor alone reaches ``terminal`` (the
+        array does not), the conversation is over for this companion only: cards' limits differ,
+        so the others may go on. It gives its slot up (a ``terminal`` yield) but keeps following
+        the turn, so a turn nobody answers still finds it to close the conversation for everyone.
+        A bystander has the companions' shared limit, if any, and reports the end by it."""
         first = turn.states is None
         if first:
             turn.accepted_at = now
         turn.states, turn.priority = states, rank
+        turn.unanswered_at = turn.closing_at = turn.held_closing = None
+        turn.closed = closes
         for dropped in [r for r in turn.pending if r >= rank]:
             del turn.pending[dropped]
         speaking: SpeakingOrder = speaking_order(states)
         decision = speaking.first
         floor = self._floor(turn)
         closing = later(decision.closing, floor.stage)
-        over = decision.conversation_over or closing == "terminal"
+        ended = decision.conversation_over or decision.closing == "terminal"
+        floor_ends = closing == "terminal" and not ended
+        over = ended or (floor_ends and self.bystander)
         why = decision.why
-        if closing != decision.closing:
+        if closes:
+            why = (
+                f"{publisher or 'a leader'} closed the conversation: nobody answered the message "
+                "(every speaker gave its slot up or stayed silent)"
+            )
+        elif closing != decision.closing:
             why += f"; closing raised to {closing} ({floor.why})"
+            if floor_ends and not self.bystander:
+                why += ": this companion gives its slot up"
         turn.closing = closing
         turn.order = () if over else speaking.order
         turn.slot_opens = [turn.accepted_at + k * self.reply_timeout for k in range(len(turn.order))]
@@ -896,8 +992,9 @@ class Conversation:
         )
         if turn.phase is Phase.LEADING and not turn.lead_done:
             out.append(Withdraw(turn.message_id, "lead", "another leader's array counted first"))
-        if over and not decision.conversation_over and self.me in speaking.order:
+        if floor_ends and self.me is not None and self.me in speaking.order and self.me not in turn.yielded:
             # The array gives this node a slot its own floor forbids: the others need not wait for it.
+            turn.yielded[self.me] = "terminal"
             out.append(PublishSignal(YIELD_SIGNAL, {"in_reply_to": turn.message_id, "reason": "terminal"}))
         if not turn.order:
             if turn.phase is Phase.SPEAKING:
@@ -911,14 +1008,19 @@ class Conversation:
                     message_id=turn.message_id,
                     turn=turn.replies,
                     closing="terminal",
+                    reason="unanswered" if closes else "terminal",
                 )
             return
         if turn.phase in (Phase.AWAITING_STATES, Phase.LEADING, Phase.DONE):
             self._goto(turn, Phase.AWAITING_SPEAKER)
         elif turn.phase is Phase.SPEAKING:
             slot = self._slot_at(turn, now)
-            if slot >= len(turn.order) or turn.order[slot] != self.me:
-                reason = "the earlier leader's array gives this slot to another companion"
+            if slot >= len(turn.order) or turn.order[slot] != self.me or self.me in turn.yielded:
+                reason = (
+                    "this companion's own closing floor ends the conversation"
+                    if self.me in turn.yielded
+                    else "the earlier leader's array gives this slot to another companion"
+                )
                 self._withdraw_speech(turn, publisher, reason, out)
                 self._goto(turn, Phase.AWAITING_SPEAKER)
 
@@ -969,6 +1071,8 @@ class Conversation:
                     why=f"no states within {wait:g} s from {', '.join(turn.plan.order[: turn.rank])}",
                 )
                 self._lead(turn, out)
+        if turn.closing_at is not None and now >= turn.closing_at:
+            self._publish_closing(turn, out)
         if (
             turn.states is None
             or self.bystander
@@ -997,18 +1101,10 @@ class Conversation:
             # Its speaking deadline keeps a speaker inside its slot; should the slot end first,
             # the next speaker must not find it still speaking.
             self._withdraw_speech(turn, None, "this node's speaking slot ended", out)
-            turn.yielded.add(self.me or "")
+            turn.yielded[self.me or ""] = "slot_ended"
             self._goto(turn, Phase.AWAITING_SPEAKER)
         if slot >= len(turn.order):
-            self._log(
-                out,
-                "turn_unanswered",
-                "warning",
-                message_id=turn.message_id,
-                order=list(turn.order),
-                reason="every candidate stayed silent or gave up",
-            )
-            self._goto(turn, Phase.DONE)
+            self._unanswered(turn, now, out)
             return
         if turn.order[slot] == self.me and turn.phase is Phase.AWAITING_SPEAKER:
             self._goto(turn, Phase.SPEAKING)
@@ -1030,6 +1126,62 @@ class Conversation:
             fallback or recipients,
             people,
         )
+
+    def _unanswered(self, turn: _Turn, now: float, out: list[Effect]) -> None:
+        """Every slot of the order passed without a reply: nobody will ever answer this message,
+        so the conversation would neither go on nor end. It ends, visibly and the same for all.
+
+        Why end rather than hand the turn back: every addressed companion was in the order (the
+        stand-ins are all of them), and each gave its slot up (its model failed, its own limit
+        ended the conversation) or stayed silent (it is gone). The sender just spoke; asking it
+        to answer its own message would be a monologue, and with a failing provider it fails
+        too. People expect a conversation that fell silent to say so and to be over: then
+        anyone may open a new one (a person's message always does).
+
+        So the leader whose array counted publishes a *closing array* (every addressee listens,
+        ``terminal``, tagged for the message; aikyo reads it as any terminal array) at once; if
+        it is gone, the next candidate in the takeover order one leader slot later, and so on.
+        Every node and the bystander accept it (:meth:`_offer_closing`) and log
+        ``conversation_over`` with reason ``unanswered``."""
+        gave_up = {cid: turn.yielded.get(cid, "silent") for cid in turn.order}
+        self._log(
+            out,
+            "turn_unanswered",
+            "warning",
+            message_id=turn.message_id,
+            order=list(turn.order),
+            gave_up=gave_up,
+            reason="every candidate stayed silent or gave up",
+        )
+        self._goto(turn, Phase.DONE)
+        turn.unanswered_at = now
+        if turn.held_closing is not None:
+            states, publisher, rank = turn.held_closing
+            self._accept(turn, states, rank, publisher, now, out, closes=True)
+        elif turn.rank is not None:
+            k = (turn.rank - turn.priority) % len(turn.plan.order)
+            turn.closing_at = now + k * self.takeover_after
+            if k == 0:
+                self._publish_closing(turn, out)
+
+    def _publish_closing(self, turn: _Turn, out: list[Effect]) -> None:
+        turn.closing_at = None
+        if turn.closed:
+            return
+        gave_up = ", ".join(f"{cid} ({turn.yielded.get(cid, 'silent')})" for cid in turn.order)
+        self._log(
+            out,
+            "states_published",
+            message_id=turn.message_id,
+            rank=turn.rank,
+            source="unanswered",
+            stage="terminal",
+            reason="unanswered",
+            why=f"nobody answered the message: {gave_up}; the conversation ends here",
+        )
+        assert self.me is not None  # a bystander never closes: it never sees a turn unanswered
+        states = closing_states(turn.addressed, turn.message, self.me)
+        out.append(PublishStates(turn.message_id, states))
 
     def _on_replied(self, event: ReplyPublished, out: list[Effect]) -> None:
         turn = self.turn
@@ -1053,7 +1205,7 @@ class Conversation:
             return
         assert self.me is not None
         slot = turn.order.index(self.me)
-        turn.yielded.add(self.me)
+        turn.yielded[self.me] = event.reason
         nxt = next((cid for cid in turn.order[slot + 1 :] if cid not in turn.yielded), None)
         self._log(
             out,
@@ -1105,7 +1257,7 @@ class Conversation:
             if turn.slot >= 0 and slot < turn.slot:
                 self._log(out, "yield_ignored", "info", reason="its slot has passed", **fields)
                 return
-        turn.yielded.add(companion)
+        turn.yielded[companion] = reason
         self._log(
             out,
             "speaker_yielded",
@@ -1139,7 +1291,7 @@ class Conversation:
         if slot > current and turn.phase is Phase.SPEAKING:
             # Its node saw this node's slot pass: the later speaker goes on, this one withdraws.
             self._withdraw_speech(turn, event.companion, "a later speaker is already preparing", out)
-            turn.yielded.add(self.me or "")
+            turn.yielded[self.me or ""] = "gave_way"
             self._goto(turn, Phase.AWAITING_SPEAKER)
         for j in range(current + 1, slot + 1):
             turn.slot_opens[j] = min(turn.slot_opens[j], now)  # the slots before it are over

@@ -226,8 +226,7 @@ class ConversationEngine:
     def _busy_until(self, now: float) -> float:
         if self._tasks:
             return math.inf  # leading or speaking here
-        turn = self.conversation.turn
-        if turn is not None and turn.phase not in (cv.Phase.DONE, cv.Phase.REPLIED):
+        if self.conversation.in_turn:
             return math.inf  # a turn of ours runs: the machine's deadlines end it
         return self._last_activity + self.timings.reply_timeout
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .conversation import MAX_DETAIL, THINKING_SIGNAL, YIELD_REASONS, YIELD_SIGNAL
 from .models.lexicon import clean
-from .protocol import COMPANION_ID_PREFIX, State
-from .turns import decide_next_speaker
+from .protocol import COMPANION_ID_PREFIX
+from .turns import ends_conversation
 
 __all__ = [
     "MAX_DETAIL",
@@ -112,13 +112,6 @@ def read_signal(speaker: str, name: str, params: Mapping[str, Any]) -> Signal | 
     return Signal(
         name, speaker, in_reply_to, reason[: MAX_REASON * 4], detail if isinstance(detail, str) else None
     )
-
-
-def ends_conversation(states: Sequence[State]) -> bool:
-    """Whether this states array ends the conversation: the next-speaker rule (the one every
-    node applies) chooses nobody because the winner's stage is ``terminal``."""
-    everyone = [s.params.from_ for s in states if s.params.from_.startswith(COMPANION_ID_PREFIX)]
-    return bool(everyone) and decide_next_speaker(states, everyone).conversation_over
 
 
 @dataclass(slots=True)

@@ -1,13 +1,15 @@
 """The fault suite at scale: many seeded conversations under faults (``tests/fault_support.py``:
 killed leaders and speakers, failing and slow models, reordered states, joiners, and the
-scenarios chatter, two groups, forger, ghosts, flaky provider, aikyo-style leader), on the
-in-memory transport with a virtual clock.
+scenarios chatter, two groups, forger, ghosts, flaky provider, aikyo-style leader, provider
+outage), on the in-memory transport with a virtual clock.
 
 Prints, over all seeds and per scenario: double speech (messages answered twice; goal 0),
 stalls (conversations that never reached ``terminal``; goal 0), the longest failover (a failing
 speaker's yield to the next speaker starting; goal under FAILOVER seconds), the longest silence
 between two messages of a conversation (virtual seconds; dead speakers cost a reply deadline
-each), and the terminal rate (goal 100 %). Exit status 1 when a goal is missed.
+each), and the terminal rate (goal 100 %); then the seeds that missed a goal (``failing_seeds``
+with ``--json``), each reproducible alone with ``--seeds 1 --first SEED``. Exit status 1 when a
+goal is missed.
 
     python scripts/bench_faults.py [--seeds 1000] [--first 0] [--json]
 """
@@ -106,7 +108,12 @@ def main() -> int:
     if args.json:
         print(
             json.dumps(
-                {"all": total, "scenarios": {k: summary(v) for k, v in by_scenario.items()}, "wall_s": wall}
+                {
+                    "all": total,
+                    "scenarios": {k: summary(v) for k, v in by_scenario.items()},
+                    "failing_seeds": [o.seed for o in failures],
+                    "wall_s": wall,
+                }
             )
         )
     else:
@@ -124,6 +131,8 @@ def main() -> int:
                 f"{name:<12}{s['conversations']:>6}{s['double_speech']:>8}{s['stalls']:>8}"
                 f"{s['longest_failover_s']:>12.3f}{s['longest_silence_s']:>11.1f}{s['terminal_rate']:>12.2f}"
             )
+        if failures:
+            print(f"\nfailing seeds: {' '.join(str(o.seed) for o in failures)}")
         print(
             f"\ngoals: double 0, stalls 0, failover < {FAILOVER:g} s, terminal 100 %; {wall:.0f} s wall clock"
         )

@@ -15,7 +15,18 @@ conditions issue 10 found on a real network:
 - ``flaky``: the model provider the group shares fails every k-th call (k = 3..5), raising or
   hanging past the deadline in turn; nobody is killed;
 - ``aikyo``: one companion behaves like an aikyo 1.6 node: when it leads it publishes plain
-  states (no turn tag, closing ``none``), and it replies without turn metadata.
+  states (no turn tag, closing ``none``), and it replies without turn metadata;
+- ``outage``: the model provider the group shares goes down for good. In half the seeds it
+  goes down after a few replies and every call then fails, raising or hanging past the deadline
+  in turn: every companion the array chooses gives its slot up and nobody is left to answer
+  (seeds 166 and 999 of the first 1,000 did this by chance). In the other half one companion's
+  card has a turn limit of 1 and its model never manages to speak (it yields every slot), so
+  after the first reply the conversation is over for it alone (it gives every slot up,
+  ``terminal``, and its stage reaches the others only if it leads); then the outage takes the
+  others' host with it: a companion that tries to speak dies mid-reply, unnoticed, and the
+  strict one is the only candidate left to close the turn (seeds 638 and 994 did this by
+  chance). Either way the conversation must end, visibly, for everyone: the closing array of
+  an unanswered turn.
 
 An outcome records what a bystander saw (one transcript per group), every engine event with
 its virtual time, and whether every conversation ended.
@@ -50,7 +61,7 @@ VIRTUAL_DEADLINE: Final = 3600.0
 """Seconds of (virtual) time a conversation may take, takeovers and silent speakers included."""
 FAILOVER: Final = 2.0
 """A speaker that fails must hand over within this: every node opens the next slot."""
-SCENARIOS: Final = ("plain", "chatter", "two_groups", "forger", "ghosts", "flaky", "aikyo")
+SCENARIOS: Final = ("plain", "chatter", "two_groups", "forger", "ghosts", "flaky", "aikyo", "outage")
 CHATTER_RATE: Final = 50.0
 CHATTER_LIMIT: Final = 3000
 """Chatter stops after this many messages (a minute at 50/s): it is there to disturb, not to
@@ -91,10 +102,14 @@ class Outcome:
 
     def failover_gaps(self) -> list[float]:
         """For each failed speaker (``speaker_failed`` naming a next one): seconds until the next
-        speaker began preparing its reply (its ``instructions``, or its own failure), counted from
-        the failure or from when the next speaker accepted the array it then acted on, whichever
-        is later (a node cannot move to a speaker before it knows the order; delayed arrays are
-        another fault of the suite). ``inf`` if it never began and the turn never ended."""
+        speaker began preparing its reply (its thinking signal as the others logged it, its
+        ``instructions``, or its own failure) or the conversation ended on its node (its
+        ``conversation_over``: it gave its slot up too and the unanswered turn was closed),
+        counted from the failure or from when the next speaker accepted the array it then acted
+        on, whichever is later (a node cannot move to a speaker before it knows the order;
+        delayed arrays are another fault of the suite). A next speaker that is gone costs its
+        slot (a silent speaker) and is no failover: no gap. ``inf`` if it never began and the
+        conversation neither went on nor ended (no ``terminal`` array went out for the message)."""
         gaps = []
         for at, failed in self.kinds("speaker_failed"):
             nxt, mid = failed.fields.get("next"), failed.fields.get("message_id")
@@ -103,16 +118,40 @@ class Outcome:
             mine = [
                 (t, e) for t, e in self.events if e.companion == nxt and e.fields.get("message_id") == mid
             ]
-            began = [t for t, e in mine if t >= at and e.kind in ("instructions", "speaker_failed")]
+            moved = ("instructions", "speaker_failed", "conversation_over")
+            began = [t for t, e in mine if t >= at and e.kind in moved]
+            began += [
+                t
+                for t, e in self.events
+                if t >= at
+                and e.kind == "speaker_thinking"
+                and e.fields.get("speaker") == nxt
+                and e.fields.get("message_id") == mid
+            ]
             if began:
                 knew = [t for t, e in mine if e.kind == "speaker_chosen" and t <= min(began)]
                 gaps.append(min(began) - max(at, max(knew, default=at)))
             elif not any(
-                t >= at and e.kind == "leader_chosen" and e.fields.get("message_id") != mid
+                t >= at
+                and (
+                    (e.kind == "leader_chosen" and e.fields.get("message_id") != mid)
+                    or (
+                        e.kind in ("conversation_over", "states_published")
+                        and e.fields.get("message_id") == mid
+                        and e.fields.get("stage", "terminal") == "terminal"
+                    )
+                )
                 for t, e in self.events
             ):
                 gaps.append(float("inf"))
         return gaps
+
+
+def scenario_of(seed: int) -> str:
+    """The scenario of a seed: the first seven in turn, ``outage`` taking every other ``plain``
+    seed (so every other seed keeps the faults it had before ``outage`` came)."""
+    scenario = SCENARIOS[seed % 7]
+    return "outage" if scenario == "plain" and seed // 7 % 2 else scenario
 
 
 class Chaos:
@@ -121,7 +160,7 @@ class Chaos:
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
-        self.scenario = SCENARIOS[seed % len(SCENARIOS)]
+        self.scenario = scenario_of(seed)
         self.size = self.rng.randint(3, 6)
         self.kill_budget = self.size - 2
         calm = self.scenario == "flaky"
@@ -135,6 +174,12 @@ class Chaos:
         self.max_message_delay = self.rng.choice([0.0, 0.05, 0.3])
         self.joiners = 0 if self.scenario in ("two_groups", "aikyo") else self.rng.choice([0, 0, 1, 2])
         self.fail_every = self.rng.randint(3, 5)
+        outage = self.scenario == "outage"  # (no draw otherwise: the other seeds keep their faults)
+        self.crash = outage and self.rng.random() < 0.5
+        self.outage_after = (1 if self.crash else self.rng.randint(2, 5)) if outage else 0
+        """``outage``: the provider is down once a group has this many replies."""
+        self.strict: str | None = None
+        """``outage`` with ``crash``: the companion with a turn limit of 1 and a model that never speaks."""
         self.latency = (0.5, 2.0) if self.scenario == "chatter" else None
         self.groups: list[MemoryGroup] = []
         self.nursery: trio.Nursery | None = None
@@ -149,8 +194,8 @@ class Chaos:
     def kill(self, cid: str) -> bool:
         assert self.nursery is not None
         group = self.group_of(cid)
-        if self.kill_budget <= 0 or not group.members[cid].endpoint.connected:
-            return False
+        if self.kill_budget <= 0 or not group.members[cid].endpoint.connected or cid == self.strict:
+            return False  # (``outage``'s strict companion is the one its crash leaves alive)
         self.kill_budget -= 1
         noticed = self.rng.choice(["at_once", "later", "never"])
         group.kill(cid, leave=noticed == "at_once")
@@ -165,10 +210,28 @@ class Chaos:
 
     # --- models ------------------------------------------------------------------------------
 
-    async def _flaky(self, kind: str) -> None:
-        """The shared provider: slow in ``chatter``; every k-th call fails or hangs in ``flaky``."""
+    async def _flaky(self, kind: str, me: str) -> None:
+        """The shared provider: slow in ``chatter``; every k-th call fails or hangs in ``flaky``;
+        once down in ``outage``, every call fails or hangs, or a speaker calling it dies."""
         if self.latency is not None:
             await trio.sleep(self.rng.uniform(*self.latency))
+        if self.scenario == "outage":
+            if me == self.strict and kind != "states":
+                self.happened["strict_failed"] += 1
+                raise ModelError("injected: this companion's model never manages to speak")
+            if not any(g.transcript.reply_count >= self.outage_after for g in self.groups):
+                return
+            self.happened[f"outage_{kind}"] += 1
+            if self.crash and kind != "states" and me != self.strict:
+                group = self.group_of(me)
+                if group.members[me].endpoint.connected:  # the host went down with it: no kill budget
+                    group.kill(me, leave=False)
+                    self.happened["outage_crash"] += 1
+                await trio.sleep_forever()
+            self._calls += 1
+            if self._calls % 2:
+                await trio.sleep(TIMINGS.reply_timeout * 2)
+            raise ModelError("injected: the provider is down")
         if self.scenario != "flaky":
             return
         self._calls += 1
@@ -183,7 +246,7 @@ class Chaos:
         me = make_card(index).card.metadata.id
 
         async def on_states(request: StatesRequest) -> None:
-            await self._flaky("states")
+            await self._flaky("states", me)
             roll = self.rng.random()
             if roll < self.p_kill_leader and self.kill(me):
                 self.happened["leader_killed"] += 1
@@ -197,10 +260,10 @@ class Chaos:
                 await trio.sleep(TIMINGS.states_timeout * 3)
 
         async def on_params(request: Any) -> None:
-            await self._flaky("params")
+            await self._flaky("params", me)
 
         async def on_speak(request: SpeakRequest) -> None:
-            await self._flaky("speak")
+            await self._flaky("speak", me)
             if self.rng.random() < self.p_kill_speaker and self.kill(request.me.id):
                 self.happened["speaker_killed"] += 1
                 await trio.sleep_forever()
@@ -359,8 +422,14 @@ async def _converse(seed: int) -> Outcome:
             if chaos.scenario == "forger":
                 mallory = group.add_peer(_meta(MALLORY, "Mallory"), takes_part=False)
                 nursery.start_soon(chaos.forge, group, mallory)
-            for _ in range(chaos.size):
-                limit = max_turns if max_turns is not None else chaos.rng.choice([None, 6, 10])
+            for n in range(chaos.size):
+                if chaos.scenario == "outage":
+                    strict = chaos.crash and n == 0
+                    limit = 1 if strict else None
+                    if strict:
+                        chaos.strict = make_card(index).card.metadata.id
+                else:
+                    limit = max_turns if max_turns is not None else chaos.rng.choice([None, 6, 10])
                 await group.add(make_card(index, max_turns=limit), chaos.model(index))
                 index += 1
             if chaos.scenario == "aikyo":

@@ -46,6 +46,7 @@ from companion.turns import (
     META_IN_REPLY_TO,
     META_TURN,
     StateDecision,
+    ends_conversation,
     finalize_states,
     plan_leaders,
     turn_tag,
@@ -235,7 +236,9 @@ def test_a_silent_speaker_is_skipped_after_a_reply_deadline_then_the_turn_goes_u
         assert phase(m) is Phase.SPEAKING and of(out, Speak)
         m.receive(SpeakingFailed(message.params.id, "no_reply"), 2.0 + R)
     out = m.receive(Tick(), 1.0 + len(order) * R)
-    assert decisions(out, "turn_unanswered") and phase(m) is Phase.DONE and m.deadline() is None
+    assert decisions(out, "turn_unanswered") and phase(m) is Phase.DONE
+    closing_slot = plan_leaders(message, [A, B, C]).rank(A)  # after B, whose array counted
+    assert m.deadline() == pytest.approx(1.0 + len(order) * R + (closing_slot or 0) * T)
 
 
 def test_terminal_or_nobody_ends_the_turn() -> None:
@@ -594,7 +597,10 @@ def test_max_turns_holds_from_the_companion_replies_in_the_thread_whoever_leads(
     m.receive(MessageSeen(last), 5.0)
     plain = [State.create(A, "speak", 9, True, "none")]
     out = m.receive(StatesSeen(plain, A), 6.0)
-    assert decisions(out, "conversation_over") and not of(out, Speak)
+    assert not of(out, Speak) and not decisions(out, "conversation_over")  # over here, not on the wire
+    [closing] = of(out, PublishStates)  # A gave its only slot up: the turn is unanswered, A closes it
+    assert {s.params.closing for s in closing.states} == {"terminal"}
+    assert decisions(m.receive(StatesSeen(closing.states, A), 6.1), "conversation_over")
 
 
 def test_a_stamped_count_cannot_hold_the_conversation_open() -> None:
@@ -616,6 +622,149 @@ def test_a_node_whose_floor_ends_the_conversation_yields_its_slot() -> None:
     m.receive(MessageSeen(first), 1.0)
     out = m.receive(StatesSeen([State.create(A, "speak", 9, True, "none")], A), 2.0)
     assert [s.params["reason"] for s in of(out, PublishSignal)] == ["terminal"]
+
+
+# --- rule: a turn nobody answers ends the conversation, visibly, for everyone --------------------
+
+
+class _Net:
+    """A few machines and a bystander that hear every array and signal any of them publishes, at
+    once and in order, the publisher included (the echo rule). Bounded: a loop of publications
+    would fail the test, not hang it."""
+
+    def __init__(self, message: Message, *, max_turns: dict[str, int] | None = None) -> None:
+        ids = [c for c in message.params.to if c.startswith("companion_")]
+        limits = max_turns or {}
+        self.nodes = {cid: machine(cid, known=ids, max_turns=limits.get(cid)) for cid in ids}
+        self.bystander = machine(None, known=ids)
+        self.dead: set[str] = set()
+        self.log: dict[str | None, list[Effect]] = {cid: [] for cid in [*ids, None]}
+        self.arrays: list[tuple[str, list[State]]] = []
+
+    def machines(self) -> list[tuple[str | None, Conversation]]:
+        alive = [(cid, m) for cid, m in self.nodes.items() if cid not in self.dead]
+        return [*alive, (None, self.bystander)]
+
+    def all(self, event: Any, now: float) -> None:
+        for cid, m in self.machines():
+            self._deliver(cid, m.receive(event, now), now)
+
+    def one(self, cid: str, event: Any, now: float) -> list[Effect]:
+        out = self.nodes[cid].receive(event, now)
+        self._deliver(cid, out, now)
+        return out
+
+    def _deliver(self, cid: str | None, out: list[Effect], now: float) -> None:
+        self.log[cid].extend(out)
+        if cid is None or cid in self.dead:
+            return
+        for effect in out:
+            if isinstance(effect, PublishStates):
+                self.arrays.append((cid, effect.states))
+                assert len(self.arrays) < 20
+                self.all(StatesSeen(effect.states, cid), now)
+            elif isinstance(effect, PublishSignal):
+                signal = read_signal(Action.create(cid, effect.name, dict(effect.params)))
+                assert signal is not None
+                if isinstance(signal, YieldSeen):
+                    self.all(YieldSeen(signal.in_reply_to, cid, signal.reason, cid, signal.detail), now)
+                else:
+                    self.all(ThinkingSeen(signal.in_reply_to, cid, cid), now)
+
+
+def test_a_turn_whose_every_speaker_failed_ends_the_conversation_on_every_node() -> None:
+    """Seeds 166 and 999 of the fault suite: the speakers the array chose gave their slots up
+    one after the other (their models failed), so nobody would ever speak again. The leader ends
+    the conversation visibly: a ``terminal`` array for the message, which every node and the
+    bystander accept, with the reason in the decision log."""
+    message = message_led_by(B, [A, B, C])
+    net = _Net(message)
+    net.all(MessageSeen(message), 0.0)
+    net.all(StatesSeen(array(message, A), B), 1.0)
+    order = net.nodes[A].turn.order if net.nodes[A].turn else ()
+    assert len(order) == 3 and not net.arrays
+    for k, speaker in enumerate(order):
+        assert phase(net.nodes[speaker]) is Phase.SPEAKING
+        net.one(speaker, SpeakingFailed(message.params.id, "model_error", "provider down"), 2.0 + k)
+    [(closer, closing)] = net.arrays
+    assert closer == B and {s.params.closing for s in closing} == {"terminal"}  # the leader, at once
+    assert ends_conversation(closing)  # as the leader's last array: clients and aikyo see the end
+    assert [s.params.from_ for s in closing if s.params.state == "speak"] == [B]
+    [unanswered] = decisions(net.log[B], "turn_unanswered")
+    assert unanswered.fields["gave_up"] == {cid: "model_error" for cid in order}
+    [published] = [d for d in decisions(net.log[B], "states_published") if d.fields["stage"] == "terminal"]
+    assert published.fields["source"] == "unanswered" and published.fields["why"]
+    for cid, m in net.machines():
+        [over] = decisions(net.log[cid], "conversation_over")
+        assert over.fields["reason"] == "unanswered", cid
+        assert phase(m) is Phase.DONE and m.deadline() is None
+    ended = [d for d in decisions(net.log[None], "speaker_chosen") if d.fields["reason"] == "terminal"]
+    assert len(ended) == 1 and ended[0].fields["source"] == B  # the transcript's "end" line
+
+
+def test_a_node_whose_floor_ended_the_conversation_still_closes_a_turn_left_silent() -> None:
+    """Seeds 638 and 994: A's own turn limit ends the conversation, B's does not (cards differ).
+    The array chose A, which gives its slot up (``terminal``); B speaks and dies mid-reply. A
+    must not drop out of the turn: it follows the slots like everyone, and when B's slot passes
+    it closes the conversation in its own closing slot (one leader slot after the leader's,
+    which is B's and stays empty)."""
+    opening = Message.create(USER, [A, B, C], "hi")
+    message = message_led_by(
+        B, [A, B], sender=C, **{META_IN_REPLY_TO: opening.params.id, META_TURN: 1, META_CLOSING: "none"}
+    )
+    net = _Net(message, max_turns={A: 1})
+    net.all(MessageSeen(opening), 0.0)
+    net.all(MessageSeen(message), 0.5)
+    net.all(StatesSeen(array(message, A), B), 1.0)  # B led; A first, then B
+    assert [p.params["reason"] for p in of(net.log[A], PublishSignal)] == ["terminal"]
+    assert not decisions(net.log[A], "conversation_over")  # not over for the others: not over here
+    assert phase(net.nodes[B]) is Phase.SPEAKING
+    net.dead.add(B)  # killed while preparing its reply: no reply, no yield
+    a = net.nodes[A]
+    deadline = a.deadline()
+    assert deadline is not None
+    net.all(Tick(), deadline)  # B's slot passes on A: every slot has gone unanswered
+    [unanswered] = decisions(net.log[A], "turn_unanswered")
+    assert unanswered.fields["gave_up"] == {A: "terminal", B: "silent"} and not net.arrays
+    assert a.deadline() == pytest.approx(deadline + T)  # A ranks one after B, whose array counted
+    net.all(Tick(), deadline + T)
+    [(closer, closing)] = net.arrays
+    assert closer == A and {s.params.closing for s in closing} == {"terminal"}
+    assert decisions(net.log[A], "conversation_over") and decisions(net.log[None], "conversation_over")
+    assert a.deadline() is None and net.bystander.deadline() is None
+
+
+def test_a_closing_array_counts_only_from_a_candidate_and_only_once_the_turn_is_over_here() -> None:
+    """The closing array obeys the leader rule: from the leader whose array counted it ends the
+    turn at once; from a later candidate it waits until this node saw every slot pass (a speaker
+    still preparing is not cut off); from anyone else it never counts. Once closed, a late array
+    of an earlier leader cannot reopen the turn."""
+    message = message_led_by(B, [A, B, C])
+    plan = plan_leaders(message, [A, B, C])
+    later_one = C  # ranks after B, whose array counts
+    terminal = array(message, C, closing="terminal")
+    m = machine(A)
+    m.receive(MessageSeen(message), 0.0)
+    m.receive(StatesSeen(array(message, C), B), 1.0)  # C speaks first, A stands in
+    out = m.receive(StatesSeen(terminal, "companion_mallory"), 2.0)
+    assert decisions(out, "states_ignored")[0].fields["reason"] == "not_a_leader"
+    out = m.receive(StatesSeen(terminal, later_one), 2.0)
+    assert decisions(out, "states_deferred") and not decisions(out, "conversation_over")
+    assert phase(m) is Phase.AWAITING_SPEAKER
+    out = m.receive(Tick(), 1.0 + R)  # C stayed silent: A's slot
+    assert of(out, Speak) and phase(m) is Phase.SPEAKING
+    out = m.receive(SpeakingFailed(message.params.id, "timeout"), 2.0 + R)
+    assert not decisions(out, "conversation_over")  # B's slot, the last, is still open
+    out = m.receive(Tick(), 2.0 + 2 * R)
+    assert decisions(out, "turn_unanswered") and decisions(out, "conversation_over")
+    assert not of(out, PublishStates)  # the held array closed it: nobody publishes a second one
+    assert decisions(m.receive(StatesSeen(array(message, A), plan.order[0]), 3.0 + 2 * R), "states_ignored")
+    assert phase(m) is Phase.DONE and m.deadline() is None
+    now_leader = machine(A)
+    now_leader.receive(MessageSeen(message), 0.0)
+    now_leader.receive(StatesSeen(array(message, C), B), 1.0)
+    out = now_leader.receive(StatesSeen(terminal, B), 2.0)  # the leader whose array counted
+    assert decisions(out, "conversation_over") and phase(now_leader) is Phase.DONE
 
 
 # --- bystander, replay, odd strings, signals ----------------------------------------------------

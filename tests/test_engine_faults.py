@@ -2,8 +2,9 @@
 (``tests/fault_support.py`` says which faults and scenarios). Every conversation must reach
 ``terminal`` (no stall) with no message ever answered twice (no double speech), and each
 scenario keeps its own promise: chatter and forgers change nothing, ghosts delay nothing, two
-groups never talk across, a failing speaker hands over within the failover deadline, and an
-aikyo-style leader cannot hold a conversation open past ``max_turns``."""
+groups never talk across, a failing speaker hands over within the failover deadline, an
+aikyo-style leader cannot hold a conversation open past ``max_turns``, and a turn nobody can
+answer any more (a provider outage) ends the conversation visibly, with a closing array."""
 
 from __future__ import annotations
 
@@ -66,6 +67,14 @@ def check_scenario(out: Outcome) -> None:
         assert len(replies) + len(plain) <= AIKYO_MAX_TURNS + 1, why
         ours = [e for _, e in out.kinds("replied")]
         assert all(e.fields["turn"] <= AIKYO_MAX_TURNS for e in ours), why
+    elif out.scenario == "outage":
+        ended = [e for t in out.transcripts for e in t.events if e.kind == "end"]
+        assert ended and ended[-1].reason == "terminal", why
+        for at, unanswered in out.kinds("turn_unanswered"):  # closed, unless a late reply went on
+            mid = unanswered.fields["message_id"]
+            closing = [e for _, e in out.kinds("states_published") if e.fields.get("message_id") == mid]
+            moved_on = any(t >= at and e.fields["message_id"] != mid for t, e in out.kinds("leader_chosen"))
+            assert any(e.fields.get("stage") == "terminal" for e in closing) or moved_on, why
 
 
 @pytest.mark.parametrize("seed", range(CONVERSATIONS))
@@ -79,16 +88,34 @@ async def test_no_double_speech_no_stall_closing_reached(
     check_scenario(out)
 
 
+def _closers(out: Outcome) -> Counter[str]:
+    """Who published the closing arrays of unanswered turns: ``own_limit`` when the closer had
+    given its slot up because its own turn limit ended the conversation for it (it kept following
+    the turn), else ``leader``."""
+    own_limit = {
+        (e.fields["yielder"], e.fields["message_id"])
+        for _, e in out.kinds("speaker_yielded")
+        if e.fields.get("reason") == "terminal"
+    }
+    return Counter(
+        "own_limit" if (e.companion, e.fields["message_id"]) in own_limit else "leader"
+        for _, e in out.kinds("states_published")
+        if e.fields.get("source") == "unanswered"
+    )
+
+
 async def test_the_suite_exercises_every_fault(autojump_clock: trio.testing.MockClock) -> None:
     """The seeds above really inject each kind of fault (a suite of lucky seeds proves nothing)."""
     totals: Counter[str] = Counter()
     scenarios: Counter[str] = Counter()
     engine_events: Counter[str] = Counter()
+    closers: Counter[str] = Counter()
     for seed in range(CONVERSATIONS):
         out = await outcome(seed)
         totals.update(out.happened)
         scenarios[out.scenario] += 1
         engine_events.update(e.kind for _, e in out.events)
+        closers.update(_closers(out))
     assert set(scenarios) == set(SCENARIOS[: min(CONVERSATIONS, len(SCENARIOS))])
     for fault in (
         "leader_killed",
@@ -108,6 +135,8 @@ async def test_the_suite_exercises_every_fault(autojump_clock: trio.testing.Mock
         "flaky_speak",
         "aikyo_led",
         "aikyo_spoke",
+        "outage_speak",
+        "outage_crash",
     ):
         assert totals[fault] > 0, f"no seed injected {fault}: {dict(totals)}"
     for reaction in (
@@ -119,5 +148,7 @@ async def test_the_suite_exercises_every_fault(autojump_clock: trio.testing.Mock
         "speaker_yielded",
         "states_switched",
         "conversation_over",
+        "turn_unanswered",
     ):
         assert engine_events[reaction] > 0, f"no seed caused {reaction}: {dict(engine_events)}"
+    assert closers["leader"] and closers["own_limit"], f"closing arrays: {dict(closers)}"

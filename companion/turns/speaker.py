@@ -21,6 +21,7 @@ __all__ = [
     "SpeakerReason",
     "SpeakingOrder",
     "decide_next_speaker",
+    "ends_conversation",
     "reply_recipients",
     "speaking_order",
 ]
@@ -112,6 +113,13 @@ def decide_next_speaker(
         f"no active companion is selected or wants to speak ({len(valid)} valid state(s)){skipped}",
         stage,
     )
+
+
+def ends_conversation(states: Sequence[State]) -> bool:
+    """Whether this states array ends the conversation: the next-speaker rule (the one every
+    node applies) chooses nobody because the winner's stage is ``terminal``."""
+    everyone = [s.params.from_ for s in states if s.params.from_.startswith(COMPANION_ID_PREFIX)]
+    return bool(everyone) and decide_next_speaker(states, everyone).conversation_over
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ __all__ = [
     "EarlyStates",
     "StateDecision",
     "StatesOutcome",
+    "closing_states",
     "fallback_decisions",
     "finalize_states",
     "states_match",
@@ -213,3 +214,14 @@ def fallback_decisions(addressed: Sequence[str], nominated: str | None = None) -
     willing at the same importance, so the first addressee speaks, or the nominee if there is one."""
     order = list(dict.fromkeys(addressed))
     return [StateDecision(cid, "speak", 5.0, cid == nominated) for cid in order]
+
+
+def closing_states(addressed: Sequence[str], message: Message, closer: str) -> list[State]:
+    """The *closing array* for ``message``, published by ``closer`` when nobody answered it (see
+    :mod:`companion.conversation`): at ``terminal``, tagged for the message, the closer the only
+    one that would speak, so the next-speaker rule says ``terminal`` as for a leader's last
+    array (:func:`~companion.turns.speaker.ends_conversation`): every node, client and aikyo
+    node reads it as the end."""
+    ids = list(dict.fromkeys([*addressed, closer] if closer not in addressed else addressed))
+    decisions = [StateDecision(closer, "speak", 0.0, False, "terminal")]
+    return finalize_states(decisions, ids, floor="terminal", tag=turn_tag(message)).states
