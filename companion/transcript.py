@@ -269,6 +269,13 @@ class Transcript:
 
     def _lines(self, effects: list[Effect]) -> list[TranscriptEvent]:
         out: list[TranscriptEvent] = []
+        unanswered = {  # turns closed because nobody could answer them (every slot passed)
+            e.fields.get("message_id")
+            for e in effects
+            if isinstance(e, Decision)
+            and e.event == "conversation_over"
+            and e.fields.get("reason") == "unanswered"
+        }
         for effect in effects:
             if not isinstance(effect, Decision) or effect.event != "speaker_chosen":
                 continue
@@ -286,7 +293,14 @@ class Transcript:
                     reason=reason,
                 )
             )
-            if reason == "terminal":
+            if reason == "terminal" and message_id in unanswered:
+                why = "nobody could answer the last message: every companion in its order failed or gave up"
+                out.append(
+                    TranscriptEvent(
+                        "end", None, why=why, closing="terminal", turn=f["turn"], reason="unanswered"
+                    )
+                )
+            elif reason == "terminal":
                 out.append(
                     TranscriptEvent(
                         "end", None, why=f["why"], closing="terminal", turn=f["turn"], reason="terminal"

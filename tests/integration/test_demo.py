@@ -23,7 +23,10 @@ pytestmark = pytest.mark.integration
 FIELDS = {"event", "speaker", "recipients", "text", "emotion", "why", "closing"}
 
 
-def _run_demo(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+def _run_demo(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    keep = [] if env is not None else ["--keep", str(tmp_path / "run")]
     command = [
         sys.executable,
         "-m",
@@ -36,11 +39,10 @@ def _run_demo(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[
         "120",
         "--log-level",
         "INFO",
-        "--keep",
-        str(tmp_path / "run"),
+        *keep,
         *extra,
     ]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     return done, events
 
@@ -95,9 +97,14 @@ def test_demo_reaches_terminal_with_a_readable_json_transcript(tmp_path: Path) -
     assert {p.name for p in (tmp_path / "run").glob("*.log")} == {"juniper.log", "ostra.log", "pim.log"}
 
 
-def test_demo_stops_at_the_turn_cap(tmp_path: Path) -> None:
-    done, events = _run_demo(tmp_path, "--max-turns", "2")
+def test_demo_stops_at_the_turn_cap_and_leaves_no_folder_behind(tmp_path: Path) -> None:
+    """Without ``--keep`` the companions' logs and data go to a temporary folder, removed when
+    the demo finished as it should."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    done, events = _run_demo(tmp_path, "--max-turns", "2", env={**os.environ, "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stderr[-3000:]
+    assert list(scratch.iterdir()) == []
     end = events[-1]
     assert (end["event"], end["reason"]) == ("end", "turn_cap")
     assert len([e for e in events if e["event"] == "message" and e["in_reply_to"]]) >= 2
@@ -121,19 +128,14 @@ def test_demo_with_a_provider_model_over_http(tmp_path: Path) -> None:
     assert {"set_states"} in tools and {"set_params"} in tools and any("speak" in t for t in tools)
 
 
-def test_a_finished_demo_leaves_no_folder_behind_and_a_failed_one_keeps_its_logs(tmp_path: Path) -> None:
-    """Without ``--keep`` the companions' logs and data go to a temporary folder: removed when the
-    conversation ended as it should, kept (and named) when it did not."""
+def test_a_demo_that_fails_keeps_its_logs_and_names_the_folder(tmp_path: Path) -> None:
+    """A model server that answers its check and then fails every request: every companion gives
+    its slot up, the leader closes the conversation as unanswered, and the demo says so, exits 1
+    and keeps the companions' logs in its temporary folder, named in its log."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch)}
     base = [sys.executable, "-m", "companion", "demo", "--json", "--pace", "0.1", "--log-level", "INFO"]
-    finished = [*base, "--timeout", "120"]
-    done = subprocess.run(finished, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert list(scratch.iterdir()) == []
-
-    # a model server that answers its check and then fails every request: nobody replies
     with running_server() as server:
         failed = subprocess.run(
             [*base, "--timeout", "6", "--model", "openai:fake-1", "--base-url", server.openai_base_url],
@@ -145,6 +147,8 @@ def test_a_finished_demo_leaves_no_folder_behind_and_a_failed_one_keeps_its_logs
             check=False,
         )
     assert failed.returncode == 1, failed.stderr[-3000:]
+    end = json.loads(failed.stdout.splitlines()[-1])
+    assert (end["event"], end["reason"]) == ("end", "unanswered") and "nobody could answer" in end["why"]
     (kept,) = scratch.iterdir()
     assert {p.name for p in kept.glob("*.log")} == {"juniper.log", "ostra.log", "pim.log"}
     kept_lines = [json.loads(line) for line in failed.stderr.splitlines() if line.startswith("{")]
