@@ -76,9 +76,11 @@ def thinking_text(name: str, seconds: int) -> str:
 
 def yield_text(name: str, reason: str, detail: str | None) -> str:
     """The line for a speaker that gave its slot up, e.g. ``Juniper could not answer: the model
-    timed out (no answer in 60 s); the turn passes to the next companion``."""
+    timed out (no answer in 60 s); the turn passes to the next companion``. A ``terminal`` yield
+    says only that this companion's own limit is reached (cards may differ): the conversation
+    ends for everyone with a states array at ``terminal``, never with a yield."""
     if reason == "terminal":
-        return f"{name} has nothing more to say; the conversation is over"
+        return f"{name} has nothing more to say; the turn passes to the next companion"
     words = REASON_WORDS.get(reason) or f"it gave up ({one_line(reason, MAX_REASON) or 'no reason given'})"
     shown = one_line(detail, MAX_DETAIL) if detail else ""
     because = f" ({shown})" if shown else ""

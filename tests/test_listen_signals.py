@@ -233,34 +233,34 @@ def test_a_states_array_that_chooses_nobody_at_terminal_ends_the_conversation_on
     assert effects == [Show("", "status"), Show(END_MARKER)]  # and nobody thinks any more
     assert s.on_frame(states("terminal", "terminal"), now=1.0) == []  # another leader's array
     assert lines_of(s.on_frame(gave_up("companion_pim", "m-9", "terminal"), now=1.0)) == [
-        "Pim has nothing more to say; the conversation is over"
+        "Pim has nothing more to say; the turn passes to the next companion"
     ]
     # a person's line starts a new conversation, which ends with its own marker
     s.on_input("one more thing", now=2.0)
     assert lines_of(s.on_frame(states("terminal", "terminal"), now=3.0)) == [END_MARKER]
 
 
-def test_a_terminal_yield_ends_the_conversation() -> None:
+def test_a_terminal_yield_is_one_companions_limit_and_the_array_ends_the_conversation() -> None:
+    """Cards may have different limits: a ``terminal`` yield says only that this companion is
+    done (the others may go on); the end is the leader's (or the closer's) terminal array."""
     s = session()
     s.on_frame(thinking("companion_juniper", "m-5"), now=0.0)
     effects = s.on_frame(gave_up("companion_juniper", "m-5", "terminal", "detail not shown"), now=3.0)
     assert effects == [
         Show("", "status"),
-        Show("Juniper has nothing more to say; the conversation is over"),
-        Show(END_MARKER),
+        Show("Juniper has nothing more to say; the turn passes to the next companion"),
     ]
-    # the last word stamped terminal after it does not mark the end again
-    assert lines_of(s.on_frame(reply("companion_pim", "m-5", "Bye!", closing="terminal"), now=3.5)) == [
-        "Pim → you: Bye!"
+    # Pim, whose card allows more, goes on; then the closing array ends it, once
+    assert lines_of(s.on_frame(reply("companion_pim", "m-5", "One more thing!"), now=3.5)) == [
+        "Pim → you: One more thing!"
     ]
-    # a person elsewhere starts a new conversation
-    s.on_frame(encode(Message.create("user_kai", ["companion_pim"], "Still up?")), now=4.0)
-    assert lines_of(s.on_frame(gave_up("companion_pim", "m-6", "terminal"), now=5.0)) == [
-        "Pim has nothing more to say; the conversation is over",
-        END_MARKER,
-    ]
-    # so does a companion opening one itself (a message that answers nothing)
+    assert lines_of(s.on_frame(states("terminal", "terminal"), now=4.0)) == [END_MARKER]
+    assert s.on_frame(states("terminal", "terminal"), now=4.5) == []
+    # so does a companion opening a new one itself (a message that answers nothing)
     s.on_frame(reply("companion_juniper", None, "Look, a comet!"), now=6.0)
+    assert lines_of(s.on_frame(gave_up("companion_pim", "m-6", "terminal"), now=6.5)) == [
+        "Pim has nothing more to say; the turn passes to the next companion"
+    ]
     assert lines_of(s.on_frame(states("terminal", "terminal"), now=7.0)) == [END_MARKER]
     # a reply within the ended conversation does not
     s.on_frame(reply("companion_pim", "m-7", "Where?"), now=7.5)

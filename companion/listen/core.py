@@ -76,8 +76,8 @@ START_HINT: Final = (
 )
 END_MARKER: Final = "— the conversation has ended; type a line to start a new one —"
 """Shown once per conversation when it ends: after a message whose ``params.metadata.closing``
-is ``terminal``, a states array that chooses nobody because its stage is ``terminal``, or a
-``companion.yield`` with reason ``terminal``."""
+is ``terminal``, or a states array that chooses nobody because its stage is ``terminal`` (a
+``companion.yield`` with reason ``terminal`` is one companion's limit, not the end)."""
 NOT_PRIVATE: Final = (
     "(@NAME chooses who answers; it is not private: every companion and client on the network sees the line)"
 )
@@ -341,8 +341,8 @@ class ListenSession:
         while len(self._yields_seen) > MAX_YIELDS_SEEN:
             self._yields_seen.pop(next(iter(self._yields_seen)))
         name = self._short_name(signal.speaker)
-        if signal.reason == "terminal":
-            return [Show(yield_text(name, signal.reason, None)), *self._end()]
+        if signal.reason == "terminal":  # its own limit only: the others may go on (cards differ)
+            return [Show(yield_text(name, signal.reason, None))]
         return [Show(yield_text(name, signal.reason, signal.detail), "error")]
 
     def _on_action(self, action: Action, now: float) -> list[Effect]:

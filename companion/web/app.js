@@ -228,7 +228,7 @@
   }
 
   function yieldText(name, reason, detail) {
-    if (reason === "terminal") return `${name} has nothing more to say; the conversation is over`;
+    if (reason === "terminal") return `${name} has nothing more to say; the turn passes to the next companion`;
     const words = REASON_WORDS[reason] || `it gave up (${oneLine(reason, 40) || "no reason given"})`;
     const shown = typeof detail === "string" ? oneLine(detail, MAX_DETAIL) : "";
     return `${name} could not answer: ${words}${shown ? ` (${shown})` : ""}; the turn passes to the next companion`;
@@ -253,12 +253,9 @@
     yieldsSeen.add(key);
     if (yieldsSeen.size > 256) yieldsSeen.delete(yieldsSeen.values().next().value);
     const name = oneLine(nameOf(p.from), MAX_NAME);
-    if (args.reason === "terminal") {
-      showSystem(yieldText(name, "terminal"), "over");
-      endConversation();
-    } else {
-      showSystem(yieldText(name, args.reason, args.detail), "failure");
-    }
+    // a terminal yield: this companion's own limit (cards differ); the end is a terminal array
+    if (args.reason === "terminal") showSystem(yieldText(name, "terminal"), "over");
+    else showSystem(yieldText(name, args.reason, args.detail), "failure");
     return true;
   }
 

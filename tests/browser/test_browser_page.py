@@ -324,7 +324,7 @@ async def test_page_shows_thinking_counting_then_the_failure_then_the_end(
         params = {"in_reply_to": "m-2", "reason": "terminal"}
         await companion.publish(ACTIONS, Action.create("companion_juniper", "companion.yield", params))
         over = await page.wait_for("document.querySelector('#transcript li.system.over')?.textContent")
-        assert over == "Juniper has nothing more to say; the conversation is over"
+        assert over == "Juniper has nothing more to say; the turn passes to the next companion"
         assert await page.evaluate("document.querySelectorAll('#transcript li.system.end').length") == 1
 
         # the person's next line starts a new conversation, which ends with its own marker
@@ -335,6 +335,10 @@ async def test_page_shows_thinking_counting_then_the_failure_then_the_end(
         await from_page(companion, MESSAGES)
         params = {"in_reply_to": "m-3", "reason": "terminal"}
         await companion.publish(ACTIONS, Action.create("companion_pim", "companion.yield", params))
+        await page.wait_for("document.querySelectorAll('#transcript li.system.over').length === 2")
+        # one companion's limit is not the end (cards differ): the closing array is
+        assert await page.evaluate("document.querySelectorAll('#transcript li.system.end').length") == 1
+        await companion.publish(STATES, end)
         await page.wait_for("document.querySelectorAll('#transcript li.system.end').length === 2")
 
         # a thinking that never ends has a deadline: the page's clock moved on by 300 s

@@ -176,7 +176,7 @@ async def test_listen_shows_thinking_failure_and_end_on_a_pipe_and_a_terminal(tm
             # a terminal yield for the same conversation: its line, no second marker
             params = {"in_reply_to": "m-2", "reason": "terminal"}
             publish("actions", action("companion_juniper", "companion.yield", params))
-            over = f"{name} has nothing more to say; the conversation is over"
+            over = f"{name} has nothing more to say; the turn passes to the next companion"
             await until("the terminal yield", lambda: over in piped.lines and over in live.text(), 15)
             assert piped.lines.count(END_MARKER) == 1 and live.text().count(END_MARKER) == 1
 
