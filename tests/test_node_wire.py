@@ -1,6 +1,7 @@
-"""What the node puts on the wire besides payloads, seen from a plain py-libp2p peer over real
-loopback sockets: the signed peer record once per stream (not on every RPC), and Yamux window
-updates once per half window (not after every read)."""
+"""What the node does per RPC besides its payloads, seen from a plain py-libp2p peer over real
+loopback sockets: the signed peer record once per stream (not on every RPC), Yamux window
+updates once per half window (not after every read), and copies of a refused message ignored
+(not verified, parsed and refused once per copy)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from typing import Any
 
 import trio
 from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.stream_muxer.yamux.yamux import DEFAULT_WINDOW_SIZE
 from node_support import RawPeer, raw_peer
 from support.cards import metadata as md
 from test_node_network import running
 
 from companion.node import CompanionNode
+from companion.node.yamux import BatchedYamuxStream
 from companion.protocol import MESSAGES, Message, encode
 
 TEXT = "x" * 900
@@ -104,4 +107,52 @@ async def test_yamux_window_updates_wait_for_half_a_window_and_traffic_never_sta
             await peer.publish(MESSAGES, encode(Message.create("user_w", ["companion_a"], f"b{i} {TEXT}")))
             await trio.sleep(0.002)
         await until(lambda: heard() >= start + 460, 30)
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_production_settings_are_those_of_the_running_node() -> None:
+    """Not a config object: what the running host, gossipsub router and connections use (issue 12:
+    D 6, D_high 8, adaptive gossip off, v1.1, py-libp2p's ping monitor off, batched Yamux)."""
+    async with trio.open_nursery() as nursery, running(nursery, md("a")) as (node, _rec), raw_peer() as peer:
+        await linked(node, peer)
+        router, network = node._router, node._host.get_network()
+        assert router is not None
+        assert (router.degree, router.degree_low, router.degree_high) == (6, 4, 8)
+        assert router.adaptive_gossip_enabled is False and router.heartbeat_interval == 1
+        assert set(router.protocols) == {"/meshsub/1.1.0", "/meshsub/1.0.0"}
+        assert network.connection_config.enable_health_monitoring is False
+        assert network._health_monitor is None
+        assert node.health.settings.interval == 30 and node.health.settings.failures_allowed == 1
+        conns = [c for cs in network.connections.values() for c in cs]
+        streams = [s for c in conns for s in c.muxed_conn.streams.values()]
+        assert streams and all(isinstance(s, BatchedYamuxStream) for s in streams)
+        nursery.cancel_scope.cancel()
+
+
+async def test_copies_of_a_refused_message_are_not_parsed_again() -> None:
+    """In a mesh every peer forwards a copy; py-libp2p marked only accepted messages seen, so each
+    copy of a refused one had its signature verified and its payload parsed and refused again
+    (and counted again). A forged copy arriving first still cannot get the genuine one ignored."""
+    async with trio.open_nursery() as nursery, running(nursery, md("a")) as (node, rec), raw_peer() as peer:
+        await linked(node, peer)
+        pubsub = node._pubsub
+        assert pubsub is not None
+        await peer.publish(MESSAGES, b"not json at all")
+        await until(lambda: any(m.data == b"not json at all" for m in peer.received), 5)
+        signed = next(m for m in peer.received if m.data == b"not json at all")
+        await until(lambda: node.drops.by_reason["not_json"] >= 1, 10)
+        stream = peer.pubsub.peers[ID.from_base58(node.peer_id)]
+        for _ in range(3):  # the copies three more mesh peers would forward
+            await peer.pubsub.write_msg(stream, rpc_pb2.RPC(publish=[signed]))
+        genuine = encode(Message.create("user_w", ["companion_a"], "genuine"))
+        forged = rpc_pb2.Message()
+        forged.CopyFrom(signed)
+        forged.data = genuine  # the signer and seqno of the next message, other bytes
+        forged.seqno = (peer.pubsub.counter + 1).to_bytes(8, "big")
+        await peer.pubsub.write_msg(stream, rpc_pb2.RPC(publish=[forged]))
+        await until(lambda: node.drops.by_reason["bad_signature"] >= 1, 10)
+        await peer.publish(MESSAGES, genuine)  # a new seqno: delivered
+        await until(lambda: any(i.raw == genuine for i in rec.items), 10)
+        assert node.drops.by_reason["not_json"] == 1, node.drops.snapshot()
+        assert pubsub.refused_seen == 1
         nursery.cancel_scope.cancel()

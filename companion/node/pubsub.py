@@ -29,6 +29,9 @@ What py-libp2p does, measured, and what these subclasses change:
   20 msg/s (py-spy), for a record that never changed. Here it goes on the first RPC of each
   stream and again only when it changed (:meth:`GuardedPubsub.write_msg`); go-libp2p and
   js-libp2p send none on ordinary RPCs, and identify still carries it.
+- A message a topic validator refuses is not marked seen, so every copy of it (one per mesh
+  peer, and those IWANT fetches) has its signature verified and its payload parsed and refused
+  again. Here it is marked seen once its signature verified, as go-libp2p does.
 - Sequence numbers start at the clock in nanoseconds instead of seconds, so a restarted node
   (same key) never reuses the seqnos, and therefore the message ids, of its previous run: peers
   would otherwise drop its new messages as replays or as equivocation.
@@ -160,6 +163,8 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
         self._outbound_queue_size = outbound_queue_size
         self._write_locks: WeakKeyDictionary[INetStream, trio.Lock] = WeakKeyDictionary()
         self._records_sent: WeakKeyDictionary[INetStream, bytes] = WeakKeyDictionary()
+        self.refused_seen = 0
+        """Messages a topic validator refused, remembered as seen (their copies are ignored)."""
         self.records_left_out = 0
         """RPCs sent without the signed peer record the stream already carried."""
         self._broken: WeakSet[INetStream] = WeakSet()
@@ -224,6 +229,15 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
         finally:
             validated = task in self._validating
             self._validating.discard(task)
+        if fresh and validated and not self._is_msg_seen(msg):
+            # refused by a topic validator (ours: the edge, presence): remembered as seen, as
+            # go-libp2p marks a message seen before validating it, so the copies every other
+            # mesh peer and IWANT bring are dropped before their signature and JSON are
+            # checked again (py-libp2p 0.8.1 marks only accepted ones, and re-validates and
+            # counts every copy of a refused one). Only after the signature verified: a forged
+            # copy of an honest message cannot get the honest one ignored.
+            self._mark_msg_seen(msg)
+            self.refused_seen += 1
         if fresh and not validated and self.strict_signing and not signature_validator(msg):
             self._drops.record(
                 Drop("bad_signature", "a message whose signature does not verify (py-libp2p drops it)"),
