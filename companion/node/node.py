@@ -174,7 +174,8 @@ class CompanionNode:
         )
         self.disconnects: Counter[str] = Counter()
         """Closed connections by reason: ``unresponsive`` (health probes unanswered), ``stopping``
-        (this node stopped), ``closed`` (the peer or the network closed it)."""
+        (this node stopped), ``trimmed`` (the connection bound, this node's or the peer's, who
+        said so first), ``closed`` (the peer or the network closed it otherwise)."""
         self.listen_addrs: list[str] = []
         self.published = 0
         self.delivered = 0
@@ -481,6 +482,8 @@ class CompanionNode:
                 self.health.watch(conn, nursery)
             else:
                 reason = self._closing.pop(conn, "closed")
+                if reason == "closed" and self.topology is not None and self.topology.trimming(name):
+                    reason = "trimmed"  # the connection bound at work, ours or the peer's
                 self.disconnects[reason] += 1
             if kind == "connected" and not self.membership.is_connected(name):
                 self.membership.peer_connected(name)
