@@ -1,4 +1,4 @@
-"""Yamux with its receive-window updates batched, as go-yamux sends them (py-libp2p 0.8.1).
+"""Yamux with its receive-window updates batched, as go-yamux batches them (py-libp2p 0.8.1).
 
 go-yamux (and the Yamux spec's intent) credits the sender once the reader has consumed half of
 the receive window: one WINDOW_UPDATE frame per 128 KiB read, whatever the size of the reads.
@@ -8,9 +8,10 @@ that credits any read smaller than half the window at once, so even with its own
 update for every other read (measured: 157 updates for 300 writes of 300 bytes; 303 with the
 switch at 1), each a frame the peer must decrypt and handle, and a write on our side.
 
-:func:`batch_window_updates` makes one connection's streams credit the window only when half
-of it was consumed (:class:`BatchedYamuxStream`): 0 updates for the same 300 writes, one per
-128 KiB read under load. The send side, the frames and the protocol are unchanged (every Yamux,
+:func:`batch_window_updates` makes one connection's streams credit the window once
+:data:`CREDIT_BATCH` (16 KiB) was consumed (:class:`BatchedYamuxStream`): 5 updates for the same
+300 writes (go-yamux waits for half the window; a smaller batch keeps senders from ever waiting
+on it under load). The send side, the frames and the protocol are unchanged (every Yamux,
 aikyo's js-libp2p too, handles updates of any size at any time). py-libp2p builds its ``Yamux``
 by name in ``MuxerMultistream.new_conn`` (a class given in ``muxer_opt`` is ignored) and its
 streams by name in ``Yamux.open_stream`` and ``Yamux.handle_incoming``; rather than copy those
@@ -21,22 +22,28 @@ state, only the one method). The node does it for every connection as it opens
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from libp2p.stream_muxer.yamux.yamux import Yamux, YamuxStream
 
-__all__ = ["BatchedYamuxStream", "batch_window_updates"]
+__all__ = ["CREDIT_BATCH", "BatchedYamuxStream", "batch_window_updates"]
+
+CREDIT_BATCH: Final = 16 * 1024
+"""Bytes read before the window is credited back (at most half the window): a sixteenth of the
+256 KiB window, so a sender is never held up by the batching (it would block only 240 KiB
+behind, as with py-libp2p's own credit) while a stream of 1 KB RPCs sends one update per ~12
+reads instead of one per two."""
 
 
 class BatchedYamuxStream(YamuxStream):
-    """A Yamux stream that sends a WINDOW_UPDATE once half of its receive window was read."""
+    """A Yamux stream that sends a WINDOW_UPDATE once :data:`CREDIT_BATCH` bytes were read."""
 
     async def _auto_tune_and_send_window_update(self, *, bytes_read: int = 0) -> None:
         increment = 0
         async with self.window_lock:
             buffered = len(self.conn.stream_buffers.get(self.stream_id, b""))
             consumed = self.target_recv_window - (self.recv_window + buffered)
-            if consumed > 0 and consumed >= self._grow_threshold():
+            if consumed > 0 and consumed >= min(self._grow_threshold(), CREDIT_BATCH):
                 self.recv_window += consumed
                 increment = consumed + self._apply_autotune_epoch(buffered)
         if increment > 0:
