@@ -832,6 +832,14 @@ async def run_phases(
         for s in stats.values():
             drops.update({str(k): int(v) for k, v in (s.get("drops") or {}).items()})
         result["drops"] = dict(drops)
+        lost: Counter[str] = Counter()
+        for s in stats.values():
+            lost.update({str(k): int(v) for k, v in (s.get("disconnects") or {}).items()})
+        result["disconnect_reasons"] = dict(lost)
+        result["presence_per_node"] = {
+            key: statistics.mean(float(s.get(key, 0)) for s in stats.values()) if stats else 0.0
+            for key in ("presence_published", "presence_accepted", "presence_bytes_in")
+        }
         if len(stats) < size:
             notes.append(f"stats from {len(stats)} of {size} nodes")
         events = net.event_counts()
@@ -844,6 +852,10 @@ async def run_phases(
             f"({churn['peer_disconnected'] / size / max(minutes, 1e-9):.1f} per node per minute), "
             + ", ".join(f"{v} {k}" for k, v in churn.items() if k != "peer_disconnected")
             + f"; payloads dropped: {dropped}"
+            + "; disconnects by reason: "
+            + (", ".join(f"{k} {v}" for k, v in lost.most_common()) or "none")
+            + "; presence per node: {presence_published:.0f} published, {presence_accepted:.0f} accepted,"
+            " {presence_bytes_in:.0f} bytes heard".format(**result["presence_per_node"])
         )
     else:
         result["connections"] = [net.nodes[n].connected for n in ids]

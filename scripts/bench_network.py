@@ -41,7 +41,9 @@ case measured for both.
 (connected, nothing published, after 5 s of settling), in % of one core; for the project's node
 also the connections lost and the PRUNEs received per node per minute in that time (a churning
 mesh shows there). ``disconnects`` / ``dropped`` on a publishing line: the project's node's
-connections lost and payloads its edge dropped, all nodes, since start.
+connections lost and payloads it dropped, all nodes, since start, with the count per reason
+(``replay``: a copy of a message already handled, ``outbound_queue_full``: a peer's send queue
+was full, ...; every reason is in docs/network.md, "What is dropped, and why").
 
     python scripts/bench_network.py                                 # 36 cases, 12 networks
     python scripts/bench_network.py --nodes 2 --rate 5 --seconds 3  # a short check
@@ -257,6 +259,8 @@ class CompanionNodeUnderTest:
             "mesh": stats["mesh"].get("messages", 0),
             "disconnects": sum(stats["disconnects"].values()),
             "dropped": stats["dropped"],
+            "drops": stats["drops"],
+            "disconnect_reasons": stats["disconnects"],
             "prunes": stats["control"].get("prune_received", 0),
         }
 
@@ -616,6 +620,8 @@ def summarise(out: dict[str, Any], reports: list[dict[str, Any]], cpu: list[floa
     if any("disconnects" in r for r in reports):
         out["disconnects"] = sum(r.get("disconnects", 0) for r in reports)
         out["dropped"] = sum(r.get("dropped", 0) for r in reports)
+        out["drops"] = drops_by_reason(reports)
+        out["disconnect_reasons"] = drops_by_reason(reports, "disconnect_reasons")
     if os.environ.get("BENCH_DEBUG"):
         for i, r in enumerate(reports):
             print(
@@ -625,6 +631,21 @@ def summarise(out: dict[str, Any], reports: list[dict[str, Any]], cpu: list[floa
                 {k: v for k, v in r.items() if k not in ("latencies", "at")},
                 file=sys.stderr,
             )
+
+
+def drops_by_reason(reports: Sequence[dict[str, Any]], key: str = "drops") -> dict[str, int]:
+    """The payloads the project's nodes dropped since start (or with ``key="disconnect_reasons"``
+    the connections they lost), all nodes, by reason (the labels of ``docs/network.md``, "What
+    is dropped, and why"), most frequent first."""
+    total: dict[str, int] = {}
+    for r in reports:
+        for reason, n in r.get(key, {}).items():
+            total[reason] = total.get(reason, 0) + n
+    return dict(sorted(total.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def describe_drops(drops: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in drops.items()) or "none"
 
 
 def network_cases(
@@ -734,7 +755,12 @@ def describe(r: dict[str, Any]) -> str:
             f"  conn {span(r['connections'])}  mesh {span(r['mesh'])}"
         )
         if "disconnects" in r:
-            head += f"  disconnects {r['disconnects']}  dropped {r['dropped']}"
+            head += f"  disconnects {r['disconnects']}"
+            if r.get("disconnect_reasons"):
+                head += f" ({describe_drops(r['disconnect_reasons'])})"
+            head += f"  dropped {r['dropped']}"
+            if r.get("drops"):
+                head += f" ({describe_drops(r['drops'])})"
     if r.get("rss_mb_per_node"):
         head += f"  RSS {r['rss_mb_per_node']:.0f} MB/node"
     if "error" in r:

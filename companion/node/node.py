@@ -49,6 +49,7 @@ from .relay import NatTraversal
 from .replay import ReplayGuard
 from .routing import DhtDiscovery
 from .topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_pruner
+from .yamux import batch_window_updates
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 
@@ -73,8 +74,9 @@ class NodeNotRunning(RuntimeError):
 class _ConnectionEvents(INotifee):
     """py-libp2p awaits notifees inline while connecting: only hand the event over."""
 
-    def __init__(self, send: trio.MemorySendChannel[tuple[str, INetConn]]) -> None:
+    def __init__(self, send: trio.MemorySendChannel[tuple[str, INetConn]], *, batch_yamux: bool) -> None:
         self._send = send
+        self._batch_yamux = batch_yamux
 
     def _offer(self, kind: str, conn: INetConn) -> None:
         try:
@@ -83,6 +85,8 @@ class _ConnectionEvents(INotifee):
             log_event(logger, "connection_event_dropped", logging.WARNING, kind=kind)
 
     async def connected(self, network: Any, conn: INetConn) -> None:
+        if self._batch_yamux:  # before anything else can run: no stream escapes (yamux.py)
+            batch_window_updates(conn.muxed_conn)
         self._offer("connected", conn)
 
     async def disconnected(self, network: Any, conn: INetConn) -> None:
@@ -170,7 +174,8 @@ class CompanionNode:
         )
         self.disconnects: Counter[str] = Counter()
         """Closed connections by reason: ``unresponsive`` (health probes unanswered), ``stopping``
-        (this node stopped), ``closed`` (the peer or the network closed it)."""
+        (this node stopped), ``trimmed`` (the connection bound, this node's or the peer's, who
+        said so first), ``closed`` (the peer or the network closed it otherwise)."""
         self.listen_addrs: list[str] = []
         self.published = 0
         self.delivered = 0
@@ -317,7 +322,9 @@ class CompanionNode:
         )
         conn_send, conn_recv = trio.open_memory_channel[tuple[str, INetConn]](1024)
         mdns_send, mdns_recv = trio.open_memory_channel[PeerInfo](64)
-        host.get_network().register_notifee(_ConnectionEvents(conn_send))
+        host.get_network().register_notifee(
+            _ConnectionEvents(conn_send, batch_yamux=self.config.yamux_batched_window)
+        )
         if self.metadata is not None:
             host.set_stream_handler(METADATA_PROTOCOL, self._serve_metadata)
         mdns_bridge = MdnsBridge(self._id, mdns_send, trio.lowlevel.current_trio_token())
@@ -475,6 +482,8 @@ class CompanionNode:
                 self.health.watch(conn, nursery)
             else:
                 reason = self._closing.pop(conn, "closed")
+                if reason == "closed" and self.topology is not None and self.topology.trimming(name):
+                    reason = "trimmed"  # the connection bound at work, ours or the peer's
                 self.disconnects[reason] += 1
             if kind == "connected" and not self.membership.is_connected(name):
                 self.membership.peer_connected(name)

@@ -365,8 +365,15 @@ class PresenceService:
                 continue
         if usable:
             store = host.get_peerstore()
+            wanted = usable[:PRESENCE_MAX_ADDRS]
+            try:
+                held = {str(a) for a in store.addrs(peer)}
+            except Exception:  # py-libp2p raises for a peer it holds no addresses of
+                held = set()
+            if held == {str(a) for a in wanted}:
+                return  # every refresh repeats them: clearing costs py-libp2p a peer-record check
             store.clear_addrs(peer)
-            store.add_addrs(peer, usable[:PRESENCE_MAX_ADDRS])
+            store.add_addrs(peer, wanted)
 
     def _refused(self, refused: AnnounceRefused) -> None:
         owner = f", pinned to peer {refused.owner}" if refused.owner else ""

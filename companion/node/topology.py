@@ -194,6 +194,12 @@ class Topology:
     def disconnected(self, peer: str) -> None:
         self._since.pop(peer, None)
 
+    def trimming(self, peer: str) -> bool:
+        """Whether a connection to ``peer`` closing now is a trim, by us or by the peer (which
+        said so first); unlike :meth:`closed_on_purpose` it forgets nothing."""
+        told = self._notices.get(peer)
+        return peer in self._trimming or (told is not None and trio.current_time() - told <= NOTICE_VALID)
+
     def closed_on_purpose(self, peer: str) -> bool:
         """Whether the connection to ``peer`` that just closed was trimmed, by us or by the peer
         (which said so first); forgets both marks."""

@@ -165,6 +165,11 @@ def test_twelve_companions_with_four_connections_each_see_everyone_and_talk(tmp_
         # ... and yet every directory still lists everyone (presence through others)
         for key, proc in procs.items():
             assert sorted(proc.stats()["companions"]) == sorted(everyone), (key, departures(proc))
+        # every trim is counted as a trim where it happened, not as a connection lost
+        stats = {key: proc.stats() for key, proc in procs.items()}
+        assert any(s["trimmed"] for s in stats.values()), "nothing trimmed: the bound never acted"
+        for key, s in stats.items():
+            assert s["disconnects"].get("trimmed", 0) >= s["trimmed"], (key, s["disconnects"], s["trimmed"])
 
         trio.run(_one_reply_per_message, hub_addr, everyone)
 
