@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh clone to a full test run: virtualenv, package with test extras,
 # system packages the browser/voice tests need, lint, types, then the whole pytest suite.
-# Extra arguments go to pytest (e.g. `bash scripts/test.sh -k protocol`).
+# Extra arguments go to one plain pytest run instead (e.g. `bash scripts/test.sh -k protocol`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,4 +16,18 @@ bash scripts/system-deps.sh
 .venv/bin/ruff check companion tests scripts
 .venv/bin/ruff format --check companion tests scripts
 .venv/bin/mypy companion
-exec .venv/bin/python -m pytest "$@"
+if [ "$#" -gt 0 ]; then  # a developer's selection: as asked, in one process
+    exec .venv/bin/python -m pytest "$@"
+fi
+# The whole suite: everything but the `solo` tests on two workers (most integration tests wait on
+# deadlines and peers, not on the CPU), then the `solo` ones, which need both cores to hold their
+# real rates, one at a time.
+WORKERS=${COMPANION_TEST_WORKERS:-2}
+shared=0
+.venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not solo" || shared=$?
+solo=0
+.venv/bin/python -m pytest -m solo || solo=$?
+if [ "$shared" -ne 0 ]; then
+    exit "$shared"
+fi
+exit "$solo"

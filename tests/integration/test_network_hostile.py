@@ -191,6 +191,7 @@ def test_undecodable_and_interleaved_rpcs_reset_one_stream_not_the_node(tmp_path
         ask(raw, "a", "after")  # pubsub with the attacker itself came back after each reset
 
 
+@pytest.mark.solo
 def test_fuzzed_rpcs_through_the_pubsub_stream(tmp_path: Path) -> None:
     with network(tmp_path) as net:
         a, a_started = net.companion("a")
@@ -260,6 +261,7 @@ def test_replay_after_restart_is_not_forwarded(tmp_path: Path) -> None:
         assert b.count("inbound", id="recorded") == 1
 
 
+@pytest.mark.solo
 def test_flood_of_large_messages_at_150_per_second_with_a_starved_receiver(tmp_path: Path) -> None:
     """Well-formed 20 KB messages at 150/s; meanwhile c joins and gets the CPU a third of the
     time. a then writes to c from two tasks at once (its replay of the recent messages to a new
@@ -300,6 +302,7 @@ def driver_stats(proc: Proc) -> Event:
     return proc.wait_for(lambda e: e.get("event") == "stats" and proc.count("stats") > mark, 10, "stats")
 
 
+@pytest.mark.solo
 def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path) -> None:
     """Health checks probe silent connections (Yamux ping, every 1 s here, 3 s to answer) and
     tolerate one unanswered probe: a peer frozen for 5 s stays; one frozen for good is dropped."""
@@ -331,6 +334,7 @@ def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path)
         assert driver_stats(a)["disconnects"] == {"unresponsive": 1}
 
 
+@pytest.mark.solo
 def test_a_burst_of_actions_arrives_whole(tmp_path: Path) -> None:
     """200 actions published back to back (a tool reporting progress): py-libp2p's 32-slot send
     queue kept 32 and dropped the rest without a trace; the node now waits for room."""

@@ -132,6 +132,7 @@ def connections(proc: Proc) -> set[str]:
     return set(proc.stats()["connections"])
 
 
+@pytest.mark.solo
 def test_twelve_companions_with_four_connections_each_see_everyone_and_talk(tmp_path: Path) -> None:
     """12 companions, ``--max-connections 4``: a sparse network (not the 66 connections of a full
     mesh), every directory full, every node within its bound (plus the hub it was given), and a

@@ -158,6 +158,7 @@ def chatter(raw: Proc) -> int:
     return count
 
 
+@pytest.mark.solo
 async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Path) -> None:
     with network(tmp_path) as net:
         node = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="test"))
