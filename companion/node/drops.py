@@ -20,6 +20,9 @@ logger = logging.getLogger("companion.node.drops")
 
 # Reasons that are normal gossip artifacts rather than misbehaviour: logged at debug level.
 _QUIET_REASONS = frozenset({"replay"})
+# Reasons that say a peer went away, not that it misbehaved (every peer that stops leaves a
+# send that failed): logged at info level, and counted like every drop.
+_PEER_GONE_REASONS = frozenset({"send_failed"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +60,12 @@ class DropCounters:
         suppressed = self._throttle.admit((peer, drop.reason))
         if suppressed is None:
             return
-        level = logging.DEBUG if drop.reason in _QUIET_REASONS else logging.WARNING
+        if drop.reason in _QUIET_REASONS:
+            level = logging.DEBUG
+        elif drop.reason in _PEER_GONE_REASONS:
+            level = logging.INFO
+        else:
+            level = logging.WARNING
         log_event(
             logger,
             "payload_dropped",
