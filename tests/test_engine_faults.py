@@ -69,7 +69,9 @@ def check_scenario(out: Outcome) -> None:
         assert all(e.fields["turn"] <= AIKYO_MAX_TURNS for e in ours), why
     elif out.scenario == "outage":
         ended = [e for t in out.transcripts for e in t.events if e.kind == "end"]
-        assert ended and ended[-1].reason == "terminal", why
+        # a closing array ends it as ``unanswered`` (the transcript says nobody could answer);
+        # a late reply that went on may still reach a normal ``terminal``
+        assert ended and ended[-1].reason in ("terminal", "unanswered"), why
         for at, unanswered in out.kinds("turn_unanswered"):  # closed, unless a late reply went on
             mid = unanswered.fields["message_id"]
             closing = [e for _, e in out.kinds("states_published") if e.fields.get("message_id") == mid]

@@ -105,7 +105,6 @@ async def mesh_ready(sender: WebSocketConnection, receiver: WebSocketConnection)
     raise AssertionError("no message crossed between the two bridges")
 
 
-@pytest.mark.solo
 async def test_a_flood_is_answered_with_rate_limited_and_nothing_is_lost(tmp_path: Path) -> None:
     """10,000 frames as fast as one client can send them: every frame is either published
     (and reaches a client of another bridge across the network) or answered with a

@@ -191,7 +191,6 @@ def test_undecodable_and_interleaved_rpcs_reset_one_stream_not_the_node(tmp_path
         ask(raw, "a", "after")  # pubsub with the attacker itself came back after each reset
 
 
-@pytest.mark.solo
 def test_fuzzed_rpcs_through_the_pubsub_stream(tmp_path: Path) -> None:
     with network(tmp_path) as net:
         a, a_started = net.companion("a")
@@ -334,7 +333,6 @@ def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path)
         assert driver_stats(a)["disconnects"] == {"unresponsive": 1}
 
 
-@pytest.mark.solo
 def test_a_burst_of_actions_arrives_whole(tmp_path: Path) -> None:
     """200 actions published back to back (a tool reporting progress): py-libp2p's 32-slot send
     queue kept 32 and dropped the rest without a trace; the node now waits for room."""
