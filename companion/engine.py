@@ -26,7 +26,6 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Final
 
 import trio
@@ -55,12 +54,12 @@ from .routines import CompanionJoined as RoutineJoined
 from .routines import CompanionLeft as RoutineLeft
 from .routines import MessageSeen as RoutineMessage
 from .speech import Speaker, Speech
-from .store import MemoryStore, Store
+from .store import MemoryStore
 from .timings import EngineTimings
 from .tools_announcer import ToolsAnnouncer, read_tools
 from .turns import turn_info
 
-__all__ = ["ConversationEngine", "EngineEvent", "EngineTimings", "NodeLike", "engine_handler_factory"]
+__all__ = ["ConversationEngine", "EngineEvent", "EngineTimings", "NodeLike"]
 
 logger = logging.getLogger("companion.engine")
 
@@ -411,49 +410,3 @@ class ConversationEngine:
         speech.spoke = True
         self._feed(cv.ReplyPublished(speech.effect.message_id, verdict))
         return verdict
-
-
-def engine_handler_factory(
-    model_for: Callable[[LoadedCard], CompanionModel],
-    *,
-    data_dir: Path | None,
-    timings: EngineTimings | None = None,
-) -> Callable[[LoadedCard, NodeLike, trio.Nursery], ConversationEngine]:
-    """``(card, node, nursery) -> engine`` for :func:`companion.app.run.run_nodes`, the store in
-    ``data_dir/<companion id>/`` (in memory when ``None``)."""
-
-    def make(loaded: LoadedCard, node: NodeLike, nursery: trio.Nursery) -> ConversationEngine:
-        store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
-        kv = None
-        if store is not None:
-            nursery.start_soon(store.serve)  # writes behind; flushed and closed when the node stops
-            kv = KeyValueStore.open(store.path)  # the tools' values, in the same file
-            nursery.start_soon(_serve_kv, kv)
-        membership = getattr(node, "membership", None)
-        engine = ConversationEngine(
-            loaded,
-            model_for(loaded),
-            node,
-            node.directory,
-            store=store,
-            timings=timings,
-            companion_of=getattr(membership, "companion_of", None),
-            kv=kv,
-        )
-        engine.attach(nursery)
-        listen = getattr(node, "add_membership_listener", None)
-        if listen is not None:
-            listen(engine.directory_changed)
-        return engine
-
-    return make
-
-
-async def _serve_kv(kv: KeyValueStore) -> None:
-    """Keep the tools' store open until cancelled, then commit what is queued and close it off
-    the loop (as :meth:`Store.serve <companion.store.Store.serve>` does for the history)."""
-    try:
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(kv.close)

@@ -24,6 +24,7 @@ from ..protocol import Action, Message, Query, QueryResult
 from ..transport import Inbound
 
 if TYPE_CHECKING:
+    from ..actions import KeyValueStore
     from ..card import LoadedCard
     from ..engine import ConversationEngine, EngineTimings
     from ..models.base import CompanionModel
@@ -219,15 +220,41 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
     """The handler factory of ``companion run``: a :class:`CompanionHandler` with a conversation
     engine per card (its model from ``models``, its history and memory under
     ``data_dir/<companion id>/``, in memory when ``None``), publishing through the card's node."""
-    from ..engine import engine_handler_factory
+    from ..actions import KeyValueStore
+    from ..engine import ConversationEngine
+    from ..store import Store
 
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
         chosen = models[loaded.card.metadata.id]
-        factory = engine_handler_factory(
-            lambda _card: chosen.model, data_dir=data_dir, timings=chosen.timings
+        store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
+        kv = None
+        if store is not None:
+            nursery.start_soon(store.serve)  # writes behind; flushed and closed when the node stops
+            kv = KeyValueStore.open(store.path)  # the tools' values, in the same file
+            nursery.start_soon(_serve_kv, kv)
+        engine = ConversationEngine(
+            loaded,
+            chosen.model,
+            node,
+            node.directory,
+            store=store,
+            timings=chosen.timings,
+            companion_of=node.membership.companion_of,
+            kv=kv,
         )
-        engine = factory(loaded, node, nursery)
+        engine.attach(nursery)
+        node.add_membership_listener(engine.directory_changed)
         engine.directory_changed()  # the node may have met companions before its engine existed
         return CompanionHandler(node.name, engine)
 
     return make
+
+
+async def _serve_kv(kv: KeyValueStore) -> None:
+    """Keep the tools' store open until cancelled, then commit what is queued and close it off
+    the loop (as :meth:`Store.serve <companion.store.Store.serve>` does for the history)."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(kv.close)
