@@ -36,6 +36,11 @@ async def linked(node: CompanionNode, peer: RawPeer) -> None:
     node_id = ID.from_base58(node.peer_id)
     await until(lambda: node_id in peer.pubsub.peers and node._pubsub is not None, 10)
     await until(lambda: ID.from_base58(peer.peer_id) in node._pubsub.peers, 10)  # type: ignore[union-attr]
+    # and each knows the other is subscribed to ``messages``: before that a publish may reach
+    # nobody (a loaded machine took longer than the 10 s wait for the first refusal)
+    await until(lambda: node_id in peer.pubsub.peer_topics.get(MESSAGES, set()), 10)
+    peer_id = ID.from_base58(peer.peer_id)
+    await until(lambda: peer_id in node._pubsub.peer_topics.get(MESSAGES, set()), 10)  # type: ignore[union-attr]
 
 
 def count_records(peer: RawPeer) -> list[int]:

@@ -100,6 +100,32 @@ class CdpError(RuntimeError):
     pass
 
 
+_NAVIGATED = "Inspected target navigated or closed"
+"""Chromium's answer to an evaluation whose page navigated away meanwhile."""
+
+
+def _waiting_script(expression: str, timeout: float) -> str:
+    """A promise that resolves with ``expression`` once truthy (checked on every DOM change) and
+    rejects after ``timeout`` seconds."""
+    return f"""
+        new Promise((resolve, reject) => {{
+          const check = () => {{
+            let value;
+            try {{ value = ({expression}); }} catch (e) {{ value = undefined; }}
+            if (value) {{ observer.disconnect(); clearTimeout(timer); resolve(value); return true; }}
+            return false;
+          }};
+          const observer = new MutationObserver(check);
+          const timer = setTimeout(() => {{
+            observer.disconnect();
+            reject(new Error("timed out waiting for: " + {json.dumps(expression)}));
+          }}, {int(timeout * 1000)});
+          if (!check()) observer.observe(document, {{subtree: true, childList: true,
+            characterData: true, attributes: true}});
+        }})
+    """
+
+
 class Cdp:
     """One DevTools connection; commands are matched to answers by id, events kept per session."""
 
@@ -190,25 +216,17 @@ class Page:
         return result["result"].get("value")
 
     async def wait_for(self, expression: str, timeout: float = 10) -> Any:
-        """Wait until ``expression`` is truthy in the page; re-checked on every DOM change."""
-        script = f"""
-            new Promise((resolve, reject) => {{
-              const check = () => {{
-                let value;
-                try {{ value = ({expression}); }} catch (e) {{ value = undefined; }}
-                if (value) {{ observer.disconnect(); clearTimeout(timer); resolve(value); return true; }}
-                return false;
-              }};
-              const observer = new MutationObserver(check);
-              const timer = setTimeout(() => {{
-                observer.disconnect();
-                reject(new Error("timed out waiting for: " + {json.dumps(expression)}));
-              }}, {int(timeout * 1000)});
-              if (!check()) observer.observe(document, {{subtree: true, childList: true,
-                characterData: true, attributes: true}});
-            }})
-        """
-        return await self.evaluate(script, timeout=timeout + 5)
+        """Wait until ``expression`` is truthy in the page; re-checked on every DOM change, and
+        in the new document when the page navigated meanwhile (a reload the test caused)."""
+        deadline = trio.current_time() + timeout
+        while True:
+            left = max(0.1, deadline - trio.current_time())
+            try:
+                return await self.evaluate(_waiting_script(expression, left), timeout=left + 5)
+            except CdpError as exc:
+                if _NAVIGATED not in str(exc) or trio.current_time() >= deadline:
+                    raise
+                await trio.sleep(0.05)
 
     async def screenshot(self, path: Path) -> None:
         data = await self.call("Page.captureScreenshot", {"format": "png"})
