@@ -293,20 +293,17 @@ class Transcript:
                     reason=reason,
                 )
             )
-            if reason == "terminal" and message_id in unanswered:
-                why = "nobody could answer the last message: every companion in its order failed or gave up"
-                out.append(
-                    TranscriptEvent(
-                        "end", None, why=why, closing="terminal", turn=f["turn"], reason="unanswered"
-                    )
-                )
-            elif reason == "terminal":
-                out.append(
-                    TranscriptEvent(
-                        "end", None, why=f["why"], closing="terminal", turn=f["turn"], reason="terminal"
-                    )
-                )
+            if reason == "terminal":
+                ended, why = "terminal", f["why"]
+                if message_id in unanswered:
+                    ended = "unanswered"
+                    why = _UNANSWERED_WHY
+                end = TranscriptEvent("end", None, why=why, closing="terminal", turn=f["turn"], reason=ended)
+                out.append(end)
         return out
+
+
+_UNANSWERED_WHY = "nobody could answer the last message: every companion in its order failed or gave up"
 
 
 def _published_by(signal: YieldSeen | ThinkingSeen, publisher: str | None) -> YieldSeen | ThinkingSeen:
