@@ -87,15 +87,21 @@ async def raw_peer(metadata: Metadata | None = None, *, aikyo_style: bool = Fals
     peer.pubsub = Pubsub(peer.host, router, strict_signing=True)
     if metadata is not None:
         peer.host.set_stream_handler(METADATA_PROTOCOL, peer._serve)
-    async with peer.host.run(listen_addrs=[Multiaddr(a) for a in config.listen]):
+    async with (
+        peer.host.run(listen_addrs=[Multiaddr(a) for a in config.listen]),
+        background_trio_service(peer.pubsub),
+        background_trio_service(router),
+    ):
         try:
-            async with background_trio_service(peer.pubsub), background_trio_service(router):
-                await peer.pubsub.wait_until_ready()
-                async with trio.open_nursery() as nursery:
-                    for topic in TOPICS:
-                        nursery.start_soon(peer._drain, await peer.pubsub.subscribe(topic))
-                    yield peer
-                    nursery.cancel_scope.cancel()
+            await peer.pubsub.wait_until_ready()
+            async with trio.open_nursery() as nursery:
+                for topic in TOPICS:
+                    nursery.start_soon(peer._drain, await peer.pubsub.subscribe(topic))
+                yield peer
+                nursery.cancel_scope.cancel()
         finally:
+            # connections close while pubsub still runs, as the node does (node.py
+            # _close_host): a peer's subscription arriving during the stop would otherwise
+            # reach a pubsub whose task nursery is closed and crash the host
             with trio.CancelScope(shield=True), trio.move_on_after(3):
                 await peer.host.close()

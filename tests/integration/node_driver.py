@@ -3,7 +3,8 @@
 ``python node_driver.py METADATA_JSON [--peer ADDR] [--config NODE_CONFIG_JSON]``; commands on
 stdin, one JSON object a line: ``{"op": "connect", "addr": A}``,
 ``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``, ``{"op": "stats"}``,
-``{"op": "disconnect", "peer": PEER_ID}`` (hang up on one peer, which does not redial).
+``{"op": "disconnect", "peer": PEER_ID}`` (hang up on one peer and keep hanging up: the
+peer's own node redials known peers, so every later connection to it is closed at once).
 Events on stdout, one JSON object a line: ``started``, ``joined``/``left`` (companion_id),
 ``inbound`` (topic, peer, text), ``connected``, ``published``, ``stats`` (the node's counters),
 ``disconnected``, ``error``. ``--config`` overrides NodeConfig fields (e.g.
@@ -47,7 +48,9 @@ async def main(metadata: Metadata, peers: list[str], overrides: dict[str, Any]) 
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run, Printer())
         emit("started", peer_id=node.peer_id, addrs=node.listen_addrs)
-        await commands(node)
+        banned: set[str] = set()
+        nursery.start_soon(keep_out, node, banned)
+        await commands(node, banned)
         nursery.cancel_scope.cancel()
 
 
@@ -59,7 +62,21 @@ async def disconnect(node: CompanionNode, peer: str) -> None:
         await node._host.disconnect(ID.from_base58(peer))
 
 
-async def commands(node: CompanionNode) -> None:
+async def keep_out(node: CompanionNode, banned: set[str]) -> None:
+    """Close any connection to a peer this driver hung up on, within 50 ms of its opening: the
+    other node's connection keeper redials known peers, and a dial in flight during the hang-up
+    lands after it."""
+    while True:
+        await trio.sleep(0.05)
+        network = node._host.get_network() if node._host is not None else None
+        if network is None:
+            continue
+        for peer in [p for p in network.connections if p.to_base58() in banned]:
+            with trio.move_on_after(5):
+                await node._host.disconnect(peer)
+
+
+async def commands(node: CompanionNode, banned: set[str]) -> None:
     stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
     buffer = b""
     while True:
@@ -80,6 +97,7 @@ async def commands(node: CompanionNode) -> None:
                 elif command["op"] == "stats":
                     emit("stats", **node.stats())
                 elif command["op"] == "disconnect":
+                    banned.add(command["peer"])
                     await disconnect(node, command["peer"])
                     emit("disconnected", peer=command["peer"])
             except Exception as exc:
