@@ -449,6 +449,16 @@ def edges(topology: str, nodes: int) -> list[tuple[int, int]]:
     return sorted((max(p), min(p)) for p in pairs)
 
 
+def in_peer_id_order(pairs: Sequence[tuple[int, int]], peer_ids: Sequence[str]) -> list[tuple[int, int]]:
+    """The topology's positions laid on the nodes sorted by peer id: the ring of ``sparse`` is
+    then the ring the project's node keeps itself (``topology.ring_neighbours``: neighbours in
+    peer-id order), so with ``max_connections`` at the topology's degree its connection keeper
+    neither dials nor trims, and every implementation runs the very same graph. Without this
+    the keeper dialled its own ring neighbours and trimmed the bench's links during the run."""
+    order = sorted(range(len(peer_ids)), key=lambda n: peer_ids[n])
+    return [(order[i], order[j]) for i, j in pairs]
+
+
 def neighbours(pairs: Sequence[tuple[int, int]], nodes: int) -> list[int]:
     """How many neighbours each node has."""
     count = [0] * nodes
@@ -493,12 +503,15 @@ class Network:
         stop_all(self.workers)
 
     def start(self) -> None:
-        degree = neighbours(self.pairs, self.nodes)
+        # every node of both shapes has the same degree; which node takes which position is
+        # known only once they run (in_peer_id_order)
+        degree = max(1, *neighbours(self.pairs, self.nodes))
         for i in range(self.nodes):
-            self.workers.append(Worker(self.impl, i, worker_argv(self.impl, i, max(1, degree[i]), self.js)))
+            self.workers.append(Worker(self.impl, i, worker_argv(self.impl, i, degree, self.js)))
         started = [w.wait_after(0, START_TIMEOUT, "started") for w in self.workers]
         self.start_s = [s["at"] - w.spawned for s, w in zip(started, self.workers, strict=True)]
         addrs = [next((a for a in s["addrs"] if "/ip4/127.0.0.1/" in a), s["addrs"][0]) for s in started]
+        self.pairs = in_peer_id_order(self.pairs, [str(s["peer_id"]) for s in started])
         self.dial(addrs)
 
     def dial(self, addrs: Sequence[str], attempts: int = 5) -> None:

@@ -400,8 +400,10 @@ async def test_turn_limit_closes_gracefully_and_ends(autojump_clock: trio.testin
         stages = [(r.params.metadata or {})[META_CLOSING] for r in replies]
         assert stages == ["none", "pre-closing", "closing"]
         assert [(r.params.metadata or {})[META_TURN] for r in replies] == [1, 2, 3]
+        # every companion the last reply addressed (all but its speaker) sees the end; the
+        # bystander may read the last array before they do
+        await rec.until(lambda: len(rec.kinds("conversation_over")) >= 2, 60)
         over = rec.kinds("conversation_over")
-        # every companion the last reply addressed (all but its speaker) sees the end
         assert len(over) == 2 and {e.fields["turn"] for e in over} == {3}
         finals = rec.kinds("states_published")[-1]
         assert (
