@@ -215,3 +215,55 @@ async def test_a_presence_request_is_served_once_per_gap_and_relayed_only_then(
     extra = SimpleNamespace(**{**vars(request), "data": request.data.replace(b"{}", b'{"x":1}')})
     assert not service.validate(ID(request.from_id), extra)
     assert drops.snapshot()["invalid"] == 1
+
+
+class _RecordingPubsub(_Pubsub):
+    """Enough of a pubsub for the service's loops: it records what is published."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.published: list[bytes] = []
+        self.peer_queues: dict[str, list[bytes]] = {}
+
+    def set_topic_validator(self, topic: str, validator: object, is_async: bool) -> None:
+        return None
+
+    async def subscribe(self, topic: str) -> None:
+        return None
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        self.published.append(data)
+
+
+async def test_a_held_companion_announces_nothing_until_released(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``companion run`` holds presence while the engine is prepared: nothing is announced (not
+    periodically, not when a peer connects or asks, not even ``leaving``), metadata requests
+    wait until their deadline; on release the announcement goes out at once."""
+    me = create_new_key_pair()
+    service = PresenceService(
+        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
+        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
+        PresenceSettings(30.0, 90, 1.0, 65536),
+        DropCounters(trio.current_time),
+        lambda _events: None,
+    )
+    service.hold()
+    pubsub = _RecordingPubsub()
+    async with trio.open_nursery() as nursery:
+        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        service.trigger()  # a peer connected, or asked
+        await service.announce_now()
+        await trio.sleep(120)
+        assert pubsub.published == [] and service.held
+        start = trio.current_time()
+        assert not await service.wait_present(5.0)
+        assert trio.current_time() - start == pytest.approx(5.0)
+        service.release()
+        await trio.sleep(0.1)
+        assert len(pubsub.published) == 1 and await service.wait_present(0)
+        assert b'"leaving":false' in pubsub.published[0]
+        await service.leave()
+        assert b'"leaving":true' in pubsub.published[-1]
+        nursery.cancel_scope.cancel()

@@ -110,9 +110,11 @@ async def run_nodes(
     Each handler publishes through its own node.
 
     Start-up order: a node runs with a :class:`~.engines.PendingHandler` (payloads wait for the
-    engine) and its ``<id> peer`` line is printed once its engine is ready, so the line still
-    means "this companion answers". A model that cannot work (:func:`~.engines.prepare_models`)
-    stops every node and is raised here, as a bad card is (before any node starts)."""
+    engine), is not present to others (no announcement; metadata requests wait) and its
+    ``<id> peer`` line is printed once its engine is ready, so the line still means "this
+    companion answers", and no other node counts it as a leader before. A model that cannot
+    work (:func:`~.engines.prepare_models`) stops every node and is raised here, as a bad card
+    is (before any node starts)."""
     from ..card import load_card
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
@@ -161,7 +163,9 @@ async def run_nodes(
                 relays=tuple(options.relays),
                 max_connections=options.max_connections,
             )
-            node = CompanionNode(metadata, config, trust=trust)
+            # present to others only once its engine is ready (become_present below): a
+            # companion seen before could be chosen to lead a turn it cannot lead yet
+            node = CompanionNode(metadata, config, trust=trust, present=False)
             waiting = PendingHandler()
             node_nursery: trio.Nursery = await nursery.start(_run_one, node, waiting)
             nodes.append(node)
@@ -179,6 +183,7 @@ async def run_nodes(
             if runtime is not None:
                 runtimes[card.card.metadata.id] = runtime
             waiting.become(handler)
+            node.become_present()
             print(peer_line(node.name, node.peer_id), flush=True)
             print_addresses(node.listen_addrs)
             announce_directory(node)

@@ -11,6 +11,7 @@ disconnect at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
@@ -123,9 +124,15 @@ class CompanionNode:
         *,
         key_pair: KeyPair | None = None,
         trust: TrustStore | None = None,
+        present: bool = True,
     ) -> None:
         """``trust``: the pins and allowed answerers (shared by the nodes of one process and
-        kept in the data directory); in memory for this node alone when not given."""
+        kept in the data directory); in memory for this node alone when not given.
+
+        ``present=False``: the node runs, dials and relays, but does not make its companion
+        present to others (no announcement, metadata requests wait) until
+        :meth:`become_present`: what ``companion run`` does while the engine is prepared, so
+        nobody waits for a leader that cannot lead yet."""
         self.config = config or NodeConfig()
         self.metadata = metadata
         if key_pair is None:
@@ -192,6 +199,12 @@ class CompanionNode:
         self._changed = trio.Event()
         self._stopped = False
         self._finished = trio.Event()
+        if not present:
+            self.presence.hold()
+
+    def become_present(self) -> None:
+        """The companion is ready: announce it, and answer the metadata requests waiting."""
+        self.presence.release()
 
     # --- what others read -------------------------------------------------------------------
 
@@ -567,6 +580,14 @@ class CompanionNode:
 
     async def _serve_metadata(self, stream: INetStream) -> None:
         assert self.metadata is not None
+        if not await self.presence.wait_present(self.config.metadata_timeout):
+            # still not ready: no answer (the asker logs it); the announcement made once ready
+            # makes the companion present to it
+            peer = str(stream.muxed_conn.peer_id)
+            log_event(logger, "metadata_held", logging.DEBUG, node=self.name, peer=peer)
+            with trio.move_on_after(1.0), contextlib.suppress(Exception):
+                await stream.reset()
+            return
         await serve_metadata(stream, self.metadata, self._gate, wait=self.config.metadata_timeout)
 
     # --- discovery ----------------------------------------------------------------------------

@@ -129,6 +129,9 @@ class PresenceService:
         self._table_changed = trio.Event()
         self._lost: dict[str, tuple[int, float]] = {}
         """Peers lost without notice: the last seq we heard from each, and until when we say so."""
+        self._present = trio.Event()
+        self._present.set()
+        self._held = False
         self.published = 0
         self.accepted = 0
         self.bytes_out = 0
@@ -149,6 +152,30 @@ class PresenceService:
 
     # --- running ----------------------------------------------------------------------------
 
+    def hold(self) -> None:
+        """Announce nothing until :meth:`release` (before :meth:`start`): the companion is not
+        ready to take part yet, and a node that others see present may be chosen to lead a
+        turn it cannot lead. Announcements of others are still taken and relayed."""
+        if self._present.is_set():
+            self._present = trio.Event()
+        self._held = True
+
+    def release(self) -> None:
+        """Ready: announce at once, then as usual."""
+        self._held = False
+        self._present.set()
+        self.trigger()
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    async def wait_present(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) until this node announces itself; ``False`` if still held."""
+        with trio.move_on_after(timeout):
+            await self._present.wait()
+        return self._present.is_set()
+
     async def start(self, pubsub: Any, nursery: trio.Nursery, addrs: Callable[[], list[str]]) -> None:
         """Validate, subscribe (to receive and to relay) and start the loops in ``nursery``;
         ``addrs`` says where this node listens now (announced, so ring neighbours can dial)."""
@@ -163,6 +190,7 @@ class PresenceService:
             nursery.start_soon(self._request_loop)
 
     async def _publish_loop(self) -> None:
+        await self._present.wait()
         warmup = [w for w in WARMUP if w < self.settings.interval]
         while True:
             await self._announce(leaving=False)
@@ -223,19 +251,20 @@ class PresenceService:
     async def announce_now(self) -> None:
         """Announce at once and wait (bounded) until it was handed to every peer: what a node
         does just before it closes a connection on purpose (a trim)."""
-        if self.metadata is not None:
+        if self.metadata is not None and not self._held:
             await self._announce(leaving=False)
             await self._flush()
 
     async def leave(self) -> None:
-        """The orderly stop: announce ``leaving`` and give it a moment to go out."""
-        if self.metadata is not None and self._pubsub is not None:
+        """The orderly stop: announce ``leaving`` and give it a moment to go out (a node that
+        never announced itself has nothing to take back)."""
+        if self.metadata is not None and self._pubsub is not None and not self._held:
             await self._announce(leaving=True)
             await self._flush()
 
     async def _announce(self, *, leaving: bool) -> None:
         assert self.metadata is not None
-        if self._pubsub is None:
+        if self._pubsub is None or self._held:
             return
         self._seq = max(self._seq + 1, time.time_ns() // 1_000_000)
         presence = Presence(

@@ -1,5 +1,6 @@
-"""Start-up: a `companion run` process dials its peer before its model is ready, and what reaches
-it meanwhile is answered once the model is, not lost and not answered early.
+"""Start-up: a `companion run` process dials its peer before its model is ready, is not present
+to others until then, and what reaches it meanwhile is answered once the model is, not lost and
+not answered early.
 
 The model is a provider model on the fake OpenAI server, whose ``GET /v1/models`` (the start-up
 check) is held until the test lets it through, as a server that is slow to come up holds it.
@@ -85,8 +86,9 @@ async def test_run_dials_before_its_model_is_ready_and_answers_what_came_meanwhi
             proc = Proc("early", argv)
             net.procs.append(proc)
 
-            # it connects, and its companion is known here, while its model check is held
-            await _until(lambda: CID in node.directory, proc, 60, "connection from the companion")
+            # it connects while its model check is held, but its companion is not present yet:
+            # no node may count it as a leader of a turn it cannot lead
+            await _until(lambda: bool(node.connected_peers), proc, 60, "connection from the companion")
             assert not gate.is_set()
             assert not [line for line in proc.lines if line.startswith(f"{CID} peer ")], "announced too early"
 
@@ -102,10 +104,12 @@ async def test_run_dials_before_its_model_is_ready_and_answers_what_came_meanwhi
             assert await blocking(server.arrived.wait, 30), "the model check never came"
             await trio.sleep(1.0)  # time enough to answer, had anything been there to answer
             assert watcher.from_companion() == [], "answered before its model was ready"
+            assert CID not in node.directory, "present before its engine was ready"
 
             # the model comes up: the companion is announced and answers what came meanwhile
             gate.set()
             await blocking(stdout_line, proc, lambda line: line.startswith(f"{CID} peer "), 30)
+            await _until(lambda: CID in node.directory, proc, 10, "the companion's announcement")
             reply = await watcher.reply_to(opening.params.id, 60)
             assert reply is not None, "\n".join(proc.lines[-15:])
             assert "user_test" in reply.params.to
