@@ -143,3 +143,54 @@ async def test_publishing_waits_for_room_within_its_deadline() -> None:
         assert await pubsub.wait_for_room(32, 0.3) is False
         assert 0.3 <= trio.current_time() - started < 2.0
         assert await pubsub.wait_for_room(64, 0.3) is True
+
+
+async def test_own_messages_reach_a_subscribed_peer_outside_the_mesh() -> None:
+    """Flood publishing: a node's own message goes to every peer on the topic, so one published
+    while the mesh is empty (here: the peer PRUNEd us, and the heartbeat that could graft again is
+    30 s away and its backoff a minute) reaches it. py-libp2p alone sends it to the (empty) mesh,
+    i.e. to nobody."""
+    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
+    listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    got: list[bytes] = []
+    arrived = trio.Event()
+
+    def at_b(topic: str, msg: rpc_pb2.Message) -> None:
+        got.append(bytes(msg.data))
+        arrived.set()
+
+    hosts = [make_host(config, create_new_key_pair()) for _ in range(2)]
+    routers = [make_gossipsub(config) for _ in hosts]
+    pubsubs = [
+        GuardedPubsub(h, r, drops=DropCounters(trio.current_time), deliver=d, outbound_queue_size=128)
+        for h, r, d in zip(hosts, routers, (lambda topic, msg: None, at_b), strict=True)
+    ]
+    a, b = hosts
+    async with (
+        a.run(listen_addrs=listen),
+        b.run(listen_addrs=listen),
+        background_trio_service(pubsubs[0]),
+        background_trio_service(routers[0]),
+        background_trio_service(pubsubs[1]),
+        background_trio_service(routers[1]),
+    ):
+        try:
+            with trio.fail_after(10):
+                for pubsub in pubsubs:
+                    await pubsub.wait_until_ready()
+                    await pubsub.subscribe("messages")
+                await trio.sleep(0.3)  # the first heartbeats passed with nobody to graft
+                await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
+                while b.get_id() not in routers[0].mesh["messages"]:
+                    await trio.sleep(0.01)
+                # what handle_prune does when b PRUNEs us: b leaves our mesh, not the topic
+                await routers[0].handle_prune(rpc_pb2.ControlPrune(topicID="messages"), b.get_id())
+                assert not routers[0].mesh["messages"] and b.get_id() in pubsubs[0].peer_topics["messages"]
+                await pubsubs[0].publish("messages", b"first")
+            with trio.move_on_after(3):
+                await arrived.wait()
+            assert got == [b"first"]
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(3):
+                await a.close()
+                await b.close()

@@ -32,6 +32,9 @@ What py-libp2p does, measured, and what these subclasses change:
 - A message a topic validator refuses is not marked seen, so every copy of it (one per mesh
   peer, and those IWANT fetches) has its signature verified and its payload parsed and refused
   again. Here it is marked seen once its signature verified, as go-libp2p does.
+- A node's own messages go to its mesh peers only, so those published while the mesh is empty
+  (a PRUNE and its backoff) reach nobody. Here they go to every peer on the topic, as
+  go-libp2p's and js-libp2p's ``floodPublish`` does.
 - Sequence numbers start at the clock in nanoseconds instead of seconds, so a restarted node
   (same key) never reuses the seqnos, and therefore the message ids, of its previous run: peers
   would otherwise drop its new messages as replays or as equivocation.
@@ -82,6 +85,24 @@ class CountingGossipSub(GossipSub):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.control: Counter[str] = Counter()
+
+    def _get_peers_to_send(
+        self, topic_ids: Any, msg_forwarder: ID, origin: ID, msg_id: bytes | None = None
+    ) -> set[ID]:
+        """Flood publishing, as go-libp2p and js-libp2p do by default (``floodPublish``): this
+        node's own messages go to every peer subscribed to the topic, not only to its mesh
+        peers. py-libp2p 0.8.1 sends them to the mesh alone, and in a small network the mesh
+        can be empty while peers are there: after a peer PRUNEd us, until a heartbeat after its
+        backoff (a minute) grafts it again; a reply published then reached nobody. Forwarded
+        messages still go to the mesh only; the connection bound keeps the fan-out of one's
+        own messages small."""
+        peers = set(super()._get_peers_to_send(topic_ids, msg_forwarder, origin, msg_id))
+        pubsub = self.pubsub
+        if pubsub is None or origin != pubsub.my_id or msg_forwarder != origin:
+            return peers
+        for topic in topic_ids:
+            peers.update(p for p in pubsub.peer_topics.get(topic, ()) if p != origin)
+        return peers
 
     def _perform_opportunistic_grafting(self, topic: str, peers_to_graft: Any) -> int:
         """Off. It is meant for meshes of scored peers; with no peer scoring configured (every
