@@ -56,6 +56,27 @@ server treats only a zero-byte read as a clean end, so every peer that half-clos
 stream after the answer (py-libp2p's and js-libp2p's clients do) made a warning on the server."""
 
 
+_SELF_REPORTED: set[str] = set()
+"""Protocols whose failed negotiation the code that opens them reports itself, at the level it
+means (:func:`reports_stream_failures`)."""
+
+
+def reports_stream_failures(*protocols: str) -> None:
+    """Say that the caller reports a stream it could not open on one of ``protocols`` itself:
+    py-libp2p 0.8.1 logs every failed ``new_stream`` at ERROR level with its whole diagnosis,
+    and a peer that does not speak an optional protocol (a bridge asked for its metadata) is
+    no error. Those records are left out (kept at py-libp2p's DEBUG level)."""
+    _SELF_REPORTED.update(protocols)
+
+
+def _self_reported_stream_failure(record: logging.LogRecord) -> bool:
+    msg = record.msg
+    if not isinstance(msg, str) or not msg.startswith("Failed to open stream to peer"):
+        return False
+    head = msg.split("\n", 3)[:3]
+    return any(f"'{protocol}'" in line for line in head for protocol in _SELF_REPORTED)
+
+
 def _bound_str(text: str, max_chars: int) -> str:
     if len(text) > max_chars:
         text = f"{text[:max_chars]}…[+{len(text) - max_chars} chars]"
@@ -226,7 +247,8 @@ class LibraryRecords(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, _EVENT_ATTR, None) is not None:
             return True
-        if _routine_end_of_stream(record) and not logging.getLogger("libp2p").isEnabledFor(logging.DEBUG):
+        routine = _routine_end_of_stream(record) or _self_reported_stream_failure(record)
+        if routine and not logging.getLogger("libp2p").isEnabledFor(logging.DEBUG):
             return False
         left_out = self.throttle.admit((record.name, record.pathname, record.lineno))
         if left_out is None:

@@ -136,6 +136,23 @@ def test_a_dht_request_stream_the_peer_ended_is_not_a_warning(captured: io.Strin
     assert len(lines(captured)) == 2
 
 
+def test_a_peer_without_the_metadata_protocol_is_not_an_error(captured: io.StringIO) -> None:
+    """py-libp2p 0.8.1 logs every stream it could not open at ERROR level; every ``run --ws``
+    start printed one (a companion asks the clients' node, which has no metadata). Our code
+    reports those itself (``peer_metadata_unavailable``); other protocols' failures still show."""
+    import companion.node.metadata  # noqa: F401  (registers the protocol it reports itself)
+
+    host = logging.getLogger("libp2p.host.basic_host")
+    logging.getLogger("libp2p").setLevel(logging.INFO)
+    for protocol in ("/aikyo/metadata/1.0.0", "/ipfs/ping/1.0.0"):
+        host.error(
+            f"Failed to open stream to peer 12D3KooWX:\n  Error: protocols not supported: tried"
+            f" ['{protocol}'], timeout=10s.\n  Protocols: ['{protocol}']\n  Timeout: 30s"
+        )
+    (line,) = lines(captured)
+    assert "/ipfs/ping/1.0.0" in line["message"]
+
+
 def test_libp2p_records_stay_bounded_in_a_command_that_runs_a_node() -> None:
     """py-libp2p clears its logger's handlers when first imported: the set-up every node command
     uses must still catch the library's warnings, bounded, in a process that starts fresh."""

@@ -82,6 +82,7 @@ async def start_client_node(
     node = CompanionNode(None, config, trust=trust)
     trust.allow(node.peer_id, "approver")
     bridge = make_bridge(options, node, _Directories(nodes))
+    await bridge.bind()  # a taken --ws address is an error before any node starts
     await nursery.start(node.run, bridge)
     return ClientNode(node, bridge, node.listen_addrs[0])
 

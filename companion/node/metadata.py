@@ -19,7 +19,7 @@ from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.protocol_muxer.exceptions import MultiselectClientError, ProtocolNotSupportedError
 
-from ..log import log_event
+from ..log import log_event, reports_stream_failures
 from ..protocol import Metadata, PayloadError, parse_metadata
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
 logger = logging.getLogger("companion.node.metadata")
 
 METADATA_PROTOCOL: Final = TProtocol("/aikyo/metadata/1.0.0")
+reports_stream_failures(METADATA_PROTOCOL)  # a peer without it is no error: see where it is opened
 MAX_METADATA_BYTES: Final = 64 * 1024
 
 FetchStatus = Literal["ok", "empty", "unsupported", "invalid", "timeout", "error"]

@@ -39,7 +39,7 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from ..log import log_event
+from ..log import log_event, reports_stream_failures
 from .discovery import Backoff
 
 __all__ = [
@@ -61,6 +61,7 @@ RECHECK_INTERVAL: Final = 5.0
 """The longest a node goes without a pass over its connections, changes or not."""
 RING_DIAL_TIMEOUT: Final = 5.0
 TRIM_PROTOCOL: Final = TProtocol("/companion/trim/1.0.0")
+reports_stream_failures(TRIM_PROTOCOL)  # a peer without it is no error: see where it is opened
 """Opened by a node about to close a connection on purpose; the peer answers one byte."""
 NOTICE_TIMEOUT: Final = 2.0
 """How long telling a peer it is being trimmed may take (then it is closed regardless)."""
