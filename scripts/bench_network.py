@@ -17,7 +17,10 @@ Topologies (``--topology``, default both): ``mesh``, every node dials every earl
 4 neighbours (with 5 nodes or fewer this is the full mesh). The same dials for every
 implementation, sent once all nodes listen.
 
-For each (implementation, topology, node count) one network is started; then, for each rate,
+For each (implementation, topology, node count) one network is started, warmed up (until one
+message reached every node) and left to settle ``--settle`` seconds (default 5, for every
+implementation: the project's node announces itself and bootstraps its DHT in its first
+seconds; ``--settle 0`` measures through that); then, for each rate,
 node 0 publishes ``rate x seconds`` aikyo ``message.send`` envelopes on ``messages`` (the same
 bytes for all three, the text a JSON ``{"bench", "run", "seq", "t"}``) and every other node
 records, per message, its arrival wall clock minus ``t`` (one machine, one clock). After the
@@ -669,9 +672,11 @@ def network_cases(
     seconds: float,
     idle: float,
     js: list[str] | None,
+    settle: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Start one network, run every rate on it (and the idle case); one result per case, each
-    with ``error`` when it failed."""
+    with ``error`` when it failed. ``settle``: seconds between the warm-up and the first rate,
+    the same for every implementation."""
     base = {"impl": impl, "topology": topology, "nodes": nodes}
     results: list[dict[str, Any]] = []
     with Network(impl, topology, nodes, js) as net:
@@ -683,6 +688,7 @@ def network_cases(
                 neighbours=sorted(set(neighbours(net.pairs, nodes))),
             )
             net.warm()
+            time.sleep(settle)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             return [{**base, "rate": rate, "error": error} for rate in (rates if seconds > 0 else [])] + (
@@ -888,6 +894,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="publishing time per rate (default: 6 for 2 nodes, 10 for more; 0: no publishing)",
     )
     parser.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds each network rests after its warm-up before the first rate (default 5: the"
+        " project's node announces itself at 1, 2, 4 and 8 s and bootstraps its DHT in its first"
+        " seconds; 0 measures that too)",
+    )
+    parser.add_argument(
         "--idle",
         type=float,
         default=0.0,
@@ -927,7 +942,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for nodes in args.nodes:
                 seconds = (6.0 if nodes <= 2 else 10.0) if args.seconds is None else args.seconds
                 for impl in args.impl:  # interleaved: the same load for all three
-                    for r in network_cases(impl, topology, nodes, args.rate, seconds, args.idle, js):
+                    for r in network_cases(
+                        impl, topology, nodes, args.rate, seconds, args.idle, js, args.settle
+                    ):
                         results.append(r)
                         emit(r, describe(r), args.json)
     except KeyboardInterrupt:  # every process is stopped by now; say what was measured

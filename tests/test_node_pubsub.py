@@ -148,7 +148,7 @@ async def test_publishing_waits_for_room_within_its_deadline() -> None:
 async def test_own_messages_reach_a_subscribed_peer_outside_the_mesh() -> None:
     """Flood publishing: a node's own message goes to every peer on the topic, so one published
     while the mesh is empty (here: the peer PRUNEd us, and the heartbeat that could graft again is
-    30 s away and its backoff a minute) reaches it. py-libp2p alone sends it to the (empty) mesh,
+    30 s away) reaches it. py-libp2p alone sends it to the (empty) mesh,
     i.e. to nobody."""
     config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
     listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]

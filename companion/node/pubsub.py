@@ -93,7 +93,7 @@ class CountingGossipSub(GossipSub):
         node's own messages go to every peer subscribed to the topic, not only to its mesh
         peers. py-libp2p 0.8.1 sends them to the mesh alone, and in a small network the mesh
         can be empty while peers are there: after a peer PRUNEd us, until a heartbeat after its
-        backoff (a minute) grafts it again; a reply published then reached nobody. Forwarded
+        backoff grafts it again; a reply published then reached nobody. Forwarded
         messages still go to the mesh only; the connection bound keeps the fan-out of one's
         own messages small."""
         peers = set(super()._get_peers_to_send(topic_ids, msg_forwarder, origin, msg_id))
