@@ -172,3 +172,29 @@ async def test_mdns_discoveries_cross_into_trio_from_another_thread() -> None:
     assert found.peer_id == other
     with pytest.raises(trio.WouldBlock):
         receive.receive_nowait()
+
+
+async def test_a_held_companion_answers_a_waiting_metadata_request_once_present() -> None:
+    """``companion run`` holds a companion's presence while its engine is prepared: a metadata
+    request (an aikyo node waits for it without a deadline) is answered only then, not before."""
+    node = CompanionNode(md("held"), NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",)), present=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run, Idle())
+        async with raw_peer() as asker:
+            await asker.connect(node.listen_addrs[0])
+            answers: list[Any] = []
+
+            async def ask() -> None:
+                answers.append(
+                    await fetch_metadata(asker.host, ID.from_base58(node.peer_id), RequestGate(), timeout=30)
+                )
+
+            nursery.start_soon(ask)
+            await trio.sleep(2.0)
+            assert answers == [], "answered while its companion was not present"
+            node.become_present()
+            with trio.fail_after(10):
+                while not answers:
+                    await trio.sleep(0.05)
+            assert answers[0].status == "ok" and answers[0].metadata == md("held")
+        nursery.cancel_scope.cancel()

@@ -54,6 +54,12 @@ from .yamux import batch_window_updates
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 
+HELD_METADATA_WAIT = 60.0
+"""How long a metadata request waits for a companion that is not present yet
+(``CompanionNode(present=False)``): longer than an engine takes to get ready (a provider model's
+check has a 10 s deadline, after which ``companion run`` exits), so every waiting asker is
+answered once it is."""
+
 logger = logging.getLogger("companion.node")
 
 MembershipListener = Callable[[MembershipEvent], None]
@@ -130,7 +136,8 @@ class CompanionNode:
         kept in the data directory); in memory for this node alone when not given.
 
         ``present=False``: the node runs, dials and relays, but does not make its companion
-        present to others (no announcement, metadata requests wait) until
+        present to others (no announcement; metadata requests wait, up to
+        :data:`HELD_METADATA_WAIT`) until
         :meth:`become_present`: what ``companion run`` does while the engine is prepared, so
         nobody waits for a leader that cannot lead yet."""
         self.config = config or NodeConfig()
@@ -580,9 +587,11 @@ class CompanionNode:
 
     async def _serve_metadata(self, stream: INetStream) -> None:
         assert self.metadata is not None
-        if not await self.presence.wait_present(self.config.metadata_timeout):
-            # still not ready: no answer (the asker logs it); the announcement made once ready
-            # makes the companion present to it
+        if not await self.presence.wait_present(HELD_METADATA_WAIT):
+            # still not ready (the start-up is stuck): no answer. A node of ours gave up after
+            # its own metadata_timeout and learns the companion from its announcement; an aikyo
+            # node, which learns companions only from this answer, waits without a deadline, so
+            # it is answered as soon as the engine is ready
             peer = str(stream.muxed_conn.peer_id)
             log_event(logger, "metadata_held", logging.DEBUG, node=self.name, peer=peer)
             with trio.move_on_after(1.0), contextlib.suppress(Exception):
