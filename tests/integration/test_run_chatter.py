@@ -142,7 +142,9 @@ def start_chatter(net: Network, addr: str) -> Proc:
 
 
 def chatter(raw: Proc) -> int:
-    """Queue 30 s of chatter at 50/s (the raw peer paces it); the last one is acknowledged."""
+    """Queue 30 s of chatter at 50/s (the raw peer paces it); the last one is acknowledged.
+    It returns only when all but a pipe's worth were taken (the raw peer reads its commands as
+    it publishes them), i.e. near the chatter's end: run it beside the questions, not before."""
     count = CHATTER_RATE * CHATTER_SECONDS
     for n in range(count):
         to = [] if n % 5 else ["companion_nobody"]
@@ -177,20 +179,25 @@ async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Pa
                         break
                 assert person.replies_to(probe.params.id), "no companion answered the probe"
 
-                queued = await blocking(chatter, raw)
+                queued = CHATTER_RATE * CHATTER_SECONDS
+                nursery.start_soon(blocking, chatter, raw)
                 started = trio.current_time()
+                first_chatter = person.chatter
                 asked: list[Message] = []
                 waited: list[float] = []
+                during: list[int] = []  # chatter heard while each question waited for its reply
                 targets = itertools.cycle([(0,), (1, 2), (3,), (4, 0), (2,), (1,), (3, 4)])
                 while trio.current_time() - started < CHATTER_SECONDS:
                     to = [IDS[i] for i in next(targets)]
                     message = Message.create(USER, to, f"Question {len(asked)} for {', '.join(to)}")
                     await node.publish(MESSAGES, message)
                     asked.append(message)
-                    sent = trio.current_time()
+                    sent, heard = trio.current_time(), person.chatter
                     await person.until(lambda m=message: person.replies_to(m.params.id), ANSWER_WITHIN)
                     waited.append(round(trio.current_time() - sent, 2))
+                    during.append(person.chatter - heard)
                     await trio.sleep_until(started + len(asked) * ASK_EVERY)
+                chatter_in_loop = person.chatter - first_chatter
                 await blocking(
                     raw.wait_for,
                     lambda e: e.get("event") == "published" and e["count"] >= queued,
@@ -216,3 +223,10 @@ async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Pa
     # overloaded machine loses messages; then this test proves nothing, and says so)
     assert reached[len(reached) // 2] >= queued / 2, f"companions got {reached} of {queued} chatter messages"
     assert len(asked) >= 10, f"replies took {waited} s\n{why}"
+    # and it held while the questions were asked: the chatter was on the wire during them
+    # (before, the chatter was queued first, which took 26 of its 30 s, so most questions came
+    # after it had ended)
+    assert chatter_in_loop >= queued / 2, (
+        f"only {chatter_in_loop} of {queued} chatter messages came during the questions"
+    )
+    assert sum(1 for n in during if n > 0) >= len(asked) * 3 // 4, f"chatter heard per question: {during}"
