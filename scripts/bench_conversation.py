@@ -407,7 +407,8 @@ class Network:
                     await child.process.wait()
 
     def event_counts(self) -> Counter[str]:
-        """How often each JSON log event appears on the processes' stderr so far."""
+        """How often each JSON log event appears on the processes' stderr so far; for
+        ``companion_left`` also per reason (``companion_left:expired``, ...)."""
         counts: Counter[str] = Counter()
         for child in self.children:
             with open(child.stderr_path, "rb") as f:
@@ -415,9 +416,12 @@ class Network:
                     if not raw.startswith(b"{"):
                         continue
                     try:
-                        counts[str(json.loads(raw).get("event"))] += 1
+                        event = json.loads(raw)
                     except ValueError:
                         continue
+                    counts[str(event.get("event"))] += 1
+                    if event.get("event") == "companion_left":
+                        counts[f"companion_left:{event.get('reason')}"] += 1
         return counts
 
     def stderr_tail(self, lines: int = 5) -> list[str]:
@@ -846,6 +850,8 @@ async def run_phases(
         minutes = (trio.current_time() - (net.first_spawn or 0.0)) / 60
         churn = {name: events.get(name, 0) for name in CHURN_EVENTS}
         result["events"] = churn
+        left = {k.split(":", 1)[1]: v for k, v in events.most_common() if k.startswith("companion_left:")}
+        result["left_reasons"] = left
         dropped = ", ".join(f"{k} {v}" for k, v in drops.most_common()) or "none"
         notes.append(
             f"churn over {minutes:.1f} min: {churn['peer_disconnected']} disconnects "
@@ -854,6 +860,8 @@ async def run_phases(
             + f"; payloads dropped: {dropped}"
             + "; disconnects by reason: "
             + (", ".join(f"{k} {v}" for k, v in lost.most_common()) or "none")
+            + "; companions left by reason: "
+            + (", ".join(f"{k} {v}" for k, v in left.items()) or "none")
             + "; presence per node: {presence_published:.0f} published, {presence_accepted:.0f} accepted,"
             " {presence_bytes_in:.0f} bytes heard".format(**result["presence_per_node"])
         )
