@@ -112,13 +112,24 @@ class Proc:
     def signal(self, signum: int) -> None:
         os.kill(self.pid, signum)
 
+    def after(self, name: str, before: int, timeout: float, **fields: Any) -> Event:
+        """The first ``name`` event (with ``fields``) past the ``before`` ones already counted:
+        the answer to a request made once they were. (Waiting for "a matching event once the
+        count grew" returned the oldest one whenever the answer came before the wait began:
+        stale stats, a test that failed on a counter it had just seen change.)"""
+
+        def matches(e: Event) -> bool:
+            return e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
+
+        self.wait_for(lambda e: matches(e) and self.count(name, **fields) > before, timeout, name)
+        with self._cond:
+            return [e for e in self.events if matches(e)][before]
+
     def stats(self, timeout: float = 10.0) -> Event:
         """Ask for a ``stats`` event (SIGUSR1) and return the one that follows."""
         before = self.count("stats")
         self.signal(signal.SIGUSR1)
-        return self.wait_for(
-            lambda e: e.get("event") == "stats" and self.count("stats") > before, timeout, "stats"
-        )
+        return self.after("stats", before, timeout)
 
     @property
     def running(self) -> bool:

@@ -86,13 +86,7 @@ def node_stats(proc: Proc, node: str, timeout: float = 10.0) -> Event:
     """The ``stats`` event of one node of a ``companion run`` process (SIGUSR1 logs one per node)."""
     before = proc.count("stats", node=node)
     proc.signal(signal.SIGUSR1)
-    return proc.wait_for(
-        lambda e: (
-            e.get("event") == "stats" and e.get("node") == node and proc.count("stats", node=node) > before
-        ),
-        timeout,
-        f"stats of {node}",
-    )
+    return proc.after("stats", before, timeout, node=node)
 
 
 # --- the poison message -----------------------------------------------------------------------------

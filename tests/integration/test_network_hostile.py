@@ -300,7 +300,7 @@ def test_flood_of_large_messages_at_150_per_second_with_a_starved_receiver(tmp_p
 def driver_stats(proc: Proc) -> Event:
     mark = proc.count("stats")
     proc.send({"op": "stats"})
-    return proc.wait_for(lambda e: e.get("event") == "stats" and proc.count("stats") > mark, 10, "stats")
+    return proc.after("stats", mark, 10)
 
 
 @pytest.mark.solo
