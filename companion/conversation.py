@@ -1143,7 +1143,7 @@ class Conversation:
         it is gone, the next candidate in the takeover order one leader slot later, and so on.
         Every node and the bystander accept it (:meth:`_offer_closing`) and log
         ``conversation_over`` with reason ``unanswered``."""
-        gave_up = {cid: turn.yielded.get(cid, "silent") for cid in turn.order}
+        gave_up = _gave_up(turn)
         self._log(
             out,
             "turn_unanswered",
@@ -1168,7 +1168,7 @@ class Conversation:
         turn.closing_at = None
         if turn.closed:
             return
-        gave_up = ", ".join(f"{cid} ({turn.yielded.get(cid, 'silent')})" for cid in turn.order)
+        gave_up = ", ".join(f"{cid} ({why})" for cid, why in _gave_up(turn).items())
         self._log(
             out,
             "states_published",
@@ -1317,6 +1317,12 @@ def _latest(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> N
     table[key] = value
     while len(table) > limit:
         table.popitem(last=False)
+
+
+def _gave_up(turn: _Turn) -> dict[str, str]:
+    """Each companion of the speaking order and why it did not answer (a yield reason, or
+    ``silent`` when it never said)."""
+    return {cid: turn.yielded.get(cid, "silent") for cid in turn.order}
 
 
 def _state_summary(state: State) -> dict[str, Any]:

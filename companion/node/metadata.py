@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -37,6 +38,10 @@ logger = logging.getLogger("companion.node.metadata")
 METADATA_PROTOCOL: Final = TProtocol("/aikyo/metadata/1.0.0")
 reports_stream_failures(METADATA_PROTOCOL)  # a peer without it is no error: see where it is opened
 MAX_METADATA_BYTES: Final = 64 * 1024
+HELD_METADATA_WAIT: Final = 60.0
+"""How long a metadata request waits for a companion that is not present yet: longer than an
+engine takes to get ready (a provider model's check has a 10 s deadline, after which ``companion
+run`` exits), so every waiting asker is answered once it is."""
 
 FetchStatus = Literal["ok", "empty", "unsupported", "invalid", "timeout", "error"]
 
@@ -127,10 +132,27 @@ async def fetch_metadata(host: Any, peer: ID, gate: RequestGate, *, timeout: flo
     return FetchOutcome("timeout", detail=f"no answer within {timeout} s")
 
 
-async def serve_metadata(stream: Any, metadata: Metadata, gate: RequestGate, *, wait: float) -> None:
-    """Answer one metadata request: wait (bounded) for our own request to the peer, then write."""
+async def serve_metadata(
+    stream: Any,
+    metadata: Metadata,
+    gate: RequestGate,
+    *,
+    wait: float,
+    present: Callable[[float], Awaitable[bool]] | None = None,
+) -> None:
+    """Answer one metadata request: wait (bounded) for our own request to the peer, then write.
+
+    ``present``: waits (at most the seconds it is given) until the companion is present to
+    others, ``False`` if it is not by then (``CompanionNode(present=False)``). The answer waits
+    up to :data:`HELD_METADATA_WAIT` for it; past that the stream closes unanswered. A node of
+    ours gave up earlier (its own ``metadata_timeout``) and learns the companion from its
+    announcement; an aikyo node learns companions only from this answer and waits without a
+    deadline, so it is answered as soon as the companion is ready."""
     peer: ID = stream.muxed_conn.peer_id
     try:
+        if present is not None and not await present(HELD_METADATA_WAIT):
+            log_event(logger, "metadata_held", logging.DEBUG, peer=str(peer))
+            return
         if not await gate.wait(peer, wait):
             log_event(logger, "metadata_answer_unordered", logging.DEBUG, peer=str(peer))
         with trio.move_on_after(wait):

@@ -11,7 +11,6 @@ disconnect at once.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
@@ -53,12 +52,6 @@ from .topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_prune
 from .yamux import batch_window_updates
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
-
-HELD_METADATA_WAIT = 60.0
-"""How long a metadata request waits for a companion that is not present yet
-(``CompanionNode(present=False)``): longer than an engine takes to get ready (a provider model's
-check has a 10 s deadline, after which ``companion run`` exits), so every waiting asker is
-answered once it is."""
 
 logger = logging.getLogger("companion.node")
 
@@ -137,7 +130,7 @@ class CompanionNode:
 
         ``present=False``: the node runs, dials and relays, but does not make its companion
         present to others (no announcement; metadata requests wait, up to
-        :data:`HELD_METADATA_WAIT`) until
+        :data:`~.metadata.HELD_METADATA_WAIT`) until
         :meth:`become_present`: what ``companion run`` does while the engine is prepared, so
         nobody waits for a leader that cannot lead yet."""
         self.config = config or NodeConfig()
@@ -587,17 +580,13 @@ class CompanionNode:
 
     async def _serve_metadata(self, stream: INetStream) -> None:
         assert self.metadata is not None
-        if not await self.presence.wait_present(HELD_METADATA_WAIT):
-            # still not ready (the start-up is stuck): no answer. A node of ours gave up after
-            # its own metadata_timeout and learns the companion from its announcement; an aikyo
-            # node, which learns companions only from this answer, waits without a deadline, so
-            # it is answered as soon as the engine is ready
-            peer = str(stream.muxed_conn.peer_id)
-            log_event(logger, "metadata_held", logging.DEBUG, node=self.name, peer=peer)
-            with trio.move_on_after(1.0), contextlib.suppress(Exception):
-                await stream.reset()
-            return
-        await serve_metadata(stream, self.metadata, self._gate, wait=self.config.metadata_timeout)
+        await serve_metadata(
+            stream,
+            self.metadata,
+            self._gate,
+            wait=self.config.metadata_timeout,
+            present=self.presence.wait_present,
+        )
 
     # --- discovery ----------------------------------------------------------------------------
 

@@ -131,7 +131,7 @@ class PresenceService:
         """Peers lost without notice: the last seq we heard from each, and until when we say so."""
         self._present = trio.Event()
         self._present.set()
-        self._held = False
+        """Set while this node announces itself; cleared by :meth:`hold`."""
         self.published = 0
         self.accepted = 0
         self.bytes_out = 0
@@ -158,17 +158,15 @@ class PresenceService:
         turn it cannot lead. Announcements of others are still taken and relayed."""
         if self._present.is_set():
             self._present = trio.Event()
-        self._held = True
 
     def release(self) -> None:
         """Ready: announce at once, then as usual."""
-        self._held = False
         self._present.set()
         self.trigger()
 
     @property
     def held(self) -> bool:
-        return self._held
+        return not self._present.is_set()
 
     async def wait_present(self, timeout: float) -> bool:
         """Wait (at most ``timeout``) until this node announces itself; ``False`` if still held."""
@@ -251,20 +249,20 @@ class PresenceService:
     async def announce_now(self) -> None:
         """Announce at once and wait (bounded) until it was handed to every peer: what a node
         does just before it closes a connection on purpose (a trim)."""
-        if self.metadata is not None and not self._held:
+        if self.metadata is not None and not self.held:
             await self._announce(leaving=False)
             await self._flush()
 
     async def leave(self) -> None:
         """The orderly stop: announce ``leaving`` and give it a moment to go out (a node that
         never announced itself has nothing to take back)."""
-        if self.metadata is not None and self._pubsub is not None and not self._held:
+        if self.metadata is not None and self._pubsub is not None and not self.held:
             await self._announce(leaving=True)
             await self._flush()
 
     async def _announce(self, *, leaving: bool) -> None:
         assert self.metadata is not None
-        if self._pubsub is None or self._held:
+        if self._pubsub is None or self.held:
             return
         self._seq = max(self._seq + 1, time.time_ns() // 1_000_000)
         presence = Presence(

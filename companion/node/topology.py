@@ -61,8 +61,8 @@ RECHECK_INTERVAL: Final = 5.0
 """The longest a node goes without a pass over its connections, changes or not."""
 RING_DIAL_TIMEOUT: Final = 5.0
 TRIM_PROTOCOL: Final = TProtocol("/companion/trim/1.0.0")
-reports_stream_failures(TRIM_PROTOCOL)  # a peer without it is no error: see where it is opened
 """Opened by a node about to close a connection on purpose; the peer answers one byte."""
+reports_stream_failures(TRIM_PROTOCOL)  # a peer without it is no error: see where it is opened
 NOTICE_TIMEOUT: Final = 2.0
 """How long telling a peer it is being trimmed may take (then it is closed regardless)."""
 NOTICE_VALID: Final = 30.0
@@ -204,10 +204,10 @@ class Topology:
     def closed_on_purpose(self, peer: str) -> bool:
         """Whether the connection to ``peer`` that just closed was trimmed, by us or by the peer
         (which said so first); forgets both marks."""
-        ours = peer in self._trimming
+        on_purpose = self.trimming(peer)
         self._trimming.discard(peer)
-        told = self._notices.pop(peer, None)
-        return ours or (told is not None and trio.current_time() - told <= NOTICE_VALID)
+        self._notices.pop(peer, None)
+        return on_purpose
 
     async def serve_notice(self, stream: Any) -> None:
         """A peer is about to trim its connection to us: remember it (one mark per connected
