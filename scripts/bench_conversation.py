@@ -81,6 +81,9 @@ CHURN_EVENTS: Final = (
     "message_stale",
 )
 """Log events counted per case: connections lost and what follows from it."""
+IDLE_EVENTS: Final = (*CHURN_EVENTS, "peer_connected", "connection_trimmed", "ring_dialled")
+"""Log events counted during the idle window: an idle network that still dials and trims spends
+its idle CPU on that (and on the presence announcements each new connection triggers)."""
 QUESTIONS: Final = (
     "What was the best part of your day so far?",
     "Which book would you take to a lighthouse for a winter?",
@@ -816,9 +819,11 @@ async def run_phases(
     await talk(net, client, ids, kind, options, result)
     await trio.sleep(options.settle)
     pids = net.pids()
+    idle_from = net.event_counts() if kind == "companion" else Counter()
     before = network_cpu(pids)
     await trio.sleep(options.idle)
     after = network_cpu(pids)
+    idle_churn = net.event_counts() - idle_from if kind == "companion" else Counter()
     per_process = [after[p] - before[p] for p in before if p in after]
     nodes_per_process = size / max(1, len(per_process))
     result.update(
@@ -864,6 +869,11 @@ async def run_phases(
             + (", ".join(f"{k} {v}" for k, v in left.items()) or "none")
             + "; presence per node: {presence_published:.0f} published, {presence_accepted:.0f} accepted,"
             " {presence_bytes_in:.0f} bytes heard".format(**result["presence_per_node"])
+        )
+        result["idle_events"] = {name: idle_churn.get(name, 0) for name in IDLE_EVENTS}
+        notes.append(
+            f"during the {options.idle:.0f} s idle window: "
+            + (", ".join(f"{v} {k}" for k, v in result["idle_events"].items() if v) or "no churn")
         )
     else:
         result["connections"] = [net.nodes[n].connected for n in ids]

@@ -19,6 +19,7 @@ from companion.node import CompanionNode, NodeConfig
 from companion.node.discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from companion.node.identity import IdentityError, load_or_create_key_pair
 from companion.node.metadata import METADATA_PROTOCOL, RequestGate, decode_metadata, fetch_metadata
+from companion.node.topology import NOTICE_TIMEOUT, TRIM_PROTOCOL, Topology
 
 
 def test_key_is_created_once_and_reused(tmp_path: Path) -> None:
@@ -198,3 +199,52 @@ async def test_a_held_companion_answers_a_waiting_metadata_request_once_present(
                     await trio.sleep(0.05)
             assert answers[0].status == "ok" and answers[0].metadata == md("held")
         nursery.cancel_scope.cancel()
+
+
+def _topology(peer: Any, bound: int) -> Topology:
+    """A :class:`Topology` over a raw peer's host that trims at once (no grace, no ring)."""
+
+    async def nothing() -> None:
+        return None
+
+    async def no_dial(_: ID) -> bool:
+        return False
+
+    return Topology(
+        peer.host,
+        name=peer.peer_id[-6:],
+        bound=bound,
+        grace=0.0,
+        self_peer=peer.peer_id,
+        is_protected=lambda _: False,
+        ring_members=None,
+        direct_only=frozenset,
+        meshes=list,
+        announce=nothing,
+        dial=no_dial,
+        wait_for_change=trio.sleep_forever,
+    )
+
+
+async def test_a_trim_notice_a_busy_peer_is_slow_to_take_still_arrives_before_the_close() -> None:
+    """With 30 companions on 2 cores a trimmed peer took over 2 s to take the notice's stream
+    (its negotiation and the byte back wait on a busy loop): the trimmer closed first, the peer
+    took the close for a failure and announced the trimmer lost, and companions dropped out of
+    directories. Here the peer's handler starts 2.5 s late; the trimmer waits for its answer."""
+    async with raw_peer() as trimmer, raw_peer() as busy:
+        kept = _topology(busy, bound=8)
+
+        async def slow_to_take(stream: Any) -> None:
+            await trio.sleep(2.5)
+            await kept.serve_notice(stream)
+
+        busy.host.set_stream_handler(TRIM_PROTOCOL, slow_to_take)
+        await trimmer.connect(busy.addr)
+        gone = ID.from_base58(trimmer.peer_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_topology(trimmer, bound=0).run)
+            with trio.fail_after(NOTICE_TIMEOUT + 5):
+                while busy.host.get_network().connections.get(gone):
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert kept.closed_on_purpose(trimmer.peer_id), "the trimmed peer saw a close without notice"

@@ -63,8 +63,13 @@ RING_DIAL_TIMEOUT: Final = 5.0
 TRIM_PROTOCOL: Final = TProtocol("/companion/trim/1.0.0")
 """Opened by a node about to close a connection on purpose; the peer answers one byte."""
 reports_stream_failures(TRIM_PROTOCOL)  # a peer without it is no error: see where it is opened
-NOTICE_TIMEOUT: Final = 2.0
-"""How long telling a peer it is being trimmed may take (then it is closed regardless)."""
+NOTICE_TIMEOUT: Final = 10.0
+"""How long telling a peer it is being trimmed may take (then it is closed regardless). A new
+stream's negotiation and the byte back are two round trips through a busy peer's loop: with 30
+companions on 2 cores every notice of a 2 s deadline ran out (the close came 2.5 s after the
+trim), each trimmed peer took the close for a failure, announced the trimmer ``lost``, and the
+trimmer dropped out of directories (``companion_left`` ``expired``). Notices of one pass go out
+together, so a pass waits for the slowest one, not their sum."""
 NOTICE_VALID: Final = 30.0
 """Seconds a peer's trim notice covers the disconnect that should follow it."""
 
@@ -280,21 +285,24 @@ class Topology:
         then close."""
         self._trimming.update(peers)
         await self._announce()
+        async with trio.open_nursery() as nursery:
+            for name in peers:
+                nursery.start_soon(self._trim_one, name)
+
+    async def _trim_one(self, name: str) -> None:
+        log_event(logger, "connection_trimmed", node=self.name, peer=name, bound=self.bound)
+        self.trimmed += 1
         network = self.host.get_network()
-        for name in peers:
-            log_event(logger, "connection_trimmed", node=self.name, peer=name, bound=self.bound)
-            self.trimmed += 1
-            peer = ID.from_base58(name)
-            await self._tell(peer)
-            try:
-                with trio.move_on_after(RING_DIAL_TIMEOUT):
-                    await network.close_peer(peer)
-            except Exception as exc:
-                log_event(
-                    logger, "trim_failed", logging.WARNING, node=self.name, peer=name, error=repr(exc)[:200]
-                )
-            if name not in self._since or network.connections.get(peer):
-                self._trimming.discard(name)  # its disconnect was seen already, or it failed
+        peer = ID.from_base58(name)
+        await self._tell(peer)
+        try:
+            with trio.move_on_after(RING_DIAL_TIMEOUT):
+                await network.close_peer(peer)
+        except Exception as exc:
+            error = repr(exc)[:200]
+            log_event(logger, "trim_failed", logging.WARNING, node=self.name, peer=name, error=error)
+        if name not in self._since or network.connections.get(peer):
+            self._trimming.discard(name)  # its disconnect was seen already, or it failed
 
     async def _tell(self, peer: ID) -> None:
         """Open :data:`TRIM_PROTOCOL` to ``peer`` and wait for its byte (bounded; a peer without

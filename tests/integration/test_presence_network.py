@@ -97,7 +97,8 @@ def departures(proc: Proc) -> list[tuple[float, str, str]]:
 
 TRIM_SLACK = 3.0
 """Seconds a connection may outlive its grace period before it is trimmed: passes a second
-apart, then the announcement and the notice (up to 2 s) before the close."""
+apart, then the announcement and the notice (milliseconds on a quiet machine, at most
+topology.NOTICE_TIMEOUT) before the close."""
 
 
 def excess(proc: Proc, peers: set[str], bound: int) -> list[str]:
