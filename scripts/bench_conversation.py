@@ -820,6 +820,7 @@ async def run_phases(
     await trio.sleep(options.settle)
     pids = net.pids()
     idle_from = net.event_counts() if kind == "companion" else Counter()
+    sent_from = await read_stats(net, ids) if kind == "companion" else {}
     before = network_cpu(pids)
     await trio.sleep(options.idle)
     after = network_cpu(pids)
@@ -871,9 +872,17 @@ async def run_phases(
             " {presence_bytes_in:.0f} bytes heard".format(**result["presence_per_node"])
         )
         result["idle_events"] = {name: idle_churn.get(name, 0) for name in IDLE_EVENTS}
+        sent: Counter[str] = Counter()
+        for name, s in stats.items():
+            sent.update(s.get("sent") or {})
+            sent.subtract((sent_from.get(name) or {}).get("sent") or {})
+        per_node_s = max(1, len(stats)) * options.idle
+        result["idle_sent_per_node_s"] = {k: v / per_node_s for k, v in sent.items() if v > 0}
         notes.append(
             f"during the {options.idle:.0f} s idle window: "
             + (", ".join(f"{v} {k}" for k, v in result["idle_events"].items() if v) or "no churn")
+            + "; written per node per second: "
+            + (", ".join(f"{v:.1f} {k}" for k, v in result["idle_sent_per_node_s"].items()) or "nothing")
         )
     else:
         result["connections"] = [net.nodes[n].connected for n in ids]

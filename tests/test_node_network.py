@@ -111,6 +111,8 @@ async def test_join_publish_and_leave() -> None:
             for topic, make in payloads.items():
                 got = await deliver(make, b.publish, topic, rec_a, lambda i, t: i.sender_peer == b.peer_id)
                 assert got.raw  # the bridge forwards these bytes unchanged
+            sent = b.stats()["sent"]  # what b wrote to a, by topic (an idle network's CPU goes here)
+            assert all(sent.get(f"publish:{topic}", 0) >= 1 for topic in payloads), sent
             # a node receives its own payloads too (the leader acts on its own states)
             assert await rec_b.wait_for(lambda i: i.sender_peer == b.peer_id, 5)
             reply = await deliver(

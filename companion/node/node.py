@@ -238,6 +238,7 @@ class CompanionNode:
             "companions": sorted(self.directory),
             "mesh": self._mesh_sizes(),
             "control": dict(self._router.control) if self._router is not None else {},
+            "sent": dict(self._pubsub.sent) if self._pubsub is not None else {},
             "disconnects": dict(self.disconnects),
             "health": self.health.stats(),
             **(self.nat.stats() if self.nat is not None else {}),

@@ -183,6 +183,10 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
         self._deliver = deliver
         self._outbound_queue_size = outbound_queue_size
         self._write_locks: WeakKeyDictionary[INetStream, trio.Lock] = WeakKeyDictionary()
+        self.sent: Counter[str] = Counter()
+        """What this node wrote to its peers: ``rpcs`` (each one a frame and a send), and what
+        they carried (``publish`` messages, ``ihave``/``iwant``/``graft``/``prune`` control,
+        ``subscriptions``). An idle network's CPU goes to these writes."""
         self._records_sent: WeakKeyDictionary[INetStream, bytes] = WeakKeyDictionary()
         self.refused_seen = 0
         """Messages a topic validator refused, remembered as seen (their copies are ignored)."""
@@ -301,6 +305,7 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
             try:
                 await stream.write(encode_varint_prefixed(self._serialize(stream, rpc_msg)))
                 ok = True
+                _count_sent(self.sent, rpc_msg)
             except (StreamClosed, StreamReset) as exc:
                 log_event(logger, "rpc_write_failed", logging.DEBUG, peer=str(peer), error=repr(exc))
             finally:
@@ -391,3 +396,15 @@ async def _reset_quietly(stream: INetStream) -> None:
             await stream.reset()
         except Exception as exc:
             log_event(logger, "stream_reset_failed", logging.DEBUG, error=repr(exc))
+
+
+def _count_sent(sent: Counter[str], rpc: rpc_pb2.RPC) -> None:
+    sent["rpcs"] += 1
+    sent["publish"] += len(rpc.publish)
+    for msg in rpc.publish:
+        sent[f"publish:{_topic_of(msg)}"] += 1
+    sent["subscriptions"] += len(rpc.subscriptions)
+    if rpc.HasField("control"):
+        control = rpc.control
+        for kind in ("ihave", "iwant", "graft", "prune", "idontwant"):
+            sent[kind] += len(getattr(control, kind, ()))
