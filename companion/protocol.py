@@ -312,9 +312,9 @@ class PresenceRequestParams(_Strict):
 
 
 class PresenceRequest(_Strict):
-    """``presence.request``: a node that does not announce itself (a bridge, the clients' node)
-    and just joined asks every companion to announce now, instead of waiting up to an interval
-    for the periodic announcements. No fields: it changes nothing but when the next
+    """``presence.request``: a node that just joined (a companion, a bridge, the clients' node)
+    asks every companion to announce now, instead of waiting up to an interval for the periodic
+    announcements. No fields: it changes nothing but when the next
     announcement goes out."""
 
     jsonrpc: Literal["2.0"] = "2.0"

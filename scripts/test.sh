@@ -11,11 +11,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[test]"
-bash scripts/system-deps.sh
-
+# The system packages download while lint and types are checked (mypy alone takes ~30 s on a
+# fresh clone); the script waits for them before any test runs, and on a failed check too.
+bash scripts/system-deps.sh &
+deps=$!
+trap 'wait "$deps" 2>/dev/null || true' EXIT
 .venv/bin/ruff check companion tests scripts
 .venv/bin/ruff format --check companion tests scripts
 .venv/bin/mypy companion
+wait "$deps" || true
+trap - EXIT
 if [ "$#" -gt 0 ]; then  # a developer's selection: as asked, in one process
     exec .venv/bin/python -m pytest "$@"
 fi

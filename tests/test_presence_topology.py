@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import trio
@@ -18,7 +19,7 @@ from libp2p.peer.peerstore import PeerStore
 from companion.membership import Membership
 from companion.node.config import NodeConfig, connection_config
 from companion.node.drops import DropCounters
-from companion.node.presence import REQUEST_GAP, PresenceService, PresenceSettings
+from companion.node.presence import REQUEST_AFTER, REQUEST_GAP, PresenceService, PresenceSettings
 from companion.node.topology import Link, dial_target, plan_trims, ring_neighbours
 from companion.presence import PRESENCE_TOPIC
 from companion.protocol import (
@@ -234,6 +235,9 @@ class _RecordingPubsub(_Pubsub):
     async def publish(self, topic: str, data: bytes) -> None:
         self.published.append(data)
 
+    async def wait_for_subscription(self, peer: ID, topic: str, timeout: float) -> None:
+        return None
+
 
 async def test_a_held_companion_announces_nothing_until_released(
     autojump_clock: trio.testing.MockClock,
@@ -266,4 +270,59 @@ async def test_a_held_companion_announces_nothing_until_released(
         assert b'"leaving":false' in pubsub.published[0]
         await service.leave()
         assert b'"leaving":true' in pubsub.published[-1]
+        nursery.cancel_scope.cancel()
+
+
+def _companion_service(events: list[Any] | None = None) -> PresenceService:
+    me = create_new_key_pair()
+    return PresenceService(
+        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
+        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
+        PresenceSettings(30.0, 90, 1.0, 65536),
+        DropCounters(trio.current_time),
+        (events if events is not None else []).extend,
+    )
+
+
+async def test_a_companion_back_in_the_directory_makes_nobody_announce(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Nodes used to announce whenever a companion joined their directory, new or back after its
+    entry expired. Under load that fed itself: announcements came late, entries expired, and
+    each return made all N nodes announce (21 announcements sent per node per second, five times
+    the periodic ones, with 20 companions in one process). A companion that just started asks
+    instead (next test); one that comes back triggers nothing."""
+    events: list[Any] = []
+    service = _companion_service(events)
+    service._pubsub = _Pubsub()
+    signer = create_new_key_pair()
+    peer = ID.from_pubkey(signer.public_key)
+    seq = int(time.time() * 1000)
+    for round_ in range(3):  # joined, expired, back: three times
+        assert service.validate(peer, _announced(signer, seq + round_, []))
+        assert not service._triggered.is_set(), f"round {round_}: an announcement was triggered"
+        await trio.sleep(31)  # the announcement's ttl (30 s) ran out
+        events.extend(service.membership.expire(trio.current_time()))
+    assert [e.kind for e in events] == ["joined", "left"] * 3
+
+
+async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the_topic(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A companion that just started learns of everyone from the announcements its
+    ``presence.request`` asks for (at once, then twice later), not an interval later."""
+    service = _companion_service()
+    pubsub = _RecordingPubsub()
+    requests = lambda: [d for d in pubsub.published if b'"presence.request"' in d]  # noqa: E731
+    async with trio.open_nursery() as nursery:
+        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await trio.sleep(20)
+        assert requests() == [], "asked before anyone could hear it"
+        await service.peer_connected(ID.from_pubkey(create_new_key_pair().public_key))
+        await trio.sleep(0.1)
+        assert len(requests()) == 1
+        await trio.sleep(sum(REQUEST_AFTER))
+        assert len(requests()) == len(REQUEST_AFTER)
+        await trio.sleep(300)
+        assert len(requests()) == len(REQUEST_AFTER)
         nursery.cancel_scope.cancel()

@@ -7,9 +7,8 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   s (:data:`WARMUP`), then every ``interval`` seconds, each wait jittered to 75-100 % of it
   (nodes started together do not stay in step; never later than ``interval``, so ``ttl`` = 3
   intervals always covers two lost announcements). Also soon after a peer connects (once its
-  subscription to the topic arrived, so the announcement reaches it), whenever a companion new
-  to this node appears (so a newcomer learns of everyone within a second, not an interval), when
-  a connection to an announcing peer closed without notice (the announcement lists it in
+  subscription to the topic arrived, so the announcement reaches it), when a ``presence.request``
+  asks (below), when a connection to an announcing peer closed without notice (the announcement lists it in
   ``lost`` for :data:`~companion.presence.DISCONNECT_GRACE` seconds, so others suspect it), and
   when another node's announcement lists this node in ``lost`` (the refutation): such triggered
   announcements are coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one with
@@ -18,9 +17,14 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   validator, once, before gossipsub may forward it: parsed like every payload, then given to
   the membership. A refused one (parse errors, ``id_pinned``, ``stale``, ...) is counted by
   reason in the node's drop counters and neither taken nor forwarded.
-- **Asking** (nodes without a companion: bridges): ``presence.request`` once a peer is on the
-  topic, and twice later (:data:`REQUEST_AFTER`); a companion node that takes one announces
-  soon and relays it, at most one per :data:`REQUEST_GAP`.
+- **Asking** (every node, a bridge too): ``presence.request`` once a peer is on the topic, and
+  twice later (:data:`REQUEST_AFTER`), so a node that just started learns of everyone within a
+  second, not an interval; a companion node that takes one announces soon and relays it, at most
+  one per :data:`REQUEST_GAP`. A companion that merely appears in a node's directory (new to it,
+  or back after its entry expired) triggers nothing: nodes used to announce on every such
+  ``joined``, and under load that fed itself (announcements late, entries expired, every return
+  made all N nodes announce: 21 announcements sent per node per second, five times the periodic
+  ones, with 20 companions in one process).
 - **Expiry**: a task sleeps until the table's next deadline and removes what expired.
 
 Processing happens in the validator (synchronous, never raising), not in a subscription
@@ -126,6 +130,7 @@ class PresenceService:
         self._last_request = float("-inf")
         self.requests = 0
         self._triggered = trio.Event()
+        self._peer_on_topic = trio.Event()
         self._table_changed = trio.Event()
         self._lost: dict[str, tuple[int, float]] = {}
         """Peers lost without notice: the last seq we heard from each, and until when we say so."""
@@ -182,10 +187,9 @@ class PresenceService:
         pubsub.set_topic_validator(PRESENCE_TOPIC, self.validate, False)
         await pubsub.subscribe(PRESENCE_TOPIC)  # joins the mesh; deliveries go to the node, unused
         nursery.start_soon(self._expire_loop)
+        nursery.start_soon(self._request_loop)
         if self.metadata is not None:
             nursery.start_soon(self._publish_loop)
-        else:
-            nursery.start_soon(self._request_loop)
 
     async def _publish_loop(self) -> None:
         await self._present.wait()
@@ -199,9 +203,10 @@ class PresenceService:
             self._triggered = trio.Event()
 
     async def _request_loop(self) -> None:
-        """A node that does not announce (a bridge) has nothing that makes others announce to
-        it: it asks, once a peer is on the topic, at :data:`REQUEST_AFTER`."""
-        await self._triggered.wait()
+        """A node that just started knows nobody and others have no reason to announce to it
+        before their next interval: it asks, once a peer is on the topic, at
+        :data:`REQUEST_AFTER`."""
+        await self._peer_on_topic.wait()
         for wait in REQUEST_AFTER:
             await trio.sleep(wait)
             await self._publish(encode_presence(PresenceRequest()))
@@ -235,8 +240,8 @@ class PresenceService:
         self._lost.pop(peer, None)
 
     async def peer_connected(self, peer: ID) -> None:
-        """A peer connected: announce (or, without metadata, ask) once it subscribed to the
-        topic (bounded wait)."""
+        """A peer connected: once it subscribed to the topic (bounded wait), announce (a
+        companion node) and, the first time, start asking (:meth:`_request_loop`)."""
         if self._pubsub is None:
             return
         with trio.move_on_after(SUBSCRIPTION_WAIT):
@@ -244,6 +249,7 @@ class PresenceService:
                 await self._pubsub.wait_for_subscription(peer, PRESENCE_TOPIC, timeout=SUBSCRIPTION_WAIT)
             except Exception:  # too slow (an aikyo peer never subscribes to it), or gone
                 return
+            self._peer_on_topic.set()
             self.trigger()
 
     async def announce_now(self) -> None:
@@ -352,9 +358,7 @@ class PresenceService:
         if self._self_peer in parsed.params.lost and self.metadata is not None:
             self.trigger()  # someone lost us: tell everyone we are here
         if result:
-            self._emit(result)
-            if any(event.kind == "joined" for event in result):
-                self.trigger()  # a newcomer: tell it about us now, not an interval later
+            self._emit(result)  # a companion that joined asked for announcements itself
         return True
 
     def _requested(self, signer: str) -> bool:
