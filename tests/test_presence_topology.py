@@ -310,7 +310,8 @@ async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A companion that just started learns of everyone from the announcements its
-    ``presence.request`` asks for (at once, then twice later), not an interval later."""
+    ``presence.request`` asks for, not an interval later: at once, and again later while it has
+    heard nobody (each served request makes every companion announce)."""
     service = _companion_service()
     pubsub = _RecordingPubsub()
     requests = lambda: [d for d in pubsub.published if b'"presence.request"' in d]  # noqa: E731
@@ -322,7 +323,21 @@ async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the
         await trio.sleep(0.1)
         assert len(requests()) == 1
         await trio.sleep(sum(REQUEST_AFTER))
-        assert len(requests()) == len(REQUEST_AFTER)
+        assert len(requests()) == len(REQUEST_AFTER), "nobody answered, yet it stopped asking"
         await trio.sleep(300)
         assert len(requests()) == len(REQUEST_AFTER)
+        nursery.cancel_scope.cancel()
+
+    answered = _companion_service()
+    pubsub = _RecordingPubsub()
+    async with trio.open_nursery() as nursery:
+        await answered.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await answered.peer_connected(ID.from_pubkey(create_new_key_pair().public_key))
+        await trio.sleep(0.1)
+        signer = create_new_key_pair()
+        assert answered.validate(
+            ID.from_pubkey(signer.public_key), _announced(signer, int(time.time() * 1000), [])
+        )
+        await trio.sleep(sum(REQUEST_AFTER) + 1)
+        assert len(requests()) == 1, "asked again after an answer"
         nursery.cancel_scope.cancel()

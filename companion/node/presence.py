@@ -131,6 +131,8 @@ class PresenceService:
         self.requests = 0
         self._triggered = trio.Event()
         self._peer_on_topic = trio.Event()
+        self._heard = False
+        """Whether another node's announcement was accepted since this node last asked."""
         self._table_changed = trio.Event()
         self._lost: dict[str, tuple[int, float]] = {}
         """Peers lost without notice: the last seq we heard from each, and until when we say so."""
@@ -205,10 +207,17 @@ class PresenceService:
     async def _request_loop(self) -> None:
         """A node that just started knows nobody and others have no reason to announce to it
         before their next interval: it asks, once a peer is on the topic, at
-        :data:`REQUEST_AFTER`."""
+        :data:`REQUEST_AFTER`. Each served request makes every companion announce, so a
+        companion asks again only while it heard no announcement since it last asked (its
+        request reached nobody yet); a bridge, whose clients learn companions from nothing
+        else, asks every time (part of the network may have refused the first, and said
+        nothing)."""
         await self._peer_on_topic.wait()
         for wait in REQUEST_AFTER:
             await trio.sleep(wait)
+            if self.metadata is not None and self._heard:
+                return  # a companion's request was heard; a bridge asks every time (see above)
+            self._heard = False
             await self._publish(encode_presence(PresenceRequest()))
 
     async def _expire_loop(self) -> None:
@@ -353,6 +362,7 @@ class PresenceService:
             self._refused(result)
             return False
         self.accepted += 1
+        self._heard = True
         self._table_changed.set()
         self._learn_addrs(signer, parsed.params.addrs)
         if self._self_peer in parsed.params.lost and self.metadata is not None:
