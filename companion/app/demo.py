@@ -32,7 +32,7 @@ from ..transport import Inbound
 from .cards import card_files, packaged_cards
 from .group import USER_ID, MemoryGroup
 from .lines import parse_peer_line, parse_sees
-from .stopping import is_interrupt
+from .stopping import Interrupted, is_interrupt
 
 __all__ = [
     "DemoOptions",
@@ -318,8 +318,21 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
         with bridge_scope:
             await bridge.run(watcher, task_status=task_status)
 
+    interrupted: list[int] = []
+
+    async def stop_on_ctrl_c(scope: trio.CancelScope) -> None:
+        """Ctrl-C ends the demo through this receiver, not as a ``KeyboardInterrupt`` raised
+        wherever the loop happens to be: one raised inside a py-libp2p task was taken for that
+        task's failure, and the demo went on waiting for a conversation that had stopped."""
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            async for number in signals:
+                interrupted.append(number)
+                scope.cancel()
+                return
+
     async def with_processes() -> TranscriptEvent:
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_on_ctrl_c, nursery.cancel_scope)
             await nursery.start(run_bridge)
             nursery.start_soon(watcher.clock)
             try:
@@ -353,6 +366,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
                 with trio.CancelScope(shield=True):
                     await _stop_children(children)
                 nursery.cancel_scope.cancel()
+        raise Interrupted  # only a Ctrl-C cancels the nursery before the body returned
 
     try:
         end = await with_processes()

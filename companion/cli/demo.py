@@ -14,6 +14,7 @@ from typing import Any
 import trio
 
 from ..app.logs import configure_node_logging
+from ..app.stopping import Interrupted
 from ..log import configure_logging
 from .options import add_log_level_arguments, chosen_log_level
 
@@ -116,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"companion demo: {', '.join(cast)} ({args.model})", flush=True)
     try:
         end = trio.run(run_demo, options, emit)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         return 130
     except (TimeoutError, RuntimeError) as exc:
         print(f"companion demo: {exc}", file=sys.stderr)

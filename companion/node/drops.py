@@ -19,7 +19,9 @@ __all__ = ["Drop", "DropCounters"]
 logger = logging.getLogger("companion.node.drops")
 
 # Reasons that are normal gossip artifacts rather than misbehaviour: logged at debug level.
-_QUIET_REASONS = frozenset({"replay"})
+# ``request_limit``: every node that starts asks for announcements, and nodes that start
+# together ask within one another's gap (a flood of requests is still counted).
+_QUIET_REASONS = frozenset({"replay", "request_limit"})
 # Reasons that say a peer went away, not that it misbehaved (every peer that stops leaves a
 # send that failed): logged at info level, and counted like every drop.
 _PEER_GONE_REASONS = frozenset({"send_failed"})
