@@ -185,20 +185,25 @@ async def test_announced_addresses_replace_the_peerstores_within_the_bound() -> 
     assert service.validate(peer, _announced(signer, seq + 51, ["garbage/p2p/" + str(peer), "x" * 300]))
 
 
+def _companion_service(events: list[Any] | None = None, drops: DropCounters | None = None) -> PresenceService:
+    """A companion node's presence service (``companion_me``), its events into ``events``."""
+    me = create_new_key_pair()
+    return PresenceService(
+        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
+        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
+        PresenceSettings(30.0, 90, 1.0, 65536),
+        drops or DropCounters(trio.current_time),
+        (events if events is not None else []).extend,
+    )
+
+
 async def test_a_presence_request_is_served_once_per_gap_and_relayed_only_then(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A node that does not announce asks with ``presence.request``: a companion announces soon
     and relays it; another within the gap (a flood) is refused ``request_limit``, not relayed."""
-    me = create_new_key_pair()
     drops = DropCounters(trio.current_time)
-    service = PresenceService(
-        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
-        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
-        PresenceSettings(30.0, 90, 1.0, 65536),
-        drops,
-        lambda _events: None,
-    )
+    service = _companion_service(drops=drops)
     service._pubsub = _Pubsub()
     asker = create_new_key_pair()
     request = SimpleNamespace(
@@ -245,14 +250,7 @@ async def test_a_held_companion_announces_nothing_until_released(
     """``companion run`` holds presence while the engine is prepared: nothing is announced (not
     periodically, not when a peer connects or asks, not even ``leaving``), metadata requests
     wait until their deadline; on release the announcement goes out at once."""
-    me = create_new_key_pair()
-    service = PresenceService(
-        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
-        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
-        PresenceSettings(30.0, 90, 1.0, 65536),
-        DropCounters(trio.current_time),
-        lambda _events: None,
-    )
+    service = _companion_service()
     service.hold()
     pubsub = _RecordingPubsub()
     async with trio.open_nursery() as nursery:
@@ -271,17 +269,6 @@ async def test_a_held_companion_announces_nothing_until_released(
         await service.leave()
         assert b'"leaving":true' in pubsub.published[-1]
         nursery.cancel_scope.cancel()
-
-
-def _companion_service(events: list[Any] | None = None) -> PresenceService:
-    me = create_new_key_pair()
-    return PresenceService(
-        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
-        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
-        PresenceSettings(30.0, 90, 1.0, 65536),
-        DropCounters(trio.current_time),
-        (events if events is not None else []).extend,
-    )
 
 
 async def test_a_companion_back_in_the_directory_makes_nobody_announce(

@@ -318,15 +318,12 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
         with bridge_scope:
             await bridge.run(watcher, task_status=task_status)
 
-    interrupted: list[int] = []
-
     async def stop_on_ctrl_c(scope: trio.CancelScope) -> None:
         """Ctrl-C ends the demo through this receiver, not as a ``KeyboardInterrupt`` raised
         wherever the loop happens to be: one raised inside a py-libp2p task was taken for that
         task's failure, and the demo went on waiting for a conversation that had stopped."""
         with trio.open_signal_receiver(signal.SIGINT) as signals:
-            async for number in signals:
-                interrupted.append(number)
+            async for _ in signals:
                 scope.cancel()
                 return
 

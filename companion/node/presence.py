@@ -7,12 +7,12 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   s (:data:`WARMUP`), then every ``interval`` seconds, each wait jittered to 75-100 % of it
   (nodes started together do not stay in step; never later than ``interval``, so ``ttl`` = 3
   intervals always covers two lost announcements). Also soon after a peer connects (once its
-  subscription to the topic arrived, so the announcement reaches it), when a ``presence.request``
-  asks (below), when a connection to an announcing peer closed without notice (the announcement lists it in
-  ``lost`` for :data:`~companion.presence.DISCONNECT_GRACE` seconds, so others suspect it), and
-  when another node's announcement lists this node in ``lost`` (the refutation): such triggered
-  announcements are coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one with
-  ``leaving``.
+  subscription to the topic arrived, so the announcement reaches it), when a
+  ``presence.request`` asks (below), when a connection to an announcing peer closed without
+  notice (the announcement lists it in ``lost`` for :data:`~companion.presence.DISCONNECT_GRACE`
+  seconds, so others suspect it), and when another node's announcement lists this node in
+  ``lost`` (the refutation): such triggered announcements are coalesced, at most one per
+  ``min_gap`` seconds. On an orderly stop, one with ``leaving``.
 - **Receiving**: every announcement passes :meth:`PresenceService.validate`, py-libp2p's topic
   validator, once, before gossipsub may forward it: parsed like every payload, then given to
   the membership. A refused one (parse errors, ``id_pinned``, ``stale``, ...) is counted by
