@@ -107,12 +107,14 @@ def start_companion(
     return proc, proc.event("started", 1)["addrs"][0]
 
 
-def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float) -> str:
-    """The first line (already printed or coming) that satisfies ``predicate``; fails after
-    ``timeout``. (``Proc`` records every output line under its condition variable.)"""
+def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float, *, since: int = 0) -> str:
+    """The first line (already printed or coming) that satisfies ``predicate``, from line
+    ``since`` on (``len(proc.lines)`` taken before an action: what only the action can have
+    caused); fails after ``timeout``. (``Proc`` records every output line under its condition
+    variable.)"""
     deadline = time.monotonic() + timeout
     with proc._cond:
-        seen = 0
+        seen = since
         while True:
             for line in proc.lines[seen:]:
                 if predicate(line):

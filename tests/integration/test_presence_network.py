@@ -72,13 +72,18 @@ def cid(key: str) -> str:
     return f"companion_{key}"
 
 
+def listing(key: str, companions: frozenset[str]) -> Callable[[str], bool]:
+    """Whether a line is ``key``'s ``sees`` line listing exactly ``companions``."""
+    return lambda line: parse_sees(line) == (cid(key), companions)
+
+
 def wait_for_directory(procs: dict[str, Proc], expected: Iterable[str], deadline: float) -> None:
     """Every process prints a ``sees`` line listing exactly ``expected`` before ``deadline``."""
     want = frozenset(expected)
     for key, proc in procs.items():
         left = deadline - time.monotonic()
         try:
-            stdout_line(proc, lambda s, k=key: parse_sees(s) == (cid(k), want), max(left, 0.01))
+            stdout_line(proc, listing(key, want), max(left, 0.01))
         except AssertionError:
             stats = proc.stats()
             missing = sorted(want - set(stats["companions"]))
@@ -245,18 +250,19 @@ def test_a_killed_companion_leaves_every_directory_within_the_ttl_a_stopped_one_
         victim, observer = choice
         neighbours = {k for k in procs if ids[k] in links[victim]}
         before = {k: p.count("companion_left") for k, p in procs.items()}  # nobody left yet
+        marks = {k: len(p.lines) for k, p in procs.items()}  # a start-up line may list fewer
 
         procs[victim].signal(signal.SIGKILL)
         killed_at = time.monotonic()
         gone = frozenset(everyone) - {cid(victim)}
         for key in neighbours:  # they lost a connection without notice
             left = DISCONNECT_GRACE + LEAVE_BOUND - (time.monotonic() - killed_at)
-            stdout_line(procs[key], lambda s, k=key: parse_sees(s) == (cid(k), gone), max(left, 0.01))
+            stdout_line(procs[key], listing(key, gone), max(left, 0.01), since=marks[key])
         reported = DISCONNECT_GRACE + NodeConfig().presence_min_gap + LEAVE_BOUND
         for key, proc in procs.items():  # the observer too, which had no connection to lose
             if key != victim:
                 left = reported - (time.monotonic() - killed_at)
-                stdout_line(proc, lambda s, k=key: parse_sees(s) == (cid(k), gone), max(left, 0.01))
+                stdout_line(proc, listing(key, gone), max(left, 0.01), since=marks[key])
         seen = procs[observer].event("companion_left", PIPE_LAG, companion_id=cid(victim))
         assert seen["reason"] == "expired"  # its announcement, suspected on the report, ran out
         for key, proc in procs.items():  # nobody else flickered out meanwhile
@@ -267,13 +273,14 @@ def test_a_killed_companion_leaves_every_directory_within_the_ttl_a_stopped_one_
         near = connections(procs[observer])
         candidates = [k for k in procs if k not in (victim, observer, "hub")]
         stopping = next((k for k in candidates if ids[k] not in near), candidates[0])
+        marks = {k: len(p.lines) for k, p in procs.items()}
         stopped_at = time.monotonic()
         assert procs[stopping].stop() == 0
         rest = gone - {cid(stopping)}
         for key, proc in procs.items():
             if key not in (victim, stopping):
                 left = LEAVE_BOUND - (time.monotonic() - stopped_at)
-                stdout_line(proc, lambda s, k=key: parse_sees(s) == (cid(k), rest), max(left, 0.01))
+                stdout_line(proc, listing(key, rest), max(left, 0.01), since=marks[key])
         why = procs[observer].event("companion_left", PIPE_LAG, companion_id=cid(stopping))["reason"]
         assert why == ("leaving" if ids[stopping] not in near else "disconnected")
 
