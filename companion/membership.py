@@ -203,6 +203,13 @@ class Membership:
             self.presence.suspect(peer_id, now + DISCONNECT_GRACE)
         return self._leave(peer_id, "disconnected")
 
+    def peer_leaving(self, peer_id: str, seq: int, *, now: float) -> list[MembershipEvent]:
+        """Connected ``peer_id`` said it is stopping, with its ``leaving`` announcement ``seq``
+        (a leave notice on its own connection, as good as its signature): its announcement
+        goes as that one would take it (:meth:`PresenceTable.leave`); its binding ends when
+        the connection closes."""
+        return self._apply(self.presence.leave(peer_id, seq, now))
+
     def _leave(self, peer_id: str, reason: str) -> list[MembershipEvent]:
         companion_id = self._companion_of.pop(peer_id, None)
         if companion_id is None:

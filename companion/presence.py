@@ -220,6 +220,22 @@ class PresenceTable:
         changed = replace(entry, expires=expires)
         self._by_peer[entry.peer_id] = self._by_id[entry.companion_id] = changed
 
+    def leave(self, peer_id: str, seq: int, now: float) -> list[PresenceChange]:
+        """``peer_id`` said over its own connection that it leaves, with announcement ``seq`` (a
+        leave notice): taken as that ``leaving`` announcement would be, whether or not gossip
+        brings it, so an older announcement still on its way is ``stale`` when it comes. An
+        entry newer than ``seq`` (the peer is back already) stays."""
+        last = self._last_seq(peer_id, now)
+        if last is None or seq > last:
+            self._remember(peer_id, seq, now)
+        entry = self._by_peer.get(peer_id)
+        return self._drop(peer_id, "leaving") if entry is not None and entry.seq <= seq else []
+
+    def heard(self, peer_id: str, seq: int, now: float) -> bool:
+        """Whether an announcement of ``peer_id`` numbered ``seq`` or later arrived."""
+        last = self._last_seq(peer_id, now)
+        return last is not None and last >= seq
+
     def remove(self, peer_id: str, reason: ChangeReason) -> list[PresenceChange]:
         """Forget ``peer_id``'s entry (its sequence number stays remembered)."""
         return self._drop(peer_id, reason) if peer_id in self._by_peer else []

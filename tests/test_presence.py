@@ -188,6 +188,45 @@ def test_leaving_ends_presence_at_once(members: Membership, clock: Clock) -> Non
     assert members.presence_deadline() is None
 
 
+def test_a_leave_notice_ends_presence_and_outdates_what_is_still_on_its_way(
+    members: Membership, clock: Clock
+) -> None:
+    """Measured on six processes under load: a neighbour took a stopping companion's notice,
+    then read a periodic announcement the companion had sent just before (its pubsub reader
+    was behind), lost the ``leaving`` one in the close, and kept the companion for its whole
+    time to live. The notice carries the ``leaving`` seq, so the late one is stale."""
+    members.peer_connected("peer-a")
+    members.bind("peer-a", md("a"))
+    hear(members, clock, "peer-a", ann("a", clock.seq()))
+    late, leaving = clock.seq() + 1, clock.seq() + 2  # sent before it stopped, still on the way
+    assert not members.presence.heard("peer-a", leaving, clock.now)
+    clock.now = 1.0
+    assert members.peer_leaving("peer-a", leaving, now=clock.now) == []  # bound until the close
+    assert members.presence.heard("peer-a", leaving, clock.now)
+    refused = members.announce("peer-a", ann("a", late), now=clock.now, wall=clock.wall)
+    assert isinstance(refused, AnnounceRefused) and refused.reason == "stale"
+    assert kinds(members.peer_disconnected("peer-a", now=clock.now, on_purpose=True)) == [
+        ("left", "companion_a", "disconnected")
+    ]
+    assert members.presence_deadline() is None
+    # back later (restarted): its new announcements are newer than the notice
+    clock.now = 5.0
+    assert kinds(hear(members, clock, "peer-a", ann("a", clock.seq()))) == [
+        ("joined", "companion_a", "announced")
+    ]
+
+
+def test_a_leave_notice_older_than_the_entry_leaves_it(members: Membership, clock: Clock) -> None:
+    """A notice is the peer's word on its own announcement: one numbered before the entry we
+    hold (a restart that overtook it) removes nothing, and a peer without an entry loses
+    nothing but what it said."""
+    hear(members, clock, "peer-a", ann("a", clock.seq()))
+    assert members.peer_leaving("peer-a", clock.seq() - 1, now=clock.now) == []
+    assert "companion_a" in members.directory
+    assert members.peer_leaving("peer-nobody", clock.seq(), now=clock.now) == []
+    assert set(members.directory) == {"companion_me", "companion_a"}
+
+
 def test_stale_sequence_numbers_and_replays_are_refused(members: Membership, clock: Clock) -> None:
     first = ann("a", clock.seq())
     hear(members, clock, "peer-a", first)

@@ -271,6 +271,25 @@ async def test_a_held_companion_announces_nothing_until_released(
         nursery.cancel_scope.cancel()
 
 
+async def test_nothing_is_announced_after_leaving(autojump_clock: trio.testing.MockClock) -> None:
+    """Measured on six processes under load: a peer that connected while a companion stopped
+    triggered an announcement after the ``leaving`` one, with a higher seq, and every node
+    that took it kept the companion for its time to live. Once leaving, nothing else goes."""
+    service = _companion_service()
+    pubsub = _RecordingPubsub()
+    async with trio.open_nursery() as nursery:
+        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await trio.sleep(0.1)
+        await service.leave()
+        assert b'"leaving":true' in pubsub.published[-1]
+        count = len(pubsub.published)
+        service.trigger()  # a peer connected during the stop
+        await service.announce_now()  # a trim in the same moment
+        await trio.sleep(60)  # and the periodic announcements
+        assert len(pubsub.published) == count, pubsub.published[count:]
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_companion_back_in_the_directory_makes_nobody_announce(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -43,7 +43,7 @@ from .identity import load_or_create_key_pair
 from .listening import require_listening
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
-from .presence import PresenceService, PresenceSettings
+from .presence import LEAVE_PROTOCOL, PresenceService, PresenceSettings
 from .pubsub import CountingGossipSub, GuardedPubsub
 from .relay import NatTraversal
 from .replay import ReplayGuard
@@ -341,6 +341,8 @@ class CompanionNode:
         )
         if self.metadata is not None:
             host.set_stream_handler(METADATA_PROTOCOL, self._serve_metadata)
+        if self.config.presence:
+            host.set_stream_handler(LEAVE_PROTOCOL, self.presence.serve_leave)
         mdns_bridge = MdnsBridge(self._id, mdns_send, trio.lowlevel.current_trio_token())
         if self.config.mdns:
             peerDiscovery.register_peer_discovered_handler(mdns_bridge)
@@ -520,12 +522,12 @@ class CompanionNode:
             nursery.start_soon(self.presence.peer_connected, peer)
 
     def _peer_down(self, name: str) -> list[MembershipEvent]:
-        """The last connection to a peer closed: its binding ends, and unless either side
-        trimmed it on purpose (topology.py) its announcement must be renewed soon, and this
-        node announces itself (presence.py)."""
-        on_purpose = False
+        """The last connection to a peer closed: its binding ends, and unless it was closed on
+        purpose (a trim by either side, topology.py, or the peer's orderly stop, presence.py)
+        its announcement must be renewed soon, and this node announces itself (presence.py)."""
+        on_purpose = self.presence.closed_leaving(name)
         if self.topology is not None:
-            on_purpose = self.topology.closed_on_purpose(name)
+            on_purpose = self.topology.closed_on_purpose(name) or on_purpose
             self.topology.disconnected(name)
         events = self.membership.peer_disconnected(name, now=trio.current_time(), on_purpose=on_purpose)
         if not on_purpose:

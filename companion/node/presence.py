@@ -12,7 +12,8 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   notice (the announcement lists it in ``lost`` for :data:`~companion.presence.DISCONNECT_GRACE`
   seconds, so others suspect it), and when another node's announcement lists this node in
   ``lost`` (the refutation): such triggered announcements are coalesced, at most one per
-  ``min_gap`` seconds. On an orderly stop, one with ``leaving``.
+  ``min_gap`` seconds. On an orderly stop, one with ``leaving``, and a leave notice to every
+  connected peer (below).
 - **Receiving**: every announcement passes :meth:`PresenceService.validate`, py-libp2p's topic
   validator, once, before gossipsub may forward it: parsed like every payload, then given to
   the membership. A refused one (parse errors, ``id_pinned``, ``stale``, ...) is counted by
@@ -25,6 +26,15 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   ``joined``, and under load that fed itself (announcements late, entries expired, every return
   made all N nodes announce: 21 announcements sent per node per second, five times the periodic
   ones, with 20 companions in one process).
+- **Leaving**: a stopping companion tells each connected peer on :data:`LEAVE_PROTOCOL` (a
+  one-byte notice, :mod:`.notice`) and closes only once they acknowledged (or after
+  :data:`LEAVE_NOTICE_TIMEOUT`). The ``leaving`` announcement alone did not make it: a busy
+  neighbour whose pubsub reader was behind lost it in the close (py-libp2p drops a stream's
+  unread bytes on GO_AWAY), took the close for a failure, kept the companion for the
+  disconnect grace and reported it lost to everyone. A peer told waits up to
+  :data:`LEAVE_RELAY_WAIT` for the announcement itself (so it relays it to the companions the
+  leaver was not connected to); if it did not come, it drops the entry on the notice's word and
+  reports the leaver ``lost`` (the others suspect it). The close that follows is on purpose.
 - **Expiry**: a task sleeps until the table's next deadline and removes what expired.
 
 Processing happens in the validator (synchronous, never raising), not in a subscription
@@ -38,14 +48,17 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final
 
 import trio
+from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+from libp2p.utils.varint import decode_uvarint_from_stream, encode_uvarint
 from multiaddr import Multiaddr
 
-from ..log import log_event
+from ..log import log_event, reports_stream_failures
 from ..membership import AnnounceRefused, Membership, MembershipEvent
 from ..presence import DISCONNECT_GRACE, PRESENCE_TOPIC
 from ..protocol import (
@@ -60,8 +73,10 @@ from ..protocol import (
     parse_presence,
 )
 from .drops import Drop, DropCounters
+from .notice import acknowledge, tell
+from .pubsub import reset_quietly
 
-__all__ = ["PresenceService", "PresenceSettings"]
+__all__ = ["LEAVE_PROTOCOL", "PresenceService", "PresenceSettings"]
 
 logger = logging.getLogger("companion.node.presence")
 
@@ -85,6 +100,17 @@ SUBSCRIPTION_WAIT: Final = 5.0
 """How long a newly connected peer may take to tell us its subscriptions."""
 FLUSH_TIMEOUT: Final = 0.5
 """How long an announcement that must precede a close (leaving, a trim) may take to be sent."""
+LEAVE_PROTOCOL: Final = TProtocol("/companion/leave/1.0.0")
+reports_stream_failures(LEAVE_PROTOCOL)  # a peer without it is no error: see where it is opened
+LEAVE_NOTICE_TIMEOUT: Final = 3.0
+"""How long a stopping companion waits for its peers to acknowledge its leave notice (all
+together), within the node's ``close_timeout`` of 5 s; a peer that did not answer by then
+sees a close without notice."""
+LEAVE_RELAY_WAIT: Final = 1.0
+"""How long a peer told of a leave waits for the ``leaving`` announcement before it answers:
+one it took in time it has relayed to the companions the leaver was not connected to."""
+LEAVE_VALID: Final = 30.0
+"""Seconds a leave notice makes the peer's next disconnect count as on purpose."""
 
 Emit = Callable[[list[MembershipEvent]], None]
 
@@ -134,6 +160,14 @@ class PresenceService:
         self._heard = False
         """Whether another node's announcement was accepted since this node last asked."""
         self._table_changed = trio.Event()
+        self._accepted_one = trio.Event()
+        """Set (and replaced) whenever an announcement was taken."""
+        self._gone = False
+        """Set once :meth:`leave` began: an announcement after the ``leaving`` one would bring
+        this companion back into the directories (measured: a peer connecting during the stop
+        triggered one)."""
+        self._leaving: dict[str, float] = {}
+        """Connected peers that told us they are leaving, and when (one mark per peer)."""
         self._lost: dict[str, tuple[int, float]] = {}
         """Peers lost without notice: the last seq we heard from each, and until when we say so."""
         self._present = trio.Event()
@@ -141,6 +175,11 @@ class PresenceService:
         """Set while this node announces itself; cleared by :meth:`hold`."""
         self.published = 0
         self.accepted = 0
+        self.leave_notices: Counter[str] = Counter()
+        """Leave notices by outcome: ``heard`` (a peer's ``leaving`` announcement came in time),
+        ``unheard`` (it did not: the entry went on the notice), ``unannounced`` (a peer we held
+        no announcement of: a bridge, a companion heard only through its connection),
+        ``acknowledged`` (our own, by a peer when we stopped)."""
         self.bytes_out = 0
         """Bytes of this node's own announcements handed to gossipsub."""
         self.bytes_in = 0
@@ -155,6 +194,7 @@ class PresenceService:
             "presence_entries": len(self.membership.presence),
             "presence_bytes_out": self.bytes_out,
             "presence_bytes_in": self.bytes_in,
+            "leave_notices": dict(self.leave_notices),
         }
 
     # --- running ----------------------------------------------------------------------------
@@ -247,6 +287,50 @@ class PresenceService:
     def connection_back(self, peer: str) -> None:
         """``peer`` connected again: it is not lost."""
         self._lost.pop(peer, None)
+        self._leaving.pop(peer, None)
+
+    def closed_leaving(self, peer: str) -> bool:
+        """Whether the connection to ``peer`` that just closed was its orderly stop (it sent a
+        leave notice); forgets the mark."""
+        told = self._leaving.pop(peer, None)
+        return told is not None and trio.current_time() - told <= LEAVE_VALID
+
+    async def serve_leave(self, stream: Any) -> None:
+        """A connected peer is about to stop and says with which ``leaving`` announcement (its
+        ``seq``, a uvarint): wait (bounded) for that announcement, so it is relayed to the
+        companions the peer was not connected to; take the notice for it either way
+        (:meth:`Membership.peer_leaving`: the peer's own word, authenticated by the
+        connection, which can take back only its own announcement); acknowledge. If the
+        announcement did not come, this node reports the peer ``lost``: the others, which did
+        not get it through us either, suspect it."""
+        peer: ID = stream.muxed_conn.peer_id
+        name = peer.to_base58()
+        try:
+            with trio.fail_after(LEAVE_NOTICE_TIMEOUT):
+                seq = await decode_uvarint_from_stream(stream)
+        except Exception as exc:  # too slow, cut short, or not a uvarint: no notice
+            log_event(
+                logger, "leave_notice_unread", logging.DEBUG, node=self.name, peer=name, error=repr(exc)[:200]
+            )
+            await reset_quietly(stream)
+            return
+        if self._pubsub is not None and name not in self._leaving:
+            self._leaving[name] = trio.current_time()
+            table = self.membership.presence
+            outcome = "unannounced"  # nothing of it to take back, relay or report
+            if table.of_peer(name) is not None:
+                with trio.move_on_after(LEAVE_RELAY_WAIT):
+                    while not table.heard(name, seq, trio.current_time()):
+                        await self._accepted_one.wait()
+                outcome = "heard" if table.heard(name, seq, trio.current_time()) else "unheard"
+            self.leave_notices[outcome] += 1
+            log_event(logger, "peer_leaving", node=self.name, peer=name, seq=seq, announcement=outcome)
+            self._emit(self.membership.peer_leaving(name, seq, now=trio.current_time()))
+            if outcome == "unheard":
+                self._lost[name] = (seq, trio.current_time() + DISCONNECT_GRACE)
+                self.trigger()
+            self._table_changed.set()
+        await acknowledge(stream, LEAVE_NOTICE_TIMEOUT, node=self.name)
 
     async def peer_connected(self, peer: ID) -> None:
         """A peer connected: once it subscribed to the topic (bounded wait), announce (a
@@ -269,15 +353,26 @@ class PresenceService:
             await self._flush()
 
     async def leave(self) -> None:
-        """The orderly stop: announce ``leaving`` and give it a moment to go out (a node that
-        never announced itself has nothing to take back)."""
+        """The orderly stop: announce ``leaving``, give it a moment to go out, and tell every
+        connected peer (a node that never announced itself has nothing to take back)."""
         if self.metadata is not None and self._pubsub is not None and not self.held:
+            self._gone = True
             await self._announce(leaving=True)
             await self._flush()
+            host = self._pubsub.host
+            with trio.move_on_after(LEAVE_NOTICE_TIMEOUT):
+                async with trio.open_nursery() as nursery:
+                    for peer in list(host.get_network().connections):
+                        nursery.start_soon(self._tell_leaving, host, peer)
+
+    async def _tell_leaving(self, host: Any, peer: ID) -> None:
+        seq = encode_uvarint(self._seq)
+        if await tell(host, peer, LEAVE_PROTOCOL, LEAVE_NOTICE_TIMEOUT, node=self.name, payload=seq):
+            self.leave_notices["acknowledged"] += 1
 
     async def _announce(self, *, leaving: bool) -> None:
         assert self.metadata is not None
-        if self._pubsub is None or self.held:
+        if self._pubsub is None or self.held or (self._gone and not leaving):
             return
         self._seq = max(self._seq + 1, time.time_ns() // 1_000_000)
         presence = Presence(
@@ -364,6 +459,8 @@ class PresenceService:
         self.accepted += 1
         self._heard = True
         self._table_changed.set()
+        self._accepted_one.set()
+        self._accepted_one = trio.Event()
         self._learn_addrs(signer, parsed.params.addrs)
         if self._self_peer in parsed.params.lost and self.metadata is not None:
             self.trigger()  # someone lost us: tell everyone we are here

@@ -63,7 +63,7 @@ from libp2p.utils import encode_varint_prefixed
 from ..log import bound, log_event
 from .drops import Drop, DropCounters
 
-__all__ = ["CountingGossipSub", "GuardedPubsub", "SubscriptionKeepingPubsub"]
+__all__ = ["CountingGossipSub", "GuardedPubsub", "SubscriptionKeepingPubsub", "reset_quietly"]
 
 logger = logging.getLogger("companion.node.pubsub")
 
@@ -220,7 +220,7 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
             )
         finally:
             self._readers.discard(task)
-        await _reset_quietly(stream)
+        await reset_quietly(stream)
 
     def _handle_dead_peer(self, peer_id: ID) -> None:
         if trio.lowlevel.current_task() in self._readers:
@@ -315,7 +315,7 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
                     self._broken.add(stream)
                     queue = self.peer_queues.get(peer) if current else None
                     self._count_lost(peer, [rpc_msg, *_queued(queue)])
-                    await _reset_quietly(stream)
+                    await reset_quietly(stream)
                     if current and self.peers.get(peer) is stream:
                         self._handle_dead_peer(peer)
             return ok
@@ -390,7 +390,8 @@ def _queued(queue: RpcQueue | None) -> list[rpc_pb2.RPC]:
     return [*inner._priority, *inner._non_priority]
 
 
-async def _reset_quietly(stream: INetStream) -> None:
+async def reset_quietly(stream: INetStream) -> None:
+    """Reset ``stream`` within a second, shielded, whatever that raises (it is gone either way)."""
     with trio.CancelScope(shield=True), trio.move_on_after(1.0):
         try:
             await stream.reset()

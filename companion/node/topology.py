@@ -20,7 +20,7 @@ has one: inbound connections were never trimmed. This module trims them itself, 
    ``grace`` period (time to exchange metadata and a first announcement).
 
 Before it trims a connection, a node announces its presence and tells the peer on
-:data:`TRIM_PROTOCOL` (a stream the peer acknowledges with one byte): the trimmed peer keeps it
+:data:`TRIM_PROTOCOL` (a notice, :mod:`.notice`, the peer acknowledges): the trimmed peer keeps it
 in its directory, reachable through gossip, while a peer whose connection closed without that
 notice (killed, or unreachable) leaves its neighbours' directories at once (see
 :mod:`companion.presence`).
@@ -28,7 +28,6 @@ notice (killed, or unreachable) leaves its neighbours' directories at once (see
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -41,6 +40,7 @@ from libp2p.peer.id import ID
 
 from ..log import log_event, reports_stream_failures
 from .discovery import Backoff
+from .notice import acknowledge, tell
 
 __all__ = [
     "TRIM_PROTOCOL",
@@ -217,17 +217,10 @@ class Topology:
     async def serve_notice(self, stream: Any) -> None:
         """A peer is about to trim its connection to us: remember it (one mark per connected
         peer, so it stays bounded) and acknowledge, so it closes only after we know."""
-        try:
-            peer = stream.muxed_conn.peer_id
-            if self.host.get_network().connections.get(peer):
-                self._notices[peer.to_base58()] = trio.current_time()
-            with trio.move_on_after(NOTICE_TIMEOUT):
-                await stream.write(b"\x01")
-        except Exception as exc:
-            log_event(logger, "trim_notice_failed", logging.DEBUG, node=self.name, error=repr(exc)[:200])
-        finally:
-            with trio.move_on_after(NOTICE_TIMEOUT), contextlib.suppress(Exception):
-                await stream.close()
+        peer = stream.muxed_conn.peer_id
+        if self.host.get_network().connections.get(peer):
+            self._notices[peer.to_base58()] = trio.current_time()
+        await acknowledge(stream, NOTICE_TIMEOUT, node=self.name)
 
     # --- running ----------------------------------------------------------------------------
 
@@ -294,7 +287,7 @@ class Topology:
         self.trimmed += 1
         network = self.host.get_network()
         peer = ID.from_base58(name)
-        await self._tell(peer)
+        await tell(self.host, peer, TRIM_PROTOCOL, NOTICE_TIMEOUT, node=self.name)
         try:
             with trio.move_on_after(RING_DIAL_TIMEOUT):
                 await network.close_peer(peer)
@@ -303,26 +296,6 @@ class Topology:
             log_event(logger, "trim_failed", logging.WARNING, node=self.name, peer=name, error=error)
         if name not in self._since or network.connections.get(peer):
             self._trimming.discard(name)  # its disconnect was seen already, or it failed
-
-    async def _tell(self, peer: ID) -> None:
-        """Open :data:`TRIM_PROTOCOL` to ``peer`` and wait for its byte (bounded; a peer without
-        the protocol, such as aikyo's, simply refuses it)."""
-        with trio.move_on_after(NOTICE_TIMEOUT):
-            try:
-                stream = await self.host.new_stream(peer, [TRIM_PROTOCOL])
-                try:
-                    await stream.read(1)
-                finally:
-                    await stream.close()
-            except Exception as exc:
-                log_event(
-                    logger,
-                    "trim_notice_unsent",
-                    logging.DEBUG,
-                    node=self.name,
-                    peer=str(peer),
-                    error=repr(exc)[:200],
-                )
 
     def _keep_ring(self, nursery: trio.Nursery) -> None:
         connections = self.host.get_network().connections

@@ -1,0 +1,194 @@
+"""An orderly stop next to a busy neighbour: real nodes over loopback, one of them behind on its
+pubsub stream, as a node is whose loop is busy (measured: a SIGTERMed companion stayed in a
+loaded neighbour's directory for the 5 s disconnect grace, and was reported lost to everyone,
+in about one run in three of the six-companion network test under two busy loops)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.peer.id import ID
+from libp2p.stream_muxer.exceptions import MuxedStreamError
+from libp2p.utils.varint import encode_uvarint
+from node_support import RawPeer, raw_peer
+from support.cards import metadata as md
+from test_node_network import Recorder, running, until
+from test_node_network import _run as run_node
+
+from companion.membership import MembershipEvent
+from companion.node import CompanionNode, NodeConfig
+from companion.node.presence import LEAVE_NOTICE_TIMEOUT, LEAVE_PROTOCOL, LEAVE_RELAY_WAIT
+from companion.node.pubsub import GuardedPubsub, reset_quietly
+from companion.presence import DISCONNECT_GRACE
+
+
+class Lag:
+    """Makes one node's reader of one peer's pubsub stream stall once, for ``seconds``, from the
+    moment :meth:`start` is called: the read after that waits first, as a busy loop does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.reader = ""
+        self.writer = ""
+        self.on = False
+
+    def start(self, reader: CompanionNode, writer: CompanionNode) -> None:
+        self.reader, self.writer = reader.peer_id, writer.peer_id
+        self.on = True
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = GuardedPubsub.continuously_read_stream
+        lag = self
+
+        async def lagging(pubsub: GuardedPubsub, stream: Any) -> None:
+            await original(pubsub, _Stalling(stream, lag, pubsub.host.get_id().to_base58()))
+
+        monkeypatch.setattr(GuardedPubsub, "continuously_read_stream", lagging)
+
+
+class _Stalling:
+    def __init__(self, stream: Any, lag: Lag, reader: str) -> None:
+        self._stream = stream
+        self._lag = lag
+        self._reader = reader
+        self._stalled = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    async def read(self, n: int | None = None) -> bytes:
+        lag = self._lag
+        writer = self._stream.muxed_conn.peer_id.to_base58()
+        if lag.on and not self._stalled and (self._reader, writer) == (lag.reader, lag.writer):
+            self._stalled = True
+            await trio.sleep(lag.seconds)
+        data: bytes = await self._stream.read(n)
+        return data
+
+
+class Line:
+    """a - b - c: companions a and b, and c a bridge connected to b only (it hears of a by
+    gossip, through b)."""
+
+    def __init__(self, a: CompanionNode, b: CompanionNode, c: CompanionNode, stop_a: trio.CancelScope):
+        self.a, self.b, self.c = a, b, c
+        self._stop_a = stop_a
+
+    async def stop_a(self, lag: Lag) -> float:
+        """Stop a in order (b's reader starts to lag at the same moment); the seconds it took."""
+        lag.start(reader=self.b, writer=self.a)
+        began = trio.current_time()
+        self._stop_a.cancel()
+        with trio.fail_after(NodeConfig().close_timeout + 1):
+            await self.a._finished.wait()
+        return trio.current_time() - began
+
+
+@asynccontextmanager
+async def _line(events: list[MembershipEvent]) -> AsyncIterator[Line]:
+    """Start the line; yield once everyone sees both companions."""
+    async with (
+        trio.open_nursery() as nursery,
+        running(nursery, md("b"), dht=False) as (b, _),
+        running(nursery, None, peers=[b.listen_addrs[0]], dht=False, max_connections=1) as (c, _),
+    ):
+        c.add_membership_listener(events.append)
+        a = CompanionNode(md("a"), NodeConfig(peers=[b.listen_addrs[0]], dht=False))
+        stop_a = trio.CancelScope()
+        await nursery.start(run_node, a, Recorder(), stop_a)
+        both = {"companion_a", "companion_b"}
+        await until(lambda: all(set(n.directory) == both for n in (a, b, c)), 15)
+        assert ID.from_base58(a.peer_id) not in c._host.get_network().connections
+        yield Line(a, b, c, stop_a)
+        nursery.cancel_scope.cancel()
+
+
+def _left(events: list[MembershipEvent], companion_id: str) -> list[str]:
+    return [e.reason for e in events if e.kind == "left" and e.companion_id == companion_id]
+
+
+async def test_a_stopping_companion_leaves_a_busy_neighbour_at_once_and_the_rest_by_its_relay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """b's reader of a's stream stalls 0.5 s when a stops: a's ``leaving`` announcement is still
+    in b's buffer when the close would come (and py-libp2p drops it then). a waits for b's
+    answer to its leave notice; b waits for the announcement, takes it, relays it to c, and
+    answers. b and c drop a at once (c: ``leaving``), and b reports nobody lost."""
+    lag = Lag(0.5)
+    lag.install(monkeypatch)
+    events: list[MembershipEvent] = []
+    async with _line(events) as line:
+        took = await line.stop_a(lag)
+        assert took >= lag.seconds  # a waited for b's answer
+        assert line.a.presence.leave_notices["acknowledged"] == 1, line.a.presence.stats()
+        assert line.b.presence.leave_notices["heard"] == 1, line.b.presence.stats()
+        assert "companion_a" not in line.b.directory
+        assert not line.b.presence._lost_now(), "b took the orderly stop for a failure"
+        await until(lambda: "companion_a" not in line.c.directory, 1.0)
+        assert _left(events, "companion_a") == ["leaving"]
+
+
+async def test_a_neighbour_that_never_reads_the_announcement_drops_it_on_the_notice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """b's reader stalls past the relay wait: b drops a on the notice's word and reports it
+    lost, so c (which hears nothing more of a) drops it within the disconnect grace, not the
+    announcement's time to live."""
+    lag = Lag(60.0)
+    lag.install(monkeypatch)
+    events: list[MembershipEvent] = []
+    async with _line(events) as line:
+        await line.stop_a(lag)
+        assert line.b.presence.leave_notices["unheard"] == 1, line.b.presence.stats()
+        assert "companion_a" not in line.b.directory
+        assert line.a.peer_id in line.b.presence._lost_now()
+        await until(lambda: "companion_a" not in line.c.directory, DISCONNECT_GRACE + 3.0)
+        assert _left(events, "companion_a") == ["expired"]
+
+
+async def _notice(raw: RawPeer, node: CompanionNode, payload: bytes, *, close: bool = False) -> bytes:
+    """Open the leave protocol from ``raw`` to ``node``, write ``payload``, and read the answer
+    (b"" when the node reset the stream or closed it without one)."""
+    stream = await raw.host.new_stream(ID.from_base58(node.peer_id), [LEAVE_PROTOCOL])
+    try:
+        await stream.write(payload)
+        if close:
+            await stream.close()  # our side only: the node reads the end
+        with trio.fail_after(LEAVE_NOTICE_TIMEOUT + 2):
+            return bytes(await stream.read(1))
+    except (StreamError, MuxedStreamError):
+        return b""
+    finally:
+        await reset_quietly(stream)
+
+
+async def test_hostile_leave_notices_change_nothing_but_the_senders_own_word() -> None:
+    """A raw peer sends the notice malformed (an over-long uvarint), cut short, as a peer that
+    never announced itself, and then 100 times in a row: the bad ones are reset unanswered,
+    the rest answered at once; the node's directory and its reports are untouched."""
+    events: list[MembershipEvent] = []
+    async with (
+        trio.open_nursery() as nursery,
+        running(nursery, md("b"), dht=False) as (b, _),
+        running(nursery, md("a"), peers=[b.listen_addrs[0]], dht=False) as (a, _),
+        raw_peer() as raw,
+    ):
+        await until(lambda: set(b.directory) == {"companion_a", "companion_b"}, 15)
+        b.add_membership_listener(events.append)
+        await raw.connect(b.listen_addrs[0])
+        assert await _notice(raw, b, b"\xff" * 11) == b""
+        assert await _notice(raw, b, b"\x80", close=True) == b""
+        started = trio.current_time()
+        for _ in range(100):
+            assert await _notice(raw, b, encode_uvarint(2**64 - 1)) == b"\x01"
+        assert trio.current_time() - started < LEAVE_RELAY_WAIT  # nothing to wait for
+        assert b.presence.leave_notices == {"unannounced": 1}
+        assert set(b.directory) == {"companion_a", "companion_b"} and events == []
+        assert not b.presence._lost_now()
+        assert a.presence.leave_notices == {}
+        nursery.cancel_scope.cancel()
