@@ -5,6 +5,7 @@ in about one run in three of the six-companion network test under two busy loops
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,8 @@ from test_node_network import _run as run_node
 
 from companion.membership import MembershipEvent
 from companion.node import CompanionNode, NodeConfig
+from companion.node.metadata import METADATA_PROTOCOL
+from companion.node.node import GONE_WAIT
 from companion.node.presence import LEAVE_NOTICE_TIMEOUT, LEAVE_PROTOCOL, LEAVE_RELAY_WAIT
 from companion.node.pubsub import GuardedPubsub, reset_quietly
 from companion.presence import DISCONNECT_GRACE
@@ -192,3 +195,39 @@ async def test_hostile_leave_notices_change_nothing_but_the_senders_own_word() -
         assert not b.presence._lost_now()
         assert a.presence.leave_notices == {}
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("closes", [True, False])
+async def test_a_metadata_request_to_a_peer_that_stops_is_routine_one_that_stays_is_not(
+    closes: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The demo under CI load warned ``peer_metadata_unavailable`` at its end: a connection made
+    while a companion stopped, whose metadata request failed as the companion closed. A peer
+    that resets the request and closes is routine (INFO, ``peer_gone``); one that resets it and
+    stays connected is a problem (WARNING)."""
+    async with trio.open_nursery() as nursery, raw_peer() as raw:
+        reset = trio.Event()
+
+        async def refuse(stream: Any) -> None:
+            await reset_quietly(stream)
+            reset.set()
+            if closes:
+                await raw.host.get_network().close_peer(stream.muxed_conn.peer_id)
+
+        raw.host.set_stream_handler(METADATA_PROTOCOL, refuse)
+        with caplog.at_level(logging.INFO, logger="companion.node"):
+            async with running(nursery, md("b"), peers=[raw.addr], dht=False):
+                with trio.fail_after(10):
+                    await reset.wait()
+                await until(lambda: _unavailable(caplog) is not None, GONE_WAIT + 3)
+                nursery.cancel_scope.cancel()
+    record = _unavailable(caplog)
+    assert record is not None
+    assert record.levelno == (logging.INFO if closes else logging.WARNING), record.companion_fields
+    assert record.companion_fields["peer_gone"] is closes
+    assert record.companion_fields["status"] in ("error", "empty")  # a reset reads as either
+
+
+def _unavailable(caplog: pytest.LogCaptureFixture) -> logging.LogRecord | None:
+    found = [r for r in caplog.records if getattr(r, "companion_event", "") == "peer_metadata_unavailable"]
+    return found[0] if found else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import trio
 from libp2p.abc import INetConn, INetStream, INotifee
@@ -54,6 +54,11 @@ from .yamux import batch_window_updates
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 
 logger = logging.getLogger("companion.node")
+
+GONE_WAIT: Final = 1.0
+"""How long a failed metadata request waits for the peer's connection to close: a peer that
+stops or is trimmed while we ask makes the request fail moments before its close arrives, and
+that is routine (INFO); a peer still connected after it has a problem (WARNING)."""
 
 MembershipListener = Callable[[MembershipEvent], None]
 
@@ -555,14 +560,20 @@ class CompanionNode:
         outcome = await fetch_metadata(self._host, peer, self._gate, timeout=self.config.metadata_timeout)
         name = peer.to_base58()
         if outcome.metadata is None:
+            routine = outcome.status == "unsupported"  # a bridge, a relay: no metadata to give
+            if not routine and outcome.status in ("error", "timeout", "empty"):
+                # a peer that stops (or is trimmed) while we ask: the request fails, and the
+                # connection closes within moments; only a peer that stays has a problem
+                routine = await self.wait_for(lambda: not self._is_connected(peer), GONE_WAIT)
             log_event(
                 logger,
                 "peer_metadata_unavailable",
-                logging.INFO if outcome.status == "unsupported" else logging.WARNING,
+                logging.INFO if routine else logging.WARNING,
                 node=self.name,
                 peer=name,
                 status=outcome.status,
                 detail=outcome.detail,
+                peer_gone=not self._is_connected(peer),
             )
             return
         result = self.membership.bind(name, outcome.metadata)
