@@ -25,9 +25,13 @@ from companion.membership import MembershipEvent
 from companion.node import CompanionNode, NodeConfig
 from companion.node.metadata import METADATA_PROTOCOL
 from companion.node.node import GONE_WAIT
-from companion.node.presence import LEAVE_NOTICE_TIMEOUT, LEAVE_PROTOCOL, LEAVE_RELAY_WAIT
+from companion.node.presence import LEAVE_NOTICE_TIMEOUT, LEAVE_PROTOCOL
 from companion.node.pubsub import GuardedPubsub, reset_quietly
 from companion.presence import DISCONNECT_GRACE
+
+AT_ONCE = 2.0
+"""Seconds a neighbour may take, after the stop ended, to see the close: well under the 5 s
+disconnect grace a close without notice costs."""
 
 
 class Lag:
@@ -118,11 +122,11 @@ def _left(events: list[MembershipEvent], companion_id: str) -> list[str]:
 async def test_a_stopping_companion_leaves_a_busy_neighbour_at_once_and_the_rest_by_its_relay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """b's reader of a's stream stalls 0.5 s when a stops: a's ``leaving`` announcement is still
+    """b's reader of a's stream stalls 0.3 s when a stops: a's ``leaving`` announcement is still
     in b's buffer when the close would come (and py-libp2p drops it then). a waits for b's
     answer to its leave notice; b waits for the announcement, takes it, relays it to c, and
     answers. b and c drop a at once (c: ``leaving``), and b reports nobody lost."""
-    lag = Lag(0.5)
+    lag = Lag(0.3)
     lag.install(monkeypatch)
     events: list[MembershipEvent] = []
     async with _line(events) as line:
@@ -130,9 +134,9 @@ async def test_a_stopping_companion_leaves_a_busy_neighbour_at_once_and_the_rest
         assert took >= lag.seconds  # a waited for b's answer
         assert line.a.presence.leave_notices["acknowledged"] == 1, line.a.presence.stats()
         assert line.b.presence.leave_notices["heard"] == 1, line.b.presence.stats()
-        assert "companion_a" not in line.b.directory
+        await until(lambda: "companion_a" not in line.b.directory, AT_ONCE)  # its close is on its way
         assert not line.b.presence._lost_now(), "b took the orderly stop for a failure"
-        await until(lambda: "companion_a" not in line.c.directory, 1.0)
+        await until(lambda: "companion_a" not in line.c.directory, AT_ONCE)
         assert _left(events, "companion_a") == ["leaving"]
 
 
@@ -148,7 +152,7 @@ async def test_a_neighbour_that_never_reads_the_announcement_drops_it_on_the_not
     async with _line(events) as line:
         await line.stop_a(lag)
         assert line.b.presence.leave_notices["unheard"] == 1, line.b.presence.stats()
-        assert "companion_a" not in line.b.directory
+        await until(lambda: "companion_a" not in line.b.directory, AT_ONCE)  # its close is on its way
         assert line.a.peer_id in line.b.presence._lost_now()
         await until(lambda: "companion_a" not in line.c.directory, DISCONNECT_GRACE + 3.0)
         assert _left(events, "companion_a") == ["expired"]
@@ -173,7 +177,7 @@ async def _notice(raw: RawPeer, node: CompanionNode, payload: bytes, *, close: b
 async def test_hostile_leave_notices_change_nothing_but_the_senders_own_word() -> None:
     """A raw peer sends the notice malformed (an over-long uvarint), cut short, as a peer that
     never announced itself, and then 100 times in a row: the bad ones are reset unanswered,
-    the rest answered at once; the node's directory and its reports are untouched."""
+    the rest answered (one taken); the node's directory and its reports are untouched."""
     events: list[MembershipEvent] = []
     async with (
         trio.open_nursery() as nursery,
@@ -186,10 +190,8 @@ async def test_hostile_leave_notices_change_nothing_but_the_senders_own_word() -
         await raw.connect(b.listen_addrs[0])
         assert await _notice(raw, b, b"\xff" * 11) == b""
         assert await _notice(raw, b, b"\x80", close=True) == b""
-        started = trio.current_time()
         for _ in range(100):
             assert await _notice(raw, b, encode_uvarint(2**64 - 1)) == b"\x01"
-        assert trio.current_time() - started < LEAVE_RELAY_WAIT  # nothing to wait for
         assert b.presence.leave_notices == {"unannounced": 1}
         assert set(b.directory) == {"companion_a", "companion_b"} and events == []
         assert not b.presence._lost_now()
