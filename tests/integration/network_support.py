@@ -137,12 +137,22 @@ class Proc:
 
     def stop(self, timeout: float = 10.0) -> int:
         """SIGCONT (in case it is frozen), SIGTERM, then SIGKILL after ``timeout``; by PID only."""
+        self.terminate()
+        return self.reap(timeout)
+
+    def terminate(self) -> None:
+        """The first half of ``stop``: SIGCONT (in case it is frozen), then SIGTERM, by PID."""
         if self.popen.poll() is None:
             for signum in (signal.SIGCONT, signal.SIGTERM):
                 try:
                     os.kill(self.pid, signum)
                 except ProcessLookupError:
                     break
+
+    def reap(self, timeout: float = 10.0) -> int:
+        """The second half of ``stop``: its exit code, once it ended; SIGKILL (by PID) if it has
+        not within ``timeout``."""
+        if self.popen.poll() is None:
             try:
                 return self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -222,8 +232,12 @@ class Network:
         return proc, proc.event("started", timeout=30)
 
     def stop_all(self) -> None:
+        """All at once: each one told to stop, then each one waited for (one after another they
+        took 0.3 to 0.8 s each, 1.7 s for three companions)."""
         for proc in self.procs:
-            proc.stop()
+            proc.terminate()
+        for proc in self.procs:
+            proc.reap()
 
 
 @contextmanager

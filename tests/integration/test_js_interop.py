@@ -169,6 +169,7 @@ def test_our_node_dials_js_peer(js_peer: list[str]) -> None:
             proc.stop()
 
 
+@pytest.mark.early
 def test_a_conversation_with_aikyo_services_stays_connected_for_a_minute(
     js_peer: list[str], tmp_path: Path
 ) -> None:

@@ -29,6 +29,7 @@ def _run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
     return done
 
 
+@pytest.mark.early
 @pytest.mark.timeout(900)
 def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo_from_another_folder(tmp_path: Path) -> None:
     source = tmp_path / "source"  # a copy, so the build leaves nothing in the repository
