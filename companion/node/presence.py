@@ -169,7 +169,8 @@ class PresenceService:
         self._leaving: dict[str, float] = {}
         """Connected peers that told us they are leaving, and when (one mark per peer)."""
         self._lost: dict[str, tuple[int, float]] = {}
-        """Peers lost without notice: the last seq we heard from each, and until when we say so."""
+        """Peers lost without notice (or that left without their ``leaving`` announcement
+        reaching us): the last seq of each, and until when we say so."""
         self._present = trio.Event()
         self._present.set()
         """Set while this node announces itself; cleared by :meth:`hold`."""
@@ -280,9 +281,14 @@ class PresenceService:
         letting it hear from us if it lost us the same way."""
         entry = self.membership.presence.of_peer(peer)
         if entry is not None:
-            self._lost[peer] = (entry.seq, trio.current_time() + DISCONNECT_GRACE)
+            self._report_lost(peer, entry.seq)
         self._table_changed.set()
         self.trigger()
+
+    def _report_lost(self, peer: str, seq: int) -> None:
+        """List ``peer`` in ``lost``, with the last ``seq`` heard of it, for the grace (the
+        caller triggers the announcement that says so)."""
+        self._lost[peer] = (seq, trio.current_time() + DISCONNECT_GRACE)
 
     def connection_back(self, peer: str) -> None:
         """``peer`` connected again: it is not lost."""
@@ -327,7 +333,7 @@ class PresenceService:
             log_event(logger, "peer_leaving", node=self.name, peer=name, seq=seq, announcement=outcome)
             self._emit(self.membership.peer_leaving(name, seq, now=trio.current_time()))
             if outcome == "unheard":
-                self._lost[name] = (seq, trio.current_time() + DISCONNECT_GRACE)
+                self._report_lost(name, seq)
                 self.trigger()
             self._table_changed.set()
         await acknowledge(stream, LEAVE_NOTICE_TIMEOUT, node=self.name)
@@ -359,14 +365,12 @@ class PresenceService:
             self._gone = True
             await self._announce(leaving=True)
             await self._flush()
-            host = self._pubsub.host
-            with trio.move_on_after(LEAVE_NOTICE_TIMEOUT):
-                async with trio.open_nursery() as nursery:
-                    for peer in list(host.get_network().connections):
-                        nursery.start_soon(self._tell_leaving, host, peer)
+            host, seq = self._pubsub.host, encode_uvarint(self._seq)
+            async with trio.open_nursery() as nursery:  # all at once, each within the timeout
+                for peer in list(host.get_network().connections):
+                    nursery.start_soon(self._tell_leaving, host, peer, seq)
 
-    async def _tell_leaving(self, host: Any, peer: ID) -> None:
-        seq = encode_uvarint(self._seq)
+    async def _tell_leaving(self, host: Any, peer: ID, seq: bytes) -> None:
         if await tell(host, peer, LEAVE_PROTOCOL, LEAVE_NOTICE_TIMEOUT, node=self.name, payload=seq):
             self.leave_notices["acknowledged"] += 1
 
