@@ -54,7 +54,7 @@ from .routines import CompanionJoined as RoutineJoined
 from .routines import CompanionLeft as RoutineLeft
 from .routines import MessageSeen as RoutineMessage
 from .speech import Speaker, Speech
-from .store import MemoryStore
+from .store import MemoryStore, StoreError
 from .timings import EngineTimings
 from .tools_announcer import ToolsAnnouncer, read_tools
 from .turns import turn_info
@@ -63,6 +63,7 @@ __all__ = ["ConversationEngine", "EngineEvent", "EngineTimings", "NodeLike"]
 
 logger = logging.getLogger("companion.engine")
 
+_UNRECORDED: Final = "this companion could not record its reply, so it is not sent; finish without speaking"
 _REPLAY: Final = 256
 """Messages read back from the store at start-up to restore where the conversation is."""
 
@@ -390,9 +391,10 @@ class ConversationEngine:
         if not speech.spoke:
             self._feed(cv.SpeakingFailed(effect.message_id, reason, detail))
 
-    def _outgoing(self, topic: str, envelope: Message | Action) -> Message | Action | str:
+    async def _outgoing(self, topic: str, envelope: Message | Action) -> Message | Action | str:
         """The runtime's hook: this node's reply leaves stamped, once per turn, after the store
-        noted that its message was answered."""
+        committed that its message was answered (a node killed as its reply leaves, then started
+        again and chosen for the same message, must not answer it twice)."""
         if topic != MESSAGES or not isinstance(envelope, Message) or envelope.params.from_ != self.me.id:
             return envelope
         firing = current_firing()
@@ -402,11 +404,20 @@ class ConversationEngine:
         speech = self._speech
         if isinstance(verdict, str) or speech is None:
             return verdict if isinstance(verdict, str) else "this companion is not speaking now"
+        message_id = speech.effect.message_id
+        mark = self.store.writes
         try:
-            self.store.mark_replied(speech.effect.message_id)
+            self.store.mark_replied(message_id)
         except Exception as exc:
-            self._store_failed("mark_replied", exc, message_id=speech.effect.message_id)
-            return "this companion could not record its reply, so it is not sent; finish without speaking"
+            self._store_failed("mark_replied", exc, message_id=message_id)
+            return _UNRECORDED
+        if not await self.store.flush(self.timings.publish_timeout, since=mark):
+            error = StoreError(f"the mark was not committed within {self.timings.publish_timeout:g} s")
+            self._store_failed("mark_replied", error, message_id=message_id)
+            return _UNRECORDED
+        verdict = self.conversation.outgoing(envelope)  # the turn may have moved on meanwhile
+        if isinstance(verdict, str) or self._speech is not speech:
+            return verdict if isinstance(verdict, str) else "this companion is not speaking now"
         speech.spoke = True
         self._feed(cv.ReplyPublished(speech.effect.message_id, verdict))
         return verdict

@@ -14,7 +14,7 @@ back, exactly as a peer's do, and the history records each message once, when it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
@@ -77,8 +77,20 @@ class NodeLike(Publisher, Protocol):
 
 class ConversationStore(Protocol):
     """What the engine keeps on disk (:class:`~companion.store.Store`) or in memory
-    (:class:`~companion.store.MemoryStore`). Every call is short and synchronous; a call that
-    raises changed nothing, and the engine then leaves its conversation as it was."""
+    (:class:`~companion.store.MemoryStore`). Every call but :meth:`flush` is short and
+    synchronous; a call that raises changed nothing, and the engine then leaves its conversation
+    as it was. Writes reach the disk a little later, in order (:meth:`flush` waits for them)."""
+
+    @property
+    def writes(self) -> int:
+        """How many writes were made so far: a mark for :meth:`flush`'s ``since``."""
+        ...
+
+    async def flush(self, timeout: float, *, since: int = 0) -> bool:
+        """Wait, without blocking the loop, until every write so far is committed: ``True``, or
+        ``False`` if one after the first ``since`` (a :attr:`writes` mark) was lost to a failing
+        disk or ``timeout`` seconds passed. In memory: ``True`` at once."""
+        ...
 
     def record(self, message: Message) -> bool:
         """Record a message of the conversation, once: ``False`` if its id was recorded before
@@ -90,7 +102,8 @@ class ConversationStore(Protocol):
         ...
 
     def mark_replied(self, message_id: str) -> bool:
-        """Note, before the reply goes out, that this companion answered ``message_id``."""
+        """Note, before the reply goes out, that this companion answered ``message_id`` (the
+        engine flushes the mark before it publishes the reply)."""
         ...
 
     def replied(self, message_id: str) -> bool: ...
@@ -106,7 +119,8 @@ class ConversationStore(Protocol):
         ...
 
 
-OutgoingHook: TypeAlias = Callable[[str, Message | Action], "Message | Action | str"]
-"""``(topic, envelope) -> envelope | refusal``: the action runtime calls it for every envelope an
-action produced, before publishing it. It returns the envelope to publish (possibly stamped), or
-a sentence saying why it may not go out (the call then ends ``refused`` with that message)."""
+OutgoingHook: TypeAlias = Callable[[str, Message | Action], Awaitable["Message | Action | str"]]
+"""``async (topic, envelope) -> envelope | refusal``: the action runtime awaits it for every
+envelope an action produced, before publishing it. It returns the envelope to publish (possibly
+stamped), or a sentence saying why it may not go out (the call then ends ``refused`` with that
+message). It may wait (the engine waits for its store to commit the reply's mark)."""

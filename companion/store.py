@@ -187,11 +187,23 @@ class Store:
 
     # --- lifetime ----------------------------------------------------------------------------
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait (in this thread) until every write so far is committed: ``True``, or ``False``
-        if the disk failed or ``timeout`` seconds passed."""
+    @property
+    def writes(self) -> int:
+        """How many writes were made so far: a mark for :meth:`flush`'s ``since``."""
+        return self._writer.submitted
+
+    def sync(self, timeout: float = 10.0, *, since: int = 0) -> bool:
+        """Wait, blocking this thread, until every write so far is committed: ``True``, or
+        ``False`` if one after the first ``since`` (a :attr:`writes` mark) was lost to a failing
+        disk or ``timeout`` seconds passed."""
         self._conn  # noqa: B018 -- raises when closed
-        return self._writer.flush(timeout)
+        return self._writer.flush(timeout, since=since)
+
+    async def flush(self, timeout: float = 10.0, *, since: int = 0) -> bool:
+        """:meth:`sync`, waited for in a worker thread so the loop runs on meanwhile (the engine
+        awaits it between marking a message replied and publishing the reply)."""
+        self._conn  # noqa: B018 -- raises when closed
+        return await trio.to_thread.run_sync(lambda: self._writer.flush(timeout, since=since))
 
     def stats(self) -> dict[str, int]:
         """The writer's counters: ``committed``, ``batches``, ``failures``, ``lost``, ``backlog``."""
@@ -433,6 +445,13 @@ class MemoryStore:
 
     def replied(self, message_id: str) -> bool:
         return message_id in self._replied
+
+    @property
+    def writes(self) -> int:
+        return 0
+
+    async def flush(self, timeout: float = 10.0, *, since: int = 0) -> bool:
+        return True
 
     def remember_companion(self, companion_id: str) -> None:
         self._companions[companion_id] = None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
+
 from companion.card import CardSettings, CompanionCard, Condition, Events, Execute, LoadedCard
 from companion.models.base import (
     CompanionModel,
@@ -121,9 +123,12 @@ class EchoSink:
         self.me = me
         self.sent: list[tuple[str, Any]] = []
         self.engine: Any = None
+        self._sent_more = trio.Event()
 
     async def publish(self, topic: str, envelope: Any) -> None:
         self.sent.append((topic, envelope))
+        self._sent_more.set()
+        self._sent_more = trio.Event()
         if self.engine is not None:
             from companion.ports import Inbound
 
@@ -135,16 +140,29 @@ class EchoSink:
     def on(self, topic: str) -> list[Any]:
         return [envelope for t, envelope in self.sent if t == topic]
 
+    async def until_sent(self, topic: str, count: int, timeout: float = 30.0) -> list[Any]:
+        """Wait until ``count`` envelopes went out on ``topic`` (``wait_all_tasks_blocked`` does
+        not wait for a worker thread, such as a store's commit); they are returned."""
+        with trio.fail_after(timeout):
+            while len(self.on(topic)) < count:
+                await self._sent_more.wait()
+        return self.on(topic)
+
 
 def solo(
-    card: LoadedCard, model: CompanionModel, *, store: Any = None, timings: Any = None
+    card: LoadedCard,
+    model: CompanionModel,
+    *,
+    store: Any = None,
+    timings: Any = None,
+    sink: EchoSink | None = None,
 ) -> tuple[Any, EchoSink, list[Any]]:
     """One engine driven by hand (attach it to a nursery): ``(engine, its echoing sink, its events)``.
     It sees only itself in its directory."""
     from companion.engine import ConversationEngine, EngineTimings
 
     me = card.card.metadata.id
-    sink, events = EchoSink(me), []
+    sink, events = sink or EchoSink(me), []
     engine = ConversationEngine(
         card,
         model,

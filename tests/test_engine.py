@@ -530,20 +530,21 @@ async def test_query_results_reach_the_action_runtime(autojump_clock: trio.testi
 
 
 async def test_a_restarted_node_remembers_and_does_not_reply_twice(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, disk_clock: trio.testing.MockClock
 ) -> None:
     card = make_card(0, max_turns=None)
     me = card.card.metadata.id
     opening = Message.create("user_x", [me], "Remember me?")
     sent: list[tuple[str, Any]] = []
 
-    async def run_once() -> tuple[list[EngineEvent], ConversationEngine]:
+    async def run_once(replies: int) -> tuple[list[EngineEvent], ConversationEngine]:
         with Store.in_directory(tmp_path) as store:
             engine, sink, events = solo(card, ScriptedModel(0), store=store)
             sink.sent = sent  # one record across both runs
             async with trio.open_nursery() as nursery:
                 engine.attach(nursery)
                 await engine.handle(Inbound(MESSAGES, opening, "peer"))
+                await sink.until_sent(MESSAGES, replies)
                 await trio.testing.wait_all_tasks_blocked()
                 nursery.cancel_scope.cancel()
             assert store.recent(10)[0].params.id == opening.params.id
@@ -552,9 +553,9 @@ async def test_a_restarted_node_remembers_and_does_not_reply_twice(
     def replies() -> list[Message]:
         return [envelope for topic, envelope in sent if topic == MESSAGES]
 
-    first, _ = await run_once()
+    first, _ = await run_once(1)
     assert len(replies()) == 1
-    second, restarted = await run_once()  # the opening is replayed by gossip after the restart
+    second, restarted = await run_once(1)  # the opening is replayed by gossip after the restart
     assert len(replies()) == 1
     assert [e.kind for e in second] == ["message_duplicate"]
     memory = restarted.conversation.memory()  # read back from the store at start-up
@@ -779,7 +780,7 @@ async def test_a_failing_store_write_leaves_the_conversation_as_it_was(
 
 
 async def test_odd_strings_never_poison_the_engine_or_its_store(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, disk_clock: trio.testing.MockClock
 ) -> None:
     card = make_card(0, max_turns=None)
     me = card.card.metadata.id
@@ -800,8 +801,8 @@ async def test_odd_strings_never_poison_the_engine_or_its_store(
             answered = len(sink.on(MESSAGES))
             normal = Message.create("user_x", [me], "And now a normal line.")
             await engine.handle(Inbound(MESSAGES, normal, "peer"))
+            replies = (await sink.until_sent(MESSAGES, answered + 1))[answered:]
             await trio.testing.wait_all_tasks_blocked()
-            replies = sink.on(MESSAGES)[answered:]
             assert (
                 len(replies) == 1 and (replies[0].params.metadata or {})[META_IN_REPLY_TO] == normal.params.id
             )

@@ -74,7 +74,7 @@ _KILLED_WRITER = textwrap.dedent(
     store.remember("conversation", {"turn": 50})
     store.mark_replied("d49")
     if sys.argv[2] == "flush":
-        assert store.flush(10)
+        assert store.sync(10)
     print("queued", flush=True)
     sys.stdin.read()
     """

@@ -65,7 +65,7 @@ _CHILD = textwrap.dedent(
         out["kv_durable_while_full"] = await kv.flush(timeout=1.0)
         out["view"] = [m.params.id for m in store.recent(3)]
         os.remove(filler)
-        out["flushed"] = await trio.to_thread.run_sync(store.flush, 20.0)
+        out["flushed"] = await trio.to_thread.run_sync(store.sync, 20.0)
         out["kv_durable"] = await kv.flush(timeout=20.0)
         out["after"] = store.stats()
 

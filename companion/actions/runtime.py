@@ -526,7 +526,7 @@ class ActionRuntime:
         try:
             for envelope in envelopes:
                 if self._outgoing is not None:
-                    verdict = self._outgoing(defn.topic, envelope)
+                    verdict = await self._outgoing(defn.topic, envelope)
                     if isinstance(verdict, str):
                         return ToolResult(
                             defn.id, call.call_id, "refused", verdict, published=tuple(published)
