@@ -14,8 +14,15 @@ Lookups only ask peers we are already connected to (one FIND_NODE each): an iter
 lookup would connect to every peer it asks, which is the full mesh this module exists to avoid.
 The search still spreads, since each new connection is asked in the next round.
 
-Rounds run at once when a connection opens or closes, then back off from
-:data:`LOOKUP_INTERVAL_MIN` to :data:`LOOKUP_INTERVAL_MAX` while nothing changes.
+Rounds run on a timer that starts at :data:`LOOKUP_INTERVAL_MIN` and doubles after every round
+that learns no peer it did not know, up to :data:`LOOKUP_INTERVAL_MAX` (the ten minutes between
+go-libp2p's routing-table refreshes); a round that learns someone new starts the doubling over.
+A connection opening or closing brings a smaller round forward (a second later): it asks only
+the neighbours not asked before and dials a replacement for a lost one. A node in a network
+smaller than its dial target never reaches the target, and neighbours coming and going (clients,
+trims) must not keep it asking the same peers: each FIND_NODE costs both ends ~15-20 ms of CPU
+(a stream negotiated, signed peer records checked), and at one round a minute that was half of
+an idle companion's CPU.
 """
 
 from __future__ import annotations
@@ -40,7 +47,9 @@ __all__ = ["LOOKUP_INTERVAL_MAX", "LOOKUP_INTERVAL_MIN", "DhtDiscovery"]
 logger = logging.getLogger("companion.node.routing")
 
 LOOKUP_INTERVAL_MIN: Final = 1.0
-LOOKUP_INTERVAL_MAX: Final = 60.0
+LOOKUP_INTERVAL_MAX: Final = 600.0
+RELAYED_BACKOFF_MAX: Final = 60.0
+"""Longest wait before a peer whose relayed dial failed is tried again (in a later round)."""
 QUERY_TIMEOUT: Final = 5.0
 """Deadline of one FIND_NODE to one connected peer."""
 MAX_QUERIED: Final = 8
@@ -91,6 +100,8 @@ class DhtDiscovery:
         self._wait_for_change = wait_for_change
         self._dial_relayed = dial_relayed
         self._relay_backoff: dict[ID, tuple[Backoff, float]] = {}
+        self._asked: set[ID] = set()
+        """Connected peers asked at least once (a change's round asks only the others)."""
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -103,35 +114,45 @@ class DhtDiscovery:
         async with background_trio_service(self.dht):
             task_status.started()
             interval = LOOKUP_INTERVAL_MIN
+            everyone = True
             while True:
-                await self.round()
+                learned = await self.round(everyone=everyone)
+                if learned:
+                    interval = LOOKUP_INTERVAL_MIN
+                elif everyone:
+                    interval = min(interval * 2, LOOKUP_INTERVAL_MAX)
                 await trio.sleep(LOOKUP_INTERVAL_MIN)  # at most one round a second
-                with trio.move_on_after(max(0.0, interval - LOOKUP_INTERVAL_MIN)) as idle:
+                with trio.move_on_after(max(0.0, interval - LOOKUP_INTERVAL_MIN)) as timer:
                     await self._wait_for_change()
-                grown = min(interval * 2, LOOKUP_INTERVAL_MAX)
-                interval = grown if idle.cancelled_caught else LOOKUP_INTERVAL_MIN
+                everyone = timer.cancelled_caught
 
     # --- one round ------------------------------------------------------------------------------
 
-    async def round(self) -> None:
-        """Put connected DHT servers in the routing table; below the bound, ask them who else
-        exists and dial what they name."""
+    async def round(self, *, everyone: bool = True) -> bool:
+        """Put connected DHT servers in the routing table; below the bound, ask them (all, or
+        only those never asked) who else exists and dial what they name. ``True`` if a peer not
+        known before was named."""
         servers = await self._fill_table()
-        if self.serve_only or self._connection_count() >= self.max_connections or not servers:
-            return
-        self.lookups += 1
-        keys = [self._self_id.to_bytes(), os.urandom(32)]
+        self._asked &= set(servers)  # bounded by the connections
+        if self.serve_only or self._connection_count() >= self.max_connections:
+            return False
+        asking = servers if everyone else [peer for peer in servers if peer not in self._asked]
         found: set[ID] = set()
-        async with trio.open_nursery() as nursery:
-            for peer in servers[:MAX_QUERIED]:
-                for key in keys:
-                    nursery.start_soon(self._ask, peer, key, found)
+        if asking:
+            self.lookups += 1
+            keys = [self._self_id.to_bytes(), os.urandom(32)]
+            async with trio.open_nursery() as nursery:
+                for peer in asking[:MAX_QUERIED]:
+                    self._asked.add(peer)
+                    for key in keys:
+                        nursery.start_soon(self._ask, peer, key, found)
         found.discard(self._self_id)
         new = found - self.learned
         self.learned |= found
         if new:
             log_event(logger, "dht_peers_found", node=self.name, new=len(new), known=len(self.learned))
-        await self._dial_found(found)
+        await self._dial_found(found if asking else self.learned)  # a lost one replaced
+        return bool(new)
 
     def _connection_count(self) -> int:
         return len(self.host.get_network().connections)
@@ -209,7 +230,7 @@ class DhtDiscovery:
                 addrs = []
             if not any(is_circuit(a) for a in addrs):
                 continue
-            backoff, not_before = self._relay_backoff.get(peer, (Backoff(2.0, LOOKUP_INTERVAL_MAX), 0.0))
+            backoff, not_before = self._relay_backoff.get(peer, (Backoff(2.0, RELAYED_BACKOFF_MAX), 0.0))
             if now < not_before:
                 continue
             if await self._dial_relayed(peer):
