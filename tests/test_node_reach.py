@@ -10,6 +10,7 @@ from typing import Any
 import multiaddr
 import pytest
 import trio
+import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.host.autonat import AutoNATService
 from libp2p.host.autonat.pb.autonat_pb2 import Message
@@ -107,3 +108,50 @@ async def test_shipped_dialback_says_ok_for_a_closed_port() -> None:
     """The bug DialBackAutoNAT fixes: py-libp2p's server 'dials' with host.connect, which
     returns at once for a connected peer, so an address nobody listens on is 'reachable'."""
     assert await _ask_dialback(AutoNATService, f"/ip4/127.0.0.1/tcp/{closed_port()}") == Message.OK
+
+
+async def test_dcutr_drives_hole_punches_only_while_a_relayed_connection_is_open(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """py-libp2p's drive loop wakes every 2 s to scan every connection; an idle node without a
+    relayed connection (almost all of them) no longer runs it."""
+    from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+
+    from companion.node.relay import LoggedDCUtR
+
+    scans: list[float] = []
+
+    async def shipped_drive(self: Any) -> None:  # the shipped loop: a scan every 2 s
+        while True:
+            scans.append(trio.current_time())
+            await trio.sleep(2.0)
+
+    monkeypatch.setattr(DCUtRProtocol, "_auto_drive_loop", shipped_drive)
+    pulse = trio.Event()
+    relayed = False
+
+    async def wait_for_change() -> None:
+        await pulse.wait()
+
+    def change(now_relayed: bool) -> None:
+        nonlocal pulse, relayed
+        relayed = now_relayed
+        pulse.set()
+        pulse = trio.Event()
+
+    dcutr = LoggedDCUtR(make_host(NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",)), create_new_key_pair()))
+    dcutr.wait_for_change = wait_for_change
+    monkeypatch.setattr(dcutr, "_holds_relayed", lambda: relayed)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(dcutr._auto_drive_loop)
+        await trio.sleep(60)
+        change(False)  # a direct connection opens: still nothing to drive
+        await trio.sleep(60)
+        assert scans == []
+        change(True)  # a relayed connection: the shipped loop runs
+        await trio.sleep(9)
+        assert len(scans) == 5
+        change(False)  # upgraded or closed: it stops
+        await trio.sleep(60)
+        assert len(scans) == 5
+        nursery.cancel_scope.cancel()

@@ -138,11 +138,35 @@ async def _close_quietly(conn: Any) -> None:
 
 
 class LoggedDCUtR(DCUtRProtocol):
-    """py-libp2p's DCUtR, with each hole punch (either side) logged as a ``hole_punch`` event."""
+    """py-libp2p's DCUtR, with each hole punch (either side) logged as a ``hole_punch`` event,
+    driving hole punches only while the node holds a relayed connection."""
 
     node_name: str = ""
     punched: int = 0
     failed: int = 0
+    wait_for_change: Callable[[], Awaitable[None]] | None = None
+    """The node's "a connection opened or closed" pulse (``None``: drive all the time)."""
+
+    async def _auto_drive_loop(self) -> None:
+        """py-libp2p's loop wakes every 2 s to look through every connection for a relayed one
+        to upgrade: on an idle node that is most of DCUtR's cost, and almost no node holds a
+        relayed connection. It runs here only while one is open (a relayed connection is a
+        connection change, so it starts within the 2 s it would have taken anyway)."""
+        wait = self.wait_for_change
+        if wait is None:
+            await super()._auto_drive_loop()
+            return
+        while True:
+            while not self._holds_relayed():
+                await wait()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(super()._auto_drive_loop)
+                while self._holds_relayed():
+                    await wait()
+                nursery.cancel_scope.cancel()
+
+    def _holds_relayed(self) -> bool:
+        return "relayed" in {kind for kinds in connection_kinds(self.host).values() for kind in kinds}
 
     async def _perform_hole_punch(self, peer_id: ID, addrs: list[Any], as_responder: bool = False) -> bool:
         started = trio.current_time()
@@ -212,6 +236,7 @@ class NatTraversal:
         self.dcutr = LoggedDCUtR(host, dial_timeout=max(1, int(dial_timeout))) if hole_punch else None
         if self.dcutr is not None:
             self.dcutr.node_name = name
+            self.dcutr.wait_for_change = wait_for_change
         self.autonat = DialBackAutoNAT(host, serve=True, confirmations=1)
         self.autonat.dial_timeout = dial_timeout
 
