@@ -3,7 +3,7 @@ so it sends any bytes) that may claim a companion id, and an aikyo-like metadata
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,10 +15,12 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
+from companion.node import CompanionNode
 from companion.node.config import NodeConfig, make_gossipsub, make_host
 from companion.node.discovery import parse_peer_addr
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
 from companion.protocol import TOPICS, Metadata
+from companion.transport import Inbound
 
 
 @dataclass
@@ -105,3 +107,56 @@ async def raw_peer(metadata: Metadata | None = None, *, aikyo_style: bool = Fals
             # reach a pubsub whose task nursery is closed and crash the host
             with trio.CancelScope(shield=True), trio.move_on_after(3):
                 await peer.host.close()
+
+
+# --- our own node, run in a test's nursery --------------------------------------------------------
+
+
+class Recorder:
+    """What a node delivered to its handler, with an event to wait on."""
+
+    def __init__(self) -> None:
+        self.items: list[Inbound] = []
+        self.changed = trio.Event()
+
+    async def handle(self, inbound: Inbound) -> None:
+        self.items.append(inbound)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, predicate: Callable[[Inbound], bool], timeout: float) -> Inbound | None:
+        with trio.move_on_after(timeout):
+            while True:
+                for item in self.items:
+                    if predicate(item):
+                        return item
+                await self.changed.wait()
+        return None
+
+
+@asynccontextmanager
+async def running(
+    nursery: trio.Nursery, metadata: Metadata | None, **config: Any
+) -> AsyncIterator[tuple[CompanionNode, Recorder]]:
+    """A node with ``config`` running in ``nursery`` (started: it listens), stopped on exit."""
+    node = CompanionNode(metadata, NodeConfig(**config))
+    recorder = Recorder()
+    scope = trio.CancelScope()
+    await nursery.start(run_node, node, recorder, scope)
+    try:
+        yield node, recorder
+    finally:
+        scope.cancel()
+
+
+async def run_node(
+    node: CompanionNode, recorder: Recorder, scope: trio.CancelScope, task_status: Any
+) -> None:
+    with scope:
+        await node.run(recorder, task_status=task_status)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.02)

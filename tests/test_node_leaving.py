@@ -16,10 +16,8 @@ from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.utils.varint import encode_uvarint
-from node_support import RawPeer, raw_peer
+from node_support import RawPeer, Recorder, raw_peer, run_node, running, until
 from support.cards import metadata as md
-from test_node_network import Recorder, running, until
-from test_node_network import _run as run_node
 
 from companion.membership import MembershipEvent
 from companion.node import CompanionNode, NodeConfig

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from node_support import RawPeer, raw_peer
+from node_support import RawPeer, Recorder, raw_peer, running, until
 from support.cards import metadata as md
 
 from companion.membership import MembershipEvent
-from companion.node import CompanionNode, NodeConfig, NodeNotRunning
+from companion.node import CompanionNode, NodeNotRunning
 from companion.node import node as node_module
 from companion.protocol import (
     ACTIONS,
@@ -30,51 +30,6 @@ from companion.protocol import (
     encode,
 )
 from companion.transport import Inbound
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.items: list[Inbound] = []
-        self.changed = trio.Event()
-
-    async def handle(self, inbound: Inbound) -> None:
-        self.items.append(inbound)
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def wait_for(self, predicate: Callable[[Inbound], bool], timeout: float) -> Inbound | None:
-        with trio.move_on_after(timeout):
-            while True:
-                for item in self.items:
-                    if predicate(item):
-                        return item
-                await self.changed.wait()
-        return None
-
-
-@asynccontextmanager
-async def running(
-    nursery: trio.Nursery, metadata: Metadata | None, **config: Any
-) -> AsyncIterator[tuple[CompanionNode, Recorder]]:
-    node = CompanionNode(metadata, NodeConfig(**config))
-    recorder = Recorder()
-    scope = trio.CancelScope()
-    await nursery.start(_run, node, recorder, scope)
-    try:
-        yield node, recorder
-    finally:
-        scope.cancel()
-
-
-async def _run(node: CompanionNode, recorder: Recorder, scope: trio.CancelScope, task_status: Any) -> None:
-    with scope:
-        await node.run(recorder, task_status=task_status)
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.02)
 
 
 async def deliver(

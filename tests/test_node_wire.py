@@ -11,9 +11,8 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from node_support import RawPeer, raw_peer
+from node_support import RawPeer, raw_peer, running
 from support.cards import metadata as md
-from test_node_network import running
 
 from companion.node import CompanionNode
 from companion.node.yamux import CREDIT_BATCH, BatchedYamuxStream
