@@ -231,3 +231,42 @@ async def test_a_metadata_request_to_a_peer_that_stops_is_routine_one_that_stays
 def _unavailable(caplog: pytest.LogCaptureFixture) -> logging.LogRecord | None:
     found = [r for r in caplog.records if getattr(r, "companion_event", "") == "peer_metadata_unavailable"]
     return found[0] if found else None
+
+
+async def test_a_peer_that_connects_during_the_stop_is_told_within_the_same_deadline() -> None:
+    """A peer dialled by the DHT or the ring (or one restarting) can connect while a companion
+    stops; it holds the companion's announcement too, and without a notice it takes the close
+    for a failure. Here one peer never answers its notice, which keeps the stop in its notices
+    for their whole deadline; a second peer connects meanwhile and is told, and the stop still
+    ends within the deadline of the first notices."""
+    heard: list[bytes] = []
+    told = trio.Event()
+
+    async def never_answer(stream: Any) -> None:
+        await trio.sleep_forever()
+
+    async def answer(stream: Any) -> None:
+        heard.append(bytes(await stream.read(16)))
+        await stream.write(b"\x01")
+        told.set()
+
+    async with trio.open_nursery() as nursery, raw_peer() as silent, raw_peer() as late:
+        silent.host.set_stream_handler(LEAVE_PROTOCOL, never_answer)
+        late.host.set_stream_handler(LEAVE_PROTOCOL, answer)
+        a = CompanionNode(md("a"), NodeConfig(dht=False))
+        stop_a = trio.CancelScope()
+        await nursery.start(run_node, a, Recorder(), stop_a)
+        await silent.connect(a.listen_addrs[0])
+        await until(lambda: a.presence.published > 0, 10)
+        began = trio.current_time()
+        stop_a.cancel()
+        await until(lambda: a.presence._telling is not None, 5)
+        await late.connect(a.listen_addrs[0])
+        with trio.fail_after(LEAVE_NOTICE_TIMEOUT + 1):
+            await told.wait()
+        with trio.fail_after(NodeConfig().close_timeout + 1):
+            await a._finished.wait()
+        assert trio.current_time() - began < LEAVE_NOTICE_TIMEOUT + NodeConfig().close_timeout
+        assert heard == [encode_uvarint(a.presence._seq)]
+        assert a.presence.leave_notices["acknowledged"] == 1  # the late one; the silent one never
+        nursery.cancel_scope.cancel()

@@ -50,6 +50,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import trio
@@ -127,6 +128,23 @@ class PresenceSettings:
         self.max_bytes = max_bytes
 
 
+@dataclass
+class _Telling:
+    """The leave notices of one stop: sent at once to the peers connected when it began, and to
+    each peer that connects before the notices' common deadline."""
+
+    nursery: trio.Nursery
+    host: Any
+    seq: bytes
+    deadline: float = field(default_factory=lambda: trio.current_time() + LEAVE_NOTICE_TIMEOUT)
+    told: set[ID] = field(default_factory=set)
+
+    def tell(self, service: PresenceService, peer: ID) -> None:
+        if peer not in self.told and trio.current_time() < self.deadline:
+            self.told.add(peer)
+            self.nursery.start_soon(service._tell_leaving, self, peer)
+
+
 class PresenceService:
     """One node's presence: its announcements out, everyone's in (see the module docstring)."""
 
@@ -163,6 +181,8 @@ class PresenceService:
         self._accepted_one = trio.Event()
         """Set (and replaced) whenever an announcement was taken."""
         self._gone = False
+        self._telling: _Telling | None = None
+        """While :meth:`leave` tells peers: where a peer that connects meanwhile is told."""
         """Set once :meth:`leave` began: an announcement after the ``leaving`` one would bring
         this companion back into the directories (measured: a peer connecting during the stop
         triggered one)."""
@@ -340,7 +360,12 @@ class PresenceService:
 
     async def peer_connected(self, peer: ID) -> None:
         """A peer connected: once it subscribed to the topic (bounded wait), announce (a
-        companion node) and, the first time, start asking (:meth:`_request_loop`)."""
+        companion node) and, the first time, start asking (:meth:`_request_loop`). During a
+        stop it is told instead (:meth:`leave`)."""
+        if self._gone:
+            if self._telling is not None:
+                self._telling.tell(self, peer)
+            return
         if self._pubsub is None:
             return
         with trio.move_on_after(SUBSCRIPTION_WAIT):
@@ -360,18 +385,22 @@ class PresenceService:
 
     async def leave(self) -> None:
         """The orderly stop: announce ``leaving``, give it a moment to go out, and tell every
-        connected peer (a node that never announced itself has nothing to take back)."""
+        connected peer (a node that never announced itself has nothing to take back), those
+        that connect meanwhile included: one dialled by the DHT, the ring or a peer's restart
+        holds the announcement too, and would take the close that follows for a failure."""
         if self.metadata is not None and self._pubsub is not None and not self.held:
             self._gone = True
             await self._announce(leaving=True)
             await self._flush()
-            host, seq = self._pubsub.host, encode_uvarint(self._seq)
-            async with trio.open_nursery() as nursery:  # all at once, each within the timeout
+            host = self._pubsub.host
+            async with trio.open_nursery() as nursery:  # all at once, each within the deadline
+                self._telling = _Telling(nursery, host, encode_uvarint(self._seq))
                 for peer in list(host.get_network().connections):
-                    nursery.start_soon(self._tell_leaving, host, peer, seq)
+                    self._telling.tell(self, peer)
 
-    async def _tell_leaving(self, host: Any, peer: ID, seq: bytes) -> None:
-        if await tell(host, peer, LEAVE_PROTOCOL, LEAVE_NOTICE_TIMEOUT, node=self.name, payload=seq):
+    async def _tell_leaving(self, telling: _Telling, peer: ID) -> None:
+        timeout = max(0.0, telling.deadline - trio.current_time())
+        if await tell(telling.host, peer, LEAVE_PROTOCOL, timeout, node=self.name, payload=telling.seq):
             self.leave_notices["acknowledged"] += 1
 
     async def _announce(self, *, leaving: bool) -> None:
