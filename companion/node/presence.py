@@ -181,11 +181,11 @@ class PresenceService:
         self._accepted_one = trio.Event()
         """Set (and replaced) whenever an announcement was taken."""
         self._gone = False
-        self._telling: _Telling | None = None
-        """While :meth:`leave` tells peers: where a peer that connects meanwhile is told."""
         """Set once :meth:`leave` began: an announcement after the ``leaving`` one would bring
         this companion back into the directories (measured: a peer connecting during the stop
         triggered one)."""
+        self._telling: _Telling | None = None
+        """While :meth:`leave` tells peers: where a peer that connects meanwhile is told."""
         self._leaving: dict[str, float] = {}
         """Connected peers that told us they are leaving, and when (one mark per peer)."""
         self._lost: dict[str, tuple[int, float]] = {}

@@ -59,6 +59,9 @@ DIRECT_HEAD_START: Final = 1.0
 relay (a LAN dial takes milliseconds; a private address on another network never answers)."""
 
 MAX_BACKOFF_ENTRIES: Final = 1024
+MAX_LEARNED: Final = 4096
+"""Peers remembered as named by the DHT (to tell a round that learns someone new); past this,
+the memory starts over (one round then counts as learning)."""
 """Peers whose relayed dial failed, remembered for their backoff (oldest forgotten first)."""
 
 RelayedDial = Callable[[ID], Awaitable[bool]]
@@ -148,6 +151,8 @@ class DhtDiscovery:
                         nursery.start_soon(self._ask, peer, key, found)
         found.discard(self._self_id)
         new = found - self.learned
+        if len(self.learned) + len(new) > MAX_LEARNED:  # bounded: forget, and learn it again
+            self.learned = set()
         self.learned |= found
         if new:
             log_event(logger, "dht_peers_found", node=self.name, new=len(new), known=len(self.learned))
