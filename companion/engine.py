@@ -419,5 +419,5 @@ class ConversationEngine:
         if isinstance(verdict, str) or self._speech is not speech:
             return verdict if isinstance(verdict, str) else "this companion is not speaking now"
         speech.spoke = True
-        self._feed(cv.ReplyPublished(speech.effect.message_id, verdict))
+        self._feed(cv.ReplyPublished(message_id, verdict))
         return verdict

@@ -202,8 +202,8 @@ class Store:
     async def flush(self, timeout: float = 10.0, *, since: int = 0) -> bool:
         """:meth:`sync`, waited for in a worker thread so the loop runs on meanwhile (the engine
         awaits it between marking a message replied and publishing the reply)."""
-        self._conn  # noqa: B018 -- raises when closed
-        return await trio.to_thread.run_sync(lambda: self._writer.flush(timeout, since=since))
+        self._conn  # noqa: B018 -- raises here, on the loop, when closed
+        return await trio.to_thread.run_sync(lambda: self.sync(timeout, since=since))
 
     def stats(self) -> dict[str, int]:
         """The writer's counters: ``committed``, ``batches``, ``failures``, ``lost``, ``backlog``."""
