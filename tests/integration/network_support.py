@@ -18,6 +18,10 @@ from typing import Any
 
 Event = dict[str, Any]
 
+TAIL_ON_FAILURE = 40
+"""Lines of each process shown when a test fails inside :func:`network` (bounded: a report from
+CI must say what the companions did last, not drown in it)."""
+
 HERE = Path(__file__).resolve().parent
 
 sys.path.insert(0, str(HERE.parent))  # tests/: also when a helper here runs as a script or a bench imports it
@@ -231,6 +235,13 @@ class Network:
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 
+    def print_tails(self, lines: int = TAIL_ON_FAILURE) -> None:
+        for proc in self.procs:
+            with proc._cond:
+                tail = proc.lines[-lines:]
+            print(f"--- {proc.name} (pid {proc.pid}), last {len(tail)} lines ---", file=sys.stderr)
+            print("\n".join(tail), file=sys.stderr)
+
     def stop_all(self) -> None:
         """All at once: each one told to stop, then each one waited for (one after another they
         took 0.3 to 0.8 s each, 1.7 s for three companions)."""
@@ -242,8 +253,14 @@ class Network:
 
 @contextmanager
 def network(tmp: Path) -> Iterator[Network]:
+    """The processes a test starts, all stopped at its end; when the test fails, the last
+    :data:`TAIL_ON_FAILURE` lines of each are printed to stderr (pytest shows them in the report:
+    a failure on CI is read from there, there is no other trace of it)."""
     net = Network(tmp)
     try:
         yield net
+    except BaseException:
+        net.print_tails()
+        raise
     finally:
         net.stop_all()
