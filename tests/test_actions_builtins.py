@@ -20,7 +20,7 @@ from companion.actions import (
     ToolResult,
     resolve_tool,
 )
-from companion.actions.builtins import companions, speak, speak_with_voice
+from companion.actions.builtins import VOICE_PUBLISH_MARGIN, companions, speak, speak_with_voice
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
 from companion.transport import MemoryEndpoint, MemoryHub
 
@@ -139,6 +139,30 @@ async def test_speak_with_voice_without_clients_speaks_after_the_voice_deadline(
     assert trio.current_time() - start == pytest.approx(100)
     payload, _ = await _next(client, MESSAGES)
     assert isinstance(payload, Message)
+
+
+async def test_speak_with_voice_under_a_short_turn_budget_speaks_before_it_ends(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The engine gives an offline speaker 8 s for its whole turn; a voice slower than that
+    (a page voicing a long line on a loaded machine) cost the companion its words: the turn's
+    deadline cancelled the call while it waited 100 s for the voice."""
+    hub = MemoryHub()
+    node, client = hub.endpoint("node"), hub.endpoint("client")
+    runtime, _ = make_runtime(speak_with_voice, publisher=node)
+    start = trio.current_time()
+    results: list[ToolResult] = []
+    async with trio.open_nursery() as outer:
+        outer.start_soon(pump_results, node, runtime)
+        with trio.move_on_after(8.0) as budget:
+            results.append(await runtime.call("speak_with_voice", SAY))
+        outer.cancel_scope.cancel()
+    assert not budget.cancelled_caught and results[0].ok
+    assert trio.current_time() - start == pytest.approx(8.0 - VOICE_PUBLISH_MARGIN)
+    query, _ = await _next(client, QUERIES)
+    payload, _ = await _next(client, MESSAGES)
+    assert isinstance(query, Query) and isinstance(payload, Message)
+    assert payload.params.message == "Good morning!"
 
 
 async def test_companions_lists_who_is_on_the_network() -> None:

@@ -44,6 +44,9 @@ Emotion: TypeAlias = Literal["happy", "sad", "angry", "neutral"]
 VOICE_QUERY: Final = "speak"
 VOICE_TIMEOUT: Final = 100.0
 """Seconds to wait for a client to finish speaking before the message goes out anyway (as aikyo)."""
+VOICE_PUBLISH_MARGIN: Final = 1.0
+"""Seconds kept, of whatever deadline the caller runs this under, for publishing the message
+after the voice wait (see :func:`speak_with_voice`)."""
 
 
 class SpeakInput(BaseModel):
@@ -164,10 +167,11 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
     """
     to = _recipients(ctx)  # before the voice: a refused message is not heard either
     body = {"message": ctx.input.message, "emotion": ctx.input.emotion}
+    wait = _voice_wait(ctx)
     try:
-        answer = await ctx.send_query(VOICE_QUERY, body, timeout=VOICE_TIMEOUT)
+        answer = await ctx.send_query(VOICE_QUERY, body, timeout=wait)
     except QueryTimeout:
-        log_event(logger, "voice_timeout", logging.WARNING, call_id=ctx.call_id, timeout=VOICE_TIMEOUT)
+        log_event(logger, "voice_timeout", logging.WARNING, call_id=ctx.call_id, timeout=round(wait, 3))
     else:
         if answer.error is not None or (answer.result is not None and not answer.result.success):
             log_event(
@@ -178,6 +182,15 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
                 error=answer.error or "success=false",
             )
     return _message(ctx, to)
+
+
+def _voice_wait(ctx: ActionContext[SpeakInput]) -> float:
+    """How long to wait for the voice: :data:`VOICE_TIMEOUT`, but never so long that the deadline
+    this call runs under (its own, or the speaker's turn budget around it: the offline engine gives
+    a speaker 8 s, and a line of two sentences takes 6 s to say) ends the call before the message
+    is out. A slow voice then costs the audio, never the words (measured: a page voicing a line
+    over WebRTC on a loaded machine took longer than the turn, and the companion fell silent)."""
+    return max(min(VOICE_TIMEOUT, ctx.time_left - VOICE_PUBLISH_MARGIN), 0.05)
 
 
 @knowledge(

@@ -61,6 +61,7 @@ class ActionContext(Generic[InputT]):
     _send_query: QueryFn = field(repr=False)
     _progress: ProgressFn = field(repr=False)
     _deadline: Callable[[], float] = field(repr=False)
+    _time_left: Callable[[], float] = field(repr=False)
     _call: CallFn = field(repr=False)
     _note: NoteFn = field(repr=False)
 
@@ -74,9 +75,17 @@ class ActionContext(Generic[InputT]):
         """When the call will be cancelled, in ``trio.current_time()`` terms (progress moves it).
 
         In a nested call this is the earliest deadline of the chain: a callee never outlives its
-        caller.
+        caller. Whatever the caller runs the call under counts too (the engine's budget for a
+        speaker's whole turn is often the nearest). Read it from the handler's own task.
         """
         return self._deadline()
+
+    @property
+    def time_left(self) -> float:
+        """Seconds until :attr:`deadline` (a handler that waits for something it can do
+        without, such as a client's voice, waits at most this long, less the time it needs
+        afterwards)."""
+        return self._time_left()
 
     async def send_query(
         self, type: str, body: Mapping[str, Any] | None = None, timeout: float = DEFAULT_QUERY_TIMEOUT

@@ -431,10 +431,16 @@ class ActionRuntime:
             await self._progress(call, percent, message)
 
         def deadline() -> float:
-            return min(
+            # The caller's own limits count too (read in the handler's task: its effective
+            # deadline is the speaker's turn budget when the engine runs the call).
+            own = min(
                 (c.handler_scope.deadline for c in call.chain() if c.handler_scope is not None),
                 default=math.inf,
             )
+            return min(own, trio.current_effective_deadline())
+
+        def time_left() -> float:
+            return deadline() - trio.current_time()
 
         async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> ToolResult:
             return await self._nested(call, tool_id, raw)
@@ -453,6 +459,7 @@ class ActionRuntime:
             _send_query=send_query,
             _progress=progress,
             _deadline=deadline,
+            _time_left=time_left,
             _call=call_tool,
             _note=note,
         )
