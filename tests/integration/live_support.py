@@ -122,8 +122,9 @@ def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float, *,
             seen = len(proc.lines)
             left = deadline - time.monotonic()
             if left <= 0:
-                tail = "\n".join(proc.lines[-15:])
-                raise AssertionError(f"{proc.name}: no matching output line within {timeout} s\n{tail}")
+                raise AssertionError(
+                    f"{proc.name}: no matching output line within {timeout} s\n{proc.tail()}"
+                )
             proc._cond.wait(left)
 
 

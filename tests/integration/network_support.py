@@ -87,11 +87,15 @@ class Proc:
                 seen = len(self.events)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    tail = "\n".join(self.lines[-15:])
                     raise AssertionError(
-                        f"{self.name}: no {what or 'matching event'} within {timeout} s\n{tail}"
+                        f"{self.name}: no {what or 'matching event'} within {timeout} s\n{self.tail()}"
                     )
                 self._cond.wait(left)
+
+    def tail(self, count: int = 15) -> str:
+        """The last ``count`` output lines, for a failure's message."""
+        with self._cond:
+            return "\n".join(self.lines[-count:])
 
     def event(self, name: str, timeout: float = 20.0, **fields: Any) -> Event:
         return self.wait_for(
@@ -237,10 +241,8 @@ class Network:
 
     def print_tails(self, lines: int = TAIL_ON_FAILURE) -> None:
         for proc in self.procs:
-            with proc._cond:
-                tail = proc.lines[-lines:]
-            print(f"--- {proc.name} (pid {proc.pid}), last {len(tail)} lines ---", file=sys.stderr)
-            print("\n".join(tail), file=sys.stderr)
+            print(f"--- {proc.name} (pid {proc.pid}), last lines (at most {lines}) ---", file=sys.stderr)
+            print(proc.tail(lines), file=sys.stderr)
 
     def stop_all(self) -> None:
         """All at once: each one told to stop, then each one waited for (one after another they

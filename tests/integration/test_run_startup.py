@@ -63,7 +63,7 @@ async def _until(predicate: object, proc: Proc, timeout: float, what: str) -> No
     assert callable(predicate)
     deadline = time.monotonic() + timeout
     while not predicate():
-        tail = "\n".join(proc.lines[-15:])
+        tail = proc.tail()
         assert proc.running, f"companion run exited ({proc.popen.returncode}) before {what}:\n{tail}"
         assert time.monotonic() < deadline, f"no {what} within {timeout} s:\n{tail}"
         await trio.sleep(0.1)
@@ -111,7 +111,7 @@ async def test_run_dials_before_its_model_is_ready_and_answers_what_came_meanwhi
             await blocking(stdout_line, proc, lambda line: line.startswith(f"{CID} peer "), 30)
             await _until(lambda: CID in node.directory, proc, 10, "the companion's announcement")
             reply = await watcher.reply_to(opening.params.id, 60)
-            assert reply is not None, "\n".join(proc.lines[-15:])
+            assert reply is not None, proc.tail()
             assert "user_test" in reply.params.to
             nursery.cancel_scope.cancel()
     assert proc.stop() == 0
