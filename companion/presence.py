@@ -67,16 +67,18 @@ PRESENCE_TOPIC: Final = "companion-presence/1"
 ``states``, ``queries``, ``actions``) and with a character no aikyo topic has, so it cannot
 clash; the version lets a later format live beside this one."""
 
-DEFAULT_INTERVAL: Final = 60.0
+DEFAULT_INTERVAL: Final = 100.0
 """Seconds between a node's announcements (each wait jittered to 75-100 % of it). What the
 refresh still does once losses are reported (``lost``) and stops announced (``leaving``): repair
 an announcement a node missed, and bound how long a companion stays listed when no neighbour
 saw it go. Every announcement costs every node CPU (gossipsub delivers it once per mesh peer:
-~10 ms of a core per announcement per node), and the whole network's announcements reach every
-node, so the interval is long. Ten idle nodes (``scripts/bench_presence.py --sizes 10``) spent
-0.17 % of a core each without presence, 0.58 % with an interval of 30 s, 0.37 % with 60 s."""
-DEFAULT_TTL: Final = 180
-"""Seconds an announcement lasts: three intervals, so two lost announcements in a row do not
+~9 ms of a core per announcement per node), and the whole network's announcements reach every
+node, so the interval is long: idle nodes (``scripts/bench_presence.py``, 100 s idle) spent, per
+node, 0.23 % of a core at 10 nodes and 0.64 % at 30 with an interval of 60 s, 0.38 % at 30
+with 100 s, and 0.11-0.12 % with presence off."""
+DEFAULT_TTL: Final = 300
+"""Seconds an announcement lasts (the most :data:`~companion.protocol.PRESENCE_MAX_TTL` allows):
+three intervals, so two lost announcements in a row do not
 make a live companion leave (soft state as in OSPF hellos or PIM: a dead interval of 3-4
 hello intervals)."""
 DISCONNECT_GRACE: Final = 5.0

@@ -204,7 +204,7 @@ async def test_a_held_companion_answers_a_waiting_metadata_request_once_present(
 def _topology(peer: Any, bound: int) -> Topology:
     """A :class:`Topology` over a raw peer's host that trims at once (no grace, no ring)."""
 
-    async def nothing() -> None:
+    async def nothing(_peers: Any) -> None:
         return None
 
     async def no_dial(_: ID) -> bool:

@@ -108,7 +108,7 @@ def test_peers_only_a_connection_keeps_present_then_mesh_peers_are_kept_first() 
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
-        ({"presence_interval": 100.0}, "at most half of presence_ttl"),
+        ({"presence_interval": 200.0}, "at most half of presence_ttl"),
         ({"presence_interval": 0.0}, "must be positive"),
         ({"presence_ttl": 301}, "presence_ttl must be 1..300"),
         ({"trim_grace": -1.0}, "trim_grace"),

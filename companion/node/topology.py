@@ -19,7 +19,8 @@ has one: inbound connections were never trimmed. This module trims them itself, 
    meshes, then the oldest connections; the rest is trimmed, each connection only after a
    ``grace`` period (time to exchange metadata and a first announcement).
 
-Before it trims a connection, a node announces its presence and tells the peer on
+Before it trims a connection, a node hands the peer its latest presence announcement (or
+announces anew, :meth:`~.presence.PresenceService.announce_now`) and tells the peer on
 :data:`TRIM_PROTOCOL` (a notice, :mod:`.notice`, the peer acknowledges): the trimmed peer keeps it
 in its directory, reachable through gossip, while a peer whose connection closed without that
 notice (killed, or unreachable) leaves its neighbours' directories at once (see
@@ -164,7 +165,7 @@ class Topology:
         ring_members: Callable[[], Iterable[str]] | None,
         direct_only: Callable[[], frozenset[str]],
         meshes: Callable[[], Iterable[Iterable[ID]]],
-        announce: Callable[[], Awaitable[None]],
+        announce: Callable[[Sequence[str]], Awaitable[None]],
         dial: Dial,
         wait_for_change: Callable[[], Awaitable[None]],
     ) -> None:
@@ -277,7 +278,7 @@ class Topology:
         """Announce ourselves and tell each peer (so they keep us: see the module docstring),
         then close."""
         self._trimming.update(peers)
-        await self._announce()
+        await self._announce(peers)
         async with trio.open_nursery() as nursery:
             for name in peers:
                 nursery.start_soon(self._trim_one, name)
