@@ -24,6 +24,7 @@ from companion.membership import Membership
 from companion.node import presence as presence_module
 from companion.node.drops import DropCounters
 from companion.node.presence import PresenceService, PresenceSettings
+from companion.presence import PRESENCE_TOPIC
 
 AT_ONCE = 5.0
 """Well under any periodic announcement (100 s), so only a hand-over explains what arrives."""
@@ -74,7 +75,7 @@ def _service() -> tuple[PresenceService, SimpleNamespace]:
     )
     sent: list[tuple[ID, object]] = []
     router = SimpleNamespace(send_rpc=lambda peer, rpc: sent.append((peer, rpc)))
-    pubsub = SimpleNamespace(router=router, peer_queues={}, sent=sent, my_id=me)
+    pubsub = SimpleNamespace(router=router, peer_topics={PRESENCE_TOPIC: set()}, sent=sent, my_id=me)
 
     async def publish(topic: str, data: bytes) -> None:  # gossipsub hands its own message to the validator
         service.validate(me, rpc_pb2.Message(topicIDs=[topic], from_id=me.to_bytes(), data=data))
@@ -85,14 +86,17 @@ def _service() -> tuple[PresenceService, SimpleNamespace]:
 
 
 async def test_an_announcement_that_reports_a_loss_or_is_old_is_not_handed_over() -> None:
-    """Handed over later, an old loss report would make the peer suspect a companion that
-    refuted it long ago; an announcement older than pubsub's memory of seen messages would be
-    refused as a replay by peers that had it. A new announcement goes to everyone instead."""
+    """Only peers on the presence topic are handed anything (aikyo's never subscribe). Handed
+    over later, an old loss report would make the peer suspect a companion that refuted it long
+    ago; an announcement older than pubsub's memory of seen messages would be refused as a
+    replay by peers that had it. A new announcement goes to everyone instead."""
     service, pubsub = _service()
     peer = ID.from_pubkey(create_new_key_pair().public_key)
-    pubsub.peer_queues[peer] = object()
+    pubsub.peer_topics[PRESENCE_TOPIC].add(peer)
     await service._announce(leaving=False)
     assert service._hand_over([peer]) and len(pubsub.sent) == 1
+    aikyo = ID.from_pubkey(create_new_key_pair().public_key)  # connected, never on the topic
+    assert not service._hand_over([aikyo]) and len(pubsub.sent) == 1
 
     service._report_lost(
         ID.from_pubkey(create_new_key_pair().public_key).to_base58(), int(time.time() * 1000)

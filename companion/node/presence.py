@@ -420,10 +420,10 @@ class PresenceService:
         seen_for = getattr(getattr(self._pubsub, "seen_messages", None), "ttl", SEEN_TTL)
         if trio.current_time() - self._handing_since > seen_for - HAND_OVER_MARGIN:
             return False  # peers that had it may have forgotten it: they would refuse it as a replay
-        queues = getattr(self._pubsub, "peer_queues", {})
+        on_topic = getattr(self._pubsub, "peer_topics", {}).get(PRESENCE_TOPIC, ())
         sent = False
         for peer in peers:
-            if peer in queues:
+            if peer in on_topic:  # aikyo's peers never subscribe to it
                 router.send_rpc(peer, rpc_pb2.RPC(publish=[message]))
                 self.handed_over += 1
                 sent = True
