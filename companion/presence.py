@@ -73,9 +73,10 @@ refresh still does once losses are reported (``lost``) and stops announced (``le
 an announcement a node missed, and bound how long a companion stays listed when no neighbour
 saw it go. Every announcement costs every node CPU (gossipsub delivers it once per mesh peer:
 ~9 ms of a core per announcement per node), and the whole network's announcements reach every
-node, so the interval is long: idle nodes (``scripts/bench_presence.py``, 100 s idle) spent, per
-node, 0.23 % of a core at 10 nodes and 0.64 % at 30 with an interval of 60 s, 0.38 % at 30
-with 100 s, and 0.11-0.12 % with presence off."""
+node, so the interval is long: idle nodes (``scripts/bench_presence.py``) spent, per node,
+0.23 % of a core at 10 nodes (``--idle 60``) and 0.64 % at 30 (``--idle 100``) with an
+interval of 60 s, 0.38 % at 30 with 100 s, and 0.11-0.13 % with presence off. Neighbours, not
+the refresh, notice a companion that goes (leave notices, ``lost`` reports)."""
 DEFAULT_TTL: Final = 300
 """Seconds an announcement lasts (the most :data:`~companion.protocol.PRESENCE_MAX_TTL` allows):
 three intervals, so two lost announcements in a row do not
