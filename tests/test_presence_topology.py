@@ -19,7 +19,13 @@ from libp2p.peer.peerstore import PeerStore
 from companion.membership import Membership
 from companion.node.config import NodeConfig, connection_config
 from companion.node.drops import DropCounters
-from companion.node.presence import REQUEST_AFTER, REQUEST_GAP, PresenceService, PresenceSettings
+from companion.node.presence import (
+    REFUTE_AGAIN,
+    REQUEST_AFTER,
+    REQUEST_GAP,
+    PresenceService,
+    PresenceSettings,
+)
 from companion.node.topology import Link, dial_target, plan_trims, ring_neighbours
 from companion.presence import PRESENCE_TOPIC
 from companion.protocol import (
@@ -346,4 +352,43 @@ async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the
         )
         await trio.sleep(sum(REQUEST_AFTER) + 1)
         assert len(requests()) == 1, "asked again after an answer"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_refutation_goes_out_twice_and_then_the_interval_resumes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Someone reports this companion lost: it announces itself at once and once more
+    ``REFUTE_AGAIN`` seconds later (a single refutation lost in full send queues made the
+    others drop it after the disconnect grace, until its next refresh), then waits its interval."""
+    me = create_new_key_pair()
+    mine = ID.from_pubkey(me.public_key).to_base58()
+    service = PresenceService(
+        Membership(mine, None),
+        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
+        PresenceSettings(100.0, 300, 1.0, 65536),
+        DropCounters(trio.current_time),
+        [].extend,
+    )
+    pubsub = _RecordingPubsub()
+    announced = lambda: [d for d in pubsub.published if b'"presence.announce"' in d]  # noqa: E731
+    async with trio.open_nursery() as nursery:
+        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await trio.sleep(20)  # the start's announcement and the warm-up ones (1, 2, 4, 8 s)
+        before = len(announced())
+        reporter = create_new_key_pair()
+        metadata = Metadata(id="companion_x", name="x", personality="p", story="s", sample="x")
+        params = PresenceParams(
+            metadata=metadata, seq=int(time.time() * 1000), ttl=300, leaving=False, addrs=[], lost={mine: 1}
+        )
+        report = SimpleNamespace(
+            from_id=ID.from_pubkey(reporter.public_key).to_bytes(),
+            topicIDs=[PRESENCE_TOPIC],
+            data=encode_presence(Presence(params=params)),
+        )
+        assert service.validate(ID.from_pubkey(reporter.public_key), report)
+        await trio.sleep(REFUTE_AGAIN + 1.5)
+        assert len(announced()) == before + 2, "the refutation did not go out twice"
+        await trio.sleep(40)  # the next periodic one is at least 75 s after the last
+        assert len(announced()) == before + 2
         nursery.cancel_scope.cancel()

@@ -14,9 +14,9 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   ``presence.request`` asks (below), when a connection to an announcing peer closed without
   notice (the announcement lists it in ``lost`` for :data:`~companion.presence.DISCONNECT_GRACE`
   seconds, so others suspect it), and when another node's announcement lists this node in
-  ``lost`` (the refutation): such triggered announcements are coalesced, at most one per
-  ``min_gap`` seconds. On an orderly stop, one with ``leaving``, and a leave notice to every
-  connected peer (below).
+  ``lost`` (the refutation, repeated once :data:`REFUTE_AGAIN` seconds later): such triggered
+  announcements are coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one
+  with ``leaving``, and a leave notice to every connected peer (below).
 - **Receiving**: every announcement passes :meth:`PresenceService.validate`, py-libp2p's topic
   validator, once, before gossipsub may forward it: parsed like every payload, then given to
   the membership. A refused one (parse errors, ``id_pinned``, ``stale``, ...) is counted by
@@ -117,6 +117,14 @@ one it took in time it has relayed to the companions the leaver was not connecte
 LEAVE_VALID: Final = 30.0
 """Seconds a leave notice makes the peer's next disconnect count as on purpose."""
 
+REFUTE_AGAIN: Final = 2.0
+"""Seconds after refuting a ``lost`` report before the refutation goes out once more. The others
+drop a suspected companion unless they hear it within
+:data:`~companion.presence.DISCONNECT_GRACE` (5 s); with 30 companions starting on 2 cores a
+single refutation was sometimes lost in full send queues (``outbound_queue_full``) or came too
+late, and the companion was out of their directories until its next refresh (up to an
+interval). The repeat is coalesced like every triggered announcement (``min_gap``), so a peer
+that reports this node lost over and over still gets at most one announcement per gap."""
 SEEN_TTL: Final = 120
 """py-libp2p 0.8.1's default for how long pubsub remembers a message id (``seen_ttl``)."""
 HAND_OVER_MARGIN: Final = 10.0
@@ -205,6 +213,8 @@ class PresenceService:
         self._present = trio.Event()
         self._present.set()
         """Set while this node announces itself; cleared by :meth:`hold`."""
+        self._refuting = False
+        """Set when an announcement reported this node lost: the refutation goes out twice."""
         self._handing: bytes | None = None
         """The bytes of the latest announcement, while it may be handed over (:meth:`_hand_over`)."""
         self._handing_since = float("-inf")
@@ -278,7 +288,11 @@ class PresenceService:
         warmup = [w for w in WARMUP if w < self.settings.interval]
         while True:
             await self._announce(leaving=False)
-            wait = (warmup.pop(0) if warmup else self.settings.interval) * self._rng.uniform(*JITTER)
+            if self._refuting:  # once more, while the others still only suspect us
+                self._refuting = False
+                wait = REFUTE_AGAIN
+            else:
+                wait = (warmup.pop(0) if warmup else self.settings.interval) * self._rng.uniform(*JITTER)
             with trio.move_on_after(wait):
                 await self._triggered.wait()
                 await trio.sleep_until(self._last_sent + self.settings.min_gap)
@@ -559,7 +573,8 @@ class PresenceService:
         self._accepted_one = trio.Event()
         self._learn_addrs(signer, parsed.params.addrs)
         if self._self_peer in parsed.params.lost and self.metadata is not None:
-            self.trigger()  # someone lost us: tell everyone we are here
+            self._refuting = True  # someone lost us: tell everyone we are here, twice
+            self.trigger()
         if result:
             self._emit(result)  # a companion that joined asked for announcements itself
         return True
