@@ -1,5 +1,6 @@
 """Test peers built from py-libp2p directly, bypassing our edge: a raw publisher (no validators,
-so it sends any bytes) that may claim a companion id, and an aikyo-like metadata peer."""
+so it sends any bytes) that may claim a companion id, and an aikyo-like metadata peer; our own
+node run in a test's nursery; a companion's presence service alone."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
+from companion.membership import Membership, MembershipEvent
 from companion.node import CompanionNode
 from companion.node.config import NodeConfig, make_gossipsub, make_host
 from companion.node.discovery import parse_peer_addr
+from companion.node.drops import DropCounters
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
+from companion.node.presence import PresenceService, PresenceSettings
 from companion.protocol import TOPICS, Metadata
 from companion.transport import Inbound
 
@@ -160,3 +164,24 @@ async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     with trio.fail_after(timeout):
         while not predicate():
             await trio.sleep(0.02)
+
+
+# --- a companion's presence service, without a node ---------------------------------------------
+
+
+def presence_service(
+    events: list[MembershipEvent] | None = None,
+    drops: DropCounters | None = None,
+    settings: PresenceSettings | None = None,
+) -> PresenceService:
+    """A companion node's presence service (``companion_me``, a fresh peer id), its events into
+    ``events``; 30 s interval and 90 s ttl unless ``settings`` says otherwise. Give it a
+    pubsub (``_pubsub``, or :meth:`~PresenceService.start`) before it publishes."""
+    me = create_new_key_pair()
+    return PresenceService(
+        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
+        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
+        settings or PresenceSettings(30.0, 90, 1.0, 65536),
+        drops or DropCounters(trio.current_time),
+        (events if events is not None else []).extend,
+    )

@@ -17,12 +17,10 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from node_support import running, until
+from node_support import presence_service, running, until
 from support.cards import metadata as md
 
-from companion.membership import Membership
 from companion.node import presence as presence_module
-from companion.node.drops import DropCounters
 from companion.node.presence import PresenceService, PresenceSettings
 from companion.presence import PRESENCE_TOPIC
 
@@ -65,14 +63,10 @@ async def test_a_new_connection_is_handed_the_latest_announcement_and_nobody_ann
 
 def _service() -> tuple[PresenceService, SimpleNamespace]:
     """A companion's presence service over a pubsub that keeps what it is asked to send."""
-    me = ID.from_pubkey(create_new_key_pair().public_key)
-    service = PresenceService(
-        Membership(me.to_base58(), None),
-        md("a"),
-        PresenceSettings(interval=100.0, ttl=300, min_gap=1.0, max_bytes=65536),
-        DropCounters(trio.current_time),
-        lambda events: None,
+    service = presence_service(
+        settings=PresenceSettings(interval=100.0, ttl=300, min_gap=1.0, max_bytes=65536)
     )
+    me = ID.from_base58(service.membership.self_peer)
     sent: list[tuple[ID, object]] = []
     router = SimpleNamespace(send_rpc=lambda peer, rpc: sent.append((peer, rpc)))
     pubsub = SimpleNamespace(router=router, peer_topics={PRESENCE_TOPIC: set()}, sent=sent, my_id=me)

@@ -15,6 +15,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerstore import PeerStore
+from node_support import presence_service
 
 from companion.membership import Membership
 from companion.node.config import NodeConfig, connection_config
@@ -150,10 +151,12 @@ class _Pubsub:
         self.host = _Host()
 
 
-def _announced(key_pair: KeyPair, seq: int, addrs: list[str]) -> SimpleNamespace:
+def _announced(
+    key_pair: KeyPair, seq: int, addrs: list[str], lost: dict[str, int] | None = None
+) -> SimpleNamespace:
     """What py-libp2p hands the topic validator: a signed message's signer, topics and data."""
     metadata = Metadata(id="companion_x", name="x", personality="p", story="s", sample="x")
-    params = PresenceParams(metadata=metadata, seq=seq, ttl=30, leaving=False, addrs=addrs, lost={})
+    params = PresenceParams(metadata=metadata, seq=seq, ttl=30, leaving=False, addrs=addrs, lost=lost or {})
     peer = ID.from_pubkey(key_pair.public_key)
     return SimpleNamespace(
         from_id=peer.to_bytes(), topicIDs=[PRESENCE_TOPIC], data=encode_presence(Presence(params=params))
@@ -191,25 +194,13 @@ async def test_announced_addresses_replace_the_peerstores_within_the_bound() -> 
     assert service.validate(peer, _announced(signer, seq + 51, ["garbage/p2p/" + str(peer), "x" * 300]))
 
 
-def _companion_service(events: list[Any] | None = None, drops: DropCounters | None = None) -> PresenceService:
-    """A companion node's presence service (``companion_me``), its events into ``events``."""
-    me = create_new_key_pair()
-    return PresenceService(
-        Membership(ID.from_pubkey(me.public_key).to_base58(), None),
-        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
-        PresenceSettings(30.0, 90, 1.0, 65536),
-        drops or DropCounters(trio.current_time),
-        (events if events is not None else []).extend,
-    )
-
-
 async def test_a_presence_request_is_served_once_per_gap_and_relayed_only_then(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A node that does not announce asks with ``presence.request``: a companion announces soon
     and relays it; another within the gap (a flood) is refused ``request_limit``, not relayed."""
     drops = DropCounters(trio.current_time)
-    service = _companion_service(drops=drops)
+    service = presence_service(drops=drops)
     service._pubsub = _Pubsub()
     asker = create_new_key_pair()
     request = SimpleNamespace(
@@ -256,7 +247,7 @@ async def test_a_held_companion_announces_nothing_until_released(
     """``companion run`` holds presence while the engine is prepared: nothing is announced (not
     periodically, not when a peer connects or asks, not even ``leaving``), metadata requests
     wait until their deadline; on release the announcement goes out at once."""
-    service = _companion_service()
+    service = presence_service()
     service.hold()
     pubsub = _RecordingPubsub()
     async with trio.open_nursery() as nursery:
@@ -281,7 +272,7 @@ async def test_nothing_is_announced_after_leaving(autojump_clock: trio.testing.M
     """Measured on six processes under load: a peer that connected while a companion stopped
     triggered an announcement after the ``leaving`` one, with a higher seq, and every node
     that took it kept the companion for its time to live. Once leaving, nothing else goes."""
-    service = _companion_service()
+    service = presence_service()
     pubsub = _RecordingPubsub()
     async with trio.open_nursery() as nursery:
         await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
@@ -305,7 +296,7 @@ async def test_a_companion_back_in_the_directory_makes_nobody_announce(
     the periodic ones, with 20 companions in one process). A companion that just started asks
     instead (next test); one that comes back triggers nothing."""
     events: list[Any] = []
-    service = _companion_service(events)
+    service = presence_service(events)
     service._pubsub = _Pubsub()
     signer = create_new_key_pair()
     peer = ID.from_pubkey(signer.public_key)
@@ -324,7 +315,7 @@ async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the
     """A companion that just started learns of everyone from the announcements its
     ``presence.request`` asks for, not an interval later: at once, and again later while it has
     heard nobody (each served request makes every companion announce)."""
-    service = _companion_service()
+    service = presence_service()
     pubsub = _RecordingPubsub()
     requests = lambda: [d for d in pubsub.published if b'"presence.request"' in d]  # noqa: E731
     async with trio.open_nursery() as nursery:
@@ -340,7 +331,7 @@ async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the
         assert len(requests()) == len(REQUEST_AFTER)
         nursery.cancel_scope.cancel()
 
-    answered = _companion_service()
+    answered = presence_service()
     pubsub = _RecordingPubsub()
     async with trio.open_nursery() as nursery:
         await answered.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
@@ -361,15 +352,7 @@ async def test_a_refutation_goes_out_twice_and_then_the_interval_resumes(
     """Someone reports this companion lost: it announces itself at once and once more
     ``REFUTE_AGAIN`` seconds later (a single refutation lost in full send queues made the
     others drop it after the disconnect grace, until its next refresh), then waits its interval."""
-    me = create_new_key_pair()
-    mine = ID.from_pubkey(me.public_key).to_base58()
-    service = PresenceService(
-        Membership(mine, None),
-        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
-        PresenceSettings(100.0, 300, 1.0, 65536),
-        DropCounters(trio.current_time),
-        [].extend,
-    )
+    service = presence_service(settings=PresenceSettings(100.0, 300, 1.0, 65536))
     pubsub = _RecordingPubsub()
     announced = lambda: [d for d in pubsub.published if b'"presence.announce"' in d]  # noqa: E731
     async with trio.open_nursery() as nursery:
@@ -377,15 +360,7 @@ async def test_a_refutation_goes_out_twice_and_then_the_interval_resumes(
         await trio.sleep(20)  # the start's announcement and the warm-up ones (1, 2, 4, 8 s)
         before = len(announced())
         reporter = create_new_key_pair()
-        metadata = Metadata(id="companion_x", name="x", personality="p", story="s", sample="x")
-        params = PresenceParams(
-            metadata=metadata, seq=int(time.time() * 1000), ttl=300, leaving=False, addrs=[], lost={mine: 1}
-        )
-        report = SimpleNamespace(
-            from_id=ID.from_pubkey(reporter.public_key).to_bytes(),
-            topicIDs=[PRESENCE_TOPIC],
-            data=encode_presence(Presence(params=params)),
-        )
+        report = _announced(reporter, int(time.time() * 1000), [], lost={service.membership.self_peer: 1})
         assert service.validate(ID.from_pubkey(reporter.public_key), report)
         await trio.sleep(REFUTE_AGAIN + 1.5)
         assert len(announced()) == before + 2, "the refutation did not go out twice"

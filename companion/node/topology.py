@@ -275,8 +275,8 @@ class Topology:
         return links
 
     async def _trim(self, peers: tuple[str, ...]) -> None:
-        """Announce ourselves and tell each peer (so they keep us: see the module docstring),
-        then close."""
+        """Make sure each peer holds our latest announcement (handed over, or announced anew)
+        and tell it (so it keeps us: see the module docstring), then close."""
         self._trimming.update(peers)
         await self._announce(peers)
         async with trio.open_nursery() as nursery:
