@@ -15,7 +15,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from node_support import raw_peer
 from support.cards import metadata as md
 
-from companion.node import CompanionNode, NodeConfig
+from companion.node import CompanionNode, NodeConfig, topology
 from companion.node.discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from companion.node.identity import IdentityError, load_or_create_key_pair
 from companion.node.metadata import METADATA_PROTOCOL, RequestGate, decode_metadata, fetch_metadata
@@ -248,3 +248,66 @@ async def test_a_trim_notice_a_busy_peer_is_slow_to_take_still_arrives_before_th
                     await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
         assert kept.closed_on_purpose(trimmer.peer_id), "the trimmed peer saw a close without notice"
+
+
+async def test_a_trim_whose_notice_goes_unanswered_is_put_off_and_done_once_the_peer_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hub of 30 companions on 2 cores trimmed 16 peers at once and every notice ran out: it
+    closed them untold, each peer reported it lost, and the hub left every directory. A notice
+    left unanswered now keeps the connection; the next pass tells the peer again and closes only
+    once it answered. Here the peer leaves the first notice unanswered past the deadline."""
+    monkeypatch.setattr(topology, "NOTICE_TIMEOUT", 1.0)
+    async with raw_peer() as trimmer, raw_peer() as busy:
+        kept = _topology(busy, bound=8)
+        notices: list[float] = []
+
+        async def busy_once(stream: Any) -> None:
+            notices.append(trio.current_time())
+            if len(notices) == 1:
+                await trio.sleep(3.0)  # past the deadline: the trimmer gave up on this one
+            await kept.serve_notice(stream)
+
+        busy.host.set_stream_handler(TRIM_PROTOCOL, busy_once)
+        await trimmer.connect(busy.addr)
+        gone = ID.from_base58(trimmer.peer_id)
+        trimming = _topology(trimmer, bound=0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trimming.run)
+            with trio.fail_after(30):
+                while trimming.trims_put_off == 0:
+                    await trio.sleep(0.05)
+            assert busy.host.get_network().connections.get(gone), "closed untold after one unanswered notice"
+            with trio.fail_after(30):
+                while busy.host.get_network().connections.get(gone):
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert len(notices) == 2 and trimming.trimmed == 1 and trimming.trims_put_off == 1
+        assert kept.closed_on_purpose(trimmer.peer_id), "the trimmed peer saw a close without notice"
+
+
+async def test_a_peer_that_never_answers_a_trim_notice_is_closed_after_the_last_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Putting a trim off is bounded: a peer that takes the notice's stream and never answers
+    (frozen, or hostile) is closed untold after :data:`~companion.node.topology.NOTICE_ATTEMPTS`."""
+    monkeypatch.setattr(topology, "NOTICE_TIMEOUT", 0.5)
+    async with raw_peer() as trimmer, raw_peer() as mute:
+        opened: list[float] = []
+
+        async def never(stream: Any) -> None:
+            opened.append(trio.current_time())
+            await trio.sleep_forever()
+
+        mute.host.set_stream_handler(TRIM_PROTOCOL, never)
+        await trimmer.connect(mute.addr)
+        gone = ID.from_base58(trimmer.peer_id)
+        trimming = _topology(trimmer, bound=0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trimming.run)
+            with trio.fail_after(60):
+                while mute.host.get_network().connections.get(gone):
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert len(opened) == topology.NOTICE_ATTEMPTS
+        assert trimming.trims_put_off == topology.NOTICE_ATTEMPTS - 1 and trimming.trimmed == 1

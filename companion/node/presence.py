@@ -470,7 +470,8 @@ class PresenceService:
 
     async def _tell_leaving(self, telling: _Telling, peer: ID) -> None:
         timeout = max(0.0, telling.deadline - trio.current_time())
-        if await tell(telling.host, peer, LEAVE_PROTOCOL, timeout, node=self.name, payload=telling.seq):
+        outcome = await tell(telling.host, peer, LEAVE_PROTOCOL, timeout, node=self.name, payload=telling.seq)
+        if outcome == "taken":
             self.leave_notices["acknowledged"] += 1
 
     async def _announce(self, *, leaving: bool) -> None:

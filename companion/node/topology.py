@@ -24,7 +24,8 @@ announces anew, :meth:`~.presence.PresenceService.announce_now`) and tells the p
 :data:`TRIM_PROTOCOL` (a notice, :mod:`.notice`, the peer acknowledges): the trimmed peer keeps it
 in its directory, reachable through gossip, while a peer whose connection closed without that
 notice (killed, or unreachable) leaves its neighbours' directories at once (see
-:mod:`companion.presence`).
+:mod:`companion.presence`). So a trim whose notice went unanswered is put off to a later pass
+rather than done untold (:data:`NOTICE_ATTEMPTS`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,14 @@ trimmer dropped out of directories (``companion_left`` ``expired``). Notices of 
 together, so a pass waits for the slowest one, not their sum."""
 NOTICE_VALID: Final = 30.0
 """Seconds a peer's trim notice covers the disconnect that should follow it."""
+NOTICE_ATTEMPTS: Final = 3
+"""Passes that may try to tell a peer it is trimmed before it is closed untold. A notice left
+unanswered puts the trim off to a later pass and the connection stays (the bound is exceeded a
+while): with 30 companions on 2 cores a hub that trimmed 16 peers at once had every notice run
+out (its own send queues were full), closed them all untold, and each peer took the close for a
+failure, reported the hub ``lost`` to everyone, and the hub, too busy to refute in time, left
+every directory (``companion_left`` ``expired``). A peer that refuses the protocol (aikyo's) is
+closed at once; one that never answers (frozen) is closed after the last attempt."""
 
 
 def dial_target(max_connections: int) -> int:
@@ -185,13 +194,21 @@ class Topology:
         self._trimming: set[str] = set()
         self._notices: dict[str, float] = {}
         """Connected peers that told us they are trimming us, and when."""
+        self._unanswered: dict[str, int] = {}
+        """Connected peers whose trim notice went unanswered, and how many times."""
         self._dialling: set[str] = set()
         self._backoff: dict[str, tuple[Backoff, float]] = {}
         self.trimmed = 0
+        self.trims_put_off = 0
         self.ring_dials = 0
 
     def stats(self) -> dict[str, Any]:
-        return {"trimmed": self.trimmed, "ring_dials": self.ring_dials, "ring": sorted(self._ring())}
+        return {
+            "trimmed": self.trimmed,
+            "trims_put_off": self.trims_put_off,
+            "ring_dials": self.ring_dials,
+            "ring": sorted(self._ring()),
+        }
 
     # --- what the node reports --------------------------------------------------------------
 
@@ -200,6 +217,7 @@ class Topology:
 
     def disconnected(self, peer: str) -> None:
         self._since.pop(peer, None)
+        self._unanswered.pop(peer, None)
 
     def trimming(self, peer: str) -> bool:
         """Whether a connection to ``peer`` closing now is a trim, by us or by the peer (which
@@ -284,11 +302,22 @@ class Topology:
                 nursery.start_soon(self._trim_one, name)
 
     async def _trim_one(self, name: str) -> None:
-        log_event(logger, "connection_trimmed", node=self.name, peer=name, bound=self.bound)
-        self.trimmed += 1
+        """Tell the peer, then close; a notice left unanswered puts the trim off
+        (:data:`NOTICE_ATTEMPTS`)."""
         network = self.host.get_network()
         peer = ID.from_base58(name)
-        await tell(self.host, peer, TRIM_PROTOCOL, NOTICE_TIMEOUT, node=self.name)
+        outcome = await tell(self.host, peer, TRIM_PROTOCOL, NOTICE_TIMEOUT, node=self.name)
+        if outcome == "unanswered" and network.connections.get(peer):
+            attempt = self._unanswered.get(name, 0) + 1
+            if attempt < NOTICE_ATTEMPTS:
+                self._unanswered[name] = attempt
+                self._trimming.discard(name)
+                self.trims_put_off += 1
+                log_event(logger, "trim_put_off", node=self.name, peer=name, attempt=attempt)
+                return
+        self._unanswered.pop(name, None)
+        log_event(logger, "connection_trimmed", node=self.name, peer=name, bound=self.bound, notice=outcome)
+        self.trimmed += 1
         try:
             with trio.move_on_after(RING_DIAL_TIMEOUT):
                 await network.close_peer(peer)
