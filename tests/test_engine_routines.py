@@ -24,6 +24,7 @@ from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, Message
 from companion.routines import Routine
 from companion.store import Store
+from companion.tools_announcer import DEFAULT_REFRESH_GAP
 from companion.transport import Inbound, MemoryHub
 from companion.turns import META_CLOSING, META_IN_REPLY_TO
 
@@ -259,6 +260,35 @@ async def test_the_tool_list_is_announced_once_settled_and_peers_keep_it(
         assert bea.peer_tools[AKI] == {"revision": 3, "tools": ["speak"]}
     changes = [a.params.params.get("change") for _, a in seen.actions(TOOLS_ACTION) if a.params.from_ == AKI]
     assert {"kind": "removed", "tool": "companions"} in changes
+
+
+async def test_companions_joining_together_make_a_node_send_its_list_once_more_not_once_each(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every join used to send the whole list to the whole network again (2 s apart at most):
+    with 30 companions starting together each node heard 265 lists in its first minute. Eight
+    companions joining over 16 s now get one list more, ``refresh_gap`` after the last; a
+    companion that joins long after still gets it at once."""
+    async with hub_group() as (group, seen):
+        await group.add(make_card(0), ScriptedModel(0))
+        await trio.sleep(TIMINGS.routine_quiet_start + 1)
+
+        def sent() -> list[float]:
+            return [at for at, a in seen.actions(TOOLS_ACTION) if a.params.from_ == AKI]
+
+        settled = sent()
+        assert len(settled) == 1
+        for index in range(1, 9):
+            await group.add(make_card(index), ScriptedModel(index))
+            await trio.sleep(2)
+        await trio.sleep(DEFAULT_REFRESH_GAP)
+        assert len(sent()) == 2, f"lists sent after {settled[0]:.0f} s: {sent()}"
+        assert sent()[1] - settled[0] == pytest.approx(DEFAULT_REFRESH_GAP, abs=0.5)
+        await trio.sleep(DEFAULT_REFRESH_GAP)
+        joined = trio.current_time()
+        await group.add(make_card(9), ScriptedModel(9))
+        await trio.sleep(1)
+        assert len(sent()) == 3 and sent()[2] - joined < 1
 
 
 async def test_the_greeter_example_remembers_a_visitor_across_a_restart(
