@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from companion.protocol import MESSAGES, Message, PayloadError, State, parse_payload
+from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, PayloadError, State, parse_payload
 from companion.turns import (
     MAX_CANDIDATES,
     META_CLOSING,
@@ -161,17 +161,15 @@ def _aikyo_reference(states: list[State], active: list[str]) -> str | None:
 
 
 _ids = st.sampled_from([A, B, C, D])
-_states = st.lists(
-    st.builds(
-        _state,
-        _ids,
-        st.sampled_from(["speak", "listen"]),
-        st.integers(0, 10),
-        st.booleans(),
-        st.sampled_from(["none", "pre-closing", "closing", "terminal"]),
-    ),
-    max_size=6,
+_one_state = st.builds(
+    _state,
+    _ids,
+    st.sampled_from(["speak", "listen"]),
+    st.integers(0, 10),
+    st.booleans(),
+    st.sampled_from(["none", "pre-closing", "closing", "terminal"]),
 )
+_states = st.lists(_one_state, max_size=6)
 
 
 @given(_states, st.lists(_ids, unique=True))
@@ -398,6 +396,20 @@ def test_speaking_order_depends_on_the_array_alone(states: list[State]) -> None:
     assert len(set(speaking.order)) == len(speaking.order) and set(speaking.order) <= companions
     if speaking.order:
         assert speaking.order[0] == _aikyo_reference(states, sorted(companions))
+
+
+@given(st.lists(_one_state, max_size=12))
+def test_each_slot_is_the_rule_with_the_earlier_speakers_excluded(states: list[State]) -> None:
+    """The definition the one-pass order must keep: slot k is aikyo's rule over the array with
+    the speakers of slots before k excluded, stand-ins allowed, until it chooses nobody."""
+    speaking = speaking_order(states)
+    everyone = [s.params.from_ for s in states if s.params.from_.startswith(COMPANION_ID_PREFIX)]
+    expected: list[str] = []
+    first = decide_next_speaker(states, everyone)
+    while first.speaker is not None:
+        expected.append(first.speaker)
+        first = decide_next_speaker(states, everyone, exclude=expected, stand_in=True)
+    assert speaking.order == tuple(expected)
 
 
 # --- turn tags --------------------------------------------------------------------------------

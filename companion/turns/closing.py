@@ -19,6 +19,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
 from typing import Final, Literal, TypeAlias
 
@@ -81,7 +82,10 @@ def counted_proposal(
     return floor
 
 
+@lru_cache(maxsize=256)
 def _bigrams(text: str) -> frozenset[str]:
+    """Cached: the repetition score compares the same last utterances pair by pair, on every
+    node, for every states array (10 pairs, 20 normalisations each time)."""
     norm = "".join(unicodedata.normalize("NFKC", text).casefold().split())
     if len(norm) < 2:
         return frozenset({norm}) if norm else frozenset()
