@@ -132,6 +132,44 @@ async def test_a_write_cut_short_resets_the_stream() -> None:
     assert all(m.publish[0].data[0] != 9 for m in receiver.parsed)
 
 
+def small(tag: int, size: int = 300) -> rpc_pb2.RPC:
+    return rpc_pb2.RPC(publish=[rpc_pb2.Message(data=bytes([tag % 256]) * size, topicIDs=["messages"])])
+
+
+async def test_the_send_loop_writes_what_the_queue_holds_together_whole_and_in_order() -> None:
+    """A full send queue (a busy node's, under load) goes out in few writes, each RPC whole, in
+    queue order, control first; one RPC bigger than a batch goes alone; an idle queue still
+    sends each RPC as it comes."""
+    receiver = Receiver()
+    receiver.go.set()
+    async with pair(receiver) as (pubsub, stream):
+        queue = RpcQueue(max_size=128)
+        for tag in range(100):
+            queue.push(small(tag))
+        queue.push(rpc(200))  # 150 KB: larger than BATCH_BYTES
+        control = rpc_pb2.ControlMessage(ihave=[rpc_pb2.ControlIHave(topicID="x")])
+        queue.push(rpc_pb2.RPC(control=control), priority=True)
+        peer = stream.muxed_conn.peer_id
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pubsub.handle_sending_messages, peer, stream, queue)
+            with trio.fail_after(10):
+                while len(receiver.parsed) < 102:
+                    await trio.sleep(0.01)
+            batched = pubsub.sent["writes"]
+            queue.push(small(201))
+            with trio.fail_after(10):
+                while len(receiver.parsed) < 103:
+                    await trio.sleep(0.01)
+            queue.close()
+    assert receiver.parsed[0].control.ihave[0].topicID == "x"
+    tags = [m.publish[0].data[0] for m in receiver.parsed[1:]]
+    assert tags == [*range(100), 200, 201]
+    assert [len(m.publish[0].data) for m in receiver.parsed[1:]] == [300] * 100 + [RPC_BYTES, 300]
+    assert pubsub.sent["rpcs"] == 103
+    assert batched <= 4, f"{batched} writes for 102 queued RPCs"  # 30 KB of small ones, then the big one
+    assert pubsub.sent["writes"] == batched + 1
+
+
 async def test_publishing_waits_for_room_within_its_deadline() -> None:
     receiver = Receiver()
     async with pair(receiver) as (pubsub, _stream):
