@@ -196,8 +196,9 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
         self._write_locks: WeakKeyDictionary[INetStream, trio.Lock] = WeakKeyDictionary()
         self.sent: Counter[str] = Counter()
         """What this node wrote to its peers: ``rpcs``, ``writes`` (each one a frame and a send,
-        carrying one RPC or a batch of queued ones), and what they carried (``publish:<topic>`` messages, ``ihave``/``iwant``/``graft``/``prune``
-        control, ``subscriptions``). An idle network's CPU goes to these writes."""
+        carrying one RPC or a batch of queued ones), and what they carried (``publish:<topic>``
+        messages, ``ihave``/``iwant``/``graft``/``prune`` control, ``subscriptions``). An idle
+        network's CPU goes to these writes."""
         self._records_sent: WeakKeyDictionary[INetStream, bytes] = WeakKeyDictionary()
         self.refused_seen = 0
         """Messages a topic validator refused, remembered as seen (their copies are ignored)."""
