@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ..log import log_event
+from . import collector
 from .engines import EngineOptions, HandlerFactory, PendingHandler, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
 from .stopping import Interrupted
@@ -187,6 +188,7 @@ async def run_nodes(
             print(peer_line(node.name, node.peer_id), flush=True)
             print_addresses(node.listen_addrs)
             announce_directory(node)
+        collector.resume()  # start-up is over (see collector): everything it needs is loaded
         running = Running(nodes)
         if clients is not None and options.bridge is not None:
             port = await open_to_clients(options.bridge, clients, set(ids), nursery)

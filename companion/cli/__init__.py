@@ -34,13 +34,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(words[0] if words else None)  # a subcommand comes first, or none runs
-    args = parser.parse_args(words)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help(sys.stderr)
-        return 2
+    from ..app import collector
+
+    if words[:1] == ["run"]:
+        collector.pause()  # until its engines are ready (start-up time: see collector)
     try:
+        parser = build_parser(words[0] if words else None)  # a subcommand comes first, or none runs
+        args = parser.parse_args(words)
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help(sys.stderr)
+            return 2
         return int(func(args))
     except BaseException as exc:  # Ctrl-C anywhere, also inside trio's exception groups
         from ..app.stopping import is_interrupt
@@ -48,3 +52,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if is_interrupt(exc):
             return 130
         raise
+    finally:
+        collector.resume()

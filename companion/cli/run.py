@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..app import collector
 from ..app.cards import resolve_card
 from ..app.paths import default_data_dir
 from ..app.stopping import is_interrupt
@@ -215,7 +216,10 @@ def standalone(argv: Sequence[str] | None = None) -> int:
         if is_interrupt(exc):
             return 130
         raise
+    finally:
+        collector.resume()
 
 
 if __name__ == "__main__":
+    collector.pause()  # the module's own imports above ran already; the rest is start-up still
     sys.exit(standalone())
