@@ -1157,7 +1157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--max-connections",
         type=int,
         default=None,
-        help="companion run --max-connections (default: max(8, N))",
+        help="companion run --max-connections (default: max(8, companions in the process), "
+        "so 8 with one companion per process)",
     )
     parser.add_argument(
         "--log-level",
