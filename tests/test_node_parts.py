@@ -238,16 +238,24 @@ async def test_a_trim_notice_a_busy_peer_is_slow_to_take_still_arrives_before_th
             await trio.sleep(2.5)
             await kept.serve_notice(stream)
 
-        busy.host.set_stream_handler(TRIM_PROTOCOL, slow_to_take)
-        await trimmer.connect(busy.addr)
-        gone = ID.from_base58(trimmer.peer_id)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_topology(trimmer, bound=0).run)
-            with trio.fail_after(NOTICE_TIMEOUT + 5):
-                while busy.host.get_network().connections.get(gone):
-                    await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+        await _trim_all(trimmer, busy, slow_to_take, deadline=NOTICE_TIMEOUT + 5)
         assert kept.closed_on_purpose(trimmer.peer_id), "the trimmed peer saw a close without notice"
+
+
+async def _trim_all(trimmer: Any, peer: Any, handler: Any, *, deadline: float) -> Topology:
+    """``trimmer`` (bound 0) trims its one connection, to ``peer``, whose trim notices go to
+    ``handler``; the trimmer's topology once ``peer`` saw the connection close."""
+    peer.host.set_stream_handler(TRIM_PROTOCOL, handler)
+    await trimmer.connect(peer.addr)
+    gone = ID.from_base58(trimmer.peer_id)
+    trimming = _topology(trimmer, bound=0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trimming.run)
+        with trio.fail_after(deadline):
+            while peer.host.get_network().connections.get(gone):
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    return trimming
 
 
 async def test_a_trim_whose_notice_goes_unanswered_is_put_off_and_done_once_the_peer_answers(
@@ -268,20 +276,8 @@ async def test_a_trim_whose_notice_goes_unanswered_is_put_off_and_done_once_the_
                 await trio.sleep(3.0)  # past the deadline: the trimmer gave up on this one
             await kept.serve_notice(stream)
 
-        busy.host.set_stream_handler(TRIM_PROTOCOL, busy_once)
-        await trimmer.connect(busy.addr)
-        gone = ID.from_base58(trimmer.peer_id)
-        trimming = _topology(trimmer, bound=0)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trimming.run)
-            with trio.fail_after(30):
-                while trimming.trims_put_off == 0:
-                    await trio.sleep(0.05)
-            assert busy.host.get_network().connections.get(gone), "closed untold after one unanswered notice"
-            with trio.fail_after(30):
-                while busy.host.get_network().connections.get(gone):
-                    await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+        trimming = await _trim_all(trimmer, busy, busy_once, deadline=30)
+        # the second notice came over the connection kept after the first went unanswered
         assert len(notices) == 2 and trimming.trimmed == 1 and trimming.trims_put_off == 1
         assert kept.closed_on_purpose(trimmer.peer_id), "the trimmed peer saw a close without notice"
 
@@ -299,15 +295,6 @@ async def test_a_peer_that_never_answers_a_trim_notice_is_closed_after_the_last_
             opened.append(trio.current_time())
             await trio.sleep_forever()
 
-        mute.host.set_stream_handler(TRIM_PROTOCOL, never)
-        await trimmer.connect(mute.addr)
-        gone = ID.from_base58(trimmer.peer_id)
-        trimming = _topology(trimmer, bound=0)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trimming.run)
-            with trio.fail_after(60):
-                while mute.host.get_network().connections.get(gone):
-                    await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+        trimming = await _trim_all(trimmer, mute, never, deadline=60)
         assert len(opened) == topology.NOTICE_ATTEMPTS
         assert trimming.trims_put_off == topology.NOTICE_ATTEMPTS - 1 and trimming.trimmed == 1
