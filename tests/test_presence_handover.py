@@ -49,6 +49,8 @@ async def test_a_new_connection_is_handed_the_latest_announcement_and_nobody_ann
     ):
         await until(lambda: {"companion_a", "companion_b"} <= set(a.directory) & set(b.directory), 15)
         await until(lambda: a.presence.published == 1 and b.presence.published == 1, AT_ONCE)
+        # the directories fill from the metadata exchange too: wait for the announcements
+        await until(lambda: b.membership.presence.of_peer(a.peer_id) is not None, AT_ONCE)
         a_heard_by_b = b.membership.presence.of_peer(a.peer_id)
         assert a_heard_by_b is not None
         async with running(nursery, md("c"), peers=[a.listen_addrs[0]], dht=False) as (c, _):
