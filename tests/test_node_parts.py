@@ -266,6 +266,7 @@ async def test_a_trim_whose_notice_goes_unanswered_is_put_off_and_done_once_the_
     left unanswered now keeps the connection; the next pass tells the peer again and closes only
     once it answered. Here the peer leaves the first notice unanswered past the deadline."""
     monkeypatch.setattr(topology, "NOTICE_TIMEOUT", 1.0)
+    monkeypatch.setattr(topology, "RECHECK_INTERVAL", 0.5)  # the next pass soon after a put-off
     async with raw_peer() as trimmer, raw_peer() as busy:
         kept = _topology(busy, bound=8)
         notices: list[float] = []
@@ -288,6 +289,7 @@ async def test_a_peer_that_never_answers_a_trim_notice_is_closed_after_the_last_
     """Putting a trim off is bounded: a peer that takes the notice's stream and never answers
     (frozen, or hostile) is closed untold after :data:`~companion.node.topology.NOTICE_ATTEMPTS`."""
     monkeypatch.setattr(topology, "NOTICE_TIMEOUT", 0.5)
+    monkeypatch.setattr(topology, "RECHECK_INTERVAL", 0.5)
     async with raw_peer() as trimmer, raw_peer() as mute:
         opened: list[float] = []
 
