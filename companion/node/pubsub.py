@@ -75,11 +75,11 @@ __all__ = ["CountingGossipSub", "GuardedPubsub", "SubscriptionKeepingPubsub", "r
 logger = logging.getLogger("companion.node.pubsub")
 
 Deliver = Callable[[str, rpc_pb2.Message], None]
+"""``(topic, message)``: a validated message for one of our topics, called synchronously."""
 
 BATCH_BYTES: Final = 32 * 1024
 """The most bytes of queued RPCs one write carries (one RPC larger than this goes alone): well
 within one Noise frame (65,519 bytes of plaintext), so a batch is one frame on the wire."""
-"""``(topic, message)``: a validated message for one of our topics, called synchronously."""
 
 
 def _topic_of(msg: rpc_pb2.Message) -> str:
@@ -311,12 +311,13 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
                     nxt = queue._queue.pop()  # what is already queued: never waits
                     if nxt is None:
                         break
-                    if size + nxt.ByteSize() > BATCH_BYTES:
+                    more = nxt.ByteSize()
+                    if size + more > BATCH_BYTES:
                         if not await self._write_rpcs(stream, batch):
                             return
                         batch, size = [], 0
                     batch.append(nxt)
-                    size += nxt.ByteSize()
+                    size += more
                 if not await self._write_rpcs(stream, batch):
                     return
         except Exception as exc:

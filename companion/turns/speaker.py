@@ -78,9 +78,10 @@ def decide_next_speaker(
     for s in valid:
         stage = later(stage, s.params.closing)
     skipped = f" (skipping silent {', '.join(sorted(exclude))})" if exclude else ""
+    selected, speakers = _pools(valid)
     pools: list[tuple[SpeakerReason, list[State], str]] = [
-        ("selected", [s for s in valid if s.params.selected], "is selected"),
-        ("wants_to_speak", [s for s in valid if s.params.state == "speak"], "wants to speak"),
+        ("selected", selected, "is selected"),
+        ("wants_to_speak", speakers, "wants to speak"),
     ]
     if stand_in:
         pools.append(("stand_in", valid, "stands in for silent speakers"))
@@ -113,6 +114,12 @@ def decide_next_speaker(
         f"no active companion is selected or wants to speak ({len(valid)} valid state(s)){skipped}",
         stage,
     )
+
+
+def _pools(valid: list[State]) -> tuple[list[State], list[State]]:
+    """aikyo's two pools, in the order its rule tries them: the selected states, then those
+    that want to speak (array order kept)."""
+    return [s for s in valid if s.params.selected], [s for s in valid if s.params.state == "speak"]
 
 
 def ends_conversation(states: Sequence[State]) -> bool:
@@ -159,11 +166,7 @@ def speaking_order(states: Sequence[State]) -> SpeakingOrder:
     # repeated rule was 5 % of a node's CPU while they talked).
     active = set(everyone)
     valid = [s for s in states if s.params.from_ in active]
-    pools = (
-        [s for s in valid if s.params.selected],
-        [s for s in valid if s.params.state == "speak"],
-        valid,
-    )
+    pools = (*_pools(valid), valid)
     order, taken = [first.speaker], {first.speaker}
     for pool in pools:
         for state in sorted(pool, key=lambda s: -s.params.importance):
