@@ -23,6 +23,7 @@ from multiaddr import Multiaddr
 
 from companion.node.config import NodeConfig, make_gossipsub, make_host
 from companion.node.drops import DropCounters
+from companion.node.msgid import js_message_id
 from companion.node.pubsub import GuardedPubsub
 
 PROTOCOL = TProtocol("/companion-test/rpc/1.0.0")
@@ -183,25 +184,25 @@ async def test_publishing_waits_for_room_within_its_deadline() -> None:
         assert await pubsub.wait_for_room(64, 0.3) is True
 
 
-async def test_own_messages_reach_a_subscribed_peer_outside_the_mesh() -> None:
-    """Flood publishing: a node's own message goes to every peer on the topic, so one published
-    while the mesh is empty (here: the peer PRUNEd us, and the heartbeat that could graft again is
-    30 s away) reaches it. py-libp2p alone sends it to the (empty) mesh,
-    i.e. to nobody."""
-    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
+@asynccontextmanager
+async def two_nodes(
+    config: NodeConfig, deliver_b: Any
+) -> AsyncIterator[tuple[list[Any], list[Any], list[GuardedPubsub]]]:
+    """Two hosts with the node's pubsub and router (js-libp2p message ids, as the node has them),
+    both subscribed to ``messages``, not yet connected: ``(hosts, routers, pubsubs)``."""
     listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
-    got: list[bytes] = []
-    arrived = trio.Event()
-
-    def at_b(topic: str, msg: rpc_pb2.Message) -> None:
-        got.append(bytes(msg.data))
-        arrived.set()
-
     hosts = [make_host(config, create_new_key_pair()) for _ in range(2)]
     routers = [make_gossipsub(config) for _ in hosts]
     pubsubs = [
-        GuardedPubsub(h, r, drops=DropCounters(trio.current_time), deliver=d, outbound_queue_size=128)
-        for h, r, d in zip(hosts, routers, (lambda topic, msg: None, at_b), strict=True)
+        GuardedPubsub(
+            h,
+            r,
+            drops=DropCounters(trio.current_time),
+            deliver=d,
+            outbound_queue_size=128,
+            msg_id_constructor=js_message_id,
+        )
+        for h, r, d in zip(hosts, routers, (lambda topic, msg: None, deliver_b), strict=True)
     ]
     a, b = hosts
     async with (
@@ -217,18 +218,73 @@ async def test_own_messages_reach_a_subscribed_peer_outside_the_mesh() -> None:
                 for pubsub in pubsubs:
                     await pubsub.wait_until_ready()
                     await pubsub.subscribe("messages")
-                await trio.sleep(0.3)  # the first heartbeats passed with nobody to graft
-                await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
-                while b.get_id() not in routers[0].mesh["messages"]:
-                    await trio.sleep(0.01)
-                # what handle_prune does when b PRUNEs us: b leaves our mesh, not the topic
-                await routers[0].handle_prune(rpc_pb2.ControlPrune(topicID="messages"), b.get_id())
-                assert not routers[0].mesh["messages"] and b.get_id() in pubsubs[0].peer_topics["messages"]
-                await pubsubs[0].publish("messages", b"first")
-            with trio.move_on_after(3):
-                await arrived.wait()
-            assert got == [b"first"]
+            yield hosts, routers, pubsubs
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(3):
                 await a.close()
                 await b.close()
+
+
+async def test_own_messages_reach_a_subscribed_peer_outside_the_mesh() -> None:
+    """Flood publishing: a node's own message goes to every peer on the topic, so one published
+    while the mesh is empty (here: the peer PRUNEd us, and the heartbeat that could graft again is
+    30 s away) reaches it. py-libp2p alone sends it to the (empty) mesh,
+    i.e. to nobody."""
+    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
+    got: list[bytes] = []
+    arrived = trio.Event()
+
+    def at_b(topic: str, msg: rpc_pb2.Message) -> None:
+        got.append(bytes(msg.data))
+        arrived.set()
+
+    async with two_nodes(config, at_b) as ((a, b), routers, pubsubs):
+        with trio.fail_after(10):
+            await trio.sleep(0.3)  # the first heartbeats passed with nobody to graft
+            await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
+            while b.get_id() not in routers[0].mesh["messages"]:
+                await trio.sleep(0.01)
+            # what handle_prune does when b PRUNEs us: b leaves our mesh, not the topic
+            await routers[0].handle_prune(rpc_pb2.ControlPrune(topicID="messages"), b.get_id())
+            assert not routers[0].mesh["messages"] and b.get_id() in pubsubs[0].peer_topics["messages"]
+            await pubsubs[0].publish("messages", b"first")
+        with trio.move_on_after(3):
+            await arrived.wait()
+        assert got == [b"first"]
+
+
+async def test_gossip_names_messages_by_the_id_peers_mark_seen() -> None:
+    """A node gossips (IHAVE) the messages of its last heartbeats to peers outside its mesh; a
+    peer that already has one must not ask for it (IWANT) and be sent it again. py-libp2p's
+    message cache named messages by ``from || seqno`` while the seen cache (and js-libp2p) use the
+    node's id (``js_message_id``): every IHAVE drew an IWANT and a duplicate. And an IWANT that
+    names a message by that id (as js-libp2p's do) is served."""
+    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
+    got: list[bytes] = []
+
+    async with two_nodes(config, lambda topic, msg: got.append(bytes(msg.data))) as (
+        (a, b),
+        routers,
+        pubsubs,
+    ):
+        with trio.fail_after(10):
+            await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
+            while b.get_id() not in pubsubs[0].peer_topics.get("messages", ()):
+                await trio.sleep(0.01)
+            await pubsubs[0].publish("messages", b"hello")
+            while got != [b"hello"]:
+                await trio.sleep(0.01)
+            window = routers[0].mcache.window("messages")
+            (message,) = [routers[0].mcache.get(mid) for mid in window]
+            assert window == [js_message_id(message)]
+            # what a's heartbeat sends a peer outside its mesh
+            await routers[0].emit_ihave("messages", window, b.get_id())
+            await trio.sleep(0.5)
+            assert pubsubs[1].sent["iwant"] == 0
+            assert pubsubs[0].sent["publish:messages"] == 1
+
+            # b asks for it by its id, as a js-libp2p peer does: a sends it (b drops the copy)
+            await routers[1].emit_iwant(window, a.get_id())
+            while pubsubs[0].sent["publish:messages"] < 2:
+                await trio.sleep(0.01)
+        assert got == [b"hello"]
