@@ -288,3 +288,40 @@ async def test_gossip_names_messages_by_the_id_peers_mark_seen() -> None:
             while pubsubs[0].sent["publish:messages"] < 2:
                 await trio.sleep(0.01)
         assert got == [b"hello"]
+
+
+async def test_copies_of_a_handled_message_are_dropped_where_they_are_read() -> None:
+    """Every mesh peer forwards each message, so a node reads most messages several times (4.6
+    copies each with 30 companions); py-libp2p started a task per copy only to find it seen. A
+    copy is dropped as it is read; a new message still goes through."""
+    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
+    got: list[bytes] = []
+
+    async with two_nodes(config, lambda topic, msg: got.append(bytes(msg.data))) as (
+        (a, b),
+        routers,
+        pubsubs,
+    ):
+        handled: list[bytes] = []
+        push_msg = pubsubs[1].push_msg
+
+        async def counting_push_msg(forwarder: ID, msg: rpc_pb2.Message) -> None:
+            handled.append(bytes(msg.data))
+            await push_msg(forwarder, msg)
+
+        pubsubs[1].push_msg = counting_push_msg  # type: ignore[method-assign]
+        with trio.fail_after(10):
+            await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
+            while b.get_id() not in pubsubs[0].peers:
+                await trio.sleep(0.01)
+            await pubsubs[0].publish("messages", b"hello")
+            while got != [b"hello"]:
+                await trio.sleep(0.01)
+            (message,) = [routers[0].mcache.get(mid) for mid in routers[0].mcache.window("messages")]
+            stream = pubsubs[0].peers[b.get_id()]
+            for _ in range(50):  # a replaying peer, or fifty mesh peers
+                assert await pubsubs[0].write_msg(stream, rpc_pb2.RPC(publish=[message]))
+            await pubsubs[0].publish("messages", b"again")
+            while got != [b"hello", b"again"]:
+                await trio.sleep(0.01)
+        assert handled == [b"hello", b"again"]
