@@ -185,11 +185,13 @@ async def test_publishing_waits_for_room_within_its_deadline() -> None:
 
 
 @asynccontextmanager
-async def two_nodes(
-    config: NodeConfig, deliver_b: Any
-) -> AsyncIterator[tuple[list[Any], list[Any], list[GuardedPubsub]]]:
+async def two_nodes() -> AsyncIterator[tuple[list[Any], list[Any], list[GuardedPubsub], list[bytes]]]:
     """Two hosts with the node's pubsub and router (js-libp2p message ids, as the node has them),
-    both subscribed to ``messages``, not yet connected: ``(hosts, routers, pubsubs)``."""
+    both subscribed to ``messages``, not yet connected, their heartbeats 30 s apart (no mesh
+    change or gossip but what a test does): ``(hosts, routers, pubsubs, got)``, ``got`` the data
+    of what the second one delivered."""
+    config = NodeConfig(heartbeat_interval=30)
+    got: list[bytes] = []
     listen = [Multiaddr("/ip4/127.0.0.1/tcp/0")]
     hosts = [make_host(config, create_new_key_pair()) for _ in range(2)]
     routers = [make_gossipsub(config) for _ in hosts]
@@ -202,7 +204,12 @@ async def two_nodes(
             outbound_queue_size=128,
             msg_id_constructor=js_message_id,
         )
-        for h, r, d in zip(hosts, routers, (lambda topic, msg: None, deliver_b), strict=True)
+        for h, r, d in zip(
+            hosts,
+            routers,
+            (lambda topic, msg: None, lambda topic, msg: got.append(bytes(msg.data))),
+            strict=True,
+        )
     ]
     a, b = hosts
     async with (
@@ -218,11 +225,25 @@ async def two_nodes(
                 for pubsub in pubsubs:
                     await pubsub.wait_until_ready()
                     await pubsub.subscribe("messages")
-            yield hosts, routers, pubsubs
+            yield hosts, routers, pubsubs, got
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(3):
                 await a.close()
                 await b.close()
+
+
+async def hello_from_a(hosts: Any, routers: list[Any], pubsubs: list[GuardedPubsub], got: list[bytes]) -> Any:
+    """``a`` connects to ``b`` and publishes ``hello``; once ``b`` delivered it (into ``got``),
+    the message as ``a``'s gossip cache holds it."""
+    a, b = hosts
+    await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
+    while b.get_id() not in pubsubs[0].peer_topics.get("messages", ()):
+        await trio.sleep(0.01)
+    await pubsubs[0].publish("messages", b"hello")
+    while got != [b"hello"]:
+        await trio.sleep(0.01)
+    (message,) = [routers[0].mcache.get(mid) for mid in routers[0].mcache.window("messages")]
+    return message
 
 
 async def test_own_messages_reach_a_subscribed_peer_outside_the_mesh() -> None:
@@ -230,15 +251,7 @@ async def test_own_messages_reach_a_subscribed_peer_outside_the_mesh() -> None:
     while the mesh is empty (here: the peer PRUNEd us, and the heartbeat that could graft again is
     30 s away) reaches it. py-libp2p alone sends it to the (empty) mesh,
     i.e. to nobody."""
-    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
-    got: list[bytes] = []
-    arrived = trio.Event()
-
-    def at_b(topic: str, msg: rpc_pb2.Message) -> None:
-        got.append(bytes(msg.data))
-        arrived.set()
-
-    async with two_nodes(config, at_b) as ((a, b), routers, pubsubs):
+    async with two_nodes() as ((a, b), routers, pubsubs, got):
         with trio.fail_after(10):
             await trio.sleep(0.3)  # the first heartbeats passed with nobody to graft
             await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
@@ -249,7 +262,8 @@ async def test_own_messages_reach_a_subscribed_peer_outside_the_mesh() -> None:
             assert not routers[0].mesh["messages"] and b.get_id() in pubsubs[0].peer_topics["messages"]
             await pubsubs[0].publish("messages", b"first")
         with trio.move_on_after(3):
-            await arrived.wait()
+            while not got:
+                await trio.sleep(0.01)
         assert got == [b"first"]
 
 
@@ -259,23 +273,10 @@ async def test_gossip_names_messages_by_the_id_peers_mark_seen() -> None:
     message cache named messages by ``from || seqno`` while the seen cache (and js-libp2p) use the
     node's id (``js_message_id``): every IHAVE drew an IWANT and a duplicate. And an IWANT that
     names a message by that id (as js-libp2p's do) is served."""
-    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
-    got: list[bytes] = []
-
-    async with two_nodes(config, lambda topic, msg: got.append(bytes(msg.data))) as (
-        (a, b),
-        routers,
-        pubsubs,
-    ):
+    async with two_nodes() as ((a, b), routers, pubsubs, got):
         with trio.fail_after(10):
-            await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
-            while b.get_id() not in pubsubs[0].peer_topics.get("messages", ()):
-                await trio.sleep(0.01)
-            await pubsubs[0].publish("messages", b"hello")
-            while got != [b"hello"]:
-                await trio.sleep(0.01)
+            message = await hello_from_a((a, b), routers, pubsubs, got)
             window = routers[0].mcache.window("messages")
-            (message,) = [routers[0].mcache.get(mid) for mid in window]
             assert window == [js_message_id(message)]
             # what a's heartbeat sends a peer outside its mesh
             await routers[0].emit_ihave("messages", window, b.get_id())
@@ -294,14 +295,7 @@ async def test_copies_of_a_handled_message_are_dropped_where_they_are_read() -> 
     """Every mesh peer forwards each message, so a node reads most messages several times (4.6
     copies each with 30 companions); py-libp2p started a task per copy only to find it seen. A
     copy is dropped as it is read; a new message still goes through."""
-    config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), heartbeat_interval=30)
-    got: list[bytes] = []
-
-    async with two_nodes(config, lambda topic, msg: got.append(bytes(msg.data))) as (
-        (a, b),
-        routers,
-        pubsubs,
-    ):
+    async with two_nodes() as ((a, b), routers, pubsubs, got):
         handled: list[bytes] = []
         push_msg = pubsubs[1].push_msg
 
@@ -309,15 +303,9 @@ async def test_copies_of_a_handled_message_are_dropped_where_they_are_read() -> 
             handled.append(bytes(msg.data))
             await push_msg(forwarder, msg)
 
-        pubsubs[1].push_msg = counting_push_msg  # type: ignore[method-assign]
+        pubsubs[1].push_msg = counting_push_msg  # type: ignore[method-assign,assignment]
         with trio.fail_after(10):
-            await a.connect(PeerInfo(b.get_id(), b.get_addrs()))
-            while b.get_id() not in pubsubs[0].peers:
-                await trio.sleep(0.01)
-            await pubsubs[0].publish("messages", b"hello")
-            while got != [b"hello"]:
-                await trio.sleep(0.01)
-            (message,) = [routers[0].mcache.get(mid) for mid in routers[0].mcache.window("messages")]
+            message = await hello_from_a((a, b), routers, pubsubs, got)
             stream = pubsubs[0].peers[b.get_id()]
             for _ in range(50):  # a replaying peer, or fifty mesh peers
                 assert await pubsubs[0].write_msg(stream, rpc_pb2.RPC(publish=[message]))
