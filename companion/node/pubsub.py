@@ -135,6 +135,8 @@ class CountingGossipSub(GossipSub):
         self.control: Counter[str] = Counter()
 
     def attach(self, pubsub: Pubsub) -> None:
+        """The pubsub attaches its router as it is built, before any message: from then on the
+        message cache names messages by the pubsub's id (:class:`KeyedMessageCache`)."""
         super().attach(pubsub)
         self.mcache = KeyedMessageCache(
             self.mcache.window_size, self.mcache.history_size, pubsub.get_message_id
