@@ -463,10 +463,16 @@ class PresenceService:
             await self._announce(leaving=True)
             await self._flush()
             host = self._pubsub.host
-            async with trio.open_nursery() as nursery:  # all at once, each within the deadline
-                self._telling = _Telling(nursery, host, encode_uvarint(self._seq))
-                for peer in list(host.get_network().connections):
-                    self._telling.tell(self, peer)
+            try:
+                async with trio.open_nursery() as nursery:  # all at once, each within the deadline
+                    self._telling = _Telling(nursery, host, encode_uvarint(self._seq))
+                    for peer in list(host.get_network().connections):
+                        self._telling.tell(self, peer)
+            finally:
+                # Once every notice went out the nursery is closed, while the node goes on
+                # closing: a peer connecting now is not told (starting its notice there raised,
+                # and ended the stop in an error).
+                self._telling = None
 
     async def _tell_leaving(self, telling: _Telling, peer: ID) -> None:
         timeout = max(0.0, telling.deadline - trio.current_time())
