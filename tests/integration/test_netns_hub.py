@@ -2,9 +2,9 @@
 
 Before, each knew the hub alone and never learned of the others: the hub saw everyone, the
 others saw only the hub. Now their presence announcements, relayed by the hub, put everyone in
-every directory, and the DHT connects them directly. Separate ``companion run`` processes on
-127.0.0.1 (no mDNS), the way a user starts them; the clock starts when the last one reports
-``started``.
+every directory, and the ring (from the announced addresses) and the DHT connect them
+directly. Separate ``companion run`` processes on 127.0.0.1 (no mDNS), the way a user starts
+them; the clock starts when the last one reports ``started``.
 """
 
 from __future__ import annotations
@@ -46,12 +46,17 @@ def test_three_nodes_bootstrapped_to_one_hub_find_each_other(tmp_path: Path) -> 
             for other in (k for k in nodes if k != key):
                 left = CONNECT_DEADLINE - (time.monotonic() - started)
                 proc.event("peer_connected", max(left, 0.01), peer=ids[other])
-        lookups = 0
         for key, proc in nodes.items():
             stats = proc.stats()
-            lookups += stats["dht_lookups"]
             assert {ids[k] for k in nodes if k != key} <= set(stats["connections"]), (
                 key,
                 stats["connections"],
             )
-        assert lookups >= 2  # the later nodes asked the hub; the first had no one to find
+        # The ring (dialled from the announced addresses) may connect them before the DHT's
+        # first rounds (measured: all connected 2 s after the start, no lookup yet); the DHT
+        # still asks the hub, within a few rounds (1, 2, 4 s apart).
+        lookups: dict[str, int] = {}
+        while sum(n > 0 for n in lookups.values()) < 2:
+            assert time.monotonic() - started < CONNECT_DEADLINE, lookups
+            lookups = {key: proc.stats()["dht_lookups"] for key, proc in nodes.items()}
+            time.sleep(0.5)
