@@ -524,3 +524,15 @@ def test_a_reaction_never_sounds_like_the_feeling_it_answers(language: str) -> N
         for template in book.get(feeling, ()):
             said = re.sub(r"\{\w+\}", "", template)
             assert feeling not in concepts_in(said), (feeling, template)
+
+
+def test_the_concepts_of_a_line_are_the_callers_own_to_change() -> None:
+    """They are remembered per line (a leader rates one message for every addressed companion):
+    a caller that edits its answer, as the persona's relevance does, must not change the next."""
+    line = "I baked bread in the kitchen this morning, what about you?"
+    first = concepts_in(line)
+    assert first and "question" in first
+    first.pop("question")
+    first["weather"] = 9.0
+    again = concepts_in(line)
+    assert "question" in again and again.get("weather") != 9.0

@@ -10,6 +10,7 @@ substrings. Everything here is a pure function of its input; nothing depends on 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -122,8 +123,11 @@ _SUFFIXES: Final = (
 )
 
 
+@functools.lru_cache(maxsize=8192)
 def stem(word: str) -> str:
-    """A crude stem, the same for a word's usual inflections ("bake", "baking", "baked")."""
+    """A crude stem, the same for a word's usual inflections ("bake", "baking", "baked").
+    Remembered (bounded): reading a card's persona stems each of its words against each concept's
+    things, ~140 calls a card, a third of a leader's first turn with 30 unknown companions."""
     w = word.casefold().replace("’", "'")
     if w.endswith("'s"):
         w = w[:-2]
@@ -450,12 +454,22 @@ _BY_NAME: Final = {c.name: c for c in CONCEPTS}
 
 
 def _phrase_in(phrase: str, folded: str) -> bool:
+    if phrase not in folded:  # most phrases are absent: no pattern built for them
+        return False
     return re.search(rf"(?<![\w']){re.escape(phrase)}(?![\w'])", folded) is not None
 
 
 def concepts_in(text: str) -> dict[str, float]:
     """How strongly ``text`` evokes each concept (hits; the question concept counts 1 for a
-    question). Only concepts with hits appear."""
+    question). Only concepts with hits appear. The dict is the caller's own."""
+    return dict(_concepts_in(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _concepts_in(text: str) -> tuple[tuple[str, float], ...]:
+    """:func:`concepts_in`, remembered: a leader's model rates one message for each addressed
+    companion (30 companions asked it 30 times: ~20 ms of a 2-core machine's CPU a turn), and
+    the phrasing asks it again of the same words. Bounded, and immutable (callers edit copies)."""
     folded = text.casefold().replace("’", "'")
     own = [stem(w) for w in words(folded)]
     found: dict[str, float] = {}
@@ -469,7 +483,7 @@ def concepts_in(text: str) -> dict[str, float]:
         found["history"] = found.get("history", 0.0) + 1.0  # a date: a factual claim
     if is_question(text):
         found["question"] = 1.0
-    return found
+    return tuple(found.items())
 
 
 FEELINGS: Final = (
@@ -529,7 +543,8 @@ def things_in(concept: str, texts: Iterable[str]) -> list[str]:
     out: list[str] = []
     for text in texts:
         folded = text.casefold()
-        found = [(m.start(), p) for p in known.phrases for m in re.finditer(rf"\b{re.escape(p)}\b", folded)]
+        phrases = [p for p in known.phrases if p in folded]  # most are absent: no pattern built
+        found = [(m.start(), p) for p in phrases for m in re.finditer(rf"\b{re.escape(p)}\b", folded)]
         for match in _WORD.finditer(folded):
             if stem(match.group()) in known.words and not any(
                 start <= match.start() < start + len(p) for start, p in found
