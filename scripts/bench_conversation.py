@@ -17,7 +17,11 @@ one warm-up round, then ``--rounds`` measured ones. Printed per size and layout:
   per reply;
 - RSS per companion (/proc/PID/status VmRSS; in one process: the process's RSS / N);
 - connections per node (the ``stats`` event SIGUSR1 makes ``companion run`` log), and the churn
-  the nodes logged: connections lost, companions that left, takeovers, payloads dropped by reason.
+  the nodes logged: connections lost, companions that left, takeovers, payloads dropped by reason;
+- where a turn's time went (:data:`STAGES`): publish -> the leader has the message -> its states
+  array published -> the chosen speaker has it -> its reply published -> the client has the reply,
+  p50/p90 over every measured turn, from the nodes' own log stamps (needs ``--log-level INFO``,
+  the default).
 
 Beside each, measured in the same run: a bare py-libp2p gossipsub network of the same size and
 layout (bench_support.bare_*: the project's gossipsub parameters, nothing else), whose nodes do
@@ -52,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -449,6 +454,9 @@ class Client:
         self.ids = list(ids)
         self.companions = companions
         self.arrivals: dict[str, float] = {}
+        self.wall: dict[str, float] = {}
+        """Wall-clock time of each arrival (and of each message sent): the nodes' log stamps
+        are wall-clock, and :func:`turn_stages` lines them up with these."""
         self.replies: defaultdict[str, list[str]] = defaultdict(list)
         self.reply_to: dict[str, str] = {}
         self.transcript = Transcript()
@@ -515,6 +523,7 @@ class Client:
                 if not isinstance(payload, Message) or payload.params.id in self.arrivals:
                     continue
                 self.arrivals[payload.params.id] = now
+                self.wall[payload.params.id] = time.time()
                 parent = turn_info(payload).in_reply_to
                 if parent is not None:
                     self.replies[parent].append(payload.params.from_)
@@ -574,6 +583,7 @@ class Client:
         message = Message.create(USER, self.ids, text, metadata)
         data = encode(message)
         self.arrivals[message.params.id] = trio.current_time()  # signing counts as the network's
+        self.wall[message.params.id] = time.time()
         await self.pubsub.publish(MESSAGES, data)
         return message.params.id
 
@@ -816,7 +826,10 @@ async def run_phases(
         notes.append("not every node's subscription reached the client within 30 s")
     await trio.sleep(2.0)  # two heartbeats: the client joins the meshes
 
-    await talk(net, client, ids, kind, options, result)
+    measured_from = await talk(net, client, ids, kind, options, result)
+    if kind == "companion":
+        result["stages_ms"] = turn_stages([c.stderr_path for c in net.children], client, measured_from)
+        notes.append(describe_stages(result["stages_ms"]))
     await trio.sleep(options.settle)
     pids = net.pids()
     idle_from = net.event_counts() if kind == "companion" else Counter()
@@ -896,9 +909,10 @@ async def run_phases(
 
 async def talk(
     net: Network, client: Client, ids: list[str], kind: str, options: Options, result: dict[str, Any]
-) -> None:
+) -> float:
     """One warm-up round, then ``options.rounds`` measured ones; ``result`` is brought up to date
-    after every round, so a case stopped by its deadline still reports the rounds it had."""
+    after every round, so a case stopped by its deadline still reports the rounds it had. Returns
+    the wall-clock time the measured rounds began."""
     size = len(ids)
     first: list[float] = []
     chain: list[float] = []
@@ -906,6 +920,7 @@ async def talk(
     user_ids: list[str] = []
     cpu_before = network_cpu(net.pids())
     talk_started = trio.current_time()
+    measured_from = time.time()
 
     def tally() -> None:
         talked = trio.current_time() - talk_started
@@ -933,6 +948,7 @@ async def talk(
         if round_no == 1:
             cpu_before = network_cpu(net.pids())
             talk_started = trio.current_time()
+            measured_from = time.time()
         mid = await client.say(text, metadata)
         if round_no > 0:
             user_ids.append(mid)
@@ -953,6 +969,82 @@ async def talk(
             else:
                 unanswered += 1
             tally()
+    return measured_from
+
+
+STAGES: Final = ("to_leader", "leader", "to_speaker", "speaker", "to_client")
+"""A turn's path, each stage timed from the nodes' own log stamps (wall clock, 1 ms): the
+message's publish -> the leader's ``inbound`` of it; -> the leader's ``states_published``; -> the
+chosen speaker's ``speaker_chosen`` (the array reached it); -> its ``replied`` (model calls, tools,
+the store's commit); -> the reply's arrival at the client. A message is published at the client's
+send or at its speaker's ``replied``."""
+
+
+def turn_stages(logs: Sequence[Path], client: Client, since: float) -> dict[str, list[float]]:
+    """Where each measured turn's time went: :data:`STAGES`, in ms, one value per message the
+    client saw sent or answered since ``since`` (every turn of the conversation, not only the
+    client's messages). Reads every node's JSON log; a turn missing an event is skipped."""
+    heard: dict[tuple[str, str], float] = {}  # (node, message id) -> its first inbound there
+    published: dict[str, tuple[str, float]] = {}  # message id -> (leader, states_published)
+    chosen: dict[tuple[str, str], float] = {}  # (node, message id) -> its speaker_chosen naming itself
+    replied: dict[str, tuple[str, str, float]] = {}  # message id -> (reply id, speaker, replied)
+    for path in logs:
+        with open(path, "rb") as f:
+            for raw in f:
+                if b'"event"' not in raw:
+                    continue
+                try:
+                    e = json.loads(raw)
+                except ValueError:
+                    continue
+                kind, ts = e.get("event"), e.get("ts")
+                if not isinstance(ts, float | int):
+                    continue
+                mid = e.get("message_id")
+                if kind == "inbound" and e.get("topic") == "messages":
+                    heard.setdefault((str(e.get("node")), str(e.get("id"))), float(ts))
+                elif kind == "states_published" and mid:
+                    published.setdefault(mid, (str(e.get("companion")), float(ts)))
+                elif kind == "speaker_chosen" and mid and e.get("speaker") == e.get("companion"):
+                    chosen.setdefault((str(e.get("companion")), mid), float(ts))
+                elif kind == "replied" and mid:
+                    replied.setdefault(mid, (str(e.get("reply_id")), str(e.get("companion")), float(ts)))
+    sent_at = {reply: at for reply, _, at in replied.values()}
+    out: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    for mid, wall in client.wall.items():
+        start = sent_at.get(mid, wall)
+        if wall < since or mid not in published or mid not in replied:
+            continue
+        leader, states_at = published[mid]
+        reply, speaker, replied_at = replied[mid]
+        got, spoke_at, arrived = heard.get((leader, mid)), chosen.get((speaker, mid)), client.wall.get(reply)
+        if got is None or spoke_at is None or arrived is None:
+            continue
+        steps = (
+            got - start,
+            states_at - got,
+            spoke_at - states_at,
+            replied_at - spoke_at,
+            arrived - replied_at,
+        )
+        for stage, seconds in zip(STAGES, steps, strict=True):
+            out[stage].append(round(seconds * 1000, 1))
+    return out
+
+
+def describe_stages(stages: dict[str, list[float]]) -> str:
+    count = len(stages[STAGES[0]])
+    if not count:
+        return "where a turn's time went: no turn had every event logged (--log-level INFO?)"
+    names = {
+        "to_leader": "publish -> leader",
+        "leader": "leader -> states published",
+        "to_speaker": "states -> speaker",
+        "speaker": "speaker -> reply published",
+        "to_client": "reply -> client",
+    }
+    parts = [f"{names[k]} {percentile(v, 0.5):.0f}/{percentile(v, 0.9):.0f}" for k, v in stages.items()]
+    return f"where a turn's time went (ms p50/p90 of {count} turns, node log stamps): " + ", ".join(parts)
 
 
 def chain_root(client: Client, message: Any) -> str | None:
