@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from pathlib import Path
@@ -300,3 +301,39 @@ async def test_a_peer_that_never_answers_a_trim_notice_is_closed_after_the_last_
         trimming = await _trim_all(trimmer, mute, never, deadline=60)
         assert len(opened) == topology.NOTICE_ATTEMPTS
         assert trimming.trims_put_off == topology.NOTICE_ATTEMPTS - 1 and trimming.trimmed == 1
+
+
+async def test_closing_a_peer_that_dials_again_meanwhile_leaves_no_connection_unlisted() -> None:
+    """py-libp2p's ``Swarm.close_peer`` closes the connections it has when called (~0.2 s each),
+    then drops the peer from its table: one the peer opened meanwhile (a keeper redialling a lost
+    link at once) stayed open but unlisted, never trimmed nor reported closed, while the peer
+    held it as live (a test's leader hung up and its peer saw no disconnect in 15 s). Here the
+    peer redials whenever it has no connection, and the closer closes it three times over (with
+    py-libp2p's ``close_peer`` the dialler ended up holding a connection the closer did not list,
+    on the first round)."""
+    async with raw_peer() as closer, raw_peer() as dialler:
+        gone, back = ID.from_base58(dialler.peer_id), ID.from_base58(closer.peer_id)
+        network = closer.host.get_network()
+
+        async def redial() -> None:
+            while True:
+                if not dialler.host.get_network().connections.get(back):
+                    with contextlib.suppress(Exception):  # the closer is closing: dial again
+                        await dialler.connect(closer.addr)
+                await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(redial)
+            for _ in range(3):
+                with trio.move_on_after(3):  # the dialler redials within milliseconds of a close
+                    while not network.connections.get(gone):
+                        await trio.sleep(0.01)
+                if not network.connections.get(gone):
+                    break  # the dialler holds a connection the closer does not list: see below
+                with trio.fail_after(5):  # a peer that redials at once may outlast its rounds
+                    await topology.close_peer(network, gone)
+            nursery.cancel_scope.cancel()
+        await trio.sleep(0.5)  # the last closes reach the dialler
+        held = len(dialler.host.get_network().connections.get(back, ()))
+        listed = len(network.connections.get(gone, ()))
+        assert held == listed, f"the dialler holds {held} connections, the closer lists {listed}"

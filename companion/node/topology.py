@@ -49,6 +49,7 @@ __all__ = [
     "Link",
     "Topology",
     "TrimPlan",
+    "close_peer",
     "dial_target",
     "disable_libp2p_pruner",
     "plan_trims",
@@ -88,6 +89,38 @@ def dial_target(max_connections: int) -> int:
     """How many connections a node dials itself: half its bound (rounded up), so that on average
     as many peers dial it and most nodes stay within the bound without trimming."""
     return max(1, math.ceil(max_connections / 2))
+
+
+CLOSE_ROUNDS: Final = 8
+"""Rounds :func:`close_peer` goes through before it gives up on a peer that keeps dialling."""
+
+
+async def close_peer(network: Any, peer: ID) -> bool:
+    """Close every connection to ``peer``, those it opens while they close included; ``True`` if
+    none is left.
+
+    py-libp2p 0.8.1's ``Swarm.close_peer`` (and ``BasicHost.disconnect``) closes the connections
+    it has when called, ~0.2 s each, then drops the peer's entry from its table: a connection the
+    peer opened meanwhile (a neighbour's keeper redials a lost link at once) stayed open but
+    unlisted, so it was never trimmed, never reported closed, and the peer held it as live for
+    good. Here each connection is closed by itself (it leaves the table as it closes, and its
+    close is reported), and the table is read again until it holds none (at most
+    :data:`CLOSE_ROUNDS` rounds)."""
+    for _ in range(CLOSE_ROUNDS):
+        connections = list(network.connections.get(peer, ()))
+        if not connections:
+            return True
+        async with trio.open_nursery() as nursery:
+            for conn in connections:
+                nursery.start_soon(_close_quietly, conn)
+    return not network.connections.get(peer)
+
+
+async def _close_quietly(conn: Any) -> None:
+    try:
+        await conn.close()
+    except Exception as exc:  # the connection is going away anyway
+        log_event(logger, "connection_close_failed", logging.DEBUG, error=repr(exc)[:200])
 
 
 def disable_libp2p_pruner(host: Any) -> None:
@@ -320,7 +353,7 @@ class Topology:
         self.trimmed += 1
         try:
             with trio.move_on_after(RING_DIAL_TIMEOUT):
-                await network.close_peer(peer)
+                await close_peer(network, peer)
         except Exception as exc:
             error = repr(exc)[:200]
             log_event(logger, "trim_failed", logging.WARNING, node=self.name, peer=name, error=error)

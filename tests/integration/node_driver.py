@@ -23,6 +23,7 @@ import trio
 from companion.log import configure_logging
 from companion.membership import MembershipEvent
 from companion.node import CompanionNode, NodeConfig
+from companion.node.topology import close_peer
 from companion.protocol import Metadata
 from companion.transport import Inbound
 
@@ -55,11 +56,13 @@ async def main(metadata: Metadata, peers: list[str], overrides: dict[str, Any]) 
 
 
 async def disconnect(node: CompanionNode, peer: str) -> None:
-    """Close every connection to ``peer`` (a test reaching past the node's public surface)."""
+    """Close every connection to ``peer`` (a test reaching past the node's public surface), as the
+    node's own trims do (py-libp2p's ``host.disconnect`` leaves a connection the peer opens
+    meanwhile open but unlisted: the peer then never sees the hang-up)."""
     from libp2p.peer.id import ID
 
     with trio.fail_after(10):
-        await node._host.disconnect(ID.from_base58(peer))
+        await close_peer(node._host.get_network(), ID.from_base58(peer))
 
 
 async def keep_out(node: CompanionNode, banned: set[str]) -> None:
@@ -73,7 +76,7 @@ async def keep_out(node: CompanionNode, banned: set[str]) -> None:
             continue
         for peer in [p for p in network.connections if p.to_base58() in banned]:
             with trio.move_on_after(5):
-                await node._host.disconnect(peer)
+                await close_peer(network, peer)
 
 
 async def commands(node: CompanionNode, banned: set[str]) -> None:
