@@ -972,12 +972,18 @@ async def talk(
     return measured_from
 
 
-STAGES: Final = ("to_leader", "leader", "to_speaker", "speaker", "to_client")
-"""A turn's path, each stage timed from the nodes' own log stamps (wall clock, 1 ms): the
-message's publish -> the leader's ``inbound`` of it; -> the leader's ``states_published``; -> the
-chosen speaker's ``speaker_chosen`` (the array reached it); -> its ``replied`` (model calls, tools,
-the store's commit); -> the reply's arrival at the client. A message is published at the client's
-send or at its speaker's ``replied``."""
+STAGES: Final = {
+    "to_leader": "publish -> leader",
+    "leader": "leader -> states published",
+    "to_speaker": "states -> speaker",
+    "speaker": "speaker -> reply published",
+    "to_client": "reply -> client",
+}
+"""A turn's path (each stage by key, as printed), timed from the nodes' own log stamps (wall
+clock, 1 ms): the message's publish -> the leader's ``inbound`` of it; -> the leader's
+``states_published``; -> the chosen speaker's ``speaker_chosen`` (the array reached it); -> its
+``replied`` (model calls, tools, the store's commit); -> the reply's arrival at the client. A
+message is published at the client's send or at its speaker's ``replied``."""
 
 
 def turn_stages(logs: Sequence[Path], client: Client, since: float) -> dict[str, list[float]]:
@@ -1033,17 +1039,10 @@ def turn_stages(logs: Sequence[Path], client: Client, since: float) -> dict[str,
 
 
 def describe_stages(stages: dict[str, list[float]]) -> str:
-    count = len(stages[STAGES[0]])
+    count = len(stages["to_leader"])
     if not count:
         return "where a turn's time went: no turn had every event logged (--log-level INFO?)"
-    names = {
-        "to_leader": "publish -> leader",
-        "leader": "leader -> states published",
-        "to_speaker": "states -> speaker",
-        "speaker": "speaker -> reply published",
-        "to_client": "reply -> client",
-    }
-    parts = [f"{names[k]} {percentile(v, 0.5):.0f}/{percentile(v, 0.9):.0f}" for k, v in stages.items()]
+    parts = [f"{STAGES[k]} {percentile(v, 0.5):.0f}/{percentile(v, 0.9):.0f}" for k, v in stages.items()]
     return f"where a turn's time went (ms p50/p90 of {count} turns, node log stamps): " + ", ".join(parts)
 
 
