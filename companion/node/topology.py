@@ -95,9 +95,8 @@ CLOSE_ROUNDS: Final = 8
 """Rounds :func:`close_peer` goes through before it gives up on a peer that keeps dialling."""
 
 
-async def close_peer(network: Any, peer: ID) -> bool:
-    """Close every connection to ``peer``, those it opens while they close included; ``True`` if
-    none is left.
+async def close_peer(network: Any, peer: ID) -> None:
+    """Close every connection to ``peer``, those it opens while they close included.
 
     py-libp2p 0.8.1's ``Swarm.close_peer`` (and ``BasicHost.disconnect``) closes the connections
     it has when called, ~0.2 s each, then drops the peer's entry from its table: a connection the
@@ -109,11 +108,10 @@ async def close_peer(network: Any, peer: ID) -> bool:
     for _ in range(CLOSE_ROUNDS):
         connections = list(network.connections.get(peer, ()))
         if not connections:
-            return True
+            return
         async with trio.open_nursery() as nursery:
             for conn in connections:
                 nursery.start_soon(_close_quietly, conn)
-    return not network.connections.get(peer)
 
 
 async def _close_quietly(conn: Any) -> None:
