@@ -25,6 +25,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 
 from ..presence import DEFAULT_INTERVAL, DEFAULT_TTL
 from ..protocol import MAX_PAYLOAD_BYTES, PRESENCE_MAX_TTL
+from .frames import WholeFrames
 from .pubsub import CountingGossipSub
 from .topology import dial_target
 
@@ -174,11 +175,14 @@ def make_host(config: NodeConfig, key_pair: KeyPair) -> Any:
     off). py-libp2p's own switch ``PY_YAMUX_RELEASE_ON_READ=0`` is set too (unless the
     environment sets it), for when the batching is off: it halves py-libp2p's updates (measured
     ~10 % less CPU and ~20 % lower p99 than ``1``).
+
+    Every connection writes its frames whole (:mod:`.frames`): a writer whose deadline passes
+    mid-write no longer spends a Noise nonce without sending, which broke the connection.
     """
     _swarm._HAPPY_EYEBALLS_DELAY = 0  # py-libp2p waits 250 ms before every dial otherwise
     os.environ.setdefault(YAMUX_RELEASE_ON_READ, "0")
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
-    return new_host(
+    host = new_host(
         key_pair=key_pair,
         sec_opt={NOISE_PROTOCOL_ID: noise},
         muxer_preference="YAMUX",
@@ -187,6 +191,8 @@ def make_host(config: NodeConfig, key_pair: KeyPair) -> Any:
         connection_config=connection_config(config),
         **config.extra_host_options,
     )
+    host.get_network().register_notifee(WholeFrames())  # first: before any other notifee writes
+    return host
 
 
 def make_gossipsub(config: NodeConfig) -> CountingGossipSub:
