@@ -167,34 +167,22 @@ def bare_worker(names: Sequence[str], peers: Sequence[str]) -> None:
 
 
 async def bare_node(name: str, peers: Sequence[str], stop: trio.Event, task_status: Any) -> None:
-    from libp2p.abc import INotifee
     from multiaddr import Multiaddr
 
     from companion.node.discovery import parse_peer_addr
+    from companion.node.notifee import ConnectionNotifee
     from companion.protocol import MESSAGES, STATES
 
     host = bare_host()
     pubsub, router = bare_pubsub(host, node_config())
     me = host.get_id()
 
-    class Count(INotifee):
+    class Count(ConnectionNotifee):
         async def connected(self, network: Any, conn: Any) -> None:
             print(f"{name} connected {len(network.connections)}", flush=True)
 
         async def disconnected(self, network: Any, conn: Any) -> None:
             print(f"{name} connected {len(network.connections)}", flush=True)
-
-        async def opened_stream(self, network: Any, stream: Any) -> None:
-            return None
-
-        async def closed_stream(self, network: Any, stream: Any) -> None:
-            return None
-
-        async def listen(self, network: Any, multiaddr: Any) -> None:
-            return None
-
-        async def listen_close(self, network: Any, multiaddr: Any) -> None:
-            return None
 
     host.get_network().register_notifee(Count())
 

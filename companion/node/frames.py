@@ -27,11 +27,11 @@ import logging
 from typing import Any, Final
 
 import trio
-from libp2p.abc import INetConn, INetStream, INotifee
+from libp2p.abc import INetConn
 from libp2p.network.connection.exceptions import RawConnError
-from multiaddr import Multiaddr
 
 from ..log import log_event
+from .notifee import ConnectionNotifee
 
 __all__ = ["FRAME_WRITE_DEADLINE", "WholeFrames", "write_whole_frames"]
 
@@ -77,23 +77,8 @@ def write_whole_frames(muxed_conn: Any, deadline: float = FRAME_WRITE_DEADLINE) 
     setattr(secured, _GUARDED, True)
 
 
-class WholeFrames(INotifee):
+class WholeFrames(ConnectionNotifee):
     """Applies :func:`write_whole_frames` to each connection as the swarm reports it open."""
 
     async def connected(self, network: Any, conn: INetConn) -> None:
         write_whole_frames(conn.muxed_conn)
-
-    async def disconnected(self, network: Any, conn: INetConn) -> None:
-        return None
-
-    async def opened_stream(self, network: Any, stream: INetStream) -> None:
-        return None
-
-    async def closed_stream(self, network: Any, stream: INetStream) -> None:
-        return None
-
-    async def listen(self, network: Any, multiaddr: Multiaddr) -> None:
-        return None
-
-    async def listen_close(self, network: Any, multiaddr: Multiaddr) -> None:
-        return None

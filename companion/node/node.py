@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 import trio
-from libp2p.abc import INetConn, INetStream, INotifee
+from libp2p.abc import INetConn, INetStream
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.discovery.events.peerDiscovery import peerDiscovery
@@ -43,6 +43,7 @@ from .identity import load_or_create_key_pair
 from .listening import require_listening
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
+from .notifee import ConnectionNotifee
 from .presence import LEAVE_PROTOCOL, PresenceService, PresenceSettings
 from .pubsub import CountingGossipSub, GuardedPubsub
 from .relay import NatTraversal
@@ -76,7 +77,7 @@ class NodeNotRunning(RuntimeError):
     """``publish`` was called before ``run`` started the node or after it stopped."""
 
 
-class _ConnectionEvents(INotifee):
+class _ConnectionEvents(ConnectionNotifee):
     """py-libp2p awaits notifees inline while connecting: only hand the event over."""
 
     def __init__(self, send: trio.MemorySendChannel[tuple[str, INetConn]], *, batch_yamux: bool) -> None:
@@ -96,18 +97,6 @@ class _ConnectionEvents(INotifee):
 
     async def disconnected(self, network: Any, conn: INetConn) -> None:
         self._offer("disconnected", conn)
-
-    async def opened_stream(self, network: Any, stream: INetStream) -> None:
-        return None
-
-    async def closed_stream(self, network: Any, stream: INetStream) -> None:
-        return None
-
-    async def listen(self, network: Any, multiaddr: Multiaddr) -> None:
-        return None
-
-    async def listen_close(self, network: Any, multiaddr: Multiaddr) -> None:
-        return None
 
 
 def _known_addrs(host: Any, peer: ID) -> list[Multiaddr]:
