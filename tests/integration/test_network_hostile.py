@@ -335,6 +335,44 @@ def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path)
         assert driver_stats(a)["disconnects"] == {"unresponsive": 1}
 
 
+def _carries(sender: Proc, receiver: Proc, origin: str, tag: str, timeout: float) -> None:
+    """Actions from ``sender`` (as ``origin``) reach ``receiver`` within ``timeout`` (published
+    again every half second: the mesh may still be forming)."""
+    deadline = time.monotonic() + timeout
+    for attempt in range(int(timeout / 0.5) + 1):
+        text = encode(Action.create(origin, "ping", {"tag": tag, "n": attempt})).decode()
+        sender.send({"op": "publish", "topic": ACTIONS, "text": text})
+        if happens(receiver, lambda e, text=text: e.get("event") == "inbound" and e.get("text") == text, 0.5):
+            return
+        assert time.monotonic() < deadline, f"no action from {origin} reached its peer within {timeout} s"
+    raise AssertionError(f"no action from {origin} reached its peer within {timeout} s")
+
+
+@pytest.mark.solo
+def test_a_peer_that_wakes_after_being_dropped_joins_again(tmp_path: Path) -> None:
+    """A laptop that slept past the health checks: its peer dropped it and its companion left
+    the directory. Once it runs again (every deadline of its own passed at once) it notices the
+    closed connection, dials its bootstrap peer again and is present on both sides, and
+    messages flow both ways."""
+    health = {"health_check_interval": 1, "health_timeout": 2, "health_failures_allowed": 1}
+    with network(tmp_path) as net:
+        a, a_started = net.driver("a", config=health)
+        b, _ = net.driver("b", a_started["addrs"][0], config=health)
+        a.event("joined", 20, companion_id="companion_b")
+        b.event("joined", 20, companion_id="companion_a")
+
+        b.signal(signal.SIGSTOP)
+        a.event("left", 1 + 2 * 2 + DISCONNECT_GRACE + 5, companion_id="companion_b")
+        time.sleep(2)  # asleep a while longer than it takes to be dropped
+        b.signal(signal.SIGCONT)
+
+        a.after("joined", 1, 30, companion_id="companion_b")
+        _carries(b, a, "companion_b", "awake", 20)
+        _carries(a, b, "companion_a", "welcome back", 20)
+        assert driver_stats(a)["connected_peers"] == 1
+        assert driver_stats(b)["connected_peers"] == 1
+
+
 def test_a_burst_of_actions_arrives_whole(tmp_path: Path) -> None:
     """200 actions published back to back (a tool reporting progress): py-libp2p's 32-slot send
     queue kept 32 and dropped the rest without a trace; the node now waits for room."""
@@ -346,10 +384,7 @@ def test_a_burst_of_actions_arrives_whole(tmp_path: Path) -> None:
         def action(n: int) -> str:
             return encode(Action.create("companion_a", "progress", {"n": n})).decode()
 
-        for n in range(30):  # until the mesh carries actions
-            a.send({"op": "publish", "topic": ACTIONS, "text": action(-1 - n)})
-            if happens(b, lambda e: e.get("event") == "inbound" and e.get("topic") == ACTIONS, 0.5):
-                break
+        _carries(a, b, "companion_a", "mesh", 15)  # the mesh carries actions
         burst = {action(n) for n in range(200)}
         for text in burst:
             a.send({"op": "publish", "topic": ACTIONS, "text": text})
