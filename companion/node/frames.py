@@ -15,8 +15,9 @@ before the frame is encrypted is raised as before (nothing was spent); once encr
 begun the write runs shielded to its end, within :data:`FRAME_WRITE_DEADLINE`. A frame that
 still has not left by then may be partly on the wire, so the connection is closed and the
 write fails as a closed connection does (``RawConnError``); the caller's own cancellation is
-delivered at its next checkpoint, after the frame. Closing the connection wakes a write waiting
-on a full socket at once, so a node's stop is not held up by it. :class:`WholeFrames` applies it
+delivered at its next checkpoint, after the frame. A frame waits only when the peer stopped
+reading and the socket's buffer is full: closing the connection wakes it at once, and at worst
+(the close itself waiting for the write lock) a node's stop takes up to the deadline longer. :class:`WholeFrames` applies it
 to every connection of a host as it opens (``config.make_host`` registers it first, so it runs
 before any other notifee can write).
 """
