@@ -17,9 +17,10 @@ still has not left by then may be partly on the wire, so the connection is close
 write fails as a closed connection does (``RawConnError``); the caller's own cancellation is
 delivered at its next checkpoint, after the frame. A frame waits only when the peer stopped
 reading and the socket's buffer is full: closing the connection wakes it at once, and at worst
-(the close itself waiting for the write lock) a node's stop takes up to the deadline longer. :class:`WholeFrames` applies it
-to every connection of a host as it opens (``config.make_host`` registers it first, so it runs
-before any other notifee can write).
+(the close itself waiting for the write lock) a node's stop takes up to the deadline longer.
+
+:class:`WholeFrames` applies it to every connection of a host as it opens (``config.make_host``
+registers it first, so it runs before any other notifee can write).
 """
 
 from __future__ import annotations
