@@ -11,7 +11,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.peer.id import ID
 from libp2p.stream_muxer.yamux.yamux import FLAG_SYN, TYPE_PING, YAMUX_HEADER_FORMAT
-from node_support import raw_peer
+from node_support import raw_peer, until
 
 from companion.node.frames import write_whole_frames
 
@@ -34,10 +34,9 @@ async def test_a_writer_cancelled_as_it_is_handed_the_write_lock_leaves_the_conn
         b.host.set_stream_handler(ECHO, _echo)
         await a.connect(b.addr)
         to_b, to_a = ID.from_base58(b.peer_id), ID.from_base58(a.peer_id)
-        with trio.fail_after(5):  # the connection's opening chatter is over (identify, subscriptions)
-            while to_b not in a.pubsub.peers or to_a not in b.pubsub.peers:
-                await trio.sleep(0.05)
-            await trio.sleep(0.2)
+        # the connection's opening chatter (identify, subscriptions) is over
+        await until(lambda: to_b in a.pubsub.peers and to_a in b.pubsub.peers, 5)
+        await trio.sleep(0.2)
         muxed = a.host.get_network().connections[to_b][0].muxed_conn
         scope = trio.CancelScope()
         outcome: list[str] = []
