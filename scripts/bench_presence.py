@@ -4,8 +4,9 @@ For each size (10 and 30 node processes by default) it starts one companion node
 each given only the first node's address (``--peer HUB``), waits until every directory holds
 every companion, lets the connection bound settle, and then measures an idle spell: CPU per
 node (% of one core), presence traffic per node (announcement bytes published, and received by
-its validator: each message once, so copies from several mesh peers are not counted), and
-connections per node. The same network with presence off (``NodeConfig(presence=False)``) is
+its validator: each message once, so copies from several mesh peers are not counted),
+connections per node, and what each node's pubsub sent per second (writes, announcements
+forwarded, gossipsub control). The same network with presence off (``NodeConfig(presence=False)``) is
 the reference, measured in the same run: its directories are not full (that is the point),
 but its idle cost is what the rest of the node costs.
 
@@ -33,6 +34,10 @@ WORKER_LIFETIME = 900.0
 """A worker never outlives a forgotten benchmark."""
 START_TIMEOUT = 120.0
 FULL_TIMEOUT = 60.0
+SENT_KINDS = ("writes", "rpcs", "publish:companion-presence/1", "ihave", "iwant", "graft", "prune")
+"""What the node's pubsub wrote (``stats()["sent"]``): socket writes, RPCs, announcements
+forwarded or published, and gossipsub's control entries (an idle node's CPU goes mostly to
+its writes)."""
 SETTLE = 15.0
 """Seconds after every directory is full before measuring: the trim grace (10 s) and a margin."""
 
@@ -188,8 +193,11 @@ def run_case(size: int, presence: bool, idle: float) -> dict[str, Any]:
         for w in workers:
             w.stop()
     cpu, pres_in, pres_out, conns, seen, trims = [], [], [], [], [], []
+    sent: dict[str, list[float]] = {kind: [] for kind in SENT_KINDS}
     for a, b in zip(first, second, strict=True):
         span = b["wall"] - a["wall"]
+        for kind, rates in sent.items():
+            rates.append((b["stats"]["sent"].get(kind, 0) - a["stats"]["sent"].get(kind, 0)) / span)
         cpu.append((b["cpu"] - a["cpu"]) / span * 100)
         pres_in.append((b["stats"]["presence_bytes_in"] - a["stats"]["presence_bytes_in"]) / span)
         pres_out.append((b["stats"]["presence_bytes_out"] - a["stats"]["presence_bytes_out"]) / span)
@@ -208,6 +216,7 @@ def run_case(size: int, presence: bool, idle: float) -> dict[str, Any]:
         "connections_mean": statistics.mean(conns),
         "connections_max": max(conns),
         "directory_min": min(seen),
+        "sent_per_s": {kind: statistics.mean(rates) for kind, rates in sent.items()},
     }
 
 
@@ -218,7 +227,9 @@ def describe(r: dict[str, Any]) -> str:
         f"smallest {r['directory_min']}; idle CPU per node {r['cpu_pct_mean']:.2f} % of a core "
         f"(max {r['cpu_pct_max']:.2f}); presence in {r['presence_in_bps']:.0f} B/s, out "
         f"{r['presence_out_bps']:.0f} B/s per node; connections {r['connections_mean']:.1f} "
-        f"(max {r['connections_max']}), {r['trims_during']} trimmed while measuring"
+        f"(max {r['connections_max']}), {r['trims_during']} trimmed while measuring\n"
+        "      pubsub sent per node per second: "
+        + ", ".join(f"{kind} {rate:.2f}" for kind, rate in r["sent_per_s"].items())
     )
 
 
