@@ -61,12 +61,15 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_support import bare_host, bare_pubsub, cpu_seconds, percentile, rss_bytes
+
+if TYPE_CHECKING:
+    from companion.protocol import Message  # for annotations only: this script imports companion lazily
 
 USER: Final = "user_bench"
 NODE_CONFIG_ENV: Final = "BENCH_NODE_CONFIG"
@@ -940,12 +943,9 @@ async def talk(
         mid = await client.say(text, metadata)
         if round_no > 0:
             user_ids.append(mid)
-        answered = await client.wait_until(lambda m=mid: bool(client.replies.get(m)), options.reply_timeout)
+        answered = await client.wait_until(replied(client, mid), options.reply_timeout)
         if answered and kind == "companion":
-            over = await client.wait_until(
-                lambda m=mid: client.transcript.over and chain_root(client, client.transcript.current) == m,
-                options.round_timeout,
-            )
+            over = await client.wait_until(ended_at(client, mid), options.round_timeout)
             stalled += (not over) and round_no > 0
         if answered:
             await trio.sleep(0.5)  # a second (double) reply would arrive within this
@@ -1034,7 +1034,17 @@ def describe_stages(stages: dict[str, list[float]]) -> str:
     return f"where a turn's time went (ms p50/p90 of {count} turns, node log stamps): " + ", ".join(parts)
 
 
-def chain_root(client: Client, message: Any) -> str | None:
+def replied(client: Client, mid: str) -> Callable[[], bool]:
+    """For ``Client.wait_until``: whether message ``mid`` has a reply."""
+    return lambda: bool(client.replies.get(mid))
+
+
+def ended_at(client: Client, mid: str) -> Callable[[], bool]:
+    """For ``Client.wait_until``: whether the conversation is over, at a message descending from ``mid``."""
+    return lambda: client.transcript.over and chain_root(client, client.transcript.current) == mid
+
+
+def chain_root(client: Client, message: Message | None) -> str | None:
     """The user message a conversation's current message descends from."""
     if message is None:
         return None

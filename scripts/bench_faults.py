@@ -56,7 +56,7 @@ async def run(seeds: range) -> tuple[list[dict[str, Any]], list[Outcome]]:
     for seed in seeds:
         outcome = await converse(seed)
         gaps = outcome.failover_gaps()
-        row = {
+        row: dict[str, Any] = {
             "seed": seed,
             "scenario": outcome.scenario,
             "double_speech": len(outcome.double_speech),

@@ -304,7 +304,7 @@ class BareNodeUnderTest:
                         continue
                     self.recorder.received(text)
             finally:
-                with trio.move_on_after(5, shield=True):
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
                     await self.host.close()
 
     async def dial(self, addr: str) -> None:
@@ -381,7 +381,8 @@ class Worker:
                     raise TimeoutError(f"{self.impl} node {self.index}: {state}")
                 self.cond.wait(min(left, 1.0))
 
-    def warm_seqs(self) -> set[int]:
+    def warm_seqs(self) -> set[int | None]:
+        """The ``seq`` of each warm-up message received (``None``: a report without one)."""
         with self.cond:
             return {e.get("seq") for e in self.events if e.get("event") == "bench_warm"}
 

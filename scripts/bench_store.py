@@ -27,6 +27,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,10 +42,11 @@ from companion.store import _SCHEMA, DB_FILENAME, MemoryStore, Store
 
 
 class _Recorder(Protocol):
+    """What ``deliver`` calls on a store (all three ways have it; ``MemoryStore`` has no ``close``)."""
+
     def record(self, message: Message) -> bool: ...
     def mark_replied(self, message_id: str) -> bool: ...
     def remember(self, key: str, value: Any) -> None: ...
-    def close(self) -> None: ...
 
 
 class FullOnLoop:
@@ -99,7 +101,7 @@ class StepTimer(trio.abc.Instrument):
         self._start = 0.0
 
 
-async def deliver(stores: list[_Recorder], messages: int, rate: float, timer: StepTimer) -> list[float]:
+async def deliver(stores: Sequence[_Recorder], messages: int, rate: float, timer: StepTimer) -> list[float]:
     """Each message to every store at ``rate``; the duration of each store call, per companion."""
     timer.task = trio.lowlevel.current_task()
     calls: list[float] = []
@@ -120,8 +122,12 @@ async def deliver(stores: list[_Recorder], messages: int, rate: float, timer: St
 
 def run(way: str, root: Path, companions: int, messages: int, rate: float) -> tuple[list[float], list[float]]:
     paths = [root / way / f"companion_{i}" / DB_FILENAME for i in range(companions)]
-    makers = {"old": FullOnLoop, "new": Store, "memory": lambda _: MemoryStore()}
-    stores: list[_Recorder] = [makers[way](p) for p in paths]
+    makers: dict[str, Callable[[Path], FullOnLoop | Store | MemoryStore]] = {
+        "old": FullOnLoop,
+        "new": Store,
+        "memory": lambda _: MemoryStore(),
+    }
+    stores = [makers[way](p) for p in paths]
     timer = StepTimer()
     calls = trio.run(deliver, stores, messages, rate, timer, instruments=[timer])
     t0 = time.perf_counter()

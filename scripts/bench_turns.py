@@ -32,7 +32,7 @@ from typing import Any
 import trio
 from bench_support import percentile
 
-from companion.app.demo import DemoOptions, _spawn, _stop_children, _wait_child, default_cards
+from companion.app.demo import DemoOptions, _Child, _spawn, _stop_children, _wait_child, default_cards
 from companion.app.group import MemoryGroup
 from companion.card import CardSettings, LoadedCard, load_card
 from companion.engine import EngineTimings
@@ -228,7 +228,7 @@ async def bench_real(nodes: int, messages: int) -> dict[str, Any]:
         lost = 0
         async with trio.open_nursery() as nursery:
             await nursery.start(timer.run, replies)
-            children = []
+            children: list[_Child] = []
             try:
                 timer_addr = f"{timer.listen_addrs[0]}/p2p/{timer.peer_id}"
                 for index, card in enumerate(cards):

@@ -162,7 +162,8 @@ def solo(
     from companion.engine import ConversationEngine, EngineTimings
 
     me = card.card.metadata.id
-    sink, events = sink or EchoSink(me), []
+    sink = sink or EchoSink(me)
+    events: list[Any] = []
     engine = ConversationEngine(
         card,
         model,

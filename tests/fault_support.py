@@ -34,6 +34,7 @@ its virtual time, and whether every conversation ended.
 
 from __future__ import annotations
 
+import importlib
 import random
 import uuid
 from collections import Counter
@@ -287,7 +288,11 @@ class Chaos:
     async def add_joiners(self, group: MemoryGroup, first: int) -> None:
         for j in range(self.joiners):
             threshold = self.rng.randint(1, 5)
-            await group.wait_until(lambda t, n=threshold: t.reply_count >= n or t.over, VIRTUAL_DEADLINE)
+
+            def reached(t: Transcript, n: int = threshold) -> bool:
+                return t.reply_count >= n or t.over
+
+            await group.wait_until(reached, VIRTUAL_DEADLINE)
             if group.transcript.over:
                 return
             index = first + j
@@ -375,7 +380,8 @@ def reproducible(seed: int) -> Iterator[None]:
     shuffles on purpose) from it too, so a failing seed fails again under a debugger."""
     ids = random.Random(f"ids-{seed}")
     saved_new_id = protocol.new_id
-    run_module: Any = trio._core._run
+    # Not ``trio._core._run``: mypy reads trio-typing's stubs (a libp2p dependency), which lack ``_core``.
+    run_module: Any = importlib.import_module("trio._core._run")
     saved_r = getattr(run_module, "_r", None)
     protocol.new_id = lambda: str(uuid.UUID(int=ids.getrandbits(128), version=4))
     if saved_r is not None:
@@ -475,10 +481,10 @@ def describe(outcome: Outcome) -> str:
     head = f"seed={outcome.seed} scenario={outcome.scenario} size={outcome.size}"
     lines = [f"{head} happened={dict(outcome.happened)}"]
     for transcript in outcome.transcripts:
-        for e in transcript.events:
+        for t in transcript.events:
             lines.append(
-                f"  {e.kind} {e.speaker} turn={e.turn} {e.closing} {e.reason} "
-                f"id={short(e.message_id)} re={short(e.in_reply_to)}"
+                f"  {t.kind} {t.speaker} turn={t.turn} {t.closing} {t.reason} "
+                f"id={short(t.message_id)} re={short(t.in_reply_to)}"
             )
     skip = {"why", "order", "floor_why", "states", "instructions", "params", "param_issues", "adjustments"}
     for at, e in outcome.events:
