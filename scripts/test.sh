@@ -50,7 +50,7 @@ show_early() {
 trap 'wait "$deps" 2>/dev/null || true; finish_early 2>/dev/null || true; show_early' EXIT
 .venv/bin/ruff check companion tests scripts
 .venv/bin/ruff format --check companion tests scripts
-.venv/bin/mypy companion scripts  # the benchmarks too, and the test helpers they import
+.venv/bin/mypy companion scripts tests  # strict for the tests and benchmarks too
 took "lint and types"
 wait "$deps" || true
 took "system packages"

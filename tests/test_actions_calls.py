@@ -247,7 +247,11 @@ async def test_a_cycle_is_refused_with_a_stable_code() -> None:
     runtime, _ = make_runtime(calling("ping", "pong"), calling("pong", "ping"), calling("self", "self"))
     assert (await runtime.call("ping", {})).ok
     refused = seen["pong"]
-    assert refused.status == "call_cycle" and refused.code == ErrorCode.CALL_CYCLE == -32006
+    assert (
+        refused.status == "call_cycle"
+        and refused.code == ErrorCode.CALL_CYCLE
+        and ErrorCode.CALL_CYCLE.value == -32006
+    )
     assert "ping -> pong -> ping" in refused.message
     assert refused.for_model()["code"] == -32006
     assert seen["ping"].ok  # pong itself finished: it got a result, not an exception
@@ -290,7 +294,11 @@ async def test_the_depth_refusal_names_the_chain() -> None:
 
     runtime, _ = make_runtime(_caller(body), upper, max_call_depth=0)
     assert (await runtime.call("caller", {})).ok
-    assert seen[0].status == "call_too_deep" and seen[0].code == ErrorCode.CALL_TOO_DEEP == -32007
+    assert (
+        seen[0].status == "call_too_deep"
+        and seen[0].code == ErrorCode.CALL_TOO_DEEP
+        and ErrorCode.CALL_TOO_DEEP.value == -32007
+    )
     assert "at most 0 deep (caller)" in seen[0].message
 
 

@@ -238,7 +238,11 @@ async def test_an_uncaught_limit_ends_the_call_with_its_code(kv_file: Path) -> N
     with KeyValueStore.open(kv_file, limits=SMALL) as kv:
         runtime, _ = make_runtime(put, kv=kv)
         result = await runtime.call("put", {"key": "k", "value": "x" * 100})
-    assert result.status == "store_limit" and result.code == ErrorCode.STORE_LIMIT == -32008
+    assert (
+        result.status == "store_limit"
+        and result.code == ErrorCode.STORE_LIMIT
+        and ErrorCode.STORE_LIMIT.value == -32008
+    )
     assert result.for_model() == {
         "status": "store_limit",
         "code": -32008,
@@ -258,7 +262,8 @@ async def test_a_caught_limit_lets_the_handler_carry_on() -> None:
 
     runtime, recorder = make_runtime(careful, kv=KeyValueStore.in_memory(limits=SMALL))
     assert (await runtime.call("careful", {})).ok
-    assert recorder.published[0][1].params.params == {"notes": "x"}
+    kept = recorder.published[0][1]
+    assert isinstance(kept, Action) and kept.params.params == {"notes": "x"}
 
 
 def test_limits_must_be_positive() -> None:

@@ -74,6 +74,6 @@ def test_registry_excludes_the_origin_and_rejects_duplicates() -> None:
 def test_parse_topics() -> None:
     assert parse_topics(None) == DEFAULT_TOPICS
     assert parse_topics("") == DEFAULT_TOPICS
-    assert parse_topics("messages, states") == {"messages", "states"}
+    assert parse_topics("messages, states") == frozenset({"messages", "states"})
     error = parse_topics("messages,gossip")
     assert isinstance(error, str) and "gossip" in error

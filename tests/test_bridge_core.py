@@ -112,7 +112,7 @@ def test_slow_client_is_reported_and_others_unaffected() -> None:
     fast, _ = core.connect()
     slow, _ = core.connect()
     message = Message.create("companion_aya", ["user_a"], "hi")
-    dropped = []
+    dropped: list[tuple[str, str]] = []
     for _ in range(10):
         fanout = core.network_payload(inbound(MESSAGES, message))
         drain(core, fast)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from support.bridges import bridge_on_hub
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection, open_websocket_url
 
@@ -127,12 +128,13 @@ async def test_unknown_topic_in_url_is_rejected(nursery: trio.Nursery) -> None:
 
 async def test_bad_frames_get_error_frames_and_the_connection_stays_open(nursery: trio.Nursery) -> None:
     async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
+        forged: dict[str, Any] = {"from": "companion_kyoko"}  # "from" is a keyword: passed as **params
         cases = [
             ("not json", "not_json"),
             (json.dumps({"body": {}}), "invalid_frame"),
             (json.dumps({"topic": "states", "body": {}}), "unknown_topic"),
             (json.dumps({"topic": "messages", "body": {"jsonrpc": "2.0"}}), "invalid_body"),
-            (message_frame(**{"from": "companion_kyoko"}), "forbidden_sender"),
+            (message_frame(**forged), "forbidden_sender"),
         ]
         for frame, code in cases:
             await ws.send_message(frame)
@@ -250,7 +252,8 @@ async def test_receive_hook_turns_custom_frames_into_payloads(nursery: trio.Nurs
             return None  # consumed: nothing to publish
         if data["say"] == "boom":
             raise RuntimeError("hook bug")
-        return json.loads(message_frame(data["say"]))
+        payload: Mapping[str, Any] = json.loads(message_frame(data["say"]))
+        return payload
 
     async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
         env.bridge.set_receive_hook(hook)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ events:
 """
 
 
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object], str]:
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any], str]:
     code = main(["action", "run", *argv])
     out, err = capsys.readouterr()
     return code, (json.loads(out) if out.strip() else {}), err
@@ -45,7 +46,7 @@ def test_the_example_runs_offline_and_prints_what_it_would_publish(
     args = [str(EXAMPLES / "greeter.yaml"), "welcome", "--dry-run", "--data-dir", str(tmp_path)]
     code, printed, _ = run(capsys, *args, "--input", '{"companion": "companion_pim"}')
     assert code == 0 and printed["status"] == "ok" and printed["dry_run"] is True
-    [sent] = printed["would_publish"]  # type: ignore[misc]
+    [sent] = printed["would_publish"]
     assert sent["topic"] == "messages"
     assert sent["envelope"]["params"]["message"] == "Welcome, companion_pim!"
     assert sent["envelope"]["params"]["from"] == "companion_wren"
@@ -62,7 +63,7 @@ def test_stored_values_are_read_and_never_written(
     for _ in range(2):
         code, printed, _ = run(capsys, str(card), "ping", "--dry-run", "--data-dir", str(tmp_path))
         assert code == 0
-        [sent] = printed["would_publish"]  # type: ignore[misc]
+        [sent] = printed["would_publish"]
         assert sent["envelope"]["params"]["params"] == {"count": 42}
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT value FROM action_store").fetchall() == [("41",)]
@@ -77,7 +78,7 @@ def test_exit_codes_say_who_must_fix_what(
     assert "available: companions, guarded, jam, ping, speak" in err
     code, printed, err = run(capsys, str(card), "speak", *common, "--input", '{"message": 5, "to": "x"}')
     assert code == 2 and printed["code"] == -32004
-    assert {i["path"] for i in printed["issues"]} >= {"message", "to"}  # type: ignore[union-attr]
+    assert {i["path"] for i in printed["issues"]} >= {"message", "to"}
     code, _, err = run(capsys, str(card), "ping", *common, "--input", "[1]")
     assert code == 2 and "JSON object" in err
     code, _, err = run(capsys, str(card), "ping", *common, "--input", "{oops")
@@ -85,9 +86,9 @@ def test_exit_codes_say_who_must_fix_what(
     code, printed, _ = run(capsys, str(card), "jam", *common)
     assert code == 1 and printed["status"] == "internal_error" and printed["code"] == -32603
     code, printed, _ = run(capsys, str(card), "guarded", *common)
-    assert code == 1 and printed["status"] == "refused" and printed["would_publish"][0]["topic"] == "queries"  # type: ignore[index]
+    assert code == 1 and printed["status"] == "refused" and printed["would_publish"][0]["topic"] == "queries"
     code, printed, _ = run(capsys, str(card), "guarded", *common, "--approve")
-    assert code == 0 and [s["topic"] for s in printed["would_publish"]] == ["queries", "actions"]  # type: ignore[union-attr]
+    assert code == 0 and [s["topic"] for s in printed["would_publish"]] == ["queries", "actions"]
     broken = tmp_path / "broken.yaml"
     broken.write_text(CARD.replace("routine_support:ping", "routine_support:pong"))
     code, _, err = run(capsys, str(broken), "ping", *common)

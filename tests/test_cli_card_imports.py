@@ -32,7 +32,7 @@ def _own_folder(tmp_path: Path) -> Path:
 
 
 def _fix(stdout: str) -> str:
-    found = re.findall(r"^    fix: (.*)$", stdout, re.M)
+    found: list[str] = re.findall(r"^    fix: (.*)$", stdout, re.M)
     assert len(found) == 1, stdout  # one problem: the routine naming the action is not a second
     return found[0]
 

@@ -453,7 +453,8 @@ def _chosen(message: Message, speaker: str, *others: str) -> dict[str, Conversat
 def test_a_failing_speaker_yields_and_every_node_moves_on_at_once() -> None:
     message = message_led_by(B, [A, B, C])
     group = _chosen(message, A, B, C)
-    order = group[A].turn.order if group[A].turn else ()
+    turn = group[A].turn
+    order = turn.order if turn else ()
     out = group[A].receive(SpeakingFailed(message.params.id, "model_error", "provider down"), 3.0)
     [failed] = decisions(out, "speaker_failed")
     assert (
@@ -681,7 +682,8 @@ def test_a_turn_whose_every_speaker_failed_ends_the_conversation_on_every_node()
     net = _Net(message)
     net.all(MessageSeen(message), 0.0)
     net.all(StatesSeen(array(message, A), B), 1.0)
-    order = net.nodes[A].turn.order if net.nodes[A].turn else ()
+    turn = net.nodes[A].turn
+    order = turn.order if turn else ()
     assert len(order) == 3 and not net.arrays
     for k, speaker in enumerate(order):
         assert phase(net.nodes[speaker]) is Phase.SPEAKING
@@ -820,13 +822,14 @@ def test_read_signal_accepts_only_well_formed_signals() -> None:
     good = read_signal(Action.create(A, YIELD_SIGNAL, {"in_reply_to": "m1", "reason": "timeout"}))
     assert good == YieldSeen("m1", A, "timeout")
     assert read_signal(Action.create(A, THINKING_SIGNAL, {"in_reply_to": "m1"})) == ThinkingSeen("m1", A)
-    for name, params in [
+    cases: list[tuple[str, dict[str, Any]]] = [
         ("companion.other", {"in_reply_to": "m1"}),
         (THINKING_SIGNAL, {"in_reply_to": ""}),
         (YIELD_SIGNAL, {"in_reply_to": 3, "reason": "timeout"}),
         (YIELD_SIGNAL, {"reason": "timeout"}),
         (YIELD_SIGNAL, {"in_reply_to": "", "reason": "x"}),
-    ]:
+    ]
+    for name, params in cases:
         assert read_signal(Action.create(A, name, params)) is None
 
 
@@ -860,7 +863,8 @@ def _events(draw: st.DrawFn) -> list[tuple[float, Any]]:
             out.append((now, MessageSeen(line, line.params.from_)))
         elif kind == "states":
             speaker = draw(st.sampled_from([A, B, C, None]))
-            closing = draw(st.sampled_from(["none", "closing", "terminal"]))
+            stages: list[ClosingStage] = ["none", "closing", "terminal"]
+            closing = draw(st.sampled_from(stages))
             out.append(
                 (now, StatesSeen(array(target, speaker, closing=closing, tagged=draw(st.booleans())), who))
             )

@@ -266,12 +266,14 @@ async def test_nomination_in_metadata_picks_the_next_speaker(autojump_clock: tri
         for target in group.active:
             mark = len(rec.replies())
             opening = await group.say("Quick question for one of you.", metadata={META_NEXT_SPEAKER: target})
-            await rec.until(
-                lambda opening=opening: any(
+
+            def replied(opening: Message = opening) -> bool:
+                return any(
                     (r.params.metadata or {}).get(META_IN_REPLY_TO) == opening.params.id
                     for r in rec.replies()
                 )
-            )
+
+            await rec.until(replied)
             reply = next(
                 r
                 for r in rec.replies()[mark:]

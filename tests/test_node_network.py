@@ -16,6 +16,7 @@ from support.cards import metadata as md
 from companion.membership import MembershipEvent
 from companion.node import CompanionNode, NodeNotRunning
 from companion.node import node as node_module
+from companion.node.metadata import fetch_metadata
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
@@ -43,7 +44,11 @@ async def deliver(
     for attempt in range(40):
         tag = f"t{attempt}"
         await publish(topic, src(tag))
-        got = await recorder.wait_for(lambda i, tag=tag: i.topic == topic and match(i, tag), 0.25)
+
+        def arrived(i: Inbound, tag: str = tag) -> bool:
+            return i.topic == topic and match(i, tag)
+
+        got = await recorder.wait_for(arrived, 0.25)
         if got is not None:
             return got
     raise AssertionError(f"nothing arrived on {topic}")
@@ -96,7 +101,7 @@ async def test_metadata_learned_from_an_aikyo_style_peer(
     """aikyo answers a peer it knows with an empty stream, and asks as soon as it connects:
     our node must hold its answer until its own request reached the peer. Our request is
     delayed here so the peer's request always comes first."""
-    real_fetch = node_module.fetch_metadata
+    real_fetch = fetch_metadata  # the one node_module imports and calls
 
     async def late_fetch(*args: Any, **kwargs: Any) -> Any:
         await trio.sleep(0.3)

@@ -19,6 +19,8 @@ import trio
 import trio.testing
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.kad_dht import DHTMode, KadDHT
+from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL_ID
+from libp2p.peer.id import ID
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
@@ -101,7 +103,9 @@ async def dht_server() -> AsyncIterator[Any]:
         yield host
 
 
-async def test_a_round_after_a_change_asks_only_neighbours_never_asked() -> None:
+async def test_a_round_after_a_change_asks_only_neighbours_never_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     host = make_host(NodeConfig(listen=LOOPBACK), create_new_key_pair())
     changes = Changes()
     discovery = DhtDiscovery(host, name="n", max_connections=4, wait_for_change=changes.wait)
@@ -114,16 +118,16 @@ async def test_a_round_after_a_change_asks_only_neighbours_never_asked() -> None
         for server in (first, second):
             with trio.fail_after(10):
                 await host.connect(parse_peer_addr(f"{server.get_addrs()[0]}"))
-                while routing.KAD_PROTOCOL_ID not in host.get_peerstore().get_protocols(server.get_id()):
+                while KAD_PROTOCOL_ID not in host.get_peerstore().get_protocols(server.get_id()):
                     await trio.sleep(0.05)  # identify tells which protocols it serves
         asked: list[Any] = []
         query = discovery.dht.peer_routing._query_peer_for_closest
 
-        async def counted_query(peer: Any, key: bytes) -> Any:
+        async def counted_query(peer: ID, key: bytes) -> list[ID]:
             asked.append(peer)
             return await query(peer, key)
 
-        discovery.dht.peer_routing._query_peer_for_closest = counted_query  # type: ignore[method-assign]
+        monkeypatch.setattr(discovery.dht.peer_routing, "_query_peer_for_closest", counted_query)
         servers = sorted((first.get_id(), second.get_id()), key=str)
         with trio.fail_after(20):
             await discovery.round(everyone=False)  # both are new: both asked (two keys each)

@@ -340,7 +340,10 @@ async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the
     heard nobody (each served request makes every companion announce)."""
     service = presence_service()
     pubsub = _RecordingPubsub()
-    requests = lambda: [d for d in pubsub.published if b'"presence.request"' in d]  # noqa: E731
+
+    def requests() -> list[bytes]:
+        return [d for d in pubsub.published if b'"presence.request"' in d]
+
     async with trio.open_nursery() as nursery:
         await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
         await trio.sleep(20)
@@ -377,7 +380,10 @@ async def test_a_refutation_goes_out_twice_and_then_the_interval_resumes(
     others drop it after the disconnect grace, until its next refresh), then waits its interval."""
     service = presence_service(settings=PresenceSettings(100.0, 300, 1.0, 65536))
     pubsub = _RecordingPubsub()
-    announced = lambda: [d for d in pubsub.published if b'"presence.announce"' in d]  # noqa: E731
+
+    def announced() -> list[bytes]:
+        return [d for d in pubsub.published if b'"presence.announce"' in d]
+
     async with trio.open_nursery() as nursery:
         await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
         await trio.sleep(20)  # the start's announcement and the warm-up ones (1, 2, 4, 8 s)

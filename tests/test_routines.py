@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from companion.actions import ActionContext, action, knowledge
+from companion.actions import ActionContext, ActionDef, KnowledgeDef, action, knowledge
 from companion.actions.builtins import speak
 from companion.protocol import Action, Message
 from companion.routines import (
@@ -48,7 +48,7 @@ def look(ctx: ActionContext[Empty]) -> str:
 
 
 def compiled(*specs: dict[str, Any]) -> tuple[CompiledRoutine, ...]:
-    tools = {"speak": speak, "ping": ping, "look": look}
+    tools: dict[str, ActionDef | KnowledgeDef] = {"speak": speak, "ping": ping, "look": look}
     routines = [Routine.model_validate(spec) for spec in specs]
     return compile_routines(routines, [tools[r.tool] for r in routines])
 

@@ -112,7 +112,9 @@ async def test_closing_the_peer_connection_has_a_deadline() -> None:
         await gateway.island.call(real_close)
 
 
-async def test_a_client_that_stops_acknowledging_is_dropped_when_its_buffer_stalls() -> None:
+async def test_a_client_that_stops_acknowledging_is_dropped_when_its_buffer_stalls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     settings = SessionSettings(send_high_water=16 * 1024, send_stall_timeout=0.5)
     async with (
         gateway_on_hub(settings) as (gateway, companion),
@@ -121,10 +123,10 @@ async def test_a_client_that_stops_acknowledging_is_dropped_when_its_buffer_stal
         session = next(iter(gateway.sessions.values()))
         # the client stops acknowledging (its ICE sockets go quiet); consent would take 30 s
         pc = client._pc
-        assert pc is not None
+        assert pc is not None and pc.sctp is not None
         for protocol in pc.sctp.transport.transport._connection._protocols:
-            protocol.transport.sendto = lambda *args, **kwargs: None
-            protocol.datagram_received = lambda data, addr: None
+            monkeypatch.setattr(protocol.transport, "sendto", lambda *args, **kwargs: None)
+            monkeypatch.setattr(protocol, "datagram_received", lambda data, addr: None)
         for n in range(60):
             text = f"{n} " + "x" * 2000
             await companion.publish(MESSAGES, Message.create("companion_aya", ["user_kai"], text))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import aioice.ice
 import pytest
@@ -38,6 +39,9 @@ from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesiz
 
 COMPANION = "companion_aya"
 LONG_LINE = "This is a long line that the companion says slowly, so that there is time to interrupt it. " * 3
+
+C = TypeVar("C")
+T = TypeVar("T")
 
 
 @dataclass
@@ -388,7 +392,7 @@ async def test_a_client_that_never_connects_is_dropped_after_the_deadline() -> N
         assert session.end_reason is not None and "did not open within 0.5 s" in session.end_reason
 
 
-async def _make_pc(config: object, cls: type) -> object:
+async def _make_pc(config: C, cls: Callable[[C], T]) -> T:
     return cls(config)
 
 
@@ -401,11 +405,11 @@ async def test_a_silent_peer_is_dropped_when_consent_expires(monkeypatch: pytest
         # the client's machine goes silent (as if frozen or unplugged): its ICE sockets neither
         # send nor receive from now on, and nothing says goodbye
         pc = client._pc
-        assert pc is not None
+        assert pc is not None and pc.sctp is not None
         ice = pc.sctp.transport.transport._connection
         for protocol in ice._protocols:
-            protocol.transport.sendto = lambda *args, **kwargs: None
-            protocol.datagram_received = lambda data, addr: None
+            monkeypatch.setattr(protocol.transport, "sendto", lambda *args, **kwargs: None)
+            monkeypatch.setattr(protocol, "datagram_received", lambda data, addr: None)
         # with consent checks at their default pace (every 5 s, 6 failures) this takes 30 s;
         # shortened, the bridge notices within about a second, after several missed checks
         silent_since = trio.current_time()

@@ -212,9 +212,9 @@ def test_offer_defaults_voice_to_the_audio_section() -> None:
 
 def test_offer_topics_from_body_or_query() -> None:
     body = parse_offer(json.dumps({"type": "offer", "sdp": SDP_DATA, "topics": ["messages", "states"]}))
-    assert isinstance(body, OfferRequest) and body.topics == {"messages", "states"}
+    assert isinstance(body, OfferRequest) and body.topics == frozenset({"messages", "states"})
     query = parse_offer(json.dumps({"type": "offer", "sdp": SDP_DATA}), "queries,actions")
-    assert isinstance(query, OfferRequest) and query.topics == {"queries", "actions"}
+    assert isinstance(query, OfferRequest) and query.topics == frozenset({"queries", "actions"})
 
 
 @pytest.mark.parametrize(

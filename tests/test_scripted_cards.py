@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import trio
@@ -21,7 +21,7 @@ from companion.engine import EngineTimings
 from companion.history import InMemoryHistory
 from companion.models.base import ParamsRequest, SpeakRequest
 from companion.models.scripted import ScriptedModel
-from companion.protocol import ACTIONS, MESSAGES, Action, Message
+from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message
 from companion.turns import stamp_reply
 
 OPENINGS = [
@@ -332,7 +332,7 @@ _BLOCK = re.compile(r'```console\n\$ companion demo --in-memory --say "(.*?)"\n(
 _HEAD = re.compile(r"^(\w+) → (.*?)  \[(\w+), turn (\d+)(?:, ([\w-]+))?\]$")
 
 
-def _documented() -> list[tuple[str, list[tuple[str, list[str], str, int, str, str]]]]:
+def _documented() -> list[tuple[str, list[tuple[str, list[str], str, int, ClosingStage, str]]]]:
     """The transcripts in docs/models.md: (opening, [(speaker, recipients, emotion, turn, stage,
     text)])."""
     text = (REPO / "docs" / "models.md").read_text(encoding="utf-8")
@@ -347,13 +347,15 @@ def _documented() -> list[tuple[str, list[tuple[str, list[str], str, int, str, s
                 name, to, emotion, turn, stage = head.groups()
                 quoted = lines[index + 1].strip()
                 assert quoted.startswith("“") and quoted.endswith("”"), quoted
-                said.append((name, to.split(", "), emotion, int(turn), stage or "none", quoted[1:-1]))
+                # the transcript's stage label, handed to the engine unchecked as before
+                closing = cast(ClosingStage, stage or "none")
+                said.append((name, to.split(", "), emotion, int(turn), closing, quoted[1:-1]))
         out.append((opening, said))
     return out
 
 
 async def _say(
-    loaded: LoadedCard, seed: int, messages: list[Message], recipients: list[str], stage: str
+    loaded: LoadedCard, seed: int, messages: list[Message], recipients: list[str], stage: ClosingStage
 ) -> Any:
     """What ``loaded``'s model says (text, emotion) after ``messages``, asked as its engine asks:
     parameters, the card's triggers, its tools through a real action runtime."""
@@ -382,7 +384,7 @@ async def _say(
         instructions=loaded.triggers.evaluate(params),
         tools=runtime.tool_specs(),
         recipients=recipients,
-        closing=stage,  # type: ignore[arg-type]
+        closing=stage,
         extra={"names": {cid: meta.name for cid, meta in directory.items()}, "params": params},
     )
     await model.speak(request, call_tool)

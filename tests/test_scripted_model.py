@@ -9,7 +9,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jsonschema
@@ -426,7 +426,7 @@ def _runtime(*tools: Any) -> tuple[ActionRuntime, _Sink]:
 
 
 def _through(
-    runtime: ActionRuntime, request: SpeakRequest, instructions: tuple[ToolInstruction, ...]
+    runtime: ActionRuntime, request: SpeakRequest, instructions: Sequence[ToolInstruction]
 ) -> SpeakRequest:
     return dataclasses.replace(request, instructions=instructions, tools=runtime.tool_specs())
 

@@ -24,7 +24,7 @@ def _states_for(message: Message, speaker: str) -> list[State]:
         StateDecision(c, "speak" if c == speaker else "listen", 7 if c == speaker else 1, False)
         for c in ACTIVE
     ]
-    return finalize_states(decisions, ACTIVE, floor="none", tag=turn_tag(message)).states  # type: ignore[arg-type]
+    return finalize_states(decisions, ACTIVE, floor="none", tag=turn_tag(message)).states
 
 
 def _opened(t0: float = 100.0) -> tuple[Transcript, Message]:

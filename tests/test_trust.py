@@ -86,7 +86,7 @@ def test_changes_by_another_process_are_seen_by_a_running_store(tmp_path: Path) 
     operator = TrustStore.in_directory(tmp_path)
     operator.rekey("companion_a", B)
     operator.set_role(C, "answerer", True)
-    assert running.claim("companion_a", B).peer_id == B  # type: ignore[union-attr]
+    assert running.claim("companion_a", B).peer_id == B
     assert running.claim("companion_a", A) == PinRefused("companion_a", A, "id_pinned", B)
     assert running.may_answer(C, "speak") and not running.may_answer(C, APPROVAL_QUERY)
 
@@ -142,8 +142,8 @@ def test_a_claim_the_file_could_not_load_back_is_never_written(tmp_path: Path) -
     store = TrustStore.in_directory(tmp_path)
     huge = "companion_" + "x" * 60_000
     assert store.claim(huge, A) == PinRefused(huge, A, "not_a_companion_id")
-    assert store.claim("companion_a", "not-a-peer-id").peer_id == "not-a-peer-id"  # type: ignore[union-attr]
-    assert store.claim("companion_b", B).peer_id == B  # type: ignore[union-attr]
+    assert store.claim("companion_a", "not-a-peer-id").peer_id == "not-a-peer-id"
+    assert store.claim("companion_b", B).peer_id == B
     again = TrustStore.in_directory(tmp_path)
     assert [p.companion_id for p in again.pins()] == ["companion_b"]
 

@@ -79,7 +79,7 @@ def test_takeover_order_wraps_after_the_leader_in_to_order() -> None:
     start = unique.index(plan.leader or "")
     assert list(plan.order) == unique[start:] + unique[:start]
     assert plan.rank("user_x") is None
-    assert plan.reason == "hash" and plan.leader in plan.why
+    assert plan.reason == "hash" and plan.leader is not None and plan.leader in plan.why
 
 
 def test_inactive_addressees_never_lead() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import trio
-from browser_cdp import ensure_chromium
+from browser.browser_cdp import ensure_chromium
 from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from browser_cdp import SPEECH_STUB_TIMED, VOICE_COUNT, chromium
+from browser.browser_cdp import SPEECH_STUB_TIMED, VOICE_COUNT, chromium
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
-from browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
-from conftest import MakeBridge
+from browser.browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
 
 from companion.bridge.ratelimit import RateLimit
 from companion.protocol import (
@@ -24,6 +24,11 @@ from companion.protocol import (
     State,
 )
 from companion.transport import Inbound, MemoryEndpoint
+
+if TYPE_CHECKING:
+    # tests/browser/conftest.py, by the name mypy gives it (tests/ is its package base); at run
+    # time pytest imports it as "conftest", and MakeBridge is needed only in annotations
+    from browser.conftest import MakeBridge
 
 JUNIPER = Metadata(id="companion_juniper", name="Juniper", personality="calm", story="s", sample="x")
 PIM = Metadata(id="companion_pim", name="Pim", personality="bright", story="s", sample="x")

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
-from browser_cdp import chromium
-from conftest import MakeBridge
+import trio.testing
+from browser.browser_cdp import chromium
 
 from companion.protocol import MESSAGES, Message, Metadata
+
+if TYPE_CHECKING:
+    # tests/browser/conftest.py, by the name mypy gives it (tests/ is its package base); at run
+    # time pytest imports it as "conftest", and MakeBridge is needed only in annotations
+    from browser.conftest import MakeBridge
 
 PIM = Metadata(id="companion_pim", name="Pim", personality="bright", story="a secret story", sample="x")
 

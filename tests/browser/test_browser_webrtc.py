@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from browser_cdp import SPEECH_STUB, Page, chromium
+from browser.browser_cdp import SPEECH_STUB, Page, chromium
 from support.bridges import bridge_on_hub
 
 from companion.protocol import MESSAGES, QUERIES, Message, Metadata, Query, QueryResult

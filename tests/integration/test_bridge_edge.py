@@ -97,8 +97,12 @@ async def mesh_ready(sender: WebSocketConnection, receiver: WebSocketConnection)
     for _attempt in range(20):
         probe = f"probe-{uuid.uuid4()}"
         await sender.send_message(message_frame("user_probe", ["companion_x"], "probe", probe))
+
+        def crossed(f: Any, p: str = probe) -> bool:
+            return bool(f.get("params", {}).get("id") == p)
+
         try:
-            await next_frame(receiver, lambda f, p=probe: f.get("params", {}).get("id") == p, 2)
+            await next_frame(receiver, crossed, 2)
         except trio.TooSlowError:
             continue
         return
@@ -164,8 +168,12 @@ async def test_a_flood_is_answered_with_rate_limited_and_nothing_is_lost(tmp_pat
             # the honest client and the flooder (after its pause) are served again
             await trio.sleep(0.2)
             for ws, msg_id in ((honest, "after-honest"), (flooder, "after-flood")):
+
+                def arrived_after(f: Any, i: str = msg_id) -> bool:
+                    return bool(f.get("params", {}).get("id") == i)
+
                 await ws.send_message(message_frame("user_me", ["companion_x"], "after", msg_id))
-                await next_frame(observer, lambda f, i=msg_id: f.get("params", {}).get("id") == i, 10)
+                await next_frame(observer, arrived_after, 10)
 
 
 def result_frame(query_id: str, body: dict[str, Any]) -> str:
@@ -191,7 +199,7 @@ async def test_a_forged_query_result_is_refused(tmp_path: Path) -> None:
             await mesh_ready(honest, observer)
             # the companion asks for an approval; only the honest client is sent it
             query_id = f"q-{uuid.uuid4()}"
-            approval = {
+            approval: dict[str, Any] = {
                 "jsonrpc": "2.0",
                 "method": "query.send",
                 "id": query_id,
@@ -218,14 +226,17 @@ async def test_a_forged_query_result_is_refused(tmp_path: Path) -> None:
             marker = f"m-{uuid.uuid4()}"
             await forger.send_message(message_frame("user_forger", ["companion_raw"], "hi", marker))
             seen: list[Any] = []
-            await next_frame(
-                observer, lambda f: seen.append(f) is None and f.get("params", {}).get("id") == marker, 10
-            )
+
+            def seen_until_marker(f: Any) -> bool:
+                seen.append(f)
+                return bool(f.get("params", {}).get("id") == marker)
+
+            await next_frame(observer, seen_until_marker, 10)
             results = [f for f in seen if "result" in f and f.get("id") in (query_id, "made-up-id")]
             assert [r["result"]["body"] for r in results] == [{"approved": False}]
             assert b.count("frame_refused") == 0
             # the honest client still answers the next query
-            speak = {
+            speak: dict[str, Any] = {
                 **approval,
                 "id": f"q-{uuid.uuid4()}",
                 "params": {"from": "companion_raw", "type": "speak"},

@@ -12,6 +12,7 @@ import base64
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -50,9 +51,13 @@ async def test_clients_on_two_bridges_talk_through_the_network(tmp_path: Path) -
             # form its mesh after the joins: a few attempts, each with a deadline)
             for _attempt in range(5):
                 msg_id = str(uuid.uuid4())
+
+                def reached_bob(f: Any, i: str = msg_id) -> bool:
+                    return bool(f.get("params", {}).get("id") == i)
+
                 await alice.send_message(message_frame("user_alice", ["companion_juniper"], "hello", msg_id))
                 try:
-                    got = await next_frame(bob, lambda f, i=msg_id: f.get("params", {}).get("id") == i, 3)
+                    got = await next_frame(bob, reached_bob, 3)
                 except trio.TooSlowError:
                     continue
                 break
@@ -87,7 +92,7 @@ async def test_clients_on_two_bridges_talk_through_the_network(tmp_path: Path) -
             raw.send({"op": "publish", "topic": "messages", "text": reply})
             raw.send({"op": "publish", "topic": "queries", "text": speak})
             with trio.fail_after(10):
-                frames = []
+                frames: list[str | bytes] = []
                 while len(frames) < 2:
                     frame = await alice.get_message()
                     if '"companion_raw"' in frame:
@@ -193,8 +198,13 @@ async def test_a_client_that_stops_reading_is_dropped_and_others_keep_up(tmp_pat
                 data = base64.b64encode(json.dumps(body).encode()).decode()
                 commands.append({"op": "publish", "topic": "messages", "b64": data})
             seen: set[str] = set()
+
+            def send_commands() -> None:
+                for c in commands:
+                    raw.send(c)
+
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(blocking, lambda: [raw.send(c) for c in commands])
+                nursery.start_soon(blocking, send_commands)
                 with trio.move_on_after(90):
                     while len(seen) < count:
                         frame = json.loads(await fast.get_message())

@@ -256,7 +256,11 @@ def start_home(net: Network, card: Path) -> tuple[Proc, str, str, str]:
     node's peer id: this run's approver)."""
     home = start_run(net, "home", [card], extra=("--ws", "127.0.0.1:0", "--no-webrtc"))
     url = bridge_url(home)
-    addr = home.wait_for(lambda e: e.get("event") == "started" and e.get("companion_id"), 5)["addrs"][0]
+
+    def companion_node_started(e: Event) -> bool:
+        return bool(e.get("event") == "started" and e.get("companion_id"))
+
+    addr = home.wait_for(companion_node_started, 5)["addrs"][0]
     clients = home.event("started", 5, node="clients")["peer_id"]
     return home, url, addr, clients
 
@@ -495,10 +499,12 @@ def test_states_relayed_from_the_true_leader_are_accepted(tmp_path: Path) -> Non
         to = ["companion_l", "companion_x"]
         for n in range(3):
             message = led_by("companion_l", to, f"relayed{n}")
+
+            def relayed(e: Event, m: Message = message) -> bool:
+                return e.get("event") == "inbound" and m.params.id in e.get("text", "")
+
             publish(user, MESSAGES, encode(message))
-            leader.wait_for(
-                lambda e, m=message: e.get("event") == "inbound" and m.params.id in e.get("text", ""), 15
-            )
+            leader.wait_for(relayed, 15)
             states = [
                 State.create("companion_l", "listen", 1, False),
                 State.create("companion_x", "speak", 9, True),

@@ -21,6 +21,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ ESC = "\x1b"
 CARDS = Path(__file__).resolve().parents[2] / "cards"
 
 
-def action(sender: str, name: str, params: dict[str, object]) -> str:
+def action(sender: str, name: str, params: Mapping[str, object]) -> str:
     body = {
         "jsonrpc": "2.0",
         "method": "action.send",

@@ -42,6 +42,12 @@ def publish(raw: Proc, topic: str, data: bytes, **extra: Any) -> None:
     raw.send({"op": "publish", "topic": topic, "b64": b64(data), **extra})
 
 
+def published(raw: Proc, topic: str, data: bytes, **extra: Any) -> bool:
+    """:func:`publish`, then False: ``published(...) or heard(...)`` publishes and then checks."""
+    publish(raw, topic, data, **extra)
+    return False
+
+
 def happens(proc: Proc, predicate: Any, timeout: float) -> bool:
     """Whether an event satisfying ``predicate`` came (or comes within ``timeout``)."""
     try:
@@ -67,11 +73,13 @@ def ask(raw: Proc, key: str, tag: str, timeout: float = 30.0) -> Event:
         publish(
             raw, MESSAGES, message("companion_x", text, asked, (f"companion_{key}",), turn=0, closing="none")
         )
+
+        def replied(e: Event, asked: str = asked) -> bool:
+            return e.get("event") == "message" and f'"in_reply_to":"{asked}"' in e["text"]
+
         try:
             return raw.wait_for(
-                lambda e, asked=asked: (
-                    e.get("event") == "message" and f'"in_reply_to":"{asked}"' in e["text"]
-                ),
+                replied,
                 min(4.0, max(0.1, deadline - time.monotonic())),
                 f"a reply from companion_{key} to {asked}",
             )
@@ -85,7 +93,7 @@ def relays(raw: Proc, b: Proc) -> None:
     """What the raw peer publishes reaches b through a (published again until it does: the
     first publishes may precede the mesh)."""
     assert any(
-        publish(raw, MESSAGES, message("companion_x", "warm", f"warm-{n}")) or heard(b, f"warm-{n}", 0.5)
+        published(raw, MESSAGES, message("companion_x", "warm", f"warm-{n}")) or heard(b, f"warm-{n}", 0.5)
         for n in range(30)
     ), "b never heard x through a"
 
@@ -238,7 +246,7 @@ def test_replay_after_restart_is_not_forwarded(tmp_path: Path) -> None:
         recorded = message("companion_x", "remember me", "recorded", ("companion_b",))
         # gossip is best effort: published again (a new seqno, kept for the replay) only if b
         # did not hear it, so b holds exactly one copy
-        assert any(publish(raw, MESSAGES, recorded, keep="m") or heard(b, "recorded", 5) for _ in range(4))
+        assert any(published(raw, MESSAGES, recorded, keep="m") or heard(b, "recorded", 5) for _ in range(4))
         assert a.stop() == 0
 
         port = a_addr.split("/")[4]

@@ -21,7 +21,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
 from live_support import spawn_run, stdout_line, write_card
-from network_support import Network, Proc, network
+from network_support import Event, Network, Proc, network
 from test_network_hostile import ask
 from test_run_conversation import Bystander
 
@@ -316,7 +316,11 @@ def test_a_forged_announcement_for_a_pinned_id_is_refused_counted_and_not_relaye
                 )
                 data = base64.b64encode(encode_presence(forged)).decode()
                 raw.send({"op": "publish", "topic": PRESENCE_TOPIC, "b64": data, "ack": True})
-            raw.wait_for(lambda e, n=attempt: e.get("event") == "published" and e["count"] >= 2 * (n + 1), 10)
+
+            def both_published(e: Event, n: int = attempt) -> bool:
+                return bool(e.get("event") == "published" and e["count"] >= 2 * (n + 1))
+
+            raw.wait_for(both_published, 10)
             if b.stats()["drops"].get("id_pinned", 0) >= 2:
                 break
             time.sleep(1.0)

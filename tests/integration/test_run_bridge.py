@@ -82,10 +82,11 @@ async def test_a_client_of_companion_run_follows_a_conversation_to_terminal(tmp_
             )
             frame = json.dumps({"topic": "messages", "body": json.loads(encode(opening))})
             transcript.feed(opening, EVERYONE)  # (a client does not get its own frame back)
-            first = await _send_until_answered(ws, frame)
+            first: str | None = await _send_until_answered(ws, frame)
             with trio.move_on_after(120):
                 while not transcript.over:
-                    text = first or await ws.get_message()
+                    # the bridge sends text frames only (as _send_until_answered reads them)
+                    text = first or str(await ws.get_message())
                     first = None
                     payload = payload_of(text)
                     assert payload is not None, text

@@ -94,9 +94,13 @@ async def test_webrtc_client_talks_hears_and_leaves_mid_speech(tmp_path: Path) -
             # moment after the joins: a few attempts, each with a deadline)
             for _attempt in range(5):
                 msg_id = str(uuid.uuid4())
+
+                def reached_bob(f: Any, i: str = msg_id) -> bool:
+                    return bool(f.get("params", {}).get("id") == i)
+
                 await alice.send_text(message_frame("user_alice", ["companion_raw"], "hello", msg_id))
                 try:
-                    got = await next_frame(bob, lambda f, i=msg_id: f.get("params", {}).get("id") == i, 3)
+                    got = await next_frame(bob, reached_bob, 3)
                 except trio.TooSlowError:
                     continue
                 break
