@@ -136,6 +136,32 @@ def test_a_dht_request_stream_the_peer_ended_is_not_a_warning(captured: io.Strin
     assert len(lines(captured)) == 2
 
 
+def test_a_dht_peer_that_just_left_is_not_a_warning(captured: io.StringIO) -> None:
+    """py-libp2p 0.8.1's DHT warns when a lookup still asks a peer that left and when the
+    request it was answering is reset (the demo's stop printed one or two in 5 of 6 runs): a
+    peer leaving is routine; a malformed request or another failure still shows."""
+    lookup = logging.getLogger("libp2p.kad_dht.peer_routing")
+    server = logging.getLogger("libp2p.kad_dht.kad_dht")
+    logging.getLogger("libp2p").setLevel(logging.INFO)
+    peer = "12D3KooWCJ9nEQ8WMuZVj9542j73mxbwukX6wf9drTuyH49HPXxC"
+    lookup.warning(f"Failed to open stream to {peer}: No valid connections available for peer {peer}")
+    server.warning(f"Failed to parse protobuf message: {StreamReset()}")
+    assert lines(captured) == []
+
+    server.warning("Failed to parse protobuf message: Error parsing message with type 'Message'")
+    lookup.warning(f"Failed to open stream to {peer}: failed to negotiate the protocol")
+    other = "12D3KooWC21k99fSdJvwPVpygZhhXjyJvbxsSir2fqRf7sTMHoNr"
+    logging.getLogger("libp2p.kad_dht.routing_table").warning(
+        f"Failed to open stream to {peer}: No valid connections available for peer {other}"
+    )
+    shown = [line["message"] for line in lines(captured)]
+    assert len(shown) == 3 and "Error parsing" in shown[0] and "negotiate" in shown[1]
+
+    logging.getLogger("libp2p").setLevel(logging.DEBUG)  # asked for everything: shown as it is
+    server.warning(f"Failed to parse protobuf message: {StreamReset()}")
+    assert len(lines(captured)) == 4
+
+
 def test_a_peer_without_the_metadata_protocol_is_not_an_error(captured: io.StringIO) -> None:
     """py-libp2p 0.8.1 logs every stream it could not open at ERROR level; every ``run --ws``
     start printed one (a companion asks the clients' node, which has no metadata). Our code
