@@ -145,6 +145,7 @@ def test_a_dht_peer_that_just_left_is_not_a_warning(captured: io.StringIO) -> No
     logging.getLogger("libp2p").setLevel(logging.INFO)
     peer = "12D3KooWCJ9nEQ8WMuZVj9542j73mxbwukX6wf9drTuyH49HPXxC"
     lookup.warning(f"Failed to open stream to {peer}: No valid connections available for peer {peer}")
+    lookup.warning(f"Failed to open stream to {peer}: failed to open a stream to peer {peer}")
     server.warning(f"Failed to parse protobuf message: {StreamReset()}")
     assert lines(captured) == []
 
