@@ -213,6 +213,7 @@ async def test_forged_and_repeated_query_results_are_refused(nursery: trio.Nurse
         await env.companion.publish(QUERIES, speak)
         assert (await recv_json(honest))["id"] == speak.id
         await honest.send_message(result_frame(speak.id))
+        # a query result, never a list of states: every other payload type has an id
         assert (await env.next_inbound(QUERIES)).payload.id == speak.id  # type: ignore[union-attr]
 
 

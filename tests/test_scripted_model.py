@@ -30,7 +30,7 @@ from companion.models.base import (
 from companion.models.lexicon import FEELINGS, concepts_in, content_stems, is_question, sentences
 from companion.models.phrasebook import EN, JA
 from companion.models.scripted import ScriptedModel
-from companion.protocol import ACTIONS, MESSAGES, Action, Message, Metadata
+from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message, Metadata
 from companion.turns import bigram_jaccard
 
 KYOKO = Metadata(
@@ -96,7 +96,7 @@ def _speak_request(
     text: str = "I found an old map in the attic today!",
     history: list[Message] | None = None,
     instructions: tuple[ToolInstruction, ...] = (ToolInstruction("speak", "continue the conversation"),),
-    closing: str = "none",
+    closing: ClosingStage = "none",
     sender: str = "companion_mio",
 ) -> SpeakRequest:
     message = Message.create(sender, [me.id, "companion_kyoko"], text, id="m-last")
@@ -108,7 +108,7 @@ def _speak_request(
         instructions=instructions,
         tools=[SPEAK_SPEC, COMPANIONS_SPEC],
         recipients=[r for r in (sender, "companion_kyoko", ALEX.id) if r != me.id],
-        closing=closing,  # type: ignore[arg-type]
+        closing=closing,
         extra={"names": {"companion_mio": "Mio", "companion_kyoko": "kyoko", ALEX.id: "Alex"}},
     )
 
