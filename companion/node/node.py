@@ -548,6 +548,11 @@ class CompanionNode:
     async def _learn_metadata(self, peer: ID) -> None:
         outcome = await fetch_metadata(self._host, peer, self._gate, timeout=self.config.metadata_timeout)
         name = peer.to_base58()
+        if self.presence.told_leaving(name):
+            # It is stopping: it answers nothing now, and an answer it gave before its notice
+            # came would put a companion that left back into the directory until its close.
+            log_event(logger, "peer_metadata_unavailable", node=self.name, peer=name, status="leaving")
+            return
         if outcome.metadata is None:
             routine = outcome.status == "unsupported"  # a bridge, a relay: no metadata to give
             if not routine and outcome.status in ("error", "timeout", "empty"):
