@@ -53,6 +53,9 @@ What py-libp2p does, measured, and what these subclasses change:
 - Each copy of a message (one from most mesh peers) got a task of py-libp2p's service manager
   only for ``push_msg`` to find it seen; here copies are dropped where the RPC is read
   (:meth:`GuardedPubsub._is_subscribed_to_msg`).
+- A copy of every message was held (30 s, 100 per peer, a WARNING for each one past that) for
+  every connected peer not on its topic, for the whole connection; here only for a peer that
+  has announced no subscription yet (:class:`HelloAwareQueues`).
 - Sequence numbers start at the clock in nanoseconds instead of seconds, so a restarted node
   (same key) never reuses the seqnos, and therefore the message ids, of its previous run: peers
   would otherwise drop its new messages as replays or as equivocation.
@@ -64,7 +67,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 from weakref import WeakKeyDictionary, WeakSet
 
 import trio
@@ -85,6 +88,7 @@ from .drops import Drop, DropCounters
 __all__ = [
     "CountingGossipSub",
     "GuardedPubsub",
+    "HelloAwareQueues",
     "KeyedMessageCache",
     "SubscriptionKeepingPubsub",
     "reset_quietly",
@@ -123,6 +127,36 @@ class KeyedMessageCache(MessageCache):
         self.history[0].append(CacheEntry(mid, msg.topicIDs))
 
 
+Pending: TypeAlias = list[tuple[float, rpc_pb2.RPC]]
+
+
+class HelloAwareQueues(dict[ID, Pending]):
+    """Gossipsub's per-peer queue of messages held until a peer subscribes, kept only for peers
+    that have announced no subscription yet.
+
+    py-libp2p 0.8.1's ``GossipSub.publish`` holds a copy of *every* message it sends or forwards
+    for *every* connected peer that is not on the message's topic (up to 100 per peer, 30 s),
+    and hands them over when the peer subscribes to a topic: meant for the moments between a
+    connection and the peer's first RPC (its subscriptions), it goes on for the whole
+    connection. So an aikyo node, which never subscribes to the presence topic, or a client on
+    fewer topics than a companion, had a list rebuilt on every message and, past 100 in 30 s
+    (10 companions talking to a client on ``messages`` alone: 26 s), a WARNING per message
+    ("pending message queue for peer ... exceeded limit"). A peer that announced its
+    subscriptions said what it wants, as go-libp2p and js-libp2p take it (they hold nothing);
+    a topic it joins later still gets gossipsub's replay of the recent messages. The table
+    stands in for py-libp2p's; a queue asked for such a peer is a throwaway list."""
+
+    def __init__(self, announced: Callable[[ID], bool]) -> None:
+        super().__init__()
+        self._announced = announced
+
+    def __missing__(self, peer: ID) -> Pending:
+        queue: Pending = []
+        if not self._announced(peer):
+            self[peer] = queue
+        return queue
+
+
 class CountingGossipSub(GossipSub):
     """GossipSub that counts the payloads it drops instead of only logging them at debug level,
     and the mesh changes peers ask for (``control``: GRAFTs and PRUNEs received; a mesh that
@@ -141,6 +175,9 @@ class CountingGossipSub(GossipSub):
         self.mcache = KeyedMessageCache(
             self.mcache.window_size, self.mcache.history_size, pubsub.get_message_id
         )
+        pending = HelloAwareQueues(lambda peer: any(peer in peers for peers in pubsub.peer_topics.values()))
+        pending.update(self._pending_messages)
+        self._pending_messages = pending  # type: ignore[assignment]  # a dict, as py-libp2p uses it
 
     def _get_peers_to_send(
         self, topic_ids: Any, msg_forwarder: ID, origin: ID, msg_id: bytes | None = None
