@@ -6,10 +6,15 @@ from __future__ import annotations
 import io
 import json
 import logging
+import socket
 from typing import Any
 
 import pytest
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset  # (before any logging set-up)
+from libp2p.peer.id import ID
+from node_support import running, until
 
 from companion.log import (
     MAX_CHARS,
@@ -198,3 +203,31 @@ def test_libp2p_records_stay_bounded_in_a_command_that_runs_a_node() -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
     (line,) = [json.loads(text) for text in done.stderr.splitlines()]
     assert line["event"] == "libp2p" and len(line["message"]) < 1000
+
+
+async def test_a_dial_that_fails_is_reported_by_the_code_that_dialled(captured: io.StringIO) -> None:
+    """py-libp2p 0.8.1's TCP transport logs every failed dial at ERROR level and raises it to
+    the dialler (stopping 10 companions together printed two, for peers that had just left).
+    A node bootstrapped to a closed port says so itself: ``bootstrap_dial_failed`` with the
+    address's own error (py-libp2p's swarm keeps it only in the chained causes), a WARNING the
+    first time and INFO for the retries; no libp2p record is printed."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    nobody = ID.from_pubkey(create_new_key_pair().public_key)
+    peer = f"/ip4/127.0.0.1/tcp/{port}/p2p/{nobody}"
+    async with trio.open_nursery() as nursery:
+        async with running(nursery, None, peers=[peer], dht=False, redial_initial=0.05):
+            await until(lambda: len(_events(captured, "bootstrap_dial_failed")) >= 3, 10)
+        nursery.cancel_scope.cancel()
+    failed = _events(captured, "bootstrap_dial_failed")
+    assert [line["level"] for line in failed[:3]] == ["warning", "info", "info"], failed
+    assert "Connection refused" in failed[0]["error"], failed  # the cause, not "unable to connect"
+    assert failed[0]["addrs"] == [f"/ip4/127.0.0.1/tcp/{port}"]
+    assert [line for line in lines(captured) if line["event"] == "libp2p"] == []
+    assert [line for line in lines(captured) if line["level"] in ("error", "warning")] == failed[:1]
+
+
+def _events(stream: io.StringIO, event: str) -> list[dict[str, Any]]:
+    return [line for line in lines(stream) if line.get("event") == event]

@@ -18,7 +18,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from ..log import log_event
 
-__all__ = ["Backoff", "MdnsBridge", "parse_peer_addr", "redial_forever"]
+__all__ = ["Backoff", "MdnsBridge", "dial_error", "parse_peer_addr", "redial_forever"]
 
 logger = logging.getLogger("companion.node.discovery")
 
@@ -33,6 +33,29 @@ def parse_peer_addr(addr: str) -> PeerInfo:
         return info_from_p2p_addr(maddr)
     except Exception as exc:
         raise ValueError(f"{addr!r} needs a /p2p/PEER_ID suffix ({exc})") from exc
+
+
+def dial_error(exc: BaseException, max_chars: int = 300) -> str:
+    """Why a dial failed, for a log line: the root causes of ``exc``. py-libp2p 0.8.1's swarm
+    raises "unable to connect to PEER, no addresses established a successful connection (with
+    exceptions)", the reason of each address (refused, unreachable, a handshake that failed)
+    only in its chained causes, where a log line does not show them."""
+    causes: list[str] = []
+    pending: list[BaseException] = [exc]
+    while pending and len(causes) < 8:
+        error = pending.pop(0)
+        inner = getattr(error, "errors", None)  # py-libp2p's MultiError: one error per address
+        if isinstance(error, BaseExceptionGroup):  # trio's: one per address a name resolved to
+            pending.extend(error.exceptions)
+        elif isinstance(inner, list | tuple) and inner:
+            pending.extend(e for e in inner if isinstance(e, BaseException))
+        elif error.__cause__ is not None:
+            pending.append(error.__cause__)
+        else:
+            text = f"{type(error).__name__}: {error}"
+            if text not in causes:
+                causes.append(text)
+    return "; ".join(causes)[:max_chars] or f"{type(exc).__name__}: {exc}"[:max_chars]
 
 
 @dataclass
@@ -66,12 +89,16 @@ async def redial_forever(
     """Keep a connection to a bootstrap peer for as long as the caller's scope lives.
 
     The first dial is immediate; every later one waits the next backoff delay, which restarts
-    from ``initial`` once a connection was seen up.
+    from ``initial`` once a connection was seen up. The first failure of an outage is a WARNING
+    with its reason (a mistyped ``--peer`` shows at once, in the default log level); the retries
+    are INFO, until a connection is up again.
     """
     first = True
+    reported = False
     while True:
         if is_connected(info.peer_id):
             backoff.reset()
+            reported = False
             await wait_for_change()
             continue
         if not first:
@@ -85,10 +112,13 @@ async def redial_forever(
             log_event(
                 logger,
                 "bootstrap_dial_failed",
-                logging.INFO,
+                logging.INFO if reported else logging.WARNING,
                 peer=str(info.peer_id),
-                error=f"{type(exc).__name__}: {exc}"[:200],
+                addrs=[str(addr) for addr in info.addrs],
+                error=dial_error(exc),
+                retrying=True,
             )
+            reported = True
 
 
 class MdnsBridge:

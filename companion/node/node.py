@@ -35,7 +35,7 @@ from ..transport import Inbound, encode_for_topic
 from ..trust import TrustStore
 from .addresses import AdvertisedAddrs
 from .config import NodeConfig, make_gossipsub, make_host
-from .discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
+from .discovery import Backoff, MdnsBridge, dial_error, parse_peer_addr, redial_forever
 from .drops import Drop, DropCounters
 from .guard import EdgeGuard
 from .health import ConnectionHealth, HealthSettings
@@ -683,7 +683,7 @@ class CompanionNode:
                     logging.INFO,
                     node=self.name,
                     peer=str(info.peer_id),
-                    error=f"{type(exc).__name__}: {exc}"[:200],
+                    error=dial_error(exc),
                 )
 
     # --- the connection bound -------------------------------------------------------------------

@@ -44,6 +44,7 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from ..log import log_event
 from .addresses import AdvertisedAddrs
+from .discovery import dial_error
 
 __all__ = [
     "DialBackAutoNAT",
@@ -398,6 +399,6 @@ class NatTraversal:
                     node=self.name,
                     peer=peer.to_base58(),
                     via=str(addr),
-                    error=f"{type(exc).__name__}: {exc}"[:200],
+                    error=dial_error(exc),
                 )
         return False

@@ -1,7 +1,7 @@
 """What ``companion run`` prints on standard error while it runs, as a person at a terminal sees
-it: warnings and errors only by default, every event with ``-v``; py-libp2p's own records (here:
-dialling a bootstrap peer that is down) come through the project's format, one bounded line
-each, never Python's bare last-resort lines."""
+it: warnings and errors only by default, every event with ``-v``; a bootstrap peer that is down
+shows once, as a warning that says why (py-libp2p's own ERROR for each failed dial is left out),
+and nothing comes as Python's bare last-resort lines."""
 
 from __future__ import annotations
 
@@ -26,12 +26,15 @@ def _stderr_of_run(tmp_path: Path, *flags: str) -> list[str]:
     args += ["--data-dir", str(tmp_path / "data"), *flags]
     with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as run:
         assert run.wait_for_output("companion_pim sees ", 60), run.stderr()
-        with_libp2p = run.wait_for_stderr(" libp2p message=", 30)
+        down = run.wait_for_stderr(" bootstrap_dial_failed ", 30)
         run.ctrl_c()
         assert run.process.wait(timeout=20) == 130
         lines = [line for line in run.stderr().splitlines() if line.strip()]
-    assert with_libp2p, lines
+    assert down, lines
     assert [line for line in lines if not LINE.match(line)] == []  # no bare py-libp2p lines
+    (warning,) = [line for line in lines if " bootstrap_dial_failed " in line and " warning " in line]
+    assert "Connection refused" in warning, warning
+    assert [line for line in lines if " libp2p message=" in line] == []
     return lines
 
 
