@@ -327,3 +327,28 @@ def test_drop_counters_bound_their_log_memory() -> None:
         counters.record(Drop("not_json", "x"), peer=f"p{i}", topic=MESSAGES)
     assert len(counters._throttle) == 3
     assert counters.total == 10 and counters.by_topic[MESSAGES] == 10
+
+
+@pytest.mark.parametrize(
+    ("reason", "level"),
+    [
+        ("replay", logging.DEBUG),
+        ("request_limit", logging.DEBUG),
+        ("stale", logging.DEBUG),
+        ("send_failed", logging.INFO),
+        ("too_old", logging.WARNING),
+        ("bad_signature", logging.WARNING),
+        ("spoofed_sender", logging.WARNING),
+    ],
+)
+def test_routine_drops_are_quiet_and_misbehaviour_warns(
+    reason: str, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Gossip's own artifacts (a copy seen twice, an announcement overtaken on another path:
+    about ten warnings per node when 30 companions started together) are not a peer's fault."""
+    drops = DropCounters(lambda: 0.0)
+    caplog.set_level(logging.DEBUG, logger="companion")
+    drops.record(Drop(reason, "detail"), peer="peer-x", topic="t")
+    (record,) = [r for r in caplog.records if getattr(r, "companion_event", "") == "payload_dropped"]
+    assert record.levelno == level
+    assert drops.snapshot() == {reason: 1}
