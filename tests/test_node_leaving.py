@@ -350,3 +350,33 @@ async def test_metadata_that_arrives_after_the_leave_notice_is_not_taken(
         assert "metadata" not in _joined(events, "companion_a"), events  # never on that answer
         assert _left(events, "companion_a")[:1] == ["leaving"], events
         nursery.cancel_scope.cancel()
+
+
+async def test_a_slow_metadata_answer_from_an_announced_companion_is_routine(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When 30 companions started together on two cores, 17 metadata requests took longer than
+    their deadline and warned, from companions already in the directory by their signed
+    announcements. Here b never answers: a's request times out, a knows b by its announcement
+    all the same, and says so at INFO."""
+    real_serve = CompanionNode._serve_metadata
+
+    async def stalled(node: CompanionNode, stream: Any) -> None:
+        if node.name == "companion_b":
+            await trio.sleep_forever()
+        await real_serve(node, stream)
+
+    monkeypatch.setattr(CompanionNode, "_serve_metadata", stalled)
+    with caplog.at_level(logging.INFO, logger="companion.node"):
+        async with (
+            trio.open_nursery() as nursery,
+            running(nursery, md("b"), dht=False) as (b, _),
+            running(nursery, md("a"), peers=[b.listen_addrs[0]], dht=False, metadata_timeout=3.0) as (a, _),
+        ):
+            await until(lambda: _unavailable(caplog) is not None, 10)
+            assert "companion_b" in a.directory
+            nursery.cancel_scope.cancel()
+    record = _unavailable(caplog)
+    assert record is not None
+    fields = record.__dict__["companion_fields"]
+    assert (record.levelno, fields["status"], fields["announced"]) == (logging.INFO, "timeout", True), fields

@@ -555,10 +555,14 @@ class CompanionNode:
             return
         if outcome.metadata is None:
             routine = outcome.status == "unsupported"  # a bridge, a relay: no metadata to give
+            # A companion whose signed announcement we hold is known all the same: on a loaded
+            # machine its answer can take longer than the deadline (17 warnings when 30
+            # companions started together, every one of them already in the directory).
+            announced = self.membership.presence.of_peer(name) is not None
             if not routine and outcome.status in ("error", "timeout", "empty"):
                 # a peer that stops (or is trimmed) while we ask: the request fails, and the
                 # connection closes within moments; only a peer that stays has a problem
-                routine = await self.wait_for(lambda: not self._is_connected(peer), GONE_WAIT)
+                routine = announced or await self.wait_for(lambda: not self._is_connected(peer), GONE_WAIT)
             log_event(
                 logger,
                 "peer_metadata_unavailable",
@@ -568,6 +572,7 @@ class CompanionNode:
                 status=outcome.status,
                 detail=outcome.detail,
                 peer_gone=not self._is_connected(peer),
+                announced=announced,
             )
             return
         result = self.membership.bind(name, outcome.metadata)
