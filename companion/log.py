@@ -31,6 +31,7 @@ __all__ = [
     "Throttle",
     "bound",
     "configure_logging",
+    "library_teardown",
     "log_event",
     "log_exception",
 ]
@@ -262,12 +263,15 @@ class LibraryRecords(logging.Filter):
     def __init__(self, throttle: Throttle | None = None) -> None:
         super().__init__()
         self.throttle = throttle if throttle is not None else Throttle()
+        self.teardown = False
+        """Set by :func:`library_teardown`: the process is stopping."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, _EVENT_ATTR, None) is not None:
             return True
         routine = (
-            _routine_end_of_stream(record)
+            self.teardown
+            or _routine_end_of_stream(record)
             or _self_reported_stream_failure(record)
             or _peer_gone(record)
             or (record.name, record.msg) == _DIAL_FAILED
@@ -284,6 +288,19 @@ class LibraryRecords(logging.Filter):
         setattr(record, _EVENT_ATTR, _LIBP2P_EVENT)
         setattr(record, _FIELDS_ATTR, {"message": bound(message), "suppressed_since_last": left_out})
         return True
+
+
+def library_teardown() -> None:
+    """The process is stopping (SIGINT, SIGTERM): from now on py-libp2p's records are left out
+    at the default levels, as the routine ones are (libp2p at DEBUG still shows them). Its
+    connections close mid-handshake, its streams mid-negotiation, and its peers stop too, and
+    py-libp2p logs each of those at ERROR: stopping 30 companions together printed 44 such lines
+    (handshakes, negotiations, "add_conn failed ... Cancelled"), none of them about a fault.
+    The nodes' own events (``stopping``, ``host_close_timeout``, ``stopped``) still show."""
+    for handler in logging.getLogger("libp2p").handlers:
+        for each in handler.filters:
+            if isinstance(each, LibraryRecords):
+                each.teardown = True
 
 
 def _peer_gone(record: logging.LogRecord) -> bool:

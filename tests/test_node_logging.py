@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import signal
 import socket
 from typing import Any
 
@@ -16,6 +17,7 @@ from libp2p.network.stream.exceptions import StreamEOF, StreamReset  # (before a
 from libp2p.peer.id import ID
 from node_support import running, until
 
+from companion.app.stopping import note_stopping
 from companion.log import (
     MAX_CHARS,
     MAX_ITEMS,
@@ -231,3 +233,26 @@ async def test_a_dial_that_fails_is_reported_by_the_code_that_dialled(captured: 
 
 def _events(stream: io.StringIO, event: str) -> list[dict[str, Any]]:
     return [line for line in lines(stream) if line.get("event") == event]
+
+
+def test_the_libraries_teardown_is_left_out_once_the_process_stops(captured: io.StringIO) -> None:
+    """Stopping 30 companions together printed 44 py-libp2p ERRORs (handshakes cut short,
+    ``add_conn failed ... Cancelled``, a stream reset by a peer stopping too). Once the process
+    is stopping they are its own teardown; the nodes' events still show."""
+    logging.getLogger("libp2p").setLevel(logging.INFO)
+    yamux = logging.getLogger("libp2p.stream_muxer.yamux.yamux")
+    yamux.error("Error in handle_incoming for peer X: ConnectionClosedError: reset by remote peer")
+    assert len(lines(captured)) == 1  # while running it shows
+
+    note_stopping(logging.getLogger("companion.app.run"), signal.SIGTERM)
+    yamux.error("Error in handle_incoming for peer Y: ConnectionClosedError: reset by remote peer")
+    logging.getLogger("libp2p.network.swarm").warning("[ADDCONN_FAIL] add_conn failed: Cancelled")
+    log_event(logging.getLogger("companion.node"), "host_close_timeout", logging.WARNING, node="n")
+    assert [(line["event"], line.get("signal")) for line in lines(captured)[1:]] == [
+        ("stopping", "SIGTERM"),
+        ("host_close_timeout", None),
+    ]
+
+    logging.getLogger("libp2p").setLevel(logging.DEBUG)  # asked for everything: shown as it is
+    yamux.error("Error in handle_incoming for peer Z")
+    assert lines(captured)[-1]["event"] == "libp2p"

@@ -27,7 +27,7 @@ from ..log import log_event
 from ..protocol import STATES, Metadata
 from ..transport import Publisher
 from .lines import peer_line
-from .stopping import Interrupted
+from .stopping import Interrupted, note_stopping
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
@@ -141,7 +141,7 @@ async def run_bridge(
                     node.log_stats()
                     log_event(logger, "bridge_stats", **bridge.stats())
                     continue
-                log_event(logger, "stopping", signal=signal.Signals(signum).name)
+                note_stopping(logger, signum)
                 stopped_by = signum
                 break
         nursery.cancel_scope.cancel()

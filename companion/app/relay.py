@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from ..log import log_event
 from .lines import RELAY_LINE, print_addresses
-from .stopping import Interrupted
+from .stopping import Interrupted, note_stopping
 
 if TYPE_CHECKING:
     from ..node.relay_node import RelayNode, RelayOptions
@@ -76,7 +75,7 @@ async def run_relay(
                 if signum == signal.SIGUSR1:
                     relay.log_stats()
                     continue
-                log_event(logger, "stopping", signal=signal.Signals(signum).name)
+                note_stopping(logger, signum)
                 interrupted = signum == signal.SIGINT
                 break
             nursery.cancel_scope.cancel()

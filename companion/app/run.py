@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from ..log import log_event
 from . import collector
 from .engines import EngineOptions, HandlerFactory, PendingHandler, engine_handlers, prepare_models
 from .lines import announce_directory, peer_line, print_addresses
-from .stopping import Interrupted
+from .stopping import Interrupted, note_stopping
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
@@ -249,7 +248,7 @@ async def _serve_signals(
                 for node in nodes():
                     node.log_stats()
                 continue
-            log_event(logger, "stopping", signal=signal.Signals(signum).name)
+            note_stopping(logger, signum)
             stopped_by.append(signum)
             scope.cancel()
             return

@@ -9,7 +9,12 @@ inside nested exception groups; :func:`is_interrupt` recognizes both.
 
 from __future__ import annotations
 
-__all__ = ["Interrupted", "is_interrupt"]
+import logging
+import signal
+
+from ..log import library_teardown, log_event
+
+__all__ = ["Interrupted", "is_interrupt", "note_stopping"]
 
 
 class Interrupted(Exception):
@@ -23,3 +28,10 @@ def is_interrupt(exc: BaseException) -> bool:
         _, rest = exc.split((KeyboardInterrupt, Interrupted))
         return rest is None
     return isinstance(exc, KeyboardInterrupt | Interrupted)
+
+
+def note_stopping(logger: logging.Logger, signum: int) -> None:
+    """Log ``stopping`` with the signal's name; py-libp2p's records of the teardown that
+    follows are left out (:func:`~companion.log.library_teardown`)."""
+    log_event(logger, "stopping", signal=signal.Signals(signum).name)
+    library_teardown()
