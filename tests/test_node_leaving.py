@@ -234,8 +234,13 @@ async def test_a_metadata_request_to_a_peer_that_stops_is_routine_one_that_stays
     assert fields["status"] in ("error", "empty")  # a reset reads as either
 
 
-def _unavailable(caplog: pytest.LogCaptureFixture) -> logging.LogRecord | None:
-    found = [r for r in caplog.records if getattr(r, "companion_event", "") == "peer_metadata_unavailable"]
+def _unavailable(caplog: pytest.LogCaptureFixture, node: str = "") -> logging.LogRecord | None:
+    found = [
+        r
+        for r in caplog.records
+        if getattr(r, "companion_event", "") == "peer_metadata_unavailable"
+        and (not node or r.__dict__["companion_fields"].get("node") == node)
+    ]
     return found[0] if found else None
 
 
@@ -380,3 +385,43 @@ async def test_a_slow_metadata_answer_from_an_announced_companion_is_routine(
     assert record is not None
     fields = record.__dict__["companion_fields"]
     assert (record.levelno, fields["status"], fields["announced"]) == (logging.INFO, "timeout", True), fields
+
+
+async def test_asking_a_companion_that_announced_its_stop_is_routine(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """When 30 companions stopped together on two cores, their closes took seconds: a peer that
+    dialled one of them meanwhile got no metadata (a stopping companion answers none) from a
+    peer still connected a second later, and warned, 24 times. c heard a's stop through b,
+    dials a while a's close is slow, and says so at INFO."""
+    real_close = CompanionNode._close_host
+
+    async def slow_close(node: CompanionNode, host: Any) -> None:
+        if node.name == "companion_a":
+            await trio.sleep(2.5)  # a loaded machine; within the 5 s close_timeout
+        await real_close(node, host)
+
+    monkeypatch.setattr(CompanionNode, "_close_host", slow_close)
+    everyone = {"companion_a", "companion_b", "companion_c"}
+    with caplog.at_level(logging.INFO, logger="companion.node"):
+        async with (
+            trio.open_nursery() as nursery,
+            running(nursery, md("b"), dht=False) as (b, _),
+            running(nursery, md("c"), peers=[b.listen_addrs[0]], dht=False, max_connections=1) as (c, _),
+        ):
+            a = CompanionNode(md("a"), NodeConfig(peers=[b.listen_addrs[0]], dht=False))
+            stop_a = trio.CancelScope()
+            await nursery.start(run_node, a, Recorder(), stop_a)
+            await until(lambda: all(set(n.directory) == everyone for n in (a, b, c)), 15)
+            stop_a.cancel()
+            await until(lambda: "companion_a" not in c.directory, AT_ONCE)  # its announcement
+            await until(lambda: a.presence._telling is None, 5)
+            assert not a._finished.is_set()
+            with trio.fail_after(5):
+                await c._host.connect(parse_peer_addr(a.listen_addrs[0]))
+            await until(lambda: _unavailable(caplog, "companion_c") is not None, GONE_WAIT + 5)
+            nursery.cancel_scope.cancel()
+    record = _unavailable(caplog, "companion_c")
+    assert record is not None
+    fields = record.__dict__["companion_fields"]
+    assert (record.levelno, fields["left"]) == (logging.INFO, True), fields
