@@ -117,7 +117,9 @@ IMPORTS: dict[str, str] = {
     "companion.app.run, companion.node, companion.node.discovery, companion.app.clients",
 }
 """What each start spends on imports alone (spawn -> exit): ours minus libp2p's is the package's.
-``companion run`` imports with the cyclic collector paused (companion/app/collector.py), as here."""
+``companion run`` imports with the cyclic collector paused (companion/app/collector.py), as here.
+Each figure includes the interpreter's teardown of what it imported, so ``import trio, libp2p``
+takes longer than the bare node's whole spawn -> first connection, which never exits."""
 
 
 def help_times(runs: int) -> dict[str, list[float]]:
@@ -170,7 +172,7 @@ def main() -> int:
     bare_cpu = _row("bare py-libp2p node", times["bare_cpu"])
     _row("the same, PYTHONDONTWRITEBYTECODE=1", times["uncompiled_cpu"])
     print(f"  ratio companion/bare: {companion_cpu / bare_cpu:.2f}x")
-    print("spawn -> exit:")
+    print("spawn -> exit (imports, then the interpreter's teardown of what they loaded):")
     for label, values in help_times(args.runs).items():
         _row(label, values)
     with open("/proc/loadavg") as f:

@@ -65,7 +65,8 @@ def test_memory_pins_take_precedence_and_are_never_written(tmp_path: Path) -> No
     store.hold("companion_a", B, "flag")  # --trust companion_a=B for this run
     assert store.pin_of("companion_a") == Pin("companion_a", B, "flag")
     assert store.claim("companion_a", A) == PinRefused("companion_a", A, "id_pinned", B)
-    assert TrustStore.in_directory(tmp_path).pin_of("companion_a").peer_id == A  # type: ignore[union-attr]
+    written = TrustStore.in_directory(tmp_path).pin_of("companion_a")
+    assert written is not None and written.peer_id == A
 
 
 def test_a_full_store_refuses_new_pins_and_keeps_the_old(tmp_path: Path) -> None:
