@@ -105,3 +105,24 @@ async def test_an_announcement_that_reports_a_loss_or_is_old_is_not_handed_over(
     assert service._hand_over([peer])
     service._handing_since -= presence_module.SEEN_TTL  # as if published two minutes ago
     assert not service._hand_over([peer]), "an announcement peers may have forgotten was handed over"
+
+
+async def test_trimming_a_peer_that_holds_no_announcements_announces_nothing() -> None:
+    """A node hands its announcement to a peer it trims, so the peer keeps it listed; a peer
+    that is not on the presence topic (an aikyo node, a bridge, a client) holds none. Trimming
+    one announced anew to the whole network: a client that kept dialling back the nodes that
+    trimmed it made 30 idle companions write 1.6-2.0 announcements a second each."""
+    service, pubsub = _service()
+    await service._announce(leaving=False)
+    published = service.published
+    client = ID.from_pubkey(create_new_key_pair().public_key)  # connected, never on the topic
+    await service.announce_now([client.to_base58()])
+    assert (service.published, pubsub.sent) == (published, [])
+
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    pubsub.peer_topics[PRESENCE_TOPIC].add(peer)
+    await service.announce_now([client.to_base58(), peer.to_base58()])
+    assert service.published == published and [to for to, _ in pubsub.sent] == [peer]  # handed over
+    service._handing_since -= presence_module.SEEN_TTL  # too old to hand over: announced anew
+    await service.announce_now([peer.to_base58()])
+    assert service.published == published + 1

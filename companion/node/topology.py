@@ -20,7 +20,8 @@ has one: inbound connections were never trimmed. This module trims them itself, 
    ``grace`` period (time to exchange metadata and a first announcement).
 
 Before it trims a connection, a node hands the peer its latest presence announcement (or
-announces anew, :meth:`~.presence.PresenceService.announce_now`) and tells the peer on
+announces anew, :meth:`~.presence.PresenceService.announce_now`; nothing to a peer that is not on
+the presence topic) and tells the peer on
 :data:`TRIM_PROTOCOL` (a notice, :mod:`.notice`, the peer acknowledges): the trimmed peer keeps it
 in its directory, reachable through gossip, while a peer whose connection closed without that
 notice (killed, or unreachable) leaves its neighbours' directories at once (see
