@@ -253,22 +253,14 @@ async def test_a_peer_that_connects_during_the_stop_is_told_within_the_same_dead
     heard: list[bytes] = []
     told = trio.Event()
 
-    async def never_answer(stream: Any) -> None:
-        await trio.sleep_forever()
-
     async def answer(stream: Any) -> None:
         heard.append(bytes(await stream.read(16)))
         await stream.write(b"\x01")
         told.set()
 
     async with trio.open_nursery() as nursery, raw_peer() as silent, raw_peer() as late:
-        silent.host.set_stream_handler(LEAVE_PROTOCOL, never_answer)
         late.host.set_stream_handler(LEAVE_PROTOCOL, answer)
-        a = CompanionNode(md("a"), NodeConfig(dht=False))
-        stop_a = trio.CancelScope()
-        await nursery.start(run_node, a, Recorder(), stop_a)
-        await silent.connect(a.listen_addrs[0])
-        await until(lambda: a.presence.published > 0, 10)
+        a, stop_a = await _held_by_a_silent_peer(nursery, silent)
         began = trio.current_time()
         stop_a.cancel()
         await until(lambda: a.presence._telling is not None, 5)
@@ -281,6 +273,25 @@ async def test_a_peer_that_connects_during_the_stop_is_told_within_the_same_dead
         assert heard == [encode_uvarint(a.presence._seq)]
         assert a.presence.leave_notices["acknowledged"] == 1  # the late one; the silent one never
         nursery.cancel_scope.cancel()
+
+
+async def _held_by_a_silent_peer(
+    nursery: trio.Nursery, silent: RawPeer
+) -> tuple[CompanionNode, trio.CancelScope]:
+    """Companion a, started and announced, with ``silent`` connected: a peer that never answers
+    a's leave notice, so a's stop waits out the notices' whole deadline. Cancel the scope to
+    stop a."""
+
+    async def never_answer(stream: Any) -> None:
+        await trio.sleep_forever()
+
+    silent.host.set_stream_handler(LEAVE_PROTOCOL, never_answer)
+    a = CompanionNode(md("a"), NodeConfig(dht=False))
+    stop_a = trio.CancelScope()
+    await nursery.start(run_node, a, Recorder(), stop_a)
+    await silent.connect(a.listen_addrs[0])
+    await until(lambda: a.presence.published > 0, 10)
+    return a, stop_a
 
 
 def _joined(events: list[MembershipEvent], companion_id: str) -> list[str]:
@@ -296,17 +307,8 @@ async def test_a_companion_connecting_during_a_stop_never_lists_the_one_that_sto
     gossip, the leaving one after an earlier one still in a's cache, and list a for a moment:
     a's first announcement went out just before its stop.)"""
     events: list[MembershipEvent] = []
-
-    async def never_answer(stream: Any) -> None:
-        await trio.sleep_forever()
-
     async with trio.open_nursery() as nursery, raw_peer() as silent:
-        silent.host.set_stream_handler(LEAVE_PROTOCOL, never_answer)
-        a = CompanionNode(md("a"), NodeConfig(dht=False))
-        stop_a = trio.CancelScope()
-        await nursery.start(run_node, a, Recorder(), stop_a)
-        await silent.connect(a.listen_addrs[0])
-        await until(lambda: a.presence.published > 0, 10)
+        a, stop_a = await _held_by_a_silent_peer(nursery, silent)
         async with running(nursery, md("c"), dht=False) as (c, _):
             c.add_membership_listener(events.append)
             stop_a.cancel()
