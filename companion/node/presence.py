@@ -79,7 +79,7 @@ from ..protocol import (
 )
 from .drops import Drop, DropCounters
 from .notice import acknowledge, tell
-from .pubsub import reset_quietly
+from .pubsub import KeyedMessageCache, reset_quietly
 
 __all__ = ["LEAVE_PROTOCOL", "PresenceService", "PresenceSettings"]
 
@@ -482,6 +482,7 @@ class PresenceService:
             self._gone = True
             await self._announce(leaving=True)
             await self._flush()
+            self._forget_earlier_announcements()
             host = self._pubsub.host
             try:
                 async with trio.open_nursery() as nursery:  # all at once, each within the deadline
@@ -493,6 +494,21 @@ class PresenceService:
                 # closing: a peer connecting now is not told (starting its notice there raised,
                 # and ended the stop in an error).
                 self._telling = None
+
+    def _forget_earlier_announcements(self) -> None:
+        """Once ``leaving`` went out, take this companion's earlier announcements out of
+        gossipsub's message cache: a peer that connected during the stop was replayed them on
+        subscribing (py-libp2p replays a topic's recent messages), the ``leaving`` one after
+        them, and listed the companion for a moment. Only the latest (``leaving``) stays."""
+        cache = getattr(getattr(self._pubsub, "router", None), "mcache", None)
+        me = getattr(getattr(self._pubsub, "my_id", None), "to_bytes", lambda: b"")()
+        if not isinstance(cache, KeyedMessageCache) or not me:
+            return
+        own = [m for m in cache.msgs.values() if m.from_id == me and list(m.topicIDs) == [PRESENCE_TOPIC]]
+        if len(own) > 1:
+            latest = max(own, key=lambda m: int.from_bytes(m.seqno, "big"))
+            earlier = {id(m) for m in own if m is not latest}
+            cache.forget(lambda m: id(m) in earlier)
 
     async def _tell_leaving(self, telling: _Telling, peer: ID) -> None:
         timeout = max(0.0, telling.deadline - trio.current_time())

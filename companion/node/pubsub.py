@@ -126,6 +126,18 @@ class KeyedMessageCache(MessageCache):
         self.msgs[mid] = msg
         self.history[0].append(CacheEntry(mid, msg.topicIDs))
 
+    def forget(self, drop: Callable[[rpc_pb2.Message], bool]) -> int:
+        """Remove the messages ``drop`` says to from the cache and its history, so they are
+        neither gossiped (IHAVE), served (IWANT) nor replayed to a peer that subscribes; how
+        many went."""
+        gone = {mid for mid, msg in self.msgs.items() if drop(msg)}
+        for mid in gone:
+            del self.msgs[mid]
+        if gone:
+            for entries in self.history:
+                entries[:] = [entry for entry in entries if entry.mid not in gone]
+        return len(gone)
+
 
 Pending: TypeAlias = list[tuple[float, rpc_pb2.RPC]]
 
