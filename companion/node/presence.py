@@ -52,7 +52,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -443,14 +443,18 @@ class PresenceService:
         seen_for = getattr(getattr(self._pubsub, "seen_messages", None), "ttl", SEEN_TTL)
         if trio.current_time() - self._handing_since > seen_for - HAND_OVER_MARGIN:
             return False  # peers that had it may have forgotten it: they would refuse it as a replay
-        on_topic = getattr(self._pubsub, "peer_topics", {}).get(PRESENCE_TOPIC, ())
         sent = False
-        for peer in peers:
-            if peer in on_topic:  # aikyo's peers never subscribe to it
-                router.send_rpc(peer, rpc_pb2.RPC(publish=[message]))
-                self.handed_over += 1
-                sent = True
+        for peer in self._on_topic(peers):
+            router.send_rpc(peer, rpc_pb2.RPC(publish=[message]))
+            self.handed_over += 1
+            sent = True
         return sent
+
+    def _on_topic(self, peers: Iterable[ID]) -> list[ID]:
+        """Those of ``peers`` on the presence topic: the only ones that hold announcements
+        (aikyo's nodes, bridges and clients never subscribe to it)."""
+        on_topic = getattr(self._pubsub, "peer_topics", {}).get(PRESENCE_TOPIC, ())
+        return [peer for peer in peers if peer in on_topic]
 
     async def announce_now(self, peers: Sequence[str] = ()) -> None:
         """Make sure ``peers`` hold this companion's latest announcement and wait (bounded)
@@ -465,8 +469,7 @@ class PresenceService:
         periodic refreshes, each read by every node from several mesh peers."""
         if self.metadata is None or self.held:
             return
-        on_topic = getattr(self._pubsub, "peer_topics", {}).get(PRESENCE_TOPIC, ())
-        holders = [peer for peer in map(ID.from_base58, peers) if peer in on_topic]
+        holders = self._on_topic(map(ID.from_base58, peers))
         if not holders:
             return
         if not self._hand_over(holders):
@@ -501,14 +504,17 @@ class PresenceService:
         subscribing (py-libp2p replays a topic's recent messages), the ``leaving`` one after
         them, and listed the companion for a moment. Only the latest (``leaving``) stays."""
         cache = getattr(getattr(self._pubsub, "router", None), "mcache", None)
-        me = getattr(getattr(self._pubsub, "my_id", None), "to_bytes", lambda: b"")()
-        if not isinstance(cache, KeyedMessageCache) or not me:
+        if not isinstance(cache, KeyedMessageCache):
             return
-        own = [m for m in cache.msgs.values() if m.from_id == me and list(m.topicIDs) == [PRESENCE_TOPIC]]
+        me = ID.from_base58(self._self_peer).to_bytes()
+        own = {
+            mid: msg
+            for mid, msg in cache.msgs.items()
+            if msg.from_id == me and list(msg.topicIDs) == [PRESENCE_TOPIC]
+        }
         if len(own) > 1:
-            latest = max(own, key=lambda m: int.from_bytes(m.seqno, "big"))
-            earlier = {id(m) for m in own if m is not latest}
-            cache.forget(lambda m: id(m) in earlier)
+            latest = max(own, key=lambda mid: int.from_bytes(own[mid].seqno, "big"))
+            cache.forget(own.keys() - {latest})
 
     async def _tell_leaving(self, telling: _Telling, peer: ID) -> None:
         timeout = max(0.0, telling.deadline - trio.current_time())

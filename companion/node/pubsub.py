@@ -66,7 +66,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final, TypeAlias
 from weakref import WeakKeyDictionary, WeakSet
 
@@ -126,13 +126,11 @@ class KeyedMessageCache(MessageCache):
         self.msgs[mid] = msg
         self.history[0].append(CacheEntry(mid, msg.topicIDs))
 
-    def forget(self, drop: Callable[[rpc_pb2.Message], bool]) -> int:
-        """Remove the messages ``drop`` says to from the cache and its history, so they are
+    def forget(self, mids: Iterable[bytes]) -> int:
+        """Remove the messages ``mids`` names from the cache and its history, so they are
         neither gossiped (IHAVE), served (IWANT) nor replayed to a peer that subscribes; how
         many went."""
-        gone = {mid for mid, msg in self.msgs.items() if drop(msg)}
-        for mid in gone:
-            del self.msgs[mid]
+        gone = {mid for mid in mids if self.msgs.pop(mid, None) is not None}
         if gone:
             for entries in self.history:
                 entries[:] = [entry for entry in entries if entry.mid not in gone]
