@@ -23,10 +23,19 @@ one warm-up round, then ``--rounds`` measured ones. Printed per size and layout:
   p50/p90 over every measured turn, from the nodes' own log stamps (needs ``--log-level INFO``,
   the default).
 
-Beside each, measured in the same run: a bare py-libp2p gossipsub network of the same size and
-layout (bench_support.bare_*: the project's gossipsub parameters, nothing else), whose nodes do
-the same three publishes a turn takes (message, a states array from a leader, the reply from the
-speaker it names), and the ratios. The goals of issue 12 are printed, not asserted.
+Beside each, measured in the same run, two reference networks of the same size whose nodes do
+only the three publishes a turn takes (message, a states array from a leader, the reply from the
+speaker it names), and the ratios:
+
+- ``bare``: py-libp2p alone (bench_support.bare_*: the project's gossipsub parameters, nothing
+  else), in the same layout;
+- ``js``: the JavaScript peer of ``tests/js`` (js-libp2p 2.9 set up as aikyo 1.6 sets it up,
+  its gossipsub defaults included), one process per node (``process`` layout only), each
+  dialling up to :data:`JS_DIALS` earlier ones at random, none past :data:`JS_MAX_LINKS` links
+  (as the project's node keeps 8): what aikyo's own network stack costs on the same machine. Needs
+  Node.js and npm (the dependencies are installed on first use); skipped with a note without.
+
+The goals of issue 12 are printed, not asserted.
 
     python scripts/bench_conversation.py --sizes 3 10 --rounds 10
     python scripts/bench_conversation.py --sizes 10 --layouts one --hold 60  # py-spy the PIDs
@@ -35,7 +44,8 @@ speaker it names), and the ratios. The goals of issue 12 are printed, not assert
 Bootstrap (``--bootstrap``): ``hub`` (default) gives every process the first one's address and
 lets the DHT do the rest (spawned together); ``chain`` gives each process every earlier one's
 address (spawned one after the other, as ``companion run`` connects cards in one process). The
-bare network always chains (it has no discovery), so its start-up is not printed.
+reference networks are spawned one node after the other (they have no discovery), so their
+start-up is not printed.
 
 ``BENCH_NODE_CONFIG='{"health_check_interval": 30, "degree_high": 8}'`` replaces NodeConfig fields
 on every node, the companions' and the bare ones' (a settings experiment; the package is not
@@ -51,6 +61,7 @@ import argparse
 import json
 import math
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -75,8 +86,18 @@ USER: Final = "user_bench"
 NODE_CONFIG_ENV: Final = "BENCH_NODE_CONFIG"
 LEADER_KEY: Final = "bench_leader"
 SPEAKER_KEY: Final = "bench_speaker"
-"""The bare network's turn: the client names a leader, which publishes a states array naming the
-speaker, which replies (keys in ``params.metadata``)."""
+"""The reference networks' turn: the client names a leader, which publishes a states array
+naming the speaker, which replies (keys in ``params.metadata``; ``tests/js/peer.mjs`` reads the
+same ones)."""
+REFERENCES: Final = ("bare", "js")
+JS_DIALS: Final = 4
+"""How many earlier nodes each js reference node dials (chosen at random, seeded by the size)."""
+JS_MAX_LINKS: Final = 8
+"""The most links a js reference node has to others (the client's is one more). js-libp2p's
+gossipsub scores down peers that share an IP address past 10 (``IPColocationFactorThreshold``,
+weight -5 per surplus squared): on loopback every peer is 127.0.0.1, and a node with 14 peers
+(13 nodes and the client) ranked them all below its publish threshold and published to no one
+(measured: 2 of 15 rounds unanswered at 30). The project's nodes keep 8 connections too."""
 GOALS: Final = (
     "goals (issue 12): 30 companions, p50 <= 150 ms, p90 <= 400 ms, idle CPU of the network <= 0.3 cores"
 )
@@ -295,6 +316,8 @@ class NodeView:
     addrs: list[str] = field(default_factory=list)
     sees: frozenset[str] = frozenset()
     connected: int = 0
+    peers: set[str] = field(default_factory=set)
+    """The js peer's connected peers (it prints each connect and disconnect, not a count)."""
 
 
 @dataclass
@@ -306,6 +329,8 @@ class Child:
     stderr_path: Path
     nodes: list[str] = field(default_factory=list)
     exited: int | None = None
+    errors: list[str] = field(default_factory=list)
+    """``error`` events the js peer printed (a failed dial or publish)."""
 
 
 class Network:
@@ -319,16 +344,24 @@ class Network:
         self.first_spawn: float | None = None
         self._changed = trio.Event()
 
-    async def spawn(self, label: str, argv: list[str]) -> Child:
+    async def spawn(self, label: str, argv: list[str], commands: Sequence[dict[str, Any]] = ()) -> Child:
+        """Start one process; ``commands`` are written to its standard input (one JSON object a
+        line, as the js peer reads them), which then stays open: the js peer stops at its end."""
         if self.first_spawn is None:
             self.first_spawn = trio.current_time()
         stderr_path = self.folder / f"{label}.stderr"
         with open(stderr_path, "wb") as stderr:
             process = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr
+                argv,
+                stdin=subprocess.PIPE if commands else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
             )
         child = Child(label, process, stderr_path)
         self.children.append(child)
+        if commands:
+            assert process.stdin is not None
+            await process.stdin.send_all(b"".join(json.dumps(c).encode() + b"\n" for c in commands))
         self.nursery.start_soon(self._read, child)
         return child
 
@@ -358,6 +391,9 @@ class Network:
         if line.startswith("  ") and current is not None:
             current.addrs.append(line.strip())
             return current
+        if line.startswith("{"):
+            self._js_event(child, line)
+            return current
         words = line.split()
         if len(words) == 3 and words[1] == "peer":
             view = NodeView(words[0], words[2])
@@ -372,6 +408,25 @@ class Network:
             self.nodes[seen[0]].sees = seen[1]
         return current
 
+    def _js_event(self, child: Child, line: str) -> None:
+        """One event of the js peer (``tests/js/peer.mjs``), which runs one node named by its label."""
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        kind = event.get("event")
+        if kind == "started":
+            view = NodeView(child.label, str(event.get("peer_id")))
+            view.addrs = [str(a) for a in event.get("addrs") or () if "/ip4/127.0.0.1/" in str(a)]
+            self.nodes[view.name] = view
+            child.nodes.append(view.name)
+        elif kind in ("connected", "disconnected") and child.label in self.nodes:
+            view = self.nodes[child.label]
+            (view.peers.add if kind == "connected" else view.peers.discard)(str(event.get("peer")))
+            view.connected = len(view.peers)
+        elif kind == "error":
+            child.errors.append(f"{event.get('op')}: {event.get('error')}"[:300])
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
@@ -385,6 +440,9 @@ class Network:
 
     def dead(self) -> list[str]:
         return [f"{c.label} exited {c.exited}" for c in self.children if c.exited is not None]
+
+    def js_errors(self) -> list[str]:
+        return [f"{c.label} {e}" for c in self.children for e in c.errors]
 
     def pids(self) -> list[int]:
         return [c.process.pid for c in self.children if c.exited is None]
@@ -596,6 +654,8 @@ class Options:
     log_level: str
     hold: float
     case_timeout: float
+    js_command: tuple[str, ...] = ()
+    """How to start the js peer (``js_support.js_peer_command``); empty: no js reference."""
 
 
 def node_config() -> Any:
@@ -694,6 +754,17 @@ async def start_network(
                 earlier = [net.nodes[c].addrs[0] for c in ids[:index]]
                 await net.spawn(cid, companion_argv(cards[index : index + 1], data, index, earlier, options))
                 await expect([cid])
+    elif kind == "js":
+        if layout != "process":
+            raise RuntimeError("the js peer runs one node per process: it has no 'one' layout")
+        dials = js_dials(ids)
+        for cid in ids:
+            commands = [
+                {"op": "bench_turn", "name": cid},
+                *({"op": "dial", "addr": net.nodes[c].addrs[0]} for c in dials[cid]),
+            ]
+            await net.spawn(cid, [*options.js_command, json.dumps(js_metadata(cid))], commands)
+            await expect([cid])
     elif layout == "one":
         await net.spawn("bare", bare_argv(ids, []))
         await expect(ids)
@@ -703,11 +774,37 @@ async def start_network(
             await expect([cid])
 
 
+def js_dials(ids: Sequence[str]) -> dict[str, list[str]]:
+    """Which earlier nodes each js reference node dials: up to :data:`JS_DIALS` at random
+    (seeded by the size, so every run lays the same graph) among those with fewer than
+    :data:`JS_MAX_LINKS` links."""
+    pick = random.Random(len(ids))
+    links = dict.fromkeys(ids, 0)
+    dials: dict[str, list[str]] = {}
+    for index, cid in enumerate(ids):
+        open_ = [c for c in ids[:index] if links[c] < JS_MAX_LINKS]
+        dials[cid] = pick.sample(open_, min(len(open_), JS_DIALS))
+        for c in dials[cid]:
+            links[c] += 1
+        links[cid] += len(dials[cid])
+    return dials
+
+
+def js_metadata(cid: str) -> dict[str, str]:
+    return {"id": cid, "name": cid, "personality": "bench", "story": "bench", "sample": "bench"}
+
+
 def present(net: Network, kind: str, ids: list[str]) -> Callable[[], bool]:
     everyone = frozenset(ids)
     if kind == "companion":
         return lambda: all(n in net.nodes and net.nodes[n].sees >= everyone for n in ids)
-    return lambda: all(n in net.nodes and net.nodes[n].connected >= len(ids) - 1 for n in ids)
+    if kind == "bare":  # a full mesh
+        return lambda: all(n in net.nodes and net.nodes[n].connected >= len(ids) - 1 for n in ids)
+    links = Counter[str]()
+    for cid, dialled in js_dials(ids).items():
+        links[cid] += len(dialled)
+        links.update(dialled)
+    return lambda: all(n in net.nodes and net.nodes[n].connected >= links[n] for n in ids)
 
 
 def network_cpu(pids: Sequence[int]) -> dict[int, float]:
@@ -746,11 +843,12 @@ async def read_stats(net: Network, names: Sequence[str], timeout: float = 15.0) 
 
 async def run_case(size: int, layout: str, kind: str, options: Options) -> dict[str, Any]:
     """One network, measured; what it got and why it stopped early, if it did."""
-    ids = companion_ids(size, "bench" if kind == "companion" else "bare")
+    ids = companion_ids(size, "bench" if kind == "companion" else kind)
     result: dict[str, Any] = {"size": size, "layout": layout, "kind": kind, "notes": []}
     notes: list[str] = result["notes"]
     dead: list[str] = []
     tails: list[str] = []
+    js_errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-conv-") as tmp:
         try:
             async with trio.open_nursery() as nursery:
@@ -765,6 +863,7 @@ async def run_case(size: int, layout: str, kind: str, options: Options) -> dict[
                     await client.close()
                     dead = net.dead()
                     tails = net.stderr_tail()
+                    js_errors = net.js_errors()
                     await net.stop()
                     nursery.cancel_scope.cancel()
         except Exception as exc:  # a case that cannot finish reports what it got, and why
@@ -779,6 +878,8 @@ async def run_case(size: int, layout: str, kind: str, options: Options) -> dict[
     if dead:
         notes.append("exited during the case: " + ", ".join(dead))
     notes.extend(tails)
+    if js_errors:
+        notes.append(f"{len(js_errors)} errors from the js peers, e.g. {js_errors[0]}")
     return result
 
 
@@ -933,7 +1034,7 @@ async def talk(
 
     for round_no in range(options.rounds + 1):  # round 0 warms up and is not counted
         metadata = None
-        if kind == "bare":
+        if kind != "companion":
             metadata = {LEADER_KEY: ids[round_no % size], SPEAKER_KEY: ids[(round_no + 1) % size]}
         text = f"Round {round_no}, everyone: {QUESTIONS[round_no % len(QUESTIONS)]}"
         if round_no == 1:
@@ -956,6 +1057,7 @@ async def talk(
                 chain += chain_latencies(client, reply)
             else:
                 unanswered += 1
+                result["notes"].append(f"round {round_no} unanswered within {options.reply_timeout:.0f} s")
             tally()
     return measured_from
 
@@ -1106,7 +1208,7 @@ HEADER: Final = (
 def row(r: dict[str, Any]) -> str:
     f50, f90, f99 = quantiles(r.get("first_ms", []))
     c50, c90, _ = quantiles(r.get("chain_ms", []))
-    if r["kind"] == "bare":
+    if r["kind"] != "companion":
         present = "-"
     else:
         present = "timeout" if r.get("present_s") is None else f"{r['present_s']:.1f}"
@@ -1126,7 +1228,7 @@ def row(r: dict[str, Any]) -> str:
     )
 
 
-def ratios(ours: dict[str, Any], bare: dict[str, Any]) -> str:
+def ratios(ours: dict[str, Any], ref: dict[str, Any]) -> str:
     def ratio(a: float | None, b: float | None) -> str:
         if a is None or b is None or b <= 0 or math.isnan(a):
             return "-"
@@ -1136,11 +1238,11 @@ def ratios(ours: dict[str, Any], bare: dict[str, Any]) -> str:
         values = r.get("first_ms") or []
         return percentile(values, p) if values else None
 
-    idle = ratio(ours.get("idle_cores"), bare.get("idle_cores"))
-    per_reply = ratio(ours.get("talk_cpu_per_reply_ms"), bare.get("talk_cpu_per_reply_ms"))
+    idle = ratio(ours.get("idle_cores"), ref.get("idle_cores"))
+    per_reply = ratio(ours.get("talk_cpu_per_reply_ms"), ref.get("talk_cpu_per_reply_ms"))
     return (
-        f"    companion/bare ({ours['size']}, {ours['layout']}): first reply "
-        f"p50 {ratio(q(ours, 0.5), q(bare, 0.5))}  p90 {ratio(q(ours, 0.9), q(bare, 0.9))}  "
+        f"    companion/{ref['kind']} ({ours['size']}, {ours['layout']}): first reply "
+        f"p50 {ratio(q(ours, 0.5), q(ref, 0.5))}  p90 {ratio(q(ours, 0.9), q(ref, 0.9))}  "
         f"idle CPU {idle}  network CPU per reply {per_reply}"
     )
 
@@ -1167,16 +1269,24 @@ STOP: Final = _Stop()
 
 
 async def bench(
-    sizes: Sequence[int], layouts: Sequence[str], options: Options, bare: bool, as_json: bool
+    sizes: Sequence[int],
+    layouts: Sequence[str],
+    options: Options,
+    references: Sequence[str],
+    as_json: bool,
 ) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(STOP.watch)
-        await bench_cases(sizes, layouts, options, bare, as_json)
+        await bench_cases(sizes, layouts, options, references, as_json)
         nursery.cancel_scope.cancel()
 
 
 async def bench_cases(
-    sizes: Sequence[int], layouts: Sequence[str], options: Options, bare: bool, as_json: bool
+    sizes: Sequence[int],
+    layouts: Sequence[str],
+    options: Options,
+    references: Sequence[str],
+    as_json: bool,
 ) -> None:
     if not as_json:
         load = os.getloadavg()
@@ -1192,19 +1302,22 @@ async def bench_cases(
             if STOP.why:
                 break
             ours = await run_case(size, layout, "companion", options)
-            theirs = await run_case(size, layout, "bare", options) if bare and not STOP.why else None
-            for r in (ours, theirs):
-                if r is None:
+            theirs = []
+            for kind in references:
+                if STOP.why or (kind == "js" and layout != "process"):
                     continue
+                theirs.append(await run_case(size, layout, kind, options))
+            for r in (ours, *theirs):
                 if as_json:
                     print(json.dumps(r), flush=True)
                 else:
                     print(row(r), flush=True)
             if not as_json:
-                for line in [*describe(ours), *(describe(theirs) if theirs else [])]:
-                    print(line, flush=True)
-                if theirs is not None:
-                    print(ratios(ours, theirs), flush=True)
+                for r in (ours, *theirs):
+                    for line in describe(r):
+                        print(line, flush=True)
+                for r in theirs:
+                    print(ratios(ours, r), flush=True)
     if not as_json:
         load = os.getloadavg()
         print(f"# load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end; {GOALS}")
@@ -1255,6 +1368,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="companion run --log-level (default INFO: the events read here)",
     )
     parser.add_argument("--no-bare", action="store_true", help="skip the bare py-libp2p reference")
+    parser.add_argument(
+        "--no-js", action="store_true", help="skip the js-libp2p reference (needs Node.js and npm)"
+    )
     parser.add_argument("--hold", type=float, default=0.0, help="keep each network up this long at the end")
     parser.add_argument("--json", action="store_true", help="one JSON object per case")
     args = parser.parse_args(argv)
@@ -1263,6 +1379,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if min(args.sizes) < 2 or args.rounds < 1 or args.turns < 1 or args.idle <= 0:
         parser.error("sizes >= 2, rounds >= 1, turns >= 1 and idle > 0")
+    references = [r for r in REFERENCES if not getattr(args, f"no_{r}")]
+    js_command: list[str] | None = []
+    if "js" in references:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
+        from js_support import js_peer_command
+
+        js_command = js_peer_command()
+        if js_command is None:
+            print("# js reference skipped: no Node.js and npm on this machine", flush=True)
+            references.remove("js")
     options = Options(
         rounds=args.rounds,
         turns=args.turns,
@@ -1276,12 +1402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_level=args.log_level,
         hold=args.hold,
         case_timeout=args.case_timeout,
+        js_command=tuple(js_command or ()),
     )
     import companion.node  # noqa: F401  (py-libp2p resets its loggers on import: import it first)
     from companion.log import configure_logging
 
     configure_logging("ERROR")  # the client's py-libp2p would print every reset connection
-    trio.run(bench, args.sizes, args.layouts, options, not args.no_bare, args.json)
+    trio.run(bench, args.sizes, args.layouts, options, references, args.json)
     return 0
 
 

@@ -17,6 +17,12 @@
 // Bench payloads are aikyo message.send envelopes on "messages" whose text is JSON
 // {"bench":"warm"|"data","run","seq","t"} (t: the sender's wall clock in seconds); once a bench
 // command arrived they are counted here instead of emitted one "message" event each.
+//
+// For scripts/bench_conversation.py: {"op":"bench_turn","name":NAME} makes this peer play the
+// bare reference network's turn from then on, and emit no "message" events: a message.send on
+// "messages" whose params.metadata.bench_leader is NAME is answered by a states array naming
+// params.metadata.bench_speaker, published on "states"; such an array whose speaker is NAME is
+// answered by a reply on "messages" (in_reply_to the message). Acknowledged with bench_turning.
 
 // libp2p 2.9's dependencies call Promise.withResolvers (Node.js 22+); provide it on older Node.
 if (typeof Promise.withResolvers !== 'function') {
@@ -41,6 +47,7 @@ const TOPICS = ['messages', 'states', 'queries', 'actions']
 const me = JSON.parse(process.argv[2])
 const known = new Map() // peer id -> metadata, as aikyo keeps its companion list
 const bench = { on: false, run: -1, latencies: [], seen: new Set() } // benchmark commands only
+const turn = { name: null } // bench_conversation.py's turn, once bench_turn named this peer
 
 function emit (event, fields = {}) {
   process.stdout.write(JSON.stringify({ event, ...fields }) + '\n')
@@ -103,6 +110,10 @@ pubsub.addEventListener('subscription-change', (evt) => {
 })
 pubsub.addEventListener('gossipsub:message', (evt) => {
   const msg = evt.detail.msg
+  if (turn.name !== null) {
+    turnReceived(msg)
+    return
+  }
   if (bench.on && benchReceived(msg)) return
   emit('message', {
     topic: msg.topic,
@@ -166,7 +177,61 @@ async function benchBlast (run, rate, count) {
   emit('bench_blasted', { run, count })
 }
 
+// bench_conversation.py's turn (see the header): what the bare py-libp2p reference nodes do
+function turnReceived (msg) {
+  if (msg.from.equals(node.peerId)) return // emitSelf: our own publish
+  let body
+  try {
+    body = JSON.parse(new TextDecoder().decode(msg.data))
+  } catch {
+    return
+  }
+  if (msg.topic === 'messages' && body?.method === 'message.send') {
+    const params = body.params ?? {}
+    const meta = params.metadata ?? {}
+    if (meta.bench_leader !== turn.name || !Array.isArray(params.to)) return
+    const speaker = meta.bench_speaker
+    const states = params.to.map((cid) => ({
+      jsonrpc: '2.0',
+      method: 'state.send',
+      params: {
+        from: cid,
+        state: cid === speaker ? 'speak' : 'listen',
+        importance: 5,
+        selected: cid === speaker,
+        closing: 'none'
+      }
+    }))
+    const array = { for: params.id, sender: params.from, speaker, states }
+    turnPublish('states', array)
+  } else if (msg.topic === 'states' && body?.speaker === turn.name) {
+    const reply = {
+      jsonrpc: '2.0',
+      method: 'message.send',
+      params: {
+        id: crypto.randomUUID(),
+        from: turn.name,
+        to: [body.sender],
+        message: `${turn.name} answers: a short reply of about the length companions give.`,
+        metadata: { in_reply_to: body.for, turn: 1, closing: 'none' }
+      }
+    }
+    turnPublish('messages', reply)
+  }
+}
+
+function turnPublish (topic, body) {
+  pubsub.publish(topic, new TextEncoder().encode(JSON.stringify(body))).catch((err) => {
+    emit('error', { op: 'bench_turn', error: String(err) })
+  })
+}
+
 async function benchCommand (command) {
+  if (command.op === 'bench_turn') {
+    turn.name = command.name
+    emit('bench_turning', { name: turn.name })
+    return
+  }
   bench.on = true
   if (command.op === 'bench_warm') {
     await pubsub.publish('messages', benchEnvelope({ bench: 'warm', seq: command.seq, t: Date.now() / 1000 }))
