@@ -49,8 +49,9 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-def bare_host(listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)) -> Any:
-    """A py-libp2p host (TCP, Noise, Yamux, a fresh key) with py-libp2p's connection defaults."""
+def bare_host(listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",), key_pair: Any = None) -> Any:
+    """A py-libp2p host (TCP, Noise, Yamux, ``key_pair`` or a fresh key) with py-libp2p's
+    connection defaults."""
     import multiaddr
     from libp2p import new_host
     from libp2p.crypto.ed25519 import create_new_key_pair
@@ -60,7 +61,7 @@ def bare_host(listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)) -> Any:
     from libp2p.security.noise.transport import Transport as NoiseTransport
 
     swarm._HAPPY_EYEBALLS_DELAY = 0  # as the project's node does: no 250 ms wait per dial
-    key_pair = create_new_key_pair()
+    key_pair = key_pair or create_new_key_pair()
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     return new_host(
         key_pair=key_pair,
