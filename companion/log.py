@@ -291,8 +291,9 @@ class LibraryRecords(logging.Filter):
 
 
 def library_teardown() -> None:
-    """The process is stopping (SIGINT, SIGTERM): from now on py-libp2p's records are left out
-    at the default levels, as the routine ones are (libp2p at DEBUG still shows them). Its
+    """The process is stopping (SIGINT, SIGTERM; the demo once its conversation ended): from now
+    on py-libp2p's records are left out at the default levels, as the routine ones are (libp2p
+    at DEBUG still shows them). Its
     connections close mid-handshake, its streams mid-negotiation, and its peers stop too, and
     py-libp2p logs each of those at ERROR: stopping 30 companions together printed 44 such lines
     (handshakes, negotiations, "add_conn failed ... Cancelled"), none of them about a fault.

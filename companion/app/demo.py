@@ -25,7 +25,7 @@ from typing import Any, Final
 import trio
 
 from ..card import LoadedCard, load_card
-from ..log import log_event
+from ..log import library_teardown, log_event
 from ..protocol import MESSAGES, Message, Metadata
 from ..transcript import Transcript, TranscriptEvent
 from ..transport import Inbound
@@ -359,6 +359,10 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
                     emit(end)  # (a terminal end is already in the transcript)
                 return end
             finally:
+                # the network is taken down on purpose from here: py-libp2p's records of it
+                # (streams cut mid-negotiation by companions that stop) are left out, as when a
+                # command stops; seen after the end line in one demo of several
+                library_teardown()
                 bridge_scope.cancel()  # first, so it does not try to redial companions that stop
                 with trio.CancelScope(shield=True):
                     await _stop_children(children)
