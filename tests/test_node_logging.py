@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset  # (before any logging set-up)
 from libp2p.peer.id import ID
+from log_support import captured_logs
 from node_support import running, until
 
 from companion.app.stopping import note_stopping
@@ -24,26 +26,16 @@ from companion.log import (
     MAX_TRACEBACK_CHARS,
     Throttle,
     bound,
-    configure_logging,
     log_event,
     log_exception,
 )
 
 
 @pytest.fixture
-def captured() -> Any:
+def captured() -> Iterator[io.StringIO]:
     """Logging configured as the command line does, into a buffer; put back as it was after."""
-    saved = [
-        (logger, logger.handlers[:], logger.level, logger.propagate)
-        for logger in (logging.getLogger("companion"), logging.getLogger("libp2p"))
-    ]
-    stream = io.StringIO()
-    configure_logging("DEBUG", "json", stream)
-    yield stream
-    for logger, handlers, level, propagate in saved:
-        logger.handlers[:] = handlers
-        logger.setLevel(level)
-        logger.propagate = propagate
+    with captured_logs("DEBUG") as stream:
+        yield stream
 
 
 def lines(stream: io.StringIO) -> list[dict[str, Any]]:

@@ -177,19 +177,12 @@ async def test_the_network_s_teardown_after_the_end_line_prints_no_library_recor
     ... fail to read from multiselect communicator", seen in one demo of several). Those records
     are left out like any command's teardown; the race is rare, so one is logged here where the
     stopping begins."""
-    import io
     import logging
 
-    import companion.node  # noqa: F401  (py-libp2p resets its loggers on import: before the set-up)
-    from companion.app import demo
-    from companion.log import configure_logging
+    from log_support import captured_logs
 
-    saved = [
-        (logger, logger.handlers[:], logger.level, logger.propagate)
-        for logger in (logging.getLogger("companion"), logging.getLogger("libp2p"))
-    ]
-    stream = io.StringIO()
-    configure_logging("INFO", "json", stream)
+    from companion.app import demo
+
     stop_children = demo._stop_children
 
     async def stop_and_race(children: Any, grace: float = 10.0) -> None:
@@ -200,14 +193,9 @@ async def test_the_network_s_teardown_after_the_end_line_prints_no_library_recor
         await stop_children(children, grace)
 
     monkeypatch.setattr(demo, "_stop_children", stop_and_race)
-    try:
+    with captured_logs("INFO") as stream:
         options = demo.DemoOptions(cards=demo.default_cards(), pace=0.1, max_replies=2, keep_dir=tmp_path)
         end = await demo.run_demo(options, lambda event: None)
-    finally:
-        for logger, handlers, level, propagate in saved:
-            logger.handlers[:] = handlers
-            logger.setLevel(level)
-            logger.propagate = propagate
     assert end.reason in ("terminal", "turn_cap"), end
     records = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert any(r.get("event") == "demo_ready" for r in records)  # the capture saw the run
