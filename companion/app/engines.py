@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..engine import ConversationEngine, EngineTimings
     from ..models.base import CompanionModel
     from ..node import CompanionNode, InboundHandler
+    from ..store import Store
 
 __all__ = [
     "CardModel",
@@ -85,15 +86,52 @@ class LoggingHandler:
 
 
 class CompanionHandler:
-    """What a companion's node feeds: an ``inbound`` log line, then the conversation engine."""
+    """What a companion's node feeds: an ``inbound`` log line, then the conversation engine.
 
-    def __init__(self, node_name: str, engine: ConversationEngine) -> None:
+    It owns the companion's files (``store``, ``kv``): a stop in order (:mod:`.stopping`)
+    stops the engine's turns (:meth:`stop`), then the node, then closes them (:meth:`close`),
+    so every message the node handed over is recorded. :meth:`keep_open` closes them when it is
+    cancelled, for any other way out (a second signal, a crash)."""
+
+    def __init__(
+        self,
+        node_name: str,
+        engine: ConversationEngine,
+        *,
+        store: Store | None = None,
+        kv: KeyValueStore | None = None,
+    ) -> None:
         self.log = LoggingHandler(node_name)
         self.engine = engine
+        self.store, self.kv = store, kv
+        self._closed = False
 
     async def handle(self, inbound: Inbound) -> None:
         await self.log.handle(inbound)
         await self.engine.handle(inbound)
+
+    async def stop(self, grace: float) -> None:
+        """No new turn; the one in flight finishes or is withdrawn within ``grace`` seconds
+        (:meth:`ConversationEngine.stop <companion.engine.ConversationEngine.stop>`)."""
+        await self.engine.stop(grace)
+
+    async def close(self) -> None:
+        """Flush and close the history and the tools' store (once), off the loop."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.store is not None:
+            await self.store.aclose()
+        if self.kv is not None:
+            await trio.to_thread.run_sync(self.kv.close)
+
+    async def keep_open(self) -> None:
+        """Keep the files open until cancelled, then :meth:`close` them (shielded)."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.close()
 
 
 class PendingHandler:
@@ -227,11 +265,7 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
         chosen = models[loaded.card.metadata.id]
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
-        kv = None
-        if store is not None:
-            nursery.start_soon(store.serve)  # writes behind; flushed and closed when the node stops
-            kv = KeyValueStore.open(store.path)  # the tools' values, in the same file
-            nursery.start_soon(_serve_kv, kv)
+        kv = None if store is None else KeyValueStore.open(store.path)  # the tools' values, same file
         engine = ConversationEngine(
             loaded,
             chosen.model,
@@ -245,16 +279,8 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
         engine.attach(nursery)
         node.add_membership_listener(engine.directory_changed)
         engine.directory_changed()  # the node may have met companions before its engine existed
-        return CompanionHandler(node.name, engine)
+        handler = CompanionHandler(node.name, engine, store=store, kv=kv)
+        nursery.start_soon(handler.keep_open)  # writes behind; flushed and closed at the end
+        return handler
 
     return make
-
-
-async def _serve_kv(kv: KeyValueStore) -> None:
-    """Keep the tools' store open until cancelled, then commit what is queued and close it off
-    the loop (as :meth:`Store.serve <companion.store.Store.serve>` does for the history)."""
-    try:
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(kv.close)
