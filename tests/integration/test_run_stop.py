@@ -1,0 +1,167 @@
+"""SIGTERM to ``companion run pim ostra --ws`` at every point of a turn loses nothing.
+
+A person's message goes to both companions through the process's own bridge (a real WebSocket
+client); the stop lands before the leader's states, during the speaker's model call (the offline
+model with a pace: the speaker's slot is busy for that long), during the reply's publish, and
+past the grace a reply in flight gets (then it is withdrawn). Each time: exit 0, no ERROR line,
+no traceback, and each companion's store holds every message its node handed to it (counted
+against its ``inbound`` events). A second SIGTERM stops at once with 143, and what was stored
+before is still there.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from bridge_support import blocking, message_frame, start_bridge
+from live_support import start_run, stdout_line
+from network_support import Event, Network, Proc, network
+from trio_websocket import open_websocket_url
+
+from companion.app.lines import BRIDGE_LINE, parse_sees
+from companion.store import Store
+
+pytestmark = pytest.mark.integration
+
+PIM, OSTRA = "companion_pim", "companion_ostra"
+BOTH = frozenset({PIM, OSTRA})
+EXIT_WITHIN = 15.0
+"""The stop's deadlines: 3 s of grace, a publish, the nodes' close (5 s at most)."""
+
+
+def _start(net: Network, pace: float, *, ws: bool = True) -> tuple[Proc, str]:
+    """``companion run pim ostra`` (the shipped cards, offline models) with ``--ws``, or without
+    it beside a ``companion bridge`` it dials; the bridge's URL once both companions see each
+    other and the bridge sees both."""
+    extra: tuple[str, ...] = ("--pace", str(pace))
+    if ws:
+        proc = start_run(
+            net, "home", [Path("pim"), Path("ostra")], extra=(*extra, "--ws", "127.0.0.1:0", "--no-webrtc")
+        )
+        line = stdout_line(proc, lambda s: s.startswith(BRIDGE_LINE), 30)
+        url = line[len(BRIDGE_LINE) :].strip()
+    else:
+        bridge, port, started = start_bridge(net, "bridge")
+        proc = start_run(net, "home", [Path("pim"), Path("ostra")], str(started["addrs"][0]), extra=extra)
+        for cid in BOTH:
+            bridge.event("companion_joined", 30, companion_id=cid)
+        url = f"ws://127.0.0.1:{port}/"
+    for cid in BOTH:
+        stdout_line(proc, lambda s, cid=cid: parse_sees(s) == (cid, BOTH), 30)  # type: ignore[misc]
+    return proc, url
+
+
+def _is(name: str, **fields: object) -> Callable[[Event], bool]:
+    return lambda e: e.get("event") == name and all(e.get(k) == v for k, v in fields.items())
+
+
+def _third_speaker(e: Event) -> bool:
+    """A speaker starts its slot after two replies: the stop lands mid-conversation."""
+    return _speaking(e) and e.get("turn") == 2
+
+
+def _speaking(e: Event) -> bool:
+    """The speaker's own choice of itself: its slot (the pace, then the model) starts now."""
+    return e.get("event") == "speaker_chosen" and e.get("companion") == e.get("speaker")
+
+
+async def _say_then_stop(proc: Proc, url: str, when: Callable[[Event], bool], *signals: int) -> int:
+    """A message to both through the bridge; each of ``signals`` as soon as ``when`` matched
+    (the next one once the stop began); the exit status."""
+    async with open_websocket_url(url) as ws:
+        await ws.send_message(
+            message_frame("user_mika", [PIM, OSTRA], "Hello you two, how was the day?", "m-1")
+        )
+        await blocking(proc.wait_for, when, 30, "the moment to stop")
+        proc.signal(signals[0])
+        for signum in signals[1:]:
+            await blocking(proc.event, "stopping", 10)
+            proc.signal(signum)
+        return await blocking(proc.reap, EXIT_WITHIN)
+
+
+def _delivered(proc: Proc, cid: str) -> list[str]:
+    """Ids of the messages ``cid``'s node handed to its engine (each is recorded, or a duplicate)."""
+    return [
+        str(e["id"])
+        for e in list(proc.events)
+        if e.get("event") == "inbound" and e.get("node") == cid and e.get("topic") == "messages"
+    ]
+
+
+def _stored(data: Path, cid: str) -> list[str]:
+    with Store.in_directory(data / cid) as store:
+        return [m.params.id for m in store.recent(10_000)]
+
+
+def _assert_clean(proc: Proc) -> None:
+    bad = [
+        line
+        for line in list(proc.lines)
+        if "Traceback" in line or '"level": "error"' in line or '"level": "critical"' in line
+    ]
+    assert bad == [], "\n".join(bad[:5])
+
+
+def _assert_every_message_stored(proc: Proc, data: Path) -> dict[str, tuple[int, int]]:
+    """Per companion: (messages delivered, messages stored); every delivered one is stored."""
+    counts = {}
+    for cid in sorted(BOTH):
+        delivered, stored = _delivered(proc, cid), _stored(data, cid)
+        assert "m-1" in stored, (cid, stored)
+        missing = [mid for mid in delivered if mid not in stored]
+        assert missing == [], f"{cid}: delivered but not stored: {missing}"
+        counts[cid] = (len(set(delivered)), len(stored))
+    print("delivered, stored per companion:", json.dumps(counts))
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("pace", "when"),
+    [
+        (1.0, _is("inbound", id="m-1")),  # before the leader's states
+        (1.0, _speaking),  # during the speaker's (paced) model call: it finishes
+        (0.0, _is("tool_call_started", tool="speak")),  # during the reply's publish
+        (6.0, _speaking),  # the reply takes longer than the grace: withdrawn
+        (0.3, _third_speaker),  # a few messages in, during the third speaker's slot
+    ],
+    ids=["before-states", "during-model-call", "during-publish", "past-the-grace", "third-reply"],
+)
+async def test_sigterm_during_a_turn_exits_0_and_stores_every_message(
+    pace: float, when: Callable[[Event], bool], tmp_path: Path
+) -> None:
+    with network(tmp_path) as net:
+        proc, url = await blocking(_start, net, pace)
+        assert await _say_then_stop(proc, url, when, signal.SIGTERM) == 0
+        _assert_clean(proc)
+        assert proc.count("store_closed", complete=True) == 2
+        if when in (_speaking, _third_speaker) and pace < 3.0:  # it finished within the grace
+            assert proc.count("replied", message_id="m-1") >= 1
+        if pace > 3.0:  # the speaker's slot outlasted the grace: given up, the peers told
+            assert proc.count("withdrawn", what="speech", reason="stopping") == 1
+            assert proc.count("speaker_failed", reason="stopping") >= 1
+    _assert_every_message_stored(proc, tmp_path / "data-home")
+
+
+async def test_sigterm_without_ws_during_a_reply_exits_0_and_stores_every_message(tmp_path: Path) -> None:
+    """The same without ``--ws``: the person writes through a bridge of its own process."""
+    with network(tmp_path) as net:
+        proc, url = await blocking(_start, net, 1.0, ws=False)
+        assert await _say_then_stop(proc, url, _speaking, signal.SIGTERM) == 0
+        _assert_clean(proc)
+        assert proc.count("replied", message_id="m-1") >= 1
+    _assert_every_message_stored(proc, tmp_path / "data-home")
+
+
+async def test_a_second_sigterm_stops_at_once_with_143_and_keeps_what_was_stored(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        proc, url = await blocking(_start, net, 6.0)
+        status = await _say_then_stop(proc, url, _speaking, signal.SIGTERM, signal.SIGTERM)
+        assert status == 143
+        assert proc.count("stopping_at_once") == 1 and proc.count("withdrawn") == 0  # before the grace
+        assert "Traceback" not in "\n".join(proc.lines)
+    _assert_every_message_stored(proc, tmp_path / "data-home")
