@@ -76,6 +76,8 @@ class EngineEvent:
     kind: str
     companion: str
     fields: Mapping[str, Any]
+    level: int = logging.INFO
+    """The log level it was logged at (a decision's record keeps INFO and above)."""
 
 
 class ConversationEngine:
@@ -331,7 +333,7 @@ class ConversationEngine:
     def _emit(self, kind: str, level: int = logging.INFO, **fields: Any) -> None:
         log_event(logger, kind, level, companion=self.me.id, **fields)
         if self._observer is not None:
-            self._observer(EngineEvent(kind, self.me.id, fields))
+            self._observer(EngineEvent(kind, self.me.id, fields, level))
 
     def _do(self, effect: Any) -> None:
         assert self._nursery is not None

@@ -26,7 +26,7 @@ from ..transport import Inbound
 if TYPE_CHECKING:
     from ..actions import KeyValueStore
     from ..card import LoadedCard
-    from ..engine import ConversationEngine, EngineTimings
+    from ..engine import ConversationEngine, EngineEvent, EngineTimings
     from ..models.base import CompanionModel
     from ..node import CompanionNode, InboundHandler
     from ..store import Store
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CardModel",
     "CompanionHandler",
+    "DecisionRecorder",
     "EngineOptions",
     "HandlerFactory",
     "LoggingHandler",
@@ -164,6 +165,39 @@ class PendingHandler:
         await self._handler.handle(inbound)
 
 
+class DecisionRecorder:
+    """An engine's observer that keeps each decision about a message in the companion's store
+    (:meth:`Store.record_decision <companion.store.Store.record_decision>`): every event at INFO
+    or above that names a ``message_id``, as logged (``companion explain`` reads them back).
+    A store that fails is said once (a warning) and the engine goes on: the record is an aid,
+    the conversation does not depend on it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._failing = False
+
+    def __call__(self, event: EngineEvent) -> None:
+        message_id = event.fields.get("message_id")
+        if event.level < logging.INFO or not isinstance(message_id, str):
+            return
+        try:
+            self.store.record_decision(
+                message_id, event.kind, dict(event.fields), level=logging.getLevelName(event.level)
+            )
+        except Exception as exc:
+            if not self._failing:
+                log_event(
+                    logger,
+                    "decision_not_kept",
+                    logging.WARNING,
+                    companion=event.companion,
+                    error=repr(exc)[:300],
+                )
+            self._failing = True
+        else:
+            self._failing = False
+
+
 # --- models -------------------------------------------------------------------------------------------
 
 
@@ -275,6 +309,7 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
             timings=chosen.timings,
             companion_of=node.membership.companion_of,
             kv=kv,
+            observer=None if store is None else DecisionRecorder(store),
         )
         engine.attach(nursery)
         node.add_membership_listener(engine.directory_changed)
