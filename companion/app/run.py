@@ -184,6 +184,7 @@ async def run_nodes(
             pending.append((card, node, waiting, node_nursery))
         # the nodes dial now; the models and engines are prepared meanwhile, after a head start
         from .actions import runtime_of
+        from .status import track_status
 
         await _first_connections(nodes, DIAL_HEAD_START)
         if handler_factory is None:
@@ -201,6 +202,7 @@ async def run_nodes(
             print(peer_line(node.name, node.peer_id), flush=True)
             print_addresses(node.listen_addrs)
             announce_directory(node)
+            track_status(node, options.data_dir)  # read by companion status
         collector.resume()  # start-up is over (see collector): everything it needs is loaded
         running = Running(nodes)
         if clients is not None and options.bridge is not None:
