@@ -17,42 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bridge_support import blocking, message_frame, start_bridge
-from live_support import start_run, stdout_line
-from network_support import Event, Network, Proc, network
+from bridge_support import blocking, message_frame
+from cli_support import run_companion
+from live_support import BOTH, OSTRA, PIM, start_pim_and_ostra
+from network_support import Event, Proc, network
 from trio_websocket import open_websocket_url
 
-from companion.app.lines import BRIDGE_LINE, parse_sees
 from companion.store import Store
 
 pytestmark = pytest.mark.integration
 
-PIM, OSTRA = "companion_pim", "companion_ostra"
-BOTH = frozenset({PIM, OSTRA})
 EXIT_WITHIN = 15.0
 """The stop's deadlines: 3 s of grace, a publish, the nodes' close (5 s at most)."""
-
-
-def _start(net: Network, pace: float, *, ws: bool = True) -> tuple[Proc, str]:
-    """``companion run pim ostra`` (the shipped cards, offline models) with ``--ws``, or without
-    it beside a ``companion bridge`` it dials; the bridge's URL once both companions see each
-    other and the bridge sees both."""
-    extra: tuple[str, ...] = ("--pace", str(pace))
-    if ws:
-        proc = start_run(
-            net, "home", [Path("pim"), Path("ostra")], extra=(*extra, "--ws", "127.0.0.1:0", "--no-webrtc")
-        )
-        line = stdout_line(proc, lambda s: s.startswith(BRIDGE_LINE), 30)
-        url = line[len(BRIDGE_LINE) :].strip()
-    else:
-        bridge, port, started = start_bridge(net, "bridge")
-        proc = start_run(net, "home", [Path("pim"), Path("ostra")], str(started["addrs"][0]), extra=extra)
-        for cid in BOTH:
-            bridge.event("companion_joined", 30, companion_id=cid)
-        url = f"ws://127.0.0.1:{port}/"
-    for cid in BOTH:
-        stdout_line(proc, lambda s, cid=cid: parse_sees(s) == (cid, BOTH), 30)  # type: ignore[misc]
-    return proc, url
 
 
 def _is(name: str, **fields: object) -> Callable[[Event], bool]:
@@ -135,7 +111,7 @@ async def test_sigterm_during_a_turn_exits_0_and_stores_every_message(
     pace: float, when: Callable[[Event], bool], tmp_path: Path
 ) -> None:
     with network(tmp_path) as net:
-        proc, url = await blocking(_start, net, pace)
+        proc, url = await blocking(start_pim_and_ostra, net, pace)
         assert await _say_then_stop(proc, url, when, signal.SIGTERM) == 0
         _assert_clean(proc)
         assert proc.count("store_closed", complete=True) == 2
@@ -145,12 +121,16 @@ async def test_sigterm_during_a_turn_exits_0_and_stores_every_message(
             assert proc.count("withdrawn", what="speech", reason="stopping") == 1
             assert proc.count("speaker_failed", reason="stopping") >= 1
     _assert_every_message_stored(proc, tmp_path / "data-home")
+    if pace > 3.0:  # and 'companion explain' says why the speaker did not answer
+        data = ["--data-dir", str(tmp_path / "data-home")]
+        explained = run_companion(["explain", "m-1", *data], cwd=tmp_path).stdout
+        assert "  withdrawn " in explained and "could not reply (stopping)" in explained, explained
 
 
 async def test_sigterm_without_ws_during_a_reply_exits_0_and_stores_every_message(tmp_path: Path) -> None:
     """The same without ``--ws``: the person writes through a bridge of its own process."""
     with network(tmp_path) as net:
-        proc, url = await blocking(_start, net, 1.0, ws=False)
+        proc, url = await blocking(start_pim_and_ostra, net, 1.0, ws=False)
         assert await _say_then_stop(proc, url, _speaking, signal.SIGTERM) == 0
         _assert_clean(proc)
         assert proc.count("replied", message_id="m-1") >= 1
@@ -159,7 +139,7 @@ async def test_sigterm_without_ws_during_a_reply_exits_0_and_stores_every_messag
 
 async def test_a_second_sigterm_stops_at_once_with_143_and_keeps_what_was_stored(tmp_path: Path) -> None:
     with network(tmp_path) as net:
-        proc, url = await blocking(_start, net, 6.0)
+        proc, url = await blocking(start_pim_and_ostra, net, 6.0)
         status = await _say_then_stop(proc, url, _speaking, signal.SIGTERM, signal.SIGTERM)
         assert status == 143
         assert proc.count("stopping_at_once") == 1 and proc.count("withdrawn") == 0  # before the grace
