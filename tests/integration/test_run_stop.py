@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,11 +54,14 @@ async def _say_then_stop(proc: Proc, url: str, when: Callable[[Event], bool], *s
             message_frame("user_mika", [PIM, OSTRA], "Hello you two, how was the day?", "m-1")
         )
         await blocking(proc.wait_for, when, 30, "the moment to stop")
+        began = time.monotonic()
         proc.signal(signals[0])
         for signum in signals[1:]:
             await blocking(proc.event, "stopping", 10)
             proc.signal(signum)
-        return await blocking(proc.reap, EXIT_WITHIN)
+        status = await blocking(proc.reap, EXIT_WITHIN)
+    print(f"exit {status} {time.monotonic() - began:.2f} s after the first signal")
+    return status
 
 
 def _delivered(proc: Proc, cid: str) -> list[str]:
