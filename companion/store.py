@@ -90,8 +90,9 @@ CREATE TABLE IF NOT EXISTS companions (
 _REPLIED: Final = "replied"
 
 DECISIONS_KEPT: Final = 20_000
-"""Decisions a companion keeps (the newest; about 10 to 15 per turn it takes part in, so the
-last ~1,500 turns), each at most :data:`MAX_DECISION_BYTES` of fields."""
+"""Decisions a companion keeps (the newest; 5 per turn it took part in, measured with two
+companions, more with yields and failures: the last few thousand turns), each at most
+:data:`MAX_DECISION_BYTES` of fields."""
 MAX_DECISION_BYTES: Final = 4_000
 
 
