@@ -117,22 +117,23 @@ class CompanionHandler:
         await self.engine.stop(grace)
 
     async def close(self) -> None:
-        """Flush and close the history and the tools' store (once), off the loop."""
+        """Flush and close the history and the tools' store (once), off the loop; shielded, so a
+        second signal that cancels everything meanwhile cannot leave one of them unflushed."""
         if self._closed:
             return
         self._closed = True
-        if self.store is not None:
-            await self.store.aclose()
-        if self.kv is not None:
-            await trio.to_thread.run_sync(self.kv.close)
+        with trio.CancelScope(shield=True):
+            if self.store is not None:
+                await self.store.aclose()
+            if self.kv is not None:
+                await trio.to_thread.run_sync(self.kv.close)
 
     async def keep_open(self) -> None:
-        """Keep the files open until cancelled, then :meth:`close` them (shielded)."""
+        """Keep the files open until cancelled, then :meth:`close` them."""
         try:
             await trio.sleep_forever()
         finally:
-            with trio.CancelScope(shield=True):
-                await self.close()
+            await self.close()
 
 
 class PendingHandler:
