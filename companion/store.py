@@ -504,63 +504,52 @@ class Decision(NamedTuple):
     fields: dict[str, Any]
 
 
-def read_decisions(path: str | Path, *, message_id: str | None = None, limit: int = 1_000) -> list[Decision]:
-    """The decisions kept in the store file at ``path``, oldest first: about ``message_id``
-    (the turn on it, and the one that produced it as a reply), else the newest ``limit``.
-    Read-only, beside a node that runs (WAL): nothing is written; a file without the table (an
-    older layout) or that cannot be read gives ``[]``."""
+def _read_only(path: str | Path, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """The rows of ``sql`` on the store file at ``path``, opened read-only (beside a node that
+    runs, in WAL mode: nothing is written, a missing file is not created); ``[]`` when the file
+    or the table is not there or cannot be read."""
     try:
         db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error:
         return []
     try:
         db.execute("PRAGMA busy_timeout=2000")
-        if message_id is None:
-            sql = "SELECT * FROM (SELECT * FROM decisions ORDER BY seq DESC LIMIT ?) ORDER BY seq"
-            rows = db.execute(sql, (limit,)).fetchall()
-        else:
-            sql = "SELECT * FROM decisions WHERE message_id = ? OR reply_id = ? ORDER BY seq LIMIT ?"
-            rows = db.execute(sql, (_safe(message_id), _safe(message_id), limit)).fetchall()
+        return db.execute(sql, params).fetchall()
     except sqlite3.Error:
         return []
     finally:
         db.close()
+
+
+def read_decisions(path: str | Path, *, message_id: str | None = None, limit: int = 1_000) -> list[Decision]:
+    """The decisions kept in the store file at ``path``, oldest first: about ``message_id``
+    (the turn on it, and the one that produced it as a reply), else the newest ``limit``.
+    Read-only; a file without the table (an older layout) reads as ``[]``."""
+    if message_id is None:
+        sql = "SELECT * FROM (SELECT * FROM decisions ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+        rows = _read_only(path, sql, (limit,))
+    else:
+        sql = "SELECT * FROM decisions WHERE message_id = ? OR reply_id = ? ORDER BY seq LIMIT ?"
+        rows = _read_only(path, sql, (_safe(message_id), _safe(message_id), limit))
     out = []
     for seq, mid, reply, at, kind, level, text in rows:
         try:
             fields = json.loads(text)
         except ValueError:
             fields = {}
-        out.append(
-            Decision(
-                seq,
-                _unsafe(mid),
-                None if reply is None else _unsafe(reply),
-                at,
-                _unsafe(kind),
-                level,
-                fields if isinstance(fields, dict) else {},
-            )
-        )
+        reply_id = None if reply is None else _unsafe(reply)
+        fields = fields if isinstance(fields, dict) else {}
+        out.append(Decision(seq, _unsafe(mid), reply_id, at, _unsafe(kind), level, fields))
     return out
 
 
 def read_message(path: str | Path, message_id: str) -> Message | None:
     """The message ``message_id`` as the store at ``path`` keeps it (read-only), else ``None``."""
-    try:
-        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
+    rows = _read_only(path, "SELECT body FROM messages WHERE id = ?", (_safe(message_id),))
+    if not rows:
         return None
     try:
-        row = db.execute("SELECT body FROM messages WHERE id = ?", (_safe(message_id),)).fetchone()
-    except sqlite3.Error:
-        return None
-    finally:
-        db.close()
-    if row is None:
-        return None
-    try:
-        return Message.model_validate(json.loads(row[0]))
+        return Message.model_validate(json.loads(rows[0][0]))
     except (ValueError, ValidationError, RecursionError):
         return None
 
