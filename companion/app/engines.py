@@ -128,11 +128,15 @@ class CompanionHandler:
             if self.kv is not None:
                 await trio.to_thread.run_sync(self.kv.close)
 
-    async def keep_open(self) -> None:
-        """Keep the files open until cancelled, then :meth:`close` them."""
+    async def keep_open(self, node: CompanionNode) -> None:
+        """Keep the files open until cancelled, then :meth:`close` them once ``node`` stopped
+        (within its close deadline: a second signal cancels everything at once, and the node
+        still hands over what arrived while it closes)."""
         try:
             await trio.sleep_forever()
         finally:
+            with trio.CancelScope(shield=True):
+                await node.stop()
             await self.close()
 
 
@@ -316,7 +320,7 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
         node.add_membership_listener(engine.directory_changed)
         engine.directory_changed()  # the node may have met companions before its engine existed
         handler = CompanionHandler(node.name, engine, store=store, kv=kv)
-        nursery.start_soon(handler.keep_open)  # writes behind; flushed and closed at the end
+        nursery.start_soon(handler.keep_open, node)  # writes behind; flushed and closed at the end
         return handler
 
     return make
