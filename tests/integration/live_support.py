@@ -133,12 +133,14 @@ def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float, *,
             proc._cond.wait(left)
 
 
-def start_pim_and_ostra(net: Network, pace: float, *, ws: bool = True) -> tuple[Proc, str]:
+def start_pim_and_ostra(
+    net: Network, pace: float, *, ws: bool = True, extra: tuple[str, ...] = ()
+) -> tuple[Proc, str]:
     """``companion run pim ostra`` (the shipped cards, offline models, data in
     ``net.tmp/data-home``) with ``--ws``, or without it beside a ``companion bridge`` it dials;
     returns the process and the bridge's URL once both companions see each other and the
-    bridge sees both."""
-    extra: tuple[str, ...] = ("--pace", str(pace))
+    bridge sees both. ``extra``: more arguments of ``companion run`` (a model)."""
+    extra = ("--pace", str(pace), *extra)
     cards = [Path("pim"), Path("ostra")]
     if ws:
         proc = start_run(net, "home", cards, extra=(*extra, "--ws", "127.0.0.1:0", "--no-webrtc"))
