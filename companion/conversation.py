@@ -162,7 +162,7 @@ __all__ = [
 
 YIELD_SIGNAL: Final = "companion.yield"
 THINKING_SIGNAL: Final = "companion.thinking"
-YIELD_REASONS: Final = ("model_error", "timeout", "crashed", "no_reply", "terminal")
+YIELD_REASONS: Final = ("model_error", "timeout", "crashed", "no_reply", "stopping", "terminal")
 MAX_DETAIL: Final = 200
 """Longest ``detail`` a yield carries (the model error's reason, for people to read)."""
 SLOT_GRACE: Final = 0.25

@@ -64,6 +64,7 @@ __all__ = ["ConversationEngine", "EngineEvent", "EngineTimings", "NodeLike"]
 logger = logging.getLogger("companion.engine")
 
 _UNRECORDED: Final = "this companion could not record its reply, so it is not sent; finish without speaking"
+_STOPPING: Final = "this companion is stopping; finish without speaking"
 _REPLAY: Final = 256
 """Messages read back from the store at start-up to restore where the conversation is."""
 
@@ -75,6 +76,8 @@ class EngineEvent:
     kind: str
     companion: str
     fields: Mapping[str, Any]
+    level: int = logging.INFO
+    """The log level it was logged at (a decision's record keeps INFO and above)."""
 
 
 class ConversationEngine:
@@ -103,7 +106,10 @@ class ConversationEngine:
         self.model, self.directory = model, directory
         self.timings = timings or EngineTimings()
         self.store: ConversationStore = store if store is not None else MemoryStore()
-        self._publisher, self._observer, self._companion_of = publisher, observer, companion_of
+        self._gate = _Gate(publisher, self.me.id)
+        publisher = self._gate  # everything goes out through it (closed by stop)
+        self._publisher: Publisher = publisher
+        self._observer, self._companion_of = observer, companion_of
         settings = cv.ClosingSettings(self.card.settings.max_turns, self.card.settings.repetition_threshold)
         self.conversation = cv.Conversation(
             self.me.id,
@@ -148,6 +154,11 @@ class ConversationEngine:
         self._speech: Speech | None = None
         self._wake = trio.Event()
         self._store_failing = False
+        self._stopping = False
+        """No new turn: a lead due gives rule-based states at once, a slot due is given up."""
+        self._publishing = 0
+        self._settled = trio.Event()
+        """Set whenever a turn task or a publish ends (:meth:`stop` waits for none to run)."""
 
     @property
     def history(self) -> ConversationStore:  # the conversation's messages: the store
@@ -161,6 +172,33 @@ class ConversationEngine:
         nursery.start_soon(self._clock)
         self.routines.start(nursery, self.directory)
         self.announcer.start(nursery, first_after=self.timings.routine_quiet_start)
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking turns, before the node stops: no routine speaks; a lead or a reply in
+        flight has ``grace`` seconds to finish, then it is withdrawn (a lead's rule-based
+        states, a reply's yield go out at once, so the others go on without waiting for this
+        companion's deadlines); the publishes in flight finish (each within
+        ``publish_timeout``). From then on nothing goes out (:class:`_Gate`), and every message
+        that still arrives is recorded (the store closes after the node)."""
+        self._stopping = True
+        with trio.move_on_after(grace):
+            await self._settle(lambda: bool(self._tasks))
+        for (what, message_id), scope in list(self._tasks.items()):
+            scope.cancel()
+            self._emit("withdrawn", logging.INFO, what=what, message_id=message_id, reason="stopping")
+            speech = self._speech
+            if what == "lead":
+                self._feed(cv.StatesReady(message_id, None, "fallback_stopping"))
+            elif speech is not None and speech.effect.message_id == message_id and not speech.spoke:
+                self._feed(cv.SpeakingFailed(message_id, "stopping"))
+        with trio.move_on_after(self.timings.publish_timeout):
+            await self._settle(lambda: bool(self._tasks or self._publishing))
+        self._gate.closed = True
+
+    async def _settle(self, busy: Callable[[], bool]) -> None:
+        while busy():
+            self._settled = trio.Event()
+            await self._settled.wait()
 
     async def _clock(self) -> None:
         """Feed a tick at the machine's deadline; any event may move the deadline."""
@@ -295,20 +333,26 @@ class ConversationEngine:
     def _emit(self, kind: str, level: int = logging.INFO, **fields: Any) -> None:
         log_event(logger, kind, level, companion=self.me.id, **fields)
         if self._observer is not None:
-            self._observer(EngineEvent(kind, self.me.id, fields))
+            self._observer(EngineEvent(kind, self.me.id, fields, level))
 
     def _do(self, effect: Any) -> None:
         assert self._nursery is not None
         if isinstance(effect, cv.Decision):
             self._emit(effect.event, logging.getLevelNamesMapping()[effect.level.upper()], **effect.fields)
         elif isinstance(effect, cv.Lead):
-            self._start("lead", effect.message_id, self._lead(effect))
+            if self._stopping:  # no model call now: the rule-based states, so the turn goes on
+                self._feed(cv.StatesReady(effect.message_id, None, "fallback_stopping"))
+            else:
+                self._start("lead", effect.message_id, self._lead(effect))
         elif isinstance(effect, cv.PublishStates):
-            self._nursery.start_soon(self._publish, STATES, effect.states, effect.message_id)
+            self._spawn_publish(STATES, effect.states, effect.message_id)
         elif isinstance(effect, cv.PublishSignal):
             action = Action.create(self.me.id, effect.name, dict(effect.params))
-            self._nursery.start_soon(self._publish, ACTIONS, action, effect.params.get("in_reply_to", ""))
+            self._spawn_publish(ACTIONS, action, effect.params.get("in_reply_to", ""))
         elif isinstance(effect, cv.Speak):
+            if self._stopping:
+                self._feed(cv.SpeakingFailed(effect.message_id, "stopping"))
+                return
             try:
                 replied = self.store.replied(effect.message_id)  # before a restart
             except Exception as exc:
@@ -335,10 +379,16 @@ class ConversationEngine:
             finally:
                 if self._tasks.get((what, message_id)) is scope:
                     del self._tasks[(what, message_id)]
+                self._settled.set()
                 self.routines.poke()
 
         assert self._nursery is not None
         self._nursery.start_soon(run)
+
+    def _spawn_publish(self, topic: str, envelope: Envelope | list[State], message_id: str) -> None:
+        assert self._nursery is not None
+        self._publishing += 1
+        self._nursery.start_soon(self._publish, topic, envelope, message_id)
 
     async def _publish(self, topic: str, envelope: Envelope | list[State], message_id: str) -> None:
         try:
@@ -347,6 +397,9 @@ class ConversationEngine:
         except Exception as exc:  # trio.TooSlowError included
             kind = "states_publish_failed" if topic == STATES else "signal_publish_failed"
             self._emit(kind, logging.ERROR, message_id=message_id, error=repr(exc))
+        finally:
+            self._publishing -= 1
+            self._settled.set()
 
     async def _lead(self, effect: cv.Lead) -> None:
         request = StatesRequest(
@@ -395,6 +448,8 @@ class ConversationEngine:
         """The runtime's hook: this node's reply leaves stamped, once per turn, after the store
         committed that its message was answered (a node killed as its reply leaves, then started
         again and chosen for the same message, must not answer it twice)."""
+        if self._stopping and (self._gate.closed or current_firing() is not None):
+            return _STOPPING
         if topic != MESSAGES or not isinstance(envelope, Message) or envelope.params.from_ != self.me.id:
             return envelope
         firing = current_firing()
@@ -421,3 +476,19 @@ class ConversationEngine:
         speech.spoke = True
         self._feed(cv.ReplyPublished(message_id, verdict))
         return verdict
+
+
+class _Gate:
+    """Everything the engine publishes (states, signals, tools' output, tool lists) goes through
+    here: once :meth:`ConversationEngine.stop` closed it, the node is stopping and nothing more
+    goes out (a publish then is skipped, logged at debug level, not an error on a closed node)."""
+
+    def __init__(self, publisher: Publisher, companion: str) -> None:
+        self._publisher, self._companion = publisher, companion
+        self.closed = False
+
+    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
+        if self.closed:
+            log_event(logger, "not_published", logging.DEBUG, companion=self._companion, topic=topic)
+            return
+        await self._publisher.publish(topic, envelope)

@@ -46,6 +46,7 @@ REASON_WORDS: Final[Mapping[str, str]] = {
     "timeout": "the model timed out",
     "crashed": "it crashed while preparing its reply",
     "no_reply": "the model gave no reply",
+    "stopping": "it is stopping",
 }
 """Each failure reason in plain words (``terminal`` is not a failure: :func:`yield_text`)."""
 

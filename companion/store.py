@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import trio
 from pydantic import ValidationError
@@ -46,7 +46,17 @@ from .log import log_event
 from .protocol import Message, encode
 from .sqlwriter import SqlWriter
 
-__all__ = ["DB_FILENAME", "MemoryStore", "Store", "StoreError"]
+__all__ = [
+    "DB_FILENAME",
+    "DECISIONS_KEPT",
+    "Decision",
+    "MemoryStore",
+    "Store",
+    "StoreError",
+    "create_decisions_table",
+    "read_decisions",
+    "read_message",
+]
 
 logger = logging.getLogger("companion.store")
 
@@ -78,6 +88,38 @@ CREATE TABLE IF NOT EXISTS companions (
 );
 """
 _REPLIED: Final = "replied"
+
+DECISIONS_KEPT: Final = 20_000
+"""Decisions a companion keeps (the newest; 5 per turn it took part in, measured with two
+companions, more with yields and failures: the last few thousand turns), each at most
+:data:`MAX_DECISION_BYTES` of fields."""
+MAX_DECISION_BYTES: Final = 4_000
+
+
+def create_decisions_table(db: sqlite3.Connection) -> None:
+    """The ``decisions`` table: the turn-taking decisions this companion made or saw, per message
+    (the structured log events of :mod:`companion.engine` that name a ``message_id``), for
+    ``companion explain``. One row per event: ``seq`` (order), ``message_id`` (the message the
+    turn answers), ``reply_id`` (the reply it produced, if any), ``at`` (Unix time), ``kind``
+    (the event's name: ``leader_chosen``, ``speaker_chosen``, ``speaker_failed``, ...), ``level``
+    (its log level name) and ``fields`` (its fields as JSON). Bounded to the newest
+    :data:`DECISIONS_KEPT` rows. Creating it changes nothing else: a file without it gets it
+    at open."""
+    db.executescript(
+        """
+        CREATE TABLE IF NOT EXISTS decisions (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            message_id TEXT NOT NULL,
+            reply_id TEXT,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            level TEXT NOT NULL,
+            fields TEXT NOT NULL
+        );
+        CREATE INDEX IF NOT EXISTS decisions_by_message ON decisions (message_id);
+        CREATE INDEX IF NOT EXISTS decisions_by_reply ON decisions (reply_id);
+        """
+    )
 
 
 def _safe(text: str) -> str:
@@ -135,6 +177,7 @@ class Store:
         self.path = Path(path)
         self._seen_limit = seen_limit
         self._seen_inserts = 0
+        self._decision_inserts = 0
         self._id_window = max(1, id_window)
         self._db: sqlite3.Connection | None = None
         try:
@@ -150,6 +193,8 @@ class Store:
             if version < SCHEMA_VERSION:  # a file that has the schema is not written at open
                 db.executescript(_SCHEMA)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if not _has_table(db, "decisions"):
+                create_decisions_table(db)
             self._load(db, max(1, tail))
             self._writer = SqlWriter(
                 self.path, synchronous="NORMAL", batch_window=batch_window, name=self.path.parent.name
@@ -384,6 +429,31 @@ class Store:
     def replied(self, message_id: str) -> bool:
         return self.seen(_REPLIED, message_id)
 
+    # --- decisions ----------------------------------------------------------------------------
+
+    def record_decision(
+        self, message_id: str, kind: str, fields: dict[str, Any], *, level: str = "INFO"
+    ) -> None:
+        """Keep one decision about ``message_id`` (see :func:`create_decisions_table`), written
+        behind; fields beyond :data:`MAX_DECISION_BYTES` of JSON are cut to their first keys."""
+        text = _bounded_json(fields, MAX_DECISION_BYTES)
+        reply_id = fields.get("reply_id")
+        self._write(
+            "INSERT INTO decisions (message_id, reply_id, at, kind, level, fields) VALUES (?, ?, ?, ?, ?, ?)",
+            _safe(message_id),
+            _safe(reply_id) if isinstance(reply_id, str) else None,
+            time.time(),
+            _safe(kind),
+            level,
+            text,
+        )
+        self._decision_inserts += 1
+        if self._decision_inserts >= DECISIONS_KEPT // 10:
+            self._decision_inserts = 0
+            self._write(
+                "DELETE FROM decisions WHERE seq <= (SELECT MAX(seq) FROM decisions) - ?", DECISIONS_KEPT
+            )
+
     # --- known companions -----------------------------------------------------------------------
 
     def remember_companion(self, companion_id: str) -> None:
@@ -400,6 +470,88 @@ class Store:
     def known_companions(self) -> list[str]:
         self._conn  # noqa: B018 -- raises when closed
         return list(self._companions)
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
+    return row is not None
+
+
+def _bounded_json(fields: dict[str, Any], limit: int) -> str:
+    """``fields`` as JSON of at most about ``limit`` bytes: the first keys that fit, whole."""
+    text = _safe_json(fields)
+    if len(text) <= limit:
+        return text
+    kept: dict[str, Any] = {}
+    for key, value in fields.items():
+        kept[key] = value
+        if len(_safe_json(kept)) > limit - 40:
+            del kept[key]
+            break
+    kept["truncated"] = True
+    return _safe_json(kept)
+
+
+class Decision(NamedTuple):
+    """One row of :func:`create_decisions_table`, read back (:func:`read_decisions`)."""
+
+    seq: int
+    message_id: str
+    reply_id: str | None
+    at: float
+    kind: str
+    level: str
+    fields: dict[str, Any]
+
+
+def _read_only(path: str | Path, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """The rows of ``sql`` on the store file at ``path``, opened read-only (beside a node that
+    runs, in WAL mode: nothing is written, a missing file is not created); ``[]`` when the file
+    or the table is not there or cannot be read."""
+    try:
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return []
+    try:
+        db.execute("PRAGMA busy_timeout=2000")
+        return db.execute(sql, params).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        db.close()
+
+
+def read_decisions(path: str | Path, *, message_id: str | None = None, limit: int = 1_000) -> list[Decision]:
+    """The decisions kept in the store file at ``path``, oldest first: about ``message_id``
+    (the turn on it, and the one that produced it as a reply), else the newest ``limit``.
+    Read-only; a file without the table (an older layout) reads as ``[]``."""
+    if message_id is None:
+        sql = "SELECT * FROM (SELECT * FROM decisions ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+        rows = _read_only(path, sql, (limit,))
+    else:
+        sql = "SELECT * FROM decisions WHERE message_id = ? OR reply_id = ? ORDER BY seq LIMIT ?"
+        rows = _read_only(path, sql, (_safe(message_id), _safe(message_id), limit))
+    out = []
+    for seq, mid, reply, at, kind, level, text in rows:
+        try:
+            fields = json.loads(text)
+        except ValueError:
+            fields = {}
+        reply_id = None if reply is None else _unsafe(reply)
+        fields = fields if isinstance(fields, dict) else {}
+        out.append(Decision(seq, _unsafe(mid), reply_id, at, _unsafe(kind), level, fields))
+    return out
+
+
+def read_message(path: str | Path, message_id: str) -> Message | None:
+    """The message ``message_id`` as the store at ``path`` keeps it (read-only), else ``None``."""
+    rows = _read_only(path, "SELECT body FROM messages WHERE id = ?", (_safe(message_id),))
+    if not rows:
+        return None
+    try:
+        return Message.model_validate(json.loads(rows[0][0]))
+    except (ValueError, ValidationError, RecursionError):
+        return None
 
 
 class MemoryStore:

@@ -26,13 +26,15 @@ from ..transport import Inbound
 if TYPE_CHECKING:
     from ..actions import KeyValueStore
     from ..card import LoadedCard
-    from ..engine import ConversationEngine, EngineTimings
+    from ..engine import ConversationEngine, EngineEvent, EngineTimings
     from ..models.base import CompanionModel
     from ..node import CompanionNode, InboundHandler
+    from ..store import Store
 
 __all__ = [
     "CardModel",
     "CompanionHandler",
+    "DecisionRecorder",
     "EngineOptions",
     "HandlerFactory",
     "LoggingHandler",
@@ -85,15 +87,57 @@ class LoggingHandler:
 
 
 class CompanionHandler:
-    """What a companion's node feeds: an ``inbound`` log line, then the conversation engine."""
+    """What a companion's node feeds: an ``inbound`` log line, then the conversation engine.
 
-    def __init__(self, node_name: str, engine: ConversationEngine) -> None:
+    It owns the companion's files (``store``, ``kv``): a stop in order (:mod:`.stopping`)
+    stops the engine's turns (:meth:`stop`), then the node, then closes them (:meth:`close`),
+    so every message the node handed over is recorded. :meth:`keep_open` closes them when it is
+    cancelled, for any other way out (a second signal, a crash)."""
+
+    def __init__(
+        self,
+        node_name: str,
+        engine: ConversationEngine,
+        *,
+        store: Store | None = None,
+        kv: KeyValueStore | None = None,
+    ) -> None:
         self.log = LoggingHandler(node_name)
         self.engine = engine
+        self.store, self.kv = store, kv
+        self._closed = False
 
     async def handle(self, inbound: Inbound) -> None:
         await self.log.handle(inbound)
         await self.engine.handle(inbound)
+
+    async def stop(self, grace: float) -> None:
+        """No new turn; the one in flight finishes or is withdrawn within ``grace`` seconds
+        (:meth:`ConversationEngine.stop <companion.engine.ConversationEngine.stop>`)."""
+        await self.engine.stop(grace)
+
+    async def close(self) -> None:
+        """Flush and close the history and the tools' store (once), off the loop; shielded, so a
+        second signal that cancels everything meanwhile cannot leave one of them unflushed."""
+        if self._closed:
+            return
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            if self.store is not None:
+                await self.store.aclose()
+            if self.kv is not None:
+                await trio.to_thread.run_sync(self.kv.close)
+
+    async def keep_open(self, node: CompanionNode) -> None:
+        """Keep the files open until cancelled, then :meth:`close` them once ``node`` stopped
+        (within its close deadline: a second signal cancels everything at once, and the node
+        still hands over what arrived while it closes)."""
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await node.stop()
+            await self.close()
 
 
 class PendingHandler:
@@ -124,6 +168,39 @@ class PendingHandler:
         await self._ready.wait()
         assert self._handler is not None
         await self._handler.handle(inbound)
+
+
+class DecisionRecorder:
+    """An engine's observer that keeps each decision about a message in the companion's store
+    (:meth:`Store.record_decision <companion.store.Store.record_decision>`): every event at INFO
+    or above that names a ``message_id``, as logged (``companion explain`` reads them back).
+    A store that fails is said once (a warning) and the engine goes on: the record is an aid,
+    the conversation does not depend on it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._failing = False
+
+    def __call__(self, event: EngineEvent) -> None:
+        message_id = event.fields.get("message_id")
+        if event.level < logging.INFO or not isinstance(message_id, str):
+            return
+        try:
+            self.store.record_decision(
+                message_id, event.kind, dict(event.fields), level=logging.getLevelName(event.level)
+            )
+        except Exception as exc:
+            if not self._failing:
+                log_event(
+                    logger,
+                    "decision_not_kept",
+                    logging.WARNING,
+                    companion=event.companion,
+                    error=repr(exc)[:300],
+                )
+            self._failing = True
+        else:
+            self._failing = False
 
 
 # --- models -------------------------------------------------------------------------------------------
@@ -227,11 +304,7 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
         chosen = models[loaded.card.metadata.id]
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
-        kv = None
-        if store is not None:
-            nursery.start_soon(store.serve)  # writes behind; flushed and closed when the node stops
-            kv = KeyValueStore.open(store.path)  # the tools' values, in the same file
-            nursery.start_soon(_serve_kv, kv)
+        kv = None if store is None else KeyValueStore.open(store.path)  # the tools' values, same file
         engine = ConversationEngine(
             loaded,
             chosen.model,
@@ -241,20 +314,13 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
             timings=chosen.timings,
             companion_of=node.membership.companion_of,
             kv=kv,
+            observer=None if store is None else DecisionRecorder(store),
         )
         engine.attach(nursery)
         node.add_membership_listener(engine.directory_changed)
         engine.directory_changed()  # the node may have met companions before its engine existed
-        return CompanionHandler(node.name, engine)
+        handler = CompanionHandler(node.name, engine, store=store, kv=kv)
+        nursery.start_soon(handler.keep_open, node)  # writes behind; flushed and closed at the end
+        return handler
 
     return make
-
-
-async def _serve_kv(kv: KeyValueStore) -> None:
-    """Keep the tools' store open until cancelled, then commit what is queued and close it off
-    the loop (as :meth:`Store.serve <companion.store.Store.serve>` does for the history)."""
-    try:
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(kv.close)

@@ -5,7 +5,8 @@ Each node dials the one before (a chain: presence and the DHT introduce the rest
 bridge``, on a node of its own (:mod:`.clients`). Standard output follows :mod:`.lines`:
 ``<id> peer <peer id>`` with indented addresses, ``<id> sees ...`` whenever a node's directory
 changes, and ``bridge ws://HOST:PORT/`` with the page and WebRTC URLs.
-SIGINT or SIGTERM closes every host cleanly; SIGUSR1 logs a ``stats`` event per node; SIGHUP
+SIGINT or SIGTERM stops in order (:func:`.stopping.stop_in_order`: turns, clients, nodes, then
+the files; a second signal stops at once); SIGUSR1 logs a ``stats`` event per node; SIGHUP
 reads the cards' tools again (:func:`.actions.reload_tools`). With clients, ``POST
 /actions/TOOL`` runs a companion's tool (:mod:`companion.bridge.actions`).
 """
@@ -22,10 +23,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from ..log import log_event
 from . import collector
-from .engines import EngineOptions, HandlerFactory, PendingHandler, engine_handlers, prepare_models
+from .engines import (
+    CompanionHandler,
+    EngineOptions,
+    HandlerFactory,
+    PendingHandler,
+    engine_handlers,
+    prepare_models,
+)
 from .lines import announce_directory, peer_line, print_addresses
-from .stopping import Interrupted, note_stopping
+from .stopping import Interrupted, Stop, note_stopping, stop_in_order
 from .trust import TrustOptions, open_trust
 
 if TYPE_CHECKING:
@@ -131,6 +140,8 @@ async def run_nodes(
     nodes: list[CompanionNode] = []
     runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL and SIGHUP reach these
     clients = None
+    companions: list[CompanionHandler] = []  # what the stop in order stops, then closes
+    clients_scope: trio.CancelScope | None = None
     stopped_by: list[int] = []
     async with trio.open_nursery() as nursery:
 
@@ -139,7 +150,8 @@ async def run_nodes(
 
         reload = partial(_reload_tools, loaded, runtimes)
         # served from the start: a SIGTERM while the models are checked closes the nodes cleanly
-        await nursery.start(_serve_signals, everyone, nursery.cancel_scope, reload, stopped_by)
+        stop = Stop(nursery.cancel_scope)
+        await nursery.start(_serve_signals, everyone, stop, reload, stopped_by)
         if options.bridge is not None:
             from .actions import serve_actions
 
@@ -172,6 +184,7 @@ async def run_nodes(
             pending.append((card, node, waiting, node_nursery))
         # the nodes dial now; the models and engines are prepared meanwhile, after a head start
         from .actions import runtime_of
+        from .status import track_status
 
         await _first_connections(nodes, DIAL_HEAD_START)
         if handler_factory is None:
@@ -182,21 +195,35 @@ async def run_nodes(
             runtime = runtime_of(handler)
             if runtime is not None:
                 runtimes[card.card.metadata.id] = runtime
+            if isinstance(handler, CompanionHandler):
+                companions.append(handler)
             waiting.become(handler)
             node.become_present()
             print(peer_line(node.name, node.peer_id), flush=True)
             print_addresses(node.listen_addrs)
             announce_directory(node)
+            track_status(node, options.data_dir)  # read by companion status
         collector.resume()  # start-up is over (see collector): everything it needs is loaded
         running = Running(nodes)
         if clients is not None and options.bridge is not None:
-            port = await open_to_clients(options.bridge, clients, set(ids), nursery)
+            clients_nursery: trio.Nursery = await nursery.start(_nursery_of_its_own)
+            clients_scope = clients_nursery.cancel_scope  # stopped before the nodes
+            port = await open_to_clients(options.bridge, clients, set(ids), clients_nursery)
             running = Running(nodes, clients.bridge, clients.node, port)
         if ready is not None:
             ready(running)
-        await trio.sleep_forever()  # until _serve_signals cancels the nursery
-    if stopped_by == [signal.SIGINT]:
+        await stop.wait()  # the first SIGINT or SIGTERM (before, it cancels the nursery)
+        await stop_in_order(companions, everyone(), clients=clients_scope)
+        nursery.cancel_scope.cancel()
+    if stopped_by[:1] == [signal.SIGINT]:
         raise Interrupted
+
+
+async def _nursery_of_its_own(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """A nursery handed back to the caller, who may cancel its scope on its own."""
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
 
 
 async def _first_connections(nodes: Sequence[CompanionNode], timeout: float) -> None:
@@ -230,14 +257,15 @@ def _reload_tools(cards: Sequence[LoadedCard], runtimes: Mapping[str, ActionRunt
 
 async def _serve_signals(
     nodes: Callable[[], Sequence[CompanionNode]],
-    scope: trio.CancelScope,
+    stop: Stop,
     reload: Callable[[], None],
     stopped_by: list[int],
     *,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve SIGHUP (reload tools) and SIGUSR1 (stats of ``nodes()``) until SIGINT or SIGTERM,
-    then note it in ``stopped_by`` and cancel ``scope``."""
+    """Serve SIGHUP (reload tools) and SIGUSR1 (stats of ``nodes()``). The first SIGINT or
+    SIGTERM is noted in ``stopped_by`` and asks for the stop (:class:`~.stopping.Stop`); a
+    second one ends the command at once, with 128 + its number."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP) as signals:
         task_status.started()
         async for signum in signals:
@@ -248,7 +276,11 @@ async def _serve_signals(
                 for node in nodes():
                     node.log_stats()
                 continue
-            note_stopping(logger, signum)
             stopped_by.append(signum)
-            scope.cancel()
-            return
+            if len(stopped_by) == 1:
+                note_stopping(logger, signum)
+                stop.request()
+                continue
+            log_event(logger, "stopping_at_once", logging.WARNING, signal=signal.Signals(signum).name)
+            stop.everything.cancel()
+            raise Interrupted(128 + signum)

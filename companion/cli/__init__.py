@@ -9,7 +9,18 @@ from collections.abc import Sequence
 
 # Subcommand modules, each exposing ``register(subparsers) -> None``; the parser it adds
 # sets ``func(args) -> int`` as its default.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("card", "run", "bridge", "listen", "demo", "relay", "trust", "action")
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "card",
+    "run",
+    "bridge",
+    "listen",
+    "demo",
+    "relay",
+    "trust",
+    "action",
+    "explain",
+    "status",
+)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

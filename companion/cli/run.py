@@ -10,8 +10,9 @@ not mid-conversation. History and working memory live in ``--data-dir/<companion
 What runs is :mod:`companion.app.run`; this module parses the arguments and maps failures to
 exit statuses. Standard output (:mod:`companion.app.lines`): ``<id> peer <peer id>`` followed by
 indented addresses, ``<id> sees <id>,<id>...`` whenever a node's directory changes, and ``bridge
-ws://HOST:PORT/`` followed by the page and WebRTC URLs. Ctrl-C or SIGTERM closes every host
-cleanly; SIGUSR1 logs a ``stats`` event per node.
+ws://HOST:PORT/`` followed by the page and WebRTC URLs. Ctrl-C or SIGTERM stops in order and
+loses nothing (the reply in flight finishes within 3 s or is withdrawn; exit 130 or 0); a second
+one stops at once (130 or 143); SIGUSR1 logs a ``stats`` event per node.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import trio
 from ..app import collector
 from ..app.cards import resolve_card
 from ..app.paths import default_data_dir
-from ..app.stopping import is_interrupt
+from ..app.stopping import exit_status, is_interrupt
 from .exits import innermost
 from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level, parse_ws_address, resolve_token
 from .trust import add_trust_arguments, trust_options
@@ -183,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
         trio.run(run_nodes, options)
     except Exception as exc:
         if is_interrupt(exc):
-            return 130
+            return exit_status(exc)  # 130 after Ctrl-C; a second signal: 128 + its number
         return _report_failure(exc)
     return 0
 

@@ -27,8 +27,9 @@ logger = logging.getLogger("companion.node.drops")
 # the same way; ``too_old`` (a capture from long ago, or a clock far off) still warns.
 _QUIET_REASONS = frozenset({"replay", "request_limit", "stale"})
 # Reasons that say a peer went away, not that it misbehaved (every peer that stops leaves a
-# send that failed): logged at info level, and counted like every drop.
-_PEER_GONE_REASONS = frozenset({"send_failed"})
+# send that failed), or that this node is going away (``stopping``: a payload gossip handed
+# over after the host closed): logged at info level, and counted like every drop.
+_PEER_GONE_REASONS = frozenset({"send_failed", "stopping"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -200,6 +200,7 @@ class CompanionNode:
         self._gate = RequestGate()
         self._changed = trio.Event()
         self._stopped = False
+        self._stop_requested = trio.Event()
         self._finished = trio.Event()
         if not present:
             self.presence.hold()
@@ -307,7 +308,7 @@ class CompanionNode:
             await nursery.start(self._serve, handler, stop, shielded)
             task_status.started()
             try:
-                await trio.sleep_forever()
+                await self._stop_requested.wait()
             finally:
                 stop.set()
                 with trio.CancelScope(shield=True), trio.move_on_after(self.config.close_timeout) as waited:
@@ -315,6 +316,16 @@ class CompanionNode:
                 if waited.cancelled_caught:
                     log_event(logger, "host_close_timeout", logging.WARNING, node=self.name)
                 shielded.cancel()
+
+    async def stop(self) -> None:
+        """Stop as cancelling :meth:`run` does (peers told, host closed, what passed the edge
+        before handed to the handler), without cancelling anything else; returns once the node
+        stopped, or after its ``close_timeout``. A node that never ran returns at once."""
+        self._stop_requested.set()
+        if self._host is None:
+            return
+        with trio.move_on_after(self.config.close_timeout):
+            await self._finished.wait()
 
     async def _serve(
         self, handler: InboundHandler, stop: trio.Event, shielded: trio.CancelScope, task_status: Any
@@ -325,6 +336,7 @@ class CompanionNode:
         router = self._router = make_gossipsub(self.config)
         inbound_send, inbound_recv = trio.open_memory_channel[Inbound](self.config.inbound_buffer)
         self._inbound_send = inbound_send
+        dispatched = trio.Event()
         pubsub = GuardedPubsub(
             host,
             router,
@@ -369,7 +381,7 @@ class CompanionNode:
                                 pubsub, nursery, lambda: [str(a) for a in host.get_addrs()]
                             )
                         nursery.start_soon(self._connection_events, conn_recv, nursery)
-                        nursery.start_soon(self._dispatch, handler, inbound_recv)
+                        nursery.start_soon(self._dispatch, handler, inbound_recv, dispatched)
                         nursery.start_soon(self._dial_discovered, mdns_recv)
                         for addr in dict.fromkeys((*self.config.peers, *self.config.relays)):
                             nursery.start_soon(self._keep_bootstrap, addr)
@@ -391,6 +403,11 @@ class CompanionNode:
                         self._stopped = True
                         await self.presence.leave()
                         await self._close_host(host)
+                        # what passed the edge before the host closed reaches the handler still
+                        # (a companion records every message that arrived), within a deadline
+                        inbound_send.close()
+                        with trio.move_on_after(self.config.close_timeout):
+                            await dispatched.wait()
                         nursery.cancel_scope.cancel()
         finally:
             self._stopped = True
@@ -444,12 +461,19 @@ class CompanionNode:
             return  # delivered without passing our validator: nothing we vouch for
         try:
             self._inbound_send.send_nowait(inbound)
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+        except trio.WouldBlock:
             self.drops.record(
                 Drop("inbound_overflow", "handler too slow"), peer=inbound.sender_peer, topic=topic
             )
+        except (trio.ClosedResourceError, trio.BrokenResourceError):  # the node is stopping
+            drop = Drop("stopping", "arrived after the host closed")
+            self.drops.record(drop, peer=inbound.sender_peer, topic=topic)
 
-    async def _dispatch(self, handler: InboundHandler, inbound: trio.MemoryReceiveChannel[Inbound]) -> None:
+    async def _dispatch(
+        self, handler: InboundHandler, inbound: trio.MemoryReceiveChannel[Inbound], done: trio.Event
+    ) -> None:
+        """Hand each payload to ``handler`` in order; set ``done`` once the channel is closed and
+        empty (the node stopping waits for it)."""
         async for item in inbound:
             self.delivered += 1
             try:
@@ -458,6 +482,7 @@ class CompanionNode:
                 log_exception(
                     logger, "handler_failed", exc, node=self.name, topic=item.topic, peer=item.sender_peer
                 )
+        done.set()
 
     # --- membership ---------------------------------------------------------------------------
 

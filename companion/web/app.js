@@ -42,6 +42,7 @@
     timeout: "the model timed out",
     crashed: "it crashed while preparing its reply",
     no_reply: "the model gave no reply",
+    stopping: "it is stopping",
   };
 
   const companions = new Map(); // id -> metadata, from the bridge's /companions

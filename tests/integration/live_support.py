@@ -13,6 +13,7 @@ from pathlib import Path
 from bridge_support import start_bridge
 from network_support import Network, Proc
 
+from companion.app.lines import BRIDGE_LINE, parse_sees
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, STATES, Payload, PayloadError, parse_payload
 
 CARD = """\
@@ -38,6 +39,10 @@ events:
         - tool: {tool}
           instruction: Reply briefly to what was just said.
 """
+
+
+PIM, OSTRA = "companion_pim", "companion_ostra"
+BOTH = frozenset({PIM, OSTRA})
 
 
 @dataclass
@@ -126,6 +131,30 @@ def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float, *,
                     f"{proc.name}: no matching output line within {timeout} s\n{proc.tail()}"
                 )
             proc._cond.wait(left)
+
+
+def start_pim_and_ostra(
+    net: Network, pace: float, *, ws: bool = True, extra: tuple[str, ...] = ()
+) -> tuple[Proc, str]:
+    """``companion run pim ostra`` (the shipped cards, offline models, data in
+    ``net.tmp/data-home``) with ``--ws``, or without it beside a ``companion bridge`` it dials;
+    returns the process and the bridge's URL once both companions see each other and the
+    bridge sees both. ``extra``: more arguments of ``companion run`` (a model)."""
+    extra = ("--pace", str(pace), *extra)
+    cards = [Path("pim"), Path("ostra")]
+    if ws:
+        proc = start_run(net, "home", cards, extra=(*extra, "--ws", "127.0.0.1:0", "--no-webrtc"))
+        line = stdout_line(proc, lambda s: s.startswith(BRIDGE_LINE), 30)
+        url = line[len(BRIDGE_LINE) :].strip()
+    else:
+        bridge, port, started = start_bridge(net, "bridge")
+        proc = start_run(net, "home", cards, str(started["addrs"][0]), extra=extra)
+        for cid in BOTH:
+            bridge.event("companion_joined", 30, companion_id=cid)
+        url = f"ws://127.0.0.1:{port}/"
+    for cid in BOTH:
+        stdout_line(proc, lambda s, cid=cid: parse_sees(s) == (cid, BOTH), 30)  # type: ignore[misc]
+    return proc, url
 
 
 def start_live(net: Network) -> Live:
