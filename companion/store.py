@@ -42,6 +42,7 @@ from typing import Any, Final
 import trio
 from pydantic import ValidationError
 
+from .layout import migrate_sqlite
 from .log import log_event
 from .protocol import Message, encode
 from .sqlwriter import SqlWriter
@@ -51,32 +52,6 @@ __all__ = ["DB_FILENAME", "MemoryStore", "Store", "StoreError"]
 logger = logging.getLogger("companion.store")
 
 DB_FILENAME: Final = "companion.sqlite3"
-SCHEMA_VERSION: Final = 1
-
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    sender TEXT NOT NULL,
-    body TEXT NOT NULL,
-    stored_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS memory (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS seen (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    id TEXT NOT NULL,
-    UNIQUE (kind, id)
-);
-CREATE TABLE IF NOT EXISTS companions (
-    id TEXT PRIMARY KEY,
-    first_seen REAL NOT NULL
-);
-"""
 _REPLIED: Final = "replied"
 
 
@@ -99,7 +74,8 @@ def _safe_json(value: Any) -> str:
 
 
 class StoreError(RuntimeError):
-    """The store cannot be used (unreadable file, newer schema, closed)."""
+    """The store cannot be used (unreadable file, closed); a newer layout is a
+    :class:`~companion.layout.LayoutError`."""
 
 
 def _unsafe(text: str) -> str:
@@ -138,18 +114,10 @@ class Store:
         self._id_window = max(1, id_window)
         self._db: sqlite3.Connection | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            migrate_sqlite(self.path)  # an older layout is brought up (a newer one refused) first
             self._db = db = sqlite3.connect(self.path, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA busy_timeout=5000")
-            version = int(db.execute("PRAGMA user_version").fetchone()[0])
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} has schema version {version}; this companion knows {SCHEMA_VERSION}"
-                )
-            if version < SCHEMA_VERSION:  # a file that has the schema is not written at open
-                db.executescript(_SCHEMA)
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._load(db, max(1, tail))
             self._writer = SqlWriter(
                 self.path, synchronous="NORMAL", batch_window=batch_window, name=self.path.parent.name
@@ -158,9 +126,6 @@ class Store:
             if self._db is not None:
                 self._db.close()
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
-        except StoreError:
-            db.close()
-            raise
 
     def _load(self, db: sqlite3.Connection, tail: int) -> None:
         """The in-memory view, from the file."""

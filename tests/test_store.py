@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from companion.history import ConversationHistory
+from companion.layout import LayoutError
 from companion.ports import ConversationStore
 from companion.protocol import Message
 from companion.store import DB_FILENAME, MemoryStore, Store, StoreError
@@ -152,7 +153,7 @@ def test_refuses_a_newer_schema_and_a_closed_store(tmp_path: Path) -> None:
     path = tmp_path / "future.db"
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA user_version=99")
-    with pytest.raises(StoreError, match="schema version 99"):
+    with pytest.raises(LayoutError, match="data layout 99"):
         Store(path)
     store = Store(tmp_path / "ok.db")
     store.close()
