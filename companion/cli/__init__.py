@@ -6,10 +6,23 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # Subcommand modules, each exposing ``register(subparsers) -> None``; the parser it adds
 # sets ``func(args) -> int`` as its default.
 SUBCOMMAND_MODULES: tuple[str, ...] = ("card", "run", "bridge", "listen", "demo", "relay", "trust", "action")
+
+
+class _PrintVersion(argparse.Action):
+    """``-V``: the package's version and the data layout (imported when asked, not at start-up)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from ..app.datadir import version_line
+
+        parser.exit(message=version_line() + "\n")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -20,9 +33,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="companion",
         description="Run and inspect AI companions on a peer-to-peer network (aikyo-compatible).",
     )
-    from companion import __version__
-
-    parser.add_argument("-V", "--version", action="version", version=f"companion {__version__}")
+    parser.add_argument(
+        "-V",
+        "--version",
+        action=_PrintVersion,
+        help="print the version and the data layout it writes, and exit",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         if command in SUBCOMMAND_MODULES and name != command:
