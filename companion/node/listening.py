@@ -5,6 +5,13 @@ on without it: ``Swarm.listen`` only fails when no address at all worked, and ``
 not even look at that. A node on a port that is in use would then run unreachable, printing a
 peer id with no address. :func:`require_listening` turns that into :class:`ListenError` naming
 each address, with the reason found by binding the address once more ourselves.
+
+py-libp2p 0.8.1 also sets ``SO_REUSEPORT`` on every TCP listener (``_set_reuse_flags``, for
+DCUtR hole punching, which dials from the listen port; companion does not use it). With it,
+two nodes of the same user bind the same port and the kernel hands each dial to either one:
+a second ``companion run --listen`` on a port in use started silently instead of exiting 2.
+:func:`exclusive_listeners` puts ``SO_REUSEADDR`` alone in its place (a restarted node still
+binds its port again at once, past the old connections' ``TIME_WAIT``).
 """
 
 from __future__ import annotations
@@ -14,11 +21,12 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
+import libp2p.transport.tcp.tcp as _tcp
 from multiaddr import Multiaddr
 
 from ..bind import bind_reason
 
-__all__ = ["ListenError", "require_listening"]
+__all__ = ["ListenError", "exclusive_listeners", "require_listening"]
 
 
 class ListenError(OSError):
@@ -61,3 +69,18 @@ def _probe(addr: str) -> tuple[int | None, str | None]:
     except OSError as exc:
         return exc.errno, exc.strerror
     return None, None
+
+
+def _reuse_address_only(sock: Any) -> None:
+    """py-libp2p's ``_set_reuse_flags`` without ``SO_REUSEPORT``: a port is one node's."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+
+def exclusive_listeners() -> None:
+    """Make py-libp2p's TCP listeners bind their port alone (see the module's docstring);
+    raises ``RuntimeError`` if py-libp2p no longer has the function this replaces (an upgrade
+    to check, rather than ports silently shared again)."""
+    if not callable(getattr(_tcp, "_set_reuse_flags", None)):
+        raise RuntimeError("py-libp2p's TCP transport has no _set_reuse_flags: check SO_REUSEPORT anew")
+    _tcp._set_reuse_flags = _reuse_address_only
