@@ -22,7 +22,8 @@ class _PrintVersion(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
         from ..app.datadir import version_line
 
-        parser.exit(message=version_line() + "\n")
+        print(version_line())  # on standard output, as argparse's own version action
+        parser.exit()
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
