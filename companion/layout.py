@@ -38,7 +38,6 @@ more fixture directory in ``tests/layouts/`` written by the release before it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Final
 
 from .log import log_event
+from .sqlwriter import transaction
 
 __all__ = [
     "DATA_LAYOUT",
@@ -193,8 +193,7 @@ def migrate_sqlite(path: Path, *, timeout: float = 5.0) -> int:
             return found
         db.execute("PRAGMA journal_mode=WAL")
         backup = _backup(db, path, found) if _has_tables(db) else None
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(db):
             found = int(db.execute("PRAGMA user_version").fetchone()[0])  # another opener was first
             for step in MIGRATIONS[found:]:
                 step(db)
@@ -205,12 +204,6 @@ def migrate_sqlite(path: Path, *, timeout: float = 5.0) -> int:
                     (version, RELEASES[version], now),
                 )
             db.execute(f"PRAGMA user_version={DATA_LAYOUT}")
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-            raise
         if backup is not None:
             log_event(logger, "layout_migrated", path=str(path), old=found, new=DATA_LAYOUT, copy=str(backup))
         return found
