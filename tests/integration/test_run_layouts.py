@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from live_support import spawn_run, start_run, stdout_line
-from network_support import Network, Proc, network
+from network_support import Network, Proc, network, warm_up
 from support.layouts import COMPANIONS, FIXTURES, digest, rows, unpack, version
 
 from companion.app.lines import PEER, peer_line
@@ -51,16 +51,7 @@ def ask(net: Network, run: Proc, text: str) -> str:
     raw, _ = net.raw(None)
     raw.send({"op": "connect", "addr": run.event("started", 5)["addrs"][0]})
     raw.event("connected", 15)
-    for n in range(40):
-        warm = Message.create(PERSON, [PERSON], "warm", id=f"warm-{n}")
-        raw.send({"op": "publish", "topic": MESSAGES, "b64": base64.b64encode(encode(warm)).decode()})
-        try:
-            run.event("inbound", 1.0, id=f"warm-{n}")
-            break
-        except AssertionError:
-            continue
-    else:
-        raise AssertionError("none of 40 warm-up messages reached the companion")
+    warm_up(raw, run, PERSON, [PERSON])  # to nobody: no conversation starts
     question = Message.create(PERSON, list(COMPANIONS), text, id="question")
     raw.send({"op": "publish", "topic": MESSAGES, "b64": base64.b64encode(encode(question)).decode()})
 
