@@ -5,7 +5,7 @@
   conversation's), a copy of each old store beside it, and the companions answer.
 - A directory of a newer layout is refused (exit 2, the message once) with nothing changed.
 - A second process for a companion that runs exits 2 naming the directory and the first
-  process's pid; the first one goes on answering.
+  process's pid; the first one goes on answering. One killed with SIGKILL leaves no lock behind.
 - A ``--listen`` port that another node holds: exit 2, the error once (py-libp2p shares ports
   with ``SO_REUSEPORT`` otherwise: both processes ran).
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import socket
 import sqlite3
 import sys
@@ -166,3 +167,18 @@ def test_a_listen_port_held_by_another_node_exits_2_saying_so_once(tmp_path: Pat
             f"(another program listens there); choose another port, e.g. /ip4/127.0.0.1/tcp/0 for a free one"
         ], second.tail()
         assert first.running and first.stop() == 0
+
+
+def test_a_killed_companion_leaves_no_lock_behind(tmp_path: Path) -> None:
+    """The kernel lets go of the lock when the process dies, however: SIGKILL, then the same
+    companion starts again at once, with the same peer id."""
+    data = tmp_path / "data"
+    with network(tmp_path) as net:
+        first = plain_run(net, "first", CARDS[0], data, "/ip4/127.0.0.1/tcp/0")
+        line = stdout_line(first, lambda s: s.startswith(f"companion_pim{PEER}"), 30)
+        assert (data / "companion_pim" / "lock").read_text() == f"{first.pid}\n"
+        first.signal(signal.SIGKILL)
+        assert first.reap(10) == -signal.SIGKILL
+        again = plain_run(net, "again", CARDS[0], data, "/ip4/127.0.0.1/tcp/0")
+        assert stdout_line(again, lambda s: s.startswith(f"companion_pim{PEER}"), 30) == line
+        assert again.stop() == 0
