@@ -1,7 +1,9 @@
 """A companion's durable memory in one SQLite file: conversation history, working memory, seen ids.
 
 A restarted node reopens the same file and continues the conversation with what it knew. The
-file lives under the companion's data directory (:data:`DB_FILENAME`), in WAL mode.
+file lives under the companion's data directory (:data:`DB_FILENAME`), in WAL mode. Its tables
+and their versions are :mod:`companion.layout`'s: a file of an older release is migrated when it
+is opened, one of a newer release refused (:class:`~companion.layout.LayoutError`).
 
 :class:`Store` and :class:`MemoryStore` implement :class:`companion.ports.ConversationStore`
 (what the engine keeps: the conversation's messages once each, replied ids, known companions,
