@@ -38,9 +38,10 @@ def test_an_old_store_migrates_in_place_keeping_every_row_and_a_copy(tmp_path: P
         path = data / cid / DB_FILENAME
         before = rows(path)
         assert before["messages"], "the fixture holds a conversation"
-        old_bytes = path.read_bytes()
+        old_bytes, old = path.read_bytes(), version(path)
+        assert old < DATA_LAYOUT
 
-        assert migrate_sqlite(path) == 1
+        assert migrate_sqlite(path) == old
         assert version(path) == DATA_LAYOUT
         after = rows(path)
         for table, kept in before.items():
@@ -52,8 +53,8 @@ def test_an_old_store_migrates_in_place_keeping_every_row_and_a_copy(tmp_path: P
         }
         assert senders <= {cid_ for (cid_, _) in after["companions"]}
         # the copy beside it is the old file, rows and layout
-        copy = path.with_name(f"{DB_FILENAME}.v1.bak")
-        assert rows(copy) == before and version(copy) == 1
+        copy = path.with_name(f"{DB_FILENAME}.v{old}.bak")
+        assert rows(copy) == before and version(copy) == old
         assert len(copy.read_bytes()) <= len(old_bytes) + 4096
         # a second open changes nothing and copies nothing
         assert migrate_sqlite(path) == DATA_LAYOUT

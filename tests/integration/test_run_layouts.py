@@ -83,6 +83,7 @@ def test_a_directory_of_an_old_release_runs_with_everything_it_held(tmp_path: Pa
     data = unpack(name, tmp_path, "data-old")
     stores = {cid: data / cid / DB_FILENAME for cid in COMPANIONS}
     before = {cid: rows(path) for cid, path in stores.items()}
+    old = {cid: version(path) for cid, path in stores.items()}  # each fixture is older than today's
     peers = {cid: peer_id_of(data / "keys" / f"{cid}.key") for cid in COMPANIONS}
     old_files = digest(data)
     with network(tmp_path) as net:
@@ -95,7 +96,7 @@ def test_a_directory_of_an_old_release_runs_with_everything_it_held(tmp_path: Pa
         # the conversation ends before the stop (a stop during a turn: issue 32, item 4)
         run.event("conversation_over", 60)
         assert run.stop() == 0
-        assert run.count("layout_migrated") == len(COMPANIONS)  # every fixture is of layout 1
+        assert run.count("layout_migrated") == len(COMPANIONS)
         assert errors(run) == []
     for cid, path in stores.items():
         after = rows(path)
@@ -104,7 +105,7 @@ def test_a_directory_of_an_old_release_runs_with_everything_it_held(tmp_path: Pa
         ids = {row[1] for row in after["messages"]}
         assert {"question", reply} <= ids, f"{cid} recorded the new conversation"
         assert version(path) == DATA_LAYOUT
-        assert rows(path.with_name(f"{DB_FILENAME}.v1.bak")) == before[cid]
+        assert rows(path.with_name(f"{DB_FILENAME}.v{old[cid]}.bak")) == before[cid]
     assert json.loads((data / MANIFEST).read_text())["layout"] == DATA_LAYOUT
     # the keys, the trust file and the replay ids were kept as they were (only appended to)
     for file, sha in old_files.items():
