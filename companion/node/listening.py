@@ -6,12 +6,13 @@ not even look at that. A node on a port that is in use would then run unreachabl
 peer id with no address. :func:`require_listening` turns that into :class:`ListenError` naming
 each address, with the reason found by binding the address once more ourselves.
 
-py-libp2p 0.8.1 also sets ``SO_REUSEPORT`` on every TCP listener (``_set_reuse_flags``, for
-DCUtR hole punching, which dials from the listen port; companion does not use it). With it,
-two nodes of the same user bind the same port and the kernel hands each dial to either one:
-a second ``companion run --listen`` on a port in use started silently instead of exiting 2.
-:func:`exclusive_listeners` puts ``SO_REUSEADDR`` alone in its place (a restarted node still
-binds its port again at once, past the old connections' ``TIME_WAIT``).
+py-libp2p 0.8.1 also opens every TCP listener with ``SO_REUSEPORT`` (DCUtR's hole punch dials
+from the listen port, which needs it on both sockets), so a second node of the same user binds
+a port another one listens on, and the kernel hands each dial to either one: a second ``companion
+run --listen`` on a port in use started silently instead of exiting 2. :func:`refuse_taken`
+binds each fixed port once without ``SO_REUSEPORT`` before the host starts, which fails while
+anything listens there; hole punching keeps the option. (Two nodes started within the same
+instant can still both pass the check: it is made for a port already in use.)
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ import socket
 from collections.abc import Iterable
 from typing import Any
 
-import libp2p.transport.tcp.tcp as _tcp
 from multiaddr import Multiaddr
 
 from ..bind import bind_reason
 
-__all__ = ["ListenError", "exclusive_listeners", "require_listening"]
+__all__ = ["ListenError", "refuse_taken", "require_listening"]
 
 
 class ListenError(OSError):
@@ -71,16 +71,11 @@ def _probe(addr: str) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _reuse_address_only(sock: Any) -> None:
-    """py-libp2p's ``_set_reuse_flags`` without ``SO_REUSEPORT``: a port is one node's."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-
-def exclusive_listeners() -> None:
-    """Make py-libp2p's TCP listeners bind their port alone (see the module's docstring);
-    raises ``RuntimeError`` if py-libp2p no longer has the function this replaces (an upgrade
-    to check, rather than ports silently shared again)."""
-    if not callable(getattr(_tcp, "_set_reuse_flags", None)):
-        raise RuntimeError("py-libp2p's TCP transport has no _set_reuse_flags: check SO_REUSEPORT anew")
-    _tcp._set_reuse_flags = _reuse_address_only
+def refuse_taken(requested: Iterable[str], flag: str = "--listen") -> None:
+    """Raise :class:`ListenError` if one of the ``requested`` multiaddrs with a fixed port cannot
+    be bound without ``SO_REUSEPORT`` (another node or program listens there); port 0 and
+    addresses this cannot probe are left to py-libp2p (and :func:`require_listening`)."""
+    for addr in requested:
+        code, text = _problem(addr, flag)
+        if code is not None:
+            raise ListenError(code, text)

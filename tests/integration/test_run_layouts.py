@@ -6,8 +6,8 @@
 - A directory of a newer layout is refused (exit 2, the message once) with nothing changed.
 - A second process for a companion that runs exits 2 naming the directory and the first
   process's pid; the first one goes on answering. One killed with SIGKILL leaves no lock behind.
-- A ``--listen`` port that another node holds: exit 2, the error once (py-libp2p shares ports
-  with ``SO_REUSEPORT`` otherwise: both processes ran).
+- A ``--listen`` port that another node holds: exit 2, the error once (py-libp2p's listeners
+  share ports with ``SO_REUSEPORT``: without the check both processes ran).
 """
 
 from __future__ import annotations
