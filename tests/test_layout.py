@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,42 @@ def test_a_directory_lock_is_refused_naming_the_holder(tmp_path: Path) -> None:
         assert str(tmp_path / "companion_pim") in str(refused.value)
     with DirectoryLock(tmp_path / "companion_pim"):  # released: taken again
         pass
+
+
+_KILLED_OLD_WRITER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL")
+db.execute("PRAGMA wal_autocheckpoint=0")  # the row stays in the log, as a busy node's last ones do
+db.execute("INSERT INTO messages (id, sender, body, stored_at) VALUES ('late', 'companion_late', '{}', 1)")
+print("written", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_store_left_by_a_killed_process_migrates_with_its_log(tmp_path: Path) -> None:
+    """An old release killed (SIGKILL) with rows still in its write-ahead log: the copy and the
+    migrated store both hold them."""
+    data = unpack("2026-11-30", tmp_path)
+    path = data / "companion_pim" / DB_FILENAME
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_OLD_WRITER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "written"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    assert path.with_name(f"{DB_FILENAME}-wal").stat().st_size > 0  # left unmerged
+    assert migrate_sqlite(path) == 1
+    for store in (path, path.with_name(f"{DB_FILENAME}.v1.bak")):
+        db = sqlite3.connect(store)
+        assert db.execute("SELECT sender FROM messages WHERE id = 'late'").fetchone() == ("companion_late",)
+        db.close()
+    db = sqlite3.connect(path)
+    assert ("companion_late",) in db.execute("SELECT id FROM companions").fetchall()
+    db.close()
