@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support.layouts import COMPANIONS, FIXTURES, TABLES, digest, rows, unpack, version
+from support.processes import killed_after
 
 from companion import layout
 from companion.actions import KeyValueStore
@@ -178,18 +176,8 @@ def test_a_store_left_by_a_killed_process_migrates_with_its_log(tmp_path: Path) 
     migrated store both hold them."""
     data = unpack("2026-11-30", tmp_path)
     path = data / "companion_pim" / DB_FILENAME
-    child = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_OLD_WRITER, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "written"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
+    with killed_after(_KILLED_OLD_WRITER, str(path), says="written"):
+        pass
     assert path.with_name(f"{DB_FILENAME}-wal").stat().st_size > 0  # left unmerged
     assert migrate_sqlite(path) == 1
     for store in (path, path.with_name(f"{DB_FILENAME}.v1.bak")):
