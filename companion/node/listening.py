@@ -59,17 +59,25 @@ def _problem(addr: str, flag: str) -> tuple[int | None, str]:
     return code, f"cannot listen on {addr} ({flag}): {bind_reason(code, strerror, free)}"
 
 
-def _probe(addr: str) -> tuple[int | None, str | None]:
-    """Bind ``addr`` (``/ip4|ip6/HOST/tcp/PORT``) as trio's listener does, to learn the reason."""
+def _tcp(addr: str) -> tuple[int, str, int] | None:
+    """``/ip4|ip6/HOST/tcp/PORT...`` as (address family, host, port); ``None`` for other forms."""
     parts = addr.strip("/").split("/")
     if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or not parts[3].isdigit():
+        return None
+    return (socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6), parts[1], int(parts[3])
+
+
+def _probe(addr: str) -> tuple[int | None, str | None]:
+    """Bind ``addr`` (``/ip4|ip6/HOST/tcp/PORT``) as trio's listener does, to learn the reason."""
+    parsed = _tcp(addr)
+    if parsed is None:
         return None, None
-    family = socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6
+    family, host, port = parsed
     try:
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             with contextlib.suppress(OSError):
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((parts[1], int(parts[3])))
+            probe.bind((host, port))
     except OSError as exc:
         return exc.errno, exc.strerror
     return None, None
@@ -109,15 +117,12 @@ def _shared(requested: Iterable[str], ours: set[int]) -> str | None:
     """The first of ``requested`` on which a listening socket other than ``ours`` (inodes)
     listens too, the address's wildcard included."""
     for addr in requested:
-        parts = addr.strip("/").split("/")
-        if len(parts) < 4 or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp" or not parts[3].isdigit():
+        parsed = _tcp(addr)
+        if parsed is None or parsed[2] == 0:
             continue
-        family = socket.AF_INET if parts[0] == "ip4" else socket.AF_INET6
-        port = int(parts[3])
-        if port == 0:
-            continue
+        family, host, port = parsed
         try:
-            mine = _kernel_hex(family, socket.inet_pton(family, parts[1]))
+            mine = _kernel_hex(family, socket.inet_pton(family, host))
         except OSError:
             continue
         wildcard = "0" * len(mine)
