@@ -183,3 +183,16 @@ def test_a_killed_companion_leaves_no_lock_behind(tmp_path: Path) -> None:
         again = plain_run(net, "again", CARDS[0], data, "/ip4/127.0.0.1/tcp/0")
         assert stdout_line(again, lambda s: s.startswith(f"companion_pim{PEER}"), 30) == line
         assert again.stop() == 0
+
+
+def test_two_companions_share_a_data_directory_from_two_processes(tmp_path: Path) -> None:
+    """The lock is a companion's, not the directory's: Pim and Ostra run from one data directory
+    in two processes (keys, stores and locks apart; trust.json shared on purpose)."""
+    data = tmp_path / "data"
+    with network(tmp_path) as net:
+        pim = plain_run(net, "pim", CARDS[0], data, "/ip4/127.0.0.1/tcp/0")
+        ostra = plain_run(net, "ostra", CARDS[1], data, "/ip4/127.0.0.1/tcp/0")
+        stdout_line(pim, lambda s: s.startswith(f"companion_pim{PEER}"), 30)
+        stdout_line(ostra, lambda s: s.startswith(f"companion_ostra{PEER}"), 30)
+        assert pim.stop() == 0 and ostra.stop() == 0
+    assert {p.name for p in data.iterdir()} >= {"companion_pim", "companion_ostra", MANIFEST, "keys"}
