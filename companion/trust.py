@@ -292,7 +292,15 @@ class TrustStore:
 
     @classmethod
     def in_directory(cls, data_dir: Path) -> TrustStore:
-        """The store of a data directory (its :data:`TRUST_FILENAME`); raises :class:`TrustError`."""
+        """The store of a data directory (its :data:`TRUST_FILENAME`); raises :class:`TrustError`,
+        also for a directory of a newer layout (``companion run``, ``bridge`` and ``trust`` all
+        open it: none of them changes a directory a later release wrote)."""
+        from .layout import LayoutError, refuse_newer  # SQLite's module once a directory is used
+
+        try:
+            refuse_newer(data_dir)
+        except LayoutError as exc:
+            raise TrustError(str(exc)) from None
         return cls(data_dir / TRUST_FILENAME)
 
     # --- reading ----------------------------------------------------------------------------

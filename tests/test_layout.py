@@ -140,6 +140,14 @@ def test_the_directory_records_its_layout_and_refuses_a_newer_one(tmp_path: Path
     assert (data / MANIFEST).read_text() == "garbage"
 
 
+def test_the_trust_file_of_a_newer_directory_is_not_opened(tmp_path: Path) -> None:
+    """``companion bridge`` and ``companion trust`` open a data directory through its trust file."""
+    (tmp_path / MANIFEST).write_text(json.dumps({"layout": DATA_LAYOUT + 1, "release": "9.0.0"}))
+    with pytest.raises(TrustError, match=rf"(?s)data layout {DATA_LAYOUT + 1}.*companion 9\.0\.0 or newer"):
+        TrustStore.in_directory(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [MANIFEST]
+
+
 def test_a_trust_file_of_a_later_format_is_refused_as_such(tmp_path: Path) -> None:
     path = tmp_path / TRUST_FILENAME
     path.write_text(json.dumps({"version": 2, "companions": {}, "keys": "new"}))
