@@ -1,3 +1,3 @@
 """companion: a Python node for a peer-to-peer network of AI companions (aikyo-compatible)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

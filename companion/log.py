@@ -76,6 +76,11 @@ raises the same text (``OpenConnectionError``) to the code that dialled, which r
 level it means (a bootstrap peer that is down: ``bootstrap_dial_failed``; a peer that just
 left, dialled by the ring or the DHT: DEBUG). Stopping 10 companions together printed two."""
 
+_LISTEN_FAILED: Final = ("libp2p.transport.tcp.tcp", "Failed to start TCP listener for ")
+"""py-libp2p 0.8.1 logs a listener that cannot bind at ERROR level and goes on; the node then
+refuses to run (:func:`companion.node.listening.require_listening`) with an error that names the
+address and what to do, printed once by the command (``companion run`` printed both)."""
+
 _SELF_REPORTED: set[str] = set()
 """Protocols whose failed negotiation the code that opens them reports itself, at the level it
 means (:func:`reports_stream_failures`)."""
@@ -95,6 +100,11 @@ def _self_reported_stream_failure(record: logging.LogRecord) -> bool:
         return False
     head = msg.split("\n", 3)[:3]
     return any(f"'{protocol}'" in line for line in head for protocol in _SELF_REPORTED)
+
+
+def _listen_failed(record: logging.LogRecord) -> bool:
+    name, prefix = _LISTEN_FAILED
+    return record.name == name and isinstance(record.msg, str) and record.msg.startswith(prefix)
 
 
 def _bound_str(text: str, max_chars: int) -> str:
@@ -275,6 +285,7 @@ class LibraryRecords(logging.Filter):
             or _self_reported_stream_failure(record)
             or _peer_gone(record)
             or (record.name, record.msg) == _DIAL_FAILED
+            or _listen_failed(record)
         )
         if routine and not logging.getLogger("libp2p").isEnabledFor(logging.DEBUG):
             return False

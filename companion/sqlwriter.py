@@ -26,12 +26,13 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias
 
 from .log import log_event
 
-__all__ = ["SqlWriter", "Statement"]
+__all__ = ["SqlWriter", "Statement", "transaction"]
 
 logger = logging.getLogger("companion.sqlwriter")
 
@@ -219,19 +220,28 @@ class SqlWriter:
         """Run ``batch`` in one transaction: ``None``, or the error (nothing of it was written)."""
         db = self._db
         try:
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(db):
                 for sql, run in itertools.groupby(batch, key=lambda statement: statement[0]):
                     _execute_run(db, sql, [params for _, params in run])
-                db.execute("COMMIT")
-            except BaseException:
-                if db.in_transaction:
-                    with contextlib.suppress(sqlite3.Error):
-                        db.execute("ROLLBACK")
-                raise
         except (sqlite3.Error, ValueError, OverflowError) as exc:
             return exc
         return None
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction on ``db`` (opened with ``isolation_level=None``): ``BEGIN
+    IMMEDIATE``, then ``COMMIT`` when the block ends, or a rollback (whatever SQLite still
+    holds) when it raises, the exception going on."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+        raise
 
 
 _ROWS_PER_INSERT: Final = 100

@@ -1,7 +1,9 @@
 """A companion's durable memory in one SQLite file: conversation history, working memory, seen ids.
 
 A restarted node reopens the same file and continues the conversation with what it knew. The
-file lives under the companion's data directory (:data:`DB_FILENAME`), in WAL mode.
+file lives under the companion's data directory (:data:`DB_FILENAME`), in WAL mode. Its tables
+and their versions are :mod:`companion.layout`'s: a file of an older release is migrated when it
+is opened, one of a newer release refused (:class:`~companion.layout.LayoutError`).
 
 :class:`Store` and :class:`MemoryStore` implement :class:`companion.ports.ConversationStore`
 (what the engine keeps: the conversation's messages once each, replied ids, known companions,
@@ -42,6 +44,7 @@ from typing import Any, Final, NamedTuple
 import trio
 from pydantic import ValidationError
 
+from .layout import migrate_sqlite
 from .log import log_event
 from .protocol import Message, encode
 from .sqlwriter import SqlWriter
@@ -53,7 +56,6 @@ __all__ = [
     "MemoryStore",
     "Store",
     "StoreError",
-    "create_decisions_table",
     "read_decisions",
     "read_message",
 ]
@@ -61,32 +63,6 @@ __all__ = [
 logger = logging.getLogger("companion.store")
 
 DB_FILENAME: Final = "companion.sqlite3"
-SCHEMA_VERSION: Final = 1
-
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    sender TEXT NOT NULL,
-    body TEXT NOT NULL,
-    stored_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS memory (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS seen (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    id TEXT NOT NULL,
-    UNIQUE (kind, id)
-);
-CREATE TABLE IF NOT EXISTS companions (
-    id TEXT PRIMARY KEY,
-    first_seen REAL NOT NULL
-);
-"""
 _REPLIED: Final = "replied"
 
 DECISIONS_KEPT: Final = 20_000
@@ -94,32 +70,6 @@ DECISIONS_KEPT: Final = 20_000
 companions, more with yields and failures: the last few thousand turns), each at most
 :data:`MAX_DECISION_BYTES` of fields."""
 MAX_DECISION_BYTES: Final = 4_000
-
-
-def create_decisions_table(db: sqlite3.Connection) -> None:
-    """The ``decisions`` table: the turn-taking decisions this companion made or saw, per message
-    (the structured log events of :mod:`companion.engine` that name a ``message_id``), for
-    ``companion explain``. One row per event: ``seq`` (order), ``message_id`` (the message the
-    turn answers), ``reply_id`` (the reply it produced, if any), ``at`` (Unix time), ``kind``
-    (the event's name: ``leader_chosen``, ``speaker_chosen``, ``speaker_failed``, ...), ``level``
-    (its log level name) and ``fields`` (its fields as JSON). Bounded to the newest
-    :data:`DECISIONS_KEPT` rows. Creating it changes nothing else: a file without it gets it
-    at open."""
-    db.executescript(
-        """
-        CREATE TABLE IF NOT EXISTS decisions (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT,
-            message_id TEXT NOT NULL,
-            reply_id TEXT,
-            at REAL NOT NULL,
-            kind TEXT NOT NULL,
-            level TEXT NOT NULL,
-            fields TEXT NOT NULL
-        );
-        CREATE INDEX IF NOT EXISTS decisions_by_message ON decisions (message_id);
-        CREATE INDEX IF NOT EXISTS decisions_by_reply ON decisions (reply_id);
-        """
-    )
 
 
 def _safe(text: str) -> str:
@@ -141,7 +91,8 @@ def _safe_json(value: Any) -> str:
 
 
 class StoreError(RuntimeError):
-    """The store cannot be used (unreadable file, newer schema, closed)."""
+    """The store cannot be used (unreadable file, closed); a newer layout is a
+    :class:`~companion.layout.LayoutError`."""
 
 
 def _unsafe(text: str) -> str:
@@ -181,20 +132,10 @@ class Store:
         self._id_window = max(1, id_window)
         self._db: sqlite3.Connection | None = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            migrate_sqlite(self.path)  # an older layout is brought up (a newer one refused) first
             self._db = db = sqlite3.connect(self.path, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA busy_timeout=5000")
-            version = int(db.execute("PRAGMA user_version").fetchone()[0])
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path} has schema version {version}; this companion knows {SCHEMA_VERSION}"
-                )
-            if version < SCHEMA_VERSION:  # a file that has the schema is not written at open
-                db.executescript(_SCHEMA)
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            if not _has_table(db, "decisions"):
-                create_decisions_table(db)
             self._load(db, max(1, tail))
             self._writer = SqlWriter(
                 self.path, synchronous="NORMAL", batch_window=batch_window, name=self.path.parent.name
@@ -203,9 +144,6 @@ class Store:
             if self._db is not None:
                 self._db.close()
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
-        except StoreError:
-            db.close()
-            raise
 
     def _load(self, db: sqlite3.Connection, tail: int) -> None:
         """The in-memory view, from the file."""
@@ -434,8 +372,8 @@ class Store:
     def record_decision(
         self, message_id: str, kind: str, fields: dict[str, Any], *, level: str = "INFO"
     ) -> None:
-        """Keep one decision about ``message_id`` (see :func:`create_decisions_table`), written
-        behind; fields beyond :data:`MAX_DECISION_BYTES` of JSON are cut to their first keys."""
+        """Keep one decision about ``message_id`` (the ``decisions`` table of data layout 2),
+        written behind; fields beyond :data:`MAX_DECISION_BYTES` of JSON are cut to their first keys."""
         text = _bounded_json(fields, MAX_DECISION_BYTES)
         reply_id = fields.get("reply_id")
         self._write(
@@ -470,88 +408,6 @@ class Store:
     def known_companions(self) -> list[str]:
         self._conn  # noqa: B018 -- raises when closed
         return list(self._companions)
-
-
-def _has_table(db: sqlite3.Connection, name: str) -> bool:
-    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone()
-    return row is not None
-
-
-def _bounded_json(fields: dict[str, Any], limit: int) -> str:
-    """``fields`` as JSON of at most about ``limit`` bytes: the first keys that fit, whole."""
-    text = _safe_json(fields)
-    if len(text) <= limit:
-        return text
-    kept: dict[str, Any] = {}
-    for key, value in fields.items():
-        kept[key] = value
-        if len(_safe_json(kept)) > limit - 40:
-            del kept[key]
-            break
-    kept["truncated"] = True
-    return _safe_json(kept)
-
-
-class Decision(NamedTuple):
-    """One row of :func:`create_decisions_table`, read back (:func:`read_decisions`)."""
-
-    seq: int
-    message_id: str
-    reply_id: str | None
-    at: float
-    kind: str
-    level: str
-    fields: dict[str, Any]
-
-
-def _read_only(path: str | Path, sql: str, params: tuple[Any, ...]) -> list[Any]:
-    """The rows of ``sql`` on the store file at ``path``, opened read-only (beside a node that
-    runs, in WAL mode: nothing is written, a missing file is not created); ``[]`` when the file
-    or the table is not there or cannot be read."""
-    try:
-        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return []
-    try:
-        db.execute("PRAGMA busy_timeout=2000")
-        return db.execute(sql, params).fetchall()
-    except sqlite3.Error:
-        return []
-    finally:
-        db.close()
-
-
-def read_decisions(path: str | Path, *, message_id: str | None = None, limit: int = 1_000) -> list[Decision]:
-    """The decisions kept in the store file at ``path``, oldest first: about ``message_id``
-    (the turn on it, and the one that produced it as a reply), else the newest ``limit``.
-    Read-only; a file without the table (an older layout) reads as ``[]``."""
-    if message_id is None:
-        sql = "SELECT * FROM (SELECT * FROM decisions ORDER BY seq DESC LIMIT ?) ORDER BY seq"
-        rows = _read_only(path, sql, (limit,))
-    else:
-        sql = "SELECT * FROM decisions WHERE message_id = ? OR reply_id = ? ORDER BY seq LIMIT ?"
-        rows = _read_only(path, sql, (_safe(message_id), _safe(message_id), limit))
-    out = []
-    for seq, mid, reply, at, kind, level, text in rows:
-        try:
-            fields = json.loads(text)
-        except ValueError:
-            fields = {}
-        reply_id = None if reply is None else _unsafe(reply)
-        fields = fields if isinstance(fields, dict) else {}
-        out.append(Decision(seq, _unsafe(mid), reply_id, at, _unsafe(kind), level, fields))
-    return out
-
-
-def read_message(path: str | Path, message_id: str) -> Message | None:
-    """The message ``message_id`` as the store at ``path`` keeps it (read-only), else ``None``."""
-    rows = _read_only(path, "SELECT body FROM messages WHERE id = ?", (_safe(message_id),))
-    if not rows:
-        return None
-    try:
-        return Message.model_validate(json.loads(rows[0][0]))
-    except (ValueError, ValidationError, RecursionError):
-        return None
 
 
 class MemoryStore:
@@ -619,3 +475,80 @@ class MemoryStore:
 
     def memory(self) -> dict[str, Any]:
         return dict(self._values)
+
+
+def _bounded_json(fields: dict[str, Any], limit: int) -> str:
+    """``fields`` as JSON of at most about ``limit`` bytes: the first keys that fit, whole."""
+    text = _safe_json(fields)
+    if len(text) <= limit:
+        return text
+    kept: dict[str, Any] = {}
+    for key, value in fields.items():
+        kept[key] = value
+        if len(_safe_json(kept)) > limit - 40:
+            del kept[key]
+            break
+    kept["truncated"] = True
+    return _safe_json(kept)
+
+
+class Decision(NamedTuple):
+    """One row of the ``decisions`` table, read back (:func:`read_decisions`)."""
+
+    seq: int
+    message_id: str
+    reply_id: str | None
+    at: float
+    kind: str
+    level: str
+    fields: dict[str, Any]
+
+
+def _read_only(path: str | Path, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    """The rows of ``sql`` on the store file at ``path``, opened read-only (beside a node that
+    runs, in WAL mode: nothing is written, a missing file is not created); ``[]`` when the file
+    or the table is not there or cannot be read."""
+    try:
+        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return []
+    try:
+        db.execute("PRAGMA busy_timeout=2000")
+        return db.execute(sql, params).fetchall()
+    except sqlite3.Error:
+        return []
+    finally:
+        db.close()
+
+
+def read_decisions(path: str | Path, *, message_id: str | None = None, limit: int = 1_000) -> list[Decision]:
+    """The decisions kept in the store file at ``path``, oldest first: about ``message_id``
+    (the turn on it, and the one that produced it as a reply), else the newest ``limit``.
+    Read-only; a file without the table (an older layout) reads as ``[]``."""
+    if message_id is None:
+        sql = "SELECT * FROM (SELECT * FROM decisions ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+        rows = _read_only(path, sql, (limit,))
+    else:
+        sql = "SELECT * FROM decisions WHERE message_id = ? OR reply_id = ? ORDER BY seq LIMIT ?"
+        rows = _read_only(path, sql, (_safe(message_id), _safe(message_id), limit))
+    out = []
+    for seq, mid, reply, at, kind, level, text in rows:
+        try:
+            fields = json.loads(text)
+        except ValueError:
+            fields = {}
+        reply_id = None if reply is None else _unsafe(reply)
+        fields = fields if isinstance(fields, dict) else {}
+        out.append(Decision(seq, _unsafe(mid), reply_id, at, _unsafe(kind), level, fields))
+    return out
+
+
+def read_message(path: str | Path, message_id: str) -> Message | None:
+    """The message ``message_id`` as the store at ``path`` keeps it (read-only), else ``None``."""
+    rows = _read_only(path, "SELECT body FROM messages WHERE id = ?", (_safe(message_id),))
+    if not rows:
+        return None
+    try:
+        return Message.model_validate(json.loads(rows[0][0]))
+    except (ValueError, ValidationError, RecursionError):
+        return None

@@ -208,6 +208,7 @@ def _load(path: Path) -> _Contents:
         raise TrustError(f"{path}: cannot read the trust file: {exc}") from None
     if len(data) > MAX_FILE_BYTES:
         raise TrustError(f"{path}: larger than {MAX_FILE_BYTES} bytes\n    fix: {_FIX}")
+    _refuse_newer(path, data)
     try:
         parsed = _File.model_validate_json(data)
     except ValidationError as exc:
@@ -234,6 +235,22 @@ def _load(path: Path) -> _Contents:
             except TrustError as exc:
                 raise TrustError(f"{path}: {role}s.{index}: {exc}\n    fix: {_FIX}") from None
     return out
+
+
+def _refuse_newer(path: Path, data: bytes) -> None:
+    """A file of a later format is refused as such (not as a mistake to fix by hand): the
+    release that wrote it knows what its fields mean; nothing is changed."""
+    try:
+        body = json.loads(data)
+    except (ValueError, RecursionError):
+        return  # the validation below says what is wrong with it
+    version = body.get("version") if isinstance(body, dict) else None
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise TrustError(
+            f"{path}: format version {version}, written by a later release of companion; this one "
+            f"reads version {FORMAT_VERSION}; nothing was changed\n"
+            "    fix: run the release that wrote it (or a newer one) on this data directory"
+        )
 
 
 def _dump(contents: _Contents) -> bytes:
@@ -275,7 +292,15 @@ class TrustStore:
 
     @classmethod
     def in_directory(cls, data_dir: Path) -> TrustStore:
-        """The store of a data directory (its :data:`TRUST_FILENAME`); raises :class:`TrustError`."""
+        """The store of a data directory (its :data:`TRUST_FILENAME`); raises :class:`TrustError`,
+        also for a directory of a newer layout (``companion run``, ``bridge`` and ``trust`` all
+        open it: none of them changes a directory a later release wrote)."""
+        from .layout import LayoutError, refuse_newer  # SQLite's module once a directory is used
+
+        try:
+            refuse_newer(data_dir)
+        except LayoutError as exc:
+            raise TrustError(str(exc)) from None
         return cls(data_dir / TRUST_FILENAME)
 
     # --- reading ----------------------------------------------------------------------------

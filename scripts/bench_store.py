@@ -37,8 +37,9 @@ import trio.abc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_support import percentile
 
+from companion.layout import migrate_sqlite
 from companion.protocol import Message, encode
-from companion.store import _SCHEMA, DB_FILENAME, MemoryStore, Store
+from companion.store import DB_FILENAME, MemoryStore, Store
 
 
 class _Recorder(Protocol):
@@ -53,11 +54,10 @@ class FullOnLoop:
     """The reference: the old store's writes, each committed on the calling thread with FULL."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        migrate_sqlite(path)  # the store's tables
         self._db = sqlite3.connect(path, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
 
     def record(self, message: Message) -> bool:
         cursor = self._db.execute(

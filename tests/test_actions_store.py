@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import sqlite3
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +12,7 @@ from typing import Any
 import pytest
 from actions_support import ME, OTHER, make_runtime
 from pydantic import BaseModel
+from support.processes import killed_after
 
 from companion.actions import (
     ActionContext,
@@ -104,15 +102,8 @@ def test_a_returned_write_survives_the_process_being_killed(kv_file: Path, how: 
     """The writer is killed with SIGKILL right after the tool's call returned (or ``sync`` did):
     no close. The write was committed off the loop, with ``synchronous=FULL``."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, str(kv_file), how], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "written"
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=10)
+    with killed_after(_WRITER, str(kv_file), how, says="written", env=env):
+        pass
     with KeyValueStore.open(kv_file) as kv:
         assert kv.namespace("companion_a", "put").get("greeted") == {"companion_b": 2}
 

@@ -1,4 +1,5 @@
-"""What every ``companion`` invocation promises: ``-V`` (through the installed command), and
+"""What every ``companion`` invocation promises: ``-V`` (through the installed command: the
+version and the data layout), and
 every command's log level from ``-v`` and ``--log-level``."""
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from cli_support import run_companion
 import companion
 from companion.cli import build_parser
 from companion.cli.options import chosen_log_level, log_level
+from companion.layout import DATA_LAYOUT
 
 
-def test_dash_v_and_version_print_the_version(tmp_path: Path) -> None:
+def test_dash_v_and_version_print_the_version_and_the_data_layout(tmp_path: Path) -> None:
     for flag in ("-V", "--version"):
         done = run_companion([flag], cwd=tmp_path, timeout=30)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == f"companion {companion.__version__}"
+        assert done.stdout.strip() == f"companion {companion.__version__} (data layout {DATA_LAYOUT})"
 
 
 def test_run_log_level_is_warning_unless_asked() -> None:

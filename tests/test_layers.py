@@ -54,7 +54,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "companion.models.base",
         "companion.models.errors",
     ),
-    "state": ("companion.store", "companion.sqlwriter", "companion.trust", "companion.actions.kv"),
+    "state": (
+        "companion.store",
+        "companion.sqlwriter",
+        "companion.trust",
+        "companion.actions.kv",
+        "companion.layout",
+        "companion.dirlock",
+    ),
     "transport": ("companion.transport",),
     "turn": (
         "companion.engine",

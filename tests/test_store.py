@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import signal
 import sqlite3
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from support.processes import killed_after
 
 from companion.history import ConversationHistory
+from companion.layout import LayoutError
 from companion.ports import ConversationStore
 from companion.protocol import Message
 from companion.store import DB_FILENAME, MemoryStore, Store, StoreError
@@ -92,23 +91,11 @@ def test_a_killed_writer_loses_nothing_it_flushed_and_commits_within_its_window(
 ) -> None:
     """SIGKILL, no close: after ``flush`` returned, nothing is lost; without it the writer thread
     commits on its own, so another process sees every message within a bounded time."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(tmp_path), flush],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "queued"
+    with killed_after(_KILLED_WRITER, str(tmp_path), flush, says="queued"):
         if flush == "no-flush":
             deadline = time.monotonic() + 5.0
             while _committed(tmp_path / DB_FILENAME) < 50 and time.monotonic() < deadline:
                 time.sleep(0.01)
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
-    assert child.returncode == -signal.SIGKILL
     with Store.in_directory(tmp_path) as store:
         assert len(store) == 50
         assert [m.params.message for m in store.recent(50)] == [f"durable {i}" for i in range(50)]
@@ -152,7 +139,7 @@ def test_refuses_a_newer_schema_and_a_closed_store(tmp_path: Path) -> None:
     path = tmp_path / "future.db"
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA user_version=99")
-    with pytest.raises(StoreError, match="schema version 99"):
+    with pytest.raises(LayoutError, match="data layout 99"):
         Store(path)
     store = Store(tmp_path / "ok.db")
     store.close()

@@ -1,7 +1,8 @@
 """Each companion's decisions per message, in its store: kept, bounded, read back beside a node.
 
-The table is added to a file that does not have it (a store written before it existed) without
-touching anything else; a reader never writes, and a file without the table reads as empty.
+The table comes with data layout 2 (``companion.layout``): a store of layout 1 gets it when it is
+migrated, without losing anything else; a reader never writes, and a file without the table reads
+as empty.
 """
 
 from __future__ import annotations
@@ -62,12 +63,13 @@ def test_a_store_keeps_only_the_newest_decisions(tmp_path: Path, monkeypatch: py
     assert read_decisions(path, limit=1)[0].message_id == "m-299"
 
 
-def test_a_file_without_the_table_gets_it_at_open_and_keeps_its_history(tmp_path: Path) -> None:
+def test_a_layout_1_file_gets_the_table_when_migrated_and_keeps_its_history(tmp_path: Path) -> None:
     with Store.in_directory(tmp_path) as store:
         store.record(Message.create("user_mika", ["companion_a"], "kept", id="m-1"))
     path = tmp_path / DB_FILENAME
     with sqlite3.connect(path) as db:  # as a file written before the table existed
         db.execute("DROP TABLE decisions")
+        db.execute("PRAGMA user_version=1")
     assert read_decisions(path, message_id="m-1") == []  # a reader of such a file sees nothing
     with Store.in_directory(tmp_path) as store:
         assert [m.params.id for m in store.recent(10)] == ["m-1"]

@@ -34,6 +34,7 @@ from typing import Any, Final, TypeAlias
 
 import trio
 
+from ..layout import migrate_sqlite
 from ..log import log_event
 from ..sqlwriter import SqlWriter
 from .results import ErrorCode
@@ -50,18 +51,6 @@ __all__ = [
 logger = logging.getLogger("companion.actions.kv")
 
 KV_TABLE: Final = "action_store"
-
-_SCHEMA: Final = f"""
-CREATE TABLE IF NOT EXISTS {KV_TABLE} (
-    companion TEXT NOT NULL,
-    namespace TEXT NOT NULL,
-    key TEXT NOT NULL,
-    value TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (companion, namespace, key)
-) WITHOUT ROWID
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,13 +148,13 @@ class _SqliteBackend(_MemoryBackend):
         else:
             path = Path(target)
             path.parent.mkdir(parents=True, exist_ok=True)
+        migrate_sqlite(path)  # the table is part of the companion's layout (companion.layout)
         # A returned call's writes survive a crash of the machine, as before: FULL, not NORMAL.
         self.writer = SqlWriter(path, synchronous="FULL", name=f"kv {path.name}")
         try:
             db = sqlite3.connect(path, isolation_level=None)
             try:
                 db.execute("PRAGMA busy_timeout=5000")
-                db.execute(_SCHEMA)
                 rows = db.execute(f"SELECT companion, namespace, key, value, size FROM {KV_TABLE}")
                 for companion, namespace, key, value, size in rows.fetchall():
                     self._spaces.setdefault((companion, namespace), {})[key] = (value, int(size))

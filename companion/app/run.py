@@ -128,6 +128,7 @@ async def run_nodes(
     from ..node import CompanionNode, NodeConfig
     from ..node.discovery import parse_peer_addr
     from .clients import open_to_clients, start_client_node
+    from .datadir import hold_data_dirs
 
     for addr in (*options.peers, *options.relays):
         parse_peer_addr(addr)
@@ -143,7 +144,8 @@ async def run_nodes(
     companions: list[CompanionHandler] = []  # what the stop in order stops, then closes
     clients_scope: trio.CancelScope | None = None
     stopped_by: list[int] = []
-    async with trio.open_nursery() as nursery:
+    # one process per companion, layouts migrated: before any node, until every store closed
+    async with hold_data_dirs(options.data_dir, ids), trio.open_nursery() as nursery:
 
         def everyone() -> list[CompanionNode]:
             return [*nodes, *([clients.node] if clients is not None else [])]

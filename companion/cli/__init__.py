@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 # Subcommand modules, each exposing ``register(subparsers) -> None``; the parser it adds
 # sets ``func(args) -> int`` as its default.
@@ -23,6 +24,19 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class _PrintVersion(argparse.Action):
+    """``-V``: the package's version and the data layout (imported when asked, not at start-up)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from ..app.datadir import version_line
+
+        print(version_line())  # on standard output, as argparse's own version action
+        parser.exit()
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand, or, given the ``command`` about to run, of that one alone:
     each subcommand's module imports what it needs, and ``companion run`` need not pay for the
@@ -31,9 +45,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="companion",
         description="Run and inspect AI companions on a peer-to-peer network (aikyo-compatible).",
     )
-    from companion import __version__
-
-    parser.add_argument("-V", "--version", action="version", version=f"companion {__version__}")
+    parser.add_argument(
+        "-V",
+        "--version",
+        action=_PrintVersion,
+        help="print the version and the data layout it writes, and exit",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         if command in SUBCOMMAND_MODULES and name != command:

@@ -26,6 +26,7 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from ..presence import DEFAULT_INTERVAL, DEFAULT_TTL
 from ..protocol import MAX_PAYLOAD_BYTES, PRESENCE_MAX_TTL
 from .frames import WholeFrames
+from .listening import refuse_taken
 from .pubsub import CountingGossipSub
 from .topology import dial_target
 
@@ -180,6 +181,7 @@ def make_host(config: NodeConfig, key_pair: KeyPair) -> Any:
     mid-write no longer spends a Noise nonce without sending, which broke the connection.
     """
     _swarm._HAPPY_EYEBALLS_DELAY = 0  # py-libp2p waits 250 ms before every dial otherwise
+    refuse_taken(config.listen)  # py-libp2p would share a port in use (SO_REUSEPORT): listening.py
     os.environ.setdefault(YAMUX_RELEASE_ON_READ, "0")
     noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
     host = new_host(

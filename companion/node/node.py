@@ -40,7 +40,7 @@ from .drops import Drop, DropCounters
 from .guard import EdgeGuard
 from .health import ConnectionHealth, HealthSettings
 from .identity import load_or_create_key_pair
-from .listening import require_listening
+from .listening import require_alone, require_listening
 from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from .msgid import js_message_id
 from .notifee import ConnectionNotifee
@@ -369,6 +369,7 @@ class CompanionNode:
                     background_trio_service(router),
                 ):
                     require_listening(host, self.config.listen)
+                    require_alone(host, self.config.listen)
                     await pubsub.wait_until_ready()
                     for topic in TOPICS:
                         pubsub.set_topic_validator(topic, self._validator(topic), False)

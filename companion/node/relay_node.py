@@ -25,7 +25,7 @@ from .addresses import AdvertisedAddrs
 from .config import NodeConfig, make_host
 from .discovery import Backoff, parse_peer_addr, redial_forever
 from .identity import load_or_create_key_pair
-from .listening import require_listening
+from .listening import require_alone, require_listening
 from .relay import DialBackAutoNAT
 from .routing import DhtDiscovery
 
@@ -134,6 +134,7 @@ class RelayNode:
                     trio.open_nursery() as nursery,
                 ):
                     require_listening(host, self.config.listen)
+                    require_alone(host, self.config.listen)
                     await nursery.start(self.routing.run)
                     for addr in self.config.peers:
                         nursery.start_soon(self._keep_peer, addr)

@@ -27,6 +27,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: also when a helper here runs as a script or a bench imports it
 from support.cards import write_card  # noqa: E402
 
+from companion.protocol import MESSAGES, Message, encode  # noqa: E402
+
 
 class Proc:
     """One child process whose stderr (or stdout) carries one JSON object per line."""
@@ -266,3 +268,18 @@ def network(tmp: Path) -> Iterator[Network]:
         raise
     finally:
         net.stop_all()
+
+
+def warm_up(raw: Proc, target: Proc, sender: str, to: list[str], tries: int = 20) -> None:
+    """Have ``raw`` (a raw publisher) publish small messages from ``sender`` to ``to`` until
+    ``target`` logged one of them (1.5 s each, at most ``tries``): gossipsub sends nothing to a
+    peer whose subscription it has not heard yet, so what is published before is lost."""
+    for n in range(tries):
+        message = Message.create(sender, to, "warm", id=f"warm-{n}")
+        raw.send({"op": "publish", "topic": MESSAGES, "b64": base64.b64encode(encode(message)).decode()})
+        try:
+            target.event("inbound", 1.5, id=f"warm-{n}")
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"none of {raw.name}'s {tries} warm-up messages reached {target.name}")

@@ -8,29 +8,14 @@ reopened store must hold each of them once, in the order they arrived.
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
 
-from network_support import Proc, network
+from network_support import network, warm_up
 
-from companion.protocol import MESSAGES, Message, encode
+from companion.protocol import MESSAGES
 from companion.store import Store
 
 COUNT = 600
-
-
-def warm_up(raw: Proc, a: Proc) -> None:
-    """Publish until ``a`` logged one of raw's messages: gossipsub sends nothing to a peer whose
-    subscription it has not heard yet."""
-    for n in range(20):
-        message = Message.create("companion_x", ["companion_a"], "warm", id=f"warm-{n}")
-        raw.send({"op": "publish", "topic": MESSAGES, "b64": base64.b64encode(encode(message)).decode()})
-        try:
-            a.event("inbound", 1.5, id=f"warm-{n}")
-            return
-        except AssertionError:
-            continue
-    raise AssertionError("none of raw's 20 warm-up messages reached a")
 
 
 def test_sigterm_after_a_burst_keeps_every_message(tmp_path: Path) -> None:
@@ -41,7 +26,8 @@ def test_sigterm_after_a_burst_keeps_every_message(tmp_path: Path) -> None:
         raw.send({"op": "connect", "addr": started["addrs"][0]})
         raw.event("connected", 15)
         a.event("companion_joined", 30, companion_id="companion_x")
-        warm_up(raw, a)  # the burst's first message must not precede raw's mesh
+        # the burst's first message must not precede raw's mesh
+        warm_up(raw, a, "companion_x", ["companion_a"])
         raw.send(
             {
                 "op": "flood",
