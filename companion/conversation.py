@@ -69,7 +69,8 @@ Rules (the rule book itself is :mod:`companion.turns`):
   the first that belong only to such companions are not waited for (the turn is unanswered at
   once, and aikyo leaders take no closing slot). When one of them speaks past this companion's
   turn limit and the leaders before this node are all aikyo's, this node publishes the
-  ``terminal`` array at once, and it counts at once and for good (aikyo's arrays know no limit).
+  ``terminal`` array at once, and it counts at once and for good (aikyo's arrays know no limit);
+  and this companion's own reply at its limit addresses only the people (:meth:`_last_word`).
 - *Speaker*: slot ``k`` of the speaking order opens ``k x reply_timeout`` after the array counted.
   A speaker says when it starts preparing (a thinking signal): every node then keeps its slot
   open for a reply deadline from that moment, so nodes that accepted the array at different
@@ -610,7 +611,23 @@ class Conversation:
             if turn is not None and turn.phase is Phase.REPLIED:
                 return ONE_MESSAGE
             return "the conversation moved on; this turn is over, finish without speaking"
-        return stamp_reply(message, in_reply_to=turn.message_id, turn=turn.replies + 1, closing=turn.closing)
+        reply = stamp_reply(message, in_reply_to=turn.message_id, turn=turn.replies + 1, closing=turn.closing)
+        return self._last_word(reply, turn.replies + 1)
+
+    def _last_word(self, reply: Message, count: int) -> Message:
+        """The reply that reaches this companion's turn limit, in a conversation with aikyo
+        companions, addresses only its people: it opens no turn, and its quiet closing ends the
+        conversation (:meth:`_close_quietly`). Addressed to an aikyo companion, it would open a
+        turn that aikyo's leader may give to an aikyo speaker, which knows no limit and speaks on
+        whatever our nodes publish after. A reply without people, or below the limit, is as the
+        speaker made it."""
+        limit, to = self.settings.max_turns, reply.params.to
+        if limit is None or count < limit or not any(self.slotless(cid) for cid in to):
+            return reply
+        people = [cid for cid in to if not cid.startswith(COMPANION_ID_PREFIX)]
+        if not people:
+            return reply
+        return reply.model_copy(update={"params": reply.params.model_copy(update={"to": people})})
 
     def deadline(self) -> float | None:
         """The earliest time at which this machine wants a :class:`Tick` (``None``: no timer)."""

@@ -256,3 +256,23 @@ def test_an_aikyo_reply_past_the_cap_gets_the_terminal_array_at_once() -> None:
     late = m.receive(StatesSeen(array(past, J, tagged=False), J), 1.5)  # J speaks on, as aikyo does
     assert decisions(late, "speaker_chosen") == [] and of(late, PublishSignal) == []
     assert of(late, Speak) == []
+
+
+def test_the_last_reply_at_the_limit_goes_to_the_people_when_aikyo_companions_listen() -> None:
+    """At A's limit, a reply addressed to an aikyo companion would open a turn aikyo may give to
+    an aikyo speaker (who knows no limit): it goes to the people only, and closes quietly."""
+    m = aikyo_network(A, max_turns=1)
+    message = led_by(A, USER, [A, J])
+    m.receive(MessageSeen(message, USER), 1.0)
+    m.receive(StatesSeen(lead_fallback(m, message, 1.1), A), 1.2)
+    assert m.turn is not None and m.turn.phase is Phase.SPEAKING
+    stamped = m.outgoing(Message.create(A, [USER, J], "goodbye, both of you"))
+    assert isinstance(stamped, Message) and stamped.params.to == [USER]
+    out = m.receive(MessageSeen(stamped, A), 2.0)
+    assert [d.fields["reason"] for d in decisions(out, "conversation_over")] == ["quiet"]
+    # below the limit, or with no aikyo companion addressed, the speaker's addressees stay
+    ours = machine(A, max_turns=1)
+    ours.receive(MessageSeen(message, USER), 1.0)
+    ours.receive(StatesSeen(lead_fallback(ours, message, 1.1), A), 1.2)
+    kept = ours.outgoing(Message.create(A, [USER, B], "goodbye"))
+    assert isinstance(kept, Message) and kept.params.to == [USER, B]
