@@ -95,7 +95,10 @@ class ConversationReport:
 class MixedNetwork:
     """The five processes, started and meshed; :meth:`converse` runs one conversation."""
 
-    def __init__(self, net: Network, js_command: list[str], *, delay_ms: int) -> None:
+    def __init__(
+        self, net: Network, js_command: list[str], *, delay_ms: int, pythonpath: str | None = None
+    ) -> None:
+        """``pythonpath``: run our companions from another checkout (a reference run)."""
         self.net = net
         self.js: list[Proc] = []
         ours: list[tuple[Proc, dict[str, Any]]] = []
@@ -108,7 +111,7 @@ class MixedNetwork:
             argv = [sys.executable, "-m", "companion.cli.run", str(path), "--no-mdns", "--listen"]
             argv += ["/ip4/127.0.0.1/tcp/0", "--data-dir", str(net.tmp / f"data-{key}"), "--log-format"]
             argv += ["json", "-v", *[a for peer in peers for a in ("--peer", peer)]]
-            proc = Proc(key, argv)
+            proc = Proc(key, argv, pythonpath=pythonpath)
             net.procs.append(proc)
             ours.append((proc, proc.event("started", timeout=30)))
         self.ours = [proc for proc, _ in ours]
@@ -230,10 +233,12 @@ def _json(text: str) -> Any:
 
 
 @contextmanager
-def mixed_network(tmp: Path, js_command: list[str], *, delay_ms: int = 200) -> Iterator[MixedNetwork]:
+def mixed_network(
+    tmp: Path, js_command: list[str], *, delay_ms: int = 200, pythonpath: str | None = None
+) -> Iterator[MixedNetwork]:
     """The mixed network, every process stopped at the end (their tails shown on a failure)."""
     with network(tmp) as net:
-        yield MixedNetwork(net, js_command, delay_ms=delay_ms)
+        yield MixedNetwork(net, js_command, delay_ms=delay_ms, pythonpath=pythonpath)
 
 
 def summary(reports: list[ConversationReport]) -> dict[str, Any]:
