@@ -14,7 +14,6 @@ reply past the highest limit gets our terminal array at once. The counts are pri
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,16 +25,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.solo]
 CONVERSATIONS = 20
 
 
-@pytest.fixture(scope="module")
-def js_peer() -> Iterator[list[str]]:
-    command = js_peer_command()
-    if command is None:
-        pytest.skip("Node.js and npm are not installed: the JavaScript aikyo peers cannot run")
-    yield command
-
-
 @pytest.mark.timeout(400)
-def test_mixed_conversations_end_within_the_caps_without_stalls(js_peer: list[str], tmp_path: Path) -> None:
+def test_mixed_conversations_end_within_the_caps_without_stalls(tmp_path: Path) -> None:
+    js_peer = js_peer_command()
+    if js_peer is None:
+        pytest.skip("Node.js and npm are not installed: the JavaScript aikyo peers cannot run")
     with mixed_network(tmp_path, js_peer) as mixed:
         reports = [mixed.converse(quiet=2.0, stall=20.0, limit=60.0) for _ in range(CONVERSATIONS)]
         figures = summary(reports)
