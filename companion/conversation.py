@@ -57,6 +57,20 @@ Rules (the rule book itself is :mod:`companion.turns`):
   earlier one) at once; from a later candidate only once this node saw every slot pass too (it
   is held until then), so nobody cuts off a speaker still in its slot. :meth:`_unanswered` says
   why the conversation ends rather than going back to the sender.
+- *Preferred speaker*: the leader marks one companion ``selected`` (as a sender's ``next_speaker``)
+  when the message names it, else when the exchange owes it a turn (never heard while others
+  were, or two replies behind: :func:`~companion.turns.preferred_speaker`). It travels in the
+  array, so every node (aikyo's too) still picks the speaker by aikyo's rule.
+- *Quiet ending*: a reply of this companion that addresses nobody who can answer (only people,
+  or companions gone) opens no turn anywhere; this node publishes its quiet closing
+  (:meth:`_close_quietly`) and the conversation ends, visibly.
+- *aikyo companions*: a companion seen behaving as aikyo's (unstamped messages, untagged arrays)
+  and never as ours is :meth:`slotless`: aikyo lets only an array's top speaker talk. Slots after
+  the first that belong only to such companions are not waited for (the turn is unanswered at
+  once, and aikyo leaders take no closing slot). When one of them speaks past this companion's
+  turn limit and the leaders before this node are all aikyo's, this node publishes the
+  ``terminal`` array at once, and it counts at once and for good (aikyo's arrays know no limit);
+  and this companion's own reply at its limit addresses only the people (:meth:`_last_word`).
 - *Speaker*: slot ``k`` of the speaking order opens ``k x reply_timeout`` after the array counted.
   A speaker says when it starts preparing (a thinking signal): every node then keeps its slot
   open for a reply deadline from that moment, so nodes that accepted the array at different
@@ -116,6 +130,8 @@ from .turns import (
     later,
     leader_candidates,
     plan_leaders,
+    preferred_speaker,
+    quiet_closing,
     reply_recipients,
     speaking_order,
     stamp_reply,
@@ -173,6 +189,8 @@ ONE_MESSAGE: Final = "you already replied in this turn (one message per turn); f
 _VOICES: Final = 16
 _VOICE_CHARS: Final = 160
 _PEOPLE: Final = 16
+_EVIDENCE: Final = 1024
+"""Companions remembered as following slots, or as aikyo's (each table)."""
 
 Level: TypeAlias = Literal["debug", "info", "warning", "error"]
 
@@ -505,9 +523,20 @@ class Conversation:
         self.voices: OrderedDict[str, dict[str, Any]] = OrderedDict()
         """What each participant said last, and at which turn (the speaker's model sees it)."""
         self.people: OrderedDict[str, None] = OrderedDict()
+        self.names: Mapping[str, str] = {}
+        """Companion id -> name (the driver's directory): a message that names a companion
+        prefers it as its speaker."""
+        self._heard: OrderedDict[str, int] = OrderedDict()
+        """Replies per companion in the current exchange (fair turns)."""
+        self._last_turn: dict[str, int] = {}
+        """The reply count when each companion of the exchange last spoke."""
         self._utterances: deque[str] = deque(maxlen=REPETITION_WINDOW)
         self._early: EarlyStates[tuple[str | None, float]] = EarlyStates()
         self._early_plain: deque[tuple[list[State], str | None, float]] = deque(maxlen=4)
+        self._follows: OrderedDict[str, None] = OrderedDict()
+        """Companions seen following slots: a stamped reply, a tagged array, a signal, a tool list."""
+        self._aikyo_like: OrderedDict[str, None] = OrderedDict()
+        """Companions seen behaving as aikyo's: an unstamped message or an untagged array of theirs."""
         self._early_yields: OrderedDict[str, dict[str, str]] = OrderedDict()
         """Yields whose message has not arrived yet: message id -> companion -> reason."""
         self._messages: OrderedDict[str, Message] = OrderedDict()
@@ -527,6 +556,30 @@ class Conversation:
     def in_turn(self) -> bool:
         """Whether a turn of this node is still running: its deadlines, not a routine, end it."""
         return self.turn is not None and self.turn.phase not in (Phase.DONE, Phase.REPLIED)
+
+    def slotless(self, companion_id: str) -> bool:
+        """Whether ``companion_id`` is known not to follow speaking slots: it behaved as an aikyo
+        companion (unstamped messages, untagged arrays) and never as ours. aikyo lets only an
+        array's top speaker talk: it never takes a stand-in's slot, nor one given up, and ignores
+        yields, so waiting for its slot is waiting a whole reply deadline for nothing. A companion
+        not seen yet either way follows slots (waiting for it costs time, not the conversation)."""
+        return companion_id in self._aikyo_like and companion_id not in self._follows
+
+    def follows_slots(self, companion_id: str) -> None:
+        """``companion_id`` proved it is one of ours (the driver saw its tool list, its signal)."""
+        _latest(self._follows, companion_id, None, _EVIDENCE)
+
+    def _evidence(self, companion_id: str | None, ours: bool) -> None:
+        if (
+            companion_id is None
+            or companion_id == self.me
+            or not companion_id.startswith(COMPANION_ID_PREFIX)
+        ):
+            return
+        if ours:
+            self.follows_slots(companion_id)
+        elif companion_id not in self._follows:
+            _latest(self._aikyo_like, companion_id, None, _EVIDENCE)
 
     def belongs(self, message: Message) -> bool:
         """Whether ``message`` is part of this conversation: it comes from or addresses this
@@ -558,7 +611,23 @@ class Conversation:
             if turn is not None and turn.phase is Phase.REPLIED:
                 return ONE_MESSAGE
             return "the conversation moved on; this turn is over, finish without speaking"
-        return stamp_reply(message, in_reply_to=turn.message_id, turn=turn.replies + 1, closing=turn.closing)
+        reply = stamp_reply(message, in_reply_to=turn.message_id, turn=turn.replies + 1, closing=turn.closing)
+        return self._last_word(reply, turn.replies + 1)
+
+    def _last_word(self, reply: Message, count: int) -> Message:
+        """The reply that reaches this companion's turn limit, in a conversation with aikyo
+        companions, addresses only its people: it opens no turn, and its quiet closing ends the
+        conversation (:meth:`_close_quietly`). Addressed to an aikyo companion, it would open a
+        turn that aikyo's leader may give to an aikyo speaker, which knows no limit and speaks on
+        whatever our nodes publish after. A reply without people, or below the limit, is as the
+        speaker made it."""
+        limit, to = self.settings.max_turns, reply.params.to
+        if limit is None or count < limit or not any(self.slotless(cid) for cid in to):
+            return reply
+        people = [cid for cid in to if not cid.startswith(COMPANION_ID_PREFIX)]
+        if not people:
+            return reply
+        return reply.model_copy(update={"params": reply.params.model_copy(update={"to": people})})
 
     def deadline(self) -> float | None:
         """The earliest time at which this machine wants a :class:`Tick` (``None``: no timer)."""
@@ -592,10 +661,13 @@ class Conversation:
             self._on_replied(event, out)
         elif isinstance(event, SpeakingFailed):
             self._on_failed(event, now, out)
-        elif isinstance(event, YieldSeen):
-            self._on_yield(event, now, out)
-        elif isinstance(event, ThinkingSeen):
-            self._on_thinking(event, now, out)
+        elif isinstance(event, YieldSeen | ThinkingSeen):
+            if event.publisher == event.companion:
+                self._evidence(event.publisher, True)  # aikyo sends no signals
+            if isinstance(event, YieldSeen):
+                self._on_yield(event, now, out)
+            else:
+                self._on_thinking(event, now, out)
         elif isinstance(event, CompanionJoined):
             self.known.add(event.companion_id)
             self.present.add(event.companion_id)
@@ -624,6 +696,9 @@ class Conversation:
         if self.thread.knows(params.id):
             self._log(out, "message_duplicate", "debug", message_id=params.id, sender=params.from_)
             return
+        if event.publisher is not None and event.publisher == params.from_:
+            # our companions stamp what they say; aikyo's messages carry no turn extensions
+            self._evidence(params.from_, info.stamped or info.in_reply_to is not None)
         member = self.belongs(message)
         placed = self.thread.place(params.id, info.in_reply_to, member=member)
         if not member:
@@ -653,18 +728,56 @@ class Conversation:
             # The count follows the thread: our replies say it, aikyo's do not; nobody holds it down.
             self.replies = max(self.replies + 1, info.turn if info.stamped else 0)
             self.stage = later(self.stage, info.closing)
+            _latest(self._heard, params.from_, self._heard.get(params.from_, 0) + 1, _VOICES)
+            self._last_turn = {cid: self._last_turn.get(cid, -1) for cid in self._heard}
+            self._last_turn[params.from_] = self.replies
         else:
             # a person speaking opens a new exchange, as does a companion that says it opens one
             self.replies, self.stage = 0, "none"
+            self._heard.clear()
+            self._last_turn.clear()
         _latest(
             self.voices, params.from_, {"said": params.message[:_VOICE_CHARS], "turn": self.replies}, _VOICES
         )
-        if event.replayed or params.from_ == self.me:
+        if event.replayed:
+            return
+        if params.from_ == self.me:
+            if info.in_reply_to is not None and not (set(params.to) & self.present) - {self.me}:
+                self._close_quietly(message, out)
             return
         if self.me is not None and self.me not in params.to:
             self._log(out, "not_addressed", "debug", message_id=params.id, sender=params.from_)
             return
         self._open_turn(message, info.nominated, now, out)
+
+    def _close_quietly(self, reply: Message, out: list[Effect]) -> None:
+        """This companion's reply came back addressed to nobody who can answer (only people, or
+        companions that are gone): no turn opens for it anywhere, so the conversation would
+        neither go on nor end. It ends visibly: this node publishes the reply's quiet closing
+        (:func:`~companion.turns.quiet_closing`), which clients, bystanders and aikyo nodes read
+        as ``terminal``. A person who answers opens a new exchange, as always."""
+        assert self.me is not None
+        why = "this companion's reply addresses nobody who can answer; the conversation ends here"
+        self._log(
+            out,
+            "states_published",
+            message_id=reply.params.id,
+            rank=None,
+            source="quiet",
+            stage="terminal",
+            reason="quiet",
+            to=list(reply.params.to),
+            why=why,
+        )
+        self._log(
+            out,
+            "conversation_over",
+            message_id=reply.params.id,
+            turn=self.replies,
+            closing="terminal",
+            reason="quiet",
+        )
+        out.append(PublishStates(reply.params.id, closing_states((), reply, self.me)))
 
     def _open_turn(self, message: Message, nominated: str | None, now: float, out: list[Effect]) -> None:
         params = message.params
@@ -682,6 +795,25 @@ class Conversation:
         plan = plan_leaders(message, candidates.ids)
         addressed = tuple(cid for cid in candidates.ids if cid in self.present)
         rank = plan.rank(self.me)
+        if rank is not None:
+            preference = preferred_speaker(
+                nominated=nominated,
+                text=params.message,
+                candidates=[cid for cid in addressed if cid != params.from_],
+                names=self.names,
+                heard=self._heard,
+                last_turn=self._last_turn,
+            )
+            if preference is not None and preference.reason != "nominated":
+                nominated = preference.companion_id
+                self._log(
+                    out,
+                    "speaker_preferred",
+                    message_id=params.id,
+                    speaker=nominated,
+                    reason=preference.reason,
+                    why=preference.why,
+                )
         turn = _Turn(message, now, self.replies, self.stage, nominated, plan, addressed, rank)
         self.turn = turn
         self._log(
@@ -708,6 +840,29 @@ class Conversation:
                 self._offer(item[0], item[1], now, out)
         if rank == 0 and turn.states is None:
             self._lead(turn, out)
+        elif (
+            rank and turn.states is None and self.slotless(params.from_) and self._first_follower(turn, rank)
+        ):
+            floor = self._floor(turn)
+            if floor.stage == "terminal":
+                self._log(
+                    out,
+                    "cap_closing",
+                    "warning",
+                    message_id=params.id,
+                    sender=params.from_,
+                    rank=rank,
+                    reason="past_the_cap",
+                    why=f"{params.from_} (aikyo's, which knows no turn limit) spoke past this "
+                    f"companion's limit ({floor.why}) and the leaders before this node are aikyo's: "
+                    "the terminal array goes out now",
+                )
+                self._lead(turn, out)
+
+    def _first_follower(self, turn: _Turn, rank: int) -> bool:
+        """Whether every leader candidate ranked before ``rank`` is aikyo's (:meth:`slotless`):
+        the candidate at ``rank`` is then the first that applies our turn limits."""
+        return all(self.slotless(cid) for cid in turn.plan.order[:rank])
 
     def _end_turn(self, turn: _Turn, by: Message, out: list[Effect]) -> None:
         """A newer message of the thread ends ``turn``: a lead or a speech in progress is withdrawn,
@@ -813,6 +968,7 @@ class Conversation:
         return turn.opened_at + (rank - SLOT_GRACE) * self.takeover_after if rank else turn.opened_at
 
     def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:
+        self._evidence(publisher, states_tag(states) is not None)  # our leaders tag their arrays
         turn = self.turn
         froms = [s.params.from_ for s in states]
         if turn is None or not states_match(states, turn.message, self.present):
@@ -833,8 +989,14 @@ class Conversation:
                 reason="no open turn" if turn is None else "not for the current message",
             )
             return
-        # A bystander that cannot authenticate publishers takes an array as the leader's.
-        rank = 0 if publisher is None and self.bystander else turn.plan.rank(publisher)
+        quiet = quiet_closing(states, turn.message)
+        if quiet and publisher is not None and publisher != turn.message.params.from_:
+            rank: int | None = None  # only the sender may close its own message quietly
+        elif quiet or (publisher is None and self.bystander):
+            # A bystander that cannot authenticate publishers takes an array as the leader's.
+            rank = 0
+        else:
+            rank = turn.plan.rank(publisher)
         if rank is None:
             self._log(
                 out,
@@ -885,13 +1047,20 @@ class Conversation:
             self._accept(turn, states, rank, publisher, now, out)
             turn.closed = ends_conversation(states)  # the earliest leader ended it: final
             return
+        final = bool(rank) and ends_conversation(states) and self._first_follower(turn, rank)
+        if final:
+            # The first of our leaders ends it (its cap, see _open_turn): aikyo's leaders before
+            # it know no limit, so it counts now, and no later array of theirs replaces it.
+            self._accept(turn, states, rank, publisher, now, out)
+            turn.closed = True
+            return
         if now < self._due(turn, rank):
             if rank not in turn.pending:
                 turn.pending[rank] = (states, publisher)
             why = f"{publisher} ranks {rank}: it counts in its slot unless an earlier one does"
             self._deferred(turn, publisher, rank, "slot_not_due", why, out)
             return
-        self._accept(turn, states, rank, publisher, now, out)
+        self._accept(turn, states, rank, publisher, now, out, closes=quiet, quiet=quiet)
 
     def _offer_closing(
         self,
@@ -940,8 +1109,10 @@ class Conversation:
         out: list[Effect],
         *,
         closes: bool = False,
+        quiet: bool = False,
     ) -> None:
-        """``states`` count for ``turn`` (``closes``: it is a closing array, see :meth:`_unanswered`).
+        """``states`` count for ``turn`` (``closes``: it is a closing array, see :meth:`_unanswered`;
+        ``quiet``: the sender's quiet closing, see :meth:`_close_quietly`).
 
         The stage is raised to this node's floor. Where the floor alone reaches ``terminal`` (the
         array does not), the conversation is over for this companion only: cards' limits differ,
@@ -964,7 +1135,12 @@ class Conversation:
         floor_ends = closing == "terminal" and not ended
         over = ended or (floor_ends and self.bystander)
         why = decision.why
-        if closes:
+        if quiet:
+            why = (
+                f"{turn.message.params.from_} addressed its reply to nobody who can answer "
+                "(only people): the conversation ends here"
+            )
+        elif closes:
             why = (
                 f"{publisher or 'a leader'} closed the conversation: nobody answered the message "
                 "(every speaker gave its slot up or stayed silent)"
@@ -1008,7 +1184,7 @@ class Conversation:
                     message_id=turn.message_id,
                     turn=turn.replies,
                     closing="terminal",
-                    reason="unanswered" if closes else "terminal",
+                    reason="quiet" if quiet else "unanswered" if closes else "terminal",
                 )
             return
         if turn.phase in (Phase.AWAITING_STATES, Phase.LEADING, Phase.DONE):
@@ -1083,6 +1259,19 @@ class Conversation:
         while slot < len(turn.order) and turn.order[slot] in turn.yielded:
             self._rebase(turn, slot, now)
             slot = self._slot_at(turn, now)
+        if 0 < slot < len(turn.order) and all(self.slotless(cid) for cid in turn.order[slot:]):
+            # Only an array's top speaker talks on aikyo's side: these slots would pass in silence.
+            self._log(
+                out,
+                "slots_skipped",
+                message_id=turn.message_id,
+                skipped=list(turn.order[slot:]),
+                reason="slotless",
+                why="the remaining slots belong to companions that do not follow slots (aikyo's "
+                "speak only as an array's top speaker): nobody will answer in them",
+            )
+            turn.ends = min(turn.ends, now)
+            slot = len(turn.order)
         if slot != turn.slot:
             previous = turn.order[turn.slot] if 0 <= turn.slot < len(turn.order) else None
             if previous is not None and previous not in turn.yielded and slot < len(turn.order):
@@ -1159,7 +1348,11 @@ class Conversation:
             states, publisher, rank = turn.held_closing
             self._accept(turn, states, rank, publisher, now, out, closes=True)
         elif turn.rank is not None:
-            k = (turn.rank - turn.priority) % len(turn.plan.order)
+            # one leader slot per candidate before this one, from the leader whose array counted,
+            # that will close it: aikyo's never publish a closing array, so they take no slot
+            n = len(turn.plan.order)
+            ahead = [turn.plan.order[(turn.priority + j) % n] for j in range((turn.rank - turn.priority) % n)]
+            k = sum(1 for cid in ahead if not self.slotless(cid))
             turn.closing_at = now + k * self.takeover_after
             if k == 0:
                 self._publish_closing(turn, out)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -133,6 +134,8 @@ class ConversationEngine:
             self.runtime.register(defn)
         self._last_activity = -math.inf
         self._names: dict[str, str] = {}
+        # a message that names a companion prefers it as its speaker (this one's name included)
+        self.conversation.names = ChainMap(self._names, {self.me.id: self.me.name})
         self.routines = RoutineDriver(
             loaded.routines,
             self.runtime,
@@ -246,6 +249,7 @@ class ConversationEngine:
         tools = read_tools(action)
         if tools is None:
             return
+        self.conversation.follows_slots(sender)  # aikyo companions announce no tools
         known = self.peer_tools.get(sender)
         if known is not None:
             plain = "change" not in action.params.params  # the whole list, sent after a (re)start

@@ -103,7 +103,10 @@ def test_a_proposal_counts_from_the_minimum_number_of_replies() -> None:
     # the floor (turn limit, repetition, closing under way) is never held back
     assert counted_proposal("closing", floor="pre-closing", replies=0, min_replies=4) == "pre-closing"
     assert counted_proposal("none", floor="none", replies=0, min_replies=4) == "none"
-    assert counted_proposal("terminal", floor="none", replies=0, min_replies=0) == "terminal"
+    # from then on a model may begin closing, never skip a stage (pre-closing -> terminal)
+    assert counted_proposal("terminal", floor="none", replies=0, min_replies=0) == "pre-closing"
+    assert counted_proposal("terminal", floor="closing", replies=9, min_replies=4) == "closing"
+    assert counted_proposal("terminal", floor="terminal", replies=9, min_replies=4) == "terminal"
     with pytest.raises(ValueError, match="min_replies"):
         ClosingSettings(min_replies=-1)
 

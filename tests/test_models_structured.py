@@ -83,12 +83,13 @@ def test_when_everybody_listens_the_most_important_speaks() -> None:
     [
         ("none", "terminal", "pre-closing"),
         ("none", "none", "none"),
-        ("pre-closing", "terminal", "closing"),
+        ("pre-closing", "terminal", "pre-closing"),
         ("closing", "none", "closing"),
-        ("closing", "terminal", "terminal"),
+        ("closing", "terminal", "closing"),
+        ("terminal", "none", "terminal"),
     ],
 )
-def test_the_closing_stage_moves_at_most_one_step_past_the_floor(
+def test_the_model_may_begin_closing_but_only_the_floor_moves_it_on(
     floor: str, answered: str, expected: str
 ) -> None:
     raw = {"states": [entry(A.id, closing=answered), entry(B.id, closing=answered)]}
@@ -118,7 +119,7 @@ def test_states_rules_of_the_request_are_applied() -> None:
     raw = {"states": [entry(A.id, closing="pre-closing"), entry(B.id, closing="terminal")]}
     result = check_states(raw, request(closing_floor="closing", nominated=B.id))
     assert not isinstance(result, Problems)
-    assert [(d.closing, d.selected) for d in result] == [("closing", False), ("terminal", True)]
+    assert [(d.closing, d.selected) for d in result] == [("closing", False), ("closing", True)]
 
 
 def test_states_schema_names_exactly_the_companions() -> None:

@@ -16,6 +16,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..protocol import CLOSING_ORDER, ClosingStage
+from ..turns.closing import proposal_ceiling
 from .base import StateDecision, StatesRequest, ToolSpec
 
 __all__ = [
@@ -107,7 +108,8 @@ def check_states(raw: Mapping[str, Any], request: StatesRequest) -> list[StateDe
     """The decisions in the order of ``request.companions``, or the problems with ``raw``.
 
     The request's hard rules are applied, not argued about: the closing stage never falls below
-    ``closing_floor`` and moves at most one stage past it per turn (a conversation passes through
+    ``closing_floor`` and a model may only begin closing, never move it on
+    (:func:`~companion.turns.closing.proposal_ceiling`: a conversation passes through
     ``pre-closing`` and ``closing`` before ``terminal``, however eager the model), and a nominated
     companion is always ``selected``. A partial answer is used, not refused: an entry repeated
     counts once, an unknown id is dropped, a companion without an entry listens (a small model
@@ -130,7 +132,7 @@ def check_states(raw: Mapping[str, Any], request: StatesRequest) -> list[StateDe
     if not by_id:
         return Problems((f"states: no entry for any of the companions {expected}",))
     floor = CLOSING_ORDER.index(request.closing_floor)
-    ceiling = min(floor + 1, len(CLOSING_ORDER) - 1)
+    ceiling = CLOSING_ORDER.index(proposal_ceiling(request.closing_floor))
     decisions = []
     for cid in expected:
         entry = by_id.get(cid)

@@ -27,11 +27,16 @@ from .closing import (
 )
 from .leader import MAX_CANDIDATES, Candidates, LeaderPlan, leader_candidates, plan_leaders, select_leader
 from .speaker import (
+    FAIR_LAG,
+    Preference,
     SpeakerDecision,
     SpeakerReason,
     SpeakingOrder,
     decide_next_speaker,
     ends_conversation,
+    named_companion,
+    owed_companion,
+    preferred_speaker,
     reply_recipients,
     speaking_order,
 )
@@ -42,6 +47,7 @@ from .states import (
     closing_states,
     fallback_decisions,
     finalize_states,
+    quiet_closing,
     states_match,
     states_tag,
     turn_tag,
@@ -61,6 +67,7 @@ from .thread import (
 
 __all__ = [
     "DEFAULT_REPETITION_THRESHOLD",
+    "FAIR_LAG",
     "MAX_CANDIDATES",
     "META_CLOSING",
     "META_IN_REPLY_TO",
@@ -74,6 +81,7 @@ __all__ = [
     "EarlyStates",
     "LeaderPlan",
     "Placement",
+    "Preference",
     "SpeakerDecision",
     "SpeakerReason",
     "SpeakingOrder",
@@ -91,7 +99,11 @@ __all__ = [
     "finalize_states",
     "later",
     "leader_candidates",
+    "named_companion",
+    "owed_companion",
     "plan_leaders",
+    "preferred_speaker",
+    "quiet_closing",
     "repetition_score",
     "reply_recipients",
     "select_leader",

@@ -37,6 +37,7 @@ __all__ = [
     "closing_stage",
     "counted_proposal",
     "later",
+    "proposal_ceiling",
     "repetition_score",
 ]
 
@@ -68,18 +69,36 @@ def later(a: ClosingStage, b: ClosingStage) -> ClosingStage:
     return a if CLOSING_ORDER.index(a) >= CLOSING_ORDER.index(b) else b
 
 
+def proposal_ceiling(floor: ClosingStage) -> ClosingStage:
+    """The most advanced stage a leader's own model may propose over ``floor``: closing moves at
+    most one stage per turn.
+
+    A model may *begin* closing (``pre-closing`` while the conversation is open); moving it on is
+    the floor's job (:func:`closing_floor` advances a closing conversation one stage a turn and
+    says where the turn limit stands), so once the floor is past ``none`` the model's proposal is
+    held at the floor. The floor alone tells the two apart: it is ``none`` or ``pre-closing`` only
+    while no reply has closed yet, and past that it is already the thread's stage plus one.
+    ``floor + 1`` let a ``pre-closing`` thread jump to ``terminal`` with no ``closing`` line.
+    """
+    return later(floor, "pre-closing")
+
+
 def counted_proposal(
     proposed: ClosingStage, *, floor: ClosingStage, replies: int, min_replies: int
 ) -> ClosingStage:
     """The closing stage a leader's own model proposed, as it counts after ``replies`` companion
-    replies: a proposal past ``floor`` before ``min_replies`` replies is held at ``floor``.
+    replies: a proposal past ``floor`` before ``min_replies`` replies is held at ``floor``, and
+    from then on at :func:`proposal_ceiling` (one stage per turn).
 
     The floor (turn limit, repetition, closing under way) is never held back, and from
-    ``min_replies`` on the model decides as aikyo's leader does.
+    ``min_replies`` on the model may begin closing as aikyo's leader does.
     """
-    if replies >= min_replies or CLOSING_ORDER.index(proposed) <= CLOSING_ORDER.index(floor):
+    if CLOSING_ORDER.index(proposed) <= CLOSING_ORDER.index(floor):
         return proposed
-    return floor
+    if replies < min_replies:
+        return floor
+    ceiling = proposal_ceiling(floor)
+    return proposed if CLOSING_ORDER.index(proposed) <= CLOSING_ORDER.index(ceiling) else ceiling
 
 
 @lru_cache(maxsize=256)

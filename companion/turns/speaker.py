@@ -5,23 +5,35 @@ Every node applies aikyo's rule to the one array it accepted (:func:`decide_next
 tie goes to the earlier state. :func:`speaking_order` extends it to stand-ins, from the array
 alone, so nodes whose views of who is connected differ still skip a silent speaker in the same
 way. :func:`reply_recipients` is whom a reply addresses by default.
+
+Before the array, its leader may *prefer* a speaker (:func:`preferred_speaker`), which it marks
+``selected`` as it does a sender's nomination: a companion the message names ("Dot, roll the
+dice!"), else one the conversation owes a turn (not heard yet while others were, or two
+replies behind). The preference travels in the array, not in a rule of its own, so every node,
+aikyo's included, still picks the speaker by aikyo's rule from the one array that counted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container, Iterable, Sequence
+import re
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
 
 from ..protocol import COMPANION_ID_PREFIX, ClosingStage, Message, State
 from .closing import later
 
 __all__ = [
+    "FAIR_LAG",
+    "Preference",
     "SpeakerDecision",
     "SpeakerReason",
     "SpeakingOrder",
     "decide_next_speaker",
     "ends_conversation",
+    "named_companion",
+    "owed_companion",
+    "preferred_speaker",
     "reply_recipients",
     "speaking_order",
 ]
@@ -178,3 +190,83 @@ def speaking_order(states: Sequence[State]) -> SpeakingOrder:
             order.append(who)
             taken.add(who)
     return SpeakingOrder(first, tuple(order))
+
+
+FAIR_LAG: Final = 2
+"""A companion this many replies behind the most heard one of its exchange is owed a turn."""
+
+
+@dataclass(frozen=True, slots=True)
+class Preference:
+    """The companion a leader marks ``selected`` for a message, and why."""
+
+    companion_id: str
+    reason: Literal["nominated", "named", "owed"]
+    why: str
+
+
+def named_companion(text: str, names: Mapping[str, str], candidates: Sequence[str]) -> str | None:
+    """The candidate whose name ``text`` mentions first (case folded; a name in Latin letters as a
+    whole word, any other, such as a Japanese one, as it is written), or ``None``."""
+    folded = text.casefold()
+    best: tuple[int, int, str] | None = None
+    for order, cid in enumerate(candidates):
+        name = names.get(cid, "").strip().casefold()
+        if not name:
+            continue
+        if name.isascii():
+            found = re.search(rf"(?<!\w){re.escape(name)}(?!\w)", folded)
+            at = found.start() if found else -1
+        else:
+            at = folded.find(name)
+        if at >= 0 and (best is None or (at, order) < best[:2]):
+            best = (at, order, cid)
+    return None if best is None else best[2]
+
+
+def owed_companion(
+    heard: Mapping[str, int], last_turn: Mapping[str, int], candidates: Sequence[str]
+) -> str | None:
+    """The candidate the exchange owes a turn, or ``None``: one not heard yet while another
+    companion was, or :data:`FAIR_LAG` replies behind the most heard one. Of several, the least
+    heard, then the one silent longest, then the first addressed. ``heard``: replies per
+    companion in the exchange; ``last_turn``: the reply count when each last spoke.
+
+    Why in the leader: the states model's importances are noise for a small model, and with
+    three or more companions the same two could answer each other for a whole conversation."""
+    most = max(heard.values(), default=0)
+    if most == 0:
+        return None
+    owed = [cid for cid in candidates if heard.get(cid, 0) == 0 or heard.get(cid, 0) <= most - FAIR_LAG]
+    if not owed:
+        return None
+    return min(owed, key=lambda cid: (heard.get(cid, 0), last_turn.get(cid, -1), candidates.index(cid)))
+
+
+def preferred_speaker(
+    *,
+    nominated: str | None,
+    text: str,
+    candidates: Sequence[str],
+    names: Mapping[str, str],
+    heard: Mapping[str, int],
+    last_turn: Mapping[str, int],
+) -> Preference | None:
+    """Whom a leader marks ``selected``: the sender's nomination (``next_speaker``), else the
+    companion the message names, else the one the exchange owes a turn; ``None``: the model
+    decides. ``candidates``: the addressed companions present, the sender excluded."""
+    if nominated is not None:
+        return Preference(nominated, "nominated", f"the sender nominated {nominated}")
+    named = named_companion(text, names, candidates)
+    if named is not None:
+        return Preference(named, "named", f"the message names {names.get(named, named)}")
+    owed = owed_companion(heard, last_turn, candidates)
+    if owed is not None:
+        times = heard.get(owed, 0)
+        return Preference(
+            owed,
+            "owed",
+            f"{owed} was heard {times} time(s) in this exchange, others up to {max(heard.values())}: "
+            "its turn (fair turns)",
+        )
+    return None

@@ -40,6 +40,7 @@ __all__ = [
     "closing_states",
     "fallback_decisions",
     "finalize_states",
+    "quiet_closing",
     "states_match",
     "states_tag",
     "turn_tag",
@@ -89,13 +90,16 @@ def states_tag(states: Sequence[State]) -> int | None:
 def states_match(states: Sequence[State], message: Message, active_ids: Iterable[str]) -> bool:
     """Whether a states array can answer ``message``: every state from an addressee of the
     message and none from its sender; then the message's turn tag if the array carries one,
-    else a state from every addressee active here (see the module docstring)."""
+    else a state from every addressee active here (see the module docstring). The one array
+    from the sender itself that counts is its :func:`quiet_closing`."""
     if not states:
         return False
     addressed = set(message.params.to)
     sender = message.params.from_
     froms = {s.params.from_ for s in states}
-    if sender in froms or not froms <= addressed:
+    if sender in froms:
+        return quiet_closing(states, message)
+    if not froms <= addressed:
         return False
     tag = states_tag(states)
     if tag is not None:
@@ -225,3 +229,16 @@ def closing_states(addressed: Sequence[str], message: Message, closer: str) -> l
     ids = list(dict.fromkeys([*addressed, closer] if closer not in addressed else addressed))
     decisions = [StateDecision(closer, "speak", 0.0, False, "terminal")]
     return finalize_states(decisions, ids, floor="terminal", tag=turn_tag(message)).states
+
+
+def quiet_closing(states: Sequence[State], message: Message) -> bool:
+    """Whether ``states`` is the *quiet closing* of ``message``: its sender's own ``terminal``
+    state alone, tagged for it. A companion publishes it when its reply addressed nobody who can
+    answer (only people, or companions that are gone): no turn opens for such a reply, so without
+    it the conversation would neither go on nor end (a one-companion demo waited its timeout)."""
+    return (
+        len(states) == 1
+        and states[0].params.from_ == message.params.from_
+        and states[0].params.closing == "terminal"
+        and states_tag(states) == turn_tag(message)
+    )

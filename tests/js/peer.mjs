@@ -24,6 +24,22 @@
 // params.metadata.bench_speaker, published on "states"; such an array whose speaker is NAME is
 // answered by a reply on "messages" (in_reply_to the message). Acknowledged with bench_turning.
 
+// For the mixed-network test and scripts/bench_mixed.py: {"op":"aikyo","delay_ms":N} makes this
+// peer behave from then on as aikyo 1.6's CompanionServer and CompanionAgent do on "messages" and
+// "states" (packages/server/lib/server/handlers/pubsub.ts, companionServer.ts, agents/index.ts),
+// its model replaced by rules that take delay_ms per model call:
+// - a message.send that addresses it: unless it is generating, it picks the leader as aikyo does
+//   (md5 of JSON.stringify(message) in schema field order, modulo the addressed ids it knows as
+//   companions, itself included); as the leader it publishes one state per addressed id (people
+//   included), each closing "none", none selected, "speak" with an importance from the message
+//   id for companions, "listen" 0 for people (aikyo's state judge has no turn limit);
+// - any states array (its own too: emitSelf): unless it is generating, aikyo's decideNextSpeaker
+//   over the ids it knows; nothing when nobody or terminal; when it is the top speaker, a reply
+//   to the last message's sender and addressees (itself left out), metadata {emotion} only, as
+//   aikyo's speak tool. Only the top speaker ever replies: no stand-ins, yields are ignored.
+// Acknowledged with aikyo_on; emits aikyo_led (message id) and aikyo_replied (reply id, to) as it
+// acts, besides the usual "message" events.
+
 // libp2p 2.9's dependencies call Promise.withResolvers (Node.js 22+); provide it on older Node.
 if (typeof Promise.withResolvers !== 'function') {
   Promise.withResolvers = function withResolvers () {
@@ -41,6 +57,7 @@ const { gossipsub } = await import('@chainsafe/libp2p-gossipsub')
 const { identify } = await import('@libp2p/identify')
 const { multiaddr } = await import('@multiformats/multiaddr')
 const readline = await import('node:readline')
+const { createHash } = await import('node:crypto')
 
 const METADATA_PROTOCOL = '/aikyo/metadata/1.0.0'
 const TOPICS = ['messages', 'states', 'queries', 'actions']
@@ -48,6 +65,7 @@ const me = JSON.parse(process.argv[2])
 const known = new Map() // peer id -> metadata, as aikyo keeps its companion list
 const bench = { on: false, run: -1, latencies: [], seen: new Set() } // benchmark commands only
 const turn = { name: null } // bench_conversation.py's turn, once bench_turn named this peer
+const aikyo = { on: false, delay: 0, generating: false, history: [] } // aikyo's behaviour, once asked
 
 function emit (event, fields = {}) {
   process.stdout.write(JSON.stringify({ event, ...fields }) + '\n')
@@ -110,6 +128,7 @@ pubsub.addEventListener('subscription-change', (evt) => {
 })
 pubsub.addEventListener('gossipsub:message', (evt) => {
   const msg = evt.detail.msg
+  if (aikyo.on) aikyoReceived(msg)
   if (turn.name !== null) {
     turnReceived(msg)
     return
@@ -226,6 +245,121 @@ function turnPublish (topic, body) {
   })
 }
 
+// --- aikyo 1.6's CompanionServer on messages and states (see the header) ---------------------
+
+function aikyoActive () {
+  // aikyo's companionList: itself, and the companions whose metadata it read over a connection
+  return [me.id, ...Array.from(known.values()).map((m) => m.id)]
+}
+
+function aikyoParse (msg, method) {
+  try {
+    const body = JSON.parse(new TextDecoder().decode(msg.data))
+    if (method === 'state.send') {
+      return Array.isArray(body) && body.every((s) => s?.method === 'state.send' && typeof s.params?.from === 'string')
+        ? body
+        : null
+    }
+    const p = body?.params
+    if (body?.method !== method || typeof p?.id !== 'string' || !Array.isArray(p.to)) return null
+    // zod's parse output: schema field order, unknown keys of params dropped
+    const params = { id: p.id, from: p.from, to: p.to, message: p.message }
+    if (p.metadata !== undefined) params.metadata = p.metadata
+    return { jsonrpc: body.jsonrpc, method: body.method, params }
+  } catch {
+    return null
+  }
+}
+
+function aikyoLeader (message) {
+  const active = aikyoActive()
+  const valid = message.params.to.filter((to) => active.includes(to))
+  if (valid.length === 0) return undefined
+  const hash = createHash('md5').update(JSON.stringify(message)).digest('hex')
+  return valid[Number(BigInt(`0x${hash}`) % BigInt(valid.length))]
+}
+
+function aikyoImportance (messageId, cid) {
+  return createHash('md5').update(`${messageId}/${cid}`).digest()[0] % 11
+}
+
+function aikyoDecide (states) {
+  const active = aikyoActive()
+  const valid = states.filter((s) => active.includes(s.params.from))
+  const byImportance = (a, b) => b.params.importance - a.params.importance
+  const selected = valid.filter((s) => s.params.selected)
+  if (selected.length > 0) return selected.sort(byImportance)[0]
+  const speakers = valid.filter((s) => s.params.state === 'speak')
+  if (speakers.length > 0) return speakers.sort(byImportance)[0]
+  return undefined
+}
+
+function aikyoModel () {
+  return new Promise((resolve) => setTimeout(resolve, aikyo.delay))
+}
+
+async function aikyoReceived (msg) {
+  if (msg.topic === 'messages') {
+    const message = aikyoParse(msg, 'message.send')
+    if (message === null) return
+    aikyo.history.push(message)
+    if (aikyo.history.length > 5) aikyo.history.shift()
+    if (!message.params.to.includes(me.id) || aikyo.generating) return
+    if (aikyoLeader(message) !== me.id) return
+    aikyo.generating = true
+    try {
+      await aikyoModel()
+      const states = message.params.to.map((to) => {
+        const companion = to.startsWith('companion_')
+        const importance = companion ? aikyoImportance(message.params.id, to) : 0
+        return {
+          jsonrpc: '2.0',
+          method: 'state.send',
+          params: { from: to, state: companion ? 'speak' : 'listen', importance, selected: false, closing: 'none' }
+        }
+      })
+      // not awaited, as aikyo: its own array (emitSelf) comes back once it is no longer generating
+      pubsub.publish('states', new TextEncoder().encode(JSON.stringify(states))).catch((err) => {
+        emit('error', { op: 'aikyo_lead', error: String(err) })
+      })
+      emit('aikyo_led', { message_id: message.params.id })
+    } catch (err) {
+      emit('error', { op: 'aikyo_lead', error: String(err) })
+    } finally {
+      aikyo.generating = false
+    }
+  } else if (msg.topic === 'states') {
+    const states = aikyoParse(msg, 'state.send')
+    if (states === null || aikyo.generating) return
+    aikyo.generating = true
+    try {
+      const speaker = aikyoDecide(states)
+      if (!speaker || speaker.params.closing === 'terminal') return // "The conversation is over."
+      if (speaker.params.from !== me.id) return
+      await aikyoModel()
+      const last = aikyo.history[aikyo.history.length - 1]
+      const to = last ? [...new Set([last.params.from, ...last.params.to])].filter((id) => id !== me.id) : []
+      const reply = {
+        jsonrpc: '2.0',
+        method: 'message.send',
+        params: {
+          id: crypto.randomUUID(),
+          from: me.id,
+          to,
+          message: `${me.name} answers: a line of about the length companions say.`,
+          metadata: { emotion: 'neutral' }
+        }
+      }
+      await pubsub.publish('messages', new TextEncoder().encode(JSON.stringify(reply)))
+      emit('aikyo_replied', { reply_id: reply.params.id, to })
+    } catch (err) {
+      emit('error', { op: 'aikyo_reply', error: String(err) })
+    } finally {
+      aikyo.generating = false
+    }
+  }
+}
+
 async function benchCommand (command) {
   if (command.op === 'bench_turn') {
     turn.name = command.name
@@ -264,6 +398,10 @@ for await (const line of lines) {
     } else if (command.op === 'publish') {
       await pubsub.publish(command.topic, new TextEncoder().encode(command.text))
       emit('published', { topic: command.topic })
+    } else if (command.op === 'aikyo') {
+      aikyo.on = true
+      aikyo.delay = Number(command.delay_ms ?? 0)
+      emit('aikyo_on', { delay_ms: aikyo.delay })
     } else if (typeof command.op === 'string' && command.op.startsWith('bench_')) {
       await benchCommand(command)
     } else if (command.op === 'stop') {
