@@ -35,6 +35,7 @@ from .lexicon import (
     concepts_in,
     content_stems,
     cue_concepts,
+    has_cjk,
     is_question,
     numbers,
     sentences,
@@ -45,14 +46,15 @@ from .lexicon import (
     words,
 )
 from .persona import Fact, Persona
-from .phrasebook import EN, INTERJECTIONS, JA
+from .phrasebook import ACTIVITIES, EN, INTERJECTIONS, JA
 
-__all__ = ["Heard", "Plan", "compose", "hear", "plan_of"]
+__all__ = ["Heard", "Plan", "asks", "compose", "hear", "plan_of", "reply_language"]
 
 _FEELINGS: Final = (  # the feelings a reaction answers, the most pressing first
     "sad", "angry", "afraid", "flustered", "sleepy", "proud", "excited", "surprised", "amused",
     "wistful", "tender", "happy",
 )  # fmt: skip
+_GLAD: Final = ("proud", "excited", "happy")
 _WH: Final = ("what", "why", "how", "who", "where", "when", "which")
 _AUX: Final = {
     "do": ("I do", "I don't"),
@@ -69,6 +71,7 @@ _AUX: Final = {
 }
 _I_AUX: Final = {"are": "am", "were": "was", "'re": "'m"}
 _SWAP_ME: Final = {"your": "my", "yours": "mine", "yourself": "myself", "you": "me"}
+_SWAP_BOTH: Final = {**_SWAP_ME, "my": "your", "mine": "yours", "myself": "yourself", "me": "you"}
 
 
 # --- what was said ---------------------------------------------------------------------------------
@@ -97,6 +100,10 @@ class Heard:
     """For a yes/no question to "you": its auxiliary ("do", "are")."""
     echo: str | None = None
     """A short question said back in the first person ("What would I bake?")."""
+    yes: str | None = None
+    """A yes/no question to "you" answered yes in the first person ("I have seen your cat")."""
+    no: str | None = None
+    """The same answered no ("I haven't seen your cat")."""
     said_concepts: Mapping[str, float] = field(default_factory=dict)
     """Concepts of the whole message (``concepts`` are the question's, for a question)."""
 
@@ -113,17 +120,22 @@ def hear(
     """Read ``text`` (already cleaned) for the parts of a reply. A companion's line is read for
     the known thing it talks about, not for its framing ("Here's my butter tip" is about butter).
     ``context`` is the line before it: "What's yours?" or "What do you think?" is about that."""
-    language: Language = "ja" if me.language == "ja" else "en"
     skip = [*names, me.name]
+    language: Language = reply_language(text, me.language, skip)
     said = _without_names(text, skip)
     found = concepts_in(text)
-    question = is_question(text)
+    question = any(is_question(s) for s in sentences(text)) and (
+        not from_companion or asks(text, me.name)
+    )  # a companion's question to someone else is not mine to answer
     focus = _last_question(said) if question else said
     own = frozenset(content_stems(focus) - {n.casefold() for n in skip})
     if from_companion and language == "en":
         topic = topical_word(focus if question else said, skip)
+    elif from_companion:  # a companion's Japanese line: only a thing it names, not its framing
+        topic = topic_phrase(focus if question else said, skip)
+        topic = topic if topic and set(concepts_in(topic)) - {"question"} else None
     else:
-        topic = topic_phrase(said, skip, swap=True)
+        topic = topic_phrase(focus if question else said, skip, swap=True)
     if topic is not None and language == "en" and re.search(r"[\u3040-\u9fff]", topic):
         topic = None  # an English companion does not say back Japanese words
     if topic is not None and language == "ja" and not re.search(r"[\u3040-\u9fff]", topic):
@@ -146,9 +158,11 @@ def hear(
     else:
         kind = "flat"
     form = aux = echo = None
+    yes_no: tuple[str, str] | None = None
     if question:
         form, aux = _question_form(focus, skip)
         echo = _echo_question(focus, skip)
+        yes_no = _yes_no(focus, skip) if form == "yesno" else None
         if topic is None and _BACK_REFERENCE.search(focus.casefold()):
             # "What do you think?" is about what was said just before it: the same line's
             # statements, else the line before
@@ -178,6 +192,8 @@ def hear(
         form,
         aux,
         echo,
+        yes_no[0] if yes_no else None,
+        yes_no[1] if yes_no else None,
         found,
     )
 
@@ -186,6 +202,18 @@ _BACK_REFERENCE: Final = re.compile(
     r"\b(what's yours|and yours|and you|what about you|how about you|what do you think|your take"
     r"|you think so|on your mind)\b"
 )
+
+
+def reply_language(text: str, card: Language, names: Sequence[str] = ()) -> Language:
+    """The language a reply to ``text`` is in: the message's own (kana or kanji: Japanese; Latin
+    words: English), whatever the card is written in; the card's when the message has no words.
+    ``names`` are not words of any language ("What do you make of it, ソラ?" is English)."""
+    for name in names:
+        if name.strip():
+            text = text.replace(name, " ")
+    if has_cjk(text):
+        return "ja"
+    return "en" if words(text) else card
 
 
 def _without_names(text: str, names: Sequence[str]) -> str:
@@ -203,6 +231,12 @@ def _without_names(text: str, names: Sequence[str]) -> str:
     )
     kept = [s for s in sentences(text) if not intro.match(s)]
     return " ".join(kept)
+
+
+def asks(text: str, name: str) -> bool:
+    """Whether a question of ``text`` names ``name`` ("What would you bake, Juniper?")."""
+    pattern = re.compile(rf"(?<!\w){re.escape(name.casefold())}(?!\w)")
+    return any(is_question(s) and pattern.search(s.casefold()) for s in sentences(text))
 
 
 def _last_question(text: str) -> str:
@@ -223,6 +257,8 @@ def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
     own = [w for w in words(sentence) if w not in {n.casefold() for n in names}]
     if _wellbeing(sentence):
         return "wellbeing", None
+    if _DOING.search(folded) or any(p in sentence for p in _DOING_JA):
+        return "doing", None
     if re.search(r"\b(favou?rite|like best|love most|好きな)", folded) or "好き" in sentence:
         return "favourite", None
     if re.search(
@@ -246,12 +282,34 @@ def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
     return wh or "open", None
 
 
+_DOING: Final = re.compile(
+    r"\bwhat (?:have|were|did|are) you (?:been )?(?:do|doing|up to)\b|\bhow (?:was|has been|is) your day\b"
+    r"|\bbest part of your day\b"
+)
+_DOING_JA: Final = ("何をしてい", "何してた", "何してる", "何をしてた", "どんな一日", "何してい")
+
+
+def _yes_no(text: str, names: Sequence[str]) -> tuple[str, str] | None:
+    """A short "(aux) you ...?" question answered in the first person, yes and no ("Have you
+    seen my cat?" -> "I have seen your cat", "I haven't seen your cat"), else ``None``."""
+    sentence = _last_question(text)
+    for name in names:
+        sentence = re.sub(rf",?\s*\b{re.escape(name)}\b\s*,?", " ", sentence, flags=re.I)
+    tokens = re.sub(r"[?？!.]", " ", sentence).split()
+    low = [t.casefold() for t in tokens]
+    if not 3 <= len(tokens) <= 10 or low[0] not in _AUX or low[1] != "you":
+        return None
+    rest = " ".join(_SWAP_BOTH.get(t.casefold(), t) for t in tokens[2:])
+    yes, no = _AUX[low[0]]
+    return f"{yes} {rest}", f"{no} {rest}"
+
+
 def _echo_question(text: str, names: Sequence[str]) -> str | None:
     """A short "(wh) (aux) you ...?" question said back in the first person, else ``None``."""
     sentence = _last_question(text)
     for name in names:
         sentence = re.sub(rf",?\s*\b{re.escape(name)}\b\s*,?", " ", sentence, flags=re.I)
-    sentence = " ".join(sentence.replace("?", " ").replace("?", " ").split()).strip(" ,")
+    sentence = " ".join(sentence.replace("?", " ").replace("？", " ").split()).strip(" ,")
     tokens = sentence.split()
     if not 3 <= len(tokens) <= 9:
         return None
@@ -382,38 +440,63 @@ class _Line:
     ask_to: str | None
     used: frozenset[str]
     failed: tuple[str, ...] = ()
+    spoken: tuple[str, ...] = ()
+    """My earlier lines in this conversation, :func:`_plain` (names masked): never said again."""
+    names: tuple[str, ...] = ()
+    learned: tuple[tuple[str, object], ...] = ()
+    before: frozenset[str] = frozenset()
+    """The sentences of my earlier lines, :func:`_plain`."""
+    sombre: bool = False
+    """The person's last line was sad, scared or cross: no cheering, whoever spoke since."""
     said: list[str] = field(default_factory=list)
     told: set[str] = field(default_factory=set)
     must_ask: bool = False
     """Nothing new to tell: the line ends with a question instead."""
 
     @property
+    def language(self) -> Language:
+        return self.heard.language
+
+    @property
     def templates(self) -> Mapping[str, tuple[str, ...]]:
-        return JA if self.persona.language == "ja" else EN
+        return JA if self.language == "ja" else EN
 
     def pick(self, slot: str, **fields: str) -> str:
+        """A template of ``slot`` filled with ``fields``: one I have not said in this conversation
+        if there is one (the same frame with other words in it counts as said)."""
         pool = self.templates.get(slot) or EN[slot]
-        usable = [t for t in pool if _fits(t, fields)]
-        template = self.rng.choice(usable or list(pool))
+        usable = [t for t in pool if _fits(t, fields)] or list(pool)
+        fresh = [t for t in usable if not _said_before(t, self.spoken)]
+        template = self.rng.choice(fresh or usable)
         return _fill(template, fields)
+
+    def pick_new(self, slot: str, **fields: str) -> str:
+        """Like :meth:`pick`, but empty once every template of ``slot`` has been said: a part
+        the line can do without (a second tip in the same words is no tip)."""
+        return self.fresh(slot, **fields) or ""
+
+    def fresh(self, slot: str, **fields: str) -> str | None:
+        """Like :meth:`pick`, but ``None`` once every template of ``slot`` has been said."""
+        pool = self.templates.get(slot) or EN[slot]
+        usable = [t for t in pool if _fits(t, fields) and not _said_before(t, self.spoken)]
+        return _fill(self.rng.choice(usable), fields) if usable else None
 
     def voc(self, chance: float = 0.5) -> str:
         name = self.heard.sender_name
         if not name or self.rng.random() >= chance:
             return ""
-        return f"{name}、" if self.persona.language == "ja" else f", {name}"
+        return f"{name}、" if self.language == "ja" else f", {name}"
 
-    def fact(
-        self, query: str = "", *, need: bool = True, least: float = 0.0, fresh_only: bool = False
-    ) -> Fact | None:
-        """The fact most related to the message (and ``query``), not yet told in this line and,
-        if possible, not in my recent lines (with ``fresh_only``, never); ``None`` when none
-        relates by ``least``."""
+    def fact(self, query: str = "", *, need: bool = True, least: float = 0.0) -> Fact | None:
+        """The fact most related to the message (and ``query``) that I have not told in this
+        conversation nor in this line (a story told twice is a phrase repeated); ``None`` when
+        none is left or none relates by ``least`` (unless ``need``)."""
         own = set(self.heard.stems) | content_stems(query)
         about = spread({**concepts_in(query), **self.heard.concepts})
         about.pop("question", None)
         about.pop("greeting", None)
-        pool = [f for f in self.persona.facts if f.text not in self.told]
+        facts = self.persona.facts_in(self.language)
+        pool = [f for f in facts if f.text not in self.told and f.text not in self.used]
         if not pool:
             return None
         scored = []
@@ -421,18 +504,15 @@ class _Line:
             score = fact.relevance(own, about)
             if fact.source == "sample":
                 score = score - 1.0 if score < 3 else score
-            fresh = fact.text not in self.used
-            scored.append((fresh, score, self.rng.random() * 0.5, -index, fact))
-        scored.sort(key=lambda s: (s[0], s[1] + s[2], s[3]), reverse=True)
-        fresh, score, _, _, best = scored[0]
-        if fresh_only and not fresh:
-            return None
+            scored.append((score, self.rng.random() * 0.5, -index, fact))
+        scored.sort(key=lambda s: (s[0] + s[1], s[2]), reverse=True)
+        score, _, _, best = scored[0]
         if score <= least and not need:
             return None
         if score <= 0 and best.source == "sample":
-            others = [s for s in scored if s[4].source != "sample"]
+            others = [s for s in scored if s[3].source != "sample"]
             if others:
-                best = others[0][4]
+                best = others[0][3]
         self.told.add(best.text)
         return best
 
@@ -440,7 +520,8 @@ class _Line:
         about = spread(dict(self.heard.concepts))
         about.pop("question", None)
         about.pop("greeting", None)
-        return max((f.relevance(self.heard.stems, about) for f in self.persona.facts), default=0.0)
+        facts = self.persona.facts_in(self.language)
+        return max((f.relevance(self.heard.stems, about) for f in facts), default=0.0)
 
 
 def compose(
@@ -453,60 +534,116 @@ def compose(
     ask_to: str | None = None,
     used: Sequence[str] = (),
     failed: Sequence[str] = (),
+    spoken: Sequence[str] = (),
+    names: Sequence[str] = (),
+    learned: Sequence[tuple[str, object]] = (),
+    sombre: bool = False,
 ) -> str:
     """One reply in ``persona``'s voice to ``heard``, doing what ``plan`` asks.
 
     ``ask_to`` is the display name of someone present (never the speaker) to ask a follow-up
-    question; ``used`` are facts the companion told recently (told again only if nothing else fits);
-    ``failed`` describes instructed actions that were refused or failed this turn (the line says so).
+    question; ``used`` are facts the companion told in this conversation (told again only if
+    nothing else fits); ``failed`` describes instructed actions that were refused or failed this
+    turn (the line says so); ``spoken`` are my earlier lines of this conversation: no sentence of
+    them is said again, nor the same frame with other words in it; ``names`` are the names of
+    everyone present (masked when lines are compared); ``learned`` are ``(tool, output)`` of the
+    knowledge tools called this turn: their results are said; ``sombre`` says the person's last
+    line was sad, scared or cross (the companions stay gentle until they say otherwise).
     """
-    line = _Line(persona, heard, plan, rng, closing, ask_to, frozenset(used), tuple(failed))
+    masked = tuple(_plain(s, names) for s in spoken)
+    line = _Line(
+        persona,
+        heard,
+        plan,
+        rng,
+        closing,
+        ask_to,
+        frozenset(used),
+        tuple(failed),
+        masked,
+        tuple(names),
+        tuple(learned),
+        frozenset(_plain(s, names) for old in spoken for s in sentences(old)),
+        sombre or _sombre(heard),
+    )
     if closing == "closing" or "farewell" in plan.intents:
         _farewell(line)
     else:
         _reply(line)
         if closing == "pre-closing":
-            line.said.append(line.pick("pre-closing"))
-    return _voice(line)
+            line.said.append(line.fresh("pre-closing") or "")
+    text = _unsaid(_voice(line), line)
+    if not text:  # everything I meant to say, I had said: something new, or a question
+        fact = line.fact()
+        line.said = [fact.text] if fact is not None else [_follow_up(line) or line.pick("flat", voc="")]
+        text = _unsaid(_voice(line), line) or _voice(line)
+    return text
 
 
 def _reply(line: _Line) -> None:
     heard, plan = line.heard, line.plan
-    introduce = "introduce" in plan.intents
+    introduce = "introduce" in plan.intents and not _named_myself(line) and not _sombre(heard)
+    if line.learned:
+        line.said.extend(_results(line))
     if heard.kind == "question":
         if "greeting" in heard.said_concepts:
             line.said.append(line.pick("greeting", voc=line.voc()))
+        if _sombre(heard) and heard.feeling:
+            line.said.append(line.pick(heard.feeling, voc=""))  # "lost since Tuesday": sympathy first
     elif heard.kind == "feeling" and "apologise" in plan.intents:
         pass  # "No harm done" and then "sorry, my mistake" contradict each other
-    elif not (introduce and heard.kind in ("greeting", "flat", "empty") and line.persona.intro):
+    elif line.learned:
+        pass  # the result is the reaction
+    elif not (introduce and heard.kind in ("greeting", "flat", "empty") and _intro(line)):
         line.said.append(_opening(line))
-        if heard.kind == "feeling" and heard.feeling in ("sad", "afraid", "wistful") and heard.topic:
+        if (
+            heard.kind == "feeling"
+            and heard.feeling in ("sad", "afraid", "wistful")
+            and heard.topic
+            and not set(concepts_in(heard.topic)) & set(_FEELINGS)
+        ):
             line.said.append(line.pick("tell_me", topic=heard.topic))
     if introduce:
-        if heard.kind in ("greeting", "flat", "empty") and line.persona.intro:
-            line.said.append(line.persona.intro)
-            line.told.update(f.text for f in line.persona.facts if f.text in line.persona.intro)
+        intro = _intro(line)
+        if heard.kind in ("greeting", "flat", "empty") and intro:
+            line.said.append(intro)
+            line.told.update(f.text for f in line.persona.facts if f.text in intro)
         else:
-            role = f", {plan.role}" if plan.role and line.persona.language == "en" else ""
+            role = f", {plan.role}" if plan.role and line.language == "en" else ""
             line.said.append(line.pick("introduce", name=line.persona.name, role=role))
     if heard.kind == "question":
         line.said.append(_answer(line))
     _tried(line)
     body = _instructed(line)
+    if heard.kind == "feeling" and heard.feeling in _GLAD and not heard.sender_name and not body:
+        # good news from a person: share it, and ask them about it
+        line.said.append(line.fresh("glad_ask") or "")
+        return
+    if _sombre(heard) and heard.kind == "feeling":
+        # someone is sad or scared: no tip, no story of mine, no cheerful question; ask them
+        question = line.fresh("comfort")
+        if question:
+            line.said.append(question)
+        return
     if body:
         line.said.append(body)
-    elif heard.kind != "question" and "brief" not in plan.intents:
+    elif heard.kind != "question" and "brief" not in plan.intents and not line.learned:
         fact = line.fact(plan.query, need=introduce, least=0.0)
         if fact is not None:
             linked = fact.relevance(heard.stems, spread(dict(heard.concepts))) > 0
             slot = "related" if linked and not introduce else "told"
             line.said.append(line.pick(slot, fact=_lower_first(fact.text), Fact=fact.text))
             body = fact.text
-    wanted = "ask" in plan.intents or "excite" in plan.intents or line.must_ask
+    wanted = "ask" in plan.intents or ("excite" in plan.intents and not line.sombre) or line.must_ask
     if wanted or (heard.kind not in ("question", "farewell") and line.rng.random() < (0.3 if body else 0.6)):
         question = _follow_up(line)
         if question:
             line.said.append(question)
+
+
+def _sombre(heard: Heard) -> bool:
+    """Whether the message is sad, scared, cross or wistful: no cheering, no exclamations."""
+    return heard.feeling in ("sad", "afraid", "angry", "wistful")
 
 
 def _opening(line: _Line) -> str:
@@ -525,6 +662,8 @@ def _opening(line: _Line) -> str:
     if topic:
         if "weather" in concepts_in(topic):
             return line.pick("weather", **fields)
+        if line.sombre:
+            return line.pick("flat" if heard.sender_name else "gentle", **fields)
         if line.persona.relevance(topic) >= 2:
             return line.pick("known", **fields)
         return line.pick("topical", **fields)
@@ -536,14 +675,29 @@ def _answer(line: _Line) -> str:
     heard, persona = line.heard, line.persona
     topic = heard.topic or ""
     voc = line.voc(0.35)
-    fact = line.fact(line.plan.query if "new_topic" in line.plan.intents else "", fresh_only=True)
-    if fact is None and persona.facts and heard.form not in ("wellbeing", "yesno"):
-        line.must_ask = True  # everything I know is said: ask instead of telling it again
-        return line.pick(
-            "exhausted", voc=voc, topic=topic or ("that" if persona.language == "en" else "それ")
+    fact = line.fact(line.plan.query if "new_topic" in line.plan.intents else "")
+    if heard.form == "doing":
+        topic_of_mine = persona.topics[0] if persona.topics else ""
+        doing = ACTIVITIES[line.language].get(topic_of_mine, ACTIVITIES[line.language][""])
+        said = line.pick("doing", doing=doing, Doing=_upper_first(doing))
+        return f"{said}{'' if line.language == 'ja' else ' '}{fact.text}" if fact else said
+    if heard.form == "yesno" and heard.yes and heard.no:
+        related = line.relates()
+        said = line.pick(
+            "yes_said" if related >= 1 else "no_said",
+            Said=_upper_first(heard.yes if related >= 1 else heard.no),
+            said=heard.yes if related >= 1 else heard.no,
         )
+        return f"{said} {fact.text}" if fact and related >= 1 else said
+    if fact is None and heard.form not in ("wellbeing", "yesno"):
+        line.must_ask = True  # everything I know is said: ask instead of telling it again
+        return line.pick("exhausted", voc=voc, topic=topic or ("that" if line.language == "en" else "それ"))
     text = fact.text if fact else ""
     related = line.relates()
+    if not text:  # nothing left to tell: the answer's frame alone
+        if heard.form == "wellbeing":
+            return line.pick("wellbeing", voc=voc)
+        return line.pick("yesno_open_bare", voc=voc)
     fields = {
         "voc": voc,
         "topic": topic,
@@ -569,7 +723,7 @@ def _answer(line: _Line) -> str:
             return line.pick("fav_related", **fields)
         head = heard.head or "it"
         fields["Fact_and_head"] = f"{text.rstrip('.!?。')}, and {head} never came into it." if text else ""
-        if persona.language == "ja":
+        if line.language == "ja":
             fields["Fact_and_head"] = text
         return line.pick("fav_none", **fields)
     if form == "yesno":
@@ -581,6 +735,8 @@ def _answer(line: _Line) -> str:
             return line.pick("yes" if related >= 1 else "no", **fields)
         return line.pick("yesno_open", **fields)
     if form == "why":
+        if not re.search(r"\byou\b", heard.text, re.I):  # "why do stars twinkle?": the world's
+            return line.pick("why_world" if related >= 1 else "why_unknown", **fields)
         return line.pick("why", **fields)
     if form == "about":
         return line.pick("about", **fields)
@@ -588,6 +744,9 @@ def _answer(line: _Line) -> str:
         if not topic:
             return line.pick("opinion_open", **fields)
         return line.pick("opinion_related" if related >= 1 else "opinion_unrelated", **fields)
+    thing = _thing_for(line)
+    if heard.echo and thing and form in ("what", "which"):
+        return line.pick("would_thing", thing=thing, **fields)  # "What would I bake? Cake."
     if re.match(r"(the \w+ (?:part|thing|moment) of )?my\b", topic, re.I):
         return line.pick("personal", **fields)  # "the best part of my day": mine to answer
     if related >= 1:
@@ -595,6 +754,20 @@ def _answer(line: _Line) -> str:
     if heard.echo:
         return line.pick("answer_unrelated_echo", **fields)
     return line.pick("answer_unrelated", **fields)
+
+
+def _thing_for(line: _Line) -> str | None:
+    """A thing of mine the question is about ("What would you bake?": something from my card's
+    foods), in the reply's language; ``None`` when my card names none."""
+    if line.language != line.persona.language:
+        return None
+    about = spread(dict(line.heard.concepts))
+    for concept, things in line.persona.things.items():
+        if about.get(concept, 0) >= 0.3 and things:
+            heard = (line.heard.head or "").casefold()
+            pool = [t for t in things if t != heard]
+            return line.rng.choice(pool) if pool else None
+    return None
 
 
 def _instructed(line: _Line) -> str | None:
@@ -607,32 +780,33 @@ def _instructed(line: _Line) -> str | None:
         claim = _claim(heard)
         place = persona.places[0] if persona.places else "a good reference book"
         parts = [
-            line.pick("correct", voc=line.voc(), claim=f"{claim} " if claim else "that "),
-            line.pick("cite", place=place, Place=_upper_first(place)),
+            line.pick_new("correct", voc=line.voc(), claim=f"{claim} " if claim else "that "),
+            line.pick_new("cite", place=place, Place=_upper_first(place)),
         ]
         return " ".join(parts)
     if "apologise" in intents:
-        parts = [line.pick("apologise", voc=line.voc())]
-        parts.append(line.pick("retry", amount=amount, unit=unit) if unit else line.pick("retry_plain"))
+        parts = [line.pick_new("apologise", voc=line.voc())]
+        retry = line.pick_new("retry", amount=amount, unit=unit) if unit else line.pick_new("retry_plain")
+        parts.append(retry)
         return " ".join(parts)
     if "tip" in intents:
         thing = _thing(line)
         if unit:
-            return line.pick("tip", thing=thing, amount=_upper_first(amount), unit=unit)
-        return line.pick("tip_plain", thing=thing)
+            return line.pick_new("tip", thing=thing, amount=_upper_first(amount), unit=unit)
+        return line.pick_new("tip_plain", thing=thing)
     if "new_topic" in intents:
         fact = line.fact(plan.query)
         if fact is None:
             return None
         fields = {"fact": _lower_first(fact.text), "Fact": fact.text}
-        if plan.source and persona.language == "en":
-            return line.pick("new_topic", source=plan.source, **fields)
-        return line.pick("new_topic_plain", **fields)
+        if plan.source and line.language == "en":
+            return line.pick_new("new_topic", source=plan.source, **fields)
+        return line.pick_new("new_topic_plain", **fields)
     if "detail" in intents and heard.kind != "question":
         fact = line.fact(plan.query)
         if fact is None:
             return None
-        return line.pick("detail", fact=_lower_first(fact.text), Fact=fact.text)
+        return line.pick_new("detail", fact=_lower_first(fact.text), Fact=fact.text)
     return None
 
 
@@ -643,35 +817,43 @@ def _follow_up(line: _Line) -> str | None:
         return None
     heard, plan = line.heard, line.plan
     topic = heard.topic or ""
-    if not topic and line.persona.language == "en":
+    if not topic and line.language == "en":
         mine = topical_word(" ".join(line.told)) if line.told else None
         if mine:
             topic = mine if mine.split()[0] in ("a", "an", "the") else f"the {mine}"
-    if topic.startswith(("my ", "My ")) and line.persona.language == "en":
+    if topic.startswith(("my ", "My ")) and line.language == "en":
         topic = "the " + topic.split(" ", 1)[1]  # "my favourite cake" is not theirs to judge
     fields = {"who": who, "Who": who, "topic": topic}
-    if plan.ask_clause and line.persona.language == "en":
-        return line.pick("ask_clause", clause=plan.ask_clause, **fields)
-    if heard.form == "favourite":
-        return line.pick("ask_fav", **fields)
-    if topic and plan.ties and line.persona.language == "en":
-        return line.pick("ask_tie", tie=line.rng.choice(plan.ties), **fields)
-    if topic:
-        return line.pick("ask_topic", **fields)
-    return line.pick("ask_open", **fields)
+    if plan.ask_clause and line.language == "en" and not line.sombre:
+        asked = line.fresh("ask_clause", clause=plan.ask_clause, **fields)
+        if asked:
+            return asked
+    folded = topic.casefold()
+    ties = [t for t in plan.ties if t.casefold() not in folded and folded not in t.casefold()]
+    slots = [
+        ("ask_fav", heard.form == "favourite"),
+        ("ask_tie", bool(topic and ties and line.language == "en" and not line.sombre)),
+        ("ask_topic", bool(topic)),
+        ("ask_open", True),
+    ]
+    for slot, fits in slots:  # the first kind of question I have not asked yet
+        asked = line.fresh(slot, tie=line.rng.choice(ties) if ties else "", **fields) if fits else None
+        if asked:
+            return asked
+    return None
 
 
 def _tried(line: _Line) -> None:
     """Say that an instructed action did not go through (a refused bell is not a secret)."""
     for description in line.failed[:1]:
-        if line.persona.language == "en":
+        if line.language == "en":
             line.said.append(line.pick("tried", what=_as_me(description)))
 
 
 def _farewell(line: _Line) -> None:
     plan = line.plan
     _tried(line)
-    if plan.like and line.persona.language == "en":
+    if plan.like and line.language == "en":
         line.said.append(line.pick("farewell_like", like=_gerund_as_me(plan.like)))
     else:
         line.said.append(line.pick("farewell"))
@@ -686,10 +868,18 @@ def _voice(line: _Line) -> str:
     parts = [p.strip() for p in line.said if p and p.strip()]
     if not parts:
         parts = [line.pick("flat", voc="")]
-    language = line.persona.language
+    language = line.language
     tone = line.persona.tone
-    if line.rng.random() < 0.45 and not parts[0].startswith(("I'm ", "私は")):
-        interjection = line.rng.choice(INTERJECTIONS[language][tone])
+    if line.sombre and tone != "calm":
+        tone = "warm"  # "Wow!" is no answer to "I feel sad"
+    first = _plain(parts[0]).split(" ")[0]
+    unused = [
+        i
+        for i in INTERJECTIONS[language][tone]
+        if not any(old.startswith(_plain(i)) for old in line.spoken) and _plain(i).split(" ")[0] != first
+    ]
+    if line.rng.random() < 0.45 and unused and not parts[0].startswith(("I'm ", "私は")):
+        interjection = line.rng.choice(unused)
         if interjection.endswith(",") or interjection.endswith("、"):
             parts[0] = (
                 f"{interjection} {_lower_first(parts[0])}" if language == "en" else interjection + parts[0]
@@ -766,3 +956,113 @@ def _amount(line: _Line, unit: str | None) -> int:
     if written and unit and unit in line.heard.text:
         return written[0]
     return line.rng.randrange(50, 500, 10)
+
+
+# --- never the same thing twice ------------------------------------------------------------------------
+
+_NOT_WORD: Final = re.compile(r"[^\w\u3040-\u30ff\u3400-\u9fff]+")
+_LEAST_FRAME: Final = 6
+"""Letters a template's own words must have to count as a phrase ("{Fact}" alone is none; a
+kana or kanji counts two)."""
+_CJK_CHAR: Final = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
+
+
+def _plain(text: str, names: Sequence[str] = ()) -> str:
+    """``text`` as lines are compared: case-folded, names masked, punctuation and spacing gone
+    ("What would you bake, Juniper?" and "What would you bake, Ostra!" are the same)."""
+    folded = text.casefold()
+    for name in sorted((n for n in names if n.strip()), key=len, reverse=True):
+        folded = re.sub(rf"(?<!\w){re.escape(name.casefold())}(?!\w)", " x ", folded)
+    return " ".join(_NOT_WORD.sub(" ", folded).split())
+
+
+def _said_before(template: str, spoken: Sequence[str]) -> bool:
+    """Whether one of ``spoken`` (:func:`_plain` lines) holds ``template``'s own words in its
+    order, whatever filled its placeholders."""
+    chunks = [_plain(c) for c in re.split(r"\{\w+\}", template)]
+    chunks = [c for c in chunks if c]
+    if sum(len(c) + len(_CJK_CHAR.findall(c)) for c in chunks) < _LEAST_FRAME:
+        return False
+    pattern = re.compile(r".{0,200}?".join(re.escape(c) for c in chunks))
+    return any(pattern.search(line) for line in spoken)
+
+
+def _unsaid(text: str, line: _Line) -> str:
+    """``text`` without the sentences I have said before in this conversation (names masked)."""
+    if not line.spoken:
+        return text
+    before = line.before | set(line.spoken)
+    joiner = "" if line.language == "ja" else " "
+    kept = []
+    for sentence in sentences(text):
+        plain = _plain(sentence, line.names)
+        if plain and (
+            plain in before
+            or any(len(plain) >= 12 and plain in old for old in line.spoken)
+            or any(len(old) >= 12 and old in plain for old in line.before)
+        ):
+            continue
+        kept.append(sentence)
+    if kept and not re.search(r"\w", joiner.join(kept)):
+        return ""  # an interjection alone says nothing
+    return joiner.join(kept)
+
+
+def _named_myself(line: _Line) -> bool:
+    """Whether I told my name earlier in this conversation (once is an introduction)."""
+    name = line.persona.name.casefold()
+    return bool(name) and any(
+        re.search(rf"(?:i'm|i am|私は|my name is)\s*{re.escape(name)}", old) for old in line.spoken
+    )
+
+
+def _intro(line: _Line) -> str | None:
+    """The card's own self-introduction, when the reply is in the card's language."""
+    return line.persona.intro if line.language == line.persona.language else None
+
+
+# --- what a tool found ---------------------------------------------------------------------------------
+
+_HEADLINE: Final = ("total", "sum", "result", "answer", "value", "count")
+_MAX_ITEMS: Final = 6
+
+
+def _results(line: _Line) -> list[str]:
+    """One sentence per knowledge tool called this turn, saying what it found (a dice roll's
+    total, a forecast): a result the companion keeps to itself is no result to the person."""
+    out = []
+    for tool, output in line.learned[:2]:
+        said = _said_value(output, line.language)
+        if said:
+            what = " ".join(tool.replace("-", "_").split("_")).strip() or tool
+            out.append(line.pick("result", tool=what, Tool=_upper_first(what), result=said))
+    return out
+
+
+def _said_value(value: object, language: Language, depth: int = 0) -> str:
+    """A tool's output in a few words: its headline field first ("total 9, rolls 4 and 5")."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return ("はい" if value else "いいえ") if language == "ja" else ("yes" if value else "no")
+    if isinstance(value, int | float | str):
+        return str(value)[:80]
+    if isinstance(value, Sequence) and depth < 2:
+        items = [_said_value(v, language, depth + 1) for v in list(value)[:_MAX_ITEMS]]
+        items = [i for i in items if i]
+        if language == "ja" or len(items) < 2:
+            return "、".join(items) if language == "ja" else "".join(items)
+        return ", ".join(items[:-1]) + f" and {items[-1]}"
+    if isinstance(value, Mapping) and depth < 2:
+        keys = sorted(
+            (k for k in value if isinstance(k, str)),
+            key=lambda k: _HEADLINE.index(k.casefold()) if k.casefold() in _HEADLINE else len(_HEADLINE),
+        )
+        parts = []
+        for key in keys[:_MAX_ITEMS]:
+            said = _said_value(value[key], language, depth + 1)
+            if said:
+                label = " ".join(key.replace("-", "_").split("_"))
+                parts.append(f"{label} {said}" if language == "en" else f"{label}: {said}")
+        return ", ".join(parts) if language == "en" else "、".join(parts)
+    return ""
