@@ -1,0 +1,182 @@
+"""The offline demo's first impression: ten opening lines (questions, feelings, Japanese, a tool
+request) run as ``companion demo --in-memory`` runs them (real engines, real action runtime, real
+CEL triggers, the shipped cards and cards a user writes). Each first reply answers its line, in
+its language; every reply is in the language of the message it answers; no companion says the
+same phrase twice in a conversation."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+import trio.testing
+from scripted_support import DOT_CARD, ROLLED, SORA_CARD, converse, real_cards, replies, write_card
+
+from companion.card import LoadedCard
+from companion.transcript import TranscriptEvent
+
+_KANA = re.compile(r"[\u3040-\u30ff]")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
+_LATIN_WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+def _japanese(text: str, names: Sequence[str]) -> bool:
+    """Japanese: kana in it, and no English words but names."""
+    for name in names:
+        text = text.replace(name, " ")
+    return bool(_KANA.search(text)) and not _LATIN_WORD.search(text)
+
+
+def _english(text: str, names: Sequence[str]) -> bool:
+    """English: Latin words, and no kana or kanji but in names."""
+    for name in names:
+        text = text.replace(name, " ")
+    return bool(_LATIN_WORD.search(text)) and not _CJK.search(text)
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?。！？])\s*", text) if s.strip()]
+
+
+def _plain(text: str, names: Sequence[str]) -> str:
+    folded = text.casefold()
+    for name in names:
+        folded = folded.replace(name.casefold(), " x ")
+    return " ".join(re.sub(r"[^\w]+", " ", folded).split())
+
+
+def _repeats(said: Sequence[TranscriptEvent], names: Sequence[str]) -> list[str]:
+    """Phrases a companion said twice in one conversation: a sentence (names masked), or a run
+    of six words."""
+    found = []
+    speakers = {e.speaker for e in said}
+    for speaker in speakers:
+        lines = [e.text for e in said if e.speaker == speaker]
+        seen_sentences: set[str] = set()
+        seen_runs: set[tuple[str, ...]] = set()
+        for line in lines:
+            here_sentences: set[str] = set()
+            here_runs: set[tuple[str, ...]] = set()
+            for sentence in _sentences(line):
+                plain = _plain(sentence, names)
+                long_enough = len(plain.split()) >= 3 if not _CJK.search(plain) else len(plain) >= 6
+                if long_enough:
+                    here_sentences.add(plain)
+                words = plain.split()
+                here_runs.update(tuple(words[i : i + 6]) for i in range(len(words) - 5))
+            found += [f"{speaker}: {s}" for s in here_sentences & seen_sentences]
+            found += [f"{speaker}: {' '.join(r)}" for r in here_runs & seen_runs]
+            seen_sentences |= here_sentences
+            seen_runs |= here_runs
+    return found
+
+
+def _first(events: Sequence[TranscriptEvent]) -> TranscriptEvent:
+    return replies(events)[0]
+
+
+Check = Callable[[TranscriptEvent], bool]
+
+OPENINGS: list[tuple[str, str, Check]] = [
+    ("What's your favourite cake?", "en", lambda r: "cake" in r.text.casefold()),
+    (
+        "I feel sad today.",
+        "en",
+        # a sad reaction, shown as sad, with no cheering
+        lambda r: r.emotion == "sad" and "!" not in r.text and "?" in r.text,
+    ),
+    (
+        "Have you seen my cat? She's been lost since Tuesday.",
+        "en",
+        lambda r: re.search(r"\bI have(?:n't| not)? seen your cat\b", r.text) is not None,
+    ),
+    ("Do you like rain?", "en", lambda r: re.search(r"\bI (?:do|don't) like rain\b", r.text) is not None),
+    # no weights, no science: an honest answer from what the companion has seen
+    (
+        "Why do stars twinkle?",
+        "en",
+        lambda r: re.search(r"\b(because|science|wondered|don't know|no idea)\b", r.text, re.I) is not None,
+    ),
+    (
+        "I'm so happy, I passed my exam!",
+        "en",
+        lambda r: r.emotion == "happy" and re.search(r"well done|earned|something", r.text, re.I) is not None,
+    ),
+    ("今日は何をしていたの？", "ja", lambda r: "今日は" in r.text and "いたよ" in r.text),
+    ("こんにちは！みんな元気？", "ja", lambda r: "元気" in r.text),
+    ("悲しいことがあったんだ。", "ja", lambda r: r.emotion == "sad" and "！" not in r.text),
+]
+
+
+def _names(cards: Sequence[LoadedCard]) -> list[str]:
+    return [c.card.metadata.name for c in cards]
+
+
+def _check_conversation(
+    events: Sequence[TranscriptEvent], opening: str, language: str, names: Sequence[str]
+) -> None:
+    said = replies(events)
+    by_id = {e.message_id: e for e in events if e.kind == "message"}
+    for reply in said:
+        answered = by_id.get(reply.in_reply_to or "")
+        if answered is None:
+            continue
+        check = _japanese if _japanese(answered.text, names) else _english
+        assert check(reply.text, names), (opening, answered.text, reply.text)
+        assert reply.text.count("「") == reply.text.count("」"), reply.text
+        assert "彼女" not in reply.text and "彼は" not in reply.text, reply.text
+        greeting_as_topic = r"(こんにちは|こんばんは|おはよう|元気)(について|の話|かあ|のこと)"
+        assert not re.search(greeting_as_topic, reply.text), reply.text
+    assert not _repeats(said, names), (opening, _repeats(said, names), [e.text for e in said])
+
+
+@pytest.mark.parametrize(("opening", "language", "answers"), OPENINGS, ids=[o[0] for o in OPENINGS])
+async def test_each_first_reply_answers_its_line_in_its_language_and_nothing_repeats(
+    autojump_clock: trio.testing.MockClock, opening: str, language: str, answers: Check
+) -> None:
+    cards = real_cards()
+    names = _names(cards)
+    events, _, over = await converse(cards, opening)
+    assert over
+    first = _first(events)
+    assert (_japanese if language == "ja" else _english)(first.text, names), first.text
+    assert answers(first), (first.text, first.emotion)
+    _check_conversation(events, opening, language, names)
+
+
+async def test_a_tool_request_reaches_the_tool_s_input_and_its_result_the_words(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """The tenth opening: "two six-sided dice" is two dice of six sides, and what they show is
+    said."""
+    dot = write_card(tmp_path, "dot", DOT_CARD)
+    ROLLED.clear()
+    events, _, _ = await converse([dot], "Dot, roll two six-sided dice!", first_only=True)
+    first = _first(events)
+    assert len(ROLLED) == 1
+    dice, rolled = ROLLED[0]
+    assert (dice.count, dice.sides) == (2, 6)
+    assert re.search(rf"\b{rolled.total}\b", first.text), (first.text, rolled)
+    assert all(re.search(rf"\b{roll}\b", first.text) for roll in rolled.rolls), (first.text, rolled)
+
+
+@pytest.mark.parametrize(
+    "opening", ["What's your favourite cake?", "今日は何をしていたの？", "I feel sad today.", "こんにちは！"]
+)
+async def test_japanese_and_english_cards_answer_in_the_language_they_are_spoken_to(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, opening: str
+) -> None:
+    """A Japanese card (its story in the third person, a quote with a full stop inside) beside
+    an English one: each reply is in the language of the message it answers, the Japanese card's
+    own story is told as 私, its quote whole, a greeting never the topic."""
+    sora = write_card(tmp_path, "sora", SORA_CARD)
+    cards = [sora, *(c for c in real_cards() if c.card.metadata.id == "companion_pim")]
+    names = _names(cards)
+    events, _, over = await converse(cards, opening)
+    assert over
+    first = _first(events)
+    language = "ja" if _KANA.search(opening) else "en"
+    assert (_japanese if language == "ja" else _english)(first.text, names), first.text
+    _check_conversation(events, opening, language, names)
