@@ -104,7 +104,11 @@ OPENINGS: list[tuple[str, str, Check]] = [
         "en",
         lambda r: r.emotion == "happy" and re.search(r"well done|earned|something", r.text, re.I) is not None,
     ),
-    ("今日は何をしていたの？", "ja", lambda r: "今日は" in r.text and "いたよ" in r.text),
+    (
+        "今日は何をしていたの？",
+        "ja",
+        lambda r: re.search(r"(して|眺めて|見て|過ごして)いたよ", r.text) is not None,
+    ),
     ("こんにちは！みんな元気？", "ja", lambda r: "元気" in r.text),
     ("悲しいことがあったんだ。", "ja", lambda r: r.emotion == "sad" and "！" not in r.text),
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["ACTIVITIES", "EN", "GIST", "INTERJECTIONS", "JA"]
+__all__ = ["ACTIVITIES", "EN", "GIST", "INTERJECTIONS", "JA", "UNITS_JA"]
 
 EN: Final[dict[str, tuple[str, ...]]] = {
     "greeting": ("Hello{voc}!", "Hi{voc}, good to hear from you.", "Evening{voc}.", "Well, hello{voc}."),
@@ -113,7 +113,7 @@ EN: Final[dict[str, tuple[str, ...]]] = {
         "I'd have to think about that{voc}.",
     ),
     "yes_said": ("{Said}, as it happens.", "Yes, {said}."),
-    "no_said": ("{Said}, I'm afraid.", "No, {said}, sorry."),
+    "no_said": ("{Said}, I'm afraid.", "No, {said}. I'll keep an eye out, though."),
     "doing": ("Mostly {doing}, as usual.", "{Doing}, mostly. Same as most days."),
     "why": ("Because {fact}", "Partly habit, if I'm honest. {Fact}"),
     "why_world": (
@@ -189,6 +189,12 @@ EN: Final[dict[str, tuple[str, ...]]] = {
     "ask_topic": ("What do you make of {topic}, {who}?", "{Who}, what would you do with {topic}?"),
     "ask_fav": ("What's yours, {who}?", "And you, {who}?"),
     "ask_open": ("What's on your mind, {who}?", "What do you think, {who}?"),
+    "ask_help": ("What do you think would help, {who}?", "Any thoughts on what might help, {who}?"),
+    "hope": (
+        "I just hope it turns out all right{voc}.",
+        "Being heard helps, I think{voc}.",
+        "A little company goes a long way at times like this{voc}.",
+    ),
     "farewell_like": ("Consider this me {like}: good night, everyone.", "That's me {like}. Good night, all!"),
     "farewell": (
         "It was really nice talking with you all. See you next time!",
@@ -224,7 +230,7 @@ JA: Final[dict[str, tuple[str, ...]]] = {
     "weather": ("{topic}かあ。今夜は家でゆっくりするのがいいかもね。", "{voc}{topic}の話、気になるね。"),
     "topical": ("{voc}{topic}の話、いいね。", "{topic}かあ。", "{voc}{topic}のこと、もっと聞きたいな。"),
     "known": ("{topic}なら、ちょっと詳しいよ。", "{voc}{topic}の話なら任せて。"),
-    "flat": ("{voc}なるほどね。", "うんうん。"),
+    "flat": ("{voc}なるほどね。", "うんうん。", "{voc}そうなんだ。", "{voc}へえ、そうなんだね。"),
     "gentle": ("{topic}のこと、気になるね。", "今は{topic}のことが一番だね。"),
     "tell_me": ("よかったら、{topic}のこと聞かせて。",),
     "empty": ("静かだね。じゃあ、私から話そうかな。",),
@@ -241,17 +247,17 @@ JA: Final[dict[str, tuple[str, ...]]] = {
     "yesno_open_bare": ("うーん、なんとも言えないな。", "ちょっと考えさせて。"),
     "doing": ("今日はずっと{doing}いたよ。", "いつもどおり、{doing}いたよ。"),
     "why": ("それはね、{fact}",),
-    "why_world": ("くわしい理屈はわからないけど、{fact}",),
-    "why_unknown": ("うーん、それは私にもわからないな。",),
+    "why_world": ("くわしい理屈は専門外だけど、{fact}",),
+    "why_unknown": ("うーん、それは私にも謎だな。",),
     "would_thing": ("{thing}を使ったものかな。",),
     "about_me": ("私は{name}。{fact}",),
     "answer_related": ("いい質問だね。{fact}", "{fact}"),
-    "answer_unrelated_echo": ("うーん、よくわからないな。{fact}", "それは私の専門外かも。{fact}"),
+    "answer_unrelated_echo": ("うーん、それは私の専門外かも。{fact}", "難しい質問だね。{fact}"),
     "personal": ("{topic}？そうだなあ。{fact}",),
     "opinion_open": ("そうだなあ。{fact}",),
     "opinion_related": ("{topic}、好きだよ。{fact}",),
     "opinion_unrelated": ("{topic}かあ、あまり考えたことないな。{fact}",),
-    "answer_unrelated": ("うーん、よくわからないな。{fact}", "それは私の専門外かも。{fact}"),
+    "answer_unrelated": ("うーん、それは私の専門外かも。{fact}", "難しい質問だね。{fact}"),
     "about": ("{fact}",),
     "exhausted": ("{topic}については、もう話せることはあまりないかな。",),
     "introduce": ("私は{name}です。",),
@@ -270,6 +276,8 @@ JA: Final[dict[str, tuple[str, ...]]] = {
     "ask_topic": ("{who}は{topic}についてどう思う？", "{who}だったら、どうする？"),
     "ask_fav": ("{who}はどう？",),
     "ask_open": ("{who}はどう思う？",),
+    "ask_help": ("{who}は、何かできることがあると思う？",),
+    "hope": ("うまくいくといいね。", "話を聞いてもらえるだけでも、少し楽になるよね。"),
     "farewell_like": ("みんなと話せて本当に楽しかった。またね！",),
     "farewell": (
         "みんなと話せて本当に楽しかった。またね！",
@@ -363,3 +371,12 @@ ACTIVITIES: Final[dict[str, dict[str, str]]] = {
 }
 """What a companion does all day, by the topic its card is about (English gerunds; Japanese te-forms
 for 「…いたよ」): the answer to "what have you been doing?"."""
+
+UNITS_JA: Final[dict[str, str]] = {
+    "grams": "グラム", "kilograms": "キログラム", "kilos": "キロ", "cups": "カップ", "spoons": "さじ",
+    "teaspoons": "小さじ", "tablespoons": "大さじ", "minutes": "分", "seconds": "秒", "degrees": "度",
+    "millilitres": "ミリリットル", "milliliters": "ミリリットル", "litres": "リットル",
+    "liters": "リットル", "ounces": "オンス", "pounds": "ポンド", "metres": "メートル",
+    "meters": "メートル", "miles": "マイル", "pinches": "つまみ",
+}  # fmt: skip
+"""A card's measuring words as a Japanese reply says them ("200グラム", not "200grams")."""

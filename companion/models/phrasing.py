@@ -46,7 +46,7 @@ from .lexicon import (
     words,
 )
 from .persona import Fact, Persona
-from .phrasebook import ACTIVITIES, EN, INTERJECTIONS, JA
+from .phrasebook import ACTIVITIES, EN, INTERJECTIONS, JA, UNITS_JA
 
 __all__ = ["Heard", "Plan", "asks", "compose", "hear", "plan_of", "reply_language"]
 
@@ -235,8 +235,14 @@ def _without_names(text: str, names: Sequence[str]) -> str:
 
 def asks(text: str, name: str) -> bool:
     """Whether a question of ``text`` names ``name`` ("What would you bake, Juniper?")."""
-    pattern = re.compile(rf"(?<!\w){re.escape(name.casefold())}(?!\w)")
+    pattern = _name_pattern(name)
     return any(is_question(s) and pattern.search(s.casefold()) for s in sentences(text))
+
+
+def _name_pattern(name: str) -> re.Pattern[str]:
+    """``name``, case-folded, as a whole name: not inside a Latin word, but followed by a
+    Japanese particle as often as not ("Ostraは")."""
+    return re.compile(rf"(?<![a-z0-9_]){re.escape(name.casefold())}(?![a-z0-9_])")
 
 
 def _last_question(text: str) -> str:
@@ -274,7 +280,7 @@ def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
         r"\b(what do you (?:think|make) of|what do you think about|how do you feel about|what about"
         r"|what do you think)\b",
         folded,
-    ):
+    ) or any(p in sentence for p in ("どう思う", "どうかな", "どう？")):
         return "opinion", None
     wh = next((w for w in own[:3] if w in _WH), None)
     if wh is None and own[:2] == ["tell", "me"]:
@@ -448,6 +454,9 @@ class _Line:
     """The sentences of my earlier lines, :func:`_plain`."""
     sombre: bool = False
     """The person's last line was sad, scared or cross: no cheering, whoever spoke since."""
+    others: tuple[str, ...] = ()
+    """The others' lines of this conversation, :func:`_plain`: their wording is not echoed when
+    another will do."""
     said: list[str] = field(default_factory=list)
     told: set[str] = field(default_factory=set)
     must_ask: bool = False
@@ -467,7 +476,8 @@ class _Line:
         pool = self.templates.get(slot) or EN[slot]
         usable = [t for t in pool if _fits(t, fields)] or list(pool)
         fresh = [t for t in usable if not _said_before(t, self.spoken)]
-        template = self.rng.choice(fresh or usable)
+        unheard = [t for t in fresh if not _said_before(t, self.others)]
+        template = self.rng.choice(unheard or fresh or usable)
         return _fill(template, fields)
 
     def pick_new(self, slot: str, **fields: str) -> str:
@@ -479,7 +489,8 @@ class _Line:
         """Like :meth:`pick`, but ``None`` once every template of ``slot`` has been said."""
         pool = self.templates.get(slot) or EN[slot]
         usable = [t for t in pool if _fits(t, fields) and not _said_before(t, self.spoken)]
-        return _fill(self.rng.choice(usable), fields) if usable else None
+        unheard = [t for t in usable if not _said_before(t, self.others)]
+        return _fill(self.rng.choice(unheard or usable), fields) if usable else None
 
     def voc(self, chance: float = 0.5) -> str:
         name = self.heard.sender_name
@@ -538,6 +549,7 @@ def compose(
     names: Sequence[str] = (),
     learned: Sequence[tuple[str, object]] = (),
     sombre: bool = False,
+    heard_before: Sequence[str] = (),
 ) -> str:
     """One reply in ``persona``'s voice to ``heard``, doing what ``plan`` asks.
 
@@ -548,7 +560,8 @@ def compose(
     them is said again, nor the same frame with other words in it; ``names`` are the names of
     everyone present (masked when lines are compared); ``learned`` are ``(tool, output)`` of the
     knowledge tools called this turn: their results are said; ``sombre`` says the person's last
-    line was sad, scared or cross (the companions stay gentle until they say otherwise).
+    line was sad, scared or cross (the companions stay gentle until they say otherwise);
+    ``heard_before`` are the others' lines (their wording is avoided when another will do).
     """
     masked = tuple(_plain(s, names) for s in spoken)
     line = _Line(
@@ -565,6 +578,7 @@ def compose(
         tuple(learned),
         frozenset(_plain(s, names) for old in spoken for s in sentences(old)),
         sombre or _sombre(heard),
+        tuple(_plain(s, names) for s in heard_before),
     )
     if closing == "closing" or "farewell" in plan.intents:
         _farewell(line)
@@ -628,7 +642,9 @@ def _reply(line: _Line) -> None:
     if body:
         line.said.append(body)
     elif heard.kind != "question" and "brief" not in plan.intents and not line.learned:
-        fact = line.fact(plan.query, need=introduce, least=0.0)
+        # while someone is sad, only a fact that has to do with it
+        query = "" if line.sombre else plan.query
+        fact = line.fact(query, need=introduce and not line.sombre, least=1.0 if line.sombre else 0.0)
         if fact is not None:
             linked = fact.relevance(heard.stems, spread(dict(heard.concepts))) > 0
             slot = "related" if linked and not introduce else "told"
@@ -676,11 +692,16 @@ def _answer(line: _Line) -> str:
     topic = heard.topic or ""
     voc = line.voc(0.35)
     fact = line.fact(line.plan.query if "new_topic" in line.plan.intents else "")
+    if line.sombre and heard.sender_name and heard.form in ("opinion", "what", "open", "about"):
+        # a companion asks me about the person's trouble: no verdict on it, a kind word
+        return line.pick("hope", voc=voc)
     if heard.form == "doing":
         topic_of_mine = persona.topics[0] if persona.topics else ""
         doing = ACTIVITIES[line.language].get(topic_of_mine, ACTIVITIES[line.language][""])
         said = line.pick("doing", doing=doing, Doing=_upper_first(doing))
-        return f"{said}{'' if line.language == 'ja' else ' '}{fact.text}" if fact else said
+        if fact is None or fact.source == "gist":  # the gist would say the same thing again
+            return said
+        return f"{said}{'' if line.language == 'ja' else ' '}{fact.text}"
     if heard.form == "yesno" and heard.yes and heard.no:
         related = line.relates()
         said = line.pick(
@@ -776,6 +797,8 @@ def _instructed(line: _Line) -> str | None:
     intents = plan.intents
     unit = plan.unit or (persona.units[0] if persona.units else None)
     amount = str(_amount(line, unit))
+    if unit and line.language == "ja":
+        unit = UNITS_JA.get(unit, unit)
     if "correct" in intents:
         claim = _claim(heard)
         place = persona.places[0] if persona.places else "a good reference book"
@@ -794,7 +817,7 @@ def _instructed(line: _Line) -> str | None:
         if unit:
             return line.pick_new("tip", thing=thing, amount=_upper_first(amount), unit=unit)
         return line.pick_new("tip_plain", thing=thing)
-    if "new_topic" in intents:
+    if "new_topic" in intents and not line.sombre:  # no change of subject on someone's sorrow
         fact = line.fact(plan.query)
         if fact is None:
             return None
@@ -832,6 +855,7 @@ def _follow_up(line: _Line) -> str | None:
     ties = [t for t in plan.ties if t.casefold() not in folded and folded not in t.casefold()]
     slots = [
         ("ask_fav", heard.form == "favourite"),
+        ("ask_help", line.sombre),
         ("ask_tie", bool(topic and ties and line.language == "en" and not line.sombre)),
         ("ask_topic", bool(topic)),
         ("ask_open", True),
@@ -972,7 +996,7 @@ def _plain(text: str, names: Sequence[str] = ()) -> str:
     ("What would you bake, Juniper?" and "What would you bake, Ostra!" are the same)."""
     folded = text.casefold()
     for name in sorted((n for n in names if n.strip()), key=len, reverse=True):
-        folded = re.sub(rf"(?<!\w){re.escape(name.casefold())}(?!\w)", " x ", folded)
+        folded = _name_pattern(name).sub(" x ", folded)
     return " ".join(_NOT_WORD.sub(" ", folded).split())
 
 

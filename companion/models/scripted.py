@@ -373,6 +373,7 @@ class ScriptedModel:
                 used=used,
                 failed=failed,
                 spoken=mine,
+                heard_before=[clean(m.params.message) for m in request.history if m.params.from_ != me.id],
                 sombre=_sombre_person(request),
                 names=[*names.values(), persona.name],
                 learned=learned,
