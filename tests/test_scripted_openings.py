@@ -22,7 +22,7 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
 _LATIN_WORD = re.compile(r"[A-Za-z]{3,}")
 
 
-def _japanese(text: str, names: Sequence[str]) -> bool:
+def is_japanese(text: str, names: Sequence[str]) -> bool:
     """Japanese: kana in it, and no English words but names."""
     for name in names:
         text = text.replace(name, " ")
@@ -118,16 +118,16 @@ def _names(cards: Sequence[LoadedCard]) -> list[str]:
     return [c.card.metadata.name for c in cards]
 
 
-def _check_conversation(
-    events: Sequence[TranscriptEvent], opening: str, language: str, names: Sequence[str]
-) -> None:
+def check_conversation(events: Sequence[TranscriptEvent], opening: str, names: Sequence[str]) -> None:
+    """Every reply in the language of the message it answers, quotes whole, no third person, no
+    greeting as a topic, and no phrase of a companion said twice."""
     said = replies(events)
     by_id = {e.message_id: e for e in events if e.kind == "message"}
     for reply in said:
         answered = by_id.get(reply.in_reply_to or "")
         if answered is None:
             continue
-        check = _japanese if _japanese(answered.text, names) else _english
+        check = is_japanese if is_japanese(answered.text, names) else _english
         assert check(reply.text, names), (opening, answered.text, reply.text)
         assert reply.text.count("「") == reply.text.count("」"), reply.text
         assert "彼女" not in reply.text and "彼は" not in reply.text, reply.text
@@ -145,9 +145,9 @@ async def test_each_first_reply_answers_its_line_in_its_language_and_nothing_rep
     events, _, over = await converse(cards, opening)
     assert over
     first = _first(events)
-    assert (_japanese if language == "ja" else _english)(first.text, names), first.text
+    assert (is_japanese if language == "ja" else _english)(first.text, names), first.text
     assert answers(first), (first.text, first.emotion)
-    _check_conversation(events, opening, language, names)
+    check_conversation(events, opening, names)
 
 
 async def test_a_tool_request_reaches_the_tool_s_input_and_its_result_the_words(
@@ -182,5 +182,5 @@ async def test_japanese_and_english_cards_answer_in_the_language_they_are_spoken
     assert over
     first = _first(events)
     language = "ja" if _KANA.search(opening) else "en"
-    assert (_japanese if language == "ja" else _english)(first.text, names), first.text
-    _check_conversation(events, opening, language, names)
+    assert (is_japanese if language == "ja" else _english)(first.text, names), first.text
+    check_conversation(events, opening, names)
