@@ -133,6 +133,7 @@ def check_conversation(events: Sequence[TranscriptEvent], opening: str, names: S
         assert "彼女" not in reply.text and "彼は" not in reply.text, reply.text
         greeting_as_topic = r"(こんにちは|こんばんは|おはよう|元気)(について|の話|かあ|のこと)"
         assert not re.search(greeting_as_topic, reply.text), reply.text
+        assert not re.search(r"\b(of|with|about) (greetings|hello|hi|good evening)\b", reply.text, re.I)
     assert not _repeats(said, names), (opening, _repeats(said, names), [e.text for e in said])
 
 

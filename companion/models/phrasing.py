@@ -23,6 +23,7 @@ punctuation. Every choice among templates and facts goes through the caller's se
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -140,6 +141,8 @@ def hear(
         topic = None  # an English companion does not say back Japanese words
     if topic is not None and language == "ja" and not re.search(r"[\u3040-\u9fff]", topic):
         topic = None  # nor a Japanese one English words
+    if topic is not None and {"greeting", "farewell"} & set(concepts_in(topic)):
+        topic = None  # "Greetings, friends!" is a greeting, not a thing to talk about
     head = words(topic)[-1] if topic and words(topic) else topic
     feeling = next((f for f in _FEELINGS if found.get(f, 0) >= 1), None)
     greeted = "greeting" in found and not from_companion  # companions greet people, not each other
@@ -239,9 +242,11 @@ def asks(text: str, name: str) -> bool:
     return any(is_question(s) and pattern.search(s.casefold()) for s in sentences(text))
 
 
+@functools.lru_cache(maxsize=512)
 def _name_pattern(name: str) -> re.Pattern[str]:
     """``name``, case-folded, as a whole name: not inside a Latin word, but followed by a
-    Japanese particle as often as not ("Ostraは")."""
+    Japanese particle as often as not ("Ostraは"). Remembered (bounded): every line of a turn
+    is compared with every name present."""
     return re.compile(rf"(?<![a-z0-9_]){re.escape(name.casefold())}(?![a-z0-9_])")
 
 
