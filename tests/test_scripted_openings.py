@@ -15,6 +15,8 @@ import trio.testing
 from scripted_support import DOT_CARD, ROLLED, SORA_CARD, converse, real_cards, replies, write_card
 
 from companion.card import LoadedCard
+from companion.models.lexicon import sentences
+from companion.models.persona import persona_of
 from companion.transcript import TranscriptEvent
 
 _KANA = re.compile(r"[\u3040-\u30ff]")
@@ -185,3 +187,14 @@ async def test_japanese_and_english_cards_answer_in_the_language_they_are_spoken
     language = "ja" if _KANA.search(opening) else "en"
     assert (is_japanese if language == "ja" else _english)(first.text, names), first.text
     check_conversation(events, opening, names)
+
+
+def test_a_japanese_card_s_story_is_told_in_the_first_person_with_its_quotes_whole(tmp_path: Path) -> None:
+    """The card says 彼女は and quotes 「…。」 with a full stop inside: the companion says 私は,
+    and the quote stays one sentence (a full stop inside 「」 ends nothing)."""
+    sora = write_card(tmp_path, "sora", SORA_CARD).card
+    facts = [f.text for f in persona_of(sora.metadata, sora.role).facts]
+    assert "私は毎晩、屋上から星を眺める。" in facts
+    assert "私の口癖は「今日もいい星空だね。」だ。" in facts
+    assert not [f for f in facts if "彼女" in f or f.count("「") != f.count("」")]
+    assert sentences("「まだ。」と「もう。」」だ。次。") == ["「まだ。」と「もう。」」だ。", "次。"]

@@ -92,22 +92,25 @@ def sentences(text: str) -> list[str]:
     """The sentences of ``text`` (abbreviations such as "Co." followed by a lowercase word stay
     inside their sentence)."""
     out: list[str] = []
+    open_quotes = 0  # 「 and 『 the last sentence opened and has not closed
     for part in _SENTENCE.split(text.strip()):
         part = part.strip()
         if not part:
             continue
-        if out and _open_quote(out[-1]):
+        if out and open_quotes > 0:
             out[-1] = f"{out[-1]}{part}"  # 「…。…」: a quote is one piece, whatever it holds
         elif out and part[:1].islower() and not out[-1].endswith(("!", "?", "。", "！", "？")):
             out[-1] = f"{out[-1]} {part}"  # "Crumb & Co. bakery": not a sentence end
         else:
             out.append(part)
+            open_quotes = 0
+        open_quotes += _quote_balance(part)
     return out
 
 
-def _open_quote(text: str) -> bool:
-    """Whether ``text`` opens a Japanese quote (「 or 『) it does not close."""
-    return text.count("「") > text.count("」") or text.count("『") > text.count("』")
+def _quote_balance(text: str) -> int:
+    """How many Japanese quotes (「 or 『) ``text`` opens and does not close."""
+    return text.count("「") + text.count("『") - text.count("」") - text.count("』")
 
 
 def words(text: str) -> list[str]:
