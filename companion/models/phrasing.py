@@ -905,7 +905,7 @@ def _voice(line: _Line) -> str:
     unused = [
         i
         for i in INTERJECTIONS[language][tone]
-        if not any(old.startswith(_plain(i)) for old in line.spoken) and _plain(i).split(" ")[0] != first
+        if not any(old.startswith(_plain(i)) for old in line.spoken) and first not in _OPENERS
     ]
     if line.rng.random() < 0.45 and unused and not parts[0].startswith(("I'm ", "私は")):
         interjection = line.rng.choice(unused)
@@ -1005,6 +1005,12 @@ def _plain(text: str, names: Sequence[str] = ()) -> str:
     return " ".join(_NOT_WORD.sub(" ", folded).split())
 
 
+_OPENERS: Final = frozenset(
+    _plain(i).split(" ")[0] for table in INTERJECTIONS.values() for options in table.values() for i in options
+) | {"ah", "oh", "well", "hmm", "mm", "wow", "ooh", "うーん", "まあ"}
+"""First words that are an interjection already: a line opening with one gets no other."""
+
+
 def _said_before(template: str, spoken: Sequence[str]) -> bool:
     """Whether one of ``spoken`` (:func:`_plain` lines) holds ``template``'s own words in its
     order, whatever filled its placeholders."""
@@ -1027,14 +1033,20 @@ def _unsaid(text: str, line: _Line) -> str:
         plain = _plain(sentence, line.names)
         if plain and (
             plain in before
-            or any(len(plain) >= 12 and plain in old for old in line.spoken)
-            or any(len(old) >= 12 and old in plain for old in line.before)
+            or (_phrase(plain) and any(plain in old for old in line.spoken))
+            or any(_phrase(old) and old in plain for old in line.before)
         ):
             continue
         kept.append(sentence)
     if kept and not re.search(r"\w", joiner.join(kept)):
         return ""  # an interjection alone says nothing
     return joiner.join(kept)
+
+
+def _phrase(plain: str) -> bool:
+    """Whether a :func:`_plain` sentence is long enough that finding it inside another line is
+    a repetition (five words, or twelve kana and kanji), not a name said again."""
+    return len(plain.split()) >= 5 or len(_CJK_CHAR.findall(plain)) >= 12
 
 
 def _named_myself(line: _Line) -> bool:
