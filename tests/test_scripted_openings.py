@@ -170,7 +170,14 @@ async def test_a_tool_request_reaches_the_tool_s_input_and_its_result_the_words(
 
 
 @pytest.mark.parametrize(
-    "opening", ["What's your favourite cake?", "今日は何をしていたの？", "I feel sad today.", "こんにちは！"]
+    "opening",
+    [
+        "What's your favourite cake?",
+        "今日は何をしていたの？",
+        "I feel sad today.",
+        "こんにちは！",
+        "なぜ空は青いの？",
+    ],
 )
 async def test_japanese_and_english_cards_answer_in_the_language_they_are_spoken_to(
     autojump_clock: trio.testing.MockClock, tmp_path: Path, opening: str

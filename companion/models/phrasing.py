@@ -270,13 +270,18 @@ def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
         return "wellbeing", None
     if _DOING.search(folded) or any(p in sentence for p in _DOING_JA):
         return "doing", None
-    if re.search(r"\b(favou?rite|like best|love most|好きな)", folded) or "好き" in sentence:
+    if re.search(r"\b(favou?rite|like best|love most)|好きな|一番好き", folded):
         return "favourite", None
     if re.search(
-        r"\b(who are you|about yourself|what do you do(?: for a living)?\W*$|your story|introduce yourself)",
+        r"\b(who are you|about yourself|what do you do(?: for a living)?\W*$|your story|introduce yourself)"
+        r"|誰|だれ|自己紹介|あなたのこと",
         folded,
     ):
         return "about-me", None
+    if "好き" in sentence:  # 「星は好き？」: do you like it, yes or no
+        return "yesno", None
+    if re.search(r"なぜ|どうして|なんで", sentence):
+        return "why", None
     if own[:1] and own[0] in _AUX and len(own) > 1 and own[1] == "you":
         return "yesno", own[0]
     if own[:1] and own[0] in ("is", "was", "isn't", "does", "did", "can", "could"):
@@ -743,7 +748,7 @@ def _answer(line: _Line) -> str:
         fields["Topic"] = _upper_first(topic) or "A favourite"
         concept = next((c for c in persona.things if c in heard.concepts), None)
         things = [t for t in persona.things.get(concept or "", ()) if t != (heard.head or "").casefold()]
-        if things:
+        if things and line.language == persona.language:  # the card's things are in its words
             return line.pick("fav_known", thing=line.rng.choice(things), **fields)
         if related >= 1:
             return line.pick("fav_related", **fields)
@@ -759,9 +764,11 @@ def _answer(line: _Line) -> str:
                 aux_yes=yes, aux_no=no, aux_no_low=no[:1].lower() + no[1:] if not no.startswith("I") else no
             )
             return line.pick("yes" if related >= 1 else "no", **fields)
+        if line.language == "ja":  # 「好き？」: yes when it is mine to like
+            return line.pick("yes" if related >= 1 else "no", **fields)
         return line.pick("yesno_open", **fields)
     if form == "why":
-        if not re.search(r"\byou\b", heard.text, re.I):  # "why do stars twinkle?": the world's
+        if not re.search(r"\byou\b|あなた|きみ|君", heard.text, re.I):  # "why do stars twinkle?"
             return line.pick("why_world" if related >= 1 else "why_unknown", **fields)
         return line.pick("why", **fields)
     if form == "about":
@@ -1007,7 +1014,7 @@ def _plain(text: str, names: Sequence[str] = ()) -> str:
 
 _OPENERS: Final = frozenset(
     _plain(i).split(" ")[0] for table in INTERJECTIONS.values() for options in table.values() for i in options
-) | {"ah", "oh", "well", "hmm", "mm", "wow", "ooh", "うーん", "まあ"}
+) | {"ah", "oh", "well", "hmm", "mm", "wow", "ooh", "うーん", "うん", "まあ"}
 """First words that are an interjection already: a line opening with one gets no other."""
 
 
