@@ -16,9 +16,17 @@ topic):
    the speaker itself);
 5. the closing stage's words (winding down, or goodbye).
 
-Templates come in English and Japanese; the card's own words decide the language. The tone
-(lively, calm, dry, shy, warm) comes from the personality and only changes interjections and
-punctuation. Every choice among templates and facts goes through the caller's seeded generator.
+Before them, what a knowledge tool found this turn (a dice roll's total): a result kept to
+itself is no result to the person who asked. A sad, scared or cross line gets a gentle reaction
+and a question back instead of parts 2 to 4, and the companions stay gentle after it.
+
+Templates come in English and Japanese; the message's language decides which (a Japanese
+message gets Japanese from an English card), and the card's facts are told in its own language
+only (in the other one, the gist of its topics). Nothing of a companion's earlier lines in the
+conversation is said again: no sentence, no fact, no template's frame with other words in it
+(:func:`_said_before`, :func:`_unsaid`). The tone (lively, calm, dry, shy, warm) comes from the
+personality and only changes interjections and punctuation. Every choice among templates and
+facts goes through the caller's seeded generator.
 """
 
 from __future__ import annotations

@@ -13,10 +13,13 @@ to see their card work offline, in tests and in the demo:
   rain tonight" and the card's conditions fire when they should.
 - **speaking**: it calls the tools the matched instructions name, in order: knowledge tools
   first, then other actions (custom ``@action`` tools included, with input built from their
-  JSON Schema and the message), then exactly one speaking tool. The line (:mod:`.phrasing`)
-  reacts to what was said, answers a question from the companion's story, does what the
-  instruction asks, and is addressed to the previous speaker and the others present, never to
-  the companion itself.
+  JSON Schema and the message; numbers bound to their own words, "two six-sided dice" is
+  ``count`` 2 and ``sides`` 6), then exactly one speaking tool. The line (:mod:`.phrasing`)
+  says what the knowledge tools found, reacts to what was said, answers a question from the
+  companion's story, does what the instruction asks, in the language of the message, never
+  repeating the companion's own earlier lines, and is addressed to the previous speaker and the
+  others present, never to the companion itself. Its emotion follows the message's feeling
+  ("I feel sad" is answered ``sad``, never ``happy``).
 
 Every choice comes from a generator seeded with ``seed`` and the *content* of the request (never
 message ids or the clock), hashed with SHA-256, so the same seed and the same conversation give
