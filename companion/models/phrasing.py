@@ -24,14 +24,13 @@ Templates come in English and Japanese; the message's language decides which (a 
 message gets Japanese from an English card), and the card's facts are told in its own language
 only (in the other one, the gist of its topics). Nothing of a companion's earlier lines in the
 conversation is said again: no sentence, no fact, no template's frame with other words in it
-(:func:`_said_before`, :func:`_unsaid`). The tone (lively, calm, dry, shy, warm) comes from the
+(:func:`.repeats.said_before`, :func:`_unsaid`). The tone (lively, calm, dry, shy, warm) comes from the
 personality and only changes interjections and punctuation. Every choice among templates and
 facts goes through the caller's seeded generator.
 """
 
 from __future__ import annotations
 
-import functools
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -39,311 +38,23 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ..protocol import ClosingStage
+from .hearing import AUX, FEELINGS, GLAD, Heard, is_sombre, wellbeing
 from .lexicon import (
     Language,
     concepts_in,
     content_stems,
     cue_concepts,
-    has_cjk,
-    is_question,
     numbers,
     sentences,
     spread,
     things_in,
-    topic_phrase,
     topical_word,
-    words,
 )
 from .persona import Fact, Persona
 from .phrasebook import ACTIVITIES, EN, INTERJECTIONS, JA, UNITS_JA
+from .repeats import is_phrase, plain, said_before
 
-__all__ = ["Heard", "Plan", "asks", "compose", "hear", "plan_of", "reply_language"]
-
-_FEELINGS: Final = (  # the feelings a reaction answers, the most pressing first
-    "sad", "angry", "afraid", "flustered", "sleepy", "proud", "excited", "surprised", "amused",
-    "wistful", "tender", "happy",
-)  # fmt: skip
-_GLAD: Final = ("proud", "excited", "happy")
-_WH: Final = ("what", "why", "how", "who", "where", "when", "which")
-_AUX: Final = {
-    "do": ("I do", "I don't"),
-    "does": ("It does", "It doesn't"),
-    "did": ("I did", "I didn't"),
-    "are": ("I am", "I'm not"),
-    "were": ("I was", "I wasn't"),
-    "have": ("I have", "I haven't"),
-    "can": ("I can", "I can't"),
-    "could": ("I could", "I couldn't"),
-    "would": ("I would", "I wouldn't"),
-    "will": ("I will", "I won't"),
-    "should": ("I should", "I shouldn't"),
-}
-_I_AUX: Final = {"are": "am", "were": "was", "'re": "'m"}
-_SWAP_ME: Final = {"your": "my", "yours": "mine", "yourself": "myself", "you": "me"}
-_SWAP_BOTH: Final = {**_SWAP_ME, "my": "your", "mine": "yours", "myself": "yourself", "me": "you"}
-
-
-# --- what was said ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Heard:
-    """What the message is, as far as the offline model can tell."""
-
-    text: str
-    language: Language
-    sender_name: str | None
-    """The sender's display name when it is a companion (people at a client are not named)."""
-    kind: str
-    """``question``, ``greeting``, ``farewell``, ``feeling``, ``statement``, ``flat`` or ``empty``."""
-    feeling: str | None
-    topic: str | None
-    """The noun phrase the message is about, ready to say back ("my favourite cake")."""
-    head: str | None
-    """The last word of ``topic`` ("cake")."""
-    concepts: Mapping[str, float]
-    stems: frozenset[str]
-    form: str | None = None
-    """For a question: ``favourite``, ``yesno``, ``wellbeing``, ``about-me``, or its wh-word."""
-    aux: str | None = None
-    """For a yes/no question to "you": its auxiliary ("do", "are")."""
-    echo: str | None = None
-    """A short question said back in the first person ("What would I bake?")."""
-    yes: str | None = None
-    """A yes/no question to "you" answered yes in the first person ("I have seen your cat")."""
-    no: str | None = None
-    """The same answered no ("I haven't seen your cat")."""
-    said_concepts: Mapping[str, float] = field(default_factory=dict)
-    """Concepts of the whole message (``concepts`` are the question's, for a question)."""
-
-
-def hear(
-    text: str,
-    *,
-    sender_name: str | None,
-    names: Sequence[str],
-    me: Persona,
-    from_companion: bool = False,
-    context: str = "",
-) -> Heard:
-    """Read ``text`` (already cleaned) for the parts of a reply. A companion's line is read for
-    the known thing it talks about, not for its framing ("Here's my butter tip" is about butter).
-    ``context`` is the line before it: "What's yours?" or "What do you think?" is about that."""
-    skip = [*names, me.name]
-    language: Language = reply_language(text, me.language, skip)
-    said = _without_names(text, skip)
-    found = concepts_in(text)
-    question = any(is_question(s) for s in sentences(text)) and (
-        not from_companion or asks(text, me.name)
-    )  # a companion's question to someone else is not mine to answer
-    focus = _last_question(said) if question else said
-    own = frozenset(content_stems(focus) - {n.casefold() for n in skip})
-    if from_companion and language == "en":
-        topic = topical_word(focus if question else said, skip)
-    elif from_companion:  # a companion's Japanese line: only a thing it names, not its framing
-        topic = topic_phrase(focus if question else said, skip)
-        topic = topic if topic and set(concepts_in(topic)) - {"question"} else None
-    else:
-        topic = topic_phrase(focus if question else said, skip, swap=True)
-    if topic is not None and language == "en" and re.search(r"[\u3040-\u9fff]", topic):
-        topic = None  # an English companion does not say back Japanese words
-    if topic is not None and language == "ja" and not re.search(r"[\u3040-\u9fff]", topic):
-        topic = None  # nor a Japanese one English words
-    if topic is not None and {"greeting", "farewell"} & set(concepts_in(topic)):
-        topic = None  # "Greetings, friends!" is a greeting, not a thing to talk about
-    head = words(topic)[-1] if topic and words(topic) else topic
-    feeling = next((f for f in _FEELINGS if found.get(f, 0) >= 1), None)
-    greeted = "greeting" in found and not from_companion  # companions greet people, not each other
-    if not text.strip():
-        kind = "empty"
-    elif "farewell" in found:
-        kind = "farewell"
-    elif question and not (greeted and _wellbeing(text)):
-        kind = "question"
-    elif greeted:
-        kind = "greeting"
-    elif feeling is not None:
-        kind = "feeling"
-    elif topic:
-        kind = "statement"
-    else:
-        kind = "flat"
-    form = aux = echo = None
-    yes_no: tuple[str, str] | None = None
-    if question:
-        form, aux = _question_form(focus, skip)
-        echo = _echo_question(focus, skip)
-        yes_no = _yes_no(focus, skip) if form == "yesno" else None
-        if topic is None and _BACK_REFERENCE.search(focus.casefold()):
-            # "What do you think?" is about what was said just before it: the same line's
-            # statements, else the line before
-            statements = " ".join(s for s in sentences(said) if not is_question(s))
-            favourite = re.search(r"\b(?:my|your)\s+(favou?rite\s+[a-z]+)", f"{statements} {context}", re.I)
-            if favourite:
-                form, topic = "favourite", f"my {favourite.group(1)}"
-            else:
-                topic = (
-                    topical_word(statements, skip)
-                    or topic_phrase(statements, skip, swap=True)
-                    or topical_word(_without_names(context, skip), skip)
-                )
-                form = "opinion"
-            echo = None
-            head = words(topic)[-1] if topic and words(topic) else head
-    return Heard(
-        text,
-        language,
-        sender_name,
-        kind,
-        feeling,
-        topic,
-        head,
-        concepts_in(focus) if question else found,
-        own,
-        form,
-        aux,
-        echo,
-        yes_no[0] if yes_no else None,
-        yes_no[1] if yes_no else None,
-        found,
-    )
-
-
-_BACK_REFERENCE: Final = re.compile(
-    r"\b(what's yours|and yours|and you|what about you|how about you|what do you think|your take"
-    r"|you think so|on your mind)\b"
-)
-
-
-def reply_language(text: str, card: Language, names: Sequence[str] = ()) -> Language:
-    """The language a reply to ``text`` is in: the message's own (kana or kanji: Japanese; Latin
-    words: English), whatever the card is written in; the card's when the message has no words.
-    ``names`` are not words of any language ("What do you make of it, ソラ?" is English)."""
-    for name in names:
-        if name.strip():
-            text = text.replace(name, " ")
-    if has_cjk(text):
-        return "ja"
-    return "en" if words(text) else card
-
-
-def _without_names(text: str, names: Sequence[str]) -> str:
-    """``text`` without the names it calls people by ("Ostra, what..." -> "what...") and without
-    self-introductions ("I'm Ostra, the archivist."): neither is what a line is about."""
-    for name in names:
-        if not name.strip():
-            continue
-        quoted = re.escape(name)
-        text = re.sub(rf"(^|[.!?]\s+){quoted},\s*(\w)", lambda m: m.group(1) + m.group(2).upper(), text)
-        text = re.sub(rf",\s*{quoted}(?=\s*[.!?]|$)", "", text)
-    named = "|".join(re.escape(n) for n in names if n.strip()) or "(?!)"
-    intro = re.compile(
-        rf"(?:I should introduce myself\b|(?:.*:\s*)?(?:I'm|I am|My name is)\s+(?:{named})\b)", re.I
-    )
-    kept = [s for s in sentences(text) if not intro.match(s)]
-    return " ".join(kept)
-
-
-def asks(text: str, name: str) -> bool:
-    """Whether a question of ``text`` names ``name`` ("What would you bake, Juniper?")."""
-    pattern = _name_pattern(name)
-    return any(is_question(s) and pattern.search(s.casefold()) for s in sentences(text))
-
-
-@functools.lru_cache(maxsize=512)
-def _name_pattern(name: str) -> re.Pattern[str]:
-    """``name``, case-folded, as a whole name: not inside a Latin word, but followed by a
-    Japanese particle as often as not ("Ostraは"). Remembered (bounded): every line of a turn
-    is compared with every name present."""
-    return re.compile(rf"(?<![a-z0-9_]){re.escape(name.casefold())}(?![a-z0-9_])")
-
-
-def _last_question(text: str) -> str:
-    asked = [s for s in sentences(text) if is_question(s)]
-    return asked[-1] if asked else text
-
-
-def _wellbeing(text: str) -> bool:
-    folded = text.casefold()
-    return any(
-        p in folded for p in ("how are you", "how's it going", "how are things", "how have you been", "元気")
-    )
-
-
-def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
-    sentence = _last_question(text)
-    folded = sentence.casefold()
-    own = [w for w in words(sentence) if w not in {n.casefold() for n in names}]
-    if _wellbeing(sentence):
-        return "wellbeing", None
-    if _DOING.search(folded) or any(p in sentence for p in _DOING_JA):
-        return "doing", None
-    if re.search(r"\b(favou?rite|like best|love most)|好きな|一番好き", folded):
-        return "favourite", None
-    if re.search(
-        r"\b(who are you|about yourself|what do you do(?: for a living)?\W*$|your story|introduce yourself)"
-        r"|誰|だれ|自己紹介|あなたのこと",
-        folded,
-    ):
-        return "about-me", None
-    if "好き" in sentence:  # 「星は好き？」: do you like it, yes or no
-        return "yesno", None
-    if re.search(r"なぜ|どうして|なんで", sentence):
-        return "why", None
-    if own[:1] and own[0] in _AUX and len(own) > 1 and own[1] == "you":
-        return "yesno", own[0]
-    if own[:1] and own[0] in ("is", "was", "isn't", "does", "did", "can", "could"):
-        return "yesno", None
-    if re.search(
-        r"\b(what do you (?:think|make) of|what do you think about|how do you feel about|what about"
-        r"|what do you think)\b",
-        folded,
-    ) or any(p in sentence for p in ("どう思う", "どうかな", "どう？")):
-        return "opinion", None
-    wh = next((w for w in own[:3] if w in _WH), None)
-    if wh is None and own[:2] == ["tell", "me"]:
-        return "about", None
-    return wh or "open", None
-
-
-_DOING: Final = re.compile(
-    r"\bwhat (?:have|were|did|are) you (?:been )?(?:do|doing|up to)\b|\bhow (?:was|has been|is) your day\b"
-    r"|\bbest part of your day\b"
-)
-_DOING_JA: Final = ("何をしてい", "何してた", "何してる", "何をしてた", "どんな一日", "何してい")
-
-
-def _yes_no(text: str, names: Sequence[str]) -> tuple[str, str] | None:
-    """A short "(aux) you ...?" question answered in the first person, yes and no ("Have you
-    seen my cat?" -> "I have seen your cat", "I haven't seen your cat"), else ``None``."""
-    sentence = _last_question(text)
-    for name in names:
-        sentence = re.sub(rf",?\s*\b{re.escape(name)}\b\s*,?", " ", sentence, flags=re.I)
-    tokens = re.sub(r"[?？!.]", " ", sentence).split()
-    low = [t.casefold() for t in tokens]
-    if not 3 <= len(tokens) <= 10 or low[0] not in _AUX or low[1] != "you":
-        return None
-    rest = " ".join(_SWAP_BOTH.get(t.casefold(), t) for t in tokens[2:])
-    yes, no = _AUX[low[0]]
-    return f"{yes} {rest}", f"{no} {rest}"
-
-
-def _echo_question(text: str, names: Sequence[str]) -> str | None:
-    """A short "(wh) (aux) you ...?" question said back in the first person, else ``None``."""
-    sentence = _last_question(text)
-    for name in names:
-        sentence = re.sub(rf",?\s*\b{re.escape(name)}\b\s*,?", " ", sentence, flags=re.I)
-    sentence = " ".join(sentence.replace("?", " ").replace("？", " ").split()).strip(" ,")
-    tokens = sentence.split()
-    if not 3 <= len(tokens) <= 9:
-        return None
-    low = [t.casefold() for t in tokens]
-    if low[0] not in _WH or low[1] not in (*_AUX, "are", "were") or low[2] != "you":
-        return None
-    rest = [_SWAP_ME.get(t.casefold(), t) for t in tokens[3:]]
-    aux = _I_AUX.get(low[1], low[1])
-    return " ".join([tokens[0].capitalize(), aux, "I", *rest]) + "?"
-
+__all__ = ["Plan", "compose", "plan_of"]
 
 # --- what the instructions ask -------------------------------------------------------------------------
 
@@ -465,15 +176,15 @@ class _Line:
     used: frozenset[str]
     failed: tuple[str, ...] = ()
     spoken: tuple[str, ...] = ()
-    """My earlier lines in this conversation, :func:`_plain` (names masked): never said again."""
+    """My earlier lines in this conversation, :func:`.repeats.plain` (names masked): never said again."""
     names: tuple[str, ...] = ()
     learned: tuple[tuple[str, object], ...] = ()
     before: frozenset[str] = frozenset()
-    """The sentences of my earlier lines, :func:`_plain`."""
+    """The sentences of my earlier lines, :func:`.repeats.plain`."""
     sombre: bool = False
     """The person's last line was sad, scared or cross: no cheering, whoever spoke since."""
     others: tuple[str, ...] = ()
-    """The others' lines of this conversation, :func:`_plain`: their wording is not echoed when
+    """The others' lines of this conversation, :func:`.repeats.plain`: their wording is not echoed when
     another will do."""
     said: list[str] = field(default_factory=list)
     told: set[str] = field(default_factory=set)
@@ -493,8 +204,8 @@ class _Line:
         if there is one (the same frame with other words in it counts as said)."""
         pool = self.templates.get(slot) or EN[slot]
         usable = [t for t in pool if _fits(t, fields)] or list(pool)
-        fresh = [t for t in usable if not _said_before(t, self.spoken)]
-        unheard = [t for t in fresh if not _said_before(t, self.others)]
+        fresh = [t for t in usable if not said_before(t, self.spoken)]
+        unheard = [t for t in fresh if not said_before(t, self.others)]
         template = self.rng.choice(unheard or fresh or usable)
         return _fill(template, fields)
 
@@ -506,8 +217,8 @@ class _Line:
     def fresh(self, slot: str, **fields: str) -> str | None:
         """Like :meth:`pick`, but ``None`` once every template of ``slot`` has been said."""
         pool = self.templates.get(slot) or EN[slot]
-        usable = [t for t in pool if _fits(t, fields) and not _said_before(t, self.spoken)]
-        unheard = [t for t in usable if not _said_before(t, self.others)]
+        usable = [t for t in pool if _fits(t, fields) and not said_before(t, self.spoken)]
+        unheard = [t for t in usable if not said_before(t, self.others)]
         return _fill(self.rng.choice(unheard or usable), fields) if usable else None
 
     def voc(self, chance: float = 0.5) -> str:
@@ -581,7 +292,7 @@ def compose(
     line was sad, scared or cross (the companions stay gentle until they say otherwise);
     ``heard_before`` are the others' lines (their wording is avoided when another will do).
     """
-    masked = tuple(_plain(s, names) for s in spoken)
+    masked = tuple(plain(s, names) for s in spoken)
     line = _Line(
         persona,
         heard,
@@ -594,9 +305,9 @@ def compose(
         masked,
         tuple(names),
         tuple(learned),
-        frozenset(_plain(s, names) for old in spoken for s in sentences(old)),
-        sombre or _sombre(heard),
-        tuple(_plain(s, names) for s in heard_before),
+        frozenset(plain(s, names) for old in spoken for s in sentences(old)),
+        sombre or is_sombre(heard),
+        tuple(plain(s, names) for s in heard_before),
     )
     if closing == "closing" or "farewell" in plan.intents:
         _farewell(line)
@@ -614,13 +325,13 @@ def compose(
 
 def _reply(line: _Line) -> None:
     heard, plan = line.heard, line.plan
-    introduce = "introduce" in plan.intents and not _named_myself(line) and not _sombre(heard)
+    introduce = "introduce" in plan.intents and not _named_myself(line) and not is_sombre(heard)
     if line.learned:
         line.said.extend(_results(line))
     if heard.kind == "question":
         if "greeting" in heard.said_concepts:
             line.said.append(line.pick("greeting", voc=line.voc()))
-        if _sombre(heard) and heard.feeling:
+        if is_sombre(heard) and heard.feeling:
             line.said.append(line.pick(heard.feeling, voc=""))  # "lost since Tuesday": sympathy first
     elif heard.kind == "feeling" and "apologise" in plan.intents:
         pass  # "No harm done" and then "sorry, my mistake" contradict each other
@@ -632,7 +343,7 @@ def _reply(line: _Line) -> None:
             heard.kind == "feeling"
             and heard.feeling in ("sad", "afraid", "wistful")
             and heard.topic
-            and not set(concepts_in(heard.topic)) & set(_FEELINGS)
+            and not set(concepts_in(heard.topic)) & set(FEELINGS)
         ):
             line.said.append(line.pick("tell_me", topic=heard.topic))
     if introduce:
@@ -647,11 +358,11 @@ def _reply(line: _Line) -> None:
         line.said.append(_answer(line))
     _tried(line)
     body = _instructed(line)
-    if heard.kind == "feeling" and heard.feeling in _GLAD and not heard.sender_name and not body:
+    if heard.kind == "feeling" and heard.feeling in GLAD and not heard.sender_name and not body:
         # good news from a person: share it, and ask them about it
         line.said.append(line.fresh("glad_ask") or "")
         return
-    if _sombre(heard) and heard.kind == "feeling":
+    if is_sombre(heard) and heard.kind == "feeling":
         # someone is sad or scared: no tip, no story of mine, no cheerful question; ask them
         question = line.fresh("comfort")
         if question:
@@ -675,18 +386,13 @@ def _reply(line: _Line) -> None:
             line.said.append(question)
 
 
-def _sombre(heard: Heard) -> bool:
-    """Whether the message is sad, scared, cross or wistful: no cheering, no exclamations."""
-    return heard.feeling in ("sad", "afraid", "angry", "wistful")
-
-
 def _opening(line: _Line) -> str:
     heard = line.heard
     voc = line.voc()
     topic = heard.topic or ""
     fields = {"voc": voc, "topic": topic, "Topic": _upper_first(topic)}
     if heard.kind == "greeting":
-        return line.pick("wellbeing" if _wellbeing(heard.text) else "greeting", **fields)
+        return line.pick("wellbeing" if wellbeing(heard.text) else "greeting", **fields)
     if heard.kind == "farewell":
         return line.pick("farewell_heard", **fields)
     if heard.kind == "empty":
@@ -766,8 +472,8 @@ def _answer(line: _Line) -> str:
             fields["Fact_and_head"] = text
         return line.pick("fav_none", **fields)
     if form == "yesno":
-        if heard.aux in _AUX:
-            yes, no = _AUX[heard.aux]
+        if heard.aux in AUX:
+            yes, no = AUX[heard.aux]
             fields.update(
                 aux_yes=yes, aux_no=no, aux_no_low=no[:1].lower() + no[1:] if not no.startswith("I") else no
             )
@@ -916,11 +622,11 @@ def _voice(line: _Line) -> str:
     tone = line.persona.tone
     if line.sombre and tone != "calm":
         tone = "warm"  # "Wow!" is no answer to "I feel sad"
-    first = _plain(parts[0]).split(" ")[0]
+    first = plain(parts[0]).split(" ")[0]
     unused = [
         i
         for i in INTERJECTIONS[language][tone]
-        if not any(old.startswith(_plain(i)) for old in line.spoken) and first not in _OPENERS
+        if not any(old.startswith(plain(i)) for old in line.spoken) and first not in _OPENERS
     ]
     if line.rng.random() < 0.45 and unused and not parts[0].startswith(("I'm ", "私は")):
         interjection = line.rng.choice(unused)
@@ -1004,37 +710,10 @@ def _amount(line: _Line, unit: str | None) -> int:
 
 # --- never the same thing twice ------------------------------------------------------------------------
 
-_NOT_WORD: Final = re.compile(r"[^\w\u3040-\u30ff\u3400-\u9fff]+")
-_LEAST_FRAME: Final = 6
-"""Letters a template's own words must have to count as a phrase ("{Fact}" alone is none; a
-kana or kanji counts two)."""
-_CJK_CHAR: Final = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
-
-
-def _plain(text: str, names: Sequence[str] = ()) -> str:
-    """``text`` as lines are compared: case-folded, names masked, punctuation and spacing gone
-    ("What would you bake, Juniper?" and "What would you bake, Ostra!" are the same)."""
-    folded = text.casefold()
-    for name in sorted((n for n in names if n.strip()), key=len, reverse=True):
-        folded = _name_pattern(name).sub(" x ", folded)
-    return " ".join(_NOT_WORD.sub(" ", folded).split())
-
-
 _OPENERS: Final = frozenset(
-    _plain(i).split(" ")[0] for table in INTERJECTIONS.values() for options in table.values() for i in options
+    plain(i).split(" ")[0] for table in INTERJECTIONS.values() for options in table.values() for i in options
 ) | {"ah", "oh", "well", "hmm", "mm", "wow", "ooh", "うーん", "うん", "まあ"}
 """First words that are an interjection already: a line opening with one gets no other."""
-
-
-def _said_before(template: str, spoken: Sequence[str]) -> bool:
-    """Whether one of ``spoken`` (:func:`_plain` lines) holds ``template``'s own words in its
-    order, whatever filled its placeholders."""
-    chunks = [_plain(c) for c in re.split(r"\{\w+\}", template)]
-    chunks = [c for c in chunks if c]
-    if sum(len(c) + len(_CJK_CHAR.findall(c)) for c in chunks) < _LEAST_FRAME:
-        return False
-    pattern = re.compile(r".{0,200}?".join(re.escape(c) for c in chunks))
-    return any(pattern.search(line) for line in spoken)
 
 
 def _unsaid(text: str, line: _Line) -> str:
@@ -1045,23 +724,17 @@ def _unsaid(text: str, line: _Line) -> str:
     joiner = "" if line.language == "ja" else " "
     kept = []
     for sentence in sentences(text):
-        plain = _plain(sentence, line.names)
-        if plain and (
-            plain in before
-            or (_phrase(plain) and any(plain in old for old in line.spoken))
-            or any(_phrase(old) and old in plain for old in line.before)
+        said = plain(sentence, line.names)
+        if said and (
+            said in before
+            or (is_phrase(said) and any(said in old for old in line.spoken))
+            or any(is_phrase(old) and old in said for old in line.before)
         ):
             continue
         kept.append(sentence)
     if kept and not re.search(r"\w", joiner.join(kept)):
         return ""  # an interjection alone says nothing
     return joiner.join(kept)
-
-
-def _phrase(plain: str) -> bool:
-    """Whether a :func:`_plain` sentence is long enough that finding it inside another line is
-    a repetition (five words, or twelve kana and kanji), not a name said again."""
-    return len(plain.split()) >= 5 or len(_CJK_CHAR.findall(plain)) >= 12
 
 
 def _named_myself(line: _Line) -> bool:

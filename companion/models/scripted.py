@@ -47,10 +47,11 @@ from .base import (
     ToolCaller,
     ToolSpec,
 )
+from .hearing import asks, hear
 from .inference import Clues, fill_schema
 from .lexicon import STOPWORDS, clean, concepts_in, cue_concepts, quantity, words
 from .persona import Persona, persona_of
-from .phrasing import asks, compose, hear, plan_of
+from .phrasing import compose, plan_of
 
 __all__ = ["ScriptedModel"]
 
