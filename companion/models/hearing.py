@@ -255,6 +255,8 @@ def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
         return "wellbeing", None
     if _DOING.search(folded) or any(p in sentence for p in _DOING_JA):
         return "doing", None
+    if re.search(r"\bbest (?:part|bit|thing) (?:of|about) your day\b", folded):
+        return "best_day", None
     if re.search(r"\b(favou?rite|like best|love most)|好きな|一番好き", folded):
         return "favourite", None
     if re.search(
@@ -284,8 +286,8 @@ def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
 
 
 _DOING: Final = re.compile(
-    r"\bwhat (?:have|were|did|are) you (?:been )?(?:do|doing|up to)\b|\bhow (?:was|has been|is) your day\b"
-    r"|\bbest part of your day\b"
+    r"\bwhat (?:have|are|were) you (?:been )?(?:doing|up to)\b"
+    r"|\bwhat did you do (?:today|tonight|yesterday|all day|this)\b|\bhow (?:was|has been|is) your day\b"
 )
 _DOING_JA: Final = ("何をしてい", "何してた", "何してる", "何をしてた", "どんな一日", "何してい")
 

@@ -13,7 +13,12 @@ from typing import Final
 __all__ = ["ACTIVITIES", "EN", "GIST", "INTERJECTIONS", "JA", "UNITS_JA"]
 
 EN: Final[dict[str, tuple[str, ...]]] = {
-    "greeting": ("Hello{voc}!", "Hi{voc}, good to hear from you.", "Evening{voc}.", "Well, hello{voc}."),
+    "greeting": (
+        "Hello{voc}!",
+        "Hi{voc}, good to hear from you.",
+        "Hello there{voc}.",
+        "Well, hello{voc}.",
+    ),
     "wellbeing": ("I'm well, since you ask{voc}.", "Doing nicely{voc}, all told.", "Not bad at all{voc}."),
     "farewell_heard": (
         "Off already{voc}? Then sleep well.",
@@ -115,6 +120,7 @@ EN: Final[dict[str, tuple[str, ...]]] = {
     "yes_said": ("{Said}, as it happens.", "Yes, {said}."),
     "no_said": ("{Said}, I'm afraid.", "No, {said}. I'll keep an eye out, though."),
     "doing": ("Mostly {doing}, as usual.", "{Doing}, mostly. Same as most days."),
+    "best_day": ("The best part of my day? {Doing}, as always.", "Easy: {doing}. It never gets old."),
     "why": ("Because {fact}", "Partly habit, if I'm honest. {Fact}"),
     "why_world": (
         "I can't give you the science{voc}, but here's what I've seen: {fact}",
@@ -201,6 +207,7 @@ EN: Final[dict[str, tuple[str, ...]]] = {
         "Thank you for the lovely chat, everyone. Bye for now!",
         "Let's pick this up again another day. Take care!",
     ),
+    "farewell_again": ("Good night again, everyone.", "Off I go, then. Take care, all."),
     "last_fact": ("One last thing: {fact}", "Before I go: {fact}"),
     "tried": ("I tried to {what}, but it didn't work.", "I meant to {what}, but it didn't go through."),
     "result": ("Here's what I got: {result}.", "Done: {result}."),
@@ -246,6 +253,7 @@ JA: Final[dict[str, tuple[str, ...]]] = {
     "yesno_open": ("たぶんね。{fact}",),
     "yesno_open_bare": ("うーん、なんとも言えないな。", "ちょっと考えさせて。"),
     "doing": ("今日はずっと{doing}いたよ。", "いつもどおり、{doing}いたよ。"),
+    "best_day": ("今日一番よかったのは、{doing}いた時間かな。",),
     "why": ("それはね、{fact}",),
     "why_world": ("くわしい理屈は専門外だけど、{fact}",),
     "why_unknown": ("うーん、それは私にも謎だな。",),
@@ -284,6 +292,7 @@ JA: Final[dict[str, tuple[str, ...]]] = {
         "素敵なおしゃべりをありがとう。それじゃあ、また！",
         "続きはまた今度話そうね。元気でね！",
     ),
+    "farewell_again": ("じゃあ、今度こそ。おやすみなさい！",),
     "last_fact": ("最後にひとつ、{fact}",),
     "result": ("結果は、{result}だよ。",),
     "pre-closing": (

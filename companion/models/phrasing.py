@@ -419,13 +419,11 @@ def _answer(line: _Line) -> str:
     if line.sombre and heard.sender_name and heard.form in ("opinion", "what", "open", "about"):
         # a companion asks me about the person's trouble: no verdict on it, a kind word
         return line.pick("hope", voc=voc)
-    if heard.form == "doing":
+    if heard.form in ("doing", "best_day"):
         topic_of_mine = persona.topics[0] if persona.topics else ""
         doing = ACTIVITIES[line.language].get(topic_of_mine, ACTIVITIES[line.language][""])
-        said = line.pick("doing", doing=doing, Doing=_upper_first(doing))
-        if fact is None or fact.source == "gist":  # the gist would say the same thing again
-            return said
-        return f"{said}{'' if line.language == 'ja' else ' '}{fact.text}"
+        said = line.pick(heard.form, doing=doing, Doing=_upper_first(doing))
+        return said  # the day, not the life story
     if heard.form == "yesno" and heard.yes and heard.no:
         related = line.relates()
         said = line.pick(
@@ -603,10 +601,12 @@ def _tried(line: _Line) -> None:
 def _farewell(line: _Line) -> None:
     plan = line.plan
     _tried(line)
-    if plan.like and line.language == "en":
-        line.said.append(line.pick("farewell_like", like=_gerund_as_me(plan.like)))
+    like = _gerund_as_me(plan.like) if plan.like else ""
+    said_like = bool(like) and any(like.casefold() in old for old in line.spoken)
+    if like and line.language == "en" and not said_like:  # its image once; then a plain goodbye
+        line.said.append(line.pick("farewell_like", like=like))
     else:
-        line.said.append(line.pick("farewell"))
+        line.said.append(line.fresh("farewell") or line.pick("farewell_again"))
     if plan.with_fact and not plan.one_sentence:
         fact = line.fact(plan.query)
         if fact is not None:
