@@ -205,3 +205,24 @@ def test_a_japanese_card_s_story_is_told_in_the_first_person_with_its_quotes_who
     assert "私の口癖は「今日もいい星空だね。」だ。" in facts
     assert not [f for f in facts if "彼女" in f or f.count("「") != f.count("」")]
     assert sentences("「まだ。」と「もう。」」だ。次。") == ["「まだ。」と「もう。」」だ。", "次。"]
+
+
+@pytest.mark.parametrize(
+    ("opening", "emotion", "unfitting"),
+    [
+        ("My grandmother passed away last week.", "sad", r"well done|celebrate|!"),
+        ("I lost my keys again!", "sad", r"well done|celebrate|!"),
+        ("I'm angry at my boss.", "angry", r"well done|celebrate|!"),
+        ("I got a new puppy!", "happy", r"sorry|sounds hard"),
+        ("最近、悲しいんだ。", "sad", r"！|すごい"),
+    ],
+)
+async def test_a_feeling_gets_a_fitting_reaction_and_emotion(
+    autojump_clock: trio.testing.MockClock, opening: str, emotion: str, unfitting: str
+) -> None:
+    """ "Passed away" is no exam passed, a loss is no cause for exclamation marks: the first
+    reply shows the feeling the line calls for."""
+    events, _, _ = await converse(real_cards(), opening, first_only=True)
+    first = _first(events)
+    assert first.emotion == emotion, (first.text, first.emotion)
+    assert not re.search(unfitting, first.text, re.I), first.text

@@ -251,7 +251,7 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
         "happy",
         "happy glad joy joyful great wonderful yay hooray delighted pleased cheerful fun "
         "awesome fantastic brilliant excellent smile smiling delight enjoy enjoyed",
-        phrases="good news|so good|so nice|made my day|lovely|feel good|feeling good",
+        phrases=("good news|so good|so nice|made my day|lovely|feel good|feeling good|got a new|just got a"),
         ja="嬉し うれし 楽し 幸せ 最高 良かった 明る",
         cues="joy glad delighted delight cheerful pleased content positive joyful",
         related={"excited": 0.4, "amused": 0.2, "proud": 0.2, "tender": 0.2},
@@ -260,7 +260,7 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
         "sad",
         "sad unhappy miss missed missing lonely cry crying cried tears sorrow grief grieve loss "
         "died death depressed heartbroken gloomy miserable upset hurt awful terrible",
-        phrases="feel down|feeling down|bad day|rough day",
+        phrases="feel down|feeling down|bad day|rough day|passed away|passed on|put down",
         ja="悲し 寂し さみし 泣 辛い つらい 落ち込",
         cues="sorrow gloomy melancholy unhappy down sad",
         related={"tender": 0.8, "wistful": 0.5, "calm": 0.2},
@@ -279,6 +279,7 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
         "scared fear frightened worried worry nervous anxious panic terrified scary spooky",
         phrases=(
             "afraid of|so afraid|i'm afraid that|i am afraid of|been lost|got lost|gone missing|went missing"
+            "|lost my|can't find my"
         ),
         ja="怖 こわ 不安 心配",
         cues="fear scared worried anxious nervous",
@@ -884,7 +885,7 @@ def _nounish(folded: str, skip: set[str]) -> bool:
     return folded[:1].isalpha() and folded not in _FUNCTION and folded not in skip and len(folded) > 2
 
 
-_TIME_JA: Final = re.compile(r"^(?:今日|明日|昨日|今夜|毎日|毎晩|今)")
+_TIME_JA: Final = re.compile(r"^(?:今日|明日|昨日|今夜|毎日|毎晩|最近|今週|先週|昨夜|今)")
 _NOT_TOPIC_JA: Final = ("", "元気", "今日", "明日", "昨日", "今夜", "毎日", "今", "一日", "皆", "何", "私")
 
 

@@ -92,7 +92,7 @@ EN: Final[dict[str, tuple[str, ...]]] = {
         "I'd like to hear about {topic}, when you're ready.",
     ),
     "empty": ("Nothing to say? Then I'll start.", "A quiet moment. I'll fill it."),
-    "glad_ask": ("How are you going to celebrate?", "Tell me more, how did it go?", "What's next, then?"),
+    "glad_ask": ("Tell me more!", "How are you going to celebrate?", "What's next, then?"),
     "comfort": (
         "Do you want to talk about it?",
         "What happened, if you don't mind me asking?",
@@ -118,7 +118,7 @@ EN: Final[dict[str, tuple[str, ...]]] = {
         "I'd have to think about that{voc}.",
     ),
     "yes_said": ("{Said}, as it happens.", "Yes, {said}."),
-    "no_said": ("{Said}, I'm afraid.", "No, {said}. I'll keep an eye out, though."),
+    "no_said": ("{Said}, I'm afraid.", "Honestly, {said}."),
     "doing": ("Mostly {doing}, as usual.", "{Doing}, mostly. Same as most days."),
     "best_day": ("The best part of my day? {Doing}, as always.", "Easy: {doing}. It never gets old."),
     "why": ("Because {fact}", "Partly habit, if I'm honest. {Fact}"),

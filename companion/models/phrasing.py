@@ -341,7 +341,7 @@ def _reply(line: _Line) -> None:
         line.said.append(_opening(line))
         if (
             heard.kind == "feeling"
-            and heard.feeling in ("sad", "afraid", "wistful")
+            and heard.feeling in ("sad", "wistful")
             and heard.topic
             and not set(concepts_in(heard.topic)) & set(FEELINGS)
         ):
@@ -620,7 +620,7 @@ def _voice(line: _Line) -> str:
         parts = [line.pick("flat", voc="")]
     language = line.language
     tone = line.persona.tone
-    if line.sombre and tone != "calm":
+    if (line.sombre or line.heard.feeling == "sleepy") and tone != "calm":
         tone = "warm"  # "Wow!" is no answer to "I feel sad"
     first = plain(parts[0]).split(" ")[0]
     unused = [
