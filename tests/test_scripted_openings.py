@@ -50,8 +50,8 @@ def _plain(text: str, names: Sequence[str]) -> str:
 
 
 def _repeats(said: Sequence[TranscriptEvent], names: Sequence[str]) -> list[str]:
-    """Phrases a companion said twice in one conversation: a sentence (names masked), or a run
-    of six words."""
+    """Phrases a companion said twice in one conversation: a sentence (names masked), a run of
+    six words, or of fourteen kana and kanji."""
     found = []
     speakers = {e.speaker for e in said}
     for speaker in speakers:
@@ -68,6 +68,8 @@ def _repeats(said: Sequence[TranscriptEvent], names: Sequence[str]) -> list[str]
                     here_sentences.add(plain)
                 words = plain.split()
                 here_runs.update(tuple(words[i : i + 6]) for i in range(len(words) - 5))
+                kana = "".join(_CJK.findall(plain))  # Japanese has no spaces: 14 characters
+                here_runs.update((kana[i : i + 14],) for i in range(len(kana) - 13))
             found += [f"{speaker}: {s}" for s in here_sentences & seen_sentences]
             found += [f"{speaker}: {' '.join(r)}" for r in here_runs & seen_runs]
             seen_sentences |= here_sentences
