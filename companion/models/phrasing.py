@@ -549,7 +549,7 @@ def _instructed(line: _Line) -> str | None:
         if plan.source and line.language == "en":
             return line.pick_new("new_topic", source=plan.source, **fields)
         return line.pick_new("new_topic_plain", **fields)
-    if "detail" in intents and heard.kind != "question":
+    if "detail" in intents and heard.kind != "question" and not line.sombre:
         fact = line.fact(plan.query)
         if fact is None:
             return None
