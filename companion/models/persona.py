@@ -202,7 +202,7 @@ def _tone(text: str) -> str | None:
 
 def _fact(text: str, source: str) -> Fact:
     text = text.strip()
-    if text and text[-1] not in ".!?。!?":
+    if text and text[-1] not in ".!?。！？":
         text += "。" if language_of(text) == "ja" else "."
     about = spread(concepts_in(text))
     about.pop("question", None)
