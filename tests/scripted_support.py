@@ -3,6 +3,7 @@ runner and checks on replies."""
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import trio
 from pydantic import BaseModel, Field
 
-from companion.actions import ActionContext, ActionRefused, action
+from companion.actions import ActionContext, ActionRefused, action, knowledge
 from companion.app.demo import default_cards
 from companion.app.group import USER_ID, MemoryGroup
 from companion.card import LoadedCard, load_card
@@ -40,6 +41,92 @@ def ring_bell(ctx: ActionContext[Bell]) -> Action:
     return Action.create(
         ctx.companion_id, "ring_bell", {"times": ctx.input.times, "reason": ctx.input.reason}
     )
+
+
+class Dice(BaseModel):
+    count: int = Field(1, ge=1, le=10, description="How many dice to roll.")
+    sides: int = Field(6, ge=2, le=100, description="How many sides each die has.")
+
+
+class Rolled(BaseModel):
+    rolls: list[int]
+    total: int
+
+
+ROLLED: list[tuple[Dice, Rolled]] = []
+
+
+@knowledge(id="roll_dice", description="Roll dice and tell what they show.", input=Dice, output=Rolled)
+def roll_dice(ctx: ActionContext[Dice]) -> Rolled:
+    """Real dice: what they show is not the model's to know before it asks."""
+    rolls = [random.randint(1, ctx.input.sides) for _ in range(ctx.input.count)]
+    rolled = Rolled(rolls=rolls, total=sum(rolls))
+    ROLLED.append((ctx.input, rolled))
+    return rolled
+
+
+DOT_CARD = """\
+metadata:
+  id: companion_dot
+  name: Dot
+  personality: Cheerful, quick and fond of games of chance.
+  story: Dot runs the game table at the harbour inn and never loses count of a throw.
+  sample: "Seven again! The dice like me tonight."
+role: You roll dice when asked and say what they show.
+actions: [speak]
+knowledge: ["scripted_support:roll_dice"]
+events:
+  params:
+    type: object
+    properties:
+      dice_requested:
+        type: boolean
+        description: True when the last message wants dice rolled.
+    required: [dice_requested]
+  conditions:
+    - expression: dice_requested
+      execute:
+        - tool: roll_dice
+          instruction: Roll the dice that were asked for.
+        - tool: speak
+          instruction: Say what the dice show.
+    - expression: "true"
+      execute:
+        - tool: speak
+          instruction: Reply briefly.
+"""
+"""A companion with a knowledge tool whose result must reach its words."""
+
+SORA_CARD = """\
+metadata:
+  id: companion_sora
+  name: ソラ
+  personality: 穏やかで、好奇心いっぱい。
+  story: >-
+    ソラは港町の古い図書館で働いている。彼女は毎晩、屋上から星を眺める。
+    彼女の口癖は「今日もいい星空だね。」だ。
+  sample: こんばんは、ソラです。今夜は星がきれいだよ。
+role: 短く、やさしく話してください。
+actions: [speak]
+events:
+  params:
+    type: object
+    properties:
+      wants_to_end:
+        type: boolean
+        description: True when the conversation has reached a natural end or someone said goodbye.
+    required: [wants_to_end]
+  conditions:
+    - expression: wants_to_end
+      execute:
+        - tool: speak
+          instruction: さようならを一言で。
+    - expression: "true"
+      execute:
+        - tool: speak
+          instruction: 話しかけられたことに短く答えてください。
+"""
+"""A card written in Japanese, telling its companion's story in the third person (彼女は...)."""
 
 
 def real_cards() -> list[LoadedCard]:

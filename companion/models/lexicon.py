@@ -33,6 +33,7 @@ __all__ = [
     "language_of",
     "liveliness",
     "numbers",
+    "quantity",
     "sentences",
     "spread",
     "stem",
@@ -55,7 +56,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 _KANA = re.compile(r"[\u3040-\u30ff]")
 _WORD = re.compile(r"[^\W\d_\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]+(?:['’][^\W\d_]+)?|\d+")
-_SENTENCE = re.compile(r"(?<=[.!?。!?])\s+|(?<=[。!?])")
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])")
 _YEAR = re.compile(r"(?<!\d)(\d{4})(?!\d)")
 _NOUNISH_JA = re.compile(r"[\u30a0-\u30ff\u3400-\u9fff\uf900-\ufaffー]{2,8}")
 
@@ -91,15 +92,25 @@ def sentences(text: str) -> list[str]:
     """The sentences of ``text`` (abbreviations such as "Co." followed by a lowercase word stay
     inside their sentence)."""
     out: list[str] = []
+    open_quotes = 0  # 「 and 『 the last sentence opened and has not closed
     for part in _SENTENCE.split(text.strip()):
         part = part.strip()
         if not part:
             continue
-        if out and part[:1].islower() and not out[-1].endswith(("!", "?", "。", "!", "?")):
+        if out and open_quotes > 0:
+            out[-1] = f"{out[-1]}{part}"  # 「…。…」: a quote is one piece, whatever it holds
+        elif out and part[:1].islower() and not out[-1].endswith(("!", "?", "。", "！", "？")):
             out[-1] = f"{out[-1]} {part}"  # "Crumb & Co. bakery": not a sentence end
         else:
             out.append(part)
+            open_quotes = 0
+        open_quotes += _quote_balance(part)
     return out
+
+
+def _quote_balance(text: str) -> int:
+    """How many Japanese quotes (「 or 『) ``text`` opens and does not close."""
+    return text.count("「") + text.count("『") - text.count("」") - text.count("』")
 
 
 def words(text: str) -> list[str]:
@@ -240,8 +251,8 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
         "happy",
         "happy glad joy joyful great wonderful yay hooray delighted pleased cheerful fun "
         "awesome fantastic brilliant excellent smile smiling delight enjoy enjoyed",
-        phrases="good news|so good|so nice|made my day|lovely|feel good|feeling good",
-        ja="嬉し うれし 楽し 幸せ 最高 よかった 良かった 明る",
+        phrases=("good news|so good|so nice|made my day|lovely|feel good|feeling good|got a new|just got a"),
+        ja="嬉し うれし 楽し 幸せ 最高 良かった 明る",
         cues="joy glad delighted delight cheerful pleased content positive joyful",
         related={"excited": 0.4, "amused": 0.2, "proud": 0.2, "tender": 0.2},
     ),
@@ -249,7 +260,7 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
         "sad",
         "sad unhappy miss missed missing lonely cry crying cried tears sorrow grief grieve loss "
         "died death depressed heartbroken gloomy miserable upset hurt awful terrible",
-        phrases="feel down|feeling down|bad day|rough day",
+        phrases="feel down|feeling down|bad day|rough day|passed away|passed on|put down",
         ja="悲し 寂し さみし 泣 辛い つらい 落ち込",
         cues="sorrow gloomy melancholy unhappy down sad",
         related={"tender": 0.8, "wistful": 0.5, "calm": 0.2},
@@ -266,7 +277,10 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
     _concept(
         "afraid",
         "scared fear frightened worried worry nervous anxious panic terrified scary spooky",
-        phrases="afraid of|so afraid|i'm afraid that|i am afraid of",
+        phrases=(
+            "afraid of|so afraid|i'm afraid that|i am afraid of|been lost|got lost|gone missing|went missing"
+            "|lost my|can't find my"
+        ),
         ja="怖 こわ 不安 心配",
         cues="fear scared worried anxious nervous",
         related={"tender": 0.5, "calm": 0.3},
@@ -331,7 +345,8 @@ CONCEPTS: Final[tuple[Concept, ...]] = (
     ),
     _concept(
         "proud",
-        "proud finished managed success succeeded won win achievement perfect nailed accomplished",
+        "proud finished managed success succeeded won win achievement perfect nailed accomplished "
+        "passed graduated",
         phrases="did it|made it|pulled it off",
         ja="できた 誇 成功",
         cues="pride achievement",
@@ -574,7 +589,7 @@ def is_question(text: str) -> bool:
     if not parts:
         return False
     last = parts[-1]
-    if last.rstrip().endswith(("?", "?")) or ("?" in last and len(parts) == 1):
+    if last.rstrip().endswith(("?", "？")) or (("?" in last or "？" in last) and len(parts) == 1):
         return True
     first = words(last)[:2]
     if (
@@ -614,6 +629,56 @@ def numbers(text: str) -> list[tuple[int, float]]:
     return found
 
 
+_PIECE = re.compile(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+(?:\.\d+)?|-")
+_REACH: Final = 3
+"""How many words after a number (and half as far before it) it may count."""
+
+
+def quantity(text: str, meaning: Iterable[str]) -> float | None:
+    """The number ``text`` gives for something whose words stem to ``meaning``, or ``None``.
+
+    A number counts the word it is hyphened to, and only that ("six-sided": six sides), else the
+    nearest word after it (a hyphened pair counting as one word: "two six-sided dice" is two
+    dice), else one just before it ("dice: two"). So "roll two six-sided dice" gives 2 for
+    ``{"dice"}`` and 6 for ``{"sides"}``, where a window of words would give both the same.
+    """
+    wanted = {stem(m) for m in meaning}
+    pieces = _PIECE.findall(text.casefold()[:MAX_CHARS])
+    units: list[tuple[str, str | None]] = []  # (word, the word it is hyphened to)
+    index = 0
+    while index < len(pieces):
+        piece = pieces[index]
+        if piece == "-":
+            index += 1
+            continue
+        joined = index + 2 < len(pieces) and pieces[index + 1] == "-" and pieces[index + 2] != "-"
+        units.append((piece, pieces[index + 2] if joined else None))
+        index += 3 if joined else 1
+    best: tuple[float, float] | None = None  # (distance, value)
+    for at, (word, partner) in enumerate(units):
+        value = _number_value(word)
+        if value is None:
+            continue
+        if partner is not None:
+            if stem(partner) in wanted and (best is None or best[0] > 0.5):
+                best = (0.5, value)
+            continue
+        nearby = [(float(d), at + d) for d in range(1, _REACH + 1)]
+        nearby += [(d * 2.0 - 0.5, at - d) for d in range(1, 2)]
+        for distance, where in nearby:
+            if 0 <= where < len(units) and stem(units[where][0]) in wanted:
+                if best is None or distance < best[0]:
+                    best = (distance, value)
+                break
+    return None if best is None else best[1]
+
+
+def _number_value(word: str) -> float | None:
+    if _DIGITS.fullmatch(word):
+        return float(word)
+    return float(_NUMBER_WORDS[word]) if word in _NUMBER_WORDS and word != "a" else None
+
+
 _FLAT: Final = word_set(
     """ok okay hmm hm mm meh fine whatever anyway yeah yep sure guess boring quiet dull nothing"""
 )
@@ -626,7 +691,7 @@ def liveliness(text: str) -> float:
         return 0.1
     found = concepts_in(text)
     score = 0.45
-    score += min(text.count("!") + text.count("!"), 2) * 0.15
+    score += min(text.count("!") + text.count("！"), 2) * 0.15
     score += 0.1 if "question" in found else 0.0
     score += 0.15 if {"excited", "happy", "surprised", "amused", "proud"} & found.keys() else 0.0
     score += 0.1 if len(text) > 80 else 0.0
@@ -649,7 +714,8 @@ STOPWORDS: Final = word_set(
     am is are was were be been being have has had having can could would will should shall may might
     must let lets let's i'm you're it's that's what's there's don't doesn't didn't isn't aren't
     wasn't weren't won't can't i've you've i'd you'd i'll you'll not no yes yeah oh ah hmm well ok
-    okay hey hi hello please thanks thank some any all every each much many more most other another
+    okay hey hi hello mm mhm ooh wow um uh please thanks thank some any all every each much many more
+    most other another
     such only own same both few lot lots kind sort thing things something anything nothing
     everything everyone everybody someone somebody anyone anybody one ones today tonight tomorrow
     yesterday now later soon day night morning evening week time times like likes liked look looks
@@ -686,13 +752,13 @@ def topic_phrase(text: str, names: Iterable[str] = (), *, swap: bool = False) ->
     up to three content words, the adjectives and determiner before it, an ``of`` phrase after
     it; runs with known topic words and a determiner win.
     """
-    if has_cjk(text) and not words(text):
-        return _topic_ja(text)
+    if has_cjk(text):
+        return _topic_ja(text)  # Latin words in it are names ("Pimはどう?")
     parts = sentences(text) or [text]
     if is_question(text):
         parts = parts[-1:]
     else:
-        parts = [p for p in parts if not p.rstrip().endswith(("?", "?"))] or parts
+        parts = [p for p in parts if not p.rstrip().endswith(("?", "？"))] or parts
     skip = {n.casefold() for n in names}
     best: tuple[float, list[str]] | None = None
     for sentence in parts:
@@ -714,7 +780,7 @@ def _best_run(sentence: str, skip: set[str]) -> tuple[float, list[str]] | None:
     tokens = re.findall(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+|[^\w\s]", sentence)
     folded = [t.casefold().replace("’", "'") for t in tokens]
     best: tuple[float, int, int] | None = None  # (score, start, end)
-    asked = sentence.rstrip().endswith(("?", "?"))
+    asked = sentence.rstrip().endswith(("?", "？"))
     index = 0
     while index < len(tokens):
         if not _content(folded[index], skip):
@@ -819,8 +885,20 @@ def _nounish(folded: str, skip: set[str]) -> bool:
     return folded[:1].isalpha() and folded not in _FUNCTION and folded not in skip and len(folded) > 2
 
 
+_TIME_JA: Final = re.compile(r"^(?:今日|明日|昨日|今夜|毎日|毎晩|最近|今週|先週|昨夜|今)")
+_NOT_TOPIC_JA: Final = ("", "元気", "今日", "明日", "昨日", "今夜", "毎日", "今", "一日", "皆", "何", "私")
+
+
 def _topic_ja(text: str) -> str | None:
-    runs: list[str] = [r for r in _NOUNISH_JA.findall(text) if len(r) <= _WORD_CHARS]
+    """The first known (else the longest) run of kanji or katakana: neither a time ("今日") nor a
+    greeting ("今晩は") is what a line is about."""
+    runs: list[str] = [
+        r
+        for r in (_TIME_JA.sub("", r) for r in _NOUNISH_JA.findall(text))
+        if len(r) <= _WORD_CHARS
+        and r not in _NOT_TOPIC_JA
+        and not {"greeting", "farewell"} & set(concepts_in(r))
+    ]
     if not runs:
         return None
     known = [r for r in runs if concepts_in(r)]

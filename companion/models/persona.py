@@ -32,6 +32,7 @@ from .lexicon import (
     word_set,
     words,
 )
+from .phrasebook import GIST
 
 __all__ = ["Fact", "Persona", "persona_of"]
 
@@ -111,6 +112,15 @@ class Persona:
     intro: str | None
     """The sample's own self-introduction, when it has one ("Hello! I'm kyoko.")."""
     sample: str
+    topics: tuple[str, ...] = ()
+    """What the card is about ("baking", "sky"...), the most named first."""
+    gist: tuple[Fact, ...] = ()
+    """Facts in the other language (:data:`.phrasebook.GIST`, by ``topics``): what the companion
+    says of itself when a message is not in its card's language."""
+
+    def facts_in(self, language: Language) -> tuple[Fact, ...]:
+        """The facts to tell in ``language``: the card's own, or the gist in the other one."""
+        return self.facts if language == self.language else self.gist
 
     def relevance(self, text: str) -> float:
         """How much a line has to do with this companion (the best fact's relevance)."""
@@ -156,6 +166,9 @@ def _persona(cid: str, name: str, personality: str, story: str, sample: str, rol
     if name.casefold() in folded or any(m in folded for m in _INTRO_MARKERS):
         kept = [s for s in sentences(sample) if not is_question(s)]
         intro = ("" if language == "ja" else " ").join(kept) or None
+    topics = _topics(f"{story} {personality} {sample}")
+    other: Language = "en" if language == "ja" else "ja"
+    gist = [_fact(text, "gist") for topic in (*topics, "")[:3] for text in GIST[other].get(topic, ())]
     return Persona(
         cid,
         name,
@@ -167,7 +180,18 @@ def _persona(cid: str, name: str, personality: str, story: str, sample: str, rol
         {k: v for k, v in things.items() if v},
         intro,
         sample,
+        topics,
+        tuple(dict.fromkeys(gist)),
     )
+
+
+_TOPICS: Final = ("baking", "sky", "sea", "books", "history", "music", "animals", "weather", "food")
+
+
+def _topics(text: str) -> tuple[str, ...]:
+    """The topics ``text`` names, the most telling first (baking before food)."""
+    found = concepts_in(text)
+    return tuple(t for t in _TOPICS if found.get(t, 0) >= 1)
 
 
 def _tone(text: str) -> str | None:
@@ -178,7 +202,7 @@ def _tone(text: str) -> str | None:
 
 def _fact(text: str, source: str) -> Fact:
     text = text.strip()
-    if text and text[-1] not in ".!?。!?":
+    if text and text[-1] not in ".!?。！？":
         text += "。" if language_of(text) == "ja" else "."
     about = spread(concepts_in(text))
     about.pop("question", None)
@@ -338,7 +362,14 @@ def _coordinated_verbs(text: str) -> str:
     return _COORDINATED.sub(fix, text)
 
 
+_JA_SELF: Final = re.compile(r"(?:彼女|彼)(?=[はがのもをにと])")
+
+
 def _first_person_ja(sentence: str, name: str) -> str | None:
-    """A Japanese card sentence in the companion's own voice (its name becomes 私)."""
-    text = sentence.replace(f"{name}は", "私は").replace(f"{name}が", "私が").replace(f"{name}の", "私の")
-    return text.strip() or None
+    """A Japanese card sentence in the companion's own voice: its name and the card's 彼女 / 彼
+    become 私 (a card tells its companion's story in the third person; the companion tells its
+    own in the first)."""
+    text = sentence
+    for particle in "はがのもをにと":
+        text = text.replace(f"{name}{particle}", f"私{particle}")
+    return _JA_SELF.sub("私", text).strip() or None

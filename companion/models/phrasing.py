@@ -16,9 +16,17 @@ topic):
    the speaker itself);
 5. the closing stage's words (winding down, or goodbye).
 
-Templates come in English and Japanese; the card's own words decide the language. The tone
-(lively, calm, dry, shy, warm) comes from the personality and only changes interjections and
-punctuation. Every choice among templates and facts goes through the caller's seeded generator.
+Before them, what a knowledge tool found this turn (a dice roll's total): a result kept to
+itself is no result to the person who asked. A sad, scared or cross line gets a gentle reaction
+and a question back instead of parts 2 to 4, and the companions stay gentle after it.
+
+Templates come in English and Japanese; the message's language decides which (a Japanese
+message gets Japanese from an English card), and the card's facts are told in its own language
+only (in the other one, the gist of its topics). Nothing of a companion's earlier lines in the
+conversation is said again: no sentence, no fact, no template's frame with other words in it
+(:func:`.repeats.said_before`, :func:`_unsaid`). The tone (lively, calm, dry, shy, warm) comes from the
+personality and only changes interjections and punctuation. Every choice among templates and
+facts goes through the caller's seeded generator.
 """
 
 from __future__ import annotations
@@ -30,238 +38,23 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ..protocol import ClosingStage
+from .hearing import AUX, FEELINGS, GLAD, Heard, is_sombre, wellbeing
 from .lexicon import (
     Language,
     concepts_in,
     content_stems,
     cue_concepts,
-    is_question,
     numbers,
     sentences,
     spread,
     things_in,
-    topic_phrase,
     topical_word,
-    words,
 )
 from .persona import Fact, Persona
-from .phrasebook import EN, INTERJECTIONS, JA
+from .phrasebook import ACTIVITIES, EN, INTERJECTIONS, JA, UNITS_JA
+from .repeats import is_phrase, plain, said_before
 
-__all__ = ["Heard", "Plan", "compose", "hear", "plan_of"]
-
-_FEELINGS: Final = (  # the feelings a reaction answers, the most pressing first
-    "sad", "angry", "afraid", "flustered", "sleepy", "proud", "excited", "surprised", "amused",
-    "wistful", "tender", "happy",
-)  # fmt: skip
-_WH: Final = ("what", "why", "how", "who", "where", "when", "which")
-_AUX: Final = {
-    "do": ("I do", "I don't"),
-    "does": ("It does", "It doesn't"),
-    "did": ("I did", "I didn't"),
-    "are": ("I am", "I'm not"),
-    "were": ("I was", "I wasn't"),
-    "have": ("I have", "I haven't"),
-    "can": ("I can", "I can't"),
-    "could": ("I could", "I couldn't"),
-    "would": ("I would", "I wouldn't"),
-    "will": ("I will", "I won't"),
-    "should": ("I should", "I shouldn't"),
-}
-_I_AUX: Final = {"are": "am", "were": "was", "'re": "'m"}
-_SWAP_ME: Final = {"your": "my", "yours": "mine", "yourself": "myself", "you": "me"}
-
-
-# --- what was said ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Heard:
-    """What the message is, as far as the offline model can tell."""
-
-    text: str
-    language: Language
-    sender_name: str | None
-    """The sender's display name when it is a companion (people at a client are not named)."""
-    kind: str
-    """``question``, ``greeting``, ``farewell``, ``feeling``, ``statement``, ``flat`` or ``empty``."""
-    feeling: str | None
-    topic: str | None
-    """The noun phrase the message is about, ready to say back ("my favourite cake")."""
-    head: str | None
-    """The last word of ``topic`` ("cake")."""
-    concepts: Mapping[str, float]
-    stems: frozenset[str]
-    form: str | None = None
-    """For a question: ``favourite``, ``yesno``, ``wellbeing``, ``about-me``, or its wh-word."""
-    aux: str | None = None
-    """For a yes/no question to "you": its auxiliary ("do", "are")."""
-    echo: str | None = None
-    """A short question said back in the first person ("What would I bake?")."""
-    said_concepts: Mapping[str, float] = field(default_factory=dict)
-    """Concepts of the whole message (``concepts`` are the question's, for a question)."""
-
-
-def hear(
-    text: str,
-    *,
-    sender_name: str | None,
-    names: Sequence[str],
-    me: Persona,
-    from_companion: bool = False,
-    context: str = "",
-) -> Heard:
-    """Read ``text`` (already cleaned) for the parts of a reply. A companion's line is read for
-    the known thing it talks about, not for its framing ("Here's my butter tip" is about butter).
-    ``context`` is the line before it: "What's yours?" or "What do you think?" is about that."""
-    language: Language = "ja" if me.language == "ja" else "en"
-    skip = [*names, me.name]
-    said = _without_names(text, skip)
-    found = concepts_in(text)
-    question = is_question(text)
-    focus = _last_question(said) if question else said
-    own = frozenset(content_stems(focus) - {n.casefold() for n in skip})
-    if from_companion and language == "en":
-        topic = topical_word(focus if question else said, skip)
-    else:
-        topic = topic_phrase(said, skip, swap=True)
-    if topic is not None and language == "en" and re.search(r"[\u3040-\u9fff]", topic):
-        topic = None  # an English companion does not say back Japanese words
-    if topic is not None and language == "ja" and not re.search(r"[\u3040-\u9fff]", topic):
-        topic = None  # nor a Japanese one English words
-    head = words(topic)[-1] if topic and words(topic) else topic
-    feeling = next((f for f in _FEELINGS if found.get(f, 0) >= 1), None)
-    greeted = "greeting" in found and not from_companion  # companions greet people, not each other
-    if not text.strip():
-        kind = "empty"
-    elif "farewell" in found:
-        kind = "farewell"
-    elif question and not (greeted and _wellbeing(text)):
-        kind = "question"
-    elif greeted:
-        kind = "greeting"
-    elif feeling is not None:
-        kind = "feeling"
-    elif topic:
-        kind = "statement"
-    else:
-        kind = "flat"
-    form = aux = echo = None
-    if question:
-        form, aux = _question_form(focus, skip)
-        echo = _echo_question(focus, skip)
-        if topic is None and _BACK_REFERENCE.search(focus.casefold()):
-            # "What do you think?" is about what was said just before it: the same line's
-            # statements, else the line before
-            statements = " ".join(s for s in sentences(said) if not is_question(s))
-            favourite = re.search(r"\b(?:my|your)\s+(favou?rite\s+[a-z]+)", f"{statements} {context}", re.I)
-            if favourite:
-                form, topic = "favourite", f"my {favourite.group(1)}"
-            else:
-                topic = (
-                    topical_word(statements, skip)
-                    or topic_phrase(statements, skip, swap=True)
-                    or topical_word(_without_names(context, skip), skip)
-                )
-                form = "opinion"
-            echo = None
-            head = words(topic)[-1] if topic and words(topic) else head
-    return Heard(
-        text,
-        language,
-        sender_name,
-        kind,
-        feeling,
-        topic,
-        head,
-        concepts_in(focus) if question else found,
-        own,
-        form,
-        aux,
-        echo,
-        found,
-    )
-
-
-_BACK_REFERENCE: Final = re.compile(
-    r"\b(what's yours|and yours|and you|what about you|how about you|what do you think|your take"
-    r"|you think so|on your mind)\b"
-)
-
-
-def _without_names(text: str, names: Sequence[str]) -> str:
-    """``text`` without the names it calls people by ("Ostra, what..." -> "what...") and without
-    self-introductions ("I'm Ostra, the archivist."): neither is what a line is about."""
-    for name in names:
-        if not name.strip():
-            continue
-        quoted = re.escape(name)
-        text = re.sub(rf"(^|[.!?]\s+){quoted},\s*(\w)", lambda m: m.group(1) + m.group(2).upper(), text)
-        text = re.sub(rf",\s*{quoted}(?=\s*[.!?]|$)", "", text)
-    named = "|".join(re.escape(n) for n in names if n.strip()) or "(?!)"
-    intro = re.compile(
-        rf"(?:I should introduce myself\b|(?:.*:\s*)?(?:I'm|I am|My name is)\s+(?:{named})\b)", re.I
-    )
-    kept = [s for s in sentences(text) if not intro.match(s)]
-    return " ".join(kept)
-
-
-def _last_question(text: str) -> str:
-    asked = [s for s in sentences(text) if is_question(s)]
-    return asked[-1] if asked else text
-
-
-def _wellbeing(text: str) -> bool:
-    folded = text.casefold()
-    return any(
-        p in folded for p in ("how are you", "how's it going", "how are things", "how have you been", "元気")
-    )
-
-
-def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
-    sentence = _last_question(text)
-    folded = sentence.casefold()
-    own = [w for w in words(sentence) if w not in {n.casefold() for n in names}]
-    if _wellbeing(sentence):
-        return "wellbeing", None
-    if re.search(r"\b(favou?rite|like best|love most|好きな)", folded) or "好き" in sentence:
-        return "favourite", None
-    if re.search(
-        r"\b(who are you|about yourself|what do you do(?: for a living)?\W*$|your story|introduce yourself)",
-        folded,
-    ):
-        return "about-me", None
-    if own[:1] and own[0] in _AUX and len(own) > 1 and own[1] == "you":
-        return "yesno", own[0]
-    if own[:1] and own[0] in ("is", "was", "isn't", "does", "did", "can", "could"):
-        return "yesno", None
-    if re.search(
-        r"\b(what do you (?:think|make) of|what do you think about|how do you feel about|what about"
-        r"|what do you think)\b",
-        folded,
-    ):
-        return "opinion", None
-    wh = next((w for w in own[:3] if w in _WH), None)
-    if wh is None and own[:2] == ["tell", "me"]:
-        return "about", None
-    return wh or "open", None
-
-
-def _echo_question(text: str, names: Sequence[str]) -> str | None:
-    """A short "(wh) (aux) you ...?" question said back in the first person, else ``None``."""
-    sentence = _last_question(text)
-    for name in names:
-        sentence = re.sub(rf",?\s*\b{re.escape(name)}\b\s*,?", " ", sentence, flags=re.I)
-    sentence = " ".join(sentence.replace("?", " ").replace("?", " ").split()).strip(" ,")
-    tokens = sentence.split()
-    if not 3 <= len(tokens) <= 9:
-        return None
-    low = [t.casefold() for t in tokens]
-    if low[0] not in _WH or low[1] not in (*_AUX, "are", "were") or low[2] != "you":
-        return None
-    rest = [_SWAP_ME.get(t.casefold(), t) for t in tokens[3:]]
-    aux = _I_AUX.get(low[1], low[1])
-    return " ".join([tokens[0].capitalize(), aux, "I", *rest]) + "?"
-
+__all__ = ["Plan", "compose", "plan_of"]
 
 # --- what the instructions ask -------------------------------------------------------------------------
 
@@ -382,38 +175,68 @@ class _Line:
     ask_to: str | None
     used: frozenset[str]
     failed: tuple[str, ...] = ()
+    spoken: tuple[str, ...] = ()
+    """My earlier lines in this conversation, :func:`.repeats.plain` (names masked): never said again."""
+    names: tuple[str, ...] = ()
+    learned: tuple[tuple[str, object], ...] = ()
+    before: frozenset[str] = frozenset()
+    """The sentences of my earlier lines, :func:`.repeats.plain`."""
+    sombre: bool = False
+    """The person's last line was sad, scared or cross: no cheering, whoever spoke since."""
+    others: tuple[str, ...] = ()
+    """The others' lines of this conversation, :func:`.repeats.plain`: their wording is not echoed when
+    another will do."""
     said: list[str] = field(default_factory=list)
     told: set[str] = field(default_factory=set)
     must_ask: bool = False
     """Nothing new to tell: the line ends with a question instead."""
 
     @property
+    def language(self) -> Language:
+        return self.heard.language
+
+    @property
     def templates(self) -> Mapping[str, tuple[str, ...]]:
-        return JA if self.persona.language == "ja" else EN
+        return JA if self.language == "ja" else EN
 
     def pick(self, slot: str, **fields: str) -> str:
+        """A template of ``slot`` filled with ``fields``: one I have not said in this conversation
+        if there is one (the same frame with other words in it counts as said)."""
         pool = self.templates.get(slot) or EN[slot]
-        usable = [t for t in pool if _fits(t, fields)]
-        template = self.rng.choice(usable or list(pool))
+        usable = [t for t in pool if _fits(t, fields)] or list(pool)
+        fresh = [t for t in usable if not said_before(t, self.spoken)]
+        unheard = [t for t in fresh if not said_before(t, self.others)]
+        template = self.rng.choice(unheard or fresh or usable)
         return _fill(template, fields)
+
+    def pick_new(self, slot: str, **fields: str) -> str:
+        """Like :meth:`pick`, but empty once every template of ``slot`` has been said: a part
+        the line can do without (a second tip in the same words is no tip)."""
+        return self.fresh(slot, **fields) or ""
+
+    def fresh(self, slot: str, **fields: str) -> str | None:
+        """Like :meth:`pick`, but ``None`` once every template of ``slot`` has been said."""
+        pool = self.templates.get(slot) or EN[slot]
+        usable = [t for t in pool if _fits(t, fields) and not said_before(t, self.spoken)]
+        unheard = [t for t in usable if not said_before(t, self.others)]
+        return _fill(self.rng.choice(unheard or usable), fields) if usable else None
 
     def voc(self, chance: float = 0.5) -> str:
         name = self.heard.sender_name
         if not name or self.rng.random() >= chance:
             return ""
-        return f"{name}、" if self.persona.language == "ja" else f", {name}"
+        return f"{name}、" if self.language == "ja" else f", {name}"
 
-    def fact(
-        self, query: str = "", *, need: bool = True, least: float = 0.0, fresh_only: bool = False
-    ) -> Fact | None:
-        """The fact most related to the message (and ``query``), not yet told in this line and,
-        if possible, not in my recent lines (with ``fresh_only``, never); ``None`` when none
-        relates by ``least``."""
+    def fact(self, query: str = "", *, need: bool = True, least: float = 0.0) -> Fact | None:
+        """The fact most related to the message (and ``query``) that I have not told in this
+        conversation nor in this line (a story told twice is a phrase repeated); ``None`` when
+        none is left or none relates by ``least`` (unless ``need``)."""
         own = set(self.heard.stems) | content_stems(query)
         about = spread({**concepts_in(query), **self.heard.concepts})
         about.pop("question", None)
         about.pop("greeting", None)
-        pool = [f for f in self.persona.facts if f.text not in self.told]
+        facts = self.persona.facts_in(self.language)
+        pool = [f for f in facts if f.text not in self.told and f.text not in self.used]
         if not pool:
             return None
         scored = []
@@ -421,18 +244,15 @@ class _Line:
             score = fact.relevance(own, about)
             if fact.source == "sample":
                 score = score - 1.0 if score < 3 else score
-            fresh = fact.text not in self.used
-            scored.append((fresh, score, self.rng.random() * 0.5, -index, fact))
-        scored.sort(key=lambda s: (s[0], s[1] + s[2], s[3]), reverse=True)
-        fresh, score, _, _, best = scored[0]
-        if fresh_only and not fresh:
-            return None
+            scored.append((score, self.rng.random() * 0.5, -index, fact))
+        scored.sort(key=lambda s: (s[0] + s[1], s[2]), reverse=True)
+        score, _, _, best = scored[0]
         if score <= least and not need:
             return None
         if score <= 0 and best.source == "sample":
-            others = [s for s in scored if s[4].source != "sample"]
+            others = [s for s in scored if s[3].source != "sample"]
             if others:
-                best = others[0][4]
+                best = others[0][3]
         self.told.add(best.text)
         return best
 
@@ -440,7 +260,8 @@ class _Line:
         about = spread(dict(self.heard.concepts))
         about.pop("question", None)
         about.pop("greeting", None)
-        return max((f.relevance(self.heard.stems, about) for f in self.persona.facts), default=0.0)
+        facts = self.persona.facts_in(self.language)
+        return max((f.relevance(self.heard.stems, about) for f in facts), default=0.0)
 
 
 def compose(
@@ -453,56 +274,112 @@ def compose(
     ask_to: str | None = None,
     used: Sequence[str] = (),
     failed: Sequence[str] = (),
+    spoken: Sequence[str] = (),
+    names: Sequence[str] = (),
+    learned: Sequence[tuple[str, object]] = (),
+    sombre: bool = False,
+    heard_before: Sequence[str] = (),
 ) -> str:
     """One reply in ``persona``'s voice to ``heard``, doing what ``plan`` asks.
 
     ``ask_to`` is the display name of someone present (never the speaker) to ask a follow-up
-    question; ``used`` are facts the companion told recently (told again only if nothing else fits);
-    ``failed`` describes instructed actions that were refused or failed this turn (the line says so).
+    question; ``used`` are facts the companion told in this conversation (told again only if
+    nothing else fits); ``failed`` describes instructed actions that were refused or failed this
+    turn (the line says so); ``spoken`` are my earlier lines of this conversation: no sentence of
+    them is said again, nor the same frame with other words in it; ``names`` are the names of
+    everyone present (masked when lines are compared); ``learned`` are ``(tool, output)`` of the
+    knowledge tools called this turn: their results are said; ``sombre`` says the person's last
+    line was sad, scared or cross (the companions stay gentle until they say otherwise);
+    ``heard_before`` are the others' lines (their wording is avoided when another will do).
     """
-    line = _Line(persona, heard, plan, rng, closing, ask_to, frozenset(used), tuple(failed))
+    masked = tuple(plain(s, names) for s in spoken)
+    line = _Line(
+        persona,
+        heard,
+        plan,
+        rng,
+        closing,
+        ask_to,
+        frozenset(used),
+        tuple(failed),
+        masked,
+        tuple(names),
+        tuple(learned),
+        frozenset(plain(s, names) for old in spoken for s in sentences(old)),
+        sombre or is_sombre(heard),
+        tuple(plain(s, names) for s in heard_before),
+    )
     if closing == "closing" or "farewell" in plan.intents:
         _farewell(line)
     else:
         _reply(line)
         if closing == "pre-closing":
-            line.said.append(line.pick("pre-closing"))
-    return _voice(line)
+            line.said.append(line.fresh("pre-closing") or "")
+    text = _unsaid(_voice(line), line)
+    if not text:  # everything I meant to say, I had said: something new, or a question
+        fact = line.fact()
+        line.said = [fact.text] if fact is not None else [_follow_up(line) or line.pick("flat", voc="")]
+        text = _unsaid(_voice(line), line) or _voice(line)
+    return text
 
 
 def _reply(line: _Line) -> None:
     heard, plan = line.heard, line.plan
-    introduce = "introduce" in plan.intents
+    introduce = "introduce" in plan.intents and not _named_myself(line) and not is_sombre(heard)
+    if line.learned:
+        line.said.extend(_results(line))
     if heard.kind == "question":
         if "greeting" in heard.said_concepts:
             line.said.append(line.pick("greeting", voc=line.voc()))
+        if is_sombre(heard) and heard.feeling:
+            line.said.append(line.pick(heard.feeling, voc=""))  # "lost since Tuesday": sympathy first
     elif heard.kind == "feeling" and "apologise" in plan.intents:
         pass  # "No harm done" and then "sorry, my mistake" contradict each other
-    elif not (introduce and heard.kind in ("greeting", "flat", "empty") and line.persona.intro):
+    elif line.learned:
+        pass  # the result is the reaction
+    elif not (introduce and heard.kind in ("greeting", "flat", "empty") and _intro(line)):
         line.said.append(_opening(line))
-        if heard.kind == "feeling" and heard.feeling in ("sad", "afraid", "wistful") and heard.topic:
+        if (
+            heard.kind == "feeling"
+            and heard.feeling in ("sad", "wistful")
+            and heard.topic
+            and not set(concepts_in(heard.topic)) & set(FEELINGS)
+        ):
             line.said.append(line.pick("tell_me", topic=heard.topic))
     if introduce:
-        if heard.kind in ("greeting", "flat", "empty") and line.persona.intro:
-            line.said.append(line.persona.intro)
-            line.told.update(f.text for f in line.persona.facts if f.text in line.persona.intro)
+        intro = _intro(line)
+        if heard.kind in ("greeting", "flat", "empty") and intro:
+            line.said.append(intro)
+            line.told.update(f.text for f in line.persona.facts if f.text in intro)
         else:
-            role = f", {plan.role}" if plan.role and line.persona.language == "en" else ""
+            role = f", {plan.role}" if plan.role and line.language == "en" else ""
             line.said.append(line.pick("introduce", name=line.persona.name, role=role))
     if heard.kind == "question":
         line.said.append(_answer(line))
     _tried(line)
     body = _instructed(line)
+    if heard.kind == "feeling" and heard.feeling in GLAD and not heard.sender_name and not body:
+        # good news from a person: share it, and ask them about it
+        line.said.append(line.fresh("glad_ask") or "")
+        return
+    if is_sombre(heard) and heard.kind == "feeling":
+        # someone is sad or scared: no tip, no story of mine, no cheerful question; ask them
+        question = line.fresh("comfort")
+        if question:
+            line.said.append(question)
+        return
     if body:
         line.said.append(body)
-    elif heard.kind != "question" and "brief" not in plan.intents:
-        fact = line.fact(plan.query, need=introduce, least=0.0)
+    elif heard.kind != "question" and "brief" not in plan.intents and not line.learned:
+        # while someone is sad, only a fact that has to do with it
+        query = "" if line.sombre else plan.query
+        fact = line.fact(query, need=introduce and not line.sombre, least=1.0 if line.sombre else 0.0)
         if fact is not None:
             linked = fact.relevance(heard.stems, spread(dict(heard.concepts))) > 0
             slot = "related" if linked and not introduce else "told"
             line.said.append(line.pick(slot, fact=_lower_first(fact.text), Fact=fact.text))
             body = fact.text
-    wanted = "ask" in plan.intents or "excite" in plan.intents or line.must_ask
+    wanted = "ask" in plan.intents or ("excite" in plan.intents and not line.sombre) or line.must_ask
     if wanted or (heard.kind not in ("question", "farewell") and line.rng.random() < (0.3 if body else 0.6)):
         question = _follow_up(line)
         if question:
@@ -515,7 +392,7 @@ def _opening(line: _Line) -> str:
     topic = heard.topic or ""
     fields = {"voc": voc, "topic": topic, "Topic": _upper_first(topic)}
     if heard.kind == "greeting":
-        return line.pick("wellbeing" if _wellbeing(heard.text) else "greeting", **fields)
+        return line.pick("wellbeing" if wellbeing(heard.text) else "greeting", **fields)
     if heard.kind == "farewell":
         return line.pick("farewell_heard", **fields)
     if heard.kind == "empty":
@@ -525,6 +402,8 @@ def _opening(line: _Line) -> str:
     if topic:
         if "weather" in concepts_in(topic):
             return line.pick("weather", **fields)
+        if line.sombre:
+            return line.pick("flat" if heard.sender_name else "gentle", **fields)
         if line.persona.relevance(topic) >= 2:
             return line.pick("known", **fields)
         return line.pick("topical", **fields)
@@ -536,14 +415,32 @@ def _answer(line: _Line) -> str:
     heard, persona = line.heard, line.persona
     topic = heard.topic or ""
     voc = line.voc(0.35)
-    fact = line.fact(line.plan.query if "new_topic" in line.plan.intents else "", fresh_only=True)
-    if fact is None and persona.facts and heard.form not in ("wellbeing", "yesno"):
-        line.must_ask = True  # everything I know is said: ask instead of telling it again
-        return line.pick(
-            "exhausted", voc=voc, topic=topic or ("that" if persona.language == "en" else "それ")
+    fact = line.fact(line.plan.query if "new_topic" in line.plan.intents else "")
+    if line.sombre and heard.sender_name and heard.form in ("opinion", "what", "open", "about"):
+        # a companion asks me about the person's trouble: no verdict on it, a kind word
+        return line.pick("hope", voc=voc)
+    if heard.form in ("doing", "best_day"):
+        topic_of_mine = persona.topics[0] if persona.topics else ""
+        doing = ACTIVITIES[line.language].get(topic_of_mine, ACTIVITIES[line.language][""])
+        said = line.pick(heard.form, doing=doing, Doing=_upper_first(doing))
+        return said  # the day, not the life story
+    if heard.form == "yesno" and heard.yes and heard.no:
+        related = line.relates()
+        said = line.pick(
+            "yes_said" if related >= 1 else "no_said",
+            Said=_upper_first(heard.yes if related >= 1 else heard.no),
+            said=heard.yes if related >= 1 else heard.no,
         )
+        return f"{said} {fact.text}" if fact and related >= 1 else said
+    if fact is None and heard.form not in ("wellbeing", "yesno"):
+        line.must_ask = True  # everything I know is said: ask instead of telling it again
+        return line.pick("exhausted", voc=voc, topic=topic or ("that" if line.language == "en" else "それ"))
     text = fact.text if fact else ""
     related = line.relates()
+    if not text:  # nothing left to tell: the answer's frame alone
+        if heard.form == "wellbeing":
+            return line.pick("wellbeing", voc=voc)
+        return line.pick("yesno_open_bare", voc=voc)
     fields = {
         "voc": voc,
         "topic": topic,
@@ -563,24 +460,28 @@ def _answer(line: _Line) -> str:
         fields["Topic"] = _upper_first(topic) or "A favourite"
         concept = next((c for c in persona.things if c in heard.concepts), None)
         things = [t for t in persona.things.get(concept or "", ()) if t != (heard.head or "").casefold()]
-        if things:
+        if things and line.language == persona.language:  # the card's things are in its words
             return line.pick("fav_known", thing=line.rng.choice(things), **fields)
         if related >= 1:
             return line.pick("fav_related", **fields)
         head = heard.head or "it"
         fields["Fact_and_head"] = f"{text.rstrip('.!?。')}, and {head} never came into it." if text else ""
-        if persona.language == "ja":
+        if line.language == "ja":
             fields["Fact_and_head"] = text
         return line.pick("fav_none", **fields)
     if form == "yesno":
-        if heard.aux in _AUX:
-            yes, no = _AUX[heard.aux]
+        if heard.aux in AUX:
+            yes, no = AUX[heard.aux]
             fields.update(
                 aux_yes=yes, aux_no=no, aux_no_low=no[:1].lower() + no[1:] if not no.startswith("I") else no
             )
             return line.pick("yes" if related >= 1 else "no", **fields)
+        if line.language == "ja":  # 「好き？」: yes when it is mine to like
+            return line.pick("yes" if related >= 1 else "no", **fields)
         return line.pick("yesno_open", **fields)
     if form == "why":
+        if not re.search(r"\byou\b|あなた|きみ|君", heard.text, re.I):  # "why do stars twinkle?"
+            return line.pick("why_world" if related >= 1 else "why_unknown", **fields)
         return line.pick("why", **fields)
     if form == "about":
         return line.pick("about", **fields)
@@ -588,6 +489,9 @@ def _answer(line: _Line) -> str:
         if not topic:
             return line.pick("opinion_open", **fields)
         return line.pick("opinion_related" if related >= 1 else "opinion_unrelated", **fields)
+    thing = _thing_for(line)
+    if heard.echo and thing and form in ("what", "which"):
+        return line.pick("would_thing", thing=thing, **fields)  # "What would I bake? Cake."
     if re.match(r"(the \w+ (?:part|thing|moment) of )?my\b", topic, re.I):
         return line.pick("personal", **fields)  # "the best part of my day": mine to answer
     if related >= 1:
@@ -597,42 +501,59 @@ def _answer(line: _Line) -> str:
     return line.pick("answer_unrelated", **fields)
 
 
+def _thing_for(line: _Line) -> str | None:
+    """A thing of mine the question is about ("What would you bake?": something from my card's
+    foods), in the reply's language; ``None`` when my card names none."""
+    if line.language != line.persona.language:
+        return None
+    about = spread(dict(line.heard.concepts))
+    for concept, things in line.persona.things.items():
+        if about.get(concept, 0) >= 0.3 and things:
+            heard = (line.heard.head or "").casefold()
+            pool = [t for t in things if t != heard]
+            return line.rng.choice(pool) if pool else None
+    return None
+
+
 def _instructed(line: _Line) -> str | None:
     """What the instruction asks beyond a reply, or ``None``."""
     plan, persona, heard = line.plan, line.persona, line.heard
     intents = plan.intents
     unit = plan.unit or (persona.units[0] if persona.units else None)
     amount = str(_amount(line, unit))
+    if unit and line.language == "ja":
+        unit = UNITS_JA.get(unit, unit)
     if "correct" in intents:
         claim = _claim(heard)
         place = persona.places[0] if persona.places else "a good reference book"
         parts = [
-            line.pick("correct", voc=line.voc(), claim=f"{claim} " if claim else "that "),
-            line.pick("cite", place=place, Place=_upper_first(place)),
+            line.pick_new("correct", voc=line.voc(), claim=f"{claim} " if claim else "that "),
+            line.pick_new("cite", place=place, Place=_upper_first(place)),
         ]
         return " ".join(parts)
     if "apologise" in intents:
-        parts = [line.pick("apologise", voc=line.voc())]
-        parts.append(line.pick("retry", amount=amount, unit=unit) if unit else line.pick("retry_plain"))
+        parts = [line.pick_new("apologise", voc=line.voc())]
+        retry = line.pick_new("retry", amount=amount, unit=unit) if unit else line.pick_new("retry_plain")
+        parts.append(retry)
         return " ".join(parts)
     if "tip" in intents:
         thing = _thing(line)
         if unit:
-            return line.pick("tip", thing=thing, amount=_upper_first(amount), unit=unit)
-        return line.pick("tip_plain", thing=thing)
-    if "new_topic" in intents:
+            return line.pick_new("tip", thing=thing, amount=_upper_first(amount), unit=unit)
+        return line.pick_new("tip_plain", thing=thing)
+    if "new_topic" in intents and not line.sombre:  # no change of subject on someone's sorrow
         fact = line.fact(plan.query)
         if fact is None:
             return None
         fields = {"fact": _lower_first(fact.text), "Fact": fact.text}
-        if plan.source and persona.language == "en":
-            return line.pick("new_topic", source=plan.source, **fields)
-        return line.pick("new_topic_plain", **fields)
-    if "detail" in intents and heard.kind != "question":
+        if plan.source and line.language == "en":
+            return line.pick_new("new_topic", source=plan.source, **fields)
+        return line.pick_new("new_topic_plain", **fields)
+    if "detail" in intents and heard.kind != "question" and not line.sombre:
         fact = line.fact(plan.query)
         if fact is None:
             return None
-        return line.pick("detail", fact=_lower_first(fact.text), Fact=fact.text)
+        return line.pick_new("detail", fact=_lower_first(fact.text), Fact=fact.text)
     return None
 
 
@@ -643,38 +564,49 @@ def _follow_up(line: _Line) -> str | None:
         return None
     heard, plan = line.heard, line.plan
     topic = heard.topic or ""
-    if not topic and line.persona.language == "en":
+    if not topic and line.language == "en":
         mine = topical_word(" ".join(line.told)) if line.told else None
         if mine:
             topic = mine if mine.split()[0] in ("a", "an", "the") else f"the {mine}"
-    if topic.startswith(("my ", "My ")) and line.persona.language == "en":
+    if topic.startswith(("my ", "My ")) and line.language == "en":
         topic = "the " + topic.split(" ", 1)[1]  # "my favourite cake" is not theirs to judge
     fields = {"who": who, "Who": who, "topic": topic}
-    if plan.ask_clause and line.persona.language == "en":
-        return line.pick("ask_clause", clause=plan.ask_clause, **fields)
-    if heard.form == "favourite":
-        return line.pick("ask_fav", **fields)
-    if topic and plan.ties and line.persona.language == "en":
-        return line.pick("ask_tie", tie=line.rng.choice(plan.ties), **fields)
-    if topic:
-        return line.pick("ask_topic", **fields)
-    return line.pick("ask_open", **fields)
+    if plan.ask_clause and line.language == "en" and not line.sombre:
+        asked = line.fresh("ask_clause", clause=plan.ask_clause, **fields)
+        if asked:
+            return asked
+    folded = topic.casefold()
+    ties = [t for t in plan.ties if t.casefold() not in folded and folded not in t.casefold()]
+    slots = [
+        ("ask_fav", heard.form == "favourite"),
+        ("ask_help", line.sombre),
+        ("ask_tie", bool(topic and ties and line.language == "en" and not line.sombre)),
+        ("ask_topic", bool(topic)),
+        ("ask_open", True),
+    ]
+    for slot, fits in slots:  # the first kind of question I have not asked yet
+        asked = line.fresh(slot, tie=line.rng.choice(ties) if ties else "", **fields) if fits else None
+        if asked:
+            return asked
+    return None
 
 
 def _tried(line: _Line) -> None:
     """Say that an instructed action did not go through (a refused bell is not a secret)."""
     for description in line.failed[:1]:
-        if line.persona.language == "en":
+        if line.language == "en":
             line.said.append(line.pick("tried", what=_as_me(description)))
 
 
 def _farewell(line: _Line) -> None:
     plan = line.plan
     _tried(line)
-    if plan.like and line.persona.language == "en":
-        line.said.append(line.pick("farewell_like", like=_gerund_as_me(plan.like)))
+    like = _gerund_as_me(plan.like) if plan.like else ""
+    said_like = bool(like) and any(like.casefold() in old for old in line.spoken)
+    if like and line.language == "en" and not said_like:  # its image once; then a plain goodbye
+        line.said.append(line.pick("farewell_like", like=like))
     else:
-        line.said.append(line.pick("farewell"))
+        line.said.append(line.fresh("farewell") or line.pick("farewell_again"))
     if plan.with_fact and not plan.one_sentence:
         fact = line.fact(plan.query)
         if fact is not None:
@@ -686,10 +618,18 @@ def _voice(line: _Line) -> str:
     parts = [p.strip() for p in line.said if p and p.strip()]
     if not parts:
         parts = [line.pick("flat", voc="")]
-    language = line.persona.language
+    language = line.language
     tone = line.persona.tone
-    if line.rng.random() < 0.45 and not parts[0].startswith(("I'm ", "私は")):
-        interjection = line.rng.choice(INTERJECTIONS[language][tone])
+    if (line.sombre or line.heard.feeling == "sleepy") and tone != "calm":
+        tone = "warm"  # "Wow!" is no answer to "I feel sad"
+    first = plain(parts[0]).split(" ")[0]
+    unused = [
+        i
+        for i in INTERJECTIONS[language][tone]
+        if not any(old.startswith(plain(i)) for old in line.spoken) and first not in _OPENERS
+    ]
+    if line.rng.random() < 0.45 and unused and not parts[0].startswith(("I'm ", "私は")):
+        interjection = line.rng.choice(unused)
         if interjection.endswith(",") or interjection.endswith("、"):
             parts[0] = (
                 f"{interjection} {_lower_first(parts[0])}" if language == "en" else interjection + parts[0]
@@ -766,3 +706,92 @@ def _amount(line: _Line, unit: str | None) -> int:
     if written and unit and unit in line.heard.text:
         return written[0]
     return line.rng.randrange(50, 500, 10)
+
+
+# --- never the same thing twice ------------------------------------------------------------------------
+
+_OPENERS: Final = frozenset(
+    plain(i).split(" ")[0] for table in INTERJECTIONS.values() for options in table.values() for i in options
+) | {"ah", "oh", "well", "hmm", "mm", "wow", "ooh", "うーん", "うん", "まあ"}
+"""First words that are an interjection already: a line opening with one gets no other."""
+
+
+def _unsaid(text: str, line: _Line) -> str:
+    """``text`` without the sentences I have said before in this conversation (names masked)."""
+    if not line.spoken:
+        return text
+    before = line.before | set(line.spoken)
+    joiner = "" if line.language == "ja" else " "
+    kept = []
+    for sentence in sentences(text):
+        said = plain(sentence, line.names)
+        if said and (
+            said in before
+            or (is_phrase(said) and any(said in old for old in line.spoken))
+            or any(is_phrase(old) and old in said for old in line.before)
+        ):
+            continue
+        kept.append(sentence)
+    if kept and not re.search(r"\w", joiner.join(kept)):
+        return ""  # an interjection alone says nothing
+    return joiner.join(kept)
+
+
+def _named_myself(line: _Line) -> bool:
+    """Whether I told my name earlier in this conversation (once is an introduction)."""
+    name = line.persona.name.casefold()
+    return bool(name) and any(
+        re.search(rf"(?:i'm|i am|私は|my name is)\s*{re.escape(name)}", old) for old in line.spoken
+    )
+
+
+def _intro(line: _Line) -> str | None:
+    """The card's own self-introduction, when the reply is in the card's language."""
+    return line.persona.intro if line.language == line.persona.language else None
+
+
+# --- what a tool found ---------------------------------------------------------------------------------
+
+_HEADLINE: Final = ("total", "sum", "result", "answer", "value", "count")
+_MAX_ITEMS: Final = 6
+
+
+def _results(line: _Line) -> list[str]:
+    """One sentence per knowledge tool called this turn, saying what it found (a dice roll's
+    total, a forecast): a result the companion keeps to itself is no result to the person."""
+    out = []
+    for tool, output in line.learned[:2]:
+        said = _said_value(output, line.language)
+        if said:
+            what = " ".join(tool.replace("-", "_").split("_")).strip() or tool
+            out.append(line.pick("result", tool=what, Tool=_upper_first(what), result=said))
+    return out
+
+
+def _said_value(value: object, language: Language, depth: int = 0) -> str:
+    """A tool's output in a few words: its headline field first ("total 9, rolls 4 and 5")."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return ("はい" if value else "いいえ") if language == "ja" else ("yes" if value else "no")
+    if isinstance(value, int | float | str):
+        return str(value)[:80]
+    if isinstance(value, Sequence) and depth < 2:
+        items = [_said_value(v, language, depth + 1) for v in list(value)[:_MAX_ITEMS]]
+        items = [i for i in items if i]
+        if language == "ja" or len(items) < 2:
+            return "、".join(items) if language == "ja" else "".join(items)
+        return ", ".join(items[:-1]) + f" and {items[-1]}"
+    if isinstance(value, Mapping) and depth < 2:
+        keys = sorted(
+            (k for k in value if isinstance(k, str)),
+            key=lambda k: _HEADLINE.index(k.casefold()) if k.casefold() in _HEADLINE else len(_HEADLINE),
+        )
+        parts = []
+        for key in keys[:_MAX_ITEMS]:
+            said = _said_value(value[key], language, depth + 1)
+            if said:
+                label = " ".join(key.replace("-", "_").split("_"))
+                parts.append(f"{label} {said}" if language == "en" else f"{label}: {said}")
+        return ", ".join(parts) if language == "en" else "、".join(parts)
+    return ""

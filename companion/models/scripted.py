@@ -13,10 +13,13 @@ to see their card work offline, in tests and in the demo:
   rain tonight" and the card's conditions fire when they should.
 - **speaking**: it calls the tools the matched instructions name, in order: knowledge tools
   first, then other actions (custom ``@action`` tools included, with input built from their
-  JSON Schema and the message), then exactly one speaking tool. The line (:mod:`.phrasing`)
-  reacts to what was said, answers a question from the companion's story, does what the
-  instruction asks, and is addressed to the previous speaker and the others present, never to
-  the companion itself.
+  JSON Schema and the message; numbers bound to their own words, "two six-sided dice" is
+  ``count`` 2 and ``sides`` 6), then exactly one speaking tool. The line (:mod:`.phrasing`)
+  says what the knowledge tools found, reacts to what was said, answers a question from the
+  companion's story, does what the instruction asks, in the language of the message, never
+  repeating the companion's own earlier lines, and is addressed to the previous speaker and the
+  others present, never to the companion itself. Its emotion follows the message's feeling
+  ("I feel sad" is answered ``sad``, never ``happy``).
 
 Every choice comes from a generator seeded with ``seed`` and the *content* of the request (never
 message ids or the clock), hashed with SHA-256, so the same seed and the same conversation give
@@ -28,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -43,10 +47,11 @@ from .base import (
     ToolCaller,
     ToolSpec,
 )
+from .hearing import asks, hear
 from .inference import Clues, fill_schema
-from .lexicon import clean, sentences
+from .lexicon import STOPWORDS, clean, concepts_in, cue_concepts, quantity, words
 from .persona import Persona, persona_of
-from .phrasing import compose, hear, plan_of
+from .phrasing import compose, plan_of
 
 __all__ = ["ScriptedModel"]
 
@@ -63,13 +68,7 @@ _MAX_LINE: Final = 600
 
 def _asked(text: str, companion: Metadata) -> bool:
     """Whether a question in ``text`` names ``companion`` (that is how a line passes the turn)."""
-    for sentence in sentences(text):
-        folded = sentence.casefold()
-        if sentence.rstrip().endswith(("?", "?")) and (
-            companion.name.casefold() in folded or companion.id.casefold() in folded
-        ):
-            return True
-    return False
+    return asks(text, companion.name) or asks(text, companion.id)
 
 
 class ScriptedModel:
@@ -188,6 +187,7 @@ class ScriptedModel:
         names = _names(request.extra.get("names"))
         called: set[str] = set()
         failed: list[str] = []
+        learned: list[tuple[str, Any]] = []
         for instruction in request.instructions:  # knowledge first: what it learns shapes the line
             spec = tools.get(instruction.tool)
             if spec is None or spec.kind != "knowledge" or spec.id in called:
@@ -195,7 +195,10 @@ class ScriptedModel:
             called.add(spec.id)
             result = await self._call(spec, request, instruction.instruction, call_tool)
             if result.get("status") == "ok":
-                names.update({k: v for k, v in _names(result.get("output")).items() if k not in names})
+                found = _names(result.get("output"))
+                names.update({k: v for k, v in found.items() if k not in names})
+                if not found:  # not a list of who is here: something to say
+                    learned.append((spec.id, result.get("output")))
         speaking = self._speaking_tool(request, tools)
         for instruction in request.instructions:  # then the other actions the card asks for
             spec = tools.get(instruction.tool)
@@ -218,7 +221,7 @@ class ScriptedModel:
         instruction_text = [i.instruction for i in request.instructions if i.tool == speaking.id] or [
             i.instruction for i in request.instructions
         ]
-        text = self._line(request, names, instruction_text, failed)
+        text = self._line(request, names, instruction_text, failed, learned)
         await self._call(speaking, request, " ".join(instruction_text), call_tool, say=text)
 
     async def _call(
@@ -287,7 +290,11 @@ class ScriptedModel:
         )
         rng = self._rng("input", spec.id, request.me.id, clues.text, instruction)
         value = fill_schema(schema, clues, rng)
-        return value if isinstance(value, dict) else {}
+        if not isinstance(value, dict):
+            return {}
+        if not minimal:
+            value.update(_written(schema, clues.text))
+        return value
 
     def _speaking_tool(self, request: SpeakRequest, tools: Mapping[str, ToolSpec]) -> ToolSpec | None:
         for instruction in request.instructions:
@@ -315,19 +322,24 @@ class ScriptedModel:
         if "to" in props:
             arguments["to"] = _recipients(request)
         if "emotion" in props:
+            options = _options(tool.input_schema, props["emotion"])
             if minimal:
-                options = _options(tool.input_schema, props["emotion"])
                 arguments["emotion"] = "neutral" if "neutral" in options or not options else options[0]
-            elif request.closing in ("closing", "terminal"):
-                options = _options(tool.input_schema, props["emotion"])
-                if "happy" in options:
-                    arguments["emotion"] = "happy"
+            else:
+                mood = _mood(request, options)
+                if mood is not None:
+                    arguments["emotion"] = mood
         return arguments
 
     def _line(
-        self, request: SpeakRequest, names: dict[str, str], instructions: Sequence[str], failed: Sequence[str]
+        self,
+        request: SpeakRequest,
+        names: dict[str, str],
+        instructions: Sequence[str],
+        failed: Sequence[str],
+        learned: Sequence[tuple[str, Any]] = (),
     ) -> str:
-        """The reply: composed up to a few times until it is unlike my own recent lines."""
+        """The reply: composed up to a few times until it is unlike my own lines so far."""
         me = request.me
         message = request.message
         persona = persona_of(me, request.role)
@@ -345,10 +357,12 @@ class ScriptedModel:
         )
         params = request.extra.get("params")
         plan = plan_of(instructions, params if isinstance(params, Mapping) else None)
-        mine = [clean(m.params.message) for m in request.history if m.params.from_ == me.id][-3:]
+        mine = [clean(m.params.message) for m in request.history if m.params.from_ == me.id]
         folded = [line.casefold() for line in mine]
         used = [
-            f.text for f in persona.facts if any(f.text.casefold().rstrip(".!") in line for line in folded)
+            f.text
+            for f in (*persona.facts, *persona.gist)
+            if any(f.text.casefold().rstrip(".!。") in line for line in folded)
         ]
         candidates = []
         for attempt in range(_ATTEMPTS):
@@ -362,6 +376,11 @@ class ScriptedModel:
                 ask_to=_ask_to(request, names, rng, persona),
                 used=used,
                 failed=failed,
+                spoken=mine,
+                heard_before=[clean(m.params.message) for m in request.history if m.params.from_ != me.id],
+                sombre=_sombre_person(request),
+                names=[*names.values(), persona.name],
+                learned=learned,
             )[:_MAX_LINE]
             if all(bigram_jaccard(line, old) < _SIMILAR for old in mine) and line != text:
                 return line
@@ -407,6 +426,72 @@ def _ask_to(
         return None
     name = names[rng.choice(pool)]
     return None if name.casefold() == persona.name.casefold() else name
+
+
+_SOMBRE: Final = ("sad", "afraid", "wistful", "angry")
+_GLAD: Final = ("happy", "proud", "excited", "amused", "surprised", "tender")
+_LIKE: Final = {"afraid": "sad", "wistful": "sad", "proud": "happy", "excited": "happy", "amused": "happy"}
+
+
+def _mood(request: SpeakRequest, options: Sequence[str]) -> str | None:
+    """The emotion a reply shows, among ``options``: the feeling of the message it answers ("I
+    feel sad" gets ``sad``, never ``happy``); with none, not a glad one while the person's last
+    line was a sombre one; at the goodbye, a warm one. ``None`` leaves the inferred value."""
+    sombre = _sombre_person(request)
+    quiet = next((o for o in ("neutral", "calm", "tender") if o in options), None)
+    if request.closing in ("closing", "terminal"):
+        return quiet if sombre else "happy" if "happy" in options else None
+    found = concepts_in(clean(request.message.params.message))
+    feeling = next((f for f in (*_SOMBRE, *_GLAD) if found.get(f, 0) >= 1), None)
+    from_companion = request.message.params.from_.startswith("companion_")
+    if feeling is not None and not (sombre and from_companion and feeling in _GLAD):
+        return _option_for(feeling, options)
+    return quiet if sombre else None
+
+
+def _sombre_person(request: SpeakRequest) -> bool:
+    """Whether the person's last line in the conversation was sad, scared, wistful or cross."""
+    person = next((m for m in reversed(request.history) if not m.params.from_.startswith("companion_")), None)
+    if person is None:
+        return False
+    said = concepts_in(clean(person.params.message))
+    return any(said.get(f, 0) >= 1 for f in _SOMBRE)
+
+
+def _option_for(feeling: str, options: Sequence[str]) -> str | None:
+    """The option that names ``feeling`` (or the feeling it is like: afraid is shown as sad)."""
+    for wanted in (feeling, _LIKE.get(feeling)):
+        for option in options:
+            if wanted and wanted in {*concepts_in(option), *cue_concepts(option)}:
+                return option
+    return None
+
+
+_NOT_MEANING: Final = frozenset({"how", "many", "much", "number", "value", "amount", "each", "has", "have"})
+
+
+def _written(schema: Mapping[str, Any], text: str) -> dict[str, int | float]:
+    """The numbers ``text`` writes for the schema's numeric properties ("roll two six-sided
+    dice": ``count`` 2 and ``sides`` 6), each bound to its own words (:func:`.lexicon.quantity`),
+    kept only within the property's bounds."""
+    out: dict[str, int | float] = {}
+    properties = schema.get("properties")
+    for key, prop in properties.items() if isinstance(properties, Mapping) else ():
+        if not isinstance(key, str) or not isinstance(prop, Mapping):
+            continue
+        kind = prop.get("type")
+        if kind not in ("integer", "number"):
+            continue
+        about = re.sub(r"[_\-]+|(?<=[a-z])(?=[A-Z])", " ", key) + " " + str(prop.get("description", ""))
+        meaning = [w for w in words(about) if w not in STOPWORDS and w not in _NOT_MEANING]
+        found = quantity(text, meaning)
+        if found is None or (kind == "integer" and not found.is_integer()):
+            continue
+        low, high = prop.get("minimum"), prop.get("maximum")
+        if (isinstance(low, int | float) and found < low) or (isinstance(high, int | float) and found > high):
+            continue
+        out[key] = int(found) if kind == "integer" else found
+    return out
 
 
 def _options(schema: Mapping[str, Any], prop: Any) -> list[str]:
