@@ -654,8 +654,11 @@ class Conversation:
             self.replies = max(self.replies + 1, info.turn if info.stamped else 0)
             self.stage = later(self.stage, info.closing)
         else:
-            # a person speaking opens a new exchange, as does a companion that says it opens one
-            self.replies, self.stage = 0, "none"
+            # a person speaking opens a new exchange, as does a companion that says it opens one;
+            # a person's ``closing: terminal`` (a client's stop) ends it: the floor is terminal,
+            # so whoever leads publishes a terminal array without asking its model
+            person_stops = info.closing == "terminal" and not params.from_.startswith(COMPANION_ID_PREFIX)
+            self.replies, self.stage = 0, "terminal" if person_stops else "none"
         _latest(
             self.voices, params.from_, {"said": params.message[:_VOICE_CHARS], "turn": self.replies}, _VOICES
         )
