@@ -46,7 +46,7 @@ from .log import log_event
 from .protocol import Message, encode
 from .sqlwriter import SqlWriter
 
-__all__ = ["DB_FILENAME", "MemoryStore", "Store", "StoreError"]
+__all__ = ["DB_FILENAME", "MemoryStore", "Store", "StoreError", "read_history"]
 
 logger = logging.getLogger("companion.store")
 
@@ -467,3 +467,27 @@ class MemoryStore:
 
     def memory(self) -> dict[str, Any]:
         return dict(self._values)
+
+
+def read_history(path: str | Path, limit: int) -> list[tuple[float, Message]]:
+    """The last ``limit`` messages of the store file at ``path`` with the time each was stored
+    (seconds since the epoch), oldest first: for clients joining late (the bridge's
+    ``/history``). A read-only connection of its own, so it blocks neither the node nor the
+    writer (WAL); call :meth:`Store.flush` first to include what is queued. Rows that no longer
+    parse are left out (and logged), as in :meth:`Store.recent`."""
+    if limit <= 0:
+        return []
+    db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        rows = db.execute(
+            "SELECT seq, body, stored_at FROM messages ORDER BY seq DESC LIMIT ?", (limit,)
+        ).fetchall()
+    finally:
+        db.close()
+    out: list[tuple[float, Message]] = []
+    for seq, body, stored_at in reversed(rows):
+        try:
+            out.append((float(stored_at), Message.model_validate(json.loads(body))))
+        except (ValueError, ValidationError, RecursionError):
+            log_event(logger, "store_row_unreadable", logging.ERROR, path=str(path), seq=seq)
+    return out

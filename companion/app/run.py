@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ..bridge import Bridge
     from ..card import LoadedCard
     from ..node import CompanionNode, InboundHandler
+    from ..ports import ConversationStore
     from .bridge import BridgeOptions
 
 __all__ = ["DIAL_HEAD_START", "RunOptions", "Running", "listen_addrs_for", "run_nodes"]
@@ -130,6 +131,7 @@ async def run_nodes(
     trust = open_trust(options.data_dir, options.trust)
     nodes: list[CompanionNode] = []
     runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL and SIGHUP reach these
+    stores: dict[str, ConversationStore] = {}  # the bridge's /history reads these
     clients = None
     stopped_by: list[int] = []
     async with trio.open_nursery() as nursery:
@@ -142,9 +144,11 @@ async def run_nodes(
         await nursery.start(_serve_signals, everyone, nursery.cancel_scope, reload, stopped_by)
         if options.bridge is not None:
             from .actions import serve_actions
+            from .views import serve_views
 
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
             serve_actions(clients.bridge, runtimes)
+            serve_views(clients.bridge, loaded, stores)
         pending: list[tuple[LoadedCard, CompanionNode, PendingHandler, trio.Nursery]] = []
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
@@ -172,6 +176,7 @@ async def run_nodes(
             pending.append((card, node, waiting, node_nursery))
         # the nodes dial now; the models and engines are prepared meanwhile, after a head start
         from .actions import runtime_of
+        from .views import store_of
 
         await _first_connections(nodes, DIAL_HEAD_START)
         if handler_factory is None:
@@ -182,6 +187,8 @@ async def run_nodes(
             runtime = runtime_of(handler)
             if runtime is not None:
                 runtimes[card.card.metadata.id] = runtime
+            if (store := store_of(handler)) is not None:
+                stores[card.card.metadata.id] = store
             waiting.become(handler)
             node.become_present()
             print(peer_line(node.name, node.peer_id), flush=True)
