@@ -355,7 +355,10 @@
       append(messageLine(p, metadata, at), at);
     }
     refreshCompanions();
-    if (metadata.closing === "terminal" && newest) endConversation(at);
+    // a companion's reply to people alone opens no turn: over, unless another is still at work
+    const toPeopleOnly = p.from.startsWith("companion_") && typeof metadata.in_reply_to === "string" &&
+      !p.to.some((id) => id.startsWith("companion_"));
+    if (newest && (metadata.closing === "terminal" || (toPeopleOnly && thinking.size === 0))) endConversation(at);
   }
 
   function messageLine(p, metadata, at) {
