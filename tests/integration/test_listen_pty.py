@@ -1,0 +1,162 @@
+"""`companion listen` in a pseudo-terminal that is both its keyboard and its screen, as a person
+runs it: what the person is typing stays whole while companions' lines arrive, a reply that
+addresses only the person ends the conversation (the end marker), and when the bridge
+restarts on the same port the client reconnects by itself and goes on.
+
+A `companion bridge` process, a raw libp2p peer speaking as companion_juniper, and a second
+Firehose client that receives what the person sends (clients see each other's frames).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+from bridge_support import blocking, start_bridge
+from network_support import network
+from test_listen_bridge import until
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+from companion.listen.core import END_MARKER
+
+pytestmark = pytest.mark.integration
+
+STYLE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class Terminal:
+    """``companion listen`` with standard input and output on one pseudo-terminal (40 × 100);
+    what it writes is collected; :meth:`type` is the person typing. Stopped by its PID."""
+
+    def __init__(self, argv: list[str]) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+        self.popen = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=subprocess.PIPE)
+        os.close(slave)
+        self.master = master
+        self.output = bytearray()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            with self._lock:
+                self.output += chunk
+
+    def text(self) -> str:
+        """What it wrote, without its colours (the cursor movements stay)."""
+        with self._lock:
+            return STYLE.sub("", self.output.decode("utf-8", "replace"))
+
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode("utf-8"))
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+        os.close(self.master)
+
+
+async def said_by_the_person(ws: WebSocketConnection, timeout: float = 15) -> str:
+    """The next line user_mika sends, as another client of the bridge receives it."""
+    with trio.fail_after(timeout):
+        while True:
+            frame = json.loads(await ws.get_message())
+            params = frame.get("params", {}) if isinstance(frame, dict) else {}
+            if frame.get("method") == "message.send" and params.get("from") == "user_mika":
+                return str(params["message"])
+
+
+async def test_typing_survives_arriving_lines_the_end_and_a_bridge_restart(tmp_path: Path) -> None:
+    with network(tmp_path) as net:
+        bridge, port, started = await blocking(start_bridge, net, "bridge")
+        raw, _ = await blocking(net.raw, "juniper")
+        raw.send({"op": "connect", "addr": started["addrs"][0]})
+        await blocking(raw.event, "connected", 15)
+        await blocking(bridge.event, "companion_joined", 30, companion_id="companion_juniper")
+
+        argv = [
+            sys.executable,
+            "-m",
+            "companion",
+            "listen",
+            "--ws",
+            f"ws://127.0.0.1:{port}/",
+            "--as",
+            "user_mika",
+        ]
+        term = Terminal(argv)
+        try:
+            await until("connected", lambda: "connected to" in term.text(), 30)
+            await until("the prompt", lambda: term.text().rstrip().endswith(">"), 10)
+            term.type("hello wor")
+            await until("the typed text drawn", lambda: "> hello wor" in term.text(), 10)
+
+            # Juniper answers the person alone while she types: its line above, her text intact
+            reply = {
+                "jsonrpc": "2.0",
+                "method": "message.send",
+                "params": {
+                    "id": "r-1",
+                    "from": "companion_juniper",
+                    "to": ["user_mika"],
+                    "message": "Good night, Mika.",
+                    "metadata": {"in_reply_to": "m-0"},
+                },
+            }
+            raw.send({"op": "publish", "topic": "messages", "text": json.dumps(reply)})
+            await until("the end marker", lambda: END_MARKER in term.text(), 15)
+            screen = term.text()
+            line = screen.rfind("companion_juniper → you: Good night, Mika.")
+            assert line > 0, screen[-400:]
+            # a time first, then the line; the typed row drawn again after the end marker
+            assert screen[line - 6 : line - 3].endswith(":") or screen[line - 4] == ":", screen[
+                line - 20 : line
+            ]
+            assert screen.rfind("> hello wor") > screen.rfind(END_MARKER)
+
+            async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
+                await trio.sleep(0.3)  # the bridge counts the client before the line goes out
+                term.type("ld\r")
+                assert await said_by_the_person(ws) == "hello world"
+            assert "> hello world\r\n" in term.text()  # it stays in the log
+
+            # the bridge restarts on the same port: the client reconnects by itself
+            bridge.stop()
+            await until("reconnecting", lambda: "reconnecting to" in term.text(), 15)
+            term.type("after the ")  # typed while the bridge is away
+            await blocking(start_bridge, net, "bridge2", extra=("--ws", f"127.0.0.1:{port}"))
+            await until("reconnected", lambda: "reconnected to" in term.text(), 30)
+            assert term.text().rfind("> after the ") > term.text().rfind("reconnected to")
+            async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
+                await trio.sleep(0.3)
+                term.type("restart\r")
+                assert await said_by_the_person(ws) == "after the restart"
+            assert term.popen.poll() is None
+        finally:
+            term.stop()
+        # Ctrl-C or SIGTERM puts the terminal back as it was (the program set cbreak mode)
+        assert term.popen.returncode in (0, 1, 130, -signal.SIGTERM)
