@@ -9,24 +9,15 @@ Firehose client that receives what the person sends (clients see each other's fr
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
 import re
-import signal
-import struct
-import subprocess
-import sys
-import termios
-import threading
 from pathlib import Path
 
 import pytest
 import trio
 from bridge_support import blocking, start_bridge
 from network_support import network
-from test_listen_bridge import until
+from test_listen_bridge import PtyListener, bridge_with_juniper, listen_argv, until
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.listen.core import END_MARKER
@@ -36,48 +27,18 @@ pytestmark = pytest.mark.integration
 STYLE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-class Terminal:
-    """``companion listen`` with standard input and output on one pseudo-terminal (40 × 100);
-    what it writes is collected; :meth:`type` is the person typing. Stopped by its PID."""
+class Typed:
+    """The listener's terminal as the person sees it: its text without colours (the cursor
+    movements stay), and the keys typed."""
 
-    def __init__(self, argv: list[str]) -> None:
-        master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
-        self.popen = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=subprocess.PIPE)
-        os.close(slave)
-        self.master = master
-        self.output = bytearray()
-        self._lock = threading.Lock()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.master, 65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            with self._lock:
-                self.output += chunk
+    def __init__(self, listener: PtyListener) -> None:
+        self.listener = listener
 
     def text(self) -> str:
-        """What it wrote, without its colours (the cursor movements stay)."""
-        with self._lock:
-            return STYLE.sub("", self.output.decode("utf-8", "replace"))
+        return STYLE.sub("", self.listener.text())
 
     def type(self, keys: str) -> None:
-        os.write(self.master, keys.encode("utf-8"))
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(10)
-        os.close(self.master)
+        self.listener.type(keys)
 
 
 async def said_by_the_person(ws: WebSocketConnection, timeout: float = 15) -> str:
@@ -92,23 +53,9 @@ async def said_by_the_person(ws: WebSocketConnection, timeout: float = 15) -> st
 
 async def test_typing_survives_arriving_lines_the_end_and_a_bridge_restart(tmp_path: Path) -> None:
     with network(tmp_path) as net:
-        bridge, port, started = await blocking(start_bridge, net, "bridge")
-        raw, _ = await blocking(net.raw, "juniper")
-        raw.send({"op": "connect", "addr": started["addrs"][0]})
-        await blocking(raw.event, "connected", 15)
-        await blocking(bridge.event, "companion_joined", 30, companion_id="companion_juniper")
-
-        argv = [
-            sys.executable,
-            "-m",
-            "companion",
-            "listen",
-            "--ws",
-            f"ws://127.0.0.1:{port}/",
-            "--as",
-            "user_mika",
-        ]
-        term = Terminal(argv)
+        bridge, port, raw = await bridge_with_juniper(net)
+        listener = PtyListener(listen_argv(port), keyboard=True)
+        term = Typed(listener)
         try:
             await until("connected", lambda: "connected to" in term.text(), 30)
             await until("the prompt", lambda: term.text().rstrip().endswith(">"), 10)
@@ -155,8 +102,6 @@ async def test_typing_survives_arriving_lines_the_end_and_a_bridge_restart(tmp_p
                 await trio.sleep(0.3)
                 term.type("restart\r")
                 assert await said_by_the_person(ws) == "after the restart"
-            assert term.popen.poll() is None
+            assert listener.popen.poll() is None
         finally:
-            term.stop()
-        # Ctrl-C or SIGTERM puts the terminal back as it was (the program set cbreak mode)
-        assert term.popen.returncode in (0, 1, 130, -signal.SIGTERM)
+            listener.stop()
