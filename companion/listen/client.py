@@ -219,10 +219,9 @@ async def run_listener(
     token = effective_token(options)
     if token != options.token:
         options = replace(options, token=token)
-    if options.webrtc:
-        return await _run_webrtc(options, session, lines, show)
+    connect = _connect_rtc if options.webrtc else _connect
     shown = _without_token(options.url)
-    code = await _connect(options, session, lines, show, first=True)
+    code = await connect(options, session, lines, show, first=True)
     lost_since, wait = trio.current_time(), RECONNECT_FIRST
     while code is None or code == _CONNECTED_THEN_LOST:  # lost: reconnect, bounded in time
         if code == _CONNECTED_THEN_LOST:
@@ -233,7 +232,7 @@ async def run_listener(
         show(Show(f"reconnecting to {shown} in {wait:g} s…"))
         await trio.sleep(wait)
         wait = min(wait * 2, RECONNECT_MAX)
-        code = await _connect(options, session, lines, show, first=False)
+        code = await connect(options, session, lines, show, first=False)
     return code
 
 
@@ -289,14 +288,17 @@ async def _connect(
     return None
 
 
-async def _run_webrtc(
+async def _connect_rtc(
     options: ListenOptions,
     session: ListenSession,
     lines: trio.MemoryReceiveChannel[str],
     show: Callable[[Show], None],
-) -> int:
+    *,
+    first: bool,
+) -> int | None:
     """``--webrtc``: the same client over a data channel; the connection offers the two calls
-    the client uses, with the same ``ConnectionClosed`` at the end."""
+    the client uses, with the same ``ConnectionClosed`` at the end. Returns as :func:`_connect`
+    does; a refused offer is final."""
     from ..rtc import OfferRejected
     from ..rtc.listen import open_rtc_listener
 
@@ -311,15 +313,22 @@ async def _run_webrtc(
                 topics=LISTEN_TOPICS,
             ) as link:
                 connecting.deadline = math.inf
-                return await _Client(options, session, link, show).run(lines)
+                client = _Client(options, session, link, show, first=first)
+                code = await client.run(lines)
+                return _CONNECTED_THEN_LOST if client.lost else code
         shown = _without_token(options.url)
-        too_slow = f"could not connect to {shown} over WebRTC within {options.connect_timeout:g}s"
-        show(Show(too_slow, "error"))
+        failed = Show(
+            f"could not connect to {shown} over WebRTC within {options.connect_timeout:g}s", "error"
+        )
     except OfferRejected as exc:
         show(Show(f"the bridge refused WebRTC: {exc}", "error"))
+        return 1
     except (OSError, trio.TooSlowError) as exc:
-        show(Show(f"could not connect to {_without_token(options.url)} over WebRTC: {exc}", "error"))
-    return 1
+        failed = Show(f"could not connect to {_without_token(options.url)} over WebRTC: {exc}", "error")
+    if first:
+        show(failed)
+        return 1
+    return None
 
 
 def _describe(exc: HandshakeError) -> str:
