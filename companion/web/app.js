@@ -355,6 +355,7 @@
       append(messageLine(p, metadata, at), at);
     }
     refreshCompanions();
+    updateStop();
     // a companion's reply to people alone opens no turn: over, unless another is still at work
     const toPeopleOnly = p.from.startsWith("companion_") && typeof metadata.in_reply_to === "string" &&
       !p.to.some((id) => id.startsWith("companion_"));
@@ -385,6 +386,12 @@
     if (ended) return;
     ended = true;
     showSystem(END_MARKER, "end", at);
+    updateStop();
+  }
+
+  // Stop is for a conversation under way: off before the first line and after the end.
+  function updateStop() {
+    $("stop").disabled = ended || lines.size === 0;
   }
 
   function markRefused(ref, why) {
@@ -1209,6 +1216,7 @@
   };
 
   showSystem(START_HINT, "hint", 0); // first, whatever the history brings
+  updateStop();
   connect();
   setInterval(loadCompanions, DIRECTORY_EVERY_MS);
 })();

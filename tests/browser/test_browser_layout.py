@@ -127,6 +127,11 @@ async def test_the_page_on_a_desktop(chromium_path: str, tmp_path: Path) -> None
         await page.evaluate("document.querySelector('#profile button[value=close]').click(); true")
         await page.wait_for("!document.getElementById('profile').open")
 
+        # a new line, and Stop at its first reply: the conversation is under way (a closing
+        # takes at least six replies), and Stop ends it for every companion
+        before = await page.evaluate(REPLIES)
+        await say(page, "One more question: what should we do tonight?")
+        await page.wait_for(f"{REPLIES} > {before}", timeout=60)
         stop_id = await stop_and_check_every_companion(page, home)
         said = await page.evaluate(
             "[...document.querySelectorAll('#transcript li[data-id]')].map(li => li.dataset.id)"
@@ -190,9 +195,11 @@ async def test_the_page_on_a_phone_in_japanese(chromium_path: str, tmp_path: Pat
         await stop_and_check_every_companion(page, home)
         end = await page.evaluate("document.querySelector('#transcript li.system.end').textContent")
         assert end == "— 会話が終わりました。下に書くと新しい会話が始まります —"
+        assert await page.evaluate("document.getElementById('stop').disabled")  # nothing to stop
 
         # a long conversation: the composer stays in view, the transcript scrolls
         await say(page, "パンの話をもっと聞かせて。")
+        assert not await page.evaluate("document.getElementById('stop').disabled")
         await page.wait_for(f"{REPLIES} >= 5", timeout=60)
         await page.wait_for("(t => t.scrollHeight > t.clientHeight)(document.getElementById('transcript'))")
         assert await page.evaluate(COMPOSER_IN_VIEW)
