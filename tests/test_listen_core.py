@@ -293,6 +293,15 @@ def test_history_lines_keep_their_time_and_are_shown_once() -> None:
         ("Aya → ken, kyoko: Hello!", 101.5),
     ]
     assert s.on_history([(101.5, reply)]) == [] and s.on_frame(encode(reply)) == []
+    # the history has no states arrays: a reply stamped "closing" was the last one
+    stamp = {"in_reply_to": "h-2", "closing": "closing"}
+    to = ["user_ken", "companion_kyoko"]
+    last = Message.create("companion_aya", to, "Bye!", stamp, id="h-3")
+    assert shown(s.on_history([(102.0, last)])) == ["Aya → ken, kyoko: Bye!", END_MARKER]
+    # live, the leader's terminal array says it (not the stamp alone)
+    s.on_frame(encode(Message.create("user_ken", ["companion_aya"], "Again?", id="h-4")))
+    again = Message.create("companion_aya", to, "Bye!", stamp, id="h-5")
+    assert shown(s.on_frame(encode(again))) == ["Aya → ken, kyoko: Bye!"]
 
 
 def test_a_reply_to_people_alone_ends_the_conversation() -> None:

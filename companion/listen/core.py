@@ -298,7 +298,13 @@ class ListenSession:
         each with its time; it moves no status (who is thinking is live news only)."""
         effects: list[Effect] = []
         for at, message in items:
-            effects += self._on_message(message, at)
+            shown = self._on_message(message, at)
+            effects += shown
+            # the states arrays are not in the history: a reply stamped ``closing`` was the last
+            # one (the stage after it is terminal), so the conversation ended there
+            closing = (message.params.metadata or {}).get(META_CLOSING)
+            if shown and closing == "closing" and message.params.from_.startswith(COMPANION_PREFIX):
+                effects += self._end()
         return effects
 
     def _on_message(self, message: Message, at: float | None = None) -> list[Effect]:

@@ -360,6 +360,9 @@
     const toPeopleOnly = p.from.startsWith("companion_") && typeof metadata.in_reply_to === "string" &&
       !p.to.some((id) => id.startsWith("companion_"));
     if (newest && (metadata.closing === "terminal" || (toPeopleOnly && thinking.size === 0))) endConversation(at);
+    // in the history, the states arrays are missing: a reply stamped "closing" was the last one
+    // (the stage after it is terminal), so the end goes right after it
+    else if (!live && newest && p.from.startsWith("companion_") && metadata.closing === "closing") endConversation(at + 1);
   }
 
   function messageLine(p, metadata, at) {
