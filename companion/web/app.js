@@ -852,7 +852,7 @@
   function guessLang(text) {
     if (/[\u3040-\u30ff\u4e00-\u9fff]/.test(text)) return "ja-JP";
     if (/[\uac00-\ud7a3]/.test(text)) return "ko-KR";
-    return document.documentElement.lang || "en";
+    return "en"; // not the page's language: a Japanese page still reads English lines in English
   }
 
   function speak(query) {
