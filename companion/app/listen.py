@@ -133,27 +133,30 @@ async def _read_keys(
 
 
 async def _main(options: ListenOptions, live: bool, typing: bool = False) -> int:
-    """The listener and the keyboard; Ctrl-C (SIGINT) closes the connection and exits with 130."""
+    """The listener and the keyboard; Ctrl-C (SIGINT) closes the connection and exits with 130.
+    When it reads the keys itself, SIGTERM does the same (143), so the terminal's settings are
+    put back (:func:`run_terminal`) rather than left without echo."""
     screen = TerminalScreen(live=live, color=live, width=_width, prompt=typing, timestamps=True)
     send, receive = trio.open_memory_channel[str](16)
-    code, interrupted = 1, trio.Event()
+    code, stopped_by = 1, list[int]()
+    watched = (signal.SIGINT, signal.SIGTERM) if typing else (signal.SIGINT,)
     try:
-        with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        with trio.open_signal_receiver(*watched) as interrupts:
             async with trio.open_nursery() as nursery:
                 if typing:
                     nursery.start_soon(_read_keys, send, screen, _write)
                 else:
                     nursery.start_soon(_read_stdin, send)
-                nursery.start_soon(_cancel_on_signal, interrupts, nursery.cancel_scope, interrupted)
+                nursery.start_soon(_cancel_on_signal, interrupts, nursery.cancel_scope, stopped_by)
                 code = await run_listener(options, receive, lambda item: _write(screen.render(item)))
                 nursery.cancel_scope.cancel()
     finally:
         _write(screen.close())
-    return 130 if interrupted.is_set() else code
+    return 128 + stopped_by[0] if stopped_by else code
 
 
-async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope, seen: trio.Event) -> None:
-    async for _ in signals:
-        seen.set()
+async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope, seen: list[int]) -> None:
+    async for signum in signals:
+        seen.append(int(signum))
         scope.cancel()
         return

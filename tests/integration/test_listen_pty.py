@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import termios
 from pathlib import Path
 
 import pytest
@@ -103,5 +105,12 @@ async def test_typing_survives_arriving_lines_the_end_and_a_bridge_restart(tmp_p
                 term.type("restart\r")
                 assert await said_by_the_person(ws) == "after the restart"
             assert listener.popen.poll() is None
+
+            # it reads the keys itself (no echo by the terminal); SIGTERM, like Ctrl-C, puts the
+            # terminal's settings back as they were
+            assert not termios.tcgetattr(listener.master)[3] & termios.ECHO
+            listener.popen.send_signal(signal.SIGTERM)
+            assert await blocking(listener.popen.wait, 15) == 128 + signal.SIGTERM
+            assert termios.tcgetattr(listener.master)[3] & termios.ECHO
         finally:
             listener.stop()
