@@ -26,6 +26,9 @@ from .triggers import CompiledTriggers, ToolInstruction, TriggerCondition, Trigg
 
 __all__ = [
     "COMPANION_ID_PREFIX",
+    "IMAGE_TYPES",
+    "MAX_IMAGE_BYTES",
+    "Appearance",
     "CardError",
     "CardProblem",
     "CardSettings",
@@ -38,6 +41,8 @@ __all__ = [
     "Routine",
     "ToolDefinition",
     "card_json_schema",
+    "image_path",
+    "image_type",
     "load_card",
 ]
 
@@ -114,6 +119,51 @@ class CardSettings(_CardModel):
     )
 
 
+IMAGE_TYPES: Final[Mapping[bytes, str]] = {
+    b"\x89PNG\r\n\x1a\n": "image/png",
+    b"\xff\xd8\xff": "image/jpeg",
+    b"GIF87a": "image/gif",
+    b"GIF89a": "image/gif",
+}
+"""The image files a card may ship, by their first bytes (WebP is checked apart: RIFF....WEBP).
+No SVG: the bridge serves the file from its own origin, and an SVG may carry scripts."""
+MAX_IMAGE_BYTES: Final = 1024 * 1024
+
+
+class Appearance(_CardModel):
+    """How clients draw the companion: a face and a colour. Card-level, never on the wire to
+    peers: aikyo's metadata is exactly five fields, so the bridge serves this to its clients."""
+
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="An image file beside the card (PNG, JPEG, GIF or WebP; a path relative to the "
+        "card's folder) or an https:// URL.",
+    )
+    color: str | None = Field(
+        default=None,
+        pattern=r"^#[0-9a-fA-F]{6}$",
+        description='The colour of its face and name, as #rrggbb (e.g. "#3c6e71").',
+    )
+
+    def image_url(self) -> str | None:
+        """The image as a URL, when it is one (``https://`` or ``http://``)."""
+        if self.image is not None and self.image.startswith(("https://", "http://")):
+            return self.image
+        return None
+
+
+def image_type(head: bytes) -> str | None:
+    """The content type of an image file from its first 12 bytes, if it is one a card may ship."""
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    for magic, kind in IMAGE_TYPES.items():
+        if head.startswith(magic):
+            return kind
+    return None
+
+
 class CompanionCard(_CardModel):
     """A companion's card: identity, role, tools and trigger conditions."""
 
@@ -129,6 +179,10 @@ class CompanionCard(_CardModel):
         description="Tools the companion runs on its own: every N seconds, after silence, or on an event.",
     )
     settings: CardSettings = Field(default_factory=CardSettings)
+    appearance: Appearance | None = Field(
+        default=None,
+        description="How clients draw the companion (an image, a colour); never sent to peers.",
+    )
 
 
 def card_json_schema() -> dict[str, Any]:
@@ -230,6 +284,7 @@ def load_card(path: str | Path, *, resolve: Resolver = resolve_tool) -> LoadedCa
     card = checker.structure(raw)
     if card is not None:
         found = checker.semantic(card.metadata.id, card.actions, card.knowledge, card.events, card.routines)
+        checker.appearance(card.appearance, file)
         if not checker.problems and found.triggers is not None:
             return LoadedCard(
                 card=card, path=file, triggers=found.triggers, tools=found.tools, routines=found.routines
@@ -412,7 +467,10 @@ class _Checker:
         else:
             got = json.dumps(error.get("input"), default=str, ensure_ascii=False)
             got = got if len(got) <= 40 else got[:37] + "..."
-            self.add(loc, f"{error['msg']} (got {got})", _fix_for_type(kind, error))
+            fix = _fix_for_type(kind, error)
+            if kind == "string_pattern_mismatch" and _field_description(loc):
+                fix = _field_description(loc)  # the pattern's regex says less than its description
+            self.add(loc, f"{error['msg']} (got {got})", fix)
 
     # meaning
 
@@ -468,6 +526,38 @@ class _Checker:
                 )
             return _Semantics(None, tools, compiled_routines)
         return _Semantics(triggers, tools, compiled_routines)
+
+    def appearance(self, appearance: Appearance | None, card_file: Path) -> None:
+        """A local image must be a small PNG, JPEG, GIF or WebP inside the card's folder."""
+        if appearance is None or appearance.image is None or appearance.image_url() is not None:
+            return
+        parts: list[PathPart] = ["appearance", "image"]
+        if "://" in appearance.image:
+            self.add(parts, f"{appearance.image!r} is not an https:// URL", "use https://... or a file path")
+            return
+        path = image_path(appearance, card_file)
+        if path is None:
+            self.add(
+                parts,
+                f"{appearance.image!r} is outside the card's folder",
+                "put the image beside the card (or in a folder below it) and give its relative path",
+            )
+            return
+        try:
+            size = path.stat().st_size
+            with path.open("rb") as f:
+                head = f.read(12)
+        except OSError as exc:
+            self.add(parts, f"cannot read {appearance.image!r}: {exc.strerror or exc}", "check the path")
+            return
+        if image_type(head) is None:
+            self.add(parts, f"{appearance.image!r} is not a PNG, JPEG, GIF or WebP image", "convert it")
+        elif size > MAX_IMAGE_BYTES:
+            self.add(
+                parts,
+                f"{appearance.image!r} is {size} bytes; at most {MAX_IMAGE_BYTES} are served",
+                "make the image smaller (a face needs ~256 px)",
+            )
 
     def _listed(self, parts: list[PathPart], tool: str, names: Mapping[str, str], listed: set[str]) -> bool:
         """Whether ``tool`` names a listed tool (by reference or id); a problem if not."""
@@ -532,6 +622,16 @@ class _Checker:
             )
             return None
         return defn
+
+
+def image_path(appearance: Appearance, card_file: Path) -> Path | None:
+    """The local image file of ``appearance``, resolved beside ``card_file`` (``None``: a URL,
+    no image, or a path that leaves the card's folder)."""
+    if appearance.image is None or "://" in appearance.image:
+        return None
+    folder = card_file.resolve().parent
+    path = (folder / appearance.image).resolve()
+    return path if path.is_relative_to(folder) else None
 
 
 def _importable_fix(module: str, missing: str, card_file: str | None) -> str:

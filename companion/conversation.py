@@ -732,8 +732,11 @@ class Conversation:
             self._last_turn = {cid: self._last_turn.get(cid, -1) for cid in self._heard}
             self._last_turn[params.from_] = self.replies
         else:
-            # a person speaking opens a new exchange, as does a companion that says it opens one
-            self.replies, self.stage = 0, "none"
+            # a person speaking opens a new exchange, as does a companion that says it opens one;
+            # a person's ``closing: terminal`` (a client's stop) ends it: the floor is terminal,
+            # so whoever leads publishes a terminal array without asking its model
+            person_stops = info.closing == "terminal" and not params.from_.startswith(COMPANION_ID_PREFIX)
+            self.replies, self.stage = 0, "terminal" if person_stops else "none"
             self._heard.clear()
             self._last_turn.clear()
         _latest(

@@ -57,6 +57,7 @@ __all__ = [
     "Store",
     "StoreError",
     "read_decisions",
+    "read_history",
     "read_message",
 ]
 
@@ -552,3 +553,21 @@ def read_message(path: str | Path, message_id: str) -> Message | None:
         return Message.model_validate(json.loads(rows[0][0]))
     except (ValueError, ValidationError, RecursionError):
         return None
+
+
+def read_history(path: str | Path, limit: int) -> list[tuple[float, Message]]:
+    """The last ``limit`` messages of the store file at ``path`` with the time each was stored
+    (seconds since the epoch), oldest first: for clients joining late (the bridge's
+    ``/history``). Read-only (:func:`_read_only`), so it blocks neither the node nor the
+    writer (WAL); call :meth:`Store.flush` first to include what is queued. Rows that no longer
+    parse are left out (and logged), as in :meth:`Store.recent`."""
+    if limit <= 0:
+        return []
+    rows = _read_only(path, "SELECT seq, body, stored_at FROM messages ORDER BY seq DESC LIMIT ?", (limit,))
+    out: list[tuple[float, Message]] = []
+    for seq, body, stored_at in reversed(rows):
+        try:
+            out.append((float(stored_at), Message.model_validate(json.loads(body))))
+        except (ValueError, ValidationError, RecursionError):
+            log_event(logger, "store_row_unreadable", logging.ERROR, path=str(path), seq=seq)
+    return out

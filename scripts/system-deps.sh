@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs the system packages some tests use, when missing: Chromium (browser end-to-end
-# tests) and espeak-ng (voice synthesis). Uses Debian's packages; needs root and apt-get.
+# tests), a CJK font (the page in Japanese) and espeak-ng (voice synthesis). Uses Debian's
+# packages; needs root and apt-get.
 # Idempotent and quiet; where it cannot install, the tests that need a package skip and say why.
 set -uo pipefail
 
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng)
+# Japanese on the page (its screenshots and the Japanese browser test) needs a CJK font
+fc-list :lang=ja 2>/dev/null | grep -q . || missing+=(fonts-noto-cjk)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)  # NAT routers of the network-namespace tests
 [ ${#missing[@]} -eq 0 ] && exit 0
 

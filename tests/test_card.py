@@ -30,6 +30,8 @@ from companion.card import (
     LoadedCard,
     Routine,
     card_json_schema,
+    image_path,
+    image_type,
     load_card,
 )
 from companion.models import ToolInstruction
@@ -623,3 +625,52 @@ def test_example_cards_validate_against_the_json_schema() -> None:
     bad["metadata"]["id"] = "pim"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+# --- appearance --------------------------------------------------------------------------------------
+
+PNG_1X1 = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360f8cfc0f01f0005ff02fea7a3a3f50000000049454e44ae426082"
+)
+
+
+def test_an_appearance_is_card_level_and_never_in_the_metadata(tmp_path: Path) -> None:
+    (tmp_path / "faces").mkdir()
+    (tmp_path / "faces" / "tess.png").write_bytes(PNG_1X1)
+    text = GOOD + "appearance:\n  image: faces/tess.png\n  color: '#3c6e71'\n"
+    loaded = load_card(write(tmp_path, text), resolve=resolve)
+    appearance = loaded.card.appearance
+    assert appearance is not None and appearance.color == "#3c6e71"
+    assert image_path(appearance, tmp_path / "card.yaml") == (tmp_path / "faces" / "tess.png").resolve()
+    assert image_type(PNG_1X1) == "image/png"
+    # aikyo's metadata stays its five fields
+    fields = {"id", "name", "personality", "story", "sample"}
+    assert set(loaded.card.metadata.model_dump(by_alias=True)) == fields
+    url = GOOD + "appearance: {image: 'https://example.org/tess.webp'}\n"
+    remote = load_card(write(tmp_path, url), resolve=resolve).card.appearance
+    assert remote is not None and remote.image_url() == "https://example.org/tess.webp"
+
+
+@pytest.mark.parametrize(
+    ("appearance", "files", "field", "words"),
+    [
+        ("{color: teal}", {}, "appearance.color", "#rrggbb"),
+        ("{image: tess.png}", {}, "appearance.image", "cannot read"),
+        ("{image: ../tess.png}", {}, "appearance.image", "outside the card's folder"),
+        ("{image: tess.svg}", {"tess.svg": b"<svg onload='alert(1)'/>"}, "appearance.image", "not a PNG"),
+        ("{image: 'ftp://x/tess.png'}", {}, "appearance.image", "not an https:// URL"),
+        ("{image: tess.png}", {"tess.png": PNG_1X1 + bytes(1024 * 1024)}, "appearance.image", "bytes"),
+        ("{colour: '#ffffff'}", {}, "appearance.colour", "unknown key"),
+    ],
+)
+def test_a_bad_appearance_names_the_field_and_the_fix(
+    tmp_path: Path, appearance: str, files: dict[str, bytes], field: str, words: str
+) -> None:
+    card_dir = tmp_path / "cards"
+    card_dir.mkdir()
+    for name, data in files.items():
+        (card_dir / name).write_bytes(data)
+    found = only(problems(write(card_dir, GOOD + f"appearance: {appearance}\n")), field)
+    assert words in f"{found.message} {found.fix}", str(found)
+    assert found.fix and found.line is not None

@@ -909,3 +909,44 @@ def test_after_terminal_a_companion_message_saying_turn_0_opens_a_new_exchange()
     fresh = Message.create(D, [A], "are you there?", metadata={META_TURN: 0, META_CLOSING: "none"})
     m.receive(MessageSeen(fresh), 3.0)
     assert (m.replies, m.stage) == (0, "none")
+
+
+# --- a person's stop ------------------------------------------------------------------------------
+
+
+def test_a_persons_terminal_closing_stops_the_conversation_on_every_node() -> None:
+    """A client's stop button: the person's message carries ``closing: terminal`` (aikyo keeps
+    unknown metadata). The leader publishes a terminal array without asking its model, every node
+    accepts it and nobody speaks; a reply in preparation is withdrawn. A person's ordinary line
+    after it opens a new conversation."""
+    opening = message_led_by(A, [A, B, C])
+    machines = {cid: machine(cid) for cid in (A, B, C)}
+    for m in machines.values():
+        m.receive(MessageSeen(opening), 0.0)
+    machines[A].receive(StatesReady(opening.params.id, None, "fallback_model_error"), 0.5)
+    speaking = array(opening, B)
+    out = {cid: m.receive(StatesSeen(speaking, A), 1.0) for cid, m in machines.items()}
+    assert of(out[B], Speak)  # B prepares its reply
+
+    stop = message_led_by(C, [A, B, C], **{META_CLOSING: "terminal"})
+    out = {cid: m.receive(MessageSeen(stop), 2.0) for cid, m in machines.items()}
+    assert of(out[B], Withdraw)  # the reply in preparation is given up
+    assert not of(out[C], Lead)  # no model call: the floor decides
+    [published] = of(out[C], PublishStates)
+    assert {s.params.closing for s in published.states} == {"terminal"}
+    for cid, m in machines.items():
+        after = m.receive(StatesSeen(published.states, C), 2.5)
+        assert not of(after, Speak) and decisions(after, "conversation_over"), cid
+        assert m.stage == "terminal"
+
+    again = message_led_by(A, [A, B, C], sender="user_y")
+    assert of(machines[A].receive(MessageSeen(again), 3.0), Lead)
+    assert machines[A].stage == "none"
+
+
+def test_only_a_persons_terminal_is_a_stop_its_other_stages_are_ignored() -> None:
+    for closing in ("closing", "pre-closing", "none"):
+        m = machine(A)
+        message = message_led_by(A, [A, B], **{META_CLOSING: closing})
+        assert of(m.receive(MessageSeen(message), 0.0), Lead)
+        assert m.stage == "none"

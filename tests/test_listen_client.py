@@ -230,7 +230,7 @@ async def test_silent_server_hits_the_connect_deadline() -> None:
         await listener_.aclose()
 
 
-async def test_bridge_going_away_ends_the_client(nursery: trio.Nursery) -> None:
+async def test_a_bridge_that_stays_away_is_retried_then_given_up(nursery: trio.Nursery) -> None:
     bridge = Bridge(MemoryHub().endpoint("b"), config=BridgeConfig(port=0))
     scope = trio.CancelScope()
 
@@ -242,13 +242,10 @@ async def test_bridge_going_away_ends_the_client(nursery: trio.Nursery) -> None:
     _send, receive = trio.open_memory_channel[str](1)
     screen = Screen()
     result: list[int] = []
+    options = ListenOptions(url=f"ws://127.0.0.1:{port}/", user_id="user_a", reconnect_for=1.0)
 
     async def run() -> None:
-        result.append(
-            await run_listener(
-                ListenOptions(url=f"ws://127.0.0.1:{port}/", user_id="user_a"), receive, screen
-            )
-        )
+        result.append(await run_listener(options, receive, screen))
 
     async with trio.open_nursery() as inner:
         inner.start_soon(run)
@@ -257,6 +254,41 @@ async def test_bridge_going_away_ends_the_client(nursery: trio.Nursery) -> None:
         scope.cancel()
     assert result == [1]
     assert "1001" in (await screen.wait_for("closed the connection")).text
+    texts = [s.text for s in screen.lines]
+    waits = [t for t in texts if t.startswith("reconnecting to ")]
+    assert waits[:2] == [f"reconnecting to ws://127.0.0.1:{port}/ in {w} s…" for w in ("0.5", "1")], texts
+    assert texts[-1].startswith("gave up: no answer from")
+
+
+async def test_the_client_reconnects_when_the_bridge_comes_back(nursery: trio.Nursery) -> None:
+    """A bridge restarted on the same port: the client connects again by itself, and what the
+    person types next reaches the new bridge."""
+    net = bridge_on_hub(nursery, {AYA.id: AYA})
+    scope = trio.CancelScope()
+
+    async def serve(bridge: Bridge, port: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await bridge.serve(task_status=task_status)
+
+    port = await nursery.start(serve, net.bridge, 0)
+    send, receive = trio.open_memory_channel[str](4)
+    screen = Screen()
+    options = ListenOptions(url=f"ws://127.0.0.1:{port}/", user_id="user_a", reconnect_for=30.0)
+    nursery.start_soon(run_listener, options, receive, screen)
+    await screen.wait_for("connected to")
+    scope.cancel()
+    await screen.wait_for("reconnecting to")
+    again = bridge_on_hub(nursery, {AYA.id: AYA}, port=port)
+    await nursery.start(again.bridge.serve)
+    await screen.wait_for("reconnected to", timeout=10)
+    await send.send("@aya hello again")
+    with trio.fail_after(10):
+        while True:
+            item = await again.companion.receive_channel.receive()
+            if item.topic == MESSAGES and isinstance(item.payload, Message):
+                assert item.payload.params.message == "hello again"
+                break
+    await send.send("/quit")
 
 
 async def test_end_of_input_leaves(nursery: trio.Nursery) -> None:

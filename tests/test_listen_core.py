@@ -118,7 +118,7 @@ def test_messages_show_who_to_whom_and_emotion() -> None:
 def test_actions_and_progress_are_shown() -> None:
     s = session()
     wave = Action.create("companion_aya", "wave", {"hand": "left"})
-    assert shown(s.on_frame(encode(wave))) == ['* Aya: wave {"hand": "left"}']
+    assert shown(s.on_frame(encode(wave))) == ["* Aya: wave (hand: left)"]
     progress = Action.create(
         "companion_pim", "progress", {"call_id": "c", "action": "search", "percent": 40, "message": "reading"}
     )
@@ -254,3 +254,60 @@ def test_at_name_says_once_that_it_is_not_private() -> None:
     assert any("not private" in line for line in shown(first))
     assert not any("not private" in line for line in shown(s.on_input("@aya and you?")))
     assert not any("not private" in line for line in shown(s.on_input("@ghost hello")))
+
+
+def test_protocol_is_hidden_and_tool_lists_go_to_who() -> None:
+    s = session()
+    tools = {"revision": 2, "tools": [{"id": "speak", "description": "Say it", "kind": "action"}]}
+    assert s.on_frame(encode(Action.create("companion_aya", "companion.tools", tools))) == []
+    assert s.on_frame(encode(Action.create("companion_aya", "companion.future_signal", {"x": 1}))) == []
+    assert shown(s.on_input("/who")) == ["Aya (companion_aya): speak", "Pim (companion_pim)"]
+
+
+def test_stop_closes_the_conversation_for_every_companion_and_is_shown_once() -> None:
+    s = session()
+    s.seen_companions["companion_kyoko"] = None
+    effects = s.on_input("/stop")
+    [frame] = [e.frame for e in effects if isinstance(e, Send)]
+    body = json.loads(frame)["body"]["params"]
+    assert body["to"] == ["companion_aya", "companion_pim", "companion_kyoko"]
+    assert body["metadata"] == {"closing": "terminal"}
+    assert shown(effects) == ["you stopped the conversation", END_MARKER]
+    # another person's stop, from the network; the same message again shows nothing
+    other = Message.create(
+        "user_ken", ["companion_aya"], "Let's stop here.", {"closing": "terminal"}, id="st-2"
+    )
+    assert shown(s.on_frame(encode(other))) == ["ken stopped the conversation", END_MARKER]
+    assert s.on_frame(encode(other)) == []
+
+
+def test_history_lines_keep_their_time_and_are_shown_once() -> None:
+    s = session()
+    first = Message.create("user_ken", ["companion_aya"], "Hi Aya", id="h-1")
+    reply = Message.create(
+        "companion_aya", ["user_ken", "companion_kyoko"], "Hello!", {"in_reply_to": "h-1"}, id="h-2"
+    )
+    effects = s.on_history([(100.0, first), (101.5, reply)])
+    assert [(e.text, e.at) for e in effects if isinstance(e, Show)] == [
+        ("ken → Aya: Hi Aya", 100.0),
+        ("Aya → ken, kyoko: Hello!", 101.5),
+    ]
+    assert s.on_history([(101.5, reply)]) == [] and s.on_frame(encode(reply)) == []
+    # the history has no states arrays: a reply stamped "closing" was the last one
+    stamp = {"in_reply_to": "h-2", "closing": "closing"}
+    to = ["user_ken", "companion_kyoko"]
+    last = Message.create("companion_aya", to, "Bye!", stamp, id="h-3")
+    assert shown(s.on_history([(102.0, last)])) == ["Aya → ken, kyoko: Bye!", END_MARKER]
+    # live, the leader's terminal array says it (not the stamp alone)
+    s.on_frame(encode(Message.create("user_ken", ["companion_aya"], "Again?", id="h-4")))
+    again = Message.create("companion_aya", to, "Bye!", stamp, id="h-5")
+    assert shown(s.on_frame(encode(again))) == ["Aya → ken, kyoko: Bye!"]
+
+
+def test_a_reply_to_people_alone_ends_the_conversation() -> None:
+    s = session()
+    only_you = Message.create("companion_aya", ["user_yamada"], "Good night!", {"in_reply_to": "m-1"})
+    assert shown(s.on_frame(encode(only_you))) == ["Aya → you: Good night!", END_MARKER]
+    # a companion speaking to you first (a routine's greeting) opens a conversation: no marker
+    hello = Message.create("companion_aya", ["user_yamada"], "Morning!")
+    assert shown(s.on_frame(encode(hello))) == ["Aya → you: Morning!"]

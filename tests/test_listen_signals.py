@@ -80,7 +80,8 @@ def test_thinking_counts_up_once_a_second_until_the_reply() -> None:
     # someone else's reply does not end Juniper's thinking
     assert status_of(s.on_frame(reply("companion_pim", "m-0", "Hm."), now=113.2)) == []
     effects = s.on_frame(reply("companion_juniper", "m-1", "Clear skies."), now=113.5)
-    assert effects == [Show("", "status"), Show("Juniper → you: Clear skies.", "message")]
+    # (a reply to people alone, and nobody else at work: the conversation is over)
+    assert effects == [Show("", "status"), Show("Juniper → you: Clear skies.", "message"), Show(END_MARKER)]
     assert s.next_tick(113.5) is None and s.status == ""
 
 
@@ -193,7 +194,7 @@ def test_malformed_signals_are_counted_and_dropped_not_shown() -> None:
     ]
     # other actions are shown as before
     assert lines_of(s.on_frame(encode(Action.create("companion_pim", "wave", {})), now=1.0)) == [
-        "* Pim: wave {}"
+        "* Pim: wave"
     ]
 
 
@@ -251,9 +252,10 @@ def test_a_terminal_yield_is_one_companions_limit_and_the_array_ends_the_convers
         Show("Juniper has nothing more to say; the turn passes to the next companion"),
     ]
     # Pim, whose card allows more, goes on; then the closing array ends it, once
-    assert lines_of(s.on_frame(reply("companion_pim", "m-5", "One more thing!"), now=3.5)) == [
-        "Pim → you: One more thing!"
-    ]
+    more = Message.create(
+        "companion_pim", ["user_mika", "companion_juniper"], "One more thing!", {"in_reply_to": "m-5"}
+    )
+    assert lines_of(s.on_frame(encode(more), now=3.5)) == ["Pim → you, Juniper: One more thing!"]
     assert lines_of(s.on_frame(states("terminal", "terminal"), now=4.0)) == [END_MARKER]
     assert s.on_frame(states("terminal", "terminal"), now=4.5) == []
     # so does a companion opening a new one itself (a message that answers nothing)

@@ -2,7 +2,10 @@
 
 Lines typed on standard input go to the listener (:func:`companion.listen.run_listener`), which
 sends them to the bridge; what it shows is rendered by :class:`~companion.listen.terminal.TerminalScreen`
-(a live status line on a terminal, plain lines otherwise).
+(a live status line on a terminal, plain lines otherwise). When the person types in the same
+terminal the program reads keys itself (cbreak mode: no echo, no line editing by the terminal;
+Ctrl-C still interrupts) so the line being typed stays whole below what arrives; the terminal's
+settings are put back on exit.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import AsyncIterator
+import termios
+import tty
+from collections.abc import AsyncIterator, Callable
 
 import trio
 
 from ..listen import ListenOptions, find_voice, run_listener
-from ..listen.terminal import TerminalScreen
+from ..listen.terminal import LineEditor, TerminalScreen
 from ..listen.voice import PLAYERS
 
 __all__ = ["listen_options", "run_terminal", "track_player"]
@@ -68,7 +73,15 @@ def listen_options(
 
 def run_terminal(options: ListenOptions) -> int:
     """Run the listener on this terminal until the bridge or the keyboard ends it; its exit status."""
-    return trio.run(_main, options, sys.stdout.isatty())
+    typing = sys.stdin.isatty() and sys.stdout.isatty()
+    saved = termios.tcgetattr(sys.stdin.fileno()) if typing else None
+    try:
+        if typing:
+            tty.setcbreak(sys.stdin.fileno())
+        return trio.run(_main, options, sys.stdout.isatty(), typing)
+    finally:
+        if saved is not None:
+            termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, saved)
 
 
 def _width() -> int:
@@ -98,25 +111,52 @@ async def _read_stdin(send: trio.MemorySendChannel[str]) -> None:
                 return
 
 
-async def _main(options: ListenOptions, tty: bool) -> int:
-    """The listener and the keyboard; Ctrl-C (SIGINT) closes the connection and exits with 130."""
-    screen = TerminalScreen(live=tty, color=tty, width=_width)
+async def _read_keys(
+    send: trio.MemorySendChannel[str], screen: TerminalScreen, write: Callable[[str], None]
+) -> None:
+    """Keys typed in the terminal (cbreak mode): the typed line drawn as it changes, each line
+    sent on Enter; the channel closes on Ctrl-D on an empty line or the end of input."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    editor = LineEditor()
+    write(screen.edit(""))
+    async with send, trio.lowlevel.FdStream(os.dup(sys.stdin.fileno())) as stdin:
+        while not editor.ended:
+            data = await stdin.receive_some(4096)
+            if not data:
+                return
+            if editor.feed(decoder.decode(data)):
+                for line in editor.submitted:
+                    write(screen.submitted(line))
+                    await send.send(line)
+                editor.submitted.clear()
+                write(screen.edit(editor.text))
+
+
+async def _main(options: ListenOptions, live: bool, typing: bool = False) -> int:
+    """The listener and the keyboard; Ctrl-C (SIGINT) closes the connection and exits with 130.
+    When it reads the keys itself, SIGTERM does the same (143), so the terminal's settings are
+    put back (:func:`run_terminal`) rather than left without echo."""
+    screen = TerminalScreen(live=live, color=live, width=_width, prompt=typing, timestamps=True)
     send, receive = trio.open_memory_channel[str](16)
-    code, interrupted = 1, trio.Event()
+    code, stopped_by = 1, list[int]()
+    watched = (signal.SIGINT, signal.SIGTERM) if typing else (signal.SIGINT,)
     try:
-        with trio.open_signal_receiver(signal.SIGINT) as interrupts:
+        with trio.open_signal_receiver(*watched) as interrupts:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_read_stdin, send)
-                nursery.start_soon(_cancel_on_signal, interrupts, nursery.cancel_scope, interrupted)
+                if typing:
+                    nursery.start_soon(_read_keys, send, screen, _write)
+                else:
+                    nursery.start_soon(_read_stdin, send)
+                nursery.start_soon(_cancel_on_signal, interrupts, nursery.cancel_scope, stopped_by)
                 code = await run_listener(options, receive, lambda item: _write(screen.render(item)))
                 nursery.cancel_scope.cancel()
     finally:
         _write(screen.close())
-    return 130 if interrupted.is_set() else code
+    return 128 + stopped_by[0] if stopped_by else code
 
 
-async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope, seen: trio.Event) -> None:
-    async for _ in signals:
-        seen.set()
+async def _cancel_on_signal(signals: AsyncIterator[int], scope: trio.CancelScope, seen: list[int]) -> None:
+    async for signum in signals:
+        seen.append(int(signum))
         scope.cancel()
         return

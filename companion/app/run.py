@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ..bridge import Bridge
     from ..card import LoadedCard
     from ..node import CompanionNode, InboundHandler
+    from ..ports import ConversationStore
     from .bridge import BridgeOptions
 
 __all__ = ["DIAL_HEAD_START", "RunOptions", "Running", "listen_addrs_for", "run_nodes"]
@@ -140,6 +141,7 @@ async def run_nodes(
     trust = open_trust(options.data_dir, options.trust)
     nodes: list[CompanionNode] = []
     runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL and SIGHUP reach these
+    stores: dict[str, ConversationStore] = {}  # the bridge's /history reads these
     clients = None
     companions: list[CompanionHandler] = []  # what the stop in order stops, then closes
     clients_scope: trio.CancelScope | None = None
@@ -156,9 +158,11 @@ async def run_nodes(
         await nursery.start(_serve_signals, everyone, stop, reload, stopped_by)
         if options.bridge is not None:
             from .actions import serve_actions
+            from .views import serve_views
 
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
             serve_actions(clients.bridge, runtimes)
+            serve_views(clients.bridge, loaded, stores)
         pending: list[tuple[LoadedCard, CompanionNode, PendingHandler, trio.Nursery]] = []
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
@@ -187,6 +191,7 @@ async def run_nodes(
         # the nodes dial now; the models and engines are prepared meanwhile, after a head start
         from .actions import runtime_of
         from .status import track_status
+        from .views import store_of
 
         await _first_connections(nodes, DIAL_HEAD_START)
         if handler_factory is None:
@@ -199,6 +204,8 @@ async def run_nodes(
                 runtimes[card.card.metadata.id] = runtime
             if isinstance(handler, CompanionHandler):
                 companions.append(handler)
+            if (store := store_of(handler)) is not None:
+                stores[card.card.metadata.id] = store
             waiting.become(handler)
             node.become_present()
             print(peer_line(node.name, node.peer_id), flush=True)

@@ -77,7 +77,7 @@ _CONTENT_TYPES: Final = {
 _PAGE_HEADERS: Final = (
     (
         "Content-Security-Policy",
-        "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data:; "
+        "default-src 'self'; connect-src 'self' ws: wss:; img-src 'self' data: https:; "
         "style-src 'self'; script-src 'self'",
     ),
     ("Referrer-Policy", "no-referrer"),

@@ -37,18 +37,31 @@ from trio_websocket import (
 
 from ..bridge.access import token_from
 from ..log import log_event
-from ..protocol import ACTIONS, MESSAGES, QUERIES, STATES, Metadata
+from ..protocol import ACTIONS, MESSAGES, QUERIES, STATES, Message, Metadata
 from .core import START_HINT, Effect, ListenSession, Quit, Send, Show, Speak
 from .voice import Voice, VoiceError
 
 if TYPE_CHECKING:
     from ..rtc.listen import MessageConnection
 
-__all__ = ["DirectoryError", "ListenOptions", "fetch_companions", "run_listener", "with_query"]
+__all__ = [
+    "DirectoryError",
+    "ListenOptions",
+    "fetch_companions",
+    "fetch_history",
+    "run_listener",
+    "with_query",
+]
 
 logger = logging.getLogger("companion.listen")
 
 MAX_DIRECTORY_BYTES: Final = 1024 * 1024
+MAX_HISTORY_BYTES: Final = 4 * 1024 * 1024
+HISTORY_LINES: Final = 100
+"""How many recent messages to ask the bridge's ``/history`` for, on each connection."""
+RECONNECT_FIRST: Final = 0.5
+RECONNECT_MAX: Final = 10.0
+"""The wait before reconnecting doubles from the first to the last value, as the page's does."""
 DISCONNECT_TIMEOUT: Final = 2.0
 LISTEN_TOPICS: Final = (MESSAGES, QUERIES, ACTIONS, STATES)
 """What the client asks the bridge for: aikyo's Firehose topics, and ``states`` for the end."""
@@ -71,6 +84,8 @@ class ListenOptions:
     """With ``webrtc``: the bridge speaks the lines on an audio track (and answers them)."""
     rtc_player: tuple[str, ...] | None = None
     """Where that audio goes: a player argv with ``{rate}`` (``None``: received, not played)."""
+    reconnect_for: float = 600.0
+    """After a connection is lost, how long to keep trying to reconnect before giving up."""
 
 
 def effective_token(options: ListenOptions) -> str | None:
@@ -105,14 +120,55 @@ def _without_token(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, parts.path or "/", urlencode(query), ""))
 
 
-def directory_url(ws_url: str, token: str | None) -> str:
+def directory_url(ws_url: str, token: str | None, path: str = "/companions") -> str:
     parts = urlsplit(ws_url)
     scheme = "https" if parts.scheme == "wss" else "http"
-    return with_query(urlunsplit((scheme, parts.netloc, "/companions", "", "")), token=token)
+    return with_query(urlunsplit((scheme, parts.netloc, path, "", "")), token=token)
 
 
 async def fetch_companions(url: str, *, timeout: float = 5.0) -> list[Metadata]:
     """GET the bridge's ``/companions`` (plain HTTP on loopback; the caller's URL carries the token)."""
+    status, body = await _get(url, timeout, MAX_DIRECTORY_BYTES)
+    parts = urlsplit(url)
+    if status != 200:
+        raise DirectoryError(
+            f"{parts.path} answered {status}: {bytes(body).decode('utf-8', 'replace').strip()}"
+        )
+    try:
+        data = json.loads(body)
+        return [Metadata.model_validate(item) for item in data["companions"]]
+    except (ValueError, KeyError, TypeError, ValidationError) as exc:
+        raise DirectoryError(f"unexpected companion list: {exc}") from exc
+
+
+async def fetch_history(url: str, *, timeout: float = 5.0) -> list[tuple[float | None, Message]]:
+    """GET the bridge's ``/history``: the recent messages with their times, oldest first. A
+    bridge without one (``companion bridge`` alone: 404) has none; an entry that is not a
+    message is left out."""
+    status, body = await _get(url, timeout, MAX_HISTORY_BYTES)
+    if status == 404:
+        return []
+    if status != 200:
+        raise DirectoryError(
+            f"/history answered {status}: {bytes(body[:300]).decode('utf-8', 'replace').strip()}"
+        )
+    try:
+        items = json.loads(body)["messages"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DirectoryError(f"unexpected history: {exc}") from exc
+    out: list[tuple[float | None, Message]] = []
+    for item in items if isinstance(items, list) else []:
+        try:
+            message = Message.model_validate(item["message"])
+        except (KeyError, TypeError, ValidationError):
+            continue
+        at = item.get("at")
+        out.append((float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None, message))
+    return out
+
+
+async def _get(url: str, timeout: float, limit: int) -> tuple[int, bytes]:
+    """GET ``url`` over plain HTTP: its status and body (at most ``limit`` bytes)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname is None:
         raise DirectoryError(f"cannot fetch {url!r}: only http:// is supported")
@@ -137,23 +193,15 @@ async def fetch_companions(url: str, *, timeout: float = 5.0) -> list[Metadata]:
                         status = event.status_code
                     elif isinstance(event, h11.Data):
                         body += event.data
-                        if len(body) > MAX_DIRECTORY_BYTES:
-                            raise DirectoryError("companion list too large")
+                        if len(body) > limit:
+                            raise DirectoryError(f"{parts.path} answered more than {limit} bytes")
                     elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
                         break
     except trio.TooSlowError as exc:
         raise DirectoryError(f"no answer from {parts.netloc} within {timeout:g}s") from exc
     except (OSError, h11.ProtocolError, trio.BrokenResourceError) as exc:
         raise DirectoryError(f"cannot read {parts.path} from {parts.netloc}: {exc}") from exc
-    if status != 200:
-        raise DirectoryError(
-            f"{parts.path} answered {status}: {bytes(body).decode('utf-8', 'replace').strip()}"
-        )
-    try:
-        data = json.loads(body)
-        return [Metadata.model_validate(item) for item in data["companions"]]
-    except (ValueError, KeyError, TypeError, ValidationError) as exc:
-        raise DirectoryError(f"unexpected companion list: {exc}") from exc
+    return status, bytes(body)
 
 
 async def run_listener(
@@ -161,18 +209,53 @@ async def run_listener(
     lines: trio.MemoryReceiveChannel[str],
     show: Callable[[Show], None],
 ) -> int:
-    """Run the client until the person quits (0) or the connection fails or ends (1)."""
+    """Run the client until the person quits (0) or the connection fails (1). A connection
+    that was up and is lost (the bridge restarted) is made again, the wait doubling from
+    :data:`RECONNECT_FIRST` to :data:`RECONNECT_MAX` seconds, for ``options.reconnect_for``
+    seconds; what was said meanwhile comes from the bridge's ``/history``."""
     session = ListenSession(
         options.user_id, answer_speak=options.answer_speak, voice=options.voice is not None
     )
     token = effective_token(options)
     if token != options.token:
         options = replace(options, token=token)
-    if options.webrtc:
-        return await _run_webrtc(options, session, lines, show)
+    connect = _connect_rtc if options.webrtc else _connect
+    shown = _without_token(options.url)
+    code = await connect(options, session, lines, show, first=True)
+    lost_since, wait = trio.current_time(), RECONNECT_FIRST
+    while code is None or code == _CONNECTED_THEN_LOST:  # lost: reconnect, bounded in time
+        if code == _CONNECTED_THEN_LOST:
+            lost_since, wait = trio.current_time(), RECONNECT_FIRST
+        if trio.current_time() - lost_since > options.reconnect_for:
+            show(Show(f"gave up: no answer from {shown} for {options.reconnect_for:g} s", "error"))
+            return 1
+        show(Show(f"reconnecting to {shown} in {wait:g} s…"))
+        await trio.sleep(wait)
+        wait = min(wait * 2, RECONNECT_MAX)
+        code = await connect(options, session, lines, show, first=False)
+    return code
+
+
+_CONNECTED_THEN_LOST: Final = -1
+"""What :func:`_connect` returns for a connection that was made and then lost: try again at once
+(from the shortest wait), however long the last one lasted."""
+
+
+async def _connect(
+    options: ListenOptions,
+    session: ListenSession,
+    lines: trio.MemoryReceiveChannel[str],
+    show: Callable[[Show], None],
+    *,
+    first: bool,
+) -> int | None:
+    """One connection: the exit code when the client is done, ``None`` when a reconnection
+    could not be made (try again later), :data:`_CONNECTED_THEN_LOST` when it was made and
+    lost. The first connection failing is final (a wrong address or token is the person's to
+    fix); a refusal (401, 403, 421) always is."""
     url = subscribed(with_query(options.url, token=options.token))
     shown = _without_token(options.url)
-    timed_out = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
+    failed: Show | None = None
     # Our own deadline around the handshake: trio-websocket 0.12 leaves its reader task waiting
     # on a server that accepted the socket but never answers, so its own timeout never returns.
     connecting = trio.CancelScope(deadline=trio.current_time() + options.connect_timeout)
@@ -182,27 +265,40 @@ async def run_listener(
                 url, connect_timeout=options.connect_timeout + 1, disconnect_timeout=DISCONNECT_TIMEOUT
             ) as ws:
                 connecting.deadline = math.inf
-                return await _Client(options, session, ws, show).run(lines)
-        show(timed_out)
+                client = _Client(options, session, ws, show, first=first)
+                code = await client.run(lines)
+                return _CONNECTED_THEN_LOST if client.lost else code
+        failed = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
     except ConnectionTimeout:
-        show(timed_out)
+        failed = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
     except DisconnectionTimeout:
         return 0  # we were leaving anyway; the bridge did not answer our close in time
+    except ConnectionRejected as exc:
+        if exc.status_code in (401, 403, 421) or first:
+            show(Show(f"could not connect to {shown}: {_describe(exc)}", "error"))
+            return 1
+        failed = Show(f"could not connect to {shown}: {_describe(exc)}", "error")
     except HandshakeError as exc:
-        show(Show(f"could not connect to {shown}: {_describe(exc)}", "error"))
+        failed = Show(f"could not connect to {shown}: {_describe(exc)}", "error")
     except OSError as exc:
-        show(Show(f"could not connect to {shown}: {exc}", "error"))
-    return 1
+        failed = Show(f"could not connect to {shown}: {exc}", "error")
+    if first:
+        show(failed)
+        return 1
+    return None
 
 
-async def _run_webrtc(
+async def _connect_rtc(
     options: ListenOptions,
     session: ListenSession,
     lines: trio.MemoryReceiveChannel[str],
     show: Callable[[Show], None],
-) -> int:
+    *,
+    first: bool,
+) -> int | None:
     """``--webrtc``: the same client over a data channel; the connection offers the two calls
-    the client uses, with the same ``ConnectionClosed`` at the end."""
+    the client uses, with the same ``ConnectionClosed`` at the end. Returns as :func:`_connect`
+    does; a refused offer is final."""
     from ..rtc import OfferRejected
     from ..rtc.listen import open_rtc_listener
 
@@ -217,15 +313,22 @@ async def _run_webrtc(
                 topics=LISTEN_TOPICS,
             ) as link:
                 connecting.deadline = math.inf
-                return await _Client(options, session, link, show).run(lines)
+                client = _Client(options, session, link, show, first=first)
+                code = await client.run(lines)
+                return _CONNECTED_THEN_LOST if client.lost else code
         shown = _without_token(options.url)
-        too_slow = f"could not connect to {shown} over WebRTC within {options.connect_timeout:g}s"
-        show(Show(too_slow, "error"))
+        failed = Show(
+            f"could not connect to {shown} over WebRTC within {options.connect_timeout:g}s", "error"
+        )
     except OfferRejected as exc:
         show(Show(f"the bridge refused WebRTC: {exc}", "error"))
+        return 1
     except (OSError, trio.TooSlowError) as exc:
-        show(Show(f"could not connect to {_without_token(options.url)} over WebRTC: {exc}", "error"))
-    return 1
+        failed = Show(f"could not connect to {_without_token(options.url)} over WebRTC: {exc}", "error")
+    if first:
+        show(failed)
+        return 1
+    return None
 
 
 def _describe(exc: HandshakeError) -> str:
@@ -249,20 +352,30 @@ class _Client:
         session: ListenSession,
         ws: WebSocketConnection | MessageConnection,
         show: Callable[[Show], None],
+        *,
+        first: bool = True,
     ) -> None:
         self.options = options
         self.session = session
         self.ws = ws
         self.show = show
+        self.first = first
         self.exit_code = 0
+        self.lost = False
+        """The bridge closed the connection or went away (not the person leaving)."""
         self.speak_send, self.speak_receive = trio.open_memory_channel[Speak](options.voice_queue)
         self.frame_seen = trio.Event()
         """Set by each frame: the clock looks again at when the status next changes."""
 
     async def run(self, lines: trio.MemoryReceiveChannel[str]) -> int:
-        self.show(Show(f"connected to {_without_token(self.options.url)} as {self.session.user_id}"))
-        self.show(Show(START_HINT))
-        await self._refresh_directory(warn=True)
+        where = f"{_without_token(self.options.url)} as {self.session.user_id}"
+        if self.first:
+            self.show(Show(f"connected to {where}"))
+            self.show(Show(START_HINT))
+        else:
+            self.show(Show(f"reconnected to {where}"))
+        await self._refresh_directory(warn=self.first)
+        await self._load_history()
         async with trio.open_nursery() as nursery:
             self.scope = nursery.cancel_scope
             nursery.start_soon(self._frames)
@@ -301,6 +414,7 @@ class _Client:
                 detail = f"{reason.code} {reason.reason or ''}".strip() if reason is not None else "closed"
                 self.show(Show(f"the bridge closed the connection ({detail})", "error"))
                 self.exit_code = 1
+                self.lost = True
                 self.scope.cancel()
                 return
             await self._apply(self.session.on_frame(frame, trio.current_time()))
@@ -330,6 +444,18 @@ class _Client:
                 log_event(logger, "directory_unavailable", logging.WARNING, error=str(exc))
             return
         self.session.set_companions(companions)
+
+    async def _load_history(self) -> None:
+        """What was said before this connection (or while the last one was down)."""
+        url = with_query(
+            directory_url(self.options.url, self.options.token, "/history"), limit=str(HISTORY_LINES)
+        )
+        try:
+            items = await fetch_history(url, timeout=self.options.directory_timeout)
+        except DirectoryError as exc:
+            log_event(logger, "history_unavailable", logging.WARNING, error=str(exc))
+            return
+        await self._apply(self.session.on_history(items))
 
     async def _directory(self) -> None:
         while True:

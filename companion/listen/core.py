@@ -49,12 +49,14 @@ __all__ = [
     "END_MARKER",
     "SPEAK_QUERY",
     "START_HINT",
+    "STOP_TEXT",
     "Effect",
     "ListenSession",
     "Quit",
     "Send",
     "Show",
     "Speak",
+    "stops",
 ]
 
 SPEAK_QUERY: Final = "speak"
@@ -68,7 +70,8 @@ Type a line to say it to every companion.
                     everyone on the network sees the line, only NAME answers
   /next NAME [text] nominate who speaks next (with text: send now; without: on your next line)
   y / n             answer the oldest approval request
-  /who              list the companions
+  /stop             end the conversation now (every companion stops)
+  /who              list the companions and their tools
   /quit             leave"""
 
 START_HINT: Final = (
@@ -78,6 +81,14 @@ END_MARKER: Final = "— the conversation has ended; type a line to start a new 
 """Shown once per conversation when it ends: after a message whose ``params.metadata.closing``
 is ``terminal``, or a states array that chooses nobody because its stage is ``terminal`` (a
 ``companion.yield`` with reason ``terminal`` is one companion's limit, not the end)."""
+STOP_TEXT: Final = "Let's stop here."
+"""What a ``/stop`` says: the message carries ``closing: terminal`` (the person closes the
+conversation; companions end it at once), and aikyo's companions read the words."""
+INTERNAL_PREFIX: Final = "companion."
+"""Actions named ``companion.*`` are the network's own (signals, tool lists): never shown as lines."""
+TOOLS_ACTION: Final = "companion.tools"
+MAX_SHOWN_IDS: Final = 4096
+"""Message ids shown (history and live may both bring one; a reconnection brings the history again)."""
 NOT_PRIVATE: Final = (
     "(@NAME chooses who answers; it is not private: every companion and client on the network sees the line)"
 )
@@ -94,10 +105,12 @@ ShowKind: TypeAlias = Literal["message", "action", "query", "info", "error", "pr
 @dataclass(frozen=True, slots=True)
 class Show:
     """Print a line for the person. Kind ``status``: the status line now reads ``text`` (``""``:
-    no status), replacing the one before (e.g. ``Juniper is thinking… (12 s)``, once a second)."""
+    no status), replacing the one before (e.g. ``Juniper is thinking… (12 s)``, once a second).
+    ``at``: when a message was said (seconds since the epoch; ``None``: now)."""
 
     text: str
     kind: ShowKind = "info"
+    at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +175,9 @@ class ListenSession:
     _told_not_private: bool = False
     """The end marker was shown for the current conversation (a new one resets it)."""
     _yields_seen: dict[tuple[str, str], None] = field(default_factory=dict)
+    _shown: dict[str, None] = field(default_factory=dict)
+    tools: dict[str, list[str]] = field(default_factory=dict)
+    """Each companion's tools, from its ``companion.tools`` announcements (for ``/who``)."""
     dropped_signals: int = 0
     """Thinking or yield actions without what a signal must carry (not shown)."""
 
@@ -277,8 +293,27 @@ class ListenSession:
             return [Show(f"(your answer to {preview!r} came too late: it was already answered elsewhere)")]
         return [Show(f"bridge: {_error_text(error)}", "error")]
 
-    def _on_message(self, message: Message) -> list[Effect]:
+    def on_history(self, items: Iterable[tuple[float | None, Message]]) -> list[Effect]:
+        """The bridge's recent conversation (``/history``), oldest first: the lines not shown yet,
+        each with its time; it moves no status (who is thinking is live news only)."""
+        effects: list[Effect] = []
+        for at, message in items:
+            shown = self._on_message(message, at)
+            effects += shown
+            # the states arrays are not in the history: a reply stamped ``closing`` was the last
+            # one (the stage after it is terminal), so the conversation ended there
+            closing = (message.params.metadata or {}).get(META_CLOSING)
+            if shown and closing == "closing" and message.params.from_.startswith(COMPANION_PREFIX):
+                effects += self._end()
+        return effects
+
+    def _on_message(self, message: Message, at: float | None = None) -> list[Effect]:
         params = message.params
+        if params.id in self._shown:
+            return []  # from the history and live, or again after a reconnection
+        self._shown[params.id] = None
+        while len(self._shown) > MAX_SHOWN_IDS:
+            self._shown.pop(next(iter(self._shown)))
         metadata = params.metadata or {}
         if params.from_.startswith(COMPANION_PREFIX):
             self.seen_companions.setdefault(params.from_)
@@ -287,11 +322,16 @@ class ListenSession:
                 self._ended = False  # a companion opens a new conversation
         else:
             self._ended = False  # a person's message starts a new conversation
+        if stops(message):
+            who = "you" if params.from_ == self.user_id else self._short_name(params.from_)
+            return [Show(f"{who} stopped the conversation", at=at), *self._end()]
         to = ", ".join(self.name(t) for t in params.to) or "nobody"
         emotion = metadata.get("emotion")
         mood = f" ({emotion})" if isinstance(emotion, str) and emotion else ""
-        effects: list[Effect] = [Show(f"{self.name(params.from_)} → {to}{mood}: {params.message}", "message")]
-        if metadata.get(META_CLOSING) == "terminal":
+        line = f"{self.name(params.from_)} → {to}{mood}: {params.message}"
+        effects: list[Effect] = [Show(line, "message", at)]
+        # a reply to people alone opens no turn: over, unless another companion is still at work
+        if metadata.get(META_CLOSING) == "terminal" or (_answers_only_people(message) and not self.waiting):
             effects += self._end()
         return effects
 
@@ -349,6 +389,10 @@ class ListenSession:
         params = action.params
         if params.name in (THINKING_SIGNAL, YIELD_SIGNAL):
             return self._on_signal(action, now)
+        if params.name == TOOLS_ACTION:
+            self._note_tools(action)
+        if params.name.startswith(INTERNAL_PREFIX):
+            return []  # the network's own: conversation, not protocol
         who = self.name(params.from_)
         if params.name == "progress":
             percent = params.params.get("percent")
@@ -359,8 +403,20 @@ class ListenSession:
                     "action",
                 )
             ]
-        args = json.dumps(params.params, ensure_ascii=False, sort_keys=True)
-        return [Show(f"* {who}: {params.name} {args}", "action")]
+        shown = [f"{one_line(k, 30)}: {_plain(v)}" for k, v in list(params.params.items())[:6]]
+        args = f" ({', '.join(shown)})" if shown else ""
+        return [Show(f"* {who}: {one_line(params.name, 60)}{args}", "action")]
+
+    def _note_tools(self, action: Action) -> None:
+        tools = action.params.params.get("tools")
+        if not action.params.from_.startswith(COMPANION_PREFIX) or not isinstance(tools, list):
+            return
+        ids = [
+            one_line(t["id"], 80) for t in tools[:64] if isinstance(t, dict) and isinstance(t.get("id"), str)
+        ]
+        self.tools[action.params.from_] = ids
+        while len(self.tools) > MAX_YIELDS_SEEN:
+            self.tools.pop(next(iter(self.tools)))
 
     def _expire(self, now: float) -> list[Effect]:
         effects: list[Effect] = []
@@ -408,7 +464,9 @@ class ListenSession:
         if command == "/who":
             if not self.known_ids():
                 return [Show("no companions known yet")]
-            return [Show(f"{self.name(c)} ({c})") for c in self.known_ids()]
+            return [Show(f"{self.name(c)} ({c}){self._tools_of(c)}") for c in self.known_ids()]
+        if command == "/stop":
+            return self._stop()
         if command == "/next":
             name, _, body = rest.strip().partition(" ")
             cid = self.resolve(name)
@@ -434,6 +492,20 @@ class ListenSession:
         self._ended = False  # this line starts a new conversation
         message = Message.create(self.user_id, to, text, metadata, id=self.new_id())
         return [Send(frame_for(MESSAGES, message))]
+
+    def _tools_of(self, companion: str) -> str:
+        tools = self.tools.get(companion)
+        return f": {', '.join(tools)}" if tools else ""
+
+    def _stop(self) -> list[Effect]:
+        """The person ends the conversation: ``closing: terminal`` to every companion known."""
+        to = self.known_ids()
+        if not to:
+            return [Show("no conversation to stop: no companions known yet", "error")]
+        message = Message.create(self.user_id, to, STOP_TEXT, {META_CLOSING: "terminal"}, id=self.new_id())
+        self.nominated = None
+        self._ended = False
+        return [Send(frame_for(MESSAGES, message)), *self._on_message(message)]
 
     def _answer_approval(self, approved: bool) -> list[Effect]:
         approval = self._approvals.pop(0)
@@ -468,6 +540,29 @@ class ListenSession:
         if engine:
             body["engine"] = engine
         return [Send(frame_for(QUERIES, _ok_result(query_id, body)))]
+
+
+def stops(message: Message) -> bool:
+    """A person's message with ``closing: terminal``: a stop (the page's Stop, ``/stop``)."""
+    metadata = message.params.metadata or {}
+    return not message.params.from_.startswith(COMPANION_PREFIX) and metadata.get(META_CLOSING) == "terminal"
+
+
+def _answers_only_people(message: Message) -> bool:
+    """A companion's reply that addresses no companion: no turn follows it (only companions
+    take turns), so the conversation is over until someone speaks again."""
+    params = message.params
+    return (
+        params.from_.startswith(COMPANION_PREFIX)
+        and isinstance((params.metadata or {}).get(META_IN_REPLY_TO), str)
+        and not any(t.startswith(COMPANION_PREFIX) for t in params.to)
+    )
+
+
+def _plain(value: Any) -> str:
+    """An action's argument on one short line (strings as they are, the rest as compact JSON)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return one_line(text, 60)
 
 
 def _ok_result(query_id: str, body: Mapping[str, Any]) -> QueryResult:

@@ -22,34 +22,179 @@
   if (token) wsQuery.set("token", token);
   const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/?${wsQuery}`;
 
-  const EMOTIONS = { happy: "😊 happy", sad: "😢 sad", angry: "😠 angry", neutral: "😐 neutral" };
-  const START_HINT =
-    "Write below and press Send to talk to every companion, or pick one in “to”; " +
-    "“next” nominates who speaks next.";
-  const END_MARKER = "— the conversation has ended; write below to start a new one —";
+  // --- the page's own words, in English and Japanese (the browser's language picks; ?lang=) --
+  const TEXT = {
+    en: {
+      companions: "Companions", settings: "Settings", stop: "Stop",
+      stopTitle: "Stop the conversation: every companion ends it now",
+      token: "token", connect: "Connect", youAre: "you are", voice: "voice",
+      voiceSpeak: "speak aloud", voiceSilent: "answer silently", voiceOff: "leave to other clients",
+      rate: "speech rate", pace: "pause after each voiced line", export: "export",
+      stopVoice: "stop voice", noneYet: "none connected yet", to: "to", next: "next",
+      everyone: "everyone", anyone: "anyone", placeholder: "Say something to the companions…",
+      send: "Send", personality: "Personality", story: "Story", sample: "How it talks",
+      tools: "Tools", noTools: "none announced", mute: "mute on this page", close: "Close",
+      startHint:
+        "Write below and press Send to talk to every companion, or pick one in “to”; " +
+        "“next” nominates who speaks next.",
+      endMarker: "— the conversation has ended; write below to start a new one —",
+      stopMessage: "Let's stop here.",
+      youStopped: "you stopped the conversation",
+      theyStopped: "{name} stopped the conversation",
+      nothingToStop: "no conversation to stop",
+      earlier: "earlier messages",
+      emotions: { happy: "😊 happy", sad: "😢 sad", angry: "😠 angry", neutral: "😐 neutral" },
+      you: "you", nobody: "nobody", muted: "muted", speaking: "speaking",
+      thinking: "{name} is thinking… ({s} s)",
+      noWord: "(no word from {name} after {s} s of thinking)",
+      passes: "the turn passes to the next companion",
+      nothingMore: "{name} has nothing more to say; the turn passes to the next companion",
+      couldNot: "{name} could not answer: {words}{detail}; the turn passes to the next companion",
+      reasons: {
+        model_error: "the model failed",
+        timeout: "the model timed out",
+        crashed: "it crashed while preparing its reply",
+        no_reply: "the model gave no reply",
+        stopping: "it is stopping",
+      },
+      gaveUp: "it gave up ({reason})", noReason: "no reason given",
+      connecting: "connecting…", connected: "connected", retrying: "disconnected{why} — retrying",
+      notConnected: "not connected: the frame was not sent",
+      noCompanions: "no companions known yet: wait for one to join",
+      asksToRun: "{name} asks to run {action}", anAction: "an action",
+      approve: "Approve", deny: "Deny", youDecided: "you {verdict}: {what}",
+      approved: "approved", denied: "denied",
+      tooLate: "your answer to “{what}” came too late: it was already answered elsewhere",
+      notSent: "not sent: {why}", bridgeSays: "bridge: {text}",
+      tokenNeeded: "token needed", wrongToken: "wrong token", refusedStatus: "refused ({status})",
+      wrongTokenWhy:
+        "The token in this page's address is not this bridge's token. Paste the right one " +
+        "(the bridge prints its page address with ?token=... when it starts):",
+      tokenWhy:
+        "This bridge needs a token. Open the page address the bridge printed when it started " +
+        "(it ends in ?token=...), or paste the token here:",
+      refusedPage: "the bridge refused this page: {text}",
+      rtcUnavailable: "WebRTC unavailable ({error}); staying on WebSocket",
+    },
+    ja: {
+      companions: "コンパニオン", settings: "設定", stop: "終了",
+      stopTitle: "会話を終わらせる(すべてのコンパニオンがここで終えます)",
+      token: "トークン", connect: "接続", youAre: "あなたのID", voice: "音声",
+      voiceSpeak: "読み上げる", voiceSilent: "読み上げずに応答", voiceOff: "他のクライアントに任せる",
+      rate: "話す速さ", pace: "読み上げ後の間", export: "書き出し",
+      stopVoice: "音声を止める", noneYet: "まだ誰も接続していません", to: "宛先", next: "次の話者",
+      everyone: "全員", anyone: "指定なし", placeholder: "コンパニオンに話しかけましょう…",
+      send: "送信", personality: "性格", story: "生い立ち", sample: "話し方",
+      tools: "ツール", noTools: "未公開", mute: "このページでミュート", close: "閉じる",
+      startHint:
+        "下に書いて「送信」を押すと全員に話しかけます。「宛先」で一人を選び、" +
+        "「次の話者」で次に話す人を指名できます。",
+      endMarker: "— 会話が終わりました。下に書くと新しい会話が始まります —",
+      stopMessage: "ここで終わりにしましょう。",
+      youStopped: "あなたが会話を終わらせました",
+      theyStopped: "{name}さんが会話を終わらせました",
+      nothingToStop: "終わらせる会話がありません",
+      earlier: "これまでのメッセージ",
+      emotions: { happy: "😊 うれしい", sad: "😢 かなしい", angry: "😠 怒り", neutral: "😐 ふつう" },
+      you: "あなた", nobody: "なし", muted: "ミュート中", speaking: "話しています",
+      thinking: "{name}が考え中…({s}秒)",
+      noWord: "({name}は{s}秒考えても応答がありませんでした)",
+      passes: "次のコンパニオンに順番が移ります",
+      nothingMore: "{name}はもう話すことがありません。次のコンパニオンに順番が移ります",
+      couldNot: "{name}は答えられませんでした:{words}{detail}。次のコンパニオンに順番が移ります",
+      reasons: {
+        model_error: "モデルのエラー",
+        timeout: "モデルの時間切れ",
+        crashed: "返答の準備中に異常終了",
+        no_reply: "モデルが返答しませんでした",
+        stopping: "停止中です",
+      },
+      gaveUp: "断念({reason})", noReason: "理由なし",
+      connecting: "接続中…", connected: "接続済み", retrying: "切断されました{why}。再接続中",
+      notConnected: "接続されていないため送信できませんでした",
+      noCompanions: "まだコンパニオンがいません。参加を待ってください",
+      asksToRun: "{name}が「{action}」の実行を求めています", anAction: "操作",
+      approve: "許可", deny: "拒否", youDecided: "{verdict}しました:{what}",
+      approved: "許可", denied: "拒否",
+      tooLate: "「{what}」への応答は間に合いませんでした(他で応答済み)",
+      notSent: "未送信:{why}", bridgeSays: "ブリッジ:{text}",
+      tokenNeeded: "トークンが必要", wrongToken: "トークンが違います", refusedStatus: "拒否されました({status})",
+      wrongTokenWhy:
+        "このページのアドレスのトークンはこのブリッジのものではありません。正しいトークンを貼り付けてください" +
+        "(ブリッジは起動時に ?token=... 付きのアドレスを表示します):",
+      tokenWhy:
+        "このブリッジにはトークンが必要です。ブリッジが起動時に表示したアドレス(?token=... で終わる)を" +
+        "開くか、ここにトークンを貼り付けてください:",
+      refusedPage: "ブリッジがこのページを拒否しました:{text}",
+      rtcUnavailable: "WebRTC は使えません({error})。WebSocket のまま続けます",
+    },
+  };
+  const LANG = (() => {
+    const wanted = [params.get("lang"), ...(navigator.languages || []), navigator.language];
+    for (const tag of wanted) {
+      if (typeof tag !== "string") continue;
+      const base = tag.toLowerCase().split("-")[0];
+      if (base in TEXT) return base;
+    }
+    return "en";
+  })();
+  const WORDS = TEXT[LANG];
+  // t("thinking", { name: "Pim", s: 3 }): this language's words with the values put in
+  function t(key, values) {
+    const text = WORDS[key] ?? TEXT.en[key] ?? key;
+    if (!values) return text;
+    return text.replace(/\{(\w+)\}/g, (whole, name) => (name in values ? String(values[name]) : whole));
+  }
+
+  function translatePage() {
+    document.documentElement.lang = LANG;
+    for (const node of document.querySelectorAll("[data-i18n]")) node.textContent = t(node.dataset.i18n);
+    for (const node of document.querySelectorAll("[data-i18n-placeholder]")) {
+      node.placeholder = t(node.dataset.i18nPlaceholder);
+    }
+    for (const node of document.querySelectorAll("[data-i18n-title]")) node.title = t(node.dataset.i18nTitle);
+    for (const node of document.querySelectorAll("[data-i18n-label]")) {
+      node.setAttribute("aria-label", t(node.dataset.i18nLabel));
+      node.title = t(node.dataset.i18nLabel);
+    }
+  }
+  translatePage();
+
+  const EMOTIONS = WORDS.emotions;
+  const START_HINT = t("startHint");
+  const END_MARKER = t("endMarker");
   const REFUSALS = [401, 403, 421]; // the bridge will not take this page as it is: say why, do not retry
   const APPROVAL_TTL_MS = 130000;
   const DIRECTORY_EVERY_MS = 5000;
   const MAX_LINES = 500;
+  const HISTORY_LINES = 200; // asked of the bridge's /history on every connection
+  const INTERNAL = "companion."; // the network's own actions (signals, tool lists): never chat lines
+  const TOOLS = "companion.tools";
   const THINKING = "companion.thinking";
   const YIELD = "companion.yield";
   const THINKING_DEADLINE_MS = 300000; // a lost reply never leaves an endless "thinking"
   const MAX_THINKERS = 32;
   const MAX_DETAIL = 200;
   const MAX_NAME = 60;
-  const REASON_WORDS = {
-    model_error: "the model failed",
-    timeout: "the model timed out",
-    crashed: "it crashed while preparing its reply",
-    no_reply: "the model gave no reply",
-    stopping: "it is stopping",
-  };
+  const MAX_TOOLS = 64;
+  const REASON_WORDS = WORDS.reasons;
 
   const companions = new Map(); // id -> metadata, from the bridge's /companions
+  const faces = new Map(); // id -> { color, image }, from the bridge's /appearance
+  const toolsOf = new Map(); // id -> [{ id, description }], from its companion.tools announcements
   const seen = new Set(); // companion ids seen speaking
   const approvals = new Map(); // query id -> element
   const thinking = new Map(); // companion id -> { inReplyTo, since (performance.now()) }
   const yieldsSeen = new Set(); // "companion id\n message id" of yields shown
+  const lines = new Map(); // message id -> { params, at (ms since the epoch) }: the transcript's messages
+  const muted = new Set((() => {
+    try {
+      const saved = JSON.parse(localStorage.getItem("companion.muted") || "[]");
+      return Array.isArray(saved) ? saved.filter((x) => typeof x === "string").slice(0, 256) : [];
+    } catch (err) {
+      return []; // another version's setting: start with nobody muted
+    }
+  })());
   let ended = false; // the end marker is shown for the current conversation
   const answeredHere = new Map(); // approval query id -> what it approved (to explain a late answer)
   let socket = null;
@@ -74,6 +219,43 @@
     }
   });
 
+  // Speech rate, and the pause after each voiced line before its companion is told it was
+  // said: companions that voice their lines (speak_with_voice) wait for it, so this paces them.
+  function slider(id, key, show) {
+    const input = $(id);
+    const saved = Number(params.get(key) ?? localStorage.getItem(`companion.${key}`));
+    if (Number.isFinite(saved) && saved >= Number(input.min) && saved <= Number(input.max)) input.value = String(saved);
+    const out = $(`${id}-value`);
+    const update = () => { out.textContent = show(Number(input.value)); };
+    input.addEventListener("input", () => {
+      update();
+      localStorage.setItem(`companion.${key}`, input.value);
+    });
+    update();
+    return () => Number(input.value);
+  }
+  const speechRate = slider("rate", "rate", (v) => `${v.toFixed(1)}×`);
+  const pace = slider("pace", "pace", (v) => `${v} s`);
+
+  function toggle(button, panel, open) {
+    const show = open ?? panel.hidden;
+    panel.hidden = !show;
+    button.setAttribute("aria-expanded", String(show));
+  }
+  $("settings-toggle").addEventListener("click", () => toggle($("settings-toggle"), $("settings")));
+
+  // Narrow screens: the companion list is a drawer over the conversation.
+  function setDrawer(open) {
+    document.body.classList.toggle("drawer-open", open);
+    $("scrim").hidden = !open;
+    $("drawer-toggle").setAttribute("aria-expanded", String(open));
+  }
+  $("drawer-toggle").addEventListener("click", () => setDrawer(!document.body.classList.contains("drawer-open")));
+  $("scrim").addEventListener("click", () => setDrawer(false));
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") setDrawer(false);
+  });
+
   const newId = () =>
     (window.crypto && crypto.randomUUID)
       ? crypto.randomUUID()
@@ -87,7 +269,7 @@
   const sessionFrame = JSON.stringify({ session: sessionKey });
 
   const nameOf = (id) => {
-    if (id === me()) return "you";
+    if (id === me()) return t("you");
     const meta = companions.get(id);
     if (meta) return meta.name;
     return id.replace(/^(companion_|user_)/, "");
@@ -106,11 +288,23 @@
   }
 
   // --- the transcript ---------------------------------------------------------------------
+  // Every line carries its time (data-at, ms since the epoch) and lines stay in time order:
+  // the bridge's history (older lines) may arrive after live ones.
   const transcript = $("transcript");
+  const clock = new Intl.DateTimeFormat(LANG, { hour: "2-digit", minute: "2-digit" });
+  const dayAndClock = new Intl.DateTimeFormat(LANG, { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+  const fullTime = new Intl.DateTimeFormat(LANG, { dateStyle: "full", timeStyle: "medium" });
 
-  function append(li) {
+  function append(li, at = Date.now()) {
+    li.dataset.at = String(at);
     const atBottom = transcript.scrollTop + transcript.clientHeight >= transcript.scrollHeight - 40;
-    transcript.appendChild(li);
+    const last = transcript.lastElementChild;
+    if (!last || Number(last.dataset.at) <= at) {
+      transcript.appendChild(li);
+    } else {
+      const later = [...transcript.children].find((other) => Number(other.dataset.at) > at);
+      transcript.insertBefore(li, later || null);
+    }
     while (transcript.children.length > MAX_LINES) transcript.firstChild.remove();
     if (atBottom) transcript.scrollTop = transcript.scrollHeight;
   }
@@ -122,35 +316,87 @@
     return node;
   }
 
-  function showMessage(p) {
+  function timeEl(at) {
+    const when = new Date(at);
+    const today = new Date().toDateString() === when.toDateString();
+    const node = el("time", "", (today ? clock : dayAndClock).format(when));
+    node.dateTime = when.toISOString();
+    node.title = fullTime.format(when);
+    return node;
+  }
+
+  const lastAt = () => Number(transcript.lastElementChild?.dataset.at ?? 0);
+
+  // A person's message with closing "terminal" is a stop (docs/clients.md): shown as a line
+  function isStop(p, metadata) {
+    return !p.from.startsWith("companion_") && metadata.closing === "terminal";
+  }
+
+  // ``at``: when it was said (ms; live lines: now). ``live``: it just arrived (not history).
+  function showMessage(p, at = Date.now(), live = true) {
+    if (lines.has(p.id)) return; // from the history and live, or after a reconnection
+    lines.set(p.id, { params: p, at });
+    while (lines.size > MAX_LINES * 2) lines.delete(lines.keys().next().value);
     const metadata = p.metadata !== null && typeof p.metadata === "object" ? p.metadata : {};
+    const newest = live || at >= lastAt();
     if (p.from.startsWith("companion_")) {
       seen.add(p.from);
-      stopThinking(p.from); // its reply, or any word from it, ends its thinking
-      if (typeof metadata.in_reply_to !== "string") ended = false; // a companion opens a conversation
-    } else {
+      if (live) stopThinking(p.from); // its reply, or any word from it, ends its thinking
+      if (newest && typeof metadata.in_reply_to !== "string") ended = false; // a companion opens a conversation
+    } else if (newest) {
       ended = false; // a person's message starts a new conversation
     }
+    if (isStop(p, metadata)) {
+      const who = p.from === me() ? t("youStopped") : t("theyStopped", { name: oneLine(nameOf(p.from), MAX_NAME) });
+      const li = el("li", "system stopped", who);
+      li.dataset.id = p.id;
+      li.dataset.from = p.from;
+      li.appendChild(timeEl(at));
+      append(li, at);
+    } else {
+      append(messageLine(p, metadata, at), at);
+    }
+    refreshCompanions();
+    updateStop();
+    // a companion's reply to people alone opens no turn: over, unless another is still at work
+    const toPeopleOnly = p.from.startsWith("companion_") && typeof metadata.in_reply_to === "string" &&
+      !p.to.some((id) => id.startsWith("companion_"));
+    if (newest && (metadata.closing === "terminal" || (toPeopleOnly && thinking.size === 0))) endConversation(at);
+    // in the history, the states arrays are missing: a reply stamped "closing" was the last one
+    // (the stage after it is terminal), so the end goes right after it
+    else if (!live && newest && p.from.startsWith("companion_") && metadata.closing === "closing") endConversation(at + 1);
+  }
+
+  function messageLine(p, metadata, at) {
     const li = el("li", p.from === me() ? "message mine" : "message");
     li.dataset.id = p.id;
     li.dataset.from = p.from;
+    if (muted.has(p.from)) li.classList.add("muted");
+    li.appendChild(faceEl(p.from, "small"));
+    const body = el("div", "body");
     const meta = el("div", "meta");
     meta.appendChild(el("span", "from", nameOf(p.from)));
-    meta.appendChild(document.createTextNode(` → ${p.to.map(nameOf).join(", ") || "nobody"}`));
-    const emotion = p.metadata && typeof p.metadata.emotion === "string" ? p.metadata.emotion : null;
+    meta.appendChild(document.createTextNode(` → ${p.to.map(nameOf).join(", ") || t("nobody")}`));
+    const emotion = typeof metadata.emotion === "string" ? metadata.emotion : null;
     if (emotion) meta.appendChild(el("span", `emotion ${emotion}`, EMOTIONS[emotion] || emotion));
-    li.appendChild(meta);
-    li.appendChild(el("div", "bubble", p.message));
-    append(li);
-    refreshCompanions();
-    if (metadata.closing === "terminal") endConversation();
+    meta.appendChild(timeEl(at));
+    body.appendChild(meta);
+    body.appendChild(el("div", "bubble", p.message));
+    li.appendChild(body);
+    return li;
   }
 
-  function endConversation() {
+  function endConversation(at = Date.now()) {
     clearThinking();
     if (ended) return;
     ended = true;
-    showSystem(END_MARKER, "end");
+    showSystem(END_MARKER, "end", at);
+    updateStop();
+  }
+
+  // Stop is for a conversation under way: off before the first line and after the end.
+  function updateStop() {
+    $("stop").disabled = ended || lines.size === 0;
   }
 
   function markRefused(ref, why) {
@@ -158,13 +404,78 @@
     for (const li of transcript.querySelectorAll("li.message.mine")) {
       if (li.dataset.id !== ref || li.classList.contains("refused")) continue;
       li.classList.add("refused");
-      li.appendChild(el("span", "note", `not sent: ${why}`));
+      li.appendChild(el("span", "note", t("notSent", { why })));
     }
   }
 
-  function showSystem(text, kind) {
-    append(el("li", `system ${kind || ""}`, text));
+  function showSystem(text, kind, at = Date.now()) {
+    append(el("li", `system ${kind || ""}`, text), at);
   }
+
+  // The recent conversation, from the companions' stores through the bridge (companion run
+  // --ws): on every connection, so a reload, a second tab or a late joiner sees what was said.
+  // A bridge without it (companion bridge alone) answers 404: live lines only.
+  function validMessage(p) {
+    return p !== null && typeof p === "object" && typeof p.id === "string" && typeof p.from === "string" &&
+      Array.isArray(p.to) && p.to.every((x) => typeof x === "string") && typeof p.message === "string";
+  }
+
+  async function loadHistory() {
+    try {
+      const query = new URLSearchParams({ limit: String(HISTORY_LINES) });
+      if (token) query.set("token", token);
+      const response = await fetch(`/history?${query}`, { cache: "no-store" });
+      if (!response.ok) return;
+      const data = await response.json();
+      const items = data !== null && typeof data === "object" && Array.isArray(data.messages) ? data.messages : [];
+      for (const item of items.slice(-HISTORY_LINES)) {
+        const p = item !== null && typeof item === "object" && item.message ? item.message.params : null;
+        if (!validMessage(p)) continue;
+        const at = typeof item.at === "number" && Number.isFinite(item.at) ? item.at * 1000 : 0;
+        showMessage(p, at, false);
+      }
+    } catch (err) {
+      // the bridge is restarting: the next connection asks again
+    }
+  }
+
+  // --- export -------------------------------------------------------------------------------
+  function exported(format) {
+    const items = [...lines.values()].sort((a, b) => a.at - b.at);
+    if (format === "json") {
+      const messages = items.map(({ params: p, at }) => ({
+        at: new Date(at).toISOString(), id: p.id, from: p.from, from_name: nameOf(p.from), to: p.to,
+        message: p.message, metadata: p.metadata ?? null,
+      }));
+      return JSON.stringify({ exported_at: new Date().toISOString(), companions: Object.fromEntries(companions), messages }, null, 2);
+    }
+    const out = [`# ${document.title} — ${fullTime.format(new Date())}`, ""];
+    for (const { params: p, at } of items) {
+      const metadata = p.metadata !== null && typeof p.metadata === "object" ? p.metadata : {};
+      const when = new Date(at).toISOString().replace("T", " ").slice(0, 19);
+      if (isStop(p, metadata)) {
+        out.push(`*${when} ${p.from === me() ? t("youStopped") : t("theyStopped", { name: nameOf(p.from) })}*`, "");
+        continue;
+      }
+      const mood = typeof metadata.emotion === "string" ? ` (${metadata.emotion})` : "";
+      const to = p.to.map(nameOf).join(", ") || t("nobody");
+      out.push(`**${nameOf(p.from)}** → ${to}${mood} · ${when}`, "", p.message.replace(/\n/g, "  \n"), "");
+    }
+    return out.join("\n");
+  }
+
+  function download(format) {
+    const blob = new Blob([exported(format)], { type: format === "json" ? "application/json" : "text/markdown" });
+    const link = el("a");
+    link.href = URL.createObjectURL(blob);
+    link.download = `conversation-${new Date().toISOString().slice(0, 19).replace(/:/g, "")}.${format === "json" ? "json" : "md"}`;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(link.href), 10000);
+  }
+  $("export-md").addEventListener("click", () => download("md"));
+  $("export-json").addEventListener("click", () => download("json"));
 
   // --- thinking, giving up, the end -------------------------------------------------------
   const thinkingBox = $("thinking");
@@ -195,26 +506,26 @@
   // when it reads differently, so nothing flickers between seconds.
   function renderThinking() {
     const now = performance.now();
-    for (const [id, t] of [...thinking]) {
-      if (now - t.since >= THINKING_DEADLINE_MS) {
+    for (const [id, since] of [...thinking]) {
+      if (now - since.since >= THINKING_DEADLINE_MS) {
         thinking.delete(id);
         const name = oneLine(nameOf(id), MAX_NAME);
-        showSystem(`(no word from ${name} after ${THINKING_DEADLINE_MS / 1000} s of thinking)`);
+        showSystem(t("noWord", { name, s: THINKING_DEADLINE_MS / 1000 }));
       }
     }
     const lines = new Map([...thinkingBox.children].map((p) => [p.dataset.id, p]));
     for (const [id, p] of lines) {
       if (!thinking.has(id)) p.remove();
     }
-    for (const [id, t] of thinking) {
+    for (const [id, since] of thinking) {
       let p = lines.get(id);
       if (!p) {
         p = el("p", "");
         p.dataset.id = id;
         thinkingBox.appendChild(p);
       }
-      const seconds = Math.max(0, Math.floor((now - t.since) / 1000));
-      const text = `${oneLine(nameOf(id), MAX_NAME)} is thinking… (${seconds} s)`;
+      const seconds = Math.max(0, Math.floor((now - since.since) / 1000));
+      const text = t("thinking", { name: oneLine(nameOf(id), MAX_NAME), s: seconds });
       if (p.textContent !== text) p.textContent = text;
     }
     thinkingBox.hidden = thinking.size === 0;
@@ -229,10 +540,10 @@
   }
 
   function yieldText(name, reason, detail) {
-    if (reason === "terminal") return `${name} has nothing more to say; the turn passes to the next companion`;
-    const words = REASON_WORDS[reason] || `it gave up (${oneLine(reason, 40) || "no reason given"})`;
+    if (reason === "terminal") return t("nothingMore", { name });
+    const words = REASON_WORDS[reason] || t("gaveUp", { reason: oneLine(reason, 40) || t("noReason") });
     const shown = typeof detail === "string" ? oneLine(detail, MAX_DETAIL) : "";
-    return `${name} could not answer: ${words}${shown ? ` (${shown})` : ""}; the turn passes to the next companion`;
+    return t("couldNot", { name, words, detail: shown ? ` (${shown})` : "" });
   }
 
   // Returns whether the action was one of the two signals (shown here, or dropped if malformed).
@@ -278,16 +589,137 @@
     return false;
   }
 
+  // Conversation, not protocol: the network's own actions (``companion.*``: the thinking and
+  // yield signals, tool lists, whatever comes next) never become chat lines. A companion's tool
+  // list goes to its profile. Other actions (a tool's gesture, progress) are one plain line.
   function showAction(p) {
+    if (typeof p.name !== "string" || typeof p.from !== "string") return;
     if (onSignal(p)) return;
+    if (p.name === TOOLS) {
+      noteTools(p);
+      return;
+    }
+    if (p.name.startsWith(INTERNAL)) return;
+    const args = p.params !== null && typeof p.params === "object" ? p.params : {};
     let text;
     if (p.name === "progress") {
-      text = `${nameOf(p.from)}: ${p.params.action || "working"} ${p.params.percent}% ${p.params.message || ""}`;
+      text = `${nameOf(p.from)}: ${oneLine(args.action || "working", 60)} ${Number(args.percent) || 0}% ${oneLine(args.message || "", 200)}`;
     } else {
-      text = `${nameOf(p.from)}: ${p.name} ${JSON.stringify(p.params)}`;
+      const shown = Object.entries(args).slice(0, 6)
+        .map(([key, value]) => `${oneLine(key, 30)}: ${oneLine(typeof value === "string" ? value : JSON.stringify(value), 60)}`);
+      text = `${nameOf(p.from)}: ${oneLine(p.name, 60)}${shown.length ? ` (${shown.join(", ")})` : ""}`;
     }
-    append(el("li", "action", `✱ ${text}`));
+    append(el("li", "action", `✱ ${text.trim()}`));
   }
+
+  function noteTools(p) {
+    if (!p.from.startsWith("companion_") || p.params === null || typeof p.params !== "object") return;
+    const tools = Array.isArray(p.params.tools) ? p.params.tools : [];
+    toolsOf.set(p.from, tools.slice(0, MAX_TOOLS)
+      .filter((tool) => tool !== null && typeof tool === "object" && typeof tool.id === "string")
+      .map((tool) => ({ id: oneLine(tool.id, 80), description: oneLine(tool.description || "", 300) })));
+    if (profile.open && profile.dataset.id === p.from) openProfile(p.from);
+  }
+
+  // --- faces ----------------------------------------------------------------------------------
+  // A card's appearance (image, colour) from the bridge's /appearance; otherwise initials on a
+  // colour of the id's own, the same on every page.
+  function colourOf(id) {
+    const face = faces.get(id);
+    if (face && typeof face.color === "string" && /^#[0-9a-fA-F]{6}$/.test(face.color)) return face.color;
+    let hash = 0;
+    for (const ch of id) hash = (hash * 31 + ch.codePointAt(0)) >>> 0;
+    return id.startsWith("companion_") ? `hsl(${hash % 360} 45% 42%)` : "hsl(200 8% 55%)";
+  }
+
+  function initials(name) {
+    const words = String(name).trim().split(/\s+/).filter(Boolean);
+    const first = [...(words[0] || "?")][0];
+    const second = words.length > 1 ? [...words[1]][0] : "";
+    return (first + second).toUpperCase();
+  }
+
+  function faceEl(id, size) {
+    const face = el("button", `face ${size || ""}`.trim());
+    face.type = "button";
+    face.dataset.id = id;
+    face.style.background = colourOf(id);
+    face.setAttribute("aria-label", nameOf(id));
+    const image = faces.get(id)?.image;
+    if (typeof image === "string" && /^(\/faces\/|https:\/\/)/.test(image)) {
+      const img = el("img");
+      img.alt = "";
+      img.src = image.startsWith("/") ? `${image}${tokenQuery}` : image;
+      img.addEventListener("error", () => { img.remove(); face.textContent = initials(nameOf(id)); });
+      face.appendChild(img);
+    } else {
+      face.textContent = initials(nameOf(id));
+    }
+    return face;
+  }
+
+  async function loadAppearance() {
+    try {
+      const response = await fetch(`/appearance${tokenQuery}`, { cache: "no-store" });
+      if (!response.ok) return; // no cards here (companion bridge alone): initials
+      const data = await response.json();
+      const listed = data !== null && typeof data === "object" && data.companions !== null &&
+        typeof data.companions === "object" ? data.companions : {};
+      faces.clear();
+      for (const [id, face] of Object.entries(listed).slice(0, 256)) {
+        if (face !== null && typeof face === "object") faces.set(id, face);
+      }
+      refreshCompanions();
+      for (const old of transcript.querySelectorAll("li.message .face")) old.replaceWith(faceEl(old.dataset.id, "small"));
+    } catch (err) {
+      // the bridge is restarting
+    }
+  }
+
+  // --- the profile: personality, story, tools; mute -----------------------------------------
+  const profile = $("profile");
+
+  function openProfile(id) {
+    const meta = companions.get(id) || { id, name: nameOf(id), personality: "", story: "", sample: "" };
+    profile.dataset.id = id;
+    $("profile-face").replaceWith(Object.assign(faceEl(id, "big"), { id: "profile-face" }));
+    $("profile-name").textContent = meta.name;
+    $("profile-id").textContent = id;
+    $("profile-personality").textContent = meta.personality || "—";
+    $("profile-story").textContent = meta.story || "—";
+    $("profile-sample").textContent = meta.sample ? `“${meta.sample}”` : "—";
+    const list = $("profile-tools");
+    list.replaceChildren();
+    const tools = toolsOf.get(id) || [];
+    if (tools.length === 0) list.appendChild(el("li", "muted", t("noTools")));
+    for (const tool of tools) {
+      const li = el("li");
+      li.appendChild(el("strong", "", tool.id));
+      if (tool.description) li.appendChild(document.createTextNode(` — ${tool.description}`));
+      list.appendChild(li);
+    }
+    $("profile-mute").checked = muted.has(id);
+    if (!profile.open) profile.showModal();
+  }
+
+  $("profile-mute").addEventListener("change", () => setMuted(profile.dataset.id, $("profile-mute").checked));
+
+  function setMuted(id, on) {
+    if (on) muted.add(id);
+    else muted.delete(id);
+    localStorage.setItem("companion.muted", JSON.stringify([...muted]));
+    for (const li of transcript.querySelectorAll("li.message")) {
+      if (li.dataset.from === id) li.classList.toggle("muted", on);
+    }
+    refreshCompanions();
+  }
+
+  document.addEventListener("click", (event) => {
+    const target = event.target instanceof Element ? event.target.closest(".face, #companions li[data-id]") : null;
+    if (!target || target.id === "profile-face" || !target.dataset.id?.startsWith("companion_")) return;
+    setDrawer(false);
+    openProfile(target.dataset.id);
+  });
 
   // --- companions list and pickers --------------------------------------------------------
   function refreshCompanions() {
@@ -295,15 +727,22 @@
     const list = $("companions");
     const speaking = new Set([...list.querySelectorAll("li.speaking")].map((li) => li.dataset.id));
     list.replaceChildren();
-    if (ids.length === 0) list.appendChild(el("li", "empty", "none connected yet"));
+    if (ids.length === 0) list.appendChild(el("li", "empty", t("noneYet")));
     for (const id of ids) {
       const li = el("li", speaking.has(id) ? "speaking" : "");
       if (thinking.has(id)) li.classList.add("thinking");
+      if (muted.has(id)) li.classList.add("muted");
       li.dataset.id = id;
-      li.appendChild(el("span", "name", nameOf(id)));
-      li.appendChild(el("span", "id", id));
+      li.appendChild(faceEl(id));
+      const who = el("span", "who");
+      who.appendChild(el("span", "name", nameOf(id)));
+      who.appendChild(el("span", "id", id));
+      const state = speaking.has(id) ? t("speaking") : muted.has(id) ? t("muted") : "";
+      who.appendChild(el("span", "state", state));
+      li.appendChild(who);
       list.appendChild(li);
     }
+    $("drawer-count").textContent = ids.length ? String(ids.length) : "";
     for (const select of [$("to"), $("next")]) {
       const chosen = select.value;
       const first = select.options[0];
@@ -317,10 +756,23 @@
     }
   }
 
-  function markSpeaking(id, on) {
+  // The speaking indicator: while a line is voiced (here, or by the bridge over WebRTC) its
+  // companion's face pulses and the line shows above the composer.
+  const speakingBox = $("speaking");
+  const speakingNow = new Map(); // companion id -> the line being voiced
+
+  function markSpeaking(id, on, text) {
+    if (on) speakingNow.set(id, typeof text === "string" ? text : speakingNow.get(id) || "");
+    else speakingNow.delete(id);
     for (const li of $("companions").querySelectorAll("li")) {
-      if (li.dataset.id === id) li.classList.toggle("speaking", on);
+      if (li.dataset.id !== id) continue;
+      li.classList.toggle("speaking", on);
+      const state = li.querySelector(".state");
+      if (state) state.textContent = on ? t("speaking") : muted.has(id) ? t("muted") : "";
     }
+    speakingBox.replaceChildren(...[...speakingNow].map(([who, line]) =>
+      el("p", "", `${oneLine(nameOf(who), MAX_NAME)}${line ? `: ${oneLine(line, 160)}` : ""}`)));
+    speakingBox.hidden = speakingNow.size === 0;
   }
 
   async function loadCompanions() {
@@ -339,7 +791,7 @@
   // --- sending ----------------------------------------------------------------------------
   function send(topic, body) {
     if (!linkOpen()) {
-      showSystem("not connected: the frame was not sent", "error");
+      showSystem(t("notConnected"), "error");
       return false;
     }
     linkSend(JSON.stringify({ topic, body }));
@@ -350,6 +802,30 @@
     return send("queries", { jsonrpc: "2.0", id: queryId, result: { success, body } });
   }
 
+  // A voiced line is reported after the pause the person chose (the pace setting): companions
+  // that voice their lines wait for the report before the conversation goes on.
+  function answerSpoken(queryId, success, body) {
+    const pause = pace() * 1000;
+    if (pause <= 0) return answer(queryId, success, body);
+    setTimeout(() => answer(queryId, success, body), pause);
+    return true;
+  }
+
+  // Stop: the person closes the conversation (``closing: terminal`` in the message's metadata,
+  // aikyo's wire; our companions end it at once, docs/clients.md). Every companion known is told.
+  $("stop").addEventListener("click", () => {
+    const to = [...new Set([...companions.keys(), ...seen])];
+    if (to.length === 0) {
+      showSystem(t("noCompanions"), "error");
+      return;
+    }
+    const params = { id: newId(), from: me(), to, message: t("stopMessage"), metadata: { closing: "terminal" } };
+    if (send("messages", { jsonrpc: "2.0", method: "message.send", params })) {
+      if ("speechSynthesis" in window) speechSynthesis.cancel();
+      showMessage(params);
+    }
+  });
+
   $("composer").addEventListener("submit", (event) => {
     event.preventDefault();
     const input = $("text");
@@ -358,7 +834,7 @@
     const chosen = $("to").value;
     let to = chosen ? [chosen] : [...new Set([...companions.keys(), ...seen])];
     if (to.length === 0) {
-      showSystem("no companions known yet: wait for one to join", "error");
+      showSystem(t("noCompanions"), "error");
       return;
     }
     const params = { id: newId(), from: me(), to, message: text };
@@ -378,7 +854,7 @@
   function guessLang(text) {
     if (/[\u3040-\u30ff\u4e00-\u9fff]/.test(text)) return "ja-JP";
     if (/[\uac00-\ud7a3]/.test(text)) return "ko-KR";
-    return document.documentElement.lang || "en";
+    return "en"; // not the page's language: a Japanese page still reads English lines in English
   }
 
   function speak(query) {
@@ -391,7 +867,7 @@
       send("queries", { jsonrpc: "2.0", id: query.id, error: "speak query without a message" });
       return;
     }
-    if (mode === "silent" || !("speechSynthesis" in window)) {
+    if (mode === "silent" || muted.has(query.params.from) || !("speechSynthesis" in window)) {
       answer(query.id, true, { spoken: false, shown: true });
       return;
     }
@@ -399,18 +875,18 @@
     const utterance = new SpeechSynthesisUtterance(text);
     utterance.lang = guessLang(text);
     utterance.pitch = body.emotion === "happy" ? 1.2 : body.emotion === "sad" ? 0.85 : 1;
-    utterance.rate = body.emotion === "angry" ? 1.15 : 1;
+    utterance.rate = (body.emotion === "angry" ? 1.15 : 1) * speechRate();
     let settled = false;
     // Every wait has a deadline: an utterance that never reports its end is answered anyway.
-    const deadline = setTimeout(() => finish(false, { error: "speech did not finish in time" }), 10000 + text.length * 200);
+    const deadline = setTimeout(() => finish(false, { error: "speech did not finish in time" }), 10000 + text.length * 200 / speechRate());
     function finish(ok, result) {
       if (settled) return;
       settled = true;
       clearTimeout(deadline);
       markSpeaking(from, false);
-      answer(query.id, ok, result);
+      answerSpoken(query.id, ok, result);
     }
-    utterance.onstart = () => markSpeaking(from, true);
+    utterance.onstart = () => markSpeaking(from, true, text);
     utterance.onend = () => finish(true, { spoken: true, engine: "speechSynthesis" });
     utterance.onerror = (event) => finish(false, { error: `speech failed: ${event.error || "unknown"}` });
     speechSynthesis.speak(utterance);
@@ -421,7 +897,7 @@
     const body = query.params.body || {};
     const card = el("div", "approval");
     card.dataset.query = query.id;
-    card.appendChild(el("p", "", `${nameOf(query.params.from)} asks to run ${body.action || "an action"}`));
+    card.appendChild(el("p", "", t("asksToRun", { name: nameOf(query.params.from), action: body.action || t("anAction") })));
     if (body.description) card.appendChild(el("p", "description", body.description));
     card.appendChild(el("p", "preview", body.preview || JSON.stringify(body.input || {})));
     const decide = (approved) => {
@@ -430,12 +906,12 @@
       if (answeredHere.size > 256) answeredHere.delete(answeredHere.keys().next().value);
       const verdict = approved ? "approved" : "denied";
       answer(query.id, true, { approved, reason: `${verdict} in the browser by ${me()}` });
-      showSystem(`you ${verdict}: ${body.preview || body.action || query.id}`);
+      showSystem(t("youDecided", { verdict: t(verdict), what: body.preview || body.action || query.id }));
     };
-    const yes = el("button", "approve", "Approve");
+    const yes = el("button", "approve", t("approve"));
     yes.type = "button";
     yes.addEventListener("click", () => decide(true));
-    const no = el("button", "deny secondary", "Deny");
+    const no = el("button", "deny secondary", t("deny"));
     no.type = "button";
     no.addEventListener("click", () => decide(false));
     card.appendChild(yes);
@@ -499,12 +975,12 @@
     if (detail.code === "already_answered") {
       // another client answered first: news only if it was an approval given on this page
       const what = answeredHere.get(detail.ref);
-      if (what !== undefined) showSystem(`your answer to “${what}” came too late: it was already answered elsewhere`);
+      if (what !== undefined) showSystem(t("tooLate", { what }));
       return;
     }
     const text = detail.message || detail.code || "refused";
     markRefused(detail.ref, text);
-    showSystem(`bridge: ${text}`, "error");
+    showSystem(t("bridgeSays", { text }), "error");
   }
 
   function setStatus(state, text) {
@@ -529,18 +1005,14 @@
 
   function showRefusal(refused) {
     if (refused.status === 401) {
-      setStatus("refused", token ? "wrong token" : "token needed");
-      $("token-why").textContent = token
-        ? "The token in this page's address is not this bridge's token. Paste the right one " +
-          "(the bridge prints its page address with ?token=... when it starts):"
-        : "This bridge needs a token. Open the page address the bridge printed when it started " +
-          "(it ends in ?token=...), or paste the token here:";
+      setStatus("refused", token ? t("wrongToken") : t("tokenNeeded"));
+      $("token-why").textContent = token ? t("wrongTokenWhy") : t("tokenWhy");
       $("token-form").hidden = false;
       $("token").focus();
     } else {
-      setStatus("refused", `refused (${refused.status})`);
+      setStatus("refused", t("refusedStatus", { status: refused.status }));
     }
-    showSystem(`the bridge refused this page: ${refused.text}`, "error");
+    showSystem(t("refusedPage", { text: refused.text }), "error");
   }
 
   $("token-form").addEventListener("submit", (event) => {
@@ -552,15 +1024,15 @@
   });
 
   function connect() {
-    setStatus("connecting", "connecting…");
+    setStatus("connecting", t("connecting"));
     let opened = false;
     socket = new WebSocket(wsUrl);
     socket.addEventListener("open", () => {
       opened = true;
       socket.send(sessionFrame);
       retryMs = 500;
-      setStatus("connected", "connected");
-      loadCompanions();
+      setStatus("connected", t("connected"));
+      loadCompanions().then(loadAppearance).then(loadHistory); // names and faces first
       upgradeToRtc();
     });
     socket.addEventListener("message", (event) => onFrame(event.data));
@@ -574,7 +1046,7 @@
         }
       }
       const why = event.reason ? `: ${event.reason}` : "";
-      setStatus("closed", `disconnected${why} — retrying`);
+      setStatus("closed", t("retrying", { why }));
       setTimeout(connect, retryMs);
       retryMs = Math.min(retryMs * 2, 10000);
     });
@@ -616,8 +1088,8 @@
   }
 
   function transportLabel() {
-    if (!rtc) return "connected";
-    return rtc.voice ? "connected · WebRTC · voice" : "connected · WebRTC";
+    if (!rtc) return t("connected");
+    return rtc.voice ? `${t("connected")} · WebRTC · voice` : `${t("connected")} · WebRTC`;
   }
 
   function showTransport() {
@@ -629,7 +1101,7 @@
   function bridgeSpeaks(query) {
     if (!rtc || !rtc.voice || voiceMode.value !== "speak") return false;
     voicePlaying.set(query.id, query.params.from);
-    markSpeaking(query.params.from, true);
+    markSpeaking(query.params.from, true, query.params.body?.message);
     return true;
   }
 
@@ -710,7 +1182,7 @@
         session.pc.close();
         for (const id of [...voicePlaying.keys()]) settleVoice(id);
         showTransport();
-        setStatus("closed", "disconnected — retrying");
+        setStatus("closed", t("retrying", { why: "" }));
         setTimeout(connect, retryMs);
       };
       session.channel.addEventListener("close", lost);
@@ -718,7 +1190,7 @@
         if (["failed", "closed"].includes(session.pc.connectionState)) lost();
       });
     } catch (err) {
-      showSystem(`WebRTC unavailable (${err.message}); staying on WebSocket`);
+      showSystem(t("rtcUnavailable", { error: err.message }));
       showTransport();
     } finally {
       rtcPending = false;
@@ -741,12 +1213,15 @@
     if (rtc) rtc.pc.close();
   });
 
+  window.companionExport = exported; // the export's text, for tests and scripts
+
   window.companionLink = {
     transport: () => (rtc ? "webrtc" : socket ? "websocket" : "none"),
     peerConnection: () => (rtc ? rtc.pc : null),
   };
 
-  showSystem(START_HINT, "hint");
+  showSystem(START_HINT, "hint", 0); // first, whatever the history brings
+  updateStop();
   connect();
   setInterval(loadCompanions, DIRECTORY_EVERY_MS);
 })();

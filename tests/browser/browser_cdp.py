@@ -258,6 +258,8 @@ async def chromium(
         "--remote-debugging-port=0",
         f"--user-data-dir={profile}",
         f"--window-size={width},{height}",
+        # the page speaks the browser's language: English unless a test asks for another
+        *(() if any(a.startswith("--lang=") for a in extra_args) else ("--lang=en-US",)),
         *extra_args,
         "about:blank",
     ]

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pytest
 import trio
 from browser.browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
 
@@ -361,4 +362,56 @@ async def test_page_shows_thinking_counting_then_the_failure_then_the_end(
         )
         assert gone == "(no word from Pim after 300 s of thinking)"
         await page.wait_for("document.getElementById('thinking').hidden")
+        assert page.cdp.exceptions == [], page.cdp.exceptions
+
+
+async def test_speaking_indicator_pace_and_mute(
+    memory_bridge: MakeBridge, chromium_path: str, tmp_path: Path
+) -> None:
+    """While a line is voiced its companion pulses and the line shows above the composer; the
+    pace setting holds the report that it was said (companions that voice wait for it); a
+    companion muted on this page is not voiced (answered at once) and its lines are dimmed."""
+    served = await memory_bridge({JUNIPER.id: JUNIPER, PIM.id: PIM})
+    companion, port = served.companion, served.port
+    async with chromium(chromium_path, tmp_path / "profile") as page:
+        await page.goto(f"http://127.0.0.1:{port}/?as=user_tester&voice=speak&pace=1&transport=ws")
+        await page.wait_for("document.getElementById('status').dataset.state === 'connected'")
+        await page.wait_for("document.getElementById('companions').textContent.includes('Pim')")
+        if not await use_speech_stub_if_voiceless(page):
+            pytest.skip("this Chromium has a real voice: the test needs to decide when a line ends")
+        await companion.publish(
+            QUERIES, Query.create("companion_juniper", "speak", {"message": "Twinkle."}, id="v1")
+        )
+        shown = await page.wait_for(
+            "!document.getElementById('speaking').hidden && document.getElementById('speaking').textContent"
+        )
+        assert shown == "Juniper: Twinkle."
+        assert (
+            await page.evaluate("document.querySelector('#companions li.speaking')?.dataset.id") == JUNIPER.id
+        )
+        assert await page.evaluate("window.__finishSpeech()") is True
+        await page.wait_for("document.getElementById('speaking').hidden")
+        await trio.sleep(0.3)
+        assert nothing_from_page(companion, QUERIES), "reported before the pause after the line"
+        result = await from_page(companion, QUERIES, timeout=5)
+        assert isinstance(result.payload, QueryResult) and result.payload.id == "v1"
+
+        # mute Pim from its profile: not voiced, answered at once; its lines dimmed
+        await page.evaluate("document.querySelector('#companions li[data-id=companion_pim]').click(); true")
+        await page.wait_for("document.getElementById('profile').open")
+        await page.evaluate("document.getElementById('profile-mute').click(); true")
+        await page.evaluate("document.querySelector('#profile button[value=close]').click(); true")
+        await companion.publish(
+            QUERIES, Query.create("companion_pim", "speak", {"message": "Psst."}, id="v2")
+        )
+        muted = await from_page(companion, QUERIES, timeout=5)
+        assert isinstance(muted.payload, QueryResult) and muted.payload.id == "v2"
+        assert muted.payload.result is not None and muted.payload.result.body == {
+            "spoken": False,
+            "shown": True,
+        }
+        assert "Psst." not in await page.evaluate("window.__speech.spoken")
+        await companion.publish(MESSAGES, Message.create("companion_pim", ["user_tester"], "Psst."))
+        await page.wait_for("document.querySelector('#transcript li.message.muted[data-from=companion_pim]')")
+        assert await page.evaluate("JSON.parse(localStorage.getItem('companion.muted'))") == [PIM.id]
         assert page.cdp.exceptions == [], page.cdp.exceptions

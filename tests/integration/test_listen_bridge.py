@@ -28,7 +28,7 @@ import pytest
 import trio
 from bridge_support import blocking, start_bridge
 from live_support import start_run, stdout_line
-from network_support import Proc, network
+from network_support import Network, Proc, network
 
 from companion.app.lines import BRIDGE_LINE, parse_sees
 from companion.listen.core import END_MARKER
@@ -65,13 +65,19 @@ def state(sender: str, wish: str, importance: float, stage: str) -> dict[str, ob
 
 class PtyListener:
     """``companion listen`` with its standard output on a pseudo-terminal (120 columns); the
-    bytes it writes are collected as they come. Stopped by its PID."""
+    bytes it writes are collected as they come. ``keyboard``: its standard input is the same
+    terminal, as when a person runs it (:meth:`type` is the person typing); else a pipe.
+    Stopped by its PID."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], *, keyboard: bool = False) -> None:
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         self.popen = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=slave, stderr=subprocess.PIPE, env=dict(os.environ)
+            argv,
+            stdin=slave if keyboard else subprocess.PIPE,
+            stdout=slave,
+            stderr=subprocess.PIPE,
+            env=dict(os.environ),
         )
         os.close(slave)
         self.master = master
@@ -94,6 +100,9 @@ class PtyListener:
         with self._lock:
             return self.output.decode("utf-8", "replace")
 
+    def type(self, keys: str) -> None:
+        os.write(self.master, keys.encode("utf-8"))
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             os.kill(self.popen.pid, signal.SIGTERM)
@@ -115,24 +124,34 @@ async def until(what: str, check: object, timeout: float) -> None:
         await trio.sleep(0.05)
 
 
+async def bridge_with_juniper(net: Network) -> tuple[Proc, int, Proc]:
+    """A ``companion bridge`` process and a raw libp2p peer claiming companion_juniper connected
+    to it: (bridge, its WebSocket port, the raw peer)."""
+    bridge, port, started = await blocking(start_bridge, net, "bridge")
+    raw, _ = await blocking(net.raw, "juniper")
+    raw.send({"op": "connect", "addr": started["addrs"][0]})
+    await blocking(raw.event, "connected", 15)
+    await blocking(bridge.event, "companion_joined", 30, companion_id="companion_juniper")
+    return bridge, port, raw
+
+
+def listen_argv(port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "companion",
+        "listen",
+        "--ws",
+        f"ws://127.0.0.1:{port}/",
+        "--as",
+        "user_mika",
+    ]
+
+
 async def test_listen_shows_thinking_failure_and_end_on_a_pipe_and_a_terminal(tmp_path: Path) -> None:
     with network(tmp_path) as net:
-        _bridge, port, started = await blocking(start_bridge, net, "bridge")
-        raw, _ = await blocking(net.raw, "juniper")
-        raw.send({"op": "connect", "addr": started["addrs"][0]})
-        await blocking(raw.event, "connected", 15)
-        await blocking(_bridge.event, "companion_joined", 30, companion_id="companion_juniper")
-
-        argv = [
-            sys.executable,
-            "-m",
-            "companion",
-            "listen",
-            "--ws",
-            f"ws://127.0.0.1:{port}/",
-            "--as",
-            "user_mika",
-        ]
+        _bridge, port, raw = await bridge_with_juniper(net)
+        argv = listen_argv(port)
         piped = Proc("listen-pipe", argv, events_on="none", stdin=True)
         net.procs.append(piped)
         live = PtyListener(argv)
@@ -211,7 +230,8 @@ async def test_listen_marks_the_end_of_a_real_conversation(tmp_path: Path) -> No
         listen.popen.stdin.write("What's the best time to see Saturn?\n")
         listen.popen.stdin.flush()
         await until("the end marker", lambda: END_MARKER in listen.lines, 120)
-        replies = [s for s in listen.lines if s.startswith(("Juniper →", "Pim →"))]
+        # message lines start with the time they were said
+        replies = [s for s in listen.lines if s[6:].startswith(("Juniper →", "Pim →")) and s[2] == ":"]
         assert len(replies) >= 2
         assert listen.lines.index(END_MARKER) > listen.lines.index(replies[-1])
         await trio.sleep(1)  # a second leader's array, or a late yield, would come now
