@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..engine import ConversationEngine, EngineTimings
     from ..models.base import CompanionModel
     from ..node import CompanionNode, InboundHandler
+    from .metrics import ProcessMetrics
 
 __all__ = [
     "CardModel",
@@ -216,16 +217,21 @@ async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) ->
     return out
 
 
-def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -> HandlerFactory:
+def engine_handlers(
+    models: Mapping[str, CardModel], *, data_dir: Path | None, metrics: ProcessMetrics | None = None
+) -> HandlerFactory:
     """The handler factory of ``companion run``: a :class:`CompanionHandler` with a conversation
     engine per card (its model from ``models``, its history and memory under
-    ``data_dir/<companion id>/``, in memory when ``None``), publishing through the card's node."""
+    ``data_dir/<companion id>/``, in memory when ``None``), publishing through the card's node;
+    counted into ``metrics`` (model calls, decisions, store commits) when given."""
     from ..actions import KeyValueStore
     from ..engine import ConversationEngine
     from ..store import Store
 
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
         chosen = models[loaded.card.metadata.id]
+        cid = loaded.card.metadata.id
+        model = chosen.model if metrics is None else metrics.metered(cid, chosen.model)
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
         kv = None
         if store is not None:
@@ -234,14 +240,17 @@ def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -
             nursery.start_soon(_serve_kv, kv)
         engine = ConversationEngine(
             loaded,
-            chosen.model,
+            model,
             node,
             node.directory,
             store=store,
             timings=chosen.timings,
+            observer=None if metrics is None else metrics.observer(cid),
             companion_of=node.membership.companion_of,
             kv=kv,
         )
+        if metrics is not None:
+            metrics.add_engine(cid, engine, store)
         engine.attach(nursery)
         node.add_membership_listener(engine.directory_changed)
         engine.directory_changed()  # the node may have met companions before its engine existed

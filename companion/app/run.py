@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ..card import LoadedCard
     from ..node import CompanionNode, InboundHandler
     from .bridge import BridgeOptions
+    from .metrics import ProcessMetrics
 
 __all__ = ["DIAL_HEAD_START", "RunOptions", "Running", "listen_addrs_for", "run_nodes"]
 
@@ -62,6 +63,9 @@ class RunOptions:
     """Connections each node opens itself (``--max-connections``, NodeConfig.max_connections)."""
     trust: TrustOptions = field(default_factory=TrustOptions)
     """``--trust``, ``--approver``, ``--answerer``; with the data directory's trust file."""
+    metrics: tuple[str, int] | None = None
+    """``--metrics HOST:PORT``: serve ``/metrics``, ``/healthz``, ``/readyz`` there (with
+    ``--ws`` they are on the bridge's port too; :mod:`.metrics`)."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,12 @@ async def run_nodes(
     runtimes: dict[str, ActionRuntime] = {}  # POST /actions/TOOL and SIGHUP reach these
     clients = None
     stopped_by: list[int] = []
+    metrics = _metrics(ids) if options.metrics is not None or options.bridge is not None else None
     async with trio.open_nursery() as nursery:
+        if metrics is not None and options.metrics is not None:  # an address in use stops it now
+            from .metrics import serve_metrics
+
+            await nursery.start(serve_metrics, *options.metrics, metrics)
 
         def everyone() -> list[CompanionNode]:
             return [*nodes, *([clients.node] if clients is not None else [])]
@@ -145,6 +154,8 @@ async def run_nodes(
 
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
             serve_actions(clients.bridge, runtimes)
+            if metrics is not None:
+                metrics.serve_on(clients.bridge, clients.node)
         pending: list[tuple[LoadedCard, CompanionNode, PendingHandler, trio.Nursery]] = []
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
@@ -169,6 +180,8 @@ async def run_nodes(
             waiting = PendingHandler()
             node_nursery: trio.Nursery = await nursery.start(_run_one, node, waiting)
             nodes.append(node)
+            if metrics is not None:
+                metrics.nodes.append(node)
             pending.append((card, node, waiting, node_nursery))
         # the nodes dial now; the models and engines are prepared meanwhile, after a head start
         from .actions import runtime_of
@@ -176,7 +189,7 @@ async def run_nodes(
         await _first_connections(nodes, DIAL_HEAD_START)
         if handler_factory is None:
             models = await prepare_models(loaded, options.engine)
-            handler_factory = engine_handlers(models, data_dir=options.data_dir)
+            handler_factory = engine_handlers(models, data_dir=options.data_dir, metrics=metrics)
         for card, node, waiting, node_nursery in pending:
             handler = handler_factory(card, node, node_nursery)
             runtime = runtime_of(handler)
@@ -197,6 +210,17 @@ async def run_nodes(
         await trio.sleep_forever()  # until _serve_signals cancels the nursery
     if stopped_by == [signal.SIGINT]:
         raise Interrupted
+
+
+def _metrics(companions: Sequence[str]) -> ProcessMetrics:
+    """The process's metrics, ``/readyz`` waiting for these companions' engines (made only
+    when something serves them: prometheus_client is not imported before the first dial
+    otherwise)."""
+    from .metrics import ProcessMetrics
+
+    metrics = ProcessMetrics()
+    metrics.expect(companions)
+    return metrics
 
 
 async def _first_connections(nodes: Sequence[CompanionNode], timeout: float) -> None:
