@@ -401,7 +401,11 @@ async def serve_metrics(
     """``--metrics HOST:PORT``: serve :func:`respond` until cancelled; ``task_status.started``
     with the port once listening (prints ``metrics http://HOST:PORT/metrics``). An address in
     use raises ``OSError`` before that (the command exits 2)."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:  # one line for the user: which flag, which address, what is wrong
+        reason = exc.strerror or str(exc)
+        raise OSError(f"--metrics {host}:{port}: cannot listen there: {reason}") from None
     bound = listeners[0].socket.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     print(f"{METRICS_LINE}http://{shown}:{bound}/metrics", flush=True)

@@ -113,6 +113,12 @@ def query_until(base: str, promql: str, at_least: float, timeout: float) -> floa
     raise AssertionError(f"{promql} = {value} after {timeout} s, wanted >= {at_least}")
 
 
+def is_reply(frame: Any) -> bool:
+    """A companion's ``message.send`` answering a message (``in_reply_to`` in its metadata)."""
+    params = frame.get("params") if isinstance(frame, dict) else None
+    return isinstance(params, dict) and bool((params.get("metadata") or {}).get("in_reply_to"))
+
+
 async def test_prometheus_scrapes_a_live_node_and_sees_a_conversation(tmp_path: Path) -> None:
     cards = [write_card(tmp_path, "pim", "Pim", "speak"), write_card(tmp_path, "ostra", "Ostra", "speak")]
     extra = ("--metrics", "127.0.0.1:0", "--ws", "127.0.0.1:0", "--no-webrtc", "--token", TOKEN)
@@ -135,9 +141,7 @@ async def test_prometheus_scrapes_a_live_node_and_sees_a_conversation(tmp_path: 
             for _attempt in range(10):  # the clients' node joins the mesh on a heartbeat
                 await ws.send_message(frame)
                 with trio.move_on_after(3):
-                    await next_frame(
-                        ws, lambda f: (f.get("params", {}).get("metadata") or {}).get("in_reply_to"), 60
-                    )
+                    await next_frame(ws, is_reply, 60)
                     break
             else:
                 raise AssertionError("no reply came back to the client")
