@@ -16,7 +16,9 @@ threads and the size of its data directory. Printed: one block per sample, then 
 the first and last reading and the growth per hour (a least-squares line through the samples
 after the first conversation, so start-up is not counted as growth), the conversations
 answered, the replies, and every WARNING, ERROR or CRITICAL line the processes logged (their
-stderr, ``--log-format json``), with each process's exit status after a SIGTERM.
+stderr, ``--log-format json``), with each process's exit status after one SIGTERM. Each
+companion serves ``--metrics``; at the end its own counts are read from there as Prometheus
+would scrape them (replies, turns led, model calls, store commits, drops by reason).
 
     python scripts/bench_soak.py --minutes 30 > soak.txt
     python scripts/bench_soak.py --minutes 3 --sample 20   # a quick look
@@ -73,6 +75,7 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     samples: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     """(seconds since the start, RSS bytes, open files, threads, data bytes)."""
+    signalled: bool = False
 
     @property
     def stdout(self) -> Path:
@@ -99,7 +102,9 @@ class Child:
         self.samples.append((at, rss, fds, threads, data_bytes(self.data) if self.data else 0))
 
     def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        """One SIGTERM, however often it is called: a second one is a user's "stop now"."""
+        if self.proc is not None and self.proc.poll() is None and not self.signalled:
+            self.signalled = True
             self.proc.send_signal(signal.SIGTERM)
 
     def stop(self) -> int | None:
@@ -136,7 +141,7 @@ def first_address(lines: Sequence[str], name: str) -> str:
 
 def companion_argv(card: Path, data: Path, peers: Sequence[str], ws: bool) -> list[str]:
     argv = [sys.executable, "-m", "companion", "run", str(card), "--no-mdns", "--log-format", "json"]
-    argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(data)]
+    argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(data), "--metrics", "127.0.0.1:0"]
     for peer in peers:
         argv += ["--peer", peer]
     if ws:
@@ -267,6 +272,50 @@ def summary(children: Sequence[Child], tally: Tally, warm_up: float, minutes: fl
         print(f"unanswered: {', '.join(tally.unanswered)}")
 
 
+COUNTED: Final = (
+    ("companion_replies_total", "replies"),
+    ("companion_turns_led_total", "turns led"),
+    ("companion_model_request_duration_seconds_count", "model calls"),
+    ("companion_store_commit_duration_seconds_count", "store commits"),
+    ("companion_payloads_dropped_total", "payloads dropped"),
+)
+"""What :func:`print_metrics` sums from each process's ``/metrics`` (and the label it prints)."""
+
+
+def print_metrics(children: Sequence[Child]) -> None:
+    """Each companion process's own count of what it did, from its ``--metrics`` endpoint (as
+    Prometheus would scrape it): replies, turns led, model calls, store commits and drops by
+    reason, with the slowest store commit bucket that was reached."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    print("\n== each process's /metrics at the end")
+    for child in children:
+        line = next((x for x in child.lines() if x.startswith("metrics ")), None)
+        if line is None:
+            print(f"  {child.name:<22} no metrics line")
+            continue
+        try:
+            with urllib.request.urlopen(line.split()[1], timeout=10) as response:
+                text = response.read().decode()
+        except OSError as exc:
+            print(f"  {child.name:<22} /metrics failed: {exc}")
+            continue
+        totals: dict[str, float] = {}
+        drops: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in dict(COUNTED):
+                    totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                if sample.name == "companion_payloads_dropped_total":
+                    reason = sample.labels["reason"]
+                    drops[reason] = drops.get(reason, 0.0) + sample.value
+        parts = [f"{label} {totals.get(name, 0):g}" for name, label in COUNTED]
+        reasons = ", ".join(f"{k} {v:g}" for k, v in sorted(drops.items()))
+        print(f"  {child.name:<22} " + "; ".join(parts) + (f" ({reasons})" if reasons else ""))
+
+
 def loud_lines(child: Child) -> list[tuple[float, str]]:
     """Every WARNING/ERROR/CRITICAL record of ``child``'s stderr with its time stamp, and any
     line that is not a record (a traceback printed outside logging: stamped as the record
@@ -325,6 +374,7 @@ async def soak(args: argparse.Namespace, folder: Path) -> int:
             nursery.start_soon(sampler, children, start, args.sample, until, tally)
             await converse(url, ids, tally, args.interval, until)
         summary(children, tally, min(args.interval, args.minutes * 30), args.minutes)
+        await trio.to_thread.run_sync(print_metrics, children[: len(ids)])
     finally:
         stopping = time.time()
         for child in children:  # all at once: a peer stopping first is not what is measured
