@@ -8,6 +8,8 @@ already in use, or one that is not an address, is one line and exit 2, as ``--ws
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -17,12 +19,14 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import trio
 from cli_support import run_companion
 
 from companion.app.metrics import METRICS_LINE, ProcessMetrics
 from companion.card import load_card
 from companion.engine import EngineEvent
 from companion.models.base import StatesRequest
+from companion.models.factory import check_model, make_model
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Message
 
@@ -154,3 +158,38 @@ def test_a_metrics_flag_that_is_no_address_exits_2(tmp_path: Path) -> None:
     assert done.stderr.strip() == (
         "companion run: --metrics 'here:please': the port must be a number from 0 to 65535"
     )
+
+
+LOCAL_MODEL = os.environ.get("COMPANION_LOCAL_MODEL", "")
+
+
+@pytest.mark.skipif(
+    not LOCAL_MODEL,
+    reason="COMPANION_LOCAL_MODEL is not set (the base URL of a local OpenAI-compatible server)",
+)
+async def test_a_real_model_servers_tokens_and_a_passed_deadline_are_counted() -> None:
+    """The leader's call to a real server (``COMPANION_LOCAL_MODEL``, as test_models_local):
+    its tokens as the server reported them, its duration under ``ok``; then the same call
+    under a deadline that passes mid-request, under ``cancelled``."""
+    name = os.environ.get("COMPANION_LOCAL_MODEL_NAME")
+    if not name:
+        with urllib.request.urlopen(f"{LOCAL_MODEL.rstrip('/')}/models", timeout=10) as answer:
+            name = json.loads(answer.read())["data"][0]["id"]
+    served = make_model(f"openai:{name}", base_url=LOCAL_MODEL)
+    await check_model(served)
+    metrics = ProcessMetrics()
+    model = metrics.metered("companion_pim", served)
+    loaded = load_card(ROOT / "cards" / "pim.yaml")
+    message = Message.create("user_mika", ["companion_pim"], "How is the sea?")
+    request = StatesRequest(message=message, companions=[loaded.card.metadata], history=[message])
+    with trio.fail_after(300):
+        await model.decide_states(request)
+    labels = {"companion": "companion_pim", "call": "states"}
+    assert sample(metrics, "companion_model_request_duration_seconds_count", **labels, outcome="ok") == 1
+    tokens = {"model": f"openai:{name}"}
+    assert (sample(metrics, "companion_model_tokens_total", **tokens, direction="input") or 0) > 0
+    assert (sample(metrics, "companion_model_tokens_total", **tokens, direction="output") or 0) > 0
+    with trio.move_on_after(0.05):
+        await model.decide_states(request)
+    count = sample(metrics, "companion_model_request_duration_seconds_count", **labels, outcome="cancelled")
+    assert count == 1, metrics.exposition()[0].decode()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.gc_collector import GCCollector
@@ -88,6 +88,9 @@ class ProcessMetrics:
     def __init__(self, *, needs_peers: bool = True) -> None:
         """``needs_peers``: ``/readyz`` wants every node connected to a peer (a relay is ready
         once it listens: companions come to it)."""
+        # no ``_created`` series: in Prometheus' text format each is one more gauge per counter
+        # and histogram, which nothing here needs (a flag of the library, the same for all)
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -252,16 +255,21 @@ class _Timed:
         self._began = time.monotonic()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        if kind is None:
-            outcome = "ok"
-        elif issubclass(kind, trio.Cancelled):
-            outcome = "cancelled"
-        elif issubclass(kind, ModelError):
-            outcome = "error"
-        else:
-            outcome = "crashed"
         elapsed = time.monotonic() - self._began
-        self._seconds.labels(self._companion, self._call, outcome).observe(elapsed)
+        self._seconds.labels(self._companion, self._call, _outcome(exc)).observe(elapsed)
+
+
+def _outcome(exc: BaseException | None) -> str:
+    """``ok``, ``cancelled`` (a deadline or the turn moving on: trio's ``Cancelled``, or a group
+    of nothing else, as the trio-asyncio bridge of provider models raises it), ``error`` (a
+    :class:`~companion.models.errors.ModelError`) or ``crashed``."""
+    if exc is None:
+        return "ok"
+    if isinstance(exc, BaseExceptionGroup) and exc.split(trio.Cancelled)[1] is None:
+        return "cancelled"
+    if isinstance(exc, trio.Cancelled):
+        return "cancelled"
+    return "error" if isinstance(exc, ModelError) else "crashed"
 
 
 class _Readings(Collector):

@@ -7,12 +7,13 @@ so, where it is not installed). One ``companion run`` process with two companion
 second; a Firehose client sends one message to both companions and waits for a reply; then
 Prometheus' query API must report the reply, the speaker's model calls and the messages the
 nodes received. The same endpoints answer on the bridge's port, ``/metrics`` there behind the
-bridge's token.
+bridge's token; docs/operations.md names exactly the metrics the process exposes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import time
@@ -40,6 +41,7 @@ pytestmark = [
     ),
 ]
 
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 PIM = "companion_pim"
 OSTRA = "companion_ostra"
 TOKEN = "metrics-test-token"
@@ -162,3 +164,8 @@ async def test_prometheus_scrapes_a_live_node_and_sees_a_conversation(tmp_path: 
         )
         assert status == 200 and "companion_replies_total" in exposition
         assert await blocking(http_get, f"{bridge}/readyz") == (200, "ready\n")
+
+    # docs/operations.md names every metric the process exposes, and no other
+    exposed = set(re.findall(r"^# TYPE (companion_\w+) ", exposition, re.M))
+    documented = set(re.findall(r"`(companion_\w+)`", OPERATIONS.read_text(encoding="utf-8")))
+    assert exposed == documented, (sorted(exposed - documented), sorted(documented - exposed))
