@@ -2,8 +2,9 @@
 
 Each :class:`ProcessMetrics` has a registry of its own (two in one interpreter never count
 into each other, as two processes' would not); the engine's decisions are counted under their
-Prometheus names; a relay serves ``/metrics`` and ``/readyz`` on ``--metrics``; an address
-already in use, or one that is not an address, is one line and exit 2, as ``--ws`` is.
+Prometheus names; a relay serves ``/metrics`` and ``/readyz`` on ``--metrics``, and a bridge
+alone is alive but not ready; an address already in use, or one that is not an address, is one
+line and exit 2, as ``--ws`` is.
 """
 
 from __future__ import annotations
@@ -193,3 +194,30 @@ async def test_a_real_model_servers_tokens_and_a_passed_deadline_are_counted() -
         await model.decide_states(request)
     count = sample(metrics, "companion_model_request_duration_seconds_count", **labels, outcome="cancelled")
     assert count == 1, metrics.exposition()[0].decode()
+
+
+def test_a_bridge_alone_is_alive_but_not_ready_and_says_why(tmp_path: Path) -> None:
+    """``companion bridge`` with no peer: ``/healthz`` 200, ``/readyz`` 503 naming its node,
+    ``/metrics`` on its port (no token on loopback) with its client count."""
+    argv = [sys.executable, "-m", "companion", "bridge", "--ws", "127.0.0.1:0", "--no-mdns"]
+    argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp_path), "--no-webrtc"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 30
+        base = ""
+        while not base and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.strip().startswith("ws://"):
+                base = line.strip().replace("ws://", "http://").rstrip("/")
+        assert base, "no ws:// line"
+        assert _get(f"{base}/healthz") == (200, "ok\n")
+        assert _get(f"{base}/readyz") == (503, "not ready: node bridge has no connected peer\n")
+        status, text = _get(f"{base}/metrics")
+        assert status == 200 and "companion_bridge_clients 0.0" in text
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
