@@ -138,10 +138,6 @@ async def run_nodes(
     stopped_by: list[int] = []
     metrics = _metrics(ids) if options.metrics is not None or options.bridge is not None else None
     async with trio.open_nursery() as nursery:
-        if metrics is not None and options.metrics is not None:  # an address in use stops it now
-            from .metrics import serve_metrics
-
-            await nursery.start(serve_metrics, *options.metrics, metrics)
 
         def everyone() -> list[CompanionNode]:
             return [*nodes, *([clients.node] if clients is not None else [])]
@@ -149,6 +145,10 @@ async def run_nodes(
         reload = partial(_reload_tools, loaded, runtimes)
         # served from the start: a SIGTERM while the models are checked closes the nodes cleanly
         await nursery.start(_serve_signals, everyone, nursery.cancel_scope, reload, stopped_by)
+        if metrics is not None and options.metrics is not None:  # an address in use stops it now
+            from .metrics import serve_metrics
+
+            await nursery.start(serve_metrics, *options.metrics, metrics)
         if options.bridge is not None:
             from .actions import serve_actions
 
