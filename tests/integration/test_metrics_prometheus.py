@@ -16,6 +16,7 @@ import json
 import re
 import shutil
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -169,3 +170,19 @@ async def test_prometheus_scrapes_a_live_node_and_sees_a_conversation(tmp_path: 
     exposed = set(re.findall(r"^# TYPE (companion_\w+) ", exposition, re.M))
     documented = set(re.findall(r"`(companion_\w+)`", OPERATIONS.read_text(encoding="utf-8")))
     assert exposed == documented, (sorted(exposed - documented), sorted(documented - exposed))
+
+
+def test_the_scrape_config_and_alert_rules_of_the_docs_are_valid(tmp_path: Path) -> None:
+    """What docs/operations.md offers to copy passes Prometheus' own checker: every rule's
+    expression parses, the scrape configuration is valid (its token file is the reader's)."""
+    config, rules = re.findall(r"```yaml\n(.*?)```", OPERATIONS.read_text(encoding="utf-8"), re.S)
+    (tmp_path / "prometheus.yml").write_text(config, encoding="utf-8")
+    (tmp_path / "rules.yml").write_text(rules, encoding="utf-8")
+    promtool = shutil.which("promtool") or "promtool"  # installed with prometheus
+    for argv in (
+        [promtool, "check", "config", "--syntax-only", str(tmp_path / "prometheus.yml")],
+        [promtool, "check", "rules", str(tmp_path / "rules.yml")],
+    ):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 9 rules found" in done.stdout
