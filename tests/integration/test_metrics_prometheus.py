@@ -7,7 +7,8 @@ so, where it is not installed). One ``companion run`` process with two companion
 second; a Firehose client sends one message to both companions and waits for a reply; then
 Prometheus' query API must report the reply, the speaker's model calls and the messages the
 nodes received. The same endpoints answer on the bridge's port, ``/metrics`` there behind the
-bridge's token; docs/operations.md names exactly the metrics the process exposes.
+bridge's token; docs/operations.md names exactly the metrics the process exposes, and its
+scrape configuration and alert rules pass ``promtool``.
 """
 
 from __future__ import annotations
