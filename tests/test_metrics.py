@@ -101,21 +101,26 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def first_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30) -> str:
+    """The first line of ``proc``'s standard output that starts with ``prefix`` (the lines
+    before it are read and left; a process that ends or stays silent fails the test)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(prefix):
+            return line.rstrip("\n")
+    raise AssertionError(f"no line starting with {prefix!r}")
+
+
 def test_a_relay_serves_metrics_and_is_ready_once_it_listens(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "companion.cli.relay", "--listen", "/ip4/127.0.0.1/tcp/0"]
     argv += ["--data-dir", str(tmp_path), "--metrics", "127.0.0.1:0", "--log-format", "json"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 30
-        url = ""
-        while not url and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith(METRICS_LINE):
-                url = line.split()[1]
-        assert url, "no metrics line"
+        url = first_line(proc, METRICS_LINE).split()[1]
         base = url.removesuffix("/metrics")
         for _attempt in range(100):  # ready once the relay's node listens (bounded: 10 s)
             if _get(f"{base}/readyz")[0] == 200:
@@ -203,16 +208,7 @@ def test_a_bridge_alone_is_alive_but_not_ready_and_says_why(tmp_path: Path) -> N
     argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp_path), "--no-webrtc"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 30
-        base = ""
-        while not base and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.strip().startswith("ws://"):
-                base = line.strip().replace("ws://", "http://").rstrip("/")
-        assert base, "no ws:// line"
+        base = first_line(proc, "  ws://").strip().replace("ws://", "http://").rstrip("/")
         assert _get(f"{base}/healthz") == (200, "ok\n")
         assert _get(f"{base}/readyz") == (503, "not ready: node bridge has no connected peer\n")
         status, text = _get(f"{base}/metrics")
