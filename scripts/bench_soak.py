@@ -12,13 +12,16 @@ gossipsub parameters, nothing else) joined to the same network: what py-libp2p a
 on this machine in the same minutes.
 
 Every ``--sample`` seconds, per process: resident memory (VmRSS), open files (``/proc/PID/fd``),
-threads and the size of its data directory. Printed: one block per sample, then per process
-the first and last reading and the growth per hour (a least-squares line through the samples
-after the first conversation, so start-up is not counted as growth), the conversations
-answered, the replies, and every WARNING, ERROR or CRITICAL line the processes logged (their
-stderr, ``--log-format json``), with each process's exit status after one SIGTERM. Each
-companion serves ``--metrics``; at the end its own counts are read from there as Prometheus
-would scrape them (replies, turns led, model calls, store commits, drops by reason).
+threads and the size of its data directory (every file in it, the SQLite write-ahead log
+included: in a soak of half an hour that log is nearly all of the growth, since SQLite copies
+it into the database only at its checkpoint of 1000 pages, about 4 MB, and then reuses it).
+Printed: one block per sample, then per process the first and last reading and the growth per
+hour (a least-squares line through the samples after the first conversation, so start-up is
+not counted as growth), the conversations answered, the replies, and every WARNING, ERROR or
+CRITICAL line the processes logged (their stderr, ``--log-format json``), with each process's
+exit status after one SIGTERM. Each companion serves ``--metrics``; at the end its own counts
+are read from there as Prometheus would scrape them (replies, turns led, model calls, store
+commits, drops by reason).
 
     python scripts/bench_soak.py --minutes 30 > soak.txt
     python scripts/bench_soak.py --minutes 3 --sample 20   # a quick look
