@@ -23,7 +23,8 @@ import pytest
 import trio
 from cli_support import run_companion
 
-from companion.app.metrics import METRICS_LINE, ProcessMetrics
+from companion.app.metrics import ProcessMetrics
+from companion.app.metrics_http import METRICS_LINE
 from companion.card import load_card
 from companion.engine import EngineEvent
 from companion.models.base import StatesRequest

@@ -69,7 +69,8 @@ async def run_relay(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
             if metrics is not None:  # first: an address in use stops the command now
-                from .metrics import ProcessMetrics, serve_metrics
+                from .metrics import ProcessMetrics
+                from .metrics_http import serve_metrics
 
                 served = ProcessMetrics(needs_peers=False)
                 await nursery.start(serve_metrics, *metrics, served)

@@ -146,7 +146,7 @@ async def run_nodes(
         # served from the start: a SIGTERM while the models are checked closes the nodes cleanly
         await nursery.start(_serve_signals, everyone, nursery.cancel_scope, reload, stopped_by)
         if metrics is not None and options.metrics is not None:  # an address in use stops it now
-            from .metrics import serve_metrics
+            from .metrics_http import serve_metrics
 
             await nursery.start(serve_metrics, *options.metrics, metrics)
         if options.bridge is not None:

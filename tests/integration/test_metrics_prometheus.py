@@ -33,7 +33,7 @@ from network_support import Network, Proc, network
 from trio_websocket import open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE
-from companion.app.metrics import METRICS_LINE
+from companion.app.metrics_http import METRICS_LINE
 
 pytestmark = [
     pytest.mark.integration,
