@@ -24,7 +24,7 @@ import trio
 from cli_support import run_companion
 
 from companion.app.metrics import ProcessMetrics
-from companion.app.metrics_http import METRICS_LINE
+from companion.app.metrics_http import METRICS_LINE, REQUEST_TIMEOUT
 from companion.card import load_card
 from companion.engine import EngineEvent
 from companion.models.base import StatesRequest
@@ -117,6 +117,8 @@ def first_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 30) ->
 
 
 def test_a_relay_serves_metrics_and_is_ready_once_it_listens(tmp_path: Path) -> None:
+    """``companion relay --metrics``: ready once it listens; its metrics; a silent client is
+    dropped after :data:`REQUEST_TIMEOUT`, garbage gets a 400, neither holds up the others."""
     argv = [sys.executable, "-m", "companion.cli.relay", "--listen", "/ip4/127.0.0.1/tcp/0"]
     argv += ["--data-dir", str(tmp_path), "--metrics", "127.0.0.1:0", "--log-format", "json"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -133,6 +135,16 @@ def test_a_relay_serves_metrics_and_is_ready_once_it_listens(tmp_path: Path) -> 
         assert 'companion_peers_connected{node="relay"} 0.0' in text
         assert "process_resident_memory_bytes" in text
         assert _get(f"{base}/nothing")[0] == 404
+        # a client that connects and says nothing, and one that sends garbage: each is answered
+        # or dropped within REQUEST_TIMEOUT, and others are served meanwhile
+        host, port = url.split("/")[2].split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as silent:
+            with socket.create_connection((host, int(port)), timeout=5) as garbage:
+                garbage.sendall(b"\x00\xff not http at all\r\n\r\n")
+                assert garbage.recv(4096).startswith(b"HTTP/1.1 400 ")
+            assert _get(f"{base}/healthz") == (200, "ok\n")
+            silent.settimeout(REQUEST_TIMEOUT + 10)  # past it, recv raises: the test fails
+            assert silent.recv(4096) == b""  # closed by the server, unanswered
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=20)
