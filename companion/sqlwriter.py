@@ -26,7 +26,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias
 
@@ -86,6 +86,9 @@ class SqlWriter:
         self._hurry = False  # a flush is waiting: commit without waiting for the batch window
         self._counts = {"committed": 0, "batches": 0, "failures": 0, "lost": 0}
         self._failing = False
+        self.on_commit: Callable[[float], None] | None = None
+        """Called from the writer's thread with the seconds each committed batch took (the
+        metrics' store write latency); it must be quick and thread-safe."""
         self._thread = threading.Thread(target=self._run, name=f"sqlwriter {name or path.name}", daemon=True)
         self._thread.start()
 
@@ -172,8 +175,11 @@ class SqlWriter:
                 self._hurry = False
                 batch = list(itertools.islice(self._queue, _MAX_BATCH))
                 closing = self._closing
+            began = time.perf_counter()
             error = self._commit(batch)
             if error is None:
+                if self.on_commit is not None:
+                    self.on_commit(time.perf_counter() - began)
                 with self._cond:
                     self._settle(len(batch), lost=0)
                     recovered, self._failing = self._failing, False

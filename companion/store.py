@@ -37,6 +37,7 @@ import logging
 import sqlite3
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, NamedTuple
@@ -192,6 +193,11 @@ class Store:
     def stats(self) -> dict[str, int]:
         """The writer's counters: ``committed``, ``batches``, ``failures``, ``lost``, ``backlog``."""
         return self._writer.stats()
+
+    def observe_commits(self, callback: Callable[[float], None] | None) -> None:
+        """Call ``callback`` with the seconds each committed batch took (from the writer's
+        thread: :attr:`SqlWriter.on_commit <companion.sqlwriter.SqlWriter.on_commit>`)."""
+        self._writer.on_commit = callback
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush (within ``timeout``), stop the writer and close the file. Blocks this thread:

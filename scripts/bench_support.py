@@ -10,11 +10,22 @@ monitoring, no metadata protocol, no validators.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["bare_host", "bare_pubsub", "cpu_seconds", "percentile", "rss_bytes"]
+__all__ = [
+    "bare_host",
+    "bare_pubsub",
+    "cpu_seconds",
+    "data_bytes",
+    "fd_count",
+    "percentile",
+    "rss_bytes",
+    "thread_count",
+]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -47,6 +58,37 @@ def rss_bytes(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+def thread_count(pid: int) -> int | None:
+    """Threads of a process (``Threads`` of ``/proc/PID/status``); ``None`` once gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def fd_count(pid: int) -> int | None:
+    """Open file descriptors of a process (entries of ``/proc/PID/fd``); ``None`` once gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def data_bytes(folder: Path) -> int:
+    """The bytes of every file under ``folder`` (0 when missing); files that vanish while it is
+    walked (a SQLite journal) are skipped."""
+    total = 0
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total
 
 
 def bare_host(listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",), key_pair: Any = None) -> Any:

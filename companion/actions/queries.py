@@ -8,6 +8,7 @@ wait ends (answer, timeout or cancellation), so nothing is left pending.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,9 @@ class PendingQueries:
         self._publisher = publisher
         self._sender = sender
         self._waiting: dict[str, _Waiter] = {}
+        self.outcomes: Counter[str] = Counter()
+        """Queries asked so far by how they ended (``answered``, ``failed``: an error result or
+        ``success: false``, ``timeout``), and ``dropped`` results nobody waited for."""
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -68,14 +72,19 @@ class PendingQueries:
             log_event(
                 logger, "query_timeout", logging.WARNING, query_id=query.id, type=query_type, timeout=timeout
             )
+            self.outcomes["timeout"] += 1
             raise QueryTimeout(query_type, timeout)
-        return waiter.result
+        result = waiter.result
+        failed = result.error is not None or (result.result is not None and not result.result.success)
+        self.outcomes["failed" if failed else "answered"] += 1
+        return result
 
     def deliver(self, result: QueryResult) -> bool:
         """Hand over a result from the network. True if a waiter took it; False if dropped."""
         waiter = self._waiting.pop(result.id, None)
         if waiter is None:
             log_event(logger, "query_result_dropped", logging.DEBUG, query_id=result.id)
+            self.outcomes["dropped"] += 1
             return False
         waiter.result = result
         waiter.done.set()

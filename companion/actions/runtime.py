@@ -232,6 +232,12 @@ class ActionRuntime:
         return len(self._queries)
 
     @property
+    def query_outcomes(self) -> Mapping[str, int]:
+        """Queries asked so far by how they ended (:attr:`PendingQueries.outcomes
+        <companion.actions.queries.PendingQueries.outcomes>`)."""
+        return self._queries.outcomes
+
+    @property
     def running(self) -> frozenset[str]:
         """Ids of the calls running right now."""
         return frozenset(self._calls)

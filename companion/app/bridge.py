@@ -124,6 +124,9 @@ async def run_bridge(
     )
     bridge = make_bridge(options, node)
     await bridge.bind()  # a taken --ws address is an error before the node starts
+    from .metrics import ProcessMetrics
+
+    ProcessMetrics().serve_on(bridge, node)  # /metrics, /healthz, /readyz on the bridge's port
     stopped_by = None
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run, bridge)

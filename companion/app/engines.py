@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..models.base import CompanionModel
     from ..node import CompanionNode, InboundHandler
     from ..store import Store
+    from .metrics import ProcessMetrics
 
 __all__ = [
     "CardModel",
@@ -170,6 +171,22 @@ class PendingHandler:
         await self._handler.handle(inbound)
 
 
+def _observers(
+    *observers: Callable[[EngineEvent], None] | None,
+) -> Callable[[EngineEvent], None] | None:
+    """One engine ``observer`` that hands each event to every one of ``observers`` given (the
+    decisions kept for ``companion explain``, the metrics), in order."""
+    given = [o for o in observers if o is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def observe(event: EngineEvent) -> None:
+        for observer in given:
+            observer(event)
+
+    return observe
+
+
 class DecisionRecorder:
     """An engine's observer that keeps each decision about a message in the companion's store
     (:meth:`Store.record_decision <companion.store.Store.record_decision>`): every event at INFO
@@ -293,29 +310,39 @@ async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) ->
     return out
 
 
-def engine_handlers(models: Mapping[str, CardModel], *, data_dir: Path | None) -> HandlerFactory:
+def engine_handlers(
+    models: Mapping[str, CardModel], *, data_dir: Path | None, metrics: ProcessMetrics | None = None
+) -> HandlerFactory:
     """The handler factory of ``companion run``: a :class:`CompanionHandler` with a conversation
     engine per card (its model from ``models``, its history and memory under
-    ``data_dir/<companion id>/``, in memory when ``None``), publishing through the card's node."""
+    ``data_dir/<companion id>/``, in memory when ``None``), publishing through the card's node;
+    counted into ``metrics`` (model calls, decisions, store commits) when given."""
     from ..actions import KeyValueStore
     from ..engine import ConversationEngine
     from ..store import Store
 
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
         chosen = models[loaded.card.metadata.id]
+        cid = loaded.card.metadata.id
+        model = chosen.model if metrics is None else metrics.metered(cid, chosen.model)
         store = None if data_dir is None else Store.in_directory(data_dir / loaded.card.metadata.id)
         kv = None if store is None else KeyValueStore.open(store.path)  # the tools' values, same file
         engine = ConversationEngine(
             loaded,
-            chosen.model,
+            model,
             node,
             node.directory,
             store=store,
             timings=chosen.timings,
             companion_of=node.membership.companion_of,
             kv=kv,
-            observer=None if store is None else DecisionRecorder(store),
+            observer=_observers(
+                None if store is None else DecisionRecorder(store),
+                None if metrics is None else metrics.observer(cid),
+            ),
         )
+        if metrics is not None:
+            metrics.add_engine(cid, engine, store)
         engine.attach(nursery)
         node.add_membership_listener(engine.directory_changed)
         engine.directory_changed()  # the node may have met companions before its engine existed

@@ -45,9 +45,11 @@ async def run_relay(
     options: RelayOptions,
     *,
     ready: Callable[[RelayNode], None] | None = None,
+    metrics: tuple[str, int] | None = None,
 ) -> None:
     """Start the relay, print its peer id and addresses, serve until SIGINT (raises
-    :class:`Interrupted`), SIGTERM or cancellation."""
+    :class:`Interrupted`), SIGTERM or cancellation; with ``metrics`` (``--metrics HOST:PORT``)
+    serve ``/metrics``, ``/healthz`` and ``/readyz`` there (ready once it listens)."""
     from ..node import NodeConfig
     from ..node.discovery import parse_peer_addr
     from ..node.relay_node import RelayNode
@@ -66,7 +68,15 @@ async def run_relay(
     # signals are caught from before the first line is printed: a SIGUSR1 right after it is stats
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
+            if metrics is not None:  # first: an address in use stops the command now
+                from .metrics import ProcessMetrics
+                from .metrics_http import serve_metrics
+
+                served = ProcessMetrics(needs_peers=False)
+                await nursery.start(serve_metrics, *metrics, served)
             await nursery.start(relay.run)
+            if metrics is not None:
+                served.nodes.append(relay)
             print(f"{RELAY_LINE}{relay.peer_id}", flush=True)
             print_addresses(relay.listen_addrs)
             if ready is not None:

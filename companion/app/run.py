@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..node import CompanionNode, InboundHandler
     from ..ports import ConversationStore
     from .bridge import BridgeOptions
+    from .metrics import ProcessMetrics
 
 __all__ = ["DIAL_HEAD_START", "RunOptions", "Running", "listen_addrs_for", "run_nodes"]
 
@@ -72,6 +73,9 @@ class RunOptions:
     """Connections each node opens itself (``--max-connections``, NodeConfig.max_connections)."""
     trust: TrustOptions = field(default_factory=TrustOptions)
     """``--trust``, ``--approver``, ``--answerer``; with the data directory's trust file."""
+    metrics: tuple[str, int] | None = None
+    """``--metrics HOST:PORT``: serve ``/metrics``, ``/healthz``, ``/readyz`` there (with
+    ``--ws`` they are on the bridge's port too; :mod:`.metrics`)."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ async def run_nodes(
     companions: list[CompanionHandler] = []  # what the stop in order stops, then closes
     clients_scope: trio.CancelScope | None = None
     stopped_by: list[int] = []
+    metrics = _metrics(ids) if options.metrics is not None or options.bridge is not None else None
     # one process per companion, layouts migrated: before any node, until every store closed
     async with hold_data_dirs(options.data_dir, ids), trio.open_nursery() as nursery:
 
@@ -156,6 +161,10 @@ async def run_nodes(
         # served from the start: a SIGTERM while the models are checked closes the nodes cleanly
         stop = Stop(nursery.cancel_scope)
         await nursery.start(_serve_signals, everyone, stop, reload, stopped_by)
+        if metrics is not None and options.metrics is not None:  # an address in use stops it now
+            from .metrics_http import serve_metrics
+
+            await nursery.start(serve_metrics, *options.metrics, metrics)
         if options.bridge is not None:
             from .actions import serve_actions
             from .views import serve_views
@@ -163,6 +172,8 @@ async def run_nodes(
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
             serve_actions(clients.bridge, runtimes)
             serve_views(clients.bridge, loaded, stores)
+            if metrics is not None:
+                metrics.serve_on(clients.bridge, clients.node)
         pending: list[tuple[LoadedCard, CompanionNode, PendingHandler, trio.Nursery]] = []
         for card, listen in zip(loaded, addrs, strict=True):
             metadata = card.card.metadata
@@ -187,6 +198,8 @@ async def run_nodes(
             waiting = PendingHandler()
             node_nursery: trio.Nursery = await nursery.start(_run_one, node, waiting)
             nodes.append(node)
+            if metrics is not None:
+                metrics.nodes.append(node)
             pending.append((card, node, waiting, node_nursery))
         # the nodes dial now; the models and engines are prepared meanwhile, after a head start
         from .actions import runtime_of
@@ -196,7 +209,7 @@ async def run_nodes(
         await _first_connections(nodes, DIAL_HEAD_START)
         if handler_factory is None:
             models = await prepare_models(loaded, options.engine)
-            handler_factory = engine_handlers(models, data_dir=options.data_dir)
+            handler_factory = engine_handlers(models, data_dir=options.data_dir, metrics=metrics)
         for card, node, waiting, node_nursery in pending:
             handler = handler_factory(card, node, node_nursery)
             runtime = runtime_of(handler)
@@ -233,6 +246,17 @@ async def _nursery_of_its_own(*, task_status: Any = trio.TASK_STATUS_IGNORED) ->
     async with trio.open_nursery() as nursery:
         task_status.started(nursery)
         await trio.sleep_forever()
+
+
+def _metrics(companions: Sequence[str]) -> ProcessMetrics:
+    """The process's metrics, ``/readyz`` waiting for these companions' engines (made only
+    when something serves them: prometheus_client is not imported before the first dial
+    otherwise)."""
+    from .metrics import ProcessMetrics
+
+    metrics = ProcessMetrics()
+    metrics.expect(companions)
+    return metrics
 
 
 async def _first_connections(nodes: Sequence[CompanionNode], timeout: float) -> None:

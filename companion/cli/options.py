@@ -10,8 +10,10 @@ from typing import Final
 __all__ = [
     "TOKEN_ENV",
     "add_log_level_arguments",
+    "add_metrics_argument",
     "chosen_log_level",
     "log_level",
+    "metrics_address",
     "parse_ws_address",
     "resolve_token",
 ]
@@ -50,28 +52,45 @@ def chosen_log_level(args: argparse.Namespace) -> str:
 TOKEN_ENV: Final = "COMPANION_BRIDGE_TOKEN"
 
 
-def parse_ws_address(value: str) -> tuple[str, int]:
-    """``127.0.0.1:8080``, ``[::1]:8080``, ``localhost:0`` or just ``8080`` (on 127.0.0.1)."""
+def parse_ws_address(value: str, flag: str = "--ws") -> tuple[str, int]:
+    """``127.0.0.1:8080``, ``[::1]:8080``, ``localhost:0`` or just ``8080`` (on 127.0.0.1);
+    a ``ValueError`` naming ``flag`` otherwise."""
     text = value.strip()
     if text.startswith("ws://"):
         text = text[len("ws://") :].rstrip("/")
     if text.isdigit():
-        return "127.0.0.1", _port(text, value)
+        return "127.0.0.1", _port(text, value, flag)
     if text.startswith("["):
         host, sep, port = text[1:].partition("]:")
         if not sep:
-            raise ValueError(f"--ws {value!r}: write an IPv6 address as [::1]:8080")
-        return host, _port(port, value)
+            raise ValueError(f"{flag} {value!r}: write an IPv6 address as [::1]:8080")
+        return host, _port(port, value, flag)
     host, sep, port = text.rpartition(":")
     if not sep or not host:
-        raise ValueError(f"--ws {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
-    return host, _port(port, value)
+        raise ValueError(f"{flag} {value!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    return host, _port(port, value, flag)
 
 
-def _port(text: str, value: str) -> int:
+def _port(text: str, value: str, flag: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise ValueError(f"--ws {value!r}: the port must be a number from 0 to 65535")
+        raise ValueError(f"{flag} {value!r}: the port must be a number from 0 to 65535")
     return int(text)
+
+
+def add_metrics_argument(parser: argparse.ArgumentParser) -> None:
+    """``--metrics HOST:PORT``: Prometheus' ``/metrics`` and the health checks there."""
+    parser.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics (/metrics) and health checks (/healthz, /readyz) here, "
+        "e.g. 127.0.0.1:9464 (port 0 picks one); see docs/operations.md",
+    )
+
+
+def metrics_address(args: argparse.Namespace) -> tuple[str, int] | None:
+    """The ``--metrics`` address (``None`` without it); ``ValueError`` for a bad one."""
+    return None if args.metrics is None else parse_ws_address(args.metrics, "--metrics")
 
 
 def resolve_token(arg: str | None) -> str | None:

@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..app.paths import default_data_dir
 from ..app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
 from ..app.stopping import is_interrupt
 from .exits import innermost
-from .options import add_log_level_arguments, chosen_log_level
+from .options import add_log_level_arguments, add_metrics_argument, chosen_log_level, metrics_address
 
 __all__ = ["register"]
 
@@ -68,6 +69,7 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="companions that may be reachable through this relay at once (default 128)",
     )
+    add_metrics_argument(parser)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     add_log_level_arguments(parser, "INFO", "DEBUG: every reservation and relayed stream")
     parser.set_defaults(func=main)
@@ -77,11 +79,16 @@ def main(args: argparse.Namespace) -> int:
     if args.max_reservations < 1:
         print("companion relay: --max-reservations must be at least 1", file=sys.stderr)
         return 2
+    try:
+        metrics = metrics_address(args)
+    except ValueError as exc:
+        print(f"companion relay: {exc}", file=sys.stderr)
+        return 2
     configure_node_logging(chosen_log_level(args), args.log_format)
     options = relay_options(args.max_reservations)
     data_dir = args.data_dir or default_data_dir()
     try:
-        trio.run(run_relay, args.listen, args.peer, data_dir, options)
+        trio.run(partial(run_relay, args.listen, args.peer, data_dir, options, metrics=metrics))
     except BaseException as exc:
         return _report_failure(exc)
     return 0

@@ -31,7 +31,15 @@ from ..app.cards import resolve_card
 from ..app.paths import default_data_dir
 from ..app.stopping import exit_status, is_interrupt
 from .exits import innermost
-from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level, parse_ws_address, resolve_token
+from .options import (
+    TOKEN_ENV,
+    add_log_level_arguments,
+    add_metrics_argument,
+    chosen_log_level,
+    metrics_address,
+    parse_ws_address,
+    resolve_token,
+)
 from .trust import add_trust_arguments, trust_options
 
 if TYPE_CHECKING:
@@ -125,6 +133,7 @@ def register(subparsers: Any) -> None:
     clients.add_argument("--no-webrtc", action="store_true", help="do not accept WebRTC clients")
     clients.add_argument("--no-voice", action="store_true", help="WebRTC clients get no voice from here")
     add_trust_arguments(parser)
+    add_metrics_argument(parser)
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     add_log_level_arguments(parser, "WARNING", "every event (INFO: joins, turns, decisions)")
     parser.add_argument(
@@ -159,6 +168,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         bridge = _bridge_options(args)
         trust = trust_options(args)
+        metrics = metrics_address(args)
         if args.pace < 0:
             raise ValueError("--pace must not be negative")
         if args.max_connections < 1:
@@ -179,6 +189,7 @@ def main(args: argparse.Namespace) -> int:
         relays=args.relay,
         max_connections=args.max_connections,
         trust=trust,
+        metrics=metrics,
     )
     try:
         trio.run(run_nodes, options)

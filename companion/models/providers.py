@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import ssl
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
@@ -246,6 +247,8 @@ class _Session:
             error = self._failed(detail, reason, started, form)
             error.status = status
             raise error from exc
+        self._owner.tokens["input"] += response.usage.input_tokens or 0
+        self._owner.tokens["output"] += response.usage.output_tokens or 0
         log_event(
             _log,
             "model_request",
@@ -384,6 +387,8 @@ class ProviderModel:
         self._sdk = load_sdk(config.kind)
         self._errors: tuple[type[Exception], ...] = (*_COMMON_ERRORS, *self._sdk.errors)
         self._ssl: ssl.SSLContext | None = None
+        self.tokens: Counter[str] = Counter()
+        """Tokens the server reported so far: ``input`` and ``output`` (the metrics read it)."""
 
     @property
     def name(self) -> str:

@@ -186,6 +186,11 @@ class CompanionNode:
         self.listen_addrs: list[str] = []
         self.published = 0
         self.delivered = 0
+        self.published_by_topic: Counter[str] = Counter()
+        """This node's own publishes by topic (``published`` is their sum)."""
+        self.delivered_by_topic: Counter[str] = Counter()
+        """Payloads handed to the handler by topic (``delivered`` is their sum): the metrics'
+        messages in."""
         self._listeners: list[MembershipListener] = []
         self._stash: OrderedDict[tuple[bytes, str], Inbound] = OrderedDict()
         self._closing: dict[INetConn, str] = {}
@@ -250,6 +255,15 @@ class CompanionNode:
             **(self.topology.stats() if self.topology is not None else {}),
         }
 
+    @property
+    def queue_depths(self) -> dict[str, int]:
+        """What waits now: ``inbound`` payloads for the handler (past
+        ``NodeConfig.inbound_buffer`` they are dropped) and ``outbound`` RPCs in the fullest
+        per-peer send queue (our publishes wait while it is half full)."""
+        inbound = self._inbound_send.statistics().current_buffer_used if self._inbound_send else 0
+        outbound = self._pubsub.fullest_queue() if self._pubsub is not None else 0
+        return {"inbound": inbound, "outbound": outbound}
+
     def _mesh_sizes(self) -> dict[str, int]:
         """Gossipsub mesh peers per topic (a topic with 0 while peers are connected forwards
         to nobody)."""
@@ -292,6 +306,7 @@ class CompanionNode:
         await self._pubsub.wait_for_room(self.config.outbound_queue_size // 2, self.config.publish_wait)
         await self._pubsub.publish(topic, data)
         self.published += 1
+        self.published_by_topic[topic] += 1
 
     # --- running ----------------------------------------------------------------------------
 
@@ -477,6 +492,7 @@ class CompanionNode:
         empty (the node stopping waits for it)."""
         async for item in inbound:
             self.delivered += 1
+            self.delivered_by_topic[item.topic] += 1
             try:
                 await handler.handle(item)
             except Exception as exc:
