@@ -40,6 +40,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "companion.conversation",
         "companion.transcript",
         "companion.signals",
+        "companion.sentences",
         "companion.history",
         "companion.membership",
         "companion.presence",
