@@ -1,7 +1,10 @@
 """The speaker's work in its slot: parameters, the card's triggers, then ``speak`` with its tools.
 
 Two model calls for one reply (``fill_params``, then ``speak`` with the instructions the CEL
-conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. Two
+conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. The
+``speak`` call is shown a live line (:class:`~companion.voiceline.LiveVoiceLine`): a streaming
+model's ``speak_with_voice`` line is voiced a sentence at a time while it is written, and when
+the model fails after some of it was heard, what was heard is published, nothing more. Two
 checks sit between the model and the runtime, because models get them wrong: one message per
 turn, and a ``to`` that names people and companions of the conversation (names become ids; a
 ``to`` naming nobody is refused once with an error the model can act on, then replaced by the
@@ -13,17 +16,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jsonschema
+import trio
 
 from .actions import ActionDef, ActionRuntime, ToolResult
-from .actions.builtins import no_recipients, resolve_recipients
+from .actions.builtins import LIVE_LINE, VOICE_TOOL, no_recipients, resolve_recipients
 from .card import LoadedCard
 from .conversation import ONE_MESSAGE, Speak
-from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest
+from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
 from .protocol import MESSAGES, Message, Metadata, new_id
+from .voiceline import LiveVoiceLine, SentenceCheck
 
 __all__ = ["ParamsCheck", "Speaker", "Speech"]
 
@@ -78,6 +83,8 @@ class Speaker:
         self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
         self.model, self.runtime, self.directory = model, runtime, directory
         self._emit = emit
+        self.sentence_check: SentenceCheck | None = None
+        """Called on every complete sentence before it is voiced (see ``LiveVoiceLine.admit``)."""
         self.params_check = ParamsCheck(self.card.events.params)
         if self.params_check.problem is not None:
             emit("params_schema_invalid", logging.ERROR, problem=self.params_check.problem)
@@ -139,7 +146,39 @@ class Speaker:
                     raw = checked
             return (await self.runtime.call(tool_id, raw)).for_model()
 
-        await self.model.speak(speak, call_tool)
+        await self._speak_live(speak, speech, call_tool)
+
+    async def _speak_live(self, request: SpeakRequest, speech: Speech, call_tool: ToolCaller) -> None:
+        """``model.speak`` with a live line voiced beside it. A model that fails, or ends without
+        publishing, after clients began to hear its line publishes what they heard."""
+        line = LiveVoiceLine(self.runtime.ask_clients, self._emit, check=self.sentence_check)
+        failure: ModelError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(line.run)
+            token = LIVE_LINE.set(line)
+            try:
+                await self.model.speak(replace(request, live=line), call_tool)
+            except ModelError as exc:
+                failure = exc
+            finally:
+                LIVE_LINE.reset(token)
+                line.end()
+            if not speech.spoke and line.started:
+                self._emit(
+                    "voice_line_published_as_said",
+                    logging.WARNING,
+                    message_id=speech.effect.message_id,
+                    said=line.said[:200],
+                    reason=str(failure) if failure else "the model ended without publishing its line",
+                )
+                token = LIVE_LINE.set(line)
+                try:
+                    said = {"message": line.said, "to": list(speech.effect.fallback), "emotion": "neutral"}
+                    await call_tool(VOICE_TOOL, said)
+                finally:
+                    LIVE_LINE.reset(token)
+        if failure is not None and not speech.spoke:
+            raise failure
 
     def addressed(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech

@@ -60,6 +60,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "turn": (
         "companion.engine",
         "companion.speech",
+        "companion.voiceline",
         "companion.actions",  # the package's __init__: it re-exports the runtime
         "companion.actions.runtime",
         "companion.actions.queries",
