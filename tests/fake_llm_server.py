@@ -662,6 +662,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                     usage = bool((body.get("stream_options") or {}).get("include_usage"))
                     self._stream(_openai_stream_events(reply, model, seq, server.profile, usage), reply)
                 else:
+                    self._generate(reply)
                     self._send(200, _openai_completion(reply, model, seq, server.profile))
 
         def _stream(self, events: Iterator[tuple[dict[str, Any] | None, bool]], reply: Reply) -> None:
@@ -704,6 +705,17 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(b"0\r\n\r\n")
             except OSError:
                 self.close_connection = True
+
+        def _generate(self, reply: Reply) -> None:
+            """A whole answer takes as long as streaming it would: ``ttft`` and every token."""
+            written = (reply.text or "") + "".join(
+                args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+                for _, args in reply.calls
+            )
+            count = len(tokens(written))
+            took = server.ttft + (max(count - 1, 0) / server.token_rate if server.token_rate else 0.0)
+            if took > 0:
+                server.stopping.wait(took)
 
         def _write_chunk(self, data: bytes) -> None:
             if data:

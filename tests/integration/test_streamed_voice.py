@@ -145,7 +145,7 @@ async def test_two_companions_are_never_voiced_at_once(tmp_path: Path, hosted: F
         write_card(tmp_path, "juniper", "Juniper", "speak_with_voice"),
         write_card(tmp_path, "pim", "Pim", "speak_with_voice"),
     ]
-    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--max-turns", "3", "--model", "openai:fake-1")
+    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1")
     with network(tmp_path) as net:
         home = await blocking(
             start_run, net, "home", cards, extra=(*args, "--base-url", hosted.openai_base_url)
