@@ -4,7 +4,10 @@ Two model calls for one reply (``fill_params``, then ``speak`` with the instruct
 conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. The
 ``speak`` call is shown a live line (:class:`~companion.voiceline.LiveVoiceLine`): a streaming
 model's ``speak_with_voice`` line is voiced a sentence at a time while it is written, and when
-the model fails after some of it was heard, what was heard is published, nothing more. Two
+the model fails after some of it was heard, what was heard is published, nothing more. A model
+that asks for it (``parallel_params``) has the parameters filled as soon as a message opens a
+turn for this companion (:meth:`Speaker.prefetch`), while the leader decides the states, so that
+no more than two model calls come one after the other before the first words. Two
 checks sit between the model and the runtime, because models get them wrong: one message per
 turn, and a ``to`` that names people and companions of the conversation (names become ids; a
 ``to`` naming nobody is refused once with an error the model can act on, then replaced by the
@@ -35,6 +38,17 @@ __all__ = ["ParamsCheck", "Speaker", "Speech"]
 
 Emit = Callable[..., None]
 """``emit(kind, level, **fields)``: one structured event (the engine's log and observer)."""
+
+
+@dataclass
+class _Prefetched:
+    """The parameters being filled for one message ahead of this companion's slot."""
+
+    message_id: str
+    scope: trio.CancelScope
+    done: trio.Event
+    values: dict[str, Any] | None = None
+    error: ModelError | None = None
 
 
 @dataclass
@@ -85,6 +99,7 @@ class Speaker:
         self._emit = emit
         self.sentence_check: SentenceCheck | None = None
         """Called on every complete sentence before it is voiced (see ``LiveVoiceLine.admit``)."""
+        self._prefetched: _Prefetched | None = None
         self.params_check = ParamsCheck(self.card.events.params)
         if self.params_check.problem is not None:
             emit("params_schema_invalid", logging.ERROR, problem=self.params_check.problem)
@@ -96,8 +111,7 @@ class Speaker:
         effect = speech.effect
         message = effect.message
         try:
-            request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
-            values = await self.model.fill_params(request)
+            values = await self._params(message, history)
         except ModelError as exc:
             # The parameters only choose instructions: speak without them rather than not at all.
             self._emit(
@@ -147,6 +161,49 @@ class Speaker:
             return (await self.runtime.call(tool_id, raw)).for_model()
 
         await self._speak_live(speak, speech, call_tool)
+
+    def prefetch(self, message: Message, history: list[Message], nursery: trio.Nursery, limit: float) -> None:
+        """Start filling the parameters for ``message`` in ``nursery`` (at most ``limit`` seconds),
+        before this companion knows whether it will speak: the leader's states call and this
+        call then run side by side, and the slot, if it comes, starts with ``speak``. One at a
+        time: a newer message's replaces an older one's."""
+        if self._prefetched is not None:
+            self._prefetched.scope.cancel()
+        ahead = _Prefetched(
+            message.params.id, trio.CancelScope(deadline=trio.current_time() + limit), trio.Event()
+        )
+        self._prefetched = ahead
+        request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
+
+        async def fill() -> None:
+            try:
+                with ahead.scope:
+                    ahead.values = await self.model.fill_params(request)
+                if ahead.scope.cancelled_caught:
+                    ahead.error = ModelError("parameters: no answer in time", reason="no answer in time")
+            except ModelError as exc:
+                ahead.error = exc
+            except Exception as exc:  # a model bug: the slot falls back to filling them itself
+                self._emit(
+                    "params_prefetch_crashed", logging.ERROR, message_id=ahead.message_id, error=repr(exc)
+                )
+            finally:
+                ahead.done.set()
+
+        nursery.start_soon(fill)
+
+    async def _params(self, message: Message, history: list[Message]) -> dict[str, Any]:
+        """The card's parameters for ``message``: the prefetched ones when they were asked for
+        (awaited; they are on their way), else one ``fill_params`` call now."""
+        ahead = self._prefetched
+        if ahead is not None and ahead.message_id == message.params.id:
+            await ahead.done.wait()
+            if ahead.error is not None:
+                raise ahead.error
+            if ahead.values is not None:
+                return ahead.values
+        request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
+        return await self.model.fill_params(request)
 
     async def _speak_live(self, request: SpeakRequest, speech: Speech, call_tool: ToolCaller) -> None:
         """``model.speak`` with a live line voiced beside it. A model that fails, or ends without

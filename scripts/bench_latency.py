@@ -18,10 +18,10 @@ one warm-up round. Model sources (``--source``, several allowed):
   words to the complete line.
 
 Per turn, from the companion's own ``model_request`` log events: the requests before the first
-words and their sequential depth (the engine's calls run one after another: states, parameters,
-then the streamed speak request whose first sentence is the first words), and the prompt and
-completion tokens. aikyo 1.6's count for the same turn is N+3 requests (N addressed companions'
-states, then parameters, speak and one more), printed as the reference the issue gives.
+words and how many of them came one after another (from each request's end time and duration:
+the states and parameters calls run side by side, then the streamed speak request whose first
+sentence is the first words), and the prompt and completion tokens. aikyo 1.6's count for the
+same turn is N+3 requests (as the issue gives it), printed as the reference.
 
     python scripts/bench_latency.py                      # hosted and local, 5 rounds each
     python scripts/bench_latency.py --source smollm2 --rounds 3
@@ -214,6 +214,17 @@ def run_source(source: str, base_url: str, model: str, rounds: int, timeout: flo
     return turns
 
 
+def depth(requests: list[dict[str, Any]]) -> int:
+    """The longest chain of requests each begun after the one before it ended (from the log's
+    ``ts``, written when a request ended, and its ``ms``)."""
+    spans = sorted((float(r["ts"]) - float(r["ms"]) / 1000, float(r["ts"])) for r in requests)
+    longest: list[int] = []
+    for index, (start, _end) in enumerate(spans):
+        earlier = [longest[k] for k in range(index) if spans[k][1] <= start + 0.005]
+        longest.append(1 + max(earlier, default=0))
+    return max(longest, default=0)
+
+
 def report(source: str, turns: list[Turn], reference: float | None) -> None:
     firsts = [t.first_words for t in turns]
     lines = [t.line for t in turns]
@@ -226,18 +237,18 @@ def report(source: str, turns: list[Turn], reference: float | None) -> None:
         print(f"floor (1 TTFT + first sentence) {reference:.2f} s   ratio {p50 / reference:.2f}")
     for turn in turns[:1] + turns[-1:]:
         before = [r for r in turn.requests if r.get("purpose") in ("states", "params")]
-        speak = [r for r in turn.requests if r.get("purpose") == "speak"]
+        speak = [r for r in turn.requests if r.get("purpose") == "speak"][:1]
         prompt = sum(r.get("input_tokens") or 0 for r in turn.requests)
         completion = sum(r.get("output_tokens") or 0 for r in turn.requests)
-        purposes = " -> ".join(str(r.get("purpose")) for r in turn.requests)
+        purposes = ", ".join(str(r.get("purpose")) for r in turn.requests)
         print(
             f"requests per turn {len(turn.requests)} ({purposes}); before the first words "
-            f"{len(before) + min(len(speak), 1)}, sequential depth {len(before) + min(len(speak), 1)}; "
+            f"{len(before) + len(speak)}, one after another {depth([*before, *speak])}; "
             f"tokens prompt {prompt} completion {completion}"
         )
     print(
-        "reference, same turn: before this change 3 requests, 3 deep, first words = whole line; "
-        "aikyo 1.6: N+3 requests (N=1 addressed: 4), whole generations, no streaming"
+        "reference, same turn: before streaming 3 requests, 3 one after another, first words with the "
+        "whole line; aikyo 1.6: N+3 requests (N=1 addressed: 4), whole generations, no streaming"
     )
     if source in GOALS:
         print(f"goal: {GOALS[source]}")

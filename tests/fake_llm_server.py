@@ -105,6 +105,10 @@ class Recorded:
     body: Any
     refused: bool = False
     """The server profile refused this request (an HTTP error, no model involved)."""
+    at: float = field(default_factory=time.monotonic)
+    """When the request arrived (``time.monotonic``)."""
+    answered: float | None = None
+    """When its answer was complete (``time.monotonic``), if it was."""
 
 
 ReplyScript = Reply | Callable[[Any], Reply]
@@ -664,6 +668,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 else:
                     self._generate(reply)
                     self._send(200, _openai_completion(reply, model, seq, server.profile))
+                record.answered = time.monotonic()
 
         def _stream(self, events: Iterator[tuple[dict[str, Any] | None, bool]], reply: Reply) -> None:
             """Server-sent events, paced like a model, in chunks that do not follow the events."""

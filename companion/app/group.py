@@ -48,6 +48,8 @@ class CountingModel:
         self.inner = inner
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.kinds: Counter[str] = Counter()
+        self.parallel_params: bool = getattr(inner, "parallel_params", False)
+        """As the wrapped model asks (see ``ProviderModel.parallel_params``)."""
 
     @property
     def name(self) -> str:

@@ -390,6 +390,12 @@ class ProviderModel:
     model made after the start-up check knows which server the check found).
     """
 
+    parallel_params: bool = True
+    """The engine fills this companion's parameters as soon as a message opens a turn for it,
+    beside the leader's states call (:meth:`companion.speech.Speaker.prefetch`): one request
+    more for each addressed companion that does not speak, one request less one after the other
+    before the first words (states, then speak, instead of states, parameters, then speak)."""
+
     def __init__(self, config: ProviderConfig, memory: EndpointMemory | None = None) -> None:
         self.config = config
         self.memory = shared_memory() if memory is None else memory
