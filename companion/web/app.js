@@ -121,7 +121,39 @@
     return node;
   }
 
+  // A line being voiced a sentence at a time (speak queries with `params.metadata.line`) is
+  // shown growing until its message.send, which replaces it (docs/clients.md).
+  const drafts = new Map(); // companion id -> the li of its line being voiced
+
+  function growDraft(query) {
+    const body = query.params.body || {};
+    const meta = query.params.metadata !== null && typeof query.params.metadata === "object" ? query.params.metadata : {};
+    if (typeof body.message !== "string" || typeof meta.line !== "string") return;
+    const from = query.params.from;
+    let li = drafts.get(from);
+    if (!li || li.dataset.line !== meta.line) {
+      if (li) li.remove();
+      li = el("li", "message draft");
+      li.dataset.line = meta.line;
+      const head = el("div", "meta");
+      head.appendChild(el("span", "from", nameOf(from)));
+      li.appendChild(head);
+      li.appendChild(el("div", "bubble", ""));
+      drafts.set(from, li);
+      append(li);
+    }
+    const bubble = li.querySelector(".bubble");
+    bubble.textContent = oneLine(`${bubble.textContent} ${body.message}`, 2000);
+  }
+
+  function dropDraft(from) {
+    const li = drafts.get(from);
+    if (li) li.remove();
+    drafts.delete(from);
+  }
+
   function showMessage(p) {
+    dropDraft(p.from);
     const metadata = p.metadata !== null && typeof p.metadata === "object" ? p.metadata : {};
     if (p.from.startsWith("companion_")) {
       seen.add(p.from);
@@ -479,7 +511,10 @@
         showMessage(data.params);
         break;
       case "query.send":
-        if (data.params.type === "speak") speak(data);
+        if (data.params.type === "speak") {
+          growDraft(data);
+          speak(data);
+        }
         else if (data.params.type === "approval") askApproval(data);
         break;
       case "action.send":
