@@ -32,6 +32,9 @@ _MESSAGE_FIELDS: Final = ("message", "text", "content", "utterance")
 _NOT_SPEECH: Final = tuple("{[<`")
 """A text answer that starts with one of these is JSON, markup or code: never read out early."""
 _LABEL: Final = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*:\s+")
+_MAYBE_LABEL: Final = re.compile(r"^\s*(?:\*\*)?[A-Z][\w .'-]{0,40}(?:\*\*)?\s*:?$")
+"""A first line that may still become ``Name:`` (held back until it is certain: the label of the
+speaker's own name is no part of the line, and a line shown must only grow)."""
 
 
 async def stream_response(
@@ -77,6 +80,8 @@ def partial_line(
         return None
     first = text.split("\n", 1)[0]
     label = _LABEL.match(first)
+    if label is None and _MAYBE_LABEL.match(first) and "\n" not in text:
+        return None
     if label and label.group(1).strip().casefold() in {n.casefold() for n in speaker_names}:
         first = first[label.end() :]
     return text_tool, first.lstrip("\"'“ ")
