@@ -108,17 +108,20 @@ class Turn:
     first_words: float
     line: float
     requests: list[dict[str, Any]] = field(default_factory=list)
+    audio: float = float("nan")
+    """Seconds to the first audible frame on the WebRTC voice track (``--webrtc``)."""
 
 
 class Companion:
     """``companion run`` with the card, its stdout lines and JSON log events collected."""
 
-    def __init__(self, tmp: Path, base_url: str, model: str) -> None:
+    def __init__(self, tmp: Path, base_url: str, model: str, webrtc: bool = False) -> None:
         card = tmp / "juniper.yaml"
         card.write_text(CARD, encoding="utf-8")
         argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
         argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
-        argv += ["-v", "--ws", "127.0.0.1:0", "--no-webrtc", "--model", model, "--base-url", base_url]
+        argv += ["-v", "--ws", "127.0.0.1:0", "--model", model, "--base-url", base_url]
+        argv += [] if webrtc else ["--no-webrtc"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.events: list[dict[str, Any]] = []
@@ -167,6 +170,10 @@ class Companion:
                 self.proc.wait(5)
 
 
+SAID: list[str] = []
+"""Every line the companion published, in order (for the report's sentences per line)."""
+
+
 async def one_turn(url: str, index: int, timeout: float) -> tuple[float, float]:
     """Seconds from the message to the first speak query, and to Juniper's message.send."""
     params = {"id": f"bench-{index}", "from": "user_bench", "to": ["companion_juniper"]}
@@ -194,21 +201,78 @@ async def one_turn(url: str, index: int, timeout: float) -> tuple[float, float]:
                     await ws.send_message(json.dumps({"topic": "queries", "body": answer}))
                 elif got.get("method") == "message.send" and got["params"]["from"] == "companion_juniper":
                     line = trio.current_time() - start
+                    SAID.append(str(got["params"]["message"]))
                     return (first if first is not None else line), line
 
 
-def run_source(source: str, base_url: str, model: str, rounds: int, timeout: float) -> list[Turn]:
+async def one_rtc_turn(url: str, index: int, timeout: float) -> tuple[float, float, float]:
+    """Over WebRTC with the bridge's voice (espeak-ng on the audio track, which answers the
+    speak queries itself): seconds to the first speak query, the first audible audio frame, and
+    Juniper's message.send."""
+    from companion.rtc import connect_rtc  # aiortc: only for this case
+
+    params = {"id": f"bench-rtc-{index}", "from": "user_bench", "to": ["companion_juniper"]}
+    params["message"] = "Juniper, what did you see at the harbour?"
+    envelope = {"jsonrpc": "2.0", "method": "message.send", "params": params}
+    frame = json.dumps({"topic": "messages", "body": envelope})
+    base = url.replace("ws://", "http://").rstrip("/")
+    async with connect_rtc(base, voice=True, topics=["messages", "queries"]) as client:
+        while True:  # what was said before this turn
+            try:
+                client.audio.receive_nowait()
+            except trio.WouldBlock:
+                break
+        start = trio.current_time()
+        start_mono = time.monotonic()
+        first = audible = None
+        with trio.fail_after(timeout):
+            await client.send_text(frame)
+            async with trio.open_nursery() as nursery:
+
+                async def listen() -> None:
+                    nonlocal audible
+                    async for audio in client.audio:
+                        if audio.peak > 500:
+                            audible = audio.received_at - start_mono
+                            return
+
+                nursery.start_soon(listen)
+                resend = start + 3
+                while True:
+                    with trio.move_on_at(resend) as waiting:
+                        got = json.loads(await client.receive_text())
+                    if waiting.cancelled_caught:
+                        await client.send_text(frame)
+                        resend += 3
+                        continue
+                    resend = float("inf")
+                    if got.get("method") == "query.send" and first is None:
+                        first = trio.current_time() - start
+                    elif got.get("method") == "message.send" and got["params"]["from"] == "companion_juniper":
+                        line = trio.current_time() - start
+                        nursery.cancel_scope.cancel()
+                        break
+    return (first if first is not None else line), (audible if audible is not None else float("nan")), line
+
+
+def run_source(
+    source: str, base_url: str, model: str, rounds: int, timeout: float, webrtc: bool = False
+) -> list[Turn]:
     turns: list[Turn] = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
-        companion = Companion(Path(tmp), base_url, model)
+        companion = Companion(Path(tmp), base_url, model, webrtc)
         try:
             url = companion.url()
             for index in range(rounds + 1):
                 mark = companion.event_count()
-                first, line = trio.run(one_turn, url, index, timeout)
+                audio = float("nan")
+                if webrtc:
+                    first, audio, line = trio.run(one_rtc_turn, url, index, timeout)
+                else:
+                    first, line = trio.run(one_turn, url, index, timeout)
                 time.sleep(0.5)  # the turn's last log lines
                 if index:  # the first round warms up (connections, the server's prompt cache)
-                    turns.append(Turn(first, line, companion.requests_since(mark)))
+                    turns.append(Turn(first, line, companion.requests_since(mark), audio))
         finally:
             companion.stop()
     return turns
@@ -231,6 +295,9 @@ def report(source: str, turns: list[Turn], reference: float | None) -> None:
     p50 = statistics.median(firsts)
     print(f"\n== {source} ({len(turns)} turns)")
     print(f"message -> first speak query   p50 {p50:.2f} s  (min {min(firsts):.2f}, max {max(firsts):.2f})")
+    audio = [t.audio for t in turns if t.audio == t.audio]
+    if audio:
+        print(f"message -> first audio frame    p50 {statistics.median(audio):.2f} s (WebRTC, espeak-ng)")
     print(f"message -> whole message.send  p50 {statistics.median(lines):.2f} s")
     print(f"first words / whole line       {p50 / statistics.median(lines):.2f}")
     if reference is not None:
@@ -250,6 +317,9 @@ def report(source: str, turns: list[Turn], reference: float | None) -> None:
         "reference, same turn: before streaming 3 requests, 3 one after another, first words with the "
         "whole line; aikyo 1.6: N+3 requests (N=1 addressed: 4), whole generations, no streaming"
     )
+    if SAID:
+        counts = [len(split_sentences(line)) for line in SAID[-len(turns) :]]
+        print(f"sentences per line {counts}; last line: {SAID[-1][:160]!r}")
     if source in GOALS:
         print(f"goal: {GOALS[source]}")
 
@@ -289,17 +359,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds one turn may take")
     parser.add_argument("--llama-venv", type=Path, default=Path("/work/llama-venv"))
+    parser.add_argument(
+        "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
+    )
     args = parser.parse_args(argv)
     for source in args.source:
         if source == "smollm2":
             with llama_server(args.llama_venv) as base_url:
-                turns = run_source(source, base_url, "openai:smollm2-135m", args.rounds, args.timeout)
+                turns = run_source(
+                    source, base_url, "openai:smollm2-135m", args.rounds, args.timeout, args.webrtc
+                )
             report(source, turns, None)
             continue
         ttft, rate = PROFILES[source]
         with running_server(ttft=ttft, token_rate=rate) as server:
             server.push(*([VoiceModel()] * (args.rounds + 1) * 6))
-            turns = run_source(source, server.openai_base_url, "openai:fake-1", args.rounds, args.timeout)
+            turns = run_source(
+                source, server.openai_base_url, "openai:fake-1", args.rounds, args.timeout, args.webrtc
+            )
         report(source, turns, floor(ttft, rate))
     return 0
 

@@ -513,6 +513,16 @@ def _openai_completion(reply: Reply, model: str, seq: int, profile: ServerProfil
     }
 
 
+def _sse(event: dict[str, Any] | None) -> bytes:
+    """One server-sent event: ``[DONE]`` for ``None``; an Anthropic event (it has a ``type``)
+    with its ``event:`` line as Anthropic sends it."""
+    if event is None:
+        return b"data: [DONE]\n\n"
+    kind = event.get("type")
+    head = f"event: {kind}\n" if isinstance(kind, str) else ""
+    return f"{head}data: {json.dumps(event)}\n\n".encode()
+
+
 _TOKEN = re.compile(r"\s*[^\s]{1,4}|\s+$")
 
 
@@ -549,6 +559,46 @@ def _openai_stream_events(
         counted = {"prompt_tokens": 11, "completion_tokens": produced, "total_tokens": 11 + produced}
         yield {**base, "choices": [], "usage": counted}, False
     yield None, False
+
+
+def _anthropic_stream_events(
+    reply: Reply, model: str, seq: int
+) -> Iterator[tuple[dict[str, Any] | None, bool]]:
+    """``(event, is_token)`` of a streamed Anthropic message, as its SSE ``data`` lines (each
+    carries its ``type``, which the SDK reads); no ``[DONE]``: ``message_stop`` ends it."""
+    start = _anthropic_message(Reply(), model, seq)
+    start.update(content=[], stop_reason=None, usage={"input_tokens": 11, "output_tokens": 1})
+    yield {"type": "message_start", "message": start}, False
+    index = produced = 0
+    if reply.text:
+        yield (
+            {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+            False,
+        )
+        for piece in tokens(reply.text):
+            produced += 1
+            yield (
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "text_delta", "text": piece},
+                },
+                True,
+            )
+        yield {"type": "content_block_stop", "index": index}, False
+        index += 1
+    for i, (name, args) in enumerate(reply.calls):
+        block = {"type": "tool_use", "id": f"toolu_{seq}_{i}", "name": name, "input": {}}
+        yield {"type": "content_block_start", "index": index, "content_block": block}, False
+        for piece in tokens(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)):
+            produced += 1
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            yield {"type": "content_block_delta", "index": index, "delta": delta}, True
+        yield {"type": "content_block_stop", "index": index}, False
+        index += 1
+    stop = {"stop_reason": "tool_use" if reply.calls else "end_turn", "stop_sequence": None}
+    yield {"type": "message_delta", "delta": stop, "usage": {"output_tokens": produced}}, False
+    yield {"type": "message_stop"}, False
 
 
 def _anthropic_message(reply: Reply, model: str, seq: int) -> dict[str, Any]:
@@ -659,7 +709,11 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             seq = len(server.model_requests())
             model = str(body.get("model", ""))
             if path == "/v1/messages":
-                self._send(200, _anthropic_message(reply, model, seq))
+                if body.get("stream"):
+                    self._stream(_anthropic_stream_events(reply, model, seq), reply)
+                else:
+                    self._generate(reply)
+                    self._send(200, _anthropic_message(reply, model, seq))
             else:
                 reply = server.profile.realise(outcome, reply)
                 if body.get("stream"):
@@ -681,7 +735,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             pending = b""
             try:
                 for event, is_token in events:
-                    data = b"data: [DONE]\n\n" if event is None else f"data: {json.dumps(event)}\n\n".encode()
+                    data = _sse(event)
                     if not is_token:
                         pending += data
                     else:

@@ -8,7 +8,14 @@ from collections.abc import Iterator
 import pytest
 from fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
-from test_models_providers import COMPANIONS, SPEAK, ToolRecorder, openai_model, speak_request
+from test_models_providers import (
+    COMPANIONS,
+    SPEAK,
+    ToolRecorder,
+    anthropic_model,
+    openai_model,
+    speak_request,
+)
 
 from companion.models.base import ModelError
 from companion.models.streaming import partial_line
@@ -102,3 +109,14 @@ async def test_without_a_live_line_the_request_is_not_streamed(server: FakeLLMSe
     await openai_model(server).speak(speak_request(), ToolRecorder())
     [sent] = server.model_requests()
     assert not sent.body.get("stream")
+
+
+async def test_an_anthropic_tool_call_streams_its_message_too(server: FakeLLMServer) -> None:
+    server.push(tool_call("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"}))
+    sink, tools = Sink(), ToolRecorder()
+    await anthropic_model(server).speak(speak_request(live=sink), tools)
+    assert tools.calls == [("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"})]
+    texts = [t for _, t in sink.seen]
+    assert len(texts) > 3 and all(LINE.startswith(t) for t in texts) and texts[-1] == LINE
+    [sent] = server.model_requests()
+    assert sent.path == "/v1/messages" and sent.body["stream"] is True
