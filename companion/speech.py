@@ -2,9 +2,10 @@
 
 Two model calls for one reply (``fill_params``, then ``speak`` with the instructions the CEL
 conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. The
-``speak`` call is shown a live line (:class:`~companion.voiceline.LiveVoiceLine`): a streaming
-model's ``speak_with_voice`` line is voiced a sentence at a time while it is written, and when
-the model fails after some of it was heard, what was heard is published, nothing more. A model
+``speak`` call of a model that streams (``streams_speech``) is shown a live line
+(:class:`~companion.voiceline.LiveVoiceLine`): its ``speak_with_voice`` line is voiced a sentence
+at a time while it is written, and when the model fails after some of it was heard, what was
+heard is published, nothing more. A model
 that asks for it (``parallel_params``) has the parameters filled as soon as a message opens a
 turn for this companion (:meth:`Speaker.prefetch`), while the leader decides the states, so that
 no more than two model calls come one after the other before the first words. Two
@@ -160,7 +161,10 @@ class Speaker:
                     raw = checked
             return (await self.runtime.call(tool_id, raw)).for_model()
 
-        await self._speak_live(speak, speech, call_tool)
+        if getattr(self.model, "streams_speech", False):
+            await self._speak_live(speak, speech, call_tool)
+        else:  # the whole line at once: speak_with_voice voices it a sentence at a time itself
+            await self.model.speak(speak, call_tool)
 
     def prefetch(self, message: Message, history: list[Message], nursery: trio.Nursery, limit: float) -> None:
         """Start filling the parameters for ``message`` in ``nursery`` (at most ``limit`` seconds),

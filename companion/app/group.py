@@ -49,7 +49,8 @@ class CountingModel:
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.kinds: Counter[str] = Counter()
         self.parallel_params: bool = getattr(inner, "parallel_params", False)
-        """As the wrapped model asks (see ``ProviderModel.parallel_params``)."""
+        self.streams_speech: bool = getattr(inner, "streams_speech", False)
+        """As the wrapped model asks (see ``ProviderModel``)."""
 
     @property
     def name(self) -> str:

@@ -390,6 +390,8 @@ class ProviderModel:
     model made after the start-up check knows which server the check found).
     """
 
+    streams_speech: bool = True
+    """The speak request streams, shown to the request's live line (:mod:`.streaming`)."""
     parallel_params: bool = True
     """The engine fills this companion's parameters as soon as a message opens a turn for it,
     beside the leader's states call (:meth:`companion.speech.Speaker.prefetch`): one request
