@@ -51,9 +51,11 @@ import trio
 from trio_websocket import open_websocket_url
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
 
+from bench_support import stop_process  # noqa: E402
 from fake_llm_server import CooperativeModel, Reply, running_server, tokens, tool_call  # noqa: E402
+from live_support import write_card  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
 from companion.sentences import split_sentences  # noqa: E402
@@ -61,29 +63,6 @@ from companion.sentences import split_sentences  # noqa: E402
 LINE = "The harbour is quiet tonight. Three boats came in after dark, full of fish. Shall we go and look?"
 PROFILES: dict[str, tuple[float, float]] = {"hosted": (0.4, 60.0), "local": (2.0, 20.0)}
 GOALS = {"hosted": "first words <= 1.0 s", "smollm2": "first words <= 0.6 x line, <= 2 sequential requests"}
-CARD = """\
-metadata:
-  id: companion_juniper
-  name: Juniper
-  personality: warm and curious
-  story: Juniper lives by a harbour and likes short conversations.
-  sample: "Hello, I am Juniper."
-role: Keep replies to two or three short sentences.
-actions: [speak_with_voice]
-events:
-  params:
-    type: object
-    properties:
-      mood:
-        type: string
-        enum: [calm, curious]
-    required: [mood]
-  conditions:
-    - expression: "true"
-      execute:
-        - tool: speak_with_voice
-          instruction: Reply briefly to what was just said.
-"""
 
 
 class VoiceModel(CooperativeModel):
@@ -116,8 +95,7 @@ class Companion:
     """``companion run`` with the card, its stdout lines and JSON log events collected."""
 
     def __init__(self, tmp: Path, base_url: str, model: str, webrtc: bool = False) -> None:
-        card = tmp / "juniper.yaml"
-        card.write_text(CARD, encoding="utf-8")
+        card = write_card(tmp, "juniper", "Juniper", "speak_with_voice")
         argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
         argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
         argv += ["-v", "--ws", "127.0.0.1:0", "--model", model, "--base-url", base_url]
@@ -161,13 +139,7 @@ class Companion:
             return len(self.events)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
 
 SAID: list[str] = []
@@ -343,12 +315,7 @@ def llama_server(venv: Path) -> Iterator[str]:
             time.sleep(0.5)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: percentiles, readings of a process from ``/proc``, and a
-bare py-libp2p gossipsub peer, the reference the project's node is measured against.
+"""What the benchmark scripts share: percentiles, readings of a process from ``/proc``, stopping
+one by its PID, and a bare py-libp2p gossipsub peer, the reference the project's node is measured against.
 
 The bare peer is py-libp2p 0.8.1 with nothing of the project on top: TCP, Noise, Yamux and
 gossipsub with the project's gossipsub parameters (so a ratio against it shows what the node
@@ -11,12 +11,25 @@ monitoring, no metadata protocol, no validators.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["bare_host", "bare_pubsub", "cpu_seconds", "percentile", "rss_bytes"]
+__all__ = ["bare_host", "bare_pubsub", "cpu_seconds", "percentile", "rss_bytes", "stop_process"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """Stop ``proc`` by its PID: SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
