@@ -26,10 +26,11 @@ Pure and synchronous: no clock, no I/O.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["MAX_SENTENCE_CHARS", "SentenceSplitter", "split_sentences"]
+__all__ = ["MAX_SENTENCE_CHARS", "SentenceSplitter", "join_sentences", "split_sentences"]
 
 MAX_SENTENCE_CHARS: Final = 200
 """The longest sentence handed out (characters): about 12 s of speech, the wait a run-on line may
@@ -38,6 +39,7 @@ impose before its first words."""
 _WESTERN: Final = ".!?…"
 _EASTERN: Final = "。！？‼⁇⁈⁉｡"
 _CLOSERS: Final = "\"'”’»)]}」』）】》〉］｝"
+_EASTERN_CLOSERS: Final = "」』）】》〉］｝"
 _CLAUSE: Final = ",;:、，；："
 _ABBREVIATIONS: Final = frozenset(
     re.split(
@@ -164,6 +166,16 @@ class SentenceSplitter:
             if at > 0:
                 return start + at + 1
         return bound
+
+
+def join_sentences(sentences: Sequence[str]) -> str:
+    """Sentences back into a line: a space between them, none after Japanese punctuation."""
+    out = ""
+    for sentence in sentences:
+        if out and out[-1] not in _EASTERN + _EASTERN_CLOSERS:
+            out += " "
+        out += sentence
+    return out
 
 
 def split_sentences(text: str, max_chars: int = MAX_SENTENCE_CHARS) -> list[str]:

@@ -11,7 +11,9 @@ rest of the line is voiced, and the text said is what the ``message.send`` publi
 companions and turn-taking see one whole message, sent once the line has been heard.
 
 A stream that breaks off leaves its half-written sentence unsaid; the speaker then publishes
-what was said (:attr:`LiveVoiceLine.said`) and nothing else.
+what was said (:attr:`LiveVoiceLine.said`) and nothing else. A client that stops the voice
+answers a sentence ``interrupted`` (see ``companion/rtc/control.py``): nothing more of the line
+is voiced, and the line published ends before the sentence that was cut.
 """
 
 from __future__ import annotations
@@ -22,10 +24,17 @@ from typing import Any, Final
 
 import trio
 
-from .actions.builtins import DEAF_WAIT, VOICE_QUERY, VOICE_TOOL, sentence_wait, voice_metadata
+from .actions.builtins import (
+    DEAF_WAIT,
+    VOICE_QUERY,
+    VOICE_TOOL,
+    interrupted,
+    sentence_wait,
+    voice_metadata,
+)
 from .actions.results import QueryTimeout
 from .protocol import QueryResult, new_id
-from .sentences import SentenceSplitter
+from .sentences import SentenceSplitter, join_sentences
 
 __all__ = ["Ask", "LiveVoiceLine", "SentenceCheck"]
 
@@ -35,18 +44,7 @@ SentenceCheck = Callable[[str, tuple[str, ...]], str | None]
 """``check(sentence, said_before) -> None`` to voice it, or why not (nothing after it is voiced)."""
 Emit = Callable[..., None]
 
-_EASTERN_ENDS: Final = "。！？」』）"
 _VOICE_TIMEOUT: Final = 100.0
-
-
-def join_sentences(sentences: tuple[str, ...] | list[str]) -> str:
-    """Sentences back into a line: a space between them, none after Japanese punctuation."""
-    out = ""
-    for sentence in sentences:
-        if out and not out.endswith(tuple(_EASTERN_ENDS)):
-            out += " "
-        out += sentence
-    return out
 
 
 class LiveVoiceLine:
@@ -162,7 +160,7 @@ class LiveVoiceLine:
             while True:
                 if self._sent < len(self._admitted):
                     await self._send(self._sent)
-                    self._sent += 1
+                    self._sent = min(self._sent + 1, len(self._admitted))
                     continue
                 if self._ended:
                     return
@@ -185,7 +183,11 @@ class LiveVoiceLine:
                 self._emit("voice_timeout", logging.WARNING, line=self.id, part=part, timeout=round(wait, 3))
             self._deaf = True
             return
+        if interrupted(answer):
+            self._emit("voice_interrupted", logging.INFO, line=self.id, part=part)
+            del self._admitted[part:]
+            self._stopped = self._ended = True
+            return
         if answer.error is not None or (answer.result is not None and not answer.result.success):
-            self._emit(
-                "voice_failed", logging.WARNING, line=self.id, part=part, error=answer.error or "failed"
-            )
+            error = answer.error or "success=false"
+            self._emit("voice_failed", logging.WARNING, line=self.id, part=part, error=error)

@@ -12,15 +12,18 @@ import trio.testing
 from companion.actions.builtins import DEAF_WAIT, VOICE_TOOL, sentence_wait
 from companion.actions.results import QueryTimeout
 from companion.protocol import QueryResult, QueryResultBody
-from companion.voiceline import LiveVoiceLine, join_sentences
+from companion.sentences import join_sentences
+from companion.voiceline import LiveVoiceLine
 
 
 class Client:
     """A client on the other side of the queries: says each sentence in ``speaking`` seconds
     (``None``: never answers), and records what it was asked and when."""
 
-    def __init__(self, speaking: float | None = 1.0) -> None:
+    def __init__(self, speaking: float | None = 1.0, interrupt_at: int | None = None) -> None:
         self.speaking = speaking
+        self.interrupt_at = interrupt_at
+        """The sentence (``part``) the person cuts short, as the WebRTC voice answers a stop."""
         self.asked: list[tuple[float, str, dict[str, Any]]] = []
 
     async def ask(
@@ -32,6 +35,9 @@ class Client:
             await trio.sleep(timeout)
             raise QueryTimeout(kind, timeout)
         await trio.sleep(self.speaking)
+        if metadata["part"] == self.interrupt_at:
+            cut = {"interrupted": True, "reason": "stop"}
+            return QueryResult(id="q", result=QueryResultBody(success=False, body=cut))
         return QueryResult(id="q", result=QueryResultBody(success=True, body={"spoken": True}))
 
 
@@ -125,3 +131,15 @@ async def test_other_tools_are_not_voiced(autojump_clock: trio.testing.MockClock
 def test_sentences_join_back_into_a_line() -> None:
     assert join_sentences(["One.", "Two."]) == "One. Two."
     assert join_sentences(["はい。", "そうです。", "OK."]) == "はい。そうです。OK."
+
+
+async def test_an_interrupted_sentence_ends_the_line_before_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client = Client(interrupt_at=1)
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        said = await line.finish("One. Two. Three.", "neutral", 30)
+    assert said == "One."  # the cut sentence is not published as said
+    assert [a[1] for a in client.asked] == ["One.", "Two."]  # nothing more is voiced

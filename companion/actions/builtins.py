@@ -23,8 +23,8 @@ from typing import Final, Literal, Protocol, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..log import log_event
-from ..protocol import COMPANION_ID_PREFIX, Message, Metadata, new_id
-from ..sentences import split_sentences
+from ..protocol import COMPANION_ID_PREFIX, Message, Metadata, QueryResult, new_id
+from ..sentences import join_sentences, split_sentences
 from .context import ActionContext
 from .definition import action, knowledge
 from .results import ActionRefused, QueryTimeout
@@ -39,6 +39,7 @@ __all__ = [
     "NoInput",
     "SpeakInput",
     "companions",
+    "interrupted",
     "no_recipients",
     "resolve_recipients",
     "speak",
@@ -187,11 +188,16 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
     to = _recipients(ctx)  # before the voice: a refused message is not heard either
     live = LIVE_LINE.get()
     if live is None or not live.voices(ctx.tool_id):
-        await _voice_sentences(ctx, split_sentences(ctx.input.message) or [ctx.input.message])
-        return _message(ctx, to)
-    said = await live.finish(ctx.input.message, ctx.input.emotion, _voice_wait(ctx))
+        sentences = split_sentences(ctx.input.message) or [ctx.input.message]
+        count = await _voice_sentences(ctx, sentences)
+        said = ctx.input.message if count == len(sentences) else join_sentences(sentences[:count])
+    else:
+        said = await live.finish(ctx.input.message, ctx.input.emotion, _voice_wait(ctx))
     if not said:
-        raise ActionRefused("nothing of that line could be said; say it again, differently")
+        raise ActionRefused(
+            "nothing of that line was said (the voice was interrupted or refused it): "
+            "do not say it again this turn"
+        )
     return Message.create(ctx.companion_id, to, said, metadata={"emotion": ctx.input.emotion})
 
 
@@ -223,8 +229,16 @@ def voice_metadata(line: str, part: int, last: bool) -> dict[str, object]:
     return {"line": line, "part": part, "last": last}
 
 
-async def _voice_sentences(ctx: ActionContext[SpeakInput], sentences: Sequence[str]) -> None:
-    """Each sentence as its own ``speak`` query, in order, each waited for in turn."""
+def interrupted(answer: QueryResult) -> bool:
+    """Whether a client answered a sentence as cut short by the person (``{"interrupted": true}``,
+    as the WebRTC voice answers a ``stop``): nothing more of that line is to be voiced."""
+    result = answer.result
+    return result is not None and not result.success and result.body.get("interrupted") is True
+
+
+async def _voice_sentences(ctx: ActionContext[SpeakInput], sentences: Sequence[str]) -> int:
+    """Each sentence as its own ``speak`` query, in order, each waited for in turn; how many
+    were said (all of them, unless a client interrupted one: those before it)."""
     line, deaf = new_id(), False
     for part, sentence in enumerate(sentences):
         left = _voice_wait(ctx)
@@ -245,6 +259,9 @@ async def _voice_sentences(ctx: ActionContext[SpeakInput], sentences: Sequence[s
                 )
             deaf = True
             continue
+        if interrupted(answer):
+            log_event(logger, "voice_interrupted", call_id=ctx.call_id, part=part)
+            return part
         if answer.error is not None or (answer.result is not None and not answer.result.success):
             log_event(
                 logger,
@@ -254,6 +271,7 @@ async def _voice_sentences(ctx: ActionContext[SpeakInput], sentences: Sequence[s
                 part=part,
                 error=answer.error or "success=false",
             )
+    return len(sentences)
 
 
 def _voice_wait(ctx: ActionContext[SpeakInput]) -> float:

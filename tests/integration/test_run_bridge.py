@@ -27,9 +27,9 @@ from companion.app.lines import BRIDGE_LINE, parse_sees
 from companion.listen.client import directory_url, fetch_companions
 from companion.protocol import Message, Query, QueryResult, encode
 from companion.rtc import RtcClient, connect_rtc
+from companion.sentences import join_sentences
 from companion.transcript import Transcript
 from companion.voice import EspeakSynthesizer
-from companion.voiceline import join_sentences
 
 pytestmark = pytest.mark.integration
 
