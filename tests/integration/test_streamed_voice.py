@@ -5,6 +5,7 @@ answers ``speak`` queries as aikyo's clients do (it reads the body, ignores the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -61,23 +62,40 @@ def hosted() -> Iterator[FakeLLMServer]:
 
 
 async def _frames(
-    ws: WebSocketConnection, answer: bool, until: str | None, timeout: float, first: str | None = None
+    ws: WebSocketConnection,
+    answer: bool,
+    until: str | None,
+    timeout: float,
+    first: str | None = None,
+    speaking: float = 0.0,
 ) -> list[Any]:
     """Every frame until a ``message.send`` from ``until`` (any companion: ``None``); ``speak``
-    queries answered at once when ``answer`` (as a client that voices nothing would), never
-    otherwise. ``first``: a frame already read."""
+    queries answered after ``speaking`` seconds (the time to say the sentence) when ``answer``,
+    never otherwise. ``first``: a frame already read. Each frame gets ``_at`` (when it came) and
+    each answer is recorded as a frame ``{"_answered": id, "_at"}``."""
     frames: list[Any] = []
+
+    async def say(query: Any) -> None:
+        await trio.sleep(speaking)  # an aikyo client says the sentence, then answers
+        result = {"jsonrpc": "2.0", "id": query["id"], "result": {"success": True, "body": {}}}
+        await ws.send_message(json.dumps({"topic": "queries", "body": result}))
+        frames.append({"_answered": query["id"], "_at": trio.current_time()})
+
     with trio.fail_after(timeout):
-        while True:
-            frame = json.loads(first if first is not None else await ws.get_message())
-            first = None
-            frames.append(frame)
-            if frame.get("method") == "query.send" and answer:
-                result = {"jsonrpc": "2.0", "id": frame["id"], "result": {"success": True, "body": {}}}
-                await ws.send_message(json.dumps({"topic": "queries", "body": result}))
-            sender = frame.get("params", {}).get("from", "") if frame.get("method") == "message.send" else ""
-            if sender.startswith("companion_") and until in (None, sender):
-                return frames
+        async with trio.open_nursery() as nursery:  # reading goes on while a sentence is said
+            while True:
+                frame = json.loads(first if first is not None else await ws.get_message())
+                first = None
+                frame["_at"] = trio.current_time()
+                frames.append(frame)
+                if frame.get("method") == "query.send" and answer:
+                    nursery.start_soon(say, frame)
+                sender = (
+                    frame.get("params", {}).get("from", "") if frame.get("method") == "message.send" else ""
+                )
+                if sender.startswith("companion_") and until in (None, sender):
+                    return frames
+    raise AssertionError("unreachable")
 
 
 def _queries(frames: list[Any]) -> list[Any]:
@@ -107,8 +125,11 @@ async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_who
         async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
             # 1. Sentences in order, each its own query with aikyo's body; the line last, whole.
             first = await _ask(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
-            frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+            frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first, speaking=0.5)
             queries = _queries(frames)
+            answered = {f["_answered"]: f["_at"] for f in frames if "_answered" in f}
+            for before, after in itertools.pairwise(queries):
+                assert after["_at"] >= answered[before["id"]], "a sentence came while one was spoken"
             assert [q["params"]["body"]["message"] for q in queries] == split_sentences(LINE)
             assert all(set(q["params"]["body"]) == {"message", "emotion"} for q in queries)
             meta = [q["params"]["metadata"] for q in queries]
