@@ -156,6 +156,7 @@ class LiveVoiceLine:
     async def run(self) -> None:
         """Send the admitted sentences in order, each once the one before was answered (or its
         wait ran out: then the rest go out without waiting, in order)."""
+        started = self._clock()
         try:
             while True:
                 if self._sent < len(self._admitted):
@@ -167,6 +168,17 @@ class LiveVoiceLine:
                 await self._changed.wait()
         finally:
             self._done.set()
+            if self._admitted:
+                first = None if self.first_sent is None else round((self.first_sent - started) * 1000)
+                self._emit(
+                    "voice_line",
+                    logging.INFO,
+                    line=self.id,
+                    sentences=len(self._admitted),
+                    first_sentence_ms=first,
+                    ms=round((self._clock() - started) * 1000),
+                    deaf=self._deaf,
+                )
 
     async def _send(self, part: int) -> None:
         sentence = self._admitted[part]

@@ -120,3 +120,9 @@ async def test_an_anthropic_tool_call_streams_its_message_too(server: FakeLLMSer
     assert len(texts) > 3 and all(LINE.startswith(t) for t in texts) and texts[-1] == LINE
     [sent] = server.model_requests()
     assert sent.path == "/v1/messages" and sent.body["stream"] is True
+
+
+def test_a_partial_answer_past_the_bound_is_not_read() -> None:
+    huge = '{"message": "' + "la " * 6000
+    assert partial_line(ModelResponse(parts=[ToolCallPart("speak", huge)]), TOOLS, "speak") is None
+    assert partial_line(ModelResponse(parts=[TextPart("la " * 6000)]), TOOLS, "speak") is None

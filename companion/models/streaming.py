@@ -23,12 +23,16 @@ from pydantic_ai.settings import ModelSettings
 
 from .base import ToolSpec
 
-__all__ = ["Partial", "partial_line", "stream_response"]
+__all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response"]
 
 Partial = Callable[[ModelResponse], None]
 """Called with the response so far after each streamed event (on the asyncio side: keep it quick)."""
 
 _MESSAGE_FIELDS: Final = ("message", "text", "content", "utterance")
+MAX_PARTIAL_CHARS: Final = 16_000
+"""Partial answers longer than this are not read any more (each event parses the whole answer so
+far: a server streaming megabytes would cost quadratic time). A spoken line is about 400
+characters; the complete answer is still handled as usual."""
 _NOT_SPEECH: Final = tuple("{[<`")
 """A text answer that starts with one of these is JSON, markup or code: never read out early."""
 _LABEL: Final = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*:\s+")
@@ -66,6 +70,8 @@ def partial_line(
     message wins; text counts only when no tool is called.
     """
     calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+    if sum(len(p.args) if isinstance(p.args, str) else 0 for p in calls) > MAX_PARTIAL_CHARS:
+        return None
     for call in calls:
         spec = tools.get(call.tool_name)
         if spec is None or spec.kind != "action":
@@ -76,7 +82,7 @@ def partial_line(
     if calls or text_tool is None:
         return None
     text = "".join(p.content for p in response.parts if isinstance(p, TextPart)).lstrip()
-    if not text or text.startswith(_NOT_SPEECH):
+    if not text or text.startswith(_NOT_SPEECH) or len(text) > MAX_PARTIAL_CHARS:
         return None
     first = text.split("\n", 1)[0]
     label = _LABEL.match(first)
