@@ -5,15 +5,14 @@ conditions chose), every tool call through the :class:`~companion.actions.Action
 ``speak`` call of a model that streams (``streams_speech``) is shown a live line
 (:class:`~companion.voiceline.LiveVoiceLine`): its ``speak_with_voice`` line is voiced a sentence
 at a time while it is written, and when the model fails after some of it was heard, what was
-heard is published, nothing more. A model
-that asks for it (``parallel_params``) has the parameters filled as soon as a message opens a
-turn for this companion (:meth:`Speaker.prefetch`), while the leader decides the states, so that
-no more than two model calls come one after the other before the first words. Two
-checks sit between the model and the runtime, because models get them wrong: one message per
-turn, and a ``to`` that names people and companions of the conversation (names become ids; a
-``to`` naming nobody is refused once with an error the model can act on, then replaced by the
-previous speaker and the people, never by nobody). Deadlines, cancellation and what a failure
-means for the turn are the engine's.
+heard is published, nothing more. A model that asks for it (``parallel_params``) has the
+parameters filled as soon as a message opens a turn for this companion
+(:meth:`Speaker.prefetch`), while the leader decides the states, so that no more than two model
+calls come one after the other before the first words. Two checks sit between the model and the
+runtime, because models get them wrong: one message per turn, and a ``to`` that names people and
+companions of the conversation (names become ids; a ``to`` naming nobody is refused once with an
+error the model can act on, then replaced by the previous speaker and the people, never by
+nobody). Deadlines, cancellation and what a failure means for the turn are the engine's.
 """
 
 from __future__ import annotations
