@@ -165,6 +165,10 @@ class ServerProfile:
     tool_call_content: Any = None
     """``content`` beside tool calls (``None``, or ``""`` as Ollama sends)."""
     call_id: str = "call_{seq}_{i}"
+    stream_auto: str = "ok"
+    """``refuse``: a streamed request whose tools the model may call at will (``tool_choice``
+    ``auto`` or none) fails (llama-cpp-python's chatml-function-calling raises "Automatic
+    streaming tool choice is not supported": HTTP 500)."""
 
     def screen(self, body: Mapping[str, Any]) -> Outcome:
         tools = body.get("tools") or []
@@ -192,6 +196,8 @@ class ServerProfile:
         treatment = self.choices.get(kind, "honour")
         if treatment == "refuse":
             return Outcome(*self.refusal("tool_choice", kind))
+        if self.stream_auto == "refuse" and body.get("stream") and kind in ("auto", "absent"):
+            return Outcome(*self.refusal("stream", kind))
         if treatment == "ignore":
             return Outcome(json=json_constrained)
         if treatment == "as_auto" or kind in ("auto", "absent"):
@@ -242,6 +248,11 @@ def _llama_cpp_python_refusal(what: str, value: str) -> tuple[int, Any]:
             "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
             f"'msg': \"Input should be 'text' or 'json_object'\", 'input': '{value}'}}"
         )
+        return 500, {
+            "error": {"message": message, "type": "internal_server_error", "param": None, "code": None}
+        }
+    if what == "stream":
+        message = "Automatic streaming tool choice is not supported"
         return 500, {
             "error": {"message": message, "type": "internal_server_error", "param": None, "code": None}
         }
@@ -299,6 +310,7 @@ PROFILES: dict[str, ServerProfile] = {
         "llama-cpp-python-fc",
         "me",
         choices={"required": "refuse", "absent": "ignore"},
+        stream_auto="refuse",
         formats={"json_object": "honour"},
         refusal=_llama_cpp_python_refusal,
         null_content="refuse",

@@ -126,3 +126,20 @@ def test_a_partial_answer_past_the_bound_is_not_read() -> None:
     huge = '{"message": "' + "la " * 6000
     assert partial_line(ModelResponse(parts=[ToolCallPart("speak", huge)]), TOOLS, "speak") is None
     assert partial_line(ModelResponse(parts=[TextPart("la " * 6000)]), TOOLS, "speak") is None
+
+
+async def test_a_form_the_server_will_not_stream_is_sent_whole_and_keeps_its_tools() -> None:
+    """llama-cpp-python with chatml-function-calling answers a streamed tool_choice "auto" with
+    HTTP 500 "Automatic streaming tool choice is not supported": the same form goes again
+    unstreamed (not counted as refused, so the model keeps its tools), and stays unstreamed."""
+    with running_server(profile=PROFILES["llama-cpp-python-fc"]) as srv:
+        srv.push(*[tool_call("speak", {"message": LINE, "to": ["user_1"]})] * 2)
+        model = openai_model(srv)
+        model.memory.identify(model.config, "llama-cpp-python")
+        for _ in range(2):
+            tools = ToolRecorder()
+            await model.speak(speak_request(live=Sink()), tools)
+            assert tools.calls == [("speak", {"message": LINE, "to": ["user_1"]})]
+        streamed = [bool(r.body.get("stream")) for r in srv.model_requests()]
+    assert streamed == [True, False, False]
+    assert "tools_auto" in model.memory.speak_forms(model.config)

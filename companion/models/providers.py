@@ -228,6 +228,9 @@ class _Session:
         partial: Partial | None = None,
     ) -> ModelResponse:
         config = self._owner.config
+        memory = self._owner.memory.state(config)
+        if form in memory.unstreamed:
+            partial = None
         self.requests += 1
         started = trio.current_time()
         try:
@@ -249,6 +252,12 @@ class _Session:
             raise self._failed(reason, reason, started, form) from exc
         except self._owner._errors as exc:
             status = _status_of(exc)
+            if partial is not None and status in _REFUSAL_STATUSES and "stream" in _server_words(exc).lower():
+                # The form works, streaming it does not (llama-cpp-python's chatml-function-calling
+                # with tool_choice "auto"): this form goes unstreamed from now on.
+                self._log_failure(f"HTTP {status}: {_server_words(exc)}", started, form, logging.INFO)
+                memory.unstreamed.add(form)
+                return await self._send(messages, params, settings, form, may_refuse)
             if may_refuse and status in _REFUSAL_STATUSES:
                 words = _server_words(exc)
                 self._log_failure(f"HTTP {status}: {words}", started, form, logging.INFO)
