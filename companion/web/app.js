@@ -133,7 +133,7 @@
     let li = drafts.get(from);
     if (!li || li.dataset.line !== meta.line) {
       if (li) li.remove();
-      li = el("li", "message draft");
+      li = el("li", "draft");
       li.dataset.line = meta.line;
       const head = el("div", "meta");
       head.appendChild(el("span", "from", nameOf(from)));
