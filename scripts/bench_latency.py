@@ -13,7 +13,8 @@ one warm-up round. Model sources (``--source``, several allowed):
   sentence at the profile's rate (what the first words cost if the reply were the only request),
   and the ratio to it.
 - ``smollm2``: SmolLM2-135M-Instruct behind llama-cpp-python's server from
-  ``/work/llama-venv`` (``--llama-venv``), started on a free loopback port and stopped by its
+  the virtualenv ``--llama-venv`` names (``bin/python`` with llama-cpp-python, and a ``GGUF``
+  file holding the model file's path), started on a free loopback port and stopped by its
   PID (outside CI: it takes minutes on 2 cores). The goal is printed beside the ratio of first
   words to the complete line.
 
@@ -24,7 +25,7 @@ sentence is the first words), and the prompt and completion tokens. aikyo 1.6's 
 same turn is N+3 requests (as the issue gives it), printed as the reference.
 
     python scripts/bench_latency.py                      # hosted and local, 5 rounds each
-    python scripts/bench_latency.py --source smollm2 --rounds 3
+    python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 3
 
 Every wait has a deadline; every process is stopped by its PID however the run ends.
 """
@@ -325,13 +326,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds one turn may take")
-    parser.add_argument("--llama-venv", type=Path, default=Path("/work/llama-venv"))
+    parser.add_argument(
+        "--llama-venv",
+        type=Path,
+        help="a virtualenv with llama-cpp-python[server] and a GGUF file naming the model (smollm2)",
+    )
     parser.add_argument(
         "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
     )
     args = parser.parse_args(argv)
     for source in args.source:
         if source == "smollm2":
+            if args.llama_venv is None:
+                parser.error("--source smollm2 needs --llama-venv")
             with llama_server(args.llama_venv) as base_url:
                 turns = run_source(
                     source, base_url, "openai:smollm2-135m", args.rounds, args.timeout, args.webrtc
