@@ -45,6 +45,14 @@ def emit(*_args: Any, **_fields: Any) -> None:
     pass
 
 
+async def finished(client: Client, text: str, wait: float = 30) -> str:
+    """A line run beside its voicing loop, finished with ``text`` at once: what was said."""
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        return await line.finish(text, "neutral", wait)
+
+
 async def test_sentences_go_out_in_order_while_the_line_is_written(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -101,11 +109,8 @@ async def test_a_client_that_never_answers_holds_the_line_one_sentence_wait(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     client = Client(speaking=None)
-    line = LiveVoiceLine(client.ask, emit)
     start = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(line.run)
-        said = await line.finish("One. Two. Three.", "neutral", 100)
+    said = await finished(client, "One. Two. Three.", 100)
     assert said == "One. Two. Three."
     assert trio.current_time() - start == sentence_wait("One.") + 2 * DEAF_WAIT
 
@@ -137,9 +142,6 @@ async def test_an_interrupted_sentence_ends_the_line_before_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     client = Client(interrupt_at=1)
-    line = LiveVoiceLine(client.ask, emit)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(line.run)
-        said = await line.finish("One. Two. Three.", "neutral", 30)
+    said = await finished(client, "One. Two. Three.")
     assert said == "One."  # the cut sentence is not published as said
     assert [a[1] for a in client.asked] == ["One.", "Two."]  # nothing more is voiced
