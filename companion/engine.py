@@ -290,6 +290,24 @@ class ConversationEngine:
             self._emit("message_duplicate", logging.DEBUG, message_id=message.params.id)
             return
         self._feed(event)
+        self._prefetch_params(message)
+
+    def _prefetch_params(self, message: Message) -> None:
+        """A turn opened for ``message`` and this companion may speak in it: a model that asks
+        for it (``parallel_params``) fills the parameters now, beside the leader's states call."""
+        turn = self.conversation.turn
+        if (
+            getattr(self.model, "parallel_params", False)
+            and self._nursery is not None
+            and message.params.from_ != self.me.id
+            and self.me.id in message.params.to
+            and turn is not None
+            and turn.message_id == message.params.id
+            and self.conversation.in_turn
+        ):
+            limit = self.timings.states_timeout + self.timings.speak_timeout
+            history = self.store.recent(self.timings.history_limit)
+            self._speaker.prefetch(message, history, self._nursery, limit)
 
     def directory_changed(self, _event: object = None) -> None:
         """The directory changed (a membership listener): a companion that joins and leaves between

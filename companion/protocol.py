@@ -197,6 +197,8 @@ class QueryParams(_Stripping):
     from_: str = Field(alias="from")
     type: str
     body: JsonObject | None = None
+    metadata: JsonObject | None = None
+    """Our extensions (a ``speak`` query's place in its line); aikyo's plain zod object drops it."""
 
 
 class Query(_Strict):
@@ -208,8 +210,16 @@ class Query(_Strict):
     params: QueryParams
 
     @classmethod
-    def create(cls, sender: str, type: str, body: JsonObject | None = None, id: str | None = None) -> Query:
-        return cls(id=id or new_id(), params=QueryParams(from_=sender, type=type, body=body))
+    def create(
+        cls,
+        sender: str,
+        type: str,
+        body: JsonObject | None = None,
+        id: str | None = None,
+        metadata: JsonObject | None = None,
+    ) -> Query:
+        params = QueryParams(from_=sender, type=type, body=body, metadata=metadata)
+        return cls(id=id or new_id(), params=params)
 
 
 class QueryResultBody(_Stripping):

@@ -1,35 +1,54 @@
 """The speaker's work in its slot: parameters, the card's triggers, then ``speak`` with its tools.
 
 Two model calls for one reply (``fill_params``, then ``speak`` with the instructions the CEL
-conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. Two
-checks sit between the model and the runtime, because models get them wrong: one message per
-turn, and a ``to`` that names people and companions of the conversation (names become ids; a
-``to`` naming nobody is refused once with an error the model can act on, then replaced by the
-previous speaker and the people, never by nobody). Deadlines, cancellation and what a failure
-means for the turn are the engine's.
+conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. The
+``speak`` call of a model that streams (``streams_speech``) is shown a live line
+(:class:`~companion.voiceline.LiveVoiceLine`): its ``speak_with_voice`` line is voiced a sentence
+at a time while it is written, and when the model fails after some of it was heard, what was
+heard is published, nothing more. A model that asks for it (``parallel_params``) has the
+parameters filled as soon as a message opens a turn for this companion
+(:meth:`Speaker.prefetch`), while the leader decides the states, so that no more than two model
+calls come one after the other before the first words. Two checks sit between the model and the
+runtime, because models get them wrong: one message per turn, and a ``to`` that names people and
+companions of the conversation (names become ids; a ``to`` naming nobody is refused once with an
+error the model can act on, then replaced by the previous speaker and the people, never by
+nobody). Deadlines, cancellation and what a failure means for the turn are the engine's.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jsonschema
+import trio
 
 from .actions import ActionDef, ActionRuntime, ToolResult
-from .actions.builtins import no_recipients, resolve_recipients
+from .actions.builtins import LIVE_LINE, VOICE_TOOL, no_recipients, resolve_recipients
 from .card import LoadedCard
 from .conversation import ONE_MESSAGE, Speak
-from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest
+from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
 from .protocol import MESSAGES, Message, Metadata, new_id
+from .voiceline import LiveVoiceLine, SentenceCheck
 
 __all__ = ["ParamsCheck", "Speaker", "Speech"]
 
 
 Emit = Callable[..., None]
 """``emit(kind, level, **fields)``: one structured event (the engine's log and observer)."""
+
+
+@dataclass
+class _Prefetched:
+    """The parameters being filled for one message ahead of this companion's slot."""
+
+    message_id: str
+    scope: trio.CancelScope
+    done: trio.Event
+    values: dict[str, Any] | None = None
+    error: ModelError | None = None
 
 
 @dataclass
@@ -78,6 +97,9 @@ class Speaker:
         self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
         self.model, self.runtime, self.directory = model, runtime, directory
         self._emit = emit
+        self.sentence_check: SentenceCheck | None = None
+        """Called on every complete sentence before it is voiced (see ``LiveVoiceLine.admit``)."""
+        self._prefetched: _Prefetched | None = None
         self.params_check = ParamsCheck(self.card.events.params)
         if self.params_check.problem is not None:
             emit("params_schema_invalid", logging.ERROR, problem=self.params_check.problem)
@@ -89,8 +111,7 @@ class Speaker:
         effect = speech.effect
         message = effect.message
         try:
-            request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
-            values = await self.model.fill_params(request)
+            values = await self._params(message, history)
         except ModelError as exc:
             # The parameters only choose instructions: speak without them rather than not at all.
             self._emit(
@@ -139,7 +160,85 @@ class Speaker:
                     raw = checked
             return (await self.runtime.call(tool_id, raw)).for_model()
 
-        await self.model.speak(speak, call_tool)
+        if getattr(self.model, "streams_speech", False):
+            await self._speak_live(speak, speech, call_tool)
+        else:  # the whole line at once: speak_with_voice voices it a sentence at a time itself
+            await self.model.speak(speak, call_tool)
+
+    def prefetch(self, message: Message, history: list[Message], nursery: trio.Nursery, limit: float) -> None:
+        """Start filling the parameters for ``message`` in ``nursery`` (at most ``limit`` seconds),
+        before this companion knows whether it will speak: the leader's states call and this
+        call then run side by side, and the slot, if it comes, starts with ``speak``. One at a
+        time: a newer message's replaces an older one's."""
+        if self._prefetched is not None:
+            self._prefetched.scope.cancel()
+        ahead = _Prefetched(
+            message.params.id, trio.CancelScope(deadline=trio.current_time() + limit), trio.Event()
+        )
+        self._prefetched = ahead
+        request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
+
+        async def fill() -> None:
+            try:
+                with ahead.scope:
+                    ahead.values = await self.model.fill_params(request)
+                if ahead.scope.cancelled_caught:
+                    ahead.error = ModelError("parameters: no answer in time", reason="no answer in time")
+            except ModelError as exc:
+                ahead.error = exc
+            except Exception as exc:  # a model bug: the slot falls back to filling them itself
+                self._emit(
+                    "params_prefetch_crashed", logging.ERROR, message_id=ahead.message_id, error=repr(exc)
+                )
+            finally:
+                ahead.done.set()
+
+        nursery.start_soon(fill)
+
+    async def _params(self, message: Message, history: list[Message]) -> dict[str, Any]:
+        """The card's parameters for ``message``: the prefetched ones when they were asked for
+        (awaited; they are on their way), else one ``fill_params`` call now."""
+        ahead = self._prefetched
+        if ahead is not None and ahead.message_id == message.params.id:
+            await ahead.done.wait()
+            if ahead.error is not None:
+                raise ahead.error
+            if ahead.values is not None:
+                return ahead.values
+        request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
+        return await self.model.fill_params(request)
+
+    async def _speak_live(self, request: SpeakRequest, speech: Speech, call_tool: ToolCaller) -> None:
+        """``model.speak`` with a live line voiced beside it. A model that fails, or ends without
+        publishing, after clients began to hear its line publishes what they heard."""
+        line = LiveVoiceLine(self.runtime.ask_clients, self._emit, check=self.sentence_check)
+        failure: ModelError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(line.run)
+            token = LIVE_LINE.set(line)
+            try:
+                await self.model.speak(replace(request, live=line), call_tool)
+            except ModelError as exc:
+                failure = exc
+            finally:
+                LIVE_LINE.reset(token)
+                line.end()
+            if not speech.spoke and line.started:
+                self._emit(
+                    "voice_line_published_as_said",
+                    logging.WARNING,
+                    message_id=speech.effect.message_id,
+                    said=line.said[:200],
+                    reason=str(failure) if failure else "the model ended without publishing its line",
+                )
+                token = LIVE_LINE.set(line)
+                try:
+                    said = {"message": line.said, "to": list(speech.effect.fallback), "emotion": "neutral"}
+                    await call_tool(VOICE_TOOL, said)
+                finally:
+                    LIVE_LINE.reset(token)
+        if failure is not None and not speech.spoke:
+            raise failure
 
     def addressed(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech

@@ -61,12 +61,9 @@ def _spawn(argv: list[str], env: dict[str, str] = _ENV) -> subprocess.Popen[byte
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    from bench_support import stop_process
+
+    stop_process(proc)
 
 
 async def measure(card: Path, runs: int, timeout: float) -> dict[str, list[float]]:

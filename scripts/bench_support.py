@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: percentiles, readings of a process from ``/proc``, and a
-bare py-libp2p gossipsub peer, the reference the project's node is measured against.
+"""What the benchmark scripts share: percentiles, readings of a process from ``/proc``, stopping
+one by its PID, and a bare py-libp2p gossipsub peer, the reference the project's node is measured against.
 
 The bare peer is py-libp2p 0.8.1 with nothing of the project on top: TCP, Noise, Yamux and
 gossipsub with the project's gossipsub parameters (so a ratio against it shows what the node
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,23 @@ __all__ = [
     "fd_count",
     "percentile",
     "rss_bytes",
+    "stop_process",
     "thread_count",
 ]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """Stop ``proc`` by its PID: SIGTERM, then SIGKILL after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -14,6 +14,16 @@ reply says what the *model* means; the profile decides what of it reaches the cl
 real server would: a tool call the server does not let through (its tools or forcing ignored)
 arrives as the profile's plain prose, and a tool call under a JSON-schema grammar arrives as
 that JSON in the text.
+
+A request with ``"stream": true`` is answered as the real servers stream: server-sent events
+over a chunked response, a first chunk with the role and no content, the text a token at a
+time, a tool call's id and name first and then its arguments as fragments of JSON cut anywhere
+(inside strings and escapes too), ``finish_reason`` in a chunk of its own, the usage in a last
+chunk with no choices (when ``stream_options.include_usage`` asks for it), then ``[DONE]``;
+several events may share one write and one event may be split across two. With ``ttft`` and
+``token_rate`` the first token comes after ``ttft`` seconds and the others at ``token_rate``
+tokens a second, as a hosted or a local model writes; :attr:`Reply.cut_after` breaks the
+connection after that many tokens, as a server that dies mid-answer does.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ __all__ = [
     "http_error",
     "running_server",
     "text",
+    "tokens",
     "tool_call",
     "tool_calls",
 ]
@@ -60,6 +71,8 @@ class Reply:
     status: int = 200
     error: str = ""
     hang: bool = False
+    cut_after: int | None = None
+    """Streamed: the connection breaks after this many tokens (no finish, no ``[DONE]``)."""
 
 
 def tool_call(name: str, args: Mapping[str, Any] | str) -> Reply:
@@ -92,6 +105,10 @@ class Recorded:
     body: Any
     refused: bool = False
     """The server profile refused this request (an HTTP error, no model involved)."""
+    at: float = field(default_factory=time.monotonic)
+    """When the request arrived (``time.monotonic``)."""
+    answered: float | None = None
+    """When its answer was complete (``time.monotonic``), if it was."""
 
 
 ReplyScript = Reply | Callable[[Any], Reply]
@@ -148,6 +165,10 @@ class ServerProfile:
     tool_call_content: Any = None
     """``content`` beside tool calls (``None``, or ``""`` as Ollama sends)."""
     call_id: str = "call_{seq}_{i}"
+    stream_auto: str = "ok"
+    """``refuse``: a streamed request whose tools the model may call at will (``tool_choice``
+    ``auto`` or none) fails (llama-cpp-python's chatml-function-calling raises "Automatic
+    streaming tool choice is not supported": HTTP 500)."""
 
     def screen(self, body: Mapping[str, Any]) -> Outcome:
         tools = body.get("tools") or []
@@ -175,6 +196,8 @@ class ServerProfile:
         treatment = self.choices.get(kind, "honour")
         if treatment == "refuse":
             return Outcome(*self.refusal("tool_choice", kind))
+        if self.stream_auto == "refuse" and body.get("stream") and kind in ("auto", "absent"):
+            return Outcome(*self.refusal("stream", kind))
         if treatment == "ignore":
             return Outcome(json=json_constrained)
         if treatment == "as_auto" or kind in ("auto", "absent"):
@@ -225,6 +248,11 @@ def _llama_cpp_python_refusal(what: str, value: str) -> tuple[int, Any]:
             "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
             f"'msg': \"Input should be 'text' or 'json_object'\", 'input': '{value}'}}"
         )
+        return 500, {
+            "error": {"message": message, "type": "internal_server_error", "param": None, "code": None}
+        }
+    if what == "stream":
+        message = "Automatic streaming tool choice is not supported"
         return 500, {
             "error": {"message": message, "type": "internal_server_error", "param": None, "code": None}
         }
@@ -282,6 +310,7 @@ PROFILES: dict[str, ServerProfile] = {
         "llama-cpp-python-fc",
         "me",
         choices={"required": "refuse", "absent": "ignore"},
+        stream_auto="refuse",
         formats={"json_object": "honour"},
         refusal=_llama_cpp_python_refusal,
         null_content="refuse",
@@ -337,6 +366,10 @@ class FakeLLMServer:
     models_gate: threading.Event | None = None
     """When given, ``GET /v1/models`` is answered only once this is set (or after the hang
     limit): a server that is slow to come up. ``arrived`` is set when such a request came."""
+    ttft: float = 0.0
+    """Streamed answers: seconds before the first token (after the request arrived)."""
+    token_rate: float = 0.0
+    """Streamed answers: tokens a second after the first (0: as fast as the socket takes them)."""
     port: int = 0
     requests: list[Recorded] = field(default_factory=list)
     arrived: threading.Event = field(default_factory=threading.Event)
@@ -492,6 +525,94 @@ def _openai_completion(reply: Reply, model: str, seq: int, profile: ServerProfil
     }
 
 
+def _sse(event: dict[str, Any] | None) -> bytes:
+    """One server-sent event: ``[DONE]`` for ``None``; an Anthropic event (it has a ``type``)
+    with its ``event:`` line as Anthropic sends it."""
+    if event is None:
+        return b"data: [DONE]\n\n"
+    kind = event.get("type")
+    head = f"event: {kind}\n" if isinstance(kind, str) else ""
+    return f"{head}data: {json.dumps(event)}\n\n".encode()
+
+
+_TOKEN = re.compile(r"\s*[^\s]{1,4}|\s+$")
+
+
+def tokens(text: str) -> list[str]:
+    """``text`` cut as a tokenizer roughly does: runs of up to four characters, each with the
+    white space before it (about the four characters a token of English takes)."""
+    return _TOKEN.findall(text)
+
+
+def _openai_stream_events(
+    reply: Reply, model: str, seq: int, profile: ServerProfile, usage: bool
+) -> Iterator[tuple[dict[str, Any] | None, bool]]:
+    """``(event, is_token)`` of a streamed completion in order; ``None`` is ``[DONE]``."""
+    base = {"id": f"chatcmpl-{seq}", "object": "chat.completion.chunk", "created": 1_700_000_000}
+    base["model"] = model
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    yield chunk({"role": "assistant", "content": ""}), False
+    produced = 0
+    for piece in tokens(reply.text or ""):
+        produced += 1
+        yield chunk({"content": piece}), True
+    for i, (name, args) in enumerate(reply.calls):
+        call_id = profile.call_id.format(seq=seq, i=i, name=name, rand=f"{seq:08x}{i:04x}")
+        head = {"index": i, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+        yield chunk({"tool_calls": [head]}), False
+        for piece in tokens(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)):
+            produced += 1
+            yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}), True
+    yield chunk({}, "tool_calls" if reply.calls else "stop"), False
+    if usage:
+        counted = {"prompt_tokens": 11, "completion_tokens": produced, "total_tokens": 11 + produced}
+        yield {**base, "choices": [], "usage": counted}, False
+    yield None, False
+
+
+def _anthropic_stream_events(
+    reply: Reply, model: str, seq: int
+) -> Iterator[tuple[dict[str, Any] | None, bool]]:
+    """``(event, is_token)`` of a streamed Anthropic message, as its SSE ``data`` lines (each
+    carries its ``type``, which the SDK reads); no ``[DONE]``: ``message_stop`` ends it."""
+    start = _anthropic_message(Reply(), model, seq)
+    start.update(content=[], stop_reason=None, usage={"input_tokens": 11, "output_tokens": 1})
+    yield {"type": "message_start", "message": start}, False
+    index = produced = 0
+    if reply.text:
+        yield (
+            {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+            False,
+        )
+        for piece in tokens(reply.text):
+            produced += 1
+            yield (
+                {
+                    "type": "content_block_delta",
+                    "index": index,
+                    "delta": {"type": "text_delta", "text": piece},
+                },
+                True,
+            )
+        yield {"type": "content_block_stop", "index": index}, False
+        index += 1
+    for i, (name, args) in enumerate(reply.calls):
+        block = {"type": "tool_use", "id": f"toolu_{seq}_{i}", "name": name, "input": {}}
+        yield {"type": "content_block_start", "index": index, "content_block": block}, False
+        for piece in tokens(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)):
+            produced += 1
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            yield {"type": "content_block_delta", "index": index, "delta": delta}, True
+        yield {"type": "content_block_stop", "index": index}, False
+        index += 1
+    stop = {"stop_reason": "tool_use" if reply.calls else "end_turn", "stop_sequence": None}
+    yield {"type": "message_delta", "delta": stop, "usage": {"output_tokens": produced}}, False
+    yield {"type": "message_stop"}, False
+
+
 def _anthropic_message(reply: Reply, model: str, seq: int) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if reply.text:
@@ -600,10 +721,77 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             seq = len(server.model_requests())
             model = str(body.get("model", ""))
             if path == "/v1/messages":
-                self._send(200, _anthropic_message(reply, model, seq))
+                if body.get("stream"):
+                    self._stream(_anthropic_stream_events(reply, model, seq), reply)
+                else:
+                    self._generate(reply)
+                    self._send(200, _anthropic_message(reply, model, seq))
             else:
                 reply = server.profile.realise(outcome, reply)
-                self._send(200, _openai_completion(reply, model, seq, server.profile))
+                if body.get("stream"):
+                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                    self._stream(_openai_stream_events(reply, model, seq, server.profile, usage), reply)
+                else:
+                    self._generate(reply)
+                    self._send(200, _openai_completion(reply, model, seq, server.profile))
+                record.answered = time.monotonic()
+
+        def _stream(self, events: Iterator[tuple[dict[str, Any] | None, bool]], reply: Reply) -> None:
+            """Server-sent events, paced like a model, in chunks that do not follow the events."""
+            arrived = time.monotonic()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            sent = 0
+            pending = b""
+            try:
+                for event, is_token in events:
+                    data = _sse(event)
+                    if not is_token:
+                        pending += data
+                    else:
+                        if reply.cut_after is not None and sent >= reply.cut_after:
+                            self._write_chunk(pending)
+                            self.close_connection = True
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            return
+                        due = arrived + server.ttft + (sent / server.token_rate if server.token_rate else 0.0)
+                        wait = due - time.monotonic()
+                        if wait > 0:
+                            # What was held back goes first, half of this event with it: a real
+                            # server's writes do not end where its events do.
+                            half = len(data) // 2
+                            self._write_chunk(pending + data[:half])
+                            pending = data[half:]
+                            if server.stopping.wait(wait):
+                                return
+                        else:
+                            pending += data
+                        sent += 1
+                    if event is None or len(pending) > 512:
+                        self._write_chunk(pending)
+                        pending = b""
+                self._write_chunk(pending)
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                self.close_connection = True
+
+        def _generate(self, reply: Reply) -> None:
+            """A whole answer takes as long as streaming it would: ``ttft`` and every token."""
+            written = (reply.text or "") + "".join(
+                args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+                for _, args in reply.calls
+            )
+            count = len(tokens(written))
+            took = server.ttft + (max(count - 1, 0) / server.token_rate if server.token_rate else 0.0)
+            if took > 0:
+                server.stopping.wait(took)
+
+        def _write_chunk(self, data: bytes) -> None:
+            if data:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
 
         def _hang(self) -> None:
             server.arrived.set()

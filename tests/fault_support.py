@@ -171,7 +171,9 @@ class Chaos:
         self.p_slow_model = self.rng.choice([0.0, 0.1])
         self.p_duplicate = self.rng.choice([0.0, 0.3, 0.6])
         self.p_delay_states = self.rng.choice([0.0, 0.2, 0.5])
-        self.max_states_delay = self.rng.choice([0.5, TIMINGS.takeover_after * 1.5, TIMINGS.takeover_after * 3])
+        self.max_states_delay = self.rng.choice(
+            [0.5, TIMINGS.takeover_after * 1.5, TIMINGS.takeover_after * 3]
+        )
         self.max_message_delay = self.rng.choice([0.0, 0.05, 0.3])
         self.joiners = 0 if self.scenario in ("two_groups", "aikyo") else self.rng.choice([0, 0, 1, 2])
         self.fail_every = self.rng.randint(3, 5)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import trio
 from engine_support import make_card
-from fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, running_server
+from fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, Recorded, running_server
 
 from companion.app.group import MemoryGroup
 from companion.engine import EngineTimings
@@ -35,7 +35,7 @@ def provider(srv: FakeLLMServer) -> ProviderModel:
     )
 
 
-async def test_a_provider_conversation_reaches_terminal_with_three_requests_per_turn(
+async def test_a_provider_conversation_reaches_terminal_with_two_requests_before_each_reply(
     server: FakeLLMServer,
 ) -> None:
     answers = CooperativeModel()
@@ -53,10 +53,20 @@ async def test_a_provider_conversation_reaches_terminal_with_three_requests_per_
     assert replies[0].in_reply_to == opening.params.id
     assert all(e.text.startswith("Reply number") and e.emotion == "happy" for e in replies)
     assert group.transcript.double_speech == {}
-    # One HTTP request per model call: states, params and speech for each reply; the final
-    # (terminal) turn needs no model at all.
-    assert len(server.model_requests()) == 3 * len(replies)
-    assert sorted(group.calls_per_turn().values()) == [3, 3, 3]
+
+    # One HTTP request per model call: states and speech for each reply, and the parameters of
+    # every companion the message addresses, filled while the leader decides (so the speaker's
+    # slot starts with its speech: two requests one after the other before the first words);
+    # the final (terminal) turn needs no model at all.
+    def tools(r: Recorded) -> set[str]:
+        return {t["function"]["name"] for t in r.body.get("tools") or []}
+
+    requests = server.model_requests()
+    assert sum("set_states" in tools(r) for r in requests) == len(replies)
+    assert sum("speak" in tools(r) for r in requests) == len(replies)
+    params = sum("set_params" in tools(r) for r in requests)
+    assert len(replies) <= params <= 3 * len(replies), params
+    assert len(requests) == 2 * len(replies) + params
     first_speak = next(
         r for r in server.model_requests() if any(t["function"]["name"] == "speak" for t in r.body["tools"])
     )
@@ -95,3 +105,27 @@ async def test_a_conversation_reaches_terminal_on_every_server(profile: str) -> 
 
 FakeCompanions = CooperativeModel
 """The cooperative model under its former name (tests/integration/test_demo.py imports it)."""
+
+
+async def test_the_speakers_parameters_are_filled_while_the_leader_decides() -> None:
+    """Two requests one after the other before the first words: a companion addressed alone
+    asks for its parameters at once, beside its states call, and its slot starts with speech."""
+    with running_server(ttft=0.3) as srv:
+        srv.push(*([CooperativeModel()] * 6))
+        async with trio.open_nursery() as nursery:
+            group = MemoryGroup(nursery, timings=TIMINGS)
+            await group.add(make_card(0, max_turns=2), provider(srv))
+            await group.say("Hello there!")
+            with trio.fail_after(30):
+                assert await group.wait_until(
+                    lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
+                )
+            nursery.cancel_scope.cancel()
+    requests = srv.model_requests()
+    names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
+    kinds = ["states" if "set_states" in n else "params" if "set_params" in n else "speak" for n in names]
+    assert sorted(kinds) == ["params", "speak", "states"]
+    states, params, speak = (requests[kinds.index(k)] for k in ("states", "params", "speak"))
+    assert states.answered is not None and params.answered is not None
+    assert params.at < states.answered and states.at < params.answered  # side by side
+    assert speak.at >= max(states.answered, params.answered) - 0.05  # then the speech

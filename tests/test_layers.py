@@ -40,6 +40,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "companion.conversation",
         "companion.transcript",
         "companion.signals",
+        "companion.sentences",
         "companion.history",
         "companion.membership",
         "companion.presence",
@@ -66,6 +67,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "turn": (
         "companion.engine",
         "companion.speech",
+        "companion.voiceline",
         "companion.actions",  # the package's __init__: it re-exports the runtime
         "companion.actions.runtime",
         "companion.actions.queries",

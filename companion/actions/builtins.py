@@ -1,7 +1,10 @@
 """The built-in tools every card may name: ``speak``, ``speak_with_voice`` and ``companions``.
 
 Wire shapes follow aikyo's core tools so existing aikyo clients keep working: a ``message.send``
-with ``metadata.emotion``, and a ``speak`` query whose body is ``{message, emotion}``.
+with ``metadata.emotion``, and a ``speak`` query whose body is ``{message, emotion}``: one query
+per sentence, in order, each waited for (an aikyo client speaks each as it comes), with the
+sentence's place in its line in ``params.metadata`` (``{line, part, last}``, which aikyo drops).
+The speaker's live line (:data:`LIVE_LINE`) starts the sentences while the model still writes.
 
 Models often address people and companions by name (``["juniper", "Ostra"]``) or not at all:
 ``speak`` maps names to ids (:func:`resolve_recipients`), leaves the speaker out, and refuses an
@@ -14,23 +17,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, Literal, TypeAlias
+from contextvars import ContextVar
+from typing import Final, Literal, Protocol, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..log import log_event
-from ..protocol import COMPANION_ID_PREFIX, Message, Metadata
+from ..protocol import COMPANION_ID_PREFIX, Message, Metadata, QueryResult, new_id
+from ..sentences import join_sentences, split_sentences
 from .context import ActionContext
 from .definition import action, knowledge
 from .results import ActionRefused, QueryTimeout
 
 __all__ = [
+    "LIVE_LINE",
     "VOICE_QUERY",
     "VOICE_TIMEOUT",
+    "VOICE_TOOL",
     "Emotion",
+    "LiveLine",
     "NoInput",
     "SpeakInput",
     "companions",
+    "interrupted",
     "no_recipients",
     "resolve_recipients",
     "speak",
@@ -43,7 +52,16 @@ Emotion: TypeAlias = Literal["happy", "sad", "angry", "neutral"]
 
 VOICE_QUERY: Final = "speak"
 VOICE_TIMEOUT: Final = 100.0
-"""Seconds to wait for a client to finish speaking before the message goes out anyway (as aikyo)."""
+"""Seconds to wait for a client to finish speaking a line before the message goes out anyway (as
+aikyo, whose one query held the whole line)."""
+VOICE_TOOL: Final = "speak_with_voice"
+SENTENCE_WAIT_BASE: Final = 4.0
+SENTENCE_WAIT_PER_CHAR: Final = 0.15
+"""A sentence's answer is awaited ``BASE + PER_CHAR × characters`` seconds (within the line's
+wait): espeak-ng says about 15 characters a second; the rest is synthesis and a loaded page."""
+DEAF_WAIT: Final = 0.25
+"""Once a client left a sentence unanswered, each later one of the line is awaited only this long:
+they still go out in order (a client that queues hears them), the message is not held up."""
 VOICE_PUBLISH_MARGIN: Final = 1.0
 """Seconds kept, of whatever deadline the caller runs this under, for publishing the message
 after the voice wait (see :func:`speak_with_voice`)."""
@@ -160,28 +178,100 @@ def speak(ctx: ActionContext[SpeakInput]) -> Message:
     timeout=VOICE_TIMEOUT + 20.0,
 )
 async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
-    """Ask clients to voice the text, wait for playback to end, then publish the message.
+    """Ask clients to voice the text a sentence at a time, wait for playback to end, then
+    publish the message: the whole line, or, when the speaker's live line voiced it as the model
+    wrote it, exactly what it said.
 
     Turns are paced by real speech; a client that fails, or no client at all, only delays the
     message by the voice deadline, it never silences the companion.
     """
     to = _recipients(ctx)  # before the voice: a refused message is not heard either
-    body = {"message": ctx.input.message, "emotion": ctx.input.emotion}
-    wait = _voice_wait(ctx)
-    try:
-        answer = await ctx.send_query(VOICE_QUERY, body, timeout=wait)
-    except QueryTimeout:
-        log_event(logger, "voice_timeout", logging.WARNING, call_id=ctx.call_id, timeout=round(wait, 3))
+    live = LIVE_LINE.get()
+    if live is None or not live.voices(ctx.tool_id):
+        sentences = split_sentences(ctx.input.message) or [ctx.input.message]
+        count = await _voice_sentences(ctx, sentences)
+        said = ctx.input.message if count == len(sentences) else join_sentences(sentences[:count])
     else:
+        said = await live.finish(ctx.input.message, ctx.input.emotion, _voice_wait(ctx))
+    if not said:
+        raise ActionRefused(
+            "nothing of that line was said (the voice was interrupted or refused it): "
+            "do not say it again this turn"
+        )
+    return Message.create(ctx.companion_id, to, said, metadata={"emotion": ctx.input.emotion})
+
+
+class LiveLine(Protocol):
+    """The speaker's line being voiced while the model writes it (``companion.voiceline``)."""
+
+    def voices(self, tool_id: str) -> bool:
+        """Whether this line's sentences are the ones of a call of ``tool_id``."""
+        ...
+
+    async def finish(self, text: str, emotion: str, wait: float) -> str:
+        """Voice what of ``text`` (the complete line) is not voiced yet, wait at most ``wait``
+        seconds for the clients, and return the text said: what the message may publish."""
+        ...
+
+
+LIVE_LINE: ContextVar[LiveLine | None] = ContextVar("companion_live_line", default=None)
+"""The live line of the speaker's turn, set by the speaker around the model's call (the handler
+runs in the speaker's task, whose context it inherits); ``None`` anywhere else."""
+
+
+def sentence_wait(sentence: str) -> float:
+    """Seconds a client may take to say ``sentence`` before it counts as not answering."""
+    return SENTENCE_WAIT_BASE + SENTENCE_WAIT_PER_CHAR * len(sentence)
+
+
+def voice_metadata(line: str, part: int, last: bool) -> dict[str, object]:
+    """A sentence query's ``params.metadata``: which line, which sentence, whether the last."""
+    return {"line": line, "part": part, "last": last}
+
+
+def interrupted(answer: QueryResult) -> bool:
+    """Whether a client answered a sentence as cut short by the person (``{"interrupted": true}``,
+    as the WebRTC voice answers a ``stop``): nothing more of that line is to be voiced."""
+    result = answer.result
+    return result is not None and not result.success and result.body.get("interrupted") is True
+
+
+async def _voice_sentences(ctx: ActionContext[SpeakInput], sentences: Sequence[str]) -> int:
+    """Each sentence as its own ``speak`` query, in order, each waited for in turn; how many
+    were said (all of them, unless a client interrupted one: those before it)."""
+    line, deaf = new_id(), False
+    for part, sentence in enumerate(sentences):
+        left = _voice_wait(ctx)
+        wait = min(left, DEAF_WAIT if deaf else sentence_wait(sentence))
+        body = {"message": sentence, "emotion": ctx.input.emotion}
+        meta = voice_metadata(line, part, part == len(sentences) - 1)
+        try:
+            answer = await ctx.send_query(VOICE_QUERY, body, timeout=wait, metadata=meta)
+        except QueryTimeout:
+            if not deaf:
+                log_event(
+                    logger,
+                    "voice_timeout",
+                    logging.WARNING,
+                    call_id=ctx.call_id,
+                    part=part,
+                    timeout=round(wait, 3),
+                )
+            deaf = True
+            continue
+        if interrupted(answer):
+            log_event(logger, "voice_interrupted", call_id=ctx.call_id, part=part)
+            return part
         if answer.error is not None or (answer.result is not None and not answer.result.success):
             log_event(
                 logger,
                 "voice_failed",
                 logging.WARNING,
                 call_id=ctx.call_id,
+                part=part,
                 error=answer.error or "success=false",
             )
-    return _message(ctx, to)
+    return len(sentences)
 
 
 def _voice_wait(ctx: ActionContext[SpeakInput]) -> float:

@@ -27,7 +27,7 @@ InputT = TypeVar("InputT", bound=BaseModel)
 DEFAULT_QUERY_TIMEOUT = 30.0
 """Seconds :meth:`ActionContext.send_query` waits by default (aikyo's default too)."""
 
-QueryFn = Callable[[str, Mapping[str, Any] | None, float], Awaitable[QueryResult]]
+QueryFn = Callable[[str, Mapping[str, Any] | None, float, Mapping[str, Any] | None], Awaitable[QueryResult]]
 ProgressFn = Callable[[float, str], Awaitable[None]]
 CallFn = Callable[[str, Mapping[str, Any]], Awaitable[ToolResult]]
 NoteFn = Callable[[str], None]
@@ -88,17 +88,22 @@ class ActionContext(Generic[InputT]):
         return self._time_left()
 
     async def send_query(
-        self, type: str, body: Mapping[str, Any] | None = None, timeout: float = DEFAULT_QUERY_TIMEOUT
+        self,
+        type: str,
+        body: Mapping[str, Any] | None = None,
+        timeout: float = DEFAULT_QUERY_TIMEOUT,
+        metadata: Mapping[str, Any] | None = None,
     ) -> QueryResult:
         """Publish a ``query.send`` of ``type`` on ``queries`` and wait for the first client's answer.
 
         Returns the :class:`QueryResult` as the client sent it (check ``result``/``error``).
         Raises :class:`~companion.actions.QueryTimeout` when nobody answers within ``timeout``
-        seconds; left uncaught, that ends the call with status ``timeout``.
+        seconds; left uncaught, that ends the call with status ``timeout``. ``metadata`` goes in
+        the query's ``params.metadata`` (extensions aikyo's clients ignore).
         """
         if not (timeout > 0 and math.isfinite(timeout)):
             raise ValueError(f"query timeout must be a positive number of seconds, got {timeout!r}")
-        return await self._send_query(type, body, timeout)
+        return await self._send_query(type, body, timeout, metadata)
 
     async def progress(self, percent: float, message: str = "") -> None:
         """Tell clients how far the call is (0-100) and keep a long call alive.

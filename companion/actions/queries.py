@@ -53,9 +53,16 @@ class PendingQueries:
         timeout: float,
         *,
         query_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> QueryResult:
         """Publish the query and return the first result for it; :class:`QueryTimeout` after ``timeout``."""
-        query = Query.create(self._sender, query_type, dict(body) if body is not None else None, id=query_id)
+        query = Query.create(
+            self._sender,
+            query_type,
+            dict(body) if body is not None else None,
+            id=query_id,
+            metadata=dict(metadata) if metadata is not None else None,
+        )
         if query.id in self._waiting:
             raise ValueError(f"query id {query.id!r} is already pending")
         waiter = _Waiter(query_type)

@@ -226,6 +226,17 @@ class ActionRuntime:
         """Feed a QueryResult from topic ``queries``. True if a pending query took it."""
         return self._queries.deliver(result)
 
+    async def ask_clients(
+        self,
+        query_type: str,
+        body: Mapping[str, Any] | None,
+        timeout: float,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> QueryResult:
+        """A query to this companion's clients outside any tool call (the speaker's live voice,
+        which starts before the speaking tool's call is complete); as a handler's ``send_query``."""
+        return await self._queries.ask(query_type, body, timeout, metadata=metadata)
+
     @property
     def pending_queries(self) -> int:
         """How many queries are waiting for an answer right now."""
@@ -430,8 +441,13 @@ class ActionRuntime:
         )
 
     def _context(self, call: _Call, value: BaseModel) -> ActionContext[Any]:
-        async def send_query(query_type: str, body: Mapping[str, Any] | None, timeout: float) -> QueryResult:
-            return await self._queries.ask(query_type, body, timeout)
+        async def send_query(
+            query_type: str,
+            body: Mapping[str, Any] | None,
+            timeout: float,
+            metadata: Mapping[str, Any] | None,
+        ) -> QueryResult:
+            return await self._queries.ask(query_type, body, timeout, metadata=metadata)
 
         async def progress(percent: float, message: str) -> None:
             await self._progress(call, percent, message)

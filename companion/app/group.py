@@ -48,6 +48,9 @@ class CountingModel:
         self.inner = inner
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.kinds: Counter[str] = Counter()
+        self.parallel_params: bool = getattr(inner, "parallel_params", False)
+        self.streams_speech: bool = getattr(inner, "streams_speech", False)
+        """As the wrapped model asks (see ``ProviderModel``)."""
 
     @property
     def name(self) -> str:

@@ -4,7 +4,9 @@
    addressed companion (aikyo spends one call per companion here).
 2. :meth:`CompanionModel.fill_params` — the speaker fills its card's ``events.params``.
 3. :meth:`CompanionModel.speak` — the speaker runs with the trigger instructions and its card's
-   tools; tool calls go through the action runtime via ``call_tool``.
+   tools; tool calls go through the action runtime via ``call_tool``. A model that streams
+   shows the line as it writes it to :attr:`SpeakRequest.live` (a :class:`LineSink`), so the
+   voice can start at the first sentence.
 
 Requests are plain frozen values so a model is testable without a network or an engine. The
 vocabulary they are made of lives with its owner and is only re-exported here: ``ToolInstruction``
@@ -27,6 +29,7 @@ from .errors import ModelError
 
 __all__ = [
     "CompanionModel",
+    "LineSink",
     "ModelError",
     "ParamsRequest",
     "SpeakRequest",
@@ -71,6 +74,16 @@ class ParamsRequest:
     history: Sequence[Message]
 
 
+class LineSink(Protocol):
+    """Where a streaming model shows the line it is writing, before its tool call is complete."""
+
+    def grow(self, tool_id: str, text: str) -> None:
+        """``text`` is all the model has written so far of the message of a call of ``tool_id``
+        (the whole of it each time, as a partial parse gives it). Synchronous and quick: it is
+        called for every streamed token."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class SpeakRequest:
     """The speaker's turn: instructions from the triggers, tools from the card."""
@@ -85,6 +98,9 @@ class SpeakRequest:
     """Who the reply should address by default (the previous speaker and the others present)."""
     closing: ClosingStage = "none"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    live: LineSink | None = None
+    """Shown the line while it is written (models that do not stream may ignore it: the tool
+    call's whole message is then the line)."""
 
 
 class CompanionModel(Protocol):

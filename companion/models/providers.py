@@ -7,7 +7,9 @@ loop, see :mod:`companion.models.aio`) and sends as few requests as the call all
 - ``fill_params``: 1 request (2 likewise);
 - ``speak``: 1 request when the model calls only action tools; one more after a round that only
   looked something up, failed, or left an instructed action unused; at most
-  ``max_speak_requests`` (3 by default). Each action runs at most once per turn.
+  ``max_speak_requests`` (3 by default). Each action runs at most once per turn. Speak requests
+  are streamed when the request has a :class:`~.base.LineSink` (shown the line as it is
+  written, see :mod:`.streaming`).
 
 The provider SDKs never retry on their own (``max_retries=0``), so these counts are exact; the
 engine decides what a failed turn means. Every request has a deadline (``request_timeout``), and
@@ -76,6 +78,7 @@ from .servers import (
     identify_server,
     shared_memory,
 )
+from .streaming import Partial, partial_line, stream_response
 from .structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -188,9 +191,11 @@ class _Session:
         *,
         form: str = "",
         may_refuse: bool = False,
+        partial: Partial | None = None,
     ) -> ModelResponse:
-        """One HTTP request. With ``may_refuse``, an HTTP error that may mean "not this form"
-        raises :class:`_Refused` (the caller tries another form) instead of :class:`ModelError`.
+        """One HTTP request (streamed when ``partial`` is given: it sees the answer so far). With
+        ``may_refuse``, an HTTP error that may mean "not this form" raises :class:`_Refused` (the
+        caller tries another form) instead of :class:`ModelError`.
 
         A history with tool calls goes out as plain text to endpoints that refuse tool messages
         (llama-cpp-python refuses an assistant message whose ``content`` is null); an endpoint
@@ -203,7 +208,7 @@ class _Session:
         flat = tooled and memory.state(config).flat_history
         try:
             return await self._send(
-                _flatten(messages) if flat else messages, params, settings, form, may_refuse
+                _flatten(messages) if flat else messages, params, settings, form, may_refuse, partial
             )
         except _Refused:
             if not tooled or flat:
@@ -212,7 +217,7 @@ class _Session:
             if not tooled or flat or exc.status not in _REFUSAL_STATUSES:
                 raise
         memory.flatten_history(config)
-        return await self._send(_flatten(messages), params, settings, form, may_refuse)
+        return await self._send(_flatten(messages), params, settings, form, may_refuse, partial)
 
     async def _send(
         self,
@@ -221,24 +226,39 @@ class _Session:
         settings: ModelSettings,
         form: str,
         may_refuse: bool,
+        partial: Partial | None = None,
     ) -> ModelResponse:
         config = self._owner.config
+        memory = self._owner.memory.state(config)
+        if form in memory.unstreamed:
+            partial = None
         self.requests += 1
         started = trio.current_time()
         try:
             with trio.fail_after(self._owner.request_timeout):
-                response = await run_asyncio(
-                    direct.model_request,
-                    self._model,
-                    list(messages),
-                    model_settings=settings,
-                    model_request_parameters=params,
-                )
+                if partial is None:
+                    response = await run_asyncio(
+                        direct.model_request,
+                        self._model,
+                        list(messages),
+                        model_settings=settings,
+                        model_request_parameters=params,
+                    )
+                else:
+                    response = await run_asyncio(
+                        stream_response, self._model, messages, settings, params, partial
+                    )
         except trio.TooSlowError as exc:
             reason = f"no answer within {self._owner.request_timeout:g} s"
             raise self._failed(reason, reason, started, form) from exc
         except self._owner._errors as exc:
             status = _status_of(exc)
+            if partial is not None and status in _REFUSAL_STATUSES and "stream" in _server_words(exc).lower():
+                # The form works, streaming it does not (llama-cpp-python's chatml-function-calling
+                # with tool_choice "auto"): this form goes unstreamed from now on.
+                self._log_failure(f"HTTP {status}: {_server_words(exc)}", started, form, logging.INFO)
+                memory.unstreamed.add(form)
+                return await self._send(messages, params, settings, form, may_refuse)
             if may_refuse and status in _REFUSAL_STATUSES:
                 words = _server_words(exc)
                 self._log_failure(f"HTTP {status}: {words}", started, form, logging.INFO)
@@ -256,6 +276,7 @@ class _Session:
             purpose=self._purpose,
             form=form,
             request=self.requests,
+            streamed=partial is not None,
             ms=round((trio.current_time() - started) * 1000),
             input_tokens=response.usage.input_tokens,
             output_tokens=response.usage.output_tokens,
@@ -380,6 +401,14 @@ class ProviderModel:
     ``memory`` keeps what each endpoint accepts (by default shared by the whole process, so a
     model made after the start-up check knows which server the check found).
     """
+
+    streams_speech: bool = True
+    """The speak request streams, shown to the request's live line (:mod:`.streaming`)."""
+    parallel_params: bool = True
+    """The engine fills this companion's parameters as soon as a message opens a turn for it,
+    beside the leader's states call (:meth:`companion.speech.Speaker.prefetch`): one request
+    more for each addressed companion that does not speak, one request less one after the other
+    before the first words (states, then speak, instead of states, parameters, then speak)."""
 
     def __init__(self, config: ProviderConfig, memory: EndpointMemory | None = None) -> None:
         self.config = config
@@ -714,8 +743,9 @@ class ProviderModel:
             ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)
         ]
         first = True
+        partial = _shown_to(request, turn, form)
         while turn.answers < self.config.max_speak_requests:
-            response = await session.request(messages, params, form=form, may_refuse=first)
+            response = await session.request(messages, params, form=form, may_refuse=first, partial=partial)
             first = False
             turn.answers += 1
             called = any(isinstance(p, ToolCallPart) for p in response.parts)
@@ -885,6 +915,23 @@ class _SpeakTurn:
                 if spec.id == wanted:
                     return name, spec
         return able[0] if able else None
+
+
+def _shown_to(request: SpeakRequest, turn: _SpeakTurn, form: SpeakForm) -> Partial | None:
+    """What shows the request's live line each partial answer (``None``: nothing to show it to)."""
+    live = request.live
+    if live is None:
+        return None
+    speaker = turn.speaking_tool() if form != "tools_required" else None
+    text_tool = speaker[1].id if speaker is not None else None
+    names = (turn.me.name, turn.me.id)
+
+    def partial(response: ModelResponse) -> None:
+        found = partial_line(response, turn.tools, text_tool, names)
+        if found is not None:
+            live.grow(*found)
+
+    return partial
 
 
 def _text_of(response: ModelResponse) -> str:

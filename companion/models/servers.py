@@ -183,6 +183,9 @@ class EndpointState:
     """Forcing forms whose forcing the server ignored (plain text came back)."""
     flat_history: bool = False
     """Tool calls and results in a follow-up go out as text (the server refuses tool messages)."""
+    unstreamed: set[str] = field(default_factory=set)
+    """Speaking forms the server refused to stream (llama-cpp-python's chatml-function-calling
+    with ``tool_choice: "auto"``): they are sent whole."""
 
     def forms(self, order: Sequence[str], kind: str) -> list[str]:
         """``order`` without refused or ignored forms, the one that last worked first.

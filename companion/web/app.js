@@ -316,6 +316,37 @@
     return node;
   }
 
+  // A line being voiced a sentence at a time (speak queries with `params.metadata.line`) is
+  // shown growing until its message.send, which replaces it (docs/clients.md).
+  const drafts = new Map(); // companion id -> the li of its line being voiced
+
+  function growDraft(query) {
+    const body = query.params.body || {};
+    const meta = query.params.metadata !== null && typeof query.params.metadata === "object" ? query.params.metadata : {};
+    if (typeof body.message !== "string" || typeof meta.line !== "string") return;
+    const from = query.params.from;
+    let li = drafts.get(from);
+    if (!li || li.dataset.line !== meta.line) {
+      if (li) li.remove();
+      li = el("li", "draft");
+      li.dataset.line = meta.line;
+      const head = el("div", "meta");
+      head.appendChild(el("span", "from", nameOf(from)));
+      li.appendChild(head);
+      li.appendChild(el("div", "bubble", ""));
+      drafts.set(from, li);
+      append(li);
+    }
+    const bubble = li.querySelector(".bubble");
+    bubble.textContent = oneLine(`${bubble.textContent} ${body.message}`, 2000);
+  }
+
+  function dropDraft(from) {
+    const li = drafts.get(from);
+    if (li) li.remove();
+    drafts.delete(from);
+  }
+
   function timeEl(at) {
     const when = new Date(at);
     const today = new Date().toDateString() === when.toDateString();
@@ -334,6 +365,7 @@
 
   // ``at``: when it was said (ms; live lines: now). ``live``: it just arrived (not history).
   function showMessage(p, at = Date.now(), live = true) {
+    dropDraft(p.from); // the line voiced a sentence at a time is whole now
     if (lines.has(p.id)) return; // from the history and live, or after a reconnection
     lines.set(p.id, { params: p, at });
     while (lines.size > MAX_LINES * 2) lines.delete(lines.keys().next().value);
@@ -956,7 +988,10 @@
         showMessage(data.params);
         break;
       case "query.send":
-        if (data.params.type === "speak") speak(data);
+        if (data.params.type === "speak") {
+          growDraft(data);
+          speak(data);
+        }
         else if (data.params.type === "approval") askApproval(data);
         break;
       case "action.send":

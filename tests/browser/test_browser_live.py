@@ -46,9 +46,10 @@ async def test_page_in_a_live_conversation(chromium_path: str, tmp_path: Path) -
             juniper = MESSAGES_FROM.format(who="companion_juniper")
             pim = MESSAGES_FROM.format(who="companion_pim")
             await page.wait_for(f"{pim}.length >= 1", timeout=60)
+            # (a line is spoken a sentence at a time: the sentences, joined, hold it)
             spoken_then_shown = (
                 f"{juniper}.length >= 1 && (!window.__speech || "
-                f"{juniper}.every(t => window.__speech.spoken.includes(t)))"
+                f"{juniper}.every(t => window.__speech.spoken.join(' ').includes(t)))"
             )
             await page.wait_for(spoken_then_shown, timeout=60)
             line = await page.evaluate(

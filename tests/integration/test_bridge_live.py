@@ -15,6 +15,8 @@ from live_support import start_live
 from network_support import network
 from trio_websocket import open_websocket_url
 
+from companion.sentences import join_sentences
+
 pytestmark = pytest.mark.integration
 
 JUNIPER = "companion_juniper"
@@ -31,7 +33,7 @@ async def test_client_talks_with_live_companions_and_answers_speak_queries(tmp_p
                 )
             )
             replies: list[dict[str, Any]] = []
-            answered: dict[str, str] = {}  # speak query id -> the line it asked to voice
+            answered: dict[str, list[str]] = {}  # a line's id -> its sentences voiced, in order
             voiced_then_sent = False
             with trio.move_on_after(90):
                 while not (voiced_then_sent and {r["params"]["from"] for r in replies} >= {JUNIPER, PIM}):
@@ -47,14 +49,15 @@ async def test_client_talks_with_live_companions_and_answers_speak_queries(tmp_p
                             "result": {"success": True, "body": {"spoken": True}},
                         }
                         await ws.send_message(json.dumps({"topic": "queries", "body": result}))
-                        answered[frame["id"]] = line
+                        answered.setdefault(str(frame["params"]["metadata"]["line"]), []).append(line)
                     elif frame.get("method") == "message.send" and frame["params"]["from"].startswith(
                         "companion_"
                     ):
                         replies.append(frame)
                         if frame["params"]["from"] == JUNIPER:
-                            # Juniper's message comes only after its line was voiced
-                            assert frame["params"]["message"] in answered.values()
+                            # Juniper's message comes only after its line was voiced, a sentence
+                            # a query
+                            assert frame["params"]["message"] in map(join_sentences, answered.values())
                             voiced_then_sent = True
             senders = {r["params"]["from"] for r in replies}
             assert senders >= {JUNIPER, PIM}, f"replies came from {senders or 'nobody'}"

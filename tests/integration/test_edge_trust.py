@@ -34,6 +34,7 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 from companion.app.lines import BRIDGE_LINE
 from companion.node.identity import load_or_create_key_pair
 from companion.protocol import MESSAGES, STATES, Message, State, encode, encode_states
+from companion.sentences import join_sentences
 from companion.turns import select_leader
 
 pytestmark = pytest.mark.integration
@@ -283,6 +284,28 @@ def juniper_says(frame: Any) -> bool:
     return bool(frame.get("method") == "message.send" and frame["params"]["from"] == "companion_juniper")
 
 
+def line_of(frame: Any) -> Any:
+    """The line a speak query's sentence belongs to (``params.metadata.line``)."""
+    return (frame["params"].get("metadata") or {}).get("line")
+
+
+async def voice_line(ws: WebSocketConnection, query: Any) -> tuple[list[str], Any]:
+    """Answer ``query`` and each later sentence of its line (a line is voiced a sentence a
+    query); the sentences, and Juniper's message that follows them."""
+    said = [query["params"]["body"]["message"]]
+    await answer(ws, query["id"], {"spoken": True})
+    while True:
+        frame = await next_frame(
+            ws,
+            lambda f: juniper_says(f) or (f.get("method") == "query.send" and line_of(f) == line_of(query)),
+            30,
+        )
+        if juniper_says(frame):
+            return said, frame
+        said.append(frame["params"]["body"]["message"])
+        await answer(ws, frame["id"], {"spoken": True})
+
+
 async def test_forged_speak_results_never_beat_the_bridge_client(tmp_path: Path) -> None:
     card = write_speaking_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
     with network(tmp_path) as net:
@@ -300,9 +323,8 @@ async def test_forged_speak_results_never_beat_the_bridge_client(tmp_path: Path)
                 with trio.move_on_after(0.5):  # the client plays the line; the companion must wait
                     early = await next_frame(ws, juniper_says, 1)
                     raise AssertionError(f"try {n}: the reply went out before its line was spoken: {early}")
-                await answer(ws, query["id"], {"spoken": True})
-                reply = await next_frame(ws, juniper_says, 30)
-                assert reply["params"]["message"] == query["params"]["body"]["message"]
+                said, reply = await voice_line(ws, query)
+                assert reply["params"]["message"] == join_sentences(said)
                 event = await blocking(home.event, "query_answered", 10, query_id=query["id"])
                 assert (event["peer"], event["type"], event["ok"]) == (clients, "speak", True)
         forged = forger.count("forged")
@@ -325,7 +347,7 @@ async def test_a_separate_bridge_answers_once_the_operator_trusts_it(tmp_path: P
         async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
             await ws.send_message(message_frame("user_tester", ["companion_juniper"], "Say it aloud!", "m-1"))
             query = await query_frame(ws, "speak", 30)
-            first = query["params"]["body"]["message"]
+            first = line_of(query)
             await answer(ws, query["id"], {"spoken": True})
             dropped = await blocking(juniper.event, "payload_dropped", 15, peer=bridge_peer)
             assert dropped["reason"] == "unauthorized_answer"
@@ -349,16 +371,10 @@ async def test_a_separate_bridge_answers_once_the_operator_trusts_it(tmp_path: P
             # the next line is voiced by the bridge's client: no restart
             await ws.send_message(message_frame("user_tester", ["companion_juniper"], "Once more!", "m-2"))
             query = await next_frame(
-                ws,
-                lambda f: f.get("method") == "query.send" and f["params"]["body"].get("message") != first,
-                150,
+                ws, lambda f: f.get("method") == "query.send" and line_of(f) not in (None, first), 150
             )
-            await answer(ws, query["id"], {"spoken": True})
-            reply = await next_frame(
-                ws,
-                lambda f: juniper_says(f) and f["params"]["message"] == query["params"]["body"]["message"],
-                30,
-            )
+            said, reply = await voice_line(ws, query)
+            assert reply["params"]["message"] == join_sentences(said)
             assert reply["params"]["metadata"]["in_reply_to"] == "m-2"
         event = await blocking(juniper.event, "query_answered", 10, query_id=query["id"])
         assert event["peer"] == bridge_peer

@@ -1,0 +1,109 @@
+"""A speak request streamed through pydantic-ai, and the line read out of the partial answer.
+
+The speaker's answer is streamed (``pydantic_ai.direct.model_request_stream``) so that its line
+can be heard before the model has finished writing it. After every streamed event the partial
+:class:`~pydantic_ai.messages.ModelResponse` is read for the line so far: the ``message`` of a
+speaking tool's call, whose arguments arrive as fragments of JSON (parsed with pydantic-core's
+partial mode, which keeps a string still being written), or a plain-text answer's first line
+(a text answer is the line, see :func:`~.structured.spoken_text`). What is read goes to a
+callback; what the callback does with it (sentences, the voice) is the speaker's business.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Final
+
+import pydantic_core
+from pydantic_ai import direct
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.settings import ModelSettings
+
+from .base import ToolSpec
+
+__all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response"]
+
+Partial = Callable[[ModelResponse], None]
+"""Called with the response so far after each streamed event (on the asyncio side: keep it quick)."""
+
+_MESSAGE_FIELDS: Final = ("message", "text", "content", "utterance")
+MAX_PARTIAL_CHARS: Final = 16_000
+"""Partial answers longer than this are not read any more (each event parses the whole answer so
+far: a server streaming megabytes would cost quadratic time). A spoken line is about 400
+characters; the complete answer is still handled as usual."""
+_NOT_SPEECH: Final = tuple("{[<`")
+"""A text answer that starts with one of these is JSON, markup or code: never read out early."""
+_LABEL: Final = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*:\s+")
+_MAYBE_LABEL: Final = re.compile(r"^\s*(?:\*\*)?[A-Z][\w .'-]{0,40}(?:\*\*)?\s*:?$")
+"""A first line that may still become ``Name:`` (held back until it is certain: the label of the
+speaker's own name is no part of the line, and a line shown must only grow)."""
+
+
+async def stream_response(
+    model: Model,
+    messages: Sequence[ModelMessage],
+    settings: ModelSettings,
+    params: ModelRequestParameters,
+    partial: Partial,
+) -> ModelResponse:
+    """One streamed request (an asyncio coroutine: run it through :func:`.aio.run_asyncio`)."""
+    async with direct.model_request_stream(
+        model, list(messages), model_settings=settings, model_request_parameters=params
+    ) as stream:
+        async for _event in stream:
+            partial(stream.get())
+        return stream.get()
+
+
+def partial_line(
+    response: ModelResponse,
+    tools: Mapping[str, ToolSpec],
+    text_tool: str | None,
+    speaker_names: Iterable[str] = (),
+) -> tuple[str, str] | None:
+    """``(tool id, line so far)`` of a partial answer, or ``None`` while it shows no line.
+
+    ``tools`` maps wire names to tools; ``text_tool`` is the id of the tool a plain-text answer
+    is said through (``None``: text is not read). The first call of an action that takes a
+    message wins; text counts only when no tool is called.
+    """
+    calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+    if sum(len(p.args) if isinstance(p.args, str) else 0 for p in calls) > MAX_PARTIAL_CHARS:
+        return None
+    for call in calls:
+        spec = tools.get(call.tool_name)
+        if spec is None or spec.kind != "action":
+            continue
+        line = _message_of(call.args)
+        if line is not None:
+            return spec.id, line
+    if calls or text_tool is None:
+        return None
+    text = "".join(p.content for p in response.parts if isinstance(p, TextPart)).lstrip()
+    if not text or text.startswith(_NOT_SPEECH) or len(text) > MAX_PARTIAL_CHARS:
+        return None
+    first = text.split("\n", 1)[0]
+    label = _LABEL.match(first)
+    if label is None and _MAYBE_LABEL.match(first) and "\n" not in text:
+        return None
+    if label and label.group(1).strip().casefold() in {n.casefold() for n in speaker_names}:
+        first = first[label.end() :]
+    return text_tool, first.lstrip("\"'“ ")
+
+
+def _message_of(args: object) -> str | None:
+    """The message string of partial (or complete) tool arguments."""
+    if isinstance(args, str):
+        try:
+            args = pydantic_core.from_json(args, allow_partial="trailing-strings") if args else {}
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    for name in _MESSAGE_FIELDS:
+        value = args.get(name)
+        if isinstance(value, str):
+            return value
+    return None

@@ -1,0 +1,205 @@
+"""The speaker's line voiced a sentence at a time while the model is still writing it.
+
+A streaming model shows the line as it grows (:meth:`LiveVoiceLine.grow`, a
+:class:`~companion.models.base.LineSink`); each sentence, once complete
+(:class:`~companion.sentences.SentenceSplitter`), passes :meth:`LiveVoiceLine.admit` — the one
+place every sentence goes through before anyone hears it — and is sent to the clients as its
+own ``speak`` query by :meth:`LiveVoiceLine.run`, one after another, each waited for (so an
+aikyo client, which speaks each query as it comes, never speaks two at once). When the model's
+call of ``speak_with_voice`` is complete, its handler calls :meth:`LiveVoiceLine.finish`: the
+rest of the line is voiced, and the text said is what the ``message.send`` publishes, so that
+companions and turn-taking see one whole message, sent once the line has been heard.
+
+A stream that breaks off leaves its half-written sentence unsaid; the speaker then publishes
+what was said (:attr:`LiveVoiceLine.said`) and nothing else. A client that stops the voice
+answers a sentence ``interrupted`` (see ``companion/rtc/control.py``): nothing more of the line
+is voiced, and the line published ends before the sentence that was cut.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import trio
+
+from .actions.builtins import (
+    DEAF_WAIT,
+    VOICE_QUERY,
+    VOICE_TOOL,
+    interrupted,
+    sentence_wait,
+    voice_metadata,
+)
+from .actions.results import QueryTimeout
+from .protocol import QueryResult, new_id
+from .sentences import SentenceSplitter, join_sentences
+
+__all__ = ["Ask", "LiveVoiceLine", "SentenceCheck"]
+
+Ask = Callable[[str, Mapping[str, Any] | None, float, Mapping[str, Any] | None], Awaitable[QueryResult]]
+"""``ask(type, body, timeout, metadata)``: a query to the clients (``ActionRuntime.ask_clients``)."""
+SentenceCheck = Callable[[str, tuple[str, ...]], str | None]
+"""``check(sentence, said_before) -> None`` to voice it, or why not (nothing after it is voiced)."""
+Emit = Callable[..., None]
+
+_VOICE_TIMEOUT: Final = 100.0
+
+
+class LiveVoiceLine:
+    """One speech's voiced line. Owned by the speaker; :meth:`run` lives in the speaker's nursery."""
+
+    def __init__(
+        self,
+        ask: Ask,
+        emit: Emit,
+        *,
+        check: SentenceCheck | None = None,
+        voiced: frozenset[str] = frozenset({VOICE_TOOL}),
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self.id = new_id()
+        self._ask, self._emit, self._check, self._voiced, self._clock = ask, emit, check, voiced, clock
+        self._splitter = SentenceSplitter()
+        self._tool: str | None = None
+        self._admitted: list[str] = []
+        """Sentences that passed :meth:`admit`, in order (sent or waiting to be)."""
+        self._sent = 0
+        self._stopped = False
+        """A sentence was refused or the text went back on itself: nothing more is admitted."""
+        self._ended = False
+        """No sentence will be added any more (the line is complete, cut, or abandoned)."""
+        self._emotion = "neutral"
+        self._deadline = self._clock() + _VOICE_TIMEOUT
+        self._deaf = False
+        self._changed = trio.Event()
+        self._done = trio.Event()
+        self.first_sent: float | None = None
+        """When the first sentence went out (trio's clock), for the log and the benchmark."""
+
+    # --- the model's side --------------------------------------------------------------------
+
+    def voices(self, tool_id: str) -> bool:
+        return tool_id in self._voiced and self._tool in (None, tool_id)
+
+    def grow(self, tool_id: str, text: str) -> None:
+        """The model's line so far (see :class:`~companion.models.base.LineSink`)."""
+        if self._ended or not self.voices(tool_id):
+            return
+        self._tool = tool_id
+        self._take(self._splitter.feed(text))
+
+    @property
+    def started(self) -> bool:
+        """Whether any sentence has been admitted (a client may be hearing it)."""
+        return bool(self._admitted)
+
+    @property
+    def said(self) -> str:
+        """The line as far as it is voiced or being voiced: what may be published."""
+        return join_sentences(self._admitted)
+
+    def admit(self, sentence: str) -> str | None:
+        """The one point each complete sentence passes before it is voiced: ``None`` to voice it,
+        or why not. Once one is refused, nothing after it is voiced (a line with a hole in it
+        says something else)."""
+        if self._check is None:
+            return None
+        return self._check(sentence, tuple(self._admitted))
+
+    def _take(self, sentences: list[str]) -> None:
+        if self._splitter.diverged and not self._stopped:
+            self._stop("the model rewrote what was already said")
+        for sentence in sentences:
+            if self._stopped:
+                return
+            refused = self.admit(sentence)
+            if refused is not None:
+                self._stop(refused)
+                return
+            self._admitted.append(sentence)
+        if sentences:
+            self._wake()
+
+    def _stop(self, reason: str) -> None:
+        self._stopped = True
+        self._emit(
+            "voice_line_stopped", logging.WARNING, line=self.id, said=len(self._admitted), reason=reason
+        )
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # --- the handler's and the speaker's side -------------------------------------------------
+
+    async def finish(self, text: str, emotion: str, wait: float) -> str:
+        """The line is complete (``text``): voice the rest, wait for it, return what was said."""
+        self._emotion = emotion
+        self._deadline = min(self._deadline, self._clock() + wait)
+        if self._tool is None:
+            self._tool = next(iter(self._voiced))
+        if not self._ended:
+            self._take(self._splitter.finish(text))
+        self.end()
+        with trio.move_on_at(self._deadline):
+            await self._done.wait()
+        return self.said
+
+    def end(self) -> None:
+        """No more sentences: a cut stream keeps only its complete ones (the half-written rest is
+        never said). :meth:`run` voices what is admitted and returns."""
+        self._ended = True
+        self._wake()
+
+    async def run(self) -> None:
+        """Send the admitted sentences in order, each once the one before was answered (or its
+        wait ran out: then the rest go out without waiting, in order)."""
+        started = self._clock()
+        try:
+            while True:
+                if self._sent < len(self._admitted):
+                    await self._send(self._sent)
+                    self._sent = min(self._sent + 1, len(self._admitted))
+                    continue
+                if self._ended:
+                    return
+                await self._changed.wait()
+        finally:
+            self._done.set()
+            if self._admitted:
+                first = None if self.first_sent is None else round((self.first_sent - started) * 1000)
+                self._emit(
+                    "voice_line",
+                    logging.INFO,
+                    line=self.id,
+                    sentences=len(self._admitted),
+                    first_sentence_ms=first,
+                    ms=round((self._clock() - started) * 1000),
+                    deaf=self._deaf,
+                )
+
+    async def _send(self, part: int) -> None:
+        sentence = self._admitted[part]
+        last = self._ended and part == len(self._admitted) - 1
+        left = self._deadline - self._clock()
+        wait = max(min(left, DEAF_WAIT if self._deaf else sentence_wait(sentence)), 0.05)
+        if self.first_sent is None:
+            self.first_sent = self._clock()
+        body = {"message": sentence, "emotion": self._emotion}
+        try:
+            answer = await self._ask(VOICE_QUERY, body, wait, voice_metadata(self.id, part, last))
+        except QueryTimeout:
+            if not self._deaf:
+                self._emit("voice_timeout", logging.WARNING, line=self.id, part=part, timeout=round(wait, 3))
+            self._deaf = True
+            return
+        if interrupted(answer):
+            self._emit("voice_interrupted", logging.INFO, line=self.id, part=part)
+            del self._admitted[part:]
+            self._stopped = self._ended = True
+            return
+        if answer.error is not None or (answer.result is not None and not answer.result.success):
+            error = answer.error or "success=false"
+            self._emit("voice_failed", logging.WARNING, line=self.id, part=part, error=error)

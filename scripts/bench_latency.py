@@ -1,0 +1,359 @@
+"""How long a person waits for the first words: a message -> the first ``speak`` query at a
+bridge client -> the complete ``message.send``, with a streamed model.
+
+One ``companion run --ws --no-webrtc`` process, one companion whose card speaks through
+``speak_with_voice``, and a WebSocket client that sends a message addressed to it and answers
+every ``speak`` query at once (as a client with nothing to voice would), ``--rounds`` times after
+one warm-up round. Model sources (``--source``, several allowed):
+
+- ``hosted`` and ``local``: the fake OpenAI-compatible server of ``tests/fake_llm_server.py``
+  streaming at a set time to first token and token rate (hosted: 0.4 s and 60 tokens/s; local:
+  2 s and 20 tokens/s); the line is three sentences. Printed beside it, measured in the same run:
+  the *floor*, one time to first token plus the tokens up to the end of the line's first
+  sentence at the profile's rate (what the first words cost if the reply were the only request),
+  and the ratio to it.
+- ``smollm2``: SmolLM2-135M-Instruct behind llama-cpp-python's server from
+  the virtualenv ``--llama-venv`` names (``bin/python`` with llama-cpp-python, and a ``GGUF``
+  file holding the model file's path), started on a free loopback port and stopped by its
+  PID (outside CI: it takes minutes on 2 cores). The goal is printed beside the ratio of first
+  words to the complete line.
+
+Per turn, from the companion's own ``model_request`` log events: the requests before the first
+words and how many of them came one after another (from each request's end time and duration:
+the states and parameters calls run side by side, then the streamed speak request whose first
+sentence is the first words), and the prompt and completion tokens. aikyo 1.6's count for the
+same turn is N+3 requests (as the issue gives it), printed as the reference.
+
+    python scripts/bench_latency.py                      # hosted and local, 5 rounds each
+    python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 3
+
+Every wait has a deadline; every process is stopped by its PID however the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+from trio_websocket import open_websocket_url
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
+
+from bench_support import stop_process  # noqa: E402
+from fake_llm_server import CooperativeModel, Reply, running_server, tokens, tool_call  # noqa: E402
+from live_support import write_card  # noqa: E402
+
+from companion.app.lines import BRIDGE_LINE  # noqa: E402
+from companion.sentences import split_sentences  # noqa: E402
+
+LINE = "The harbour is quiet tonight. Three boats came in after dark, full of fish. Shall we go and look?"
+PROFILES: dict[str, tuple[float, float]] = {"hosted": (0.4, 60.0), "local": (2.0, 20.0)}
+GOALS = {"hosted": "first words <= 1.0 s", "smollm2": "first words <= 0.6 x line, <= 2 sequential requests"}
+
+
+class VoiceModel(CooperativeModel):
+    """States and parameters as the cooperative model answers them; every line :data:`LINE`."""
+
+    def __call__(self, body: Mapping[str, Any]) -> Reply:
+        if "speak_with_voice" not in {t["function"]["name"] for t in body.get("tools") or []}:
+            return super().__call__(body)
+        return tool_call("speak_with_voice", {"message": LINE, "to": ["user_bench"], "emotion": "happy"})
+
+
+def floor(ttft: float, rate: float) -> float:
+    """One time to first token plus the tokens of the speak call up to its first sentence's end."""
+    args = json.dumps({"message": LINE, "to": ["user_bench"], "emotion": "happy"})
+    first = split_sentences(LINE)[0]
+    upto = args.index(first) + len(first) + 2  # the space and the next word's first letter
+    return ttft + len(tokens(args[:upto])) / rate
+
+
+@dataclass
+class Turn:
+    first_words: float
+    line: float
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    audio: float = float("nan")
+    """Seconds to the first audible frame on the WebRTC voice track (``--webrtc``)."""
+
+
+class Companion:
+    """``companion run`` with the card, its stdout lines and JSON log events collected."""
+
+    def __init__(self, tmp: Path, base_url: str, model: str, webrtc: bool = False) -> None:
+        card = write_card(tmp, "juniper", "Juniper", "speak_with_voice")
+        argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
+        argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
+        argv += ["-v", "--ws", "127.0.0.1:0", "--model", model, "--base-url", base_url]
+        argv += [] if webrtc else ["--no-webrtc"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc.stderr, None), daemon=True).start()
+
+    def _read(self, stream: Any, into: list[str] | None) -> None:
+        for line in stream:
+            with self._lock:
+                if into is not None:
+                    into.append(line.rstrip("\n"))
+                    continue
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    if isinstance(event, dict):
+                        self.events.append(event)
+
+    def url(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                for line in self.lines:
+                    if line.startswith(BRIDGE_LINE):
+                        return line[len(BRIDGE_LINE) :].strip()
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError("companion run printed no bridge line")
+
+    def requests_since(self, count: int) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.events[count:] if e.get("event") == "model_request"]
+
+    def event_count(self) -> int:
+        with self._lock:
+            return len(self.events)
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+SAID: list[str] = []
+"""Every line the companion published, in order (for the report's sentences per line)."""
+
+
+async def one_turn(url: str, index: int, timeout: float) -> tuple[float, float]:
+    """Seconds from the message to the first speak query, and to Juniper's message.send."""
+    params = {"id": f"bench-{index}", "from": "user_bench", "to": ["companion_juniper"]}
+    params["message"] = "Juniper, what did you see at the harbour?"
+    frame = json.dumps(
+        {"topic": "messages", "body": {"jsonrpc": "2.0", "method": "message.send", "params": params}}
+    )
+    async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
+        start = trio.current_time()
+        first: float | None = None
+        with trio.fail_after(timeout):
+            await ws.send_message(frame)
+            resend = start + 3
+            while True:
+                with trio.move_on_at(resend) as waiting:
+                    got = json.loads(await ws.get_message())
+                if waiting.cancelled_caught:  # the bridge's node joins the mesh on a heartbeat
+                    await ws.send_message(frame)
+                    resend += 3
+                    continue
+                resend = float("inf")
+                if got.get("method") == "query.send":
+                    first = trio.current_time() - start if first is None else first
+                    answer = {"jsonrpc": "2.0", "id": got["id"], "result": {"success": True, "body": {}}}
+                    await ws.send_message(json.dumps({"topic": "queries", "body": answer}))
+                elif got.get("method") == "message.send" and got["params"]["from"] == "companion_juniper":
+                    line = trio.current_time() - start
+                    SAID.append(str(got["params"]["message"]))
+                    return (first if first is not None else line), line
+
+
+async def one_rtc_turn(url: str, index: int, timeout: float) -> tuple[float, float, float]:
+    """Over WebRTC with the bridge's voice (espeak-ng on the audio track, which answers the
+    speak queries itself): seconds to the first speak query, the first audible audio frame, and
+    Juniper's message.send."""
+    from companion.rtc import connect_rtc  # aiortc: only for this case
+
+    params = {"id": f"bench-rtc-{index}", "from": "user_bench", "to": ["companion_juniper"]}
+    params["message"] = "Juniper, what did you see at the harbour?"
+    envelope = {"jsonrpc": "2.0", "method": "message.send", "params": params}
+    frame = json.dumps({"topic": "messages", "body": envelope})
+    base = url.replace("ws://", "http://").rstrip("/")
+    async with connect_rtc(base, voice=True, topics=["messages", "queries"]) as client:
+        while True:  # what was said before this turn
+            try:
+                client.audio.receive_nowait()
+            except trio.WouldBlock:
+                break
+        start = trio.current_time()
+        start_mono = time.monotonic()
+        first = audible = None
+        with trio.fail_after(timeout):
+            await client.send_text(frame)
+            async with trio.open_nursery() as nursery:
+
+                async def listen() -> None:
+                    nonlocal audible
+                    async for audio in client.audio:
+                        if audio.peak > 500:
+                            audible = audio.received_at - start_mono
+                            return
+
+                nursery.start_soon(listen)
+                resend = start + 3
+                while True:
+                    with trio.move_on_at(resend) as waiting:
+                        got = json.loads(await client.receive_text())
+                    if waiting.cancelled_caught:
+                        await client.send_text(frame)
+                        resend += 3
+                        continue
+                    resend = float("inf")
+                    if got.get("method") == "query.send" and first is None:
+                        first = trio.current_time() - start
+                    elif got.get("method") == "message.send" and got["params"]["from"] == "companion_juniper":
+                        line = trio.current_time() - start
+                        nursery.cancel_scope.cancel()
+                        break
+    return (first if first is not None else line), (audible if audible is not None else float("nan")), line
+
+
+def run_source(
+    source: str, base_url: str, model: str, rounds: int, timeout: float, webrtc: bool = False
+) -> list[Turn]:
+    turns: list[Turn] = []
+    with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
+        companion = Companion(Path(tmp), base_url, model, webrtc)
+        try:
+            url = companion.url()
+            for index in range(rounds + 1):
+                mark = companion.event_count()
+                audio = float("nan")
+                if webrtc:
+                    first, audio, line = trio.run(one_rtc_turn, url, index, timeout)
+                else:
+                    first, line = trio.run(one_turn, url, index, timeout)
+                time.sleep(0.5)  # the turn's last log lines
+                if index:  # the first round warms up (connections, the server's prompt cache)
+                    turns.append(Turn(first, line, companion.requests_since(mark), audio))
+        finally:
+            companion.stop()
+    return turns
+
+
+def depth(requests: list[dict[str, Any]]) -> int:
+    """The longest chain of requests each begun after the one before it ended (from the log's
+    ``ts``, written when a request ended, and its ``ms``)."""
+    spans = sorted((float(r["ts"]) - float(r["ms"]) / 1000, float(r["ts"])) for r in requests)
+    longest: list[int] = []
+    for index, (start, _end) in enumerate(spans):
+        earlier = [longest[k] for k in range(index) if spans[k][1] <= start + 0.005]
+        longest.append(1 + max(earlier, default=0))
+    return max(longest, default=0)
+
+
+def report(source: str, turns: list[Turn], reference: float | None) -> None:
+    firsts = [t.first_words for t in turns]
+    lines = [t.line for t in turns]
+    p50 = statistics.median(firsts)
+    print(f"\n== {source} ({len(turns)} turns)")
+    print(f"message -> first speak query   p50 {p50:.2f} s  (min {min(firsts):.2f}, max {max(firsts):.2f})")
+    audio = [t.audio for t in turns if t.audio == t.audio]
+    if audio:
+        print(f"message -> first audio frame    p50 {statistics.median(audio):.2f} s (WebRTC, espeak-ng)")
+    print(f"message -> whole message.send  p50 {statistics.median(lines):.2f} s")
+    print(f"first words / whole line       {p50 / statistics.median(lines):.2f}")
+    if reference is not None:
+        print(f"floor (1 TTFT + first sentence) {reference:.2f} s   ratio {p50 / reference:.2f}")
+    for turn in turns[:1] + turns[-1:]:
+        before = [r for r in turn.requests if r.get("purpose") in ("states", "params")]
+        speak = [r for r in turn.requests if r.get("purpose") == "speak"][:1]
+        prompt = sum(r.get("input_tokens") or 0 for r in turn.requests)
+        completion = sum(r.get("output_tokens") or 0 for r in turn.requests)
+        purposes = ", ".join(str(r.get("purpose")) for r in turn.requests)
+        print(
+            f"requests per turn {len(turn.requests)} ({purposes}); before the first words "
+            f"{len(before) + len(speak)}, one after another {depth([*before, *speak])}; "
+            f"tokens prompt {prompt} completion {completion}"
+        )
+    print(
+        "reference, same turn: before streaming 3 requests, 3 one after another, first words with the "
+        "whole line; aikyo 1.6: N+3 requests (N=1 addressed: 4), whole generations, no streaming"
+    )
+    if SAID:
+        counts = [len(split_sentences(line)) for line in SAID[-len(turns) :]]
+        print(f"sentences per line {counts}; last line: {SAID[-1][:160]!r}")
+    if source in GOALS:
+        print(f"goal: {GOALS[source]}")
+
+
+@contextlib.contextmanager
+def llama_server(venv: Path) -> Iterator[str]:
+    gguf = (venv / "GGUF").read_text(encoding="utf-8").strip()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf]
+    argv += ["--model_alias", "smollm2-135m", "--port", str(port), "--host", "127.0.0.1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if proc.poll() is not None:
+                raise RuntimeError("llama_cpp.server exited")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        stop_process(proc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--source", nargs="+", default=["hosted", "local"], choices=["hosted", "local", "smollm2"]
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds one turn may take")
+    parser.add_argument(
+        "--llama-venv",
+        type=Path,
+        help="a virtualenv with llama-cpp-python[server] and a GGUF file naming the model (smollm2)",
+    )
+    parser.add_argument(
+        "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
+    )
+    args = parser.parse_args(argv)
+    for source in args.source:
+        if source == "smollm2":
+            if args.llama_venv is None:
+                parser.error("--source smollm2 needs --llama-venv")
+            with llama_server(args.llama_venv) as base_url:
+                turns = run_source(
+                    source, base_url, "openai:smollm2-135m", args.rounds, args.timeout, args.webrtc
+                )
+            report(source, turns, None)
+            continue
+        ttft, rate = PROFILES[source]
+        with running_server(ttft=ttft, token_rate=rate) as server:
+            server.push(*([VoiceModel()] * (args.rounds + 1) * 6))
+            turns = run_source(
+                source, server.openai_base_url, "openai:fake-1", args.rounds, args.timeout, args.webrtc
+            )
+        report(source, turns, floor(ttft, rate))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Streamed speech: the line read out of partial answers, from a real (fake) server streaming
+over HTTP, as real servers stream (SSE split across writes, arguments as fragments of JSON)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from test_models_providers import (
+    COMPANIONS,
+    SPEAK,
+    ToolRecorder,
+    anthropic_model,
+    openai_model,
+    speak_request,
+)
+
+from companion.models.base import ModelError
+from companion.models.streaming import partial_line
+
+TOOLS = {"speak": SPEAK, "companions": COMPANIONS}
+LINE = "Whales, mostly. One of them sang! Then fog."
+
+
+class Sink:
+    """Records what a streaming model shows of the line (the speaker's live line in the engine)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def grow(self, tool_id: str, text: str) -> None:
+        self.seen.append((tool_id, text))
+
+
+@pytest.fixture
+def server() -> Iterator[FakeLLMServer]:
+    with running_server(api_key="sk-test") as srv:
+        yield srv
+
+
+@pytest.mark.parametrize(
+    ("parts", "expected"),
+    [
+        ([ToolCallPart("speak", '{"message": "Whales, mo')], ("speak", "Whales, mo")),
+        ([ToolCallPart("speak", '{"to": ["user_1"], "message": "Hi. Th')], ("speak", "Hi. Th")),
+        ([ToolCallPart("speak", '{"message": "caf\\u00')], ("speak", "caf")),
+        ([ToolCallPart("speak", '{"mess')], None),
+        ([ToolCallPart("companions", '{"message": "x"}')], None),  # a look-up says nothing
+        ([ToolCallPart("nope", '{"message": "x"}')], None),
+        ([TextPart("Ben: Whales, mostly.")], ("speak", "Whales, mostly.")),
+        ([TextPart('"Whales')], ("speak", "Whales")),
+        ([TextPart('{"message": "Whales"}')], None),  # JSON written as text is not read out early
+        ([TextPart("Whales.\nAya: and more")], ("speak", "Whales.")),
+        ([TextPart("Whales"), ToolCallPart("speak", '{"message": "Hi')], ("speak", "Hi")),
+    ],
+)
+def test_the_line_so_far_of_a_partial_answer(
+    parts: list[ToolCallPart | TextPart], expected: tuple[str, str] | None
+) -> None:
+    assert partial_line(ModelResponse(parts=parts), TOOLS, "speak", ("Ben", "companion_ben")) == expected
+
+
+def test_text_is_not_read_when_no_tool_carries_it() -> None:
+    assert partial_line(ModelResponse(parts=[TextPart("Whales.")]), TOOLS, None) is None
+
+
+async def test_a_tool_call_streams_its_message_as_it_is_written(server: FakeLLMServer) -> None:
+    server.push(tool_call("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"}))
+    sink, tools = Sink(), ToolRecorder()
+    await openai_model(server).speak(speak_request(live=sink), tools)
+
+    assert tools.calls == [("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"})]
+    texts = [t for tool, t in sink.seen if tool == "speak"]
+    assert len(texts) > 3, "the line arrived at once"
+    assert all(LINE.startswith(t) for t in texts) and texts[-1] == LINE
+    assert texts == sorted(texts, key=len)
+    [sent] = server.model_requests()
+    assert sent.body["stream"] is True
+    assert sent.body.get("stream_options", {}).get("include_usage") is True
+
+
+async def test_a_text_answer_streams_without_the_speakers_label() -> None:
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(text(f"Ben: {LINE}"))
+        sink, tools = Sink(), ToolRecorder()
+        model = openai_model(srv)
+        model.memory.identify(model.config, "llama-cpp-python")
+        await model.speak(speak_request(live=sink), tools)
+    assert tools.calls and tools.calls[-1][1]["message"] == LINE
+    assert sink.seen and all(LINE.startswith(t) for _, t in sink.seen) and sink.seen[-1][1] == LINE
+
+
+async def test_a_stream_cut_mid_answer_fails_the_call_after_showing_what_was_written(
+    server: FakeLLMServer,
+) -> None:
+    reply = tool_call("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"})
+    server.push(Reply(calls=reply.calls, cut_after=12))
+    sink, tools = Sink(), ToolRecorder()
+    with pytest.raises(ModelError):
+        await openai_model(server).speak(speak_request(live=sink), tools)
+    assert tools.calls == []  # nothing half-written reaches the runtime
+    assert sink.seen and LINE.startswith(sink.seen[-1][1]) and sink.seen[-1][1] != LINE
+
+
+async def test_without_a_live_line_the_request_is_not_streamed(server: FakeLLMServer) -> None:
+    server.push(tool_call("speak", {"message": LINE, "to": ["user_1"]}))
+    await openai_model(server).speak(speak_request(), ToolRecorder())
+    [sent] = server.model_requests()
+    assert not sent.body.get("stream")
+
+
+async def test_an_anthropic_tool_call_streams_its_message_too(server: FakeLLMServer) -> None:
+    server.push(tool_call("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"}))
+    sink, tools = Sink(), ToolRecorder()
+    await anthropic_model(server).speak(speak_request(live=sink), tools)
+    assert tools.calls == [("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"})]
+    texts = [t for _, t in sink.seen]
+    assert len(texts) > 3 and all(LINE.startswith(t) for t in texts) and texts[-1] == LINE
+    [sent] = server.model_requests()
+    assert sent.path == "/v1/messages" and sent.body["stream"] is True
+
+
+def test_a_partial_answer_past_the_bound_is_not_read() -> None:
+    huge = '{"message": "' + "la " * 6000
+    assert partial_line(ModelResponse(parts=[ToolCallPart("speak", huge)]), TOOLS, "speak") is None
+    assert partial_line(ModelResponse(parts=[TextPart("la " * 6000)]), TOOLS, "speak") is None
+
+
+async def test_a_form_the_server_will_not_stream_is_sent_whole_and_keeps_its_tools() -> None:
+    """llama-cpp-python with chatml-function-calling answers a streamed tool_choice "auto" with
+    HTTP 500 "Automatic streaming tool choice is not supported": the same form goes again
+    unstreamed (not counted as refused, so the model keeps its tools), and stays unstreamed."""
+    with running_server(profile=PROFILES["llama-cpp-python-fc"]) as srv:
+        srv.push(*[tool_call("speak", {"message": LINE, "to": ["user_1"]})] * 2)
+        model = openai_model(srv)
+        model.memory.identify(model.config, "llama-cpp-python")
+        for _ in range(2):
+            tools = ToolRecorder()
+            await model.speak(speak_request(live=Sink()), tools)
+            assert tools.calls == [("speak", {"message": LINE, "to": ["user_1"]})]
+        streamed = [bool(r.body.get("stream")) for r in srv.model_requests()]
+    assert streamed == [True, False, False]
+    assert "tools_auto" in model.memory.speak_forms(model.config)

@@ -1,0 +1,147 @@
+"""The speaker's live line: sentences voiced in order as the model writes them, one check point
+before each, and what was said as the message."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+import trio.testing
+
+from companion.actions.builtins import DEAF_WAIT, VOICE_TOOL, sentence_wait
+from companion.actions.results import QueryTimeout
+from companion.protocol import QueryResult, QueryResultBody
+from companion.sentences import join_sentences
+from companion.voiceline import LiveVoiceLine
+
+
+class Client:
+    """A client on the other side of the queries: says each sentence in ``speaking`` seconds
+    (``None``: never answers), and records what it was asked and when."""
+
+    def __init__(self, speaking: float | None = 1.0, interrupt_at: int | None = None) -> None:
+        self.speaking = speaking
+        self.interrupt_at = interrupt_at
+        """The sentence (``part``) the person cuts short, as the WebRTC voice answers a stop."""
+        self.asked: list[tuple[float, str, dict[str, Any]]] = []
+
+    async def ask(
+        self, kind: str, body: Mapping[str, Any] | None, timeout: float, metadata: Mapping[str, Any] | None
+    ) -> QueryResult:
+        assert kind == "speak" and body is not None and metadata is not None
+        self.asked.append((trio.current_time(), str(body["message"]), dict(metadata)))
+        if self.speaking is None or self.speaking > timeout:
+            await trio.sleep(timeout)
+            raise QueryTimeout(kind, timeout)
+        await trio.sleep(self.speaking)
+        if metadata["part"] == self.interrupt_at:
+            cut = {"interrupted": True, "reason": "stop"}
+            return QueryResult(id="q", result=QueryResultBody(success=False, body=cut))
+        return QueryResult(id="q", result=QueryResultBody(success=True, body={"spoken": True}))
+
+
+def emit(*_args: Any, **_fields: Any) -> None:
+    pass
+
+
+async def finished(client: Client, text: str, wait: float = 30) -> str:
+    """A line run beside its voicing loop, finished with ``text`` at once: what was said."""
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        return await line.finish(text, "neutral", wait)
+
+
+async def test_sentences_go_out_in_order_while_the_line_is_written(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client = Client(speaking=1.0)
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "The sea is calm")
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.asked == []  # no half sentence
+        line.grow(VOICE_TOOL, "The sea is calm. Three boats came")
+        await trio.testing.wait_all_tasks_blocked()
+        assert [a[1] for a in client.asked] == ["The sea is calm."]
+        said = await line.finish("The sea is calm. Three boats came in. Shall we go?", "happy", 30)
+    assert said == "The sea is calm. Three boats came in. Shall we go?"
+    assert [a[1] for a in client.asked] == ["The sea is calm.", "Three boats came in.", "Shall we go?"]
+    metas = [a[2] for a in client.asked]
+    assert [m["part"] for m in metas] == [0, 1, 2] and {m["line"] for m in metas} == {line.id}
+    assert [m["last"] for m in metas] == [False, False, True]
+    times = [a[0] for a in client.asked]
+    assert times[1] - times[0] >= 1.0 and times[2] - times[1] >= 1.0  # each waited for in turn
+
+
+async def test_a_refused_sentence_ends_what_is_voiced(autojump_clock: trio.testing.MockClock) -> None:
+    client = Client()
+    checked: list[tuple[str, tuple[str, ...]]] = []
+
+    def check(sentence: str, before: tuple[str, ...]) -> str | None:
+        checked.append((sentence, before))
+        return "a copy of an earlier line" if sentence.startswith("Hello") else None
+
+    line = LiveVoiceLine(client.ask, emit, check=check)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        said = await line.finish("Fine. Hello again. And more.", "neutral", 30)
+    assert said == "Fine."
+    assert [a[1] for a in client.asked] == ["Fine."]
+    assert checked == [("Fine.", ()), ("Hello again.", ("Fine.",))]
+
+
+async def test_a_cut_line_says_only_its_complete_sentences(autojump_clock: trio.testing.MockClock) -> None:
+    client = Client()
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "One. Two. Thr")
+        line.end()
+    assert line.said == "One. Two."
+    assert [a[1] for a in client.asked] == ["One.", "Two."]
+    assert client.asked[-1][2]["last"] is True
+
+
+async def test_a_client_that_never_answers_holds_the_line_one_sentence_wait(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client = Client(speaking=None)
+    start = trio.current_time()
+    said = await finished(client, "One. Two. Three.", 100)
+    assert said == "One. Two. Three."
+    assert trio.current_time() - start == sentence_wait("One.") + 2 * DEAF_WAIT
+
+
+async def test_the_line_waits_no_longer_than_it_is_given(autojump_clock: trio.testing.MockClock) -> None:
+    client = Client(speaking=50.0)
+    line = LiveVoiceLine(client.ask, emit)
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        said = await line.finish("One. Two.", "neutral", 3.0)
+        assert trio.current_time() - start == 3.0
+        nursery.cancel_scope.cancel()
+    assert said == "One. Two."
+
+
+async def test_other_tools_are_not_voiced(autojump_clock: trio.testing.MockClock) -> None:
+    line = LiveVoiceLine(Client().ask, emit)
+    line.grow("speak", "One. Two")
+    assert not line.started and not line.voices("speak") and line.voices(VOICE_TOOL)
+
+
+def test_sentences_join_back_into_a_line() -> None:
+    assert join_sentences(["One.", "Two."]) == "One. Two."
+    assert join_sentences(["はい。", "そうです。", "OK."]) == "はい。そうです。OK."
+
+
+async def test_an_interrupted_sentence_ends_the_line_before_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client = Client(interrupt_at=1)
+    said = await finished(client, "One. Two. Three.")
+    assert said == "One."  # the cut sentence is not published as said
+    assert [a[1] for a in client.asked] == ["One.", "Two."]  # nothing more is voiced
