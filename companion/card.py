@@ -548,7 +548,12 @@ class _Checker:
             with path.open("rb") as f:
                 head = f.read(12)
         except OSError as exc:
-            self.add(parts, f"cannot read {appearance.image!r}: {exc.strerror or exc}", "check the path")
+            self.add(
+                parts,
+                f"cannot read {appearance.image!r}: {exc.strerror or exc}",
+                f"put {appearance.image!r} beside the card (a copied card needs its image too), or remove"
+                " appearance.image: the face is then the initials on the colour",
+            )
             return
         if image_type(head) is None:
             self.add(parts, f"{appearance.image!r} is not a PNG, JPEG, GIF or WebP image", "convert it")

@@ -20,6 +20,7 @@ def test_card_names_resolve_to_the_packaged_cards_from_another_folder(tmp_path: 
 def test_a_file_in_the_working_folder_wins_over_a_packaged_card(tmp_path: Path) -> None:
     own = tmp_path / "pim.yaml"
     own.write_text((packaged_cards() / "pim.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "pim.png").write_bytes((packaged_cards() / "pim.png").read_bytes())  # its face
     done = run_companion(["card", "check", "pim.yaml"], cwd=tmp_path)
     assert done.returncode == 0 and done.stdout.startswith("OK pim.yaml ")
     assert resolve_card(tmp_path / "nothing.yaml") == tmp_path / "nothing.yaml"
