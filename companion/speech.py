@@ -7,6 +7,11 @@ turn, and a ``to`` that names people and companions of the conversation (names b
 ``to`` naming nobody is refused once with an error the model can act on, then replaced by the
 previous speaker and the people, never by nobody). Deadlines, cancellation and what a failure
 means for the turn are the engine's.
+
+Two more checks keep what is said the character's own, whatever the model: the parameters are
+fitted to the card's schema before the CEL conditions read them (:mod:`companion.paramfit`), and a
+line that reads the prompt aloud or repeats the conversation (:mod:`companion.lines`) is refused
+once, with the reason, and the second time the slot is given up.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ from .actions import ActionDef, ActionRuntime, ToolResult
 from .actions.builtins import no_recipients, resolve_recipients
 from .card import LoadedCard
 from .conversation import ONE_MESSAGE, Speak
+from .lines import LineContext, check_line
 from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest
+from .paramfit import fit_params, plausible_on_opening
 from .protocol import MESSAGES, Message, Metadata, new_id
 
 __all__ = ["ParamsCheck", "Speaker", "Speech"]
@@ -39,6 +46,8 @@ class Speech:
     effect: Speak
     spoke: bool = False
     refused_once: bool = False
+    lines_refused: int = 0
+    """Lines of this reply refused by :func:`~companion.lines.check_line` so far."""
 
 
 class ParamsCheck:
@@ -101,6 +110,12 @@ class Speaker:
                 reason="speaking without parameters; conditions that read them do not match",
             )
             values = {}
+        fitted = fit_params(values, self.card.events.params)
+        changes = fitted.changes
+        if effect.turn <= 1:
+            opening = plausible_on_opening(fitted.values, self.card.events.params, message.params.message)
+            fitted, changes = opening, changes + opening.changes
+        values = fitted.values
         issues = self.params_check.issues(values)
         instructions = self.loaded.triggers.evaluate(values)
         self._emit(
@@ -108,6 +123,7 @@ class Speaker:
             logging.INFO,
             message_id=effect.message_id,
             params=values,
+            param_changes=list(changes),
             param_issues=issues,
             instructions=[{"tool": i.tool, "instruction": i.instruction} for i in instructions],
         )
@@ -126,12 +142,16 @@ class Speaker:
                 "memory": dict(memory),
             },
         )
+        lines = self._line_context(history, message, instructions)
 
         async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> Mapping[str, Any]:
             defn = self.runtime.tools.get(tool_id)
             if isinstance(defn, ActionDef) and defn.topic == MESSAGES:
                 if speech.spoke:
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
+                refused = self.refused_line(tool_id, raw, speech, lines)
+                if refused is not None:
+                    return refused.for_model()
                 if isinstance(raw.get("to"), list):
                     checked = self.addressed(tool_id, raw, speech)
                     if isinstance(checked, ToolResult):
@@ -140,6 +160,46 @@ class Speaker:
             return (await self.runtime.call(tool_id, raw)).for_model()
 
         await self.model.speak(speak, call_tool)
+
+    def _line_context(self, history: list[Message], message: Message, instructions: list[Any]) -> LineContext:
+        said = [m for m in history if m.params.id != message.params.id] + [message]
+        people = {m.params.from_ for m in said} | {t for m in said for t in m.params.to}
+        return LineContext(
+            earlier=[m.params.message for m in said],
+            ids=sorted({*self.directory, *people, self.me.id}),
+            prompt_texts=[self.card.role, *(i.instruction for i in instructions)],
+            speaker_lines=[m.params.message for m in said if m.params.from_ == self.me.id],
+        )
+
+    def refused_line(
+        self, tool_id: str, raw: Mapping[str, Any], speech: Speech, context: LineContext
+    ) -> ToolResult | None:
+        """``None`` when the line may be said; else the refusal the model is asked again with.
+        A second refused line gives the slot up (:class:`ModelError`): better no reply than a
+        copy or the prompt read aloud."""
+        text = raw.get("message")
+        if not isinstance(text, str):
+            return None
+        verdict = check_line(text, context)
+        if verdict.ok:
+            return None
+        speech.lines_refused += 1
+        effect = speech.effect
+        self._emit(
+            "line_refused",
+            logging.WARNING,
+            message_id=effect.message_id,
+            verdict=verdict.kind,
+            attempt=speech.lines_refused,
+            text=text[:200],
+            reason=verdict.reason[:300],
+        )
+        if speech.lines_refused >= 2:
+            raise ModelError(
+                f"{self.me.id}: two lines refused ({verdict.kind}): {verdict.reason[:200]}",
+                reason=f"its line was refused twice ({verdict.kind}); the slot is given up",
+            )
+        return ToolResult(tool_id, new_id(), "refused", verdict.reason)
 
     def addressed(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech

@@ -53,6 +53,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "companion.actions.results",
         "companion.models.base",
         "companion.models.errors",
+        "companion.lines",
+        "companion.paramfit",
     ),
     "state": ("companion.store", "companion.sqlwriter", "companion.trust", "companion.actions.kv"),
     "transport": ("companion.transport",),

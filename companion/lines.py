@@ -1,0 +1,205 @@
+"""Is this line the character's own? A pure check of one text before anybody hears it.
+
+Measured with SmolLM2-135M: a small model reads its prompt aloud (a ``Context: {...}`` block, the
+history's own line format ``Pim (companion_pim) -> companion_ostra, ...``, the instructions'
+words: "You can use the action tools ...") and copies what another companion just said, word for
+word. None of that is a line of the character's, whatever the model, so the speaker refuses it
+once (the model is asked again, told why) and then gives its slot up rather than say it.
+
+:func:`check_line` takes one text, a whole line or one sentence of a line being streamed, and
+the :class:`LineContext` (what was already said in the conversation, the ids of who is in it,
+and texts whose wording belongs to the prompt), and returns a :class:`LineVerdict`. It is
+deterministic and bounded in the size of what it reads; it never raises on odd text.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from typing import Literal
+
+__all__ = [
+    "COPY_SIMILARITY",
+    "LineContext",
+    "LineVerdict",
+    "check_line",
+    "normalized_words",
+    "sentences",
+]
+
+COPY_SIMILARITY = 0.8
+"""Word-sequence similarity (0..1) from which a text counts as a near-copy of an earlier one.
+"Greetings, welcome to a special treat!" against the same with one word changed is 0.86; two
+lines that only share a name and a topic stay far below."""
+
+_EXACT_SIZE = 3.0
+"""A text shorter than this (in words; a CJK character counts half) may repeat exactly: "Good
+night!" or 「はい」 said twice is not a copied line."""
+_NEAR_SIZE = 5.0
+"""Near-copies count from this size on (short lines differ by too little to judge)."""
+_ECHO_WORDS = 7
+"""A run of this many words taken from the prompt's own wording is reading the prompt aloud."""
+_TEXT_LIMIT = 2000
+"""Characters of a text (and of each earlier line) looked at."""
+_EARLIER_LIMIT = 64
+"""Earlier lines compared with (the most recent)."""
+
+_JSON = re.compile(r"""[{\[]\s*["'][^"'\n]{0,80}["']\s*:|["'][\w -]{1,40}["']\s*:\s*[{\["\d]""")
+"""A JSON object written out (``{"memory": ...``, ``"params": {``)."""
+_ARROW = re.compile(r"\S\s*(?:->|→)\s*\S")
+"""The history's line format: ``Pim (companion_pim) -> companion_ostra: ...``."""
+_ID_IN_PARENS = re.compile(r"\(\s*(?:id\s+)?[a-z]+_[\w-]*\s*\)", re.IGNORECASE)
+"""``Name (companion_x)``, even cut short (``Juniper (companion_junipe)``)."""
+_LABELS = re.compile(
+    r"\bContext\s*:|(?:^|\n)\s*(?:conversation so far|personality|background|your role|how you talk"
+    r"|companions|parameters|instructions|address)\b[^:\n]{0,24}:",
+    re.IGNORECASE,
+)
+"""A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``)."""
+_TOOL_TALK = re.compile(
+    r"\b(?:action|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b|\bset_(?:params|states)\b"
+    r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b",
+    re.IGNORECASE,
+)
+"""The instructions' own vocabulary: a character talks about cakes, not about its tools."""
+_HISTORY_NUMBER = re.compile(r"(?:^|\n)\s*\d{1,3}\.\s+\S+[^\n]*:")
+"""A numbered history line (``3. Aya: ...``)."""
+_SENTENCE = re.compile(r"[^.!?。！？…]+(?:[.!?。！？…]+[\"'”’」』)]*)?")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+_WORD = re.compile(r"\w+")
+
+Kind = Literal["ok", "artifact", "copy"]
+
+
+@dataclass(frozen=True, slots=True)
+class LineContext:
+    """What a line is checked against."""
+
+    earlier: Sequence[str] = ()
+    """Lines already said in the conversation (by anyone, the person included), oldest first."""
+    ids: Iterable[str] = ()
+    """The ids of the conversation's companions and people: never part of a spoken line."""
+    prompt_texts: Sequence[str] = ()
+    """Texts whose wording belongs to the prompt, not to the character (the card's role, the
+    instructions the triggers chose)."""
+    speaker_lines: Sequence[str] = field(default=())
+    """The speaker's own earlier lines (also in ``earlier``): named in the verdict's reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class LineVerdict:
+    """``ok``, or why the text is not the character's line (``artifact``: the prompt read aloud;
+    ``copy``: what was already said). ``reason`` is written for the model and the log."""
+
+    kind: Kind
+    reason: str = ""
+    similar_to: str = ""
+    """The earlier line (clipped) a copy repeats."""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+OK = LineVerdict("ok")
+
+
+def check_line(text: str, context: LineContext) -> LineVerdict:
+    """Whether ``text`` (a whole line or one sentence) may be said in this conversation."""
+    text = text[:_TEXT_LIMIT]
+    artifact = _artifact(text, context)
+    if artifact:
+        return LineVerdict(
+            "artifact",
+            f"that is not a line of yours: it {artifact}. Say only the words you speak to the others, "
+            "in your own voice",
+        )
+    words = normalized_words(text)
+    size = _size(words)
+    if size < _EXACT_SIZE:
+        return OK
+    own = {" ".join(normalized_words(line[:_TEXT_LIMIT])) for line in context.speaker_lines}
+    for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
+        for candidate in (line, *sentences(line)):
+            other = normalized_words(candidate[:_TEXT_LIMIT])
+            if not other or not _copies(words, size, other):
+                continue
+            whose = (
+                "you already said"
+                if " ".join(normalized_words(line[:_TEXT_LIMIT])) in own
+                else "was already said"
+            )
+            shown = _clip(candidate, 120)
+            return LineVerdict(
+                "copy",
+                f"that repeats what {whose} (\u201c{shown}\u201d). Say something new, in your own words",
+                shown,
+            )
+    return OK
+
+
+def _copies(words: list[str], size: float, other: list[str]) -> bool:
+    if words == other:
+        return True
+    if size < _NEAR_SIZE or _size(other) < _NEAR_SIZE:
+        return False
+    matcher = SequenceMatcher(None, words, other, autojunk=False)
+    if matcher.real_quick_ratio() < COPY_SIMILARITY or matcher.quick_ratio() < COPY_SIMILARITY:
+        return False
+    return matcher.ratio() >= COPY_SIMILARITY
+
+
+def _artifact(text: str, context: LineContext) -> str:
+    """What of the prompt ``text`` carries, in words for the model; empty when nothing."""
+    if _LABELS.search(text):
+        return "reads a heading of your instructions aloud"
+    if _JSON.search(text):
+        return "is JSON, not speech"
+    if _ARROW.search(text) or _HISTORY_NUMBER.search(text) or _ID_IN_PARENS.search(text):
+        return "copies the format of the conversation's record"
+    folded = text.casefold()
+    for cid in context.ids:
+        if len(cid) >= 4 and cid.casefold() in folded:
+            return f"says the id {cid!r}: call people by their names"
+    if _TOOL_TALK.search(text):
+        return "talks about your instructions and tools"
+    words = normalized_words(text)
+    if len(words) >= _ECHO_WORDS:
+        runs = {" ".join(words[i : i + _ECHO_WORDS]) for i in range(len(words) - _ECHO_WORDS + 1)}
+        for source in context.prompt_texts:
+            theirs = normalized_words(source[:_TEXT_LIMIT])
+            joined = " ".join(theirs)
+            if len(theirs) >= _ECHO_WORDS and any(run in joined for run in runs):
+                return "repeats the wording of your instructions"
+    return ""
+
+
+def normalized_words(text: str) -> list[str]:
+    """The words of ``text`` for comparing: NFKC, case-folded, punctuation gone; each CJK
+    character is a word of its own (those scripts put no spaces between words)."""
+    flat = unicodedata.normalize("NFKC", text).casefold()
+    out: list[str] = []
+    for word in _WORD.findall(flat):
+        if _CJK.search(word):
+            out.extend(ch for ch in word if not ch.isspace())
+        else:
+            out.append(word)
+    return out
+
+
+def _size(words: Sequence[str]) -> float:
+    return sum(0.5 if _CJK.match(w) else 1.0 for w in words)
+
+
+def sentences(text: str) -> list[str]:
+    """``text`` cut after each ``.``, ``!``, ``?`` (and ``。！？``), closing quotes kept."""
+    parts = [p.strip() for p in _SENTENCE.findall(text[:_TEXT_LIMIT])]
+    return [p for p in parts if _WORD.search(p)]
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
