@@ -166,7 +166,9 @@ async def test_states_come_from_one_structured_request(server: FakeLLMServer) ->
     item = tool["function"]["parameters"]["properties"]["states"]["items"]
     assert item["properties"]["companion_id"]["enum"] == [AYA.id, BEN.id, KAI.id]
     system, user = body["messages"]
-    assert system["role"] == "system" and "set_states" in system["content"]
+    # the rules stay in the system message; the tool to call comes with the task, last
+    assert system["role"] == "system" and "turn-taking" in system["content"]
+    assert user["content"].endswith("Call the set_states tool exactly once.")
     assert "Ben, what did you see at sea?" in user["content"] and "Kai" in user["content"]
 
 
@@ -610,7 +612,8 @@ async def test_anthropic_structured_output_and_tool_round_trip(server: FakeLLMSe
     assert auth.get("x-api-key") == "sk-test" or auth.get("authorization") == "Bearer sk-test"
     assert "anthropic-version" in auth
     assert [t["name"] for t in states_sent.body["tools"]] == ["set_states"]
-    assert "set_states" in json.dumps(states_sent.body["system"])
+    assert "turn-taking" in json.dumps(states_sent.body["system"])
+    assert "set_states" in json.dumps(states_sent.body["messages"])
     assert [t["name"] for t in first_speak.body["tools"]] == ["speak", "companions"]
     result_block = second_speak.body["messages"][-1]["content"][0]
     assert result_block["type"] == "tool_result" and "Aya" in json.dumps(result_block["content"])

@@ -186,7 +186,7 @@ def test_history_is_bounded_and_ends_with_the_message() -> None:
 
 def test_states_prompt_is_bounded_and_mentions_the_rules() -> None:
     instructions, prompt = states_prompt(request(nominated=B.id, closing_floor="pre-closing"), "set_states")
-    assert "set_states" in instructions
+    assert "set_states" in prompt and "set_states" not in instructions
     assert "Bo (companion_b) to speak next" in prompt and "at least 'pre-closing'" in prompt
     assert len(prompt) < 2000, "a long personality is clipped"
 
@@ -226,7 +226,7 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     conversation = "Conversation so far:\n1. user_1 -> companion_a, Bo (companion_b): Hello!\n\n"
     assert prompt.startswith(conversation) and params_text.startswith(conversation)
     assert "Conversation so far" not in instructions
-    assert "- weather: rain" in prompt and "Context:" not in prompt and "turn\": 3" not in prompt
+    assert "- weather: rain" in prompt and "Context:" not in prompt and 'turn": 3' not in prompt
     assert prompt.endswith("Address: user_1, companion_a.")
 
 

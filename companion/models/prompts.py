@@ -101,20 +101,24 @@ def states_prompt(
         "- selected: true only if the last message explicitly asks that companion to answer;\n"
         "- closing: how far the conversation is towards its end: 'none' while it goes on (the "
         "usual case), 'pre-closing' only when topics are running out, 'closing' when people say "
-        "goodbye, 'terminal' when it is over.\n"
-        "Give one entry per companion listed. " + answer_rule(tool_name, json_schema)
+        "goodbye, 'terminal' when it is over."
     )
     companions = "\n".join(f"- {c.id}: {c.name}; {_clip(c.personality, 200)}" for c in request.companions)
-    instructions += f"\n\nCompanions:\n{companions}"
     rules = []
     if request.nominated:
         rules.append(f"The sender asked {_who(request.nominated, names)} to speak next: mark it selected.")
     if request.closing_floor != "none":
         rules.append(f"The closing stage is at least '{request.closing_floor}' (it never moves back).")
+    # The companions come after the history, and the history names nobody: who is addressed
+    # changes from turn to turn (the last speaker is not), and what changes must not cut the
+    # cached prefix short. The answer's rule (its schema lists the companions) comes last.
     prompt = (
-        f"Conversation so far:\n{format_history(request.history, request.message, names)}\n\n"
+        f"Conversation so far:\n{format_history(request.history, request.message, {})}\n\n"
+        f"Companions to decide for:\n{companions}\n\n"
         + ("\n".join(rules) + "\n" if rules else "")
-        + f"Decide every companion's state for turn {request.turn}."
+        + f"Decide every companion's state for turn {request.turn}. Give one entry per companion "
+        + "listed. "
+        + answer_rule(tool_name, json_schema)
     )
     return instructions, prompt
 
