@@ -40,6 +40,9 @@ _EXACT_SIZE = 3.0
 night!" or 「はい」 said twice is not a copied line."""
 _NEAR_SIZE = 5.0
 """Near-copies count from this size on (short lines differ by too little to judge)."""
+_SENTENCE_SIZE = 8.0
+"""A sentence of an earlier line counts as copied from this size on (words said again in a
+short sentence, "I should introduce myself: I'm Aki.", are a turn of phrase, not a copy)."""
 _ECHO_WORDS = 7
 """A run of this many words taken from the prompt's own wording is reading the prompt aloud."""
 _TEXT_LIMIT = 2000
@@ -122,29 +125,45 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
     if size < _EXACT_SIZE:
         return OK
     own = {" ".join(normalized_words(line[:_TEXT_LIMIT])) for line in context.speaker_lines}
+    # Each long sentence of the text, too, against the others' lines: a line that copies one
+    # long sentence of another's and adds its own ending is still a copy (measured: SmolLM2-135M
+    # did just that). One's own sentence said again in a new line is left to the model (the
+    # offline one tells a fact again in its goodbye); one's own line, never.
+    pieces = sentences(text)
+    parts = [(w, _size(w)) for w in (normalized_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
+    parts = parts if len(pieces) > 1 else []
     for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
-        for candidate in (line, *sentences(line)):
-            other = normalized_words(candidate[:_TEXT_LIMIT])
-            if not other or not _copies(words, size, other):
-                continue
-            whose = (
-                "you already said"
-                if " ".join(normalized_words(line[:_TEXT_LIMIT])) in own
-                else "was already said"
-            )
-            shown = _clip(candidate, 120)
-            return LineVerdict(
-                "copy",
-                f"that repeats what {whose} (\u201c{shown}\u201d). Say something new, in your own words",
-                shown,
-            )
+        whole = normalized_words(line[:_TEXT_LIMIT])
+        mine = " ".join(whole) in own
+        if _copies(words, size, whole, _NEAR_SIZE):
+            return _copy(line, mine)
+        for candidate in sentences(line):
+            other = normalized_words(candidate)
+            if _copies(words, size, other, _SENTENCE_SIZE) or (
+                not mine and any(_copies(w, n, other, _SENTENCE_SIZE) for w, n in parts)
+            ):
+                return _copy(candidate, mine)
     return OK
 
 
-def _copies(words: list[str], size: float, other: list[str]) -> bool:
+def _copy(said: str, mine: bool) -> LineVerdict:
+    whose = "you already said" if mine else "was already said"
+    shown = _clip(said, 120)
+    return LineVerdict(
+        "copy",
+        f"that repeats what {whose} (\u201c{shown}\u201d). Say something new, in your own words",
+        shown,
+    )
+
+
+def _copies(words: list[str], size: float, other: list[str], near_from: float) -> bool:
+    """Whether ``words`` repeat ``other``: the same words (from :data:`_EXACT_SIZE`), or a
+    near-copy when both have at least ``near_from`` words."""
+    if not other:
+        return False
     if words == other:
-        return True
-    if size < _NEAR_SIZE or _size(other) < _NEAR_SIZE:
+        return size >= _EXACT_SIZE
+    if size < near_from or _size(other) < near_from:
         return False
     matcher = SequenceMatcher(None, words, other, autojunk=False)
     if matcher.real_quick_ratio() < COPY_SIMILARITY or matcher.quick_ratio() < COPY_SIMILARITY:

@@ -55,6 +55,16 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ALIAS = "smollm2-135m"
 REPO = Path(__file__).resolve().parents[1]
 
+OPENINGS = (
+    None,  # the demo's own opening line
+    "What's your favourite cake?",
+    "Looks like rain tonight",
+    "I'm so sad today, I miss my dog.",
+    "Pim, what are you baking today?",
+)
+"""The opening lines of successive runs. llama-cpp-python samples with a fixed seed, so the same
+opening gives the same conversation; five runs are five different openings."""
+
 FAILURE_EVENTS = (
     "model_request_failed",
     "model_form_refused",
@@ -508,7 +518,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the demo's --timeout in seconds (a turn took 40-150 s on 2 loaded cores)",
     )
     parser.add_argument("--goal", type=int, default=6, help="replies needed before terminal")
-    parser.add_argument("--say", default=None, help="the opening line")
+    parser.add_argument(
+        "--say",
+        action="append",
+        default=None,
+        help="the opening line (again for the next runs; default: the demo's, then four more)",
+    )
     args = parser.parse_args(argv)
     python = gguf = None
     if not args.base_url:
@@ -531,7 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep = args.cache / f"run-{run_number}"
             keep.mkdir(exist_ok=True)
             with Watch(server, log) as watch:
-                transcript, logs, took = demo(model, base, args.replies, args.timeout, args.say, keep, watch)
+                says = args.say or OPENINGS
+                opening = says[(run_number - 1) % len(says)]
+                transcript, logs, took = demo(model, base, args.replies, args.timeout, opening, keep, watch)
         finally:
             if server is not None:
                 stop(server)

@@ -107,3 +107,22 @@ def test_a_huge_conversation_is_read_in_bounded_time() -> None:
     the bound is in what is read)."""
     earlier = [f"line {i} " + "word " * 2000 for i in range(500)]
     assert check_line("word " * 5000, LineContext(earlier=earlier)).kind == "copy"
+
+
+def test_a_line_that_copies_another_s_long_sentence_and_adds_an_ending_is_a_copy() -> None:
+    """Measured: Pim said Juniper's line with a new ending; short turns of phrase may recur."""
+    juniper = (
+        "I am glad you've joined. I'm not here to tell people what they're doing wrong, but rather to "
+        "give them a different perspective on the universe (that is) and show how it has nothing to do "
+        "with themselves."
+    )
+    pim = (
+        "I'm glad you've joined! I'm not here to tell people what they're doing wrong, but rather to "
+        "give them a different perspective on the universe (that is). And so many of us love you."
+    )
+    assert check_line(pim, LineContext(earlier=[juniper])).kind == "copy"
+    # one's own long sentence again, in a new line, is the model's business; one's own line is not
+    assert check_line(pim, LineContext(earlier=[juniper], speaker_lines=[juniper])).ok
+    assert check_line(juniper, LineContext(earlier=[juniper], speaker_lines=[juniper])).kind == "copy"
+    intro = LineContext(earlier=["Oh, quick. I should introduce myself: I'm Aki. I keep bees."])
+    assert check_line("Hello! I should introduce myself: I'm Bea. I mend clocks.", intro).ok
