@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Literal
 
+from .protocol import Message
+
 __all__ = [
     "COPY_SIMILARITY",
     "LineContext",
@@ -90,6 +92,20 @@ class LineContext:
     instructions the triggers chose)."""
     speaker_lines: Sequence[str] = field(default=())
     """The speaker's own earlier lines (also in ``earlier``): named in the verdict's reason."""
+
+    @classmethod
+    def of(
+        cls, said: Sequence[Message], speaker: str, present: Iterable[str], prompt_texts: Sequence[str]
+    ) -> LineContext:
+        """The context of ``speaker``'s next line after the messages ``said`` (oldest first), in a
+        conversation with ``present`` (ids; the senders and recipients of ``said`` are added)."""
+        people = {m.params.from_ for m in said} | {t for m in said for t in m.params.to}
+        return cls(
+            earlier=[m.params.message for m in said],
+            ids=sorted({*present, *people, speaker}),
+            prompt_texts=prompt_texts,
+            speaker_lines=[m.params.message for m in said if m.params.from_ == speaker],
+        )
 
 
 @dataclass(frozen=True, slots=True)

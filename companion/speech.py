@@ -142,7 +142,9 @@ class Speaker:
                 "memory": dict(memory),
             },
         )
-        lines = self._line_context(history, message, instructions)
+        said = [m for m in history if m.params.id != message.params.id] + [message]
+        prompt_texts = [self.card.role, *(i.instruction for i in instructions)]
+        lines = LineContext.of(said, self.me.id, self.directory, prompt_texts)
 
         async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> Mapping[str, Any]:
             defn = self.runtime.tools.get(tool_id)
@@ -160,16 +162,6 @@ class Speaker:
             return (await self.runtime.call(tool_id, raw)).for_model()
 
         await self.model.speak(speak, call_tool)
-
-    def _line_context(self, history: list[Message], message: Message, instructions: list[Any]) -> LineContext:
-        said = [m for m in history if m.params.id != message.params.id] + [message]
-        people = {m.params.from_ for m in said} | {t for m in said for t in m.params.to}
-        return LineContext(
-            earlier=[m.params.message for m in said],
-            ids=sorted({*self.directory, *people, self.me.id}),
-            prompt_texts=[self.card.role, *(i.instruction for i in instructions)],
-            speaker_lines=[m.params.message for m in said if m.params.from_ == self.me.id],
-        )
 
     def refused_line(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech, context: LineContext
