@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Literal
@@ -66,10 +66,15 @@ _LABELS = re.compile(
 """A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``)."""
 _TOOL_TALK = re.compile(
     r"\b(?:action|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b|\bset_(?:params|states)\b"
-    r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b",
+    r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
+    r"|\bautomated feedback\b|\bfailed the application'?s validation\b|\bprevious response\b",
     re.IGNORECASE,
 )
-"""The instructions' own vocabulary: a character talks about cakes, not about its tools."""
+"""The instructions' own vocabulary: a character talks about cakes, not about its tools; nor
+about the retry's framing, which SmolLM2-135M read aloud ("Your previous response failed the
+application's validation (this is automated feedback, ...)", pydantic-ai's words)."""
+_UNFINISHED = re.compile(r"[,:;(\[{-]\s*$")
+"""A line cut off where it goes on ("Hello everyone," was the first line of a longer answer)."""
 _HISTORY_NUMBER = re.compile(r"(?:^|\n)\s*\d{1,3}\.\s+\S+[^\n]*:")
 """A numbered history line (``3. Aya: ...``)."""
 _SENTENCE = re.compile(r"[^.!?。！？…]+(?:[.!?。！？…]+[\"'”’」』)]*)?")
@@ -87,6 +92,9 @@ class LineContext:
     """Lines already said in the conversation (by anyone, the person included), oldest first."""
     ids: Iterable[str] = ()
     """The ids of the conversation's companions and people: never part of a spoken line."""
+    names: Iterable[str] = ()
+    """The display names of the conversation's companions: a line that starts with one as a
+    label (``Ostra: ...``, ``(Juniper) ...``) is the record's format, not speech."""
     prompt_texts: Sequence[str] = ()
     """Texts whose wording belongs to the prompt, not to the character (the card's role, the
     instructions the triggers chose)."""
@@ -95,14 +103,20 @@ class LineContext:
 
     @classmethod
     def of(
-        cls, said: Sequence[Message], speaker: str, present: Iterable[str], prompt_texts: Sequence[str]
+        cls,
+        said: Sequence[Message],
+        speaker: str,
+        present: Mapping[str, str],
+        prompt_texts: Sequence[str],
     ) -> LineContext:
         """The context of ``speaker``'s next line after the messages ``said`` (oldest first), in a
-        conversation with ``present`` (ids; the senders and recipients of ``said`` are added)."""
+        conversation with ``present`` (names by id; the senders and recipients of ``said`` are
+        added)."""
         people = {m.params.from_ for m in said} | {t for m in said for t in m.params.to}
         return cls(
             earlier=[m.params.message for m in said],
             ids=sorted({*present, *people, speaker}),
+            names=sorted(set(present.values())),
             prompt_texts=prompt_texts,
             speaker_lines=[m.params.message for m in said if m.params.from_ == speaker],
         )
@@ -195,6 +209,12 @@ def _artifact(text: str, context: LineContext) -> str:
         return "is JSON, not speech"
     if _ARROW.search(text) or _HISTORY_NUMBER.search(text) or _ID_IN_PARENS.search(text):
         return "copies the format of the conversation's record"
+    if _UNFINISHED.search(text):
+        return "stops mid-sentence"
+    head = text.lstrip()
+    for name in context.names:
+        if name and re.match(rf"\(?\s*{re.escape(name)}\s*(?:\([^)]*\))?\s*[:)]", head, re.IGNORECASE):
+            return f"starts with the label {name!r}, as the record does"
     folded = text.casefold()
     for cid in context.ids:
         if len(cid) >= 4 and cid.casefold() in folded:

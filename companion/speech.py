@@ -144,7 +144,8 @@ class Speaker:
         )
         said = [m for m in history if m.params.id != message.params.id] + [message]
         prompt_texts = [self.card.role, *(i.instruction for i in instructions)]
-        lines = LineContext.of(said, self.me.id, self.directory, prompt_texts)
+        names = {cid: meta.name for cid, meta in self.directory.items()} | {self.me.id: self.me.name}
+        lines = LineContext.of(said, self.me.id, names, prompt_texts)
 
         async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> Mapping[str, Any]:
             defn = self.runtime.tools.get(tool_id)

@@ -17,6 +17,7 @@ CONVERSATION = LineContext(
         "こんにちは、今日は何をしていたの？",
     ],
     ids=["companion_pim", "companion_juniper", "companion_ostra", "user_demo"],
+    names=["Pim", "Juniper", "Ostra"],
     prompt_texts=[
         "You are the enthusiastic one. Bring energy, ask others what they would bake, and keep "
         "replies short and excited.",
@@ -38,6 +39,12 @@ CONVERSATION = LineContext(
         "Ask companion_ostra what she would bake!",
         "Your role: You are the enthusiastic one.",
         "Bring energy, ask others what they would bake, and keep replies short and excited!",
+        # pydantic-ai's retry framing, flattened into the prompt and read aloud
+        "Your previous response failed the application's validation (this is automated feedback, "
+        "not a message from the user):",
+        "(Juniper) I've been thinking about my dog, the little one.",
+        "Ostra: The tide was kind today.",
+        "Hello everyone,",  # the first line of a longer answer, cut off
     ],
 )
 def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
@@ -78,6 +85,8 @@ def test_the_reason_says_whose_line_was_repeated() -> None:
         "It was 3.5 kilos of butter. Exactly!",
         "The sea and the sky meet at the horizon, Ostra.",
         "今日はパンを焼いていたよ。",
+        "Ostra, what do you think?",
+        "(laughs) Pim, you made my day.",
         "",
     ],
 )
