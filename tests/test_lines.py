@@ -45,6 +45,8 @@ CONVERSATION = LineContext(
         "(Juniper) I've been thinking about my dog, the little one.",
         "Ostra: The tide was kind today.",
         "Hello everyone,",  # the first line of a longer answer, cut off
+        '"That is not a line of your own voice." I am sorry for the mistake.',  # the refusal, read aloud
+        "It seems I've hit a server error.",
     ],
 )
 def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
