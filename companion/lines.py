@@ -67,8 +67,7 @@ _LABELS = re.compile(
 _TOOL_TALK = re.compile(
     r"\b(?:action|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b|\bset_(?:params|states)\b"
     r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
-    r"|\bautomated feedback\b|\bfailed the application'?s validation\b|\bprevious response\b"
-    r"|\bapplication validation\b|\bserver error\b"
+    r"|\bautomated feedback\b|\bapplication(?:'s)? validation\b|\bprevious response\b|\bserver error\b"
     # this check's own reasons, sent back with a refused line, then read aloud (measured)
     r"|\bnot a line of (?:yours|your own)\b|\bsay something new\b|\bin your own (?:words|voice)\b"
     r"|\bsay only the words\b|\brepeats what (?:you already said|was already said)\b",

@@ -47,6 +47,7 @@ CONVERSATION = LineContext(
         "Hello everyone,",  # the first line of a longer answer, cut off
         '"That is not a line of your own voice." I am sorry for the mistake.',  # the refusal, read aloud
         "It seems I've hit a server error.",
+        "My response will not support the application's validation (your previous message failed).",
     ],
 )
 def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
