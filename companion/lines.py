@@ -70,7 +70,8 @@ _TOOL_TALK = re.compile(
     r"|\bautomated feedback\b|\bapplication(?:'s)? validation\b|\bprevious response\b|\bserver error\b"
     # this check's own reasons, sent back with a refused line, then read aloud (measured)
     r"|\bnot a line of (?:yours|your own)\b|\bsay something new\b|\bin your own (?:words|voice)\b"
-    r"|\bsay only the words\b|\brepeats what (?:you already said|was already said)\b",
+    r"|\bsay only the words\b|\brepeats what (?:you already said|was already said)\b"
+    r"|\bnot said, because\b|\bnew sentences of your own\b",
     re.IGNORECASE,
 )
 """The instructions' own vocabulary: a character talks about cakes, not about its tools; nor
@@ -78,6 +79,10 @@ about the retry's framing, which SmolLM2-135M read aloud ("Your previous respons
 application's validation (this is automated feedback, ...)", pydantic-ai's words)."""
 _UNFINISHED = re.compile(r"[,:;(\[{-]\s*$")
 """A line cut off where it goes on ("Hello everyone," was the first line of a longer answer)."""
+_ROLE_LABEL = re.compile(r"^\s*(?:user|sender|assistant|system|ai|bot|a|q)\s*:", re.IGNORECASE)
+"""A chat role as a label ("User: 3 Users", "Sender: Thank you", "A: ...": measured)."""
+_TAG = re.compile(r"</?[A-Za-z][\w:-]*>")
+"""Markup of the request (``<pyai:retry_feedback>`` came back as a whole line; ``<tool_call>``)."""
 _HISTORY_NUMBER = re.compile(r"(?:^|\n)\s*\d{1,3}\.\s+\S+[^\n]*:")
 """A numbered history line (``3. Aya: ...``)."""
 _SENTENCE = re.compile(r"[^.!?。！？…]+(?:[.!?。！？…]+[\"'”’」』)]*)?")
@@ -85,6 +90,10 @@ _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 _WORD = re.compile(r"\w+")
 
 Kind = Literal["ok", "artifact", "copy"]
+
+_ASK_AGAIN = "Answer the last message with one or two new sentences of your own."
+"""The request that follows a refusal: short and plain, since a small model reads its feedback
+aloud ("That is not a line of your own voice." came back as a line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +157,7 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
     text = text[:_TEXT_LIMIT]
     artifact = _artifact(text, context)
     if artifact:
-        return LineVerdict(
-            "artifact",
-            f"that is not a line of yours: it {artifact}. Say only the words you speak to the others, "
-            "in your own voice",
-        )
+        return LineVerdict("artifact", f"not said, because it {artifact}. {_ASK_AGAIN}")
     words = normalized_words(text)
     size = _size(words)
     if size < _EXACT_SIZE:
@@ -183,9 +188,7 @@ def _copy(said: str, mine: bool) -> LineVerdict:
     whose = "you already said" if mine else "was already said"
     shown = _clip(said, 120)
     return LineVerdict(
-        "copy",
-        f"that repeats what {whose} (\u201c{shown}\u201d). Say something new, in your own words",
-        shown,
+        "copy", f"not said, because it repeats what {whose} (\u201c{shown}\u201d). {_ASK_AGAIN}", shown
     )
 
 
@@ -210,6 +213,10 @@ def _artifact(text: str, context: LineContext) -> str:
         return "reads a heading of your instructions aloud"
     if _JSON.search(text):
         return "is JSON, not speech"
+    if _TAG.search(text):
+        return "is markup of your instructions"
+    if _ROLE_LABEL.search(text):
+        return "starts with a label, as the record does"
     if _ARROW.search(text) or _HISTORY_NUMBER.search(text) or _ID_IN_PARENS.search(text):
         return "copies the format of the conversation's record"
     if _UNFINISHED.search(text):

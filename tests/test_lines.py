@@ -47,13 +47,17 @@ CONVERSATION = LineContext(
         "Hello everyone,",  # the first line of a longer answer, cut off
         '"That is not a line of your own voice." I am sorry for the mistake.',  # the refusal, read aloud
         "It seems I've hit a server error.",
+        "Not said, because it repeats what you already said.",  # this check's own reason, again
+        "<pyai:retry_feedback>",
+        "User: 3 Users",
+        "Sender: Thank you, I am glad that our conversation has been so helpful.",
         "My response will not support the application's validation (your previous message failed).",
     ],
 )
 def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
     verdict = check_line(said, CONVERSATION)
     assert verdict.kind == "artifact" and not verdict.ok
-    assert "Say only the words you speak" in verdict.reason
+    assert verdict.reason.startswith("not said, because it ") and "new sentences" in verdict.reason
 
 
 @pytest.mark.parametrize(
@@ -69,7 +73,7 @@ def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
 def test_a_copy_of_an_earlier_line_is_not_a_line(said: str) -> None:
     verdict = check_line(said, CONVERSATION)
     assert verdict.kind == "copy", said
-    assert verdict.similar_to and "Say something new" in verdict.reason
+    assert verdict.similar_to and verdict.reason.startswith("not said, because it repeats")
 
 
 def test_the_reason_says_whose_line_was_repeated() -> None:
