@@ -223,7 +223,8 @@ def _artifact(text: str, context: LineContext) -> str:
         return "stops mid-sentence"
     head = text.lstrip()
     for name in context.names:
-        if name and re.match(rf"\(?\s*{re.escape(name)}\s*(?:\([^)]*\))?\s*[:)]", head, re.IGNORECASE):
+        label = rf"\(\s*{re.escape(name)}\b[^)\n]{{0,60}}\)|{re.escape(name)}\s*(?:\([^)]*\))?\s*:"
+        if name and re.match(label, head, re.IGNORECASE):
             return f"starts with the label {name!r}, as the record does"
     folded = text.casefold()
     for cid in context.ids:

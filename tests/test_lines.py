@@ -44,6 +44,7 @@ CONVERSATION = LineContext(
         "not a message from the user):",
         "(Juniper) I've been thinking about my dog, the little one.",
         "Ostra: The tide was kind today.",
+        "(Ostra, the library's archivist) I'm glad to say that you have just asked me.",
         "Hello everyone,",  # the first line of a longer answer, cut off
         '"That is not a line of your own voice." I am sorry for the mistake.',  # the refusal, read aloud
         "It seems I've hit a server error.",
