@@ -13,6 +13,12 @@ runtime, because models get them wrong: one message per turn, and a ``to`` that 
 companions of the conversation (names become ids; a ``to`` naming nobody is refused once with an
 error the model can act on, then replaced by the previous speaker and the people, never by
 nobody). Deadlines, cancellation and what a failure means for the turn are the engine's.
+
+Two more checks keep what is said the character's own, whatever the model: the parameters are
+fitted to the card's schema before the CEL conditions read them (:mod:`companion.paramfit`), and a
+line that reads the prompt aloud or repeats the conversation (:mod:`companion.lines`) is refused
+once, with the reason, and the second time the slot is given up; a streamed line is checked a
+sentence at a time, before each sentence is voiced.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from .actions import ActionDef, ActionRuntime, ToolResult
 from .actions.builtins import LIVE_LINE, VOICE_TOOL, no_recipients, resolve_recipients
 from .card import LoadedCard
 from .conversation import ONE_MESSAGE, Speak
+from .lines import LineContext, check_line
 from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
+from .paramfit import fit_params, plausible_on_opening
 from .protocol import MESSAGES, Message, Metadata, new_id
 from .voiceline import LiveVoiceLine, SentenceCheck
 
@@ -58,6 +66,8 @@ class Speech:
     effect: Speak
     spoke: bool = False
     refused_once: bool = False
+    lines_refused: int = 0
+    """Lines of this reply refused by :func:`~companion.lines.check_line` so far."""
 
 
 class ParamsCheck:
@@ -83,6 +93,18 @@ class ParamsCheck:
         ][:10]
 
 
+def _sentence_check(context: LineContext) -> SentenceCheck:
+    """The check each sentence of a streamed line passes before it is voiced: the same as a
+    whole line's (:func:`~companion.lines.check_line`), so a sentence that reads the prompt aloud
+    or copies the conversation is never heard, and nothing after it either."""
+
+    def check(sentence: str, said_before: tuple[str, ...]) -> str | None:
+        verdict = check_line(sentence, context)
+        return None if verdict.ok else f"{verdict.kind}: {verdict.reason}"
+
+    return check
+
+
 class Speaker:
     """Prepares this companion's replies (one :class:`Speech` at a time, the engine decides when)."""
 
@@ -97,8 +119,6 @@ class Speaker:
         self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
         self.model, self.runtime, self.directory = model, runtime, directory
         self._emit = emit
-        self.sentence_check: SentenceCheck | None = None
-        """Called on every complete sentence before it is voiced (see ``LiveVoiceLine.admit``)."""
         self._prefetched: _Prefetched | None = None
         self.params_check = ParamsCheck(self.card.events.params)
         if self.params_check.problem is not None:
@@ -122,6 +142,12 @@ class Speaker:
                 reason="speaking without parameters; conditions that read them do not match",
             )
             values = {}
+        fitted = fit_params(values, self.card.events.params)
+        changes = fitted.changes
+        if effect.turn <= 1:
+            opening = plausible_on_opening(fitted.values, self.card.events.params, message.params.message)
+            fitted, changes = opening, changes + opening.changes
+        values = fitted.values
         issues = self.params_check.issues(values)
         instructions = self.loaded.triggers.evaluate(values)
         self._emit(
@@ -129,6 +155,7 @@ class Speaker:
             logging.INFO,
             message_id=effect.message_id,
             params=values,
+            param_changes=list(changes),
             param_issues=issues,
             instructions=[{"tool": i.tool, "instruction": i.instruction} for i in instructions],
         )
@@ -147,12 +174,19 @@ class Speaker:
                 "memory": dict(memory),
             },
         )
+        said = [m for m in history if m.params.id != message.params.id] + [message]
+        prompt_texts = [self.card.role, *(i.instruction for i in instructions)]
+        names = {cid: meta.name for cid, meta in self.directory.items()} | {self.me.id: self.me.name}
+        lines = LineContext.of(said, self.me.id, names, prompt_texts)
 
         async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> Mapping[str, Any]:
             defn = self.runtime.tools.get(tool_id)
             if isinstance(defn, ActionDef) and defn.topic == MESSAGES:
                 if speech.spoke:
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
+                refused = self.refused_line(tool_id, raw, speech, lines)
+                if refused is not None:
+                    return refused.for_model()
                 if isinstance(raw.get("to"), list):
                     checked = self.addressed(tool_id, raw, speech)
                     if isinstance(checked, ToolResult):
@@ -161,7 +195,7 @@ class Speaker:
             return (await self.runtime.call(tool_id, raw)).for_model()
 
         if getattr(self.model, "streams_speech", False):
-            await self._speak_live(speak, speech, call_tool)
+            await self._speak_live(speak, speech, call_tool, _sentence_check(lines))
         else:  # the whole line at once: speak_with_voice voices it a sentence at a time itself
             await self.model.speak(speak, call_tool)
 
@@ -208,10 +242,13 @@ class Speaker:
         request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
         return await self.model.fill_params(request)
 
-    async def _speak_live(self, request: SpeakRequest, speech: Speech, call_tool: ToolCaller) -> None:
-        """``model.speak`` with a live line voiced beside it. A model that fails, or ends without
-        publishing, after clients began to hear its line publishes what they heard."""
-        line = LiveVoiceLine(self.runtime.ask_clients, self._emit, check=self.sentence_check)
+    async def _speak_live(
+        self, request: SpeakRequest, speech: Speech, call_tool: ToolCaller, check: SentenceCheck
+    ) -> None:
+        """``model.speak`` with a live line voiced beside it, each sentence passing ``check``
+        before it is voiced. A model that fails, or ends without publishing, after clients began
+        to hear its line publishes what they heard."""
+        line = LiveVoiceLine(self.runtime.ask_clients, self._emit, check=check)
         failure: ModelError | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(line.run)
@@ -239,6 +276,36 @@ class Speaker:
                     LIVE_LINE.reset(token)
         if failure is not None and not speech.spoke:
             raise failure
+
+    def refused_line(
+        self, tool_id: str, raw: Mapping[str, Any], speech: Speech, context: LineContext
+    ) -> ToolResult | None:
+        """``None`` when the line may be said; else the refusal the model is asked again with.
+        A second refused line gives the slot up (:class:`ModelError`): better no reply than a
+        copy or the prompt read aloud."""
+        text = raw.get("message")
+        if not isinstance(text, str):
+            return None
+        verdict = check_line(text, context)
+        if verdict.ok:
+            return None
+        speech.lines_refused += 1
+        effect = speech.effect
+        self._emit(
+            "line_refused",
+            logging.WARNING,
+            message_id=effect.message_id,
+            verdict=verdict.kind,
+            attempt=speech.lines_refused,
+            text=text[:200],
+            reason=verdict.reason[:300],
+        )
+        if speech.lines_refused >= 2:
+            raise ModelError(
+                f"{self.me.id}: two lines refused ({verdict.kind}): {verdict.reason[:200]}",
+                reason=f"its line was refused twice ({verdict.kind}); the slot is given up",
+            )
+        return ToolResult(tool_id, new_id(), "refused", verdict.reason)
 
     def addressed(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech

@@ -30,6 +30,22 @@ PARAMS: dict[str, Any] = {
 }
 
 
+STORIES = (
+    "grew up by a harbour and collects stories from travellers.",
+    "keeps bees on a city roof and names every queen.",
+    "repairs clocks in a market stall and hums while working.",
+    "once walked the length of a river to find where it starts.",
+    "bakes bread at dawn for a whole village street.",
+    "maps caves and keeps a lamp for every one of them.",
+    "paints ships in bottles for sailors who never came home.",
+    "sells maps of towns that have changed their names.",
+    "teaches a choir of fishermen on Thursday nights.",
+    "grows lemons in a greenhouse made of old windows.",
+    "drives the last night tram and counts its passengers.",
+    "trains pigeons to carry recipes between two islands.",
+)
+
+
 def make_card(
     index: int,
     *,
@@ -48,7 +64,8 @@ def make_card(
             id=cid,
             name=name,
             personality=f"{name} is warm, curious and a little stubborn.",
-            story=f"{name} grew up by a harbour and collects stories from travellers.",
+            # Each its own story (one per name): companions with one story would say one line (a copy).
+            story=f"{name} {STORIES[index % len(STORIES)]}",
             sample=f"Hi, I'm {name}! Tell me something I don't know yet.",
         ),
         role="You are a friendly member of a small group chat. Keep replies short.",

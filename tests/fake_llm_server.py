@@ -218,7 +218,10 @@ class ServerProfile:
         if outcome.json:
             _, args = reply.calls[0]
             return Reply(text=args if isinstance(args, str) else json.dumps(args))
-        return Reply(text=_PROSE)
+        # The model writes out what it meant to say (SmolLM2's prose varies from turn to turn).
+        _, args = reply.calls[0]
+        meant = args.get("message") if isinstance(args, Mapping) else None
+        return Reply(text=meant if isinstance(meant, str) and meant else _PROSE)
 
 
 def _openai_error(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:

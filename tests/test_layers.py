@@ -54,6 +54,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "companion.actions.results",
         "companion.models.base",
         "companion.models.errors",
+        "companion.lines",
+        "companion.paramfit",
     ),
     "state": (
         "companion.store",

@@ -252,7 +252,7 @@ async def test_speaking_reaches_the_speak_tool_on_every_server(
     if PROFILES[profile].choices.get("auto") == "ignore":
         # The server never let the tools through: the model's prose is the line, said to the
         # recipients through the speak tool.
-        assert first == {"message": "Hope you're doing well! How's your day been so far?", "to": ["user_1"]}
+        assert first == {"message": "Reply number 1.", "to": ["user_1"]}
 
 
 async def test_an_unidentified_server_that_ignores_required_gets_auto_next(memory: EndpointMemory) -> None:

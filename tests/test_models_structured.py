@@ -187,7 +187,7 @@ def test_history_is_bounded_and_ends_with_the_message() -> None:
 
 def test_states_prompt_is_bounded_and_mentions_the_rules() -> None:
     instructions, prompt = states_prompt(request(nominated=B.id, closing_floor="pre-closing"), "set_states")
-    assert "set_states" in instructions
+    assert "set_states" in prompt and "set_states" not in instructions
     assert "Bo (companion_b) to speak next" in prompt and "at least 'pre-closing'" in prompt
     assert len(prompt) < 2000, "a long personality is clipped"
 
@@ -208,7 +208,7 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
         tools=list(tools.values()),
         recipients=["user_1", A.id],
         closing="closing",
-        extra={"weather": "rain"},
+        extra={"memory": {"weather": "rain", "conversation": {"turn": 3}}, "params": {"mood": "calm"}},
     )
     instructions, prompt = speak_prompt(req, tools)
     assert "You are Bo" in instructions and "a helper" in instructions
@@ -220,9 +220,29 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     params = ParamsRequest(
         me=B, role="a helper", schema={"type": "object"}, message=OPENING, history=[OPENING]
     )
-    assert params_prompt(params, "set_params")[0] == instructions
-    assert "Conversation so far:\n1. user_1 -> companion_a, Bo (companion_b): Hello!" in instructions
-    assert 'Context: {"weather": "rain"}' in prompt
+    params_instructions, params_text = params_prompt(params, "set_params")
+    assert params_instructions == instructions
+    # stable first (the same instructions), then the conversation, identical in both calls, and
+    # the volatile task last: what a small model continues is its own turn, never a JSON block
+    conversation = "Conversation so far:\n1. user_1 -> companion_a, Bo (companion_b): Hello!\n\n"
+    assert prompt.startswith(conversation) and params_text.startswith(conversation)
+    assert "Conversation so far" not in instructions
+    assert "- weather: rain" in prompt and "Context:" not in prompt and 'turn": 3' not in prompt
+    assert prompt.endswith("Address: user_1, companion_a.")
+
+
+def test_a_companions_instructions_are_the_same_on_every_call() -> None:
+    """What a server's prompt cache keeps: the instructions do not change with the turn."""
+    later = Message.create(A.id, [B.id], "And then?")
+    tools = wire_tool_names([ToolSpec(id="speak", description="", input_schema={})])
+    first = SpeakRequest(B, "a helper", OPENING, [OPENING], [], list(tools.values()), ["user_1"])
+    second = SpeakRequest(B, "a helper", later, [OPENING, later], [], list(tools.values()), [A.id], "closing")
+    assert speak_prompt(first, tools)[0] == speak_prompt(second, tools, text_reply=True)[0]
+    # the next turn's prompt begins with the previous turn's history: only new lines are evaluated
+    history = speak_prompt(first, tools)[1].split("\n\n")[0]
+    assert speak_prompt(second, tools)[1].startswith(history + "\n2. companion_a -> Bo (companion_b)")
+    states = states_prompt(request(), "set_states")[0]
+    assert states == states_prompt(request(nominated=B.id, closing_floor="closing"), "set_states")[0]
 
 
 def test_a_heading_alone_is_not_a_line() -> None:

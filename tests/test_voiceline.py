@@ -11,8 +11,10 @@ import trio.testing
 
 from companion.actions.builtins import DEAF_WAIT, VOICE_TOOL, sentence_wait
 from companion.actions.results import QueryTimeout
-from companion.protocol import QueryResult, QueryResultBody
+from companion.lines import LineContext
+from companion.protocol import Message, QueryResult, QueryResultBody
 from companion.sentences import join_sentences
+from companion.speech import _sentence_check
 from companion.voiceline import LiveVoiceLine
 
 
@@ -145,3 +147,21 @@ async def test_an_interrupted_sentence_ends_the_line_before_it(
     said = await finished(client, "One. Two. Three.")
     assert said == "One."  # the cut sentence is not published as said
     assert [a[1] for a in client.asked] == ["One.", "Two."]  # nothing more is voiced
+
+
+async def test_a_speaker_s_sentences_pass_the_line_check_before_they_are_heard(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The speaker's own check (``companion.lines`` per sentence): the prompt read aloud, or a
+    sentence copied from the conversation, is never voiced, nor anything after it."""
+    said_before = [
+        Message.create("companion_pim", ["companion_juniper"], "I baked bread with rye and seeds today.")
+    ]
+    context = LineContext.of(said_before, "companion_juniper", {"companion_pim": "Pim"}, ["Speak warmly."])
+    client = Client()
+    line = LiveVoiceLine(client.ask, emit, check=_sentence_check(context))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        said = await line.finish('The fog lifted at noon. Context: {"memory": {}}. Then more.', "neutral", 30)
+    assert said == "The fog lifted at noon."
+    assert [a[1] for a in client.asked] == ["The fog lifted at noon."]

@@ -4,10 +4,14 @@ Each builder returns ``(instructions, prompt)``: the system-level instructions a
 prompt. Inputs are bounded (recent history, clipped card fields) so a long conversation or a
 verbose card cannot blow up the request.
 
-The speaker's two calls (parameters, then speech) share their instructions: its persona and the
-conversation, the task in the prompt after them. A local server keeps the last request's
-evaluated prefix (llama.cpp, llama-cpp-python), so the speech call reads only its task: on two
-loaded cores, evaluating a 400-token prompt took 4-10 s, the same prompt again 0.1 s.
+Laid out for the server's prompt cache, stable first, volatile last: the instructions are the
+same text on every call of one companion (its persona, role and rules, for the parameters and
+the speech alike; for the leader the coordinator's rules and the companions), the prompt starts
+with the conversation so far (which only grows at its end from turn to turn) and ends with the
+task of this call. llama.cpp and llama-cpp-python reuse the longest evaluated prefix (the last
+request's; with ``--cache true`` any recent one's), so a call evaluates little more than the new
+lines and its task. The task comes last also because a small model continues whatever the prompt
+ends with: a ``Context: {...}`` block placed last came back, measured, as SmolLM2-135M's reply.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ __all__ = [
     "params_prompt",
     "persona",
     "speak_prompt",
-    "speaker_context",
+    "speaker_instructions",
     "states_prompt",
 ]
 
@@ -97,8 +101,7 @@ def states_prompt(
         "- selected: true only if the last message explicitly asks that companion to answer;\n"
         "- closing: how far the conversation is towards its end: 'none' while it goes on (the "
         "usual case), 'pre-closing' only when topics are running out, 'closing' when people say "
-        "goodbye, 'terminal' when it is over.\n"
-        "Give one entry per companion listed. " + answer_rule(tool_name, json_schema)
+        "goodbye, 'terminal' when it is over."
     )
     companions = "\n".join(f"- {c.id}: {c.name}; {_clip(c.personality, 200)}" for c in request.companions)
     rules = []
@@ -106,26 +109,44 @@ def states_prompt(
         rules.append(f"The sender asked {_who(request.nominated, names)} to speak next: mark it selected.")
     if request.closing_floor != "none":
         rules.append(f"The closing stage is at least '{request.closing_floor}' (it never moves back).")
+    # The companions come after the history, and the history names nobody: who is addressed
+    # changes from turn to turn (the last speaker is not), and what changes must not cut the
+    # cached prefix short. The answer's rule (its schema lists the companions) comes last.
     prompt = (
-        f"Companions:\n{companions}\n\n"
-        f"Conversation so far (turn {request.turn}):\n"
-        f"{format_history(request.history, request.message, names)}\n"
-        + ("\n" + "\n".join(rules) + "\n" if rules else "")
+        f"Conversation so far:\n{format_history(request.history, request.message, {})}\n\n"
+        f"Companions to decide for:\n{companions}\n\n"
+        + ("\n".join(rules) + "\n" if rules else "")
+        + f"Decide every companion's state for turn {request.turn}. Give one entry per companion "
+        + "listed. "
+        + answer_rule(tool_name, json_schema)
     )
     return instructions, prompt
 
 
-def speaker_context(me: Metadata, role: str, history: Sequence[Message], message: Message) -> str:
-    """The instructions of both of a speaker's calls: who it is, then the conversation so far."""
-    names = {me.id: me.name}
-    return f"{persona(me, role)}\n\nConversation so far:\n{format_history(history, message, names)}"
+_SPEAKER_RULES = (
+    "Each turn you first assess the situation, then you speak. When you speak, say only your own "
+    "words, as {name}: stay in character, keep it short and natural (one to three sentences), "
+    "answer what was said, and never repeat a line that was already said, nor these notes."
+)
+
+
+def speaker_instructions(me: Metadata, role: str) -> str:
+    """The instructions of both of a speaker's calls, the same on every call of this companion:
+    who it is and how it speaks (a server's cache keeps them evaluated)."""
+    return f"{persona(me, role)}\n\n{_SPEAKER_RULES.format(name=me.name)}"
+
+
+def _conversation(me: Metadata, history: Sequence[Message], message: Message) -> str:
+    """The start of both of a speaker's prompts: identical in the two calls of a turn, and the
+    previous turn's plus the new lines in the next one."""
+    return f"Conversation so far:\n{format_history(history, message, {me.id: me.name})}\n\n"
 
 
 def params_prompt(request: ParamsRequest, tool_name: str, as_json: bool = False) -> tuple[str, str]:
     """The speaker's situation parameters, as its card's ``events.params`` schema describes them
     (through the ``tool_name`` tool, or written out as JSON when ``as_json``)."""
-    instructions = speaker_context(request.me, request.role, request.history, request.message)
-    prompt = (
+    instructions = speaker_instructions(request.me, request.role)
+    prompt = _conversation(request.me, request.history, request.message) + (
         "Before you reply, assess the situation: fill in the parameters below from the "
         "conversation and your character. "
         + answer_rule(tool_name, request.schema if as_json else None)
@@ -138,27 +159,24 @@ def params_prompt(request: ParamsRequest, tool_name: str, as_json: bool = False)
 def speak_prompt(
     request: SpeakRequest, wire_names: Mapping[str, ToolSpec], text_reply: bool = False
 ) -> tuple[str, str]:
-    """The speaker's turn: its context (:func:`speaker_context`), then trigger instructions, tools,
-    closing stage and recipients.
+    """The speaker's turn: the conversation, then what is remembered, trigger instructions, tools,
+    closing stage and recipients, and last the question to answer.
 
     ``text_reply`` is for servers that take no tools: the answer's text is the line said.
     """
     by_id = {spec.id: name for name, spec in wire_names.items()}
     actions = [name for name, spec in wire_names.items() if spec.kind == "action"]
     knowledge = [name for name, spec in wire_names.items() if spec.kind == "knowledge"]
-    style = (
-        "Stay in character, keep it short and natural (one to three sentences), and do not repeat "
-        "what was already said."
-    )
+    lines = _remembered(request.extra.get("memory"))
     if text_reply:
-        lines = [
+        lines.append(
             "Answer with only the words you say out loud, nothing else: no name or label in front, "
-            "no quotation marks, no notes. " + style,
-        ]
+            "no quotation marks, no notes."
+        )
     else:
-        lines = [
+        lines += [
             "Others hear you through your action tools; an answer without a tool call is said "
-            "out loud as it is, so then write only your words. " + style,
+            "out loud as it is, so then write only your words.",
             f"Action tools (they do something others see): {', '.join(actions) or 'none'}.",
         ]
     if knowledge and not text_reply:
@@ -180,11 +198,26 @@ def speak_prompt(
         lines.append(closing)
     recipients = ", ".join(request.recipients) or "everyone"
     lines += ["", f"It is your turn ({request.me.name}). Address: {recipients}."]
-    prompt = "\n".join(lines)
     if text_reply:
-        prompt += f"\nWhat do you say now, {request.me.name}? Only your words."
-    if request.extra:
-        prompt += (
-            f"\nContext: {json.dumps(dict(request.extra), ensure_ascii=False, sort_keys=True, default=str)}"
-        )
-    return speaker_context(request.me, request.role, request.history, request.message), prompt
+        lines.append(f"What do you say now, {request.me.name}? Only your words.")
+    prompt = _conversation(request.me, request.history, request.message) + "\n".join(lines)
+    return speaker_instructions(request.me, request.role), prompt
+
+
+_MEMORY_ITEMS = 8
+_BOOKKEEPING = frozenset({"conversation"})
+"""Working memory the engine keeps for itself (turn counts, ids): nothing for the model to say."""
+
+
+def _remembered(memory: object) -> list[str]:
+    """The companion's working memory as plain lines (never JSON, which a small model reads
+    aloud), at most :data:`_MEMORY_ITEMS` of them."""
+    if not isinstance(memory, Mapping):
+        return []
+    items = [(str(k), v) for k, v in memory.items() if k not in _BOOKKEEPING][:_MEMORY_ITEMS]
+    if not items:
+        return []
+    shown = [
+        (key, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)) for key, v in items
+    ]
+    return ["What you remember:"] + [f"- {_clip(key, 60)}: {_clip(v, 200)}" for key, v in shown]

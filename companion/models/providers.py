@@ -831,7 +831,8 @@ class ProviderModel:
             if result.get("status", "ok") == "ok":
                 return UserPromptPart(f"You said that through {name}.")
             return UserPromptPart(
-                f"What you said could not be delivered: {json.dumps(result, ensure_ascii=False, default=str)}"
+                # In words, not JSON: a small model reads a JSON block aloud as its next line.
+                f"What you said could not be delivered: {result.get('message') or result.get('status')}"
             )
         log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=_short(text, 200))
         if not turn.done:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..paramfit import fit_params
 from ..protocol import CLOSING_ORDER, ClosingStage
 from ..turns.closing import proposal_ceiling
 from .base import StateDecision, StatesRequest, ToolSpec
@@ -169,9 +170,13 @@ def params_schema_problems(schema: Mapping[str, Any]) -> Problems | None:
 
 
 def check_params(raw: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any] | Problems:
-    """``raw`` as a plain dict if it satisfies the card's params ``schema``, else every problem."""
+    """``raw`` as a plain dict if it satisfies the card's params ``schema`` once fitted
+    (:func:`~companion.paramfit.fit_params`: a number out of bounds is clamped, not argued
+    about), else every problem. ``raw`` comes back unfitted: the speaker fits it and logs what
+    changed."""
     validator = jsonschema.validators.validator_for(schema)(schema)
-    errors = sorted(validator.iter_errors(dict(raw)), key=lambda e: [str(p) for p in e.absolute_path])
+    fitted = fit_params(raw, schema).values
+    errors = sorted(validator.iter_errors(fitted), key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         return Problems(
             tuple(f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}" for e in errors)

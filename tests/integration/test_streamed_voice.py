@@ -27,14 +27,28 @@ pytestmark = pytest.mark.integration
 
 JUNIPER = "companion_juniper"
 PIM = "companion_pim"
-LINE = "The sea is calm tonight. I saw three boats, Dr. Ahn said 2.5 knots! Shall we sail?"
+LINES = (
+    "The sea is calm tonight. I saw three boats, Dr. Ahn said 2.5 knots! Shall we sail?",
+    "Fog rolls in slowly now. Mr. Vale logged 4.2 metres of swell off the point! Hear the bell?",
+    "My lamp burns late again. Mrs. Ode counted 7.5 hours of rain! Will it clear by dawn?",
+    "Gulls circle the pier. St. Anne's tower chimed at 6.15 sharp! Can you see it?",
+    "Waves break on black rocks. Capt. Rook sailed 12.5 miles before noon! Was he brave?",
+    "Stars fill the northern sky. Prof. Lin measured 0.3 degrees of drift! Does it matter?",
+    "The tide turns at midnight. Dr. Saito swam 1.5 laps in the cove! Who goes next?",
+    "Salt dries on my coat. Mr. Ibsen painted 3.5 metres of hull blue! Is it finished?",
+)
+"""Every line the model says, one per ``speak`` call in turn: each its own, since a companion
+never says a line twice (``companion.lines``); each with an abbreviation and a decimal that must
+not end a sentence."""
+LINE = LINES[0]
 CUT = 14
 """Tokens after which the cut answer breaks off: inside the line's second sentence."""
 
 
 class VoiceModel(CooperativeModel):
-    """States and parameters as :class:`CooperativeModel`; every line is :data:`LINE` through
-    ``speak_with_voice``, and the answers listed in ``cut`` (by speak request, from 1) break off."""
+    """States and parameters as :class:`CooperativeModel`; the ``n``-th line is ``LINES[n - 1]``
+    through ``speak_with_voice``, and the answers listed in ``cut`` (by speak request, from 1)
+    break off."""
 
     def __init__(self, cut: set[int] | None = None) -> None:
         super().__init__()
@@ -49,7 +63,8 @@ class VoiceModel(CooperativeModel):
         user = next((str(m.get("content")) for m in body["messages"] if m.get("role") == "user"), "")
         address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
         to = [a.strip() for a in address.group(1).split(",")] if address else []
-        reply = tool_call("speak_with_voice", {"message": LINE, "to": to, "emotion": "happy"})
+        line = LINES[(self.speaks - 1) % len(LINES)]
+        reply = tool_call("speak_with_voice", {"message": line, "to": to, "emotion": "happy"})
         if self.speaks in self.cut:
             return Reply(calls=reply.calls, cut_after=CUT)
         return reply
@@ -144,7 +159,7 @@ async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_who
             first = await _ask(ws, "And the wind?", "m-2", [JUNIPER])
             frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first)
             said = [q["params"]["body"]["message"] for q in _queries(frames)]
-            assert said == split_sentences(LINE)[:1]
+            assert said == split_sentences(LINES[1])[:1]
             assert frames[-1]["params"]["message"] == said[0]
 
             # 3. A client that never answers: the line still goes out, after one sentence's wait
@@ -152,8 +167,8 @@ async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_who
             started = trio.current_time()
             first = await _ask(ws, "Tell me again?", "m-3", [JUNIPER])
             frames = await _frames(ws, answer=False, until=JUNIPER, timeout=40, first=first)
-            assert [q["params"]["body"]["message"] for q in _queries(frames)] == split_sentences(LINE)
-            assert frames[-1]["params"]["message"] == LINE
+            assert [q["params"]["body"]["message"] for q in _queries(frames)] == split_sentences(LINES[2])
+            assert frames[-1]["params"]["message"] == LINES[2]
             assert trio.current_time() - started < 20
     assert hosted.model_requests() and all(
         r.body.get("stream") for r in hosted.model_requests() if "speak_with_voice" in json.dumps(r.body)

@@ -1,0 +1,272 @@
+"""Is this line the character's own? A pure check of one text before anybody hears it.
+
+Measured with SmolLM2-135M: a small model reads its prompt aloud (a ``Context: {...}`` block, the
+history's own line format ``Pim (companion_pim) -> companion_ostra, ...``, the instructions'
+words: "You can use the action tools ...") and copies what another companion just said, word for
+word. None of that is a line of the character's, whatever the model, so the speaker refuses it
+once (the model is asked again, told why) and then gives its slot up rather than say it.
+
+:func:`check_line` takes one text, a whole line or one sentence of a line being streamed, and
+the :class:`LineContext` (what was already said in the conversation, the ids of who is in it,
+and texts whose wording belongs to the prompt), and returns a :class:`LineVerdict`. It is
+deterministic and bounded in the size of what it reads; it never raises on odd text.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from difflib import SequenceMatcher
+from typing import Literal
+
+from .protocol import Message
+from .sentences import split_sentences
+
+__all__ = [
+    "COPY_SIMILARITY",
+    "LineContext",
+    "LineVerdict",
+    "check_line",
+    "normalized_words",
+    "sentences",
+]
+
+COPY_SIMILARITY = 0.8
+"""Word-sequence similarity (0..1) from which a text counts as a near-copy of an earlier one.
+"Greetings, welcome to a special treat!" against the same with one word changed is 0.86; two
+lines that only share a name and a topic stay far below."""
+
+_EXACT_SIZE = 3.0
+"""A text shorter than this (in words; a CJK character counts half) may repeat exactly: "Good
+night!" or 「はい」 said twice is not a copied line."""
+_NEAR_SIZE = 5.0
+"""Near-copies count from this size on (short lines differ by too little to judge)."""
+_SENTENCE_SIZE = 8.0
+"""A sentence of an earlier line counts as copied from this size on (words said again in a
+short sentence, "I should introduce myself: I'm Aki.", are a turn of phrase, not a copy)."""
+_ECHO_WORDS = 7
+"""A run of this many words taken from the prompt's own wording is reading the prompt aloud."""
+_TEXT_LIMIT = 2000
+"""Characters of a text (and of each earlier line) looked at."""
+_EARLIER_LIMIT = 64
+"""Earlier lines compared with (the most recent)."""
+
+_JSON = re.compile(r"""[{\[]\s*["'][^"'\n]{0,80}["']\s*:|["'][\w -]{1,40}["']\s*:\s*[{\["\d]""")
+"""A JSON object written out (``{"memory": ...``, ``"params": {``)."""
+_ARROW = re.compile(r"\S\s*(?:->|→)\s*\S")
+"""The history's line format: ``Pim (companion_pim) -> companion_ostra: ...``."""
+_ID_IN_PARENS = re.compile(r"\(\s*(?:id\s+)?[a-z]+_[\w-]*\s*\)", re.IGNORECASE)
+"""``Name (companion_x)``, even cut short (``Juniper (companion_junipe)``)."""
+_LABELS = re.compile(
+    r"\bContext\s*:|(?:^|\n)\s*(?:conversation so far|personality|background|your role|how you talk"
+    r"|companions|parameters|instructions|address)\b[^:\n]{0,24}:",
+    re.IGNORECASE,
+)
+"""A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``)."""
+_TOOL_TALK = re.compile(
+    r"\b(?:action|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b|\bset_(?:params|states)\b"
+    r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
+    r"|\bautomated feedback\b|\bapplication(?:'s)? validation\b|\bprevious response\b|\bserver error\b"
+    # this check's own reasons, sent back with a refused line, then read aloud (measured)
+    r"|\bnot a line of (?:yours|your own)\b|\bsay something new\b|\bin your own (?:words|voice)\b"
+    r"|\bsay only the words\b|\brepeats what (?:you already said|was already said)\b"
+    r"|\bnot said, because\b|\bnew sentences of your own\b",
+    re.IGNORECASE,
+)
+"""The instructions' own vocabulary: a character talks about cakes, not about its tools; nor
+about the retry's framing, which SmolLM2-135M read aloud ("Your previous response failed the
+application's validation (this is automated feedback, ...)", pydantic-ai's words)."""
+_UNFINISHED = re.compile(r"[,:;(\[{-]\s*$")
+"""A line cut off where it goes on ("Hello everyone," was the first line of a longer answer)."""
+_ROLE_LABEL = re.compile(r"^\s*(?:user|sender|assistant|system|ai|bot|a|q)\s*:", re.IGNORECASE)
+"""A chat role as a label ("User: 3 Users", "Sender: Thank you", "A: ...": measured)."""
+_TAG = re.compile(r"</?[A-Za-z][\w:-]*>")
+"""Markup of the request (``<pyai:retry_feedback>`` came back as a whole line; ``<tool_call>``)."""
+_HISTORY_NUMBER = re.compile(r"(?:^|\n)\s*\d{1,3}\.\s+\S+[^\n]*:")
+"""A numbered history line (``3. Aya: ...``)."""
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+_WORD = re.compile(r"\w+")
+
+Kind = Literal["ok", "artifact", "copy"]
+
+_ASK_AGAIN = "Answer the last message with one or two new sentences of your own."
+"""The request that follows a refusal: short and plain, since a small model reads its feedback
+aloud ("That is not a line of your own voice." came back as a line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LineContext:
+    """What a line is checked against."""
+
+    earlier: Sequence[str] = ()
+    """Lines already said in the conversation (by anyone, the person included), oldest first."""
+    ids: Iterable[str] = ()
+    """The ids of the conversation's companions and people: never part of a spoken line."""
+    names: Iterable[str] = ()
+    """The display names of the conversation's companions: a line that starts with one as a
+    label (``Ostra: ...``, ``(Juniper) ...``) is the record's format, not speech."""
+    prompt_texts: Sequence[str] = ()
+    """Texts whose wording belongs to the prompt, not to the character (the card's role, the
+    instructions the triggers chose)."""
+    speaker_lines: Sequence[str] = field(default=())
+    """The speaker's own earlier lines (also in ``earlier``): named in the verdict's reason."""
+
+    @classmethod
+    def of(
+        cls,
+        said: Sequence[Message],
+        speaker: str,
+        present: Mapping[str, str],
+        prompt_texts: Sequence[str],
+    ) -> LineContext:
+        """The context of ``speaker``'s next line after the messages ``said`` (oldest first), in a
+        conversation with ``present`` (names by id; the senders and recipients of ``said`` are
+        added)."""
+        people = {m.params.from_ for m in said} | {t for m in said for t in m.params.to}
+        return cls(
+            earlier=[m.params.message for m in said],
+            ids=sorted({*present, *people, speaker}),
+            names=sorted(set(present.values())),
+            prompt_texts=prompt_texts,
+            speaker_lines=[m.params.message for m in said if m.params.from_ == speaker],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LineVerdict:
+    """``ok``, or why the text is not the character's line (``artifact``: the prompt read aloud;
+    ``copy``: what was already said). ``reason`` is written for the model and the log."""
+
+    kind: Kind
+    reason: str = ""
+    similar_to: str = ""
+    """The earlier line (clipped) a copy repeats."""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+OK = LineVerdict("ok")
+
+
+def check_line(text: str, context: LineContext) -> LineVerdict:
+    """Whether ``text`` (a whole line or one sentence) may be said in this conversation."""
+    text = text[:_TEXT_LIMIT]
+    artifact = _artifact(text, context)
+    if artifact:
+        return LineVerdict("artifact", f"not said, because it {artifact}. {_ASK_AGAIN}")
+    words = normalized_words(text)
+    size = _size(words)
+    if size < _EXACT_SIZE:
+        return OK
+    own = {" ".join(normalized_words(line[:_TEXT_LIMIT])) for line in context.speaker_lines}
+    # Each long sentence of the text, too, against the others' lines: a line that copies one
+    # long sentence of another's and adds its own ending is still a copy (measured: SmolLM2-135M
+    # did just that). One's own sentence said again in a new line is left to the model (the
+    # offline one tells a fact again in its goodbye); one's own line, never.
+    pieces = sentences(text)
+    parts = [(w, _size(w)) for w in (normalized_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
+    parts = parts if len(pieces) > 1 else []
+    for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
+        whole = normalized_words(line[:_TEXT_LIMIT])
+        mine = " ".join(whole) in own
+        if _copies(words, size, whole, _NEAR_SIZE):
+            return _copy(line, mine)
+        for candidate in sentences(line):
+            other = normalized_words(candidate)
+            if _copies(words, size, other, _SENTENCE_SIZE) or (
+                not mine and any(_copies(w, n, other, _SENTENCE_SIZE) for w, n in parts)
+            ):
+                return _copy(candidate, mine)
+    return OK
+
+
+def _copy(said: str, mine: bool) -> LineVerdict:
+    whose = "you already said" if mine else "was already said"
+    shown = _clip(said, 120)
+    return LineVerdict(
+        "copy", f"not said, because it repeats what {whose} (\u201c{shown}\u201d). {_ASK_AGAIN}", shown
+    )
+
+
+def _copies(words: list[str], size: float, other: list[str], near_from: float) -> bool:
+    """Whether ``words`` repeat ``other``: the same words (from :data:`_EXACT_SIZE`), or a
+    near-copy when both have at least ``near_from`` words."""
+    if not other:
+        return False
+    if words == other:
+        return size >= _EXACT_SIZE
+    if size < near_from or _size(other) < near_from:
+        return False
+    matcher = SequenceMatcher(None, words, other, autojunk=False)
+    if matcher.real_quick_ratio() < COPY_SIMILARITY or matcher.quick_ratio() < COPY_SIMILARITY:
+        return False
+    return matcher.ratio() >= COPY_SIMILARITY
+
+
+def _artifact(text: str, context: LineContext) -> str:
+    """What of the prompt ``text`` carries, in words for the model; empty when nothing."""
+    if _LABELS.search(text):
+        return "reads a heading of your instructions aloud"
+    if _JSON.search(text):
+        return "is JSON, not speech"
+    if _TAG.search(text):
+        return "is markup of your instructions"
+    if _ROLE_LABEL.search(text):
+        return "starts with a label, as the record does"
+    if _ARROW.search(text) or _HISTORY_NUMBER.search(text) or _ID_IN_PARENS.search(text):
+        return "copies the format of the conversation's record"
+    if _UNFINISHED.search(text):
+        return "stops mid-sentence"
+    head = text.lstrip()
+    for name in context.names:
+        label = rf"\(\s*{re.escape(name)}\b[^)\n]{{0,60}}\)|{re.escape(name)}\s*(?:\([^)]*\))?\s*:"
+        if name and re.match(label, head, re.IGNORECASE):
+            return f"starts with the label {name!r}, as the record does"
+    folded = text.casefold()
+    for cid in context.ids:
+        if len(cid) >= 4 and cid.casefold() in folded:
+            return f"says the id {cid!r}: call people by their names"
+    if _TOOL_TALK.search(text):
+        return "talks about your instructions and tools"
+    words = normalized_words(text)
+    if len(words) >= _ECHO_WORDS:
+        runs = {" ".join(words[i : i + _ECHO_WORDS]) for i in range(len(words) - _ECHO_WORDS + 1)}
+        for source in context.prompt_texts:
+            theirs = normalized_words(source[:_TEXT_LIMIT])
+            joined = " ".join(theirs)
+            if len(theirs) >= _ECHO_WORDS and any(run in joined for run in runs):
+                return "repeats the wording of your instructions"
+    return ""
+
+
+def normalized_words(text: str) -> list[str]:
+    """The words of ``text`` for comparing: NFKC, case-folded, punctuation gone; each CJK
+    character is a word of its own (those scripts put no spaces between words)."""
+    flat = unicodedata.normalize("NFKC", text).casefold()
+    out: list[str] = []
+    for word in _WORD.findall(flat):
+        if _CJK.search(word):
+            out.extend(ch for ch in word if not ch.isspace())
+        else:
+            out.append(word)
+    return out
+
+
+def _size(words: Sequence[str]) -> float:
+    return sum(0.5 if _CJK.match(w) else 1.0 for w in words)
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text`` that hold a word, cut as a streamed line is cut
+    (:func:`companion.sentences.split_sentences`: closing quotes kept, abbreviations and
+    decimals not cut), so a line and its sentences are judged alike."""
+    return [p for p in split_sentences(text[:_TEXT_LIMIT]) if _WORD.search(p)]
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,145 @@
+"""``companion.lines.check_line``: what SmolLM2-135M said in place of a line, measured behind
+llama-cpp-python (issue 31), is refused; what a companion may fairly say is not."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from companion.lines import LineContext, check_line, normalized_words, sentences
+
+CONVERSATION = LineContext(
+    earlier=[
+        "Looks like rain tonight",
+        "Greetings, welcome to a special treat. I'm all smiles today, friends!",
+        "Talks in sea and sky metaphors, listens more than she speaks, and asks one precise question.",
+        "こんにちは、今日は何をしていたの？",
+    ],
+    ids=["companion_pim", "companion_juniper", "companion_ostra", "user_demo"],
+    names=["Pim", "Juniper", "Ostra"],
+    prompt_texts=[
+        "You are the enthusiastic one. Bring energy, ask others what they would bake, and keep "
+        "replies short and excited.",
+        "Say goodbye as if closing the bakery for the night, with one last cheerful fact.",
+    ],
+    speaker_lines=["Greetings, welcome to a special treat. I'm all smiles today, friends!"],
+)
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        'Context: {"memory": {"conversation": {',  # the prompt's last block, continued
+        '{"message": "Hello!", "to": ["companion_ostra"]}',
+        "You can use the action tools to improve your voice.",
+        "Juniper (companion_junipe)",  # an id cut short
+        "Pim (companion_juniper) -> companion_pir, user_demo: hi",
+        "3. Ostra: The tide is high.",
+        "Ask companion_ostra what she would bake!",
+        "Your role: You are the enthusiastic one.",
+        "Bring energy, ask others what they would bake, and keep replies short and excited!",
+        # pydantic-ai's retry framing, flattened into the prompt and read aloud
+        "Your previous response failed the application's validation (this is automated feedback, "
+        "not a message from the user):",
+        "(Juniper) I've been thinking about my dog, the little one.",
+        "Ostra: The tide was kind today.",
+        "(Ostra, the library's archivist) I'm glad to say that you have just asked me.",
+        "Hello everyone,",  # the first line of a longer answer, cut off
+        '"That is not a line of your own voice." I am sorry for the mistake.',  # the refusal, read aloud
+        "It seems I've hit a server error.",
+        "Not said, because it repeats what you already said.",  # this check's own reason, again
+        "<pyai:retry_feedback>",
+        "User: 3 Users",
+        "Sender: Thank you, I am glad that our conversation has been so helpful.",
+        "My response will not support the application's validation (your previous message failed).",
+    ],
+)
+def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
+    verdict = check_line(said, CONVERSATION)
+    assert verdict.kind == "artifact" and not verdict.ok
+    assert verdict.reason.startswith("not said, because it ") and "new sentences" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "Greetings, welcome to a special treat. I'm all smiles today, friends!",  # word for word
+        "greetings welcome to a SPECIAL treat... I am all smiles today, friend",  # near
+        "Talks in sea and sky metaphors, listens more than she speaks, and asks one precise question.",
+        "Greetings, welcome to a special treat.",  # one sentence of a line (streamed)
+        "こんにちは、今日は何をしていたの？",
+    ],
+)
+def test_a_copy_of_an_earlier_line_is_not_a_line(said: str) -> None:
+    verdict = check_line(said, CONVERSATION)
+    assert verdict.kind == "copy", said
+    assert verdict.similar_to and verdict.reason.startswith("not said, because it repeats")
+
+
+def test_the_reason_says_whose_line_was_repeated() -> None:
+    mine = check_line("Greetings, welcome to a special treat. I'm all smiles today, friends!", CONVERSATION)
+    theirs = check_line("Talks in sea and sky metaphors, listens more than she speaks.", CONVERSATION)
+    assert "you already said" in mine.reason and "was already said" in theirs.reason
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "Rain! I love rain, it makes the bread rise slower.",
+        "Good night!",  # short lines may come back
+        "What would you bake, Juniper?",
+        "Welcome! What a treat to see you all smiling.",  # shares words, not the line
+        "It was 3.5 kilos of butter. Exactly!",
+        "The sea and the sky meet at the horizon, Ostra.",
+        "今日はパンを焼いていたよ。",
+        "Ostra, what do you think?",
+        "(laughs) Pim, you made my day.",
+        "",
+    ],
+)
+def test_a_line_of_ones_own_passes(said: str) -> None:
+    assert check_line(said, CONVERSATION).ok
+
+
+def test_sentences_keep_their_marks_and_quotes() -> None:
+    assert sentences("Hello there. Wow! 「今日は」と言った。 Ok?") == [
+        "Hello there.",
+        "Wow!",
+        "「今日は」と言った。",
+        "Ok?",
+    ]
+    assert normalized_words("Ｈｅｌｌｏ, WORLD! 今日は") == ["hello", "world", "今", "日", "は"]
+
+
+@given(st.text(max_size=3000), st.lists(st.text(max_size=500), max_size=30))
+def test_any_text_gets_a_verdict(said: str, earlier: list[str]) -> None:
+    """Hostile text (lone surrogates, control characters, huge lines) never raises."""
+    verdict = check_line(said, LineContext(earlier=earlier, ids=["companion_x"], prompt_texts=earlier[:2]))
+    assert verdict.kind in ("ok", "artifact", "copy")
+
+
+def test_a_huge_conversation_is_read_in_bounded_time() -> None:
+    """Only the last lines and the first characters of each are compared (no timing asserted:
+    the bound is in what is read)."""
+    earlier = [f"line {i} " + "word " * 2000 for i in range(500)]
+    assert check_line("word " * 5000, LineContext(earlier=earlier)).kind == "copy"
+
+
+def test_a_line_that_copies_another_s_long_sentence_and_adds_an_ending_is_a_copy() -> None:
+    """Measured: Pim said Juniper's line with a new ending; short turns of phrase may recur."""
+    juniper = (
+        "I am glad you've joined. I'm not here to tell people what they're doing wrong, but rather to "
+        "give them a different perspective on the universe (that is) and show how it has nothing to do "
+        "with themselves."
+    )
+    pim = (
+        "I'm glad you've joined! I'm not here to tell people what they're doing wrong, but rather to "
+        "give them a different perspective on the universe (that is). And so many of us love you."
+    )
+    assert check_line(pim, LineContext(earlier=[juniper])).kind == "copy"
+    # one's own long sentence again, in a new line, is the model's business; one's own line is not
+    assert check_line(pim, LineContext(earlier=[juniper], speaker_lines=[juniper])).ok
+    assert check_line(juniper, LineContext(earlier=[juniper], speaker_lines=[juniper])).kind == "copy"
+    intro = LineContext(earlier=["Oh, quick. I should introduce myself: I'm Aki. I keep bees."])
+    assert check_line("Hello! I should introduce myself: I'm Bea. I mend clocks.", intro).ok
