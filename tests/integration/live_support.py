@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge_support import start_bridge
+from engine_support import STORIES
 from network_support import Network, Proc
 
 from companion.app.lines import BRIDGE_LINE, parse_sees
@@ -21,7 +22,7 @@ metadata:
   id: companion_{key}
   name: {name}
   personality: {personality}
-  story: {name} lives on 127.0.0.1 and likes short conversations.
+  story: {name} {story}
   sample: "{sample}"
 role: Keep replies to one or two sentences.
 actions: [{tool}]
@@ -54,8 +55,16 @@ class Live:
 
 def write_card(directory: Path, key: str, name: str, tool: str) -> Path:
     path = directory / f"{key}.yaml"
+    # each its own story (by name), as real companions have: companions sharing one would say
+    # one line, and a companion never says another's line (companion.lines)
+    story = STORIES[sum(map(ord, name)) % len(STORIES)]
     text = CARD.format(
-        key=key, name=name, tool=tool, personality="warm and curious", sample=f"Hello, I am {name}."
+        key=key,
+        name=name,
+        tool=tool,
+        personality="warm and curious",
+        sample=f"Hello, I am {name}.",
+        story=story,
     )
     path.write_text(text, encoding="utf-8")
     return path
