@@ -536,3 +536,13 @@ def test_the_concepts_of_a_line_are_the_callers_own_to_change() -> None:
     first["weather"] = 9.0
     again = concepts_in(line)
     assert "question" in again and again.get("weather") != 9.0
+
+
+async def test_a_refused_line_is_followed_by_one_other_line() -> None:
+    """The engine refuses a line that copies one heard (``companion.lines``): the offline model
+    then says something else once, rather than giving its slot up."""
+    tools = ToolLog(answers={"speak": [{"status": "refused", "message": "not said: a copy"}]})
+    await ScriptedModel().speak(_speak_request(), tools)
+    said = [raw["message"] for tool, raw in tools.calls if tool == "speak"]
+    assert len(said) == 2 and said[0] != said[1]
+    assert content_stems(said[1]) != content_stems(said[0])

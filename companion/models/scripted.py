@@ -222,7 +222,11 @@ class ScriptedModel:
             i.instruction for i in request.instructions
         ]
         text = self._line(request, names, instruction_text, failed, learned)
-        await self._call(speaking, request, " ".join(instruction_text), call_tool, say=text)
+        result = await self._call(speaking, request, " ".join(instruction_text), call_tool, say=text)
+        if result.get("status") == "refused":  # not said (a copy of a line heard): one other line
+            again = self._line(request, names, instruction_text, failed, learned, avoid=[text])
+            if again != text:
+                await self._call(speaking, request, " ".join(instruction_text), call_tool, say=again)
 
     async def _call(
         self,
@@ -338,8 +342,10 @@ class ScriptedModel:
         instructions: Sequence[str],
         failed: Sequence[str],
         learned: Sequence[tuple[str, Any]] = (),
+        avoid: Sequence[str] = (),
     ) -> str:
-        """The reply: composed up to a few times until it is unlike my own lines so far."""
+        """The reply: composed up to a few times until it is unlike my own lines so far and the
+        lines to ``avoid`` (one the engine refused to say), whose facts count as told."""
         me = request.me
         message = request.message
         persona = persona_of(me, request.role)
@@ -358,6 +364,7 @@ class ScriptedModel:
         params = request.extra.get("params")
         plan = plan_of(instructions, params if isinstance(params, Mapping) else None)
         mine = [clean(m.params.message) for m in request.history if m.params.from_ == me.id]
+        mine += [clean(line) for line in avoid]
         folded = [line.casefold() for line in mine]
         used = [
             f.text
