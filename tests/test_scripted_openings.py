@@ -85,6 +85,13 @@ Check = Callable[[TranscriptEvent], bool]
 
 OPENINGS: list[tuple[str, str, Check]] = [
     ("What's your favourite cake?", "en", lambda r: "cake" in r.text.casefold()),
+    (  # the page's opening line: what they have been doing, not "that's one for someone else"
+        "Hello everyone! What are you all up to today?",
+        "en",
+        lambda r: (
+            re.search(r"someone else|not my field|outside what I know|wouldn.t know", r.text, re.I) is None
+        ),
+    ),
     (
         "I feel sad today.",
         "en",

@@ -286,7 +286,7 @@ def _question_form(text: str, names: Sequence[str]) -> tuple[str, str | None]:
 
 
 _DOING: Final = re.compile(
-    r"\bwhat (?:have|are|were) you (?:been )?(?:doing|up to)\b"
+    r"\bwhat (?:have|are|were) you(?: all| two| both| guys| lot)? (?:been )?(?:doing|up to)\b"
     r"|\bwhat did you do (?:today|tonight|yesterday|all day|this)\b|\bhow (?:was|has been|is) your day\b"
 )
 _DOING_JA: Final = ("何をしてい", "何してた", "何してる", "何をしてた", "どんな一日", "何してい")
