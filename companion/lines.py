@@ -26,12 +26,17 @@ from .sentences import split_sentences
 
 __all__ = [
     "COPY_SIMILARITY",
+    "NOT_SAID",
     "LineContext",
     "LineVerdict",
     "check_line",
     "normalized_words",
     "sentences",
 ]
+
+NOT_SAID = "not said, because it"
+"""How every refusal of a line begins (what the model is told), so a speaker can tell a line
+refused from a tool call refused for another reason (a person's denied approval)."""
 
 COPY_SIMILARITY = 0.8
 """Word-sequence similarity (0..1) from which a text counts as a near-copy of an earlier one.
@@ -157,7 +162,7 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
     text = text[:_TEXT_LIMIT]
     artifact = _artifact(text, context)
     if artifact:
-        return LineVerdict("artifact", f"not said, because it {artifact}. {_ASK_AGAIN}")
+        return LineVerdict("artifact", f"{NOT_SAID} {artifact}. {_ASK_AGAIN}")
     words = normalized_words(text)
     size = _size(words)
     if size < _EXACT_SIZE:
@@ -187,9 +192,7 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
 def _copy(said: str, mine: bool) -> LineVerdict:
     whose = "you already said" if mine else "was already said"
     shown = _clip(said, 120)
-    return LineVerdict(
-        "copy", f"not said, because it repeats what {whose} (\u201c{shown}\u201d). {_ASK_AGAIN}", shown
-    )
+    return LineVerdict("copy", f"{NOT_SAID} repeats what {whose} (\u201c{shown}\u201d). {_ASK_AGAIN}", shown)
 
 
 def _copies(words: list[str], size: float, other: list[str], near_from: float) -> bool:

@@ -19,6 +19,7 @@ from scripted_support import REPO, RUNG, real_cards, ring_bell
 from companion.actions import ActionRuntime, resolve_tool
 from companion.actions.builtins import SpeakInput
 from companion.history import InMemoryHistory
+from companion.lines import NOT_SAID
 from companion.models.base import (
     ModelError,
     ParamsRequest,
@@ -541,8 +542,17 @@ def test_the_concepts_of_a_line_are_the_callers_own_to_change() -> None:
 async def test_a_refused_line_is_followed_by_one_other_line() -> None:
     """The engine refuses a line that copies one heard (``companion.lines``): the offline model
     then says something else once, rather than giving its slot up."""
-    tools = ToolLog(answers={"speak": [{"status": "refused", "message": "not said: a copy"}]})
+    refused = {"status": "refused", "message": f"{NOT_SAID} repeats what was already said."}
+    tools = ToolLog(answers={"speak": [refused]})
     await ScriptedModel().speak(_speak_request(), tools)
     said = [raw["message"] for tool, raw in tools.calls if tool == "speak"]
     assert len(said) == 2 and said[0] != said[1]
     assert content_stems(said[1]) != content_stems(said[0])
+
+
+async def test_a_line_a_person_did_not_approve_is_not_said_again() -> None:
+    """A refusal of another kind (a person's "no" to an approval) is an answer: no second try."""
+    denied = {"status": "refused", "message": "denied: the person said no"}
+    tools = ToolLog(answers={"speak": [denied]})
+    await ScriptedModel().speak(_speak_request(), tools)
+    assert [tool for tool, _ in tools.calls].count("speak") == 1

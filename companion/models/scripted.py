@@ -35,6 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from ..lines import NOT_SAID
 from ..log import log_event
 from ..protocol import ClosingStage, Message, Metadata
 from ..turns import bigram_jaccard, turn_info
@@ -223,7 +224,7 @@ class ScriptedModel:
         ]
         text = self._line(request, names, instruction_text, failed, learned)
         result = await self._call(speaking, request, " ".join(instruction_text), call_tool, say=text)
-        if result.get("status") == "refused":  # not said (a copy of a line heard): one other line
+        if str(result.get("message", "")).startswith(NOT_SAID):  # a copy of a line heard: one other
             again = self._line(request, names, instruction_text, failed, learned, avoid=[text])
             if again != text:
                 await self._call(speaking, request, " ".join(instruction_text), call_tool, say=again)
