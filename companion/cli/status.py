@@ -5,6 +5,7 @@ the companions each one sees, and the last turns they took part in (see
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from .explain import add_data_dirs_argument, data_dirs
@@ -28,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     from ..app.status import status_lines
 
     if args.turns < 0:
-        print("companion status: --turns must not be negative")
+        print("companion status: --turns must not be negative", file=sys.stderr)
         return 2
     for line in status_lines(data_dirs(args), args.turns):
         print(line)
