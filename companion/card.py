@@ -19,10 +19,16 @@ from typing import Any, Final, TypeAlias
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .actions import BUILTINS, ActionDef, KnowledgeDef, resolve_tool
-from .protocol import Metadata
-from .routines import CompiledRoutine, Routine, RoutineError, compile_routines
-from .triggers import CompiledTriggers, ToolInstruction, TriggerCondition, TriggerError, compile_triggers
+from companion.actions import BUILTINS, ActionDef, KnowledgeDef, resolve_tool
+from companion.protocol import Metadata
+from companion.routines import CompiledRoutine, Routine, RoutineError, compile_routines
+from companion.triggers import (
+    CompiledTriggers,
+    ToolInstruction,
+    TriggerCondition,
+    TriggerError,
+    compile_triggers,
+)
 
 __all__ = [
     "COMPANION_ID_PREFIX",

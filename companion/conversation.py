@@ -111,8 +111,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias
 
-from .protocol import COMPANION_ID_PREFIX, Action, ClosingStage, Message, State
-from .turns import (
+from companion.protocol import COMPANION_ID_PREFIX, Action, ClosingStage, Message, State
+from companion.turns import (
     DEFAULT_REPETITION_THRESHOLD,
     REPETITION_WINDOW,
     ClosingDecision,
@@ -140,7 +140,7 @@ from .turns import (
     turn_info,
     turn_tag,
 )
-from .turns.closing import DEFAULT_MIN_REPLIES, counted_proposal
+from companion.turns.closing import DEFAULT_MIN_REPLIES, counted_proposal
 
 __all__ = [
     "MAX_DETAIL",

@@ -31,14 +31,14 @@ from typing import Any, Final
 
 import trio
 
-from . import conversation as cv
-from .actions import ActionRuntime, KeyValueStore
-from .card import LoadedCard
-from .history import HistoryReader
-from .log import log_event
-from .models.base import CompanionModel, ModelError, StatesRequest
-from .ports import ConversationStore, Inbound, NodeLike, Publisher
-from .protocol import (
+from companion import conversation as cv
+from companion.actions import ActionRuntime, KeyValueStore
+from companion.card import LoadedCard
+from companion.history import HistoryReader
+from companion.log import log_event
+from companion.models.base import CompanionModel, ModelError, StatesRequest
+from companion.ports import ConversationStore, Inbound, NodeLike, Publisher
+from companion.protocol import (
     ACTIONS,
     MESSAGES,
     QUERIES,
@@ -50,15 +50,15 @@ from .protocol import (
     QueryResult,
     State,
 )
-from .routine_driver import RoutineDriver, current_firing, not_a_routine
-from .routines import CompanionJoined as RoutineJoined
-from .routines import CompanionLeft as RoutineLeft
-from .routines import MessageSeen as RoutineMessage
-from .speech import Speaker, Speech
-from .store import MemoryStore, StoreError
-from .timings import EngineTimings
-from .tools_announcer import ToolsAnnouncer, read_tools
-from .turns import turn_info
+from companion.routine_driver import RoutineDriver, current_firing, not_a_routine
+from companion.routines import CompanionJoined as RoutineJoined
+from companion.routines import CompanionLeft as RoutineLeft
+from companion.routines import MessageSeen as RoutineMessage
+from companion.speech import Speaker, Speech
+from companion.store import MemoryStore, StoreError
+from companion.timings import EngineTimings
+from companion.tools_announcer import ToolsAnnouncer, read_tools
+from companion.turns import turn_info
 
 __all__ = ["ConversationEngine", "EngineEvent", "EngineTimings", "NodeLike"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Protocol
 
-from .protocol import Message
+from companion.protocol import Message
 
 __all__ = ["ConversationHistory", "HistoryReader", "InMemoryHistory"]
 

@@ -47,8 +47,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
-from .log import log_event
-from .sqlwriter import transaction
+from companion.log import log_event
+from companion.sqlwriter import transaction
 
 __all__ = [
     "DATA_LAYOUT",

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Literal
 
-from .protocol import Message
-from .sentences import split_sentences
+from companion.protocol import Message
+from companion.sentences import split_sentences
 
 __all__ = [
     "COPY_SIMILARITY",

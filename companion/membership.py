@@ -30,9 +30,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .presence import DISCONNECT_GRACE, NewcomerBudget, PresenceChange, PresenceRefusal, PresenceTable
-from .protocol import Metadata, Presence
-from .trust import PinRefused, TrustStore, is_companion_id
+from companion.presence import (
+    DISCONNECT_GRACE,
+    NewcomerBudget,
+    PresenceChange,
+    PresenceRefusal,
+    PresenceTable,
+)
+from companion.protocol import Metadata, Presence
+from companion.trust import PinRefused, TrustStore, is_companion_id
 
 __all__ = ["AnnounceRefused", "BindRefused", "DirectoryView", "Membership", "MembershipEvent"]
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias
 
-from .protocol import Action, Envelope, Message, Metadata, Payload, State
+from companion.protocol import Action, Envelope, Message, Metadata, Payload, State
 
 __all__ = [
     "ConversationStore",

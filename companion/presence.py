@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Final, Literal, TypeAlias
 
-from .protocol import Metadata, Presence
+from companion.protocol import Metadata, Presence
 
 __all__ = [
     "CAPACITY",

@@ -24,9 +24,9 @@ from typing import Any, Final
 
 import trio
 
-from .actions import ActionRuntime
-from .protocol import Message
-from .routines import (
+from companion.actions import ActionRuntime
+from companion.protocol import Message
+from companion.routines import (
     CompiledRoutine,
     ConversationBusy,
     ConversationIdle,
@@ -35,7 +35,7 @@ from .routines import (
     RoutineFinished,
     RoutineScheduler,
 )
-from .turns import stamp_opening
+from companion.turns import stamp_opening
 
 __all__ = ["RoutineDriver", "current_firing", "not_a_routine"]
 

@@ -46,10 +46,10 @@ from typing import Any, Final, Literal, TypeAlias
 from cel_expr_python import cel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .actions import ActionDef, KnowledgeDef
-from .log import log_event
-from .protocol import Message
-from .triggers import TriggerProblem, cel_env, compile_bool, compile_cel, eval_bool
+from companion.actions import ActionDef, KnowledgeDef
+from companion.log import log_event
+from companion.protocol import Message
+from companion.triggers import TriggerProblem, cel_env, compile_bool, compile_cel, eval_bool
 
 __all__ = [
     "DEFAULT_EVENT_COOLDOWN",

@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from .conversation import MAX_DETAIL, THINKING_SIGNAL, YIELD_REASONS, YIELD_SIGNAL
-from .models.lexicon import clean
-from .protocol import COMPANION_ID_PREFIX
-from .turns import ends_conversation
+from companion.conversation import MAX_DETAIL, THINKING_SIGNAL, YIELD_REASONS, YIELD_SIGNAL
+from companion.models.lexicon import clean
+from companion.protocol import COMPANION_ID_PREFIX
+from companion.turns import ends_conversation
 
 __all__ = [
     "MAX_DETAIL",

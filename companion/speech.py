@@ -31,15 +31,15 @@ from typing import Any
 import jsonschema
 import trio
 
-from .actions import ActionDef, ActionRuntime, ToolResult
-from .actions.builtins import LIVE_LINE, VOICE_TOOL, no_recipients, resolve_recipients
-from .card import LoadedCard
-from .conversation import ONE_MESSAGE, Speak
-from .lines import LineContext, check_line
-from .models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
-from .paramfit import fit_params, plausible_on_opening
-from .protocol import MESSAGES, Message, Metadata, new_id
-from .voiceline import LiveVoiceLine, SentenceCheck
+from companion.actions import ActionDef, ActionRuntime, ToolResult
+from companion.actions.builtins import LIVE_LINE, VOICE_TOOL, no_recipients, resolve_recipients
+from companion.card import LoadedCard
+from companion.conversation import ONE_MESSAGE, Speak
+from companion.lines import LineContext, check_line
+from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
+from companion.paramfit import fit_params, plausible_on_opening
+from companion.protocol import MESSAGES, Message, Metadata, new_id
+from companion.voiceline import LiveVoiceLine, SentenceCheck
 
 __all__ = ["ParamsCheck", "Speaker", "Speech"]
 

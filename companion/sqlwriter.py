@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final, Literal, TypeAlias
 
-from .log import log_event
+from companion.log import log_event
 
 __all__ = ["SqlWriter", "Statement", "transaction"]
 

@@ -45,10 +45,10 @@ from typing import Any, Final, NamedTuple
 import trio
 from pydantic import ValidationError
 
-from .layout import migrate_sqlite
-from .log import log_event
-from .protocol import Message, encode
-from .sqlwriter import SqlWriter
+from companion.layout import migrate_sqlite
+from companion.log import log_event
+from companion.protocol import Message, encode
+from companion.sqlwriter import SqlWriter
 
 __all__ = [
     "DB_FILENAME",

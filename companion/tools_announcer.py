@@ -24,10 +24,10 @@ from typing import Any, Final
 
 import trio
 
-from .actions import TOOLS_ACTION, ActionRuntime, ToolsChanged, tools_action, tools_json
-from .actions.catalog import MAX_ANNOUNCED_TOOLS
-from .ports import Publisher
-from .protocol import ACTIONS, Action
+from companion.actions import TOOLS_ACTION, ActionRuntime, ToolsChanged, tools_action, tools_json
+from companion.actions.catalog import MAX_ANNOUNCED_TOOLS
+from companion.ports import Publisher
+from companion.protocol import ACTIONS, Action
 
 __all__ = ["DEFAULT_ANNOUNCE_INTERVAL", "DEFAULT_REFRESH_GAP", "ToolsAnnouncer", "read_tools"]
 

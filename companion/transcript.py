@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .conversation import (
+from companion.conversation import (
     ClosingSettings,
     Conversation,
     Decision,
@@ -32,10 +32,10 @@ from .conversation import (
     present_diff,
     read_signal,
 )
-from .protocol import Action, ClosingStage, Message, Payload
-from .signals import MAX_NAME, THINKING_DEADLINE, one_line, thinking_text, yield_text
-from .timings import EngineTimings
-from .turns import turn_info
+from companion.protocol import Action, ClosingStage, Message, Payload
+from companion.signals import MAX_NAME, THINKING_DEADLINE, one_line, thinking_text, yield_text
+from companion.timings import EngineTimings
+from companion.turns import turn_info
 
 __all__ = [
     "THINKING_EVERY",

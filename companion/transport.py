@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .log import log_event
-from .ports import Inbound, Publisher
-from .protocol import (
+from companion.log import log_event
+from companion.ports import Inbound, Publisher
+from companion.protocol import (
     STATES,
     Envelope,
     PayloadError,

@@ -38,7 +38,7 @@ from typing import Any, Final, Literal, TypeAlias
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_math, ext_strings
 
-from .log import log_event
+from companion.log import log_event
 
 __all__ = [
     "PARAMS_VARIABLE",

@@ -41,8 +41,8 @@ from typing import Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .log import log_event
-from .protocol import APPROVAL_QUERY, COMPANION_ID_PREFIX
+from companion.log import log_event
+from companion.protocol import APPROVAL_QUERY, COMPANION_ID_PREFIX
 
 __all__ = [
     "MAX_PEERS",
@@ -295,7 +295,7 @@ class TrustStore:
         """The store of a data directory (its :data:`TRUST_FILENAME`); raises :class:`TrustError`,
         also for a directory of a newer layout (``companion run``, ``bridge`` and ``trust`` all
         open it: none of them changes a directory a later release wrote)."""
-        from .layout import LayoutError, refuse_newer  # SQLite's module once a directory is used
+        from companion.layout import LayoutError, refuse_newer  # SQLite's module once a directory is used
 
         try:
             refuse_newer(data_dir)

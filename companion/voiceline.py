@@ -24,7 +24,7 @@ from typing import Any, Final
 
 import trio
 
-from .actions.builtins import (
+from companion.actions.builtins import (
     DEAF_WAIT,
     VOICE_QUERY,
     VOICE_TOOL,
@@ -32,9 +32,9 @@ from .actions.builtins import (
     sentence_wait,
     voice_metadata,
 )
-from .actions.results import QueryTimeout
-from .protocol import QueryResult, new_id
-from .sentences import SentenceSplitter, join_sentences
+from companion.actions.results import QueryTimeout
+from companion.protocol import QueryResult, new_id
+from companion.sentences import SentenceSplitter, join_sentences
 
 __all__ = ["Ask", "LiveVoiceLine", "SentenceCheck"]
 

@@ -8,10 +8,10 @@ with a :class:`ToolResult`. See ``docs/actions.md``.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .approval import APPROVAL_QUERY
-from .catalog import TOOLS_ACTION, ToolInfo, ToolsChanged, tools_action, tools_json
-from .context import ActionContext
-from .definition import (
+from companion.actions.approval import APPROVAL_QUERY
+from companion.actions.catalog import TOOLS_ACTION, ToolInfo, ToolsChanged, tools_action, tools_json
+from companion.actions.context import ActionContext
+from companion.actions.definition import (
     DEFAULT_TIMEOUT,
     ActionDef,
     KnowledgeDef,
@@ -21,13 +21,27 @@ from .definition import (
     knowledge,
     validate_input,
 )
-from .progress import PROGRESS_ACTION
-from .registry import BUILTINS, ToolNotFound, resolve_tool
-from .results import ActionRefused, ErrorCode, InputIssue, QueryTimeout, ToolResult, ToolStatus
+from companion.actions.progress import PROGRESS_ACTION
+from companion.actions.registry import BUILTINS, ToolNotFound, resolve_tool
+from companion.actions.results import (
+    ActionRefused,
+    ErrorCode,
+    InputIssue,
+    QueryTimeout,
+    ToolResult,
+    ToolStatus,
+)
 
 if TYPE_CHECKING:
-    from .kv import KeyValueStore, Namespace, StoreLimitExceeded, StoreLimits
-    from .runtime import MAX_CALL_DEPTH, MAX_NOTE_CHARS, MAX_NOTES, ActionRuntime, ToolDef, ToolsListener
+    from companion.actions.kv import KeyValueStore, Namespace, StoreLimitExceeded, StoreLimits
+    from companion.actions.runtime import (
+        MAX_CALL_DEPTH,
+        MAX_NOTE_CHARS,
+        MAX_NOTES,
+        ActionRuntime,
+        ToolDef,
+        ToolsListener,
+    )
 
 # The runtime and the store run on trio; card loading, the models' vocabulary and the demo's
 # transcript import this package for definitions only, so those two load on first use.

@@ -13,8 +13,8 @@ from typing import Any, Final
 
 from pydantic import BaseModel
 
-from ..protocol import APPROVAL_QUERY, QueryResult
-from .definition import ActionDef
+from companion.actions.definition import ActionDef
+from companion.protocol import APPROVAL_QUERY, QueryResult
 
 __all__ = ["APPROVAL_QUERY", "DEFAULT_APPROVAL_TIMEOUT", "ApprovalDecision", "approval_body", "read_approval"]
 

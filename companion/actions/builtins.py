@@ -22,12 +22,12 @@ from typing import Final, Literal, Protocol, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..log import log_event
-from ..protocol import COMPANION_ID_PREFIX, Message, Metadata, QueryResult, new_id
-from ..sentences import join_sentences, split_sentences
-from .context import ActionContext
-from .definition import action, knowledge
-from .results import ActionRefused, QueryTimeout
+from companion.actions.context import ActionContext
+from companion.actions.definition import action, knowledge
+from companion.actions.results import ActionRefused, QueryTimeout
+from companion.log import log_event
+from companion.protocol import COMPANION_ID_PREFIX, Message, Metadata, QueryResult, new_id
+from companion.sentences import join_sentences, split_sentences
 
 __all__ = [
     "LIVE_LINE",

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
-from ..protocol import Action
-from .definition import ActionDef, KnowledgeDef
+from companion.actions.definition import ActionDef, KnowledgeDef
+from companion.protocol import Action
 
 __all__ = [
     "MAX_ANNOUNCED_TOOLS",

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from ..protocol import Message, Metadata, QueryResult
-from .results import ToolResult
+from companion.actions.results import ToolResult
+from companion.protocol import Message, Metadata, QueryResult
 
 if TYPE_CHECKING:
-    from .kv import Namespace  # the store runs on trio: not loaded for definitions
+    from companion.actions.kv import Namespace  # the store runs on trio: not loaded for definitions
 
 __all__ = ["DEFAULT_QUERY_TIMEOUT", "ActionContext", "InputT"]
 

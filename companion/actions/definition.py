@@ -17,9 +17,9 @@ from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ..protocol import ACTIONS, MESSAGES, Action, Message
-from .context import ActionContext, InputT
-from .results import InputIssue
+from companion.actions.context import ActionContext, InputT
+from companion.actions.results import InputIssue
+from companion.protocol import ACTIONS, MESSAGES, Action, Message
 
 __all__ = [
     "DEFAULT_TIMEOUT",

@@ -34,10 +34,10 @@ from typing import Any, Final, TypeAlias
 
 import trio
 
-from ..layout import migrate_sqlite
-from ..log import log_event
-from ..sqlwriter import SqlWriter
-from .results import ErrorCode
+from companion.actions.results import ErrorCode
+from companion.layout import migrate_sqlite
+from companion.log import log_event
+from companion.sqlwriter import SqlWriter
 
 __all__ = [
     "KV_TABLE",

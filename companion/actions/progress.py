@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from ..protocol import Action
+from companion.protocol import Action
 
 __all__ = ["DEFAULT_MIN_INTERVAL", "PROGRESS_ACTION", "ProgressGate", "ProgressUpdate", "progress_action"]
 

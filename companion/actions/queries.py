@@ -15,10 +15,10 @@ from typing import Any
 
 import trio
 
-from ..log import log_event
-from ..ports import Publisher
-from ..protocol import QUERIES, Query, QueryResult
-from .results import QueryTimeout
+from companion.actions.results import QueryTimeout
+from companion.log import log_event
+from companion.ports import Publisher
+from companion.protocol import QUERIES, Query, QueryResult
 
 __all__ = ["PendingQueries"]
 

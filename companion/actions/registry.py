@@ -7,8 +7,8 @@ import importlib
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from .builtins import companions, speak, speak_with_voice
-from .definition import ActionDef, KnowledgeDef
+from companion.actions.builtins import companions, speak, speak_with_voice
+from companion.actions.definition import ActionDef, KnowledgeDef
 
 __all__ = ["BUILTINS", "ToolNotFound", "resolve_tool"]
 

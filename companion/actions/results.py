@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Literal, TypeAlias
 
-from ..protocol import Action, Message
+from companion.protocol import Action, Message
 
 __all__ = [
     "ActionRefused",

@@ -26,18 +26,18 @@ from typing import Any, Final, TypeAlias
 import trio
 from pydantic import BaseModel, ValidationError
 
-from ..history import ConversationHistory
-from ..log import log_event
-from ..ports import OutgoingHook, Publisher
-from ..protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
-from .approval import APPROVAL_QUERY, DEFAULT_APPROVAL_TIMEOUT, approval_body, read_approval
-from .catalog import ToolChange, ToolInfo, ToolsChanged, tool_info
-from .context import ActionContext
-from .definition import ActionDef, KnowledgeDef, ToolSpec, validate_input
-from .kv import KeyValueStore, StoreLimitExceeded
-from .progress import DEFAULT_MIN_INTERVAL, ProgressGate, progress_action
-from .queries import PendingQueries
-from .results import ActionRefused, InputIssue, QueryTimeout, ToolResult, published_summary
+from companion.actions.approval import APPROVAL_QUERY, DEFAULT_APPROVAL_TIMEOUT, approval_body, read_approval
+from companion.actions.catalog import ToolChange, ToolInfo, ToolsChanged, tool_info
+from companion.actions.context import ActionContext
+from companion.actions.definition import ActionDef, KnowledgeDef, ToolSpec, validate_input
+from companion.actions.kv import KeyValueStore, StoreLimitExceeded
+from companion.actions.progress import DEFAULT_MIN_INTERVAL, ProgressGate, progress_action
+from companion.actions.queries import PendingQueries
+from companion.actions.results import ActionRefused, InputIssue, QueryTimeout, ToolResult, published_summary
+from companion.history import ConversationHistory
+from companion.log import log_event
+from companion.ports import OutgoingHook, Publisher
+from companion.protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
 
 __all__ = ["MAX_CALL_DEPTH", "MAX_NOTES", "MAX_NOTE_CHARS", "ActionRuntime", "ToolDef", "ToolsListener"]
 

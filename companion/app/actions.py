@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from ..actions import ActionRuntime, KeyValueStore
-from ..actions.approval import APPROVAL_QUERY
-from ..actions.kv import KV_TABLE
-from ..history import InMemoryHistory
-from ..log import log_event
-from ..protocol import QUERIES, Envelope, Query, QueryResult, QueryResultBody, State, encode
-from ..store import DB_FILENAME
+from companion.actions import ActionRuntime, KeyValueStore
+from companion.actions.approval import APPROVAL_QUERY
+from companion.actions.kv import KV_TABLE
+from companion.history import InMemoryHistory
+from companion.log import log_event
+from companion.protocol import QUERIES, Envelope, Query, QueryResult, QueryResultBody, State, encode
+from companion.store import DB_FILENAME
 
 if TYPE_CHECKING:
-    from ..card import LoadedCard
+    from companion.card import LoadedCard
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -143,7 +143,7 @@ async def dry_run(
     timeout: float = DEFAULT_CALL_TIMEOUT,
 ) -> ActionRun:
     """Run ``tool`` of the card at ``card_path`` here, offline: nothing leaves the process."""
-    from ..card import load_card
+    from companion.card import load_card
 
     loaded = load_card(card_path)
     me = loaded.card.metadata
@@ -219,7 +219,7 @@ def live_run(
 def serve_actions(bridge: Any, runtimes: MutableMapping[str, ActionRuntime]) -> None:
     """Serve ``POST /actions/TOOL`` on ``bridge`` for the companions in ``runtimes`` (filled as
     they start), rate-limited at the bridge's per-client rate."""
-    from ..bridge.actions import ACTIONS_PREFIX, ActionEndpoint
+    from companion.bridge.actions import ACTIONS_PREFIX, ActionEndpoint
 
     endpoint = ActionEndpoint(runtimes, rate=bridge.config.client_rate, call_timeout=DEFAULT_CALL_TIMEOUT)
     bridge.add_route(ACTIONS_PREFIX, endpoint.route())
@@ -230,7 +230,7 @@ def reload_tools(cards: Sequence[LoadedCard], runtimes: Mapping[str, ActionRunti
     pointing elsewhere take effect in its runtime at once, and the runtime announces the change.
     A card that no longer loads is logged with its problems and keeps its tools. The rest of
     the card (events, routines) and the code of modules already imported stay as they started."""
-    from ..card import CardError, load_card
+    from companion.card import CardError, load_card
 
     for card in cards:
         runtime = runtimes.get(card.card.metadata.id)

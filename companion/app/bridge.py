@@ -20,20 +20,20 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from ..bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
-from ..bridge.access import needs_token
-from ..bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
-from ..log import log_event
-from ..protocol import STATES, Metadata
-from ..transport import Publisher
-from .lines import peer_line
-from .stopping import Interrupted, note_stopping
-from .trust import TrustOptions, open_trust
+from companion.app.lines import peer_line
+from companion.app.stopping import Interrupted, note_stopping
+from companion.app.trust import TrustOptions, open_trust
+from companion.bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
+from companion.bridge.access import needs_token
+from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
+from companion.log import log_event
+from companion.protocol import STATES, Metadata
+from companion.transport import Publisher
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
 
-    from ..node import CompanionNode
+    from companion.node import CompanionNode
 
 __all__ = [
     "BRIDGE_KEY",
@@ -106,8 +106,8 @@ async def run_bridge(
 ) -> None:
     """Start the node, then the WebSocket/HTTP server; run until SIGINT (then raise
     :class:`~.stopping.Interrupted` once stopped), SIGTERM or cancellation."""
-    from ..node import CompanionNode, NodeConfig
-    from ..node.discovery import parse_peer_addr
+    from companion.node import CompanionNode, NodeConfig
+    from companion.node.discovery import parse_peer_addr
 
     for addr in options.peers:
         parse_peer_addr(addr)
@@ -124,7 +124,7 @@ async def run_bridge(
     )
     bridge = make_bridge(options, node)
     await bridge.bind()  # a taken --ws address is an error before the node starts
-    from .metrics import ProcessMetrics
+    from companion.app.metrics import ProcessMetrics
 
     ProcessMetrics().serve_on(bridge, node)  # /metrics, /healthz, /readyz on the bridge's port
     stopped_by = None
@@ -211,7 +211,7 @@ def _webrtc(
     """WebRTC clients on the same port, served by the same bridge (see docs/webrtc.md)."""
     if not options.webrtc:
         return contextlib.nullcontext()
-    from ..rtc.route import serve_webrtc
+    from companion.rtc.route import serve_webrtc
 
     return serve_webrtc(bridge, publisher, voice=options.voice)
 
@@ -222,7 +222,7 @@ def bridge_peer_id(key_path: Path) -> str:
     be read or written."""
     from libp2p.peer.id import ID
 
-    from ..node.identity import IdentityError, load_or_create_key_pair
+    from companion.node.identity import IdentityError, load_or_create_key_pair
 
     try:
         pair = load_or_create_key_pair(key_path)

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final, TextIO
 
-from ..card import CardError, LoadedCard, load_card
+from companion.card import CardError, LoadedCard, load_card
 
 __all__ = ["CARD_SUFFIXES", "card_files", "check_paths", "packaged_cards", "resolve_card"]
 

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from ..log import log_event
-from ..protocol import Metadata
-from .lines import BRIDGE_LINE
+from companion.app.lines import BRIDGE_LINE
+from companion.log import log_event
+from companion.protocol import Metadata
 
 if TYPE_CHECKING:
-    from ..bridge import Bridge
-    from ..node import CompanionNode
-    from ..trust import TrustStore
-    from .bridge import BridgeOptions
+    from companion.app.bridge import BridgeOptions
+    from companion.bridge import Bridge
+    from companion.node import CompanionNode
+    from companion.trust import TrustStore
 
 __all__ = ["CLIENT_NODE_TIMEOUT", "ClientNode", "open_to_clients", "start_client_node"]
 
@@ -75,8 +75,8 @@ async def start_client_node(
     receives the network's payloads through them. The bridge lists every companion they see
     (``nodes`` fills up as they start). Its clients are this run's approvers: the companions
     accept their answers and approvals."""
-    from ..node import CompanionNode, NodeConfig
-    from .bridge import make_bridge
+    from companion.app.bridge import make_bridge
+    from companion.node import CompanionNode, NodeConfig
 
     config = NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), name="clients")
     node = CompanionNode(None, config, trust=trust)
@@ -92,7 +92,7 @@ async def open_to_clients(
 ) -> int:
     """Let clients in once the clients' node has met this process's companions (``local``), or
     after :data:`CLIENT_NODE_TIMEOUT` with a warning; prints the ``bridge ws://...`` line."""
-    from .bridge import client_urls, serve_clients
+    from companion.app.bridge import client_urls, serve_clients
 
     node = clients.node
     if not await node.wait_for(lambda: local <= set(node.directory), CLIENT_NODE_TIMEOUT):

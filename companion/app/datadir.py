@@ -13,9 +13,9 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from ..dirlock import DirectoryLock
-from ..layout import DATA_LAYOUT, LayoutError, migrate_sqlite, prepare_data_dir, refuse_newer
-from ..store import DB_FILENAME
+from companion.dirlock import DirectoryLock
+from companion.layout import DATA_LAYOUT, LayoutError, migrate_sqlite, prepare_data_dir, refuse_newer
+from companion.store import DB_FILENAME
 
 __all__ = ["hold_data_dirs", "version_line"]
 
@@ -43,6 +43,6 @@ async def hold_data_dirs(data_dir: Path, companion_ids: Sequence[str]) -> AsyncI
 
 def version_line() -> str:
     """What ``companion -V`` prints: the package's version and the data layout it writes."""
-    from .. import __version__
+    from companion import __version__
 
     return f"companion {__version__} (data layout {DATA_LAYOUT})"

@@ -24,15 +24,15 @@ from typing import Any, Final
 
 import trio
 
-from ..card import LoadedCard, load_card
-from ..log import library_teardown, log_event
-from ..protocol import MESSAGES, Message, Metadata
-from ..transcript import Transcript, TranscriptEvent
-from ..transport import Inbound
-from .cards import card_files, packaged_cards
-from .group import USER_ID, MemoryGroup
-from .lines import parse_peer_line, parse_sees
-from .stopping import Interrupted, is_interrupt
+from companion.app.cards import card_files, packaged_cards
+from companion.app.group import USER_ID, MemoryGroup
+from companion.app.lines import parse_peer_line, parse_sees
+from companion.app.stopping import Interrupted, is_interrupt
+from companion.card import LoadedCard, load_card
+from companion.log import library_teardown, log_event
+from companion.protocol import MESSAGES, Message, Metadata
+from companion.transcript import Transcript, TranscriptEvent
+from companion.transport import Inbound
 
 __all__ = [
     "DemoOptions",
@@ -54,7 +54,7 @@ FINISHED: Final = ("terminal", "turn_cap")
 def check_demo_model(spec: str, base_url: str | None) -> None:
     """Build and check a provider model once, so a missing key or an unreachable endpoint is
     reported before any process starts. Raises :class:`~companion.models.errors.ModelSetupError`."""
-    from ..models.factory import check_model, make_model
+    from companion.models.factory import check_model, make_model
 
     trio.run(check_model, make_model(spec, base_url=base_url))
 
@@ -90,7 +90,7 @@ async def run_in_memory(
     base_url: str | None = None,
 ) -> TranscriptEvent:
     """The demo in one process, no sockets. Returns the final ``end`` event."""
-    from ..models.factory import engine_timings, make_model
+    from companion.models.factory import engine_timings, make_model
 
     models = [make_model(model, base_url=base_url, seed=seed + index) for index in range(len(cards))]
     timings = engine_timings(models, pace)
@@ -274,7 +274,7 @@ class _Watcher:
 
 async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]) -> TranscriptEvent:
     """Start one process per card on 127.0.0.1, open the conversation, follow it to the end."""
-    from ..node import CompanionNode, NodeConfig
+    from companion.node import CompanionNode, NodeConfig
 
     loaded = [load_card(path) for path in options.cards]
     sink, finished = emit, False
@@ -302,7 +302,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
     ids = [c.card.metadata.id for c in loaded]
     workdir = options.keep_dir or Path(tempfile.mkdtemp(prefix="companion-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    from ..models.factory import engine_timings, make_model
+    from companion.models.factory import engine_timings, make_model
 
     # The companions' deadlines (each process derives the same from the server its check found).
     offline = options.model.startswith("scripted")

@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..log import log_event
-from ..protocol import Action, Message, Query, QueryResult
-from ..transport import Inbound
+from companion.log import log_event
+from companion.protocol import Action, Message, Query, QueryResult
+from companion.transport import Inbound
 
 if TYPE_CHECKING:
-    from ..actions import KeyValueStore
-    from ..card import LoadedCard
-    from ..engine import ConversationEngine, EngineEvent, EngineTimings
-    from ..models.base import CompanionModel
-    from ..node import CompanionNode, InboundHandler
-    from ..store import Store
-    from .metrics import ProcessMetrics
+    from companion.actions import KeyValueStore
+    from companion.app.metrics import ProcessMetrics
+    from companion.card import LoadedCard
+    from companion.engine import ConversationEngine, EngineEvent, EngineTimings
+    from companion.models.base import CompanionModel
+    from companion.node import CompanionNode, InboundHandler
+    from companion.store import Store
 
 __all__ = [
     "CardModel",
@@ -250,7 +250,7 @@ class CardModel:
 
 def model_spec(loaded: LoadedCard, override: str | None) -> str:
     """``--model``, else the card's ``settings.model``, else the scripted model."""
-    from ..models.factory import DEFAULT_MODEL_SPEC
+    from companion.models.factory import DEFAULT_MODEL_SPEC
 
     return override or loaded.card.settings.model or DEFAULT_MODEL_SPEC
 
@@ -281,8 +281,8 @@ async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) ->
     The engines' and models' modules are imported first in a worker thread: the trio loop keeps
     turning meanwhile (the GIL changes hands every few milliseconds), so the nodes that already
     dial finish their handshakes instead of waiting for a few hundred milliseconds of imports."""
-    from ..models.errors import ModelSetupError
-    from ..models.factory import check_model, engine_timings, make_model
+    from companion.models.errors import ModelSetupError
+    from companion.models.factory import check_model, engine_timings, make_model
 
     specs = [model_spec(loaded, options.model) for loaded in cards]
     await trio.to_thread.run_sync(_import_engine_modules, specs)
@@ -317,9 +317,9 @@ def engine_handlers(
     engine per card (its model from ``models``, its history and memory under
     ``data_dir/<companion id>/``, in memory when ``None``), publishing through the card's node;
     counted into ``metrics`` (model calls, decisions, store commits) when given."""
-    from ..actions import KeyValueStore
-    from ..engine import ConversationEngine
-    from ..store import Store
+    from companion.actions import KeyValueStore
+    from companion.engine import ConversationEngine
+    from companion.store import Store
 
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
         chosen = models[loaded.card.metadata.id]

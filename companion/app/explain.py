@@ -18,8 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from ..signals import one_line
-from ..store import DB_FILENAME, Decision, read_decisions, read_message
+from companion.signals import one_line
+from companion.store import DB_FILENAME, Decision, read_decisions, read_message
 
 __all__ = ["Merged", "TurnSummary", "companion_stores", "explain", "explain_lines", "summarize_turns"]
 

@@ -17,9 +17,9 @@ from typing import Any, Final
 
 import trio
 
-from ..card import LoadedCard
-from ..engine import ConversationEngine, EngineEvent, EngineTimings
-from ..models.base import (
+from companion.card import LoadedCard
+from companion.engine import ConversationEngine, EngineEvent, EngineTimings
+from companion.models.base import (
     CompanionModel,
     ParamsRequest,
     SpeakRequest,
@@ -27,10 +27,10 @@ from ..models.base import (
     StatesRequest,
     ToolCaller,
 )
-from ..protocol import MESSAGES, Message, Metadata
-from ..store import MemoryStore
-from ..transcript import Transcript, TranscriptEvent
-from ..transport import Inbound, MemoryEndpoint, MemoryHub
+from companion.protocol import MESSAGES, Message, Metadata
+from companion.store import MemoryStore
+from companion.transcript import Transcript, TranscriptEvent
+from companion.transport import Inbound, MemoryEndpoint, MemoryHub
 
 __all__ = ["USER_ID", "CountingModel", "Member", "MemoryGroup"]
 

@@ -13,10 +13,10 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
-from ..log import log_event
+from companion.log import log_event
 
 if TYPE_CHECKING:
-    from ..node import CompanionNode
+    from companion.node import CompanionNode
 
 __all__ = [
     "BRIDGE_LINE",
@@ -69,7 +69,7 @@ def parse_sees(line: str) -> tuple[str, frozenset[str]] | None:
 
 def dialable(addr: str) -> list[str]:
     """A wildcard listen address spelled out with this machine's IPv4 addresses (for ``--peer``)."""
-    from ..node.addresses import expand_wildcard
+    from companion.node.addresses import expand_wildcard
 
     return expand_wildcard(addr, loopback=False)
 

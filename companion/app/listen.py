@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Callable
 
 import trio
 
-from ..listen import ListenOptions, find_voice, run_listener
-from ..listen.terminal import LineEditor, TerminalScreen
-from ..listen.voice import PLAYERS
+from companion.listen import ListenOptions, find_voice, run_listener
+from companion.listen.terminal import LineEditor, TerminalScreen
+from companion.listen.voice import PLAYERS
 
 __all__ = ["listen_options", "run_terminal", "track_player"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..log import configure_logging
+from companion.log import configure_logging
 
 __all__ = ["configure_node_logging"]
 

@@ -28,13 +28,13 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from .. import __version__
-from ..models.errors import ModelError
+from companion import __version__
+from companion.models.errors import ModelError
 
 if TYPE_CHECKING:
-    from ..bridge import Bridge
-    from ..engine import ConversationEngine, EngineEvent
-    from ..models.base import (
+    from companion.bridge import Bridge
+    from companion.engine import ConversationEngine, EngineEvent
+    from companion.models.base import (
         CompanionModel,
         ParamsRequest,
         SpeakRequest,
@@ -137,7 +137,7 @@ class ProcessMetrics:
     def serve_on(self, bridge: Bridge, node: MetricsNode) -> None:
         """Serve the endpoints on ``bridge``'s port (:func:`add_metrics_routes`) and read its
         ``node`` (the one its clients publish through) at each scrape."""
-        from .metrics_http import add_metrics_routes
+        from companion.app.metrics_http import add_metrics_routes
 
         self.nodes.append(node)
         add_metrics_routes(bridge, self)

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from ..log import log_event
+from companion.log import log_event
 
 if TYPE_CHECKING:
-    from ..bridge import Bridge
-    from ..bridge.httpserver import HttpRequest, HttpResponse
-    from .metrics import ProcessMetrics
+    from companion.app.metrics import ProcessMetrics
+    from companion.bridge import Bridge
+    from companion.bridge.httpserver import HttpRequest, HttpResponse
 
 __all__ = ["METRICS_LINE", "REQUEST_TIMEOUT", "add_metrics_routes", "respond", "serve_metrics"]
 
@@ -36,7 +36,7 @@ REQUEST_TIMEOUT: Final = 10.0
 def add_metrics_routes(bridge: Bridge, metrics: ProcessMetrics) -> None:
     """``/metrics`` (with the bridge's token, when it has one), ``/healthz`` and ``/readyz``
     (without: a liveness probe has no secret) on the bridge's port."""
-    from ..bridge.httpserver import Route
+    from companion.bridge.httpserver import Route
 
     if bridge not in metrics.bridges:
         metrics.bridges.append(bridge)
@@ -54,7 +54,7 @@ def _handler(metrics: ProcessMetrics, path: str) -> Callable[[HttpRequest], Any]
 
 def respond(metrics: ProcessMetrics, path: str, headers: Mapping[str, str]) -> HttpResponse:
     """The answer to ``GET path`` (``/metrics``, ``/healthz`` or ``/readyz``; else 404)."""
-    from ..bridge.httpserver import HttpResponse, text_response
+    from companion.bridge.httpserver import HttpResponse, text_response
 
     if path == "/metrics":
         body, content_type = metrics.exposition(headers.get("accept", ""))
@@ -91,7 +91,7 @@ async def serve_metrics(
 async def _serve_one(stream: trio.SocketStream, metrics: ProcessMetrics) -> None:
     """One request, one response, within :data:`REQUEST_TIMEOUT`; anything a client sends is
     answered or dropped, never raised into the server."""
-    from ..bridge.httpserver import HttpError, read_request, send_response, text_response
+    from companion.bridge.httpserver import HttpError, read_request, send_response, text_response
 
     try:
         with trio.move_on_after(REQUEST_TIMEOUT):

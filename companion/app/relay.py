@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from .lines import RELAY_LINE, print_addresses
-from .stopping import Interrupted, note_stopping
+from companion.app.lines import RELAY_LINE, print_addresses
+from companion.app.stopping import Interrupted, note_stopping
 
 if TYPE_CHECKING:
-    from ..node.relay_node import RelayNode, RelayOptions
+    from companion.node.relay_node import RelayNode, RelayOptions
 
 __all__ = ["DEFAULT_LISTEN", "KEY_NAME", "Interrupted", "relay_options", "run_relay"]
 
@@ -33,7 +33,7 @@ KEY_NAME: Final = "relay.key"
 
 def relay_options(max_reservations: int) -> RelayOptions:
     """The relay's limits: ``max_reservations`` companions reachable through it at once."""
-    from ..node.relay_node import RelayOptions
+    from companion.node.relay_node import RelayOptions
 
     return RelayOptions(max_reservations=max_reservations)
 
@@ -50,9 +50,9 @@ async def run_relay(
     """Start the relay, print its peer id and addresses, serve until SIGINT (raises
     :class:`Interrupted`), SIGTERM or cancellation; with ``metrics`` (``--metrics HOST:PORT``)
     serve ``/metrics``, ``/healthz`` and ``/readyz`` there (ready once it listens)."""
-    from ..node import NodeConfig
-    from ..node.discovery import parse_peer_addr
-    from ..node.relay_node import RelayNode
+    from companion.node import NodeConfig
+    from companion.node.discovery import parse_peer_addr
+    from companion.node.relay_node import RelayNode
 
     for addr in peers:
         parse_peer_addr(addr)
@@ -69,8 +69,8 @@ async def run_relay(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:
         async with trio.open_nursery() as nursery:
             if metrics is not None:  # first: an address in use stops the command now
-                from .metrics import ProcessMetrics
-                from .metrics_http import serve_metrics
+                from companion.app.metrics import ProcessMetrics
+                from companion.app.metrics_http import serve_metrics
 
                 served = ProcessMetrics(needs_peers=False)
                 await nursery.start(serve_metrics, *metrics, served)

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from ..log import log_event
-from . import collector
-from .engines import (
+from companion.app import collector
+from companion.app.engines import (
     CompanionHandler,
     EngineOptions,
     HandlerFactory,
@@ -33,18 +32,19 @@ from .engines import (
     engine_handlers,
     prepare_models,
 )
-from .lines import announce_directory, peer_line, print_addresses
-from .stopping import Interrupted, Stop, note_stopping, stop_in_order
-from .trust import TrustOptions, open_trust
+from companion.app.lines import announce_directory, peer_line, print_addresses
+from companion.app.stopping import Interrupted, Stop, note_stopping, stop_in_order
+from companion.app.trust import TrustOptions, open_trust
+from companion.log import log_event
 
 if TYPE_CHECKING:
-    from ..actions import ActionRuntime
-    from ..bridge import Bridge
-    from ..card import LoadedCard
-    from ..node import CompanionNode, InboundHandler
-    from ..ports import ConversationStore
-    from .bridge import BridgeOptions
-    from .metrics import ProcessMetrics
+    from companion.actions import ActionRuntime
+    from companion.app.bridge import BridgeOptions
+    from companion.app.metrics import ProcessMetrics
+    from companion.bridge import Bridge
+    from companion.card import LoadedCard
+    from companion.node import CompanionNode, InboundHandler
+    from companion.ports import ConversationStore
 
 __all__ = ["DIAL_HEAD_START", "RunOptions", "Running", "listen_addrs_for", "run_nodes"]
 
@@ -129,11 +129,11 @@ async def run_nodes(
     companion answers", and no other node counts it as a leader before. A model that cannot
     work (:func:`~.engines.prepare_models`) stops every node and is raised here, as a bad card
     is (before any node starts)."""
-    from ..card import load_card
-    from ..node import CompanionNode, NodeConfig
-    from ..node.discovery import parse_peer_addr
-    from .clients import open_to_clients, start_client_node
-    from .datadir import hold_data_dirs
+    from companion.app.clients import open_to_clients, start_client_node
+    from companion.app.datadir import hold_data_dirs
+    from companion.card import load_card
+    from companion.node import CompanionNode, NodeConfig
+    from companion.node.discovery import parse_peer_addr
 
     for addr in (*options.peers, *options.relays):
         parse_peer_addr(addr)
@@ -162,12 +162,12 @@ async def run_nodes(
         stop = Stop(nursery.cancel_scope)
         await nursery.start(_serve_signals, everyone, stop, reload, stopped_by)
         if metrics is not None and options.metrics is not None:  # an address in use stops it now
-            from .metrics_http import serve_metrics
+            from companion.app.metrics_http import serve_metrics
 
             await nursery.start(serve_metrics, *options.metrics, metrics)
         if options.bridge is not None:
-            from .actions import serve_actions
-            from .views import serve_views
+            from companion.app.actions import serve_actions
+            from companion.app.views import serve_views
 
             clients = await start_client_node(options.bridge, nodes, nursery, trust)
             serve_actions(clients.bridge, runtimes)
@@ -202,9 +202,9 @@ async def run_nodes(
                 metrics.nodes.append(node)
             pending.append((card, node, waiting, node_nursery))
         # the nodes dial now; the models and engines are prepared meanwhile, after a head start
-        from .actions import runtime_of
-        from .status import track_status
-        from .views import store_of
+        from companion.app.actions import runtime_of
+        from companion.app.status import track_status
+        from companion.app.views import store_of
 
         await _first_connections(nodes, DIAL_HEAD_START)
         if handler_factory is None:
@@ -252,7 +252,7 @@ def _metrics(companions: Sequence[str]) -> ProcessMetrics:
     """The process's metrics, ``/readyz`` waiting for these companions' engines (made only
     when something serves them: prometheus_client is not imported before the first dial
     otherwise)."""
-    from .metrics import ProcessMetrics
+    from companion.app.metrics import ProcessMetrics
 
     metrics = ProcessMetrics()
     metrics.expect(companions)
@@ -283,7 +283,7 @@ async def _run_one(
 
 def _reload_tools(cards: Sequence[LoadedCard], runtimes: Mapping[str, ActionRuntime]) -> None:
     """:func:`.actions.reload_tools`, imported on the first SIGHUP, not before the first dial."""
-    from .actions import reload_tools
+    from companion.app.actions import reload_tools
 
     reload_tools(cards, runtimes)
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from ..log import log_event
-from .explain import clock, companion_stores, summarize_turns
+from companion.app.explain import clock, companion_stores, summarize_turns
+from companion.log import log_event
 
 if TYPE_CHECKING:
-    from ..node import CompanionNode
+    from companion.node import CompanionNode
 
 __all__ = ["STATUS_FILE", "STATUS_VERSION", "CompanionStatus", "read_status", "status_lines", "track_status"]
 

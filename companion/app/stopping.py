@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
-from ..log import library_teardown, log_event
+from companion.log import library_teardown, log_event
 
 if TYPE_CHECKING:
-    from ..node import CompanionNode
+    from companion.node import CompanionNode
 
 __all__ = [
     "STOP_GRACE",

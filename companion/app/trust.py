@@ -15,8 +15,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..log import log_event
-from ..trust import ROLES, TRUST_FILENAME, Role, TrustError, TrustStore, parse_peer_id, parse_trust_flag
+from companion.log import log_event
+from companion.trust import (
+    ROLES,
+    TRUST_FILENAME,
+    Role,
+    TrustError,
+    TrustStore,
+    parse_peer_id,
+    parse_trust_flag,
+)
 
 __all__ = [
     "TRUST_FILENAME",

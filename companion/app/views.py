@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 import trio
 
-from ..bridge.views import Face, TimedMessage, serve_faces, serve_history
-from ..card import image_path, image_type
-from ..log import log_event
-from ..ports import ConversationStore
-from ..store import Store, read_history
+from companion.bridge.views import Face, TimedMessage, serve_faces, serve_history
+from companion.card import image_path, image_type
+from companion.log import log_event
+from companion.ports import ConversationStore
+from companion.store import Store, read_history
 
 if TYPE_CHECKING:
-    from ..card import LoadedCard
+    from companion.card import LoadedCard
 
 __all__ = ["faces_of", "gather_history", "serve_views", "store_of"]
 

@@ -6,13 +6,20 @@ core is pure (:mod:`.frames`, :mod:`.clients`, :mod:`.access`, :mod:`.core`); :c
 is the trio shell around it.
 """
 
-from .access import AccessDenied, AccessPolicy, check_access
-from .channel import ChannelClosed, FrameChannel, WebSocketChannel
-from .clients import DEFAULT_TOPICS, ClientQueue, ClientRegistry, QueueLimits, parse_topics
-from .core import Fanout, FirehoseCore
-from .frames import CLIENT_TOPICS, FrameError, Issue, PublishRequest, decode_frame, interpret_request
-from .httpserver import HttpRequest, HttpResponse, Route, json_response, text_response
-from .server import Bridge, BridgeConfig, ReceiveHook
+from companion.bridge.access import AccessDenied, AccessPolicy, check_access
+from companion.bridge.channel import ChannelClosed, FrameChannel, WebSocketChannel
+from companion.bridge.clients import DEFAULT_TOPICS, ClientQueue, ClientRegistry, QueueLimits, parse_topics
+from companion.bridge.core import Fanout, FirehoseCore
+from companion.bridge.frames import (
+    CLIENT_TOPICS,
+    FrameError,
+    Issue,
+    PublishRequest,
+    decode_frame,
+    interpret_request,
+)
+from companion.bridge.httpserver import HttpRequest, HttpResponse, Route, json_response, text_response
+from companion.bridge.server import Bridge, BridgeConfig, ReceiveHook
 
 __all__ = [
     "CLIENT_TOPICS",

@@ -25,10 +25,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import trio
 
-from ..actions import ActionRuntime, ToolResult
-from ..log import log_event
-from .httpserver import HttpRequest, HttpResponse, Route, json_response
-from .ratelimit import RateLimit, TokenBucket, admit
+from companion.actions import ActionRuntime, ToolResult
+from companion.bridge.httpserver import HttpRequest, HttpResponse, Route, json_response
+from companion.bridge.ratelimit import RateLimit, TokenBucket, admit
+from companion.log import log_event
 
 __all__ = ["ACTIONS_PREFIX", "MAX_RUNNING", "ActionEndpoint"]
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..protocol import ACTIONS, MESSAGES, QUERIES, TOPICS
+from companion.protocol import ACTIONS, MESSAGES, QUERIES, TOPICS
 
 __all__ = [
     "DEFAULT_TOPICS",

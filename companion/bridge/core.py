@@ -20,12 +20,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..protocol import Envelope, Query, QueryResult, State
-from ..transport import Inbound, encode_for_topic
-from .answers import AnswerLedger
-from .clients import DEFAULT_TOPICS, ClientQueue, ClientRegistry, QueueLimits
-from .frames import FrameError, PublishRequest, decode_frame, interpret_request
-from .ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit, TokenBucket, admit
+from companion.bridge.answers import AnswerLedger
+from companion.bridge.clients import DEFAULT_TOPICS, ClientQueue, ClientRegistry, QueueLimits
+from companion.bridge.frames import FrameError, PublishRequest, decode_frame, interpret_request
+from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit, TokenBucket, admit
+from companion.protocol import Envelope, Query, QueryResult, State
+from companion.transport import Inbound, encode_for_topic
 
 __all__ = ["MAX_AWAITED_ECHOES", "Fanout", "FirehoseCore"]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
-from ..protocol import (
+from companion.protocol import (
     ACTIONS,
     MESSAGES,
     QUERIES,

@@ -13,7 +13,7 @@ import binascii
 from collections.abc import Mapping
 from typing import Final
 
-from .access import AccessDenied
+from companion.bridge.access import AccessDenied
 
 __all__ = ["WEBSOCKET_VERSION", "check_handshake", "header_tokens"]
 

@@ -24,12 +24,9 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 from trio_websocket import wrap_server_stream
 
-from ..bind import bind_reason
-from ..log import log_event
-from ..protocol import Envelope, Metadata, QueryResult
-from ..transport import Inbound, Publisher
-from .access import AccessDenied, AccessPolicy, check_access, needs_token
-from .channel import (
+from companion.bind import bind_reason
+from companion.bridge.access import AccessDenied, AccessPolicy, check_access, needs_token
+from companion.bridge.channel import (
     CLOSE_GOING_AWAY,
     CLOSE_INTERNAL_ERROR,
     CLOSE_NORMAL,
@@ -38,11 +35,11 @@ from .channel import (
     FrameChannel,
     WebSocketChannel,
 )
-from .clients import DEFAULT_TOPICS, ClientQueue, QueueLimits, parse_topics
-from .core import Fanout, FirehoseCore
-from .frames import MAX_FRAME_BYTES, FrameError, frame_ref, session_frame
-from .handshake import check_handshake
-from .httpserver import (
+from companion.bridge.clients import DEFAULT_TOPICS, ClientQueue, QueueLimits, parse_topics
+from companion.bridge.core import Fanout, FirehoseCore
+from companion.bridge.frames import MAX_FRAME_BYTES, FrameError, frame_ref, session_frame
+from companion.bridge.handshake import check_handshake
+from companion.bridge.httpserver import (
     HttpError,
     HttpRequest,
     HttpResponse,
@@ -53,7 +50,10 @@ from .httpserver import (
     send_response,
     text_response,
 )
-from .ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
+from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
+from companion.log import log_event
+from companion.protocol import Envelope, Metadata, QueryResult
+from companion.transport import Inbound, Publisher
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus

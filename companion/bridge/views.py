@@ -21,9 +21,9 @@ from urllib.parse import quote, unquote
 
 import trio
 
-from ..log import log_event
-from ..protocol import Message, encode
-from .httpserver import HttpRequest, HttpResponse, Route, json_response, text_response
+from companion.bridge.httpserver import HttpRequest, HttpResponse, Route, json_response, text_response
+from companion.log import log_event
+from companion.protocol import Message, encode
 
 __all__ = [
     "DEFAULT_HISTORY",

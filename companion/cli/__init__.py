@@ -31,7 +31,7 @@ class _PrintVersion(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
-        from ..app.datadir import version_line
+        from companion.app.datadir import version_line
 
         print(version_line())  # on standard output, as argparse's own version action
         parser.exit()
@@ -62,7 +62,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    from ..app import collector
+    from companion.app import collector
 
     if words[:1] == ["run"]:
         collector.pause()  # until its engines are ready (start-up time: see collector)
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return int(func(args))
     except BaseException as exc:  # Ctrl-C anywhere, also inside trio's exception groups
-        from ..app.stopping import is_interrupt
+        from companion.app.stopping import is_interrupt
 
         if is_interrupt(exc):
             return 130

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level
+from companion.cli.options import TOKEN_ENV, add_log_level_arguments, chosen_log_level
 
 __all__ = ["register"]
 
@@ -68,10 +68,10 @@ def register(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     import trio
 
-    from ..app.actions import dry_run, live_run, parse_input
-    from ..app.paths import default_data_dir
-    from ..card import CardError, load_card
-    from ..log import configure_logging
+    from companion.app.actions import dry_run, live_run, parse_input
+    from companion.app.paths import default_data_dir
+    from companion.card import CardError, load_card
+    from companion.log import configure_logging
 
     configure_logging(chosen_log_level(args))
     raw = parse_input(args.input)

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from ..app.bridge import (
+from companion.app.bridge import (
     BRIDGE_KEY,
     DEFAULT_CLIENT_RATE,
     DEFAULT_TOTAL_RATE,
@@ -26,12 +26,18 @@ from ..app.bridge import (
     bridge_peer_id,
     run_bridge,
 )
-from ..app.logs import configure_node_logging
-from ..app.paths import default_data_dir
-from ..app.stopping import is_interrupt
-from .exits import innermost
-from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level, parse_ws_address, resolve_token
-from .trust import add_trust_arguments, trust_options
+from companion.app.logs import configure_node_logging
+from companion.app.paths import default_data_dir
+from companion.app.stopping import is_interrupt
+from companion.cli.exits import innermost
+from companion.cli.options import (
+    TOKEN_ENV,
+    add_log_level_arguments,
+    chosen_log_level,
+    parse_ws_address,
+    resolve_token,
+)
+from companion.cli.trust import add_trust_arguments, trust_options
 
 __all__ = ["register"]
 

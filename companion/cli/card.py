@@ -32,13 +32,13 @@ def register(subparsers: Any) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from ..app.cards import check_paths  # here, not at import: the card model costs every command
+    from companion.app.cards import check_paths  # here, not at import: the card model costs every command
 
     return check_paths(args.paths, sys.stdout)
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from ..card import card_json_schema  # here, not at import (see _check)
+    from companion.card import card_json_schema  # here, not at import (see _check)
 
     sys.stdout.write(json.dumps(card_json_schema(), indent=2, ensure_ascii=False) + "\n")
     return 0

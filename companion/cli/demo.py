@@ -13,10 +13,10 @@ from typing import Any
 
 import trio
 
-from ..app.logs import configure_node_logging
-from ..app.stopping import Interrupted
-from ..log import configure_logging
-from .options import add_log_level_arguments, chosen_log_level
+from companion.app.logs import configure_node_logging
+from companion.app.stopping import Interrupted
+from companion.cli.options import add_log_level_arguments, chosen_log_level
+from companion.log import configure_logging
 
 __all__ = ["main", "register"]
 
@@ -70,15 +70,15 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..app.cards import resolve_card
-    from ..app.demo import FINISHED, DemoOptions, check_demo_model, default_cards, names_of, run_demo
-    from ..card import CardError, load_card
-    from ..transcript import TranscriptEvent, render_text
+    from companion.app.cards import resolve_card
+    from companion.app.demo import FINISHED, DemoOptions, check_demo_model, default_cards, names_of, run_demo
+    from companion.card import CardError, load_card
+    from companion.transcript import TranscriptEvent, render_text
 
     configure = configure_logging if args.in_memory else configure_node_logging  # py-libp2p's too
     configure(chosen_log_level(args), "json" if args.json else "text")
     if not args.model.startswith("scripted"):
-        from ..models.errors import ModelSetupError
+        from companion.models.errors import ModelSetupError
 
         try:  # a missing key or an unreachable endpoint is reported now, not mid-conversation
             check_demo_model(args.model, args.base_url)

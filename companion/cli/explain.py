@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..app.paths import default_data_dir
+from companion.app.paths import default_data_dir
 
 __all__ = ["add_data_dirs_argument", "data_dirs", "register"]
 
@@ -49,7 +49,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..app.explain import explain, explain_lines
+    from companion.app.explain import explain, explain_lines
 
     message, merged = explain(args.message_id, data_dirs(args))
     if args.json:

@@ -17,8 +17,8 @@ import re
 import sys
 from typing import Any
 
-from ..log import configure_logging
-from .options import TOKEN_ENV, add_log_level_arguments, chosen_log_level
+from companion.cli.options import TOKEN_ENV, add_log_level_arguments, chosen_log_level
+from companion.log import configure_logging
 
 __all__ = ["default_user_id", "register"]
 
@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..app.listen import listen_options, run_terminal
+    from companion.app.listen import listen_options, run_terminal
 
     user_id = args.user_id or default_user_id()
     if not user_id.startswith("user_") or user_id == "user_":

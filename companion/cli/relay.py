@@ -22,12 +22,17 @@ from typing import Any
 
 import trio
 
-from ..app.logs import configure_node_logging
-from ..app.paths import default_data_dir
-from ..app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
-from ..app.stopping import is_interrupt
-from .exits import innermost
-from .options import add_log_level_arguments, add_metrics_argument, chosen_log_level, metrics_address
+from companion.app.logs import configure_node_logging
+from companion.app.paths import default_data_dir
+from companion.app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
+from companion.app.stopping import is_interrupt
+from companion.cli.exits import innermost
+from companion.cli.options import (
+    add_log_level_arguments,
+    add_metrics_argument,
+    chosen_log_level,
+    metrics_address,
+)
 
 __all__ = ["register"]
 

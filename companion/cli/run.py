@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..app import collector
-from ..app.cards import resolve_card
-from ..app.paths import default_data_dir
-from ..app.stopping import exit_status, is_interrupt
-from .exits import innermost
-from .options import (
+from companion.app import collector
+from companion.app.cards import resolve_card
+from companion.app.paths import default_data_dir
+from companion.app.stopping import exit_status, is_interrupt
+from companion.cli.exits import innermost
+from companion.cli.options import (
     TOKEN_ENV,
     add_log_level_arguments,
     add_metrics_argument,
@@ -40,10 +40,10 @@ from .options import (
     parse_ws_address,
     resolve_token,
 )
-from .trust import add_trust_arguments, trust_options
+from companion.cli.trust import add_trust_arguments, trust_options
 
 if TYPE_CHECKING:
-    from ..app.bridge import BridgeOptions
+    from companion.app.bridge import BridgeOptions
 
 __all__ = ["register", "standalone"]
 
@@ -148,7 +148,7 @@ def _bridge_options(args: argparse.Namespace) -> BridgeOptions | None:
         if args.token is not None or args.no_webrtc or args.no_voice:
             raise ValueError("--token, --no-webrtc and --no-voice need --ws")
         return None
-    from ..app.bridge import BridgeOptions  # the bridge's modules only with --ws (start-up)
+    from companion.app.bridge import BridgeOptions  # the bridge's modules only with --ws (start-up)
 
     host, port = parse_ws_address(args.ws)
     return BridgeOptions(
@@ -161,9 +161,9 @@ def _bridge_options(args: argparse.Namespace) -> BridgeOptions | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..app.engines import EngineOptions
-    from ..app.logs import configure_node_logging
-    from ..app.run import RunOptions, run_nodes
+    from companion.app.engines import EngineOptions
+    from companion.app.logs import configure_node_logging
+    from companion.app.run import RunOptions, run_nodes
 
     try:
         bridge = _bridge_options(args)
@@ -203,9 +203,9 @@ def main(args: argparse.Namespace) -> int:
 def _report_failure(exc: BaseException) -> int:
     """A refusal the user can fix (card, address, model, port) is one line and exit 2; anything
     else is a bug or an infrastructure failure, logged with its traceback, exit 1."""
-    from ..card import CardError
-    from ..log import log_event
-    from ..models.errors import ModelSetupError
+    from companion.card import CardError
+    from companion.log import log_event
+    from companion.models.errors import ModelSetupError
 
     exc = innermost(exc)
     if isinstance(exc, CardError | ModelSetupError | ValueError | OSError):

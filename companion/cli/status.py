@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from .explain import add_data_dirs_argument, data_dirs
+from companion.cli.explain import add_data_dirs_argument, data_dirs
 
 __all__ = ["register"]
 
@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..app.status import status_lines
+    from companion.app.status import status_lines
 
     if args.turns < 0:
         print("companion status: --turns must not be negative", file=sys.stderr)

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..app.paths import default_data_dir
-from ..app.trust import (
+from companion.app.paths import default_data_dir
+from companion.app.trust import (
     TRUST_FILENAME,
     TrustError,
     TrustOptions,

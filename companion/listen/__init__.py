@@ -4,9 +4,9 @@
 WebSocket to the bridge; :mod:`.voice` speaks lines and says when the audio has finished.
 """
 
-from .client import DirectoryError, ListenOptions, fetch_companions, run_listener
-from .core import Effect, ListenSession, Quit, Send, Show, Speak
-from .voice import DirectEspeakVoice, PlayerVoice, Voice, VoiceError, find_voice
+from companion.listen.client import DirectoryError, ListenOptions, fetch_companions, run_listener
+from companion.listen.core import Effect, ListenSession, Quit, Send, Show, Speak
+from companion.listen.voice import DirectEspeakVoice, PlayerVoice, Voice, VoiceError, find_voice
 
 __all__ = [
     "DirectEspeakVoice",

@@ -35,14 +35,14 @@ from trio_websocket import (
     open_websocket_url,
 )
 
-from ..bridge.access import token_from
-from ..log import log_event
-from ..protocol import ACTIONS, MESSAGES, QUERIES, STATES, Message, Metadata
-from .core import START_HINT, Effect, ListenSession, Quit, Send, Show, Speak
-from .voice import Voice, VoiceError
+from companion.bridge.access import token_from
+from companion.listen.core import START_HINT, Effect, ListenSession, Quit, Send, Show, Speak
+from companion.listen.voice import Voice, VoiceError
+from companion.log import log_event
+from companion.protocol import ACTIONS, MESSAGES, QUERIES, STATES, Message, Metadata
 
 if TYPE_CHECKING:
-    from ..rtc.listen import MessageConnection
+    from companion.rtc.listen import MessageConnection
 
 __all__ = [
     "DirectoryError",
@@ -299,8 +299,8 @@ async def _connect_rtc(
     """``--webrtc``: the same client over a data channel; the connection offers the two calls
     the client uses, with the same ``ConnectionClosed`` at the end. Returns as :func:`_connect`
     does; a refused offer is final."""
-    from ..rtc import OfferRejected
-    from ..rtc.listen import open_rtc_listener
+    from companion.rtc import OfferRejected
+    from companion.rtc.listen import open_rtc_listener
 
     connecting = trio.CancelScope(deadline=trio.current_time() + options.connect_timeout)
     try:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
-from ..protocol import (
+from companion.protocol import (
     ACTIONS,
     MESSAGES,
     QUERIES,
@@ -32,7 +32,7 @@ from ..protocol import (
     new_id,
     parse_payload,
 )
-from ..signals import (
+from companion.signals import (
     MAX_NAME,
     THINKING_SIGNAL,
     YIELD_SIGNAL,
@@ -42,7 +42,7 @@ from ..signals import (
     read_signal,
     yield_text,
 )
-from ..turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
+from companion.turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
 
 __all__ = [
     "APPROVAL_QUERY",

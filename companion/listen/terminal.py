@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from .core import Show
+from companion.listen.core import Show
 
 __all__ = ["MAX_INPUT", "PROMPT", "STATUS_EVERY", "LineEditor", "TerminalScreen", "columns"]
 

@@ -16,8 +16,8 @@ from typing import Final, Protocol
 
 import trio
 
-from ..log import log_event
-from ..voice import EspeakSynthesizer, SynthesisError, Synthesizer, pick_voice
+from companion.log import log_event
+from companion.voice import EspeakSynthesizer, SynthesisError, Synthesizer, pick_voice
 
 __all__ = ["PLAYERS", "DirectEspeakVoice", "PlayerVoice", "Voice", "VoiceError", "find_voice"]
 

@@ -1,6 +1,6 @@
 """Language models behind a companion: the interface the engine needs and its implementations."""
 
-from .base import (
+from companion.models.base import (
     CompanionModel,
     ModelError,
     ParamsRequest,

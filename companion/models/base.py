@@ -21,11 +21,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..actions.definition import ToolSpec
-from ..protocol import ClosingStage, Message, Metadata
-from ..triggers import ToolInstruction
-from ..turns.states import StateDecision
-from .errors import ModelError
+from companion.actions.definition import ToolSpec
+from companion.models.errors import ModelError
+from companion.protocol import ClosingStage, Message, Metadata
+from companion.triggers import ToolInstruction
+from companion.turns.states import StateDecision
 
 __all__ = [
     "CompanionModel",

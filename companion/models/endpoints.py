@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 from urllib.parse import urlsplit
 
-from .errors import ModelSetupError
+from companion.models.errors import ModelSetupError
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",

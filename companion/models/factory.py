@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from ..log import log_event
-from ..timings import EngineTimings
-from .base import CompanionModel
-from .endpoints import DEFAULT_REQUEST_TIMEOUT, ProviderKind, resolve_config
-from .errors import ModelSetupError
+from companion.log import log_event
+from companion.models.base import CompanionModel
+from companion.models.endpoints import DEFAULT_REQUEST_TIMEOUT, ProviderKind, resolve_config
+from companion.models.errors import ModelSetupError
+from companion.timings import EngineTimings
 
 __all__ = [
     "DEFAULT_MODEL_SPEC",
@@ -53,10 +53,10 @@ def is_local_model(model: CompanionModel) -> bool:
     if "companion.models.providers" not in sys.modules:
         return False  # no provider model exists before its module is imported (pydantic-ai: ~0.5 s)
     try:
-        from .providers import ProviderModel, is_loopback_url
+        from companion.models.providers import ProviderModel, is_loopback_url
     except ImportError:  # without the ``providers`` extra no model is a provider's (the wheel's demo)
         return False
-    from .servers import LOCAL_SERVERS
+    from companion.models.servers import LOCAL_SERVERS
 
     if not isinstance(model, ProviderModel):
         return False
@@ -70,7 +70,7 @@ def engine_timings(models: Iterable[CompanionModel], pace: float = 0.0) -> Engin
     """The engine's deadlines for these models (the slowest kind wins): offline ones for the
     scripted model alone, :meth:`~EngineTimings.local` ones when any model is served on this
     machine, the defaults otherwise. Call it after :func:`check_model`, which identifies servers."""
-    from .scripted import ScriptedModel
+    from companion.models.scripted import ScriptedModel
 
     chosen = list(models)
     if any(is_local_model(m) for m in chosen):
@@ -101,14 +101,14 @@ def make_model(
                 raise _spec_error(spec, f"the seed {rest!r} is not an integer") from None
         if base_url is not None:
             log_event(_log, "base_url_ignored", logging.WARNING, spec=spec, base_url=base_url)
-        from .scripted import ScriptedModel
+        from companion.models.scripted import ScriptedModel
 
         return ScriptedModel(seed=seed)
     if kind in ("openai", "anthropic"):
         if not rest.strip():
             raise _spec_error(spec, f"no model name after '{kind}:'")
         try:
-            from .providers import ProviderModel
+            from companion.models.providers import ProviderModel
         except ImportError as exc:
             raise ModelSetupError(
                 f"{spec} needs the optional provider packages (missing: {exc.name}). "

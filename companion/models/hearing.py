@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from .lexicon import (
+from companion.models.lexicon import (
     Language,
     concepts_in,
     content_stems,
@@ -24,7 +24,7 @@ from .lexicon import (
     topical_word,
     words,
 )
-from .persona import Persona
+from companion.models.persona import Persona
 
 __all__ = [
     "AUX",

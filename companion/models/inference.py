@@ -33,7 +33,7 @@ from typing import Any, Final
 
 import jsonschema
 
-from .lexicon import (
+from companion.models.lexicon import (
     FEELINGS,
     concepts_in,
     cue_concepts,

@@ -16,8 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from ..protocol import Metadata
-from .lexicon import (
+from companion.models.lexicon import (
     CONCEPTS,
     Language,
     clean,
@@ -32,7 +31,8 @@ from .lexicon import (
     word_set,
     words,
 )
-from .phrasebook import GIST
+from companion.models.phrasebook import GIST
+from companion.protocol import Metadata
 
 __all__ = ["Fact", "Persona", "persona_of"]
 

@@ -37,9 +37,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from ..protocol import ClosingStage
-from .hearing import AUX, FEELINGS, GLAD, Heard, is_sombre, wellbeing
-from .lexicon import (
+from companion.models.hearing import AUX, FEELINGS, GLAD, Heard, is_sombre, wellbeing
+from companion.models.lexicon import (
     Language,
     concepts_in,
     content_stems,
@@ -50,9 +49,10 @@ from .lexicon import (
     things_in,
     topical_word,
 )
-from .persona import Fact, Persona
-from .phrasebook import ACTIVITIES, EN, INTERJECTIONS, JA, UNITS_JA
-from .repeats import is_phrase, plain, said_before
+from companion.models.persona import Fact, Persona
+from companion.models.phrasebook import ACTIVITIES, EN, INTERJECTIONS, JA, UNITS_JA
+from companion.models.repeats import is_phrase, plain, said_before
+from companion.protocol import ClosingStage
 
 __all__ = ["Plan", "compose", "plan_of"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from ..protocol import Message, Metadata
-from .base import ParamsRequest, SpeakRequest, StatesRequest, ToolSpec
+from companion.models.base import ParamsRequest, SpeakRequest, StatesRequest, ToolSpec
+from companion.protocol import Message, Metadata
 
 __all__ = [
     "HISTORY_LIMIT",

@@ -47,9 +47,9 @@ from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.settings import ModelSettings, ToolOrOutput
 from pydantic_ai.tools import ToolDefinition
 
-from ..log import log_event
-from .aio import asyncio_loop, run_asyncio
-from .base import (
+from companion.log import log_event
+from companion.models.aio import asyncio_loop, run_asyncio
+from companion.models.base import (
     ModelError,
     ParamsRequest,
     SpeakRequest,
@@ -58,7 +58,7 @@ from .base import (
     ToolCaller,
     ToolSpec,
 )
-from .endpoints import (
+from companion.models.endpoints import (
     DEFAULT_REQUEST_TIMEOUT,
     KEY_ENV,
     LOCAL_PLACEHOLDER_KEY,
@@ -67,10 +67,10 @@ from .endpoints import (
     is_loopback_url,
     resolve_config,
 )
-from .errors import ModelSetupError
-from .prompts import params_prompt, speak_prompt, states_prompt
-from .sdks import Sdk, SdkClient, load_sdk
-from .servers import (
+from companion.models.errors import ModelSetupError
+from companion.models.prompts import params_prompt, speak_prompt, states_prompt
+from companion.models.sdks import Sdk, SdkClient, load_sdk
+from companion.models.servers import (
     LOCAL_SERVERS,
     EndpointMemory,
     SpeakForm,
@@ -78,8 +78,8 @@ from .servers import (
     identify_server,
     shared_memory,
 )
-from .streaming import Partial, partial_line, stream_response
-from .structured import (
+from companion.models.streaming import Partial, partial_line, stream_response
+from companion.models.structured import (
     PARAMS_TOOL,
     STATES_TOOL,
     Problems,

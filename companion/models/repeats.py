@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from typing import Final
 
-from .hearing import name_pattern
+from companion.models.hearing import name_pattern
 
 __all__ = ["is_phrase", "plain", "said_before"]
 

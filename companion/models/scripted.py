@@ -35,11 +35,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from ..lines import NOT_SAID
-from ..log import log_event
-from ..protocol import ClosingStage, Message, Metadata
-from ..turns import bigram_jaccard, turn_info
-from .base import (
+from companion.lines import NOT_SAID
+from companion.log import log_event
+from companion.models.base import (
     ModelError,
     ParamsRequest,
     SpeakRequest,
@@ -48,11 +46,13 @@ from .base import (
     ToolCaller,
     ToolSpec,
 )
-from .hearing import asks, hear
-from .inference import Clues, fill_schema
-from .lexicon import STOPWORDS, clean, concepts_in, cue_concepts, quantity, words
-from .persona import Persona, persona_of
-from .phrasing import compose, plan_of
+from companion.models.hearing import asks, hear
+from companion.models.inference import Clues, fill_schema
+from companion.models.lexicon import STOPWORDS, clean, concepts_in, cue_concepts, quantity, words
+from companion.models.persona import Persona, persona_of
+from companion.models.phrasing import compose, plan_of
+from companion.protocol import ClosingStage, Message, Metadata
+from companion.turns import bigram_jaccard, turn_info
 
 __all__ = ["ScriptedModel"]
 

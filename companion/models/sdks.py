@@ -13,8 +13,8 @@ from typing import Protocol
 import httpx2
 from pydantic_ai.models import Model
 
-from .endpoints import ProviderConfig, ProviderKind
-from .servers import ListedModel
+from companion.models.endpoints import ProviderConfig, ProviderKind
+from companion.models.servers import ListedModel
 
 __all__ = ["Sdk", "SdkClient", "load_sdk"]
 

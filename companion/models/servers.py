@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 from urllib.parse import urlsplit
 
-from ..log import log_event
-from .endpoints import ProviderConfig
+from companion.log import log_event
+from companion.models.endpoints import ProviderConfig
 
 __all__ = [
     "LOCAL_SERVERS",

@@ -21,7 +21,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 
-from .base import ToolSpec
+from companion.models.base import ToolSpec
 
 __all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response"]
 

@@ -15,10 +15,10 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..paramfit import fit_params
-from ..protocol import CLOSING_ORDER, ClosingStage
-from ..turns.closing import proposal_ceiling
-from .base import StateDecision, StatesRequest, ToolSpec
+from companion.models.base import StateDecision, StatesRequest, ToolSpec
+from companion.paramfit import fit_params
+from companion.protocol import CLOSING_ORDER, ClosingStage
+from companion.turns.closing import proposal_ceiling
 
 __all__ = [
     "PARAMS_TOOL",

@@ -16,7 +16,7 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
-from ..log import log_event
+from companion.log import log_event
 
 __all__ = ["Backoff", "MdnsBridge", "dial_error", "parse_peer_addr", "redial_forever"]
 

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..log import Throttle, log_event
+from companion.log import Throttle, log_event
 
 __all__ = ["Drop", "DropCounters"]
 

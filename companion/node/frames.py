@@ -36,8 +36,8 @@ import trio
 from libp2p.abc import INetConn
 from libp2p.network.connection.exceptions import RawConnError
 
-from ..log import log_event
-from .notifee import ConnectionNotifee
+from companion.log import log_event
+from companion.node.notifee import ConnectionNotifee
 
 __all__ = ["CLOSE_GRACE", "FRAME_WRITE_DEADLINE", "WholeFrames", "write_whole_frames"]
 

@@ -19,9 +19,11 @@ import logging
 from collections import OrderedDict
 from typing import Final
 
-from ..log import log_event
-from ..membership import Membership
-from ..protocol import (
+from companion.log import log_event
+from companion.membership import Membership
+from companion.node.drops import Drop, DropCounters
+from companion.node.replay import ReplayGuard
+from companion.protocol import (
     APPROVAL_QUERY,
     MAX_PAYLOAD_BYTES,
     Action,
@@ -32,9 +34,7 @@ from ..protocol import (
     QueryResult,
     parse_payload,
 )
-from ..transport import Inbound
-from .drops import Drop, DropCounters
-from .replay import ReplayGuard
+from companion.transport import Inbound
 
 __all__ = ["EdgeGuard"]
 

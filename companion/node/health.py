@@ -29,7 +29,7 @@ import trio
 from libp2p.abc import INetConn
 from libp2p.stream_muxer.yamux.yamux import FLAG_SYN, TYPE_PING, YAMUX_HEADER_FORMAT
 
-from ..log import log_event
+from companion.log import log_event
 
 __all__ = ["ConnectionHealth", "HealthSettings"]
 

@@ -14,7 +14,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.serialization import deserialize_private_key
 
-from ..log import log_event
+from companion.log import log_event
 
 __all__ = ["IdentityError", "load_or_create_key_pair"]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from multiaddr import Multiaddr
 
-from ..bind import bind_reason
+from companion.bind import bind_reason
 
 __all__ = ["ListenError", "refuse_taken", "require_alone", "require_listening"]
 

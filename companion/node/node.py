@@ -27,30 +27,30 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from ..log import log_event, log_exception
-from ..membership import Membership, MembershipEvent
-from ..presence import PRESENCE_TOPIC
-from ..protocol import TOPICS, Envelope, Metadata, Query, State
-from ..transport import Inbound, encode_for_topic
-from ..trust import TrustStore
-from .addresses import AdvertisedAddrs
-from .config import NodeConfig, make_gossipsub, make_host
-from .discovery import Backoff, MdnsBridge, dial_error, parse_peer_addr, redial_forever
-from .drops import Drop, DropCounters
-from .guard import EdgeGuard
-from .health import ConnectionHealth, HealthSettings
-from .identity import load_or_create_key_pair
-from .listening import require_alone, require_listening
-from .metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
-from .msgid import js_message_id
-from .notifee import ConnectionNotifee
-from .presence import LEAVE_PROTOCOL, PresenceService, PresenceSettings
-from .pubsub import CountingGossipSub, GuardedPubsub
-from .relay import NatTraversal
-from .replay import ReplayGuard
-from .routing import DhtDiscovery
-from .topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_pruner
-from .yamux import batch_window_updates
+from companion.log import log_event, log_exception
+from companion.membership import Membership, MembershipEvent
+from companion.node.addresses import AdvertisedAddrs
+from companion.node.config import NodeConfig, make_gossipsub, make_host
+from companion.node.discovery import Backoff, MdnsBridge, dial_error, parse_peer_addr, redial_forever
+from companion.node.drops import Drop, DropCounters
+from companion.node.guard import EdgeGuard
+from companion.node.health import ConnectionHealth, HealthSettings
+from companion.node.identity import load_or_create_key_pair
+from companion.node.listening import require_alone, require_listening
+from companion.node.metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
+from companion.node.msgid import js_message_id
+from companion.node.notifee import ConnectionNotifee
+from companion.node.presence import LEAVE_PROTOCOL, PresenceService, PresenceSettings
+from companion.node.pubsub import CountingGossipSub, GuardedPubsub
+from companion.node.relay import NatTraversal
+from companion.node.replay import ReplayGuard
+from companion.node.routing import DhtDiscovery
+from companion.node.topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_pruner
+from companion.node.yamux import batch_window_updates
+from companion.presence import PRESENCE_TOPIC
+from companion.protocol import TOPICS, Envelope, Metadata, Query, State
+from companion.transport import Inbound, encode_for_topic
+from companion.trust import TrustStore
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 

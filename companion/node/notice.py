@@ -23,7 +23,7 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from ..log import log_event
+from companion.log import log_event
 
 __all__ = ["NoticeOutcome", "acknowledge", "tell"]
 

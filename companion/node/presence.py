@@ -63,10 +63,13 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import decode_uvarint_from_stream, encode_uvarint
 from multiaddr import Multiaddr
 
-from ..log import log_event, reports_stream_failures
-from ..membership import AnnounceRefused, Membership, MembershipEvent
-from ..presence import DISCONNECT_GRACE, PRESENCE_TOPIC
-from ..protocol import (
+from companion.log import log_event, reports_stream_failures
+from companion.membership import AnnounceRefused, Membership, MembershipEvent
+from companion.node.drops import Drop, DropCounters
+from companion.node.notice import acknowledge, tell
+from companion.node.pubsub import KeyedMessageCache, reset_quietly
+from companion.presence import DISCONNECT_GRACE, PRESENCE_TOPIC
+from companion.protocol import (
     PRESENCE_MAX_ADDRS,
     PRESENCE_MAX_LOST,
     Metadata,
@@ -77,9 +80,6 @@ from ..protocol import (
     encode_presence,
     parse_presence,
 )
-from .drops import Drop, DropCounters
-from .notice import acknowledge, tell
-from .pubsub import KeyedMessageCache, reset_quietly
 
 __all__ = ["LEAVE_PROTOCOL", "PresenceService", "PresenceSettings"]
 

@@ -82,8 +82,8 @@ from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.pubsub.validators import signature_validator
 from libp2p.utils import encode_varint_prefixed
 
-from ..log import bound, log_event
-from .drops import Drop, DropCounters
+from companion.log import bound, log_event
+from companion.node.drops import Drop, DropCounters
 
 __all__ = [
     "CountingGossipSub",

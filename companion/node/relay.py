@@ -42,9 +42,9 @@ from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 
-from ..log import log_event
-from .addresses import AdvertisedAddrs
-from .discovery import dial_error
+from companion.log import log_event
+from companion.node.addresses import AdvertisedAddrs
+from companion.node.discovery import dial_error
 
 __all__ = [
     "DialBackAutoNAT",
@@ -219,7 +219,7 @@ class NatTraversal:
         is_connected: Callable[[ID], bool],
         wait_for_change: Callable[[], Awaitable[None]],
     ) -> None:
-        from .discovery import parse_peer_addr
+        from companion.node.discovery import parse_peer_addr
 
         self.host = host
         self.name = name

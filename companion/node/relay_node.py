@@ -20,14 +20,14 @@ from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from ..log import log_event
-from .addresses import AdvertisedAddrs
-from .config import NodeConfig, make_host
-from .discovery import Backoff, parse_peer_addr, redial_forever
-from .identity import load_or_create_key_pair
-from .listening import require_alone, require_listening
-from .relay import DialBackAutoNAT
-from .routing import DhtDiscovery
+from companion.log import log_event
+from companion.node.addresses import AdvertisedAddrs
+from companion.node.config import NodeConfig, make_host
+from companion.node.discovery import Backoff, parse_peer_addr, redial_forever
+from companion.node.identity import load_or_create_key_pair
+from companion.node.listening import require_alone, require_listening
+from companion.node.relay import DialBackAutoNAT
+from companion.node.routing import DhtDiscovery
 
 __all__ = ["RelayNode", "RelayOptions"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
-from ..log import log_event
+from companion.log import log_event
 
 __all__ = ["ReplayGuard"]
 

@@ -38,9 +38,9 @@ from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL_ID
 from libp2p.peer.id import ID
 from libp2p.tools.anyio_service import background_trio_service
 
-from ..log import log_event
-from .discovery import Backoff
-from .relay import is_circuit
+from companion.log import log_event
+from companion.node.discovery import Backoff
+from companion.node.relay import is_circuit
 
 __all__ = ["LOOKUP_INTERVAL_MAX", "LOOKUP_INTERVAL_MIN", "DhtDiscovery"]
 

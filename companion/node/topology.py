@@ -41,9 +41,9 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from ..log import log_event, reports_stream_failures
-from .discovery import Backoff
-from .notice import acknowledge, tell
+from companion.log import log_event, reports_stream_failures
+from companion.node.discovery import Backoff
+from companion.node.notice import acknowledge, tell
 
 __all__ = [
     "TRIM_PROTOCOL",

@@ -6,7 +6,7 @@ speaks ``speak`` queries; the client side (:func:`connect_rtc`) is what ``compan
 --webrtc`` and the tests use.
 """
 
-from .client import (
+from companion.rtc.client import (
     ClientClosed,
     ClientSettings,
     OfferRejected,
@@ -15,14 +15,20 @@ from .client import (
     Signaler,
     connect_rtc,
 )
-from .control import StopSpeech, VoiceSwitch, interpret_control
-from .gateway import OfferReply, RtcGateway, open_gateway
-from .ice import LOOPBACK, candidate_addresses_for, host_addresses
-from .island import AsyncioIsland, open_island
-from .seam import FrameServer
-from .session import DataChannelFrames, NegotiationFailed, RtcSession, SessionSettings, SessionStats
-from .signaling import OfferError, OfferRequest, parse_offer
-from .voicequeue import FRAME_SAMPLES, SAMPLE_RATE, FrameStep, QueueFull, VoiceQueue
+from companion.rtc.control import StopSpeech, VoiceSwitch, interpret_control
+from companion.rtc.gateway import OfferReply, RtcGateway, open_gateway
+from companion.rtc.ice import LOOPBACK, candidate_addresses_for, host_addresses
+from companion.rtc.island import AsyncioIsland, open_island
+from companion.rtc.seam import FrameServer
+from companion.rtc.session import (
+    DataChannelFrames,
+    NegotiationFailed,
+    RtcSession,
+    SessionSettings,
+    SessionStats,
+)
+from companion.rtc.signaling import OfferError, OfferRequest, parse_offer
+from companion.rtc.voicequeue import FRAME_SAMPLES, SAMPLE_RATE, FrameStep, QueueFull, VoiceQueue
 
 __all__ = [
     "FRAME_SAMPLES",

@@ -6,8 +6,8 @@ import fractions
 
 import av
 
-from ..voice import Speech
-from .voicequeue import FRAME_SAMPLES, SAMPLE_RATE
+from companion.rtc.voicequeue import FRAME_SAMPLES, SAMPLE_RATE
+from companion.voice import Speech
 
 __all__ = ["audio_frame", "to_track_rate"]
 

@@ -29,10 +29,10 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError
 
-from ..log import log_event
-from .http import offer_url, post_json
-from .ice import LOOPBACK, host_addresses
-from .island import AsyncioIsland, open_island, single_exceptions
+from companion.log import log_event
+from companion.rtc.http import offer_url, post_json
+from companion.rtc.ice import LOOPBACK, host_addresses
+from companion.rtc.island import AsyncioIsland, open_island, single_exceptions
 
 __all__ = [
     "ClientClosed",

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from ..protocol import MESSAGES
+from companion.protocol import MESSAGES
 
 __all__ = ["Control", "ControlError", "StopSpeech", "VoiceSwitch", "interpret_control", "is_new_message"]
 

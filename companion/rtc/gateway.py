@@ -17,13 +17,13 @@ from types import MappingProxyType
 
 import trio
 
-from ..log import log_event
-from ..transport import Publisher
-from ..voice import Synthesizer
-from .island import AsyncioIsland, open_island
-from .seam import FrameServer
-from .session import NegotiationFailed, RtcSession, SessionSettings
-from .signaling import OfferError, OfferRequest, answer_body, error_body, parse_offer
+from companion.log import log_event
+from companion.rtc.island import AsyncioIsland, open_island
+from companion.rtc.seam import FrameServer
+from companion.rtc.session import NegotiationFailed, RtcSession, SessionSettings
+from companion.rtc.signaling import OfferError, OfferRequest, answer_body, error_body, parse_offer
+from companion.transport import Publisher
+from companion.voice import Synthesizer
 
 __all__ = ["OfferReply", "RtcGateway", "open_gateway"]
 

@@ -19,9 +19,9 @@ from typing import Protocol
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
 
-from ..log import log_event
-from .client import ClientClosed, ReceivedAudio, RtcClient, connect_rtc
-from .voicequeue import SAMPLE_RATE
+from companion.log import log_event
+from companion.rtc.client import ClientClosed, ReceivedAudio, RtcClient, connect_rtc
+from companion.rtc.voicequeue import SAMPLE_RATE
 
 __all__ = ["MessageConnection", "RtcFrames", "open_rtc_listener", "play_audio"]
 

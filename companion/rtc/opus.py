@@ -14,7 +14,7 @@ from typing import Final
 
 import av
 
-from .voicequeue import FRAME_BYTES, FRAME_SAMPLES, SAMPLE_RATE, pcm_frames
+from companion.rtc.voicequeue import FRAME_BYTES, FRAME_SAMPLES, SAMPLE_RATE, pcm_frames
 
 __all__ = ["OPUS_BITRATE", "OpusLineEncoder", "encode_opus", "opus_silence"]
 

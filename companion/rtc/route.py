@@ -11,16 +11,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final
 
-from ..bridge.httpserver import HttpRequest, HttpResponse, Route, json_response
-from ..log import log_event
-from ..transport import Publisher
-from ..voice import EspeakSynthesizer, Synthesizer
-from .gateway import RtcGateway, open_gateway
-from .ice import candidate_addresses_for
-from .session import SessionSettings
+from companion.bridge.httpserver import HttpRequest, HttpResponse, Route, json_response
+from companion.log import log_event
+from companion.rtc.gateway import RtcGateway, open_gateway
+from companion.rtc.ice import candidate_addresses_for
+from companion.rtc.session import SessionSettings
+from companion.transport import Publisher
+from companion.voice import EspeakSynthesizer, Synthesizer
 
 if TYPE_CHECKING:
-    from ..bridge import Bridge
+    from companion.bridge import Bridge
 
 __all__ = ["OFFER_PATH", "offer_route", "serve_webrtc"]
 

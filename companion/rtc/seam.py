@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from ..bridge.channel import FrameChannel
+from companion.bridge.channel import FrameChannel
 
 __all__ = ["FrameServer"]
 

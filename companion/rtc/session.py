@@ -30,20 +30,20 @@ import trio
 from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InternalError, InvalidAccessError
 
-from ..bridge.channel import ChannelClosed
-from ..log import log_event
-from ..protocol import QUERIES, Query, QueryResult, QueryResultBody, new_id, parse_payload
-from ..transport import Publisher
-from ..voice import SynthesisError, Synthesizer
-from .audio import to_track_rate
-from .control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
-from .ice import LOOPBACK, host_addresses
-from .island import AsyncioIsland
-from .opus import OpusLineEncoder, opus_silence
-from .seam import FrameServer
-from .signaling import OfferRequest, audio_codec
-from .track import VoiceTrack
-from .voicequeue import SAMPLE_RATE, VoiceQueue, pcm_frames
+from companion.bridge.channel import ChannelClosed
+from companion.log import log_event
+from companion.protocol import QUERIES, Query, QueryResult, QueryResultBody, new_id, parse_payload
+from companion.rtc.audio import to_track_rate
+from companion.rtc.control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
+from companion.rtc.ice import LOOPBACK, host_addresses
+from companion.rtc.island import AsyncioIsland
+from companion.rtc.opus import OpusLineEncoder, opus_silence
+from companion.rtc.seam import FrameServer
+from companion.rtc.signaling import OfferRequest, audio_codec
+from companion.rtc.track import VoiceTrack
+from companion.rtc.voicequeue import SAMPLE_RATE, VoiceQueue, pcm_frames
+from companion.transport import Publisher
+from companion.voice import SynthesisError, Synthesizer
 
 __all__ = ["DataChannelFrames", "NegotiationFailed", "RtcSession", "SessionSettings", "SessionStats"]
 

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
-from ..protocol import TOPICS
+from companion.protocol import TOPICS
 
 __all__ = [
     "MAX_SDP_BYTES",

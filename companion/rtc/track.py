@@ -17,8 +17,8 @@ from typing import Any, Final
 import av
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from .audio import audio_frame
-from .voicequeue import FRAME_SAMPLES, SAMPLE_RATE, VoiceQueue
+from companion.rtc.audio import audio_frame
+from companion.rtc.voicequeue import FRAME_SAMPLES, SAMPLE_RATE, VoiceQueue
 
 __all__ = ["VoiceTrack"]
 

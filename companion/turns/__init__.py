@@ -13,7 +13,7 @@ people reading logs or the demo transcript).
 What a node *does* with these rules, event by event, is :mod:`companion.conversation`.
 """
 
-from .closing import (
+from companion.turns.closing import (
     DEFAULT_REPETITION_THRESHOLD,
     REPETITION_WINDOW,
     ClosingDecision,
@@ -25,8 +25,15 @@ from .closing import (
     later,
     repetition_score,
 )
-from .leader import MAX_CANDIDATES, Candidates, LeaderPlan, leader_candidates, plan_leaders, select_leader
-from .speaker import (
+from companion.turns.leader import (
+    MAX_CANDIDATES,
+    Candidates,
+    LeaderPlan,
+    leader_candidates,
+    plan_leaders,
+    select_leader,
+)
+from companion.turns.speaker import (
     FAIR_LAG,
     Preference,
     SpeakerDecision,
@@ -40,7 +47,7 @@ from .speaker import (
     reply_recipients,
     speaking_order,
 )
-from .states import (
+from companion.turns.states import (
     EarlyStates,
     StateDecision,
     StatesOutcome,
@@ -52,7 +59,7 @@ from .states import (
     states_tag,
     turn_tag,
 )
-from .thread import (
+from companion.turns.thread import (
     META_CLOSING,
     META_IN_REPLY_TO,
     META_NEXT_SPEAKER,

@@ -23,7 +23,7 @@ from functools import lru_cache
 from itertools import combinations
 from typing import Final, Literal, TypeAlias
 
-from ..protocol import CLOSING_ORDER, ClosingStage
+from companion.protocol import CLOSING_ORDER, ClosingStage
 
 __all__ = [
     "DEFAULT_MIN_REPLIES",

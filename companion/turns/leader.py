@@ -16,7 +16,7 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from ..protocol import COMPANION_ID_PREFIX, Message, canonical_json
+from companion.protocol import COMPANION_ID_PREFIX, Message, canonical_json
 
 __all__ = ["MAX_CANDIDATES", "Candidates", "LeaderPlan", "leader_candidates", "plan_leaders", "select_leader"]
 

@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar
 
-from ..protocol import CLOSING_ORDER, ClosingStage, Message, State
-from .closing import later
+from companion.protocol import CLOSING_ORDER, ClosingStage, Message, State
+from companion.turns.closing import later
 
 __all__ = [
     "TAG_SPACE",

@@ -1,8 +1,8 @@
 """Companion voices: a small synthesizer interface and an espeak-ng implementation."""
 
-from .base import Speech, SynthesisError, SynthesisFailure, Synthesizer
-from .espeak import EMOTION_PROSODY, EspeakSynthesizer, Prosody, pick_voice
-from .wav import WavError, parse_wav
+from companion.voice.base import Speech, SynthesisError, SynthesisFailure, Synthesizer
+from companion.voice.espeak import EMOTION_PROSODY, EspeakSynthesizer, Prosody, pick_voice
+from companion.voice.wav import WavError, parse_wav
 
 __all__ = [
     "EMOTION_PROSODY",

@@ -17,9 +17,9 @@ from types import MappingProxyType
 
 import trio
 
-from ..log import log_event
-from .base import Speech, SynthesisError
-from .wav import WavError, parse_wav
+from companion.log import log_event
+from companion.voice.base import Speech, SynthesisError
+from companion.voice.wav import WavError, parse_wav
 
 __all__ = ["EMOTION_PROSODY", "EspeakSynthesizer", "Prosody", "pick_voice"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from .base import SAMPLE_WIDTH, Speech
+from companion.voice.base import SAMPLE_WIDTH, Speech
 
 __all__ = ["WavError", "parse_wav"]
 
