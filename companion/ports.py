@@ -1,13 +1,13 @@
 """The seams between the conversation core and the world, with the semantics both sides rely on.
 
-The engine (:mod:`companion.engine`) and the action runtime see the network, the directory and
-the disk only through these. The libp2p node, :class:`companion.transport.MemoryHub` and the
-SQLite :class:`companion.store.Store` implement them; tests implement them with plain objects.
+The engine (:mod:`companion.engine.driver`) and the action runtime see the network, the directory and
+the disk only through these. The libp2p node, :class:`companion.memory.MemoryHub` and the
+SQLite :class:`companion.store.sqlite.Store` implement them; tests implement them with plain objects.
 
 **The echo rule** (one for every transport): a node receives its own publications back as
 :class:`Inbound` payloads, through the same edge as everyone else's (parsed, authenticated,
 deduplicated by the node), in no particular order with other payloads. gossipsub does this by
-itself and :class:`~companion.transport.MemoryHub` delivers to every endpoint, the publisher
+itself and :class:`~companion.memory.MemoryHub` delivers to every endpoint, the publisher
 included. The engine relies on it: this node's reply and states array count when they come
 back, exactly as a peer's do, and the history records each message once, when it arrives.
 """
@@ -76,8 +76,8 @@ class NodeLike(Publisher, Protocol):
 
 
 class ConversationStore(Protocol):
-    """What the engine keeps on disk (:class:`~companion.store.Store`) or in memory
-    (:class:`~companion.store.MemoryStore`). Every call but :meth:`flush` is short and
+    """What the engine keeps on disk (:class:`~companion.store.sqlite.Store`) or in memory
+    (:class:`~companion.store.sqlite.MemoryStore`). Every call but :meth:`flush` is short and
     synchronous; a call that raises changed nothing, and the engine then leaves its conversation
     as it was. Writes reach the disk a little later, in order (:meth:`flush` waits for them)."""
 

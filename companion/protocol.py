@@ -309,7 +309,7 @@ class PresenceParams(_Strict):
 
 class Presence(_Strict):
     """``presence.announce``: a companion says it is on the network (our own topic, see
-    :mod:`companion.presence`; aikyo nodes do not subscribe to it). Every ``params`` key is
+    :mod:`companion.node.announcements`; aikyo nodes do not subscribe to it). Every ``params`` key is
     required."""
 
     jsonrpc: Literal["2.0"] = "2.0"

@@ -499,7 +499,7 @@ class Client:
     message and states array: arrival time per message id, replies per message, the transcript."""
 
     def __init__(self, ids: Sequence[str], *, companions: bool, key_pair: Any = None) -> None:
-        from companion.transcript import Transcript
+        from companion.conversation.transcript import Transcript
 
         self.key_pair = key_pair
         self.ids = list(ids)
@@ -560,8 +560,8 @@ class Client:
             await self._done.wait()
 
     async def _drain(self, topic: str, sub: Any) -> None:
+        from companion.conversation.rules import turn_info
         from companion.protocol import MESSAGES, Message, PayloadError, parse_payload
-        from companion.turns import turn_info
 
         me = self.host.get_id().to_bytes()
         while True:
@@ -1423,7 +1423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         js_command=tuple(js_command or ()),
         client_key=create_new_key_pair(),
     )
-    import companion.node  # noqa: F401  (py-libp2p resets its loggers on import: import it first)
+    import companion.node.node  # noqa: F401  (py-libp2p resets its loggers on import: import it first)
     from companion.log import configure_logging
 
     configure_logging("ERROR")  # the client's py-libp2p would print every reset connection

@@ -59,7 +59,7 @@ from fake_llm_server import CooperativeModel, Reply, running_server, tokens, too
 from live_support import write_card  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
-from companion.sentences import split_sentences  # noqa: E402
+from companion.lines.sentences import split_sentences  # noqa: E402
 
 LINE = "The harbour is quiet tonight. Three boats came in after dark, full of fish. Shall we go and look?"
 PROFILES: dict[str, tuple[float, float]] = {"hosted": (0.4, 60.0), "local": (2.0, 20.0)}

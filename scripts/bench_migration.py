@@ -1,9 +1,9 @@
 """How long an upgrade holds a companion's start: migrating a store of layout 1 with N messages.
 
 A store of the first layout (``messages``, ``memory``, ``seen``, as the release of 2026-11-30
-wrote it: ``companion.layout.MIGRATIONS[:1]``) is filled with ``--messages`` messages from
+wrote it: ``companion.store.layout.MIGRATIONS[:1]``) is filled with ``--messages`` messages from
 ``--senders`` companions and the seen ids of each, then migrated to today's layout with
-:func:`companion.layout.migrate_sqlite` (the copy beside it, then the steps in one transaction),
+:func:`companion.store.layout.migrate_sqlite` (the copy beside it, then the steps in one transaction),
 as ``companion run`` does before its nodes start. The reference, measured in the same run on a
 twin of the same file: SQLite's backup of it alone (the copy every migration makes), and reading
 every row of it (what opening any store of that size costs at least). Each is the median of
@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from companion import layout
-from companion.layout import migrate_sqlite
 from companion.protocol import Message, encode
-from companion.sqlwriter import transaction
+from companion.store import layout
+from companion.store.layout import migrate_sqlite
+from companion.store.writer import transaction
 
 
 def old_store(path: Path, messages: int, senders: int) -> None:

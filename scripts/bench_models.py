@@ -21,7 +21,7 @@ Then, ``--runs`` times, it starts ``python -m llama_cpp.server`` on a free loopb
 with this interpreter, stops the server by its PID, and prints: the replies, whether the
 conversation reached ``terminal`` and after how many turns, who spoke how often and the closing
 stages in order, lines that carry the prompt's format or copy an earlier line
-(:func:`companion.lines.check_line`, and the lines the engine refused), HTTP requests and seconds
+(:func:`companion.lines.check.check_line`, and the lines the engine refused), HTTP requests and seconds
 per turn, prompt tokens per turn and how many the server took from its cache (its log's
 ``prefix-match hit`` and ``prompt eval ... / N tokens`` lines), failures by kind, and whether
 every reply was addressed to companions that exist. A server that dies is said once, with its
@@ -328,7 +328,7 @@ def demo(
 def card_ids() -> set[str]:
     """The ids of the demo's companions (its default cards)."""
     from companion.app.demo import default_cards
-    from companion.card import load_card
+    from companion.card.model import load_card
 
     return {load_card(path).card.metadata.id for path in default_cards(REPO / "cards")}
 
@@ -356,8 +356,8 @@ def cache_use(log: Path) -> list[tuple[int, int]]:
 
 def check_lines(replies: list[dict[str, Any]], opening: str, ids: set[str]) -> list[tuple[int, str, str]]:
     """``(turn, kind, text)`` of every reply that carries the prompt's format or copies an earlier
-    line, judged as the speaker judges (:func:`companion.lines.check_line`)."""
-    from companion.lines import LineContext, check_line
+    line, judged as the speaker judges (:func:`companion.lines.check.check_line`)."""
+    from companion.lines.check import LineContext, check_line
 
     earlier = [opening]
     found: list[tuple[int, str, str]] = []

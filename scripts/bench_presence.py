@@ -49,9 +49,9 @@ def worker(index: int, peers: list[str], presence: bool) -> None:
     import trio
 
     from companion.log import configure_logging
+    from companion.memory import Inbound
     from companion.node import CompanionNode, NodeConfig
     from companion.protocol import Metadata
-    from companion.transport import Inbound
 
     configure_logging("WARNING")
     me = f"companion_bench{index:02d}"

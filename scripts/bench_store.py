@@ -7,9 +7,9 @@ store, with a reply mark and a working-memory write every tenth message (as the 
 
 - **old**: the store as it was, measured in the same run as the reference: every write commits on
   the loop thread, WAL mode, ``synchronous=FULL``.
-- **new**: :class:`companion.store.Store`: the in-memory view answers, the writer thread commits
+- **new**: :class:`companion.store.sqlite.Store`: the in-memory view answers, the writer thread commits
   (``synchronous=NORMAL``, batches).
-- **memory**: :class:`companion.store.MemoryStore`, no disk at all: the floor that the machine's
+- **memory**: :class:`companion.store.sqlite.MemoryStore`, no disk at all: the floor that the machine's
   own noise (other processes preempting this one) sets under both.
 
 Blocked time is measured two ways on the loop thread: the duration of each store call (per
@@ -37,9 +37,9 @@ import trio.abc
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_support import percentile
 
-from companion.layout import migrate_sqlite
 from companion.protocol import Message, encode
-from companion.store import DB_FILENAME, MemoryStore, Store
+from companion.store.layout import migrate_sqlite
+from companion.store.sqlite import DB_FILENAME, MemoryStore, Store
 
 
 class _Recorder(Protocol):

@@ -34,15 +34,15 @@ from bench_support import percentile
 
 from companion.app.demo import DemoOptions, _Child, _spawn, _stop_children, _wait_child, default_cards
 from companion.app.group import MemoryGroup
-from companion.card import CardSettings, LoadedCard, load_card
-from companion.engine import EngineTimings
+from companion.card.model import CardSettings, LoadedCard, load_card
+from companion.conversation.rules import turn_info
+from companion.conversation.transcript import TranscriptEvent
+from companion.engine.driver import EngineTimings
 from companion.log import configure_logging
+from companion.memory import Inbound
 from companion.models.base import ParamsRequest, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
 from companion.protocol import MESSAGES, Message, Metadata
-from companion.transcript import TranscriptEvent
-from companion.transport import Inbound
-from companion.turns import turn_info
 
 REPO = Path(__file__).resolve().parents[1]
 

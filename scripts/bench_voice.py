@@ -26,10 +26,10 @@ from typing import Any
 import trio
 
 from companion.bridge import Bridge, BridgeConfig
+from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import QUERIES, Query, QueryResult
 from companion.rtc import SessionSettings, connect_rtc, open_gateway
 from companion.rtc.route import OFFER_PATH, offer_route
-from companion.transport import MemoryEndpoint, MemoryHub
 from companion.voice import EspeakSynthesizer
 
 LINE = "Good morning! The weather is lovely today, shall we go for a walk?"

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from companion.actions import ActionRuntime, ToolDef
-from companion.history import InMemoryHistory
+from companion.memory import MemoryEndpoint
 from companion.protocol import (
     QUERIES,
     Envelope,
@@ -19,7 +19,7 @@ from companion.protocol import (
     QueryResultBody,
     State,
 )
-from companion.transport import MemoryEndpoint
+from companion.store.history import InMemoryHistory
 
 ME = Metadata(id="companion_a", name="Aya", personality="calm", story="lives here", sample="hello")
 OTHER = Metadata(id="companion_b", name="Ben", personality="loud", story="visits", sample="yo")

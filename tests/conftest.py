@@ -8,7 +8,7 @@ import trio.testing
 
 @pytest.fixture
 def disk_clock() -> trio.testing.MockClock:
-    """A mock clock for an engine on a real :class:`~companion.store.Store`: it jumps only after
+    """A mock clock for an engine on a real :class:`~companion.store.sqlite.Store`: it jumps only after
     50 ms of real idleness. The engine waits for the store's worker thread to commit a reply's
     mark before publishing; ``autojump_clock`` (threshold 0) takes that wait for idleness and
     moves time past the turn's deadlines while the disk writes."""

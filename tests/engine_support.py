@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from companion.card import CardSettings, CompanionCard, Condition, Events, Execute, LoadedCard
+from companion.card.model import CardSettings, CompanionCard, Condition, Events, Execute, LoadedCard
 from companion.models.base import (
     CompanionModel,
     ParamsRequest,
@@ -176,7 +176,7 @@ def solo(
 ) -> tuple[Any, EchoSink, list[Any]]:
     """One engine driven by hand (attach it to a nursery): ``(engine, its echoing sink, its events)``.
     It sees only itself in its directory."""
-    from companion.engine import ConversationEngine, EngineTimings
+    from companion.engine.driver import ConversationEngine, EngineTimings
 
     me = card.card.metadata.id
     sink = sink or EchoSink(me)

@@ -48,14 +48,20 @@ from engine_support import HookedModel, make_card
 
 from companion import protocol
 from companion.app.group import MemoryGroup
-from companion.conversation import YIELD_SIGNAL
-from companion.engine import EngineEvent, EngineTimings
+from companion.conversation.machine import YIELD_SIGNAL
+from companion.conversation.rules import (
+    decide_next_speaker,
+    fallback_decisions,
+    finalize_states,
+    select_leader,
+    turn_tag,
+)
+from companion.conversation.transcript import Transcript
+from companion.engine.driver import EngineEvent, EngineTimings
+from companion.memory import MemoryEndpoint, MemoryHub
 from companion.models.base import ModelError, SpeakRequest, StatesRequest
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, STATES, Action, Message, Metadata, State
-from companion.transcript import Transcript
-from companion.transport import MemoryEndpoint, MemoryHub
-from companion.turns import decide_next_speaker, fallback_decisions, finalize_states, select_leader, turn_tag
 
 TIMINGS: Final = EngineTimings.offline()
 VIRTUAL_DEADLINE: Final = 3600.0

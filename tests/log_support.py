@@ -8,7 +8,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import companion.node  # noqa: F401  (py-libp2p resets its loggers when imported: before any set-up)
+import companion.node.node  # noqa: F401  (py-libp2p resets its loggers when imported: before any set-up)
 from companion.log import configure_logging
 
 

@@ -16,15 +16,15 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from companion.membership import Membership, MembershipEvent
+from companion.memory import Inbound
 from companion.node import CompanionNode
 from companion.node.config import NodeConfig, make_gossipsub, make_host
 from companion.node.discovery import parse_peer_addr
 from companion.node.drops import DropCounters
+from companion.node.membership import Membership, MembershipEvent
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
 from companion.node.presence import PresenceService, PresenceSettings
 from companion.protocol import TOPICS, Metadata
-from companion.transport import Inbound
 
 
 @dataclass

@@ -14,12 +14,12 @@ from pydantic import BaseModel, Field
 from companion.actions import ActionContext, ActionRefused, action, knowledge
 from companion.app.demo import default_cards
 from companion.app.group import USER_ID, MemoryGroup
-from companion.card import LoadedCard, load_card
-from companion.engine import EngineTimings
+from companion.card.model import LoadedCard, load_card
+from companion.conversation.transcript import TranscriptEvent
+from companion.engine.driver import EngineTimings
+from companion.memory import Inbound
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Action
-from companion.transcript import TranscriptEvent
-from companion.transport import Inbound
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -28,8 +28,8 @@ from companion.actions.builtins import (
     speak,
     speak_with_voice,
 )
+from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
-from companion.transport import MemoryEndpoint, MemoryHub
 
 SAY = {"message": "Good morning!", "to": ["user", OTHER.id], "emotion": "happy"}
 

@@ -21,9 +21,9 @@ from companion.actions import (
     action,
     knowledge,
 )
-from companion.history import InMemoryHistory
+from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Query, QueryResult
-from companion.transport import MemoryHub
+from companion.store.history import InMemoryHistory
 
 
 class Empty(BaseModel):

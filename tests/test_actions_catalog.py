@@ -21,8 +21,8 @@ from companion.actions import (
 )
 from companion.actions.builtins import companions, speak
 from companion.actions.catalog import MAX_ANNOUNCED_TOOLS
+from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MAX_PAYLOAD_BYTES, Action, Metadata, encode, parse_payload
-from companion.transport import MemoryHub
 
 
 class Empty(BaseModel):

@@ -13,11 +13,11 @@ import trio
 from actions_support import ME, OTHER, answer, make_runtime
 
 from companion.actions import ActionDef, ActionRuntime, KeyValueStore, ToolResult, resolve_tool
-from companion.card import load_card
-from companion.history import InMemoryHistory
+from companion.card.model import load_card
+from companion.card.routines import CompanionJoined, CompanionLeft, RoutineFinished, RoutineScheduler
+from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MESSAGES, Message
-from companion.routines import CompanionJoined, CompanionLeft, RoutineFinished, RoutineScheduler
-from companion.transport import MemoryHub
+from companion.store.history import InMemoryHistory
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "actions.md"

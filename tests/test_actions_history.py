@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from companion.history import ConversationHistory, InMemoryHistory
 from companion.protocol import Message
+from companion.store.history import ConversationHistory, InMemoryHistory
 
 
 def _msg(text: str, id: str | None = None) -> Message:

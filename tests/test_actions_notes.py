@@ -14,9 +14,9 @@ from companion.actions import (
     action,
     knowledge,
 )
-from companion.history import InMemoryHistory
+from companion.memory import MemoryHub
 from companion.protocol import MESSAGES, Message, encode
-from companion.transport import MemoryHub
+from companion.store.history import InMemoryHistory
 
 SECRET = "the user's cat is called Miso"
 

@@ -13,8 +13,8 @@ from actions_support import ME, OTHER, Recorder, answer, make_runtime
 from pydantic import BaseModel
 
 from companion.actions import ActionContext, ActionDef, ActionRefused, ErrorCode, action, knowledge
-from companion.history import InMemoryHistory
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Metadata, Query
+from companion.store.history import InMemoryHistory
 
 
 class Say(BaseModel):

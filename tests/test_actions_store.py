@@ -23,9 +23,9 @@ from companion.actions import (
     StoreLimits,
     action,
 )
-from companion.actions.kv import KV_TABLE
 from companion.protocol import Action, Message
-from companion.store import DB_FILENAME, Store
+from companion.store.kv import KV_TABLE
+from companion.store.sqlite import DB_FILENAME, Store
 
 
 class Empty(BaseModel):

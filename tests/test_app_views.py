@@ -7,7 +7,7 @@ from pathlib import Path
 
 from companion.app.views import gather_history
 from companion.protocol import Message
-from companion.store import MemoryStore, Store, read_history
+from companion.store.sqlite import MemoryStore, Store, read_history
 
 
 async def test_the_stores_are_merged_once_per_message_at_the_earliest_time(tmp_path: Path) -> None:

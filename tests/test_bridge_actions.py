@@ -18,8 +18,8 @@ from companion.actions import ActionContext, ActionRuntime, action
 from companion.app.actions import serve_actions
 from companion.bridge import Bridge, BridgeConfig
 from companion.bridge.ratelimit import RateLimit
+from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import ACTIONS, Action, Query
-from companion.transport import MemoryEndpoint, MemoryHub
 
 TOKEN = "s3cret"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from companion.bridge.answers import AnswerLedger
 from companion.bridge.core import FirehoseCore
+from companion.memory import Inbound
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult, QueryResultBody, encode
-from companion.transport import Inbound
 
 
 def test_only_a_client_that_got_the_query_may_answer_and_only_once() -> None:

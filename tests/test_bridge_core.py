@@ -7,8 +7,8 @@ import json
 from companion.bridge.clients import QueueLimits
 from companion.bridge.core import MAX_AWAITED_ECHOES, FirehoseCore
 from companion.bridge.frames import FrameError
+from companion.memory import Inbound
 from companion.protocol import MESSAGES, QUERIES, STATES, Message, Query, State, encode, encode_states
-from companion.transport import Inbound
 
 
 def inbound(

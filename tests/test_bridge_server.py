@@ -17,6 +17,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnec
 
 from companion.bridge import Bridge, BridgeConfig, QueueLimits
 from companion.bridge.channel import CLOSE_GOING_AWAY, CLOSE_POLICY
+from companion.memory import Inbound, MemoryEndpoint, MemoryHub
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
@@ -31,7 +32,6 @@ from companion.protocol import (
     State,
     encode,
 )
-from companion.transport import Inbound, MemoryEndpoint, MemoryHub
 
 AYA = Metadata(id="companion_aya", name="Aya", personality="kind", story="s", sample="hi")
 

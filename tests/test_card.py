@@ -19,7 +19,7 @@ from companion.actions import (
     action,
     knowledge,
 )
-from companion.card import (
+from companion.card.model import (
     CardError,
     CardProblem,
     CardSettings,

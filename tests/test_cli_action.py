@@ -12,7 +12,7 @@ import pytest
 
 from companion.actions import KeyValueStore
 from companion.cli import main
-from companion.store import DB_FILENAME
+from companion.store.sqlite import DB_FILENAME
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CARD = """

@@ -11,7 +11,7 @@ from cli_support import run_companion
 import companion
 from companion.cli import build_parser
 from companion.cli.options import chosen_log_level, log_level
-from companion.layout import DATA_LAYOUT
+from companion.store.layout import DATA_LAYOUT
 
 
 def test_dash_v_and_version_print_the_version_and_the_data_layout(tmp_path: Path) -> None:

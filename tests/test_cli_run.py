@@ -24,14 +24,14 @@ from companion.app.engines import (
     prepare_models,
 )
 from companion.app.lines import announce_directory, parse_sees, sees_line
-from companion.card import LoadedCard, load_card
+from companion.card.model import LoadedCard, load_card
 from companion.cli import main
-from companion.engine import EngineTimings
+from companion.engine.driver import EngineTimings
+from companion.memory import Inbound
 from companion.models.scripted import ScriptedModel
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message
-from companion.store import Store
-from companion.transport import Inbound
+from companion.store.sqlite import Store
 
 
 def loaded(tmp_path: Path, *specs: tuple[str, str | None]) -> list[LoadedCard]:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.conversation import (
+from companion.conversation.machine import (
     SLOT_GRACE,
     THINKING_SIGNAL,
     TRANSITIONS,
@@ -39,8 +39,7 @@ from companion.conversation import (
     YieldSeen,
     read_signal,
 )
-from companion.protocol import Action, ClosingStage, Message, State
-from companion.turns import (
+from companion.conversation.rules import (
     MAX_CANDIDATES,
     META_CLOSING,
     META_IN_REPLY_TO,
@@ -51,6 +50,7 @@ from companion.turns import (
     plan_leaders,
     turn_tag,
 )
+from companion.protocol import Action, ClosingStage, Message, State
 
 A, B, C, D, E = (f"companion_{x}" for x in "abcde")
 USER = "user_x"

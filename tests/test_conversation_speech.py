@@ -14,7 +14,7 @@ from engine_support import make_card
 
 from companion.actions.builtins import no_recipients, resolve_recipients
 from companion.app.group import MemoryGroup
-from companion.engine import EngineEvent, EngineTimings
+from companion.engine.driver import EngineEvent, EngineTimings
 from companion.models.base import SpeakRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Message

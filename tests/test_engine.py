@@ -17,7 +17,18 @@ from engine_support import HookedModel, make_card, solo
 
 from companion.actions import ActionDef
 from companion.app.group import MemoryGroup
-from companion.engine import ConversationEngine, EngineEvent, EngineTimings
+from companion.conversation.rules import (
+    META_CLOSING,
+    META_IN_REPLY_TO,
+    META_NEXT_SPEAKER,
+    META_TURN,
+    finalize_states,
+    plan_leaders,
+    turn_tag,
+)
+from companion.conversation.transcript import Transcript
+from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
+from companion.memory import Inbound, MemoryHub
 from companion.models.base import ModelError, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
 from companion.protocol import (
@@ -30,18 +41,7 @@ from companion.protocol import (
     QueryResultBody,
     State,
 )
-from companion.store import MemoryStore, Store
-from companion.transcript import Transcript
-from companion.transport import Inbound, MemoryHub
-from companion.turns import (
-    META_CLOSING,
-    META_IN_REPLY_TO,
-    META_NEXT_SPEAKER,
-    META_TURN,
-    finalize_states,
-    plan_leaders,
-    turn_tag,
-)
+from companion.store.sqlite import MemoryStore, Store
 
 TIMINGS = EngineTimings.offline()
 
@@ -418,7 +418,7 @@ async def test_turn_limit_closes_gracefully_and_ends(autojump_clock: trio.testin
 
 class Parrot(ScriptedModel):
     """Always says the same short line: repetition must close the conversation. (A longer line
-    said again is refused as a copy, see ``companion.lines``; two words may come back.)"""
+    said again is refused as a copy, see ``companion.lines.check``; two words may come back.)"""
 
     async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
         await call_tool(

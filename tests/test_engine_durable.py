@@ -19,12 +19,12 @@ import pytest
 import trio
 from engine_support import EchoSink, make_card, solo
 
-from companion.engine import EngineTimings
+from companion.conversation.rules import META_IN_REPLY_TO
+from companion.engine.driver import EngineTimings
+from companion.memory import Inbound
 from companion.models.scripted import ScriptedModel
 from companion.protocol import MESSAGES, Message
-from companion.store import Store
-from companion.transport import Inbound
-from companion.turns import META_IN_REPLY_TO
+from companion.store.sqlite import Store
 
 TIMINGS = EngineTimings.offline()
 SLOW_COMMIT = 0.3

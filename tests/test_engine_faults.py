@@ -26,7 +26,7 @@ from fault_support import (
     describe,
 )
 
-# 70: with lines that repeat the conversation refused (companion.lines), 60 seeds no longer
+# 70: with lines that repeat the conversation refused (companion.lines.check), 60 seeds no longer
 # happened to deliver an earlier leader's array late (states_switched); 70 do.
 CONVERSATIONS = int(os.environ.get("COMPANION_FAULT_CONVERSATIONS", "70"))
 

@@ -14,7 +14,7 @@ from fake_llm_server import CooperativeModel, Reply, running_server, tool_call
 from routine_support import SECRET
 
 from companion.app.group import MemoryGroup
-from companion.engine import EngineTimings
+from companion.engine.driver import EngineTimings
 from companion.models.endpoints import ProviderConfig
 from companion.models.providers import ProviderModel
 from companion.protocol import encode

@@ -12,7 +12,7 @@ from engine_support import make_card
 from fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, Recorded, running_server
 
 from companion.app.group import MemoryGroup
-from companion.engine import EngineTimings
+from companion.engine.driver import EngineTimings
 from companion.models.endpoints import ProviderConfig
 from companion.models.providers import ProviderModel, resolve_config
 from companion.models.servers import EndpointMemory

@@ -18,15 +18,15 @@ from engine_support import make_card
 
 from companion.actions import TOOLS_ACTION, KeyValueStore
 from companion.app.group import USER_ID, MemoryGroup
-from companion.card import LoadedCard, load_card
-from companion.engine import ConversationEngine, EngineEvent, EngineTimings
+from companion.card.model import LoadedCard, load_card
+from companion.card.routines import Routine
+from companion.conversation.rules import META_CLOSING, META_IN_REPLY_TO
+from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
+from companion.engine.tools import DEFAULT_REFRESH_GAP
+from companion.memory import Inbound, MemoryHub
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, Message
-from companion.routines import Routine
-from companion.store import Store
-from companion.tools_announcer import DEFAULT_REFRESH_GAP
-from companion.transport import Inbound, MemoryHub
-from companion.turns import META_CLOSING, META_IN_REPLY_TO
+from companion.store.sqlite import Store
 
 TIMINGS = EngineTimings.offline()
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

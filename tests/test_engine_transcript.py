@@ -27,10 +27,8 @@ from companion.app.demo import (
     run_in_memory,
 )
 from companion.app.group import USER_ID
-from companion.card import load_card
-from companion.protocol import Message, State
-from companion.transcript import Transcript, TranscriptEvent, render_text
-from companion.turns import (
+from companion.card.model import load_card
+from companion.conversation.rules import (
     META_CLOSING,
     META_IN_REPLY_TO,
     META_TURN,
@@ -38,6 +36,8 @@ from companion.turns import (
     finalize_states,
     turn_tag,
 )
+from companion.conversation.transcript import Transcript, TranscriptEvent, render_text
+from companion.protocol import Message, State
 
 REPO = Path(__file__).resolve().parents[1]
 A, B, C = "companion_a", "companion_b", "companion_c"

@@ -34,16 +34,10 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "core": (
         "companion.card",
-        "companion.triggers",
-        "companion.routines",
-        "companion.turns",
         "companion.conversation",
-        "companion.transcript",
-        "companion.signals",
-        "companion.sentences",
-        "companion.history",
-        "companion.membership",
-        "companion.presence",
+        "companion.lines",
+        "companion.node.membership",
+        "companion.node.announcements",
         "companion.actions.approval",
         "companion.actions.builtins",
         "companion.actions.catalog",
@@ -54,27 +48,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "companion.actions.results",
         "companion.models.base",
         "companion.models.errors",
-        "companion.lines",
-        "companion.paramfit",
     ),
-    "state": (
-        "companion.store",
-        "companion.sqlwriter",
-        "companion.trust",
-        "companion.actions.kv",
-        "companion.layout",
-        "companion.dirlock",
-    ),
-    "transport": ("companion.transport",),
-    "turn": (
+    "state": ("companion.store", "companion.node.trust"),
+    "memory": ("companion.memory",),
+    "engine": (
         "companion.engine",
-        "companion.speech",
-        "companion.voiceline",
         "companion.actions",  # the package's __init__: it re-exports the runtime
         "companion.actions.runtime",
         "companion.actions.queries",
-        "companion.routine_driver",
-        "companion.tools_announcer",
     ),
     "models": ("companion.models",),
     "node": ("companion.node",),
@@ -84,7 +65,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "listen": ("companion.listen",),
     "app": ("companion.app",),
     "cli": ("companion.cli", "companion.__main__"),
-    "package": ("companion",),  # the package's __init__ alone
+    "testing": ("companion.testing",),
+    "package": ("companion",),  # the package's __init__ alone: the front door
 }
 
 MAY_IMPORT: dict[str, frozenset[str]] = {
@@ -92,33 +74,34 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "vocabulary": frozenset(),
     "core": frozenset({"vocabulary"}),
     "state": frozenset({"vocabulary", "core"}),
-    "transport": frozenset({"vocabulary"}),
-    "turn": frozenset({"vocabulary", "core", "state"}),
+    "memory": frozenset({"vocabulary"}),
+    "engine": frozenset({"vocabulary", "core", "state"}),
     "models": frozenset({"vocabulary", "core"}),
-    "node": frozenset({"vocabulary", "core", "state", "transport"}),
-    "bridge": frozenset({"vocabulary", "core", "transport"}),
+    "node": frozenset({"vocabulary", "core", "state", "memory"}),
+    "bridge": frozenset({"vocabulary", "core", "memory"}),
     "voice": frozenset({"vocabulary"}),
-    "rtc": frozenset({"vocabulary", "core", "transport", "bridge", "voice"}),
+    "rtc": frozenset({"vocabulary", "core", "memory", "bridge", "voice"}),
     "listen": frozenset({"vocabulary", "core", "bridge", "rtc", "voice"}),
-    "app": frozenset(LAYERS) - {"app", "cli"},
+    "app": frozenset(LAYERS) - {"app", "cli", "testing"},
     "cli": frozenset({"vocabulary", "core", "app", "package"}),
-    "package": frozenset(),
+    "testing": frozenset({"vocabulary", "core", "state", "memory", "models"}),
+    "package": frozenset({"vocabulary", "core"}),
 }
 
 EXCEPTIONS: dict[tuple[str, str], str] = {
     # (importing module, imported module): why this edge is allowed although the table is not
-    ("companion.membership", "companion.trust"): (
+    ("companion.node.membership", "companion.node.trust"): (
         "membership decides over the TrustStore it is handed (synchronous calls); the file "
         "behind it is the store's business"
     ),
-    ("companion.actions.context", "companion.actions.kv"): (
+    ("companion.actions.context", "companion.store.kv"): (
         "a handler's ctx.store is a kv Namespace (a type only: the store loads when a runtime opens it)"
     ),
     ("companion.bridge.actions", "companion.actions.runtime"): (
         "POST /actions/TOOL runs a tool through the companion's ActionRuntime, which app/run.py "
         "hands to the bridge"
     ),
-    ("companion.signals", "companion.models.lexicon"): (
+    ("companion.conversation.signals", "companion.models.lexicon"): (
         "clients and the demo's transcript clean peers' text with the same function the scripted model uses"
     ),
 }
@@ -282,20 +265,22 @@ def test_the_table_matches_the_document() -> None:
 def test_a_forbidden_import_is_reported(tmp_path: Path) -> None:
     """The checker finds a function-level import from the shell into the pure core."""
     path = tmp_path / "conversation.py"
-    path.write_text("def f() -> None:\n    from .node import CompanionNode\n", encoding="utf-8")
-    found = imports_of("companion.conversation", path, all_modules())
+    path.write_text("def f() -> None:\n    from companion.node import CompanionNode\n", encoding="utf-8")
+    found = imports_of("companion.conversation.machine", path, all_modules())
     assert [(i.target, i.line) for i in found] == [("companion.node.node", 2)]
-    assert layer_of("companion.node.node") not in MAY_IMPORT[layer_of("companion.conversation")]
+    assert layer_of("companion.node.node") not in MAY_IMPORT[layer_of("companion.conversation.machine")]
 
 
 @pytest.mark.parametrize(
     "module",
     [
-        "companion.conversation",
-        "companion.transcript",
-        "companion.turns",
-        "companion.membership",
-        "companion.card",
+        "companion.conversation.machine",
+        "companion.conversation.transcript",
+        "companion.conversation.rules",
+        "companion.node.membership",
+        "companion.node.announcements",
+        "companion.card.model",
+        "companion.lines.check",
     ],
 )
 def test_the_sans_io_core_loads_no_event_loop(module: str) -> None:

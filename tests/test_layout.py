@@ -17,12 +17,19 @@ import pytest
 from support.layouts import COMPANIONS, FIXTURES, TABLES, digest, rows, unpack, version
 from support.processes import killed_after
 
-from companion import layout
 from companion.actions import KeyValueStore
-from companion.dirlock import DirectoryInUse, DirectoryLock
-from companion.layout import DATA_LAYOUT, MANIFEST, RELEASES, LayoutError, migrate_sqlite, prepare_data_dir
-from companion.store import DB_FILENAME, Store
-from companion.trust import TRUST_FILENAME, TrustError, TrustStore
+from companion.node.trust import TRUST_FILENAME, TrustError, TrustStore
+from companion.store import layout
+from companion.store.dirlock import DirectoryInUse, DirectoryLock
+from companion.store.layout import (
+    DATA_LAYOUT,
+    MANIFEST,
+    RELEASES,
+    LayoutError,
+    migrate_sqlite,
+    prepare_data_dir,
+)
+from companion.store.sqlite import DB_FILENAME, Store
 
 
 def test_every_layout_ever_written_has_a_fixture() -> None:

@@ -1,4 +1,4 @@
-"""``companion.lines.check_line``: what SmolLM2-135M said in place of a line, measured behind
+"""``companion.lines.check.check_line``: what SmolLM2-135M said in place of a line, measured behind
 llama-cpp-python (issue 31), is refused; what a companion may fairly say is not."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from companion.lines import LineContext, check_line, normalized_words, sentences
+from companion.lines.check import LineContext, check_line, normalized_words, sentences
 
 CONVERSATION = LineContext(
     earlier=[

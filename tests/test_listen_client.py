@@ -26,6 +26,7 @@ from companion.listen import (
     run_listener,
 )
 from companion.listen.core import END_MARKER
+from companion.memory import Inbound, MemoryEndpoint, MemoryHub
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
@@ -38,7 +39,6 @@ from companion.protocol import (
     QueryResult,
     State,
 )
-from companion.transport import Inbound, MemoryEndpoint, MemoryHub
 from companion.voice import EspeakSynthesizer
 
 AYA = Metadata(id="companion_aya", name="Aya", personality="p", story="s", sample="x")

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from companion.conversation.signals import THINKING_DEADLINE, one_line
 from companion.listen.core import END_MARKER, ListenSession, Show
 from companion.protocol import Action, Message, Metadata, State, encode
-from companion.signals import THINKING_DEADLINE, one_line
 
 JUNIPER = Metadata(id="companion_juniper", name="Juniper", personality="p", story="s", sample="x")
 PIM = Metadata(id="companion_pim", name="Pim", personality="p", story="s", sample="x")

@@ -10,9 +10,9 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from support.cards import metadata as md
 
-from companion.membership import BindRefused, Membership, MembershipEvent
+from companion.node.membership import BindRefused, Membership, MembershipEvent
+from companion.node.trust import TrustStore
 from companion.protocol import APPROVAL_QUERY, Metadata
-from companion.trust import TrustStore
 
 ME = "peer-me"
 

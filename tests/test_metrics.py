@@ -25,8 +25,8 @@ from cli_support import run_companion
 
 from companion.app.metrics import ProcessMetrics
 from companion.app.metrics_http import METRICS_LINE, REQUEST_TIMEOUT
-from companion.card import load_card
-from companion.engine import EngineEvent
+from companion.card.model import load_card
+from companion.engine.driver import EngineEvent
 from companion.models.base import StatesRequest
 from companion.models.factory import check_model, make_model
 from companion.models.scripted import ScriptedModel

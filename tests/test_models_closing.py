@@ -22,8 +22,9 @@ from engine_support import HookedModel, make_card
 from fake_llm_server import PROFILES, CooperativeModel, Reply, running_server
 
 from companion.app.group import MemoryGroup
-from companion.conversation import ClosingSettings
-from companion.engine import EngineTimings
+from companion.conversation.machine import ClosingSettings
+from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES, counted_proposal
+from companion.engine.driver import EngineTimings
 from companion.models.factory import engine_timings
 from companion.models.providers import (
     DEFAULT_REQUEST_TIMEOUT,
@@ -33,7 +34,6 @@ from companion.models.providers import (
 )
 from companion.models.scripted import ScriptedModel
 from companion.models.servers import EndpointMemory
-from companion.turns.closing import DEFAULT_MIN_REPLIES, counted_proposal
 
 # Real time: the model answers over real sockets.
 TIMINGS = EngineTimings(

@@ -12,8 +12,8 @@ import trio
 from companion.app.engines import LoggingHandler, summarize
 from companion.app.lines import dialable
 from companion.app.run import Running, RunOptions, listen_addrs_for, run_nodes
+from companion.memory import Inbound
 from companion.protocol import MESSAGES, STATES, Message, State
-from companion.transport import Inbound
 
 CARD = Path(__file__).resolve().parent.parent / "cards"
 

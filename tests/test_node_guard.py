@@ -13,11 +13,12 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from support.cards import metadata as md
 
-from companion.membership import Membership
 from companion.node.drops import Drop, DropCounters
 from companion.node.guard import ASKED_CAPACITY, EdgeGuard
+from companion.node.membership import Membership
 from companion.node.msgid import js_message_id
 from companion.node.replay import ReplayGuard
+from companion.node.trust import TrustStore
 from companion.protocol import (
     ACTIONS,
     APPROVAL_QUERY,
@@ -33,7 +34,6 @@ from companion.protocol import (
     encode,
     encode_states,
 )
-from companion.trust import TrustStore
 
 
 class Clock:

@@ -20,15 +20,15 @@ from libp2p.utils.varint import encode_uvarint
 from node_support import RawPeer, Recorder, raw_peer, run_node, running, until
 from support.cards import metadata as md
 
-from companion.membership import MembershipEvent
 from companion.node import CompanionNode, NodeConfig
 from companion.node import node as node_module
+from companion.node.announcements import DISCONNECT_GRACE
 from companion.node.discovery import parse_peer_addr
+from companion.node.membership import MembershipEvent
 from companion.node.metadata import METADATA_PROTOCOL, fetch_metadata
 from companion.node.node import GONE_WAIT
 from companion.node.presence import LEAVE_NOTICE_TIMEOUT, LEAVE_PROTOCOL
 from companion.node.pubsub import GuardedPubsub, reset_quietly
-from companion.presence import DISCONNECT_GRACE
 
 AT_ONCE = 2.0
 """Seconds a neighbour may take, after the stop ended, to see the close: well under the 5 s

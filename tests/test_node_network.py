@@ -13,9 +13,10 @@ from libp2p.pubsub.pb import rpc_pb2
 from node_support import RawPeer, Recorder, raw_peer, running, until
 from support.cards import metadata as md
 
-from companion.membership import MembershipEvent
+from companion.memory import Inbound
 from companion.node import CompanionNode, NodeNotRunning
 from companion.node import node as node_module
+from companion.node.membership import MembershipEvent
 from companion.node.metadata import fetch_metadata
 from companion.protocol import (
     ACTIONS,
@@ -30,7 +31,6 @@ from companion.protocol import (
     State,
     encode,
 )
-from companion.transport import Inbound
 
 
 async def deliver(

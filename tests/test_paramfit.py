@@ -1,4 +1,4 @@
-"""``companion.paramfit``: a model's parameters fitted to the card's schema before CEL reads them
+"""``companion.card.paramfit``: a model's parameters fitted to the card's schema before CEL reads them
 (measured with SmolLM2-135M: ``topic_energy: 32`` where the card allows 10, twice; and
 ``wants_to_end: true`` on the first turn)."""
 
@@ -11,8 +11,8 @@ import jsonschema
 from hypothesis import given
 from hypothesis import strategies as st
 
-from companion.card import load_card
-from companion.paramfit import fit_params, is_ending_param, plausible_on_opening, says_goodbye
+from companion.card.model import load_card
+from companion.card.paramfit import fit_params, is_ending_param, plausible_on_opening, says_goodbye
 
 PIM = load_card(Path(__file__).resolve().parents[1] / "cards" / "pim.yaml")
 SCHEMA: dict[str, Any] = dict(PIM.card.events.params)

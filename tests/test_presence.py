@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from companion.membership import AnnounceRefused, Membership, MembershipEvent
-from companion.presence import DISCONNECT_GRACE, MEMORY_AGE, NewcomerBudget, PresenceTable
+from companion.node.announcements import DISCONNECT_GRACE, MEMORY_AGE, NewcomerBudget, PresenceTable
+from companion.node.membership import AnnounceRefused, Membership, MembershipEvent
+from companion.node.trust import TrustStore
 from companion.protocol import (
     Metadata,
     PayloadError,
@@ -15,7 +16,6 @@ from companion.protocol import (
     encode_presence,
     parse_presence,
 )
-from companion.trust import TrustStore
 
 ME = "PeerMe"
 WALL = 1_750_000_000.0

@@ -21,8 +21,8 @@ from node_support import presence_service, running, until
 from support.cards import metadata as md
 
 from companion.node import presence as presence_module
+from companion.node.announcements import PRESENCE_TOPIC
 from companion.node.presence import PresenceService, PresenceSettings
-from companion.presence import PRESENCE_TOPIC
 
 AT_ONCE = 5.0
 """Well under any periodic announcement (100 s), so only a hand-over explains what arrives."""

@@ -17,9 +17,10 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerstore import PeerStore
 from node_support import presence_service
 
-from companion.membership import Membership
+from companion.node.announcements import PRESENCE_TOPIC
 from companion.node.config import NodeConfig, connection_config
 from companion.node.drops import DropCounters
+from companion.node.membership import Membership
 from companion.node.presence import (
     LEAVE_NOTICE_TIMEOUT,
     REFUTE_AGAIN,
@@ -29,7 +30,6 @@ from companion.node.presence import (
     PresenceSettings,
 )
 from companion.node.topology import Link, dial_target, plan_trims, ring_neighbours
-from companion.presence import PRESENCE_TOPIC
 from companion.protocol import (
     PRESENCE_MAX_ADDRS,
     Metadata,

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from companion.conversation.rules import select_leader
 from companion.protocol import (
     ACTIONS,
     MAX_PAYLOAD_BYTES,
@@ -32,7 +33,6 @@ from companion.protocol import (
     parse_metadata,
     parse_payload,
 )
-from companion.turns import select_leader
 
 VECTORS = Path(__file__).resolve().parent / "vectors" / "leader.json"
 

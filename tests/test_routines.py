@@ -12,8 +12,7 @@ from pydantic import BaseModel
 
 from companion.actions import ActionContext, ActionDef, KnowledgeDef, action, knowledge
 from companion.actions.builtins import speak
-from companion.protocol import Action, Message
-from companion.routines import (
+from companion.card.routines import (
     MAX_PENDING,
     CompanionJoined,
     CompanionLeft,
@@ -29,6 +28,7 @@ from companion.routines import (
     compile_routines,
     parse_duration,
 )
+from companion.protocol import Action, Message
 
 ME = "companion_me"
 
@@ -358,7 +358,7 @@ def test_hostile_metadata_is_an_error_value_not_a_crash(caplog: pytest.LogCaptur
     s = scheduler({"tool": "ping", "on": "message", "when": "metadata.mood == 1"}, clock=clock)
     for metadata in ({"mood": 2**80}, {"mood": float("nan")}, {}, {"mood": [None, {"x": True}]}):
         message = Message.create("companion_ben", [ME], "hi", metadata=metadata)
-        with caplog.at_level(logging.WARNING, logger="companion.routines"):
+        with caplog.at_level(logging.WARNING, logger="companion.card.routines"):
             s.observe(MessageSeen(message), clock.now)
     assert s.due(clock.now) == []
     assert s.skipped[("ping#0", "guard")] == 4

@@ -13,6 +13,7 @@ import trio
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from support.bridges import bridge_on_hub
 
+from companion.memory import MemoryEndpoint, Publisher
 from companion.protocol import MESSAGES, QUERIES, Envelope, Message, Query, State
 from companion.rtc import (
     ClientSettings,
@@ -23,7 +24,6 @@ from companion.rtc import (
     host_addresses,
     open_gateway,
 )
-from companion.transport import MemoryEndpoint, Publisher
 from companion.voice import Speech
 
 

@@ -19,10 +19,10 @@ from support.bridges import bridge_on_hub
 from companion.bridge import Bridge
 from companion.cli import build_parser
 from companion.listen import ListenOptions, run_listener
+from companion.memory import Inbound, MemoryEndpoint
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
 from companion.rtc import RtcGateway
 from companion.rtc.route import serve_webrtc
-from companion.transport import Inbound, MemoryEndpoint
 from companion.voice import EspeakSynthesizer
 
 

@@ -22,6 +22,7 @@ from client_support import needs_espeak
 from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge
+from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult, encode, parse_payload
 from companion.rtc import (
     ClientClosed,
@@ -34,7 +35,6 @@ from companion.rtc import (
     connect_rtc,
     open_gateway,
 )
-from companion.transport import MemoryEndpoint, MemoryHub
 from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesizer
 
 COMPANION = "companion_aya"

@@ -16,13 +16,13 @@ from scripted_support import REPO, addresses_itself, converse, real_cards, real_
 
 from companion.actions import ActionRuntime
 from companion.app.group import USER_ID, MemoryGroup
-from companion.card import LoadedCard
-from companion.engine import EngineTimings
-from companion.history import InMemoryHistory
+from companion.card.model import LoadedCard
+from companion.conversation.rules import stamp_reply
+from companion.engine.driver import EngineTimings
 from companion.models.base import ParamsRequest, SpeakRequest
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message
-from companion.turns import stamp_reply
+from companion.store.history import InMemoryHistory
 
 OPENINGS = [
     "What's your favourite cake?",

@@ -18,8 +18,8 @@ from scripted_support import REPO, RUNG, real_cards, ring_bell
 
 from companion.actions import ActionRuntime, resolve_tool
 from companion.actions.builtins import SpeakInput
-from companion.history import InMemoryHistory
-from companion.lines import NOT_SAID
+from companion.conversation.rules import bigram_jaccard
+from companion.lines.check import NOT_SAID
 from companion.models.base import (
     ModelError,
     ParamsRequest,
@@ -32,7 +32,7 @@ from companion.models.lexicon import FEELINGS, concepts_in, content_stems, is_qu
 from companion.models.phrasebook import EN, JA
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message, Metadata
-from companion.turns import bigram_jaccard
+from companion.store.history import InMemoryHistory
 
 KYOKO = Metadata(
     id="companion_kyoko",
@@ -540,7 +540,7 @@ def test_the_concepts_of_a_line_are_the_callers_own_to_change() -> None:
 
 
 async def test_a_refused_line_is_followed_by_one_other_line() -> None:
-    """The engine refuses a line that copies one heard (``companion.lines``): the offline model
+    """The engine refuses a line that copies one heard (``companion.lines.check``): the offline model
     then says something else once, rather than giving its slot up."""
     refused = {"status": "refused", "message": f"{NOT_SAID} repeats what was already said."}
     tools = ToolLog(answers={"speak": [refused]})

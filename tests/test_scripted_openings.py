@@ -14,10 +14,10 @@ import pytest
 import trio.testing
 from scripted_support import DOT_CARD, ROLLED, SORA_CARD, converse, real_cards, replies, write_card
 
-from companion.card import LoadedCard
+from companion.card.model import LoadedCard
+from companion.conversation.transcript import TranscriptEvent
 from companion.models.lexicon import sentences
 from companion.models.persona import persona_of
-from companion.transcript import TranscriptEvent
 
 _KANA = re.compile(r"[\u3040-\u30ff]")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")

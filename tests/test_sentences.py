@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.sentences import SentenceSplitter, split_sentences
+from companion.lines.sentences import SentenceSplitter, split_sentences
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from companion.sqlwriter import SqlWriter
+from companion.store.writer import SqlWriter
 
 
 def _rows(path: Path) -> list[tuple[int, str]]:

@@ -26,9 +26,9 @@ LATER: tuple[str, ...] = (
     "companion.bridge",  # clients (--ws)
     "companion.rtc",
     "companion.voice",
-    "companion.engine",  # prepared while the node dials
-    "companion.conversation",
-    "companion.store",
+    "companion.engine.driver",  # prepared while the node dials
+    "companion.conversation.machine",
+    "companion.store.sqlite",
     "sqlite3",
     "urllib.request",
     "libp2p",  # imported when the node starts, not by the command's modules
@@ -61,7 +61,7 @@ def test_preparing_the_offline_model_loads_no_provider_package() -> None:
     code = (
         "import trio\n"
         "from companion.app.engines import EngineOptions, prepare_models\n"
-        "from companion.card import load_card\n"
+        "from companion.card.model import load_card\n"
         f"models = trio.run(prepare_models, [load_card({card!r})], EngineOptions())\n"
         "assert [m.spec for m in models.values()] == ['scripted'], models"
     )

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from support.processes import killed_after
 
-from companion.history import ConversationHistory
-from companion.layout import LayoutError
 from companion.ports import ConversationStore
 from companion.protocol import Message
-from companion.store import DB_FILENAME, MemoryStore, Store, StoreError
+from companion.store.history import ConversationHistory
+from companion.store.layout import LayoutError
+from companion.store.sqlite import DB_FILENAME, MemoryStore, Store, StoreError
 
 
 def _msg(i: int, sender: str = "companion_a") -> Message:
@@ -66,7 +66,7 @@ _KILLED_WRITER = textwrap.dedent(
     """
     import sys
     from companion.protocol import Message
-    from companion.store import Store
+    from companion.store.sqlite import Store
     store = Store.in_directory(sys.argv[1])
     for i in range(50):
         store.append(Message.create("companion_a", ["companion_b"], f"durable {i}", id=f"d{i}"))

@@ -1,6 +1,6 @@
 """Each companion's decisions per message, in its store: kept, bounded, read back beside a node.
 
-The table comes with data layout 2 (``companion.layout``): a store of layout 1 gets it when it is
+The table comes with data layout 2 (``companion.store.layout``): a store of layout 1 gets it when it is
 migrated, without losing anything else; a reader never writes, and a file without the table reads
 as empty.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import companion.store as store_module
+import companion.store.sqlite as store_module
 from companion.protocol import Message
-from companion.store import DB_FILENAME, Store, read_decisions, read_message
+from companion.store.sqlite import DB_FILENAME, Store, read_decisions, read_message
 
 
 def _rows(path: Path) -> int:

@@ -24,7 +24,7 @@ _CHILD = textwrap.dedent(
     import trio
     from companion.actions import KeyValueStore
     from companion.protocol import Message
-    from companion.store import DB_FILENAME, Store, StoreError
+    from companion.store.sqlite import DB_FILENAME, Store, StoreError
 
     root = sys.argv[1]
     events = []

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from companion.models import ToolInstruction
-from companion.triggers import (
+from companion.card.triggers import (
     CompiledTriggers,
     ParamType,
     TriggerCondition,
@@ -17,6 +16,7 @@ from companion.triggers import (
     TriggerProblem,
     compile_triggers,
 )
+from companion.models import ToolInstruction
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -90,7 +90,7 @@ class Records(logging.Handler):
 @pytest.fixture
 def logs() -> Iterator[Records]:
     handler = Records()
-    log = logging.getLogger("companion.triggers")
+    log = logging.getLogger("companion.card.triggers")
     old_level = log.level
     log.addHandler(handler)
     log.setLevel(logging.DEBUG)

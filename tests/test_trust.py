@@ -13,8 +13,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from companion.cli import main as cli
-from companion.protocol import APPROVAL_QUERY
-from companion.trust import (
+from companion.node.trust import (
     TRUST_FILENAME,
     Pin,
     PinRefused,
@@ -23,6 +22,7 @@ from companion.trust import (
     parse_peer_id,
     parse_trust_flag,
 )
+from companion.protocol import APPROVAL_QUERY
 
 
 def peer() -> str:
@@ -96,7 +96,7 @@ def test_processes_writing_at_once_lose_no_pin(tmp_path: Path) -> None:
     """Nodes in several processes share one data directory (``companion demo`` does)."""
     peers = [[peer() for _ in range(15)] for _ in range(6)]
     script = (
-        "import sys; from pathlib import Path; from companion.trust import TrustStore\n"
+        "import sys; from pathlib import Path; from companion.node.trust import TrustStore\n"
         "store = TrustStore.in_directory(Path(sys.argv[1]))\n"
         "for i, p in enumerate(sys.argv[3:]):\n"
         "    assert store.claim(f'companion_{sys.argv[2]}_{i}', p).peer_id == p\n"

@@ -23,7 +23,7 @@ from test_conversation import (
     reply,
 )
 
-from companion.conversation import (
+from companion.conversation.machine import (
     ClosingSettings,
     Conversation,
     MessageSeen,
@@ -36,8 +36,7 @@ from companion.conversation import (
     StatesSeen,
     Tick,
 )
-from companion.protocol import Message, State
-from companion.turns import (
+from companion.conversation.rules import (
     StateDecision,
     ends_conversation,
     named_companion,
@@ -48,7 +47,8 @@ from companion.turns import (
     states_match,
     turn_tag,
 )
-from companion.turns.closing import proposal_ceiling
+from companion.conversation.rules.closing import proposal_ceiling
+from companion.protocol import Message, State
 
 J, K = "companion_j", "companion_k"
 """Two companions that behave as aikyo's."""

@@ -10,8 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, PayloadError, State, parse_payload
-from companion.turns import (
+from companion.conversation.rules import (
     MAX_CANDIDATES,
     META_CLOSING,
     META_IN_REPLY_TO,
@@ -40,6 +39,7 @@ from companion.turns import (
     turn_info,
     turn_tag,
 )
+from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, PayloadError, State, parse_payload
 
 VECTORS = Path(__file__).resolve().parent / "vectors" / "leader.json"
 A, B, C, D = "companion_a", "companion_b", "companion_c", "companion_d"

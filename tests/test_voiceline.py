@@ -11,11 +11,11 @@ import trio.testing
 
 from companion.actions.builtins import DEAF_WAIT, VOICE_TOOL, sentence_wait
 from companion.actions.results import QueryTimeout
-from companion.lines import LineContext
+from companion.engine.speech import _sentence_check
+from companion.engine.voiceline import LiveVoiceLine
+from companion.lines.check import LineContext
+from companion.lines.sentences import join_sentences
 from companion.protocol import Message, QueryResult, QueryResultBody
-from companion.sentences import join_sentences
-from companion.speech import _sentence_check
-from companion.voiceline import LiveVoiceLine
 
 
 class Client:
@@ -152,7 +152,7 @@ async def test_an_interrupted_sentence_ends_the_line_before_it(
 async def test_a_speaker_s_sentences_pass_the_line_check_before_they_are_heard(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The speaker's own check (``companion.lines`` per sentence): the prompt read aloud, or a
+    """The speaker's own check (``companion.lines.check`` per sentence): the prompt read aloud, or a
     sentence copied from the conversation, is never voiced, nor anything after it."""
     said_before = [
         Message.create("companion_pim", ["companion_juniper"], "I baked bread with rye and seeds today.")

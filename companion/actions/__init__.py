@@ -33,7 +33,6 @@ from companion.actions.results import (
 )
 
 if TYPE_CHECKING:
-    from companion.actions.kv import KeyValueStore, Namespace, StoreLimitExceeded, StoreLimits
     from companion.actions.runtime import (
         MAX_CALL_DEPTH,
         MAX_NOTE_CHARS,
@@ -42,14 +41,17 @@ if TYPE_CHECKING:
         ToolDef,
         ToolsListener,
     )
+    from companion.store.kv import KeyValueStore, Namespace, StoreLimitExceeded, StoreLimits
 
 # The runtime and the store run on trio; card loading, the models' vocabulary and the demo's
 # transcript import this package for definitions only, so those two load on first use.
 _LAZY = {
-    **dict.fromkeys(("KeyValueStore", "Namespace", "StoreLimitExceeded", "StoreLimits"), ".kv"),
+    **dict.fromkeys(
+        ("KeyValueStore", "Namespace", "StoreLimitExceeded", "StoreLimits"), "companion.store.kv"
+    ),
     **dict.fromkeys(
         ("MAX_CALL_DEPTH", "MAX_NOTE_CHARS", "MAX_NOTES", "ActionRuntime", "ToolDef", "ToolsListener"),
-        ".runtime",
+        "companion.actions.runtime",
     ),
 }
 
@@ -58,7 +60,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
+    value = getattr(import_module(module), name)
     globals()[name] = value
     return value
 

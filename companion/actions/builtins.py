@@ -25,9 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from companion.actions.context import ActionContext
 from companion.actions.definition import action, knowledge
 from companion.actions.results import ActionRefused, QueryTimeout
+from companion.lines.sentences import join_sentences, split_sentences
 from companion.log import log_event
 from companion.protocol import COMPANION_ID_PREFIX, Message, Metadata, QueryResult, new_id
-from companion.sentences import join_sentences, split_sentences
 
 __all__ = [
     "LIVE_LINE",
@@ -202,7 +202,7 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
 
 
 class LiveLine(Protocol):
-    """The speaker's line being voiced while the model writes it (``companion.voiceline``)."""
+    """The speaker's line being voiced while the model writes it (``companion.engine.voiceline``)."""
 
     def voices(self, tool_id: str) -> bool:
         """Whether this line's sentences are the ones of a call of ``tool_id``."""

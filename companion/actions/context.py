@@ -18,7 +18,7 @@ from companion.actions.results import ToolResult
 from companion.protocol import Message, Metadata, QueryResult
 
 if TYPE_CHECKING:
-    from companion.actions.kv import Namespace  # the store runs on trio: not loaded for definitions
+    from companion.store.kv import Namespace  # the store runs on trio: not loaded for definitions
 
 __all__ = ["DEFAULT_QUERY_TIMEOUT", "ActionContext", "InputT"]
 

@@ -30,14 +30,14 @@ from companion.actions.approval import APPROVAL_QUERY, DEFAULT_APPROVAL_TIMEOUT,
 from companion.actions.catalog import ToolChange, ToolInfo, ToolsChanged, tool_info
 from companion.actions.context import ActionContext
 from companion.actions.definition import ActionDef, KnowledgeDef, ToolSpec, validate_input
-from companion.actions.kv import KeyValueStore, StoreLimitExceeded
 from companion.actions.progress import DEFAULT_MIN_INTERVAL, ProgressGate, progress_action
 from companion.actions.queries import PendingQueries
 from companion.actions.results import ActionRefused, InputIssue, QueryTimeout, ToolResult, published_summary
-from companion.history import ConversationHistory
 from companion.log import log_event
 from companion.ports import OutgoingHook, Publisher
 from companion.protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
+from companion.store.history import ConversationHistory
+from companion.store.kv import KeyValueStore, StoreLimitExceeded
 
 __all__ = ["MAX_CALL_DEPTH", "MAX_NOTES", "MAX_NOTE_CHARS", "ActionRuntime", "ToolDef", "ToolsListener"]
 

@@ -27,14 +27,14 @@ import trio
 
 from companion.actions import ActionRuntime, KeyValueStore
 from companion.actions.approval import APPROVAL_QUERY
-from companion.actions.kv import KV_TABLE
-from companion.history import InMemoryHistory
 from companion.log import log_event
 from companion.protocol import QUERIES, Envelope, Query, QueryResult, QueryResultBody, State, encode
-from companion.store import DB_FILENAME
+from companion.store.history import InMemoryHistory
+from companion.store.kv import KV_TABLE
+from companion.store.sqlite import DB_FILENAME
 
 if TYPE_CHECKING:
-    from companion.card import LoadedCard
+    from companion.card.model import LoadedCard
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
@@ -143,7 +143,7 @@ async def dry_run(
     timeout: float = DEFAULT_CALL_TIMEOUT,
 ) -> ActionRun:
     """Run ``tool`` of the card at ``card_path`` here, offline: nothing leaves the process."""
-    from companion.card import load_card
+    from companion.card.model import load_card
 
     loaded = load_card(card_path)
     me = loaded.card.metadata
@@ -230,7 +230,7 @@ def reload_tools(cards: Sequence[LoadedCard], runtimes: Mapping[str, ActionRunti
     pointing elsewhere take effect in its runtime at once, and the runtime announces the change.
     A card that no longer loads is logged with its problems and keeps its tools. The rest of
     the card (events, routines) and the code of modules already imported stay as they started."""
-    from companion.card import CardError, load_card
+    from companion.card.model import CardError, load_card
 
     for card in cards:
         runtime = runtimes.get(card.card.metadata.id)

@@ -27,8 +27,8 @@ from companion.bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
 from companion.bridge.access import needs_token
 from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
 from companion.log import log_event
+from companion.memory import Publisher
 from companion.protocol import STATES, Metadata
-from companion.transport import Publisher
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus

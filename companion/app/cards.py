@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final, TextIO
 
-from companion.card import CardError, LoadedCard, load_card
+from companion.card.model import CardError, LoadedCard, load_card
 
 __all__ = ["CARD_SUFFIXES", "card_files", "check_paths", "packaged_cards", "resolve_card"]
 
@@ -25,7 +25,7 @@ def packaged_cards() -> Path:
 def resolve_card(arg: str | Path) -> Path:
     """The card file ``arg`` names: the path itself when it exists; else, for a bare name
     (``pim``, ``pim.yaml``) or ``cards/NAME`` that is not here, the packaged card of that name;
-    else the path unchanged (:func:`companion.card.load_card` then says it cannot be read)."""
+    else the path unchanged (:func:`companion.card.model.load_card` then says it cannot be read)."""
     path = Path(arg)
     if path.exists():
         return path

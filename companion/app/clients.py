@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from companion.app.bridge import BridgeOptions
     from companion.bridge import Bridge
     from companion.node import CompanionNode
-    from companion.trust import TrustStore
+    from companion.node.trust import TrustStore
 
 __all__ = ["CLIENT_NODE_TIMEOUT", "ClientNode", "open_to_clients", "start_client_node"]
 

@@ -13,9 +13,9 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from companion.dirlock import DirectoryLock
-from companion.layout import DATA_LAYOUT, LayoutError, migrate_sqlite, prepare_data_dir, refuse_newer
-from companion.store import DB_FILENAME
+from companion.store.dirlock import DirectoryLock
+from companion.store.layout import DATA_LAYOUT, LayoutError, migrate_sqlite, prepare_data_dir, refuse_newer
+from companion.store.sqlite import DB_FILENAME
 
 __all__ = ["hold_data_dirs", "version_line"]
 
@@ -23,9 +23,9 @@ __all__ = ["hold_data_dirs", "version_line"]
 @contextlib.asynccontextmanager
 async def hold_data_dirs(data_dir: Path, companion_ids: Sequence[str]) -> AsyncIterator[None]:
     """Lock each companion's directory under ``data_dir`` (raising
-    :class:`~companion.dirlock.DirectoryInUse`, exit 2, when another process holds one), then
+    :class:`~companion.store.dirlock.DirectoryInUse`, exit 2, when another process holds one), then
     bring the data directory and each companion's store to the current layout (raising
-    :class:`~companion.layout.LayoutError`, exit 2, for a newer one); released on exit. An
+    :class:`~companion.store.layout.LayoutError`, exit 2, for a newer one); released on exit. An
     async context manager so that ``run_nodes`` enters it with its nursery, in one statement."""
     with contextlib.ExitStack() as stack:
         for cid in companion_ids:

@@ -3,7 +3,7 @@
 :func:`run_demo` starts every companion as its own ``companion run CARD`` process on 127.0.0.1
 (a libp2p node with the conversation engine; its standard output says when it listens and whom
 it sees, :mod:`.lines`), joins them with a bridge node that watches as a bystander
-(:class:`~companion.transcript.Transcript`), sends the opening line and prints the transcript
+(:class:`~companion.conversation.transcript.Transcript`), sends the opening line and prints the transcript
 until ``terminal`` or the turn cap. With ``in_memory`` everything runs in this process instead
 (:func:`run_in_memory`, on :class:`~.group.MemoryGroup`).
 """
@@ -28,11 +28,11 @@ from companion.app.cards import card_files, packaged_cards
 from companion.app.group import USER_ID, MemoryGroup
 from companion.app.lines import parse_peer_line, parse_sees
 from companion.app.stopping import Interrupted, is_interrupt
-from companion.card import LoadedCard, load_card
+from companion.card.model import LoadedCard, load_card
+from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.log import library_teardown, log_event
+from companion.memory import Inbound
 from companion.protocol import MESSAGES, Message, Metadata
-from companion.transcript import Transcript, TranscriptEvent
-from companion.transport import Inbound
 
 __all__ = [
     "DemoOptions",

@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from companion.log import log_event
+from companion.memory import Inbound
 from companion.protocol import Action, Message, Query, QueryResult
-from companion.transport import Inbound
 
 if TYPE_CHECKING:
     from companion.actions import KeyValueStore
     from companion.app.metrics import ProcessMetrics
-    from companion.card import LoadedCard
-    from companion.engine import ConversationEngine, EngineEvent, EngineTimings
+    from companion.card.model import LoadedCard
+    from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
     from companion.models.base import CompanionModel
     from companion.node import CompanionNode, InboundHandler
-    from companion.store import Store
+    from companion.store.sqlite import Store
 
 __all__ = [
     "CardModel",
@@ -114,7 +114,7 @@ class CompanionHandler:
 
     async def stop(self, grace: float) -> None:
         """No new turn; the one in flight finishes or is withdrawn within ``grace`` seconds
-        (:meth:`ConversationEngine.stop <companion.engine.ConversationEngine.stop>`)."""
+        (:meth:`ConversationEngine.stop <companion.engine.driver.ConversationEngine.stop>`)."""
         await self.engine.stop(grace)
 
     async def close(self) -> None:
@@ -189,7 +189,7 @@ def _observers(
 
 class DecisionRecorder:
     """An engine's observer that keeps each decision about a message in the companion's store
-    (:meth:`Store.record_decision <companion.store.Store.record_decision>`): every event at INFO
+    (:meth:`Store.record_decision <companion.store.sqlite.Store.record_decision>`): every event at INFO
     or above that names a ``message_id``, as logged (``companion explain`` reads them back).
     A store that fails is said once (a warning) and the engine goes on: the record is an aid,
     the conversation does not depend on it."""
@@ -264,7 +264,7 @@ def _import_engine_modules(specs: Sequence[str]) -> None:
     :func:`prepare_models`). An import that fails is left for :func:`make_model` to report."""
     from importlib import import_module
 
-    import_module("companion.engine")
+    import_module("companion.engine.driver")
     import_module("companion.models.scripted")
     if not all(_offline(spec) for spec in specs):
         with contextlib.suppress(ImportError):
@@ -318,8 +318,8 @@ def engine_handlers(
     ``data_dir/<companion id>/``, in memory when ``None``), publishing through the card's node;
     counted into ``metrics`` (model calls, decisions, store commits) when given."""
     from companion.actions import KeyValueStore
-    from companion.engine import ConversationEngine
-    from companion.store import Store
+    from companion.engine.driver import ConversationEngine
+    from companion.store.sqlite import Store
 
     def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
         chosen = models[loaded.card.metadata.id]

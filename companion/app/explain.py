@@ -1,7 +1,7 @@
 """``companion explain MESSAGE_ID``: why each local companion did (or did not) answer a message.
 
 Every companion keeps its decisions per message in its store (:class:`.engines.DecisionRecorder`,
-the ``decisions`` table of :mod:`companion.store`): the leader and its rank, the states array,
+the ``decisions`` table of :mod:`companion.store.sqlite`): the leader and its rank, the states array,
 the speaker and why, yields and their reasons, model failures, the reply. This module reads
 them from every companion's store under the given data directories (read-only, beside nodes
 that run), merges them by time, and says each decision once: a decision every node took alike
@@ -18,8 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from companion.signals import one_line
-from companion.store import DB_FILENAME, Decision, read_decisions, read_message
+from companion.conversation.signals import one_line
+from companion.store.sqlite import DB_FILENAME, Decision, read_decisions, read_message
 
 __all__ = ["Merged", "TurnSummary", "companion_stores", "explain", "explain_lines", "summarize_turns"]
 

@@ -1,8 +1,8 @@
 """Companions in one process on the in-memory transport, watched by a bystander's transcript.
 
 :class:`MemoryGroup` starts one conversation engine per card on a
-:class:`~companion.transport.MemoryHub` (no sockets), lets a person speak, feeds a
-:class:`~companion.transcript.Transcript` from a bystander endpoint, injects faults per receiver
+:class:`~companion.memory.MemoryHub` (no sockets), lets a person speak, feeds a
+:class:`~companion.conversation.transcript.Transcript` from a bystander endpoint, injects faults per receiver
 and counts model calls per turn. The unit tests, the fault suite, the benchmarks and
 ``companion demo --in-memory`` run conversations with it.
 """
@@ -17,8 +17,10 @@ from typing import Any, Final
 
 import trio
 
-from companion.card import LoadedCard
-from companion.engine import ConversationEngine, EngineEvent, EngineTimings
+from companion.card.model import LoadedCard
+from companion.conversation.transcript import Transcript, TranscriptEvent
+from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
+from companion.memory import Inbound, MemoryEndpoint, MemoryHub
 from companion.models.base import (
     CompanionModel,
     ParamsRequest,
@@ -28,9 +30,7 @@ from companion.models.base import (
     ToolCaller,
 )
 from companion.protocol import MESSAGES, Message, Metadata
-from companion.store import MemoryStore
-from companion.transcript import Transcript, TranscriptEvent
-from companion.transport import Inbound, MemoryEndpoint, MemoryHub
+from companion.store.sqlite import MemoryStore
 
 __all__ = ["USER_ID", "CountingModel", "Member", "MemoryGroup"]
 
@@ -93,7 +93,7 @@ class Member:
 
 
 class MemoryGroup:
-    """Companions in one process on a :class:`~companion.transport.MemoryHub`, watched by a
+    """Companions in one process on a :class:`~companion.memory.MemoryHub`, watched by a
     :class:`Transcript`. ``hub.fault`` injects faults per receiver (the bystander endpoint is
     named ``bystander``, or ``name/bystander`` for a named group). Several groups may share a
     hub (give each a ``name`` and its own ``user``): each holds its own conversation."""

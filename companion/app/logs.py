@@ -12,6 +12,6 @@ __all__ = ["configure_node_logging"]
 
 def configure_node_logging(level: str, fmt: Literal["text", "json"] = "text") -> None:
     """Import py-libp2p, then send the ``companion`` loggers to stderr at ``level`` in ``fmt``."""
-    import companion.node  # noqa: F401
+    import companion.node.node  # noqa: F401  (py-libp2p, and its routine records named)
 
     configure_logging(level, fmt)

@@ -33,7 +33,7 @@ from companion.models.errors import ModelError
 
 if TYPE_CHECKING:
     from companion.bridge import Bridge
-    from companion.engine import ConversationEngine, EngineEvent
+    from companion.engine.driver import ConversationEngine, EngineEvent
     from companion.models.base import (
         CompanionModel,
         ParamsRequest,
@@ -144,7 +144,7 @@ class ProcessMetrics:
 
     def add_engine(self, companion: str, engine: ConversationEngine, store: Any = None) -> None:
         """Read ``engine`` at each scrape; time the commits of ``store`` (a
-        :class:`~companion.store.Store`, or ``None`` in memory)."""
+        :class:`~companion.store.sqlite.Store`, or ``None`` in memory)."""
         self.engines[companion] = engine
         if store is not None:
             store.observe_commits(self.store_seconds.labels(companion).observe)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from companion.app.bridge import BridgeOptions
     from companion.app.metrics import ProcessMetrics
     from companion.bridge import Bridge
-    from companion.card import LoadedCard
+    from companion.card.model import LoadedCard
     from companion.node import CompanionNode, InboundHandler
     from companion.ports import ConversationStore
 
@@ -131,7 +131,7 @@ async def run_nodes(
     is (before any node starts)."""
     from companion.app.clients import open_to_clients, start_client_node
     from companion.app.datadir import hold_data_dirs
-    from companion.card import load_card
+    from companion.card.model import load_card
     from companion.node import CompanionNode, NodeConfig
     from companion.node.discovery import parse_peer_addr
 

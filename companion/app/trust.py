@@ -1,6 +1,6 @@
 """The trust a run starts with, and what ``companion trust`` does to a data directory's file.
 
-Every node that uses a data directory reads ``trust.json`` there (see :mod:`companion.trust`):
+Every node that uses a data directory reads ``trust.json`` there (see :mod:`companion.node.trust`):
 companion ids pinned to peer ids, and the peers allowed to answer queries. A run adds the
 command line's pins and allowed peers over the file, for that run only (:func:`open_trust`);
 ``companion trust`` lists and changes the file itself (:func:`list_trust` and the others,
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from companion.log import log_event
-from companion.trust import (
+from companion.node.trust import (
     ROLES,
     TRUST_FILENAME,
     Role,
@@ -71,7 +71,7 @@ class TrustOptions:
 
 def open_trust(data_dir: Path | None, options: TrustOptions) -> TrustStore:
     """The store a run's nodes share: the data directory's file plus the command line's flags.
-    Raises :class:`~companion.trust.TrustError` for a file that cannot be used."""
+    Raises :class:`~companion.node.trust.TrustError` for a file that cannot be used."""
     store = TrustStore.in_directory(data_dir) if data_dir is not None else TrustStore()
     for companion_id, peer in options.pins:
         store.hold(companion_id, peer, "flag")

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import trio
 
 from companion.bridge.views import Face, TimedMessage, serve_faces, serve_history
-from companion.card import image_path, image_type
+from companion.card.model import image_path, image_type
 from companion.log import log_event
 from companion.ports import ConversationStore
-from companion.store import Store, read_history
+from companion.store.sqlite import Store, read_history
 
 if TYPE_CHECKING:
-    from companion.card import LoadedCard
+    from companion.card.model import LoadedCard
 
 __all__ = ["faces_of", "gather_history", "serve_views", "store_of"]
 

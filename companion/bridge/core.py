@@ -24,8 +24,8 @@ from companion.bridge.answers import AnswerLedger
 from companion.bridge.clients import DEFAULT_TOPICS, ClientQueue, ClientRegistry, QueueLimits
 from companion.bridge.frames import FrameError, PublishRequest, decode_frame, interpret_request
 from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit, TokenBucket, admit
+from companion.memory import Inbound, encode_for_topic
 from companion.protocol import Envelope, Query, QueryResult, State
-from companion.transport import Inbound, encode_for_topic
 
 __all__ = ["MAX_AWAITED_ECHOES", "Fanout", "FirehoseCore"]
 

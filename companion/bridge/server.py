@@ -52,8 +52,8 @@ from companion.bridge.httpserver import (
 )
 from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
 from companion.log import log_event
+from companion.memory import Inbound, Publisher
 from companion.protocol import Envelope, Metadata, QueryResult
-from companion.transport import Inbound, Publisher
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus

@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
 
     from companion.app.actions import dry_run, live_run, parse_input
     from companion.app.paths import default_data_dir
-    from companion.card import CardError, load_card
+    from companion.card.model import CardError, load_card
     from companion.log import configure_logging
 
     configure_logging(chosen_log_level(args))

@@ -38,7 +38,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from companion.card import card_json_schema  # here, not at import (see _check)
+    from companion.card.model import card_json_schema  # here, not at import (see _check)
 
     sys.stdout.write(json.dumps(card_json_schema(), indent=2, ensure_ascii=False) + "\n")
     return 0

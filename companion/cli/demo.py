@@ -72,8 +72,8 @@ def register(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from companion.app.cards import resolve_card
     from companion.app.demo import FINISHED, DemoOptions, check_demo_model, default_cards, names_of, run_demo
-    from companion.card import CardError, load_card
-    from companion.transcript import TranscriptEvent, render_text
+    from companion.card.model import CardError, load_card
+    from companion.conversation.transcript import TranscriptEvent, render_text
 
     configure = configure_logging if args.in_memory else configure_node_logging  # py-libp2p's too
     configure(chosen_log_level(args), "json" if args.json else "text")

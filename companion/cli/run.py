@@ -203,7 +203,7 @@ def main(args: argparse.Namespace) -> int:
 def _report_failure(exc: BaseException) -> int:
     """A refusal the user can fix (card, address, model, port) is one line and exit 2; anything
     else is a bug or an infrastructure failure, logged with its traceback, exit 1."""
-    from companion.card import CardError
+    from companion.card.model import CardError
     from companion.log import log_event
     from companion.models.errors import ModelSetupError
 

@@ -1,6 +1,6 @@
 """``companion trust list|add|remove|rekey``: the pins and answerers in a data directory.
 
-Every node that uses a data directory reads ``trust.json`` there (see :mod:`companion.trust`):
+Every node that uses a data directory reads ``trust.json`` there (see :mod:`companion.node.trust`):
 companion ids pinned to peer ids (learned on first meeting, or added here), and the peers allowed
 to answer queries (``approver``: every query, approvals included; ``answerer``: every query but
 approvals). Running nodes re-read the file when it changed: an allowed peer counts at its next
@@ -66,7 +66,7 @@ def add_trust_arguments(parser: argparse.ArgumentParser, *, answers: bool = True
 
 
 def trust_options(args: argparse.Namespace) -> TrustOptions:
-    """The parsed flags; raises :class:`~companion.trust.TrustError` (a ``ValueError``)."""
+    """The parsed flags; raises :class:`~companion.node.trust.TrustError` (a ``ValueError``)."""
     return TrustOptions.from_flags(args.trust, getattr(args, "approver", []), getattr(args, "answerer", []))
 
 

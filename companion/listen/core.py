@@ -16,6 +16,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
+from companion.conversation.rules import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
+from companion.conversation.signals import (
+    MAX_NAME,
+    THINKING_SIGNAL,
+    YIELD_SIGNAL,
+    Waiting,
+    ends_conversation,
+    one_line,
+    read_signal,
+    yield_text,
+)
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
@@ -32,17 +43,6 @@ from companion.protocol import (
     new_id,
     parse_payload,
 )
-from companion.signals import (
-    MAX_NAME,
-    THINKING_SIGNAL,
-    YIELD_SIGNAL,
-    Waiting,
-    ends_conversation,
-    one_line,
-    read_signal,
-    yield_text,
-)
-from companion.turns import META_CLOSING, META_IN_REPLY_TO, META_NEXT_SPEAKER
 
 __all__ = [
     "APPROVAL_QUERY",

@@ -10,9 +10,9 @@
 
 Requests are plain frozen values so a model is testable without a network or an engine. The
 vocabulary they are made of lives with its owner and is only re-exported here: ``ToolInstruction``
-in :mod:`companion.triggers` (what a condition asks for), ``ToolSpec`` in :mod:`companion.actions`
-(a tool as the model sees it), ``StateDecision`` in :mod:`companion.turns` (one state the leader's
-model decided).
+in :mod:`companion.card.triggers` (what a condition asks for), ``ToolSpec`` in :mod:`companion.actions`
+(a tool as the model sees it), ``StateDecision`` in :mod:`companion.conversation.rules` (one state
+the leader's model decided).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from companion.actions.definition import ToolSpec
+from companion.card.triggers import ToolInstruction
+from companion.conversation.rules.states import StateDecision
 from companion.models.errors import ModelError
 from companion.protocol import ClosingStage, Message, Metadata
-from companion.triggers import ToolInstruction
-from companion.turns.states import StateDecision
 
 __all__ = [
     "CompanionModel",

@@ -406,7 +406,7 @@ class ProviderModel:
     """The speak request streams, shown to the request's live line (:mod:`.streaming`)."""
     parallel_params: bool = True
     """The engine fills this companion's parameters as soon as a message opens a turn for it,
-    beside the leader's states call (:meth:`companion.speech.Speaker.prefetch`): one request
+    beside the leader's states call (:meth:`companion.engine.speech.Speaker.prefetch`): one request
     more for each addressed companion that does not speak, one request less one after the other
     before the first words (states, then speak, instead of states, parameters, then speak)."""
 

@@ -35,7 +35,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from companion.lines import NOT_SAID
+from companion.conversation.rules import bigram_jaccard, turn_info
+from companion.lines.check import NOT_SAID
 from companion.log import log_event
 from companion.models.base import (
     ModelError,
@@ -52,7 +53,6 @@ from companion.models.lexicon import STOPWORDS, clean, concepts_in, cue_concepts
 from companion.models.persona import Persona, persona_of
 from companion.models.phrasing import compose, plan_of
 from companion.protocol import ClosingStage, Message, Metadata
-from companion.turns import bigram_jaccard, turn_info
 
 __all__ = ["ScriptedModel"]
 

@@ -15,10 +15,10 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from companion.card.paramfit import fit_params
+from companion.conversation.rules.closing import proposal_ceiling
 from companion.models.base import StateDecision, StatesRequest, ToolSpec
-from companion.paramfit import fit_params
 from companion.protocol import CLOSING_ORDER, ClosingStage
-from companion.turns.closing import proposal_ceiling
 
 __all__ = [
     "PARAMS_TOOL",
@@ -110,7 +110,7 @@ def check_states(raw: Mapping[str, Any], request: StatesRequest) -> list[StateDe
 
     The request's hard rules are applied, not argued about: the closing stage never falls below
     ``closing_floor`` and a model may only begin closing, never move it on
-    (:func:`~companion.turns.closing.proposal_ceiling`: a conversation passes through
+    (:func:`~companion.conversation.rules.closing.proposal_ceiling`: a conversation passes through
     ``pre-closing`` and ``closing`` before ``terminal``, however eager the model), and a nominated
     companion is always ``selected``. A partial answer is used, not refused: an entry repeated
     counts once, an unknown id is dropped, a companion without an entry listens (a small model
@@ -171,7 +171,7 @@ def params_schema_problems(schema: Mapping[str, Any]) -> Problems | None:
 
 def check_params(raw: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any] | Problems:
     """``raw`` as a plain dict if it satisfies the card's params ``schema`` once fitted
-    (:func:`~companion.paramfit.fit_params`: a number out of bounds is clamped, not argued
+    (:func:`~companion.card.paramfit.fit_params`: a number out of bounds is clamped, not argued
     about), else every problem. ``raw`` comes back unfitted: the speaker fits it and logs what
     changed."""
     validator = jsonschema.validators.validator_for(schema)(schema)

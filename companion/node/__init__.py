@@ -1,9 +1,39 @@
 """The py-libp2p node: gossipsub with strict signing, the metadata protocol, membership,
-sender authentication, replay and size guards, mDNS and bootstrap discovery."""
+sender authentication, replay and size guards, mDNS and bootstrap discovery.
 
-from companion.node.config import NodeConfig
-from companion.node.drops import Drop, DropCounters
-from companion.node.node import CompanionNode, InboundHandler, MembershipListener, NodeNotRunning
+Two of its modules are pure bookkeeping that the layer table puts in the core
+(:mod:`.membership`, who may speak as whom; :mod:`.announcements`, presence announcements and
+their deadlines), so this ``__init__`` loads the libp2p node only on first use of its names.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from companion.node.config import NodeConfig
+    from companion.node.drops import Drop, DropCounters
+    from companion.node.node import CompanionNode, InboundHandler, MembershipListener, NodeNotRunning
+
+_LAZY = {
+    "NodeConfig": "companion.node.config",
+    "Drop": "companion.node.drops",
+    "DropCounters": "companion.node.drops",
+    **dict.fromkeys(
+        ("CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"), "companion.node.node"
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CompanionNode",

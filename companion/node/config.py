@@ -23,11 +23,11 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V1
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 
+from companion.node.announcements import DEFAULT_INTERVAL, DEFAULT_TTL
 from companion.node.frames import WholeFrames
 from companion.node.listening import refuse_taken
 from companion.node.pubsub import CountingGossipSub
 from companion.node.topology import dial_target
-from companion.presence import DEFAULT_INTERVAL, DEFAULT_TTL
 from companion.protocol import MAX_PAYLOAD_BYTES, PRESENCE_MAX_TTL
 
 __all__ = ["GOSSIP_V11", "GOSSIP_V12", "YAMUX_RELEASE_ON_READ", "NodeConfig", "make_gossipsub", "make_host"]

@@ -20,8 +20,9 @@ from collections import OrderedDict
 from typing import Final
 
 from companion.log import log_event
-from companion.membership import Membership
+from companion.memory import Inbound
 from companion.node.drops import Drop, DropCounters
+from companion.node.membership import Membership
 from companion.node.replay import ReplayGuard
 from companion.protocol import (
     APPROVAL_QUERY,
@@ -34,7 +35,6 @@ from companion.protocol import (
     QueryResult,
     parse_payload,
 )
-from companion.transport import Inbound
 
 __all__ = ["EdgeGuard"]
 

@@ -20,7 +20,8 @@ from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.protocol_muxer.exceptions import MultiselectClientError, ProtocolNotSupportedError
 
-from companion.log import log_event, reports_stream_failures
+from companion.log import log_event
+from companion.node.logfilters import reports_stream_failures
 from companion.protocol import Metadata, PayloadError, parse_metadata
 
 __all__ = [

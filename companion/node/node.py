@@ -1,7 +1,7 @@
 """A companion's libp2p node: the trio shell around membership, the edge guard and gossipsub.
 
 One :class:`CompanionNode` per companion (or per bridge, with ``metadata=None``). It publishes
-envelopes (it is a :class:`~companion.transport.Publisher`), hands every payload that passed the
+envelopes (it is a :class:`~companion.memory.Publisher`), hands every payload that passed the
 edge to an :class:`InboundHandler`, and keeps :attr:`CompanionNode.directory` current.
 
 Life cycle: ``await nursery.start(node.run, handler)`` returns once the node listens (its
@@ -28,8 +28,9 @@ from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from companion.log import log_event, log_exception
-from companion.membership import Membership, MembershipEvent
+from companion.memory import Inbound, encode_for_topic
 from companion.node.addresses import AdvertisedAddrs
+from companion.node.announcements import PRESENCE_TOPIC
 from companion.node.config import NodeConfig, make_gossipsub, make_host
 from companion.node.discovery import Backoff, MdnsBridge, dial_error, parse_peer_addr, redial_forever
 from companion.node.drops import Drop, DropCounters
@@ -37,6 +38,7 @@ from companion.node.guard import EdgeGuard
 from companion.node.health import ConnectionHealth, HealthSettings
 from companion.node.identity import load_or_create_key_pair
 from companion.node.listening import require_alone, require_listening
+from companion.node.membership import Membership, MembershipEvent
 from companion.node.metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from companion.node.msgid import js_message_id
 from companion.node.notifee import ConnectionNotifee
@@ -46,11 +48,9 @@ from companion.node.relay import NatTraversal
 from companion.node.replay import ReplayGuard
 from companion.node.routing import DhtDiscovery
 from companion.node.topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_pruner
+from companion.node.trust import TrustStore
 from companion.node.yamux import batch_window_updates
-from companion.presence import PRESENCE_TOPIC
 from companion.protocol import TOPICS, Envelope, Metadata, Query, State
-from companion.transport import Inbound, encode_for_topic
-from companion.trust import TrustStore
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 

@@ -1,6 +1,6 @@
 """The trio shell of presence: publish this companion's announcement, take everyone else's.
 
-The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.presence`,
+The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.node.announcements`,
 :meth:`Membership.announce`); this module owns the clocks and the gossipsub topic:
 
 - **Publishing** (companion nodes only): at once when the node starts, again after 1, 2, 4 and 8
@@ -12,7 +12,7 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.pre
   whole network), and before it trims a connection, to the peer it trims. Triggered
   announcements go to everyone: when a
   ``presence.request`` asks (below), when a connection to an announcing peer closed without
-  notice (the announcement lists it in ``lost`` for :data:`~companion.presence.DISCONNECT_GRACE`
+  notice (the announcement lists it in ``lost`` for :data:`~companion.node.announcements.DISCONNECT_GRACE`
   seconds, so others suspect it), and when another node's announcement lists this node in
   ``lost`` (the refutation, repeated once :data:`REFUTE_AGAIN` seconds later): such triggered
   announcements are coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one
@@ -63,12 +63,13 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import decode_uvarint_from_stream, encode_uvarint
 from multiaddr import Multiaddr
 
-from companion.log import log_event, reports_stream_failures
-from companion.membership import AnnounceRefused, Membership, MembershipEvent
+from companion.log import log_event
+from companion.node.announcements import DISCONNECT_GRACE, PRESENCE_TOPIC
 from companion.node.drops import Drop, DropCounters
+from companion.node.logfilters import reports_stream_failures
+from companion.node.membership import AnnounceRefused, Membership, MembershipEvent
 from companion.node.notice import acknowledge, tell
 from companion.node.pubsub import KeyedMessageCache, reset_quietly
-from companion.presence import DISCONNECT_GRACE, PRESENCE_TOPIC
 from companion.protocol import (
     PRESENCE_MAX_ADDRS,
     PRESENCE_MAX_LOST,
@@ -120,7 +121,7 @@ LEAVE_VALID: Final = 30.0
 REFUTE_AGAIN: Final = 2.0
 """Seconds after refuting a ``lost`` report before the refutation goes out once more. The others
 drop a suspected companion unless they hear it within
-:data:`~companion.presence.DISCONNECT_GRACE` (5 s); with 30 companions starting on 2 cores a
+:data:`~companion.node.announcements.DISCONNECT_GRACE` (5 s); with 30 companions starting on 2 cores a
 single refutation was sometimes lost in full send queues (``outbound_queue_full``) or came too
 late, and the companion was out of their directories until its next refresh (up to an
 interval). The repeat is coalesced like every triggered announcement (``min_gap``), so a peer

@@ -25,7 +25,7 @@ the presence topic) and tells the peer on
 :data:`TRIM_PROTOCOL` (a notice, :mod:`.notice`, the peer acknowledges): the trimmed peer keeps it
 in its directory, reachable through gossip, while a peer whose connection closed without that
 notice (killed, or unreachable) leaves its neighbours' directories at once (see
-:mod:`companion.presence`). So a trim whose notice went unanswered is put off to a later pass
+:mod:`companion.node.announcements`). So a trim whose notice went unanswered is put off to a later pass
 rather than done untold (:data:`NOTICE_ATTEMPTS`).
 """
 
@@ -41,8 +41,9 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
-from companion.log import log_event, reports_stream_failures
+from companion.log import log_event
 from companion.node.discovery import Backoff
+from companion.node.logfilters import reports_stream_failures
 from companion.node.notice import acknowledge, tell
 
 __all__ = [

@@ -18,11 +18,11 @@ from types import MappingProxyType
 import trio
 
 from companion.log import log_event
+from companion.memory import Publisher
 from companion.rtc.island import AsyncioIsland, open_island
 from companion.rtc.seam import FrameServer
 from companion.rtc.session import NegotiationFailed, RtcSession, SessionSettings
 from companion.rtc.signaling import OfferError, OfferRequest, answer_body, error_body, parse_offer
-from companion.transport import Publisher
 from companion.voice import Synthesizer
 
 __all__ = ["OfferReply", "RtcGateway", "open_gateway"]

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Final
 
 from companion.bridge.httpserver import HttpRequest, HttpResponse, Route, json_response
 from companion.log import log_event
+from companion.memory import Publisher
 from companion.rtc.gateway import RtcGateway, open_gateway
 from companion.rtc.ice import candidate_addresses_for
 from companion.rtc.session import SessionSettings
-from companion.transport import Publisher
 from companion.voice import EspeakSynthesizer, Synthesizer
 
 if TYPE_CHECKING:

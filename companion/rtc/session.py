@@ -32,6 +32,7 @@ from aiortc.exceptions import InternalError, InvalidAccessError
 
 from companion.bridge.channel import ChannelClosed
 from companion.log import log_event
+from companion.memory import Publisher
 from companion.protocol import QUERIES, Query, QueryResult, QueryResultBody, new_id, parse_payload
 from companion.rtc.audio import to_track_rate
 from companion.rtc.control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
@@ -42,7 +43,6 @@ from companion.rtc.seam import FrameServer
 from companion.rtc.signaling import OfferRequest, audio_codec
 from companion.rtc.track import VoiceTrack
 from companion.rtc.voicequeue import SAMPLE_RATE, VoiceQueue, pcm_frames
-from companion.transport import Publisher
 from companion.voice import SynthesisError, Synthesizer
 
 __all__ = ["DataChannelFrames", "NegotiationFailed", "RtcSession", "SessionSettings", "SessionStats"]

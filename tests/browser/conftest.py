@@ -13,8 +13,8 @@ from browser.browser_cdp import ensure_chromium
 from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge
+from companion.memory import MemoryEndpoint
 from companion.protocol import Metadata
-from companion.transport import MemoryEndpoint
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import trio
 from browser.browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
 
 from companion.bridge.ratelimit import RateLimit
+from companion.memory import Inbound, MemoryEndpoint
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
@@ -24,7 +25,6 @@ from companion.protocol import (
     QueryResult,
     State,
 )
-from companion.transport import Inbound, MemoryEndpoint
 
 if TYPE_CHECKING:
     # tests/browser/conftest.py, by the name mypy gives it (tests/ is its package base); at run

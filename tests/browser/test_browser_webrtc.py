@@ -16,9 +16,9 @@ import trio
 from browser.browser_cdp import SPEECH_STUB, Page, chromium
 from support.bridges import bridge_on_hub
 
+from companion.memory import MemoryEndpoint
 from companion.protocol import MESSAGES, QUERIES, Message, Metadata, Query, QueryResult
 from companion.rtc.route import serve_webrtc
-from companion.transport import MemoryEndpoint
 from companion.voice import EspeakSynthesizer
 
 pytestmark = pytest.mark.skipif(

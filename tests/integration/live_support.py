@@ -56,7 +56,7 @@ class Live:
 def write_card(directory: Path, key: str, name: str, tool: str) -> Path:
     path = directory / f"{key}.yaml"
     # each its own story (by name), as real companions have: companions sharing one would say
-    # one line, and a companion never says another's line (companion.lines)
+    # one line, and a companion never says another's line (companion.lines.check)
     story = STORIES[sum(map(ord, name)) % len(STORIES)]
     text = CARD.format(
         key=key,

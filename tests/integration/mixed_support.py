@@ -34,8 +34,8 @@ from network_support import Network, Proc, network
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ (support.cards)
 from support.cards import CARD
 
+from companion.conversation.rules import ends_conversation, states_tag, turn_tag
 from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, Metadata, State, encode
-from companion.turns import ends_conversation, states_tag, turn_tag
 
 __all__ = ["CAPS", "CLIENT", "ConversationReport", "MixedNetwork", "mixed_network", "summary"]
 

@@ -240,9 +240,9 @@ async def _client(peer: str, to: list[str], text: str, wait: float) -> None:
     companions behind other NATs are reached through ``peer``'s gossipsub mesh)."""
     import trio
 
+    from companion.memory import Inbound
     from companion.node import CompanionNode, NodeConfig
     from companion.protocol import MESSAGES, Message
-    from companion.transport import Inbound
 
     class Printer:
         async def handle(self, inbound: Inbound) -> None:

@@ -21,11 +21,11 @@ from typing import Any
 import trio
 
 from companion.log import configure_logging
-from companion.membership import MembershipEvent
+from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
+from companion.node.membership import MembershipEvent
 from companion.node.topology import close_peer
 from companion.protocol import Metadata
-from companion.transport import Inbound
 
 
 def emit(event: str, **fields: Any) -> None:

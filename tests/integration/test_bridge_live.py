@@ -15,7 +15,7 @@ from live_support import start_live
 from network_support import network
 from trio_websocket import open_websocket_url
 
-from companion.sentences import join_sentences
+from companion.lines.sentences import join_sentences
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the comm
 from cli_support import run_companion
 from test_scripted_openings import check_conversation, is_japanese
 
-from companion.transcript import TranscriptEvent
+from companion.conversation.transcript import TranscriptEvent
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

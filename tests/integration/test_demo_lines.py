@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the fake
 from cli_support import run_companion
 from fake_llm_server import CooperativeModel, Reply, plain_value, running_server, tool_call
 
-from companion.lines import LineContext, check_line
+from companion.lines.check import LineContext, check_line
 
 pytestmark = pytest.mark.integration
 

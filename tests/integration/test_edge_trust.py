@@ -32,10 +32,10 @@ from support.cards import write_card
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE
+from companion.conversation.rules import select_leader
+from companion.lines.sentences import join_sentences
 from companion.node.identity import load_or_create_key_pair
 from companion.protocol import MESSAGES, STATES, Message, State, encode, encode_states
-from companion.sentences import join_sentences
-from companion.turns import select_leader
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ import pytest
 from hostile_payloads import CORPUS, collect, message, payloads, rpcs
 from network_support import Event, Network, Proc, network
 
-from companion.presence import DISCONNECT_GRACE
+from companion.node.announcements import DISCONNECT_GRACE
 from companion.protocol import (
     ACTIONS,
     MESSAGES,

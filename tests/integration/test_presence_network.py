@@ -26,10 +26,10 @@ from test_network_hostile import ask
 from test_run_conversation import Bystander
 
 from companion.app.lines import parse_sees
+from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
-from companion.presence import DISCONNECT_GRACE, PRESENCE_TOPIC
+from companion.node.announcements import DISCONNECT_GRACE, PRESENCE_TOPIC
 from companion.protocol import MESSAGES, Message, Metadata, Presence, PresenceParams, encode_presence
-from companion.transport import Inbound
 
 pytestmark = pytest.mark.integration
 

@@ -24,11 +24,11 @@ from network_support import Proc, network
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE, parse_sees
+from companion.conversation.transcript import Transcript
+from companion.lines.sentences import join_sentences
 from companion.listen.client import directory_url, fetch_companions
 from companion.protocol import Message, Query, QueryResult, encode
 from companion.rtc import RtcClient, connect_rtc
-from companion.sentences import join_sentences
-from companion.transcript import Transcript
 from companion.voice import EspeakSynthesizer
 
 pytestmark = pytest.mark.integration

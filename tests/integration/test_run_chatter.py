@@ -27,10 +27,10 @@ from network_support import Network, Proc, network
 from support.cards import write_card
 
 from companion.app.demo import DemoOptions, _Child, _spawn, _stop_children, _wait_child
+from companion.conversation.transcript import Transcript
+from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message, encode
-from companion.transcript import Transcript
-from companion.transport import Inbound
 
 pytestmark = pytest.mark.integration
 

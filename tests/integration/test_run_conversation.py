@@ -14,10 +14,10 @@ from live_support import start_companion, stdout_line
 from network_support import network
 
 from companion.app.lines import parse_sees
+from companion.conversation.transcript import Transcript, TranscriptEvent
+from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message
-from companion.transcript import Transcript, TranscriptEvent
-from companion.transport import Inbound
 
 pytestmark = pytest.mark.integration
 

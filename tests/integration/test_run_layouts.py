@@ -26,10 +26,10 @@ from network_support import Network, Proc, network, warm_up
 from support.layouts import COMPANIONS, FIXTURES, digest, rows, unpack, version
 
 from companion.app.lines import PEER, peer_line
-from companion.layout import DATA_LAYOUT, MANIFEST
 from companion.node.identity import load_or_create_key_pair
 from companion.protocol import MESSAGES, Message, encode
-from companion.store import DB_FILENAME
+from companion.store.layout import DATA_LAYOUT, MANIFEST
+from companion.store.sqlite import DB_FILENAME
 
 pytestmark = pytest.mark.integration
 

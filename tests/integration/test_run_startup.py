@@ -22,10 +22,10 @@ from live_support import stdout_line
 from network_support import Proc, network
 from support.cards import write_card
 
+from companion.conversation.rules import turn_info
+from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message
-from companion.transport import Inbound
-from companion.turns import turn_info
 
 pytestmark = pytest.mark.integration
 

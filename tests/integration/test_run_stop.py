@@ -26,7 +26,7 @@ from live_support import BOTH, OSTRA, PIM, start_pim_and_ostra
 from network_support import Event, Proc, network
 from trio_websocket import open_websocket_url
 
-from companion.store import Store
+from companion.store.sqlite import Store
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """``companion run`` stops with SIGTERM right after a burst: its history on disk holds every message.
 
-The store writes behind (:mod:`companion.store`); this is the promise that makes that safe: a
+The store writes behind (:mod:`companion.store.sqlite`); this is the promise that makes that safe: a
 node that stops, however busy, flushes before it exits. A raw peer sends 600 messages to the
 companion at 150 a second; the moment the companion logged the last one it gets SIGTERM, and the
 reopened store must hold each of them once, in the order they arrived.
@@ -13,7 +13,7 @@ from pathlib import Path
 from network_support import network, warm_up
 
 from companion.protocol import MESSAGES
-from companion.store import Store
+from companion.store.sqlite import Store
 
 COUNT = 600
 

@@ -21,7 +21,7 @@ from network_support import network
 from test_run_bridge import bridge_url
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from companion.sentences import split_sentences
+from companion.lines.sentences import split_sentences
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ LINES = (
     "Salt dries on my coat. Mr. Ibsen painted 3.5 metres of hull blue! Is it finished?",
 )
 """Every line the model says, one per ``speak`` call in turn: each its own, since a companion
-never says a line twice (``companion.lines``); each with an abbreviation and a decimal that must
+never says a line twice (``companion.lines.check``); each with an abbreviation and a decimal that must
 not end a sentence."""
 LINE = LINES[0]
 CUT = 14

@@ -10,8 +10,8 @@ from typing import Any
 import trio
 
 from companion.bridge import Bridge, BridgeConfig
+from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import Metadata
-from companion.transport import MemoryEndpoint, MemoryHub
 
 
 @dataclass(frozen=True)

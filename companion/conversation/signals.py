@@ -5,7 +5,7 @@ cannot reply, that it gives its slot up (``companion.yield`` with a reason); bot
 ``action.send`` envelopes on ``actions`` (see docs/clients.md). Without them a person watching
 a slow or failing model sees nothing for minutes. This module is pure: :class:`Waiting` keeps
 who is thinking since when, and the functions turn signals and states arrays into the lines a
-client shows (``companion listen``, and the demo's transcript, :mod:`companion.transcript`; the
+client shows (``companion listen``, and the demo's transcript, :mod:`companion.conversation.transcript`; the
 page words them the same way in ``web/app.js``). Everything here is network input: names,
 reasons and details are folded onto one line, stripped of control characters and bounded
 before they reach a screen.
@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from companion.conversation import MAX_DETAIL, THINKING_SIGNAL, YIELD_REASONS, YIELD_SIGNAL
+from companion.conversation.machine import MAX_DETAIL, THINKING_SIGNAL, YIELD_REASONS, YIELD_SIGNAL
+from companion.conversation.rules import ends_conversation
 from companion.models.lexicon import clean
 from companion.protocol import COMPANION_ID_PREFIX
-from companion.turns import ends_conversation
 
 __all__ = [
     "MAX_DETAIL",

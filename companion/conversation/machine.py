@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Like h11 for HTTP, a :class:`Conversation` owns every transition and does nothing itself. Its
-driver (:mod:`companion.engine`) feeds it *events* -- what the node saw (a message, a states
+driver (:mod:`companion.engine.driver`) feeds it *events* -- what the node saw (a message, a states
 array, a peer's yield signal, a companion joining or leaving) and what the driver finished (the
 leader's model answered, the reply went out, speaking failed) -- each with the current time:
 ``receive(event, now) -> list[Effect]``. Effects say what to do: ask the model for states,
@@ -12,7 +12,7 @@ decision. ``deadline()`` is the earliest time at which the machine wants a :clas
 driver sleeps until then (or until the next event). No clock is read here, nothing is awaited,
 no socket is touched, so every rule below is a unit test with plain values.
 
-The conversation is one *thread* of messages (:mod:`companion.turns.thread`): those that address
+The conversation is one *thread* of messages (:mod:`companion.conversation.rules.thread`): those that address
 this companion, and those that answer a message of the thread. Anything else on the network --
 unaddressed chatter, other groups' conversations, strangers -- never moves the thread, never
 opens a turn and never withdraws a reply. Each message of the thread that addresses this
@@ -32,10 +32,10 @@ once closed, no array counts for it any more.
 and ends when the thread moves on (a newer message of the thread; a speech in progress is then
 withdrawn). :data:`TRANSITIONS` is the whole table; a transition outside it is a bug and raises.
 
-Rules (the rule book itself is :mod:`companion.turns`):
+Rules (the rule book itself is :mod:`companion.conversation.rules`):
 
 - *Leader*: the candidates are the addressed ids this node knows as companions (bound now or
-  earlier), at most :data:`~companion.turns.MAX_CANDIDATES`; aikyo's md5 rule picks the leader
+  earlier), at most :data:`~companion.conversation.rules.MAX_CANDIDATES`; aikyo's md5 rule picks the leader
   among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the message.
 - *States*: an array counts only from a candidate whose slot is due (its rank's slot began,
   give or take :data:`SLOT_GRACE` of a slot for clock and delivery skew); an array from anyone
@@ -51,7 +51,7 @@ Rules (the rule book itself is :mod:`companion.turns`):
 - *Unanswered*: when every slot of the order passed without a reply (each speaker failed, gave
   its slot up or is gone), nobody will ever answer, so the conversation ends, visibly: the
   leader whose array counted publishes a *closing array* (``terminal``, tagged for the message,
-  :func:`~companion.turns.closing_states`) at once, else the next candidate in the takeover
+  :func:`~companion.conversation.rules.closing_states`) at once, else the next candidate in the takeover
   order one leader slot later, and so on; ``turn_unanswered`` and ``states_published`` (source
   ``unanswered``) say who gave up and why. It counts from the leader whose array counted (or an
   earlier one) at once; from a later candidate only once this node saw every slot pass too (it
@@ -59,7 +59,7 @@ Rules (the rule book itself is :mod:`companion.turns`):
   why the conversation ends rather than going back to the sender.
 - *Preferred speaker*: the leader marks one companion ``selected`` (as a sender's ``next_speaker``)
   when the message names it, else when the exchange owes it a turn (never heard while others
-  were, or two replies behind: :func:`~companion.turns.preferred_speaker`). It travels in the
+  were, or two replies behind: :func:`~companion.conversation.rules.preferred_speaker`). It travels in the
   array, so every node (aikyo's too) still picks the speaker by aikyo's rule.
 - *Quiet ending*: a reply of this companion that addresses nobody who can answer (only people,
   or companions gone) opens no turn anywhere; this node publishes its quiet closing
@@ -111,8 +111,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal, TypeAlias
 
-from companion.protocol import COMPANION_ID_PREFIX, Action, ClosingStage, Message, State
-from companion.turns import (
+from companion.conversation.rules import (
     DEFAULT_REPETITION_THRESHOLD,
     REPETITION_WINDOW,
     ClosingDecision,
@@ -140,7 +139,8 @@ from companion.turns import (
     turn_info,
     turn_tag,
 )
-from companion.turns.closing import DEFAULT_MIN_REPLIES, counted_proposal
+from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES, counted_proposal
+from companion.protocol import COMPANION_ID_PREFIX, Action, ClosingStage, Message, State
 
 __all__ = [
     "MAX_DETAIL",
@@ -411,7 +411,7 @@ class ClosingSettings:
     """This node's closing rules (a card's ``settings``); a bystander has no turn limit.
 
     ``min_replies``: companion replies before this node's own leading model may begin closing
-    (:func:`~companion.turns.closing.counted_proposal`)."""
+    (:func:`~companion.conversation.rules.closing.counted_proposal`)."""
 
     max_turns: int | None = None
     repetition_threshold: float = DEFAULT_REPETITION_THRESHOLD
@@ -757,7 +757,7 @@ class Conversation:
         """This companion's reply came back addressed to nobody who can answer (only people, or
         companions that are gone): no turn opens for it anywhere, so the conversation would
         neither go on nor end. It ends visibly: this node publishes the reply's quiet closing
-        (:func:`~companion.turns.quiet_closing`), which clients, bystanders and aikyo nodes read
+        (:func:`~companion.conversation.rules.quiet_closing`), which clients, bystanders and aikyo nodes read
         as ``terminal``. A person who answers opens a new exchange, as always."""
         assert self.me is not None
         why = "this companion's reply addresses nobody who can answer; the conversation ends here"

@@ -58,7 +58,7 @@ __all__ = [
     "parse_trust_flag",
 ]
 
-logger = logging.getLogger("companion.trust")
+logger = logging.getLogger("companion.node.trust")
 
 TRUST_FILENAME: Final = "trust.json"
 FORMAT_VERSION: Final = 1
@@ -295,7 +295,10 @@ class TrustStore:
         """The store of a data directory (its :data:`TRUST_FILENAME`); raises :class:`TrustError`,
         also for a directory of a newer layout (``companion run``, ``bridge`` and ``trust`` all
         open it: none of them changes a directory a later release wrote)."""
-        from companion.layout import LayoutError, refuse_newer  # SQLite's module once a directory is used
+        from companion.store.layout import (  # SQLite's module once a directory is used
+            LayoutError,
+            refuse_newer,
+        )
 
         try:
             refuse_newer(data_dir)

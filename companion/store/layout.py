@@ -14,7 +14,7 @@ Where the version is recorded:
 - the directory as a whole in :data:`MANIFEST` (``layout.json``: the layout and the release),
   which covers the files that carry no version of their own: the node keys (``keys/*.key``,
   libp2p's own encoding) and the replay ids (``replay/*.ids``); ``trust.json`` also has its own
-  ``version`` field (:mod:`companion.trust`).
+  ``version`` field (:mod:`companion.node.trust`).
 
 Every layout this project has written, and what reads it now (``tests/layouts/`` holds a data
 directory written by each, with the commit and the command that wrote it):
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Final
 
 from companion.log import log_event
-from companion.sqlwriter import transaction
+from companion.store.writer import transaction
 
 __all__ = [
     "DATA_LAYOUT",
@@ -61,7 +61,7 @@ __all__ = [
     "refuse_newer",
 ]
 
-logger = logging.getLogger("companion.layout")
+logger = logging.getLogger("companion.store.layout")
 
 RELEASES: Final[dict[int, str]] = {1: "0.1.0", 2: "0.2.0"}
 """The first release of companion that writes each layout (and reads it)."""

@@ -3,7 +3,7 @@
 Two model calls for one reply (``fill_params``, then ``speak`` with the instructions the CEL
 conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. The
 ``speak`` call of a model that streams (``streams_speech``) is shown a live line
-(:class:`~companion.voiceline.LiveVoiceLine`): its ``speak_with_voice`` line is voiced a sentence
+(:class:`~companion.engine.voiceline.LiveVoiceLine`): its ``speak_with_voice`` line is voiced a sentence
 at a time while it is written, and when the model fails after some of it was heard, what was
 heard is published, nothing more. A model that asks for it (``parallel_params``) has the
 parameters filled as soon as a message opens a turn for this companion
@@ -15,8 +15,8 @@ error the model can act on, then replaced by the previous speaker and the people
 nobody). Deadlines, cancellation and what a failure means for the turn are the engine's.
 
 Two more checks keep what is said the character's own, whatever the model: the parameters are
-fitted to the card's schema before the CEL conditions read them (:mod:`companion.paramfit`), and a
-line that reads the prompt aloud or repeats the conversation (:mod:`companion.lines`) is refused
+fitted to the card's schema before the CEL conditions read them (:mod:`companion.card.paramfit`), and a
+line that reads the prompt aloud or repeats the conversation (:mod:`companion.lines.check`) is refused
 once, with the reason, and the second time the slot is given up; a streamed line is checked a
 sentence at a time, before each sentence is voiced.
 """
@@ -33,13 +33,13 @@ import trio
 
 from companion.actions import ActionDef, ActionRuntime, ToolResult
 from companion.actions.builtins import LIVE_LINE, VOICE_TOOL, no_recipients, resolve_recipients
-from companion.card import LoadedCard
-from companion.conversation import ONE_MESSAGE, Speak
-from companion.lines import LineContext, check_line
+from companion.card.model import LoadedCard
+from companion.card.paramfit import fit_params, plausible_on_opening
+from companion.conversation.machine import ONE_MESSAGE, Speak
+from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
+from companion.lines.check import LineContext, check_line
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
-from companion.paramfit import fit_params, plausible_on_opening
 from companion.protocol import MESSAGES, Message, Metadata, new_id
-from companion.voiceline import LiveVoiceLine, SentenceCheck
 
 __all__ = ["ParamsCheck", "Speaker", "Speech"]
 
@@ -67,7 +67,7 @@ class Speech:
     spoke: bool = False
     refused_once: bool = False
     lines_refused: int = 0
-    """Lines of this reply refused by :func:`~companion.lines.check_line` so far."""
+    """Lines of this reply refused by :func:`~companion.lines.check.check_line` so far."""
 
 
 class ParamsCheck:
@@ -95,7 +95,7 @@ class ParamsCheck:
 
 def _sentence_check(context: LineContext) -> SentenceCheck:
     """The check each sentence of a streamed line passes before it is voiced: the same as a
-    whole line's (:func:`~companion.lines.check_line`), so a sentence that reads the prompt aloud
+    whole line's (:func:`~companion.lines.check.check_line`), so a sentence that reads the prompt aloud
     or copies the conversation is never heard, and nothing after it either."""
 
     def check(sentence: str, said_before: tuple[str, ...]) -> str | None:

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Literal
 
+from companion.lines.sentences import split_sentences
 from companion.protocol import Message
-from companion.sentences import split_sentences
 
 __all__ = [
     "COPY_SIMILARITY",
@@ -265,7 +265,7 @@ def _size(words: Sequence[str]) -> float:
 
 def sentences(text: str) -> list[str]:
     """The sentences of ``text`` that hold a word, cut as a streamed line is cut
-    (:func:`companion.sentences.split_sentences`: closing quotes kept, abbreviations and
+    (:func:`companion.lines.sentences.split_sentences`: closing quotes kept, abbreviations and
     decimals not cut), so a line and its sentences are judged alike."""
     return [p for p in split_sentences(text[:_TEXT_LIMIT]) if _WORD.search(p)]
 

@@ -1,11 +1,11 @@
 """Who is present: peer id <-> companion id <-> metadata, and who may speak as whom.
 
-Pure and synchronous over a :class:`~companion.trust.TrustStore` (the lasting bindings): the
+Pure and synchronous over a :class:`~companion.node.trust.TrustStore` (the lasting bindings): the
 node feeds it connection changes and metadata answers, and asks it whether the signer of a
 payload may use the ``from`` id it claims, and whether it may answer a query. Every change
 comes back as :class:`MembershipEvent` values so the caller decides how to log or forward them.
 
-Binding rules (trust on first use, see :mod:`companion.trust`):
+Binding rules (trust on first use, see :mod:`companion.node.trust`):
 
 - A companion id is pinned to the first peer that proves it (over the metadata protocol, or
   through :meth:`Membership.pin` from any other authenticated source). The pin is lasting (in
@@ -18,7 +18,7 @@ Binding rules (trust on first use, see :mod:`companion.trust`):
 - Presence (the directory) is separate from pins: a companion is present while the peer that
   proved its id over a connection stays connected (a *binding*, as in aikyo), **or** while its
   latest signed presence announcement, relayed by anyone, has not expired (see
-  :mod:`companion.presence`). An announcement is checked against the pins like any claim (an
+  :mod:`companion.node.announcements`). An announcement is checked against the pins like any claim (an
   id pinned to another key is refused ``id_pinned``) and pins the id on first use; a peer bound
   to one id over a connection may not announce another (``id_mismatch``). The directory's
   metadata is the binding's while there is one, else the announcement's.
@@ -30,15 +30,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from companion.presence import (
+from companion.node.announcements import (
     DISCONNECT_GRACE,
     NewcomerBudget,
     PresenceChange,
     PresenceRefusal,
     PresenceTable,
 )
+from companion.node.trust import PinRefused, TrustStore, is_companion_id
 from companion.protocol import Metadata, Presence
-from companion.trust import PinRefused, TrustStore, is_companion_id
 
 __all__ = ["AnnounceRefused", "BindRefused", "DirectoryView", "Membership", "MembershipEvent"]
 
@@ -90,7 +90,7 @@ class AnnounceRefused:
     """A presence announcement that was not taken; ``owner`` as in :class:`BindRefused`. The
     reasons are drop labels: ``stale`` (a sequence number not above the last one: a replay or an
     overtaken copy), ``too_old``, ``presence_full``, ``newcomer_limit`` (too many new ids at
-    once, see :class:`~companion.presence.NewcomerBudget`), ``id_mismatch`` (the peer proved
+    once, see :class:`~companion.node.announcements.NewcomerBudget`), ``id_mismatch`` (the peer proved
     another id on its connection), and the pin refusals of :class:`BindRefused`."""
 
     peer_id: str
@@ -200,7 +200,7 @@ class Membership:
     ) -> list[MembershipEvent]:
         """The last connection to ``peer_id`` closed: its binding ends (its pin stays). With
         ``now`` and not ``on_purpose`` (a trim by either side), its presence announcement must
-        be renewed within :data:`~companion.presence.DISCONNECT_GRACE` (a killed peer is not);
+        be renewed within :data:`~companion.node.announcements.DISCONNECT_GRACE` (a killed peer is not);
         without ``now`` presence is left alone."""
         self._connected.discard(peer_id)
         if peer_id == self._self_peer:

@@ -34,7 +34,7 @@ from companion.log import log_event
 
 __all__ = ["SqlWriter", "Statement", "transaction"]
 
-logger = logging.getLogger("companion.sqlwriter")
+logger = logging.getLogger("companion.store.writer")
 
 Statement: TypeAlias = tuple[str, tuple[Any, ...]]
 """One SQL statement and its parameters."""

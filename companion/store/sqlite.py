@@ -2,16 +2,16 @@
 
 A restarted node reopens the same file and continues the conversation with what it knew. The
 file lives under the companion's data directory (:data:`DB_FILENAME`), in WAL mode. Its tables
-and their versions are :mod:`companion.layout`'s: a file of an older release is migrated when it
-is opened, one of a newer release refused (:class:`~companion.layout.LayoutError`).
+and their versions are :mod:`companion.store.layout`'s: a file of an older release is migrated when it
+is opened, one of a newer release refused (:class:`~companion.store.layout.LayoutError`).
 
 :class:`Store` and :class:`MemoryStore` implement :class:`companion.ports.ConversationStore`
 (what the engine keeps: the conversation's messages once each, replied ids, known companions,
-working memory) and :class:`companion.history.ConversationHistory`. The engine calls them from
+working memory) and :class:`companion.store.history.ConversationHistory`. The engine calls them from
 its trio task, for every message, so no call waits for the disk: :class:`Store` answers from an
 in-memory view loaded at open (the known companions, the working memory, the seen ids, the
 last ``tail`` messages and the last ``id_window`` message ids) and writes behind, through a
-:class:`~companion.sqlwriter.SqlWriter` thread that commits in batches (``batch_window``
+:class:`~companion.store.writer.SqlWriter` thread that commits in batches (``batch_window``
 seconds) with ``synchronous=NORMAL``. Only a message id older than the id window, or more
 history than the tail, is looked up on disk (one indexed read; reads never wait for a writer).
 
@@ -25,7 +25,7 @@ reply published in those milliseconds before a kill may be answered again after 
 a power cut may also roll back the commits since the last WAL checkpoint
 (``synchronous=NORMAL``), leaving a consistent file.
 A disk that fails (read-only, full) is logged and counted (:meth:`Store.stats`), never raised:
-the node keeps running on its view, and the writer retries (see :mod:`companion.sqlwriter`).
+the node keeps running on its view, and the writer retries (see :mod:`companion.store.writer`).
 Strings from the network may hold lone surrogates (JSON allows ``"\\ud800"``); they are stored
 escaped, never refused with an encoding error.
 """
@@ -45,10 +45,10 @@ from typing import Any, Final, NamedTuple
 import trio
 from pydantic import ValidationError
 
-from companion.layout import migrate_sqlite
 from companion.log import log_event
 from companion.protocol import Message, encode
-from companion.sqlwriter import SqlWriter
+from companion.store.layout import migrate_sqlite
+from companion.store.writer import SqlWriter
 
 __all__ = [
     "DB_FILENAME",
@@ -62,7 +62,7 @@ __all__ = [
     "read_message",
 ]
 
-logger = logging.getLogger("companion.store")
+logger = logging.getLogger("companion.store.sqlite")
 
 DB_FILENAME: Final = "companion.sqlite3"
 _REPLIED: Final = "replied"
@@ -94,7 +94,7 @@ def _safe_json(value: Any) -> str:
 
 class StoreError(RuntimeError):
     """The store cannot be used (unreadable file, closed); a newer layout is a
-    :class:`~companion.layout.LayoutError`."""
+    :class:`~companion.store.layout.LayoutError`."""
 
 
 def _unsafe(text: str) -> str:
@@ -196,7 +196,7 @@ class Store:
 
     def observe_commits(self, callback: Callable[[float], None] | None) -> None:
         """Call ``callback`` with the seconds each committed batch took (from the writer's
-        thread: :attr:`SqlWriter.on_commit <companion.sqlwriter.SqlWriter.on_commit>`)."""
+        thread: :attr:`SqlWriter.on_commit <companion.store.writer.SqlWriter.on_commit>`)."""
         self._writer.on_commit = callback
 
     def close(self, timeout: float = 10.0) -> None:
@@ -275,7 +275,7 @@ class Store:
         return self.record(message)
 
     def append(self, message: Message) -> None:
-        """:class:`~companion.history.ConversationHistory`: record once, the first copy wins."""
+        """:class:`~companion.store.history.ConversationHistory`: record once, the first copy wins."""
         self.record(message)
 
     def recent(self, limit: int) -> list[Message]:

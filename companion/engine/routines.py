@@ -1,4 +1,4 @@
-"""The trio shell of :class:`~companion.routines.RoutineScheduler`: the real clock, the runtime.
+"""The trio shell of :class:`~companion.card.routines.RoutineScheduler`: the real clock, the runtime.
 
 The scheduler decides; this driver tells it what happened (messages, joins and leaves, whether
 a conversation is running), sleeps until its deadline (or the end of the conversation's busy
@@ -25,8 +25,7 @@ from typing import Any, Final
 import trio
 
 from companion.actions import ActionRuntime
-from companion.protocol import Message
-from companion.routines import (
+from companion.card.routines import (
     CompiledRoutine,
     ConversationBusy,
     ConversationIdle,
@@ -35,7 +34,8 @@ from companion.routines import (
     RoutineFinished,
     RoutineScheduler,
 )
-from companion.turns import stamp_opening
+from companion.conversation.rules import stamp_opening
+from companion.protocol import Message
 
 __all__ = ["RoutineDriver", "current_firing", "not_a_routine"]
 

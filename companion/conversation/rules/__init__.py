@@ -10,10 +10,10 @@ people reading logs or the demo transcript).
 - :mod:`.speaker` -- who speaks next and who stands in; whom a reply addresses
 - :mod:`.closing` -- closing stages, repetition, the turn limit
 
-What a node *does* with these rules, event by event, is :mod:`companion.conversation`.
+What a node *does* with these rules, event by event, is :mod:`companion.conversation.machine`.
 """
 
-from companion.turns.closing import (
+from companion.conversation.rules.closing import (
     DEFAULT_REPETITION_THRESHOLD,
     REPETITION_WINDOW,
     ClosingDecision,
@@ -25,7 +25,7 @@ from companion.turns.closing import (
     later,
     repetition_score,
 )
-from companion.turns.leader import (
+from companion.conversation.rules.leader import (
     MAX_CANDIDATES,
     Candidates,
     LeaderPlan,
@@ -33,7 +33,7 @@ from companion.turns.leader import (
     plan_leaders,
     select_leader,
 )
-from companion.turns.speaker import (
+from companion.conversation.rules.speaker import (
     FAIR_LAG,
     Preference,
     SpeakerDecision,
@@ -47,7 +47,7 @@ from companion.turns.speaker import (
     reply_recipients,
     speaking_order,
 )
-from companion.turns.states import (
+from companion.conversation.rules.states import (
     EarlyStates,
     StateDecision,
     StatesOutcome,
@@ -59,7 +59,7 @@ from companion.turns.states import (
     states_tag,
     turn_tag,
 )
-from companion.turns.thread import (
+from companion.conversation.rules.thread import (
     META_CLOSING,
     META_IN_REPLY_TO,
     META_NEXT_SPEAKER,

@@ -16,7 +16,7 @@ forbids. :class:`EarlyStates` holds arrays that overtook their message (gossip k
 across topics).
 
 Who may publish the array that counts is the conversation's rule (the leader whose slot is
-due, see :mod:`companion.conversation`); this module only says which message an array answers.
+due, see :mod:`companion.conversation.machine`); this module only says which message an array answers.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar
 
+from companion.conversation.rules.closing import later
 from companion.protocol import CLOSING_ORDER, ClosingStage, Message, State
-from companion.turns.closing import later
 
 __all__ = [
     "TAG_SPACE",
@@ -222,9 +222,9 @@ def fallback_decisions(addressed: Sequence[str], nominated: str | None = None) -
 
 def closing_states(addressed: Sequence[str], message: Message, closer: str) -> list[State]:
     """The *closing array* for ``message``, published by ``closer`` when nobody answered it (see
-    :mod:`companion.conversation`): at ``terminal``, tagged for the message, the closer the only
+    :mod:`companion.conversation.machine`): at ``terminal``, tagged for the message, the closer the only
     one that would speak, so the next-speaker rule says ``terminal`` as for a leader's last
-    array (:func:`~companion.turns.speaker.ends_conversation`): every node, client and aikyo
+    array (:func:`~companion.conversation.rules.speaker.ends_conversation`): every node, client and aikyo
     node reads it as the end."""
     ids = list(dict.fromkeys([*addressed, closer] if closer not in addressed else addressed))
     decisions = [StateDecision(closer, "speak", 0.0, False, "terminal")]

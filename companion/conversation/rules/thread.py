@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
+from companion.conversation.rules.closing import closing_stage
 from companion.protocol import ClosingStage, Message
-from companion.turns.closing import closing_stage
 
 __all__ = [
     "META_CLOSING",

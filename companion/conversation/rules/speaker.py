@@ -20,8 +20,8 @@ from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
+from companion.conversation.rules.closing import later
 from companion.protocol import COMPANION_ID_PREFIX, ClosingStage, Message, State
-from companion.turns.closing import later
 
 __all__ = [
     "FAIR_LAG",

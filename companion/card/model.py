@@ -20,15 +20,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from companion.actions import BUILTINS, ActionDef, KnowledgeDef, resolve_tool
-from companion.protocol import Metadata
-from companion.routines import CompiledRoutine, Routine, RoutineError, compile_routines
-from companion.triggers import (
+from companion.card.routines import CompiledRoutine, Routine, RoutineError, compile_routines
+from companion.card.triggers import (
     CompiledTriggers,
     ToolInstruction,
     TriggerCondition,
     TriggerError,
     compile_triggers,
 )
+from companion.protocol import Metadata
 
 __all__ = [
     "COMPANION_ID_PREFIX",

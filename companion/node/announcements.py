@@ -9,7 +9,7 @@ while holding a few connections.
 
 This module keeps the announcements a node has heard and says when each expires; it does no
 I/O and reads no clock (the caller passes ``now``, a monotonic time, and ``wall``, seconds since
-the Unix epoch). Who may announce which id (pins) is :class:`~companion.membership.Membership`'s
+the Unix epoch). Who may announce which id (pins) is :class:`~companion.node.membership.Membership`'s
 job; the trio loop that publishes and receives is :mod:`companion.node.presence`.
 
 Rules:

@@ -2,7 +2,7 @@
 
 A streaming model shows the line as it grows (:meth:`LiveVoiceLine.grow`, a
 :class:`~companion.models.base.LineSink`); each sentence, once complete
-(:class:`~companion.sentences.SentenceSplitter`), passes :meth:`LiveVoiceLine.admit` — the one
+(:class:`~companion.lines.sentences.SentenceSplitter`), passes :meth:`LiveVoiceLine.admit` — the one
 place every sentence goes through before anyone hears it — and is sent to the clients as its
 own ``speak`` query by :meth:`LiveVoiceLine.run`, one after another, each waited for (so an
 aikyo client, which speaks each query as it comes, never speaks two at once). When the model's
@@ -33,8 +33,8 @@ from companion.actions.builtins import (
     voice_metadata,
 )
 from companion.actions.results import QueryTimeout
+from companion.lines.sentences import SentenceSplitter, join_sentences
 from companion.protocol import QueryResult, new_id
-from companion.sentences import SentenceSplitter, join_sentences
 
 __all__ = ["Ask", "LiveVoiceLine", "SentenceCheck"]
 

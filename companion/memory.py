@@ -27,9 +27,9 @@ from companion.protocol import (
     parse_payload,
 )
 
-__all__ = ["Inbound", "MemoryEndpoint", "MemoryHub", "Publisher", "encode_for_topic"]
+__all__ = ["Fault", "Inbound", "MemoryEndpoint", "MemoryHub", "Publisher", "encode_for_topic"]
 
-logger = logging.getLogger("companion.transport")
+logger = logging.getLogger("companion.memory")
 
 
 def encode_for_topic(topic: str, envelope: Envelope | list[State]) -> bytes:

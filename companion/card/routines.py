@@ -47,9 +47,9 @@ from cel_expr_python import cel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from companion.actions import ActionDef, KnowledgeDef
+from companion.card.triggers import TriggerProblem, cel_env, compile_bool, compile_cel, eval_bool
 from companion.log import log_event
 from companion.protocol import Message
-from companion.triggers import TriggerProblem, cel_env, compile_bool, compile_cel, eval_bool
 
 __all__ = [
     "DEFAULT_EVENT_COOLDOWN",
@@ -73,7 +73,7 @@ __all__ = [
     "parse_duration",
 ]
 
-logger = logging.getLogger("companion.routines")
+logger = logging.getLogger("companion.card.routines")
 
 RoutineKind: TypeAlias = Literal["every", "idle", "joined", "left", "message"]
 PathPart: TypeAlias = str | int

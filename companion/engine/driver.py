@@ -1,20 +1,21 @@
-"""The conversation engine: the trio driver of one companion's :class:`~companion.conversation.Conversation`.
+"""The conversation engine: the trio driver of one companion's
+:class:`~companion.conversation.machine.Conversation`.
 
 Every rule lives in the state machine; this module moves things in and out of it. In: each
 inbound payload becomes an event (a message only once the store recorded it, so a failing write
 leaves the conversation as it was), directory changes become joined/left events, a timer feeds a
 tick at the machine's deadline; the clock is read only to pass ``now`` in. Out: effects run under
 their deadlines -- ``decide_states`` (``states_timeout``, else rule-based states), the speaker's
-work (:mod:`companion.speech`, ``speak_timeout``, else a yield), publishing (``publish_timeout``),
+work (:mod:`companion.engine.speech`, ``speak_timeout``, else a yield), publishing (``publish_timeout``),
 cancelling, and each decision as one structured log event (and to the optional ``observer``).
 The echo rule (:mod:`companion.ports`) makes this node's own reply and states count when they
 come back; the runtime's outgoing hook stamps the reply and notes in the store, before it leaves,
 that its message was answered, so a restarted node never answers it again.
 
-Beside the turns: the card's routines run from a :class:`~companion.routine_driver.RoutineDriver`
+Beside the turns: the card's routines run from a :class:`~companion.engine.routines.RoutineDriver`
 (fed every message, join and leave; a conversation counts as running while a turn is open here,
 or until ``reply_timeout`` after the last message anyone sent, unless it closed ``terminal``),
-the tool list goes out as ``companion.tools`` (:mod:`companion.tools_announcer`) and the peers'
+the tool list goes out as ``companion.tools`` (:mod:`companion.engine.tools`) and the peers'
 lists are kept in :attr:`ConversationEngine.peer_tools`. Tools keep their
 :attr:`~companion.actions.ActionContext.store` in ``kv`` (the companion's SQLite file). A tool's
 notes reach the model's next step through the tool's answer within the speaker's turn only.
@@ -31,10 +32,16 @@ from typing import Any, Final
 
 import trio
 
-from companion import conversation as cv
 from companion.actions import ActionRuntime, KeyValueStore
-from companion.card import LoadedCard
-from companion.history import HistoryReader
+from companion.card.model import LoadedCard
+from companion.card.routines import CompanionJoined as RoutineJoined
+from companion.card.routines import CompanionLeft as RoutineLeft
+from companion.card.routines import MessageSeen as RoutineMessage
+from companion.conversation import machine as cv
+from companion.conversation.rules import turn_info
+from companion.engine.routines import RoutineDriver, current_firing, not_a_routine
+from companion.engine.speech import Speaker, Speech
+from companion.engine.tools import ToolsAnnouncer, read_tools
 from companion.log import log_event
 from companion.models.base import CompanionModel, ModelError, StatesRequest
 from companion.ports import ConversationStore, Inbound, NodeLike, Publisher
@@ -50,19 +57,13 @@ from companion.protocol import (
     QueryResult,
     State,
 )
-from companion.routine_driver import RoutineDriver, current_firing, not_a_routine
-from companion.routines import CompanionJoined as RoutineJoined
-from companion.routines import CompanionLeft as RoutineLeft
-from companion.routines import MessageSeen as RoutineMessage
-from companion.speech import Speaker, Speech
-from companion.store import MemoryStore, StoreError
+from companion.store.history import HistoryReader
+from companion.store.sqlite import MemoryStore, StoreError
 from companion.timings import EngineTimings
-from companion.tools_announcer import ToolsAnnouncer, read_tools
-from companion.turns import turn_info
 
 __all__ = ["ConversationEngine", "EngineEvent", "EngineTimings", "NodeLike"]
 
-logger = logging.getLogger("companion.engine")
+logger = logging.getLogger("companion.engine.driver")
 
 _UNRECORDED: Final = "this companion could not record its reply, so it is not sent; finish without speaking"
 _STOPPING: Final = "this companion is stopping; finish without speaking"

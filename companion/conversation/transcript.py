@@ -2,7 +2,7 @@
 
 :class:`Transcript` is fed every message and states array a bystander sees (the demo's bridge
 node, the in-memory group's bystander endpoint) and explains each turn. It runs the companions'
-own state machine (:class:`~companion.conversation.Conversation`) as a bystander, so it follows
+own state machine (:class:`~companion.conversation.machine.Conversation`) as a bystander, so it follows
 the thread and accepts arrays by the same rules. It also counts double speech (two replies to
 one message), which must never happen. It also says what people would otherwise wait for in
 silence: a speaker that has been preparing its reply for a while (``thinking``, from its
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from companion.conversation import (
+from companion.conversation.machine import (
     ClosingSettings,
     Conversation,
     Decision,
@@ -32,10 +32,10 @@ from companion.conversation import (
     present_diff,
     read_signal,
 )
+from companion.conversation.rules import turn_info
+from companion.conversation.signals import MAX_NAME, THINKING_DEADLINE, one_line, thinking_text, yield_text
 from companion.protocol import Action, ClosingStage, Message, Payload
-from companion.signals import MAX_NAME, THINKING_DEADLINE, one_line, thinking_text, yield_text
 from companion.timings import EngineTimings
-from companion.turns import turn_info
 
 __all__ = [
     "THINKING_EVERY",

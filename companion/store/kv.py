@@ -4,7 +4,7 @@ A handler reaches it as :attr:`ActionContext.store <companion.actions.ActionCont
 whose namespace is the tool's id, so two tools never see each other's keys (one tool shares
 what it knows by being called, see :meth:`ActionContext.call
 <companion.actions.ActionContext.call>`). The values live in their own table of the companion's
-SQLite file, beside (and independent of) :class:`companion.store.Store`; a runtime without a
+SQLite file, beside (and independent of) :class:`companion.store.sqlite.Store`; a runtime without a
 file gets the in-memory variant, with the same limits and the same copy-on-read behaviour.
 
 Limits keep one tool from filling the companion's disk: a key's length, a value's encoded size,
@@ -14,7 +14,7 @@ ends the call as ``store_limit`` when the handler does not catch it.
 
 Calls are synchronous and never wait for the disk, so plain and ``async`` handlers use them
 alike: reads come from a view of the table loaded at open, writes change the view and are
-committed by a writer thread (:mod:`companion.sqlwriter`, ``synchronous=FULL`` in WAL mode).
+committed by a writer thread (:mod:`companion.store.writer`, ``synchronous=FULL`` in WAL mode).
 The runtime awaits :meth:`KeyValueStore.flush` (in a worker thread) when a handler returns, so
 what a tool wrote survives a crash of the process or the machine once its call has returned;
 outside a runtime, :meth:`KeyValueStore.sync` is that wait. A disk that fails (read-only,
@@ -35,9 +35,9 @@ from typing import Any, Final, TypeAlias
 import trio
 
 from companion.actions.results import ErrorCode
-from companion.layout import migrate_sqlite
 from companion.log import log_event
-from companion.sqlwriter import SqlWriter
+from companion.store.layout import migrate_sqlite
+from companion.store.writer import SqlWriter
 
 __all__ = [
     "KV_TABLE",
@@ -48,7 +48,7 @@ __all__ = [
     "StoreLimits",
 ]
 
-logger = logging.getLogger("companion.actions.kv")
+logger = logging.getLogger("companion.store.kv")
 
 KV_TABLE: Final = "action_store"
 
@@ -135,7 +135,7 @@ class _MemoryBackend:
 
 class _SqliteBackend(_MemoryBackend):
     """The values of one SQLite file: read from a view loaded at open, written through a
-    :class:`~companion.sqlwriter.SqlWriter` thread (``synchronous=FULL``), so no call waits for
+    :class:`~companion.store.writer.SqlWriter` thread (``synchronous=FULL``), so no call waits for
     the disk; :meth:`KeyValueStore.flush` waits for the commits, off the loop."""
 
     def __init__(self, target: str | Path | sqlite3.Connection) -> None:
@@ -148,7 +148,7 @@ class _SqliteBackend(_MemoryBackend):
         else:
             path = Path(target)
             path.parent.mkdir(parents=True, exist_ok=True)
-        migrate_sqlite(path)  # the table is part of the companion's layout (companion.layout)
+        migrate_sqlite(path)  # the table is part of the companion's layout (companion.store.layout)
         # A returned call's writes survive a crash of the machine, as before: FULL, not NORMAL.
         self.writer = SqlWriter(path, synchronous="FULL", name=f"kv {path.name}")
         try:
