@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion.conversation.machine import (
+    HANDLERS,
     SLOT_GRACE,
     THINKING_SIGNAL,
     TRANSITIONS,
@@ -128,6 +129,28 @@ def test_a_move_outside_the_table_is_a_bug() -> None:
         else:
             with pytest.raises(TransitionError):
                 m._goto(turn, target)
+
+
+def test_a_phase_and_event_pair_outside_the_table_raises() -> None:
+    """The table drives ``receive``: this node's reply is news only while it speaks, so a
+    ``ReplyPublished`` in any other phase (or with no turn) is the driver's bug, said at once."""
+    m = machine(A)
+    message = message_led_by(B, [A, B, C])
+    stamped = reply(A, [USER, B], message)
+    with pytest.raises(TransitionError, match="ReplyPublished in no turn"):
+        m.receive(ReplyPublished(message.params.id, stamped), 0.0)
+    m.receive(MessageSeen(message), 0.0)
+    assert phase(m) is Phase.AWAITING_STATES and (Phase.AWAITING_STATES, ReplyPublished) not in HANDLERS
+    with pytest.raises(TransitionError, match="ReplyPublished in AWAITING_STATES"):
+        m.receive(ReplyPublished(message.params.id, stamped), 0.1)
+    assert phase(m) is Phase.AWAITING_STATES  # nothing moved
+
+
+def test_events_valid_in_every_phase_are_listed_for_every_phase() -> None:
+    everywhere = (MessageSeen, StatesSeen, StatesReady, SpeakingFailed, YieldSeen, ThinkingSeen, Tick)
+    for kind in (*everywhere, CompanionJoined, CompanionLeft):
+        assert all((p, kind) in HANDLERS for p in (None, *Phase)), kind
+    assert [p for p in (None, *Phase) if (p, ReplyPublished) in HANDLERS] == [Phase.SPEAKING]
 
 
 def test_the_leader_leads_at_once_and_the_others_wait_their_slot() -> None:
