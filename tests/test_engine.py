@@ -363,7 +363,7 @@ async def test_another_reply_withdraws_a_speech_in_progress(autojump_clock: trio
     me = card.card.metadata.id
     engine, sink, events = solo(card, HookedModel(ScriptedModel(0), on_speak=stall))
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         opening = Message.create("user_x", [me, "companion_other"], "Who goes first?")
         await engine.handle(Inbound(MESSAGES, opening, "peer"))
         await entered.wait()
@@ -505,7 +505,7 @@ async def test_a_reply_that_crossed_a_newer_message_is_stale(autojump_clock: tri
         card, ScriptedModel(0), Sink(), {me: card.card.metadata}, timings=TIMINGS, observer=events.append
     )
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         older = Message.create("companion_x", [me, "companion_y"], "First.")
         newer = Message.create("user_z", [me, "companion_x", "companion_y"], "Wait, everyone!")
         crossing = Message.create(
@@ -548,7 +548,7 @@ async def test_a_restarted_node_remembers_and_does_not_reply_twice(
             engine, sink, events = solo(card, ScriptedModel(0), store=store)
             sink.sent = sent  # one record across both runs
             async with trio.open_nursery() as nursery:
-                engine.attach(nursery)
+                await nursery.start(engine.run)
                 await engine.handle(Inbound(MESSAGES, opening, "peer"))
                 await sink.until_sent(MESSAGES, replies)
                 await trio.testing.wait_all_tasks_blocked()
@@ -633,7 +633,7 @@ async def test_a_late_array_from_an_earlier_leader_wins(autojump_clock: trio.tes
         return finalize_states(decisions, ids, floor="none", tag=turn_tag(opening)).states
 
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         await engine.handle(Inbound(MESSAGES, opening, "user_x"))
         await trio.sleep(TIMINGS.takeover_after)  # the second's slot: the leader stayed silent
         await engine.handle(Inbound(STATES, array(second), second))  # the takeover's array
@@ -768,7 +768,7 @@ async def test_a_failing_store_write_leaves_the_conversation_as_it_was(
     store = FlakyStore()
     engine, sink, events = solo(card, ScriptedModel(0), store=store)
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         first = Message.create("user_x", [me], "Are you there?")
         store.failing = True
         for message in (first, Message.create("user_x", [me], "Hello?")):
@@ -794,7 +794,7 @@ async def test_odd_strings_never_poison_the_engine_or_its_store(
     with Store.in_directory(tmp_path) as store:
         engine, sink, _ = solo(card, ScriptedModel(0), store=store)
         async with trio.open_nursery() as nursery:
-            engine.attach(nursery)
+            await nursery.start(engine.run)
             for message in (
                 Message.create(f"user_{odd}", [me, f"companion_{odd}"], f"text {odd}", id=f"id-{odd}"),
                 Message.create(

@@ -228,6 +228,19 @@ class MachineState:
         turn = self.turn
         return turn.message_id if turn is not None and turn.phase is Phase.SPEAKING else None
 
+    def may_speak_in(self, message: Message) -> bool:
+        """Whether a turn of this node runs for ``message``, which addresses this companion and
+        is not its own: it may be chosen to speak (the driver may prepare early)."""
+        turn, p = self.turn, message.params
+        return (
+            self.me is not None
+            and p.from_ != self.me
+            and self.me in p.to
+            and turn is not None
+            and turn.message_id == p.id
+            and self.in_turn
+        )
+
     def replied(self, message_id: str) -> bool:
         """Whether this companion answered ``message_id`` (in this run or, per the store, before)."""
         return message_id in self._replied
