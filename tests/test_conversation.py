@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from companion.conversation.machine import (
     HANDLERS,
+    ONE_MESSAGE,
     SLOT_GRACE,
     THINKING_SIGNAL,
     TRANSITIONS,
@@ -808,6 +809,37 @@ def test_a_bystander_follows_and_reports_but_never_leads_or_speaks() -> None:
     forged = machine(None)
     forged.receive(MessageSeen(message), 0.0)
     assert decisions(forged.receive(StatesSeen(array(message, A), "companion_zed"), 0.1), "states_ignored")
+
+
+def test_a_message_answered_before_a_restart_is_not_answered_again() -> None:
+    """The store's replied marks, read back at start: chosen again for the same message, this
+    node gives its slot up (``no_reply``) instead of speaking twice, and the next speaker goes."""
+    message = message_led_by(B, [A, B, C])
+    m = Conversation(A, takeover_after=T, reply_timeout=R, known=(A, B, C), replied=[message.params.id])
+    for cid in (A, B, C):
+        m.receive(CompanionJoined(cid), 0.0)
+    assert m.replied(message.params.id) and not m.replied("another")
+    m.receive(MessageSeen(message), 0.0)
+    out = m.receive(StatesSeen(array(message, A), B), 1.0)
+    assert not of(out, Speak) and phase(m) is Phase.AWAITING_SPEAKER
+    [thinking, gave_up] = of(out, PublishSignal)
+    assert thinking.name == THINKING_SIGNAL and gave_up.name == YIELD_SIGNAL
+    assert dict(gave_up.params)["reason"] == "no_reply"
+    [failed] = decisions(out, "speaker_failed")
+    assert failed.fields["detail"] == "it replied before a restart" and failed.fields["next"] is not None
+
+
+def test_replying_is_remembered_and_speaking_to_says_for_what() -> None:
+    message = message_led_by(B, [A, B, C])
+    m = machine(A)
+    m.receive(MessageSeen(message), 0.0)
+    m.receive(StatesSeen(array(message, A), B), 1.0)
+    assert m.speaking_to == message.params.id and not m.replied(message.params.id)
+    stamped = m.outgoing(Message.create(A, [USER], "hello"))
+    assert isinstance(stamped, Message)
+    m.receive(ReplyPublished(message.params.id, stamped), 1.5)
+    assert m.speaking_to is None and m.replied(message.params.id)
+    assert m.outgoing(Message.create(A, [USER], "again")) == ONE_MESSAGE
 
 
 def test_replayed_messages_restore_the_thread_and_open_no_turn() -> None:

@@ -813,3 +813,48 @@ async def test_odd_strings_never_poison_the_engine_or_its_store(
                 len(replies) == 1 and (replies[0].params.metadata or {})[META_IN_REPLY_TO] == normal.params.id
             )
             nursery.cancel_scope.cancel()
+
+
+async def test_an_event_that_arises_while_effects_run_waits_its_turn(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopping, a lead that falls due gets rule-based states at once: the driver feeds them to
+    the machine only once the effects of the message are all carried out, never from inside."""
+    card = make_card(0, max_turns=None)
+    me = card.card.metadata.id
+    engine, _sink, events = solo(card, ScriptedModel(0))
+    receive, do = engine.conversation.receive, engine._do
+    carrying_out, reentered = [False], [False]
+
+    def counted(event: Any, now: float) -> Any:
+        reentered[0] |= carrying_out[0]
+        return receive(event, now)
+
+    def doing(effect: Any) -> None:
+        carrying_out[0] = True
+        try:
+            do(effect)
+        finally:
+            carrying_out[0] = False
+
+    monkeypatch.setattr(engine, "_do", doing)
+    monkeypatch.setattr(engine.conversation, "receive", counted)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        await engine.stop(0)
+        await engine.handle(Inbound(MESSAGES, Message.create("user_x", [me], "Still there?"), "peer"))
+        published = [e for e in events if e.kind == "states_published"]
+        assert [e.fields["source"] for e in published] == ["fallback_stopping"]
+        assert not reentered[0]
+        nursery.cancel_scope.cancel()
+
+
+async def test_run_reports_started_and_handle_needs_it(autojump_clock: trio.testing.MockClock) -> None:
+    card = make_card(0)
+    engine, _sink, _events = solo(card, ScriptedModel(0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)  # returns once handle may be called
+        await engine.handle(Inbound(MESSAGES, Message.create("user_x", ["nobody"], "hi"), "peer"))
+        nursery.cancel_scope.cancel()
+    with pytest.raises(RuntimeError, match="not running"):  # its nursery is gone with it
+        await engine.handle(Inbound(MESSAGES, Message.create("user_x", ["nobody"], "hi"), "peer"))

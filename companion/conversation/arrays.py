@@ -149,7 +149,7 @@ class ArrayRules(MachineState):
         if not turn.order and turn.closing == "terminal":
             reason = "the conversation already ended here"
             self._log(out, "states_ignored", publisher=publisher, message_id=turn.message_id, reason=reason)
-        elif self.bystander or rank <= turn.priority or turn.unanswered_at is not None:
+        elif self.bystander or rank <= turn.priority or turn.unanswered:
             self._accept(turn, states, rank, publisher, now, out, closes=True)
         else:
             if turn.held_closing is None or rank < turn.held_closing[2]:
@@ -195,7 +195,7 @@ class ArrayRules(MachineState):
         if first:
             turn.accepted_at = now
         turn.states, turn.priority = states, rank
-        turn.unanswered_at = turn.closing_at = turn.held_closing = None
+        turn.closing_at = turn.held_closing = None
         turn.closed = closes
         for dropped in [r for r in turn.pending if r >= rank]:
             del turn.pending[dropped]
@@ -299,7 +299,6 @@ class ArrayRules(MachineState):
             reason="every candidate stayed silent or gave up",
         )
         self._goto(turn, Phase.DONE)
-        turn.unanswered_at = now
         if turn.held_closing is not None:
             states, publisher, rank = turn.held_closing
             self._accept(turn, states, rank, publisher, now, out, closes=True)

@@ -109,8 +109,6 @@ class Turn:
     yielded: dict[str, str] = field(default_factory=dict)
     """Companions that gave their slot up, and why (a yield reason, or ``slot_ended``,
     ``gave_way``)."""
-    unanswered_at: float | None = None
-    """When this node saw every slot of the order pass without a reply."""
     closing_at: float | None = None
     """When this node publishes the closing array if nobody's counted first (``None``: never)."""
     held_closing: tuple[list[State], str | None, int] | None = None
@@ -121,6 +119,12 @@ class Turn:
     @property
     def message_id(self) -> str:
         return self.message.params.id
+
+    @property
+    def unanswered(self) -> bool:
+        """This node saw every slot of the order pass without a reply: only then is a turn DONE
+        with speakers in its order (an array that ends it leaves none)."""
+        return self.phase is Phase.DONE and bool(self.order)
 
     def due(self, rank: int, takeover_after: float) -> float:
         """When the array of the candidate at ``rank`` may count (a little early: :data:`SLOT_GRACE`)."""
