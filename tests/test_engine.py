@@ -849,12 +849,16 @@ async def test_an_event_that_arises_while_effects_run_waits_its_turn(
         nursery.cancel_scope.cancel()
 
 
-async def test_run_reports_started_and_handle_needs_it(autojump_clock: trio.testing.MockClock) -> None:
+async def test_run_reports_started_and_once_ended_records_and_says_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     card = make_card(0)
-    engine, _sink, _events = solo(card, ScriptedModel(0))
+    me = card.card.metadata.id
+    engine, sink, _events = solo(card, ScriptedModel(0))
     async with trio.open_nursery() as nursery:
         await nursery.start(engine.run)  # returns once handle may be called
         await engine.handle(Inbound(MESSAGES, Message.create("user_x", ["nobody"], "hi"), "peer"))
         nursery.cancel_scope.cancel()
-    with pytest.raises(RuntimeError, match="not running"):  # its nursery is gone with it
-        await engine.handle(Inbound(MESSAGES, Message.create("user_x", ["nobody"], "hi"), "peer"))
+    late = Message.create("user_x", [me], "Anyone?")
+    await engine.handle(Inbound(MESSAGES, late, "peer"))  # the node stops after its engine
+    assert engine.store.recent(1) == [late] and sink.topics() == []

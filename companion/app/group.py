@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -31,6 +31,9 @@ from companion.models.base import (
 )
 from companion.protocol import MESSAGES, Message, Metadata
 from companion.store.sqlite import MemoryStore
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = ["USER_ID", "CountingModel", "Member", "MemoryGroup"]
 
@@ -178,7 +181,7 @@ class MemoryGroup:
         await self.nursery.start(self._serve, member)
         return member
 
-    async def _serve(self, member: Member, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _serve(self, member: Member, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with member.scope:
             async with trio.open_nursery() as nursery:
                 await nursery.start(member.engine.run)

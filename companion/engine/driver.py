@@ -161,8 +161,9 @@ class ConversationEngine:
     # --- running ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the turn work, the clock, the routines and the tool announcements until cancelled;
-        started (:meth:`handle` may be called) once ``task_status.started()`` said so."""
+        """Run the turn work, the clock, the routines and the tool announcements until cancelled
+        (:meth:`handle` may be called once it has started). Once it ended, what still arrives is
+        recorded, and nothing goes out."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -171,7 +172,7 @@ class ConversationEngine:
                 self.announcer.start(nursery, first_after=self.timings.routine_quiet_start)
                 task_status.started()
         finally:
-            self._nursery = None
+            self._nursery, self._gate.stopping, self._gate.closed = None, True, True
 
     async def stop(self, grace: float) -> None:
         """Stop taking turns, before the node stops: no routine speaks; a lead or a reply in
@@ -184,10 +185,8 @@ class ConversationEngine:
         for (what, message_id), job in list(self._tasks.items()):
             job.scope.cancel()
             self._emit("withdrawn", logging.INFO, what=what, message_id=message_id, reason="stopping")
-            if what == "lead":
-                self._feed(cv.StatesReady(message_id, None, "fallback_stopping"))
-            else:  # (the machine knows whether it replied: then this changes nothing)
-                self._feed(cv.SpeakingFailed(message_id, "stopping"))
+            stopped = cv.SpeakingFailed(message_id, "stopping")  # (the machine ignores it if it replied)
+            self._feed(cv.StatesReady(message_id, None, "fallback_stopping") if what == "lead" else stopped)
         with trio.move_on_after(self.timings.publish_timeout):
             await self._settle(lambda: bool(self._tasks or self._publishing))
         self._gate.closed = True
@@ -211,7 +210,7 @@ class ConversationEngine:
 
     async def handle(self, inbound: Inbound) -> None:
         """Take one payload that passed the node's edge. Returns at once."""
-        if self._nursery is None:
+        if not self._gate.stopping and self._nursery is None:
             raise RuntimeError("the engine is not running: start run() in a nursery first")
         self._directory.sync()
         payload, publisher = inbound.payload, self._publisher_of(inbound.sender_peer)
@@ -256,7 +255,7 @@ class ConversationEngine:
     def directory_changed(self, _event: object = None) -> None:
         """The directory changed (a membership listener): a companion that joins and leaves between
         two payloads must still become known, or it could never lead."""
-        if self._nursery is not None:
+        if self._nursery is not None or self._gate.stopping:
             self._directory.sync()
 
     def _feed(self, event: cv.Event) -> None:
@@ -326,7 +325,8 @@ class ConversationEngine:
         self._nursery.start_soon(run)
 
     def _spawn_publish(self, topic: str, envelope: Action | list[State], message_id: str) -> None:
-        assert self._nursery is not None
+        if self._nursery is None:
+            return  # the engine ended: its gate is closed, nothing goes out
         self._publishing += 1
         self._nursery.start_soon(self._publish, topic, envelope, message_id)
 
