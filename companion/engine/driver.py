@@ -90,7 +90,8 @@ class ConversationEngine:
         self.store: ConversationStore = store if store is not None else MemoryStore()
         self._gate = Gate(publisher, self.me.id)  # everything goes out through it (closed by stop)
         self._publisher: Publisher = self._gate
-        self._observer, self._companion_of = observer, companion_of
+        self._observer = observer
+        self._publisher_of = companion_of or (lambda peer: peer if peer in self.conversation.known else None)
         settings = cv.ClosingSettings(self.card.settings.max_turns, self.card.settings.repetition_threshold)
         self.conversation = cv.Conversation(
             self.me.id,
@@ -185,8 +186,10 @@ class ConversationEngine:
         for (what, message_id), job in list(self._tasks.items()):
             job.scope.cancel()
             self._emit("withdrawn", logging.INFO, what=what, message_id=message_id, reason="stopping")
-            stopped = cv.SpeakingFailed(message_id, "stopping")  # (the machine ignores it if it replied)
-            self._feed(cv.StatesReady(message_id, None, "fallback_stopping") if what == "lead" else stopped)
+            if what == "lead":
+                self._feed(cv.StatesReady(message_id, None, "fallback_stopping"))
+            elif not self.conversation.replied(message_id):
+                self._feed(cv.SpeakingFailed(message_id, "stopping"))
         with trio.move_on_after(self.timings.publish_timeout):
             await self._settle(lambda: bool(self._tasks or self._publishing))
         self._gate.closed = True
@@ -228,11 +231,6 @@ class ConversationEngine:
                 self.peer_tools.note(payload, publisher)
         elif inbound.topic == QUERIES and isinstance(payload, QueryResult):
             self.runtime.deliver_query_result(payload)
-
-    def _publisher_of(self, peer: str) -> str | None:
-        if self._companion_of is not None:
-            return self._companion_of(peer)
-        return peer if peer in self.conversation.known else None
 
     def _on_message(self, seen: cv.MessageSeen) -> None:
         message = seen.message
@@ -345,6 +343,6 @@ class ConversationEngine:
         self._feed(await work.lead(effect, self.model, self.directory, self.store, self.timings, self._emit))
 
     async def _speak(self, speech: Speech) -> None:
-        self._feed(
-            await work.reply(speech, self._speaker, self.store, self.conversation.memory, self.timings)
-        )
+        failed = await work.reply(speech, self._speaker, self.store, self.conversation.memory, self.timings)
+        if not self.conversation.replied(failed.message_id):  # (it replied: nothing to give up)
+            self._feed(failed)
