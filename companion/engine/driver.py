@@ -91,7 +91,6 @@ class ConversationEngine:
         self._gate = Gate(publisher, self.me.id)  # everything goes out through it (closed by stop)
         self._publisher: Publisher = self._gate
         self._observer = observer
-        self._publisher_of = companion_of or (lambda peer: peer if peer in self.conversation.known else None)
         settings = cv.ClosingSettings(self.card.settings.max_turns, self.card.settings.repetition_threshold)
         self.conversation = cv.Conversation(
             self.me.id,
@@ -101,6 +100,7 @@ class ConversationEngine:
             known=self.store.known_companions(),
             replied=self.store.replied_ids(),
         )
+        self._publisher_of = companion_of or (lambda peer: peer if peer in self.conversation.known else None)
         for message in self.store.recent(_REPLAY):  # where the conversation was before a restart
             self.conversation.receive(cv.MessageSeen(message, replayed=True), 0.0)
         self.runtime = ActionRuntime(
@@ -159,8 +159,6 @@ class ConversationEngine:
     def history(self) -> ConversationStore:  # the conversation's messages: the store
         return self.store
 
-    # --- running ---------------------------------------------------------------------------
-
     async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the turn work, the clock, the routines and the tool announcements until cancelled
         (:meth:`handle` may be called once it has started). Once it ended, what still arrives is
@@ -194,6 +192,11 @@ class ConversationEngine:
             await self._settle(lambda: bool(self._tasks or self._publishing))
         self._gate.closed = True
 
+    def _taking_work(self) -> trio.Nursery | None:
+        """The nursery new work goes to; ``None`` once the engine ends (its nursery cancelled)."""
+        nursery = self._nursery
+        return None if nursery is None or nursery.cancel_scope.cancel_called else nursery
+
     async def _settle(self, busy: Callable[[], bool]) -> None:
         while busy():
             self._settled = trio.Event()
@@ -208,8 +211,6 @@ class ConversationEngine:
                 await wake.wait()
                 continue
             self._feed(cv.Tick())
-
-    # --- in --------------------------------------------------------------------------------
 
     async def handle(self, inbound: Inbound) -> None:
         """Take one payload that passed the node's edge. Returns at once."""
@@ -247,8 +248,9 @@ class ConversationEngine:
             self._emit("message_duplicate", logging.DEBUG, message_id=message.params.id)
             return
         self._feed(seen)
-        if self._nursery is not None and self.conversation.may_speak_in(message):
-            work.prefetch(message, self.model, self._speaker, self.store, self.timings, self._nursery)
+        nursery = self._taking_work()
+        if nursery is not None and self.conversation.may_speak_in(message):
+            work.prefetch(message, self.model, self._speaker, self.store, self.timings, nursery)
 
     def directory_changed(self, _event: object = None) -> None:
         """The directory changed (a membership listener): a companion that joins and leaves between
@@ -271,8 +273,6 @@ class ConversationEngine:
             self._feeding = False
         self._wake.set()
         self.routines.poke()
-
-    # --- out -------------------------------------------------------------------------------
 
     def _emit(self, kind: str, level: int = logging.INFO, **fields: Any) -> None:
         log_event(logger, kind, level, companion=self.me.id, **fields)
@@ -306,6 +306,9 @@ class ConversationEngine:
     def _start(
         self, what: str, message_id: str, job: Coroutine[Any, Any, None], speech: Speech | None = None
     ) -> None:
+        nursery = self._taking_work()
+        if nursery is None:
+            return job.close()
         held = self._tasks[(what, message_id)] = work.Work(trio.CancelScope(), speech)
 
         async def run() -> None:
@@ -319,14 +322,13 @@ class ConversationEngine:
                 self._settled.set()
                 self.routines.poke()
 
-        assert self._nursery is not None
-        self._nursery.start_soon(run)
+        nursery.start_soon(run)
 
     def _spawn_publish(self, topic: str, envelope: Action | list[State], message_id: str) -> None:
-        if self._nursery is None:
-            return  # the engine ended: its gate is closed, nothing goes out
-        self._publishing += 1
-        self._nursery.start_soon(self._publish, topic, envelope, message_id)
+        nursery = self._taking_work()
+        if nursery is not None:
+            self._publishing += 1
+            nursery.start_soon(self._publish, topic, envelope, message_id)
 
     async def _publish(self, topic: str, envelope: Action | list[State], message_id: str) -> None:
         try:
