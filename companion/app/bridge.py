@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from companion.app.datadir import hold_key
 from companion.app.lines import peer_line
 from companion.app.stopping import Interrupted, note_stopping
 from companion.app.trust import TrustOptions, open_trust
@@ -107,7 +108,15 @@ async def run_bridge(
     ready: Callable[[Bridge, CompanionNode], None] | None = None,
 ) -> None:
     """Start the node, then the WebSocket/HTTP server; run until SIGINT (then raise
-    :class:`~.stopping.Interrupted` once stopped), SIGTERM or cancellation."""
+    :class:`~.stopping.Interrupted` once stopped), SIGTERM or cancellation. A second bridge on
+    the same key is refused at once (:func:`hold_key`): it would be the same peer id twice."""
+    with hold_key(options.key_path, "companion bridge"):
+        await _serve_bridge(options, ready)
+
+
+async def _serve_bridge(
+    options: BridgeOptions, ready: Callable[[Bridge, CompanionNode], None] | None
+) -> None:
     from companion.node import CompanionNode, NodeConfig
     from companion.node.discovery import parse_peer_addr
 
