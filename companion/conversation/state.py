@@ -61,11 +61,8 @@ class ClosingSettings:
 
 
 class MachineState:
-    """The conversation as one node follows it (``me``: its companion id; ``None``: a bystander).
-
-    ``known``: companions this node knew before (the store remembers them across restarts);
-    ``takeover_after`` and ``reply_timeout``: the lengths of a leader slot and a speaking slot.
-    """
+    """What :class:`~companion.conversation.machine.Conversation` knows, with the queries and the
+    small steps its rules share (its arguments are the conversation's)."""
 
     def __init__(
         self,
