@@ -22,9 +22,10 @@ fi
 took "install"
 full=$(( $# == 0 ))  # no arguments: the whole suite
 # The `early` tests (a wheel built and installed into a fresh virtualenv, a minute-long conversation
-# that is mostly silence) need only the package: they run side by side while lint and types are
-# checked, which keep one core busy, and on into the first seconds of the rest, instead of holding
-# the two workers there for 110 s.
+# that is mostly silence, two peers frozen and woken against the health checks' clock) need only
+# the package and mostly wait: they run side by side while lint and types are checked, which keep
+# one core busy, and on into the first seconds of the rest, instead of holding the two workers
+# (or, for the frozen peers, the one-at-a-time solo phase) for 160 s.
 early=""
 if [ "$full" -eq 1 ]; then
     early_log=$(mktemp)
