@@ -336,8 +336,9 @@ def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path)
         a, a_started = net.driver("a", config=health)
         b, _ = net.driver("b", a_started["addrs"][0], config=health)
         a.event("joined", 20, companion_id="companion_b")
-        probed = health_until(a, lambda h: h["probes"] >= 1, 20, "a first probe")
-        assert probed["probe_failures"] == 0, probed  # answered: b runs
+        # a probe answered: the next starts only once one was (after a second of silence)
+        probed = health_until(a, lambda h: h["probes"] >= 2, 20, "a probe answered")
+        assert probed["probe_failures"] == 0, probed
 
         b.signal(signal.SIGSTOP)
         failed = health_until(a, lambda h: h["probe_failures"] >= 1, 20, "an unanswered probe")
