@@ -24,10 +24,11 @@ full=$(( $# == 0 ))  # no arguments: the whole suite
 # Each phase ends with its slowest tests and their times, so a slow run says which tests took it.
 SLOWEST=${COMPANION_TEST_SLOWEST:-30}
 # The `early` tests (a wheel built and installed into a fresh virtualenv, a minute-long conversation
-# that is mostly silence, two peers frozen and woken against the health checks' clock) need only
-# the package and mostly wait: they run side by side while lint and types are checked, which keep
-# one core busy, and on into the first seconds of the rest, instead of holding the two workers
-# (or, for the frozen peers, the one-at-a-time solo phase) for 160 s.
+# that is mostly silence, twenty mixed conversations with JavaScript peers, two peers frozen and
+# woken against the health checks' clock) need only the package and mostly wait: they run side by
+# side while lint and types are checked, which keep one core busy, and on into the first two
+# minutes of the rest (which lasts five), instead of holding the two workers (or, for the mixed
+# conversations and the frozen peers, the one-at-a-time solo phase) for 210 s.
 early=""
 if [ "$full" -eq 1 ]; then
     early_log=$(mktemp)
