@@ -20,9 +20,11 @@ one warm-up round. Model sources (``--source``, several allowed):
 
 Per turn, from the companion's own ``model_request`` log events: the requests before the first
 words and how many of them came one after another (from each request's end time and duration:
-the states and parameters calls run side by side, then the streamed speak request whose first
-sentence is the first words), and the prompt and completion tokens. aikyo 1.6's count for the
-same turn is N+3 requests (as the issue gives it), printed as the reference.
+the states, parameters and prepared speak requests run side by side, and the first sentence is
+voiced once the states array confirms the speaker), and the prompt and completion tokens.
+aikyo 1.6's count for the same turn is N+3 requests (as the issue gives it), printed as the
+reference beside the counts before streaming and before prepared replies. At most eight rounds
+(with the warm-up) say lines of their own: more would repeat one, which the line check refuses.
 
     python scripts/bench_latency.py                      # hosted and local, 5 rounds each
     python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 3
@@ -329,7 +331,9 @@ def report(source: str, all_turns: list[Turn], reference: float | None) -> None:
         )
     print(
         "reference, same turn: before streaming 3 requests, 3 one after another, first words with the "
-        "whole line; aikyo 1.6: N+3 requests (N=1 addressed: 4), whole generations, no streaming"
+        "whole line; streamed without a prepared reply (0.2.0) 3 requests, 2 one after another "
+        "(states || parameters, then speak); aikyo 1.6: N+3 requests (N=1 addressed: 4), whole "
+        "generations, no streaming"
     )
     if SAID:
         counts = [len(split_sentences(line)) for line in SAID[-len(turns) :]]

@@ -405,6 +405,8 @@ class ConversationEngine:
         """This companion is the likely speaker: its reply starts now, held until its slot
         (:meth:`~companion.engine.speech.Speaker.prepare`), unless it replied before a restart."""
         assert self._nursery is not None
+        if not getattr(self.model, "speculates", False):
+            return  # the slot will ask it (a scripted model answers at once anyway)
         try:
             if self.store.replied(effect.message_id):
                 return
