@@ -21,10 +21,8 @@ import pytest
 import trio
 from bridge_support import blocking, message_frame
 from fake_llm_server import FakeLLMServer, running_server
-from live_support import start_run, stdout_line, write_card
-from network_support import network
-from test_run_bridge import bridge_url
-from test_streamed_voice import LINES, VoiceModel, _ask, _frames, _queries
+from live_support import stdout_line
+from test_streamed_voice import LINES, VoiceModel, _ask, _frames, _queries, juniper_home
 from trio_websocket import open_websocket_url
 
 from companion.app.lines import parse_sees
@@ -51,11 +49,7 @@ def _kind(body: Mapping[str, Any]) -> str:
 
 async def test_a_confirmed_prepared_reply_is_voiced_once(tmp_path: Path, hosted: FakeLLMServer) -> None:
     hosted.push(*([VoiceModel()] * 12))
-    card = write_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
-    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1", "--base-url")
-    with network(tmp_path) as net:
-        home = await blocking(start_run, net, "home", [card], extra=(*args, hosted.openai_base_url))
-        url = await blocking(bridge_url, home)
+    async with juniper_home(tmp_path, hosted) as (_net, home, url):
         async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
             first = await _ask(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
             frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first)
@@ -90,13 +84,9 @@ async def test_a_prepared_reply_is_cancelled_when_another_companion_is_chosen(
     itself. Juniper's prepared reply is cancelled: no sentence of it is heard, no line of it
     published, although the whole line was written (and held) before the array came."""
     hosted.push(*([VoiceModel()] * 12))
-    card = write_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
-    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1", "--base-url")
     to, text = [JUNIPER, ZED], "Juniper, how is the sea?"
     message_id = _led_by(ZED, to, text)
-    with network(tmp_path) as net:
-        home = await blocking(start_run, net, "home", [card], extra=(*args, hosted.openai_base_url))
-        url = await blocking(bridge_url, home)
+    async with juniper_home(tmp_path, hosted) as (net, home, url):
         addr = home.wait_for(lambda e: e.get("event") == "started" and e.get("companion_id") == JUNIPER, 5)
         zed, _ = await blocking(net.raw, "zed")
         zed.send({"op": "connect", "addr": addr["addrs"][0]})
