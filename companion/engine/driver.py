@@ -187,6 +187,7 @@ class ConversationEngine:
         ``publish_timeout``). From then on nothing goes out (:class:`_Gate`), and every message
         that still arrives is recorded (the store closes after the node)."""
         self._stopping = True
+        self._speaker.keep_prepared(None, "stopping")  # no slot will adopt it now
         with trio.move_on_after(grace):
             await self._settle(lambda: bool(self._tasks))
         for (what, message_id), scope in list(self._tasks.items()):
