@@ -7,8 +7,11 @@ conditions chose), every tool call through the :class:`~companion.actions.Action
 at a time while it is written, and when the model fails after some of it was heard, what was
 heard is published, nothing more. A model that asks for it (``parallel_params``) has the
 parameters filled as soon as a message opens a turn for this companion
-(:meth:`Speaker.prefetch`), while the leader decides the states, so that no more than two model
-calls come one after the other before the first words. Two checks sit between the model and the
+(:meth:`Speaker.prefetch`), while the leader decides the states. A model that asks for more
+(``speculates``) has the likely speaker's whole reply *prepared* then (:meth:`Speaker.prepare`):
+its speak call runs beside the states call, held, and the slot adopts it only if it asks exactly
+what the slot would, so the first words wait for the states answer and no request after it;
+whatever else happens, it is cancelled and nothing of it is heard or published. Two checks sit between the model and the
 runtime, because models get them wrong: one message per turn, and a ``to`` that names people and
 companions of the conversation (names become ids; a ``to`` naming nobody is refused once with an
 error the model can act on, then replaced by the previous speaker and the people, never by
