@@ -16,7 +16,8 @@ whatever else happens, it is cancelled and nothing of it is heard or published.
 Two checks sit between the model and the runtime, because models get them wrong: one message
 per turn, and a ``to`` that names people and companions of the conversation (names become ids;
 a ``to`` naming nobody is refused once with an error the model can act on, then replaced by the
-previous speaker and the people, never by nobody). Deadlines, cancellation and what a failure means for the turn are the engine's.
+previous speaker and the people, never by nobody). Deadlines, cancellation and what a failure
+means for the turn are the engine's.
 
 Two more checks keep what is said the character's own, whatever the model: the parameters are
 fitted to the card's schema before the CEL conditions read them (:mod:`companion.card.paramfit`), and a
