@@ -351,26 +351,35 @@ class Speaker:
     async def _prepare(
         self, prepared: _Prepared, effect: Speak, history: list[Message], memory: Mapping[str, Any]
     ) -> None:
-        with prepared.scope:
-            async with trio.open_nursery() as nursery:
-                guess = self._fitted(effect, self._last_values)[0]
-                self._attempt(prepared, self._plan(effect, history, memory, guess), nursery)
-                ahead = self._prefetched
-                if ahead is None or ahead.message_id != effect.message_id:
-                    return
-                await ahead.done.wait()
-                values = self._fitted(effect, ahead.values or {})[0]
-                plan = self._plan(effect, history, memory, values)
-                current = prepared.attempt
-                if current is not None and current.plan.asked != plan.asked and not prepared.adopted.is_set():
-                    self._emit(
-                        "reply_prepared_again",
-                        logging.INFO,
-                        message_id=effect.message_id,
-                        reason="the parameters chose other instructions than the guess",
-                    )
-                    current.scope.cancel()
-                    self._attempt(prepared, plan, nursery)
+        try:
+            with prepared.scope:
+                await self._prepare_in(prepared, effect, history, memory)
+        except Exception as exc:  # a bug here must not take the engine down: the slot asks anew
+            prepared.attempt = None
+            self._emit("reply_prepare_crashed", logging.ERROR, message_id=effect.message_id, error=repr(exc))
+
+    async def _prepare_in(
+        self, prepared: _Prepared, effect: Speak, history: list[Message], memory: Mapping[str, Any]
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            guess = self._fitted(effect, self._last_values)[0]
+            self._attempt(prepared, self._plan(effect, history, memory, guess), nursery)
+            ahead = self._prefetched
+            if ahead is None or ahead.message_id != effect.message_id:
+                return
+            await ahead.done.wait()
+            values = self._fitted(effect, ahead.values or {})[0]
+            plan = self._plan(effect, history, memory, values)
+            current = prepared.attempt
+            if current is not None and current.plan.asked != plan.asked and not prepared.adopted.is_set():
+                self._emit(
+                    "reply_prepared_again",
+                    logging.INFO,
+                    message_id=effect.message_id,
+                    reason="the parameters chose other instructions than the guess",
+                )
+                current.scope.cancel()
+                self._attempt(prepared, plan, nursery)
 
     def _attempt(self, prepared: _Prepared, plan: _Plan, nursery: trio.Nursery) -> None:
         attempt = prepared.attempt = _Attempt(plan)
