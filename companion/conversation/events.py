@@ -48,6 +48,7 @@ __all__ = [
     "Lead",
     "Level",
     "MessageSeen",
+    "Prepare",
     "PublishSignal",
     "PublishStates",
     "ReplyPublished",
@@ -234,6 +235,17 @@ class Speak:
 
 
 @dataclass(frozen=True, slots=True)
+class Prepare:
+    """Hook for the engine (voice, issue 30): this node is the turn's likely speaker (the one
+    companion addressed, or the one the rules prefer), so its reply may be *prepared* now, while
+    the leader decides; nothing of it may be said before a :class:`Speak` for the same message.
+    ``speak`` is the effect this node expects: the engine keeps what it prepared only if the
+    real one asks for the same reply."""
+
+    speak: Speak
+
+
+@dataclass(frozen=True, slots=True)
 class Withdraw:
     """Cancel the speech (or the lead) in progress for ``message_id``; nothing of it goes out."""
 
@@ -259,7 +271,7 @@ class Decision:
     level: Level = "info"
 
 
-Effect: TypeAlias = Lead | PublishStates | Speak | Withdraw | PublishSignal | Decision
+Effect: TypeAlias = Lead | PublishStates | Speak | Prepare | Withdraw | PublishSignal | Decision
 
 
 def parse_signal(speaker: str, name: str, params: Mapping[str, Any]) -> YieldSeen | ThinkingSeen | None:

@@ -10,53 +10,49 @@ leader's model answered, the reply went out, speaking failed) -- each with the c
 publish the array, speak, withdraw a speech or a lead in progress, publish a signal, log a
 decision. ``deadline()`` is the earliest time at which the machine wants a :class:`Tick`; the
 driver sleeps until then (or until the next event). No clock is read here, nothing is awaited,
-no socket is touched, so every rule below is a unit test with plain values.
+no socket is touched, so every rule below is a unit test with plain values. The events, the
+effects and the thinking and yield signals are :mod:`companion.conversation.events`.
 
-The conversation is one *thread* of messages (:mod:`companion.conversation.rules.thread`): those that address
-Each message of the thread that addresses this companion opens a *turn*
-(:mod:`companion.conversation.turn`: its record and its phases), which the machine moves by a
-table, like h11's: :data:`HANDLERS` maps (the turn's phase, the event's type) to the handler that
-takes it (``None`` for the phase when no turn is open). ``receive`` looks the pair up and calls
-it; a pair not in the table is a bug in the driver and raises :class:`TransitionError`, so the
-events valid in every phase are listed as such, one by one. After every event, time is looked
-at (:meth:`Conversation._on_time`): due slots open, a leader takes over, a turn nobody answered
-closes.
+The conversation is one *thread* of messages (:mod:`companion.conversation.rules.thread`): those
+that address this companion, and those that answer a message of the thread. Anything else on
+the network -- unaddressed chatter, other groups' conversations, strangers -- never moves the
+thread, never opens a turn and never withdraws a reply. Each message of the thread that
+addresses this companion opens a *turn* (:mod:`companion.conversation.turn`: its record and its
+phases), which the machine moves by a table, like h11's: :data:`HANDLERS` maps (the turn's
+phase, the event's type) to the handler that takes it (``None`` for the phase when no turn is
+open). ``receive`` looks the pair up and calls it; a pair not in the table is a bug in the
+driver and raises :class:`TransitionError`, so the events valid in every phase are listed as
+such, one by one. After every event, time is looked at (:meth:`Conversation._on_time`): an
+array held for its slot counts, a leader takes over, a speaking slot opens or passes.
 
-Rules (the rule book itself is :mod:`companion.conversation.rules`; which array counts is
-:mod:`companion.conversation.arrays`, the speaking slots :mod:`companion.conversation.slots`):
+Rules (the rule book itself is :mod:`companion.conversation.rules`; which array counts and the
+closing array of a turn nobody answered: :mod:`companion.conversation.arrays`; the speaking
+slots: :mod:`companion.conversation.slots`):
+
 - *Leader*: the candidates are the addressed ids this node knows as companions (bound now or
-  earlier), at most :data:`~companion.conversation.rules.MAX_CANDIDATES`; aikyo's md5 rule picks the leader
-  among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the message.
-- *States*: an array counts only from a candidate whose slot is due (its rank's slot began,
-  give or take :data:`SLOT_GRACE` of a slot for clock and delivery skew); an array from anyone
-  Cards' limits differ, so floors differ: where only this node's floor reaches ``terminal``, the
-  conversation is over for this companion alone. It gives its slot up (a ``terminal`` yield)
-  and keeps following the turn; the conversation ends for everyone only by an array on the wire.
-- *Unanswered*: when every slot of the order passed without a reply (each speaker failed, gave
-  its slot up or is gone), nobody will ever answer, so the conversation ends, visibly: the
-  leader whose array counted publishes a *closing array* (``terminal``, tagged for the message,
-  :func:`~companion.conversation.rules.closing_states`) at once, else the next candidate in the takeover
-  order one leader slot later, and so on; ``turn_unanswered`` and ``states_published`` (source
-- *Quiet ending*: a reply of this companion that addresses nobody who can answer (only people,
-  or companions gone) opens no turn anywhere; this node publishes its quiet closing
-  (:meth:`_close_quietly`) and the conversation ends, visibly.
-- *aikyo companions*: a companion seen behaving as aikyo's (unstamped messages, untagged arrays)
-  and never as ours is :meth:`slotless`: aikyo lets only an array's top speaker talk. Slots after
-  the first that belong only to such companions are not waited for (the turn is unanswered at
-  once, and aikyo leaders take no closing slot). When one of them speaks past this companion's
-  turn limit and the leaders before this node are all aikyo's, this node publishes the
-  ``terminal`` array at once, and it counts at once and for good (aikyo's arrays know no limit);
-  and this companion's own reply at its limit addresses only the people (:meth:`_last_word`).
-- *Speaker*: slot ``k`` of the speaking order opens ``k x reply_timeout`` after the array counted.
-  A speaker says when it starts preparing (a thinking signal): every node then keeps its slot
-  open for a reply deadline from that moment, so nodes that accepted the array at different
-  times still never skip a speaker that is speaking (and an earlier candidate still preparing
-  withdraws: the later one's node saw its slot pass). A speaker whose model fails gives its
-- ``{"jsonrpc": "2.0", "method": "action.send", "params": {"from": SPEAKER, "name":
-  "companion.thinking", "params": {"in_reply_to": MESSAGE_ID}}}`` when a speaker starts preparing
-  its reply to ``MESSAGE_ID`` (a client may show "SPEAKER is thinking" until the reply or a
-  yield for ``MESSAGE_ID`` arrives);
-The signals (thinking, yield) and every event and effect are in :mod:`companion.conversation.events`.
+  earlier), at most :data:`~companion.conversation.rules.MAX_CANDIDATES`; aikyo's md5 rule picks
+  the leader among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the
+  message.
+- *Closing*: the stage of the accepted array is raised to this node's closing floor (the thread's
+  stage, the turn limit, repetition), so a leader that does not know our rules (aikyo's) cannot
+  move the stage back or run past ``max_turns``; the turn count is the thread's companion replies.
+  Where only this node's floor reaches ``terminal``, the conversation is over for this companion
+  alone: it gives its slot up (a ``terminal`` yield) and keeps following the turn.
+- *Preferred speaker*: the leader marks one companion ``selected`` when the message names it,
+  else when the exchange owes it a turn (:func:`~companion.conversation.rules.preferred_speaker`).
+- *Quiet ending*: a reply of this companion that addresses nobody who can answer opens no turn
+  anywhere; this node publishes its quiet closing (:meth:`Conversation._close_quietly`).
+- *aikyo companions*: a companion seen behaving as aikyo's and never as ours is
+  :meth:`~Conversation.slotless`: slots after the first that belong only to such companions are
+  not waited for. When one of them speaks past this companion's turn limit and the leaders
+  before this node are all aikyo's, this node publishes the ``terminal`` array at once; its own
+  reply at its limit addresses only the people (:meth:`~Conversation._last_word`).
+- *Restarts*: a message this companion answered before a restart (the store's marks, read back
+  at start) is never answered again: chosen for it, this node gives its slot up (``no_reply``).
+
+The same machine runs as a *bystander* (``me=None``, e.g. the demo's transcript): it follows the
+thread of the companions it knows, accepts arrays by the same rules and reports the speaker
+decisions, but never leads or speaks.
 """
 
 from __future__ import annotations
@@ -78,6 +74,7 @@ from companion.conversation.events import (
     Event,
     Lead,
     MessageSeen,
+    Prepare,
     PublishSignal,
     PublishStates,
     ReplyPublished,
@@ -130,6 +127,7 @@ __all__ = [
     "Lead",
     "MessageSeen",
     "Phase",
+    "Prepare",
     "PublishSignal",
     "PublishStates",
     "ReplyPublished",
@@ -147,6 +145,7 @@ __all__ = [
 ]
 
 _VOICES: Final = 16
+"""Participants whose last line the machine keeps (and whose replies it counts)."""
 _VOICE_CHARS: Final = 160
 _PEOPLE: Final = 16
 _REPLIED_BEFORE: Final = "it replied before a restart"
@@ -355,6 +354,13 @@ class Conversation(ArrayRules, SlotRules):
             self._early_plain.remove(item)
             if not now - item[2] > self.takeover_after:  # (without a clock, inf - inf: kept)
                 self._offer(item[0], item[1], now, out)
+        # --- hook (voice, issue 30): the likely speaker prepares its reply while the leader decides
+        others = [cid for cid in addressed if cid != params.from_]
+        likely = nominated or (others[0] if len(others) == 1 else None)
+        stage = self._floor(turn).stage if rank is not None and likely == self.me else "terminal"
+        if stage != "terminal" and turn.states is None:  # at terminal it gives its slot up
+            out.append(Prepare(replace(self._speak_effect(turn), closing=stage)))
+        # --- end of hook
         if rank == 0 and turn.states is None:
             self._lead(turn, out)
         elif (
@@ -375,11 +381,6 @@ class Conversation(ArrayRules, SlotRules):
                     "the terminal array goes out now",
                 )
                 self._lead(turn, out)
-
-    def _first_follower(self, turn: Turn, rank: int) -> bool:
-        """Whether every leader candidate ranked before ``rank`` is aikyo's (:meth:`slotless`):
-        the candidate at ``rank`` is then the first that applies our turn limits."""
-        return all(self.slotless(cid) for cid in turn.plan.order[:rank])
 
     def _end_turn(self, turn: Turn, by: Message, info: TurnInfo, out: list[Effect]) -> None:
         """A newer message of the thread ends ``turn``: a lead or a speech in progress is withdrawn,

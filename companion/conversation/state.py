@@ -35,13 +35,11 @@ __all__ = ["ONE_MESSAGE", "REPLIED_KEPT", "ClosingSettings", "MachineState", "la
 
 ONE_MESSAGE: Final = "you already replied in this turn (one message per turn); finish without speaking again"
 """What the model hears when it tries to say a second thing in one turn."""
-_VOICES: Final = 16
-_VOICE_CHARS: Final = 160
-_PEOPLE: Final = 16
 _EVIDENCE: Final = 1024
 """Companions remembered as following slots, or as aikyo's (each table)."""
 REPLIED_KEPT: Final = 10_000
 """Messages remembered as answered by this companion (the store keeps as many across restarts)."""
+_PREPARING: Final = frozenset({Phase.AWAITING_STATES, Phase.LEADING, Phase.SPEAKING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +235,13 @@ class MachineState:
             and turn.message_id == p.id
             and self.in_turn
         )
+
+    @property
+    def prepared_for(self) -> str | None:
+        """The message a reply prepared early (:class:`~companion.conversation.events.Prepare`)
+        may still be this node's for: its turn awaits the array, leads, or speaks."""
+        turn = self.turn
+        return turn.message_id if turn is not None and turn.phase in _PREPARING else None
 
     def replied(self, message_id: str) -> bool:
         """Whether this companion answered ``message_id`` (in this run or, per the store, before)."""

@@ -131,23 +131,18 @@ class ConversationEngine:
         )
         self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit)
         self._store_health = work.StoreHealth(self._emit)
+        self._work = work.TurnWork(
+            model, directory, self.store, self.timings, self._speaker, self.conversation, self._emit
+        )
         self._directory = DirectoryFollower(
             self.me, directory, self.conversation, self.store, self._store_health, self._feed
         )
         self._directory.tell(self.routines, self.announcer, self.peer_tools)
+        self._tasks: dict[tuple[str, str], work.Work] = {}
         self._outgoing = work.Outgoing(
-            self.me.id,
-            self.conversation,
-            self.store,
-            self.timings,
-            gate=self._gate,
-            routines=self.routines,
-            speech_of=lambda message_id: getattr(self._tasks.get(("speech", message_id)), "speech", None),
-            health=self._store_health,
-            feed=self._feed,
+            self.me.id, self._work, self._gate, self.routines, self._tasks, self._store_health, self._feed
         )
         self._nursery: trio.Nursery | None = None
-        self._tasks: dict[tuple[str, str], work.Work] = {}
         self._queue: deque[cv.Event] = deque()
         self._feeding = False
         self._wake = trio.Event()
@@ -179,6 +174,7 @@ class ConversationEngine:
         go on at once); the publishes in flight finish (``publish_timeout``). Then nothing goes
         out (:class:`Gate`); every message that still arrives is recorded."""
         self._gate.stopping = True
+        self._speaker.keep_prepared(None, "stopping")  # no slot will adopt it now
         with trio.move_on_after(grace):
             await self._settle(lambda: bool(self._tasks))
         for (what, message_id), job in list(self._tasks.items()):
@@ -250,7 +246,7 @@ class ConversationEngine:
         self._feed(seen)
         nursery = self._taking_work()
         if nursery is not None and self.conversation.may_speak_in(message):
-            work.prefetch(message, self.model, self._speaker, self.store, self.timings, nursery)
+            self._work.prefetch(message, nursery)
 
     def directory_changed(self, _event: object = None) -> None:
         """The directory changed (a membership listener): a companion that joins and leaves between
@@ -271,6 +267,8 @@ class ConversationEngine:
                     self._do(effect)
         finally:
             self._feeding = False
+        kept = self.conversation.prepared_for  # a reply prepared for it may go on
+        self._speaker.keep_prepared(kept, "" if kept else "the turn went to another speaker or ended")
         self._wake.set()
         self.routines.poke()
 
@@ -286,7 +284,7 @@ class ConversationEngine:
             if self._gate.stopping:  # no model call now: the rule-based states, so the turn goes on
                 self._feed(cv.StatesReady(effect.message_id, None, "fallback_stopping"))
             else:
-                self._start("lead", effect.message_id, self._lead(effect))
+                self._start("lead", effect.message_id, self._work.lead(effect))
         elif isinstance(effect, cv.PublishStates):
             self._spawn_publish(STATES, effect.states, effect.message_id)
         elif isinstance(effect, cv.PublishSignal):
@@ -297,14 +295,22 @@ class ConversationEngine:
                 self._feed(cv.SpeakingFailed(effect.message_id, "stopping"))
             else:
                 speech = Speech(effect)
-                self._start("speech", effect.message_id, self._speak(speech), speech)
+                self._start("speech", effect.message_id, self._work.reply(speech), speech)
+        elif isinstance(effect, cv.Prepare):
+            nursery = self._taking_work()
+            if nursery is not None and not self._gate.stopping:
+                self._work.prepare(effect.speak, nursery)
         elif isinstance(effect, cv.Withdraw):
             held = self._tasks.pop((effect.what, effect.message_id), None)
             if held is not None:
                 held.scope.cancel()
 
     def _start(
-        self, what: str, message_id: str, job: Coroutine[Any, Any, None], speech: Speech | None = None
+        self,
+        what: str,
+        message_id: str,
+        job: Coroutine[Any, Any, cv.Event | None],
+        speech: Speech | None = None,
     ) -> None:
         nursery = self._taking_work()
         if nursery is None:
@@ -315,7 +321,9 @@ class ConversationEngine:
             not_a_routine()  # turn work, even when a routine's call set it off
             try:
                 with held.scope:
-                    await job
+                    event = await job
+                    if event is not None:  # what the work gives (the states, a yield)
+                        self._feed(event)
             finally:
                 if self._tasks.get((what, message_id)) is held:
                     del self._tasks[(what, message_id)]
@@ -340,11 +348,3 @@ class ConversationEngine:
         finally:
             self._publishing -= 1
             self._settled.set()
-
-    async def _lead(self, effect: cv.Lead) -> None:
-        self._feed(await work.lead(effect, self.model, self.directory, self.store, self.timings, self._emit))
-
-    async def _speak(self, speech: Speech) -> None:
-        failed = await work.reply(speech, self._speaker, self.store, self.conversation.memory, self.timings)
-        if not self.conversation.replied(failed.message_id):  # (it replied: nothing to give up)
-            self._feed(failed)
