@@ -35,10 +35,12 @@ from companion.conversation.machine import (
     StatesReady,
     StatesSeen,
     Tick,
+    YieldSeen,
 )
 from companion.conversation.rules import (
     StateDecision,
     ends_conversation,
+    finalize_states,
     named_companion,
     owed_companion,
     plan_leaders,
@@ -230,7 +232,34 @@ def test_a_companion_not_seen_yet_keeps_its_slot() -> None:
     m.receive(StatesSeen(array(message, A, tagged=False), J), 1.2)  # J is aikyo's now, K unknown
     assert m.slotless(J) and not m.slotless(K)
     out = m.receive(SpeakingFailed(message.params.id, "model_error", "boom"), 3.0)
-    assert decisions(out, "slots_skipped") == [] and of(out, PublishStates) == []
+    assert decisions(out, "slots_skipped")[0].fields["skipped"] == [J]
+    assert of(out, PublishStates) == []  # K may still answer: its slot is open now
+    assert m.turn is not None and m.turn.order[m.turn.slot] == K
+    assert decisions(m.receive(Tick(), 3.0 + R - 0.1), "turn_unanswered") == []
+    assert decisions(m.receive(Tick(), 3.0 + R), "turn_unanswered")  # K stayed silent its slot
+
+
+def test_an_aikyo_stand_in_between_ours_is_not_waited_for() -> None:
+    """B (ours) is the top speaker, J (aikyo) the first stand-in, A (ours) the second: B gives its
+    slot up and A's slot opens at once, not a reply deadline later (aikyo never stands in)."""
+    m = aikyo_network(A)
+    message = message_led_by(J, [A, B, J])
+    m.receive(MessageSeen(message, USER), 1.0)
+    chosen = [StateDecision(B, "speak", 9, True), StateDecision(J, "speak", 7, False)]
+    chosen.append(StateDecision(A, "speak", 5, False))
+    states = finalize_states(chosen, [A, B, J], floor="none", tag=None).states
+    m.receive(StatesSeen(states, J), 1.2)
+    assert m.turn is not None and m.turn.order == (B, J, A)
+    out = m.receive(YieldSeen(message.params.id, B, "model_error", B), 2.0)
+    assert decisions(out, "slots_skipped")[0].fields["skipped"] == [J]
+    assert len(of(out, Speak)) == 1 and m.turn.phase is Phase.SPEAKING
+    # without the give-up, J's slot is still skipped when it opens: A speaks then, not after J's
+    m = aikyo_network(A)
+    m.receive(MessageSeen(message, USER), 1.0)
+    m.receive(StatesSeen(states, J), 1.2)
+    assert of(m.receive(Tick(), 1.2 + R - 0.1), Speak) == []
+    out = m.receive(Tick(), 1.2 + R)
+    assert decisions(out, "slots_skipped")[0].fields["skipped"] == [J] and len(of(out, Speak)) == 1
 
 
 def test_our_evidence_outweighs_aikyo_like_behaviour() -> None:

@@ -132,6 +132,7 @@ from companion.conversation.rules import (
     preferred_speaker,
     quiet_closing,
     reply_recipients,
+    slot_can_be_filled,
     speaking_order,
     stamp_reply,
     states_match,
@@ -1259,22 +1260,26 @@ class Conversation:
         ):
             return
         slot = self._slot_at(turn, now)
-        while slot < len(turn.order) and turn.order[slot] in turn.yielded:
+        # issue 33 hook: a slot given up, or a stand-in's slot of an aikyo companion (they speak
+        # only as an array's top speaker), opens the next one at once (rules.slot_can_be_filled)
+        skipped: list[str] = []
+        while slot < len(turn.order) and not slot_can_be_filled(
+            turn.order, slot, gave_up=turn.yielded, slotless=self.slotless
+        ):
+            if turn.order[slot] not in turn.yielded:
+                skipped.append(turn.order[slot])
             self._rebase(turn, slot, now)
             slot = self._slot_at(turn, now)
-        if 0 < slot < len(turn.order) and all(self.slotless(cid) for cid in turn.order[slot:]):
-            # Only an array's top speaker talks on aikyo's side: these slots would pass in silence.
+        if skipped:
             self._log(
                 out,
                 "slots_skipped",
                 message_id=turn.message_id,
-                skipped=list(turn.order[slot:]),
+                skipped=skipped,
                 reason="slotless",
-                why="the remaining slots belong to companions that do not follow slots (aikyo's "
-                "speak only as an array's top speaker): nobody will answer in them",
+                why="these slots belong to companions that do not follow slots (aikyo's speak "
+                "only as an array's top speaker): nobody will answer in them",
             )
-            turn.ends = min(turn.ends, now)
-            slot = len(turn.order)
         if slot != turn.slot:
             previous = turn.order[turn.slot] if 0 <= turn.slot < len(turn.order) else None
             if previous is not None and previous not in turn.yielded and slot < len(turn.order):

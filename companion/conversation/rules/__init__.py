@@ -45,6 +45,7 @@ from companion.conversation.rules.speaker import (
     owed_companion,
     preferred_speaker,
     reply_recipients,
+    slot_can_be_filled,
     speaking_order,
 )
 from companion.conversation.rules.states import (
@@ -114,6 +115,7 @@ __all__ = [
     "repetition_score",
     "reply_recipients",
     "select_leader",
+    "slot_can_be_filled",
     "speaking_order",
     "stamp_opening",
     "stamp_reply",
