@@ -39,6 +39,7 @@ from companion.conversation.machine import (
 )
 from companion.conversation.rules import (
     StateDecision,
+    decide_next_speaker,
     ends_conversation,
     finalize_states,
     named_companion,
@@ -306,3 +307,28 @@ def test_the_last_reply_at_the_limit_goes_to_the_people_when_aikyo_companions_li
     ours.receive(StatesSeen(lead_fallback(ours, message, 1.1), A), 1.2)
     kept = ours.outgoing(Message.create(A, [USER, B], "goodbye"))
     assert isinstance(kept, Message) and kept.params.to == [USER, B]
+
+
+def test_an_aikyo_companion_still_finishing_its_turn_is_not_chosen_by_our_leader() -> None:
+    """J (aikyo) said the message B answers, and B names it: aikyo's agent makes one more model
+    call after its speak tool and ignores every array meanwhile, so A, leading, holds J back
+    (importance 0, not selected) instead of giving the turn to a companion that cannot take it."""
+    m = aikyo_network(A)
+    m.names = {A: "Ada", B: "Bo", J: "Jun"}
+    said = Message.create(J, [A, B, USER], "a line of J", id="j-said")
+    m.receive(MessageSeen(said, J), 1.0)
+    meta = {"in_reply_to": said.params.id, "turn": 1, "closing": "none"}
+    answer = led_by(A, B, [A, J, USER], "Jun, what a thought!", **meta)
+    out = m.receive(MessageSeen(answer, B), 2.0)
+    assert all(d.fields["speaker"] != J for d in decisions(out, "speaker_preferred"))
+    published = lead_fallback(m, answer, 2.1)
+    states = {s.params.from_: s.params for s in published}
+    assert states[J].importance < 0.01 and not states[J].selected
+    assert decide_next_speaker(published, [A, J]).speaker == A
+    # a companion that did not just speak is chosen when named, aikyo's or not
+    m = aikyo_network(A)
+    m.names = {A: "Ada", J: "Jun"}
+    fresh = led_by(A, USER, [A, J], "Jun, what a thought!")
+    out = m.receive(MessageSeen(fresh, USER), 2.0)
+    assert [d.fields["speaker"] for d in decisions(out, "speaker_preferred")] == [J]
+    assert selected(lead_fallback(m, fresh, 2.1)) == [J]

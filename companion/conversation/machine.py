@@ -65,9 +65,12 @@ Rules (the rule book itself is :mod:`companion.conversation.rules`):
   or companions gone) opens no turn anywhere; this node publishes its quiet closing
   (:meth:`_close_quietly`) and the conversation ends, visibly.
 - *aikyo companions*: a companion seen behaving as aikyo's (unstamped messages, untagged arrays)
-  and never as ours is :meth:`slotless`: aikyo lets only an array's top speaker talk. Slots after
-  the first that belong only to such companions are not waited for (the turn is unanswered at
-  once, and aikyo leaders take no closing slot). When one of them speaks past this companion's
+  and never as ours is :meth:`slotless`: aikyo lets only an array's top speaker talk. A slot
+  after the first that belongs to such a companion is never waited for, wherever it stands
+  (:func:`~companion.conversation.rules.slot_can_be_filled`; when none of ours is left the turn
+  is unanswered at once, and aikyo leaders take no closing slot). This node, leading, holds back
+  an aikyo companion that said the message answered (:func:`~companion.conversation.rules.held_back`:
+  aikyo's agent is still finishing and ignores arrays). When one of them speaks past this companion's
   turn limit and the leaders before this node are all aikyo's, this node publishes the
   ``terminal`` array at once, and it counts at once and for good (aikyo's arrays know no limit);
   and this companion's own reply at its limit addresses only the people (:meth:`_last_word`).
@@ -126,6 +129,7 @@ from companion.conversation.rules import (
     ends_conversation,
     fallback_decisions,
     finalize_states,
+    held_back,
     later,
     leader_candidates,
     plan_leaders,
@@ -800,10 +804,11 @@ class Conversation:
         addressed = tuple(cid for cid in candidates.ids if cid in self.present)
         rank = plan.rank(self.me)
         if rank is not None:
+            busy = self._finishing(message)  # issue 33 hook: never prefer one still finishing
             preference = preferred_speaker(
                 nominated=nominated,
                 text=params.message,
-                candidates=[cid for cid in addressed if cid != params.from_],
+                candidates=[cid for cid in addressed if cid != params.from_ and cid not in busy],
                 names=self.names,
                 heard=self._heard,
                 last_turn=self._last_turn,
@@ -862,6 +867,15 @@ class Conversation:
                     "the terminal array goes out now",
                 )
                 self._lead(turn, out)
+
+    def _finishing(self, message: Message) -> frozenset[str]:
+        """The aikyo companion that said the message ``message`` answers: aikyo's agent is
+        still making its last model call then and ignores every states array
+        (:func:`~companion.conversation.rules.held_back`)."""
+        answered = turn_info(message).in_reply_to
+        said = self._messages.get(answered) if answered is not None else None
+        who = None if said is None else said.params.from_
+        return frozenset([who]) if who is not None and self.slotless(who) else frozenset()
 
     def _first_follower(self, turn: _Turn, rank: int) -> bool:
         """Whether every leader candidate ranked before ``rank`` is aikyo's (:meth:`slotless`):
@@ -946,8 +960,13 @@ class Conversation:
                     )
                 counted.append(replace(d, closing=stage))
             decisions = counted
+        # issue 33 hook: an aikyo companion that said the message answered is still finishing
+        busy = self._finishing(turn.message)
+        decisions, notes = held_back(decisions, busy)
+        held += notes
+        nominated = None if turn.nominated in busy else turn.nominated
         outcome = finalize_states(
-            decisions, turn.addressed, floor=floor.stage, nominated=turn.nominated, tag=turn_tag(turn.message)
+            decisions, turn.addressed, floor=floor.stage, nominated=nominated, tag=turn_tag(turn.message)
         )
         self._log(
             out,
