@@ -332,3 +332,31 @@ def test_an_aikyo_companion_still_finishing_its_turn_is_not_chosen_by_our_leader
     out = m.receive(MessageSeen(fresh, USER), 2.0)
     assert [d.fields["speaker"] for d in decisions(out, "speaker_preferred")] == [J]
     assert selected(lead_fallback(m, fresh, 2.1)) == [J]
+
+
+def test_aikyo_candidates_after_the_first_take_no_leader_slot() -> None:
+    """J (aikyo) leads and K (aikyo) is next: aikyo never takes over, so A, ranked third, takes
+    over after one leader slot, not two, and B, fourth, accepts A's array then."""
+    message = next(
+        m
+        for i in itertools.count()
+        if plan_leaders(m := Message.create(USER, [A, B, J, K], "hi", id=f"o-{i}"), [A, B, J, K]).order
+        == (J, K, A, B)
+    )
+    m = aikyo_network(A)
+    m.receive(MessageSeen(message, USER), 1.0)
+    assert m.deadline() == 1.0 + T
+    assert decisions(m.receive(Tick(), 1.0 + T - 0.01), "takeover") == []
+    assert decisions(m.receive(Tick(), 1.0 + T), "takeover")
+    published = lead_fallback(m, message, 1.0 + T + 0.1)
+    b = aikyo_network(B)
+    b.receive(MessageSeen(message, USER), 1.0)
+    out = b.receive(StatesSeen(published, A), 1.0 + T + 0.2)
+    assert decisions(out, "states_deferred") == [] and decisions(out, "speaker_chosen")
+    # one of ours before it keeps its slot: B, fourth, leads after A's slot, two slots in all
+    ours_between = machine(B, known=[A, B, J, K])
+    for who in (J, K):
+        hi = Message.create(who, [USER], "hi", id=f"hi-{who}")
+        ours_between.receive(MessageSeen(hi, who), 0.0)
+    ours_between.receive(MessageSeen(message, USER), 1.0)
+    assert ours_between.deadline() == 1.0 + 2 * T  # A's slot, then B's

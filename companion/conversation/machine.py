@@ -36,7 +36,8 @@ Rules (the rule book itself is :mod:`companion.conversation.rules`):
 
 - *Leader*: the candidates are the addressed ids this node knows as companions (bound now or
   earlier), at most :data:`~companion.conversation.rules.MAX_CANDIDATES`; aikyo's md5 rule picks the leader
-  among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the message.
+  among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the message
+  (aikyo's candidates after the first never take over and take no slot: ``rules.leader_slot``).
 - *States*: an array counts only from a candidate whose slot is due (its rank's slot began,
   give or take :data:`SLOT_GRACE` of a slot for clock and delivery skew); an array from anyone
   else is logged and ignored whatever it says, ``terminal`` included. A candidate's array that
@@ -132,6 +133,7 @@ from companion.conversation.rules import (
     held_back,
     later,
     leader_candidates,
+    leader_slot,
     plan_leaders,
     preferred_speaker,
     quiet_closing,
@@ -642,7 +644,7 @@ class Conversation:
         times: list[float] = []
         if turn.states is None:
             if turn.phase is Phase.AWAITING_STATES and turn.rank:
-                times.append(turn.opened_at + turn.rank * self.takeover_after)
+                times.append(turn.opened_at + self._lead_slot(turn, turn.rank) * self.takeover_after)
             times.extend(self._due(turn, rank) for rank in turn.pending)
         elif turn.phase in (Phase.AWAITING_SPEAKER, Phase.SPEAKING) and not self.bystander:
             k = turn.slot
@@ -988,7 +990,12 @@ class Conversation:
     # --- accepting states ----------------------------------------------------------------------
 
     def _due(self, turn: _Turn, rank: int) -> float:
-        return turn.opened_at + (rank - SLOT_GRACE) * self.takeover_after if rank else turn.opened_at
+        slot = self._lead_slot(turn, rank)
+        return turn.opened_at + (slot - SLOT_GRACE) * self.takeover_after if slot else turn.opened_at
+
+    def _lead_slot(self, turn: _Turn, rank: int) -> int:
+        """issue 33 hook: aikyo's candidates after the first take no leader slot (rules.leader_slot)."""
+        return leader_slot(turn.plan.order, rank, self.slotless)
 
     def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:
         self._evidence(publisher, states_tag(states) is not None)  # our leaders tag their arrays
@@ -1257,9 +1264,9 @@ class Conversation:
             elif (
                 turn.phase is Phase.AWAITING_STATES
                 and turn.rank
-                and now >= turn.opened_at + turn.rank * self.takeover_after
+                and now >= turn.opened_at + self._lead_slot(turn, turn.rank) * self.takeover_after
             ):
-                wait = turn.rank * self.takeover_after
+                wait = self._lead_slot(turn, turn.rank) * self.takeover_after
                 self._log(
                     out,
                     "takeover",

@@ -30,6 +30,7 @@ from companion.conversation.rules.leader import (
     Candidates,
     LeaderPlan,
     leader_candidates,
+    leader_slot,
     plan_leaders,
     select_leader,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "held_back",
     "later",
     "leader_candidates",
+    "leader_slot",
     "named_companion",
     "owed_companion",
     "plan_leaders",
