@@ -338,9 +338,11 @@ def test_aikyo_candidates_after_the_first_take_no_leader_slot() -> None:
     """J (aikyo) leads and K (aikyo) is next: aikyo never takes over, so A, ranked third, takes
     over after one leader slot, not two, and B, fourth, accepts A's array then."""
     message = next(
-        m
+        candidate
         for i in itertools.count()
-        if plan_leaders(m := Message.create(USER, [A, B, J, K], "hi", id=f"o-{i}"), [A, B, J, K]).order
+        if plan_leaders(
+            candidate := Message.create(USER, [A, B, J, K], "hi", id=f"o-{i}"), [A, B, J, K]
+        ).order
         == (J, K, A, B)
     )
     m = aikyo_network(A)
