@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import h11
 import trio
 from pydantic import ValidationError
 from trio_websocket import (
@@ -36,6 +35,7 @@ from trio_websocket import (
 )
 
 from companion.bridge.access import token_from
+from companion.bridge.httpclient import ReplyTooLarge, RequestFailed, RequestTimedOut, request
 from companion.listen.core import START_HINT, Effect, ListenSession, Quit, Send, Show, Speak
 from companion.listen.voice import Voice, VoiceError
 from companion.log import log_event
@@ -172,36 +172,15 @@ async def _get(url: str, timeout: float, limit: int) -> tuple[int, bytes]:
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname is None:
         raise DirectoryError(f"cannot fetch {url!r}: only http:// is supported")
-    target = parts.path + (f"?{parts.query}" if parts.query else "")
-    conn = h11.Connection(h11.CLIENT)
-    body = bytearray()
-    status = 0
     try:
-        with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(parts.hostname, parts.port or 80)
-            async with stream:
-                host = parts.netloc
-                request = h11.Request(
-                    method="GET", target=target, headers=[("Host", host), ("Connection", "close")]
-                )
-                await stream.send_all(conn.send(request) + conn.send(h11.EndOfMessage()))
-                while True:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        conn.receive_data(await stream.receive_some(65536))
-                    elif isinstance(event, h11.Response):
-                        status = event.status_code
-                    elif isinstance(event, h11.Data):
-                        body += event.data
-                        if len(body) > limit:
-                            raise DirectoryError(f"{parts.path} answered more than {limit} bytes")
-                    elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                        break
-    except trio.TooSlowError as exc:
+        reply = await request("GET", url, timeout=timeout, limit=limit)
+    except ReplyTooLarge as exc:
+        raise DirectoryError(f"{parts.path} answered more than {limit} bytes") from exc
+    except RequestTimedOut as exc:
         raise DirectoryError(f"no answer from {parts.netloc} within {timeout:g}s") from exc
-    except (OSError, h11.ProtocolError, trio.BrokenResourceError) as exc:
+    except RequestFailed as exc:
         raise DirectoryError(f"cannot read {parts.path} from {parts.netloc}: {exc}") from exc
-    return status, bytes(body)
+    return reply.status, reply.body
 
 
 async def run_listener(
