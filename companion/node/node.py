@@ -192,7 +192,11 @@ class CompanionNode:
         """Payloads handed to the handler by topic (``delivered`` is their sum): the metrics'
         messages in."""
         self._listeners: list[MembershipListener] = []
-        self._stash: OrderedDict[tuple[bytes, str], Inbound] = OrderedDict()
+        self._stash: OrderedDict[tuple[int, str], tuple[rpc_pb2.Message, Inbound]] = OrderedDict()
+        """What the edge admitted, until gossipsub delivers it. py-libp2p hands the validator and
+        the delivery the same message object, so the entry is keyed by that object's identity
+        (it holds the message: the identity is not reused meanwhile) and the message id is
+        computed once, for the guard's replay check."""
         self._closing: dict[INetConn, str] = {}
         self._left: OrderedDict[str, float] = OrderedDict()
         """Peers whose companion announced its stop, and when (:data:`LEFT_RECENTLY`)."""
@@ -460,7 +464,7 @@ class CompanionNode:
                 inbound = self.guard.admit(topic, msg.data, signer, msg_id)
                 if inbound is None:
                     return False
-                self._stash[(msg_id, topic)] = inbound
+                self._stash[(id(msg), topic)] = (msg, inbound)
                 while len(self._stash) > 4096:
                     self._stash.popitem(last=False)
                 return True
@@ -472,9 +476,10 @@ class CompanionNode:
 
     def _deliver(self, topic: str, msg: rpc_pb2.Message) -> None:
         """A message gossipsub validated and delivers to us (synchronously, from py-libp2p)."""
-        inbound = self._stash.pop((js_message_id(msg), topic), None)
-        if inbound is None or self._inbound_send is None:
+        admitted = self._stash.pop((id(msg), topic), None)
+        if admitted is None or self._inbound_send is None:
             return  # delivered without passing our validator: nothing we vouch for
+        inbound = admitted[1]
         try:
             self._inbound_send.send_nowait(inbound)
         except trio.WouldBlock:
