@@ -33,6 +33,8 @@ from companion.cli.exits import innermost
 from companion.cli.options import (
     TOKEN_ENV,
     add_log_level_arguments,
+    add_multiaddr_argument,
+    add_no_mdns_argument,
     chosen_log_level,
     parse_ws_address,
     resolve_token,
@@ -60,21 +62,17 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help="where clients connect (default 127.0.0.1:8080; 0.0.0.0:8080 to accept other machines)",
     )
-    parser.add_argument(
+    add_multiaddr_argument(
+        parser,
         "--peer",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="bootstrap peer, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...; redialled when lost",
+        "bootstrap peer, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...; redialled when lost",
     )
-    parser.add_argument(
+    add_multiaddr_argument(
+        parser,
         "--listen",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="libp2p listen address (default /ip4/0.0.0.0/tcp/0)",
+        "libp2p listen address (default /ip4/0.0.0.0/tcp/0)",
     )
-    parser.add_argument("--no-mdns", action="store_true", help="do not discover peers on the LAN")
+    add_no_mdns_argument(parser)
     parser.add_argument(
         "--token",
         nargs="?",

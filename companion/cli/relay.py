@@ -30,8 +30,10 @@ from companion.cli.exits import innermost
 from companion.cli.options import (
     add_log_level_arguments,
     add_metrics_argument,
+    add_multiaddr_argument,
     chosen_log_level,
     metrics_address,
+    standalone_args,
 )
 
 __all__ = ["register"]
@@ -46,19 +48,15 @@ def register(subparsers: Any) -> None:
         description="Run a circuit relay v2 node with an AutoNAT server and a DHT, for companions on "
         "other networks and behind NAT: give its address to companion run --relay (and --peer).",
     )
-    parser.add_argument(
+    add_multiaddr_argument(
+        parser,
         "--listen",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help=f"listen address (default {DEFAULT_LISTEN}: open this TCP port in the firewall)",
+        f"listen address (default {DEFAULT_LISTEN}: open this TCP port in the firewall)",
     )
-    parser.add_argument(
+    add_multiaddr_argument(
+        parser,
         "--peer",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="another relay or bootstrap node to stay connected to (their DHTs meet)",
+        "another relay or bootstrap node to stay connected to (their DHTs meet)",
     )
     parser.add_argument(
         "--data-dir",
@@ -113,9 +111,7 @@ def _report_failure(exc: BaseException) -> int:
 
 def standalone(argv: Sequence[str] | None = None) -> int:
     """``python -m companion.cli.relay ...``: the same command without the other subcommands."""
-    parser = argparse.ArgumentParser(prog="companion")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["relay", *(sys.argv[1:] if argv is None else argv)])
+    args = standalone_args("relay", register, argv)
     return int(args.func(args))
 
 
