@@ -89,17 +89,27 @@ async def test_a_get_sends_no_body() -> None:
     assert b"content-length" not in seen[0].lower() and seen[0].endswith(b"\r\n\r\n")
 
 
+async def _failure_against(serve: Serve, *, timeout: float = 5, limit: int = 1000) -> RequestFailed:
+    """What a GET to a server that runs ``serve`` raises: a :class:`RequestFailed` (the test
+    fails if it raises anything else or nothing), within the test's own limit of 30 s."""
+    raised: list[RequestFailed] = []
+
+    async def client(port: int) -> None:
+        with trio.move_on_after(30) as guard, pytest.raises(RequestFailed) as failed:
+            await request("GET", f"http://127.0.0.1:{port}/", timeout=timeout, limit=limit)
+        assert not guard.cancelled_caught
+        raised.append(failed.value)
+
+    await _with_server(serve, client)
+    return raised[0]
+
+
 async def test_a_server_that_never_answers_is_given_up_at_the_deadline() -> None:
     async def serve(stream: trio.SocketStream, sent: bytes) -> None:
         await trio.sleep_forever()
 
-    async def client(port: int) -> None:
-        with trio.move_on_after(30) as guard:  # the test's own limit, far past the deadline
-            with pytest.raises(RequestTimedOut, match=r"within 0\.2s"):
-                await request("GET", f"http://127.0.0.1:{port}/", timeout=0.2, limit=100)
-        assert not guard.cancelled_caught
-
-    await _with_server(serve, client)
+    failure = await _failure_against(serve, timeout=0.2)
+    assert isinstance(failure, RequestTimedOut) and "within 0.2s" in str(failure)
 
 
 async def test_a_server_that_answers_slowly_is_given_up_at_the_deadline() -> None:
@@ -109,35 +119,23 @@ async def test_a_server_that_answers_slowly_is_given_up_at_the_deadline() -> Non
             await stream.send_all(b"x")
             await trio.sleep(0.05)
 
-    async def client(port: int) -> None:
-        with pytest.raises(RequestTimedOut):
-            await request("GET", f"http://127.0.0.1:{port}/", timeout=0.3, limit=10_000)
-
-    await _with_server(serve, client)
+    assert isinstance(await _failure_against(serve, timeout=0.3, limit=10_000), RequestTimedOut)
 
 
-async def test_a_server_that_closes_early_is_a_failure_not_a_short_reply() -> None:
+@pytest.mark.parametrize(
+    "sent_before_closing",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part",  # early: no short reply
+        b"",  # before answering
+        b"SSH-2.0-OpenSSH\r\n\r\n",  # no HTTP
+    ],
+)
+async def test_a_server_that_closes_early_or_sends_no_http_is_a_failure(sent_before_closing: bytes) -> None:
     async def serve(stream: trio.SocketStream, sent: bytes) -> None:
-        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")
+        await stream.send_all(sent_before_closing)
         await stream.aclose()
 
-    async def client(port: int) -> None:
-        with pytest.raises(RequestFailed) as failed:
-            await request("GET", f"http://127.0.0.1:{port}/", timeout=5, limit=1000)
-        assert not isinstance(failed.value, RequestTimedOut | ReplyTooLarge)
-
-    await _with_server(serve, client)
-
-
-async def test_a_server_that_closes_before_answering_is_a_failure() -> None:
-    async def serve(stream: trio.SocketStream, sent: bytes) -> None:
-        await stream.aclose()
-
-    async def client(port: int) -> None:
-        with pytest.raises(RequestFailed):
-            await request("GET", f"http://127.0.0.1:{port}/", timeout=5, limit=1000)
-
-    await _with_server(serve, client)
+    assert not isinstance(await _failure_against(serve), RequestTimedOut | ReplyTooLarge)
 
 
 async def test_a_server_that_sends_too_much_is_cut_off_at_the_limit() -> None:
@@ -150,23 +148,8 @@ async def test_a_server_that_sends_too_much_is_cut_off_at_the_limit() -> None:
         except trio.BrokenResourceError:
             pass
 
-    async def client(port: int) -> None:
-        with pytest.raises(ReplyTooLarge, match="larger than 1000 bytes"):
-            await request("GET", f"http://127.0.0.1:{port}/", timeout=5, limit=1000)
-
-    await _with_server(serve, client)
-
-
-async def test_a_server_that_sends_no_http_is_a_failure() -> None:
-    async def serve(stream: trio.SocketStream, sent: bytes) -> None:
-        await stream.send_all(b"SSH-2.0-OpenSSH\r\n\r\n")
-        await stream.aclose()
-
-    async def client(port: int) -> None:
-        with pytest.raises(RequestFailed):
-            await request("GET", f"http://127.0.0.1:{port}/", timeout=5, limit=1000)
-
-    await _with_server(serve, client)
+    failure = await _failure_against(serve, limit=1000)
+    assert isinstance(failure, ReplyTooLarge) and "larger than 1000 bytes" in str(failure)
 
 
 async def test_nobody_listening_is_a_failure_and_an_os_error() -> None:
