@@ -26,7 +26,7 @@ from companion.app.logs import configure_node_logging
 from companion.app.paths import default_data_dir
 from companion.app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
 from companion.app.stopping import is_interrupt
-from companion.cli.exits import innermost
+from companion.cli.exits import failure_status
 from companion.cli.options import (
     add_log_level_arguments,
     add_metrics_argument,
@@ -49,14 +49,10 @@ def register(subparsers: Any) -> None:
         "other networks and behind NAT: give its address to companion run --relay (and --peer).",
     )
     add_multiaddr_argument(
-        parser,
-        "--listen",
-        f"listen address (default {DEFAULT_LISTEN}: open this TCP port in the firewall)",
+        parser, "--listen", f"listen address (default {DEFAULT_LISTEN}: open this TCP port in the firewall)"
     )
     add_multiaddr_argument(
-        parser,
-        "--peer",
-        "another relay or bootstrap node to stay connected to (their DHTs meet)",
+        parser, "--peer", "another relay or bootstrap node to stay connected to (their DHTs meet)"
     )
     parser.add_argument(
         "--data-dir",
@@ -101,12 +97,7 @@ def _report_failure(exc: BaseException) -> int:
     """An address or port the user can fix is one line and exit 2; anything else exit 1."""
     if is_interrupt(exc):
         return 130
-    exc = innermost(exc)
-    if isinstance(exc, ValueError | OSError):
-        print(f"companion relay: {exc}", file=sys.stderr)
-        return 2
-    logger.exception("relay failed", extra={"companion_event": "relay_failed"})
-    return 1
+    return failure_status("relay", exc, logger)
 
 
 def standalone(argv: Sequence[str] | None = None) -> int:

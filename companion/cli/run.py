@@ -30,7 +30,7 @@ from companion.app import collector
 from companion.app.cards import resolve_card
 from companion.app.paths import default_data_dir
 from companion.app.stopping import exit_status, is_interrupt
-from companion.cli.exits import innermost
+from companion.cli.exits import failure_status
 from companion.cli.options import (
     TOKEN_ENV,
     add_log_level_arguments,
@@ -203,13 +203,15 @@ def _report_failure(exc: BaseException) -> int:
     from companion.card.model import CardError
     from companion.models.errors import ModelSetupError
 
-    exc = innermost(exc)
-    if isinstance(exc, CardError | ModelSetupError | ValueError | OSError):
-        if not (isinstance(exc, ModelSetupError) and exc.reported):  # once: the check said it
-            print(f"companion run: {exc}", file=sys.stderr)
-        return 2
-    logger.exception("run failed", extra={"companion_event": "run_failed"})
-    return 1
+    refusals = (CardError, ModelSetupError, ValueError, OSError)
+    return failure_status("run", exc, logger, refusals, said=_said_by_the_check)
+
+
+def _said_by_the_check(exc: BaseException) -> bool:
+    """A model that cannot work is said once, by the check's own line."""
+    from companion.models.errors import ModelSetupError
+
+    return isinstance(exc, ModelSetupError) and exc.reported
 
 
 def standalone(argv: Sequence[str] | None = None) -> int:
