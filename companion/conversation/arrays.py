@@ -1,4 +1,4 @@
-"""Which states array counts for a turn, and the array that closes a turn nobody answered.
+"""Which states array counts for a turn; the arrays that close it (nobody answered; a quiet reply).
 
 *States*: an array counts only from a candidate whose slot is due (its rank's slot began, give
 or take :data:`~companion.conversation.turn.SLOT_GRACE` of a slot for clock and delivery skew);
@@ -31,13 +31,42 @@ from companion.conversation.rules import (
 )
 from companion.conversation.state import MachineState
 from companion.conversation.turn import Phase, Turn
-from companion.protocol import State
+from companion.protocol import Message, State
 
 __all__ = ["ArrayRules"]
 
 
 class ArrayRules(MachineState):
     """The machine's rules for arrays: offered, held, accepted; and the closing array."""
+
+    def _close_quietly(self, reply: Message, out: list[Effect]) -> None:
+        """This companion's reply came back addressed to nobody who can answer (only people, or
+        companions that are gone): no turn opens for it anywhere, so the conversation would
+        neither go on nor end. It ends visibly: this node publishes the reply's quiet closing
+        (:func:`~companion.conversation.rules.quiet_closing`), which clients, bystanders and aikyo nodes read
+        as ``terminal``. A person who answers opens a new exchange, as always."""
+        assert self.me is not None
+        why = "this companion's reply addresses nobody who can answer; the conversation ends here"
+        self._log(
+            out,
+            "states_published",
+            message_id=reply.params.id,
+            rank=None,
+            source="quiet",
+            stage="terminal",
+            reason="quiet",
+            to=list(reply.params.to),
+            why=why,
+        )
+        self._log(
+            out,
+            "conversation_over",
+            message_id=reply.params.id,
+            turn=self.replies,
+            closing="terminal",
+            reason="quiet",
+        )
+        out.append(PublishStates(reply.params.id, closing_states((), reply, self.me)))
 
     def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:
         self._evidence(publisher, states_tag(states) is not None)  # our leaders tag their arrays
@@ -126,7 +155,7 @@ class ArrayRules(MachineState):
             self._accept(turn, states, rank, publisher, now, out)
             turn.closed = True
             return
-        if now < turn.due(rank, self.takeover_after):
+        if now < self._due(turn, rank):
             if rank not in turn.pending:
                 turn.pending[rank] = (states, publisher)
             why = f"{publisher} ranks {rank}: it counts in its slot unless an earlier one does"

@@ -32,7 +32,8 @@ slots: :mod:`companion.conversation.slots`):
 - *Leader*: the candidates are the addressed ids this node knows as companions (bound now or
   earlier), at most :data:`~companion.conversation.rules.MAX_CANDIDATES`; aikyo's md5 rule picks
   the leader among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the
-  message.
+  message (aikyo's candidates after the first never take over and take no slot:
+  ``rules.leader_slot``).
 - *Closing*: the stage of the accepted array is raised to this node's closing floor (the thread's
   stage, the turn limit, repetition), so a leader that does not know our rules (aikyo's) cannot
   move the stage back or run past ``max_turns``; the turn count is the thread's companion replies.
@@ -43,10 +44,14 @@ slots: :mod:`companion.conversation.slots`):
 - *Quiet ending*: a reply of this companion that addresses nobody who can answer opens no turn
   anywhere; this node publishes its quiet closing (:meth:`Conversation._close_quietly`).
 - *aikyo companions*: a companion seen behaving as aikyo's and never as ours is
-  :meth:`~Conversation.slotless`: slots after the first that belong only to such companions are
-  not waited for. When one of them speaks past this companion's turn limit and the leaders
-  before this node are all aikyo's, this node publishes the ``terminal`` array at once; its own
-  reply at its limit addresses only the people (:meth:`~Conversation._last_word`).
+  :meth:`~Conversation.slotless`: aikyo lets only an array's top speaker talk, so a slot after
+  the first that belongs to such a companion is never waited for, wherever it stands
+  (:func:`~companion.conversation.rules.slot_can_be_filled`). This node, leading, holds back an
+  aikyo companion that said the message answered (:func:`~companion.conversation.rules.held_back`:
+  aikyo's agent is still finishing and ignores arrays). When one of them speaks past this
+  companion's turn limit and the leaders before this node are all aikyo's, this node publishes
+  the ``terminal`` array at once; its own reply at its limit addresses only the people
+  (:meth:`~Conversation._last_word`).
 - *Restarts*: a message this companion answered before a restart (the store's marks, read back
   at start) is never answered again: chosen for it, this node gives its slot up (``no_reply``).
 
@@ -92,13 +97,14 @@ from companion.conversation.events import (
 from companion.conversation.rules import (
     StateDecision,
     TurnInfo,
-    closing_states,
     fallback_decisions,
     finalize_states,
+    held_back,
     later,
     leader_candidates,
     plan_leaders,
     preferred_speaker,
+    slot_can_be_filled,
     states_match,
     turn_tag,
 )
@@ -264,39 +270,10 @@ class Conversation(ArrayRules, SlotRules):
         if self.me is not None and self.me not in params.to:
             self._log(out, "not_addressed", "debug", message_id=params.id, sender=params.from_)
             return
-        self._open_turn(message, info.nominated, now, out)
+        self._open_turn(message, info, now, out)
 
-    def _close_quietly(self, reply: Message, out: list[Effect]) -> None:
-        """This companion's reply came back addressed to nobody who can answer (only people, or
-        companions that are gone): no turn opens for it anywhere, so the conversation would
-        neither go on nor end. It ends visibly: this node publishes the reply's quiet closing
-        (:func:`~companion.conversation.rules.quiet_closing`), which clients, bystanders and aikyo nodes read
-        as ``terminal``. A person who answers opens a new exchange, as always."""
-        assert self.me is not None
-        why = "this companion's reply addresses nobody who can answer; the conversation ends here"
-        self._log(
-            out,
-            "states_published",
-            message_id=reply.params.id,
-            rank=None,
-            source="quiet",
-            stage="terminal",
-            reason="quiet",
-            to=list(reply.params.to),
-            why=why,
-        )
-        self._log(
-            out,
-            "conversation_over",
-            message_id=reply.params.id,
-            turn=self.replies,
-            closing="terminal",
-            reason="quiet",
-        )
-        out.append(PublishStates(reply.params.id, closing_states((), reply, self.me)))
-
-    def _open_turn(self, message: Message, nominated: str | None, now: float, out: list[Effect]) -> None:
-        params = message.params
+    def _open_turn(self, message: Message, info: TurnInfo, now: float, out: list[Effect]) -> None:
+        params, nominated, answers = message.params, info.nominated, info.in_reply_to
         candidates = leader_candidates(message, self.known)
         if candidates.capped:
             self._log(
@@ -312,10 +289,11 @@ class Conversation(ArrayRules, SlotRules):
         addressed = tuple(cid for cid in candidates.ids if cid in self.present)
         rank = plan.rank(self.me)
         if rank is not None:
+            busy = self._finishing(answers)  # issue 33 hook: never prefer one still finishing
             preference = preferred_speaker(
                 nominated=nominated,
                 text=params.message,
-                candidates=[cid for cid in addressed if cid != params.from_],
+                candidates=[cid for cid in addressed if cid != params.from_ and cid not in busy],
                 names=self.names,
                 heard=self._heard,
                 last_turn=self._last_turn,
@@ -330,7 +308,7 @@ class Conversation(ArrayRules, SlotRules):
                     reason=preference.reason,
                     why=preference.why,
                 )
-        turn = Turn(message, now, self.replies, self.stage, nominated, plan, addressed, rank)
+        turn = Turn(message, now, self.replies, self.stage, nominated, plan, addressed, rank, answers)
         self.turn = turn
         self._log(
             out,
@@ -450,8 +428,13 @@ class Conversation(ArrayRules, SlotRules):
                     )
                 counted.append(replace(d, closing=stage))
             decisions = counted
+        # issue 33 hook: an aikyo companion that said the message answered is still finishing
+        busy = self._finishing(turn.answers)
+        decisions, notes = held_back(decisions, busy)
+        held += notes
+        nominated = None if turn.nominated in busy else turn.nominated
         outcome = finalize_states(
-            decisions, turn.addressed, floor=floor.stage, nominated=turn.nominated, tag=turn_tag(turn.message)
+            decisions, turn.addressed, floor=floor.stage, nominated=nominated, tag=turn_tag(turn.message)
         )
         self._log(
             out,
@@ -479,16 +462,16 @@ class Conversation(ArrayRules, SlotRules):
         if turn is None:
             return
         if turn.states is None:
-            ready = [r for r in sorted(turn.pending) if turn.due(r, self.takeover_after) <= now]
+            ready = [r for r in sorted(turn.pending) if self._due(turn, r) <= now]
             if ready:
                 states, publisher = turn.pending.pop(ready[0])
                 self._accept(turn, list(states), ready[0], publisher, now, out)
             elif (
                 turn.phase is Phase.AWAITING_STATES
                 and turn.rank
-                and now >= turn.opened_at + turn.rank * self.takeover_after
+                and now >= turn.opened_at + self._lead_slot(turn, turn.rank) * self.takeover_after
             ):
-                wait = turn.rank * self.takeover_after
+                wait = self._lead_slot(turn, turn.rank) * self.takeover_after
                 self._log(
                     out,
                     "takeover",
@@ -508,22 +491,26 @@ class Conversation(ArrayRules, SlotRules):
         ):
             return
         slot = turn.slot_at(now)
-        while slot < len(turn.order) and turn.order[slot] in turn.yielded:
+        # issue 33 hook: a slot given up, or a stand-in's slot of an aikyo companion (they speak
+        # only as an array's top speaker), opens the next one at once (rules.slot_can_be_filled)
+        skipped: list[str] = []
+        while slot < len(turn.order) and not slot_can_be_filled(
+            turn.order, slot, gave_up=turn.yielded, slotless=self.slotless
+        ):
+            if turn.order[slot] not in turn.yielded:
+                skipped.append(turn.order[slot])
             turn.rebase(slot, now, self.reply_timeout)
             slot = turn.slot_at(now)
-        if 0 < slot < len(turn.order) and all(self.slotless(cid) for cid in turn.order[slot:]):
-            # Only an array's top speaker talks on aikyo's side: these slots would pass in silence.
+        if skipped:
             self._log(
                 out,
                 "slots_skipped",
                 message_id=turn.message_id,
-                skipped=list(turn.order[slot:]),
+                skipped=skipped,
                 reason="slotless",
-                why="the remaining slots belong to companions that do not follow slots (aikyo's "
-                "speak only as an array's top speaker): nobody will answer in them",
+                why="these slots belong to companions that do not follow slots (aikyo's speak "
+                "only as an array's top speaker): nobody will answer in them",
             )
-            turn.ends = min(turn.ends, now)
-            slot = len(turn.order)
         if slot != turn.slot:
             previous = turn.order[turn.slot] if 0 <= turn.slot < len(turn.order) else None
             if previous is not None and previous not in turn.yielded and slot < len(turn.order):

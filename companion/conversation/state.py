@@ -24,6 +24,7 @@ from companion.conversation.rules import (
     EarlyStates,
     TurnInfo,
     closing_floor,
+    leader_slot,
     stamp_reply,
     turn_info,
 )
@@ -208,8 +209,8 @@ class MachineState:
         times: list[float] = []
         if turn.states is None:
             if turn.phase is Phase.AWAITING_STATES and turn.rank:
-                times.append(turn.opened_at + turn.rank * self.takeover_after)
-            times.extend(turn.due(rank, self.takeover_after) for rank in turn.pending)
+                times.append(turn.opened_at + self._lead_slot(turn, turn.rank) * self.takeover_after)
+            times.extend(self._due(turn, rank) for rank in turn.pending)
         elif turn.phase in (Phase.AWAITING_SPEAKER, Phase.SPEAKING) and not self.bystander:
             k = turn.slot
             times.append(turn.slot_opens[k + 1] if k >= 0 and k + 1 < len(turn.order) else turn.ends)
@@ -255,6 +256,21 @@ class MachineState:
     @staticmethod
     def _log(out: list[Effect], event: str, level: Level = "info", **fields: Any) -> None:
         out.append(Decision(event, fields, level))
+
+    def _lead_slot(self, turn: Turn, rank: int) -> int:
+        """issue 33 hook: aikyo's candidates after the first take no leader slot (rules.leader_slot)."""
+        return leader_slot(turn.plan.order, rank, self.slotless)
+
+    def _due(self, turn: Turn, rank: int) -> float:
+        return turn.due(self._lead_slot(turn, rank), self.takeover_after)
+
+    def _finishing(self, answered: str | None) -> frozenset[str]:
+        """The aikyo companion that said the message ``answered`` (the one a turn's message
+        answers): aikyo's agent is still making its last model call then and ignores every
+        states array (:func:`~companion.conversation.rules.held_back`)."""
+        said = self._messages.get(answered) if answered is not None else None
+        who = None if said is None else said.params.from_
+        return frozenset([who]) if who is not None and self.slotless(who) else frozenset()
 
     def _floor(self, turn: Turn) -> ClosingDecision:
         return closing_floor(

@@ -88,6 +88,8 @@ class Turn:
     addressed: tuple[str, ...]
     """The candidates present here: whom this node's states array speaks for."""
     rank: int | None
+    answers: str | None
+    """The message this turn's message answers (its ``in_reply_to``), if any."""
     phase: Phase = Phase.AWAITING_STATES
     states: Sequence[State] | None = None
     priority: int = 0
@@ -126,9 +128,10 @@ class Turn:
         with speakers in its order (an array that ends it leaves none)."""
         return self.phase is Phase.DONE and bool(self.order)
 
-    def due(self, rank: int, takeover_after: float) -> float:
-        """When the array of the candidate at ``rank`` may count (a little early: :data:`SLOT_GRACE`)."""
-        return self.opened_at + (rank - SLOT_GRACE) * takeover_after if rank else self.opened_at
+    def due(self, slot: int, takeover_after: float) -> float:
+        """When the array of the candidate whose leader slot is ``slot`` may count (a little early:
+        :data:`SLOT_GRACE`)."""
+        return self.opened_at + (slot - SLOT_GRACE) * takeover_after if slot else self.opened_at
 
     def slot_at(self, now: float) -> int:
         """The open slot at ``now`` (``len(order)``: every slot has passed)."""
