@@ -91,6 +91,19 @@ _TAG = re.compile(r"</?[A-Za-z][\w:-]*>")
 """Markup of the request (``<pyai:retry_feedback>`` came back as a whole line; ``<tool_call>``)."""
 _HISTORY_NUMBER = re.compile(r"(?:^|\n)\s*\d{1,3}\.\s+\S+[^\n]*:")
 """A numbered history line (``3. Aya: ...``)."""
+_NUMBER_LABEL = re.compile(r"^\s*(?:\(\d{1,3}\)\s*\d{0,3}|\d{1,3})\s*:(?:\s|$)")
+"""A number as a line's label, the history's numbering garbled (``(1) 2: "Ladies and ..."``,
+measured)."""
+_CONTRACTIONS = (
+    (re.compile(r"n['\u2019]t\b"), " not"),
+    (re.compile(r"['\u2019]re\b"), " are"),
+    (re.compile(r"['\u2019]m\b"), " am"),
+    (re.compile(r"['\u2019]ve\b"), " have"),
+    (re.compile(r"['\u2019]ll\b"), " will"),
+    (re.compile(r"['\u2019]d\b"), " would"),
+)
+"""Contractions written out for comparing: "You're a guardian of facts, and I'm the one who
+created it." copies "You are a guardian of facts, and I am the one who created that." (measured)."""
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 _WORD = re.compile(r"\w+")
 
@@ -218,7 +231,7 @@ def _artifact(text: str, context: LineContext) -> str:
         return "is JSON, not speech"
     if _TAG.search(text):
         return "is markup of your instructions"
-    if _ROLE_LABEL.search(text):
+    if _ROLE_LABEL.search(text) or _NUMBER_LABEL.search(text):
         return "starts with a label, as the record does"
     if _ARROW.search(text) or _HISTORY_NUMBER.search(text) or _ID_IN_PARENS.search(text):
         return "copies the format of the conversation's record"
@@ -247,9 +260,12 @@ def _artifact(text: str, context: LineContext) -> str:
 
 
 def normalized_words(text: str) -> list[str]:
-    """The words of ``text`` for comparing: NFKC, case-folded, punctuation gone; each CJK
-    character is a word of its own (those scripts put no spaces between words)."""
+    """The words of ``text`` for comparing: NFKC, case-folded, contractions written out,
+    punctuation gone; each CJK character is a word of its own (those scripts put no spaces
+    between words)."""
     flat = unicodedata.normalize("NFKC", text).casefold()
+    for contraction, written in _CONTRACTIONS:
+        flat = contraction.sub(written, flat)
     out: list[str] = []
     for word in _WORD.findall(flat):
         if _CJK.search(word):
