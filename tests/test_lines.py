@@ -55,6 +55,7 @@ CONVERSATION = LineContext(
         "My response will not support the application's validation (your previous message failed).",
         '(1) 2: "Ladies and gentlemen, how can I assist you today?"',  # the numbering, garbled
         "(1) 20: I'm glad to say that we are very close.",
+        "(Pim: I'm really excited to share with you the wonderful journey of a rainstorm!)",
         "4: The tide is high.",
     ],
 )

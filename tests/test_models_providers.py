@@ -446,6 +446,18 @@ async def test_after_two_refused_lines_a_line_of_the_card_is_said(server: FakeLL
     assert "not words that you say out loud" in server.model_requests()[1].body["messages"][-1]["content"]
 
 
+async def test_words_with_no_line_in_them_are_asked_for_again_fresh(server: FakeLLMServer) -> None:
+    """The prompt's record continued (measured) is no line: a fresh request, not the follow-up
+    whose framing SmolLM2 read aloud as its next line."""
+    server.push(text("1. user_1 -> Ben: Hi all!\n2. Ben -> user_1: hello"), text("Whales, mostly."))
+    tools = LineChecker(refusals=0)
+    await openai_model(server).speak(speak_request(), tools)
+    assert [args["message"] for _, args in tools.calls] == ["Whales, mostly."]
+    second = server.model_requests()[1].body
+    assert [m["role"] for m in second["messages"]] == ["system", "user"]
+    assert "not words that you say out loud" in second["messages"][-1]["content"]
+
+
 async def test_a_tool_refused_for_another_reason_is_still_a_follow_up(server: FakeLLMServer) -> None:
     server.push(
         tool_call("speak", {"message": "Hi!", "to": ["nobody"]}), tool_call("speak", {"message": "Hi!"})

@@ -239,7 +239,10 @@ def _artifact(text: str, context: LineContext) -> str:
         return "stops mid-sentence"
     head = text.lstrip()
     for name in context.names:
-        label = rf"\(\s*{re.escape(name)}\b[^)\n]{{0,60}}\)|{re.escape(name)}\s*(?:\([^)]*\))?\s*:"
+        label = (
+            rf"\(\s*{re.escape(name)}\b[^)\n]{{0,60}}\)|\(\s*{re.escape(name)}\s*:"
+            rf"|{re.escape(name)}\s*(?:\([^)]*\))?\s*:"
+        )
         if name and re.match(label, head, re.IGNORECASE):
             return f"starts with the label {name!r}, as the record does"
     folded = text.casefold()

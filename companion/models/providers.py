@@ -47,6 +47,7 @@ from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.settings import ModelSettings, ToolOrOutput
 from pydantic_ai.tools import ToolDefinition
 
+from companion.lines.check import NOT_SAID
 from companion.log import log_event
 from companion.models.aio import asyncio_loop, run_asyncio
 from companion.models.base import (
@@ -862,6 +863,10 @@ class ProviderModel:
                 f"What you said could not be delivered: {result.get('message') or result.get('status')}"
             )
         log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=_short(text, 200))
+        if text and not line and speaker is not None and speaker[1].id not in turn.done:
+            # Words, but none to say (the prompt's record continued): asked again fresh, as a
+            # refused line is; a follow-up's framing was read aloud as the next line (measured).
+            turn.not_said(f"{NOT_SAID} is not words said out loud")
         if not turn.done:
             turn.failed("an empty answer" if not line else "a text answer and no tool to say it with")
         names = ", ".join(n for n, s in turn.tools.items() if s.kind == "action")
@@ -922,11 +927,15 @@ class _SpeakTurn:
         self.needs_fix = True
         self.problem = problem
 
+    def not_said(self, reason: str) -> None:
+        """This round's line was not said (:mod:`.second_try`): refused, or no words to say."""
+        self.line_refused = reason
+        self.lines_refused += 1
+
     def record(self, spec: ToolSpec, ok: bool, message: str = "") -> None:
         if not ok:
             if is_line_refusal(message):
-                self.line_refused = message
-                self.lines_refused += 1
+                self.not_said(message)
             self.failed(f"{spec.id} failed: {_short(message, 80)}")
         elif spec.kind == "knowledge":
             self.looked_up = True
