@@ -355,12 +355,18 @@ def demo(
     return transcript, logs, took
 
 
-def card_ids() -> set[str]:
-    """The ids of the demo's companions (its default cards)."""
+def card_names() -> dict[str, str]:
+    """The names of the demo's companions (its default cards), by id."""
     from companion.app.demo import default_cards
     from companion.card.model import load_card
 
-    return {load_card(path).card.metadata.id for path in default_cards(REPO / "cards")}
+    cards = [load_card(path).card.metadata for path in default_cards(REPO / "cards")]
+    return {meta.id: meta.name for meta in cards}
+
+
+def card_ids() -> set[str]:
+    """The ids of the demo's companions (its default cards)."""
+    return set(card_names())
 
 
 _REUSED = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens")
@@ -413,7 +419,8 @@ def check_lines(replies: list[dict[str, Any]], opening: str, ids: set[str]) -> l
     found: list[tuple[int, str, str]] = []
     for e in replies:
         mine = [r["text"] for r in replies[: replies.index(e)] if r["speaker"] == e["speaker"]]
-        verdict = check_line(e["text"], LineContext(earlier=earlier, ids=ids, speaker_lines=mine))
+        context = LineContext(earlier=earlier, ids=ids, names=card_names().values(), speaker_lines=mine)
+        verdict = check_line(e["text"], context)
         if not verdict.ok:
             found.append((e["turn"], verdict.kind, e["text"]))
         earlier.append(e["text"])
