@@ -56,6 +56,9 @@ CONVERSATION = LineContext(
         '(1) 2: "Ladies and gentlemen, how can I assist you today?"',  # the numbering, garbled
         "(1) 20: I'm glad to say that we are very close.",
         "(Pim: I'm really excited to share with you the wonderful journey of a rainstorm!)",
+        "(Your first try was not used)",  # the second try's task, read aloud
+        "(Growling)",
+        "The conversation is ending.",
         "4: The tide is high.",
     ],
 )
@@ -150,6 +153,12 @@ def test_a_line_that_copies_another_s_long_sentence_and_adds_an_ending_is_a_copy
     assert check_line(juniper, LineContext(earlier=[juniper], speaker_lines=[juniper])).kind == "copy"
     intro = LineContext(earlier=["Oh, quick. I should introduce myself: I'm Aki. I keep bees."])
     assert check_line("Hello! I should introduce myself: I'm Bea. I mend clocks.", intro).ok
+
+
+def test_swapped_persons_do_not_hide_a_copy() -> None:
+    """Measured: "I'm ..." answered "You're ..." with the same words."""
+    said = LineContext(earlier=["(You're the one making the comment, you've already been told to speak)"])
+    assert check_line("I'm the one making the comment, I've already been told to speak.", said).kind == "copy"
 
 
 def test_contractions_do_not_hide_a_copy() -> None:

@@ -19,7 +19,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from typing import Literal
+from typing import Final, Literal
 
 from companion.lines.sentences import split_sentences
 from companion.protocol import Message
@@ -77,12 +77,18 @@ _TOOL_TALK = re.compile(
     # this check's own reasons, sent back with a refused line, then read aloud (measured)
     r"|\bnot a line of (?:yours|your own)\b|\bsay something new\b|\bin your own (?:words|voice)\b"
     r"|\bsay only the words\b|\brepeats what (?:you already said|was already said)\b"
-    r"|\bnot said, because\b|\bnew sentences of your own\b",
+    r"|\bnot said, because\b|\bnew sentences of your own\b"
+    # the second try's own words (models/second_try.py), read aloud (measured)
+    r"|\byour first try\b|\bwas not used\b|\bsay something different\b|\bonly your words\b"
+    r"|\bthe conversation is (?:ending|over|winding down)\b",
     re.IGNORECASE,
 )
 """The instructions' own vocabulary: a character talks about cakes, not about its tools; nor
 about the retry's framing, which SmolLM2-135M read aloud ("Your previous response failed the
 application's validation (this is automated feedback, ...)", pydantic-ai's words)."""
+_BRACKETED = re.compile(r"^\s*\([^()]*\)[\s.!?]*$")
+"""A whole line in brackets: a note or a stage direction ("(Growling)", "(Your first try was not
+used)", measured), not words said."""
 _UNFINISHED = re.compile(r"[,:;(\[{-]\s*$")
 """A line cut off where it goes on ("Hello everyone," was the first line of a longer answer)."""
 _ROLE_LABEL = re.compile(r"^\s*(?:user|sender|assistant|system|ai|bot|a|q)\s*:", re.IGNORECASE)
@@ -176,25 +182,25 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
     artifact = _artifact(text, context)
     if artifact:
         return LineVerdict("artifact", f"{NOT_SAID} {artifact}. {_ASK_AGAIN}")
-    words = normalized_words(text)
+    words = _said_words(text)
     size = _size(words)
     if size < _EXACT_SIZE:
         return OK
-    own = {" ".join(normalized_words(line[:_TEXT_LIMIT])) for line in context.speaker_lines}
+    own = {" ".join(_said_words(line[:_TEXT_LIMIT])) for line in context.speaker_lines}
     # Each long sentence of the text, too, against the others' lines: a line that copies one
     # long sentence of another's and adds its own ending is still a copy (measured: SmolLM2-135M
     # did just that). One's own sentence said again in a new line is left to the model (the
     # offline one tells a fact again in its goodbye); one's own line, never.
     pieces = sentences(text)
-    parts = [(w, _size(w)) for w in (normalized_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
+    parts = [(w, _size(w)) for w in (_said_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
     parts = parts if len(pieces) > 1 else []
     for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
-        whole = normalized_words(line[:_TEXT_LIMIT])
+        whole = _said_words(line[:_TEXT_LIMIT])
         mine = " ".join(whole) in own
         if _copies(words, size, whole, _NEAR_SIZE):
             return _copy(line, mine)
         for candidate in sentences(line):
-            other = normalized_words(candidate)
+            other = _said_words(candidate)
             if _copies(words, size, other, _SENTENCE_SIZE) or (
                 not mine and any(_copies(w, n, other, _SENTENCE_SIZE) for w, n in parts)
             ):
@@ -237,6 +243,8 @@ def _artifact(text: str, context: LineContext) -> str:
         return "copies the format of the conversation's record"
     if _UNFINISHED.search(text):
         return "stops mid-sentence"
+    if _BRACKETED.search(text):
+        return "is a note in brackets, not words said"
     head = text.lstrip()
     for name in context.names:
         label = (
@@ -260,6 +268,20 @@ def _artifact(text: str, context: LineContext) -> str:
             if len(theirs) >= _ECHO_WORDS and any(run in joined for run in runs):
                 return "repeats the wording of your instructions"
     return ""
+
+
+_PERSONS: Final = {
+    "i": "P", "you": "P", "we": "P", "me": "P", "us": "P",
+    "my": "PP", "your": "PP", "our": "PP", "mine": "PP", "yours": "PP", "ours": "PP",
+    "am": "be", "are": "be", "is": "be", "was": "were", "myself": "PS", "yourself": "PS",
+}  # fmt: skip
+"""Who says it, folded away when lines are compared for copies: "I'm the one making the comment"
+copies "You're the one making the comment" (measured, SmolLM2-135M)."""
+
+
+def _said_words(text: str) -> list[str]:
+    """:func:`normalized_words` with the speaker's and the listener's person folded together."""
+    return [_PERSONS.get(word, word) for word in normalized_words(text)]
 
 
 def normalized_words(text: str) -> list[str]:
