@@ -19,7 +19,7 @@ from companion.protocol import (
     QueryResultBody,
     State,
 )
-from companion.store.history import InMemoryHistory
+from companion.store.history import InMemoryHistory, RecentMessages
 
 ME = Metadata(id="companion_a", name="Aya", personality="calm", story="lives here", sample="hello")
 OTHER = Metadata(id="companion_b", name="Ben", personality="loud", story="visits", sample="yo")
@@ -61,7 +61,7 @@ def make_runtime(
     *tools: ToolDef,
     publisher: Any = None,
     directory: Mapping[str, Metadata] | None = None,
-    history: InMemoryHistory | None = None,
+    history: RecentMessages | None = None,
     **options: Any,
 ) -> tuple[ActionRuntime, Recorder]:
     recorder = publisher if publisher is not None else Recorder()

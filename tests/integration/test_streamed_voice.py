@@ -5,10 +5,11 @@ answers ``speak`` queries as aikyo's clients do (it reads the body, ignores the 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import trio
 from bridge_support import blocking, message_frame
 from fake_llm_server import CooperativeModel, FakeLLMServer, Reply, running_server, tool_call
 from live_support import start_run, write_card
-from network_support import network
+from network_support import Network, Proc, network
 from test_run_bridge import bridge_url
 from trio_websocket import WebSocketConnection, open_websocket_url
 
@@ -127,49 +128,58 @@ async def _ask(ws: WebSocketConnection, text: str, msg_id: str, to: list[str]) -
     raise AssertionError("nothing came back to the client's message")
 
 
+@contextlib.asynccontextmanager
+async def juniper_home(tmp_path: Path, server: FakeLLMServer) -> AsyncIterator[tuple[Network, Proc, str]]:
+    """``companion run --ws`` with Juniper (``speak_with_voice``) on ``server``'s model: the
+    network, the process and the bridge's URL."""
+    card = write_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
+    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1", "--base-url")
+    with network(tmp_path) as net:
+        home = await blocking(start_run, net, "home", [card], extra=(*args, server.openai_base_url))
+        yield net, home, await blocking(bridge_url, home)
+
+
 async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_whole(
     tmp_path: Path, hosted: FakeLLMServer
 ) -> None:
     model = VoiceModel(cut={2})
     hosted.push(*([model] * 12))
-    card = write_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
-    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1", "--base-url")
-    with network(tmp_path) as net:
-        home = await blocking(start_run, net, "home", [card], extra=(*args, hosted.openai_base_url))
-        url = await blocking(bridge_url, home)
-        async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
-            # 1. Sentences in order, each its own query with aikyo's body; the line last, whole.
-            first = await _ask(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
-            frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first, speaking=0.5)
-            queries = _queries(frames)
-            answered = {f["_answered"]: f["_at"] for f in frames if "_answered" in f}
-            for before, after in itertools.pairwise(queries):
-                assert after["_at"] >= answered[before["id"]], "a sentence came while one was spoken"
-            assert [q["params"]["body"]["message"] for q in queries] == split_sentences(LINE)
-            assert all(set(q["params"]["body"]) == {"message", "emotion"} for q in queries)
-            meta = [q["params"]["metadata"] for q in queries]
-            assert [m["part"] for m in meta] == list(range(len(queries)))
-            assert len({m["line"] for m in meta}) == 1
-            assert meta[-1]["last"] is True and not any(m["last"] for m in meta[:-1])
-            assert frames[-1]["params"]["message"] == LINE
-            assert frames.index(queries[-1]) < len(frames) - 1
+    async with (
+        juniper_home(tmp_path, hosted) as (_net, _home, url),
+        open_websocket_url(f"{url}?topics=messages,queries") as ws,
+    ):
+        # 1. Sentences in order, each its own query with aikyo's body; the line last, whole.
+        first = await _ask(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
+        frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first, speaking=0.5)
+        queries = _queries(frames)
+        answered = {f["_answered"]: f["_at"] for f in frames if "_answered" in f}
+        for before, after in itertools.pairwise(queries):
+            assert after["_at"] >= answered[before["id"]], "a sentence came while one was spoken"
+        assert [q["params"]["body"]["message"] for q in queries] == split_sentences(LINE)
+        assert all(set(q["params"]["body"]) == {"message", "emotion"} for q in queries)
+        meta = [q["params"]["metadata"] for q in queries]
+        assert [m["part"] for m in meta] == list(range(len(queries)))
+        assert len({m["line"] for m in meta}) == 1
+        assert meta[-1]["last"] is True and not any(m["last"] for m in meta[:-1])
+        assert frames[-1]["params"]["message"] == LINE
+        assert frames.index(queries[-1]) < len(frames) - 1
 
-            # 2. The stream breaks off inside the second sentence: the first is said and is all
-            # that is published; nothing half-formed is heard.
-            first = await _ask(ws, "And the wind?", "m-2", [JUNIPER])
-            frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first)
-            said = [q["params"]["body"]["message"] for q in _queries(frames)]
-            assert said == split_sentences(LINES[1])[:1]
-            assert frames[-1]["params"]["message"] == said[0]
+        # 2. The stream breaks off inside the second sentence: the first is said and is all
+        # that is published; nothing half-formed is heard.
+        first = await _ask(ws, "And the wind?", "m-2", [JUNIPER])
+        frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+        said = [q["params"]["body"]["message"] for q in _queries(frames)]
+        assert said == split_sentences(LINES[1])[:1]
+        assert frames[-1]["params"]["message"] == said[0]
 
-            # 3. A client that never answers: the line still goes out, after one sentence's wait
-            # and short waits for the others (never the whole voice deadline).
-            started = trio.current_time()
-            first = await _ask(ws, "Tell me again?", "m-3", [JUNIPER])
-            frames = await _frames(ws, answer=False, until=JUNIPER, timeout=40, first=first)
-            assert [q["params"]["body"]["message"] for q in _queries(frames)] == split_sentences(LINES[2])
-            assert frames[-1]["params"]["message"] == LINES[2]
-            assert trio.current_time() - started < 20
+        # 3. A client that never answers: the line still goes out, after one sentence's wait
+        # and short waits for the others (never the whole voice deadline).
+        started = trio.current_time()
+        first = await _ask(ws, "Tell me again?", "m-3", [JUNIPER])
+        frames = await _frames(ws, answer=False, until=JUNIPER, timeout=40, first=first)
+        assert [q["params"]["body"]["message"] for q in _queries(frames)] == split_sentences(LINES[2])
+        assert frames[-1]["params"]["message"] == LINES[2]
+        assert trio.current_time() - started < 20
     assert hosted.model_requests() and all(
         r.body.get("stream") for r in hosted.model_requests() if "speak_with_voice" in json.dumps(r.body)
     )
