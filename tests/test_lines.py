@@ -168,3 +168,28 @@ def test_contractions_do_not_hide_a_copy() -> None:
     assert normalized_words("I'm sure they won't, you've seen") == [
         "i", "am", "sure", "they", "wo", "not", "you", "have", "seen"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("said", "kind"),
+    [
+        ("- I'm Ostra, the library's archivist.", "artifact"),  # said by Pim (SmolLM2-135M)
+        ("My name is Juniper, keeper of the light.", "artifact"),
+        ("私はオストラです。", "artifact"),
+        ("I am Pim, and I bake.", "ok"),
+        ("I'm Ostra's friend, you know.", "ok"),
+        ("Ostra said she is tired.", "ok"),
+    ],
+)
+def test_a_companion_never_gives_another_companion_s_name_as_its_own(said: str, kind: str) -> None:
+    context = LineContext(names=["Ostra", "Pim", "Juniper", "オストラ"], speaker_name="Pim")
+    verdict = check_line(said, context)
+    assert verdict.kind == kind, verdict.reason
+    if kind == "artifact":
+        assert "another companion" in verdict.reason
+
+
+def test_without_the_speaker_s_name_no_name_is_refused() -> None:
+    """A name two companions share, or a context built without the speaker's: nothing refused."""
+    assert check_line("I'm Ostra, the library's archivist.", LineContext(names=["Ostra"])).ok
+    assert check_line("I'm Ostra.", LineContext(names=["Ostra"], speaker_name="ostra")).ok

@@ -136,6 +136,9 @@ class LineContext:
     instructions the triggers chose)."""
     speaker_lines: Sequence[str] = field(default=())
     """The speaker's own earlier lines (also in ``earlier``): named in the verdict's reason."""
+    speaker_name: str = ""
+    """The speaker's display name: any other name of ``names`` it gives as its own ("I'm
+    Ostra" from Pim) is another companion's line in its mouth."""
 
     @classmethod
     def of(
@@ -155,6 +158,7 @@ class LineContext:
             names=sorted(set(present.values())),
             prompt_texts=prompt_texts,
             speaker_lines=[m.params.message for m in said if m.params.from_ == speaker],
+            speaker_name=present.get(speaker, ""),
         )
 
 
@@ -253,6 +257,9 @@ def _artifact(text: str, context: LineContext) -> str:
         )
         if name and re.match(label, head, re.IGNORECASE):
             return f"starts with the label {name!r}, as the record does"
+    other = _claims_another_name(text, context)
+    if other:
+        return f"says it is {other}, another companion: speak as yourself"
     folded = text.casefold()
     for cid in context.ids:
         if len(cid) >= 4 and cid.casefold() in folded:
@@ -267,6 +274,31 @@ def _artifact(text: str, context: LineContext) -> str:
             joined = " ".join(theirs)
             if len(theirs) >= _ECHO_WORDS and any(run in joined for run in runs):
                 return "repeats the wording of your instructions"
+    return ""
+
+
+_SELF_NAMING: Final = (("i", "am"), ("my", "name", "is"), ("私", "は"))
+"""Words with which a speaker names itself, as :func:`normalized_words` writes them."""
+
+
+def _claims_another_name(text: str, context: LineContext) -> str:
+    """The name of another companion of the conversation that ``text`` gives as the speaker's
+    own ("I'm Ostra, the library's archivist." said by Pim: measured, SmolLM2-135M); empty when
+    none. Only with the speaker's own name known, so a name shared by two is never refused."""
+    mine = context.speaker_name.casefold()
+    if not mine:
+        return ""
+    words = normalized_words(text)
+    for name in context.names:
+        theirs = normalized_words(name)
+        if not theirs or name.casefold() == mine:
+            continue
+        for opening in _SELF_NAMING:
+            run = [*opening, *theirs]
+            for i in range(len(words) - len(run) + 1):
+                after = words[i + len(run) : i + len(run) + 1]
+                if words[i : i + len(run)] == run and after != ["s"]:  # not "I'm Ostra's friend"
+                    return name
     return ""
 
 
