@@ -1,7 +1,7 @@
 """Conversations back to back in a mixed network: two JavaScript peers that take turns as aikyo
 1.6 companions do (``tests/js/peer.mjs`` in its aikyo mode: only an array's top speaker replies,
 yields ignored, ``closing: none`` arrays, no turn limit) and two ``companion run`` companions with
-turn limits 3 and 4 (``tests/integration/mixed_support.py``), each conversation opened by a
+turn limits 3 and 4 (``tests/support/mixed.py``), each conversation opened by a
 client addressing all four. Printed: stalls (the last message unanswered for ``--stall`` s),
 states arrays per addressed message and what the second ones were, replies per conversation
 (those past the highest limit, and whether ours spoke past their own), time to ``terminal``.
@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def run(
     conversations: int, label: str, *, pythonpath: str | None, delay_ms: int, stall: float
 ) -> dict[str, Any]:
-    """One network, ``conversations`` back to back; the figures of :func:`mixed_support.summary`."""
-    from js_support import js_peer_command
-    from mixed_support import mixed_network, summary
+    """One network, ``conversations`` back to back; the figures of :func:`support.mixed.summary`."""
+    from support.js import js_peer_command
+    from support.mixed import mixed_network, summary
 
     command = js_peer_command()
     if command is None:
@@ -82,7 +82,7 @@ def main() -> int:
         raise KeyboardInterrupt  # unwinds through the network, which stops its processes
 
     signal.signal(signal.SIGTERM, interrupted)
-    sys.path.insert(0, str(ROOT / "tests" / "integration"))
+    sys.path.insert(0, str(ROOT / "tests"))  # the support package
     cases: list[tuple[str, str | None]] = [("this tree", None)]
     if args.reference:
         cases.append((f"reference {args.reference}", str(Path(args.reference).resolve())))

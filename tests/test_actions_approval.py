@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from actions_support import Recorder, answer, make_runtime
 from pydantic import BaseModel
 
 from companion.actions import APPROVAL_QUERY, ActionContext, ActionDef, ToolResult, action
 from companion.actions.approval import approval_body, read_approval
 from companion.protocol import ACTIONS, Action, Query, QueryResult
+from support.actions import Recorder, answer, make_runtime
 
 
 class Light(BaseModel):

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from actions_support import ME, OTHER, answer, make_runtime, pump_results, run_client
 
 from companion.actions import (
     BUILTINS,
@@ -30,6 +29,7 @@ from companion.actions.builtins import (
 )
 from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
+from support.actions import ME, OTHER, answer, make_runtime, pump_results, run_client
 
 SAY = {"message": "Good morning!", "to": ["user", OTHER.id], "emotion": "happy"}
 

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from actions_support import OTHER, answer, make_runtime, pump_results, run_client
 from pydantic import BaseModel
 
 from companion.actions import (
@@ -24,6 +23,7 @@ from companion.actions import (
 from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Query, QueryResult
 from companion.store.history import InMemoryHistory
+from support.actions import OTHER, answer, make_runtime, pump_results, run_client
 
 
 class Empty(BaseModel):

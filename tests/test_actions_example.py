@@ -10,7 +10,6 @@ from types import ModuleType
 
 import pytest
 import trio
-from actions_support import ME, OTHER, answer, make_runtime
 
 from companion.actions import ActionDef, ActionRuntime, KeyValueStore, ToolResult, resolve_tool
 from companion.card.model import load_card
@@ -18,6 +17,7 @@ from companion.card.routines import CompanionJoined, CompanionLeft, RoutineFinis
 from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MESSAGES, Message
 from companion.store.history import InMemoryHistory
+from support.actions import ME, OTHER, answer, make_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "actions.md"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import trio
-from actions_support import OTHER, make_runtime
 from pydantic import BaseModel
 
 from companion.actions import (
@@ -17,6 +16,7 @@ from companion.actions import (
 from companion.memory import MemoryHub
 from companion.protocol import MESSAGES, Message, encode
 from companion.store.history import InMemoryHistory
+from support.actions import OTHER, make_runtime
 
 SECRET = "the user's cat is called Miso"
 

@@ -7,7 +7,6 @@ import itertools
 import pytest
 import trio
 import trio.testing
-from actions_support import ME, make_runtime
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -15,6 +14,7 @@ from pydantic import BaseModel
 from companion.actions import PROGRESS_ACTION, ActionContext, ActionDef, action
 from companion.actions.progress import ProgressGate, ProgressUpdate, progress_action
 from companion.protocol import ACTIONS, Action
+from support.actions import ME, make_runtime
 
 
 def test_first_report_goes_out_and_values_are_clamped() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-from actions_support import ME, Recorder, answer
 
 from companion.actions import QueryTimeout
 from companion.actions.queries import PendingQueries
 from companion.protocol import QUERIES, Query, QueryResult
+from support.actions import ME, Recorder, answer
 
 
 async def test_query_is_published_and_the_first_answer_wins() -> None:

@@ -9,12 +9,12 @@ from typing import Any, Literal
 import pytest
 import trio
 import trio.testing
-from actions_support import ME, OTHER, Recorder, answer, make_runtime
 from pydantic import BaseModel
 
 from companion.actions import ActionContext, ActionDef, ActionRefused, ErrorCode, action, knowledge
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Metadata, Query
 from companion.store.history import InMemoryHistory
+from support.actions import ME, OTHER, Recorder, answer, make_runtime
 
 
 class Say(BaseModel):

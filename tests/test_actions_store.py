@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import ME, OTHER, make_runtime
 from pydantic import BaseModel
-from support.processes import killed_after
 
 from companion.actions import (
     ActionContext,
@@ -26,6 +24,8 @@ from companion.actions import (
 from companion.protocol import Action, Message
 from companion.store.kv import KV_TABLE
 from companion.store.sqlite import DB_FILENAME, Store
+from support.actions import ME, OTHER, make_runtime
+from support.processes import killed_after
 
 
 class Empty(BaseModel):
@@ -80,7 +80,7 @@ _WRITER = textwrap.dedent(
     """
     import sys, time
     import trio
-    from actions_support import make_runtime
+    from support.actions import make_runtime
     from test_actions_store import put
     from companion.actions import KeyValueStore
     kv = KeyValueStore.open(sys.argv[1])

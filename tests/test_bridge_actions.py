@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from actions_support import ME, answer, make_runtime, pump_results, run_client
 from pydantic import BaseModel, Field
 
 from companion.actions import ActionContext, ActionRuntime, action
@@ -20,6 +19,7 @@ from companion.bridge import Bridge, BridgeConfig
 from companion.bridge.ratelimit import RateLimit
 from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import ACTIONS, Action, Query
+from support.actions import ME, answer, make_runtime, pump_results, run_client
 
 TOKEN = "s3cret"
 

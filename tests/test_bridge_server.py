@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from support.bridges import bridge_on_hub
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection, open_websocket_url
 
 from companion.bridge import Bridge, BridgeConfig, QueueLimits
@@ -32,6 +31,7 @@ from companion.protocol import (
     State,
     encode,
 )
+from support.bridges import bridge_on_hub
 
 AYA = Metadata(id="companion_aya", name="Aya", personality="kind", story="s", sample="hi")
 

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from fake_llm_server import running_server
-from support.cards import write_card
 
 from companion.app import clients as client_wiring
 from companion.app.bridge import BridgeOptions, make_bridge
@@ -32,6 +30,8 @@ from companion.models.scripted import ScriptedModel
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message
 from companion.store.sqlite import Store
+from support.cards import write_card
+from support.fake_llm_server import running_server
 
 
 def loaded(tmp_path: Path, *specs: tuple[str, str | None]) -> list[LoadedCard]:

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from engine_support import HookedModel, make_card, solo
 
 from companion.actions import ActionDef
 from companion.app.group import MemoryGroup
@@ -42,6 +41,7 @@ from companion.protocol import (
     State,
 )
 from companion.store.sqlite import MemoryStore, Store
+from support.engines import HookedModel, make_card, solo
 
 TIMINGS = EngineTimings.offline()
 

@@ -8,14 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 import trio
-from engine_support import make_card
-from fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, Recorded, running_server
 
 from companion.app.group import MemoryGroup
 from companion.engine.driver import EngineTimings
 from companion.models.endpoints import ProviderConfig
 from companion.models.providers import ProviderModel, resolve_config
 from companion.models.servers import EndpointMemory
+from support.engines import make_card
+from support.fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, Recorded, running_server
 
 # Real time here: the model answers over real sockets, so a mock clock would jump past them.
 TIMINGS = EngineTimings(

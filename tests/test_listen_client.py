@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 import trio
-from client_support import Screen, needs_espeak
-from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge, BridgeConfig
 from companion.listen import (
@@ -40,6 +38,8 @@ from companion.protocol import (
     State,
 )
 from companion.voice import EspeakSynthesizer
+from support.bridges import bridge_on_hub
+from support.clients import Screen, needs_espeak
 
 AYA = Metadata(id="companion_aya", name="Aya", personality="p", story="s", sample="x")
 PIM = Metadata(id="companion_pim", name="Pim", personality="p", story="s", sample="x")

@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from engine_support import HookedModel, make_card
-from fake_llm_server import PROFILES, CooperativeModel, Reply, running_server
 
 from companion.app.group import MemoryGroup
 from companion.conversation.machine import ClosingSettings
@@ -34,6 +32,8 @@ from companion.models.providers import (
 )
 from companion.models.scripted import ScriptedModel
 from companion.models.servers import EndpointMemory
+from support.engines import HookedModel, make_card
+from support.fake_llm_server import PROFILES, CooperativeModel, Reply, running_server
 
 # Real time: the model answers over real sockets.
 TIMINGS = EngineTimings(

@@ -6,7 +6,6 @@ import re
 import sys
 
 import pytest
-from fake_llm_server import PROFILES, free_port, running_server, tool_call
 
 from companion.models.base import StatesRequest
 from companion.models.errors import ModelSetupError
@@ -14,6 +13,7 @@ from companion.models.factory import MODEL_SPEC_FORMS, check_model, make_model
 from companion.models.providers import LOCAL_PLACEHOLDER_KEY, ProviderModel
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Message, Metadata
+from support.fake_llm_server import PROFILES, free_port, running_server, tool_call
 
 
 @pytest.fixture(autouse=True)

@@ -14,16 +14,6 @@ from typing import Any
 import pytest
 import trio
 import trio_asyncio
-from fake_llm_server import (
-    FakeLLMServer,
-    free_port,
-    hang,
-    http_error,
-    running_server,
-    text,
-    tool_call,
-    tool_calls,
-)
 
 from companion.models import aio
 from companion.models.base import (
@@ -37,6 +27,16 @@ from companion.models.base import (
 from companion.models.errors import ModelSetupError
 from companion.models.providers import ProviderConfig, ProviderModel, resolve_config
 from companion.protocol import Message, Metadata
+from support.fake_llm_server import (
+    FakeLLMServer,
+    free_port,
+    hang,
+    http_error,
+    running_server,
+    text,
+    tool_call,
+    tool_calls,
+)
 
 AYA = Metadata(
     id="companion_aya", name="Aya", personality="cheerful, curious", story="a baker", sample="Yay!"

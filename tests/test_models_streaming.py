@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+
+from companion.models.base import ModelError
+from companion.models.streaming import partial_line
+from support.fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
 from test_models_providers import (
     COMPANIONS,
     SPEAK,
@@ -16,9 +19,6 @@ from test_models_providers import (
     openai_model,
     speak_request,
 )
-
-from companion.models.base import ModelError
-from companion.models.streaming import partial_line
 
 TOOLS = {"speak": SPEAK, "companions": COMPANIONS}
 LINE = "Whales, mostly. One of them sang! Then fog."

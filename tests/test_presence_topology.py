@@ -15,7 +15,6 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerstore import PeerStore
-from node_support import presence_service
 
 from companion.node.announcements import PRESENCE_TOPIC
 from companion.node.config import NodeConfig, connection_config
@@ -38,6 +37,7 @@ from companion.protocol import (
     PresenceRequest,
     encode_presence,
 )
+from support.nodes import presence_service
 
 
 @pytest.mark.parametrize(("bound", "target"), [(1, 1), (2, 1), (3, 2), (4, 2), (8, 4), (9, 5)])

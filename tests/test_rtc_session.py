@@ -18,8 +18,6 @@ from typing import TypeVar
 import aioice.ice
 import pytest
 import trio
-from client_support import needs_espeak
-from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge
 from companion.memory import MemoryEndpoint, MemoryHub
@@ -36,6 +34,8 @@ from companion.rtc import (
     open_gateway,
 )
 from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesizer
+from support.bridges import bridge_on_hub
+from support.clients import needs_espeak
 
 COMPANION = "companion_aya"
 LONG_LINE = "This is a long line that the companion says slowly, so that there is time to interrupt it. " * 3

@@ -11,8 +11,6 @@ from typing import Any, cast
 import pytest
 import trio
 import trio.testing
-from fault_support import reproducible
-from scripted_support import REPO, addresses_itself, converse, real_cards, real_ids, replies, write_card
 
 from companion.actions import ActionRuntime
 from companion.app.group import USER_ID, MemoryGroup
@@ -23,6 +21,8 @@ from companion.models.base import ParamsRequest, SpeakRequest
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message
 from companion.store.history import InMemoryHistory
+from support.faults import reproducible
+from support.scripted import REPO, addresses_itself, converse, real_cards, real_ids, replies, write_card
 
 OPENINGS = [
     "What's your favourite cake?",

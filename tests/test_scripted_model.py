@@ -14,7 +14,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from scripted_support import REPO, RUNG, real_cards, ring_bell
 
 from companion.actions import ActionRuntime, resolve_tool
 from companion.actions.builtins import SpeakInput
@@ -33,6 +32,7 @@ from companion.models.phrasebook import EN, JA
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message, Metadata
 from companion.store.history import InMemoryHistory
+from support.scripted import REPO, RUNG, real_cards, ring_bell
 
 KYOKO = Metadata(
     id="companion_kyoko",

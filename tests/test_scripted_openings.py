@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import trio.testing
-from scripted_support import DOT_CARD, ROLLED, SORA_CARD, converse, real_cards, replies, write_card
 
 from companion.card.model import LoadedCard
 from companion.conversation.transcript import TranscriptEvent
 from companion.models.lexicon import sentences
 from companion.models.persona import persona_of
+from support.scripted import DOT_CARD, ROLLED, SORA_CARD, converse, real_cards, replies, write_card
 
 _KANA = re.compile(r"[\u3040-\u30ff]")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")

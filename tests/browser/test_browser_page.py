@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
-from browser.browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
 
+from browser.browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
 from companion.bridge.ratelimit import RateLimit
 from companion.memory import Inbound, MemoryEndpoint
 from companion.protocol import (

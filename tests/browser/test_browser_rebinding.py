@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.testing
-from browser.browser_cdp import chromium
 
+from browser.browser_cdp import chromium
 from companion.protocol import MESSAGES, Message, Metadata
 
 if TYPE_CHECKING:

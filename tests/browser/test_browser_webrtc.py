@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import trio
-from browser.browser_cdp import SPEECH_STUB, Page, chromium
-from support.bridges import bridge_on_hub
 
+from browser.browser_cdp import SPEECH_STUB, Page, chromium
 from companion.memory import MemoryEndpoint
 from companion.protocol import MESSAGES, QUERIES, Message, Metadata, Query, QueryResult
 from companion.rtc.route import serve_webrtc
 from companion.voice import EspeakSynthesizer
+from support.bridges import bridge_on_hub
 
 pytestmark = pytest.mark.skipif(
     not EspeakSynthesizer.available(),

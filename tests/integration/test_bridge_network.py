@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame, next_frame, silent_client, start_bridge
-from network_support import network
 from trio_websocket import open_websocket_url
 
 from companion.listen import fetch_companions
+from support.live_bridge import blocking, message_frame, next_frame, silent_client, start_bridge
+from support.network import network
 
 pytestmark = pytest.mark.integration
 

@@ -24,11 +24,6 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame, next_frame, start_bridge
-from live_support import start_run, stdout_line
-from live_support import write_card as write_speaking_card
-from network_support import HERE, Event, Network, Proc, network
-from support.cards import write_card
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE
@@ -36,6 +31,11 @@ from companion.conversation.rules import select_leader
 from companion.lines.sentences import join_sentences
 from companion.node.identity import load_or_create_key_pair
 from companion.protocol import MESSAGES, STATES, Message, State, encode, encode_states
+from support.cards import write_card
+from support.live import start_run, stdout_line
+from support.live import write_card as write_speaking_card
+from support.live_bridge import blocking, message_frame, next_frame, start_bridge
+from support.network import HERE, Event, Network, Proc, network
 
 pytestmark = pytest.mark.integration
 

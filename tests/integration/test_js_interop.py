@@ -3,7 +3,7 @@ in both dial directions: metadata, subscriptions and payloads on all four topics
 gossipsub message ids that agree; and a conversation of over a minute with two ``companion run``
 companions in which nobody is disconnected (the peer mounts no ping protocol, as aikyo).
 
-The JavaScript dependencies are installed by ``js_support.js_peer_command`` (npm, into a cache
+The JavaScript dependencies are installed by ``support.js.js_peer_command`` (npm, into a cache
 directory outside the repository). Skipped only where there is no Node.js and npm at all.
 """
 
@@ -16,10 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from js_support import js_peer_command
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from network_support import HERE, Proc, network
 
 from companion.node.msgid import js_message_id
 from companion.protocol import (
@@ -35,6 +33,8 @@ from companion.protocol import (
     encode,
     encode_states,
 )
+from support.js import js_peer_command
+from support.network import HERE, Proc, network
 
 pytestmark = pytest.mark.integration
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame, next_frame
-from live_support import start_run, stdout_line, write_card
-from network_support import Network, Proc, network
 from trio_websocket import open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE
 from companion.app.metrics_http import METRICS_LINE
+from support.live import start_run, stdout_line, write_card
+from support.live_bridge import blocking, message_frame, next_frame
+from support.network import Network, Proc, network
 
 pytestmark = [
     pytest.mark.integration,

@@ -17,8 +17,9 @@ import json
 from pathlib import Path
 
 import pytest
-from js_support import js_peer_command
-from mixed_support import mixed_network, summary
+
+from support.js import js_peer_command
+from support.mixed import mixed_network, summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.solo]
 

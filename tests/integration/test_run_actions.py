@@ -23,12 +23,12 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking
-from live_support import start_run, stdout_line, write_card
-from network_support import Proc, network
 from trio_websocket import open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE, parse_sees
+from support.live import start_run, stdout_line, write_card
+from support.live_bridge import blocking
+from support.network import Proc, network
 
 pytestmark = pytest.mark.integration
 

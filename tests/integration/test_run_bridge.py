@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame
-from live_support import payload_of, start_run, stdout_line, write_card
-from network_support import Proc, network
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from companion.app.lines import BRIDGE_LINE, parse_sees
+from companion.app.lines import parse_sees
 from companion.conversation.transcript import Transcript
 from companion.lines.sentences import join_sentences
 from companion.listen.client import directory_url, fetch_companions
 from companion.protocol import Message, Query, QueryResult, encode
 from companion.rtc import RtcClient, connect_rtc
 from companion.voice import EspeakSynthesizer
+from support.live import bridge_url, payload_of, start_run, stdout_line, write_card
+from support.live_bridge import blocking, message_frame
+from support.network import Proc, network
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +37,6 @@ JUNIPER = "companion_juniper"
 PIM = "companion_pim"
 OSTRA = "companion_ostra"
 EVERYONE = frozenset({JUNIPER, PIM, OSTRA})
-
-
-def bridge_url(proc: Proc) -> str:
-    """The WebSocket URL from the ``bridge ws://...`` line on standard output."""
-    line = stdout_line(proc, lambda s: s.startswith(BRIDGE_LINE), 30)
-    url = line[len(BRIDGE_LINE) :].strip()
-    assert url.startswith("ws://127.0.0.1:") and url.endswith("/"), line
-    return url
 
 
 def node_addr(proc: Proc, companion_id: str) -> str:

@@ -14,14 +14,13 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame
-from fake_llm_server import CooperativeModel, FakeLLMServer, Reply, running_server, tool_call
-from live_support import start_run, write_card
-from network_support import network
-from test_run_bridge import bridge_url
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.lines.sentences import split_sentences
+from support.fake_llm_server import CooperativeModel, FakeLLMServer, Reply, running_server, tool_call
+from support.live import bridge_url, start_run, write_card
+from support.live_bridge import blocking, message_frame
+from support.network import network
 
 pytestmark = pytest.mark.integration
 

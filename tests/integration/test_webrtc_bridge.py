@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame, next_frame, start_bridge
-from network_support import Proc, network
 from trio_websocket import open_websocket_url
 
 from companion.rtc import OfferRejected, ReceivedAudio, RtcClient, connect_rtc
 from companion.voice import EspeakSynthesizer
+from support.live_bridge import blocking, message_frame, next_frame, start_bridge
+from support.network import Proc, network
 
 pytestmark = [
     pytest.mark.integration,

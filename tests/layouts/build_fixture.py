@@ -4,7 +4,7 @@
 worktree, runs *that* code (``PYTHONPATH`` pointing at it, this environment's dependencies) as
 ``companion run cards/pim.yaml cards/ostra.yaml --data-dir D``, has one conversation with it, stops
 it with SIGTERM, and packs ``D`` as ``tests/layouts/NAME.tar.gz``. The conversation: a bare
-py-libp2p peer (``tests/integration/raw_publisher.py``) publishes a person's message to both
+py-libp2p peer (``tests/support/raw_publisher.py``) publishes a person's message to both
 companions and waits for two replies; a second one claims the id ``companion_visitor``, so a
 release that pins ids writes ``trust.json``. It prints the peer ids, the replies, the files and
 the companions' warnings and errors. What each fixture is: ``tests/layouts/README.md``.
@@ -24,12 +24,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-RAW = HERE.parent / "integration" / "raw_publisher.py"
-sys.path.insert(0, str(RAW.parent))
-
-from network_support import Proc  # noqa: E402
+RAW = HERE.parent / "support" / "raw_publisher.py"
+sys.path.insert(0, str(HERE.parent))  # tests/, for the support package: this runs as a script
 
 from companion.protocol import MESSAGES, Message, encode  # noqa: E402
+from support.network import Proc  # noqa: E402
 
 PERSON = "user_fixture"
 COMPANIONS = ["companion_pim", "companion_ostra"]

@@ -6,16 +6,19 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge_support import start_bridge
-from engine_support import STORIES
-from network_support import Network, Proc
+import trio
 
 from companion.app.lines import BRIDGE_LINE, parse_sees
+from companion.conversation.transcript import Transcript, TranscriptEvent
+from companion.memory import Inbound
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, STATES, Payload, PayloadError, parse_payload
+from support.engines import STORIES
+from support.live_bridge import start_bridge
+from support.network import Network, Proc
 
 CARD = """\
 metadata:
@@ -203,3 +206,34 @@ def payload_of(frame: str) -> Payload | None:
         topic = QUERIES
     parsed = parse_payload(topic, frame.encode())
     return None if isinstance(parsed, PayloadError) else parsed
+
+
+def bridge_url(proc: Proc) -> str:
+    """The WebSocket URL from the ``bridge ws://...`` line on standard output."""
+    line = stdout_line(proc, lambda s: s.startswith(BRIDGE_LINE), 30)
+    url = line[len(BRIDGE_LINE) :].strip()
+    assert url.startswith("ws://127.0.0.1:") and url.endswith("/"), line
+    return url
+
+
+class Bystander:
+    """A test node's handler: the transcript of the conversation among the companions
+    ``present()`` names, and an event that wakes whoever waits for a change."""
+
+    def __init__(self, present: Callable[[], Iterable[str]]) -> None:
+        self.present = present
+        self.transcript = Transcript()
+        self.lines: list[TranscriptEvent] = []
+        self.changed = trio.Event()
+
+    async def handle(self, inbound: Inbound) -> None:
+        self.lines.extend(self.transcript.feed(inbound.payload, self.present()))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[Transcript], bool], timeout: float) -> bool:
+        with trio.move_on_after(timeout):
+            while not predicate(self.transcript):
+                await self.changed.wait()
+            return True
+        return False

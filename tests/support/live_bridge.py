@@ -1,7 +1,7 @@
 """Bridge processes and Firehose clients for integration tests (everything on 127.0.0.1, or
 inside a network namespace the test created).
 
-Run as a script (``python bridge_support.py probe HOST PORT TOKEN``), it is a client that
+Run as a script (``python -m support.live_bridge probe HOST PORT TOKEN``), it is a client that
 tries the bridge with and without the token and prints what it got as one JSON line: the
 tests run it inside a bridge's network namespace with ``nsenter``.
 """
@@ -15,8 +15,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import trio
-from network_support import Event, Network, Proc
 from trio_websocket import WebSocketConnection
+
+from support.network import Event, Network, Proc
 
 T = TypeVar("T")
 
@@ -166,5 +167,5 @@ async def silent_client(port: int) -> trio.SocketStream:
 
 if __name__ == "__main__":
     if len(sys.argv) != 5 or sys.argv[1] != "probe":
-        sys.exit("usage: bridge_support.py probe ADDRESS PORT TOKEN")
+        sys.exit("usage: -m support.live_bridge probe ADDRESS PORT TOKEN")
     print(json.dumps(trio.run(probe, sys.argv[2], int(sys.argv[3]), sys.argv[4])), flush=True)

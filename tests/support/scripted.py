@@ -21,7 +21,7 @@ from companion.memory import Inbound
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Action
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Bell(BaseModel):
@@ -74,7 +74,7 @@ metadata:
   sample: "Seven again! The dice like me tonight."
 role: You roll dice when asked and say what they show.
 actions: [speak]
-knowledge: ["scripted_support:roll_dice"]
+knowledge: ["support.scripted:roll_dice"]
 events:
   params:
     type: object

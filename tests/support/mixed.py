@@ -29,13 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from network_support import Network, Proc, network
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ (support.cards)
-from support.cards import CARD
-
 from companion.conversation.rules import ends_conversation, states_tag, turn_tag
 from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, Metadata, State, encode
+from support.cards import CARD
+from support.network import Network, Proc, network
 
 __all__ = ["CAPS", "CLIENT", "ConversationReport", "MixedNetwork", "mixed_network", "summary"]
 

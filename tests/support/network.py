@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import signal
 import subprocess
@@ -16,6 +17,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from companion.protocol import MESSAGES, Message, encode
+from support.cards import write_card
+from support.hostile_payloads import message
+
 Event = dict[str, Any]
 
 TAIL_ON_FAILURE = 40
@@ -23,11 +28,6 @@ TAIL_ON_FAILURE = 40
 CI must say what the companions did last, not drown in it)."""
 
 HERE = Path(__file__).resolve().parent
-
-sys.path.insert(0, str(HERE.parent))  # tests/: also when a helper here runs as a script or a bench imports it
-from support.cards import write_card  # noqa: E402
-
-from companion.protocol import MESSAGES, Message, encode  # noqa: E402
 
 
 class Proc:
@@ -270,16 +270,61 @@ def network(tmp: Path) -> Iterator[Network]:
         net.stop_all()
 
 
-def warm_up(raw: Proc, target: Proc, sender: str, to: list[str], tries: int = 20) -> None:
-    """Have ``raw`` (a raw publisher) publish small messages from ``sender`` to ``to`` until
-    ``target`` logged one of them (1.5 s each, at most ``tries``): gossipsub sends nothing to a
-    peer whose subscription it has not heard yet, so what is published before is lost."""
+def publish_until_heard(
+    send: Callable[[int], Callable[[Event], bool]], listener: Proc, *, tries: int, wait: float, what: str
+) -> Event:
+    """Publish again until a copy is heard: gossipsub sends nothing to a peer whose subscription
+    it has not heard yet, so the first publishes may precede the mesh and be lost. Attempt ``n``
+    calls ``send(n)``, which publishes and returns the test for that copy's event on
+    ``listener``; each attempt waits ``wait`` seconds, at most ``tries`` attempts; the event
+    that says it arrived is returned."""
     for n in range(tries):
-        message = Message.create(sender, to, "warm", id=f"warm-{n}")
-        raw.send({"op": "publish", "topic": MESSAGES, "b64": base64.b64encode(encode(message)).decode()})
+        arrived = send(n)
         try:
-            target.event("inbound", 1.5, id=f"warm-{n}")
-            return
+            return listener.wait_for(arrived, wait)
         except AssertionError:
             continue
-    raise AssertionError(f"none of {raw.name}'s {tries} warm-up messages reached {target.name}")
+    raise AssertionError(f"{what}: none of {tries} copies heard by {listener.name} ({wait} s each)")
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def publish(raw: Proc, topic: str, data: bytes, **extra: Any) -> None:
+    """Have ``raw`` (a raw publisher) publish ``data`` as it is on ``topic``."""
+    raw.send({"op": "publish", "topic": topic, "b64": b64(data), **extra})
+
+
+def inbound(message_id: str) -> Callable[[Event], bool]:
+    """The test for a node's log of the message ``message_id`` arriving."""
+    return lambda e: e.get("event") == "inbound" and e.get("id") == message_id
+
+
+def warm_up(raw: Proc, target: Proc, sender: str, to: list[str], tries: int = 20, wait: float = 1.5) -> None:
+    """Have ``raw`` publish small messages from ``sender`` to ``to`` until ``target`` logged one
+    of them (see :func:`publish_until_heard`)."""
+
+    def send(n: int) -> Callable[[Event], bool]:
+        publish(raw, MESSAGES, encode(Message.create(sender, to, "warm", id=f"warm-{n}")))
+        return inbound(f"warm-{n}")
+
+    publish_until_heard(send, target, tries=tries, wait=wait, what=f"{raw.name}'s warm-up messages")
+
+
+def ask(raw: Proc, key: str, tag: str, timeout: float = 30.0) -> Event:
+    """A message from the raw peer's companion id (``companion_x``) addressed to
+    ``companion_<key>``; returns the reply (published again every 4 s until ``timeout``)."""
+
+    def send(n: int) -> Callable[[Event], bool]:
+        asked = f"ask-{tag}-{n}"
+        # turn 0, closing none: a fresh conversation, whatever earlier messages made of the last one
+        text = f"are you there, {key}?"
+        publish(
+            raw, MESSAGES, message("companion_x", text, asked, (f"companion_{key}",), turn=0, closing="none")
+        )
+        return lambda e: e.get("event") == "message" and f'"in_reply_to":"{asked}"' in e["text"]
+
+    return publish_until_heard(
+        send, raw, tries=max(1, math.ceil(timeout / 4.0)), wait=4.0, what=f"a reply from companion_{key}"
+    )
