@@ -58,8 +58,8 @@ from bench_support import stop_process  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
 from companion.lines.sentences import split_sentences  # noqa: E402
+from support.cards import speaking_card, write_card  # noqa: E402
 from support.fake_llm_server import CooperativeModel, Reply, running_server, tokens, tool_call  # noqa: E402
-from support.live import write_card  # noqa: E402
 
 LINE = "The harbour is quiet tonight. Three boats came in after dark, full of fish. Shall we go and look?"
 PROFILES: dict[str, tuple[float, float]] = {"hosted": (0.4, 60.0), "local": (2.0, 20.0)}
@@ -96,7 +96,7 @@ class Companion:
     """``companion run`` with the card, its stdout lines and JSON log events collected."""
 
     def __init__(self, tmp: Path, base_url: str, model: str, webrtc: bool = False) -> None:
-        card = write_card(tmp, "juniper", "Juniper", "speak_with_voice")
+        card = write_card(tmp, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice"))
         argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
         argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
         argv += ["-v", "--ws", "127.0.0.1:0", "--model", model, "--base-url", base_url]

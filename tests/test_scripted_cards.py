@@ -14,15 +14,16 @@ import trio.testing
 
 from companion.actions import ActionRuntime
 from companion.app.group import USER_ID, MemoryGroup
-from companion.card.model import LoadedCard
+from companion.card.model import LoadedCard, load_card
 from companion.conversation.rules import stamp_reply
 from companion.engine.driver import EngineTimings
 from companion.models.base import ParamsRequest, SpeakRequest
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message
 from companion.store.history import InMemoryHistory
+from support.cards import write_card
 from support.faults import reproducible
-from support.scripted import REPO, addresses_itself, converse, real_cards, real_ids, replies, write_card
+from support.scripted import REPO, addresses_itself, converse, real_cards, real_ids, replies
 
 OPENINGS = [
     "What's your favourite cake?",
@@ -208,7 +209,7 @@ async def test_params_fire_the_condition_the_message_calls_for_on_the_shipped_ca
 async def test_params_fire_the_condition_the_message_calls_for_on_a_new_card(
     tmp_path: Path, examples_importable: None, text: str, expected: str
 ) -> None:
-    loaded = write_card(tmp_path, "wren", WEATHER_CARD)
+    loaded = load_card(write_card(tmp_path, "wren", WEATHER_CARD))
     speak = [i for i in await _instructions(loaded, text) if not i.startswith("Wave")]
     assert speak[0].startswith(expected), speak
 
@@ -218,7 +219,7 @@ async def test_a_card_whose_instruction_names_a_custom_action_sees_it_run(
 ) -> None:
     """The card lists the documented example action; the offline model calls it, through the
     engine's action runtime, before its reply, with the count the instruction gives."""
-    wren = write_card(tmp_path, "wren", WEATHER_CARD)
+    wren = load_card(write_card(tmp_path, "wren", WEATHER_CARD))
     cards = [wren, _card("companion_juniper"), _card("companion_pim")]
     events, payloads, over = await converse(cards, "Wren, looks like rain tonight, doesn't it?")
     assert over

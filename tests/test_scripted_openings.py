@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import trio.testing
 
-from companion.card.model import LoadedCard
+from companion.card.model import LoadedCard, load_card
 from companion.conversation.transcript import TranscriptEvent
 from companion.models.lexicon import sentences
 from companion.models.persona import persona_of
-from support.scripted import DOT_CARD, ROLLED, SORA_CARD, converse, real_cards, replies, write_card
+from support.cards import write_card
+from support.scripted import DOT_CARD, ROLLED, SORA_CARD, converse, real_cards, replies
 
 _KANA = re.compile(r"[\u3040-\u30ff]")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
@@ -167,7 +168,7 @@ async def test_a_tool_request_reaches_the_tool_s_input_and_its_result_the_words(
 ) -> None:
     """The tenth opening: "two six-sided dice" is two dice of six sides, and what they show is
     said."""
-    dot = write_card(tmp_path, "dot", DOT_CARD)
+    dot = load_card(write_card(tmp_path, "dot", DOT_CARD))
     ROLLED.clear()
     events, _, _ = await converse([dot], "Dot, roll two six-sided dice!", first_only=True)
     first = _first(events)
@@ -194,7 +195,7 @@ async def test_japanese_and_english_cards_answer_in_the_language_they_are_spoken
     """A Japanese card (its story in the third person, a quote with a full stop inside) beside
     an English one: each reply is in the language of the message it answers, the Japanese card's
     own story is told as 私, its quote whole, a greeting never the topic."""
-    sora = write_card(tmp_path, "sora", SORA_CARD)
+    sora = load_card(write_card(tmp_path, "sora", SORA_CARD))
     cards = [sora, *(c for c in real_cards() if c.card.metadata.id == "companion_pim")]
     names = _names(cards)
     events, _, over = await converse(cards, opening)
@@ -208,7 +209,7 @@ async def test_japanese_and_english_cards_answer_in_the_language_they_are_spoken
 def test_a_japanese_card_s_story_is_told_in_the_first_person_with_its_quotes_whole(tmp_path: Path) -> None:
     """The card says 彼女は and quotes 「…。」 with a full stop inside: the companion says 私は,
     and the quote stays one sentence (a full stop inside 「」 ends nothing)."""
-    sora = write_card(tmp_path, "sora", SORA_CARD).card
+    sora = load_card(write_card(tmp_path, "sora", SORA_CARD)).card
     facts = [f.text for f in persona_of(sora.metadata, sora.role).facts]
     assert "私は毎晩、屋上から星を眺める。" in facts
     assert "私の口癖は「今日もいい星空だね。」だ。" in facts

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from companion.app.lines import parse_sees
-from support.live import stdout_line, write_card
+from support.cards import speaking_card, write_card
+from support.live import stdout_line
 from support.netns import HERE_FILE, Topology, in_namespace, unavailable
 from support.network import Event, Network, Proc
 
@@ -70,7 +71,7 @@ def start_relay(topo: Topology, net: Network) -> str:
 
 
 def start_companion(topo: Topology, net: Network, key: str, relay: str, seed: int) -> Proc:
-    card = write_card(net.tmp, key, key.upper(), "speak")
+    card = write_card(net.tmp, key, speaking_card(key, key.upper(), "speak"))
     argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
     argv += ["--listen", "/ip4/0.0.0.0/tcp/4001", "--relay", relay, "--seed", str(seed)]
     argv += ["--data-dir", str(net.tmp / f"data-{key}"), "--log-format", "json", "-v"]

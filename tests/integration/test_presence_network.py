@@ -25,7 +25,8 @@ from companion.app.lines import parse_sees
 from companion.node import CompanionNode, NodeConfig
 from companion.node.announcements import DISCONNECT_GRACE, PRESENCE_TOPIC
 from companion.protocol import MESSAGES, Message, Metadata, Presence, PresenceParams, encode_presence
-from support.live import Bystander, spawn_run, stdout_line, write_card
+from support.cards import speaking_card, write_card
+from support.live import Bystander, spawn_run, stdout_line
 from support.network import Event, Network, Proc, ask, network
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,7 @@ LEAVE_BOUND = 5.0
 
 def spawn(net: Network, key: str, *peers: str, seed: int, extra: tuple[str, ...] = ()) -> Proc:
     """``companion run`` for one card (scripted model), not waiting for it to start."""
-    card = write_card(net.tmp, key, key.capitalize(), "speak")
+    card = write_card(net.tmp, key, speaking_card(key, key.capitalize(), "speak"))
     return spawn_run(net, key, [card], *peers, seed=seed, extra=extra)
 
 

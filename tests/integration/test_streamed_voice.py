@@ -17,8 +17,9 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.lines.sentences import split_sentences
+from support.cards import speaking_card, write_card
 from support.fake_llm_server import CooperativeModel, FakeLLMServer, Reply, running_server, tool_call
-from support.live import bridge_url, start_run, write_card
+from support.live import bridge_url, start_run
 from support.live_bridge import blocking, message_frame
 from support.network import network
 
@@ -131,7 +132,7 @@ async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_who
 ) -> None:
     model = VoiceModel(cut={2})
     hosted.push(*([model] * 12))
-    card = write_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
+    card = write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice"))
     args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1", "--base-url")
     with network(tmp_path) as net:
         home = await blocking(start_run, net, "home", [card], extra=(*args, hosted.openai_base_url))
@@ -177,8 +178,8 @@ async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_who
 async def test_two_companions_are_never_voiced_at_once(tmp_path: Path, hosted: FakeLLMServer) -> None:
     hosted.push(*([VoiceModel()] * 30))
     cards = [
-        write_card(tmp_path, "juniper", "Juniper", "speak_with_voice"),
-        write_card(tmp_path, "pim", "Pim", "speak_with_voice"),
+        write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice")),
+        write_card(tmp_path, "pim", speaking_card("pim", "Pim", "speak_with_voice")),
     ]
     args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1")
     with network(tmp_path) as net:

@@ -16,34 +16,9 @@ from companion.app.lines import BRIDGE_LINE, parse_sees
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.memory import Inbound
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, STATES, Payload, PayloadError, parse_payload
-from support.engines import STORIES
+from support.cards import speaking_card, write_card
 from support.live_bridge import start_bridge
 from support.network import Network, Proc
-
-CARD = """\
-metadata:
-  id: companion_{key}
-  name: {name}
-  personality: {personality}
-  story: {name} {story}
-  sample: "{sample}"
-role: Keep replies to one or two sentences.
-actions: [{tool}]
-events:
-  params:
-    type: object
-    properties:
-      mood:
-        type: string
-        enum: [calm, curious]
-    required: [mood]
-  conditions:
-    - expression: "true"
-      execute:
-        - tool: {tool}
-          instruction: Reply briefly to what was just said.
-"""
-
 
 PIM, OSTRA = "companion_pim", "companion_ostra"
 BOTH = frozenset({PIM, OSTRA})
@@ -54,23 +29,6 @@ class Live:
     bridge: Proc
     port: int
     companions: dict[str, Proc]
-
-
-def write_card(directory: Path, key: str, name: str, tool: str) -> Path:
-    path = directory / f"{key}.yaml"
-    # each its own story (by name), as real companions have: companions sharing one would say
-    # one line, and a companion never says another's line (companion.lines.check)
-    story = STORIES[sum(map(ord, name)) % len(STORIES)]
-    text = CARD.format(
-        key=key,
-        name=name,
-        tool=tool,
-        personality="warm and curious",
-        sample=f"Hello, I am {name}.",
-        story=story,
-    )
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def spawn_run(
@@ -119,7 +77,7 @@ def start_companion(
     net: Network, key: str, name: str, tool: str, *peers: str, seed: int = 0, extra: tuple[str, ...] = ()
 ) -> tuple[Proc, str]:
     """One companion with the engine (``companion run``, scripted model); returns its address."""
-    card = write_card(net.tmp, key, name, tool)
+    card = write_card(net.tmp, key, speaking_card(key, name, tool))
     proc = start_run(net, key, [card], *peers, seed=seed, extra=extra)
     return proc, proc.event("started", 1)["addrs"][0]
 

@@ -133,13 +133,6 @@ def real_cards() -> list[LoadedCard]:
     return [load_card(p) for p in default_cards(REPO / "cards")]
 
 
-def write_card(folder: Path, name: str, body: str) -> LoadedCard:
-    """Write a card as a user would and load it exactly as a node does."""
-    path = folder / f"{name}.yaml"
-    path.write_text(body, encoding="utf-8")
-    return load_card(path)
-
-
 async def converse(
     cards: Sequence[LoadedCard],
     opening: str,
