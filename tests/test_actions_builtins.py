@@ -82,7 +82,7 @@ async def test_speak_refuses_an_unknown_emotion_and_an_empty_message() -> None:
     result = await runtime.call("speak", {"message": "", "to": ["user"], "emotion": "bored"})
     assert result.status == "invalid_input"
     assert {i.path for i in result.issues} == {"message", "emotion"}
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def _voice_call(
@@ -180,7 +180,7 @@ async def test_companions_lists_who_is_on_the_network() -> None:
         "status": "ok",
         "output": {ME.id: ME.model_dump(by_alias=True), OTHER.id: OTHER.model_dump(by_alias=True)},
     }
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 def test_builtins_and_their_kinds() -> None:

@@ -81,9 +81,7 @@ async def _lamp(reply_to_lamps: bool) -> tuple[ToolResult, list[str]]:
         assert approval.params.body is not None
         assert approval.params.body["preview"] == "set the kitchen lamp to 30%"
         runtime.deliver_query_result(answer(approval, body={"approved": True}))
-        with trio.fail_after(5):
-            while len(recorder.queries()) < 2:
-                await recorder.sent.wait()
+        await recorder.until(lambda: len(recorder.queries()) >= 2, 5)
         lamps = recorder.queries()[-1]
         assert lamps.params.type == "lamps" and lamps.params.body == {"room": "kitchen"}
         runtime.deliver_query_result(answer(lamps, success=reply_to_lamps))

@@ -43,7 +43,7 @@ async def test_a_knowledge_tools_note_is_in_the_model_facing_result() -> None:
     assert result.ok and result.notes == (SECRET,)
     assert result.for_model() == {"status": "ok", "output": "found", "notes": [SECRET]}
     assert await runtime.call_for_model("recall", {}) == result.for_model()
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def test_an_actions_note_is_never_published_nor_recorded() -> None:

@@ -173,4 +173,4 @@ async def test_progress_after_the_call_ended_goes_nowhere() -> None:
     runtime, recorder = make_runtime(leak)
     await runtime.call("leak", {"steps": 0, "every": 0})
     await leaked[0].progress(50, "too late")
-    assert recorder.published == []
+    assert recorder.sent == []

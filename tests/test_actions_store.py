@@ -72,7 +72,7 @@ async def test_values_survive_closing_and_reopening_the_file(kv_file: Path) -> N
         with KeyValueStore.open(kv_file) as kv:
             runtime, recorder = make_runtime(_counter(), kv=kv)
             assert (await runtime.call("count", {})).ok
-        [sent] = recorder.published
+        [sent] = recorder.sent
         assert isinstance(sent[1], Action) and sent[1].params.params == {"n": expected}
 
 
@@ -253,7 +253,7 @@ async def test_a_caught_limit_lets_the_handler_carry_on() -> None:
 
     runtime, recorder = make_runtime(careful, kv=KeyValueStore.in_memory(limits=SMALL))
     assert (await runtime.call("careful", {})).ok
-    kept = recorder.published[0][1]
+    kept = recorder.sent[0][1]
     assert isinstance(kept, Action) and kept.params.params == {"notes": "x"}
 
 

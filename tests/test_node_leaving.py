@@ -28,7 +28,8 @@ from companion.node.node import GONE_WAIT
 from companion.node.presence import LEAVE_NOTICE_TIMEOUT, LEAVE_PROTOCOL
 from companion.node.pubsub import GuardedPubsub, reset_quietly
 from support.cards import metadata as md
-from support.nodes import RawPeer, Recorder, raw_peer, run_node, running, until
+from support.nodes import RawPeer, raw_peer, run_node, running, until
+from support.recorders import Recorder
 
 AT_ONCE = 2.0
 """Seconds a neighbour may take, after the stop ended, to see the close: well under the 5 s

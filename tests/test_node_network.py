@@ -30,7 +30,8 @@ from companion.protocol import (
     encode,
 )
 from support.cards import metadata as md
-from support.nodes import RawPeer, Recorder, raw_peer, running, until
+from support.nodes import RawPeer, raw_peer, running, until
+from support.recorders import Recorder
 
 
 async def deliver(

@@ -23,6 +23,7 @@ from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message
 from companion.store.history import InMemoryHistory
 from support.cards import write_card
 from support.faults import reproducible
+from support.recorders import Sink
 from support.scripted import REPO, addresses_itself, converse, real_cards, real_ids, replies
 
 OPENINGS = [
@@ -367,7 +368,7 @@ async def _say(
     params = await model.fill_params(
         ParamsRequest(me, loaded.card.role, loaded.card.events.params, message, history)
     )
-    runtime = ActionRuntime(metadata=me, publisher=_Sink(), directory=directory, history=InMemoryHistory())
+    runtime = ActionRuntime(metadata=me, publisher=Sink(), directory=directory, history=InMemoryHistory())
     for tool in loaded.tools.values():
         runtime.register(tool)
     spoken: list[tuple[str, str]] = []
@@ -412,8 +413,3 @@ async def test_the_documented_transcripts_are_what_the_model_says() -> None:
             )
             reply = Message.create(loaded.card.metadata.id, recipients, text, metadata={"emotion": emotion})
             messages.append(stamp_reply(reply, in_reply_to=messages[-1].params.id, turn=turn, closing=stage))
-
-
-class _Sink:
-    async def publish(self, topic: str, envelope: Any) -> None:
-        pass

@@ -32,6 +32,7 @@ from companion.models.phrasebook import EN, JA
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message, Metadata
 from companion.store.history import InMemoryHistory
+from support.recorders import Sink
 from support.scripted import REPO, RUNG, real_cards, ring_bell
 
 KYOKO = Metadata(
@@ -408,16 +409,8 @@ async def test_varies_lines_and_closes_warmly() -> None:
     assert any(word in log.said for word in ("Bye", "See you", "Take care", "Good night"))
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    async def publish(self, topic: str, envelope: Any) -> None:
-        self.sent.append((topic, envelope))
-
-
-def _runtime(*tools: Any) -> tuple[ActionRuntime, _Sink]:
-    sink = _Sink()
+def _runtime(*tools: Any) -> tuple[ActionRuntime, Sink]:
+    sink = Sink()
     runtime = ActionRuntime(
         metadata=ALEX, publisher=sink, directory={ALEX.id: ALEX, MIO.id: MIO}, history=InMemoryHistory()
     )

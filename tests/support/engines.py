@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-
 from companion.card.model import CardSettings, CompanionCard, Condition, Events, Execute, LoadedCard
 from companion.models.base import (
     CompanionModel,
@@ -17,6 +15,7 @@ from companion.models.base import (
     ToolCaller,
 )
 from companion.protocol import Metadata
+from support.recorders import Sink
 
 NAMES = ("Aki", "Bea", "Cai", "Dov", "Eun", "Fay", "Gil", "Hal", "Ida", "Jun", "Kit", "Lev")
 
@@ -132,38 +131,21 @@ class HookedModel:
         await self.inner.speak(request, call_tool)
 
 
-class EchoSink:
+class EchoSink(Sink):
     """A publisher for one engine driven by hand: it records what the engine publishes and hands
     it back to the engine, as every transport does (the echo rule of ``companion.ports``)."""
 
     def __init__(self, me: str) -> None:
+        super().__init__()
         self.me = me
-        self.sent: list[tuple[str, Any]] = []
         self.engine: Any = None
-        self._sent_more = trio.Event()
 
     async def publish(self, topic: str, envelope: Any) -> None:
-        self.sent.append((topic, envelope))
-        self._sent_more.set()
-        self._sent_more = trio.Event()
+        await super().publish(topic, envelope)
         if self.engine is not None:
             from companion.ports import Inbound
 
             await self.engine.handle(Inbound(topic, envelope, self.me))
-
-    def topics(self) -> list[str]:
-        return [topic for topic, _ in self.sent]
-
-    def on(self, topic: str) -> list[Any]:
-        return [envelope for t, envelope in self.sent if t == topic]
-
-    async def until_sent(self, topic: str, count: int, timeout: float = 30.0) -> list[Any]:
-        """Wait until ``count`` envelopes went out on ``topic`` (``wait_all_tasks_blocked`` does
-        not wait for a worker thread, such as a store's commit); they are returned."""
-        with trio.fail_after(timeout):
-            while len(self.on(topic)) < count:
-                await self._sent_more.wait()
-        return self.on(topic)
 
 
 def solo(
