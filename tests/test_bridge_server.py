@@ -32,8 +32,9 @@ from companion.protocol import (
     encode,
 )
 from support.bridges import bridge_on_hub
+from support.cards import metadata as md
 
-AYA = Metadata(id="companion_aya", name="Aya", personality="kind", story="s", sample="hi")
+AYA = md("aya", name="Aya", personality="kind", sample="hi")
 
 
 @dataclass

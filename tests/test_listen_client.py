@@ -32,17 +32,17 @@ from companion.protocol import (
     STATES,
     Action,
     Message,
-    Metadata,
     Query,
     QueryResult,
     State,
 )
 from companion.voice import EspeakSynthesizer
 from support.bridges import bridge_on_hub
+from support.cards import metadata as md
 from support.clients import Screen, needs_espeak
 
-AYA = Metadata(id="companion_aya", name="Aya", personality="p", story="s", sample="x")
-PIM = Metadata(id="companion_pim", name="Pim", personality="p", story="s", sample="x")
+AYA = md("aya", name="Aya")
+PIM = md("pim", name="Pim")
 
 
 @dataclass

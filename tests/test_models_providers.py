@@ -27,6 +27,7 @@ from companion.models.base import (
 from companion.models.errors import ModelSetupError
 from companion.models.providers import ProviderConfig, ProviderModel, resolve_config
 from companion.protocol import Message, Metadata
+from support.cards import metadata as md
 from support.fake_llm_server import (
     FakeLLMServer,
     free_port,
@@ -41,8 +42,8 @@ from support.fake_llm_server import (
 AYA = Metadata(
     id="companion_aya", name="Aya", personality="cheerful, curious", story="a baker", sample="Yay!"
 )
-BEN = Metadata(id="companion_ben", name="Ben", personality="calm", story="a sailor", sample="Hm. Fair.")
-KAI = Metadata(id="companion_kai", name="Kai", personality="witty", story="a coder", sample="Heh.")
+BEN = md("ben", name="Ben", personality="calm", story="a sailor", sample="Hm. Fair.")
+KAI = md("kai", name="Kai", personality="witty", story="a coder", sample="Heh.")
 OPENING = Message.create("user_1", [AYA.id, BEN.id, KAI.id], "Hi all! Ben, what did you see at sea?")
 
 SPEAK = ToolSpec(

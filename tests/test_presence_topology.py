@@ -31,12 +31,12 @@ from companion.node.presence import (
 from companion.node.topology import Link, dial_target, plan_trims, ring_neighbours
 from companion.protocol import (
     PRESENCE_MAX_ADDRS,
-    Metadata,
     Presence,
     PresenceParams,
     PresenceRequest,
     encode_presence,
 )
+from support.cards import metadata as md
 from support.nodes import presence_service
 
 
@@ -156,7 +156,7 @@ def _announced(
     key_pair: KeyPair, seq: int, addrs: list[str], lost: dict[str, int] | None = None
 ) -> SimpleNamespace:
     """What py-libp2p hands the topic validator: a signed message's signer, topics and data."""
-    metadata = Metadata(id="companion_x", name="x", personality="p", story="s", sample="x")
+    metadata = md("x")
     params = PresenceParams(metadata=metadata, seq=seq, ttl=30, leaving=False, addrs=addrs, lost=lost or {})
     peer = ID.from_pubkey(key_pair.public_key)
     return SimpleNamespace(

@@ -32,6 +32,7 @@ from companion.models.phrasebook import EN, JA
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message, Metadata
 from companion.store.history import InMemoryHistory
+from support.cards import metadata as md
 from support.recorders import Sink
 from support.scripted import REPO, RUNG, real_cards, ring_bell
 
@@ -49,7 +50,7 @@ ALEX = Metadata(
     story="Alex kept the light on a northern island for thirty years.",
     sample="Evening. The sea was loud today, wasn't it?",
 )
-MIO = Metadata(id="companion_mio", name="Mio", personality="calm", story="A gardener.", sample="Hello.")
+MIO = md("mio", name="Mio", personality="calm", story="A gardener.", sample="Hello.")
 
 SPEAK_SPEC = ToolSpec("speak", "Say something.", SpeakInput.model_json_schema(), "action")
 COMPANIONS_SPEC = ToolSpec(

@@ -27,19 +27,19 @@ from companion.protocol import (
     STATES,
     Action,
     Message,
-    Metadata,
     Query,
     State,
     encode,
     encode_states,
 )
+from support.cards import metadata as md
 from support.js import js_peer_command
 from support.network import HERE, Proc, network
 
 pytestmark = pytest.mark.integration
 
-PY = Metadata(id="companion_py", name="Py", personality="curious", story="a python node", sample="hi")
-JS = Metadata(id="companion_js", name="Js", personality="steady", story="a javascript node", sample="yo")
+PY = md("py", name="Py", personality="curious", story="a python node", sample="hi")
+JS = md("js", name="Js", personality="steady", story="a javascript node", sample="yo")
 
 
 @pytest.fixture(scope="module")

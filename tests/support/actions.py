@@ -15,10 +15,11 @@ from companion.protocol import (
     QueryResultBody,
 )
 from companion.store.history import InMemoryHistory
+from support.cards import metadata as md
 from support.recorders import Sink
 
-ME = Metadata(id="companion_a", name="Aya", personality="calm", story="lives here", sample="hello")
-OTHER = Metadata(id="companion_b", name="Ben", personality="loud", story="visits", sample="yo")
+ME = md("a", name="Aya", personality="calm", story="lives here", sample="hello")
+OTHER = md("b", name="Ben", personality="loud", story="visits", sample="yo")
 
 
 def make_runtime(

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from companion.conversation.rules import ends_conversation, states_tag, turn_tag
-from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, Metadata, State, encode
+from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, State, encode
 from support.cards import CARD
+from support.cards import metadata as md
 from support.network import Network, Proc, network
 
 __all__ = ["CAPS", "CLIENT", "ConversationReport", "MixedNetwork", "mixed_network", "summary"]
@@ -40,8 +41,8 @@ CLIENT = "user_client"
 CAPS: dict[str, int] = {"p": 3, "q": 4}
 """Our two companions (``companion_p``, ``companion_q``) and their ``max_turns``."""
 AIKYO = (
-    Metadata(id="companion_j", name="Jun", personality="steady", story="an aikyo companion", sample="yo"),
-    Metadata(id="companion_k", name="Kei", personality="bright", story="an aikyo companion", sample="hey"),
+    md("j", name="Jun", personality="steady", story="an aikyo companion", sample="yo"),
+    md("k", name="Kei", personality="bright", story="an aikyo companion", sample="hey"),
 )
 
 

@@ -24,6 +24,7 @@ from companion.node.membership import Membership, MembershipEvent
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
 from companion.node.presence import PresenceService, PresenceSettings
 from companion.protocol import TOPICS, Metadata
+from support.cards import metadata as md
 from support.recorders import Recorder
 
 
@@ -158,7 +159,7 @@ def presence_service(
     me = create_new_key_pair()
     return PresenceService(
         Membership(ID.from_pubkey(me.public_key).to_base58(), None),
-        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
+        md("me"),
         settings or PresenceSettings(30.0, 90, 1.0, 65536),
         drops or DropCounters(trio.current_time),
         (events if events is not None else []).extend,
