@@ -31,7 +31,7 @@ from companion.protocol import (
     State,
     encode,
 )
-from support.bridges import bridge_on_hub
+from support.bridges import bridge_on_hub, silent_client
 from support.cards import metadata as md
 
 AYA = md("aya", name="Aya", personality="kind", sample="hi")
@@ -328,17 +328,7 @@ async def test_client_that_stops_reading_is_disconnected_and_others_keep_up(
     caplog.set_level(logging.INFO, logger="companion.bridge")
     limits = QueueLimits(max_frames=16, max_bytes=512 * 1024)
     async with running_bridge(nursery, limits=limits, close_timeout=0.5) as env:
-        # A raw client: completes the handshake, then never reads again.
-        stream = await trio.open_tcp_stream("127.0.0.1", env.bridge.port)
-        await stream.send_all(
-            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
-        head = b""
-        with trio.fail_after(5):
-            while b"\r\n\r\n" not in head:
-                head += await stream.receive_some(1)
-        assert head.startswith(b"HTTP/1.1 101")
+        stream = await silent_client(env.bridge.port)
         async with open_websocket_url(env.url, message_queue_size=1000) as fast:
             with trio.fail_after(5):
                 await env.bridge.wait_for_clients(2)

@@ -35,7 +35,7 @@ from companion.rtc import (
 )
 from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesizer
 from support.bridges import bridge_on_hub
-from support.clients import needs_espeak
+from support.clients import drain_audio, needs_espeak
 
 COMPANION = "companion_aya"
 LONG_LINE = "This is a long line that the companion says slowly, so that there is time to interrupt it. " * 3
@@ -124,15 +124,6 @@ async def until_quiet(client: RtcClient, frames: int = 30, timeout: float = 10) 
             if quiet >= frames:
                 return out
     raise AssertionError("audio ended")
-
-
-def drain_audio(client: RtcClient) -> list[ReceivedAudio]:
-    frames = []
-    while True:
-        try:
-            frames.append(client.audio.receive_nowait())
-        except trio.WouldBlock:
-            return frames
 
 
 async def test_data_channel_carries_firehose_frames_both_ways() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,22 +84,8 @@ def start_companion(
 def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float, *, since: int = 0) -> str:
     """The first line (already printed or coming) that satisfies ``predicate``, from line
     ``since`` on (``len(proc.lines)`` taken before an action: what only the action can have
-    caused); fails after ``timeout``. (``Proc`` records every output line under its condition
-    variable.)"""
-    deadline = time.monotonic() + timeout
-    with proc._cond:
-        seen = since
-        while True:
-            for line in proc.lines[seen:]:
-                if predicate(line):
-                    return line
-            seen = len(proc.lines)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(
-                    f"{proc.name}: no matching output line within {timeout} s\n{proc.tail()}"
-                )
-            proc._cond.wait(left)
+    caused); fails after ``timeout``. (``Proc`` records every output line.)"""
+    return proc.first(proc.lines, predicate, timeout, "matching output line", since)
 
 
 def start_pim_and_ostra(

@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from companion.protocol import MESSAGES, Message, encode
 from support.cards import write_card
 from support.hostile_payloads import message
 
 Event = dict[str, Any]
+T = TypeVar("T")
 
 TAIL_ON_FAILURE = 40
 """Lines of each process shown when a test fails inside :func:`network` (bounded: a report from
@@ -77,22 +78,28 @@ class Proc:
                         self.events.append(json.loads(line))
                 self._cond.notify_all()
 
-    def wait_for(self, predicate: Callable[[Event], bool], timeout: float, what: str = "") -> Event:
-        """The first event (already seen or coming) that satisfies ``predicate``; fails after ``timeout``."""
+    def first(
+        self, items: list[T], predicate: Callable[[T], bool], timeout: float, what: str, since: int = 0
+    ) -> T:
+        """The first of ``items`` (this process's ``events`` or ``lines``, from ``since`` on),
+        already seen or coming, that satisfies ``predicate``; fails after ``timeout``, saying
+        ``what`` was awaited."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            seen = 0
+            seen = since
             while True:
-                for event in self.events[seen:]:
-                    if predicate(event):
-                        return event
-                seen = len(self.events)
+                for item in items[seen:]:
+                    if predicate(item):
+                        return item
+                seen = len(items)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(
-                        f"{self.name}: no {what or 'matching event'} within {timeout} s\n{self.tail()}"
-                    )
+                    raise AssertionError(f"{self.name}: no {what} within {timeout} s\n{self.tail()}")
                 self._cond.wait(left)
+
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float, what: str = "") -> Event:
+        """The first event (already seen or coming) that satisfies ``predicate``; fails after ``timeout``."""
+        return self.first(self.events, predicate, timeout, what or "matching event")
 
     def tail(self, count: int = 15) -> str:
         """The last ``count`` output lines, for a failure's message."""
