@@ -34,7 +34,7 @@ from companion.protocol import MESSAGES, STATES, Message, State, encode, encode_
 from support.cards import speaking_card, write_card
 from support.live import start_run, stdout_line
 from support.live_bridge import blocking, message_frame, next_frame, start_bridge
-from support.network import HERE, Event, Network, Proc, network
+from support.network import Event, Network, Proc, helper_argv, network
 
 pytestmark = pytest.mark.integration
 
@@ -475,7 +475,7 @@ def start_driver(net: Network, key: str) -> tuple[Proc, Event]:
     metadata = {"id": f"companion_{key}", "name": key, "personality": "p", "story": "s", "sample": "x"}
     proc = Proc(
         key,
-        [sys.executable, str(HERE / "node_driver.py"), json.dumps(metadata)],
+        [*helper_argv("node_driver"), json.dumps(metadata)],
         events_on="stdout",
         stdin=True,
     )

@@ -10,7 +10,6 @@ directory outside the repository). Skipped only where there is no Node.js and np
 from __future__ import annotations
 
 import base64
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +33,7 @@ from companion.protocol import (
 )
 from support.cards import metadata as md
 from support.js import js_peer_command
-from support.network import HERE, Proc, network
+from support.network import Proc, helper_argv, network
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +57,7 @@ def start_js(js_peer: list[str], procs: list[Proc]) -> tuple[Proc, dict[str, obj
 
 
 def start_py(procs: list[Proc], *peers: str) -> tuple[Proc, dict[str, object]]:
-    argv = [sys.executable, str(HERE / "node_driver.py"), PY.model_dump_json()]
+    argv = [*helper_argv("node_driver"), PY.model_dump_json()]
     for peer in peers:
         argv += ["--peer", peer]
     proc = Proc("py", argv, events_on="stdout", stdin=True)

@@ -29,6 +29,14 @@ TAIL_ON_FAILURE = 40
 CI must say what the companions did last, not drown in it)."""
 
 HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+"""The folder that holds the support package: on every child's ``PYTHONPATH``, so a helper
+process of this package runs as ``python -m support.NAME`` (:func:`helper_argv`)."""
+
+
+def helper_argv(name: str) -> list[str]:
+    """How to start the helper process ``support.<name>`` (``node_driver``, ``raw_publisher``)."""
+    return [sys.executable, "-m", f"support.{name}"]
 
 
 class Proc:
@@ -50,8 +58,8 @@ class Proc:
         self.lines: list[str] = []
         self._cond = threading.Condition()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if pythonpath is not None:
-            env["PYTHONPATH"] = pythonpath
+        inherited = [pythonpath] if pythonpath is not None else [os.environ.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join([*filter(None, inherited), str(TESTS)])
         self.popen = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -218,9 +226,9 @@ class Network:
     def raw(
         self, key: str | None, *, metadata: bytes | None = None, identify: bytes | None = None
     ) -> tuple[Proc, Event]:
-        """A raw publisher (``raw_publisher.py``), claiming ``companion_<key>`` unless ``None``;
+        """A raw publisher (``support.raw_publisher``), claiming ``companion_<key>`` unless ``None``;
         ``metadata`` / ``identify``: the bytes it answers those requests with instead."""
-        argv = [sys.executable, str(HERE / "raw_publisher.py")]
+        argv = helper_argv("raw_publisher")
         if key is not None:
             argv += ["--companion", f"companion_{key}"]
         if metadata is not None:
@@ -232,12 +240,11 @@ class Network:
         return proc, proc.event("started", timeout=30)
 
     def driver(self, key: str, *peers: str, config: dict[str, Any] | None = None) -> tuple[Proc, Event]:
-        """A bare CompanionNode (``node_driver.py``) for ``companion_<key>``, no engine; ``config``
+        """A bare CompanionNode (``support.node_driver``) for ``companion_<key>``, no engine; ``config``
         overrides NodeConfig fields."""
         metadata = {"id": f"companion_{key}", "name": key, "personality": "p", "story": "s", "sample": "x"}
         argv = [
-            sys.executable,
-            str(HERE / "node_driver.py"),
+            *helper_argv("node_driver"),
             json.dumps(metadata),
             "--config",
             json.dumps(config or {}),
