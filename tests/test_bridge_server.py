@@ -31,7 +31,7 @@ from companion.protocol import (
     State,
     encode,
 )
-from support.bridges import bridge_on_hub, silent_client
+from support.bridges import bridge_on_hub, http_exchange, serve_until_cancelled, silent_client
 from support.cards import metadata as md
 
 AYA = md("aya", name="Aya", personality="kind", sample="hi")
@@ -442,13 +442,7 @@ async def test_kick_lets_the_frame_in_flight_finish_then_closes_cleanly(nursery:
 
 async def test_bridge_shutdown_closes_clients_with_going_away(nursery: trio.Nursery) -> None:
     bridge = Bridge(MemoryHub().endpoint("bridge"), config=BridgeConfig(port=0))
-    serve_scope = trio.CancelScope()
-
-    async def serve(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        with serve_scope:
-            await bridge.serve(task_status=task_status)
-
-    port = await nursery.start(serve)
+    port, serve_scope = await serve_until_cancelled(nursery, bridge)
     async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
         with trio.fail_after(5):
             await bridge.wait_for_clients(1)
@@ -459,14 +453,8 @@ async def test_bridge_shutdown_closes_clients_with_going_away(nursery: trio.Nurs
 
 
 async def http_get(port: int, target: str, headers: str = "") -> tuple[int, dict[str, str], bytes]:
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}\r\n".encode())
-    data = b""
-    with trio.fail_after(5):
-        while chunk := await stream.receive_some(65536):
-            data += chunk
-    await stream.aclose()
-    head, _, body = data.partition(b"\r\n\r\n")
+    request = f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}\r\n".encode()
+    head, body = await http_exchange(port, request, 5)
     lines = head.decode().split("\r\n")
     status = int(lines[0].split()[1])
     fields = dict(line.split(": ", 1) for line in lines[1:])

@@ -55,3 +55,30 @@ async def silent_client(port: int) -> trio.SocketStream:
             head += await stream.receive_some(1)
     assert head.startswith(b"HTTP/1.1 101"), head
     return stream
+
+
+async def serve_until_cancelled(nursery: trio.Nursery, bridge: Bridge) -> tuple[int, trio.CancelScope]:
+    """``bridge`` serving in ``nursery``: its port, and the scope that stops it (a bridge that
+    goes away while its clients stay)."""
+    scope = trio.CancelScope()
+
+    async def serve(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await bridge.serve(task_status=task_status)
+
+    port: int = await nursery.start(serve)
+    return port, scope
+
+
+async def http_exchange(port: int, request: bytes, timeout: float) -> tuple[bytes, bytes]:
+    """``request`` sent as it is to 127.0.0.1:``port``, the answer read until the server closes
+    (within ``timeout``): its head and its body."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(request)
+    data = b""
+    with trio.fail_after(timeout):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    await stream.aclose()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head, body
