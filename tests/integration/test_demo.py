@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from support.cli import REPO, run_demo
-from support.fake_llm_server import running_server
-from test_engine_providers import FakeCompanions
+from support.fake_llm_server import CooperativeModel, running_server
 
 pytestmark = pytest.mark.integration
 FIELDS = {"event", "speaker", "recipients", "text", "emotion", "why", "closing"}
@@ -101,7 +100,7 @@ def test_demo_stops_at_the_turn_cap_and_leaves_no_folder_behind(tmp_path: Path) 
 def test_demo_with_a_provider_model_over_http(tmp_path: Path) -> None:
     """`--model openai:NAME --base-url` switches every companion process to the provider path
     (here the fake OpenAI-compatible server on 127.0.0.1)."""
-    answers = FakeCompanions()
+    answers = CooperativeModel()
     with running_server() as server:
         server.push(*([answers] * 200))
         done, events = run_demo(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
+
 from companion.card.model import CardSettings, CompanionCard, Condition, Events, Execute, LoadedCard
 from companion.models.base import (
     CompanionModel,
@@ -174,3 +176,34 @@ def solo(
     )
     sink.engine = engine
     return engine, sink, events
+
+
+async def converse_over_http(
+    base_url: str, timings: Any, max_turns: int | None, timeout: float
+) -> tuple[Any, list[LoadedCard]]:
+    """Three companions of one OpenAI-compatible endpoint at ``base_url`` (a fake server whose
+    answers the caller pushed), each model checked at start-up as a node does, from one
+    "Hello, everyone!" to ``terminal`` within ``timeout``: ``(the group, the cards)``. Every
+    reply is addressed to companions that exist, and no one spoke twice at once."""
+    from companion.app.group import MemoryGroup
+    from companion.models.providers import ProviderModel, resolve_config
+    from companion.models.servers import EndpointMemory
+
+    memory = EndpointMemory()
+    config = resolve_config("openai", "fake-1", base_url=base_url, environ={})
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=timings)
+        cards = [make_card(index, max_turns=max_turns) for index in range(3)]
+        for card in cards:
+            model = ProviderModel(config, memory)
+            await model.check()
+            await group.add(card, model)
+        await group.say("Hello, everyone!")
+        with trio.fail_after(timeout):
+            assert await group.wait_until(lambda t: t.over, timeout), "no terminal: the conversation stalled"
+        nursery.cancel_scope.cancel()
+    replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
+    ids = {card.card.metadata.id for card in cards} | {"user_demo"}
+    assert all(e.recipients and set(e.recipients) <= ids for e in replies), [e.recipients for e in replies]
+    assert group.transcript.double_speech == {}
+    return group, cards
