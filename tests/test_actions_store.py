@@ -24,17 +24,12 @@ from companion.actions import (
 from companion.protocol import Action, Message
 from companion.store.kv import KV_TABLE
 from companion.store.sqlite import DB_FILENAME, Store
-from support.actions import ME, OTHER, make_runtime
+from support.actions import ME, OTHER, make_runtime, put
 from support.processes import killed_after
 
 
 class Empty(BaseModel):
     pass
-
-
-class Put(BaseModel):
-    key: str
-    value: Any = None
 
 
 def _counter(id: str = "count") -> ActionDef:
@@ -45,12 +40,6 @@ def _counter(id: str = "count") -> ActionDef:
         return Action.create(ctx.companion_id, "count", {"n": n})
 
     return count
-
-
-@action(id="put", description="Keep a value.", input=Put, timeout=5)
-def put(ctx: ActionContext[Put]) -> list[Action]:
-    ctx.store.set(ctx.input.key, ctx.input.value)
-    return []
 
 
 @pytest.fixture
@@ -81,7 +70,7 @@ _WRITER = textwrap.dedent(
     import sys, time
     import trio
     from support.actions import make_runtime
-    from test_actions_store import put
+    from support.actions import put
     from companion.actions import KeyValueStore
     kv = KeyValueStore.open(sys.argv[1])
     if sys.argv[2] == "call":  # a tool writes; its call returns

@@ -29,7 +29,7 @@ from support.fake_llm_server import (
     text,
     tool_call,
 )
-from test_models_providers import (
+from support.models import (
     AYA,
     BEN,
     KAI,

@@ -11,7 +11,7 @@ from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from companion.models.base import ModelError
 from companion.models.streaming import partial_line
 from support.fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
-from test_models_providers import (
+from support.models import (
     COMPANIONS,
     SPEAK,
     ToolRecorder,

@@ -36,7 +36,7 @@ from companion.conversation.rules import (
 )
 from companion.conversation.rules.closing import proposal_ceiling
 from companion.protocol import Message, State
-from test_conversation import (
+from support.conversations import (
     USER,
     A,
     B,

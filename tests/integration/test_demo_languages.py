@@ -12,7 +12,7 @@ import pytest
 
 from companion.conversation.transcript import TranscriptEvent
 from support.cli import run_companion
-from test_scripted_openings import check_conversation, is_japanese
+from support.scripted import check_conversation, is_japanese
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

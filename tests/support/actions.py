@@ -5,10 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from companion.actions import ActionRuntime, ToolDef
+from pydantic import BaseModel
+
+from companion.actions import (
+    ActionContext,
+    ActionRuntime,
+    ToolDef,
+    action,
+)
 from companion.memory import MemoryEndpoint
 from companion.protocol import (
     QUERIES,
+    Action,
     Metadata,
     Query,
     QueryResult,
@@ -64,3 +72,14 @@ async def pump_results(endpoint: MemoryEndpoint, runtime: ActionRuntime) -> None
     async for inbound in endpoint.receive_channel:
         if isinstance(inbound.payload, QueryResult):
             runtime.deliver_query_result(inbound.payload)
+
+
+class Put(BaseModel):
+    key: str
+    value: Any = None
+
+
+@action(id="put", description="Keep a value.", input=Put, timeout=5)
+def put(ctx: ActionContext[Put]) -> list[Action]:
+    ctx.store.set(ctx.input.key, ctx.input.value)
+    return []
