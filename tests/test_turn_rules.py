@@ -36,18 +36,7 @@ from companion.conversation.rules import (
 )
 from companion.conversation.rules.closing import proposal_ceiling
 from companion.protocol import Message, State
-from support.conversations import (
-    USER,
-    A,
-    B,
-    C,
-    array,
-    decisions,
-    machine,
-    message_led_by,
-    of,
-    reply,
-)
+from support.conversations import USER, A, B, C, array, decisions, machine, message_led_by, of, reply
 
 J, K = "companion_j", "companion_k"
 """Two companions that behave as aikyo's."""

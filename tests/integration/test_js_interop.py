@@ -26,6 +26,7 @@ from companion.protocol import (
     STATES,
     Action,
     Message,
+    Metadata,
     Query,
     State,
     encode,
@@ -65,26 +66,25 @@ def start_py(procs: list[Proc], *peers: str) -> tuple[Proc, dict[str, object]]:
     return proc, proc.event("started", 30)
 
 
-def py_payloads(tag: str) -> dict[str, bytes]:
+def payloads(sender: Metadata, to: Metadata, tag: str, states: list[State], gesture: str) -> dict[str, bytes]:
+    """One payload of each topic from ``sender`` (``py`` or ``js``), told apart by ``tag``."""
+    side = sender.id.removeprefix("companion_")
     return {
-        MESSAGES: encode(Message.create(PY.id, [JS.id], f"hello from py {tag}", id=f"py-{tag}")),
-        STATES: encode_states(
-            [State.create(PY.id, "listen", 1, False), State.create(JS.id, "speak", 7, True)]
-        ),
-        QUERIES: encode(Query.create(PY.id, "speak", {"text": tag}, id=f"pyq-{tag}")),
-        ACTIONS: encode(Action.create(PY.id, "wave", {"tag": tag})),
+        MESSAGES: encode(Message.create(sender.id, [to.id], f"hello from {side} {tag}", id=f"{side}-{tag}")),
+        STATES: encode_states(states),
+        QUERIES: encode(Query.create(sender.id, "speak", {"text": tag}, id=f"{side}q-{tag}")),
+        ACTIONS: encode(Action.create(sender.id, gesture, {"tag": tag})),
     }
+
+
+def py_payloads(tag: str) -> dict[str, bytes]:
+    states = [State.create(PY.id, "listen", 1, False), State.create(JS.id, "speak", 7, True)]
+    return payloads(PY, JS, tag, states, "wave")
 
 
 def js_payloads(tag: str) -> dict[str, bytes]:
-    return {
-        MESSAGES: encode(Message.create(JS.id, [PY.id], f"hello from js {tag}", id=f"js-{tag}")),
-        STATES: encode_states(
-            [State.create(JS.id, "speak", 3, True), State.create(PY.id, "listen", 2, False)]
-        ),
-        QUERIES: encode(Query.create(JS.id, "speak", {"text": tag}, id=f"jsq-{tag}")),
-        ACTIONS: encode(Action.create(JS.id, "nod", {"tag": tag})),
-    }
+    states = [State.create(JS.id, "speak", 3, True), State.create(PY.id, "listen", 2, False)]
+    return payloads(JS, PY, tag, states, "nod")
 
 
 def arrived(proc: Proc, event: str, topic: str, text: str, timeout: float) -> dict[str, object] | None:
