@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ from companion.protocol import (
 )
 from support.cards import metadata as md
 from support.js import js_peer_command
-from support.network import Proc, helper_argv, network
+from support.network import Event, Proc, helper_argv, network, publish_until_heard
 
 pytestmark = pytest.mark.integration
 
@@ -87,25 +87,26 @@ def js_payloads(tag: str) -> dict[str, bytes]:
     return payloads(JS, PY, tag, states, "nod")
 
 
-def arrived(proc: Proc, event: str, topic: str, text: str, timeout: float) -> dict[str, object] | None:
-    try:
-        return proc.wait_for(
-            lambda e: e.get("event") == event and e.get("topic") == topic and e.get("text") == text, timeout
-        )
-    except AssertionError:
-        return None
+def publishing(
+    sender: Proc, payloads: Callable[[str], dict[str, bytes]], topic: str, heard_as: str
+) -> Callable[[int], Callable[[Event], bool]]:
+    """What :func:`publish_until_heard` calls: ``sender`` publishes its payload of ``topic``
+    (a fresh one each attempt), and the other side logs it as a ``heard_as`` event."""
+
+    def send(attempt: int) -> Callable[[Event], bool]:
+        text = payloads(f"{topic}{attempt}")[topic].decode()
+        sender.send({"op": "publish", "topic": topic, "text": text})
+        return lambda e: e.get("event") == heard_as and e.get("topic") == topic and e.get("text") == text
+
+    return send
 
 
 def exchange(py: Proc, js: Proc, py_id: str) -> None:
     for topic in (MESSAGES, STATES, QUERIES, ACTIONS):
-        got = None
-        for attempt in range(40):  # the first publishes may precede the other side's subscriptions
-            text = py_payloads(f"{topic}{attempt}")[topic].decode()
-            py.send({"op": "publish", "topic": topic, "text": text})
-            got = arrived(js, "message", topic, text, 0.5)
-            if got is not None:
-                break
-        assert got is not None, f"js never received our {topic}"
+        # the first publishes may precede the other side's subscriptions
+        got = publish_until_heard(
+            publishing(py, py_payloads, topic, "message"), js, tries=40, wait=0.5, what=f"our {topic}"
+        )
         assert got["from"] == py_id
         # js-libp2p's id for our message is the one our node computes
         rpc = rpc_pb2.Message(
@@ -113,14 +114,9 @@ def exchange(py: Proc, js: Proc, py_id: str) -> None:
         )
         assert got["msgId"] == base64.b64encode(js_message_id(rpc)).decode().rstrip("=")
 
-        got = None
-        for attempt in range(40):
-            text = js_payloads(f"{topic}{attempt}")[topic].decode()
-            js.send({"op": "publish", "topic": topic, "text": text})
-            got = arrived(py, "inbound", topic, text, 0.5)
-            if got is not None:
-                break
-        assert got is not None, f"we never received js's {topic}"
+        publish_until_heard(
+            publishing(js, js_payloads, topic, "inbound"), py, tries=40, wait=0.5, what=f"js's {topic}"
+        )
 
 
 def check_session(py: Proc, js: Proc, py_id: str, js_id: str) -> None:
