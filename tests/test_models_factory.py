@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -183,6 +185,19 @@ async def test_check_model_failure_is_one_line_on_stderr(capsys: pytest.CaptureF
         rf"cannot reach {re.escape(url)}; is the server running\?",
         err[1],
     ), err
+
+
+def test_companion_run_says_an_unreachable_model_once(tmp_path: Path) -> None:
+    """The check's own line names the fault; the command adds no second or third copy of it
+    (it printed the same reason three times: the progress line, a log line, an error line)."""
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    card = Path(__file__).resolve().parent.parent / "companion" / "cards" / "pim.yaml"
+    command = [sys.executable, "-m", "companion", "run", str(card), "--model", "openai:smol"]
+    command += ["--base-url", url, "--data-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("cannot reach") == 1, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("companion: openai:smol: failed after"), done.stderr
 
 
 def test_timings_for_the_scripted_model_need_no_provider_packages(monkeypatch: pytest.MonkeyPatch) -> None:

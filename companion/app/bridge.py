@@ -20,14 +20,17 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from companion.app.datadir import hold_key
 from companion.app.lines import peer_line
 from companion.app.stopping import Interrupted, note_stopping
 from companion.app.trust import TrustOptions, open_trust
 from companion.bridge import DEFAULT_TOPICS, Bridge, BridgeConfig, QueueLimits
 from companion.bridge.access import needs_token
 from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
+from companion.bridge.views import RecentMessages, serve_history
 from companion.log import log_event
 from companion.memory import Publisher
+from companion.ports import Inbound
 from companion.protocol import STATES, Metadata
 
 if TYPE_CHECKING:
@@ -105,7 +108,15 @@ async def run_bridge(
     ready: Callable[[Bridge, CompanionNode], None] | None = None,
 ) -> None:
     """Start the node, then the WebSocket/HTTP server; run until SIGINT (then raise
-    :class:`~.stopping.Interrupted` once stopped), SIGTERM or cancellation."""
+    :class:`~.stopping.Interrupted` once stopped), SIGTERM or cancellation. A second bridge on
+    the same key is refused at once (:func:`hold_key`): it would be the same peer id twice."""
+    with hold_key(options.key_path, "companion bridge"):
+        await _serve_bridge(options, ready)
+
+
+async def _serve_bridge(
+    options: BridgeOptions, ready: Callable[[Bridge, CompanionNode], None] | None
+) -> None:
     from companion.node import CompanionNode, NodeConfig
     from companion.node.discovery import parse_peer_addr
 
@@ -127,9 +138,11 @@ async def run_bridge(
     from companion.app.metrics import ProcessMetrics
 
     ProcessMetrics().serve_on(bridge, node)  # /metrics, /healthz, /readyz on the bridge's port
+    recent = RecentMessages()
+    serve_history(bridge, recent.source)  # no store here: what it relayed since it started
     stopped_by = None
     async with trio.open_nursery() as nursery:
-        await nursery.start(node.run, bridge)
+        await nursery.start(node.run, _Remembering(bridge, recent))
         port = await nursery.start(serve_clients, options, bridge, node)
         print(peer_line("bridge", node.peer_id), flush=True)
         for addr in node.listen_addrs:
@@ -150,6 +163,19 @@ async def run_bridge(
         nursery.cancel_scope.cancel()
     if stopped_by == signal.SIGINT:
         raise Interrupted
+
+
+@dataclass(frozen=True, slots=True)
+class _Remembering:
+    """The standalone bridge's node handler: each message is noted for ``/history``, then
+    everything goes to the bridge as before."""
+
+    bridge: Bridge
+    recent: RecentMessages
+
+    async def handle(self, inbound: Inbound) -> None:
+        self.recent.note(inbound.payload)
+        await self.bridge.handle(inbound)
 
 
 def make_bridge(

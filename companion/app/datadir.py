@@ -17,7 +17,7 @@ from companion.store.dirlock import DirectoryLock
 from companion.store.layout import DATA_LAYOUT, LayoutError, migrate_sqlite, prepare_data_dir, refuse_newer
 from companion.store.sqlite import DB_FILENAME
 
-__all__ = ["hold_data_dirs", "version_line"]
+__all__ = ["hold_data_dirs", "hold_key", "version_line"]
 
 
 @contextlib.asynccontextmanager
@@ -46,3 +46,12 @@ def version_line() -> str:
     from companion import __version__
 
     return f"companion {__version__} (data layout {DATA_LAYOUT})"
+
+
+def hold_key(key_path: Path | None, what: str) -> contextlib.AbstractContextManager[object]:
+    """An OS lock beside a node's key file (``keys/bridge.key`` -> ``keys/bridge.lock``), held
+    while the node runs: two processes with one key are one peer id twice on the network. No
+    key file (an ephemeral key): nothing to hold."""
+    if key_path is None:
+        return contextlib.nullcontext()
+    return DirectoryLock(key_path.parent, what=what, filename=key_path.stem + ".lock")

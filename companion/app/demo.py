@@ -27,7 +27,7 @@ import trio
 from companion.app.cards import card_files, packaged_cards
 from companion.app.group import USER_ID, MemoryGroup
 from companion.app.lines import parse_peer_line, parse_sees
-from companion.app.stopping import Interrupted, is_interrupt
+from companion.app.stopping import STOP_GRACE, Interrupted, is_interrupt
 from companion.card.model import LoadedCard, load_card
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.log import library_teardown, log_event
@@ -207,9 +207,16 @@ async def _wait_child(child: _Child, predicate: Callable[[_Child], bool], timeou
     )
 
 
-async def _stop_children(children: Sequence[_Child], grace: float = 10.0) -> None:
+async def _stop_children(children: Sequence[_Child], grace: float = 10.0, settle: float = 0.0) -> None:
     """SIGTERM to each, then SIGKILL to any still running after ``grace`` seconds. Only our
-    own children, by their PIDs."""
+    own children, by their PIDs. ``settle``: seconds to let them stop by themselves first --
+    after a Ctrl-C the terminal signalled the whole process group, so each child is stopping
+    already, and a SIGTERM on top would be its second signal (which stops at once, exit 143);
+    a ``kill -INT`` of the demo alone costs those seconds before the SIGTERM."""
+    if settle > 0:
+        with trio.move_on_after(settle):
+            for child in children:
+                await child.process.wait()
     running = [c.process for c in children if c.process.returncode is None]
     for process in running:
         process.send_signal(signal.SIGTERM)
@@ -221,6 +228,8 @@ async def _stop_children(children: Sequence[_Child], grace: float = 10.0) -> Non
             log_event(logger, "companion_process_killed", logging.WARNING, pid=process.pid, grace=grace)
             process.kill()
             await process.wait()
+    for child in children:
+        log_event(logger, "companion_process_exited", pid=child.process.pid, status=child.process.returncode)
 
 
 class _Watcher:
@@ -313,6 +322,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
     watcher = _Watcher(transcript, bridge.directory, emit, bridge.membership.companion_of)
     children: list[_Child] = []
     bridge_scope = trio.CancelScope()
+    ctrl_c = trio.Event()
 
     async def run_bridge(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         with bridge_scope:
@@ -324,6 +334,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
         task's failure, and the demo went on waiting for a conversation that had stopped."""
         with trio.open_signal_receiver(signal.SIGINT) as signals:
             async for _ in signals:
+                ctrl_c.set()
                 scope.cancel()
                 return
 
@@ -365,7 +376,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
                 library_teardown()
                 bridge_scope.cancel()  # first, so it does not try to redial companions that stop
                 with trio.CancelScope(shield=True):
-                    await _stop_children(children)
+                    await _stop_children(children, settle=STOP_GRACE + 2.0 if ctrl_c.is_set() else 0.0)
                 nursery.cancel_scope.cancel()
         raise Interrupted  # only a Ctrl-C cancels the nursery before the body returned
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
+from companion.app.datadir import hold_key
 from companion.app.lines import RELAY_LINE, print_addresses
 from companion.app.stopping import Interrupted, note_stopping
 
@@ -63,7 +64,16 @@ async def run_relay(
         name="relay",
         max_connections=options.max_reservations * 2,
     )
-    relay = RelayNode(config, options)
+    with hold_key(config.key_path, "companion relay"):
+        await _serve_relay(RelayNode(config, options), ready=ready, metrics=metrics)
+
+
+async def _serve_relay(
+    relay: RelayNode,
+    *,
+    ready: Callable[[RelayNode], None] | None,
+    metrics: tuple[str, int] | None,
+) -> None:
     interrupted = False
     # signals are caught from before the first line is printed: a SIGUSR1 right after it is stats
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGUSR1) as signals:

@@ -2,7 +2,9 @@
 
 ``GET /history?limit=N`` answers ``{"messages": [{"at": SECONDS, "message": PAYLOAD}, ...]}``,
 oldest first, from a source the composition root hands in (the companions' stores in
-``companion run --ws``): a client that connects, reloads or joins late shows what was said.
+``companion run --ws``; a standalone ``companion bridge``, which has no store, remembers the last
+:data:`MAX_HISTORY` messages it relayed since it started, :class:`RecentMessages`): a client
+that connects, reloads or joins late shows what was said.
 ``GET /appearance`` answers ``{"companions": {ID: {"color": "#rrggbb" | null, "image": URL |
 null}}}`` from the cards' optional ``appearance`` (never on the wire to peers: aikyo's metadata
 is five fields), and ``GET /faces/ID`` serves a card's own image file. Every route follows the
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -32,6 +36,7 @@ __all__ = [
     "MAX_HISTORY_BYTES",
     "Face",
     "HistorySource",
+    "RecentMessages",
     "TimedMessage",
     "serve_faces",
     "serve_history",
@@ -60,6 +65,28 @@ class Face:
     image_url: str | None = None
     image: bytes | None = None
     content_type: str | None = None
+
+
+class RecentMessages:
+    """The last ``size`` messages a bridge relayed, in memory, for ``/history`` where no store
+    is (a standalone ``companion bridge``). A message id seen again (gossip delivers each once,
+    a peer may repeat one) is kept once; the newest are kept."""
+
+    def __init__(self, size: int = MAX_HISTORY, clock: Callable[[], float] = time.time) -> None:
+        self._messages: deque[TimedMessage] = deque(maxlen=size)
+        self._ids: deque[str] = deque(maxlen=size)
+        self._clock = clock
+
+    def note(self, payload: object) -> None:
+        """Remember ``payload`` if it is a message not seen yet; anything else is ignored."""
+        if not isinstance(payload, Message) or payload.params.id in self._ids:
+            return
+        self._ids.append(payload.params.id)
+        self._messages.append((self._clock(), payload))
+
+    async def source(self, limit: int) -> list[TimedMessage]:
+        """The last ``limit`` messages, oldest first (a :data:`HistorySource`)."""
+        return list(self._messages)[-limit:] if limit > 0 else []
 
 
 def history_body(messages: Sequence[TimedMessage], limit: int) -> str:

@@ -204,14 +204,12 @@ def _report_failure(exc: BaseException) -> int:
     """A refusal the user can fix (card, address, model, port) is one line and exit 2; anything
     else is a bug or an infrastructure failure, logged with its traceback, exit 1."""
     from companion.card.model import CardError
-    from companion.log import log_event
     from companion.models.errors import ModelSetupError
 
     exc = innermost(exc)
     if isinstance(exc, CardError | ModelSetupError | ValueError | OSError):
-        if isinstance(exc, ModelSetupError):
-            log_event(logger, "model_unusable", logging.ERROR, error=str(exc))
-        print(f"companion run: {exc}", file=sys.stderr)
+        if not (isinstance(exc, ModelSetupError) and exc.reported):  # once: the check said it
+            print(f"companion run: {exc}", file=sys.stderr)
         return 2
     logger.exception("run failed", extra={"companion_event": "run_failed"})
     return 1

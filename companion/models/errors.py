@@ -32,5 +32,8 @@ class ModelSetupError(ModelError):
     """The model cannot be used at all (bad spec, no key, endpoint unreachable, unknown model).
 
     Raised at start-up by :func:`~companion.models.factory.make_model` and
-    :func:`~companion.models.factory.check_model`; the message says what to fix.
+    :func:`~companion.models.factory.check_model`; the message says what to fix. ``reported``:
+    the check already told the user (its progress line), so the command says it no more.
     """
+
+    reported: bool = False

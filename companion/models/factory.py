@@ -152,6 +152,7 @@ async def check_model(
     except ModelSetupError as exc:
         if progress is not None:
             progress(f"{model.name}: failed after {time.monotonic() - started:.1f} s: {exc.reason}")
+            exc.reported = True
         raise
     if progress is not None:
         server = getattr(model, "server", "")

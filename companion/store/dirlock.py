@@ -33,12 +33,14 @@ class DirectoryInUse(OSError):
 
 class DirectoryLock:
     """The lock of ``directory`` (created if needed), held from :meth:`acquire` until
-    :meth:`release` or the end of the process. Not reentrant within a process: a second lock
-    object on the same directory is refused too (``flock`` locks belong to an open file)."""
+    :meth:`release` or the end of the process. ``filename`` names the lock where one directory
+    holds the keys of several processes (``keys/bridge.lock`` beside ``keys/bridge.key``). Not
+    reentrant within a process: a second lock object on the same directory is refused too
+    (``flock`` locks belong to an open file)."""
 
-    def __init__(self, directory: Path, *, what: str = "") -> None:
+    def __init__(self, directory: Path, *, what: str = "", filename: str = LOCK_FILENAME) -> None:
         self.directory = directory
-        self.path = directory / LOCK_FILENAME
+        self.path = directory / filename
         self._what = what or directory.name
         self._fd: int | None = None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -29,6 +30,13 @@ from support.live_bridge import (
 from support.network import network
 
 pytestmark = pytest.mark.integration
+
+
+def recent(port: int) -> list[dict[str, Any]]:
+    """A bridge's ``GET /history``, oldest first."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/history?limit=50", timeout=10) as response:
+        messages: list[dict[str, Any]] = json.loads(response.read())["messages"]
+    return messages
 
 
 async def test_clients_on_two_bridges_talk_through_the_network(tmp_path: Path) -> None:
@@ -109,9 +117,23 @@ async def test_clients_on_two_bridges_talk_through_the_network(tmp_path: Path) -
             await alice.send_message(spoof)
             error = await next_frame(alice, lambda f: "error" in f and "jsonrpc" not in f, 5)
             assert error["error"]["code"] == "forbidden_sender"
-            msg_id = str(uuid.uuid4())
-            await alice.send_message(message_frame("user_alice", ["companion_juniper"], "still here", msg_id))
-            await next_frame(bob, lambda f: f.get("params", {}).get("id") == msg_id, 10)
+            last_id = str(uuid.uuid4())
+            await alice.send_message(
+                message_frame("user_alice", ["companion_juniper"], "still here", last_id)
+            )
+            await next_frame(bob, lambda f: f.get("params", {}).get("id") == last_id, 10)
+
+        # a standalone bridge has no store: /history is what it relayed since it started, once
+        # each, the refused spoof not among them (a page that reloads shows the conversation)
+        for port in (port1, port2):
+            said = [item["message"]["params"] for item in await blocking(recent, port)]
+            ids = [p["id"] for p in said]
+            assert len(ids) == len(set(ids)) and "s-1" not in ids, said
+            assert [(p["id"], p["message"]) for p in said if p["message"] != "hello"] == [
+                ("r-1", "hi!"),
+                (last_id, "still here"),
+            ], said
+            assert ids.index(msg_id) < ids.index("r-1"), said  # (earlier tries may be there too)
 
 
 async def test_clients_of_one_bridge_see_each_others_frames_once_and_never_their_own(tmp_path: Path) -> None:

@@ -90,3 +90,9 @@ def test_ctrl_c_ends_the_demo_and_its_companion_processes(whole_group: bool, tmp
         while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert [pid for pid in children if _alive(pid)] == []
+        # each child is signalled once: by the terminal (it stops on its own, 130), or, when
+        # only the demo got SIGINT, by the demo's SIGTERM (0); never a second signal (143)
+        exited = dict(re.findall(r"companion_process_exited .*?pid=(\d+) status=(-?\d+)", demo.stderr()))
+        assert sorted(map(int, exited)) == sorted(children), demo.stderr()
+        assert set(exited.values()) == {"130" if whole_group else "0"}, demo.stderr()
+        assert "companion_process_killed" not in demo.stderr()
