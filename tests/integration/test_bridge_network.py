@@ -13,6 +13,7 @@ import json
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -68,6 +69,7 @@ async def test_clients_on_two_bridges_talk_through_the_network(tmp_path: Path) -
 
             got = await send_until_received(lambda i: alice.send_message(hello(i)), bob, "a client's message")
             assert got["params"]["from"] == "user_alice" and got["params"]["message"] == "hello"
+            msg_id = got["params"]["id"]  # the try that crossed
 
             # a companion's payloads reach clients exactly as published
             reply = json.dumps(
