@@ -20,9 +20,11 @@ one warm-up round. Model sources (``--source``, several allowed):
 
 Per turn, from the companion's own ``model_request`` log events: the requests before the first
 words and how many of them came one after another (from each request's end time and duration:
-the states and parameters calls run side by side, then the streamed speak request whose first
-sentence is the first words), and the prompt and completion tokens. aikyo 1.6's count for the
-same turn is N+3 requests (as the issue gives it), printed as the reference.
+the states, parameters and prepared speak requests run side by side, and the first sentence is
+voiced once the states array confirms the speaker), and the prompt and completion tokens.
+aikyo 1.6's count for the same turn is N+3 requests (as the issue gives it), printed as the
+reference beside the counts before streaming and before prepared replies. At most eight rounds
+(with the warm-up) say lines of their own: more would repeat one, which the line check refuses.
 
     python scripts/bench_latency.py                      # hosted and local, 5 rounds each
     python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 3
@@ -61,18 +63,38 @@ from companion.lines.sentences import split_sentences  # noqa: E402
 from support.cards import speaking_card, write_card  # noqa: E402
 from support.fake_llm_server import CooperativeModel, Reply, running_server, tokens, tool_call  # noqa: E402
 
-LINE = "The harbour is quiet tonight. Three boats came in after dark, full of fish. Shall we go and look?"
+LINES = (
+    "The harbour is quiet tonight. Three boats came in after dark, full of fish. Shall we go and look?",
+    "The lighthouse burns bright tonight. Two gulls sat on the rail until dawn. Did you hear them?",
+    "The market opened very early. Five carts of apples came down the hill. Shall we buy some?",
+    "The river runs high today. Four ferries crossed before the rain began. Will it clear soon?",
+    "The bakery smells warm already. Six loaves cooled on the sill by noon. Do you want one?",
+    "The square feels busy tonight. Nine lanterns swing above the old well. Shall we walk there?",
+    "The cliffs look grey today. Eight climbers roped up along the north face. Are they safe?",
+    "The garden is green again. Seven rows of beans stood tall after the storm. Shall we pick them?",
+)
+"""The lines said, one per speak request in turn: each its own, since a companion never says a
+line twice in a conversation (``companion.lines.check``); first sentences of five words, so the
+floor of the first holds for all."""
+LINE = LINES[0]
 PROFILES: dict[str, tuple[float, float]] = {"hosted": (0.4, 60.0), "local": (2.0, 20.0)}
 GOALS = {"hosted": "first words <= 1.0 s", "smollm2": "first words <= 0.6 x line, <= 2 sequential requests"}
 
 
 class VoiceModel(CooperativeModel):
-    """States and parameters as the cooperative model answers them; every line :data:`LINE`."""
+    """States and parameters as the cooperative model answers them; the lines of :data:`LINES`
+    in turn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.speaks = 0
 
     def __call__(self, body: Mapping[str, Any]) -> Reply:
         if "speak_with_voice" not in {t["function"]["name"] for t in body.get("tools") or []}:
             return super().__call__(body)
-        return tool_call("speak_with_voice", {"message": LINE, "to": ["user_bench"], "emotion": "happy"})
+        line = LINES[self.speaks % len(LINES)]
+        self.speaks += 1
+        return tool_call("speak_with_voice", {"message": line, "to": ["user_bench"], "emotion": "happy"})
 
 
 def floor(ttft: float, rate: float) -> float:
@@ -135,6 +157,10 @@ class Companion:
         with self._lock:
             return [e for e in self.events[count:] if e.get("event") == "model_request"]
 
+    def events_since(self, count: int) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.events[count:])
+
     def event_count(self) -> int:
         with self._lock:
             return len(self.events)
@@ -148,13 +174,15 @@ SAID: list[str] = []
 
 
 async def one_turn(url: str, index: int, timeout: float) -> tuple[float, float]:
-    """Seconds from the message to the first speak query, and to Juniper's message.send."""
+    """Seconds from the message to the first speak query, and to Juniper's message.send; both
+    ``nan`` when the turn ended without a line (its closing array, ``terminal``, came instead:
+    a model whose lines were refused gives its slot up)."""
     params = {"id": f"bench-{index}", "from": "user_bench", "to": ["companion_juniper"]}
     params["message"] = "Juniper, what did you see at the harbour?"
     frame = json.dumps(
         {"topic": "messages", "body": {"jsonrpc": "2.0", "method": "message.send", "params": params}}
     )
-    async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
+    async with open_websocket_url(f"{url}?topics=messages,queries,states") as ws:
         start = trio.current_time()
         first: float | None = None
         with trio.fail_after(timeout):
@@ -168,7 +196,10 @@ async def one_turn(url: str, index: int, timeout: float) -> tuple[float, float]:
                     resend += 3
                     continue
                 resend = float("inf")
-                if got.get("method") == "query.send":
+                if isinstance(got, list):  # a states array: terminal when the turn ended unanswered
+                    if got and all(s.get("params", {}).get("closing") == "terminal" for s in got):
+                        return float("nan"), float("nan")
+                elif got.get("method") == "query.send":
                     first = trio.current_time() - start if first is None else first
                     answer = {"jsonrpc": "2.0", "id": got["id"], "result": {"success": True, "body": {}}}
                     await ws.send_message(json.dumps({"topic": "queries", "body": answer}))
@@ -246,6 +277,13 @@ def run_source(
                 time.sleep(0.5)  # the turn's last log lines
                 if index:  # the first round warms up (connections, the server's prompt cache)
                     turns.append(Turn(first, line, companion.requests_since(mark), audio))
+                    if line != line:
+                        why = [
+                            f"{e.get('event')}: {str(e.get('reason') or e.get('detail'))[:120]}"
+                            for e in companion.events_since(mark)
+                            if e.get("level") == "warning"
+                        ]
+                        print(f"round {index}: no line; {'; '.join(why[:4])}", flush=True)
         finally:
             companion.stop()
     return turns
@@ -262,7 +300,12 @@ def depth(requests: list[dict[str, Any]]) -> int:
     return max(longest, default=0)
 
 
-def report(source: str, turns: list[Turn], reference: float | None) -> None:
+def report(source: str, all_turns: list[Turn], reference: float | None) -> None:
+    turns = [t for t in all_turns if t.line == t.line]
+    if len(turns) < len(all_turns):
+        print(f"\n{len(all_turns) - len(turns)} of {len(all_turns)} turns of {source} ended without a line")
+    if not turns:
+        return
     firsts = [t.first_words for t in turns]
     lines = [t.line for t in turns]
     p50 = statistics.median(firsts)
@@ -288,7 +331,9 @@ def report(source: str, turns: list[Turn], reference: float | None) -> None:
         )
     print(
         "reference, same turn: before streaming 3 requests, 3 one after another, first words with the "
-        "whole line; aikyo 1.6: N+3 requests (N=1 addressed: 4), whole generations, no streaming"
+        "whole line; streamed without a prepared reply (0.2.0) 3 requests, 2 one after another "
+        "(states || parameters, then speak); aikyo 1.6: N+3 requests (N=1 addressed: 4), whole "
+        "generations, no streaming"
     )
     if SAID:
         counts = [len(split_sentences(line)) for line in SAID[-len(turns) :]]

@@ -21,15 +21,19 @@ fi
 .venv/bin/python -m pip install -q -e ".[test]"
 took "install"
 full=$(( $# == 0 ))  # no arguments: the whole suite
+# Each phase ends with its slowest tests and their times, so a slow run says which tests took it.
+SLOWEST=${COMPANION_TEST_SLOWEST:-30}
 # The `early` tests (a wheel built and installed into a fresh virtualenv, a minute-long conversation
-# that is mostly silence) need only the package: they run side by side while lint and types are
-# checked, which keep one core busy, and on into the first seconds of the rest, instead of holding
-# the two workers there for 110 s.
+# that is mostly silence, twenty mixed conversations with JavaScript peers, two peers frozen and
+# woken against the health checks' clock) need only the package and mostly wait: they run side by
+# side while lint and types are checked, which keep one core busy, and on into the first two
+# minutes of the rest (which lasts five), instead of holding the two workers (or, for the mixed
+# conversations and the frozen peers, the one-at-a-time solo phase) for 210 s.
 early=""
 if [ "$full" -eq 1 ]; then
     early_log=$(mktemp)
     mapfile -t early_files < <(grep -rl "mark.early" tests --include="test_*.py" | sort)
-    .venv/bin/python -m pytest -n 2 -m early "${early_files[@]}" >"$early_log" 2>&1 &
+    .venv/bin/python -m pytest -n 2 -m early --durations=0 "${early_files[@]}" >"$early_log" 2>&1 &
     early=$!
 fi
 # The system packages download meanwhile too (mypy alone takes ~30 s on a fresh clone); the
@@ -64,7 +68,8 @@ fi
 # are done.
 WORKERS=${COMPANION_TEST_WORKERS:-2}
 shared=0
-.venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not solo and not early" || shared=$?
+.venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not solo and not early" \
+    --durations="$SLOWEST" || shared=$?
 took "tests on $WORKERS workers"
 early_rc=0
 finish_early || early_rc=$?
@@ -74,7 +79,7 @@ show_early
 solo=0
 # collected from the files that hold `solo` tests only (collecting all of them takes 7 s more)
 mapfile -t solo_files < <(grep -rl "mark.solo" tests --include="test_*.py" | sort)
-.venv/bin/python -m pytest -m solo "${solo_files[@]}" || solo=$?
+.venv/bin/python -m pytest -m solo --durations=0 "${solo_files[@]}" || solo=$?
 took "solo tests"
 for rc in "$shared" "$early_rc"; do
     if [ "$rc" -ne 0 ]; then

@@ -146,8 +146,11 @@ def test_an_unusable_model_stops_run_with_exit_2_before_its_companion_is_announc
     out, err = capsys.readouterr()
     assert code == 2
     said = err.strip().splitlines()[-1]
-    source = "" if where == "flag" else f"{path}: settings.model: "
-    assert said.startswith(f"companion run: {source}openai:x: ") and "127.0.0.1:9" in said
+    if where == "flag":  # the check's own line said it, once
+        assert said.startswith("companion: openai:x: failed after ") and "127.0.0.1:9" in said
+        assert err.count("127.0.0.1:9/v1;") == 1, err
+    else:  # where the spec came from is named
+        assert said.startswith(f"companion run: {path}: settings.model: openai:x: ") and "127.0.0.1:9" in said
     assert " peer " not in out
 
 

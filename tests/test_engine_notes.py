@@ -25,17 +25,22 @@ TIMINGS = EngineTimings(
 
 
 class RecallOnce(CooperativeModel):
-    """Cooperative, but in its first speaking request it looks something up first."""
+    """Cooperative, but it looks something up first in each speaking request until one gets
+    the answer (a prepared speech that is cancelled, held before its tool ran, gets none)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.recalled = False
+        self.answered = False
 
     def __call__(self, body: Mapping[str, Any]) -> Reply:
         tools = {t["function"]["name"] for t in body.get("tools") or []}
-        if "recall" in tools and "speak" in tools and not self.recalled:
-            self.recalled = True
-            return tool_call("recall", {})
+        if "recall" in tools and "speak" in tools and not self.answered:
+            if any(m.get("role") == "tool" for m in body.get("messages") or []):
+                self.answered = True
+            else:
+                self.recalled = True
+                return tool_call("recall", {})
         return super().__call__(body)
 
 

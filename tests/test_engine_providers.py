@@ -4,6 +4,7 @@ through the action runtime, one HTTP request per model call, to ``terminal``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -56,16 +57,19 @@ async def test_a_provider_conversation_reaches_terminal_with_two_requests_before
     # One HTTP request per model call: states and speech for each reply, and the parameters of
     # every companion the message addresses, filled while the leader decides (so the speaker's
     # slot starts with its speech: two requests one after the other before the first words);
-    # the final (terminal) turn needs no model at all.
+    # the final (terminal) turn needs no model at all. The likely speaker's speech starts with
+    # the leader's states (prepared, held): once more when its parameters choose other
+    # instructions than its guess, so at most two speak requests a reply.
     def tools(r: Recorded) -> set[str]:
         return {t["function"]["name"] for t in r.body.get("tools") or []}
 
     requests = server.model_requests()
     assert sum("set_states" in tools(r) for r in requests) == len(replies)
-    assert sum("speak" in tools(r) for r in requests) == len(replies)
+    speak = sum("speak" in tools(r) for r in requests)
+    assert len(replies) <= speak <= 2 * len(replies), speak
     params = sum("set_params" in tools(r) for r in requests)
     assert len(replies) <= params <= 3 * len(replies), params
-    assert len(requests) == 2 * len(replies) + params
+    assert len(requests) == len(replies) + speak + params
     first_speak = next(
         r for r in server.model_requests() if any(t["function"]["name"] == "speak" for t in r.body["tools"])
     )
@@ -87,9 +91,11 @@ async def test_a_conversation_reaches_terminal_on_every_server(profile: str) -> 
     assert len(srv.refusals()) <= 1  # a refused form is sent once, then never again
 
 
-async def test_the_speakers_parameters_are_filled_while_the_leader_decides() -> None:
-    """Two requests one after the other before the first words: a companion addressed alone
-    asks for its parameters at once, beside its states call, and its slot starts with speech."""
+async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides() -> None:
+    """One request before the first words: a companion addressed alone asks for its parameters
+    and starts its speech (held) at once, beside its states call. Its first speech guesses the
+    instructions (no parameters yet: the card's ``already_replied == false`` cannot match), the
+    parameters choose another, so a second speech starts when they come, and that one speaks."""
     with running_server(ttft=0.3) as srv:
         srv.push(*([CooperativeModel()] * 6))
         async with trio.open_nursery() as nursery:
@@ -104,8 +110,12 @@ async def test_the_speakers_parameters_are_filled_while_the_leader_decides() -> 
     requests = srv.model_requests()
     names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
     kinds = ["states" if "set_states" in n else "params" if "set_params" in n else "speak" for n in names]
-    assert sorted(kinds) == ["params", "speak", "states"]
-    states, params, speak = (requests[kinds.index(k)] for k in ("states", "params", "speak"))
+    assert sorted(kinds) == ["params", "speak", "speak", "states"]
+    states, params = (requests[kinds.index(k)] for k in ("states", "params"))
+    guessed, chosen = (r for r, k in zip(requests, kinds, strict=True) if k == "speak")
     assert states.answered is not None and params.answered is not None
     assert params.at < states.answered and states.at < params.answered  # side by side
-    assert speak.at >= max(states.answered, params.answered) - 0.05  # then the speech
+    assert guessed.at < states.answered  # the speech starts beside them too
+    assert "Continue the conversation." in json.dumps(guessed.body)
+    assert chosen.at >= params.answered - 0.05  # the parameters chose other instructions
+    assert "Introduce yourself." in json.dumps(chosen.body)

@@ -165,3 +165,27 @@ async def test_a_speaker_s_sentences_pass_the_line_check_before_they_are_heard(
         said = await line.finish('The fog lifted at noon. Context: {"memory": {}}. Then more.', "neutral", 30)
     assert said == "The fog lifted at noon."
     assert [a[1] for a in client.asked] == ["The fog lifted at noon."]
+
+
+async def test_a_held_line_admits_its_sentences_and_sends_none_before_the_hold_is_released(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client = Client(speaking=0.5)
+    hold = trio.Event()
+    line = LiveVoiceLine(client.ask, emit, hold=hold)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "The sea is calm. The boats are in. Come")
+        await trio.sleep(10)
+        assert line.started and line.said == "The sea is calm. The boats are in."
+        assert client.asked == []  # written and checked, but nobody hears it yet
+        released = trio.current_time()
+        hold.set()
+        said = await line.finish("The sea is calm. The boats are in. Come and see!", "happy", 30)
+    assert said == "The sea is calm. The boats are in. Come and see!"
+    assert [text for _at, text, _meta in client.asked] == [
+        "The sea is calm.",
+        "The boats are in.",
+        "Come and see!",
+    ]
+    assert client.asked[0][0] == released

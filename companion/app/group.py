@@ -50,6 +50,7 @@ class CountingModel:
         self.kinds: Counter[str] = Counter()
         self.parallel_params: bool = getattr(inner, "parallel_params", False)
         self.streams_speech: bool = getattr(inner, "streams_speech", False)
+        self.speculates: bool = getattr(inner, "speculates", False)
         """As the wrapped model asks (see ``ProviderModel``)."""
 
     @property

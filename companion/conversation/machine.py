@@ -160,6 +160,7 @@ __all__ = [
     "Lead",
     "MessageSeen",
     "Phase",
+    "Prepare",
     "PublishSignal",
     "PublishStates",
     "ReplyPublished",
@@ -378,6 +379,17 @@ class Speak:
 
 
 @dataclass(frozen=True, slots=True)
+class Prepare:
+    """Hook for the engine (voice, issue 30): this node is the turn's likely speaker (the one
+    companion addressed, or the one the rules prefer), so its reply may be *prepared* now, while
+    the leader decides; nothing of it may be said before a :class:`Speak` for the same message.
+    ``speak`` is the effect this node expects: the engine keeps what it prepared only if the
+    real one asks for the same reply."""
+
+    speak: Speak
+
+
+@dataclass(frozen=True, slots=True)
 class Withdraw:
     """Cancel the speech (or the lead) in progress for ``message_id``; nothing of it goes out."""
 
@@ -403,7 +415,7 @@ class Decision:
     level: Level = "info"
 
 
-Effect: TypeAlias = Lead | PublishStates | Speak | Withdraw | PublishSignal | Decision
+Effect: TypeAlias = Lead | PublishStates | Speak | Prepare | Withdraw | PublishSignal | Decision
 
 
 @dataclass(frozen=True, slots=True)
@@ -841,6 +853,13 @@ class Conversation:
             self._early_plain.remove(item)
             if not now - item[2] > self.takeover_after:  # (without a clock, inf - inf: kept)
                 self._offer(item[0], item[1], now, out)
+        # --- hook (voice, issue 30): the likely speaker prepares its reply while the leader decides
+        others = [cid for cid in addressed if cid != params.from_]
+        likely = nominated or (others[0] if len(others) == 1 else None)
+        stage = self._floor(turn).stage if rank is not None and likely == self.me else "terminal"
+        if stage != "terminal" and turn.states is None:  # at terminal it gives its slot up
+            out.append(Prepare(replace(self._speak_effect(turn), closing=stage)))
+        # --- end of hook
         if rank == 0 and turn.states is None:
             self._lead(turn, out)
         elif (

@@ -67,6 +67,8 @@ logger = logging.getLogger("companion.engine.driver")
 
 _UNRECORDED: Final = "this companion could not record its reply, so it is not sent; finish without speaking"
 _STOPPING: Final = "this companion is stopping; finish without speaking"
+_PREPARING: Final = frozenset({cv.Phase.AWAITING_STATES, cv.Phase.LEADING, cv.Phase.SPEAKING})
+"""The phases in which a reply prepared for the turn's message may still be this node's."""
 _REPLAY: Final = 256
 """Messages read back from the store at start-up to restore where the conversation is."""
 
@@ -185,6 +187,7 @@ class ConversationEngine:
         ``publish_timeout``). From then on nothing goes out (:class:`_Gate`), and every message
         that still arrives is recorded (the store closes after the node)."""
         self._stopping = True
+        self._speaker.keep_prepared(None, "stopping")  # no slot will adopt it now
         with trio.move_on_after(grace):
             await self._settle(lambda: bool(self._tasks))
         for (what, message_id), scope in list(self._tasks.items()):
@@ -348,6 +351,11 @@ class ConversationEngine:
     def _feed(self, event: cv.Event) -> None:
         for effect in self.conversation.receive(event, trio.current_time()):
             self._do(effect)
+        turn = self.conversation.turn
+        if turn is not None and turn.phase in _PREPARING:  # a reply prepared for it may go on
+            self._speaker.keep_prepared(turn.message_id, "")
+        else:
+            self._speaker.keep_prepared(None, "the turn went to another speaker or ended")
         self._wake.set()
         self.routines.poke()
 
@@ -386,10 +394,29 @@ class ConversationEngine:
                 return
             self._speech = Speech(effect)
             self._start("speech", effect.message_id, self._speak(self._speech))
+        elif isinstance(effect, cv.Prepare):
+            if not self._stopping:
+                self._prepare(effect.speak)
         elif isinstance(effect, cv.Withdraw):
             scope = self._tasks.pop((effect.what, effect.message_id), None)
             if scope is not None:
                 scope.cancel()
+
+    def _prepare(self, effect: cv.Speak) -> None:
+        """This companion is the likely speaker: its reply starts now, held until its slot
+        (:meth:`~companion.engine.speech.Speaker.prepare`), unless it replied before a restart."""
+        assert self._nursery is not None
+        if not getattr(self.model, "speculates", False):
+            return  # the slot will ask it (a scripted model answers at once anyway)
+        try:
+            if self.store.replied(effect.message_id):
+                return
+        except Exception:
+            return  # the slot will say why (``Speak`` asks the store again)
+        memory = {**self.store.memory(), "conversation": self.conversation.memory()}
+        history = self.store.recent(self.timings.history_limit)
+        limit = self.timings.states_timeout + self.timings.speak_timeout
+        self._speaker.prepare(effect, history, memory, self._nursery, limit)
 
     def _start(self, what: str, message_id: str, work: Any) -> None:
         scope = self._tasks[(what, message_id)] = trio.CancelScope()

@@ -7,12 +7,17 @@ conditions chose), every tool call through the :class:`~companion.actions.Action
 at a time while it is written, and when the model fails after some of it was heard, what was
 heard is published, nothing more. A model that asks for it (``parallel_params``) has the
 parameters filled as soon as a message opens a turn for this companion
-(:meth:`Speaker.prefetch`), while the leader decides the states, so that no more than two model
-calls come one after the other before the first words. Two checks sit between the model and the
-runtime, because models get them wrong: one message per turn, and a ``to`` that names people and
-companions of the conversation (names become ids; a ``to`` naming nobody is refused once with an
-error the model can act on, then replaced by the previous speaker and the people, never by
-nobody). Deadlines, cancellation and what a failure means for the turn are the engine's.
+(:meth:`Speaker.prefetch`), while the leader decides the states. A model that asks for more
+(``speculates``) has the likely speaker's whole reply *prepared* then (:meth:`Speaker.prepare`):
+its speak call runs beside the states call, held, and the slot adopts it only if it asks exactly
+what the slot would, so the first words wait for the states answer and no request after it;
+whatever else happens, it is cancelled and nothing of it is heard or published.
+
+Two checks sit between the model and the runtime, because models get them wrong: one message
+per turn, and a ``to`` that names people and companions of the conversation (names become ids;
+a ``to`` naming nobody is refused once with an error the model can act on, then replaced by the
+previous speaker and the people, never by nobody). Deadlines, cancellation and what a failure
+means for the turn are the engine's.
 
 Two more checks keep what is said the character's own, whatever the model: the parameters are
 fitted to the card's schema before the CEL conditions read them (:mod:`companion.card.paramfit`), and a
@@ -24,8 +29,9 @@ sentence at a time, before each sentence is voiced.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jsonschema
@@ -57,6 +63,53 @@ class _Prefetched:
     done: trio.Event
     values: dict[str, Any] | None = None
     error: ModelError | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One speak call as the model will be asked it, and the context its lines are checked in."""
+
+    request: SpeakRequest
+    lines: LineContext
+
+    @property
+    def asked(self) -> SpeakRequest:
+        """What the model is shown: the request without what no prompt reads (the parameters'
+        values, which chose the instructions; the engine's own bookkeeping of the conversation),
+        so a reply prepared early is kept exactly when it was asked what the slot would ask."""
+        memory = {
+            k: v for k, v in dict(self.request.extra.get("memory") or {}).items() if k != "conversation"
+        }
+        return replace(
+            self.request, live=None, extra={"names": self.request.extra.get("names"), "memory": memory}
+        )
+
+
+@dataclass
+class _Attempt:
+    """One speak call of a prepared reply, running in its own scope."""
+
+    plan: _Plan
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+    error: Exception | None = None
+
+
+@dataclass
+class _Prepared:
+    """A reply prepared before this companion knows it speaks (:meth:`Speaker.prepare`): voiced
+    and published only once a slot's :class:`Speech` adopts it, cancelled otherwise."""
+
+    message_id: str
+    scope: trio.CancelScope
+    adopted: trio.Event = field(default_factory=trio.Event)
+    speech: Speech | None = None
+    attempt: _Attempt | None = None
+
+    async def speech_of(self) -> Speech:
+        await self.adopted.wait()
+        assert self.speech is not None
+        return self.speech
 
 
 @dataclass
@@ -120,6 +173,10 @@ class Speaker:
         self.model, self.runtime, self.directory = model, runtime, directory
         self._emit = emit
         self._prefetched: _Prefetched | None = None
+        self._prepared: _Prepared | None = None
+        self._last_values: dict[str, Any] = {}
+        """The parameters of this companion's last reply: a prepared reply's guess until the
+        model's own for the message arrive."""
         self.params_check = ParamsCheck(self.card.events.params)
         if self.params_check.problem is not None:
             emit("params_schema_invalid", logging.ERROR, problem=self.params_check.problem)
@@ -127,11 +184,11 @@ class Speaker:
     async def reply(self, speech: Speech, history: list[Message], memory: Mapping[str, Any]) -> None:
         """Fill the parameters, evaluate the triggers, run ``speak``. The reply itself leaves
         through the runtime (its outgoing hook records it); raises :class:`ModelError` when the
-        model cannot speak."""
+        model cannot speak. A reply prepared for the same message (:meth:`prepare`) that asked
+        the model exactly what this one would is taken over instead of asking again."""
         effect = speech.effect
-        message = effect.message
         try:
-            values = await self._params(message, history)
+            raw = await self._params(effect.message, history)
         except ModelError as exc:
             # The parameters only choose instructions: speak without them rather than not at all.
             self._emit(
@@ -141,25 +198,53 @@ class Speaker:
                 error=str(exc),
                 reason="speaking without parameters; conditions that read them do not match",
             )
-            values = {}
-        fitted = fit_params(values, self.card.events.params)
-        changes = fitted.changes
-        if effect.turn <= 1:
-            opening = plausible_on_opening(fitted.values, self.card.events.params, message.params.message)
-            fitted, changes = opening, changes + opening.changes
-        values = fitted.values
-        issues = self.params_check.issues(values)
-        instructions = self.loaded.triggers.evaluate(values)
+            raw = {}
+        values, changes = self._fitted(effect, raw)
+        self._last_values = values
+        plan = self._plan(effect, history, memory, values)
         self._emit(
             "instructions",
             logging.INFO,
             message_id=effect.message_id,
             params=values,
             param_changes=list(changes),
-            param_issues=issues,
-            instructions=[{"tool": i.tool, "instruction": i.instruction} for i in instructions],
+            param_issues=self.params_check.issues(values),
+            instructions=[{"tool": i.tool, "instruction": i.instruction} for i in plan.request.instructions],
         )
-        speak = SpeakRequest(
+        prepared = self._take_prepared(effect.message_id, plan)
+        if prepared is not None:
+            await self._adopt(prepared, speech)
+            return
+
+        async def speech_of() -> Speech:
+            return speech
+
+        call_tool = self._caller(speech_of, plan.lines)
+        if getattr(self.model, "streams_speech", False):
+            await self._speak_live(plan.request, speech_of, call_tool, _sentence_check(plan.lines))
+        else:  # the whole line at once: speak_with_voice voices it a sentence at a time itself
+            await self.model.speak(plan.request, call_tool)
+
+    def _fitted(self, effect: Speak, values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The model's parameters fitted to the card's schema (and, on the first turn, to what
+        an opening may plausibly say)."""
+        fitted = fit_params(dict(values), self.card.events.params)
+        changes = list(fitted.changes)
+        if effect.turn <= 1:
+            opening = plausible_on_opening(
+                fitted.values, self.card.events.params, effect.message.params.message
+            )
+            fitted, changes = opening, changes + list(opening.changes)
+        return dict(fitted.values), changes
+
+    def _plan(
+        self, effect: Speak, history: list[Message], memory: Mapping[str, Any], values: Mapping[str, Any]
+    ) -> _Plan:
+        """The speak request for ``effect`` with fitted ``values``: the card's CEL conditions
+        choose the instructions; and the context its lines are checked in."""
+        message = effect.message
+        instructions = self.loaded.triggers.evaluate(dict(values))
+        request = SpeakRequest(
             me=self.me,
             role=self.card.role,
             message=message,
@@ -170,16 +255,21 @@ class Speaker:
             closing=effect.closing,
             extra={
                 "names": {cid: meta.name for cid, meta in self.directory.items()},
-                "params": values,
+                "params": dict(values),
                 "memory": dict(memory),
             },
         )
         said = [m for m in history if m.params.id != message.params.id] + [message]
         prompt_texts = [self.card.role, *(i.instruction for i in instructions)]
         names = {cid: meta.name for cid, meta in self.directory.items()} | {self.me.id: self.me.name}
-        lines = LineContext.of(said, self.me.id, names, prompt_texts)
+        return _Plan(request, LineContext.of(said, self.me.id, names, prompt_texts))
+
+    def _caller(self, speech_of: Callable[[], Awaitable[Speech]], lines: LineContext) -> ToolCaller:
+        """``call_tool`` for the model: a message tool's call waits for the speech it belongs to
+        (a prepared reply's until the slot is this companion's), then passes the checks."""
 
         async def call_tool(tool_id: str, raw: Mapping[str, Any]) -> Mapping[str, Any]:
+            speech = await speech_of()
             defn = self.runtime.tools.get(tool_id)
             if isinstance(defn, ActionDef) and defn.topic == MESSAGES:
                 if speech.spoke:
@@ -194,10 +284,7 @@ class Speaker:
                     raw = checked
             return (await self.runtime.call(tool_id, raw)).for_model()
 
-        if getattr(self.model, "streams_speech", False):
-            await self._speak_live(speak, speech, call_tool, _sentence_check(lines))
-        else:  # the whole line at once: speak_with_voice voices it a sentence at a time itself
-            await self.model.speak(speak, call_tool)
+        return call_tool
 
     def prefetch(self, message: Message, history: list[Message], nursery: trio.Nursery, limit: float) -> None:
         """Start filling the parameters for ``message`` in ``nursery`` (at most ``limit`` seconds),
@@ -205,6 +292,8 @@ class Speaker:
         call then run side by side, and the slot, if it comes, starts with ``speak``. One at a
         time: a newer message's replaces an older one's."""
         if self._prefetched is not None:
+            if self._prefetched.message_id == message.params.id:
+                return  # already on their way
             self._prefetched.scope.cancel()
         ahead = _Prefetched(
             message.params.id, trio.CancelScope(deadline=trio.current_time() + limit), trio.Event()
@@ -229,6 +318,131 @@ class Speaker:
 
         nursery.start_soon(fill)
 
+    def prepare(
+        self,
+        effect: Speak,
+        history: list[Message],
+        memory: Mapping[str, Any],
+        nursery: trio.Nursery,
+        limit: float,
+    ) -> bool:
+        """Start this companion's reply to ``effect`` (what it expects its slot to ask) in
+        ``nursery`` before it knows it speaks, for at most ``limit`` seconds; ``False`` when the
+        model does not ask for it (``speculates``).
+
+        The parameters are filled (:meth:`prefetch`) and, at the same time, ``speak`` is called
+        with the instructions the card's conditions give for this companion's last parameters;
+        when the parameters come and choose other instructions, that call is cancelled and
+        another begins with theirs. Its sentences are admitted and checked but nobody hears
+        them, and no tool runs, until the slot's :meth:`reply` adopts it, which it does only
+        when the slot asks exactly what was asked here (:attr:`_Plan.asked`: same message,
+        history, instructions, recipients, closing stage). Anything else cancels it
+        (:meth:`keep_prepared`): nothing of it reaches anyone."""
+        if not getattr(self.model, "speculates", False):
+            return False
+        self.keep_prepared(None, "a newer message")
+        self.prefetch(effect.message, history, nursery, limit)
+        prepared = _Prepared(effect.message_id, trio.CancelScope(deadline=trio.current_time() + limit))
+        self._prepared = prepared
+        self._emit("reply_prepared", logging.INFO, message_id=effect.message_id, closing=effect.closing)
+        nursery.start_soon(self._prepare, prepared, effect, history, dict(memory))
+        return True
+
+    async def _prepare(
+        self, prepared: _Prepared, effect: Speak, history: list[Message], memory: Mapping[str, Any]
+    ) -> None:
+        try:
+            with prepared.scope:
+                await self._prepare_in(prepared, effect, history, memory)
+        except Exception as exc:  # a bug here must not take the engine down: the slot asks anew
+            prepared.attempt = None
+            self._emit("reply_prepare_crashed", logging.ERROR, message_id=effect.message_id, error=repr(exc))
+
+    async def _prepare_in(
+        self, prepared: _Prepared, effect: Speak, history: list[Message], memory: Mapping[str, Any]
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            guess = self._fitted(effect, self._last_values)[0]
+            self._attempt(prepared, self._plan(effect, history, memory, guess), nursery)
+            ahead = self._prefetched
+            if ahead is None or ahead.message_id != effect.message_id:
+                return
+            await ahead.done.wait()
+            values = self._fitted(effect, ahead.values or {})[0]
+            plan = self._plan(effect, history, memory, values)
+            current = prepared.attempt
+            if current is not None and current.plan.asked != plan.asked and not prepared.adopted.is_set():
+                self._emit(
+                    "reply_prepared_again",
+                    logging.INFO,
+                    message_id=effect.message_id,
+                    reason="the parameters chose other instructions than the guess",
+                )
+                current.scope.cancel()
+                self._attempt(prepared, plan, nursery)
+
+    def _attempt(self, prepared: _Prepared, plan: _Plan, nursery: trio.Nursery) -> None:
+        attempt = prepared.attempt = _Attempt(plan)
+        call_tool = self._caller(prepared.speech_of, plan.lines)
+
+        async def run() -> None:
+            try:
+                with attempt.scope:
+                    if getattr(self.model, "streams_speech", False):
+                        check = _sentence_check(plan.lines)
+                        await self._speak_live(
+                            plan.request, prepared.speech_of, call_tool, check, prepared.adopted
+                        )
+                    else:
+                        await self.model.speak(plan.request, call_tool)
+            except Exception as exc:  # the adopting slot raises it (a ModelError gives the slot up)
+                attempt.error = exc
+            finally:
+                attempt.done.set()
+
+        nursery.start_soon(run)
+
+    def keep_prepared(self, message_id: str | None, reason: str) -> None:
+        """Cancel a prepared reply that no slot adopted unless it is for ``message_id`` (the
+        engine calls this whenever the turn moves: another speaker chosen, the turn over)."""
+        prepared = self._prepared
+        if prepared is None or prepared.adopted.is_set() or prepared.message_id == message_id:
+            return
+        self._prepared = None
+        prepared.scope.cancel()
+        self._emit("reply_prepared_dropped", logging.INFO, message_id=prepared.message_id, reason=reason)
+
+    def _take_prepared(self, message_id: str, plan: _Plan) -> _Prepared | None:
+        """The prepared reply to ``message_id`` when it asked what ``plan`` asks; any other is
+        cancelled."""
+        prepared = self._prepared
+        if prepared is None:
+            return None
+        attempt = prepared.attempt
+        if prepared.message_id == message_id and attempt is not None and attempt.plan.asked == plan.asked:
+            self._prepared = None
+            return prepared
+        self.keep_prepared(None, "the slot asks for another reply than the one prepared")
+        return None
+
+    async def _adopt(self, prepared: _Prepared, speech: Speech) -> None:
+        """The slot's :class:`Speech` takes the prepared reply over: its voice starts, its tool
+        calls run; its end (or failure) is this reply's. Within the slot's deadline, not the
+        preparation's."""
+        attempt = prepared.attempt
+        assert attempt is not None
+        prepared.speech = speech
+        prepared.scope.deadline = math.inf
+        prepared.adopted.set()
+        self._emit("reply_prepared_adopted", logging.INFO, message_id=prepared.message_id)
+        try:
+            await attempt.done.wait()
+        finally:
+            if not attempt.done.is_set():  # the slot was cancelled (withdrawn, out of time)
+                prepared.scope.cancel()
+        if attempt.error is not None:
+            raise attempt.error
+
     async def _params(self, message: Message, history: list[Message]) -> dict[str, Any]:
         """The card's parameters for ``message``: the prefetched ones when they were asked for
         (awaited; they are on their way), else one ``fill_params`` call now."""
@@ -243,12 +457,17 @@ class Speaker:
         return await self.model.fill_params(request)
 
     async def _speak_live(
-        self, request: SpeakRequest, speech: Speech, call_tool: ToolCaller, check: SentenceCheck
+        self,
+        request: SpeakRequest,
+        speech_of: Callable[[], Awaitable[Speech]],
+        call_tool: ToolCaller,
+        check: SentenceCheck,
+        hold: trio.Event | None = None,
     ) -> None:
         """``model.speak`` with a live line voiced beside it, each sentence passing ``check``
-        before it is voiced. A model that fails, or ends without publishing, after clients began
-        to hear its line publishes what they heard."""
-        line = LiveVoiceLine(self.runtime.ask_clients, self._emit, check=check)
+        before it is voiced, nothing voiced before ``hold``. A model that fails, or ends without
+        publishing, after clients began to hear its line publishes what they heard."""
+        line = LiveVoiceLine(self.runtime.ask_clients, self._emit, check=check, hold=hold)
         failure: ModelError | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(line.run)
@@ -260,6 +479,7 @@ class Speaker:
             finally:
                 LIVE_LINE.reset(token)
                 line.end()
+            speech = await speech_of()
             if not speech.spoke and line.started:
                 self._emit(
                     "voice_line_published_as_said",

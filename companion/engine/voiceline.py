@@ -58,8 +58,13 @@ class LiveVoiceLine:
         check: SentenceCheck | None = None,
         voiced: frozenset[str] = frozenset({VOICE_TOOL}),
         clock: Callable[[], float] = trio.current_time,
+        hold: trio.Event | None = None,
     ) -> None:
+        """``hold``: nothing is sent before it is set (a reply prepared before this companion
+        knows it speaks: sentences are admitted and wait, see :meth:`Speaker.prepare
+        <companion.engine.speech.Speaker.prepare>`)."""
         self.id = new_id()
+        self._hold = hold
         self._ask, self._emit, self._check, self._voiced, self._clock = ask, emit, check, voiced, clock
         self._splitter = SentenceSplitter()
         self._tool: str | None = None
@@ -155,7 +160,9 @@ class LiveVoiceLine:
 
     async def run(self) -> None:
         """Send the admitted sentences in order, each once the one before was answered (or its
-        wait ran out: then the rest go out without waiting, in order)."""
+        wait ran out: then the rest go out without waiting, in order), once the hold is set."""
+        if self._hold is not None:
+            await self._hold.wait()
         started = self._clock()
         try:
             while True:

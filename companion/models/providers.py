@@ -409,6 +409,10 @@ class ProviderModel:
     beside the leader's states call (:meth:`companion.engine.speech.Speaker.prefetch`): one request
     more for each addressed companion that does not speak, one request less one after the other
     before the first words (states, then speak, instead of states, parameters, then speak)."""
+    speculates: bool = True
+    """The likely speaker starts its speak request while the leader decides
+    (:meth:`companion.engine.speech.Speaker.prepare`): held, and cancelled when another companion
+    speaks, so the first words wait for one request, not two one after the other."""
 
     def __init__(self, config: ProviderConfig, memory: EndpointMemory | None = None) -> None:
         self.config = config

@@ -157,12 +157,12 @@ async def test_the_network_s_teardown_after_the_end_line_prints_no_library_recor
 
     stop_children = demo._stop_children
 
-    async def stop_and_race(children: Any, grace: float = 10.0) -> None:
+    async def stop_and_race(children: Any, grace: float = 10.0, settle: float = 0.0) -> None:
         logging.getLogger("libp2p.host.basic_host").error(
             "Failed to open stream to peer X: handshake read failed: "
             "fail to read from multiselect communicator"
         )
-        await stop_children(children, grace)
+        await stop_children(children, grace, settle)
 
     monkeypatch.setattr(demo, "_stop_children", stop_and_race)
     with captured_logs("INFO") as stream:

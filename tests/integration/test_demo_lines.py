@@ -51,6 +51,7 @@ THOUGHTS = (
 
 _HISTORY_LINE = re.compile(r"^\d+\. .*?: (.*)$", re.MULTILINE)
 _ADDRESS = re.compile(r"Address: (.*?)\.(?:\n|$)")
+_SPEAKER = re.compile(r"It is your turn \((.*?)\)")
 
 
 class SmallModel:
@@ -60,6 +61,9 @@ class SmallModel:
         self.inner = CooperativeModel()
         self.first_tries = 0
         self.own_lines = 0
+        self.tries: dict[tuple[str, int], int] = {}
+        """Which first try each speaker's turn is (by the lines it was shown): a reply prepared
+        early and asked again, or cancelled, is the same try, whatever the timing."""
 
     def __call__(self, body: Mapping[str, Any]) -> Reply:
         tools = {t["function"]["name"]: t["function"] for t in body.get("tools") or []}
@@ -83,9 +87,13 @@ class SmallModel:
         to = [a.strip() for a in address.group(1).split(",")] if address else []
         said = _HISTORY_LINE.findall(user)
         retry = any(m.get("role") == "tool" for m in messages)
-        if not retry:
+        speaker = _SPEAKER.search(user)
+        key = (speaker.group(1) if speaker else "", len(said))
+        if key not in self.tries:
             self.first_tries += 1
-            kind = self.first_tries % 4
+            self.tries[key] = self.first_tries
+        if not retry:
+            kind = self.tries[key] % 4
             if kind == 0:
                 line = 'Context: {"memory": {"conversation": {"turn": 2}}}'
             elif kind == 1:
@@ -94,7 +102,7 @@ class SmallModel:
                 line = "Juniper (companion_juniper) -> companion_pim, user_demo: Hello there!"
             else:
                 line = "You can use the action tools to improve your voice."
-        elif self.first_tries == 3:
+        elif self.tries[key] == 3:
             line = said[0]  # the opening line, said again: the slot is given up
         else:
             line = THOUGHTS[self.own_lines % len(THOUGHTS)]

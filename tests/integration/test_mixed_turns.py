@@ -21,7 +21,9 @@ import pytest
 from support.js import js_peer_command
 from support.mixed import mixed_network, summary
 
-pytestmark = [pytest.mark.integration, pytest.mark.solo]
+# Mostly waits (aikyo's 200 ms per model call, 2 s of quiet after each end): it held its figures
+# beside lint and types and on a machine at a load of 13, so it runs in the early phase.
+pytestmark = [pytest.mark.integration, pytest.mark.early]
 
 CONVERSATIONS = 20
 

@@ -14,5 +14,6 @@ and mypy find the package through ``pyproject.toml``, a benchmark puts ``tests/`
   ``publish_until_heard``
 - node_driver, raw_publisher (with commands), fake_llm_server: helper processes and servers
   the tests start
+- voice: a fake model voiced a sentence at a time, Juniper on it behind a bridge
 - processes, hostile_payloads: process clean-up; hostile payloads for the edge
 """

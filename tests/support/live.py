@@ -112,12 +112,12 @@ def start_pim_and_ostra(
     return proc, url
 
 
-def start_live(net: Network) -> Live:
+def start_live(net: Network, *, bridge_args: tuple[str, ...] = ()) -> Live:
     """Two companions — Juniper answers through ``speak_with_voice`` (a speak query first), Pim
-    through ``speak`` — and a bridge that knows both. The bridge starts first, so the companions
-    can be told to take its clients' answers (``--approver``): a separate bridge is just another
-    peer to them otherwise."""
-    bridge, port, started = start_bridge(net, "bridge")
+    through ``speak`` — and a bridge that knows both (``bridge_args``: more arguments of
+    ``companion bridge``). The bridge starts first, so the companions can be told to take its
+    clients' answers (``--approver``): a separate bridge is just another peer to them otherwise."""
+    bridge, port, started = start_bridge(net, "bridge", extra=bridge_args)
     trusted = ("--approver", str(started["peer_id"]))
     b_addr = str(started["addrs"][0])
     juniper, j_addr = start_companion(
@@ -127,6 +127,7 @@ def start_live(net: Network) -> Live:
     for key in ("juniper", "pim"):
         bridge.event("companion_joined", 30, companion_id=f"companion_{key}")
     juniper.event("companion_joined", 30, companion_id="companion_pim")
+    pim.event("companion_joined", 30, companion_id="companion_juniper")  # both see both
     return Live(bridge, port, {"juniper": juniper, "pim": pim})
 
 
