@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from companion.app.lines import parse_sees
 from companion.conversation.rules.leader import plan_leaders
 from companion.lines.sentences import split_sentences
 from companion.protocol import STATES, Message, State, encode_states
-from support.fake_llm_server import FakeLLMServer, running_server
+from support.fake_llm_server import FakeLLMServer
 from support.live import stdout_line
 from support.live_bridge import blocking, message_frame
 from support.voice import LINES, VoiceModel, ask_over_ws, frames_until, juniper_home, speak_queries
@@ -34,12 +34,6 @@ pytestmark = pytest.mark.integration
 
 JUNIPER = "companion_juniper"
 ZED = "companion_zed"
-
-
-@pytest.fixture
-def hosted() -> Iterator[FakeLLMServer]:
-    with running_server(ttft=0.4, token_rate=60) as server:
-        yield server
 
 
 def _kind(body: Mapping[str, Any]) -> str:

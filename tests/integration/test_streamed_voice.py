@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from trio_websocket import open_websocket_url
 
 from companion.lines.sentences import split_sentences
 from support.cards import speaking_card, write_card
-from support.fake_llm_server import FakeLLMServer, running_server
+from support.fake_llm_server import FakeLLMServer
 from support.live import bridge_url, start_run
 from support.live_bridge import blocking
 from support.network import network
@@ -27,12 +26,6 @@ pytestmark = pytest.mark.integration
 
 JUNIPER = "companion_juniper"
 PIM = "companion_pim"
-
-
-@pytest.fixture
-def hosted() -> Iterator[FakeLLMServer]:
-    with running_server(ttft=0.4, token_rate=60) as server:
-        yield server
 
 
 async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_whole(
