@@ -29,8 +29,10 @@ __all__ = [
     "PRESENCE_MAX_LOST",
     "PRESENCE_MAX_TTL",
     "QUERIES",
+    "SPEAK_QUERY",
     "STATES",
     "TOPICS",
+    "USER_ID_PREFIX",
     "Action",
     "ActionParams",
     "ClosingStage",
@@ -69,6 +71,12 @@ MAX_PAYLOAD_BYTES: Final = 64 * 1024
 """Default size limit for one topic payload; larger payloads are dropped before parsing."""
 
 COMPANION_ID_PREFIX: Final = "companion_"
+USER_ID_PREFIX: Final = "user_"
+"""What a person's id starts with (a client speaks as ``user_...``)."""
+
+SPEAK_QUERY: Final = "speak"
+"""The query type a companion sends to have its line voiced; a client with a voice answers it
+once the audio has finished."""
 
 APPROVAL_QUERY: Final = "approval"
 """The query type a companion sends before an action that needs a person's yes (clients know it

@@ -32,7 +32,7 @@ from typing import Any
 import trio
 from bench_support import percentile
 
-from companion.app.demo import DemoOptions, _Child, _spawn, _stop_children, _wait_child, default_cards
+from companion.app.demo import DemoOptions, _Child, _run_child, _stop_children, _wait_child, default_cards
 from companion.app.group import MemoryGroup
 from companion.card.model import CardSettings, LoadedCard, load_card
 from companion.conversation.rules import turn_info
@@ -233,7 +233,8 @@ async def bench_real(nodes: int, messages: int) -> dict[str, Any]:
                 timer_addr = f"{timer.listen_addrs[0]}/p2p/{timer.peer_id}"
                 for index, card in enumerate(cards):
                     peers = [timer_addr, *(c.addrs[0] for c in children)]
-                    child = await _spawn(nursery, card, index, peers, options, workdir)
+                    run_child = functools.partial(_run_child, card, index, peers, options, workdir)
+                    child: _Child = await nursery.start(run_child)
                     children.append(child)
                     await _wait_child(child, lambda c: bool(c.addrs), 60, "start listening")
                 for child in children:

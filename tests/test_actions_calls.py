@@ -22,7 +22,7 @@ from companion.actions import (
 )
 from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Query, QueryResult
-from companion.store.history import InMemoryHistory
+from companion.store.history import ConversationHistory, HistoryReader, InMemoryHistory
 from support.actions import OTHER, answer, make_runtime, pump_results, run_client
 
 
@@ -395,3 +395,22 @@ async def test_a_nested_knowledge_tool_is_typed_output() -> None:
     runtime, _ = make_runtime(_caller(body), count)
     assert (await runtime.call("caller", {})).ok
     assert got == [{"n": 3}]
+
+
+async def test_a_history_lent_read_only_is_read_and_never_written() -> None:
+    """The engine records every message on arrival and lends the runtime a reader of it: what
+    an action publishes reaches the publisher, and the history stays as its keeper left it."""
+
+    @action(id="say", description="Say.", input=Name, topic="messages", timeout=5)
+    def say(ctx: ActionContext[Name]) -> Message:
+        assert [m.params.id for m in ctx.history] == ["kept"]
+        return Message.create(ctx.companion_id, [OTHER.id], f"hello {ctx.input.name}")
+
+    kept = InMemoryHistory()
+    kept.append(Message.create(OTHER.id, ["companion_a"], "hi", id="kept"))
+    reader = HistoryReader(kept)
+    assert not isinstance(reader, ConversationHistory)
+    runtime, recorder = make_runtime(say, history=reader)
+    result = await runtime.call("say", {"name": "Ben"})
+    assert result.ok and len(recorder.on(MESSAGES)) == 1
+    assert [m.params.id for m in kept.recent(5)] == ["kept"]

@@ -197,7 +197,7 @@ async def test_clients_are_let_in_when_the_clients_node_does_not_meet_the_compan
     clients = client_wiring.ClientNode(node, make_bridge(options, node), "/ip4/127.0.0.1/tcp/1")
     async with trio.open_nursery() as nursery:
         with trio.fail_after(10):
-            port = await client_wiring.open_to_clients(options, clients, {"companion_a"}, nursery)
+            port = await nursery.start(client_wiring.let_clients_in, options, clients, {"companion_a"})
         stream = await trio.open_tcp_stream("127.0.0.1", port)  # the bridge listens
         await stream.aclose()
         nursery.cancel_scope.cancel()

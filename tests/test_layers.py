@@ -31,6 +31,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "companion.log",
         "companion.timings",
         "companion.bind",
+        "companion.lazy",
     ),
     "core": (
         "companion.card",

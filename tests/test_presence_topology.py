@@ -252,7 +252,7 @@ async def test_a_held_companion_announces_nothing_until_released(
     service.hold()
     pubsub = _RecordingPubsub()
     async with trio.open_nursery() as nursery:
-        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await nursery.start(service.run, pubsub, lambda: ["/ip4/127.0.0.1/tcp/1"])
         service.trigger()  # a peer connected, or asked
         await service.announce_now()
         await trio.sleep(120)
@@ -276,7 +276,7 @@ async def test_nothing_is_announced_after_leaving(autojump_clock: trio.testing.M
     service = presence_service()
     pubsub = _RecordingPubsub()
     async with trio.open_nursery() as nursery:
-        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await nursery.start(service.run, pubsub, lambda: ["/ip4/127.0.0.1/tcp/1"])
         await trio.sleep(0.1)
         await service.leave()
         assert b'"leaving":true' in pubsub.published[-1]
@@ -300,7 +300,7 @@ async def test_a_peer_that_connects_once_the_notices_went_out_does_not_end_the_s
     service = presence_service()
     pubsub = _RecordingPubsub()
     async with trio.open_nursery() as nursery:
-        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await nursery.start(service.run, pubsub, lambda: ["/ip4/127.0.0.1/tcp/1"])
         await trio.sleep(0.1)
         began = trio.current_time()
         await service.leave()
@@ -345,7 +345,7 @@ async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the
         return [d for d in pubsub.published if b'"presence.request"' in d]
 
     async with trio.open_nursery() as nursery:
-        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await nursery.start(service.run, pubsub, lambda: ["/ip4/127.0.0.1/tcp/1"])
         await trio.sleep(20)
         assert requests() == [], "asked before anyone could hear it"
         await service.peer_connected(ID.from_pubkey(create_new_key_pair().public_key))
@@ -360,7 +360,7 @@ async def test_a_starting_companion_asks_for_announcements_once_a_peer_is_on_the
     answered = presence_service()
     pubsub = _RecordingPubsub()
     async with trio.open_nursery() as nursery:
-        await answered.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await nursery.start(answered.run, pubsub, lambda: ["/ip4/127.0.0.1/tcp/1"])
         await answered.peer_connected(ID.from_pubkey(create_new_key_pair().public_key))
         await trio.sleep(0.1)
         signer = create_new_key_pair()
@@ -385,7 +385,7 @@ async def test_a_refutation_goes_out_twice_and_then_the_interval_resumes(
         return [d for d in pubsub.published if b'"presence.announce"' in d]
 
     async with trio.open_nursery() as nursery:
-        await service.start(pubsub, nursery, lambda: ["/ip4/127.0.0.1/tcp/1"])
+        await nursery.start(service.run, pubsub, lambda: ["/ip4/127.0.0.1/tcp/1"])
         await trio.sleep(20)  # the start's announcement and the warm-up ones (1, 2, 4, 8 s)
         before = len(announced())
         reporter = create_new_key_pair()

@@ -22,10 +22,13 @@ from companion.conversation.machine import (
     StatesReady,
     StatesSeen,
     Tick,
+    YieldSeen,
 )
 from companion.conversation.rules import (
     StateDecision,
+    decide_next_speaker,
     ends_conversation,
+    finalize_states,
     named_companion,
     owed_companion,
     plan_leaders,
@@ -218,7 +221,34 @@ def test_a_companion_not_seen_yet_keeps_its_slot() -> None:
     m.receive(StatesSeen(array(message, A, tagged=False), J), 1.2)  # J is aikyo's now, K unknown
     assert m.slotless(J) and not m.slotless(K)
     out = m.receive(SpeakingFailed(message.params.id, "model_error", "boom"), 3.0)
-    assert decisions(out, "slots_skipped") == [] and of(out, PublishStates) == []
+    assert decisions(out, "slots_skipped")[0].fields["skipped"] == [J]
+    assert of(out, PublishStates) == []  # K may still answer: its slot is open now
+    assert m.turn is not None and m.turn.order[m.turn.slot] == K
+    assert decisions(m.receive(Tick(), 3.0 + R - 0.1), "turn_unanswered") == []
+    assert decisions(m.receive(Tick(), 3.0 + R), "turn_unanswered")  # K stayed silent its slot
+
+
+def test_an_aikyo_stand_in_between_ours_is_not_waited_for() -> None:
+    """B (ours) is the top speaker, J (aikyo) the first stand-in, A (ours) the second: B gives its
+    slot up and A's slot opens at once, not a reply deadline later (aikyo never stands in)."""
+    m = aikyo_network(A)
+    message = message_led_by(J, [A, B, J])
+    m.receive(MessageSeen(message, USER), 1.0)
+    chosen = [StateDecision(B, "speak", 9, True), StateDecision(J, "speak", 7, False)]
+    chosen.append(StateDecision(A, "speak", 5, False))
+    states = finalize_states(chosen, [A, B, J], floor="none", tag=None).states
+    m.receive(StatesSeen(states, J), 1.2)
+    assert m.turn is not None and m.turn.order == (B, J, A)
+    out = m.receive(YieldSeen(message.params.id, B, "model_error", B), 2.0)
+    assert decisions(out, "slots_skipped")[0].fields["skipped"] == [J]
+    assert len(of(out, Speak)) == 1 and m.turn.phase is Phase.SPEAKING
+    # without the give-up, J's slot is still skipped when it opens: A speaks then, not after J's
+    m = aikyo_network(A)
+    m.receive(MessageSeen(message, USER), 1.0)
+    m.receive(StatesSeen(states, J), 1.2)
+    assert of(m.receive(Tick(), 1.2 + R - 0.1), Speak) == []
+    out = m.receive(Tick(), 1.2 + R)
+    assert decisions(out, "slots_skipped")[0].fields["skipped"] == [J] and len(of(out, Speak)) == 1
 
 
 def test_our_evidence_outweighs_aikyo_like_behaviour() -> None:
@@ -265,3 +295,58 @@ def test_the_last_reply_at_the_limit_goes_to_the_people_when_aikyo_companions_li
     ours.receive(StatesSeen(lead_fallback(ours, message, 1.1), A), 1.2)
     kept = ours.outgoing(Message.create(A, [USER, B], "goodbye"))
     assert isinstance(kept, Message) and kept.params.to == [USER, B]
+
+
+def test_an_aikyo_companion_still_finishing_its_turn_is_not_chosen_by_our_leader() -> None:
+    """J (aikyo) said the message B answers, and B names it: aikyo's agent makes one more model
+    call after its speak tool and ignores every array meanwhile, so A, leading, holds J back
+    (importance 0, not selected) instead of giving the turn to a companion that cannot take it."""
+    m = aikyo_network(A)
+    m.names = {A: "Ada", B: "Bo", J: "Jun"}
+    said = Message.create(J, [A, B, USER], "a line of J", id="j-said")
+    m.receive(MessageSeen(said, J), 1.0)
+    meta = {"in_reply_to": said.params.id, "turn": 1, "closing": "none"}
+    answer = led_by(A, B, [A, J, USER], "Jun, what a thought!", **meta)
+    out = m.receive(MessageSeen(answer, B), 2.0)
+    assert all(d.fields["speaker"] != J for d in decisions(out, "speaker_preferred"))
+    published = lead_fallback(m, answer, 2.1)
+    states = {s.params.from_: s.params for s in published}
+    assert states[J].importance < 0.01 and not states[J].selected
+    assert decide_next_speaker(published, [A, J]).speaker == A
+    # a companion that did not just speak is chosen when named, aikyo's or not
+    m = aikyo_network(A)
+    m.names = {A: "Ada", J: "Jun"}
+    fresh = led_by(A, USER, [A, J], "Jun, what a thought!")
+    out = m.receive(MessageSeen(fresh, USER), 2.0)
+    assert [d.fields["speaker"] for d in decisions(out, "speaker_preferred")] == [J]
+    assert selected(lead_fallback(m, fresh, 2.1)) == [J]
+
+
+def test_aikyo_candidates_after_the_first_take_no_leader_slot() -> None:
+    """J (aikyo) leads and K (aikyo) is next: aikyo never takes over, so A, ranked third, takes
+    over after one leader slot, not two, and B, fourth, accepts A's array then."""
+    message = next(
+        candidate
+        for i in itertools.count()
+        if plan_leaders(
+            candidate := Message.create(USER, [A, B, J, K], "hi", id=f"o-{i}"), [A, B, J, K]
+        ).order
+        == (J, K, A, B)
+    )
+    m = aikyo_network(A)
+    m.receive(MessageSeen(message, USER), 1.0)
+    assert m.deadline() == 1.0 + T
+    assert decisions(m.receive(Tick(), 1.0 + T - 0.01), "takeover") == []
+    assert decisions(m.receive(Tick(), 1.0 + T), "takeover")
+    published = lead_fallback(m, message, 1.0 + T + 0.1)
+    b = aikyo_network(B)
+    b.receive(MessageSeen(message, USER), 1.0)
+    out = b.receive(StatesSeen(published, A), 1.0 + T + 0.2)
+    assert decisions(out, "states_deferred") == [] and decisions(out, "speaker_chosen")
+    # one of ours before it keeps its slot: B, fourth, leads after A's slot, two slots in all
+    ours_between = machine(B, known=[A, B, J, K])
+    for who in (J, K):
+        hi = Message.create(who, [USER], "hi", id=f"hi-{who}")
+        ours_between.receive(MessageSeen(hi, who), 0.0)
+    ours_between.receive(MessageSeen(message, USER), 1.0)
+    assert ours_between.deadline() == 1.0 + 2 * T  # A's slot, then B's

@@ -5,8 +5,7 @@ through :class:`ActionRuntime`, which validates, enforces deadlines and settles 
 with a :class:`ToolResult`. See ``docs/actions.md``.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from companion.actions.approval import APPROVAL_QUERY
 from companion.actions.catalog import TOOLS_ACTION, ToolInfo, ToolsChanged, tools_action, tools_json
@@ -31,6 +30,7 @@ from companion.actions.results import (
     ToolResult,
     ToolStatus,
 )
+from companion.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from companion.actions.runtime import (
@@ -56,13 +56,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY, globals())
 
 
 __all__ = [

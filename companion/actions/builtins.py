@@ -27,7 +27,7 @@ from companion.actions.definition import action, knowledge
 from companion.actions.results import ActionRefused, QueryTimeout
 from companion.lines.sentences import join_sentences, split_sentences
 from companion.log import log_event
-from companion.protocol import COMPANION_ID_PREFIX, Message, Metadata, QueryResult, new_id
+from companion.protocol import COMPANION_ID_PREFIX, SPEAK_QUERY, Message, Metadata, QueryResult, new_id
 
 __all__ = [
     "LIVE_LINE",
@@ -50,7 +50,8 @@ logger = logging.getLogger("companion.actions.builtins")
 
 Emotion: TypeAlias = Literal["happy", "sad", "angry", "neutral"]
 
-VOICE_QUERY: Final = "speak"
+VOICE_QUERY: Final = SPEAK_QUERY
+"""The query that voices a line (the wire's ``speak``), under the name the engine knows."""
 VOICE_TIMEOUT: Final = 100.0
 """Seconds to wait for a client to finish speaking a line before the message goes out anyway (as
 aikyo, whose one query held the whole line)."""

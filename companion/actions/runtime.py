@@ -36,7 +36,7 @@ from companion.actions.results import ActionRefused, InputIssue, QueryTimeout, T
 from companion.log import log_event
 from companion.ports import OutgoingHook, Publisher
 from companion.protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
-from companion.store.history import ConversationHistory
+from companion.store.history import ConversationHistory, RecentMessages
 from companion.store.kv import KeyValueStore, StoreLimitExceeded
 
 __all__ = ["MAX_CALL_DEPTH", "MAX_NOTES", "MAX_NOTE_CHARS", "ActionRuntime", "ToolDef", "ToolsListener"]
@@ -97,7 +97,7 @@ class ActionRuntime:
         metadata: Metadata,
         publisher: Publisher,
         directory: Mapping[str, Metadata],
-        history: ConversationHistory,
+        history: RecentMessages,
         clock: Callable[[], float] = trio.current_time,
         history_limit: int = DEFAULT_HISTORY_LIMIT,
         approval_timeout: float = DEFAULT_APPROVAL_TIMEOUT,
@@ -108,6 +108,11 @@ class ActionRuntime:
         max_call_depth: int = MAX_CALL_DEPTH,
     ) -> None:
         """``clock`` paces progress messages only; deadlines always use trio's clock.
+
+        ``history`` is what a tool call reads as the conversation so far. When it also records
+        (a :class:`ConversationHistory`), each message an action published is recorded there;
+        a :class:`~companion.store.history.HistoryReader` of a history someone else keeps (the
+        engine records every message on arrival) is only read.
 
         ``outgoing`` sees every envelope an action produced before it is published: it returns
         the envelope to publish (a conversation engine stamps its replies) or a sentence saying
@@ -122,6 +127,7 @@ class ActionRuntime:
         self._publisher = publisher
         self._directory: Mapping[str, Metadata] = MappingProxyType(directory)
         self._history = history
+        self._record = history.append if isinstance(history, ConversationHistory) else None
         self._clock = clock
         self._history_limit = history_limit
         self._approval_timeout = approval_timeout
@@ -564,8 +570,8 @@ class ActionRuntime:
                 with trio.fail_after(self._publish_timeout):
                     await self._publisher.publish(defn.topic, envelope)
                 published.append(envelope)
-                if isinstance(envelope, Message):
-                    self._history.append(envelope)
+                if isinstance(envelope, Message) and self._record is not None:
+                    self._record(envelope)
         except Exception as exc:  # trio.TooSlowError included
             result = self._internal(call, exc, f"action {defn.id!r} could not publish its output")
             return ToolResult(

@@ -15,9 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +25,7 @@ import trio
 
 from companion.actions import ActionRuntime, KeyValueStore
 from companion.actions.approval import APPROVAL_QUERY
+from companion.bridge.httpclient import request
 from companion.log import log_event
 from companion.protocol import QUERIES, Envelope, Query, QueryResult, QueryResultBody, State, encode
 from companion.store.history import InMemoryHistory
@@ -52,6 +51,8 @@ logger = logging.getLogger("companion.app.actions")
 
 DEFAULT_CALL_TIMEOUT: Final = 180.0
 """How long a direct call may take: an approval (120 s) and the action after it."""
+MAX_REPLY_BYTES: Final = 4 * 1024 * 1024
+"""The most of a bridge's answer to ``POST /actions/TOOL`` that ``companion action run`` reads."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ async def dry_run(
 # --- live ---------------------------------------------------------------------------------------
 
 
-def live_run(
+async def live_run(
     url: str,
     companion_id: str,
     tool: str,
@@ -184,15 +185,16 @@ def live_run(
             base = "http" + base[2:]
     query = urllib.parse.urlencode({"companion": companion_id})
     target = f"{base}/actions/{urllib.parse.quote(tool, safe='')}?{query}"
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(target, json.dumps(raw).encode(), headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout + 10) as response:
-            status, body = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, body = exc.code, exc.read()
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    reply = await request(
+        "POST",
+        target,
+        body=json.dumps(raw).encode(),
+        headers=headers,
+        timeout=timeout + 10,
+        limit=MAX_REPLY_BYTES,
+    )
+    status, body = reply.status, reply.body
     try:
         answer = json.loads(body.decode("utf-8"))
     except ValueError:

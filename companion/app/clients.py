@@ -23,12 +23,14 @@ from companion.log import log_event
 from companion.protocol import Metadata
 
 if TYPE_CHECKING:
+    from trio_typing import TaskStatus
+
     from companion.app.bridge import BridgeOptions
     from companion.bridge import Bridge
     from companion.node import CompanionNode
     from companion.node.trust import TrustStore
 
-__all__ = ["CLIENT_NODE_TIMEOUT", "ClientNode", "open_to_clients", "start_client_node"]
+__all__ = ["CLIENT_NODE_TIMEOUT", "ClientNode", "let_clients_in", "run_client_node"]
 
 logger = logging.getLogger("companion.app.clients")
 
@@ -66,15 +68,19 @@ class ClientNode:
     address: str
 
 
-async def start_client_node(
-    options: BridgeOptions, nodes: list[CompanionNode], nursery: trio.Nursery, trust: TrustStore
-) -> ClientNode:
-    """The node clients publish through and receive from, running with the bridge as its
-    handler: not a companion (a companion's node may publish only as that companion, clients
-    speak as ``user_...``). It listens on 127.0.0.1 only and the companions dial it, so it
-    receives the network's payloads through them. The bridge lists every companion they see
-    (``nodes`` fills up as they start). Its clients are this run's approvers: the companions
-    accept their answers and approvals."""
+async def run_client_node(
+    options: BridgeOptions,
+    nodes: list[CompanionNode],
+    trust: TrustStore,
+    *,
+    task_status: TaskStatus[ClientNode] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the node clients publish through and receive from until cancelled (started with it
+    once it listens), with the bridge as its handler: not a companion (a companion's node may
+    publish only as that companion, clients speak as ``user_...``). It listens on 127.0.0.1
+    only and the companions dial it, so it receives the network's payloads through them. The
+    bridge lists every companion they see (``nodes`` fills up as they start). Its clients are
+    this run's approvers: the companions accept their answers and approvals."""
     from companion.app.bridge import make_bridge
     from companion.node import CompanionNode, NodeConfig
 
@@ -83,15 +89,21 @@ async def start_client_node(
     trust.allow(node.peer_id, "approver")
     bridge = make_bridge(options, node, _Directories(nodes))
     await bridge.bind()  # a taken --ws address is an error before any node starts
-    await nursery.start(node.run, bridge)
-    return ClientNode(node, bridge, node.listen_addrs[0])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(node.run, bridge)
+        task_status.started(ClientNode(node, bridge, node.listen_addrs[0]))
 
 
-async def open_to_clients(
-    options: BridgeOptions, clients: ClientNode, local: set[str], nursery: trio.Nursery
-) -> int:
-    """Let clients in once the clients' node has met this process's companions (``local``), or
-    after :data:`CLIENT_NODE_TIMEOUT` with a warning; prints the ``bridge ws://...`` line."""
+async def let_clients_in(
+    options: BridgeOptions,
+    clients: ClientNode,
+    local: set[str],
+    *,
+    task_status: TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve clients until cancelled, from when the clients' node has met this process's
+    companions (``local``), or after :data:`CLIENT_NODE_TIMEOUT` with a warning; started with
+    the port once the ``bridge ws://...`` line is printed."""
     from companion.app.bridge import client_urls, serve_clients
 
     node = clients.node
@@ -103,9 +115,10 @@ async def open_to_clients(
             missing=sorted(local - set(node.directory)),
             timeout=CLIENT_NODE_TIMEOUT,
         )
-    port: int = await nursery.start(serve_clients, options, clients.bridge, node)
-    ws, *others = client_urls(options, port)
-    print(f"{BRIDGE_LINE}{ws}", flush=True)
-    for url in others:
-        print(f"  {url}", flush=True)
-    return port
+    async with trio.open_nursery() as nursery:
+        port: int = await nursery.start(serve_clients, options, clients.bridge, node)
+        ws, *others = client_urls(options, port)
+        print(f"{BRIDGE_LINE}{ws}", flush=True)
+        for url in others:
+            print(f"  {url}", flush=True)
+        task_status.started(port)

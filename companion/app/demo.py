@@ -19,12 +19,14 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from companion.app.cards import card_files, packaged_cards
+from companion.app.changes import Changes
 from companion.app.group import USER_ID, MemoryGroup
 from companion.app.lines import parse_peer_line, parse_sees
 from companion.app.stopping import STOP_GRACE, Interrupted, is_interrupt
@@ -33,6 +35,9 @@ from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.log import library_teardown, log_event
 from companion.memory import Inbound
 from companion.protocol import MESSAGES, Message, Metadata
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = [
     "DemoOptions",
@@ -163,11 +168,7 @@ class _Child:
     directory: set[str] = field(default_factory=set)
     closed: bool = False
     """Its stdout ended: the process is exiting."""
-    changed: trio.Event = field(default_factory=trio.Event)
-
-    def note(self) -> None:
-        self.changed.set()
-        self.changed = trio.Event()
+    changes: Changes = field(default_factory=Changes)
 
 
 async def _read_child(child: _Child, stream: trio.abc.ReceiveStream) -> None:
@@ -186,9 +187,9 @@ async def _read_child(child: _Child, stream: trio.abc.ReceiveStream) -> None:
             elif line.strip().startswith("/ip4/") and child.peer_id:
                 addr = line.strip()
                 child.addrs.append(addr if "/p2p/" in addr else f"{addr}/p2p/{child.peer_id}")
-            child.note()
+            child.changes.note()
     child.closed = True
-    child.note()
+    child.changes.note()
 
 
 async def _wait_child(child: _Child, predicate: Callable[[_Child], bool], timeout: float, what: str) -> None:
@@ -200,7 +201,7 @@ async def _wait_child(child: _Child, predicate: Callable[[_Child], bool], timeou
                     f"companion process for {child.card} exited with {code} before {what}; "
                     f"its log: {child.log_path}"
                 )
-            await child.changed.wait()
+            await child.changes.wait()
         return
     raise TimeoutError(
         f"companion process for {child.card} did not {what} within {timeout:g} s; log: {child.log_path}"
@@ -246,7 +247,7 @@ class _Watcher:
         self.directory = directory
         self.emit = emit
         self.companion_of = companion_of
-        self.changed = trio.Event()
+        self.changes = Changes()
 
     async def handle(self, inbound: Inbound) -> None:
         peer = inbound.sender_peer
@@ -261,24 +262,18 @@ class _Watcher:
         thinking ("Juniper is thinking… (13 s)"), an array held for its leader's slot."""
         while True:
             deadline = self.transcript.deadline()
-            changed = self.changed
             with trio.move_on_at(math.inf if deadline is None else deadline) as waited:
-                await changed.wait()  # something arrived: the deadline may have moved
+                await self.changes.wait()  # something arrived: the deadline may have moved
             if waited.cancelled_caught:
                 self._show(self.transcript.tick(trio.current_time()))
 
     def _show(self, lines: list[TranscriptEvent]) -> None:
         for event in lines:
             self.emit(event)
-        self.changed.set()
-        self.changed = trio.Event()
+        self.changes.note()
 
     async def wait_until(self, predicate: Callable[[Transcript], bool], timeout: float) -> bool:
-        with trio.move_on_after(timeout):
-            while not predicate(self.transcript):
-                await self.changed.wait()
-            return True
-        return False
+        return await self.changes.wait_until(lambda: predicate(self.transcript), timeout)
 
 
 async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]) -> TranscriptEvent:
@@ -324,7 +319,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
     bridge_scope = trio.CancelScope()
     ctrl_c = trio.Event()
 
-    async def run_bridge(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run_bridge(task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with bridge_scope:
             await bridge.run(watcher, task_status=task_status)
 
@@ -347,7 +342,9 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
                 bridge_addr = f"{bridge.listen_addrs[0]}/p2p/{bridge.peer_id}"
                 for index, card in enumerate(options.cards):
                     peers = [bridge_addr, *(c.addrs[0] for c in children)]
-                    child = await _spawn(nursery, card, index, peers, options, workdir)
+                    child: _Child = await nursery.start(
+                        partial(_run_child, card, index, peers, options, workdir)
+                    )
                     children.append(child)
                     await _wait_child(
                         child, lambda c: bool(c.addrs), options.start_timeout, "start listening"
@@ -411,9 +408,17 @@ async def _converse(
     return _end_event(transcript, done, options.max_replies)
 
 
-async def _spawn(
-    nursery: trio.Nursery, card: Path, index: int, peers: list[str], options: DemoOptions, workdir: Path
-) -> _Child:
+async def _run_child(
+    card: Path,
+    index: int,
+    peers: list[str],
+    options: DemoOptions,
+    workdir: Path,
+    *,
+    task_status: TaskStatus[_Child] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Start the companion process of ``card`` (started with it) and follow its stdout until
+    the process closes it (:func:`_read_child`)."""
     log_path = workdir / f"{card.stem}.log"
     command = [
         sys.executable,
@@ -445,6 +450,6 @@ async def _spawn(
     log_file.close()
     child = _Child(card, process, log_path)
     assert process.stdout is not None
-    nursery.start_soon(_read_child, child, process.stdout)
     log_event(logger, "companion_process_started", card=str(card), pid=process.pid, log=str(log_path))
-    return child
+    task_status.started(child)
+    await _read_child(child, process.stdout)

@@ -13,10 +13,11 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
+from companion.app.changes import Changes
 from companion.card.model import LoadedCard
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
@@ -31,6 +32,9 @@ from companion.models.base import (
 )
 from companion.protocol import MESSAGES, Message, Metadata
 from companion.store.sqlite import MemoryStore
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = ["USER_ID", "CountingModel", "Member", "MemoryGroup"]
 
@@ -128,7 +132,7 @@ class MemoryGroup:
         self.user = user
         self._on_event = on_event
         self._on_engine_event = on_engine_event
-        self._changed = trio.Event()
+        self._changes = Changes()
         self._bystander = self.hub.endpoint(self.BYSTANDER if name is None else f"{name}/{self.BYSTANDER}")
         self._user = self.hub.endpoint(user)
         nursery.start_soon(self._watch)
@@ -179,7 +183,7 @@ class MemoryGroup:
         await self.nursery.start(self._serve, member)
         return member
 
-    async def _serve(self, member: Member, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def _serve(self, member: Member, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with member.scope:
             async with trio.open_nursery() as nursery:
                 member.engine.attach(nursery)
@@ -227,16 +231,11 @@ class MemoryGroup:
             for event in lines:
                 if self._on_event is not None:
                     self._on_event(event)
-            self._changed.set()
-            self._changed = trio.Event()
+            self._changes.note()
 
     async def wait_until(self, predicate: Callable[[Transcript], bool], timeout: float) -> bool:
         """Wait until ``predicate(transcript)`` holds after some payload; ``False`` on timeout."""
-        with trio.move_on_after(timeout):
-            while not predicate(self.transcript):
-                await self._changed.wait()
-            return True
-        return False
+        return await self._changes.wait_until(lambda: predicate(self.transcript), timeout)
 
     def calls_per_turn(self) -> dict[str, int]:
         """Model calls by the message they answered (one entry per turn)."""

@@ -19,6 +19,8 @@ import trio
 from companion.log import log_event
 
 if TYPE_CHECKING:
+    from trio_typing import TaskStatus
+
     from companion.app.metrics import ProcessMetrics
     from companion.bridge import Bridge
     from companion.bridge.httpserver import HttpRequest, HttpResponse
@@ -70,7 +72,11 @@ def respond(metrics: ProcessMetrics, path: str, headers: Mapping[str, str]) -> H
 
 
 async def serve_metrics(
-    host: str, port: int, metrics: ProcessMetrics, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    host: str,
+    port: int,
+    metrics: ProcessMetrics,
+    *,
+    task_status: TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """``--metrics HOST:PORT``: serve :func:`respond` until cancelled; ``task_status.started``
     with the port once listening (prints ``metrics http://HOST:PORT/metrics``). An address in

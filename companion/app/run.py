@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -38,6 +38,8 @@ from companion.app.trust import TrustOptions, open_trust
 from companion.log import log_event
 
 if TYPE_CHECKING:
+    from trio_typing import TaskStatus
+
     from companion.actions import ActionRuntime
     from companion.app.bridge import BridgeOptions
     from companion.app.metrics import ProcessMetrics
@@ -129,7 +131,7 @@ async def run_nodes(
     companion answers", and no other node counts it as a leader before. A model that cannot
     work (:func:`~.engines.prepare_models`) stops every node and is raised here, as a bad card
     is (before any node starts)."""
-    from companion.app.clients import open_to_clients, start_client_node
+    from companion.app.clients import let_clients_in, run_client_node
     from companion.app.datadir import hold_data_dirs
     from companion.card.model import load_card
     from companion.node import CompanionNode, NodeConfig
@@ -169,7 +171,7 @@ async def run_nodes(
             from companion.app.actions import serve_actions
             from companion.app.views import serve_views
 
-            clients = await start_client_node(options.bridge, nodes, nursery, trust)
+            clients = await nursery.start(run_client_node, options.bridge, nodes, trust)
             serve_actions(clients.bridge, runtimes)
             serve_views(clients.bridge, loaded, stores)
             if metrics is not None:
@@ -228,9 +230,9 @@ async def run_nodes(
         collector.resume()  # start-up is over (see collector): everything it needs is loaded
         running = Running(nodes)
         if clients is not None and options.bridge is not None:
-            clients_nursery: trio.Nursery = await nursery.start(_nursery_of_its_own)
-            clients_scope = clients_nursery.cancel_scope  # stopped before the nodes
-            port = await open_to_clients(options.bridge, clients, set(ids), clients_nursery)
+            clients_scope = trio.CancelScope()  # stopped before the nodes
+            serving = partial(let_clients_in, options.bridge, clients, set(ids))
+            port = await nursery.start(_within, clients_scope, serving)
             running = Running(nodes, clients.bridge, clients.node, port)
         if ready is not None:
             ready(running)
@@ -241,11 +243,16 @@ async def run_nodes(
         raise Interrupted
 
 
-async def _nursery_of_its_own(*, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """A nursery handed back to the caller, who may cancel its scope on its own."""
-    async with trio.open_nursery() as nursery:
-        task_status.started(nursery)
-        await trio.sleep_forever()
+async def _within(
+    scope: trio.CancelScope,
+    run: Callable[..., Awaitable[None]],
+    *,
+    task_status: TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """``run`` (started with what it reports) inside ``scope``, which the caller cancels on
+    its own: the clients stop before the nodes."""
+    with scope:
+        await run(task_status=task_status)
 
 
 def _metrics(companions: Sequence[str]) -> ProcessMetrics:
@@ -272,7 +279,10 @@ def _connected(node: CompanionNode) -> bool:
 
 
 async def _run_one(
-    node: CompanionNode, handler: InboundHandler, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    node: CompanionNode,
+    handler: InboundHandler,
+    *,
+    task_status: TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run ``node`` in a nursery of its own, handed back once the node listens: its engine's
     tasks run there (started later, see :func:`run_nodes`) and stop with it."""
@@ -294,7 +304,7 @@ async def _serve_signals(
     reload: Callable[[], None],
     stopped_by: list[int],
     *,
-    task_status: Any = trio.TASK_STATUS_IGNORED,
+    task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve SIGHUP (reload tools) and SIGUSR1 (stats of ``nodes()``). The first SIGINT or
     SIGTERM is noted in ``stopped_by`` and asks for the stop (:class:`~.stopping.Stop`); a

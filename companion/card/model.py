@@ -28,7 +28,7 @@ from companion.card.triggers import (
     TriggerError,
     compile_triggers,
 )
-from companion.protocol import Metadata
+from companion.protocol import COMPANION_ID_PREFIX, Metadata
 
 __all__ = [
     "COMPANION_ID_PREFIX",
@@ -51,8 +51,6 @@ __all__ = [
     "image_type",
     "load_card",
 ]
-
-COMPANION_ID_PREFIX: Final = "companion_"
 
 PathPart: TypeAlias = str | int
 

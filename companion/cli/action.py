@@ -89,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
             if not (args.card.startswith("companion_") and not Path(args.card).exists()):
                 companion_id = load_card(args.card).card.metadata.id
             token = args.token or os.environ.get(TOKEN_ENV) or None
-            run = live_run(args.bridge, companion_id, args.tool, raw, token=token)
+            run = trio.run(lambda: live_run(args.bridge, companion_id, args.tool, raw, token=token))
     except CardError as exc:
         print(str(exc), file=sys.stderr)
         return 2

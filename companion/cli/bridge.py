@@ -29,10 +29,12 @@ from companion.app.bridge import (
 from companion.app.logs import configure_node_logging
 from companion.app.paths import default_data_dir
 from companion.app.stopping import is_interrupt
-from companion.cli.exits import innermost
+from companion.cli.exits import failure_status
 from companion.cli.options import (
     TOKEN_ENV,
     add_log_level_arguments,
+    add_multiaddr_argument,
+    add_no_mdns_argument,
     chosen_log_level,
     parse_ws_address,
     resolve_token,
@@ -60,21 +62,11 @@ def register(subparsers: Any) -> None:
         metavar="HOST:PORT",
         help="where clients connect (default 127.0.0.1:8080; 0.0.0.0:8080 to accept other machines)",
     )
-    parser.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="bootstrap peer, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...; redialled when lost",
+    add_multiaddr_argument(
+        parser, "--peer", "bootstrap peer, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...; redialled when lost"
     )
-    parser.add_argument(
-        "--listen",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="libp2p listen address (default /ip4/0.0.0.0/tcp/0)",
-    )
-    parser.add_argument("--no-mdns", action="store_true", help="do not discover peers on the LAN")
+    add_multiaddr_argument(parser, "--listen", "libp2p listen address (default /ip4/0.0.0.0/tcp/0)")
+    add_no_mdns_argument(parser)
     parser.add_argument(
         "--token",
         nargs="?",
@@ -216,10 +208,5 @@ def main(args: argparse.Namespace) -> int:
     except Exception as exc:
         if is_interrupt(exc):
             return 130
-        failure = innermost(exc)
-        if isinstance(failure, ValueError | OSError):
-            print(f"companion bridge: {failure}", file=sys.stderr)
-            return 2
-        logger.exception("bridge failed", extra={"companion_event": "bridge_failed"})
-        return 1
+        return failure_status("bridge", exc, logger)
     return 0

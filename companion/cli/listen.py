@@ -19,6 +19,7 @@ from typing import Any
 
 from companion.cli.options import TOKEN_ENV, add_log_level_arguments, chosen_log_level
 from companion.log import configure_logging
+from companion.protocol import USER_ID_PREFIX
 
 __all__ = ["default_user_id", "register"]
 
@@ -28,7 +29,7 @@ def default_user_id() -> str:
         name = getpass.getuser()
     except (KeyError, OSError):
         name = "me"
-    return "user_" + (re.sub(r"[^A-Za-z0-9_]", "_", name) or "me")
+    return USER_ID_PREFIX + (re.sub(r"[^A-Za-z0-9_]", "_", name) or "me")
 
 
 def register(subparsers: Any) -> None:
@@ -76,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
     from companion.app.listen import listen_options, run_terminal
 
     user_id = args.user_id or default_user_id()
-    if not user_id.startswith("user_") or user_id == "user_":
+    if not user_id.startswith(USER_ID_PREFIX) or user_id == USER_ID_PREFIX:
         print(f"companion listen: --as must look like user_NAME, not {user_id!r}", file=sys.stderr)
         return 2
     configure_logging(chosen_log_level(args))

@@ -5,17 +5,22 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-from typing import Final
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Final
 
 __all__ = [
     "TOKEN_ENV",
     "add_log_level_arguments",
     "add_metrics_argument",
+    "add_multiaddr_argument",
+    "add_no_mdns_argument",
     "chosen_log_level",
     "log_level",
     "metrics_address",
     "parse_ws_address",
     "resolve_token",
+    "standalone_args",
 ]
 
 _LEVELS: Final = ("ERROR", "WARNING", "INFO", "DEBUG")
@@ -75,6 +80,27 @@ def _port(text: str, value: str, flag: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise ValueError(f"{flag} {value!r}: the port must be a number from 0 to 65535")
     return int(text)
+
+
+def add_multiaddr_argument(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """A libp2p address flag that may be given again and again (``--listen``, ``--peer``,
+    ``--relay``): a list, empty when not given."""
+    parser.add_argument(flag, action="append", default=[], metavar="MULTIADDR", help=help)
+
+
+def add_no_mdns_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-mdns``, the same for every command that runs a node."""
+    parser.add_argument("--no-mdns", action="store_true", help="do not discover peers on the LAN")
+
+
+def standalone_args(
+    command: str, register: Callable[[Any], None], argv: Sequence[str] | None
+) -> argparse.Namespace:
+    """``python -m companion.cli.COMMAND ...``: the arguments of one command parsed as
+    ``companion COMMAND ...`` parses them (``argv`` defaults to the process's own)."""
+    parser = argparse.ArgumentParser(prog="companion")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
 
 
 def add_metrics_argument(parser: argparse.ArgumentParser) -> None:

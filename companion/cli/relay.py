@@ -26,12 +26,14 @@ from companion.app.logs import configure_node_logging
 from companion.app.paths import default_data_dir
 from companion.app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
 from companion.app.stopping import is_interrupt
-from companion.cli.exits import innermost
+from companion.cli.exits import failure_status
 from companion.cli.options import (
     add_log_level_arguments,
     add_metrics_argument,
+    add_multiaddr_argument,
     chosen_log_level,
     metrics_address,
+    standalone_args,
 )
 
 __all__ = ["register"]
@@ -46,19 +48,11 @@ def register(subparsers: Any) -> None:
         description="Run a circuit relay v2 node with an AutoNAT server and a DHT, for companions on "
         "other networks and behind NAT: give its address to companion run --relay (and --peer).",
     )
-    parser.add_argument(
-        "--listen",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help=f"listen address (default {DEFAULT_LISTEN}: open this TCP port in the firewall)",
+    add_multiaddr_argument(
+        parser, "--listen", f"listen address (default {DEFAULT_LISTEN}: open this TCP port in the firewall)"
     )
-    parser.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="another relay or bootstrap node to stay connected to (their DHTs meet)",
+    add_multiaddr_argument(
+        parser, "--peer", "another relay or bootstrap node to stay connected to (their DHTs meet)"
     )
     parser.add_argument(
         "--data-dir",
@@ -103,19 +97,12 @@ def _report_failure(exc: BaseException) -> int:
     """An address or port the user can fix is one line and exit 2; anything else exit 1."""
     if is_interrupt(exc):
         return 130
-    exc = innermost(exc)
-    if isinstance(exc, ValueError | OSError):
-        print(f"companion relay: {exc}", file=sys.stderr)
-        return 2
-    logger.exception("relay failed", extra={"companion_event": "relay_failed"})
-    return 1
+    return failure_status("relay", exc, logger)
 
 
 def standalone(argv: Sequence[str] | None = None) -> int:
     """``python -m companion.cli.relay ...``: the same command without the other subcommands."""
-    parser = argparse.ArgumentParser(prog="companion")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["relay", *(sys.argv[1:] if argv is None else argv)])
+    args = standalone_args("relay", register, argv)
     return int(args.func(args))
 
 

@@ -30,15 +30,18 @@ from companion.app import collector
 from companion.app.cards import resolve_card
 from companion.app.paths import default_data_dir
 from companion.app.stopping import exit_status, is_interrupt
-from companion.cli.exits import innermost
+from companion.cli.exits import failure_status
 from companion.cli.options import (
     TOKEN_ENV,
     add_log_level_arguments,
     add_metrics_argument,
+    add_multiaddr_argument,
+    add_no_mdns_argument,
     chosen_log_level,
     metrics_address,
     parse_ws_address,
     resolve_token,
+    standalone_args,
 )
 from companion.cli.trust import add_trust_arguments, trust_options
 
@@ -63,28 +66,22 @@ def register(subparsers: Any) -> None:
         metavar="CARD",
         help="card files (YAML or TOML), or the name of a card shipped with companion (pim, ostra, juniper)",
     )
-    parser.add_argument(
+    add_multiaddr_argument(
+        parser,
         "--listen",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="listen address, e.g. /ip4/0.0.0.0/tcp/4001 (default: all interfaces, a free port); "
+        "listen address, e.g. /ip4/0.0.0.0/tcp/4001 (default: all interfaces, a free port); "
         "once for all cards (ports counted up) or once per card",
     )
-    parser.add_argument(
+    add_multiaddr_argument(
+        parser,
         "--peer",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="bootstrap peer, e.g. /ip4/192.168.1.20/tcp/4001/p2p/12D3KooW...; redialled when lost",
+        "bootstrap peer, e.g. /ip4/192.168.1.20/tcp/4001/p2p/12D3KooW...; redialled when lost",
     )
-    parser.add_argument("--no-mdns", action="store_true", help="do not discover peers on the LAN")
-    parser.add_argument(
+    add_no_mdns_argument(parser)
+    add_multiaddr_argument(
+        parser,
         "--relay",
-        action="append",
-        default=[],
-        metavar="MULTIADDR",
-        help="circuit relay (companion relay) to be reachable through from behind NAT, "
+        "circuit relay (companion relay) to be reachable through from behind NAT, "
         "e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...; also a bootstrap peer",
     )
     parser.add_argument(
@@ -206,20 +203,20 @@ def _report_failure(exc: BaseException) -> int:
     from companion.card.model import CardError
     from companion.models.errors import ModelSetupError
 
-    exc = innermost(exc)
-    if isinstance(exc, CardError | ModelSetupError | ValueError | OSError):
-        if not (isinstance(exc, ModelSetupError) and exc.reported):  # once: the check said it
-            print(f"companion run: {exc}", file=sys.stderr)
-        return 2
-    logger.exception("run failed", extra={"companion_event": "run_failed"})
-    return 1
+    refusals = (CardError, ModelSetupError, ValueError, OSError)
+    return failure_status("run", exc, logger, refusals, said=_said_by_the_check)
+
+
+def _said_by_the_check(exc: BaseException) -> bool:
+    """A model that cannot work is said once, by the check's own line."""
+    from companion.models.errors import ModelSetupError
+
+    return isinstance(exc, ModelSetupError) and exc.reported
 
 
 def standalone(argv: Sequence[str] | None = None) -> int:
     """``python -m companion.cli.run ...``: the same command without the other subcommands."""
-    parser = argparse.ArgumentParser(prog="companion")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["run", *(sys.argv[1:] if argv is None else argv)])
+    args = standalone_args("run", register, argv)
     try:
         return int(args.func(args))
     except BaseException as exc:  # Ctrl-C before the signal receiver is installed

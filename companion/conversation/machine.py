@@ -36,7 +36,8 @@ Rules (the rule book itself is :mod:`companion.conversation.rules`):
 
 - *Leader*: the candidates are the addressed ids this node knows as companions (bound now or
   earlier), at most :data:`~companion.conversation.rules.MAX_CANDIDATES`; aikyo's md5 rule picks the leader
-  among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the message.
+  among them, rank ``k`` leads when no array counted ``k x takeover_after`` after the message
+  (aikyo's candidates after the first never take over and take no slot: ``rules.leader_slot``).
 - *States*: an array counts only from a candidate whose slot is due (its rank's slot began,
   give or take :data:`SLOT_GRACE` of a slot for clock and delivery skew); an array from anyone
   else is logged and ignored whatever it says, ``terminal`` included. A candidate's array that
@@ -65,9 +66,12 @@ Rules (the rule book itself is :mod:`companion.conversation.rules`):
   or companions gone) opens no turn anywhere; this node publishes its quiet closing
   (:meth:`_close_quietly`) and the conversation ends, visibly.
 - *aikyo companions*: a companion seen behaving as aikyo's (unstamped messages, untagged arrays)
-  and never as ours is :meth:`slotless`: aikyo lets only an array's top speaker talk. Slots after
-  the first that belong only to such companions are not waited for (the turn is unanswered at
-  once, and aikyo leaders take no closing slot). When one of them speaks past this companion's
+  and never as ours is :meth:`slotless`: aikyo lets only an array's top speaker talk. A slot
+  after the first that belongs to such a companion is never waited for, wherever it stands
+  (:func:`~companion.conversation.rules.slot_can_be_filled`; when none of ours is left the turn
+  is unanswered at once, and aikyo leaders take no closing slot). This node, leading, holds back
+  an aikyo companion that said the message answered (:func:`~companion.conversation.rules.held_back`:
+  aikyo's agent is still finishing and ignores arrays). When one of them speaks past this companion's
   turn limit and the leaders before this node are all aikyo's, this node publishes the
   ``terminal`` array at once, and it counts at once and for good (aikyo's arrays know no limit);
   and this companion's own reply at its limit addresses only the people (:meth:`_last_word`).
@@ -126,12 +130,15 @@ from companion.conversation.rules import (
     ends_conversation,
     fallback_decisions,
     finalize_states,
+    held_back,
     later,
     leader_candidates,
+    leader_slot,
     plan_leaders,
     preferred_speaker,
     quiet_closing,
     reply_recipients,
+    slot_can_be_filled,
     speaking_order,
     stamp_reply,
     states_match,
@@ -649,7 +656,7 @@ class Conversation:
         times: list[float] = []
         if turn.states is None:
             if turn.phase is Phase.AWAITING_STATES and turn.rank:
-                times.append(turn.opened_at + turn.rank * self.takeover_after)
+                times.append(turn.opened_at + self._lead_slot(turn, turn.rank) * self.takeover_after)
             times.extend(self._due(turn, rank) for rank in turn.pending)
         elif turn.phase in (Phase.AWAITING_SPEAKER, Phase.SPEAKING) and not self.bystander:
             k = turn.slot
@@ -811,10 +818,11 @@ class Conversation:
         addressed = tuple(cid for cid in candidates.ids if cid in self.present)
         rank = plan.rank(self.me)
         if rank is not None:
+            busy = self._finishing(message)  # issue 33 hook: never prefer one still finishing
             preference = preferred_speaker(
                 nominated=nominated,
                 text=params.message,
-                candidates=[cid for cid in addressed if cid != params.from_],
+                candidates=[cid for cid in addressed if cid != params.from_ and cid not in busy],
                 names=self.names,
                 heard=self._heard,
                 last_turn=self._last_turn,
@@ -880,6 +888,15 @@ class Conversation:
                     "the terminal array goes out now",
                 )
                 self._lead(turn, out)
+
+    def _finishing(self, message: Message) -> frozenset[str]:
+        """The aikyo companion that said the message ``message`` answers: aikyo's agent is
+        still making its last model call then and ignores every states array
+        (:func:`~companion.conversation.rules.held_back`)."""
+        answered = turn_info(message).in_reply_to
+        said = self._messages.get(answered) if answered is not None else None
+        who = None if said is None else said.params.from_
+        return frozenset([who]) if who is not None and self.slotless(who) else frozenset()
 
     def _first_follower(self, turn: _Turn, rank: int) -> bool:
         """Whether every leader candidate ranked before ``rank`` is aikyo's (:meth:`slotless`):
@@ -964,8 +981,13 @@ class Conversation:
                     )
                 counted.append(replace(d, closing=stage))
             decisions = counted
+        # issue 33 hook: an aikyo companion that said the message answered is still finishing
+        busy = self._finishing(turn.message)
+        decisions, notes = held_back(decisions, busy)
+        held += notes
+        nominated = None if turn.nominated in busy else turn.nominated
         outcome = finalize_states(
-            decisions, turn.addressed, floor=floor.stage, nominated=turn.nominated, tag=turn_tag(turn.message)
+            decisions, turn.addressed, floor=floor.stage, nominated=nominated, tag=turn_tag(turn.message)
         )
         self._log(
             out,
@@ -987,7 +1009,12 @@ class Conversation:
     # --- accepting states ----------------------------------------------------------------------
 
     def _due(self, turn: _Turn, rank: int) -> float:
-        return turn.opened_at + (rank - SLOT_GRACE) * self.takeover_after if rank else turn.opened_at
+        slot = self._lead_slot(turn, rank)
+        return turn.opened_at + (slot - SLOT_GRACE) * self.takeover_after if slot else turn.opened_at
+
+    def _lead_slot(self, turn: _Turn, rank: int) -> int:
+        """issue 33 hook: aikyo's candidates after the first take no leader slot (rules.leader_slot)."""
+        return leader_slot(turn.plan.order, rank, self.slotless)
 
     def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:
         self._evidence(publisher, states_tag(states) is not None)  # our leaders tag their arrays
@@ -1256,9 +1283,9 @@ class Conversation:
             elif (
                 turn.phase is Phase.AWAITING_STATES
                 and turn.rank
-                and now >= turn.opened_at + turn.rank * self.takeover_after
+                and now >= turn.opened_at + self._lead_slot(turn, turn.rank) * self.takeover_after
             ):
-                wait = turn.rank * self.takeover_after
+                wait = self._lead_slot(turn, turn.rank) * self.takeover_after
                 self._log(
                     out,
                     "takeover",
@@ -1278,22 +1305,26 @@ class Conversation:
         ):
             return
         slot = self._slot_at(turn, now)
-        while slot < len(turn.order) and turn.order[slot] in turn.yielded:
+        # issue 33 hook: a slot given up, or a stand-in's slot of an aikyo companion (they speak
+        # only as an array's top speaker), opens the next one at once (rules.slot_can_be_filled)
+        skipped: list[str] = []
+        while slot < len(turn.order) and not slot_can_be_filled(
+            turn.order, slot, gave_up=turn.yielded, slotless=self.slotless
+        ):
+            if turn.order[slot] not in turn.yielded:
+                skipped.append(turn.order[slot])
             self._rebase(turn, slot, now)
             slot = self._slot_at(turn, now)
-        if 0 < slot < len(turn.order) and all(self.slotless(cid) for cid in turn.order[slot:]):
-            # Only an array's top speaker talks on aikyo's side: these slots would pass in silence.
+        if skipped:
             self._log(
                 out,
                 "slots_skipped",
                 message_id=turn.message_id,
-                skipped=list(turn.order[slot:]),
+                skipped=skipped,
                 reason="slotless",
-                why="the remaining slots belong to companions that do not follow slots (aikyo's "
-                "speak only as an array's top speaker): nobody will answer in them",
+                why="these slots belong to companions that do not follow slots (aikyo's speak "
+                "only as an array's top speaker): nobody will answer in them",
             )
-            turn.ends = min(turn.ends, now)
-            slot = len(turn.order)
         if slot != turn.slot:
             previous = turn.order[turn.slot] if 0 <= turn.slot < len(turn.order) else None
             if previous is not None and previous not in turn.yielded and slot < len(turn.order):

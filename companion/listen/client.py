@@ -18,11 +18,11 @@ import json
 import logging
 import math
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import h11
 import trio
 from pydantic import ValidationError
 from trio_websocket import (
@@ -36,6 +36,7 @@ from trio_websocket import (
 )
 
 from companion.bridge.access import token_from
+from companion.bridge.httpclient import ReplyTooLarge, RequestFailed, RequestTimedOut, request
 from companion.listen.core import START_HINT, Effect, ListenSession, Quit, Send, Show, Speak
 from companion.listen.voice import Voice, VoiceError
 from companion.log import log_event
@@ -172,36 +173,15 @@ async def _get(url: str, timeout: float, limit: int) -> tuple[int, bytes]:
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname is None:
         raise DirectoryError(f"cannot fetch {url!r}: only http:// is supported")
-    target = parts.path + (f"?{parts.query}" if parts.query else "")
-    conn = h11.Connection(h11.CLIENT)
-    body = bytearray()
-    status = 0
     try:
-        with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(parts.hostname, parts.port or 80)
-            async with stream:
-                host = parts.netloc
-                request = h11.Request(
-                    method="GET", target=target, headers=[("Host", host), ("Connection", "close")]
-                )
-                await stream.send_all(conn.send(request) + conn.send(h11.EndOfMessage()))
-                while True:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        conn.receive_data(await stream.receive_some(65536))
-                    elif isinstance(event, h11.Response):
-                        status = event.status_code
-                    elif isinstance(event, h11.Data):
-                        body += event.data
-                        if len(body) > limit:
-                            raise DirectoryError(f"{parts.path} answered more than {limit} bytes")
-                    elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
-                        break
-    except trio.TooSlowError as exc:
+        reply = await request("GET", url, timeout=timeout, limit=limit)
+    except ReplyTooLarge as exc:
+        raise DirectoryError(f"{parts.path} answered more than {limit} bytes") from exc
+    except RequestTimedOut as exc:
         raise DirectoryError(f"no answer from {parts.netloc} within {timeout:g}s") from exc
-    except (OSError, h11.ProtocolError, trio.BrokenResourceError) as exc:
+    except RequestFailed as exc:
         raise DirectoryError(f"cannot read {parts.path} from {parts.netloc}: {exc}") from exc
-    return status, bytes(body)
+    return reply.status, reply.body
 
 
 async def run_listener(
@@ -219,9 +199,10 @@ async def run_listener(
     token = effective_token(options)
     if token != options.token:
         options = replace(options, token=token)
-    connect = _connect_rtc if options.webrtc else _connect
+    link = _Link(options, session, lines, show)
+    connect = link.connect_rtc if options.webrtc else link.connect
     shown = _without_token(options.url)
-    code = await connect(options, session, lines, show, first=True)
+    code = await connect(first=True)
     lost_since, wait = trio.current_time(), RECONNECT_FIRST
     while code is None or code == _CONNECTED_THEN_LOST:  # lost: reconnect, bounded in time
         if code == _CONNECTED_THEN_LOST:
@@ -232,103 +213,105 @@ async def run_listener(
         show(Show(f"reconnecting to {shown} in {wait:g} s…"))
         await trio.sleep(wait)
         wait = min(wait * 2, RECONNECT_MAX)
-        code = await connect(options, session, lines, show, first=False)
+        code = await connect(first=False)
     return code
 
 
 _CONNECTED_THEN_LOST: Final = -1
-"""What :func:`_connect` returns for a connection that was made and then lost: try again at once
-(from the shortest wait), however long the last one lasted."""
+"""What a connection returns when it was made and then lost: try again at once (from the
+shortest wait), however long the last one lasted."""
+
+_NOT_IN_TIME: Final = -2
+"""What :meth:`_Link.converse` returns when the connection was not made within the deadline."""
 
 
-async def _connect(
-    options: ListenOptions,
-    session: ListenSession,
-    lines: trio.MemoryReceiveChannel[str],
-    show: Callable[[Show], None],
-    *,
-    first: bool,
-) -> int | None:
-    """One connection: the exit code when the client is done, ``None`` when a reconnection
-    could not be made (try again later), :data:`_CONNECTED_THEN_LOST` when it was made and
-    lost. The first connection failing is final (a wrong address or token is the person's to
-    fix); a refusal (401, 403, 421) always is."""
-    url = subscribed(with_query(options.url, token=options.token))
-    shown = _without_token(options.url)
-    failed: Show | None = None
-    # Our own deadline around the handshake: trio-websocket 0.12 leaves its reader task waiting
-    # on a server that accepted the socket but never answers, so its own timeout never returns.
-    connecting = trio.CancelScope(deadline=trio.current_time() + options.connect_timeout)
-    try:
+@dataclass(frozen=True)
+class _Link:
+    """What every connection of one run of the client shares, over WebSocket or WebRTC.
+
+    Each connection returns the exit code when the client is done, ``None`` when a
+    reconnection could not be made (try again later), :data:`_CONNECTED_THEN_LOST` when it was
+    made and lost. The first connection failing is final (a wrong address or token is the
+    person's to fix)."""
+
+    options: ListenOptions
+    session: ListenSession
+    lines: trio.MemoryReceiveChannel[str]
+    show: Callable[[Show], None]
+
+    async def converse(
+        self, opening: AbstractAsyncContextManager[WebSocketConnection | MessageConnection], *, first: bool
+    ) -> int:
+        """Open the connection within ``connect_timeout`` (our own deadline: trio-websocket
+        0.12 leaves its reader task waiting on a server that accepted the socket but never
+        answers, so its own timeout never returns), then run the client on it until done."""
+        connecting = trio.CancelScope(deadline=trio.current_time() + self.options.connect_timeout)
         with connecting:
-            async with open_websocket_url(
-                url, connect_timeout=options.connect_timeout + 1, disconnect_timeout=DISCONNECT_TIMEOUT
-            ) as ws:
+            async with opening as connection:
                 connecting.deadline = math.inf
-                client = _Client(options, session, ws, show, first=first)
-                code = await client.run(lines)
+                client = _Client(self.options, self.session, connection, self.show, first=first)
+                code = await client.run(self.lines)
                 return _CONNECTED_THEN_LOST if client.lost else code
-        failed = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
-    except ConnectionTimeout:
-        failed = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
-    except DisconnectionTimeout:
-        return 0  # we were leaving anyway; the bridge did not answer our close in time
-    except ConnectionRejected as exc:
-        if exc.status_code in (401, 403, 421) or first:
-            show(Show(f"could not connect to {shown}: {_describe(exc)}", "error"))
+        return _NOT_IN_TIME
+
+    def failed(self, failure: Show, *, first: bool) -> int | None:
+        """A connection that could not be made: final (1) if it was the first."""
+        if first:
+            self.show(failure)
             return 1
-        failed = Show(f"could not connect to {shown}: {_describe(exc)}", "error")
-    except HandshakeError as exc:
-        failed = Show(f"could not connect to {shown}: {_describe(exc)}", "error")
-    except OSError as exc:
-        failed = Show(f"could not connect to {shown}: {exc}", "error")
-    if first:
-        show(failed)
-        return 1
-    return None
+        return None
 
-
-async def _connect_rtc(
-    options: ListenOptions,
-    session: ListenSession,
-    lines: trio.MemoryReceiveChannel[str],
-    show: Callable[[Show], None],
-    *,
-    first: bool,
-) -> int | None:
-    """``--webrtc``: the same client over a data channel; the connection offers the two calls
-    the client uses, with the same ``ConnectionClosed`` at the end. Returns as :func:`_connect`
-    does; a refused offer is final."""
-    from companion.rtc import OfferRejected
-    from companion.rtc.listen import open_rtc_listener
-
-    connecting = trio.CancelScope(deadline=trio.current_time() + options.connect_timeout)
-    try:
-        with connecting:
-            async with open_rtc_listener(
-                options.url,
-                token=options.token,
-                voice=options.rtc_voice,
-                player=options.rtc_player,
-                topics=LISTEN_TOPICS,
-            ) as link:
-                connecting.deadline = math.inf
-                client = _Client(options, session, link, show, first=first)
-                code = await client.run(lines)
-                return _CONNECTED_THEN_LOST if client.lost else code
+    async def connect(self, *, first: bool) -> int | None:
+        """Over WebSocket; a refusal (401, 403, 421) is always final."""
+        options = self.options
+        url = subscribed(with_query(options.url, token=options.token))
         shown = _without_token(options.url)
-        failed = Show(
-            f"could not connect to {shown} over WebRTC within {options.connect_timeout:g}s", "error"
+        too_slow = Show(f"could not connect to {shown} within {options.connect_timeout:g}s", "error")
+        opening = open_websocket_url(
+            url, connect_timeout=options.connect_timeout + 1, disconnect_timeout=DISCONNECT_TIMEOUT
         )
-    except OfferRejected as exc:
-        show(Show(f"the bridge refused WebRTC: {exc}", "error"))
-        return 1
-    except (OSError, trio.TooSlowError) as exc:
-        failed = Show(f"could not connect to {_without_token(options.url)} over WebRTC: {exc}", "error")
-    if first:
-        show(failed)
-        return 1
-    return None
+        try:
+            code = await self.converse(opening, first=first)
+            return self.failed(too_slow, first=first) if code == _NOT_IN_TIME else code
+        except ConnectionTimeout:
+            return self.failed(too_slow, first=first)
+        except DisconnectionTimeout:
+            return 0  # we were leaving anyway; the bridge did not answer our close in time
+        except ConnectionRejected as exc:
+            refused = Show(f"could not connect to {shown}: {_describe(exc)}", "error")
+            return self.failed(refused, first=first or exc.status_code in (401, 403, 421))
+        except HandshakeError as exc:
+            return self.failed(Show(f"could not connect to {shown}: {_describe(exc)}", "error"), first=first)
+        except OSError as exc:
+            return self.failed(Show(f"could not connect to {shown}: {exc}", "error"), first=first)
+
+    async def connect_rtc(self, *, first: bool) -> int | None:
+        """``--webrtc``: the same client over a data channel; the connection offers the two
+        calls the client uses, with the same ``ConnectionClosed`` at the end. A refused offer is
+        final."""
+        from companion.rtc import OfferRejected
+        from companion.rtc.listen import open_rtc_listener
+
+        options = self.options
+        shown = _without_token(options.url)
+        opening = open_rtc_listener(
+            options.url,
+            token=options.token,
+            voice=options.rtc_voice,
+            player=options.rtc_player,
+            topics=LISTEN_TOPICS,
+        )
+        try:
+            code = await self.converse(opening, first=first)
+            if code != _NOT_IN_TIME:
+                return code
+            too_slow = f"could not connect to {shown} over WebRTC within {options.connect_timeout:g}s"
+            return self.failed(Show(too_slow, "error"), first=first)
+        except OfferRejected as exc:
+            self.show(Show(f"the bridge refused WebRTC: {exc}", "error"))
+            return 1
+        except (OSError, trio.TooSlowError) as exc:
+            return self.failed(Show(f"could not connect to {shown} over WebRTC: {exc}", "error"), first=first)
 
 
 def _describe(exc: HandshakeError) -> str:

@@ -29,9 +29,13 @@ from companion.conversation.signals import (
 )
 from companion.protocol import (
     ACTIONS,
+    APPROVAL_QUERY,
+    COMPANION_ID_PREFIX,
     MESSAGES,
     QUERIES,
+    SPEAK_QUERY,
     STATES,
+    USER_ID_PREFIX,
     Action,
     Message,
     Metadata,
@@ -58,11 +62,6 @@ __all__ = [
     "Speak",
     "stops",
 ]
-
-SPEAK_QUERY: Final = "speak"
-APPROVAL_QUERY: Final = "approval"
-COMPANION_PREFIX: Final = "companion_"
-USER_PREFIX: Final = "user_"
 
 HELP: Final = """\
 Type a line to say it to every companion.
@@ -182,7 +181,7 @@ class ListenSession:
     """Thinking or yield actions without what a signal must carry (not shown)."""
 
     def __post_init__(self) -> None:
-        if not self.user_id.startswith(USER_PREFIX) or len(self.user_id) == len(USER_PREFIX):
+        if not self.user_id.startswith(USER_ID_PREFIX) or len(self.user_id) == len(USER_ID_PREFIX):
             raise ValueError(f"a person's id starts with 'user_' (got {self.user_id!r}), e.g. user_yamada")
 
     # --- who is who --------------------------------------------------------------------
@@ -201,7 +200,7 @@ class ListenSession:
         meta = self.companions.get(participant)
         if meta is not None:
             return meta.name
-        for prefix in (COMPANION_PREFIX, USER_PREFIX):
+        for prefix in (COMPANION_ID_PREFIX, USER_ID_PREFIX):
             if participant.startswith(prefix):
                 return participant[len(prefix) :]
         return participant
@@ -213,12 +212,12 @@ class ListenSession:
             return None
         for cid in self.known_ids():
             meta = self.companions.get(cid)
-            candidates = {cid.casefold(), cid.removeprefix(COMPANION_PREFIX).casefold()}
+            candidates = {cid.casefold(), cid.removeprefix(COMPANION_ID_PREFIX).casefold()}
             if meta is not None:
                 candidates.add(meta.name.casefold())
             if wanted in candidates:
                 return cid
-        if wanted.startswith(COMPANION_PREFIX):
+        if wanted.startswith(COMPANION_ID_PREFIX):
             return name.strip().lstrip("@")
         return None
 
@@ -303,7 +302,7 @@ class ListenSession:
             # the states arrays are not in the history: a reply stamped ``closing`` was the last
             # one (the stage after it is terminal), so the conversation ended there
             closing = (message.params.metadata or {}).get(META_CLOSING)
-            if shown and closing == "closing" and message.params.from_.startswith(COMPANION_PREFIX):
+            if shown and closing == "closing" and message.params.from_.startswith(COMPANION_ID_PREFIX):
                 effects += self._end()
         return effects
 
@@ -315,7 +314,7 @@ class ListenSession:
         while len(self._shown) > MAX_SHOWN_IDS:
             self._shown.pop(next(iter(self._shown)))
         metadata = params.metadata or {}
-        if params.from_.startswith(COMPANION_PREFIX):
+        if params.from_.startswith(COMPANION_ID_PREFIX):
             self.seen_companions.setdefault(params.from_)
             self.waiting.stop(params.from_)  # its reply (or any word from it) ends its thinking
             if not isinstance(metadata.get(META_IN_REPLY_TO), str):
@@ -409,7 +408,7 @@ class ListenSession:
 
     def _note_tools(self, action: Action) -> None:
         tools = action.params.params.get("tools")
-        if not action.params.from_.startswith(COMPANION_PREFIX) or not isinstance(tools, list):
+        if not action.params.from_.startswith(COMPANION_ID_PREFIX) or not isinstance(tools, list):
             return
         ids = [
             one_line(t["id"], 80) for t in tools[:64] if isinstance(t, dict) and isinstance(t.get("id"), str)
@@ -545,7 +544,9 @@ class ListenSession:
 def stops(message: Message) -> bool:
     """A person's message with ``closing: terminal``: a stop (the page's Stop, ``/stop``)."""
     metadata = message.params.metadata or {}
-    return not message.params.from_.startswith(COMPANION_PREFIX) and metadata.get(META_CLOSING) == "terminal"
+    return (
+        not message.params.from_.startswith(COMPANION_ID_PREFIX) and metadata.get(META_CLOSING) == "terminal"
+    )
 
 
 def _answers_only_people(message: Message) -> bool:
@@ -553,9 +554,9 @@ def _answers_only_people(message: Message) -> bool:
     take turns), so the conversation is over until someone speaks again."""
     params = message.params
     return (
-        params.from_.startswith(COMPANION_PREFIX)
+        params.from_.startswith(COMPANION_ID_PREFIX)
         and isinstance((params.metadata or {}).get(META_IN_REPLY_TO), str)
-        and not any(t.startswith(COMPANION_PREFIX) for t in params.to)
+        and not any(t.startswith(COMPANION_ID_PREFIX) for t in params.to)
     )
 
 

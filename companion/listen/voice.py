@@ -69,18 +69,7 @@ class PlayerVoice:
             return
         argv = [part.replace("{rate}", str(speech.sample_rate)) for part in self.player]
         deadline = speech.duration + self.slack
-        try:
-            with trio.fail_after(deadline):
-                done = await trio.run_process(
-                    argv, stdin=speech.pcm, capture_stdout=True, capture_stderr=True, check=False
-                )
-        except FileNotFoundError as exc:
-            raise VoiceError(f"audio player {argv[0]!r} is not installed") from exc
-        except trio.TooSlowError as exc:
-            raise VoiceError(f"audio player {argv[0]!r} did not finish within {deadline:.1f}s") from exc
-        if done.returncode != 0:
-            detail = done.stderr.decode("utf-8", "replace").strip()[:200]
-            raise VoiceError(f"audio player {argv[0]!r} exited {done.returncode}: {detail}")
+        await _play(argv, speech.pcm, deadline, f"audio player {argv[0]!r}", f"{deadline:.1f}s")
         log_event(logger, "line_played", logging.DEBUG, seconds=round(speech.duration, 2), player=argv[0])
 
 
@@ -97,18 +86,25 @@ class DirectEspeakVoice:
 
     async def say(self, text: str, emotion: str | None = None) -> None:
         argv = [self.executable, "--stdin", "-v", pick_voice(text)]
-        try:
-            with trio.fail_after(self.timeout):
-                done = await trio.run_process(
-                    argv, stdin=text.encode("utf-8", "replace"), capture_stderr=True, check=False
-                )
-        except FileNotFoundError as exc:
-            raise VoiceError(f"{self.executable} is not installed") from exc
-        except trio.TooSlowError as exc:
-            raise VoiceError(f"{self.executable} did not finish within {self.timeout:g}s") from exc
-        if done.returncode != 0:
-            detail = done.stderr.decode("utf-8", "replace").strip()[:200]
-            raise VoiceError(f"{self.executable} exited {done.returncode}: {detail}")
+        stdin = text.encode("utf-8", "replace")
+        await _play(argv, stdin, self.timeout, self.executable, f"{self.timeout:g}s")
+
+
+async def _play(argv: list[str], stdin: bytes, deadline: float, what: str, shown_deadline: str) -> None:
+    """Run ``argv`` with ``stdin`` until it exits (the audio has finished), within ``deadline``
+    seconds; a player missing, stuck or failing is a :class:`VoiceError` naming ``what``."""
+    try:
+        with trio.fail_after(deadline):
+            done = await trio.run_process(
+                argv, stdin=stdin, capture_stdout=True, capture_stderr=True, check=False
+            )
+    except FileNotFoundError as exc:
+        raise VoiceError(f"{what} is not installed") from exc
+    except trio.TooSlowError as exc:
+        raise VoiceError(f"{what} did not finish within {shown_deadline}") from exc
+    if done.returncode != 0:
+        detail = done.stderr.decode("utf-8", "replace").strip()[:200]
+        raise VoiceError(f"{what} exited {done.returncode}: {detail}")
 
 
 def find_voice(player: Sequence[str] | None = None) -> Voice | None:

@@ -22,7 +22,7 @@ import logging
 import struct
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 import trio
@@ -30,6 +30,9 @@ from libp2p.abc import INetConn
 from libp2p.stream_muxer.yamux.yamux import FLAG_SYN, TYPE_PING, YAMUX_HEADER_FORMAT
 
 from companion.log import log_event
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = ["ConnectionHealth", "HealthSettings"]
 
@@ -64,7 +67,8 @@ class _Traffic:
 
 
 class ConnectionHealth:
-    """Watches each connection in its own task (spawned by :meth:`watch`, ending with it)."""
+    """Watches each connection in its own task (spawned by :meth:`watch`, ending with it), in
+    the nursery of :meth:`run`."""
 
     def __init__(
         self,
@@ -77,13 +81,26 @@ class ConnectionHealth:
         self.probes = 0
         self.probe_failures = 0
         self.closed: Counter[str] = Counter()
+        self._nursery: trio.Nursery | None = None
 
     def stats(self) -> dict[str, int]:
         return {"probes": self.probes, "probe_failures": self.probe_failures, **self.closed}
 
-    def watch(self, conn: INetConn, nursery: trio.Nursery) -> None:
-        """Start watching ``conn`` (once); the watch ends when the connection closes."""
-        if conn in self._traffic:
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the watches of :meth:`watch` until cancelled; started once it takes them."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self._nursery = None
+
+    def watch(self, conn: INetConn) -> None:
+        """Start watching ``conn`` (once); the watch ends when the connection closes. Only
+        while :meth:`run` runs: a connection that comes after it ended is not watched."""
+        nursery = self._nursery
+        if nursery is None or conn in self._traffic:
             return
         muxed = conn.muxed_conn
         secured = getattr(muxed, "secured_conn", None)

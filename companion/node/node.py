@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Protocol
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
 from libp2p.abc import INetConn, INetStream
@@ -42,6 +43,7 @@ from companion.node.membership import Membership, MembershipEvent
 from companion.node.metadata import METADATA_PROTOCOL, RequestGate, fetch_metadata, serve_metadata
 from companion.node.msgid import js_message_id
 from companion.node.notifee import ConnectionNotifee
+from companion.node.orderly import run_orderly
 from companion.node.presence import LEAVE_PROTOCOL, PresenceService, PresenceSettings
 from companion.node.pubsub import CountingGossipSub, GuardedPubsub
 from companion.node.relay import NatTraversal
@@ -51,6 +53,9 @@ from companion.node.topology import TRIM_PROTOCOL, Topology, dial_target, disabl
 from companion.node.trust import TrustStore
 from companion.node.yamux import batch_window_updates
 from companion.protocol import TOPICS, Envelope, Metadata, Query, State
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = ["CompanionNode", "InboundHandler", "MembershipListener", "NodeNotRunning"]
 
@@ -192,7 +197,11 @@ class CompanionNode:
         """Payloads handed to the handler by topic (``delivered`` is their sum): the metrics'
         messages in."""
         self._listeners: list[MembershipListener] = []
-        self._stash: OrderedDict[tuple[bytes, str], Inbound] = OrderedDict()
+        self._stash: OrderedDict[tuple[int, str], tuple[rpc_pb2.Message, Inbound]] = OrderedDict()
+        """What the edge admitted, until gossipsub delivers it. py-libp2p hands the validator and
+        the delivery the same message object, so the entry is keyed by that object's identity
+        (it holds the message: the identity is not reused meanwhile) and the message id is
+        computed once, for the guard's replay check."""
         self._closing: dict[INetConn, str] = {}
         self._left: OrderedDict[str, float] = OrderedDict()
         """Peers whose companion announced its stop, and when (:data:`LEFT_RECENTLY`)."""
@@ -310,27 +319,23 @@ class CompanionNode:
 
     # --- running ----------------------------------------------------------------------------
 
-    async def run(self, handler: InboundHandler, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled; ``task_status.started()`` once listening.
+    async def run(
+        self, handler: InboundHandler, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Run until cancelled or :meth:`stop`; ``task_status.started()`` once listening.
 
-        Cancellation is turned into an orderly stop: py-libp2p tears connections down half-way
-        when its own tasks are cancelled (peers then notice only at the next health check), so
-        the host runs in a shielded scope and is closed first, within a deadline.
+        Either way the stop is orderly (:mod:`companion.node.orderly`): the host runs in a
+        shielded scope and is closed first, within ``close_timeout``.
         """
-        stop = trio.Event()
-        shielded = trio.CancelScope(shield=True)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self._serve, handler, stop, shielded)
-            task_status.started()
-            try:
-                await self._stop_requested.wait()
-            finally:
-                stop.set()
-                with trio.CancelScope(shield=True), trio.move_on_after(self.config.close_timeout) as waited:
-                    await self._finished.wait()
-                if waited.cancelled_caught:
-                    log_event(logger, "host_close_timeout", logging.WARNING, node=self.name)
-                shielded.cancel()
+        await run_orderly(
+            partial(self._serve, handler),
+            self._finished,
+            close_timeout=self.config.close_timeout,
+            name=self.name,
+            logger=logger,
+            stop_requested=self._stop_requested,
+            task_status=task_status,
+        )
 
     async def stop(self) -> None:
         """Stop as cancelling :meth:`run` does (peers told, host closed, what passed the edge
@@ -343,7 +348,12 @@ class CompanionNode:
             await self._finished.wait()
 
     async def _serve(
-        self, handler: InboundHandler, stop: trio.Event, shielded: trio.CancelScope, task_status: Any
+        self,
+        handler: InboundHandler,
+        stop: trio.Event,
+        shielded: trio.CancelScope,
+        *,
+        task_status: TaskStatus[None],
     ) -> None:
         host = make_host(self.config, self._key_pair)
         advertised = AdvertisedAddrs()
@@ -393,9 +403,12 @@ class CompanionNode:
                     self._pubsub = pubsub
                     async with trio.open_nursery() as nursery:
                         if self.config.presence:
-                            await self.presence.start(
-                                pubsub, nursery, lambda: [str(a) for a in host.get_addrs()]
-                            )
+
+                            def addrs() -> list[str]:
+                                return [str(a) for a in host.get_addrs()]
+
+                            await nursery.start(self.presence.run, pubsub, addrs)
+                        await nursery.start(self.health.run)
                         nursery.start_soon(self._connection_events, conn_recv, nursery)
                         nursery.start_soon(self._dispatch, handler, inbound_recv, dispatched)
                         nursery.start_soon(self._dial_discovered, mdns_recv)
@@ -460,7 +473,7 @@ class CompanionNode:
                 inbound = self.guard.admit(topic, msg.data, signer, msg_id)
                 if inbound is None:
                     return False
-                self._stash[(msg_id, topic)] = inbound
+                self._stash[(id(msg), topic)] = (msg, inbound)
                 while len(self._stash) > 4096:
                     self._stash.popitem(last=False)
                 return True
@@ -472,9 +485,10 @@ class CompanionNode:
 
     def _deliver(self, topic: str, msg: rpc_pb2.Message) -> None:
         """A message gossipsub validated and delivers to us (synchronously, from py-libp2p)."""
-        inbound = self._stash.pop((js_message_id(msg), topic), None)
-        if inbound is None or self._inbound_send is None:
+        admitted = self._stash.pop((id(msg), topic), None)
+        if admitted is None or self._inbound_send is None:
             return  # delivered without passing our validator: nothing we vouch for
+        inbound = admitted[1]
         try:
             self._inbound_send.send_nowait(inbound)
         except trio.WouldBlock:
@@ -543,7 +557,7 @@ class CompanionNode:
             peer: ID = conn.muxed_conn.peer_id
             name = peer.to_base58()
             if kind == "connected":
-                self.health.watch(conn, nursery)
+                self.health.watch(conn)
             else:
                 reason = self._closing.pop(conn, "closed")
                 if reason == "closed" and self.topology is not None and self.topology.trimming(name):

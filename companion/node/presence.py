@@ -54,7 +54,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from libp2p.custom_types import TProtocol
@@ -81,6 +81,9 @@ from companion.protocol import (
     encode_presence,
     parse_presence,
 )
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = ["LEAVE_PROTOCOL", "PresenceService", "PresenceSettings"]
 
@@ -281,17 +284,26 @@ class PresenceService:
         (its leave notice; a new connection clears the mark)."""
         return peer in self._leaving
 
-    async def start(self, pubsub: Any, nursery: trio.Nursery, addrs: Callable[[], list[str]]) -> None:
-        """Validate, subscribe (to receive and to relay) and start the loops in ``nursery``;
-        ``addrs`` says where this node listens now (announced, so ring neighbours can dial)."""
+    async def run(
+        self,
+        pubsub: Any,
+        addrs: Callable[[], list[str]],
+        *,
+        task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Validate, subscribe (to receive and to relay), then run the loops until cancelled;
+        started once subscribed. ``addrs`` says where this node listens now (announced, so ring
+        neighbours can dial)."""
         self._pubsub = pubsub
         self._addrs = addrs
         pubsub.set_topic_validator(PRESENCE_TOPIC, self.validate, False)
         await pubsub.subscribe(PRESENCE_TOPIC)  # joins the mesh; deliveries go to the node, unused
-        nursery.start_soon(self._expire_loop)
-        nursery.start_soon(self._request_loop)
-        if self.metadata is not None:
-            nursery.start_soon(self._publish_loop)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._expire_loop)
+            nursery.start_soon(self._request_loop)
+            if self.metadata is not None:
+                nursery.start_soon(self._publish_loop)
+            task_status.started()
 
     async def _publish_loop(self) -> None:
         await self._present.wait()

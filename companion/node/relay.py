@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import multiaddr
 import trio
@@ -45,6 +45,9 @@ from libp2p.tools.anyio_service import background_trio_service
 from companion.log import log_event
 from companion.node.addresses import AdvertisedAddrs
 from companion.node.discovery import dial_error
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = [
     "DialBackAutoNAT",
@@ -258,7 +261,7 @@ class NatTraversal:
 
     # --- running ------------------------------------------------------------------------------
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with background_trio_service(self.protocol):
             if self.dcutr is None:
                 await self._serve(task_status)
@@ -266,7 +269,7 @@ class NatTraversal:
             async with background_trio_service(self.dcutr):
                 await self._serve(task_status)
 
-    async def _serve(self, task_status: Any) -> None:
+    async def _serve(self, task_status: TaskStatus[None]) -> None:
         async with trio.open_nursery() as nursery:
             for relay_id in self.relays:
                 nursery.start_soon(self._keep_reservation, relay_id, nursery)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Final
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -26,8 +27,12 @@ from companion.node.config import NodeConfig, make_host
 from companion.node.discovery import Backoff, parse_peer_addr, redial_forever
 from companion.node.identity import load_or_create_key_pair
 from companion.node.listening import require_alone, require_listening
+from companion.node.orderly import run_orderly
 from companion.node.relay import DialBackAutoNAT
 from companion.node.routing import DhtDiscovery
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = ["RelayNode", "RelayOptions"]
 
@@ -102,28 +107,27 @@ class RelayNode:
     def log_stats(self) -> None:
         log_event(logger, "stats", **self.stats())
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled. Cancellation becomes an orderly stop, as for a companion's node:
-        the host runs shielded and is closed first (peers see the disconnect at once), within
-        ``close_timeout``."""
-        stop = trio.Event()
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled. Cancellation becomes an orderly stop, as for a companion's node
+        (:mod:`companion.node.orderly`): the host runs shielded and is closed first (peers see
+        the disconnect at once), within ``close_timeout``."""
         finished = trio.Event()
-        shielded = trio.CancelScope(shield=True)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self._serve, stop, shielded, finished)
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                stop.set()
-                with trio.CancelScope(shield=True), trio.move_on_after(self.config.close_timeout) as waited:
-                    await finished.wait()
-                if waited.cancelled_caught:
-                    log_event(logger, "host_close_timeout", logging.WARNING, node=self.name)
-                shielded.cancel()
+        await run_orderly(
+            partial(self._serve, finished),
+            finished,
+            close_timeout=self.config.close_timeout,
+            name=self.name,
+            logger=logger,
+            task_status=task_status,
+        )
 
     async def _serve(
-        self, stop: trio.Event, shielded: trio.CancelScope, finished: trio.Event, task_status: Any
+        self,
+        finished: trio.Event,
+        stop: trio.Event,
+        shielded: trio.CancelScope,
+        *,
+        task_status: TaskStatus[None],
     ) -> None:
         host = self.host
         try:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from libp2p.kad_dht import DHTMode, KadDHT
@@ -41,6 +41,9 @@ from libp2p.tools.anyio_service import background_trio_service
 from companion.log import log_event
 from companion.node.discovery import Backoff
 from companion.node.relay import is_circuit
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = ["LOOKUP_INTERVAL_MAX", "LOOKUP_INTERVAL_MIN", "DhtDiscovery"]
 
@@ -113,7 +116,7 @@ class DhtDiscovery:
             "dht_table": self.dht.get_routing_table_size(),
         }
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with background_trio_service(self.dht):
             task_status.started()
             interval = LOOKUP_INTERVAL_MIN

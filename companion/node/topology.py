@@ -35,7 +35,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 from libp2p.custom_types import TProtocol
@@ -45,6 +45,9 @@ from companion.log import log_event
 from companion.node.discovery import Backoff
 from companion.node.logfilters import reports_stream_failures
 from companion.node.notice import acknowledge, tell
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = [
     "TRIM_PROTOCOL",
@@ -276,7 +279,7 @@ class Topology:
 
     # --- running ----------------------------------------------------------------------------
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             task_status.started()
             while True:

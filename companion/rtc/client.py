@@ -29,8 +29,9 @@ from aiortc import (
 )
 from aiortc.mediastreams import MediaStreamError
 
+from companion.bridge import httpclient
 from companion.log import log_event
-from companion.rtc.http import offer_url, post_json
+from companion.rtc.http import MAX_REPLY_BYTES, offer_url
 from companion.rtc.ice import LOOPBACK, host_addresses
 from companion.rtc.island import AsyncioIsland, open_island, single_exceptions
 
@@ -190,8 +191,13 @@ class RtcClient:
         with trio.fail_after(self.settings.http_timeout):
             if isinstance(url, str):
                 headers = {"Authorization": f"Bearer {token}"} if token else {}
-                reply = await post_json(
-                    offer_url(url), body, headers=headers, timeout=self.settings.http_timeout
+                reply = await httpclient.request(
+                    "POST",
+                    offer_url(url),
+                    body=body,
+                    headers=headers,
+                    timeout=self.settings.http_timeout,
+                    limit=MAX_REPLY_BYTES,
                 )
                 status, text = reply.status, reply.body
             else:

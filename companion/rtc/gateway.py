@@ -61,6 +61,9 @@ class RtcGateway:
         self.settings = settings or SessionSettings()
         self.max_sessions = max_sessions
         self._sessions: dict[str, RtcSession] = {}
+        self._scopes: dict[str, trio.CancelScope] = {}
+        """Each session task's own scope: :meth:`cancel_all` cancels the sessions, not the
+        nursery they run in (which belongs to whoever opened the gateway)."""
         self._negotiating = 0
         self._changed = trio.Event()
         self.closed = False
@@ -96,13 +99,15 @@ class RtcGateway:
         finally:
             self._negotiating -= 1
         self._sessions[session.id] = session
+        self._scopes[session.id] = trio.CancelScope()  # before the task starts: cancel_all sees it
         self._sessions_changed()
         self._nursery.start_soon(self._run, session)
         return OfferReply(200, answer_body(sdp, session.id, session.voice_on), session.id)
 
     async def _run(self, session: RtcSession) -> None:
         try:
-            await session.run(self._server, self._publisher)
+            with self._scopes[session.id]:
+                await session.run(self._server, self._publisher)
         except Exception as exc:  # one client's failure must not take the bridge down
             log_event(
                 logger,
@@ -116,6 +121,7 @@ class RtcGateway:
             with trio.CancelScope(shield=True):
                 await session.abort()
             self._sessions.pop(session.id, None)
+            self._scopes.pop(session.id, None)
             self._sessions_changed()
 
     async def wait_for_sessions(self, count: int) -> None:
@@ -141,7 +147,9 @@ class RtcGateway:
     def cancel_all(self) -> None:
         """Cancel every session task at once (they still tear down, shielded, within deadlines).
         The gateway accepts no new sessions afterwards."""
-        self._nursery.cancel_scope.cancel()
+        self.closed = True
+        for scope in list(self._scopes.values()):
+            scope.cancel()
 
 
 def _refuse(error: OfferError) -> OfferReply:

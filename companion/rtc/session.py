@@ -33,7 +33,15 @@ from aiortc.exceptions import InternalError, InvalidAccessError
 from companion.bridge.channel import ChannelClosed
 from companion.log import log_event
 from companion.memory import Publisher
-from companion.protocol import QUERIES, Query, QueryResult, QueryResultBody, new_id, parse_payload
+from companion.protocol import (
+    QUERIES,
+    SPEAK_QUERY,
+    Query,
+    QueryResult,
+    QueryResultBody,
+    new_id,
+    parse_payload,
+)
 from companion.rtc.audio import to_track_rate
 from companion.rtc.control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
 from companion.rtc.ice import LOOPBACK, host_addresses
@@ -49,7 +57,6 @@ __all__ = ["DataChannelFrames", "NegotiationFailed", "RtcSession", "SessionSetti
 
 logger = logging.getLogger("companion.rtc")
 
-SPEAK: Final = "speak"
 GONE: Final = "the client left or went silent (consent expired)"
 """aiortc closes the same way for both: when consent expires, the transports below close."""
 
@@ -397,7 +404,7 @@ class RtcSession:
         if '"speak"' not in text or '"query.send"' not in text:
             return  # cheap pre-check: most frames are not speak queries
         parsed = parse_payload(QUERIES, text.encode("utf-8", "surrogatepass"))
-        if not isinstance(parsed, Query) or parsed.params.type != SPEAK or parsed.id in self._pending:
+        if not isinstance(parsed, Query) or parsed.params.type != SPEAK_QUERY or parsed.id in self._pending:
             return
         body = parsed.params.body or {}
         line = body.get("message")

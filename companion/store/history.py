@@ -1,28 +1,35 @@
 """The conversation as the engine and the action runtime read it: an append-only list of messages.
 
-:class:`ConversationHistory` is the seam; :class:`InMemoryHistory` serves tests and short-lived
-nodes, and the SQLite store implements the same protocol for nodes that remember across runs.
+:class:`RecentMessages` is what a reader needs; :class:`ConversationHistory` also records.
+:class:`InMemoryHistory` serves tests and short-lived nodes, and the SQLite store implements the
+same protocol for nodes that remember across runs. :class:`HistoryReader` lends a history to
+someone who may read it but not write it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from companion.protocol import Message
 
-__all__ = ["ConversationHistory", "HistoryReader", "InMemoryHistory"]
+__all__ = ["ConversationHistory", "HistoryReader", "InMemoryHistory", "RecentMessages"]
 
 
-class ConversationHistory(Protocol):
+class RecentMessages(Protocol):
+    """The messages of a conversation, read only."""
+
+    def recent(self, limit: int) -> list[Message]:
+        """The last ``limit`` messages, oldest first (fewer if there are fewer)."""
+        ...
+
+
+@runtime_checkable
+class ConversationHistory(RecentMessages, Protocol):
     """Where a node keeps the messages of its conversation, oldest first."""
 
     def append(self, message: Message) -> None:
         """Record one message. Recording the same message id twice keeps the first copy."""
-        ...
-
-    def recent(self, limit: int) -> list[Message]:
-        """The last ``limit`` messages, oldest first (fewer if there are fewer)."""
         ...
 
 
@@ -57,23 +64,16 @@ class InMemoryHistory:
         return len(self._messages)
 
 
-class _Recent(Protocol):
-    def recent(self, limit: int) -> list[Message]: ...
-
-
 class HistoryReader:
-    """A history that only reads ``source``: what the conversation engine gives the action runtime.
+    """``source`` read only: what the conversation engine gives the action runtime.
 
     The engine records every message of the conversation once, when it arrives (this node's own
-    when the transport echoes them, see :mod:`companion.ports`), so the runtime's own recording of
-    what it published is left out rather than done twice.
+    when the transport echoes them, see :mod:`companion.ports`). A reader has no ``append``, so
+    it is no :class:`ConversationHistory` and the runtime, handed one, records nothing itself.
     """
 
-    def __init__(self, source: _Recent) -> None:
+    def __init__(self, source: RecentMessages) -> None:
         self._source = source
-
-    def append(self, message: Message) -> None:
-        return None
 
     def recent(self, limit: int) -> list[Message]:
         return self._source.recent(limit)

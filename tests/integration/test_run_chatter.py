@@ -17,13 +17,14 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from companion.app.demo import DemoOptions, _Child, _spawn, _stop_children, _wait_child
+from companion.app.demo import DemoOptions, _Child, _run_child, _stop_children, _wait_child
 from companion.conversation.transcript import Transcript
 from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
@@ -121,7 +122,7 @@ async def companions(tmp_path: Path, nursery: trio.Nursery, *peers: str) -> Asyn
         for index, key in enumerate(KEYS):
             card = write_card(tmp_path, key)
             dial = [*peers, *(c.addrs[0] for c in children)]
-            child = await _spawn(nursery, card, index, dial, options, tmp_path)
+            child: _Child = await nursery.start(partial(_run_child, card, index, dial, options, tmp_path))
             children.append(child)
             await _wait_child(child, lambda c: bool(c.addrs), 60, "start listening")
         for child in children:

@@ -26,17 +26,24 @@
 
 // For the mixed-network test and scripts/bench_mixed.py: {"op":"aikyo","delay_ms":N} makes this
 // peer behave from then on as aikyo 1.6's CompanionServer and CompanionAgent do on "messages" and
-// "states" (packages/server/lib/server/handlers/pubsub.ts, companionServer.ts, agents/index.ts),
-// its model replaced by rules that take delay_ms per model call:
+// "states" (packages/server/lib/server/handlers/pubsub.ts, companionServer.ts, agents/index.ts,
+// conversation/index.ts, utils/tools/core speak), its model replaced by rules that take delay_ms
+// per model call, and its model calls made in aikyo's order, under aikyo's one "generating" flag:
 // - a message.send that addresses it: unless it is generating, it picks the leader as aikyo does
 //   (md5 of JSON.stringify(message) in schema field order, modulo the addressed ids it knows as
-//   companions, itself included); as the leader it publishes one state per addressed id (people
-//   included), each closing "none", none selected, "speak" with an importance from the message
-//   id for companions, "listen" 0 for people (aikyo's state judge has no turn limit);
+//   companions, itself included); as the leader, generating, it asks the state judge for each
+//   addressed id at once (one call), and the repetition judge too once its history holds five
+//   messages (a second call), then publishes one state per addressed id (people included),
+//   unawaited: each closing "none", none selected, "speak" with an importance from the message
+//   id for companions, "listen" 0 for people. (aikyo's state judge is a model that may say any
+//   stage and its repetition judge raises the stage on a score above 0.7; this rule model says
+//   "none" and scores no repetition. Neither knows a turn limit.)
 // - any states array (its own too: emitSelf): unless it is generating, aikyo's decideNextSpeaker
-//   over the ids it knows; nothing when nobody or terminal; when it is the top speaker, a reply
-//   to the last message's sender and addressees (itself left out), metadata {emotion} only, as
-//   aikyo's speak tool. Only the top speaker ever replies: no stand-ins, yields are ignored.
+//   over the ids it knows; nothing when nobody or terminal; when it is the top speaker, generating:
+//   the parameters call, the agent's call that uses the speak tool, whose reply (to the last
+//   message's sender and addressees, itself left out; metadata {emotion} only) is published
+//   unawaited, then the agent's call after the tool result. Only the top speaker ever replies:
+//   no stand-ins, yields are ignored (aikyo does not subscribe to "actions").
 // Acknowledged with aikyo_on; emits aikyo_led (message id) and aikyo_replied (reply id, to) as it
 // acts, besides the usual "message" events.
 
@@ -255,13 +262,13 @@ function aikyoActive () {
 function aikyoParse (msg, method) {
   try {
     const body = JSON.parse(new TextDecoder().decode(msg.data))
-    if (method === 'state.send') {
-      return Array.isArray(body) && body.every((s) => s?.method === 'state.send' && typeof s.params?.from === 'string')
-        ? body
-        : null
-    }
+    if (method === 'state.send') return Array.isArray(body) && body.every(aikyoState) ? body : null
     const p = body?.params
-    if (body?.method !== method || typeof p?.id !== 'string' || !Array.isArray(p.to)) return null
+    if (body === null || typeof body !== 'object' || Object.keys(body).sort().join() !== 'jsonrpc,method,params') return null
+    if (body.jsonrpc !== '2.0' || body.method !== method || p === null || typeof p !== 'object') return null
+    if (typeof p.id !== 'string' || typeof p.from !== 'string' || typeof p.message !== 'string') return null
+    if (!Array.isArray(p.to) || !p.to.every((t) => typeof t === 'string')) return null
+    if (p.metadata !== undefined && (p.metadata === null || typeof p.metadata !== 'object' || Array.isArray(p.metadata))) return null
     // zod's parse output: schema field order, unknown keys of params dropped
     const params = { id: p.id, from: p.from, to: p.to, message: p.message }
     if (p.metadata !== undefined) params.metadata = p.metadata
@@ -269,6 +276,20 @@ function aikyoParse (msg, method) {
   } catch {
     return null
   }
+}
+
+const STATE_KEYS = ['closing', 'from', 'importance', 'selected', 'state']
+
+// zod's StateSchema, strict as aikyo's: an array with one state it refuses is dropped whole
+function aikyoState (s) {
+  const p = s?.params
+  if (s === null || typeof s !== 'object' || Object.keys(s).sort().join() !== 'jsonrpc,method,params') return false
+  if (s.jsonrpc !== '2.0' || s.method !== 'state.send' || p === null || typeof p !== 'object') return false
+  if (!Object.keys(p).every((k) => STATE_KEYS.includes(k))) return false
+  if (p.closing === undefined) p.closing = 'none' // zod's default
+  return typeof p.from === 'string' && ['speak', 'listen'].includes(p.state) &&
+    typeof p.importance === 'number' && p.importance >= 0 && p.importance <= 10 &&
+    typeof p.selected === 'boolean' && ['none', 'pre-closing', 'closing', 'terminal'].includes(p.closing)
 }
 
 function aikyoLeader (message) {
@@ -308,7 +329,8 @@ async function aikyoReceived (msg) {
     if (aikyoLeader(message) !== me.id) return
     aikyo.generating = true
     try {
-      await aikyoModel()
+      await aikyoModel() // the state judge, for every addressee at once (Promise.all)
+      if (aikyo.history.length >= 5) await aikyoModel() // the repetition judge after it
       const states = message.params.to.map((to) => {
         const companion = to.startsWith('companion_')
         const importance = companion ? aikyoImportance(message.params.id, to) : 0
@@ -336,7 +358,8 @@ async function aikyoReceived (msg) {
       const speaker = aikyoDecide(states)
       if (!speaker || speaker.params.closing === 'terminal') return // "The conversation is over."
       if (speaker.params.from !== me.id) return
-      await aikyoModel()
+      await aikyoModel() // the workflow's parameters call (evaluate step)
+      await aikyoModel() // the agent's call that calls the speak tool
       const last = aikyo.history[aikyo.history.length - 1]
       const to = last ? [...new Set([last.params.from, ...last.params.to])].filter((id) => id !== me.id) : []
       const reply = {
@@ -350,8 +373,13 @@ async function aikyoReceived (msg) {
           metadata: { emotion: 'neutral' }
         }
       }
-      await pubsub.publish('messages', new TextEncoder().encode(JSON.stringify(reply)))
+      // the speak tool publishes without awaiting; the agent calls its model once more with
+      // the tool's result, still generating
+      pubsub.publish('messages', new TextEncoder().encode(JSON.stringify(reply))).catch((err) => {
+        emit('error', { op: 'aikyo_reply', error: String(err) })
+      })
       emit('aikyo_replied', { reply_id: reply.params.id, to })
+      await aikyoModel()
     } catch (err) {
       emit('error', { op: 'aikyo_reply', error: String(err) })
     } finally {

@@ -22,7 +22,7 @@ from companion.protocol import (
     QueryResult,
     QueryResultBody,
 )
-from companion.store.history import InMemoryHistory
+from companion.store.history import InMemoryHistory, RecentMessages
 from support.cards import metadata as md
 from support.recorders import Sink
 
@@ -34,7 +34,7 @@ def make_runtime(
     *tools: ToolDef,
     publisher: Any = None,
     directory: Mapping[str, Metadata] | None = None,
-    history: InMemoryHistory | None = None,
+    history: RecentMessages | None = None,
     **options: Any,
 ) -> tuple[ActionRuntime, Sink]:
     recorder = publisher if publisher is not None else Sink()

@@ -11,9 +11,16 @@ and ``states``, its own included), conversation by conversation:
   which nobody speaks for ``quiet`` seconds; it *stalls* when its last message is unanswered
   (no reply, no ``terminal``) for ``stall`` seconds;
 - each states array belongs to a message: a tagged one (ours) to the message of its tag, an
-  untagged one (aikyo's) to the latest message before it that addresses a companion;
-- a second array for a message is a *closing* one when it is ``terminal`` and the first could not
-  be followed (its speaker gave its slot up, the remaining slots aikyo's); any other is *extra*.
+  untagged one (aikyo's) to the latest message before it that addresses a companion; its
+  publisher is named (the signing peer), so what our nodes do is counted apart from what the
+  aikyo peers do;
+- a second array for a message is, when one of our nodes published it, a *closing* one when it
+  is ``terminal`` and the first could not be followed (its speaker gave its slot up, the
+  remaining slots aikyo's), else *ours_extra*; when an aikyo peer published it,
+  *aikyo_after_our_terminal* when the first was our ``terminal`` (aikyo's leader publishes for
+  every message it leads, whatever came before), else *aikyo_extra*;
+- a reply past the highest turn limit is ours when one of our companions said it or one of our
+  arrays chose its aikyo speaker, and aikyo's when an aikyo leader's array chose it.
 """
 
 from __future__ import annotations
@@ -29,17 +36,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from companion.conversation.rules import ends_conversation, states_tag, turn_tag
+from companion.conversation.rules import ends_conversation, speaking_order, states_tag, turn_tag
 from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, State, encode
 from support.cards import CARD
 from support.cards import metadata as md
 from support.network import Network, Proc, network
 
-__all__ = ["CAPS", "CLIENT", "ConversationReport", "MixedNetwork", "mixed_network", "summary"]
+__all__ = [
+    "CAPS",
+    "CLIENT",
+    "SECOND_ARRAYS",
+    "ConversationReport",
+    "MixedNetwork",
+    "mixed_network",
+    "stories",
+    "summary",
+]
 
 CLIENT = "user_client"
 CAPS: dict[str, int] = {"p": 3, "q": 4}
 """Our two companions (``companion_p``, ``companion_q``) and their ``max_turns``."""
+SECOND_ARRAYS = ("closing", "ours_extra", "aikyo_after_our_terminal", "aikyo_extra")
+"""The kinds of a message's second states array (the module's docstring)."""
 AIKYO = (
     md("j", name="Jun", personality="steady", story="an aikyo companion", sample="yo"),
     md("k", name="Kei", personality="bright", story="an aikyo companion", sample="hey"),
@@ -59,10 +77,12 @@ class ConversationReport:
     arrays: dict[str, list[list[State]]] = field(default_factory=dict)
     """Message id -> the states arrays that belong to it, in arrival order."""
     publishers: dict[str, list[str]] = field(default_factory=dict)
-    """Message id -> the peer id that signed each of its arrays."""
+    """Message id -> the companion whose node signed each of its arrays."""
     terminal_after: float | None = None
     """Seconds from the opener to the ``terminal`` array that ended it."""
     stalled: bool = False
+    story: list[str] = field(default_factory=list)
+    """What the wire showed, a line per message and array, with who published it."""
 
     @property
     def replies(self) -> int:
@@ -74,20 +94,43 @@ class ConversationReport:
         return replies[limit:]
 
     def second_arrays(self) -> Counter[str]:
-        """The arrays past the first of a message, by kind: ``closing`` (``terminal``, after a
-        first one that could not be followed), ``cap`` (aikyo's leader's, after our ``terminal``
-        answered an aikyo reply past a turn limit), ``extra`` (any other)."""
+        """The arrays past the first of a message, by kind (see the module's docstring)."""
         kinds: Counter[str] = Counter()
-        for arrays in self.arrays.values():
-            first = arrays[0]
-            for later in arrays[1:]:
-                if ends_conversation(later) and not ends_conversation(first):
-                    kinds["closing"] += 1
-                elif ends_conversation(first) and states_tag(first) is not None and states_tag(later) is None:
-                    kinds["cap"] += 1
+        for mid, arrays in self.arrays.items():
+            first, publishers = arrays[0], self.publishers[mid]
+            for later, publisher in zip(arrays[1:], publishers[1:], strict=True):
+                if _is_ours(publisher):
+                    closing = ends_conversation(later) and not ends_conversation(first)
+                    kinds["closing" if closing else "ours_extra"] += 1
                 else:
-                    kinds["extra"] += 1
+                    after_ours = ends_conversation(first) and _is_ours(publishers[0])
+                    kinds["aikyo_after_our_terminal" if after_ours else "aikyo_extra"] += 1
         return kinds
+
+    def past_cap(self, limit: int) -> list[tuple[str, str, bool]]:
+        """Each reply past the first ``limit``: its id, whose it is (``ours``: one of our
+        companions said it, or one of our arrays chose its aikyo speaker; ``aikyo``: an aikyo
+        leader's array chose it; ``unexplained``), and whether our ``terminal`` array was the
+        first to answer it."""
+        out = []
+        for mid in self.replies_past(limit):
+            speaker = self.senders[mid]
+            before = self.messages[self.messages.index(mid) - 1]
+            chose = [
+                publisher
+                for states, publisher in zip(
+                    self.arrays.get(before, []), self.publishers.get(before, []), strict=True
+                )
+                if speaking_order(states).first.speaker == speaker
+            ]
+            if _is_ours(speaker) or any(_is_ours(p) for p in chose):
+                whose = "ours"
+            else:
+                whose = "aikyo" if chose else "unexplained"
+            arrays = self.arrays.get(mid, [])
+            answered = bool(arrays) and _our_terminal(arrays[0]) and _is_ours(self.publishers[mid][0])
+            out.append((mid, whose, answered))
+        return out
 
 
 class MixedNetwork:
@@ -113,6 +156,10 @@ class MixedNetwork:
             net.procs.append(proc)
             ours.append((proc, proc.event("started", timeout=30)))
         self.ours = [proc for proc, _ in ours]
+        self.names: dict[str, str] = {
+            str(started["peer_id"]): str(started["companion_id"]) for _, started in ours
+        }
+        """Peer id -> the companion whose node it is."""
         addrs = [str(started["addrs"][0]) for _, started in ours]
         for metadata in AIKYO:
             proc = Proc(
@@ -120,6 +167,7 @@ class MixedNetwork:
             )
             net.procs.append(proc)
             started = proc.event("started", 60)
+            self.names[str(started["peer_id"])] = metadata.id
             for addr in addrs:
                 proc.send({"op": "dial", "addr": addr})
                 proc.event("dialled", 30, addr=addr)
@@ -194,6 +242,7 @@ class MixedNetwork:
                     report.senders[mid] = str(params.get("from"))
                     message = Message.model_validate(body)
                     by_tag[turn_tag(message)] = mid
+                    report.story.append(_told_message(message, report.replies))
                     if any(str(t).startswith(COMPANION_ID_PREFIX) for t in params.get("to", [])):
                         report.addressed.add(mid)
                         last_addressed = mid
@@ -204,8 +253,10 @@ class MixedNetwork:
                     mid_or_none = by_tag.get(tag) if tag is not None else last_addressed
                     if mid_or_none is None:
                         continue
+                    publisher = self.names.get(str(event.get("from")), str(event.get("from")))
                     report.arrays.setdefault(mid_or_none, []).append(states)
-                    report.publishers.setdefault(mid_or_none, []).append(str(event.get("from")))
+                    report.publishers.setdefault(mid_or_none, []).append(publisher)
+                    report.story.append(_told_array(states, mid_or_none, publisher))
                     ends = ends_conversation(states) and mid_or_none == report.messages[-1]
                     if ends and ended_at is None:
                         ended_at = time.monotonic()
@@ -223,6 +274,33 @@ def _our_terminal(states: list[State]) -> bool:
     return ends_conversation(states) and states_tag(states) is not None
 
 
+def _is_ours(companion_id: str) -> bool:
+    return companion_id in {f"companion_{key}" for key in CAPS}
+
+
+def _whose(companion_id: str) -> str:
+    if _is_ours(companion_id):
+        return "ours"
+    return "aikyo" if companion_id.startswith(COMPANION_ID_PREFIX) else "person"
+
+
+def _told_message(message: Message, replies: int) -> str:
+    p = message.params
+    meta = p.metadata or {}
+    stamp = f" turn {meta['turn']} {meta.get('closing')}" if "turn" in meta else " unstamped"
+    return f"{p.id[:8]} reply {replies} by {p.from_} ({_whose(p.from_)}) to {', '.join(p.to)};{stamp}"
+
+
+def _told_array(states: list[State], mid: str, publisher: str) -> str:
+    order = speaking_order(states)
+    tagged = "tagged" if states_tag(states) is not None else "untagged"
+    picks = order.first.speaker or "nobody"
+    return (
+        f"  array for {mid[:8]} by {publisher} ({_whose(publisher)}, {tagged}): "
+        f"{order.first.closing}, top speaker {picks}"
+    )
+
+
 def _json(text: str) -> Any:
     try:
         return json.loads(text)
@@ -232,11 +310,24 @@ def _json(text: str) -> Any:
 
 @contextmanager
 def mixed_network(
-    tmp: Path, js_command: list[str], *, delay_ms: int = 200, pythonpath: str | None = None
+    tmp: Path,
+    js_command: list[str],
+    *,
+    delay_ms: int = 200,
+    pythonpath: str | None = None,
+    keep: Path | None = None,
 ) -> Iterator[MixedNetwork]:
-    """The mixed network, every process stopped at the end (their tails shown on a failure)."""
+    """The mixed network, every process stopped at the end (their tails shown on a failure).
+    ``keep``: a directory that gets each process's whole output (``NAME.log``) at the end, to
+    read what each node published and why."""
     with network(tmp) as net:
-        yield MixedNetwork(net, js_command, delay_ms=delay_ms, pythonpath=pythonpath)
+        try:
+            yield MixedNetwork(net, js_command, delay_ms=delay_ms, pythonpath=pythonpath)
+        finally:
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                for proc in net.procs:
+                    (keep / f"{proc.name}.log").write_text("\n".join(proc.lines) + "\n", encoding="utf-8")
 
 
 def summary(reports: list[ConversationReport]) -> dict[str, Any]:
@@ -258,20 +349,43 @@ def summary(reports: list[ConversationReport]) -> dict[str, Any]:
         for mid in r.replies_past(cap)
         if r.senders[mid] == f"companion_{key}"
     )
-    past = [(r, mid) for r in reports for mid in r.replies_past(highest)]
-    answered = sum(1 for r, mid in past if r.arrays.get(mid) and _our_terminal(r.arrays[mid][0]))
+    past = [item for r in reports for item in r.past_cap(highest)]
     return {
         "conversations": len(reports),
         "stalls": sum(1 for r in reports if r.stalled),
         "arrays_per_addressed_message": dict(sorted(per_message.items())),
-        "second_arrays": {kind: second[kind] for kind in ("closing", "cap", "extra")},
+        "second_arrays": {kind: second[kind] for kind in SECOND_ARRAYS},
         "replies": replies,
         "replies_median": statistics.median(replies) if replies else None,
         "highest_cap": highest,
         "past_highest_cap": sum(1 for n in replies if n > highest),
-        "replies_past_highest_cap": len(past),
-        "of_them_aikyo_answered_by_our_terminal": answered,
+        "replies_past_highest_cap": {
+            whose: sum(1 for _, w, _ in past if w == whose) for whose in ("ours", "aikyo", "unexplained")
+        },
+        "of_them_answered_by_our_terminal": sum(1 for *_, answered in past if answered),
         "our_replies_past_own_cap": ours_past_cap,
         "terminal_s_median": round(statistics.median(times), 2) if times else None,
         "terminal_s_max": round(max(times), 2) if times else None,
     }
+
+
+def stories(reports: list[ConversationReport], *, slow: float = 4.0) -> list[str]:
+    """What the wire showed in each conversation that stalled, had a message with a second
+    array, ran past the highest turn limit, or took more than ``slow`` seconds to ``terminal``
+    (a leader or a speaker was awaited in vain): who published what, line by line."""
+    highest = max(CAPS.values())
+    out = []
+    for n, report in enumerate(reports, 1):
+        second = report.second_arrays()
+        took = report.terminal_after
+        late = took is not None and took > slow
+        if report.stalled or second or report.replies > highest or late:
+            kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(second.items()))
+            out.append(
+                f"conversation {n}: {report.replies} replies"
+                + (", STALLED" if report.stalled else "")
+                + (f", terminal after {took:.1f} s" if late and took is not None else "")
+                + (f"; second arrays: {kinds}" if kinds else "")
+            )
+            out.extend(f"  {line}" for line in report.story)
+    return out

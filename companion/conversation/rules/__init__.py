@@ -30,6 +30,7 @@ from companion.conversation.rules.leader import (
     Candidates,
     LeaderPlan,
     leader_candidates,
+    leader_slot,
     plan_leaders,
     select_leader,
 )
@@ -45,6 +46,7 @@ from companion.conversation.rules.speaker import (
     owed_companion,
     preferred_speaker,
     reply_recipients,
+    slot_can_be_filled,
     speaking_order,
 )
 from companion.conversation.rules.states import (
@@ -54,6 +56,7 @@ from companion.conversation.rules.states import (
     closing_states,
     fallback_decisions,
     finalize_states,
+    held_back,
     quiet_closing,
     states_match,
     states_tag,
@@ -104,8 +107,10 @@ __all__ = [
     "ends_conversation",
     "fallback_decisions",
     "finalize_states",
+    "held_back",
     "later",
     "leader_candidates",
+    "leader_slot",
     "named_companion",
     "owed_companion",
     "plan_leaders",
@@ -114,6 +119,7 @@ __all__ = [
     "repetition_score",
     "reply_recipients",
     "select_leader",
+    "slot_can_be_filled",
     "speaking_order",
     "stamp_opening",
     "stamp_reply",

@@ -12,13 +12,21 @@ passes without any coordination.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from companion.protocol import COMPANION_ID_PREFIX, Message, canonical_json
 
-__all__ = ["MAX_CANDIDATES", "Candidates", "LeaderPlan", "leader_candidates", "plan_leaders", "select_leader"]
+__all__ = [
+    "MAX_CANDIDATES",
+    "Candidates",
+    "LeaderPlan",
+    "leader_candidates",
+    "leader_slot",
+    "plan_leaders",
+    "select_leader",
+]
 
 MAX_CANDIDATES: Final = 64
 """At most this many distinct addressed companions take part in a turn; the rest are dropped
@@ -78,6 +86,17 @@ class LeaderPlan:
             return self.order.index(companion_id)
         except ValueError:
             return None
+
+
+def leader_slot(order: Sequence[str], rank: int, slotless: Callable[[str], bool]) -> int:
+    """The leader slot of the candidate at ``rank`` of the takeover ``order``: it leads when no
+    array counted that many ``takeover_after`` after the message. aikyo's companions lead only
+    when aikyo's md5 rule picks them (rank 0) and never take over, so a candidate of theirs after
+    the first takes no slot (issue 33: with two aikyo candidates first, ours took over after 8 s
+    instead of 4 when aikyo's leader was still finishing its own reply)."""
+    if rank == 0:
+        return 0
+    return 1 + sum(1 for cid in order[1:rank] if not slotless(cid))
 
 
 def plan_leaders(message: Message, active_ids: Iterable[str]) -> LeaderPlan:

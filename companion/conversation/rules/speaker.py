@@ -16,7 +16,7 @@ aikyo's included, still picks the speaker by aikyo's rule from the one array tha
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias
 
@@ -35,6 +35,7 @@ __all__ = [
     "owed_companion",
     "preferred_speaker",
     "reply_recipients",
+    "slot_can_be_filled",
     "speaking_order",
 ]
 
@@ -190,6 +191,19 @@ def speaking_order(states: Sequence[State]) -> SpeakingOrder:
             order.append(who)
             taken.add(who)
     return SpeakingOrder(first, tuple(order))
+
+
+def slot_can_be_filled(
+    order: Sequence[str], slot: int, *, gave_up: Container[str], slotless: Callable[[str], bool]
+) -> bool:
+    """Whether anyone may still speak in slot ``slot`` of ``order``: not when its companion gave
+    it up, nor when it is a stand-in's slot (after the first) of a companion that does not
+    follow slots. aikyo's companions speak only as an array's top speaker (slot 0): they never
+    stand in, so waiting for such a slot is a whole reply deadline of silence, wherever it
+    stands in the order (issue 33: after our top speaker gave up, the next slot was an aikyo
+    companion's and ours came only after its 12 s)."""
+    who = order[slot]
+    return who not in gave_up and not (slot > 0 and slotless(who))
 
 
 FAIR_LAG: Final = 2

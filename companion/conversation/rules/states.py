@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final, Generic, Literal, TypeVar
 
@@ -40,6 +40,7 @@ __all__ = [
     "closing_states",
     "fallback_decisions",
     "finalize_states",
+    "held_back",
     "quiet_closing",
     "states_match",
     "states_tag",
@@ -218,6 +219,26 @@ def fallback_decisions(addressed: Sequence[str], nominated: str | None = None) -
     willing at the same importance, so the first addressee speaks, or the nominee if there is one."""
     order = list(dict.fromkeys(addressed))
     return [StateDecision(cid, "speak", 5.0, cid == nominated) for cid in order]
+
+
+def held_back(
+    decisions: Sequence[StateDecision], busy: Collection[str]
+) -> tuple[list[StateDecision], list[str]]:
+    """The decisions with each companion of ``busy`` at importance 0 and not selected, so the
+    next-speaker rule takes it last (it still speaks if nobody else will); and a note for each
+    one changed. A leader holds back an aikyo companion that said the message it answers: aikyo's
+    agent calls its model once more after its speak tool, and ignores every states array until
+    that call returns, so as the top speaker it stays silent for a whole reply deadline (issue
+    33: 3 of 50 conversations of bench_mixed, each time our leader selected the companion the
+    message named, which had just spoken)."""
+    out: list[StateDecision] = []
+    notes: list[str] = []
+    for d in decisions:
+        if d.companion_id in busy and (d.importance or d.selected):
+            notes.append(f"{d.companion_id} held back: it said the message answered and is still finishing")
+            d = StateDecision(d.companion_id, d.state, 0.0, False, d.closing)
+        out.append(d)
+    return out, notes
 
 
 def closing_states(addressed: Sequence[str], message: Message, closer: str) -> list[State]:
