@@ -108,6 +108,11 @@ class ConversationStore(Protocol):
 
     def replied(self, message_id: str) -> bool: ...
 
+    def replied_ids(self) -> list[str]:
+        """Every message this companion is noted to have answered, oldest first: read back into
+        the conversation machine at start, which then knows them (it never answers one twice)."""
+        ...
+
     def remember_companion(self, companion_id: str) -> None:
         """Note a companion id this node saw present (it stays known)."""
         ...

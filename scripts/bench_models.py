@@ -182,19 +182,49 @@ def free_port() -> int:
     return port
 
 
+LLAMA_CPP_SERVER = f"""
+import signal, sys, threading
+import xllamacpp
+params = xllamacpp.CommonParams()
+params.model.path = sys.argv[1]
+params.port = int(sys.argv[2])
+params.n_ctx = 4096
+params.model_alias = {{{ALIAS!r}}}
+server = xllamacpp.Server(params)
+stopped = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+while not stopped.wait(0.5):
+    pass
+"""
+"""llama.cpp's own server (its C++ server and HTTP front, the code ``llama-server`` is built
+from) as the PyPI package ``xllamacpp`` ships it prebuilt, without native CPU flags, with the
+server's defaults (one slot, the prompt cache on, 8 GiB of cached prompts in RAM, the model's
+Jinja chat template); it stops on SIGTERM."""
+
+
 def serve(
-    python: Path, gguf: Path, chat_format: str | None, log: Path, cache: bool = False
+    python: Path,
+    gguf: Path,
+    chat_format: str | None,
+    log: Path,
+    cache: bool = False,
+    llama_cpp: bool = False,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the model server; return it and its base URL once it lists the model."""
+    """Start the model server (llama-cpp-python's, or with ``llama_cpp`` llama.cpp's own through
+    ``xllamacpp``); return it and its base URL once it lists the model."""
     port = free_port()
-    cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", ALIAS]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"]
-    if chat_format:
-        cmd += ["--chat_format", chat_format]
-    if cache:
-        cmd += ["--cache", "true"]
-    flags = f"{f' --chat_format {chat_format}' if chat_format else ''}{' --cache true' if cache else ''}"
-    say(f"starting llama-cpp-python{flags} on port {port} …")
+    if llama_cpp:
+        cmd = [str(python), "-c", LLAMA_CPP_SERVER, str(gguf), str(port)]
+        say(f"starting llama.cpp's server (xllamacpp) on port {port} …")
+    else:
+        cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", ALIAS]
+        cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"]
+        if chat_format:
+            cmd += ["--chat_format", chat_format]
+        if cache:
+            cmd += ["--cache", "true"]
+        flags = f"{f' --chat_format {chat_format}' if chat_format else ''}{' --cache true' if cache else ''}"
+        say(f"starting llama-cpp-python{flags} on port {port} …")
     started = time.monotonic()
     server = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"
@@ -325,25 +355,51 @@ def demo(
     return transcript, logs, took
 
 
-def card_ids() -> set[str]:
-    """The ids of the demo's companions (its default cards)."""
+def card_names() -> dict[str, str]:
+    """The names of the demo's companions (its default cards), by id."""
     from companion.app.demo import default_cards
     from companion.card.model import load_card
 
-    return {load_card(path).card.metadata.id for path in default_cards(REPO / "cards")}
+    cards = [load_card(path).card.metadata for path in default_cards(REPO / "cards")]
+    return {meta.id: meta.name for meta in cards}
+
+
+def card_ids() -> set[str]:
+    """The ids of the demo's companions (its default cards)."""
+    return set(card_names())
 
 
 _REUSED = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens")
 _EVALUATED = re.compile(r"llama_perf_context_print: prompt eval time =.*?/\s*(\d+) tokens")
+_TASK_PROMPT = re.compile(r"\| task (\d+) \| prompt eval time =.*?/\s*(\d+) tokens")
+_TASK_EVAL = re.compile(r"\| task (\d+) \|\s+eval time =.*?/\s*(\d+) tokens")
+_TASK_DONE = re.compile(r"\| task (\d+) \| stop processing: n_tokens = (\d+)")
 
 
 def cache_use(log: Path) -> list[tuple[int, int]]:
-    """``(tokens from the cache, tokens evaluated)`` of every completion, from llama-cpp-python's
-    log (its usage has no cached-token field): ``N prefix-match hit`` before a completion is what
-    it reused, ``prompt eval time = ... / M tokens`` what it evaluated."""
+    """``(tokens from the cache, tokens evaluated)`` of every completion, from the server's log
+    (neither server reports cached tokens in a streamed answer's usage).
+
+    llama-cpp-python: ``N prefix-match hit`` before a completion is what it reused, ``prompt eval
+    time = ... / M tokens`` what it evaluated. llama.cpp's server, per task: ``prompt eval time =
+    ... / M tokens`` evaluated, ``eval time = ... / G tokens`` generated, and ``stop processing:
+    n_tokens = T`` the slot's tokens after it (the prompt and all generated tokens but the
+    last), so the prompt was ``T - G + 1`` tokens and ``T - G + 1 - M`` came from the cache."""
     out: list[tuple[int, int]] = []
     reused = 0
+    tasks: dict[str, dict[str, int]] = {}
     for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        for pattern, key in ((_TASK_PROMPT, "m"), (_TASK_EVAL, "g")):
+            found = pattern.search(line)
+            if found:
+                tasks.setdefault(found.group(1), {})[key] = int(found.group(2))
+        done = _TASK_DONE.search(line)
+        if done:
+            task = tasks.pop(done.group(1), {})
+            if "m" in task and "g" in task:
+                prompt = int(done.group(2)) - task["g"] + 1
+                out.append((max(prompt - task["m"], 0), task["m"]))
+            continue
         hit = _REUSED.search(line)
         if hit:
             reused = int(hit.group(1))
@@ -363,7 +419,8 @@ def check_lines(replies: list[dict[str, Any]], opening: str, ids: set[str]) -> l
     found: list[tuple[int, str, str]] = []
     for e in replies:
         mine = [r["text"] for r in replies[: replies.index(e)] if r["speaker"] == e["speaker"]]
-        verdict = check_line(e["text"], LineContext(earlier=earlier, ids=ids, speaker_lines=mine))
+        context = LineContext(earlier=earlier, ids=ids, names=card_names().values(), speaker_lines=mine)
+        verdict = check_line(e["text"], context)
         if not verdict.ok:
             found.append((e["turn"], verdict.kind, e["text"]))
         earlier.append(e["text"])
@@ -411,6 +468,7 @@ def report(
     artifacts = [b for b in bad if b[1] == "artifact"]
     copies = [b for b in bad if b[1] == "copy"]
     refused = [e for e in logs if e.get("event") == "line_refused"]
+    from_card = [e for e in logs if e.get("event") == "speak_own_line"]
     changed = [c for e in logs if e.get("event") == "instructions" for c in e.get("param_changes") or []]
     print("\nfigures:")
     print(f"  end: {end.get('reason')} ({end.get('why', '')})")
@@ -426,6 +484,7 @@ def report(
     )
     for e in refused[:8]:
         print(f"    {e.get('verdict')}: {str(e.get('text'))[:120]}")
+    print(f"  lines composed from the card after two refused: {len(from_card)}")
     print(f"  parameters fitted to the card: {len(changed)}")
     for change in changed[:6]:
         print(f"    {change}")
@@ -443,10 +502,11 @@ def report(
             f"    {purpose}: {len(done)} answered, {seconds[0]:.1f}-{seconds[-1]:.1f} s "
             f"(median {seconds[len(seconds) // 2]:.1f}), {tokens_in:.0f} tokens in, {tokens_out:.0f} out"
         )
-    prompt_tokens = sum(e.get("input_tokens") or 0 for e in requests)
     used = cache_use(server_log) if server_log is not None else []
+    # The server's own count when its log tells (a streamed answer's usage says nothing).
+    prompt_tokens = sum(r + m for r, m in used) if used else sum(e.get("input_tokens") or 0 for e in requests)
     evaluated = sum(m for _, m in used)
-    cached = max(prompt_tokens - evaluated, 0) if used else 0
+    cached = sum(r for r, _ in used)
     if used:
         print(
             f"  prompt tokens: {prompt_tokens / turns:.0f} per turn, {cached / turns:.0f} of them from "
@@ -456,9 +516,9 @@ def report(
         pairs = list(zip(requests, used, strict=False)) if len(used) == len(requests) else []
         for purpose in sorted({str(e.get("purpose")) for e, _ in pairs}):
             mine = [(e, u) for e, u in pairs if e.get("purpose") == purpose]
-            tokens = sum(e.get("input_tokens") or 0 for e, _ in mine)
-            evals = sum(m for _, (_, m) in mine)
-            print(f"    {purpose}: {100 * (tokens - evals) / max(tokens, 1):.0f} % from the cache")
+            tokens = sum(r + m for _, (r, m) in mine)
+            reused = sum(r for _, (r, _) in mine)
+            print(f"    {purpose}: {100 * reused / max(tokens, 1):.0f} % from the cache")
     print(f"  seconds: {took:.0f} in all, {took / turns:.1f} per turn")
     print(f"  failures by kind: {dict(failures) or 'none'}")
     for reason, count in reasons.most_common(6):
@@ -487,6 +547,7 @@ def report(
         "artifacts": len(artifacts),
         "copies": len(copies),
         "refused": len(refused),
+        "from_card": len(from_card),
         "per_turn": took / turns,
         "prompt_per_turn": prompt_tokens / turns,
         "cached_per_turn": cached / turns if used else None,
@@ -507,6 +568,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--gguf", type=Path, default=None, help="the model file (with --server-python)")
     parser.add_argument(
+        "--xllamacpp-python",
+        dest="llama_cpp",
+        type=Path,
+        default=None,
+        help="an interpreter with xllamacpp: serve with llama.cpp's own server instead (needs --gguf)",
+    )
+    parser.add_argument(
         "--server-cache", action="store_true", help="run the server with --cache true (its RAM prompt cache)"
     )
     parser.add_argument("--runs", type=int, default=1, help="demos to run, each with a fresh server")
@@ -526,7 +594,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     python = gguf = None
-    if not args.base_url:
+    if args.llama_cpp is not None:
+        if args.gguf is None or not args.gguf.exists():
+            say("--xllamacpp-python needs --gguf, the model file")
+            return 2
+        python, gguf = args.llama_cpp, args.gguf
+    elif not args.base_url:
         if args.server_python is not None:
             python, gguf = existing(args.server_python, args.gguf)
         else:
@@ -539,7 +612,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         server, log = None, args.cache / f"server-{run_number}.log"
         try:
             if python is not None and gguf is not None:
-                server, base = serve(python, gguf, args.chat_format, log, args.server_cache)
+                server, base = serve(
+                    python, gguf, args.chat_format, log, args.server_cache, args.llama_cpp is not None
+                )
                 model = ALIAS
             else:
                 base, model = args.base_url, args.model
@@ -562,7 +637,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"  run {number}: {'terminal' if r['terminal'] else 'NOT terminal'} after {r['replies']} "
                 f"replies, silent {r['silent'] or 'none'}, prompt format {r['artifacts']}, copies "
-                f"{r['copies']}, refused {r['refused']}, {r['per_turn']:.1f} s a turn, prompt tokens "
+                f"{r['copies']}, refused {r['refused']}, from the card {r['from_card']}, "
+                f"{r['per_turn']:.1f} s a turn, prompt tokens "
                 f"{r['prompt_per_turn']:.0f} a turn ({cached} from the cache), stages {' '.join(r['stages'])}"
             )
     return 0 if all(r["ok"] for r in results) else 1

@@ -74,3 +74,26 @@ def test_the_cache_figures_come_from_the_servers_log(bench: ModuleType, tmp_path
     log.write_text(LLAMA_CPP_PYTHON_LOG)
     assert bench.cache_use(log) == [(0, 368), (283, 100), (35, 1)]
     assert bench.cache_use(tmp_path / "missing.log") == []
+
+
+LLAMA_CPP_SERVER_LOG = """\
+0.03.563.882 I srv          init: listening on http://127.0.0.1:44019
+0.05.865.534 I slot launch_slot_: id  0 | task 0 | processing task, is_child = 0
+0.08.852.081 I slot print_timing: id  0 | task 0 | prompt eval time =    1757.75 ms /    47 tokens
+0.08.852.087 I slot print_timing: id  0 | task 0 |        eval time =    1228.74 ms /    10 tokens
+0.08.852.087 I slot print_timing: id  0 | task 0 |       total time =    2986.50 ms /    57 tokens
+0.08.856.861 I slot      release: id  0 | task 0 | stop processing: n_tokens = 56, truncated = 0
+0.08.877.268 I slot get_availabl: id  0 | task -1 | by LCP similarity, f_keep = 0.714
+0.08.877.347 I slot launch_slot_: id  0 | task 11 | processing task, is_child = 0
+0.16.084.137 I slot print_timing: id  0 | task 11 | prompt eval time =     493.08 ms /     9 tokens
+0.16.084.143 I slot print_timing: id  0 | task 11 |        eval time =    6713.64 ms /    10 tokens
+0.16.084.166 I slot      release: id  0 | task 11 | stop processing: n_tokens = 58, truncated = 0
+"""
+"""llama.cpp's server (through xllamacpp 2026.10.11549) on two requests that share 40 tokens:
+the second's 49-token prompt (58 - 10 + 1) evaluated 9 of them (its slot kept 0.714 x 56 = 40)."""
+
+
+def test_llama_cpp_servers_cache_figures_come_from_its_task_lines(bench: ModuleType, tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text(LLAMA_CPP_SERVER_LOG)
+    assert bench.cache_use(log) == [(0, 47), (40, 9)]

@@ -78,7 +78,7 @@ async def test_the_default_factory_builds_an_engine_for_the_card_with_its_model(
         for one in cards:
             cid = one.card.metadata.id
             node = CompanionNode(one.card.metadata, NodeConfig(name=cid))
-            handler = factory(one, node, nursery)
+            handler = await factory(one, node, nursery)
             assert isinstance(handler, CompanionHandler)
             engine = handler.engine
             assert engine.loaded is one and engine.me.id == cid

@@ -12,10 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from companion.conversation.machine import (
+    HANDLERS,
+    ONE_MESSAGE,
     SLOT_GRACE,
     THINKING_SIGNAL,
     TRANSITIONS,
     YIELD_SIGNAL,
+    CompanionJoined,
     CompanionLeft,
     Conversation,
     Effect,
@@ -82,6 +85,28 @@ def test_a_move_outside_the_table_is_a_bug() -> None:
         else:
             with pytest.raises(TransitionError):
                 m._goto(turn, target)
+
+
+def test_a_phase_and_event_pair_outside_the_table_raises() -> None:
+    """The table drives ``receive``: this node's reply is news only while it speaks, so a
+    ``ReplyPublished`` in any other phase (or with no turn) is the driver's bug, said at once."""
+    m = machine(A)
+    message = message_led_by(B, [A, B, C])
+    stamped = reply(A, [USER, B], message)
+    with pytest.raises(TransitionError, match="ReplyPublished in no turn"):
+        m.receive(ReplyPublished(message.params.id, stamped), 0.0)
+    m.receive(MessageSeen(message), 0.0)
+    assert phase(m) is Phase.AWAITING_STATES and (Phase.AWAITING_STATES, ReplyPublished) not in HANDLERS
+    with pytest.raises(TransitionError, match="ReplyPublished in AWAITING_STATES"):
+        m.receive(ReplyPublished(message.params.id, stamped), 0.1)
+    assert phase(m) is Phase.AWAITING_STATES  # nothing moved
+
+
+def test_events_valid_in_every_phase_are_listed_for_every_phase() -> None:
+    everywhere = (MessageSeen, StatesSeen, StatesReady, SpeakingFailed, YieldSeen, ThinkingSeen, Tick)
+    for kind in (*everywhere, CompanionJoined, CompanionLeft):
+        assert all((p, kind) in HANDLERS for p in (None, *Phase)), kind
+    assert [p for p in (None, *Phase) if (p, ReplyPublished) in HANDLERS] == [Phase.SPEAKING]
 
 
 def test_the_leader_leads_at_once_and_the_others_wait_their_slot() -> None:
@@ -739,6 +764,37 @@ def test_a_bystander_follows_and_reports_but_never_leads_or_speaks() -> None:
     forged = machine(None)
     forged.receive(MessageSeen(message), 0.0)
     assert decisions(forged.receive(StatesSeen(array(message, A), "companion_zed"), 0.1), "states_ignored")
+
+
+def test_a_message_answered_before_a_restart_is_not_answered_again() -> None:
+    """The store's replied marks, read back at start: chosen again for the same message, this
+    node gives its slot up (``no_reply``) instead of speaking twice, and the next speaker goes."""
+    message = message_led_by(B, [A, B, C])
+    m = Conversation(A, takeover_after=T, reply_timeout=R, known=(A, B, C), replied=[message.params.id])
+    for cid in (A, B, C):
+        m.receive(CompanionJoined(cid), 0.0)
+    assert m.replied(message.params.id) and not m.replied("another")
+    m.receive(MessageSeen(message), 0.0)
+    out = m.receive(StatesSeen(array(message, A), B), 1.0)
+    assert not of(out, Speak) and phase(m) is Phase.AWAITING_SPEAKER
+    [thinking, gave_up] = of(out, PublishSignal)
+    assert thinking.name == THINKING_SIGNAL and gave_up.name == YIELD_SIGNAL
+    assert dict(gave_up.params)["reason"] == "no_reply"
+    [failed] = decisions(out, "speaker_failed")
+    assert failed.fields["detail"] == "it replied before a restart" and failed.fields["next"] is not None
+
+
+def test_replying_is_remembered_and_speaking_to_says_for_what() -> None:
+    message = message_led_by(B, [A, B, C])
+    m = machine(A)
+    m.receive(MessageSeen(message), 0.0)
+    m.receive(StatesSeen(array(message, A), B), 1.0)
+    assert m.speaking_to == message.params.id and not m.replied(message.params.id)
+    stamped = m.outgoing(Message.create(A, [USER], "hello"))
+    assert isinstance(stamped, Message)
+    m.receive(ReplyPublished(message.params.id, stamped), 1.5)
+    assert m.speaking_to is None and m.replied(message.params.id)
+    assert m.outgoing(Message.create(A, [USER], "again")) == ONE_MESSAGE
 
 
 def test_replayed_messages_restore_the_thread_and_open_no_turn() -> None:

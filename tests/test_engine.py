@@ -358,7 +358,7 @@ async def test_another_reply_withdraws_a_speech_in_progress(autojump_clock: trio
     me = card.card.metadata.id
     engine, sink, events = solo(card, HookedModel(ScriptedModel(0), on_speak=stall))
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         opening = Message.create("user_x", [me, "companion_other"], "Who goes first?")
         await engine.handle(Inbound(MESSAGES, opening, "peer"))
         await entered.wait()
@@ -496,7 +496,7 @@ async def test_a_reply_that_crossed_a_newer_message_is_stale(autojump_clock: tri
         card, ScriptedModel(0), Sink(), {me: card.card.metadata}, timings=TIMINGS, observer=events.append
     )
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         older = Message.create("companion_x", [me, "companion_y"], "First.")
         newer = Message.create("user_z", [me, "companion_x", "companion_y"], "Wait, everyone!")
         crossing = Message.create(
@@ -539,7 +539,7 @@ async def test_a_restarted_node_remembers_and_does_not_reply_twice(
             engine, sink, events = solo(card, ScriptedModel(0), store=store)
             sink.sent = sent  # one record across both runs
             async with trio.open_nursery() as nursery:
-                engine.attach(nursery)
+                await nursery.start(engine.run)
                 await engine.handle(Inbound(MESSAGES, opening, "peer"))
                 await sink.until_sent(MESSAGES, replies)
                 await trio.testing.wait_all_tasks_blocked()
@@ -615,7 +615,7 @@ async def test_a_late_array_from_an_earlier_leader_wins(autojump_clock: trio.tes
         return finalize_states(decisions, ids, floor="none", tag=turn_tag(opening)).states
 
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         await engine.handle(Inbound(MESSAGES, opening, "user_x"))
         await trio.sleep(TIMINGS.takeover_after)  # the second's slot: the leader stayed silent
         await engine.handle(Inbound(STATES, array(second), second))  # the takeover's array
@@ -750,7 +750,7 @@ async def test_a_failing_store_write_leaves_the_conversation_as_it_was(
     store = FlakyStore()
     engine, sink, events = solo(card, ScriptedModel(0), store=store)
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         first = Message.create("user_x", [me], "Are you there?")
         store.failing = True
         for message in (first, Message.create("user_x", [me], "Hello?")):
@@ -776,7 +776,7 @@ async def test_odd_strings_never_poison_the_engine_or_its_store(
     with Store.in_directory(tmp_path) as store:
         engine, sink, _ = solo(card, ScriptedModel(0), store=store)
         async with trio.open_nursery() as nursery:
-            engine.attach(nursery)
+            await nursery.start(engine.run)
             for message in (
                 Message.create(f"user_{odd}", [me, f"companion_{odd}"], f"text {odd}", id=f"id-{odd}"),
                 Message.create(
@@ -795,3 +795,52 @@ async def test_odd_strings_never_poison_the_engine_or_its_store(
                 len(replies) == 1 and (replies[0].params.metadata or {})[META_IN_REPLY_TO] == normal.params.id
             )
             nursery.cancel_scope.cancel()
+
+
+async def test_an_event_that_arises_while_effects_run_waits_its_turn(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopping, a lead that falls due gets rule-based states at once: the driver feeds them to
+    the machine only once the effects of the message are all carried out, never from inside."""
+    card = make_card(0, max_turns=None)
+    me = card.card.metadata.id
+    engine, _sink, events = solo(card, ScriptedModel(0))
+    receive, do = engine.conversation.receive, engine._do
+    carrying_out, reentered = [False], [False]
+
+    def counted(event: Any, now: float) -> Any:
+        reentered[0] |= carrying_out[0]
+        return receive(event, now)
+
+    def doing(effect: Any) -> None:
+        carrying_out[0] = True
+        try:
+            do(effect)
+        finally:
+            carrying_out[0] = False
+
+    monkeypatch.setattr(engine, "_do", doing)
+    monkeypatch.setattr(engine.conversation, "receive", counted)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        await engine.stop(0)
+        await engine.handle(Inbound(MESSAGES, Message.create("user_x", [me], "Still there?"), "peer"))
+        published = [e for e in events if e.kind == "states_published"]
+        assert [e.fields["source"] for e in published] == ["fallback_stopping"]
+        assert not reentered[0]
+        nursery.cancel_scope.cancel()
+
+
+async def test_run_reports_started_and_once_ended_records_and_says_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    card = make_card(0)
+    me = card.card.metadata.id
+    engine, sink, _events = solo(card, ScriptedModel(0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)  # returns once handle may be called
+        await engine.handle(Inbound(MESSAGES, Message.create("user_x", ["nobody"], "hi"), "peer"))
+        nursery.cancel_scope.cancel()
+    late = Message.create("user_x", [me], "Anyone?")
+    await engine.handle(Inbound(MESSAGES, late, "peer"))  # the node stops after its engine
+    assert engine.store.recent(1) == [late] and sink.topics() == []

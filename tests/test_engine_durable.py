@@ -86,7 +86,7 @@ async def test_the_mark_is_committed_before_the_reply_goes_out(tmp_path: Path, d
         engine, sink, _ = engine_on(store)
         me = engine.me.id
         async with trio.open_nursery() as nursery:
-            engine.attach(nursery)
+            await nursery.start(engine.run)
             for text in ("Are you there?", "And now?", "One more."):
                 count = len(sink.on(MESSAGES))
                 await engine.handle(Inbound(MESSAGES, Message.create("user_x", [me], text), "peer"))
@@ -104,7 +104,7 @@ async def test_a_disk_that_will_not_commit_keeps_the_companion_silent_then_it_an
         engine, sink, events = engine_on(store)
         me = engine.me.id
         async with trio.open_nursery() as nursery:
-            engine.attach(nursery)
+            await nursery.start(engine.run)
             first = Message.create("user_x", [me], "Are you there?")
             await engine.handle(Inbound(MESSAGES, first, "peer"))
             with trio.fail_after(TIMINGS.reply_timeout):  # the turn ends unanswered

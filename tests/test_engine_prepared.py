@@ -54,7 +54,7 @@ async def _preparing(limit: float) -> AsyncIterator[tuple[Any, EchoSink, list[An
     model = EndlessSpeaker()
     engine, sink, events = solo(card, model)
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         effect = _expected(card.card.metadata.id)
         assert engine._speaker.prepare(effect, [effect.message], {}, nursery, limit)
         await trio.testing.wait_all_tasks_blocked()

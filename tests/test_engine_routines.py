@@ -313,7 +313,7 @@ async def test_the_greeter_example_remembers_a_visitor_across_a_restart(
             loaded, ScriptedModel(0), node, directory, store=store, timings=timings, kv=kv
         )
         async with trio.open_nursery() as nursery:
-            engine.attach(nursery)
+            await nursery.start(engine.run)
             await trio.sleep(timings.routine_quiet_start + 0.5)
             directory[visitor.id] = visitor
             engine.directory_changed()
@@ -343,7 +343,7 @@ async def test_a_peers_tool_list_is_taken_only_from_itself_and_never_rolled_back
         return Action.create(peer.id, TOOLS_ACTION, params)
 
     async with trio.open_nursery() as nursery:
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         feed = [
             (tools(3, ["speak", "wave"]), peer.id),
             (tools(9, ["steal"]), "companion_mallory"),  # signed by someone else

@@ -53,6 +53,13 @@ CONVERSATION = LineContext(
         "User: 3 Users",
         "Sender: Thank you, I am glad that our conversation has been so helpful.",
         "My response will not support the application's validation (your previous message failed).",
+        '(1) 2: "Ladies and gentlemen, how can I assist you today?"',  # the numbering, garbled
+        "(1) 20: I'm glad to say that we are very close.",
+        "(Pim: I'm really excited to share with you the wonderful journey of a rainstorm!)",
+        "(Your first try was not used)",  # the second try's task, read aloud
+        "(Growling)",
+        "The conversation is ending.",
+        "4: The tide is high.",
     ],
 )
 def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
@@ -69,6 +76,7 @@ def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
         "Talks in sea and sky metaphors, listens more than she speaks, and asks one precise question.",
         "Greetings, welcome to a special treat.",  # one sentence of a line (streamed)
         "こんにちは、今日は何をしていたの？",
+        "Greetings, welcome to a special treat. I am all smiles today, friends!",  # contracted or not
     ],
 )
 def test_a_copy_of_an_earlier_line_is_not_a_line(said: str) -> None:
@@ -95,6 +103,7 @@ def test_the_reason_says_whose_line_was_repeated() -> None:
         "今日はパンを焼いていたよ。",
         "Ostra, what do you think?",
         "(laughs) Pim, you made my day.",
+        "At 3:30 the bread comes out.",
         "",
     ],
 )
@@ -139,7 +148,23 @@ def test_a_line_that_copies_another_s_long_sentence_and_adds_an_ending_is_a_copy
     )
     assert check_line(pim, LineContext(earlier=[juniper])).kind == "copy"
     # one's own long sentence again, in a new line, is the model's business; one's own line is not
-    assert check_line(pim, LineContext(earlier=[juniper], speaker_lines=[juniper])).ok
+    longer = f"{pim} We bake bread for the whole street every single morning, long before the sun is up."
+    assert check_line(longer, LineContext(earlier=[juniper], speaker_lines=[juniper])).ok
     assert check_line(juniper, LineContext(earlier=[juniper], speaker_lines=[juniper])).kind == "copy"
     intro = LineContext(earlier=["Oh, quick. I should introduce myself: I'm Aki. I keep bees."])
     assert check_line("Hello! I should introduce myself: I'm Bea. I mend clocks.", intro).ok
+
+
+def test_swapped_persons_do_not_hide_a_copy() -> None:
+    """Measured: "I'm ..." answered "You're ..." with the same words."""
+    said = LineContext(earlier=["(You're the one making the comment, you've already been told to speak)"])
+    assert check_line("I'm the one making the comment, I've already been told to speak.", said).kind == "copy"
+
+
+def test_contractions_do_not_hide_a_copy() -> None:
+    """Measured: SmolLM2-135M's Juniper said Ostra's line again with contractions."""
+    said = LineContext(earlier=["You are a guardian of facts, and I am the one who created that."])
+    assert check_line("You're a guardian of facts, and I'm the one who created it.", said).kind == "copy"
+    assert normalized_words("I'm sure they won't, you've seen") == [
+        "i", "am", "sure", "they", "wo", "not", "you", "have", "seen"
+    ]  # fmt: skip

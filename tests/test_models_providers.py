@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio_asyncio
 
+from companion.lines.check import NOT_SAID
 from companion.models import aio
 from companion.models.base import (
     ModelError,
@@ -321,6 +322,78 @@ async def test_speak_plain_text_is_said_through_the_speak_tool(server: FakeLLMSe
     await openai_model(server).speak(speak_request(), tools)
     assert tools.calls == [("speak", {"message": "Whales!", "to": ["user_1"]})]
     assert len(server.model_requests()) == 1
+
+
+class LineChecker:
+    """The engine's line check as the model sees it: the first ``refusals`` lines are refused
+    (as :meth:`companion.engine.speech.Speaker.refused_line` does), the rest said."""
+
+    def __init__(
+        self, refusals: int, reason: str = f"{NOT_SAID} repeats what was already said (“Hi”)."
+    ) -> None:
+        self.refusals, self.reason = refusals, reason
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def __call__(self, tool_id: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.calls.append((tool_id, dict(args)))
+        if len(self.calls) <= self.refusals:
+            return {"status": "refused", "message": self.reason}
+        return {"status": "ok", "output": {"published": True}}
+
+
+async def test_a_refused_line_is_asked_for_again_in_a_fresh_request(server: FakeLLMServer) -> None:
+    """Never a follow-up (SmolLM2 read the retry's framing aloud): the same prompt, the refusal
+    folded into its task without quoting anything, another sampling seed."""
+    server.push(
+        tool_call("speak", {"message": "Hi all!", "to": ["user_1"]}),
+        tool_call("speak", {"message": "Whales, mostly.", "to": ["user_1"]}),
+    )
+    tools = LineChecker(refusals=1)
+    await openai_model(server).speak(speak_request(), tools)
+    assert [args["message"] for _, args in tools.calls] == ["Hi all!", "Whales, mostly."]
+    first, second = (r.body for r in server.model_requests())
+    assert [m["role"] for m in second["messages"]] == [m["role"] for m in first["messages"]]
+    assert not tool_messages(second) and "seed" in second and "seed" not in first
+    task = second["messages"][-1]["content"]
+    assert task.startswith(first["messages"][-1]["content"])
+    added = task[len(first["messages"][-1]["content"]) :]
+    assert "repeated a line that was already said" in added and "Hi all!" not in added
+    assert NOT_SAID not in added
+
+
+async def test_after_two_refused_lines_a_line_of_the_card_is_said(server: FakeLLMServer) -> None:
+    server.push(
+        tool_call("speak", {"message": "Hi all!", "to": ["user_1"]}),
+        tool_call("speak", {"message": "Hi all!", "to": ["user_1"]}),
+    )
+    tools = LineChecker(refusals=2, reason=f"{NOT_SAID} reads a heading of your instructions aloud.")
+    await openai_model(server).speak(speak_request(), tools)
+    assert len(server.model_requests()) == 2
+    (_, said) = tools.calls[-1]
+    assert len(tools.calls) == 3 and said["message"] not in ("Hi all!", "")
+    assert said["to"] == ["user_1"]  # the offline model's line, to the same people
+    assert "not words that you say out loud" in server.model_requests()[1].body["messages"][-1]["content"]
+
+
+async def test_words_with_no_line_in_them_are_asked_for_again_fresh(server: FakeLLMServer) -> None:
+    """The prompt's record continued (measured) is no line: a fresh request, not the follow-up
+    whose framing SmolLM2 read aloud as its next line."""
+    server.push(text("1. user_1 -> Ben: Hi all!\n2. Ben -> user_1: hello"), text("Whales, mostly."))
+    tools = LineChecker(refusals=0)
+    await openai_model(server).speak(speak_request(), tools)
+    assert [args["message"] for _, args in tools.calls] == ["Whales, mostly."]
+    second = server.model_requests()[1].body
+    assert [m["role"] for m in second["messages"]] == ["system", "user"]
+    assert "not words that you say out loud" in second["messages"][-1]["content"]
+
+
+async def test_a_tool_refused_for_another_reason_is_still_a_follow_up(server: FakeLLMServer) -> None:
+    server.push(
+        tool_call("speak", {"message": "Hi!", "to": ["nobody"]}), tool_call("speak", {"message": "Hi!"})
+    )
+    tools = LineChecker(refusals=1, reason="to: names nobody of the conversation")
+    await openai_model(server).speak(speak_request(), tools)
+    assert len(tool_messages(server.model_requests()[1].body)) == 1
 
 
 async def test_speak_unknown_tools_are_answered_and_the_model_fixes_it(server: FakeLLMServer) -> None:

@@ -53,7 +53,7 @@ async def test_two_cards_in_one_process_find_each_other(
     caplog.set_level(logging.INFO, logger="companion")
     made: list[Any] = []
 
-    def factory(card: Any, node: Any, nursery: trio.Nursery) -> LoggingHandler:
+    async def factory(card: Any, node: Any, nursery: trio.Nursery) -> LoggingHandler:
         made.append((card.card.metadata.id, node.name))
         return LoggingHandler(node.name)
 

@@ -18,6 +18,7 @@ from companion.card.model import LoadedCard, load_card
 from companion.conversation.rules import stamp_reply
 from companion.engine.driver import EngineTimings
 from companion.models.base import ParamsRequest, SpeakRequest
+from companion.models.persona import persona_of
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message
 from companion.store.history import InMemoryHistory
@@ -413,3 +414,28 @@ async def test_the_documented_transcripts_are_what_the_model_says() -> None:
             )
             reply = Message.create(loaded.card.metadata.id, recipients, text, metadata={"emotion": emotion})
             messages.append(stamp_reply(reply, in_reply_to=messages[-1].params.id, turn=turn, closing=stage))
+
+
+def _plain_words(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.casefold()))
+
+
+@pytest.mark.parametrize("opening", OPENINGS[:10])
+async def test_the_card_says_who_a_companion_is_and_is_never_recited(
+    autojump_clock: trio.testing.MockClock, opening: str
+) -> None:
+    """A card's personality and sample are who the companion is and how it sounds: no reply says
+    one of their sentences, as written or turned into the first person ("I talk in sea and sky
+    metaphors" was said)."""
+    cards = real_cards()
+    recited = {
+        _plain_words(trait.text)
+        for loaded in cards
+        for trait in persona_of(loaded.card.metadata, loaded.card.role).traits
+    }
+    assert any("sea and sky metaphors" in t for t in recited)  # the check knows what it looks for
+    events, _, over = await converse(cards, opening)
+    assert over
+    for reply in replies(events):
+        said = _plain_words(reply.text)
+        assert not [t for t in recited if t in said], reply.text

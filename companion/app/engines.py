@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,8 +48,9 @@ __all__ = [
 
 logger = logging.getLogger("companion.app.engines")
 
-HandlerFactory = Callable[["LoadedCard", "CompanionNode", trio.Nursery], "InboundHandler"]
-"""``(card, node, nursery) -> handler``: the nursery lives as long as the node runs."""
+HandlerFactory = Callable[["LoadedCard", "CompanionNode", trio.Nursery], Awaitable["InboundHandler"]]
+"""``async (card, node, nursery) -> handler``: the nursery lives as long as the node runs (the
+handler's engine is started in it before the factory returns)."""
 
 
 # --- handlers ---------------------------------------------------------------------------------------
@@ -321,7 +322,7 @@ def engine_handlers(
     from companion.engine.driver import ConversationEngine
     from companion.store.sqlite import Store
 
-    def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
+    async def make(loaded: LoadedCard, node: CompanionNode, nursery: trio.Nursery) -> CompanionHandler:
         chosen = models[loaded.card.metadata.id]
         cid = loaded.card.metadata.id
         model = chosen.model if metrics is None else metrics.metered(cid, chosen.model)
@@ -343,7 +344,7 @@ def engine_handlers(
         )
         if metrics is not None:
             metrics.add_engine(cid, engine, store)
-        engine.attach(nursery)
+        await nursery.start(engine.run)
         node.add_membership_listener(engine.directory_changed)
         engine.directory_changed()  # the node may have met companions before its engine existed
         handler = CompanionHandler(node.name, engine, store=store, kv=kv)

@@ -186,7 +186,7 @@ class MemoryGroup:
     async def _serve(self, member: Member, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         with member.scope:
             async with trio.open_nursery() as nursery:
-                member.engine.attach(nursery)
+                await nursery.start(member.engine.run)
                 task_status.started()
                 async for inbound in member.endpoint.receive_channel:
                     await member.engine.handle(inbound)

@@ -213,7 +213,7 @@ async def run_nodes(
             models = await prepare_models(loaded, options.engine)
             handler_factory = engine_handlers(models, data_dir=options.data_dir, metrics=metrics)
         for card, node, waiting, node_nursery in pending:
-            handler = handler_factory(card, node, node_nursery)
+            handler = await handler_factory(card, node, node_nursery)
             runtime = runtime_of(handler)
             if runtime is not None:
                 runtimes[card.card.metadata.id] = runtime

@@ -20,10 +20,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from companion.conversation.machine import MAX_DETAIL, THINKING_SIGNAL, YIELD_REASONS, YIELD_SIGNAL
+from companion.conversation.events import (
+    MAX_DETAIL,
+    MAX_SIGNAL_ID,
+    THINKING_SIGNAL,
+    YIELD_REASONS,
+    YIELD_SIGNAL,
+    ThinkingSeen,
+    parse_signal,
+)
 from companion.conversation.rules import ends_conversation
 from companion.models.lexicon import clean
-from companion.protocol import COMPANION_ID_PREFIX
 
 __all__ = [
     "MAX_DETAIL",
@@ -55,7 +62,7 @@ THINKING_DEADLINE: Final = 300.0
 must never leave an endless spinner."""
 MAX_NAME: Final = 60
 MAX_REASON: Final = 40
-MAX_ID: Final = 200
+MAX_ID: Final = MAX_SIGNAL_ID
 MAX_THINKERS: Final = 32
 """At most this many speakers tracked at once (oldest dropped): signals are network input."""
 SHOWN_THINKERS: Final = 3
@@ -101,19 +108,16 @@ class Signal:
 
 def read_signal(speaker: str, name: str, params: Mapping[str, Any]) -> Signal | None:
     """The signal in an action's ``name`` and ``params``, or ``None`` when it is not one of the
-    two signals from a companion or lacks what a signal must carry (then it is dropped)."""
-    if name not in (THINKING_SIGNAL, YIELD_SIGNAL) or not speaker.startswith(COMPANION_ID_PREFIX):
+    two signals from a companion or lacks what a signal must carry (then it is dropped): read by
+    the machine's own reader (:func:`~companion.conversation.events.parse_signal`), one set of
+    rules for the companions and their clients."""
+    seen = parse_signal(speaker, name, params)
+    if seen is None:
         return None
-    in_reply_to = params.get("in_reply_to")
-    if not isinstance(in_reply_to, str) or not 0 < len(in_reply_to) <= MAX_ID:
-        return None
-    if name == THINKING_SIGNAL:
-        return Signal(name, speaker, in_reply_to)
-    reason, detail = params.get("reason"), params.get("detail")
-    if not isinstance(reason, str):
-        return None
+    if isinstance(seen, ThinkingSeen):
+        return Signal(THINKING_SIGNAL, speaker, seen.in_reply_to)
     return Signal(
-        name, speaker, in_reply_to, reason[: MAX_REASON * 4], detail if isinstance(detail, str) else None
+        YIELD_SIGNAL, speaker, seen.in_reply_to, seen.reason, seen.detail if "detail" in params else None
     )
 
 

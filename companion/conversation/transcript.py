@@ -32,7 +32,7 @@ from companion.conversation.machine import (
     present_diff,
     read_signal,
 )
-from companion.conversation.rules import turn_info
+from companion.conversation.rules import TurnInfo
 from companion.conversation.signals import MAX_NAME, THINKING_DEADLINE, one_line, thinking_text, yield_text
 from companion.protocol import Action, ClosingStage, Message, Payload
 from companion.timings import EngineTimings
@@ -162,9 +162,10 @@ class Transcript:
         out: list[TranscriptEvent] = []
         if isinstance(payload, Message):
             fresh = not machine.thread.knows(payload.params.id)
-            effects = machine.receive(MessageSeen(payload, publisher), at)
+            seen = MessageSeen(payload, publisher)
+            effects = machine.receive(seen, at)
             if fresh and machine.thread.knows(payload.params.id):
-                out.append(self._message(payload, effects))
+                out.append(self._message(payload, seen.info, effects))
             out.extend(self._lines(effects))
         elif isinstance(payload, list):
             out = self._lines(machine.receive(StatesSeen(payload, publisher), at))
@@ -231,10 +232,9 @@ class Transcript:
             )
         ]
 
-    def _message(self, message: Message, effects: list[Effect]) -> TranscriptEvent:
+    def _message(self, message: Message, info: TurnInfo, effects: list[Effect]) -> TranscriptEvent:
         params = message.params
         self._thinking.pop(params.from_, None)  # it replied
-        info = turn_info(message)
         why = "opened the conversation"
         if info.in_reply_to is not None:
             self.replies[info.in_reply_to].append(params.from_)

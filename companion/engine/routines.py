@@ -12,6 +12,11 @@ that would go out while a conversation runs is refused (nothing is published) an
 is given back to the scheduler: it fires again, once the conversation is over, within its
 ``max_wait``. One that goes out makes the conversation busy at once, so two routines firing in
 the same instant do not both speak.
+
+The driver also keeps the conversation's busy time, for routines alone: a conversation runs
+while a turn is open on this node (the ``in_turn`` it is given says so) or until
+``reply_timeout`` after the last message anyone sent (:meth:`RoutineDriver.heard`), unless that
+message closed it ``terminal``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,9 @@ from companion.card.routines import (
     RoutineFinished,
     RoutineScheduler,
 )
-from companion.conversation.rules import stamp_opening
+from companion.card.routines import MessageSeen as RoutineMessage
+from companion.conversation.events import MessageSeen
+from companion.conversation.rules import stamp_opening, turn_info
 from companion.protocol import Message
 
 __all__ = ["RoutineDriver", "current_firing", "not_a_routine"]
@@ -61,9 +68,8 @@ def not_a_routine() -> None:
 class RoutineDriver:
     """Runs one companion's routines. :meth:`start` it in a nursery the engine owns.
 
-    ``busy_until(now)``: until when a conversation runs as far as time alone goes (``now`` or
-    earlier: none; ``inf``: until an event says otherwise; the engine pokes the driver with
-    :meth:`poke` after every event).
+    ``in_turn()``: whether a turn of this node runs (its deadlines, not time alone, end it; the
+    engine pokes the driver with :meth:`poke` after every event).
     """
 
     def __init__(
@@ -72,8 +78,8 @@ class RoutineDriver:
         runtime: ActionRuntime,
         *,
         me: str,
-        busy_until: Callable[[float], float],
-        spoke: Callable[[Message], None],
+        in_turn: Callable[[], bool],
+        reply_timeout: float,
         emit: Emit,
         quiet_start: float,
         rejoin_grace: float,
@@ -81,8 +87,9 @@ class RoutineDriver:
         self._routines = tuple(routines)
         self._runtime = runtime
         self._me = me
-        self._busy_until = busy_until
-        self._spoke = spoke
+        self._in_turn = in_turn
+        self._reply_timeout = reply_timeout
+        self._last_activity = -math.inf
         self._emit = emit
         self._quiet_start = quiet_start
         self._grace = rejoin_grace
@@ -110,6 +117,22 @@ class RoutineDriver:
         )
         nursery.start_soon(self._loop, nursery)
 
+    def heard(self, seen: MessageSeen) -> None:
+        """A message arrived (anyone's, any conversation's): it keeps a conversation running for
+        a reply slot, unless it closed it."""
+        self._active(seen.info.closing == "terminal")
+        self.observe(RoutineMessage(seen.message))
+
+    def _active(self, closed: bool) -> None:
+        self._last_activity = -math.inf if closed else trio.current_time()
+
+    def _busy_until(self, now: float) -> float:
+        """Until when a conversation runs as far as time alone goes (``now`` or earlier: none;
+        ``inf``: until an event says otherwise)."""
+        if self._in_turn():
+            return math.inf
+        return self._last_activity + self._reply_timeout
+
     def observe(self, event: RoutineEvent) -> None:
         if self.scheduler is not None:
             self.scheduler.observe(event, trio.current_time())
@@ -127,7 +150,7 @@ class RoutineDriver:
             self._emit("routine_deferred", logging.INFO, routine=firing.routine, tool=firing.tool)
             return "a conversation is running: this routine waits its turn and fires again when it is over"
         opening = stamp_opening(message)  # every node hears a new exchange, whatever came before
-        self._spoke(opening)
+        self._active(turn_info(opening).closing == "terminal")  # busy now: no second routine speaks
         return opening
 
     async def _loop(self, nursery: trio.Nursery) -> None:

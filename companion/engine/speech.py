@@ -21,9 +21,9 @@ means for the turn are the engine's.
 
 Two more checks keep what is said the character's own, whatever the model: the parameters are
 fitted to the card's schema before the CEL conditions read them (:mod:`companion.card.paramfit`), and a
-line that reads the prompt aloud or repeats the conversation (:mod:`companion.lines.check`) is refused
-once, with the reason, and the second time the slot is given up; a streamed line is checked a
-sentence at a time, before each sentence is voiced.
+line that reads the prompt aloud or repeats the conversation (:mod:`companion.lines.check`) is refused,
+with the reason, and the model tries again (:data:`LINES_TRIED` lines at most, then the slot is
+given up); a streamed line is checked a sentence at a time, before each sentence is voiced.
 """
 
 from __future__ import annotations
@@ -47,8 +47,13 @@ from companion.lines.check import LineContext, check_line
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
 from companion.protocol import MESSAGES, Message, Metadata, new_id
 
-__all__ = ["ParamsCheck", "Speaker", "Speech"]
+__all__ = ["LINES_TRIED", "ParamsCheck", "Speaker", "Speech"]
 
+
+LINES_TRIED = 3
+"""Lines checked for one reply before the slot is given up: the model's, its second try, and a
+line of the card's own (a real model's speaker says one after two refused lines, see
+:mod:`companion.models.second_try`; the offline model tries one other line)."""
 
 Emit = Callable[..., None]
 """``emit(kind, level, **fields)``: one structured event (the engine's log and observer)."""
@@ -501,8 +506,8 @@ class Speaker:
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech, context: LineContext
     ) -> ToolResult | None:
         """``None`` when the line may be said; else the refusal the model is asked again with.
-        A second refused line gives the slot up (:class:`ModelError`): better no reply than a
-        copy or the prompt read aloud."""
+        The :data:`LINES_TRIED`-th refused line gives the slot up (:class:`ModelError`): better
+        no reply than a copy or the prompt read aloud."""
         text = raw.get("message")
         if not isinstance(text, str):
             return None
@@ -520,10 +525,10 @@ class Speaker:
             text=text[:200],
             reason=verdict.reason[:300],
         )
-        if speech.lines_refused >= 2:
+        if speech.lines_refused >= LINES_TRIED:
             raise ModelError(
-                f"{self.me.id}: two lines refused ({verdict.kind}): {verdict.reason[:200]}",
-                reason=f"its line was refused twice ({verdict.kind}); the slot is given up",
+                f"{self.me.id}: {LINES_TRIED} lines refused ({verdict.kind}): {verdict.reason[:200]}",
+                reason=f"its line was refused {LINES_TRIED} times ({verdict.kind}); the slot is given up",
             )
         return ToolResult(tool_id, new_id(), "refused", verdict.reason)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import trio
@@ -29,7 +29,7 @@ from companion.actions.catalog import MAX_ANNOUNCED_TOOLS
 from companion.ports import Publisher
 from companion.protocol import ACTIONS, Action
 
-__all__ = ["DEFAULT_ANNOUNCE_INTERVAL", "DEFAULT_REFRESH_GAP", "ToolsAnnouncer", "read_tools"]
+__all__ = ["DEFAULT_ANNOUNCE_INTERVAL", "DEFAULT_REFRESH_GAP", "PeerTools", "ToolsAnnouncer", "read_tools"]
 
 DEFAULT_ANNOUNCE_INTERVAL: Final = 2.0
 DEFAULT_REFRESH_GAP: Final = 30.0
@@ -130,3 +130,36 @@ def read_tools(action: Action) -> dict[str, Any] | None:
             return None
         ids.append(tool_id)
     return {"revision": revision, "tools": ids}
+
+
+class PeerTools(dict[str, dict[str, Any]]):
+    """What each peer announced (:attr:`ConversationEngine.peer_tools
+    <companion.engine.driver.ConversationEngine.peer_tools>`): companion id -> ``{revision,
+    tools: [ids]}``. A list counts only
+    from a companion of the directory, as its own (the authenticated publisher), and an older
+    change replayed (a lower ``revision`` that is not the whole list sent after a restart) never
+    replaces a newer list. A peer that announces tools follows speaking slots (aikyo companions
+    announce none): ``follows`` hears of it."""
+
+    def __init__(
+        self, me: str, directory: Mapping[str, Any], *, follows: Callable[[str], None], emit: Emit
+    ) -> None:
+        super().__init__()
+        self._me, self._directory, self._follows, self._emit = me, directory, follows, emit
+
+    def note(self, action: Action, publisher: str | None) -> None:
+        """Keep the list ``action`` announces, if it is one and news."""
+        sender = action.params.from_
+        if publisher != sender or sender == self._me or sender not in self._directory:
+            return
+        tools = read_tools(action)
+        if tools is None:
+            return
+        self._follows(sender)
+        known = self.get(sender)
+        if known is not None:
+            plain = "change" not in action.params.params  # the whole list, sent after a (re)start
+            if known == tools or (tools["revision"] <= known["revision"] and not plain):
+                return  # nothing new, or an older change replayed
+        self[sender] = tools
+        self._emit("peer_tools", logging.INFO, peer=sender, revision=tools["revision"], tools=tools["tools"])

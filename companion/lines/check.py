@@ -19,7 +19,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
-from typing import Literal
+from typing import Final, Literal
 
 from companion.lines.sentences import split_sentences
 from companion.protocol import Message
@@ -77,12 +77,18 @@ _TOOL_TALK = re.compile(
     # this check's own reasons, sent back with a refused line, then read aloud (measured)
     r"|\bnot a line of (?:yours|your own)\b|\bsay something new\b|\bin your own (?:words|voice)\b"
     r"|\bsay only the words\b|\brepeats what (?:you already said|was already said)\b"
-    r"|\bnot said, because\b|\bnew sentences of your own\b",
+    r"|\bnot said, because\b|\bnew sentences of your own\b"
+    # the second try's own words (models/second_try.py), read aloud (measured)
+    r"|\byour first try\b|\bwas not used\b|\bsay something different\b|\bonly your words\b"
+    r"|\bthe conversation is (?:ending|over|winding down)\b",
     re.IGNORECASE,
 )
 """The instructions' own vocabulary: a character talks about cakes, not about its tools; nor
 about the retry's framing, which SmolLM2-135M read aloud ("Your previous response failed the
 application's validation (this is automated feedback, ...)", pydantic-ai's words)."""
+_BRACKETED = re.compile(r"^\s*\([^()]*\)[\s.!?]*$")
+"""A whole line in brackets: a note or a stage direction ("(Growling)", "(Your first try was not
+used)", measured), not words said."""
 _UNFINISHED = re.compile(r"[,:;(\[{-]\s*$")
 """A line cut off where it goes on ("Hello everyone," was the first line of a longer answer)."""
 _ROLE_LABEL = re.compile(r"^\s*(?:user|sender|assistant|system|ai|bot|a|q)\s*:", re.IGNORECASE)
@@ -91,6 +97,19 @@ _TAG = re.compile(r"</?[A-Za-z][\w:-]*>")
 """Markup of the request (``<pyai:retry_feedback>`` came back as a whole line; ``<tool_call>``)."""
 _HISTORY_NUMBER = re.compile(r"(?:^|\n)\s*\d{1,3}\.\s+\S+[^\n]*:")
 """A numbered history line (``3. Aya: ...``)."""
+_NUMBER_LABEL = re.compile(r"^\s*(?:\(\d{1,3}\)\s*\d{0,3}|\d{1,3})\s*:(?:\s|$)")
+"""A number as a line's label, the history's numbering garbled (``(1) 2: "Ladies and ..."``,
+measured)."""
+_CONTRACTIONS = (
+    (re.compile(r"n['\u2019]t\b"), " not"),
+    (re.compile(r"['\u2019]re\b"), " are"),
+    (re.compile(r"['\u2019]m\b"), " am"),
+    (re.compile(r"['\u2019]ve\b"), " have"),
+    (re.compile(r"['\u2019]ll\b"), " will"),
+    (re.compile(r"['\u2019]d\b"), " would"),
+)
+"""Contractions written out for comparing: "You're a guardian of facts, and I'm the one who
+created it." copies "You are a guardian of facts, and I am the one who created that." (measured)."""
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 _WORD = re.compile(r"\w+")
 
@@ -163,25 +182,25 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
     artifact = _artifact(text, context)
     if artifact:
         return LineVerdict("artifact", f"{NOT_SAID} {artifact}. {_ASK_AGAIN}")
-    words = normalized_words(text)
+    words = _said_words(text)
     size = _size(words)
     if size < _EXACT_SIZE:
         return OK
-    own = {" ".join(normalized_words(line[:_TEXT_LIMIT])) for line in context.speaker_lines}
+    own = {" ".join(_said_words(line[:_TEXT_LIMIT])) for line in context.speaker_lines}
     # Each long sentence of the text, too, against the others' lines: a line that copies one
     # long sentence of another's and adds its own ending is still a copy (measured: SmolLM2-135M
     # did just that). One's own sentence said again in a new line is left to the model (the
     # offline one tells a fact again in its goodbye); one's own line, never.
     pieces = sentences(text)
-    parts = [(w, _size(w)) for w in (normalized_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
+    parts = [(w, _size(w)) for w in (_said_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
     parts = parts if len(pieces) > 1 else []
     for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
-        whole = normalized_words(line[:_TEXT_LIMIT])
+        whole = _said_words(line[:_TEXT_LIMIT])
         mine = " ".join(whole) in own
         if _copies(words, size, whole, _NEAR_SIZE):
             return _copy(line, mine)
         for candidate in sentences(line):
-            other = normalized_words(candidate)
+            other = _said_words(candidate)
             if _copies(words, size, other, _SENTENCE_SIZE) or (
                 not mine and any(_copies(w, n, other, _SENTENCE_SIZE) for w, n in parts)
             ):
@@ -218,15 +237,20 @@ def _artifact(text: str, context: LineContext) -> str:
         return "is JSON, not speech"
     if _TAG.search(text):
         return "is markup of your instructions"
-    if _ROLE_LABEL.search(text):
+    if _ROLE_LABEL.search(text) or _NUMBER_LABEL.search(text):
         return "starts with a label, as the record does"
     if _ARROW.search(text) or _HISTORY_NUMBER.search(text) or _ID_IN_PARENS.search(text):
         return "copies the format of the conversation's record"
     if _UNFINISHED.search(text):
         return "stops mid-sentence"
+    if _BRACKETED.search(text):
+        return "is a note in brackets, not words said"
     head = text.lstrip()
     for name in context.names:
-        label = rf"\(\s*{re.escape(name)}\b[^)\n]{{0,60}}\)|{re.escape(name)}\s*(?:\([^)]*\))?\s*:"
+        label = (
+            rf"\(\s*{re.escape(name)}\b[^)\n]{{0,60}}\)|\(\s*{re.escape(name)}\s*:"
+            rf"|{re.escape(name)}\s*(?:\([^)]*\))?\s*:"
+        )
         if name and re.match(label, head, re.IGNORECASE):
             return f"starts with the label {name!r}, as the record does"
     folded = text.casefold()
@@ -246,10 +270,27 @@ def _artifact(text: str, context: LineContext) -> str:
     return ""
 
 
+_PERSONS: Final = {
+    "i": "P", "you": "P", "we": "P", "me": "P", "us": "P",
+    "my": "PP", "your": "PP", "our": "PP", "mine": "PP", "yours": "PP", "ours": "PP",
+    "am": "be", "are": "be", "is": "be", "was": "were", "myself": "PS", "yourself": "PS",
+}  # fmt: skip
+"""Who says it, folded away when lines are compared for copies: "I'm the one making the comment"
+copies "You're the one making the comment" (measured, SmolLM2-135M)."""
+
+
+def _said_words(text: str) -> list[str]:
+    """:func:`normalized_words` with the speaker's and the listener's person folded together."""
+    return [_PERSONS.get(word, word) for word in normalized_words(text)]
+
+
 def normalized_words(text: str) -> list[str]:
-    """The words of ``text`` for comparing: NFKC, case-folded, punctuation gone; each CJK
-    character is a word of its own (those scripts put no spaces between words)."""
+    """The words of ``text`` for comparing: NFKC, case-folded, contractions written out,
+    punctuation gone; each CJK character is a word of its own (those scripts put no spaces
+    between words)."""
     flat = unicodedata.normalize("NFKC", text).casefold()
+    for contraction, written in _CONTRACTIONS:
+        flat = contraction.sub(written, flat)
     out: list[str] = []
     for word in _WORD.findall(flat):
         if _CJK.search(word):

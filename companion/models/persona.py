@@ -117,6 +117,9 @@ class Persona:
     gist: tuple[Fact, ...] = ()
     """Facts in the other language (:data:`.phrasebook.GIST`, by ``topics``): what the companion
     says of itself when a message is not in its card's language."""
+    traits: tuple[Fact, ...] = ()
+    """The personality and the sample read as facts: what a message may relate to (a baker
+    hears "grams"), never said."""
 
     def facts_in(self, language: Language) -> tuple[Fact, ...]:
         """The facts to tell in ``language``: the card's own, or the gist in the other one."""
@@ -127,7 +130,7 @@ class Persona:
         own = content_stems(text)
         about = spread(concepts_in(text))
         about.pop("question", None)
-        return max((f.relevance(own, about) for f in self.facts), default=0.0)
+        return max((f.relevance(own, about) for f in (*self.facts, *self.traits)), default=0.0)
 
 
 def persona_of(meta: Metadata, role: str = "") -> Persona:
@@ -141,21 +144,23 @@ def _persona(cid: str, name: str, personality: str, story: str, sample: str, rol
     language = language_of(personality, story, sample)
     pronoun = _pronoun(f"{story} {personality}")
     facts: list[Fact] = []
-    for source, text in (("story", story), ("personality", personality)):
-        if language == "ja" and source == "personality":
-            continue  # Japanese personalities are adjectives: tone, not facts
-        for sentence in sentences(text):
-            said = (
-                _first_person_ja(sentence, name)
-                if language == "ja"
-                else _first_person(sentence, name, pronoun, habit=source == "personality")
-            )
+    for sentence in sentences(story):
+        if language == "ja":
+            said = _first_person_ja(sentence, name)
+        else:
+            said = _first_person(sentence, name, pronoun, habit=False)
+        if said:
+            facts.append(_fact(said, "story"))
+    traits: list[Fact] = []
+    if language == "en":  # Japanese personalities are adjectives: tone, nothing to relate to
+        for sentence in sentences(personality):
+            said = _first_person(sentence, name, pronoun, habit=True)
             if said:
-                facts.append(_fact(said, source))
+                traits.append(_fact(said, "personality"))
     for sentence in sentences(sample):
         count = len(words(sentence)) if language == "en" else len(sentence) // 3
         if count >= 4 and not is_question(sentence) and "greeting" not in concepts_in(sentence):
-            facts.append(_fact(sentence, "sample"))
+            traits.append(_fact(sentence, "sample"))
     tone = _tone(personality) or _tone(role) or "plain"
     everything = f"{story} {personality} {sample}"
     places = tuple(dict.fromkeys(p for p in _PLACE.findall(story) if name not in p))
@@ -182,6 +187,7 @@ def _persona(cid: str, name: str, personality: str, story: str, sample: str, rol
         sample,
         topics,
         tuple(dict.fromkeys(gist)),
+        tuple(traits),
     )
 
 

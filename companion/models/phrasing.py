@@ -242,17 +242,11 @@ class _Line:
         scored = []
         for index, fact in enumerate(pool):
             score = fact.relevance(own, about)
-            if fact.source == "sample":
-                score = score - 1.0 if score < 3 else score
             scored.append((score, self.rng.random() * 0.5, -index, fact))
         scored.sort(key=lambda s: (s[0] + s[1], s[2]), reverse=True)
         score, _, _, best = scored[0]
         if score <= least and not need:
             return None
-        if score <= 0 and best.source == "sample":
-            others = [s for s in scored if s[3].source != "sample"]
-            if others:
-                best = others[0][3]
         self.told.add(best.text)
         return best
 

@@ -47,6 +47,7 @@ from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.settings import ModelSettings, ToolOrOutput
 from pydantic_ai.tools import ToolDefinition
 
+from companion.lines.check import NOT_SAID
 from companion.log import log_event
 from companion.models.aio import asyncio_loop, run_asyncio
 from companion.models.base import (
@@ -70,6 +71,7 @@ from companion.models.endpoints import (
 from companion.models.errors import ModelSetupError
 from companion.models.prompts import params_prompt, speak_prompt, states_prompt
 from companion.models.sdks import Sdk, SdkClient, load_sdk
+from companion.models.second_try import FRESH_SEED, is_line_refusal, own_line, task_after_refusal
 from companion.models.servers import (
     LOCAL_SERVERS,
     EndpointMemory,
@@ -748,8 +750,11 @@ class ProviderModel:
         ]
         first = True
         partial = _shown_to(request, turn, form)
+        settings: ModelSettings | None = None
         while turn.answers < self.config.max_speak_requests:
-            response = await session.request(messages, params, form=form, may_refuse=first, partial=partial)
+            response = await session.request(
+                messages, params, settings, form=form, may_refuse=first, partial=partial
+            )
             first = False
             turn.answers += 1
             called = any(isinstance(p, ToolCallPart) for p in response.parts)
@@ -763,9 +768,32 @@ class ProviderModel:
                 turn.switch_form = True
                 return
             returns = await self._run_calls(response, turn, call_tool)
+            speaker = turn.speaking_tool()
+            if turn.line_refused and speaker is not None and speaker[1].id not in turn.done:
+                # A refused line is asked for again fresh, never as a follow-up (see second_try).
+                if turn.lines_refused >= 2 or turn.answers >= self.config.max_speak_requests:
+                    await self._own_line(request, turn, speaker[1], call_tool)
+                    return
+                fresh = task_after_refusal(prompt, turn.line_refused, request.me.name)
+                messages = [ModelRequest(parts=[UserPromptPart(fresh)], instructions=instructions)]
+                settings = ModelSettings(seed=FRESH_SEED)
+                continue
             if not turn.follow_up():
                 return
             messages += [response, ModelRequest(parts=returns, instructions=instructions)]
+
+    async def _own_line(
+        self, request: SpeakRequest, turn: _SpeakTurn, spec: ToolSpec, call_tool: ToolCaller
+    ) -> None:
+        """A line of the card's own through ``spec`` (:func:`.second_try.own_line`), recorded as
+        the turn's own calls are."""
+
+        async def recorded(tool_id: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
+            result = dict(await call_tool(tool_id, args))
+            turn.record(spec, result.get("status", "ok") == "ok", str(result.get("message", "")))
+            return result
+
+        await own_line(request, recorded, spec.id, self.name)
 
     async def _run_calls(
         self, response: ModelResponse, turn: _SpeakTurn, call_tool: ToolCaller
@@ -839,6 +867,10 @@ class ProviderModel:
                 f"What you said could not be delivered: {result.get('message') or result.get('status')}"
             )
         log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=_short(text, 200))
+        if text and not line and speaker is not None and speaker[1].id not in turn.done:
+            # Words, but none to say (the prompt's record continued): asked again fresh, as a
+            # refused line is; a follow-up's framing was read aloud as the next line (measured).
+            turn.not_said(f"{NOT_SAID} is not words said out loud")
         if not turn.done:
             turn.failed("an empty answer" if not line else "a text answer and no tool to say it with")
         names = ", ".join(n for n, s in turn.tools.items() if s.kind == "action")
@@ -879,6 +911,10 @@ class _SpeakTurn:
         """Set when the current form gave nothing usable: the next form gets the rest of the budget."""
         self.prompt = ""
         """The prompt of the current form (a small model's echo of it is not its line)."""
+        self.line_refused = ""
+        """The engine's refusal of this round's line (:mod:`.second_try`), if it refused one."""
+        self.lines_refused = 0
+        """Lines of this turn the engine refused."""
 
     def start_form(self, text_reply: bool) -> None:
         """A new request form: in the text form no tool can be called, so none is awaited."""
@@ -889,13 +925,21 @@ class _SpeakTurn:
     def new_round(self) -> None:
         self.needs_fix = False
         self.looked_up = False
+        self.line_refused = ""
 
     def failed(self, problem: str) -> None:
         self.needs_fix = True
         self.problem = problem
 
+    def not_said(self, reason: str) -> None:
+        """This round's line was not said (:mod:`.second_try`): refused, or no words to say."""
+        self.line_refused = reason
+        self.lines_refused += 1
+
     def record(self, spec: ToolSpec, ok: bool, message: str = "") -> None:
         if not ok:
+            if is_line_refusal(message):
+                self.not_said(message)
             self.failed(f"{spec.id} failed: {_short(message, 80)}")
         elif spec.kind == "knowledge":
             self.looked_up = True

@@ -374,6 +374,10 @@ class Store:
     def replied(self, message_id: str) -> bool:
         return self.seen(_REPLIED, message_id)
 
+    def replied_ids(self) -> list[str]:
+        self._conn  # noqa: B018 -- raises when closed
+        return [item_id for kind, item_id in self._seen if kind == _REPLIED]
+
     # --- decisions ----------------------------------------------------------------------------
 
     def record_decision(
@@ -460,6 +464,9 @@ class MemoryStore:
 
     def replied(self, message_id: str) -> bool:
         return message_id in self._replied
+
+    def replied_ids(self) -> list[str]:
+        return list(self._replied)
 
     @property
     def writes(self) -> int:

@@ -4,13 +4,15 @@ OpenAI-compatible server (the fake one, real HTTP) whose model does what SmolLM2
 
 - its first try at every line reads the prompt aloud (a ``Context: {...}`` block, the history's
   own ``Name (id) -> id`` format, the instructions' words) or copies the line before it word for
-  word; its second try is a line of its own, except on one turn where it copies twice;
+  word; its second try (a fresh request, the refusal folded into its task) is a line
+  of its own, except on one turn where it copies twice;
 - it fills ``topic_energy`` with 32 where the cards allow at most 10, and ``wants_to_end`` with
   true from the first turn on;
 - its states answer proposes ``terminal`` from the first turn.
 
-What is heard: only the second tries, never an echo or a copy; the turn where both tries were
-copies passes to another companion; the conversation does not end before it started.
+What is heard: only the second tries, never an echo or a copy; on the turn where both tries were
+copies the companion says a line composed from its card instead (checked like the others); the
+conversation does not end before it started.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class SmallModel:
         self.inner = CooperativeModel()
         self.first_tries = 0
         self.own_lines = 0
+        self.fresh_asks = 0
         self.tries: dict[tuple[str, int], int] = {}
         """Which first try each speaker's turn is (by the lines it was shown): a reply prepared
         early and asked again, or cancelled, is the same try, whatever the timing."""
@@ -86,7 +89,11 @@ class SmallModel:
         address = _ADDRESS.search(user)
         to = [a.strip() for a in address.group(1).split(",")] if address else []
         said = _HISTORY_LINE.findall(user)
-        retry = any(m.get("role") == "tool" for m in messages)
+        # The second try is a new request (no tool message, no assistant message: never a
+        # follow-up, which SmolLM2 read aloud) whose task says the first was not used.
+        retry = "Your first try was not used" in user
+        assert not any(m.get("role") in ("tool", "assistant") for m in messages), messages
+        self.fresh_asks += retry
         speaker = _SPEAKER.search(user)
         key = (speaker.group(1) if speaker else "", len(said))
         if key not in self.tries:
@@ -103,7 +110,7 @@ class SmallModel:
             else:
                 line = "You can use the action tools to improve your voice."
         elif self.tries[key] == 3:
-            line = said[0]  # the opening line, said again: the slot is given up
+            line = said[0]  # the opening line, said again: a line of the card's own is said
         else:
             line = THOUGHTS[self.own_lines % len(THOUGHTS)]
             self.own_lines += 1
@@ -137,16 +144,20 @@ def test_echoes_copies_wild_parameters_and_eager_closing_are_not_what_is_said(tm
 
     # Only the model's own lines were heard: no echo of the prompt, no copy, no line said twice.
     assert len(replies) >= 5, [(e["closing"], e["text"]) for e in replies]
-    assert all(e["text"] in THOUGHTS for e in replies), [e["text"] for e in replies]
+    own = [r for r in records if r.get("event") == "speak_own_line"]
+    assert len(own) == 1, own  # the one turn whose two tries were copies
+    from_card = [e["text"] for e in replies if e["text"] not in THOUGHTS]
+    assert len(from_card) == 1, [e["text"] for e in replies]
+    assert model.fresh_asks >= 4
     earlier = [messages[0]["text"]]
     for reply in replies:
         assert check_line(reply["text"], LineContext(earlier=earlier)).ok, reply["text"]
         earlier.append(reply["text"])
     refused = [r for r in records if r.get("event") == "line_refused"]
     assert {r["verdict"] for r in refused} == {"artifact", "copy"}
-    # The turn whose both tries were copies passed to the next companion (a visible failure).
+    # No slot was given up: the turn whose both tries were copies was answered from the card.
     gave_up = [r for r in records if r.get("event") == "speaker_failed"]
-    assert any("two lines refused (copy)" in str(r.get("detail")) for r in gave_up), gave_up
+    assert not any("lines refused" in str(r.get("detail")) for r in gave_up), gave_up
 
     # Parameters: 32 clamped to the cards' 10 before CEL; no goodbye before anyone replied.
     params = [r for r in records if r.get("event") == "instructions"]

@@ -158,7 +158,7 @@ def solo(
     timings: Any = None,
     sink: EchoSink | None = None,
 ) -> tuple[Any, EchoSink, list[Any]]:
-    """One engine driven by hand (attach it to a nursery): ``(engine, its echoing sink, its events)``.
+    """One engine driven by hand (start its run in a nursery): ``(engine, its echoing sink, its events)``.
     It sees only itself in its directory."""
     from companion.engine.driver import ConversationEngine, EngineTimings
 

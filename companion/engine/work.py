@@ -1,0 +1,224 @@
+"""The work a turn's effects ask for, each under its deadline, each ending in the event it gives.
+
+The driver (:mod:`companion.engine.driver`) starts these in cancel scopes of its own and feeds
+the machine what they return (:class:`TurnWork`): :meth:`~TurnWork.lead` answers a ``Lead``
+with the model's states, or rule-based ones when the model fails or is late
+(``states_timeout``); :meth:`~TurnWork.reply` prepares the speaker's reply
+(:mod:`companion.engine.speech`, ``speak_timeout``) and answers with the yield that follows
+unless the reply went out; :meth:`~TurnWork.prefetch` and :meth:`~TurnWork.prepare` start
+what a model may do early. None of it touches the machine: the driver feeds it, between effects.
+
+:class:`Outgoing` is the runtime's outgoing hook, the reply's way out: stamped by the machine,
+once per turn, after the store committed that its message was answered. :class:`StoreHealth`
+says once when the store starts failing and once when it works again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import trio
+
+from companion.conversation.events import Event, Lead, ReplyPublished, Speak, SpeakingFailed, StatesReady
+from companion.conversation.machine import Conversation
+from companion.engine.gate import Gate
+from companion.engine.routines import RoutineDriver, current_firing
+from companion.engine.speech import Speaker, Speech
+from companion.models.base import CompanionModel, ModelError, StatesRequest
+from companion.ports import ConversationStore
+from companion.protocol import MESSAGES, Action, Message, Metadata
+from companion.store.sqlite import StoreError
+from companion.timings import EngineTimings
+
+__all__ = ["EngineEvent", "Outgoing", "StoreHealth", "TurnWork", "Work"]
+
+_UNRECORDED: Final = "this companion could not record its reply, so it is not sent; finish without speaking"
+_STOPPING: Final = "this companion is stopping; finish without speaking"
+_NOT_SPEAKING: Final = "this companion is not speaking now"
+
+logger = logging.getLogger("companion.engine.driver")
+
+Emit = Callable[..., None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEvent:
+    """One decision or happening, as logged: ``kind`` is the log event name."""
+
+    kind: str
+    companion: str
+    fields: Mapping[str, Any]
+    level: int = logging.INFO
+    """The log level it was logged at (a decision's record keeps INFO and above)."""
+
+
+@dataclass(slots=True)
+class Work:
+    """A lead or a speech in flight: its cancel scope, and the speech it prepares (if one)."""
+
+    scope: trio.CancelScope
+    speech: Speech | None = None
+
+
+class TurnWork:
+    """What the driver starts for a turn's effects, with everything that work reads."""
+
+    def __init__(
+        self,
+        model: CompanionModel,
+        directory: Mapping[str, Metadata],
+        store: ConversationStore,
+        timings: EngineTimings,
+        speaker: Speaker,
+        conversation: Conversation,
+        emit: Emit,
+    ) -> None:
+        self.model, self.directory, self.store, self.timings = model, directory, store, timings
+        self.speaker, self.conversation, self.emit = speaker, conversation, emit
+
+    async def lead(self, effect: Lead) -> StatesReady:
+        """Ask the model for everybody's state (``states_timeout``); a failure gives ``None``,
+        the rule-based states, with its reason as the source."""
+        timings, emit = self.timings, self.emit
+        request = StatesRequest(
+            message=effect.message,
+            companions=[self.directory[c] for c in effect.addressed if c in self.directory],
+            history=self.store.recent(timings.history_limit),
+            nominated=effect.nominated,
+            closing_floor=effect.floor,
+            turn=effect.turn,
+        )
+        decisions, source = None, "model"
+        try:
+            with trio.move_on_after(timings.states_timeout) as scope:
+                decisions = await self.model.decide_states(request)
+            if scope.cancelled_caught:
+                source = "fallback_timeout"
+                emit("states_model_timeout", logging.WARNING, message_id=effect.message_id)
+        except ModelError as exc:
+            emit("states_model_failed", logging.WARNING, message_id=effect.message_id, error=str(exc))
+            source = "fallback_model_error"
+        except Exception:
+            logger.exception("decide_states raised", extra={"companion_event": "states_model_crashed"})
+            source = "fallback_model_crashed"
+        return StatesReady(effect.message_id, decisions if source == "model" else None, source)
+
+    async def reply(self, speech: Speech) -> SpeakingFailed | None:
+        """Prepare and publish the reply (``speak_timeout``, after ``pace``); the yield that gives
+        the slot up, and why, unless the machine noted that the reply went out."""
+        timings = self.timings
+        reason, detail = "no_reply", "the model ended without speaking"
+        try:
+            with trio.move_on_after(timings.speak_timeout) as deadline:
+                if timings.pace:
+                    await trio.sleep(timings.pace)
+                memory = {**self.store.memory(), "conversation": self.conversation.memory()}
+                await self.speaker.reply(speech, self.store.recent(timings.history_limit), memory)
+            if deadline.cancelled_caught:
+                reason, detail = "timeout", f"no reply within {timings.speak_timeout:g} s"
+        except ModelError as exc:
+            reason, detail = "model_error", str(exc)
+        except Exception as exc:
+            logger.exception("speaking failed", extra={"companion_event": "speak_crashed"})
+            reason, detail = "crashed", repr(exc)
+        message_id = speech.effect.message_id
+        return None if self.conversation.replied(message_id) else SpeakingFailed(message_id, reason, detail)
+
+    def prefetch(self, message: Message, nursery: trio.Nursery) -> None:
+        """A model that asks for it (``parallel_params``) fills the speaker's parameters for
+        ``message`` now, beside the leader's states call (within both their deadlines)."""
+        if getattr(self.model, "parallel_params", False):
+            limit = self.timings.states_timeout + self.timings.speak_timeout
+            self.speaker.prefetch(message, self.store.recent(self.timings.history_limit), nursery, limit)
+
+    def prepare(self, effect: Speak, nursery: trio.Nursery) -> None:
+        """This companion is the likely speaker: its reply starts now, held until its slot
+        (:meth:`~companion.engine.speech.Speaker.prepare`), unless it replied before a restart
+        or its model does not prepare replies (``speculates``)."""
+        if not getattr(self.model, "speculates", False) or self.conversation.replied(effect.message_id):
+            return  # the slot will ask it (a scripted model answers at once anyway)
+        memory = {**self.store.memory(), "conversation": self.conversation.memory()}
+        history = self.store.recent(self.timings.history_limit)
+        self.speaker.prepare(
+            effect, history, memory, nursery, self.timings.states_timeout + self.timings.speak_timeout
+        )
+
+
+class StoreHealth:
+    """One error event when the store starts failing, one when it works again."""
+
+    def __init__(self, emit: Emit) -> None:
+        self._emit = emit
+        self.failing = False
+
+    def __call__(self, call: str, exc: Exception | None = None, **fields: Any) -> None:
+        """``call`` failed with ``exc``, or worked (``exc=None``)."""
+        if self.failing != (exc is not None):
+            self.failing = exc is not None
+            kind, level = ("store_failed", logging.ERROR) if exc else ("store_recovered", logging.INFO)
+            self._emit(kind, level, call=call, error=repr(exc)[:300], **fields)
+
+
+class Outgoing:
+    """The runtime's outgoing hook: this node's reply leaves stamped, once per turn, after the
+    store committed that its message was answered (a node killed as its reply leaves, then
+    started again and chosen for the same message, must not answer it twice). A routine's
+    message goes to :meth:`RoutineDriver.admit`; anything else passes as it is."""
+
+    def __init__(
+        self,
+        me: str,
+        turn: TurnWork,
+        gate: Gate,
+        routines: RoutineDriver,
+        tasks: Mapping[tuple[str, str], Work],
+        health: StoreHealth,
+        feed: Callable[[Event], None],
+    ) -> None:
+        self._me, self._conversation, self._store, self._timings = (
+            me,
+            turn.conversation,
+            turn.store,
+            turn.timings,
+        )
+        self._gate, self._routines, self._tasks, self._health, self._feed = (
+            gate,
+            routines,
+            tasks,
+            health,
+            feed,
+        )
+
+    async def __call__(self, topic: str, envelope: Message | Action) -> Message | Action | str:
+        if self._gate.stopping and (self._gate.closed or current_firing() is not None):
+            return _STOPPING
+        if topic != MESSAGES or not isinstance(envelope, Message) or envelope.params.from_ != self._me:
+            return envelope
+        firing = current_firing()
+        if firing is not None:  # a routine's: it opens a conversation, never talks over one
+            return self._routines.admit(firing, envelope)
+        verdict = self._conversation.outgoing(envelope)
+        message_id = self._conversation.speaking_to
+        held = None if message_id is None else self._tasks.get(("speech", message_id))
+        speech = None if held is None else held.speech
+        if isinstance(verdict, str) or message_id is None or speech is None:
+            return verdict if isinstance(verdict, str) else _NOT_SPEAKING
+        mark = self._store.writes
+        try:
+            self._store.mark_replied(message_id)
+        except Exception as exc:
+            self._health("mark_replied", exc, message_id=message_id)
+            return _UNRECORDED
+        if not await self._store.flush(self._timings.publish_timeout, since=mark):
+            error = StoreError(f"the mark was not committed within {self._timings.publish_timeout:g} s")
+            self._health("mark_replied", error, message_id=message_id)
+            return _UNRECORDED
+        verdict = self._conversation.outgoing(envelope)  # the turn may have moved on meanwhile
+        if isinstance(verdict, str) or self._conversation.speaking_to != message_id:
+            return verdict if isinstance(verdict, str) else _NOT_SPEAKING
+        speech.spoke = True  # the speaker's own note: one message per turn
+        self._feed(ReplyPublished(message_id, verdict))  # REPLIED before it leaves: no second one
+        return verdict
