@@ -657,7 +657,7 @@ class Options:
     hold: float
     case_timeout: float
     js_command: tuple[str, ...] = ()
-    """How to start the js peer (``js_support.js_peer_command``); empty: no js reference."""
+    """How to start the js peer (``support.js.js_peer_command``); empty: no js reference."""
     client_key: Any = None
     """The client's libp2p key pair (every case's client has it): companions are told its peer
     id as an allowed bridge (``--answerer``), so they never trim it, as a real client's bridge
@@ -1400,8 +1400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     references = [r for r in REFERENCES if not getattr(args, f"no_{r}")]
     js_command: list[str] | None = []
     if "js" in references:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
-        from js_support import js_peer_command
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the support package
+        from support.js import js_peer_command
 
         js_command = js_peer_command()
         if js_command is None:

@@ -1,4 +1,4 @@
-"""The fault suite at scale: many seeded conversations under faults (``tests/fault_support.py``:
+"""The fault suite at scale: many seeded conversations under faults (``tests/support/faults.py``:
 killed leaders and speakers, failing and slow models, reordered states, joiners, and the
 scenarios chatter, two groups, forger, ghosts, flaky provider, aikyo-style leader, provider
 outage), on the in-memory transport with a virtual clock.
@@ -31,9 +31,8 @@ import trio.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from fault_support import FAILOVER, SCENARIOS, Outcome, converse, describe
-
 from companion.log import configure_logging
+from support.faults import FAILOVER, SCENARIOS, Outcome, converse, describe
 
 
 def longest_silence(outcome: Outcome) -> float:

@@ -1,7 +1,7 @@
 """Hostile payloads through a running node's edge: no pass/fail, just numbers.
 
 Starts two ``companion run`` companions (scripted model, JSON logs) on loopback, ``a`` and ``b``
-(``b`` hears only what ``a`` forwards), and a raw py-libp2p peer (``tests/integration/raw_publisher.py``:
+(``b`` hears only what ``a`` forwards), and a raw py-libp2p peer (``tests/support/raw_publisher.py``:
 strict signing, no validators) connected to ``a``. The raw peer publishes ``--cases`` hypothesis
 cases per topic (arbitrary bytes, arbitrary JSON, each topic's envelope with one field wrong: lone
 surrogates, huge and deep values) and ``--rpcs`` whole fuzzed pubsub RPCs on its own streams.
@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
-
-from hostile_payloads import collect, message, payloads, rpcs  # noqa: E402
-from network_support import Proc, network  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # the support package
 
 from companion.protocol import MESSAGES, TOPICS  # noqa: E402
+from support.hostile_payloads import collect, message, payloads, rpcs  # noqa: E402
+from support.network import Proc, network  # noqa: E402
 
 
 def rss_kib(proc: Proc) -> int:

@@ -6,7 +6,7 @@ One ``companion run --ws --no-webrtc`` process, one companion whose card speaks 
 every ``speak`` query at once (as a client with nothing to voice would), ``--rounds`` times after
 one warm-up round. Model sources (``--source``, several allowed):
 
-- ``hosted`` and ``local``: the fake OpenAI-compatible server of ``tests/fake_llm_server.py``
+- ``hosted`` and ``local``: the fake OpenAI-compatible server of ``tests/support/fake_llm_server.py``
   streaming at a set time to first token and token rate (hosted: 0.4 s and 60 tokens/s; local:
   2 s and 20 tokens/s); the line is three sentences. Printed beside it, measured in the same run:
   the *floor*, one time to first token plus the tokens up to the end of the line's first
@@ -54,14 +54,14 @@ import trio
 from trio_websocket import open_websocket_url
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
+sys.path.insert(0, str(ROOT / "tests"))  # the support package
 
 from bench_support import stop_process  # noqa: E402
-from fake_llm_server import CooperativeModel, Reply, running_server, tokens, tool_call  # noqa: E402
-from live_support import write_card  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
 from companion.lines.sentences import split_sentences  # noqa: E402
+from support.cards import speaking_card, write_card  # noqa: E402
+from support.fake_llm_server import CooperativeModel, Reply, running_server, tokens, tool_call  # noqa: E402
 
 LINES = (
     "The harbour is quiet tonight. Three boats came in after dark, full of fish. Shall we go and look?",
@@ -118,7 +118,7 @@ class Companion:
     """``companion run`` with the card, its stdout lines and JSON log events collected."""
 
     def __init__(self, tmp: Path, base_url: str, model: str, webrtc: bool = False) -> None:
-        card = write_card(tmp, "juniper", "Juniper", "speak_with_voice")
+        card = write_card(tmp, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice"))
         argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
         argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
         argv += ["-v", "--ws", "127.0.0.1:0", "--model", model, "--base-url", base_url]

@@ -2,7 +2,7 @@
 1.6 companions do (``tests/js/peer.mjs`` in its aikyo mode: only an array's top speaker replies,
 yields ignored, ``closing: none`` arrays, no turn limit, aikyo's model calls under its one
 "generating" flag) and two ``companion run`` companions with turn limits 3 and 4
-(``tests/integration/mixed_support.py``), each conversation opened by a client addressing all
+(``tests/support/mixed.py``), each conversation opened by a client addressing all
 four. Printed: stalls (the last message unanswered for ``--stall`` s), states arrays per
 addressed message and what the second ones were (ours or the aikyo peers'), replies per
 conversation (those past the highest limit, ours or aikyo's, and whether ours spoke past their
@@ -39,10 +39,10 @@ def run(
     keep: Path | None = None,
     explain: bool = False,
 ) -> dict[str, Any]:
-    """One network, ``conversations`` back to back; the figures of :func:`mixed_support.summary`
+    """One network, ``conversations`` back to back; the figures of :func:`support.mixed.summary`
     (``explain``: with ``stories``, who published what in each conversation worth reading)."""
-    from js_support import js_peer_command
-    from mixed_support import mixed_network, stories, summary
+    from support.js import js_peer_command
+    from support.mixed import mixed_network, stories, summary
 
     command = js_peer_command()
     if command is None:
@@ -105,7 +105,7 @@ def main() -> int:
         raise KeyboardInterrupt  # unwinds through the network, which stops its processes
 
     signal.signal(signal.SIGTERM, interrupted)
-    sys.path.insert(0, str(ROOT / "tests" / "integration"))
+    sys.path.insert(0, str(ROOT / "tests"))  # the support package
     cases: list[tuple[str, str | None]] = [("this tree", None)]
     if args.reference:
         cases.append((f"reference {args.reference}", str(Path(args.reference).resolve())))

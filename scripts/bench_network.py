@@ -932,8 +932,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     js = None
     if "js" in args.impl:
-        sys.path.insert(0, str(ROOT / "tests" / "integration"))
-        from js_support import js_peer_command
+        sys.path.insert(0, str(ROOT / "tests"))  # the support package
+        from support.js import js_peer_command
 
         js = js_peer_command()
     results: list[dict[str, Any]] = []

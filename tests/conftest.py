@@ -1,6 +1,7 @@
-"""The root of the test tree. pytest puts this directory on ``sys.path`` for every test, here and
-in ``integration/`` and ``browser/``, so shared helpers are imported from one package:
-``from support.cards import write_card``."""
+"""The root of the test tree. pytest puts this directory on ``sys.path`` (``pythonpath`` in
+pyproject.toml) for every test, here and in ``integration/`` and ``browser/``, and on every
+helper process's ``PYTHONPATH`` (``support.network.Proc``), so shared helpers live in one
+package and are imported from it: ``from support.cards import write_card``."""
 
 import pytest
 import trio.testing

@@ -7,12 +7,13 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from actions_support import Recorder, answer, make_runtime
 from pydantic import BaseModel
 
 from companion.actions import APPROVAL_QUERY, ActionContext, ActionDef, ToolResult, action
 from companion.actions.approval import approval_body, read_approval
 from companion.protocol import ACTIONS, Action, Query, QueryResult
+from support.actions import answer, make_runtime
+from support.recorders import Sink
 
 
 class Light(BaseModel):
@@ -36,7 +37,7 @@ def _light(ran: list[Light], preview: Any = None) -> ActionDef:
 
 
 async def _call_and_answer(
-    runtime: Any, recorder: Recorder, reply: Any, raw: dict[str, Any] | None = None
+    runtime: Any, recorder: Sink, reply: Any, raw: dict[str, Any] | None = None
 ) -> tuple[ToolResult, Query]:
     results: list[ToolResult] = []
     async with trio.open_nursery() as nursery:
@@ -132,14 +133,14 @@ async def test_a_preview_that_raises_is_an_internal_error() -> None:
     ran: list[Light] = []
     runtime, recorder = make_runtime(_light(ran, preview=broken))
     result = await runtime.call("light", {"room": "hall", "on": True})
-    assert result.status == "internal_error" and ran == [] and recorder.published == []
+    assert result.status == "internal_error" and ran == [] and recorder.sent == []
 
 
 async def test_invalid_input_is_refused_before_anyone_is_asked() -> None:
     ran: list[Light] = []
     runtime, recorder = make_runtime(_light(ran))
     result = await runtime.call("light", {"room": "hall"})
-    assert result.status == "invalid_input" and recorder.published == []
+    assert result.status == "invalid_input" and recorder.sent == []
 
 
 def test_long_previews_are_cut() -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from actions_support import ME, OTHER, answer, make_runtime, pump_results, run_client
 
 from companion.actions import (
     BUILTINS,
@@ -30,6 +29,7 @@ from companion.actions.builtins import (
 )
 from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
+from support.actions import ME, OTHER, answer, make_runtime, pump_results, run_client
 
 SAY = {"message": "Good morning!", "to": ["user", OTHER.id], "emotion": "happy"}
 
@@ -82,7 +82,7 @@ async def test_speak_refuses_an_unknown_emotion_and_an_empty_message() -> None:
     result = await runtime.call("speak", {"message": "", "to": ["user"], "emotion": "bored"})
     assert result.status == "invalid_input"
     assert {i.path for i in result.issues} == {"message", "emotion"}
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def _voice_call(
@@ -180,7 +180,7 @@ async def test_companions_lists_who_is_on_the_network() -> None:
         "status": "ok",
         "output": {ME.id: ME.model_dump(by_alias=True), OTHER.id: OTHER.model_dump(by_alias=True)},
     }
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 def test_builtins_and_their_kinds() -> None:

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from actions_support import OTHER, answer, make_runtime, pump_results, run_client
 from pydantic import BaseModel
 
 from companion.actions import (
@@ -24,6 +23,7 @@ from companion.actions import (
 from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Query, QueryResult
 from companion.store.history import ConversationHistory, HistoryReader, InMemoryHistory
+from support.actions import OTHER, answer, make_runtime, pump_results, run_client
 
 
 class Empty(BaseModel):
@@ -117,7 +117,7 @@ async def test_the_callee_never_outlives_its_caller(autojump_clock: trio.testing
     assert trio.current_time() - start == pytest.approx(5)
     assert callee_deadline == [pytest.approx(start + 5)]  # the caller's, not its own 60 s
     assert cleaned == ["slow"]
-    assert recorder.published == [] and runtime.running == frozenset()
+    assert recorder.sent == [] and runtime.running == frozenset()
 
 
 async def test_the_callees_own_shorter_limit_applies(autojump_clock: trio.testing.MockClock) -> None:
@@ -219,7 +219,7 @@ async def test_cancelling_the_caller_reaches_the_callee() -> None:
     [result] = state.results
     assert result.status == "cancelled" and "caller not needed" in result.message
     assert len(state.cleaned) == 1 and state.seen == []  # cancelled inside, never settled
-    assert state.runtime.running == frozenset() and state.recorder.published == []
+    assert state.runtime.running == frozenset() and state.recorder.sent == []
 
 
 async def test_cancelling_only_the_callee_gives_the_caller_a_result() -> None:
@@ -377,7 +377,7 @@ async def test_waiting_for_approval_never_passes_the_callers_deadline(
     assert [q.params.type for q in recorder.queries()] == ["approval"]
     assert runtime.pending_queries == 0 and seen == []
     assert recorder.on(ACTIONS) == []
-    assert all(topic == QUERIES for topic, _ in recorder.published)
+    assert all(topic == QUERIES for topic, _ in recorder.sent)
 
 
 async def test_a_nested_knowledge_tool_is_typed_output() -> None:

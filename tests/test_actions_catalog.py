@@ -7,7 +7,6 @@ import logging
 
 import pytest
 import trio
-from actions_support import ME, make_runtime
 from pydantic import BaseModel
 
 from companion.actions import (
@@ -23,6 +22,7 @@ from companion.actions.builtins import companions, speak
 from companion.actions.catalog import MAX_ANNOUNCED_TOOLS
 from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MAX_PAYLOAD_BYTES, Action, Metadata, encode, parse_payload
+from support.actions import ME, make_runtime
 
 
 class Empty(BaseModel):

@@ -10,7 +10,6 @@ from types import ModuleType
 
 import pytest
 import trio
-from actions_support import ME, OTHER, answer, make_runtime
 
 from companion.actions import ActionDef, ActionRuntime, KeyValueStore, ToolResult, resolve_tool
 from companion.card.model import load_card
@@ -18,6 +17,7 @@ from companion.card.routines import CompanionJoined, CompanionLeft, RoutineFinis
 from companion.memory import MemoryHub
 from companion.protocol import ACTIONS, MESSAGES, Message
 from companion.store.history import InMemoryHistory
+from support.actions import ME, OTHER, answer, make_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "actions.md"
@@ -81,9 +81,7 @@ async def _lamp(reply_to_lamps: bool) -> tuple[ToolResult, list[str]]:
         assert approval.params.body is not None
         assert approval.params.body["preview"] == "set the kitchen lamp to 30%"
         runtime.deliver_query_result(answer(approval, body={"approved": True}))
-        with trio.fail_after(5):
-            while len(recorder.queries()) < 2:
-                await recorder.sent.wait()
+        await recorder.until(lambda: len(recorder.queries()) >= 2, 5)
         lamps = recorder.queries()[-1]
         assert lamps.params.type == "lamps" and lamps.params.body == {"room": "kitchen"}
         runtime.deliver_query_result(answer(lamps, success=reply_to_lamps))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import trio
-from actions_support import OTHER, make_runtime
 from pydantic import BaseModel
 
 from companion.actions import (
@@ -17,6 +16,7 @@ from companion.actions import (
 from companion.memory import MemoryHub
 from companion.protocol import MESSAGES, Message, encode
 from companion.store.history import InMemoryHistory
+from support.actions import OTHER, make_runtime
 
 SECRET = "the user's cat is called Miso"
 
@@ -43,7 +43,7 @@ async def test_a_knowledge_tools_note_is_in_the_model_facing_result() -> None:
     assert result.ok and result.notes == (SECRET,)
     assert result.for_model() == {"status": "ok", "output": "found", "notes": [SECRET]}
     assert await runtime.call_for_model("recall", {}) == result.for_model()
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def test_an_actions_note_is_never_published_nor_recorded() -> None:

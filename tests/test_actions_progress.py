@@ -7,7 +7,6 @@ import itertools
 import pytest
 import trio
 import trio.testing
-from actions_support import ME, make_runtime
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -15,6 +14,7 @@ from pydantic import BaseModel
 from companion.actions import PROGRESS_ACTION, ActionContext, ActionDef, action
 from companion.actions.progress import ProgressGate, ProgressUpdate, progress_action
 from companion.protocol import ACTIONS, Action
+from support.actions import ME, make_runtime
 
 
 def test_first_report_goes_out_and_values_are_clamped() -> None:
@@ -173,4 +173,4 @@ async def test_progress_after_the_call_ended_goes_nowhere() -> None:
     runtime, recorder = make_runtime(leak)
     await runtime.call("leak", {"steps": 0, "every": 0})
     await leaked[0].progress(50, "too late")
-    assert recorder.published == []
+    assert recorder.sent == []

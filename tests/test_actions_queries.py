@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-from actions_support import ME, Recorder, answer
 
 from companion.actions import QueryTimeout
 from companion.actions.queries import PendingQueries
 from companion.protocol import QUERIES, Query, QueryResult
+from support.actions import ME, answer
+from support.recorders import Sink
 
 
 async def test_query_is_published_and_the_first_answer_wins() -> None:
-    recorder = Recorder()
+    recorder = Sink()
     pending = PendingQueries(recorder, ME.id)
     results: list[QueryResult] = []
     async with trio.open_nursery() as nursery:
@@ -23,7 +24,7 @@ async def test_query_is_published_and_the_first_answer_wins() -> None:
 
         nursery.start_soon(ask)
         query = await recorder.next_query()
-        assert recorder.published == [(QUERIES, query)]
+        assert recorder.sent == [(QUERIES, query)]
         assert query.id == "q1" and query.params.from_ == ME.id
         assert query.params.type == "vision" and query.params.body == {"look": "left"}
         assert len(pending) == 1
@@ -34,7 +35,7 @@ async def test_query_is_published_and_the_first_answer_wins() -> None:
 
 
 async def test_an_error_answer_is_returned_as_is() -> None:
-    recorder = Recorder()
+    recorder = Sink()
     pending = PendingQueries(recorder, ME.id)
     results: list[QueryResult] = []
     async with trio.open_nursery() as nursery:
@@ -66,12 +67,12 @@ async def test_an_answer_arriving_during_publish_is_not_lost() -> None:
 
 
 async def test_unknown_ids_are_dropped() -> None:
-    pending = PendingQueries(Recorder(), ME.id)
+    pending = PendingQueries(Sink(), ME.id)
     assert not pending.deliver(QueryResult(id="nobody-asked", error="x"))
 
 
 async def test_timeout_raises_and_cleans_up(autojump_clock: trio.testing.MockClock) -> None:
-    recorder = Recorder()
+    recorder = Sink()
     pending = PendingQueries(recorder, ME.id)
     start = trio.current_time()
     with pytest.raises(QueryTimeout, match="'speak' query within 3 s") as info:
@@ -86,14 +87,14 @@ async def test_timeout_raises_and_cleans_up(autojump_clock: trio.testing.MockClo
 async def test_a_publisher_that_hangs_is_bounded_by_the_same_deadline(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    pending = PendingQueries(Recorder(hang=True), ME.id)
+    pending = PendingQueries(Sink(hang=True), ME.id)
     with pytest.raises(QueryTimeout):
         await pending.ask("speak", None, timeout=3)
     assert len(pending) == 0
 
 
 async def test_a_pending_id_cannot_be_reused() -> None:
-    recorder = Recorder()
+    recorder = Sink()
     pending = PendingQueries(recorder, ME.id)
     async with trio.open_nursery() as nursery:
 

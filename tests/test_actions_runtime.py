@@ -9,12 +9,13 @@ from typing import Any, Literal
 import pytest
 import trio
 import trio.testing
-from actions_support import ME, OTHER, Recorder, answer, make_runtime
 from pydantic import BaseModel
 
 from companion.actions import ActionContext, ActionDef, ActionRefused, ErrorCode, action, knowledge
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, Action, Message, Metadata, Query
 from companion.store.history import InMemoryHistory
+from support.actions import ME, OTHER, answer, make_runtime
+from support.recorders import Sink
 
 
 class Say(BaseModel):
@@ -47,7 +48,7 @@ async def test_ok_publishes_on_the_topic_and_records_the_history() -> None:
     result = await runtime.call("say", {"text": "hello", "to": ["user", "companion_b"]}, call_id="c1")
     assert result.ok and result.status == "ok" and result.code is None
     assert result.call_id == "c1"
-    [(topic, message)] = recorder.published
+    [(topic, message)] = recorder.sent
     assert topic == MESSAGES
     assert isinstance(message, Message)
     assert message.params.from_ == ME.id and message.params.message == "hello"
@@ -105,7 +106,7 @@ async def test_not_found() -> None:
     assert result.status == "not_found" and result.code == ErrorCode.NOT_FOUND
     assert result.for_model()["code"] == -32003
     assert "dance" in result.message and "say" in result.message
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def test_invalid_input_lists_every_issue_and_the_handler_never_runs() -> None:
@@ -126,7 +127,7 @@ async def test_invalid_input_lists_every_issue_and_the_handler_never_runs() -> N
     assert [i.path for i in result.issues] == ["a", "b.1"]
     assert "2 problems" in result.message
     assert [i["path"] for i in result.for_model()["issues"]] == ["a", "b.1"]
-    assert ran == [] and recorder.published == []
+    assert ran == [] and recorder.sent == []
 
 
 async def test_refused_tells_the_model_why() -> None:
@@ -137,7 +138,7 @@ async def test_refused_tells_the_model_why() -> None:
     result = await runtime.call("act", {})
     assert result.status == "refused" and result.code == -32005
     assert result.for_model()["message"] == "the light is already on; ask for another colour instead"
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def test_refusal_inside_the_handlers_own_nursery_is_still_a_refusal() -> None:
@@ -168,7 +169,7 @@ async def test_a_raising_handler_is_an_internal_error_logged_with_traceback(
     [record] = [r for r in caplog.records if getattr(r, "companion_event", "") == "tool_call_failed"]
     fields = record.companion_fields  # type: ignore[attr-defined]
     assert "secret detail" in fields["error"] and "Traceback" in fields["traceback"]
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 @pytest.mark.parametrize(
@@ -186,7 +187,7 @@ async def test_a_bad_return_is_an_internal_error_naming_the_action(returned: Any
     result = await runtime.call("act", {})
     assert result.status == "internal_error"
     assert "'act'" in result.message
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def test_bad_return_reason_is_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -202,17 +203,17 @@ async def test_bad_return_reason_is_logged(caplog: pytest.LogCaptureFixture) -> 
 async def test_an_empty_list_publishes_nothing() -> None:
     runtime, recorder = make_runtime(_action(lambda ctx: []))
     result = await runtime.call("act", {})
-    assert result.ok and result.output == {"published": []} and recorder.published == []
+    assert result.ok and result.output == {"published": []} and recorder.sent == []
 
 
 async def test_publisher_failure_is_an_internal_error() -> None:
-    runtime, _ = make_runtime(say, publisher=Recorder(fail=ConnectionError("no peers")))
+    runtime, _ = make_runtime(say, publisher=Sink(fail=ConnectionError("no peers")))
     result = await runtime.call("say", {"text": "hi"})
     assert result.status == "internal_error" and "could not publish" in result.message
 
 
 async def test_a_hanging_publisher_is_bounded(autojump_clock: trio.testing.MockClock) -> None:
-    runtime, _ = make_runtime(say, publisher=Recorder(hang=True), publish_timeout=3)
+    runtime, _ = make_runtime(say, publisher=Sink(hang=True), publish_timeout=3)
     start = trio.current_time()
     result = await runtime.call("say", {"text": "hi"})
     assert result.status == "internal_error" and "could not publish" in result.message
@@ -229,7 +230,7 @@ async def test_timeout(autojump_clock: trio.testing.MockClock) -> None:
     result = await runtime.call("act", {})
     assert result.status == "timeout" and result.code == -32002
     assert trio.current_time() - start == pytest.approx(7)
-    assert recorder.published == [] and runtime.running == frozenset()
+    assert recorder.sent == [] and runtime.running == frozenset()
 
 
 async def test_a_result_after_the_deadline_is_ignored(autojump_clock: trio.testing.MockClock) -> None:
@@ -243,7 +244,7 @@ async def test_a_result_after_the_deadline_is_ignored(autojump_clock: trio.testi
     runtime, recorder = make_runtime(_action(publish, timeout=2))
     result = await runtime.call("act", {})
     assert result.status == "timeout"
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def test_an_error_raised_after_the_deadline_is_still_a_timeout(
@@ -285,7 +286,7 @@ async def test_cancel_a_running_call() -> None:
     [result] = results
     assert result.status == "cancelled" and result.code == -32001
     assert "the user changed the subject" in result.message
-    assert cleaned == ["c9"] and recorder.published == []
+    assert cleaned == ["c9"] and recorder.sent == []
     assert runtime.cancel("c9") is False
 
 
@@ -464,7 +465,7 @@ async def test_knowledge_returns_its_output_to_the_model() -> None:
     runtime, recorder = make_runtime(weather)
     result = await runtime.call("weather", {"city": "Kyoto"})
     assert result.for_model() == {"status": "ok", "output": {"Kyoto": 21.0}}
-    assert recorder.published == []
+    assert recorder.sent == []
 
 
 async def test_knowledge_of_the_wrong_shape_is_an_internal_error() -> None:
@@ -534,11 +535,11 @@ async def test_a_failing_history_is_an_internal_error_not_a_crash() -> None:
     runtime, recorder = make_runtime(say, history=BrokenHistory())
     result = await runtime.call("say", {"text": "hi"})
     assert result.status == "internal_error" and "could not run" in result.message
-    assert recorder.published == [] and runtime.running == frozenset()
+    assert recorder.sent == [] and runtime.running == frozenset()
 
 
 async def test_an_approval_query_that_cannot_be_sent_is_an_internal_error() -> None:
     guarded = action(id="guarded", description="d", input=Empty, requires_approval=True)(lambda ctx: [])
-    runtime, _ = make_runtime(guarded, publisher=Recorder(fail=ConnectionError("no peers")))
+    runtime, _ = make_runtime(guarded, publisher=Sink(fail=ConnectionError("no peers")))
     result = await runtime.call("guarded", {})
     assert result.status == "internal_error" and runtime.pending_queries == 0

@@ -10,9 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actions_support import ME, OTHER, make_runtime
 from pydantic import BaseModel
-from support.processes import killed_after
 
 from companion.actions import (
     ActionContext,
@@ -26,15 +24,12 @@ from companion.actions import (
 from companion.protocol import Action, Message
 from companion.store.kv import KV_TABLE
 from companion.store.sqlite import DB_FILENAME, Store
+from support.actions import ME, OTHER, make_runtime, put
+from support.processes import killed_after
 
 
 class Empty(BaseModel):
     pass
-
-
-class Put(BaseModel):
-    key: str
-    value: Any = None
 
 
 def _counter(id: str = "count") -> ActionDef:
@@ -45,12 +40,6 @@ def _counter(id: str = "count") -> ActionDef:
         return Action.create(ctx.companion_id, "count", {"n": n})
 
     return count
-
-
-@action(id="put", description="Keep a value.", input=Put, timeout=5)
-def put(ctx: ActionContext[Put]) -> list[Action]:
-    ctx.store.set(ctx.input.key, ctx.input.value)
-    return []
 
 
 @pytest.fixture
@@ -72,7 +61,7 @@ async def test_values_survive_closing_and_reopening_the_file(kv_file: Path) -> N
         with KeyValueStore.open(kv_file) as kv:
             runtime, recorder = make_runtime(_counter(), kv=kv)
             assert (await runtime.call("count", {})).ok
-        [sent] = recorder.published
+        [sent] = recorder.sent
         assert isinstance(sent[1], Action) and sent[1].params.params == {"n": expected}
 
 
@@ -80,8 +69,8 @@ _WRITER = textwrap.dedent(
     """
     import sys, time
     import trio
-    from actions_support import make_runtime
-    from test_actions_store import put
+    from support.actions import make_runtime
+    from support.actions import put
     from companion.actions import KeyValueStore
     kv = KeyValueStore.open(sys.argv[1])
     if sys.argv[2] == "call":  # a tool writes; its call returns
@@ -253,7 +242,7 @@ async def test_a_caught_limit_lets_the_handler_carry_on() -> None:
 
     runtime, recorder = make_runtime(careful, kv=KeyValueStore.in_memory(limits=SMALL))
     assert (await runtime.call("careful", {})).ok
-    kept = recorder.published[0][1]
+    kept = recorder.sent[0][1]
     assert isinstance(kept, Action) and kept.params.params == {"notes": "x"}
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-from actions_support import ME, answer, make_runtime, pump_results, run_client
 from pydantic import BaseModel, Field
 
 from companion.actions import ActionContext, ActionRuntime, action
@@ -20,6 +19,8 @@ from companion.bridge import Bridge, BridgeConfig
 from companion.bridge.ratelimit import RateLimit
 from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import ACTIONS, Action, Query
+from support.actions import ME, answer, make_runtime, pump_results, run_client
+from support.bridges import http_exchange
 
 TOKEN = "s3cret"
 
@@ -72,14 +73,7 @@ async def post(
         f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{auth}"
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
     )
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    await stream.send_all(head.encode() + data)
-    received = b""
-    with trio.fail_after(15):
-        while chunk := await stream.receive_some(65536):
-            received += chunk
-    await stream.aclose()
-    top, _, payload = received.partition(b"\r\n\r\n")
+    top, payload = await http_exchange(port, head.encode() + data, 15)
     status = int(top.split()[1])
     try:
         return status, json.loads(payload)

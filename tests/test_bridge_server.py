@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from support.bridges import bridge_on_hub
 from trio_websocket import ConnectionClosed, ConnectionRejected, WebSocketConnection, open_websocket_url
 
 from companion.bridge import Bridge, BridgeConfig, QueueLimits
@@ -32,8 +31,10 @@ from companion.protocol import (
     State,
     encode,
 )
+from support.bridges import bridge_on_hub, http_exchange, serve_until_cancelled, silent_client
+from support.cards import metadata as md
 
-AYA = Metadata(id="companion_aya", name="Aya", personality="kind", story="s", sample="hi")
+AYA = md("aya", name="Aya", personality="kind", sample="hi")
 
 
 @dataclass
@@ -327,17 +328,7 @@ async def test_client_that_stops_reading_is_disconnected_and_others_keep_up(
     caplog.set_level(logging.INFO, logger="companion.bridge")
     limits = QueueLimits(max_frames=16, max_bytes=512 * 1024)
     async with running_bridge(nursery, limits=limits, close_timeout=0.5) as env:
-        # A raw client: completes the handshake, then never reads again.
-        stream = await trio.open_tcp_stream("127.0.0.1", env.bridge.port)
-        await stream.send_all(
-            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-        )
-        head = b""
-        with trio.fail_after(5):
-            while b"\r\n\r\n" not in head:
-                head += await stream.receive_some(1)
-        assert head.startswith(b"HTTP/1.1 101")
+        stream = await silent_client(env.bridge.port)
         async with open_websocket_url(env.url, message_queue_size=1000) as fast:
             with trio.fail_after(5):
                 await env.bridge.wait_for_clients(2)
@@ -451,13 +442,7 @@ async def test_kick_lets_the_frame_in_flight_finish_then_closes_cleanly(nursery:
 
 async def test_bridge_shutdown_closes_clients_with_going_away(nursery: trio.Nursery) -> None:
     bridge = Bridge(MemoryHub().endpoint("bridge"), config=BridgeConfig(port=0))
-    serve_scope = trio.CancelScope()
-
-    async def serve(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        with serve_scope:
-            await bridge.serve(task_status=task_status)
-
-    port = await nursery.start(serve)
+    port, serve_scope = await serve_until_cancelled(nursery, bridge)
     async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
         with trio.fail_after(5):
             await bridge.wait_for_clients(1)
@@ -468,14 +453,8 @@ async def test_bridge_shutdown_closes_clients_with_going_away(nursery: trio.Nurs
 
 
 async def http_get(port: int, target: str, headers: str = "") -> tuple[int, dict[str, str], bytes]:
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}\r\n".encode())
-    data = b""
-    with trio.fail_after(5):
-        while chunk := await stream.receive_some(65536):
-            data += chunk
-    await stream.aclose()
-    head, _, body = data.partition(b"\r\n\r\n")
+    request = f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}\r\n".encode()
+    head, body = await http_exchange(port, request, 5)
     lines = head.decode().split("\r\n")
     status = int(lines[0].split()[1])
     fields = dict(line.split(": ", 1) for line in lines[1:])

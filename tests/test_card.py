@@ -36,6 +36,7 @@ from companion.card.model import (
 )
 from companion.models import ToolInstruction
 from companion.protocol import Action, Metadata
+from support.cards import metadata as md
 
 CARDS = Path(__file__).resolve().parent.parent / "cards"
 
@@ -211,7 +212,7 @@ def test_toml_cards_load_too(tmp_path: Path) -> None:
 
 def test_a_card_built_in_python_gets_the_same_checks() -> None:
     card = CompanionCard(
-        metadata=Metadata(id="companion_py", name="Py", personality="p", story="s", sample="x"),
+        metadata=md("py", name="Py"),
         role="r",
         actions=["speak"],
         events=Events(

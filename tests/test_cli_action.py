@@ -18,7 +18,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CARD = """
 metadata: {id: companion_tess, name: Tess, personality: p, story: s, sample: hi}
 role: You test things.
-actions: [speak, "routine_support:ping", "routine_support:jam", "routine_support:guarded"]
+actions: [speak, "support.routines:ping", "support.routines:jam", "support.routines:guarded"]
 knowledge: [companions]
 events:
   params: {type: object, properties: {}}
@@ -90,6 +90,6 @@ def test_exit_codes_say_who_must_fix_what(
     code, printed, _ = run(capsys, str(card), "guarded", *common, "--approve")
     assert code == 0 and [s["topic"] for s in printed["would_publish"]] == ["queries", "actions"]
     broken = tmp_path / "broken.yaml"
-    broken.write_text(CARD.replace("routine_support:ping", "routine_support:pong"))
+    broken.write_text(CARD.replace("support.routines:ping", "support.routines:pong"))
     code, _, err = run(capsys, str(broken), "ping", *common)
     assert code == 2 and "broken.yaml" in err and "pong" in err

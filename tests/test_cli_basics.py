@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli_support import run_companion
-
 import companion
 from companion.cli import build_parser
 from companion.cli.options import chosen_log_level, log_level
 from companion.store.layout import DATA_LAYOUT
+from support.cli import run_companion
 
 
 def test_dash_v_and_version_print_the_version_and_the_data_layout(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import re
 import shutil
 from pathlib import Path
 
-from cli_support import run_companion
+from support.cli import run_companion
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cli_support import run_companion
-
 from companion.app.cards import packaged_cards, resolve_card
+from support.cli import run_companion
 
 
 def test_card_names_resolve_to_the_packaged_cards_from_another_folder(tmp_path: Path) -> None:

@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
-from fake_llm_server import running_server
-from support.cards import write_card
 
 from companion.app import clients as client_wiring
 from companion.app.bridge import BridgeOptions, make_bridge
@@ -32,6 +30,9 @@ from companion.models.scripted import ScriptedModel
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message
 from companion.store.sqlite import Store
+from support.cards import write_card
+from support.fake_llm_server import running_server
+from support.recorders import Recorder
 
 
 def loaded(tmp_path: Path, *specs: tuple[str, str | None]) -> list[LoadedCard]:
@@ -89,18 +90,15 @@ async def test_the_default_factory_builds_an_engine_for_the_card_with_its_model(
     assert seeds == {9, 2}
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def handle(self, inbound: Inbound) -> None:
-        assert isinstance(inbound.payload, Message)
-        self.seen.append(inbound.payload.params.message)
+def _said(recorder: Recorder) -> list[str]:
+    """The texts of what ``recorder`` was handed, each of them a message."""
+    assert all(isinstance(item.payload, Message) for item in recorder.items)
+    return [item.payload.params.message for item in recorder.items if isinstance(item.payload, Message)]
 
 
 async def test_a_pending_handler_holds_payloads_in_order_until_the_engine_is_given() -> None:
     """A node runs with it while its engine is prepared: what arrives waits, nothing is lost."""
-    pending, engine = PendingHandler(), _Recorder()
+    pending, engine = PendingHandler(), Recorder()
     received: list[str] = []
     send, recv = trio.open_memory_channel[Inbound](8)
 
@@ -115,12 +113,12 @@ async def test_a_pending_handler_holds_payloads_in_order_until_the_engine_is_giv
             message = Message.create("user_a", ["companion_a"], f"m{n}")
             send.send_nowait(Inbound(MESSAGES, message, "peer", b""))
         await trio.testing.wait_all_tasks_blocked()
-        assert received == ["m0"] and engine.seen == [] and pending.handler is None
+        assert received == ["m0"] and _said(engine) == [] and pending.handler is None
         pending.become(engine)
         await trio.testing.wait_all_tasks_blocked()
-        assert engine.seen == ["m0", "m1", "m2"] and pending.handler is engine
+        assert _said(engine) == ["m0", "m1", "m2"] and pending.handler is engine
         with pytest.raises(RuntimeError, match="already given"):
-            pending.become(_Recorder())
+            pending.become(Recorder())
         nursery.cancel_scope.cancel()
 
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_conversation import USER, A, B, C, array, machine, message_led_by, of
-
 from companion.conversation.machine import MessageSeen, Prepare, Speak, StatesSeen
 from companion.protocol import Message
+from support.conversations import USER, A, B, C, array, machine, message_led_by, of
 
 
 def _prepares(message: Message, ids: tuple[str, ...], names: dict[str, str] | None = None) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from typing import Any
 
 import trio
 import trio.testing
-from engine_support import make_card
 
 from companion.actions.builtins import no_recipients, resolve_recipients
 from companion.app.group import MemoryGroup
@@ -18,6 +17,7 @@ from companion.engine.driver import EngineEvent, EngineTimings
 from companion.models.base import SpeakRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Message
+from support.engines import make_card
 
 NAMES = {"companion_juniper": "Juniper", "companion_ostra": "Ostra", "companion_pim": "Pim"}
 

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from engine_support import HookedModel, make_card, solo
 
 from companion.actions import ActionDef
 from companion.app.group import MemoryGroup
@@ -42,43 +41,39 @@ from companion.protocol import (
     State,
 )
 from companion.store.sqlite import MemoryStore, Store
+from support.engines import HookedModel, make_card, solo
+from support.recorders import Recorder, Sink
 
 TIMINGS = EngineTimings.offline()
 
 
-class Recorder:
-    """Engine events and raw payloads, with an event to wait on."""
+class GroupRecorder(Recorder):
+    """What a group's spy endpoint hears (``items``) and the engine events, with an event to
+    wait on."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.events: list[EngineEvent] = []
-        self.payloads: list[Inbound] = []
-        self.changed = trio.Event()
 
     def on_event(self, event: EngineEvent) -> None:
         self.events.append(event)
         self._poke()
 
-    def _poke(self) -> None:
-        self.changed.set()
-        self.changed = trio.Event()
-
     def kinds(self, kind: str, companion: str | None = None) -> list[EngineEvent]:
         return [e for e in self.events if e.kind == kind and companion in (None, e.companion)]
 
     def states_arrays(self) -> list[list[State]]:
-        return [p.payload for p in self.payloads if p.topic == STATES and isinstance(p.payload, list)]
+        return [p.payload for p in self.items if p.topic == STATES and isinstance(p.payload, list)]
 
     def replies(self) -> list[Message]:
         return [
             p.payload
-            for p in self.payloads
+            for p in self.items
             if isinstance(p.payload, Message) and p.payload.params.from_.startswith("companion_")
         ]
 
     async def until(self, predicate: Callable[[], bool], timeout: float = 60) -> None:
-        with trio.fail_after(timeout):
-            while not predicate():
-                await self.changed.wait()
+        await super().until(predicate, timeout)
 
 
 @asynccontextmanager
@@ -89,15 +84,15 @@ async def group_of(
     timings: EngineTimings = TIMINGS,
     hub: MemoryHub | None = None,
     **card_options: Any,
-) -> AsyncIterator[tuple[MemoryGroup, Recorder]]:
-    recorder = Recorder()
+) -> AsyncIterator[tuple[MemoryGroup, GroupRecorder]]:
+    recorder = GroupRecorder()
     async with trio.open_nursery() as nursery:
         group = MemoryGroup(nursery, timings=timings, hub=hub, on_engine_event=recorder.on_event)
         spy = group.hub.endpoint("spy")
 
         async def watch() -> None:
             async for inbound in spy.receive_channel:
-                recorder.payloads.append(inbound)
+                await recorder.handle(inbound)
                 recorder._poke()
 
         nursery.start_soon(watch)
@@ -232,7 +227,7 @@ async def test_duplicate_and_competing_arrays_are_ignored(autojump_clock: trio.t
         # A different array for the same message, after the decision: ignored by everyone.
         rival = [State.create(cid, "speak", 10, True) for cid in opening.params.to]
         await group._user.publish(STATES, rival)
-        await rec.until(lambda: any(p.topic == STATES and p.payload == rival for p in rec.payloads))
+        await rec.until(lambda: any(p.topic == STATES and p.payload == rival for p in rec.items))
         await trio.testing.wait_all_tasks_blocked()
         assert not [e for e in rec.kinds("speaker_chosen") if e.fields["source"] == "user_demo"]
         answers = [
@@ -252,7 +247,7 @@ async def test_a_late_array_never_answers_a_newer_message(autojump_clock: trio.t
         chosen, ignored = len(rec.kinds("speaker_chosen")), len(rec.kinds("states_ignored"))
         await group._user.publish(STATES, old_array)
         await rec.until(
-            lambda: any(p.payload == old_array and p.sender_peer == "user_demo" for p in rec.payloads)
+            lambda: any(p.payload == old_array and p.sender_peer == "user_demo" for p in rec.items)
         )
         await trio.testing.wait_all_tasks_blocked()
         assert len(rec.kinds("speaker_chosen")) == chosen
@@ -497,10 +492,6 @@ async def test_a_reply_that_crossed_a_newer_message_is_stale(autojump_clock: tri
     me = card.card.metadata.id
     events: list[EngineEvent] = []
 
-    class Sink:
-        async def publish(self, topic: str, envelope: Any) -> None:
-            pass
-
     engine = ConversationEngine(
         card, ScriptedModel(0), Sink(), {me: card.card.metadata}, timings=TIMINGS, observer=events.append
     )
@@ -526,8 +517,8 @@ async def test_a_reply_that_crossed_a_newer_message_is_stale(autojump_clock: tri
 async def test_query_results_reach_the_action_runtime(autojump_clock: trio.testing.MockClock) -> None:
     async with group_of(1, actions=("speak_with_voice",), max_turns=None) as (group, rec):
         await group.say("Say it out loud.", to=group.active)
-        await rec.until(lambda: any(p.topic == QUERIES for p in rec.payloads))
-        query = next(p.payload for p in rec.payloads if p.topic == QUERIES)
+        await rec.until(lambda: any(p.topic == QUERIES for p in rec.items))
+        query = next(p.payload for p in rec.items if p.topic == QUERIES)
         answer = QueryResult(id=query.id, result=QueryResultBody(success=True, body={}))  # type: ignore[union-attr]
         await group._user.publish(QUERIES, answer)
         await rec.until(lambda: len(rec.replies()) >= 1)
@@ -580,10 +571,6 @@ async def test_handle_needs_a_running_engine() -> None:
     card = make_card(0)
     me = card.card.metadata.id
 
-    class Sink:
-        async def publish(self, topic: str, envelope: Any) -> None:
-            pass
-
     engine = ConversationEngine(card, ScriptedModel(0), Sink(), {me: card.card.metadata})
     with pytest.raises(RuntimeError, match="not running"):
         await engine.handle(Inbound(MESSAGES, Message.create("user", [me], "hi"), "p"))
@@ -612,17 +599,12 @@ async def test_a_late_array_from_an_earlier_leader_wins(autojump_clock: trio.tes
     plan = plan_leaders(opening, ids)
     leader, second, me = plan.order
     card = next(c for c in cards if c.card.metadata.id == me)
-    sent: list[tuple[str, Any]] = []
-
-    class Sink:
-        async def publish(self, topic: str, envelope: Any) -> None:
-            sent.append((topic, envelope))
-
+    sink = Sink()
     events: list[EngineEvent] = []
     engine = ConversationEngine(
         card,
         ScriptedModel(0),
-        Sink(),
+        sink,
         {c.card.metadata.id: c.card.metadata for c in cards},
         timings=TIMINGS,
         observer=events.append,
@@ -647,7 +629,7 @@ async def test_a_late_array_from_an_earlier_leader_wins(autojump_clock: trio.tes
         assert [(e.fields["rank"], e.fields["replaced_rank"]) for e in switched] == [(0, 1)]
         reasons = [e.fields["reason"] for e in events if e.kind == "states_ignored"]
         assert reasons == ["not_a_leader", "an array from an earlier or equal leader came first"]
-        replies = [m for t, m in sent if t == MESSAGES]
+        replies = [m for t, m in sink.sent if t == MESSAGES]
         assert len(replies) == 1 and (replies[0].params.metadata or {})[META_IN_REPLY_TO] == opening.params.id
         nursery.cancel_scope.cancel()
 

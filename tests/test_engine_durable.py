@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import trio
-from engine_support import EchoSink, make_card, solo
 
 from companion.conversation.rules import META_IN_REPLY_TO
 from companion.engine.driver import EngineTimings
@@ -25,6 +24,7 @@ from companion.memory import Inbound
 from companion.models.scripted import ScriptedModel
 from companion.protocol import MESSAGES, Message
 from companion.store.sqlite import Store
+from support.engines import EchoSink, make_card, solo
 
 TIMINGS = EngineTimings.offline()
 SLOW_COMMIT = 0.3

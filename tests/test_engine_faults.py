@@ -1,5 +1,5 @@
 """Fault injection: many seeded conversations of 3-6 companions on the in-memory transport
-(``tests/fault_support.py`` says which faults and scenarios). Every conversation must reach
+(``tests/support/faults.py`` says which faults and scenarios). Every conversation must reach
 ``terminal`` (no stall) with no message ever answered twice (no double speech), and each
 scenario keeps its own promise: chatter and forgers change nothing, ghosts delay nothing, two
 groups never talk across, a failing speaker hands over within the failover deadline, an
@@ -14,7 +14,8 @@ from collections import Counter
 import pytest
 import trio
 import trio.testing
-from fault_support import (
+
+from support.faults import (
     AIKYO,
     AIKYO_MAX_TURNS,
     FAILOVER,
@@ -41,7 +42,7 @@ async def outcome(seed: int) -> Outcome:
 
 
 def check_scenario(out: Outcome) -> None:
-    """The promise of the seed's scenario (see ``fault_support``)."""
+    """The promise of the seed's scenario (see ``support.faults``)."""
     why = describe(out)
     if out.scenario == "chatter":
         assert out.happened["chatter"] > 100, why

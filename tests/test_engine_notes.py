@@ -9,15 +9,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import trio
-from engine_support import make_card
-from fake_llm_server import CooperativeModel, Reply, running_server, tool_call
-from routine_support import SECRET
 
 from companion.app.group import MemoryGroup
 from companion.engine.driver import EngineTimings
 from companion.models.endpoints import ProviderConfig
 from companion.models.providers import ProviderModel
 from companion.protocol import encode
+from support.engines import make_card
+from support.fake_llm_server import CooperativeModel, Reply, running_server, tool_call
+from support.routines import SECRET
 
 TIMINGS = EngineTimings(
     states_timeout=5, publish_timeout=2, takeover_after=8, speak_timeout=10, reply_timeout=15
@@ -45,7 +45,7 @@ class RecallOnce(CooperativeModel):
 
 
 async def test_a_note_reaches_the_next_request_of_its_turn_only() -> None:
-    card = make_card(0, max_turns=None, knowledge=("companions", "routine_support:recall"))
+    card = make_card(0, max_turns=None, knowledge=("companions", "support.routines:recall"))
     with running_server(api_key="sk-test") as server:
         script = RecallOnce()
         server.push(*([script] * 30))

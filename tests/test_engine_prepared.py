@@ -9,11 +9,11 @@ from typing import Any
 
 import trio
 import trio.testing
-from engine_support import EchoSink, make_card, solo
 
 from companion.conversation.machine import Speak
 from companion.models.base import ParamsRequest, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.protocol import Message
+from support.engines import EchoSink, make_card, solo
 
 
 class EndlessSpeaker:

@@ -9,14 +9,13 @@ from collections.abc import Iterator
 
 import pytest
 import trio
-from engine_support import make_card
-from fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, Recorded, running_server
 
 from companion.app.group import MemoryGroup
 from companion.engine.driver import EngineTimings
 from companion.models.endpoints import ProviderConfig
-from companion.models.providers import ProviderModel, resolve_config
-from companion.models.servers import EndpointMemory
+from companion.models.providers import ProviderModel
+from support.engines import converse_over_http, make_card
+from support.fake_llm_server import PROFILES, CooperativeModel, FakeLLMServer, Recorded, running_server
 
 # Real time here: the model answers over real sockets, so a mock clock would jump past them.
 TIMINGS = EngineTimings(
@@ -84,31 +83,12 @@ async def test_a_provider_conversation_reaches_terminal_with_two_requests_before
 async def test_a_conversation_reaches_terminal_on_every_server(profile: str) -> None:
     """What a user of each server gets: the start-up check, then a conversation with replies
     addressed to companions that exist, to ``terminal``, whatever the server refuses or ignores."""
-    memory = EndpointMemory()
     with running_server(profile=PROFILES[profile]) as srv:
         srv.push(*([CooperativeModel()] * 60))
-        config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
-        async with trio.open_nursery() as nursery:
-            group = MemoryGroup(nursery, timings=TIMINGS)
-            cards = [make_card(index, max_turns=3) for index in range(3)]
-            for card in cards:
-                model = ProviderModel(config, memory)
-                await model.check()
-                await group.add(card, model)
-            await group.say("Hello, everyone!")
-            with trio.fail_after(60):
-                assert await group.wait_until(lambda t: t.over, 60)
-            nursery.cancel_scope.cancel()
+        group, _ = await converse_over_http(srv.openai_base_url, TIMINGS, 3, 60)
     replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
     assert len(replies) == 3
-    ids = {card.card.metadata.id for card in cards} | {"user_demo"}
-    assert all(e.recipients and set(e.recipients) <= ids for e in replies), [e.recipients for e in replies]
-    assert group.transcript.double_speech == {}
     assert len(srv.refusals()) <= 1  # a refused form is sent once, then never again
-
-
-FakeCompanions = CooperativeModel
-"""The cooperative model under its former name (tests/integration/test_demo.py imports it)."""
 
 
 async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides() -> None:

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from engine_support import make_card
 
 from companion.actions import TOOLS_ACTION, KeyValueStore
 from companion.app.group import USER_ID, MemoryGroup
@@ -27,6 +26,7 @@ from companion.memory import Inbound, MemoryHub
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, Message
 from companion.store.sqlite import Store
+from support.engines import make_card
 
 TIMINGS = EngineTimings.offline()
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -145,7 +145,7 @@ async def test_a_newcomer_is_greeted_once_and_those_present_at_start_are_not(
 async def test_every_fires_on_the_clock_and_its_store_counts_across_calls(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    card = with_routines(0, {"tool": "ping", "every": "30s"}, actions=("speak", "routine_support:ping"))
+    card = with_routines(0, {"tool": "ping", "every": "30s"}, actions=("speak", "support.routines:ping"))
     async with hub_group() as (group, seen):
         start = trio.current_time()
         await group.add(card, ScriptedModel(0))
@@ -187,7 +187,7 @@ async def test_a_cel_guard_picks_the_messages_an_on_message_routine_fires_for(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     lamp = {"tool": "ping", "on": "message", "when": 'sender != me && text.contains("lamp")', "cooldown": 1}
-    card = with_routines(0, lamp, actions=("speak", "routine_support:ping"))
+    card = with_routines(0, lamp, actions=("speak", "support.routines:ping"))
     async with hub_group() as (group, seen):
         await group.add(card, ScriptedModel(0))
         await trio.sleep(10)
@@ -233,7 +233,7 @@ async def test_a_conversation_that_starts_while_the_tool_works_defers_its_messag
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     hello = {"tool": "slow_hello", "every": "20s", "max_fires": 1, "input": {"to": BEA}}
-    card = with_routines(0, hello, actions=("speak", "routine_support:slow_hello"))
+    card = with_routines(0, hello, actions=("speak", "support.routines:slow_hello"))
     async with hub_group() as (group, seen):
         await group.add(card, ScriptedModel(0))
         await group.add(make_card(1, max_turns=4), ScriptedModel(1))

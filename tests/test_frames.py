@@ -12,9 +12,9 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.connection.exceptions import RawConnError
 from libp2p.peer.id import ID
 from libp2p.stream_muxer.yamux.yamux import FLAG_SYN, TYPE_PING, YAMUX_HEADER_FORMAT
-from node_support import raw_peer, until
 
 from companion.node.frames import CLOSE_GRACE, FRAME_WRITE_DEADLINE, write_whole_frames
+from support.nodes import raw_peer, until
 
 ECHO = TProtocol("/companion-test/echo/1")
 PING = struct.pack(YAMUX_HEADER_FORMAT, 0, TYPE_PING, FLAG_SYN, 0, 7)

@@ -14,8 +14,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from support.layouts import COMPANIONS, FIXTURES, TABLES, digest, rows, unpack, version
-from support.processes import killed_after
 
 from companion.actions import KeyValueStore
 from companion.node.trust import TRUST_FILENAME, TrustError, TrustStore
@@ -30,6 +28,8 @@ from companion.store.layout import (
     prepare_data_dir,
 )
 from companion.store.sqlite import DB_FILENAME, Store
+from support.layouts import COMPANIONS, FIXTURES, TABLES, digest, rows, unpack, version
+from support.processes import killed_after
 
 
 def test_every_layout_ever_written_has_a_fixture() -> None:

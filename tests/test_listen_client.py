@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 import trio
-from client_support import Screen, needs_espeak
-from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge, BridgeConfig
 from companion.listen import (
@@ -34,15 +32,17 @@ from companion.protocol import (
     STATES,
     Action,
     Message,
-    Metadata,
     Query,
     QueryResult,
     State,
 )
 from companion.voice import EspeakSynthesizer
+from support.bridges import bridge_on_hub, serve_until_cancelled
+from support.cards import metadata as md
+from support.clients import Screen, needs_espeak
 
-AYA = Metadata(id="companion_aya", name="Aya", personality="p", story="s", sample="x")
-PIM = Metadata(id="companion_pim", name="Pim", personality="p", story="s", sample="x")
+AYA = md("aya", name="Aya")
+PIM = md("pim", name="Pim")
 
 
 @dataclass
@@ -232,13 +232,7 @@ async def test_silent_server_hits_the_connect_deadline() -> None:
 
 async def test_a_bridge_that_stays_away_is_retried_then_given_up(nursery: trio.Nursery) -> None:
     bridge = Bridge(MemoryHub().endpoint("b"), config=BridgeConfig(port=0))
-    scope = trio.CancelScope()
-
-    async def serve(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        with scope:
-            await bridge.serve(task_status=task_status)
-
-    port = await nursery.start(serve)
+    port, scope = await serve_until_cancelled(nursery, bridge)
     _send, receive = trio.open_memory_channel[str](1)
     screen = Screen()
     result: list[int] = []
@@ -264,13 +258,7 @@ async def test_the_client_reconnects_when_the_bridge_comes_back(nursery: trio.Nu
     """A bridge restarted on the same port: the client connects again by itself, and what the
     person types next reaches the new bridge."""
     net = bridge_on_hub(nursery, {AYA.id: AYA})
-    scope = trio.CancelScope()
-
-    async def serve(bridge: Bridge, port: int, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        with scope:
-            await bridge.serve(task_status=task_status)
-
-    port = await nursery.start(serve, net.bridge, 0)
+    port, scope = await serve_until_cancelled(nursery, net.bridge)
     send, receive = trio.open_memory_channel[str](4)
     screen = Screen()
     options = ListenOptions(url=f"ws://127.0.0.1:{port}/", user_id="user_a", reconnect_for=30.0)

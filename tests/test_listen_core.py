@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from companion.listen.core import END_MARKER, ListenSession, Quit, Send, Show, Speak
-from companion.protocol import Action, Message, Metadata, Query, QueryResult, QueryResultBody, encode
+from companion.protocol import Action, Message, Query, QueryResult, QueryResultBody, encode
+from support.cards import metadata as md
 
-AYA = Metadata(id="companion_aya", name="Aya", personality="p", story="s", sample="x")
-PIM = Metadata(id="companion_pim", name="Pim", personality="p", story="s", sample="x")
+AYA = md("aya", name="Aya")
+PIM = md("pim", name="Pim")
 
 
 def session(**kwargs: Any) -> ListenSession:

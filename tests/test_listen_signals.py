@@ -16,9 +16,10 @@ import pytest
 from companion.conversation.signals import THINKING_DEADLINE, one_line
 from companion.listen.core import END_MARKER, ListenSession, Show
 from companion.protocol import Action, Message, Metadata, State, encode
+from support.cards import metadata as md
 
-JUNIPER = Metadata(id="companion_juniper", name="Juniper", personality="p", story="s", sample="x")
-PIM = Metadata(id="companion_pim", name="Pim", personality="p", story="s", sample="x")
+JUNIPER = md("juniper", name="Juniper")
+PIM = md("pim", name="Pim")
 HOSTILE = (
     '<img src=x onerror="alert(1)">\x1b[2J\x1b]0;pwned\x07 line1\nline2\r\u202egnp.exe\u2066' + "z" * 5000
 )

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
-from support.cards import metadata as md
 
 from companion.node.membership import BindRefused, Membership, MembershipEvent
 from companion.node.trust import TrustStore
 from companion.protocol import APPROVAL_QUERY, Metadata
+from support.cards import metadata as md
 
 ME = "peer-me"
 

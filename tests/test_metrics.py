@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from cli_support import run_companion
 
 from companion.app.metrics import ProcessMetrics
 from companion.app.metrics_http import METRICS_LINE, REQUEST_TIMEOUT
@@ -31,6 +30,7 @@ from companion.models.base import StatesRequest
 from companion.models.factory import check_model, make_model
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Message
+from support.cli import run_companion
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from engine_support import HookedModel, make_card
-from fake_llm_server import PROFILES, CooperativeModel, Reply, running_server
 
 from companion.app.group import MemoryGroup
 from companion.conversation.machine import ClosingSettings
@@ -34,6 +32,8 @@ from companion.models.providers import (
 )
 from companion.models.scripted import ScriptedModel
 from companion.models.servers import EndpointMemory
+from support.engines import HookedModel, converse_over_http, make_card
+from support.fake_llm_server import PROFILES, CooperativeModel, Reply, running_server
 
 # Real time: the model answers over real sockets.
 TIMINGS = EngineTimings(
@@ -75,25 +75,10 @@ class Silent(CooperativeModel):
 
 async def _converse(model: CooperativeModel, max_turns: int | None) -> list[Any]:
     """Three companions of one llama-cpp-python endpoint (the fake server), to ``terminal``."""
-    memory = EndpointMemory()
     with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
         srv.push(*([model] * 80))
-        config = resolve_config("openai", "fake-1", base_url=srv.openai_base_url, environ={})
-        async with trio.open_nursery() as nursery:
-            group = MemoryGroup(nursery, timings=TIMINGS)
-            cards = [make_card(index, max_turns=max_turns) for index in range(3)]
-            for card in cards:
-                provider = ProviderModel(config, memory)
-                await provider.check()
-                await group.add(card, provider)
-            await group.say("Hello, everyone!")
-            with trio.fail_after(90):
-                assert await group.wait_until(lambda t: t.over, 90), "no terminal: the conversation stalled"
-            nursery.cancel_scope.cancel()
+        group, _ = await converse_over_http(srv.openai_base_url, TIMINGS, max_turns, 90)
     replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
-    ids = {card.card.metadata.id for card in cards} | {"user_demo"}
-    assert all(e.recipients and set(e.recipients) <= ids for e in replies)
-    assert group.transcript.double_speech == {}
     return replies
 
 

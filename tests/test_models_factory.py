@@ -8,14 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_llm_server import PROFILES, free_port, running_server, tool_call
 
 from companion.models.base import StatesRequest
 from companion.models.errors import ModelSetupError
 from companion.models.factory import MODEL_SPEC_FORMS, check_model, make_model
 from companion.models.providers import LOCAL_PLACEHOLDER_KEY, ProviderModel
 from companion.models.scripted import ScriptedModel
-from companion.protocol import Message, Metadata
+from companion.protocol import Message
+from support.cards import metadata as md
+from support.fake_llm_server import PROFILES, free_port, running_server, tool_call
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +134,7 @@ async def test_check_model_fails_at_start_up_for_an_unreachable_endpoint() -> No
 
 async def test_a_spec_to_a_local_server_end_to_end() -> None:
     """What ``--model openai:NAME --base-url ...`` does against a local OpenAI-compatible server."""
-    aya = Metadata(id="companion_aya", name="Aya", personality="kind", story="s", sample="Hi")
+    aya = md("aya", name="Aya", personality="kind", sample="Hi")
     opening = Message.create("user_1", [aya.id], "Hello Aya!")
     with running_server(models=("qwen2.5:3b",)) as srv:
         model = make_model("openai:qwen2.5:3b", base_url=srv.openai_base_url)

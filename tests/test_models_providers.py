@@ -14,7 +14,17 @@ from typing import Any
 import pytest
 import trio
 import trio_asyncio
-from fake_llm_server import (
+
+from companion.lines.check import NOT_SAID
+from companion.models import aio
+from companion.models.base import (
+    ModelError,
+    ToolInstruction,
+    ToolSpec,
+)
+from companion.models.errors import ModelSetupError
+from companion.models.providers import ProviderModel, resolve_config
+from support.fake_llm_server import (
     FakeLLMServer,
     free_port,
     hang,
@@ -24,56 +34,20 @@ from fake_llm_server import (
     tool_call,
     tool_calls,
 )
-
-from companion.lines.check import NOT_SAID
-from companion.models import aio
-from companion.models.base import (
-    ModelError,
-    ParamsRequest,
-    SpeakRequest,
-    StatesRequest,
-    ToolInstruction,
-    ToolSpec,
+from support.models import (
+    AYA,
+    BEN,
+    COMPANIONS,
+    KAI,
+    SPEAK,
+    WAVE,
+    ToolRecorder,
+    anthropic_model,
+    openai_model,
+    params_request,
+    speak_request,
+    states_request,
 )
-from companion.models.errors import ModelSetupError
-from companion.models.providers import ProviderConfig, ProviderModel, resolve_config
-from companion.protocol import Message, Metadata
-
-AYA = Metadata(
-    id="companion_aya", name="Aya", personality="cheerful, curious", story="a baker", sample="Yay!"
-)
-BEN = Metadata(id="companion_ben", name="Ben", personality="calm", story="a sailor", sample="Hm. Fair.")
-KAI = Metadata(id="companion_kai", name="Kai", personality="witty", story="a coder", sample="Heh.")
-OPENING = Message.create("user_1", [AYA.id, BEN.id, KAI.id], "Hi all! Ben, what did you see at sea?")
-
-SPEAK = ToolSpec(
-    id="speak",
-    description="Say something to others.",
-    input_schema={
-        "type": "object",
-        "properties": {
-            "message": {"type": "string"},
-            "to": {"type": "array", "items": {"type": "string"}},
-            "emotion": {"type": "string", "enum": ["neutral", "happy", "sad"]},
-        },
-        "required": ["message", "to"],
-    },
-)
-WAVE = ToolSpec(id="wave", description="Wave a hand.", input_schema={"type": "object", "properties": {}})
-COMPANIONS = ToolSpec(
-    id="companions",
-    description="Who is in the conversation.",
-    input_schema={"type": "object", "properties": {}},
-    kind="knowledge",
-)
-PARAMS_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "mood": {"type": "string", "enum": ["happy", "bored", "curious"]},
-        "interest": {"type": "number", "minimum": 0, "maximum": 1},
-    },
-    "required": ["mood", "interest"],
-}
 
 
 def state(
@@ -93,51 +67,10 @@ ALL_STATES = {
 }
 
 
-def states_request(**overrides: Any) -> StatesRequest:
-    fields: dict[str, Any] = {"message": OPENING, "companions": [AYA, BEN, KAI], "history": [OPENING]}
-    fields.update(overrides)
-    return StatesRequest(**fields)
-
-
-def speak_request(**overrides: Any) -> SpeakRequest:
-    fields: dict[str, Any] = {
-        "me": BEN,
-        "role": "a storyteller",
-        "message": OPENING,
-        "history": [OPENING],
-        "instructions": [],
-        "tools": [SPEAK, COMPANIONS],
-        "recipients": ["user_1"],
-    }
-    fields.update(overrides)
-    return SpeakRequest(**fields)
-
-
 @pytest.fixture
 def server() -> Iterator[FakeLLMServer]:
     with running_server(api_key="sk-test") as srv:
         yield srv
-
-
-def openai_model(srv: FakeLLMServer, **config: Any) -> ProviderModel:
-    base = resolve_config(
-        "openai", "fake-1", base_url=srv.openai_base_url, environ={"OPENAI_API_KEY": "sk-test"}
-    )
-    fields = {f: getattr(base, f) for f in ("kind", "model_name", "api_key", "base_url")}
-    fields.update(config)
-    return ProviderModel(ProviderConfig(**fields))
-
-
-class ToolRecorder:
-    """The engine's side of speak: records calls and answers like the action runtime does."""
-
-    def __init__(self, answers: Mapping[str, Mapping[str, Any]] | None = None) -> None:
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.answers = dict(answers or {})
-
-    async def __call__(self, tool_id: str, args: Mapping[str, Any]) -> Mapping[str, Any]:
-        self.calls.append((tool_id, dict(args)))
-        return self.answers.get(tool_id, {"status": "ok", "output": {"published": True}})
 
 
 def tool_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -224,10 +157,6 @@ async def test_no_companions_means_no_request(server: FakeLLMServer) -> None:
 
 
 # --- structured output: params -------------------------------------------------------------------
-
-
-def params_request(schema: Mapping[str, Any] = PARAMS_SCHEMA) -> ParamsRequest:
-    return ParamsRequest(me=BEN, role="a storyteller", schema=schema, message=OPENING, history=[OPENING])
 
 
 async def test_params_are_validated_against_the_card_schema_and_retried_once(server: FakeLLMServer) -> None:
@@ -652,17 +581,6 @@ async def test_check_has_a_deadline() -> None:
 
 
 # --- Anthropic ----------------------------------------------------------------------------------------
-
-
-def anthropic_model(srv: FakeLLMServer) -> ProviderModel:
-    return ProviderModel(
-        resolve_config(
-            "anthropic",
-            "claude-fake",
-            base_url=srv.anthropic_base_url,
-            environ={"ANTHROPIC_API_KEY": "sk-test"},
-        )
-    )
 
 
 async def test_anthropic_structured_output_and_tool_round_trip(server: FakeLLMServer) -> None:

@@ -2,7 +2,7 @@
 ends in an answer or a prompt ModelError with a reason, never a stall, and no request form a
 server refused or ignored is sent to it again.
 
-The profiles (tests/fake_llm_server.py) refuse and ignore what the real servers do: llama.cpp
+The profiles (tests/support/fake_llm_server.py) refuse and ignore what the real servers do: llama.cpp
 without --jinja answers HTTP 500 to any tools; llama-cpp-python ignores ``"required"`` and
 ``"auto"`` and answers ``json_schema`` with HTTP 500; its chatml-function-calling format answers
 ``"required"`` with HTTP 500; Ollama reads no ``tool_choice``; vLLM refuses ``"auto"``.
@@ -15,7 +15,11 @@ from typing import Any
 
 import pytest
 import trio
-from fake_llm_server import (
+
+from companion.models.base import ModelError, ToolInstruction
+from companion.models.providers import ProviderModel, resolve_config
+from companion.models.servers import EndpointMemory, ListedModel, identify_server
+from support.fake_llm_server import (
     PROFILES,
     CooperativeModel,
     FakeLLMServer,
@@ -25,7 +29,7 @@ from fake_llm_server import (
     text,
     tool_call,
 )
-from test_models_providers import (
+from support.models import (
     AYA,
     BEN,
     KAI,
@@ -36,10 +40,6 @@ from test_models_providers import (
     speak_request,
     states_request,
 )
-
-from companion.models.base import ModelError, ToolInstruction
-from companion.models.providers import ProviderModel, resolve_config
-from companion.models.servers import EndpointMemory, ListedModel, identify_server
 
 
 @pytest.fixture

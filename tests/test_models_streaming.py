@@ -6,9 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
-from test_models_providers import (
+
+from companion.models.base import ModelError
+from companion.models.streaming import partial_line
+from support.fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
+from support.models import (
     COMPANIONS,
     SPEAK,
     ToolRecorder,
@@ -17,14 +20,11 @@ from test_models_providers import (
     speak_request,
 )
 
-from companion.models.base import ModelError
-from companion.models.streaming import partial_line
-
 TOOLS = {"speak": SPEAK, "companions": COMPANIONS}
 LINE = "Whales, mostly. One of them sang! Then fog."
 
 
-class Sink:
+class GrowingLine:
     """Records what a streaming model shows of the line (the speaker's live line in the engine)."""
 
     def __init__(self) -> None:
@@ -68,7 +68,7 @@ def test_text_is_not_read_when_no_tool_carries_it() -> None:
 
 async def test_a_tool_call_streams_its_message_as_it_is_written(server: FakeLLMServer) -> None:
     server.push(tool_call("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"}))
-    sink, tools = Sink(), ToolRecorder()
+    sink, tools = GrowingLine(), ToolRecorder()
     await openai_model(server).speak(speak_request(live=sink), tools)
 
     assert tools.calls == [("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"})]
@@ -84,7 +84,7 @@ async def test_a_tool_call_streams_its_message_as_it_is_written(server: FakeLLMS
 async def test_a_text_answer_streams_without_the_speakers_label() -> None:
     with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
         srv.push(text(f"Ben: {LINE}"))
-        sink, tools = Sink(), ToolRecorder()
+        sink, tools = GrowingLine(), ToolRecorder()
         model = openai_model(srv)
         model.memory.identify(model.config, "llama-cpp-python")
         await model.speak(speak_request(live=sink), tools)
@@ -97,7 +97,7 @@ async def test_a_stream_cut_mid_answer_fails_the_call_after_showing_what_was_wri
 ) -> None:
     reply = tool_call("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"})
     server.push(Reply(calls=reply.calls, cut_after=12))
-    sink, tools = Sink(), ToolRecorder()
+    sink, tools = GrowingLine(), ToolRecorder()
     with pytest.raises(ModelError):
         await openai_model(server).speak(speak_request(live=sink), tools)
     assert tools.calls == []  # nothing half-written reaches the runtime
@@ -113,7 +113,7 @@ async def test_without_a_live_line_the_request_is_not_streamed(server: FakeLLMSe
 
 async def test_an_anthropic_tool_call_streams_its_message_too(server: FakeLLMServer) -> None:
     server.push(tool_call("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"}))
-    sink, tools = Sink(), ToolRecorder()
+    sink, tools = GrowingLine(), ToolRecorder()
     await anthropic_model(server).speak(speak_request(live=sink), tools)
     assert tools.calls == [("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"})]
     texts = [t for _, t in sink.seen]
@@ -138,7 +138,7 @@ async def test_a_form_the_server_will_not_stream_is_sent_whole_and_keeps_its_too
         model.memory.identify(model.config, "llama-cpp-python")
         for _ in range(2):
             tools = ToolRecorder()
-            await model.speak(speak_request(live=Sink()), tools)
+            await model.speak(speak_request(live=GrowingLine()), tools)
             assert tools.calls == [("speak", {"message": LINE, "to": ["user_1"]})]
         streamed = [bool(r.body.get("stream")) for r in srv.model_requests()]
     assert streamed == [True, False, False]

@@ -20,9 +20,10 @@ from companion.models.structured import (
     wire_tool_names,
 )
 from companion.protocol import Message, Metadata
+from support.cards import metadata as md
 
 A = Metadata(id="companion_a", name="Ann", personality="bold " * 400, story="s", sample="Yo")
-B = Metadata(id="companion_b", name="Bo", personality="shy", story="s", sample="um")
+B = md("b", name="Bo", personality="shy", sample="um")
 OPENING = Message.create("user_1", [A.id, B.id], "Hello!")
 
 

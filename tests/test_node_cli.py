@@ -106,9 +106,10 @@ async def test_an_unreachable_peer_delays_the_engine_by_the_head_start_only(
     """The engines wait for the first connections at most ``DIAL_HEAD_START``: with a ``--peer``
     that never answers (nothing listens there) the companion still gets its engine and is
     announced (``ready`` comes once the engines are)."""
-    from fake_llm_server import free_port
     from libp2p.crypto.ed25519 import create_new_key_pair
     from libp2p.peer.id import ID
+
+    from support.fake_llm_server import free_port
 
     nobody = ID.from_pubkey(create_new_key_pair().public_key)
     peer = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{nobody}"

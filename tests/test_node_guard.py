@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from support.cards import metadata as md
 
 from companion.node.drops import Drop, DropCounters
 from companion.node.guard import ASKED_CAPACITY, EdgeGuard
@@ -34,6 +33,7 @@ from companion.protocol import (
     encode,
     encode_states,
 )
+from support.cards import metadata as md
 
 
 class Clock:

@@ -17,8 +17,6 @@ from libp2p.network.stream.exceptions import StreamError
 from libp2p.peer.id import ID
 from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.utils.varint import encode_uvarint
-from node_support import RawPeer, Recorder, raw_peer, run_node, running, until
-from support.cards import metadata as md
 
 from companion.node import CompanionNode, NodeConfig
 from companion.node import node as node_module
@@ -29,6 +27,9 @@ from companion.node.metadata import METADATA_PROTOCOL, fetch_metadata
 from companion.node.node import GONE_WAIT
 from companion.node.presence import LEAVE_NOTICE_TIMEOUT, LEAVE_PROTOCOL
 from companion.node.pubsub import GuardedPubsub, reset_quietly
+from support.cards import metadata as md
+from support.nodes import RawPeer, raw_peer, run_node, running, until
+from support.recorders import Recorder
 
 AT_ONCE = 2.0
 """Seconds a neighbour may take, after the stop ended, to see the close: well under the 5 s

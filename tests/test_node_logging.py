@@ -16,8 +16,6 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset  # (before any logging set-up)
 from libp2p.peer.id import ID
-from log_support import captured_logs
-from node_support import running, until
 
 from companion.app.stopping import note_stopping
 from companion.log import (
@@ -29,6 +27,8 @@ from companion.log import (
     log_event,
     log_exception,
 )
+from support.logs import captured_logs
+from support.nodes import running, until
 
 
 @pytest.fixture

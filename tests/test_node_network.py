@@ -10,8 +10,6 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from node_support import RawPeer, Recorder, raw_peer, running, until
-from support.cards import metadata as md
 
 from companion.memory import Inbound
 from companion.node import CompanionNode, NodeNotRunning
@@ -31,6 +29,9 @@ from companion.protocol import (
     State,
     encode,
 )
+from support.cards import metadata as md
+from support.nodes import RawPeer, raw_peer, running, until
+from support.recorders import Recorder
 
 
 async def deliver(

@@ -13,14 +13,14 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
-from node_support import raw_peer
-from support.cards import metadata as md
 
 from companion.node import CompanionNode, NodeConfig, topology
 from companion.node.discovery import Backoff, MdnsBridge, parse_peer_addr, redial_forever
 from companion.node.identity import IdentityError, load_or_create_key_pair
 from companion.node.metadata import METADATA_PROTOCOL, RequestGate, decode_metadata, fetch_metadata
 from companion.node.topology import NOTICE_TIMEOUT, TRIM_PROTOCOL, Topology
+from support.cards import metadata as md
+from support.nodes import raw_peer
 
 
 def test_key_is_created_once_and_reused(tmp_path: Path) -> None:

@@ -11,12 +11,12 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from node_support import RawPeer, raw_peer, running
-from support.cards import metadata as md
 
 from companion.node import CompanionNode
 from companion.node.yamux import CREDIT_BATCH, BatchedYamuxStream
 from companion.protocol import MESSAGES, Message, encode
+from support.cards import metadata as md
+from support.nodes import RawPeer, raw_peer, running
 
 TEXT = "x" * 900
 """A payload of about 1 KB; with its signature and py-libp2p's signed peer record on every RPC,

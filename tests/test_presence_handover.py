@@ -17,12 +17,12 @@ import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from node_support import presence_service, running, until
-from support.cards import metadata as md
 
 from companion.node import presence as presence_module
 from companion.node.announcements import PRESENCE_TOPIC
 from companion.node.presence import PresenceService, PresenceSettings
+from support.cards import metadata as md
+from support.nodes import presence_service, running, until
 
 AT_ONCE = 5.0
 """Well under any periodic announcement (100 s), so only a hand-over explains what arrives."""

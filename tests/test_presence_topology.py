@@ -15,7 +15,6 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerstore import PeerStore
-from node_support import presence_service
 
 from companion.node.announcements import PRESENCE_TOPIC
 from companion.node.config import NodeConfig, connection_config
@@ -32,12 +31,13 @@ from companion.node.presence import (
 from companion.node.topology import Link, dial_target, plan_trims, ring_neighbours
 from companion.protocol import (
     PRESENCE_MAX_ADDRS,
-    Metadata,
     Presence,
     PresenceParams,
     PresenceRequest,
     encode_presence,
 )
+from support.cards import metadata as md
+from support.nodes import presence_service
 
 
 @pytest.mark.parametrize(("bound", "target"), [(1, 1), (2, 1), (3, 2), (4, 2), (8, 4), (9, 5)])
@@ -156,7 +156,7 @@ def _announced(
     key_pair: KeyPair, seq: int, addrs: list[str], lost: dict[str, int] | None = None
 ) -> SimpleNamespace:
     """What py-libp2p hands the topic validator: a signed message's signer, topics and data."""
-    metadata = Metadata(id="companion_x", name="x", personality="p", story="s", sample="x")
+    metadata = md("x")
     params = PresenceParams(metadata=metadata, seq=seq, ttl=30, leaving=False, addrs=addrs, lost=lost or {})
     peer = ID.from_pubkey(key_pair.public_key)
     return SimpleNamespace(

@@ -33,6 +33,7 @@ from companion.protocol import (
     parse_metadata,
     parse_payload,
 )
+from support.cards import metadata as md
 
 VECTORS = Path(__file__).resolve().parent / "vectors" / "leader.json"
 
@@ -159,7 +160,7 @@ def test_wrong_method_for_topic_is_named() -> None:
 
 
 def test_metadata_is_strict() -> None:
-    Metadata(id="companion_a", name="A", personality="p", story="s", sample="x")
+    md("a", name="A")
     with pytest.raises(ValueError):
         Metadata.model_validate(
             {"id": "companion_a", "name": "A", "personality": "p", "story": "s", "sample": "x", "age": 3}

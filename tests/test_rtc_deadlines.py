@@ -11,7 +11,6 @@ from functools import partial
 import pytest
 import trio
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-from support.bridges import bridge_on_hub
 
 from companion.memory import MemoryEndpoint, Publisher
 from companion.protocol import MESSAGES, QUERIES, Envelope, Message, Query, State
@@ -25,6 +24,7 @@ from companion.rtc import (
     open_gateway,
 )
 from companion.voice import Speech
+from support.bridges import bridge_on_hub
 
 
 @asynccontextmanager

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import trio
-from client_support import Screen, needs_espeak
-from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge
 from companion.cli import build_parser
@@ -24,6 +22,8 @@ from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
 from companion.rtc import RtcGateway
 from companion.rtc.route import serve_webrtc
 from companion.voice import EspeakSynthesizer
+from support.bridges import bridge_on_hub
+from support.clients import Screen, needs_espeak
 
 
 @dataclass

@@ -18,8 +18,6 @@ from typing import TypeVar
 import aioice.ice
 import pytest
 import trio
-from client_support import needs_espeak
-from support.bridges import bridge_on_hub
 
 from companion.bridge import Bridge
 from companion.memory import MemoryEndpoint, MemoryHub
@@ -35,7 +33,10 @@ from companion.rtc import (
     connect_rtc,
     open_gateway,
 )
+from companion.rtc.session import RtcSession
 from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesizer
+from support.bridges import bridge_on_hub
+from support.clients import drain_audio, needs_espeak
 
 COMPANION = "companion_aya"
 LONG_LINE = "This is a long line that the companion says slowly, so that there is time to interrupt it. " * 3
@@ -124,15 +125,6 @@ async def until_quiet(client: RtcClient, frames: int = 30, timeout: float = 10) 
             if quiet >= frames:
                 return out
     raise AssertionError("audio ended")
-
-
-def drain_audio(client: RtcClient) -> list[ReceivedAudio]:
-    frames = []
-    while True:
-        try:
-            frames.append(client.audio.receive_nowait())
-        except trio.WouldBlock:
-            return frames
 
 
 async def test_data_channel_carries_firehose_frames_both_ways() -> None:
@@ -316,15 +308,21 @@ async def wait_for_no_sessions(gateway: RtcGateway, timeout: float = 10) -> None
         await gateway.wait_for_sessions(0)
 
 
+async def speaking_a_long_line(net: Net, client: RtcClient) -> tuple[Query, RtcSession]:
+    """The companion asks for a long line and the client hears it start: the query, and the
+    client's session (mid-speech)."""
+    q = speak_query(LONG_LINE)
+    await net.companion.publish(QUERIES, q)
+    await first_audible(client)
+    return q, next(iter(net.gateway.sessions.values()))
+
+
 @needs_espeak
 async def test_client_leaving_mid_speech_leaves_nothing_running() -> None:
     async with network(EspeakSynthesizer()) as net:
         tasks_before, fds_before = net.gateway.island.asyncio_tasks(), open_fds()
         async with connect_rtc(net.signal) as client:
-            q = speak_query(LONG_LINE)
-            await net.companion.publish(QUERIES, q)
-            await first_audible(client)
-            session = next(iter(net.gateway.sessions.values()))
+            q, session = await speaking_a_long_line(net, client)
             assert net.gateway.island.asyncio_tasks() - tasks_before
         # the client left mid-speech: the session notices, answers the query, and cleans up
         result = await net.next_payload(QueryResult)
@@ -342,10 +340,7 @@ async def test_trio_cancellation_mid_speech_tears_the_session_down() -> None:
     async with network(EspeakSynthesizer()) as net:
         tasks_before, fds_before = net.gateway.island.asyncio_tasks(), open_fds()
         async with connect_rtc(net.signal) as client:
-            q = speak_query(LONG_LINE)
-            await net.companion.publish(QUERIES, q)
-            await first_audible(client)
-            session = next(iter(net.gateway.sessions.values()))
+            q, session = await speaking_a_long_line(net, client)
             net.gateway.cancel_all()  # trio cancellation of every session task (not of this test)
             await wait_for_no_sessions(net.gateway)
             # the bridge's side of the cancelled task closes the client as a shutdown

@@ -11,12 +11,10 @@ from typing import Any, cast
 import pytest
 import trio
 import trio.testing
-from fault_support import reproducible
-from scripted_support import REPO, addresses_itself, converse, real_cards, real_ids, replies, write_card
 
 from companion.actions import ActionRuntime
 from companion.app.group import USER_ID, MemoryGroup
-from companion.card.model import LoadedCard
+from companion.card.model import LoadedCard, load_card
 from companion.conversation.rules import stamp_reply
 from companion.engine.driver import EngineTimings
 from companion.models.base import ParamsRequest, SpeakRequest
@@ -24,6 +22,10 @@ from companion.models.persona import persona_of
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message
 from companion.store.history import InMemoryHistory
+from support.cards import write_card
+from support.faults import reproducible
+from support.recorders import Sink
+from support.scripted import REPO, addresses_itself, converse, real_cards, real_ids, replies
 
 OPENINGS = [
     "What's your favourite cake?",
@@ -209,7 +211,7 @@ async def test_params_fire_the_condition_the_message_calls_for_on_the_shipped_ca
 async def test_params_fire_the_condition_the_message_calls_for_on_a_new_card(
     tmp_path: Path, examples_importable: None, text: str, expected: str
 ) -> None:
-    loaded = write_card(tmp_path, "wren", WEATHER_CARD)
+    loaded = load_card(write_card(tmp_path, "wren", WEATHER_CARD))
     speak = [i for i in await _instructions(loaded, text) if not i.startswith("Wave")]
     assert speak[0].startswith(expected), speak
 
@@ -219,7 +221,7 @@ async def test_a_card_whose_instruction_names_a_custom_action_sees_it_run(
 ) -> None:
     """The card lists the documented example action; the offline model calls it, through the
     engine's action runtime, before its reply, with the count the instruction gives."""
-    wren = write_card(tmp_path, "wren", WEATHER_CARD)
+    wren = load_card(write_card(tmp_path, "wren", WEATHER_CARD))
     cards = [wren, _card("companion_juniper"), _card("companion_pim")]
     events, payloads, over = await converse(cards, "Wren, looks like rain tonight, doesn't it?")
     assert over
@@ -367,7 +369,7 @@ async def _say(
     params = await model.fill_params(
         ParamsRequest(me, loaded.card.role, loaded.card.events.params, message, history)
     )
-    runtime = ActionRuntime(metadata=me, publisher=_Sink(), directory=directory, history=InMemoryHistory())
+    runtime = ActionRuntime(metadata=me, publisher=Sink(), directory=directory, history=InMemoryHistory())
     for tool in loaded.tools.values():
         runtime.register(tool)
     spoken: list[tuple[str, str]] = []
@@ -412,11 +414,6 @@ async def test_the_documented_transcripts_are_what_the_model_says() -> None:
             )
             reply = Message.create(loaded.card.metadata.id, recipients, text, metadata={"emotion": emotion})
             messages.append(stamp_reply(reply, in_reply_to=messages[-1].params.id, turn=turn, closing=stage))
-
-
-class _Sink:
-    async def publish(self, topic: str, envelope: Any) -> None:
-        pass
 
 
 def _plain_words(text: str) -> str:

@@ -14,7 +14,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from scripted_support import REPO, RUNG, real_cards, ring_bell
 
 from companion.actions import ActionRuntime, resolve_tool
 from companion.actions.builtins import SpeakInput
@@ -33,6 +32,9 @@ from companion.models.phrasebook import EN, JA
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message, Metadata
 from companion.store.history import InMemoryHistory
+from support.cards import metadata as md
+from support.recorders import Sink
+from support.scripted import REPO, RUNG, real_cards, ring_bell
 
 KYOKO = Metadata(
     id="companion_kyoko",
@@ -48,7 +50,7 @@ ALEX = Metadata(
     story="Alex kept the light on a northern island for thirty years.",
     sample="Evening. The sea was loud today, wasn't it?",
 )
-MIO = Metadata(id="companion_mio", name="Mio", personality="calm", story="A gardener.", sample="Hello.")
+MIO = md("mio", name="Mio", personality="calm", story="A gardener.", sample="Hello.")
 
 SPEAK_SPEC = ToolSpec("speak", "Say something.", SpeakInput.model_json_schema(), "action")
 COMPANIONS_SPEC = ToolSpec(
@@ -408,16 +410,8 @@ async def test_varies_lines_and_closes_warmly() -> None:
     assert any(word in log.said for word in ("Bye", "See you", "Take care", "Good night"))
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, Any]] = []
-
-    async def publish(self, topic: str, envelope: Any) -> None:
-        self.sent.append((topic, envelope))
-
-
-def _runtime(*tools: Any) -> tuple[ActionRuntime, _Sink]:
-    sink = _Sink()
+def _runtime(*tools: Any) -> tuple[ActionRuntime, Sink]:
+    sink = Sink()
     runtime = ActionRuntime(
         metadata=ALEX, publisher=sink, directory={ALEX.id: ALEX, MIO.id: MIO}, history=InMemoryHistory()
     )

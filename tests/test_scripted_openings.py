@@ -12,69 +12,24 @@ from pathlib import Path
 
 import pytest
 import trio.testing
-from scripted_support import DOT_CARD, ROLLED, SORA_CARD, converse, real_cards, replies, write_card
 
-from companion.card.model import LoadedCard
+from companion.card.model import LoadedCard, load_card
 from companion.conversation.transcript import TranscriptEvent
 from companion.models.lexicon import sentences
 from companion.models.persona import persona_of
-
-_KANA = re.compile(r"[\u3040-\u30ff]")
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
-_LATIN_WORD = re.compile(r"[A-Za-z]{3,}")
-
-
-def is_japanese(text: str, names: Sequence[str]) -> bool:
-    """Japanese: kana in it, and no English words but names."""
-    for name in names:
-        text = text.replace(name, " ")
-    return bool(_KANA.search(text)) and not _LATIN_WORD.search(text)
-
-
-def _english(text: str, names: Sequence[str]) -> bool:
-    """English: Latin words, and no kana or kanji but in names."""
-    for name in names:
-        text = text.replace(name, " ")
-    return bool(_LATIN_WORD.search(text)) and not _CJK.search(text)
-
-
-def _sentences(text: str) -> list[str]:
-    return [s for s in re.split(r"(?<=[.!?。！？])\s*", text) if s.strip()]
-
-
-def _plain(text: str, names: Sequence[str]) -> str:
-    folded = text.casefold()
-    for name in names:
-        folded = folded.replace(name.casefold(), " x ")
-    return " ".join(re.sub(r"[^\w]+", " ", folded).split())
-
-
-def _repeats(said: Sequence[TranscriptEvent], names: Sequence[str]) -> list[str]:
-    """Phrases a companion said twice in one conversation: a sentence (names masked), a run of
-    six words, or of fourteen kana and kanji."""
-    found = []
-    speakers = {e.speaker for e in said}
-    for speaker in speakers:
-        lines = [e.text for e in said if e.speaker == speaker]
-        seen_sentences: set[str] = set()
-        seen_runs: set[tuple[str, ...]] = set()
-        for line in lines:
-            here_sentences: set[str] = set()
-            here_runs: set[tuple[str, ...]] = set()
-            for sentence in _sentences(line):
-                plain = _plain(sentence, names)
-                long_enough = len(plain.split()) >= 3 if not _CJK.search(plain) else len(plain) >= 6
-                if long_enough:
-                    here_sentences.add(plain)
-                words = plain.split()
-                here_runs.update(tuple(words[i : i + 6]) for i in range(len(words) - 5))
-                kana = "".join(_CJK.findall(plain))  # Japanese has no spaces: 14 characters
-                here_runs.update((kana[i : i + 14],) for i in range(len(kana) - 13))
-            found += [f"{speaker}: {s}" for s in here_sentences & seen_sentences]
-            found += [f"{speaker}: {' '.join(r)}" for r in here_runs & seen_runs]
-            seen_sentences |= here_sentences
-            seen_runs |= here_runs
-    return found
+from support.cards import write_card
+from support.scripted import (
+    DOT_CARD,
+    KANA,
+    ROLLED,
+    SORA_CARD,
+    check_conversation,
+    converse,
+    is_english,
+    is_japanese,
+    real_cards,
+    replies,
+)
 
 
 def _first(events: Sequence[TranscriptEvent]) -> TranscriptEvent:
@@ -129,25 +84,6 @@ def _names(cards: Sequence[LoadedCard]) -> list[str]:
     return [c.card.metadata.name for c in cards]
 
 
-def check_conversation(events: Sequence[TranscriptEvent], opening: str, names: Sequence[str]) -> None:
-    """Every reply in the language of the message it answers, quotes whole, no third person, no
-    greeting as a topic, and no phrase of a companion said twice."""
-    said = replies(events)
-    by_id = {e.message_id: e for e in events if e.kind == "message"}
-    for reply in said:
-        answered = by_id.get(reply.in_reply_to or "")
-        if answered is None:
-            continue
-        check = is_japanese if is_japanese(answered.text, names) else _english
-        assert check(reply.text, names), (opening, answered.text, reply.text)
-        assert reply.text.count("「") == reply.text.count("」"), reply.text
-        assert "彼女" not in reply.text and "彼は" not in reply.text, reply.text
-        greeting_as_topic = r"(こんにちは|こんばんは|おはよう|元気)(について|の話|かあ|のこと)"
-        assert not re.search(greeting_as_topic, reply.text), reply.text
-        assert not re.search(r"\b(of|with|about) (greetings|hello|hi|good evening)\b", reply.text, re.I)
-    assert not _repeats(said, names), (opening, _repeats(said, names), [e.text for e in said])
-
-
 @pytest.mark.parametrize(("opening", "language", "answers"), OPENINGS, ids=[o[0] for o in OPENINGS])
 async def test_each_first_reply_answers_its_line_in_its_language_and_nothing_repeats(
     autojump_clock: trio.testing.MockClock, opening: str, language: str, answers: Check
@@ -157,7 +93,7 @@ async def test_each_first_reply_answers_its_line_in_its_language_and_nothing_rep
     events, _, over = await converse(cards, opening)
     assert over
     first = _first(events)
-    assert (is_japanese if language == "ja" else _english)(first.text, names), first.text
+    assert (is_japanese if language == "ja" else is_english)(first.text, names), first.text
     assert answers(first), (first.text, first.emotion)
     check_conversation(events, opening, names)
 
@@ -167,7 +103,7 @@ async def test_a_tool_request_reaches_the_tool_s_input_and_its_result_the_words(
 ) -> None:
     """The tenth opening: "two six-sided dice" is two dice of six sides, and what they show is
     said."""
-    dot = write_card(tmp_path, "dot", DOT_CARD)
+    dot = load_card(write_card(tmp_path, "dot", DOT_CARD))
     ROLLED.clear()
     events, _, _ = await converse([dot], "Dot, roll two six-sided dice!", first_only=True)
     first = _first(events)
@@ -194,21 +130,21 @@ async def test_japanese_and_english_cards_answer_in_the_language_they_are_spoken
     """A Japanese card (its story in the third person, a quote with a full stop inside) beside
     an English one: each reply is in the language of the message it answers, the Japanese card's
     own story is told as 私, its quote whole, a greeting never the topic."""
-    sora = write_card(tmp_path, "sora", SORA_CARD)
+    sora = load_card(write_card(tmp_path, "sora", SORA_CARD))
     cards = [sora, *(c for c in real_cards() if c.card.metadata.id == "companion_pim")]
     names = _names(cards)
     events, _, over = await converse(cards, opening)
     assert over
     first = _first(events)
-    language = "ja" if _KANA.search(opening) else "en"
-    assert (is_japanese if language == "ja" else _english)(first.text, names), first.text
+    language = "ja" if KANA.search(opening) else "en"
+    assert (is_japanese if language == "ja" else is_english)(first.text, names), first.text
     check_conversation(events, opening, names)
 
 
 def test_a_japanese_card_s_story_is_told_in_the_first_person_with_its_quotes_whole(tmp_path: Path) -> None:
     """The card says 彼女は and quotes 「…。」 with a full stop inside: the companion says 私は,
     and the quote stays one sentence (a full stop inside 「」 ends nothing)."""
-    sora = write_card(tmp_path, "sora", SORA_CARD).card
+    sora = load_card(write_card(tmp_path, "sora", SORA_CARD)).card
     facts = [f.text for f in persona_of(sora.metadata, sora.role).facts]
     assert "私は毎晩、屋上から星を眺める。" in facts
     assert "私の口癖は「今日もいい星空だね。」だ。" in facts

@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-from support.processes import killed_after
 
 from companion.ports import ConversationStore
 from companion.protocol import Message
 from companion.store.history import ConversationHistory
 from companion.store.layout import LayoutError
 from companion.store.sqlite import DB_FILENAME, MemoryStore, Store, StoreError
+from support.processes import killed_after
 
 
 def _msg(i: int, sender: str = "companion_a") -> Message:

@@ -10,19 +10,6 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from test_conversation import (
-    USER,
-    A,
-    B,
-    C,
-    array,
-    decisions,
-    machine,
-    message_led_by,
-    of,
-    reply,
-)
-
 from companion.conversation.machine import (
     ClosingSettings,
     Conversation,
@@ -52,6 +39,7 @@ from companion.conversation.rules import (
 )
 from companion.conversation.rules.closing import proposal_ceiling
 from companion.protocol import Message, State
+from support.conversations import USER, A, B, C, array, decisions, machine, message_led_by, of, reply
 
 J, K = "companion_j", "companion_k"
 """Two companions that behave as aikyo's."""

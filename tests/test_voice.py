@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from client_support import needs_espeak
 
 from companion.voice import (
     EspeakSynthesizer,
@@ -19,6 +18,7 @@ from companion.voice import (
     parse_wav,
     pick_voice,
 )
+from support.clients import needs_espeak
 
 
 def _wav(pcm: bytes, rate: int = 22050, channels: int = 1, bits: int = 16, streaming: bool = False) -> bytes:

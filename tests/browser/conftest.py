@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import trio
-from browser.browser_cdp import ensure_chromium
-from support.bridges import bridge_on_hub
 
+from browser.browser_cdp import ensure_chromium
 from companion.bridge import Bridge
 from companion.memory import MemoryEndpoint
 from companion.protocol import Metadata
+from support.bridges import bridge_on_hub
 
 
 @pytest.fixture(scope="session")

@@ -16,22 +16,18 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
+
 from browser.browser_cdp import Page, chromium
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-
-from bridge_support import blocking
-from live_support import start_run, stdout_line
-from network_support import Proc, network
-
 from companion.app.lines import BRIDGE_LINE, parse_sees
+from support.live import start_run, stdout_line
+from support.live_bridge import blocking
+from support.network import Proc, network
 
 pytestmark = pytest.mark.integration
 

@@ -4,17 +4,14 @@ engine in their own processes, a `companion bridge` process serving the page."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
+
 from browser.browser_cdp import SPEECH_STUB_TIMED, VOICE_COUNT, chromium
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-
-from bridge_support import blocking
-from live_support import start_live
-from network_support import network
+from support.live import start_live
+from support.live_bridge import blocking
+from support.network import network
 
 pytestmark = pytest.mark.integration
 

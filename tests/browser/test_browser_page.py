@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
-from browser.browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
 
+from browser.browser_cdp import SPEECH_STUB, VOICE_COUNT, Page, chromium
 from companion.bridge.ratelimit import RateLimit
 from companion.memory import Inbound, MemoryEndpoint
 from companion.protocol import (
@@ -20,19 +20,19 @@ from companion.protocol import (
     STATES,
     Action,
     Message,
-    Metadata,
     Query,
     QueryResult,
     State,
 )
+from support.cards import metadata as md
 
 if TYPE_CHECKING:
     # tests/browser/conftest.py, by the name mypy gives it (tests/ is its package base); at run
     # time pytest imports it as "conftest", and MakeBridge is needed only in annotations
     from browser.conftest import MakeBridge
 
-JUNIPER = Metadata(id="companion_juniper", name="Juniper", personality="calm", story="s", sample="x")
-PIM = Metadata(id="companion_pim", name="Pim", personality="bright", story="s", sample="x")
+JUNIPER = md("juniper", name="Juniper", personality="calm")
+PIM = md("pim", name="Pim", personality="bright")
 
 
 async def from_page(companion: MemoryEndpoint, topic: str, timeout: float = 10) -> Inbound:

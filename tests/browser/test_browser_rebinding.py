@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.testing
-from browser.browser_cdp import chromium
 
-from companion.protocol import MESSAGES, Message, Metadata
+from browser.browser_cdp import chromium
+from companion.protocol import MESSAGES, Message
+from support.cards import metadata as md
 
 if TYPE_CHECKING:
     # tests/browser/conftest.py, by the name mypy gives it (tests/ is its package base); at run
     # time pytest imports it as "conftest", and MakeBridge is needed only in annotations
     from browser.conftest import MakeBridge
 
-PIM = Metadata(id="companion_pim", name="Pim", personality="bright", story="a secret story", sample="x")
+PIM = md("pim", name="Pim", personality="bright", story="a secret story")
 
 ATTACK_PAGE = b"""<!doctype html><html><head><title>evil</title></head><body><script>
 window.attack = async () => {

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING
 
 from browser.browser_cdp import chromium
 from browser.test_browser_page import JUNIPER, from_page
-
 from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
 
 if TYPE_CHECKING:

@@ -13,20 +13,21 @@ from pathlib import Path
 
 import pytest
 import trio
-from browser.browser_cdp import SPEECH_STUB, Page, chromium
-from support.bridges import bridge_on_hub
 
+from browser.browser_cdp import SPEECH_STUB, Page, chromium
 from companion.memory import MemoryEndpoint
-from companion.protocol import MESSAGES, QUERIES, Message, Metadata, Query, QueryResult
+from companion.protocol import MESSAGES, QUERIES, Message, Query, QueryResult
 from companion.rtc.route import serve_webrtc
 from companion.voice import EspeakSynthesizer
+from support.bridges import bridge_on_hub
+from support.cards import metadata as md
 
 pytestmark = pytest.mark.skipif(
     not EspeakSynthesizer.available(),
     reason="espeak-ng is not installed (scripts/system-deps.sh installs it)",
 )
 
-JUNIPER = Metadata(id="companion_juniper", name="Juniper", personality="calm", story="s", sample="x")
+JUNIPER = md("juniper", name="Juniper", personality="calm")
 
 WEBRTC_FLAGS = (
     "--allow-loopback-in-peer-connection",

@@ -18,10 +18,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import bridge_support
 import pytest
 import trio
-from bridge_support import (
+from trio_websocket import WebSocketConnection, open_websocket_url
+
+from support import live_bridge
+from support.live import stdout_line
+from support.live_bridge import (
     blocking,
     error_code,
     exchange,
@@ -31,9 +34,7 @@ from bridge_support import (
     start_bridge,
     upgrade_request,
 )
-from live_support import stdout_line
-from network_support import Network, Proc, network
-from trio_websocket import WebSocketConnection, open_websocket_url
+from support.network import Network, Proc, network
 
 pytestmark = pytest.mark.integration
 
@@ -280,8 +281,8 @@ async def test_beyond_loopback_a_token_is_generated_and_required(tmp_path: Path)
         for address in ("127.0.0.1", lan):
             inside = ["nsenter", f"--net=/proc/{proc.pid}/ns/net"]
             out = subprocess.run(
-                [*inside, sys.executable, bridge_support.__file__, "probe", address, str(port), token],
-                capture_output=True, text=True, timeout=60,
+                [*inside, sys.executable, "-m", "support.live_bridge", "probe", address, str(port), token],
+                capture_output=True, text=True, timeout=60, cwd=Path(live_bridge.__file__).parents[1],
             )  # fmt: skip
             assert out.returncode == 0, out.stderr[-2000:]
             got = json.loads(out.stdout.strip().splitlines()[-1])

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame
-from live_support import start_live
-from network_support import network
 from trio_websocket import open_websocket_url
 
 from companion.lines.sentences import join_sentences
+from support.live import start_live
+from support.live_bridge import blocking, message_frame
+from support.network import network
 
 pytestmark = pytest.mark.integration
 

@@ -17,11 +17,18 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame, next_frame, silent_client, start_bridge
-from network_support import network
 from trio_websocket import open_websocket_url
 
 from companion.listen import fetch_companions
+from support.bridges import silent_client
+from support.live_bridge import (
+    blocking,
+    message_frame,
+    next_frame,
+    send_until_received,
+    start_bridge,
+)
+from support.network import network
 
 pytestmark = pytest.mark.integration
 
@@ -57,21 +64,12 @@ async def test_clients_on_two_bridges_talk_through_the_network(tmp_path: Path) -
         ):
             # client -> bridge1 -> gossipsub -> bridge2 -> client (gossip may need a moment to
             # form its mesh after the joins: a few attempts, each with a deadline)
-            for _attempt in range(5):
-                msg_id = str(uuid.uuid4())
+            def hello(i: str) -> str:
+                return message_frame("user_alice", ["companion_juniper"], "hello", i)
 
-                def reached_bob(f: Any, i: str = msg_id) -> bool:
-                    return bool(f.get("params", {}).get("id") == i)
-
-                await alice.send_message(message_frame("user_alice", ["companion_juniper"], "hello", msg_id))
-                try:
-                    got = await next_frame(bob, reached_bob, 3)
-                except trio.TooSlowError:
-                    continue
-                break
-            else:
-                raise AssertionError("a client's message never crossed the network")
+            got = await send_until_received(lambda i: alice.send_message(hello(i)), bob, "a client's message")
             assert got["params"]["from"] == "user_alice" and got["params"]["message"] == "hello"
+            msg_id = got["params"]["id"]  # the try that crossed
 
             # a companion's payloads reach clients exactly as published
             reply = json.dumps(

@@ -6,15 +6,12 @@ bridge's address before any node starts)."""
 from __future__ import annotations
 
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the command as a user runs it
-
-from cli_support import run_companion
+from support.cli import run_companion
 
 pytestmark = pytest.mark.integration
 

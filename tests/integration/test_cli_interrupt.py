@@ -7,15 +7,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the command as a user runs it
-
-from cli_support import Started, started_companion
+from support.cli import Started, started_companion
 
 pytestmark = pytest.mark.integration
 

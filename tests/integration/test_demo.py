@@ -13,38 +13,11 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests"))  # the fake model server and its cooperative answers
-
-from fake_llm_server import running_server  # noqa: E402
-from test_engine_providers import FakeCompanions  # noqa: E402
+from support.cli import REPO, run_demo
+from support.fake_llm_server import CooperativeModel, running_server
 
 pytestmark = pytest.mark.integration
 FIELDS = {"event", "speaker", "recipients", "text", "emotion", "why", "closing"}
-
-
-def _run_demo(
-    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
-) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
-    keep = [] if env is not None else ["--keep", str(tmp_path / "run")]
-    command = [
-        sys.executable,
-        "-m",
-        "companion",
-        "demo",
-        "--json",
-        "--pace",
-        "0.1",
-        "--timeout",
-        "120",
-        "--log-level",
-        "INFO",
-        *keep,
-        *extra,
-    ]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-    return done, events
 
 
 def _started_pids(stderr: str) -> list[int]:
@@ -60,7 +33,7 @@ def _started_pids(stderr: str) -> list[int]:
 
 
 def test_demo_reaches_terminal_with_a_readable_json_transcript(tmp_path: Path) -> None:
-    done, events = _run_demo(tmp_path)
+    done, events = run_demo(tmp_path)
     logs = "\n".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in sorted((tmp_path / "run").glob("*.log")))
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stderr[-3000:]}\n{logs}"
     assert all(set(e) >= FIELDS for e in events)
@@ -102,7 +75,7 @@ def test_demo_stops_at_the_turn_cap_and_leaves_no_folder_behind(tmp_path: Path) 
     the demo finished as it should."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    done, events = _run_demo(tmp_path, "--max-turns", "2", env={**os.environ, "TMPDIR": str(scratch)})
+    done, events = run_demo(tmp_path, "--max-turns", "2", env={**os.environ, "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert list(scratch.iterdir()) == []
     # a demo that went well warns of nothing of its own, nor of py-libp2p's DHT about companions
@@ -127,10 +100,10 @@ def test_demo_stops_at_the_turn_cap_and_leaves_no_folder_behind(tmp_path: Path) 
 def test_demo_with_a_provider_model_over_http(tmp_path: Path) -> None:
     """`--model openai:NAME --base-url` switches every companion process to the provider path
     (here the fake OpenAI-compatible server on 127.0.0.1)."""
-    answers = FakeCompanions()
+    answers = CooperativeModel()
     with running_server() as server:
         server.push(*([answers] * 200))
-        done, events = _run_demo(
+        done, events = run_demo(
             tmp_path, "--model", "openai:fake-1", "--base-url", server.openai_base_url, "--max-turns", "4"
         )
         requests = server.model_requests()
@@ -179,9 +152,8 @@ async def test_the_network_s_teardown_after_the_end_line_prints_no_library_recor
     stopping begins."""
     import logging
 
-    from log_support import captured_logs
-
     from companion.app import demo
+    from support.logs import captured_logs
 
     stop_children = demo._stop_children
 

@@ -6,17 +6,13 @@ says the same phrase twice before the conversation closes."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the command, the checks
-
-from cli_support import run_companion
-from test_scripted_openings import check_conversation, is_japanese
-
 from companion.conversation.transcript import TranscriptEvent
+from support.cli import run_companion
+from support.scripted import check_conversation, is_japanese
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -19,19 +19,15 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the fake server, the command
-
-from cli_support import run_companion
-from fake_llm_server import CooperativeModel, Reply, plain_value, running_server, tool_call
-
 from companion.lines.check import LineContext, check_line
+from support.cli import run_companion
+from support.fake_llm_server import CooperativeModel, Reply, plain_value, running_server, tool_call
 
 pytestmark = pytest.mark.integration
 

@@ -9,14 +9,15 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from test_demo import _run_demo
+
+from support.cli import run_demo
 
 pytestmark = pytest.mark.integration
 STAGES = ["none", "pre-closing", "closing", "terminal"]
 
 
 def test_a_demo_with_one_companion_ends_in_terminal_after_its_reply(tmp_path: Path) -> None:
-    done, events = _run_demo(tmp_path, "--timeout", "45", "pim")
+    done, events = run_demo(tmp_path, "--timeout", "45", "pim")
     assert done.returncode == 0, done.stderr[-2000:]
     replies = [e for e in events if e["event"] == "message" and e["speaker"] == "companion_pim"]
     assert len(replies) == 1 and replies[0]["recipients"] == ["user_demo"]
@@ -25,7 +26,7 @@ def test_a_demo_with_one_companion_ends_in_terminal_after_its_reply(tmp_path: Pa
 
 
 def test_the_named_companion_answers_and_every_companion_speaks_in_turn(tmp_path: Path) -> None:
-    done, events = _run_demo(tmp_path, "--say", "Juniper, roll the dice for us!")
+    done, events = run_demo(tmp_path, "--say", "Juniper, roll the dice for us!")
     assert done.returncode == 0, done.stderr[-2000:]
     replies = [e for e in events if e["event"] == "message" and e["speaker"] != "user_demo"]
     assert replies[0]["speaker"] == "companion_juniper", replies[0]

@@ -6,7 +6,6 @@ the slow reply is prepared, and Ostra's failure as one line with its reason, and
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,10 +13,8 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the fake server, the command
-
-from cli_support import run_companion
-from fake_llm_server import CooperativeModel, Reply, http_error, running_server
+from support.cli import run_companion
+from support.fake_llm_server import CooperativeModel, Reply, http_error, running_server
 
 pytestmark = pytest.mark.integration
 

@@ -24,11 +24,6 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame, next_frame, start_bridge
-from live_support import start_run, stdout_line
-from live_support import write_card as write_speaking_card
-from network_support import HERE, Event, Network, Proc, network
-from support.cards import write_card
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE
@@ -36,6 +31,10 @@ from companion.conversation.rules import select_leader
 from companion.lines.sentences import join_sentences
 from companion.node.identity import load_or_create_key_pair
 from companion.protocol import MESSAGES, STATES, Message, State, encode, encode_states
+from support.cards import speaking_card, write_card
+from support.live import start_run, stdout_line
+from support.live_bridge import blocking, message_frame, next_frame, start_bridge
+from support.network import Event, Network, Proc, helper_argv, network
 
 pytestmark = pytest.mark.integration
 
@@ -307,7 +306,7 @@ async def voice_line(ws: WebSocketConnection, query: Any) -> tuple[list[str], An
 
 
 async def test_forged_speak_results_never_beat_the_bridge_client(tmp_path: Path) -> None:
-    card = write_speaking_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
+    card = write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice"))
     with network(tmp_path) as net:
         home, url, addr, clients = await blocking(start_home, net, card)
         forger, _ = await blocking(net.raw, None)
@@ -337,7 +336,7 @@ async def test_forged_speak_results_never_beat_the_bridge_client(tmp_path: Path)
 async def test_a_separate_bridge_answers_once_the_operator_trusts_it(tmp_path: Path) -> None:
     """``companion run`` + ``companion bridge``: the bridge is just another peer to the companion
     until the operator says otherwise; ``companion trust add answerer`` counts at once."""
-    card = write_speaking_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
+    card = write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice"))
     with network(tmp_path) as net:
         juniper = await blocking(start_run, net, "juniper", [card])
         addr = juniper.event("started", 1)["addrs"][0]
@@ -476,7 +475,7 @@ def start_driver(net: Network, key: str) -> tuple[Proc, Event]:
     metadata = {"id": f"companion_{key}", "name": key, "personality": "p", "story": "s", "sample": "x"}
     proc = Proc(
         key,
-        [sys.executable, str(HERE / "node_driver.py"), json.dumps(metadata)],
+        [*helper_argv("node_driver"), json.dumps(metadata)],
         events_on="stdout",
         stdin=True,
     )

@@ -3,23 +3,20 @@ in both dial directions: metadata, subscriptions and payloads on all four topics
 gossipsub message ids that agree; and a conversation of over a minute with two ``companion run``
 companions in which nobody is disconnected (the peer mounts no ping protocol, as aikyo).
 
-The JavaScript dependencies are installed by ``js_support.js_peer_command`` (npm, into a cache
+The JavaScript dependencies are installed by ``support.js.js_peer_command`` (npm, into a cache
 directory outside the repository). Skipped only where there is no Node.js and npm at all.
 """
 
 from __future__ import annotations
 
 import base64
-import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from js_support import js_peer_command
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
-from network_support import HERE, Proc, network
 
 from companion.node.msgid import js_message_id
 from companion.protocol import (
@@ -35,11 +32,14 @@ from companion.protocol import (
     encode,
     encode_states,
 )
+from support.cards import metadata as md
+from support.js import js_peer_command
+from support.network import Event, Proc, helper_argv, network, publish_until_heard
 
 pytestmark = pytest.mark.integration
 
-PY = Metadata(id="companion_py", name="Py", personality="curious", story="a python node", sample="hi")
-JS = Metadata(id="companion_js", name="Js", personality="steady", story="a javascript node", sample="yo")
+PY = md("py", name="Py", personality="curious", story="a python node", sample="hi")
+JS = md("js", name="Js", personality="steady", story="a javascript node", sample="yo")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def start_js(js_peer: list[str], procs: list[Proc]) -> tuple[Proc, dict[str, obj
 
 
 def start_py(procs: list[Proc], *peers: str) -> tuple[Proc, dict[str, object]]:
-    argv = [sys.executable, str(HERE / "node_driver.py"), PY.model_dump_json()]
+    argv = [*helper_argv("node_driver"), PY.model_dump_json()]
     for peer in peers:
         argv += ["--peer", peer]
     proc = Proc("py", argv, events_on="stdout", stdin=True)
@@ -66,47 +66,47 @@ def start_py(procs: list[Proc], *peers: str) -> tuple[Proc, dict[str, object]]:
     return proc, proc.event("started", 30)
 
 
-def py_payloads(tag: str) -> dict[str, bytes]:
+def payloads(sender: Metadata, to: Metadata, tag: str, states: list[State], gesture: str) -> dict[str, bytes]:
+    """One payload of each topic from ``sender`` (``py`` or ``js``), told apart by ``tag``."""
+    side = sender.id.removeprefix("companion_")
     return {
-        MESSAGES: encode(Message.create(PY.id, [JS.id], f"hello from py {tag}", id=f"py-{tag}")),
-        STATES: encode_states(
-            [State.create(PY.id, "listen", 1, False), State.create(JS.id, "speak", 7, True)]
-        ),
-        QUERIES: encode(Query.create(PY.id, "speak", {"text": tag}, id=f"pyq-{tag}")),
-        ACTIONS: encode(Action.create(PY.id, "wave", {"tag": tag})),
+        MESSAGES: encode(Message.create(sender.id, [to.id], f"hello from {side} {tag}", id=f"{side}-{tag}")),
+        STATES: encode_states(states),
+        QUERIES: encode(Query.create(sender.id, "speak", {"text": tag}, id=f"{side}q-{tag}")),
+        ACTIONS: encode(Action.create(sender.id, gesture, {"tag": tag})),
     }
+
+
+def py_payloads(tag: str) -> dict[str, bytes]:
+    states = [State.create(PY.id, "listen", 1, False), State.create(JS.id, "speak", 7, True)]
+    return payloads(PY, JS, tag, states, "wave")
 
 
 def js_payloads(tag: str) -> dict[str, bytes]:
-    return {
-        MESSAGES: encode(Message.create(JS.id, [PY.id], f"hello from js {tag}", id=f"js-{tag}")),
-        STATES: encode_states(
-            [State.create(JS.id, "speak", 3, True), State.create(PY.id, "listen", 2, False)]
-        ),
-        QUERIES: encode(Query.create(JS.id, "speak", {"text": tag}, id=f"jsq-{tag}")),
-        ACTIONS: encode(Action.create(JS.id, "nod", {"tag": tag})),
-    }
+    states = [State.create(JS.id, "speak", 3, True), State.create(PY.id, "listen", 2, False)]
+    return payloads(JS, PY, tag, states, "nod")
 
 
-def arrived(proc: Proc, event: str, topic: str, text: str, timeout: float) -> dict[str, object] | None:
-    try:
-        return proc.wait_for(
-            lambda e: e.get("event") == event and e.get("topic") == topic and e.get("text") == text, timeout
-        )
-    except AssertionError:
-        return None
+def publishing(
+    sender: Proc, payloads: Callable[[str], dict[str, bytes]], topic: str, heard_as: str
+) -> Callable[[int], Callable[[Event], bool]]:
+    """What :func:`publish_until_heard` calls: ``sender`` publishes its payload of ``topic``
+    (a fresh one each attempt), and the other side logs it as a ``heard_as`` event."""
+
+    def send(attempt: int) -> Callable[[Event], bool]:
+        text = payloads(f"{topic}{attempt}")[topic].decode()
+        sender.send({"op": "publish", "topic": topic, "text": text})
+        return lambda e: e.get("event") == heard_as and e.get("topic") == topic and e.get("text") == text
+
+    return send
 
 
 def exchange(py: Proc, js: Proc, py_id: str) -> None:
     for topic in (MESSAGES, STATES, QUERIES, ACTIONS):
-        got = None
-        for attempt in range(40):  # the first publishes may precede the other side's subscriptions
-            text = py_payloads(f"{topic}{attempt}")[topic].decode()
-            py.send({"op": "publish", "topic": topic, "text": text})
-            got = arrived(js, "message", topic, text, 0.5)
-            if got is not None:
-                break
-        assert got is not None, f"js never received our {topic}"
+        # the first publishes may precede the other side's subscriptions
+        got = publish_until_heard(
+            publishing(py, py_payloads, topic, "message"), js, tries=40, wait=0.5, what=f"our {topic}"
+        )
         assert got["from"] == py_id
         # js-libp2p's id for our message is the one our node computes
         rpc = rpc_pb2.Message(
@@ -114,14 +114,9 @@ def exchange(py: Proc, js: Proc, py_id: str) -> None:
         )
         assert got["msgId"] == base64.b64encode(js_message_id(rpc)).decode().rstrip("=")
 
-        got = None
-        for attempt in range(40):
-            text = js_payloads(f"{topic}{attempt}")[topic].decode()
-            js.send({"op": "publish", "topic": topic, "text": text})
-            got = arrived(py, "inbound", topic, text, 0.5)
-            if got is not None:
-                break
-        assert got is not None, f"we never received js's {topic}"
+        publish_until_heard(
+            publishing(js, js_payloads, topic, "inbound"), py, tries=40, wait=0.5, what=f"js's {topic}"
+        )
 
 
 def check_session(py: Proc, js: Proc, py_id: str, js_id: str) -> None:

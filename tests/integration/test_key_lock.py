@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the command as a user runs it
-
-from cli_support import started_companion
+from support.cli import started_companion
 
 pytestmark = pytest.mark.integration
 

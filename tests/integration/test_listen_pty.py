@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import trio
-from bridge_support import blocking, start_bridge
-from network_support import network
-from test_listen_bridge import PtyListener, bridge_with_juniper, listen_argv, until
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from companion.listen.core import END_MARKER
+from support.listening import PtyListener, bridge_with_juniper, listen_argv, until
+from support.live_bridge import blocking, start_bridge
+from support.network import network
 
 pytestmark = pytest.mark.integration
 

@@ -27,13 +27,14 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame, next_frame
-from live_support import start_run, stdout_line, write_card
-from network_support import Network, Proc, network
 from trio_websocket import open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE
 from companion.app.metrics_http import METRICS_LINE
+from support.cards import speaking_card, write_card
+from support.live import start_run, stdout_line
+from support.live_bridge import blocking, message_frame, next_frame
+from support.network import Network, Proc, network
 
 pytestmark = [
     pytest.mark.integration,
@@ -124,7 +125,10 @@ def is_reply(frame: Any) -> bool:
 
 
 async def test_prometheus_scrapes_a_live_node_and_sees_a_conversation(tmp_path: Path) -> None:
-    cards = [write_card(tmp_path, "pim", "Pim", "speak"), write_card(tmp_path, "ostra", "Ostra", "speak")]
+    cards = [
+        write_card(tmp_path, "pim", speaking_card("pim", "Pim", "speak")),
+        write_card(tmp_path, "ostra", speaking_card("ostra", "Ostra", "speak")),
+    ]
     extra = ("--metrics", "127.0.0.1:0", "--ws", "127.0.0.1:0", "--no-webrtc", "--token", TOKEN)
     with network(tmp_path) as net:
         run = await blocking(start_run, net, "run", cards, extra=extra)

@@ -21,8 +21,9 @@ import json
 from pathlib import Path
 
 import pytest
-from js_support import js_peer_command
-from mixed_support import mixed_network, stories, summary
+
+from support.js import js_peer_command
+from support.mixed import mixed_network, stories, summary
 
 # Mostly waits (aikyo's 200 ms per model call, 2 s of quiet after each end): it held its figures
 # beside lint and types and on a machine at a load of 13, so it runs in the early phase.

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from live_support import start_companion, stdout_line
-from network_support import network
 
 from companion.app.lines import parse_sees
+from support.live import start_companion, stdout_line
+from support.network import network
 
 pytestmark = pytest.mark.integration
 

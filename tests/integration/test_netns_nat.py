@@ -1,7 +1,7 @@
 """Companions at home behind NAT hold one conversation through a public relay, in network
 namespaces: the real routers, NAT and firewalls a user meets, not loopback.
 
-Topology (netns_support): an "internet" switch on 203.0.113.0/24 (TEST-NET-3, inside the test's
+Topology (support.netns): an "internet" switch on 203.0.113.0/24 (TEST-NET-3, inside the test's
 namespaces only) with ``companion relay`` at 203.0.113.10, and three homes, each a router with
 masquerade NAT and a firewall that drops unsolicited inbound packets, one host behind it:
 
@@ -26,11 +26,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from live_support import stdout_line, write_card
-from netns_support import HERE_FILE, Topology, in_namespace, unavailable
-from network_support import Event, Network, Proc
 
 from companion.app.lines import parse_sees
+from support.cards import speaking_card, write_card
+from support.live import stdout_line
+from support.netns import HERE_FILE, Topology, in_namespace, unavailable
+from support.network import Event, Network, Proc
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +71,7 @@ def start_relay(topo: Topology, net: Network) -> str:
 
 
 def start_companion(topo: Topology, net: Network, key: str, relay: str, seed: int) -> Proc:
-    card = write_card(net.tmp, key, key.upper(), "speak")
+    card = write_card(net.tmp, key, speaking_card(key, key.upper(), "speak"))
     argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
     argv += ["--listen", "/ip4/0.0.0.0/tcp/4001", "--relay", relay, "--seed", str(seed)]
     argv += ["--data-dir", str(net.tmp / f"data-{key}"), "--log-format", "json", "-v"]

@@ -7,7 +7,6 @@ addressed to it (its scripted model replies), and its counters say what it refus
 
 from __future__ import annotations
 
-import base64
 import signal
 import threading
 import time
@@ -17,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_payloads import CORPUS, collect, message, payloads, rpcs
-from network_support import Event, Network, Proc, network
 
 from companion.node.announcements import DISCONNECT_GRACE
 from companion.protocol import (
@@ -27,75 +24,24 @@ from companion.protocol import (
     Action,
     encode,
 )
+from support.hostile_payloads import CORPUS, collect, message, payloads, rpcs
+from support.network import (
+    Event,
+    Network,
+    Proc,
+    ask,
+    b64,
+    inbound,
+    network,
+    publish,
+    publish_until_heard,
+    warm_up,
+)
 
 pytestmark = pytest.mark.integration
 
 
 # --- helpers ---------------------------------------------------------------------------------------
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def publish(raw: Proc, topic: str, data: bytes, **extra: Any) -> None:
-    raw.send({"op": "publish", "topic": topic, "b64": b64(data), **extra})
-
-
-def published(raw: Proc, topic: str, data: bytes, **extra: Any) -> bool:
-    """:func:`publish`, then False: ``published(...) or heard(...)`` publishes and then checks."""
-    publish(raw, topic, data, **extra)
-    return False
-
-
-def happens(proc: Proc, predicate: Any, timeout: float) -> bool:
-    """Whether an event satisfying ``predicate`` came (or comes within ``timeout``)."""
-    try:
-        proc.wait_for(predicate, timeout)
-    except AssertionError:
-        return False
-    return True
-
-
-def heard(proc: Proc, message_id: str, timeout: float) -> bool:
-    return happens(proc, lambda e: e.get("event") == "inbound" and e.get("id") == message_id, timeout)
-
-
-def ask(raw: Proc, key: str, tag: str, timeout: float = 30.0) -> Event:
-    """A message from the raw peer's companion id addressed to ``companion_<key>``; returns the
-    reply (published again every few seconds: the first may precede the mesh)."""
-    deadline = time.monotonic() + timeout
-    attempt = 0
-    while True:
-        asked = f"ask-{tag}-{attempt}"
-        # turn 0, closing none: a fresh conversation, whatever earlier messages made of the last one
-        text = f"are you there, {key}?"
-        publish(
-            raw, MESSAGES, message("companion_x", text, asked, (f"companion_{key}",), turn=0, closing="none")
-        )
-
-        def replied(e: Event, asked: str = asked) -> bool:
-            return e.get("event") == "message" and f'"in_reply_to":"{asked}"' in e["text"]
-
-        try:
-            return raw.wait_for(
-                replied,
-                min(4.0, max(0.1, deadline - time.monotonic())),
-                f"a reply from companion_{key} to {asked}",
-            )
-        except AssertionError:
-            if time.monotonic() >= deadline:
-                raise
-        attempt += 1
-
-
-def relays(raw: Proc, b: Proc) -> None:
-    """What the raw peer publishes reaches b through a (published again until it does: the
-    first publishes may precede the mesh)."""
-    assert any(
-        published(raw, MESSAGES, message("companion_x", "warm", f"warm-{n}")) or heard(b, f"warm-{n}", 0.5)
-        for n in range(30)
-    ), "b never heard x through a"
 
 
 def joined(proc: Proc, *keys: str) -> None:
@@ -143,7 +89,7 @@ def test_hostile_payloads_are_counted_dropped_and_not_forwarded(tmp_path: Path) 
         joined(a, "b", "x")
         joined(b, "a")
 
-        relays(raw, b)  # before the flood
+        warm_up(raw, b, "companion_x", ["companion_a", "companion_b"], tries=30, wait=0.5)  # before the flood
 
         generated = collect(payloads(), 200)
         for topic, data, _ in CORPUS:
@@ -242,11 +188,16 @@ def test_replay_after_restart_is_not_forwarded(tmp_path: Path) -> None:
         raw = attacker(net, a_addr)
         joined(a, "b", "x")
         joined(b, "a")
-        relays(raw, b)
+        warm_up(raw, b, "companion_x", ["companion_a", "companion_b"], tries=30, wait=0.5)
         recorded = message("companion_x", "remember me", "recorded", ("companion_b",))
         # gossip is best effort: published again (a new seqno, kept for the replay) only if b
         # did not hear it, so b holds exactly one copy
-        assert any(published(raw, MESSAGES, recorded, keep="m") or heard(b, "recorded", 5) for _ in range(4))
+
+        def send(_: int) -> Callable[[Event], bool]:
+            publish(raw, MESSAGES, recorded, keep="m")
+            return inbound("recorded")
+
+        publish_until_heard(send, b, tries=4, wait=5, what="the recorded message")
         assert a.stop() == 0
 
         port = a_addr.split("/")[4]
@@ -366,12 +317,13 @@ def test_a_slow_answer_is_tolerated_and_a_frozen_peer_is_dropped(tmp_path: Path)
 def _carries(sender: Proc, receiver: Proc, origin: str, tag: str, timeout: float) -> None:
     """Actions from ``sender`` (as ``origin``) reach ``receiver`` within ``timeout`` (published
     again every half second: the mesh may still be forming)."""
-    for attempt in range(int(timeout / 0.5) + 1):  # each attempt waits 0.5 s for its copy
+
+    def send(attempt: int) -> Callable[[Event], bool]:
         text = encode(Action.create(origin, "ping", {"tag": tag, "n": attempt})).decode()
         sender.send({"op": "publish", "topic": ACTIONS, "text": text})
-        if happens(receiver, lambda e, text=text: e.get("event") == "inbound" and e.get("text") == text, 0.5):
-            return
-    raise AssertionError(f"no action from {origin} reached its peer within {timeout} s")
+        return lambda e: e.get("event") == "inbound" and e.get("text") == text
+
+    publish_until_heard(send, receiver, tries=int(timeout / 0.5) + 1, wait=0.5, what=f"actions from {origin}")
 
 
 @pytest.mark.early  # mostly waits on the health checks' clock: beside lint and types

@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-from network_support import Proc, network
+
+from support.network import Proc, network
 
 pytestmark = pytest.mark.integration
 

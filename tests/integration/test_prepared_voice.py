@@ -13,33 +13,27 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame
-from fake_llm_server import FakeLLMServer, running_server
-from live_support import stdout_line
-from test_streamed_voice import LINES, VoiceModel, _ask, _frames, _queries, juniper_home
 from trio_websocket import open_websocket_url
 
 from companion.app.lines import parse_sees
 from companion.conversation.rules.leader import plan_leaders
 from companion.lines.sentences import split_sentences
 from companion.protocol import STATES, Message, State, encode_states
+from support.fake_llm_server import FakeLLMServer
+from support.live import stdout_line
+from support.live_bridge import blocking, message_frame
+from support.voice import LINES, VoiceModel, ask_over_ws, frames_until, juniper_home, speak_queries
 
 pytestmark = pytest.mark.integration
 
 JUNIPER = "companion_juniper"
 ZED = "companion_zed"
-
-
-@pytest.fixture
-def hosted() -> Iterator[FakeLLMServer]:
-    with running_server(ttft=0.4, token_rate=60) as server:
-        yield server
 
 
 def _kind(body: Mapping[str, Any]) -> str:
@@ -51,12 +45,12 @@ async def test_a_confirmed_prepared_reply_is_voiced_once(tmp_path: Path, hosted:
     hosted.push(*([VoiceModel()] * 12))
     async with juniper_home(tmp_path, hosted) as (_net, home, url):
         async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
-            first = await _ask(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
-            frames = await _frames(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+            first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
+            frames = await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
             with trio.move_on_after(1):  # anything after the line would be a second voicing
                 frames.append(json.loads(await ws.get_message()))
         assert home.count("reply_prepared_adopted", message_id="m-1") == 1
-    said = [q["params"]["body"]["message"] for q in _queries(frames)]
+    said = [q["params"]["body"]["message"] for q in speak_queries(frames)]
     assert said == split_sentences(LINES[0])  # each sentence once, in order
     published = [f for f in frames if f.get("method") == "message.send" and f["params"]["from"] == JUNIPER]
     assert [f["params"]["message"] for f in published] == [LINES[0]]

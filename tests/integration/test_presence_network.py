@@ -20,16 +20,14 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.validators import PUBSUB_SIGNING_PREFIX
-from live_support import spawn_run, stdout_line, write_card
-from network_support import Event, Network, Proc, network
-from test_network_hostile import ask
-from test_run_conversation import Bystander
 
 from companion.app.lines import parse_sees
-from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
 from companion.node.announcements import DISCONNECT_GRACE, PRESENCE_TOPIC
 from companion.protocol import MESSAGES, Message, Metadata, Presence, PresenceParams, encode_presence
+from support.cards import speaking_card, write_card
+from support.live import Bystander, spawn_run, stdout_line
+from support.network import Event, Network, Proc, ask, network
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +49,7 @@ LEAVE_BOUND = 5.0
 
 def spawn(net: Network, key: str, *peers: str, seed: int, extra: tuple[str, ...] = ()) -> Proc:
     """``companion run`` for one card (scripted model), not waiting for it to start."""
-    card = write_card(net.tmp, key, key.capitalize(), "speak")
+    card = write_card(net.tmp, key, speaking_card(key, key.capitalize(), "speak"))
     return spawn_run(net, key, [card], *peers, seed=seed, extra=extra)
 
 
@@ -181,23 +179,9 @@ def test_twelve_companions_with_four_connections_each_see_everyone_and_talk(tmp_
         trio.run(_one_reply_per_message, hub_addr, everyone)
 
 
-class Watcher(Bystander):
-    """The test node's handler: the transcript of the conversation, with the companions in the
-    node's directory as the ones present."""
-
-    def __init__(self, present: Callable[[], Iterable[str]]) -> None:
-        super().__init__()
-        self.present = present
-
-    async def handle(self, inbound: Inbound) -> None:
-        self.lines.extend(self.transcript.feed(inbound.payload, self.present()))
-        self.changed.set()
-        self.changed = trio.Event()
-
-
 async def _one_reply_per_message(hub_addr: str, everyone: list[str]) -> None:
     node = CompanionNode(None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), peers=(hub_addr,), name="test"))
-    watcher = Watcher(lambda: list(node.directory))
+    watcher = Bystander(lambda: list(node.directory))
     async with trio.open_nursery() as nursery:
         await nursery.start(node.run, watcher)
         assert await node.wait_for(lambda: set(everyone) <= set(node.directory), SPREAD_DEADLINE)

@@ -23,12 +23,13 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking
-from live_support import start_run, stdout_line, write_card
-from network_support import Proc, network
 from trio_websocket import open_websocket_url
 
 from companion.app.lines import BRIDGE_LINE, parse_sees
+from support.cards import speaking_card, write_card
+from support.live import start_run, stdout_line
+from support.live_bridge import blocking
+from support.network import Proc, network
 
 pytestmark = pytest.mark.integration
 
@@ -135,7 +136,7 @@ async def test_tools_run_from_the_command_line_and_http_and_changes_are_announce
     monkeypatch.setenv("PYTHONPATH", str(modules))
     card = tmp_path / "wren.yaml"
     card.write_text(CARD.format(tools="wren_tools:lamp"))
-    ostra = write_card(tmp_path, "ostra", "Ostra", "speak")
+    ostra = write_card(tmp_path, "ostra", speaking_card("ostra", "Ostra", "speak"))
     with network(tmp_path) as net:
         home = await blocking(
             start_run, net, "home", [card], extra=("--ws", "127.0.0.1:0", "--no-webrtc", "--token", TOKEN)

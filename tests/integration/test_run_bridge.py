@@ -18,18 +18,19 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame
-from live_support import payload_of, start_run, stdout_line, write_card
-from network_support import Proc, network
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from companion.app.lines import BRIDGE_LINE, parse_sees
+from companion.app.lines import parse_sees
 from companion.conversation.transcript import Transcript
 from companion.lines.sentences import join_sentences
 from companion.listen.client import directory_url, fetch_companions
 from companion.protocol import Message, Query, QueryResult, encode
 from companion.rtc import RtcClient, connect_rtc
 from companion.voice import EspeakSynthesizer
+from support.cards import speaking_card, write_card
+from support.live import bridge_url, payload_of, start_run, stdout_line
+from support.live_bridge import blocking, message_frame
+from support.network import Proc, network
 
 pytestmark = pytest.mark.integration
 
@@ -37,14 +38,6 @@ JUNIPER = "companion_juniper"
 PIM = "companion_pim"
 OSTRA = "companion_ostra"
 EVERYONE = frozenset({JUNIPER, PIM, OSTRA})
-
-
-def bridge_url(proc: Proc) -> str:
-    """The WebSocket URL from the ``bridge ws://...`` line on standard output."""
-    line = stdout_line(proc, lambda s: s.startswith(BRIDGE_LINE), 30)
-    url = line[len(BRIDGE_LINE) :].strip()
-    assert url.startswith("ws://127.0.0.1:") and url.endswith("/"), line
-    return url
 
 
 def node_addr(proc: Proc, companion_id: str) -> str:
@@ -57,10 +50,10 @@ def sees_everyone(proc: Proc, companion_id: str) -> None:
 
 async def test_a_client_of_companion_run_follows_a_conversation_to_terminal(tmp_path: Path) -> None:
     cards = [
-        write_card(tmp_path, "juniper", "Juniper", "speak_with_voice"),
-        write_card(tmp_path, "pim", "Pim", "speak"),
+        write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice")),
+        write_card(tmp_path, "pim", speaking_card("pim", "Pim", "speak")),
     ]
-    ostra_card = write_card(tmp_path, "ostra", "Ostra", "speak")
+    ostra_card = write_card(tmp_path, "ostra", speaking_card("ostra", "Ostra", "speak"))
     with network(tmp_path) as net:
         home = await blocking(start_run, net, "home", cards, extra=("--ws", "127.0.0.1:0", "--no-webrtc"))
         url = await blocking(bridge_url, home)
@@ -143,7 +136,7 @@ async def _send_until_answered(ws: WebSocketConnection, frame: str) -> str:
     reason="espeak-ng is not installed (scripts/system-deps.sh installs it)",
 )
 async def test_the_voice_of_companion_run_answers_its_own_companions_speak_query(tmp_path: Path) -> None:
-    card = write_card(tmp_path, "juniper", "Juniper", "speak_with_voice")
+    card = write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice"))
     with network(tmp_path) as net:
         home = await blocking(start_run, net, "home", [card], extra=("--ws", "127.0.0.1:0"))
         url = await blocking(bridge_url, home)

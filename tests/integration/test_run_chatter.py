@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking
-from network_support import Network, Proc, network
-from support.cards import write_card
 
 from companion.app.demo import DemoOptions, _Child, _run_child, _stop_children, _wait_child
 from companion.conversation.transcript import Transcript
 from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message, encode
+from support.cards import write_card
+from support.live_bridge import blocking
+from support.network import Network, Proc, network
 
 pytestmark = pytest.mark.integration
 

@@ -5,45 +5,21 @@ array as a bystander (the demo's transcript) and no message is answered twice.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking
-from live_support import start_companion, stdout_line
-from network_support import network
 
 from companion.app.lines import parse_sees
-from companion.conversation.transcript import Transcript, TranscriptEvent
-from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message
+from support.live import Bystander, start_companion, stdout_line
+from support.live_bridge import blocking
+from support.network import network
 
 pytestmark = pytest.mark.integration
 
 JUNIPER = "companion_juniper"
 PIM = "companion_pim"
-
-
-class Bystander:
-    """The test node's handler: feeds the transcript, wakes whoever waits for a change."""
-
-    def __init__(self) -> None:
-        self.transcript = Transcript()
-        self.lines: list[TranscriptEvent] = []
-        self.changed = trio.Event()
-
-    async def handle(self, inbound: Inbound) -> None:
-        self.lines.extend(self.transcript.feed(inbound.payload, [JUNIPER, PIM]))
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def wait_until(self, predicate: Any, timeout: float) -> bool:
-        with trio.move_on_after(timeout):
-            while not predicate(self.transcript):
-                await self.changed.wait()
-            return True
-        return False
 
 
 async def test_two_run_processes_talk_until_terminal(tmp_path: Path) -> None:
@@ -57,7 +33,7 @@ async def test_two_run_processes_talk_until_terminal(tmp_path: Path) -> None:
             )
             assert line.startswith(f"{cid} sees ")
 
-        watcher = Bystander()
+        watcher = Bystander(lambda: [JUNIPER, PIM])
         node = CompanionNode(
             None, NodeConfig(listen=("/ip4/127.0.0.1/tcp/0",), peers=(j_addr, p_addr), name="test")
         )

@@ -14,11 +14,12 @@ import json
 from pathlib import Path
 
 import pytest
-from bridge_support import blocking, message_frame
-from cli_support import run_companion
-from live_support import OSTRA, PIM, start_pim_and_ostra
-from network_support import network
 from trio_websocket import open_websocket_url
+
+from support.cli import run_companion
+from support.live import OSTRA, PIM, start_pim_and_ostra
+from support.live_bridge import blocking, message_frame
+from support.network import network
 
 pytestmark = pytest.mark.integration
 

@@ -21,15 +21,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from live_support import spawn_run, start_run, stdout_line
-from network_support import Network, Proc, network, warm_up
-from support.layouts import COMPANIONS, FIXTURES, digest, rows, unpack, version
 
 from companion.app.lines import PEER, peer_line
 from companion.node.identity import load_or_create_key_pair
 from companion.protocol import MESSAGES, Message, encode
 from companion.store.layout import DATA_LAYOUT, MANIFEST
 from companion.store.sqlite import DB_FILENAME
+from support.layouts import COMPANIONS, FIXTURES, digest, rows, unpack, version
+from support.live import spawn_run, start_run, stdout_line
+from support.network import Network, Proc, network, warm_up
 
 pytestmark = pytest.mark.integration
 

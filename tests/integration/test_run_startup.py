@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 import trio
-from bridge_support import blocking
-from fake_llm_server import CooperativeModel, running_server
-from live_support import stdout_line
-from network_support import Proc, network
-from support.cards import write_card
 
 from companion.conversation.rules import turn_info
 from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
 from companion.protocol import MESSAGES, Message
+from support.cards import write_card
+from support.fake_llm_server import CooperativeModel, running_server
+from support.live import stdout_line
+from support.live_bridge import blocking
+from support.network import Proc, network
 
 pytestmark = pytest.mark.integration
 

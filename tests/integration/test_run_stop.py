@@ -20,13 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bridge_support import blocking, message_frame
-from cli_support import run_companion
-from live_support import BOTH, OSTRA, PIM, start_pim_and_ostra
-from network_support import Event, Proc, network
 from trio_websocket import open_websocket_url
 
 from companion.store.sqlite import Store
+from support.cli import run_companion
+from support.live import BOTH, OSTRA, PIM, start_pim_and_ostra
+from support.live_bridge import blocking, message_frame
+from support.network import Event, Proc, network
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from network_support import network, warm_up
-
 from companion.protocol import MESSAGES
 from companion.store.sqlite import Store
+from support.network import network, warm_up
 
 COUNT = 600
 

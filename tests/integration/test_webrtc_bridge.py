@@ -10,18 +10,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from bridge_support import blocking, message_frame, next_frame, start_bridge
-from network_support import Proc, network
 from trio_websocket import open_websocket_url
 
-from companion.rtc import OfferRejected, ReceivedAudio, RtcClient, connect_rtc
+from companion.rtc import OfferRejected, RtcClient, connect_rtc
 from companion.voice import EspeakSynthesizer
+from support.clients import drain_audio
+from support.live_bridge import blocking, message_frame, next_frame, send_until_received, start_bridge
+from support.network import Proc, network
 
 pytestmark = [
     pytest.mark.integration,
@@ -59,15 +59,6 @@ async def rtc_frame(client: RtcClient, predicate: Any, timeout: float) -> tuple[
                 return time.monotonic(), frame
 
 
-def take_audio(client: RtcClient) -> list[ReceivedAudio]:
-    frames = []
-    while True:
-        try:
-            frames.append(client.audio.receive_nowait())
-        except trio.WouldBlock:
-            return frames
-
-
 async def test_webrtc_client_talks_hears_and_leaves_mid_speech(tmp_path: Path) -> None:
     with network(tmp_path) as net:
         b1, port1, b1_started = await blocking(start_bridge, net, "bridge1")
@@ -90,22 +81,15 @@ async def test_webrtc_client_talks_hears_and_leaves_mid_speech(tmp_path: Path) -
             open_websocket_url(f"ws://127.0.0.1:{port2}/?token=tok") as bob,
         ):
             assert alice.voice
+
             # data channel -> bridge1 -> gossipsub -> bridge2 -> WebSocket (the mesh may need a
             # moment after the joins: a few attempts, each with a deadline)
-            for _attempt in range(5):
-                msg_id = str(uuid.uuid4())
+            def hello(i: str) -> str:
+                return message_frame("user_alice", ["companion_raw"], "hello", i)
 
-                def reached_bob(f: Any, i: str = msg_id) -> bool:
-                    return bool(f.get("params", {}).get("id") == i)
-
-                await alice.send_text(message_frame("user_alice", ["companion_raw"], "hello", msg_id))
-                try:
-                    got = await next_frame(bob, reached_bob, 3)
-                except trio.TooSlowError:
-                    continue
-                break
-            else:
-                raise AssertionError("a WebRTC client's message never crossed the network")
+            got = await send_until_received(
+                lambda i: alice.send_text(hello(i)), bob, "a WebRTC client's message"
+            )
             assert got["params"]["message"] == "hello"
 
             # a companion's payloads reach the data channel byte for byte
@@ -124,7 +108,7 @@ async def test_webrtc_client_talks_hears_and_leaves_mid_speech(tmp_path: Path) -
 
             # a speak query is heard on the voice track; its result (published by bridge1's
             # voice) comes after the audio, on the data channel and across the network
-            take_audio(alice)
+            drain_audio(alice)
             raw.send(
                 {
                     "op": "publish",
@@ -135,7 +119,7 @@ async def test_webrtc_client_talks_hears_and_leaves_mid_speech(tmp_path: Path) -
             await rtc_frame(alice, lambda f: f.get("id") == "q-1" and f.get("method") == "query.send", 10)
             answered_at, result = await rtc_frame(alice, lambda f: f.get("id") == "q-1" and "result" in f, 20)
             assert result["result"]["success"] is True and result["result"]["body"]["spoken"] is True
-            audible = [f for f in take_audio(alice) if f.peak > 500]
+            audible = [f for f in drain_audio(alice) if f.peak > 500]
             assert len(audible) > 25, "less than half a second of speech was heard"
             assert sum(f.received_at <= answered_at for f in audible) >= len(audible) - 5
             crossed = await next_frame(bob, lambda f: f.get("id") == "q-1" and "result" in f, 10)
@@ -212,5 +196,5 @@ async def test_a_companion_answers_a_webrtc_client_and_speaks_through_its_track(
                 60,
             )
             assert reply["params"]["message"] == query["params"]["body"]["message"]
-            audible = [f for f in take_audio(alice) if f.peak > 500]
+            audible = [f for f in drain_audio(alice) if f.peak > 500]
             assert audible and audible[0].received_at < answered_at

@@ -4,7 +4,7 @@
 worktree, runs *that* code (``PYTHONPATH`` pointing at it, this environment's dependencies) as
 ``companion run cards/pim.yaml cards/ostra.yaml --data-dir D``, has one conversation with it, stops
 it with SIGTERM, and packs ``D`` as ``tests/layouts/NAME.tar.gz``. The conversation: a bare
-py-libp2p peer (``tests/integration/raw_publisher.py``) publishes a person's message to both
+py-libp2p peer (``support.raw_publisher``) publishes a person's message to both
 companions and waits for two replies; a second one claims the id ``companion_visitor``, so a
 release that pins ids writes ``trust.json``. It prints the peer ids, the replies, the files and
 the companions' warnings and errors. What each fixture is: ``tests/layouts/README.md``.
@@ -24,12 +24,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-RAW = HERE.parent / "integration" / "raw_publisher.py"
-sys.path.insert(0, str(RAW.parent))
-
-from network_support import Proc  # noqa: E402
+sys.path.insert(0, str(HERE.parent))  # tests/, for the support package: this runs as a script
 
 from companion.protocol import MESSAGES, Message, encode  # noqa: E402
+from support.network import Proc, helper_argv  # noqa: E402
 
 PERSON = "user_fixture"
 COMPANIONS = ["companion_pim", "companion_ostra"]
@@ -43,9 +41,9 @@ def converse(run: Proc, replies: int) -> None:
     """The visitor and the person connect to ``run``'s first node; the person asks both
     companions one question and waits (bounded) for ``replies`` replies."""
     addr = run.event("started", 60)["addrs"][0]
-    raw = Proc("raw", [sys.executable, str(RAW)], events_on="stdout", stdin=True)
+    raw = Proc("raw", helper_argv("raw_publisher"), events_on="stdout", stdin=True)
     visitor = Proc(
-        "visitor", [sys.executable, str(RAW), "--companion", VISITOR], events_on="stdout", stdin=True
+        "visitor", [*helper_argv("raw_publisher"), "--companion", VISITOR], events_on="stdout", stdin=True
     )
     try:
         for peer in (raw, visitor):

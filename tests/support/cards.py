@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from companion.protocol import Metadata
+from support.engines import STORIES
 
 CARD = """\
 metadata:
@@ -31,13 +32,57 @@ events:
 """A card that speaks and needs one parameter; ``{key}`` names it ``companion_{key}``."""
 
 
-def write_card(directory: Path, key: str, *, model: str | None = None) -> Path:
-    """``directory/<key>.yaml``: the test card of ``companion_<key>``, naming ``model`` in its
-    settings when given."""
-    settings = f"settings:\n  model: {model!r}\n" if model else ""
+def write_card(directory: Path, key: str, text: str | None = None, *, model: str | None = None) -> Path:
+    """``directory/<key>.yaml``, written as a user writes a card: ``text``, or else the test card
+    of ``companion_<key>`` naming ``model`` in its settings when given."""
+    if text is None:
+        settings = f"settings:\n  model: {model!r}\n" if model else ""
+        text = CARD.format(key=key, settings=settings)
     path = directory / f"{key}.yaml"
-    path.write_text(CARD.format(key=key, settings=settings), encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
     return path
+
+
+SPEAKING_CARD = """\
+metadata:
+  id: companion_{key}
+  name: {name}
+  personality: {personality}
+  story: {name} {story}
+  sample: "{sample}"
+role: Keep replies to one or two sentences.
+actions: [{tool}]
+events:
+  params:
+    type: object
+    properties:
+      mood:
+        type: string
+        enum: [calm, curious]
+    required: [mood]
+  conditions:
+    - expression: "true"
+      execute:
+        - tool: {tool}
+          instruction: Reply briefly to what was just said.
+"""
+"""A card of ``companion_{key}`` that answers every message with ``{tool}``."""
+
+
+def speaking_card(key: str, name: str, tool: str) -> str:
+    """The text of a card for ``companion_<key>`` named ``name`` that answers every message with
+    ``tool`` (``speak`` or ``speak_with_voice``); each its own story (by name), as real
+    companions have: companions sharing one would say one line, and a companion never says
+    another's line (companion.lines.check)."""
+    story = STORIES[sum(map(ord, name)) % len(STORIES)]
+    return SPEAKING_CARD.format(
+        key=key,
+        name=name,
+        tool=tool,
+        personality="warm and curious",
+        sample=f"Hello, I am {name}.",
+        story=story,
+    )
 
 
 def metadata(key: str, **changes: str) -> Metadata:

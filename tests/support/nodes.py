@@ -16,7 +16,6 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from companion.memory import Inbound
 from companion.node import CompanionNode
 from companion.node.config import NodeConfig, make_gossipsub, make_host
 from companion.node.discovery import parse_peer_addr
@@ -25,6 +24,8 @@ from companion.node.membership import Membership, MembershipEvent
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
 from companion.node.presence import PresenceService, PresenceSettings
 from companion.protocol import TOPICS, Metadata
+from support.cards import metadata as md
+from support.recorders import Recorder
 
 
 @dataclass
@@ -116,28 +117,6 @@ async def raw_peer(metadata: Metadata | None = None, *, aikyo_style: bool = Fals
 # --- our own node, run in a test's nursery --------------------------------------------------------
 
 
-class Recorder:
-    """What a node delivered to its handler, with an event to wait on."""
-
-    def __init__(self) -> None:
-        self.items: list[Inbound] = []
-        self.changed = trio.Event()
-
-    async def handle(self, inbound: Inbound) -> None:
-        self.items.append(inbound)
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def wait_for(self, predicate: Callable[[Inbound], bool], timeout: float) -> Inbound | None:
-        with trio.move_on_after(timeout):
-            while True:
-                for item in self.items:
-                    if predicate(item):
-                        return item
-                await self.changed.wait()
-        return None
-
-
 @asynccontextmanager
 async def running(
     nursery: trio.Nursery, metadata: Metadata | None, **config: Any
@@ -180,7 +159,7 @@ def presence_service(
     me = create_new_key_pair()
     return PresenceService(
         Membership(ID.from_pubkey(me.public_key).to_base58(), None),
-        Metadata(id="companion_me", name="me", personality="p", story="s", sample="x"),
+        md("me"),
         settings or PresenceSettings(30.0, 90, 1.0, 65536),
         drops or DropCounters(trio.current_time),
         (events if events is not None else []).extend,

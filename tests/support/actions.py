@@ -1,60 +1,33 @@
-"""Shared pieces for the action-runtime tests: a recording publisher, a runtime factory, a client."""
+"""Shared pieces for the action-runtime tests: two companions, a runtime factory, a client."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-import trio
+from pydantic import BaseModel
 
-from companion.actions import ActionRuntime, ToolDef
+from companion.actions import (
+    ActionContext,
+    ActionRuntime,
+    ToolDef,
+    action,
+)
 from companion.memory import MemoryEndpoint
 from companion.protocol import (
     QUERIES,
-    Envelope,
+    Action,
     Metadata,
     Query,
     QueryResult,
     QueryResultBody,
-    State,
 )
 from companion.store.history import InMemoryHistory, RecentMessages
+from support.cards import metadata as md
+from support.recorders import Sink
 
-ME = Metadata(id="companion_a", name="Aya", personality="calm", story="lives here", sample="hello")
-OTHER = Metadata(id="companion_b", name="Ben", personality="loud", story="visits", sample="yo")
-
-
-@dataclass
-class Recorder:
-    """A Publisher that records what it is given; ``sent`` is set after every publish."""
-
-    published: list[tuple[str, Envelope | list[State]]] = field(default_factory=list)
-    fail: BaseException | None = None
-    hang: bool = False
-    sent: trio.Event = field(default_factory=trio.Event)
-
-    async def publish(self, topic: str, envelope: Envelope | list[State]) -> None:
-        if self.fail is not None:
-            raise self.fail
-        if self.hang:
-            await trio.sleep_forever()
-        self.published.append((topic, envelope))
-        self.sent.set()
-        self.sent = trio.Event()
-
-    def on(self, topic: str) -> list[Any]:
-        return [envelope for t, envelope in self.published if t == topic]
-
-    def queries(self) -> list[Query]:
-        return [q for q in self.on(QUERIES) if isinstance(q, Query)]
-
-    async def next_query(self) -> Query:
-        """Wait (bounded) until a query has been published and return the latest."""
-        with trio.fail_after(5):
-            while not self.queries():
-                await self.sent.wait()
-        return self.queries()[-1]
+ME = md("a", name="Aya", personality="calm", story="lives here", sample="hello")
+OTHER = md("b", name="Ben", personality="loud", story="visits", sample="yo")
 
 
 def make_runtime(
@@ -63,8 +36,8 @@ def make_runtime(
     directory: Mapping[str, Metadata] | None = None,
     history: RecentMessages | None = None,
     **options: Any,
-) -> tuple[ActionRuntime, Recorder]:
-    recorder = publisher if publisher is not None else Recorder()
+) -> tuple[ActionRuntime, Sink]:
+    recorder = publisher if publisher is not None else Sink()
     runtime = ActionRuntime(
         metadata=ME,
         publisher=recorder,
@@ -99,3 +72,14 @@ async def pump_results(endpoint: MemoryEndpoint, runtime: ActionRuntime) -> None
     async for inbound in endpoint.receive_channel:
         if isinstance(inbound.payload, QueryResult):
             runtime.deliver_query_result(inbound.payload)
+
+
+class Put(BaseModel):
+    key: str
+    value: Any = None
+
+
+@action(id="put", description="Keep a value.", input=Put, timeout=5)
+def put(ctx: ActionContext[Put]) -> list[Action]:
+    ctx.store.set(ctx.input.key, ctx.input.value)
+    return []

@@ -1,4 +1,4 @@
-"""Tools the engine's routine tests name in their cards (``routine_support:NAME``)."""
+"""Tools the engine's routine tests name in their cards (``support.routines:NAME``)."""
 
 from __future__ import annotations
 

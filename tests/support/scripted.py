@@ -1,5 +1,5 @@
-"""Pieces for the offline-model tests: a custom action that refuses, a card writer, a group
-runner and checks on replies."""
+"""Pieces for the offline-model tests: a custom action that refuses, cards, a group runner and
+checks on replies (their language, their repeats)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import trio
+import trio.testing
 from pydantic import BaseModel, Field
 
 from companion.actions import ActionContext, ActionRefused, action, knowledge
@@ -21,7 +22,7 @@ from companion.memory import Inbound
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Action
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Bell(BaseModel):
@@ -74,7 +75,7 @@ metadata:
   sample: "Seven again! The dice like me tonight."
 role: You roll dice when asked and say what they show.
 actions: [speak]
-knowledge: ["scripted_support:roll_dice"]
+knowledge: ["support.scripted:roll_dice"]
 events:
   params:
     type: object
@@ -133,13 +134,6 @@ def real_cards() -> list[LoadedCard]:
     return [load_card(p) for p in default_cards(REPO / "cards")]
 
 
-def write_card(folder: Path, name: str, body: str) -> LoadedCard:
-    """Write a card as a user would and load it exactly as a node does."""
-    path = folder / f"{name}.yaml"
-    path.write_text(body, encoding="utf-8")
-    return load_card(path)
-
-
 async def converse(
     cards: Sequence[LoadedCard],
     opening: str,
@@ -187,3 +181,84 @@ def addresses_itself(text: str, name: str) -> bool:
 
 def real_ids(recipients: Sequence[str], present: Sequence[str]) -> bool:
     return bool(recipients) and all(r in present or r == USER_ID for r in recipients)
+
+
+def is_japanese(text: str, names: Sequence[str]) -> bool:
+    """Japanese: kana in it, and no English words but names."""
+    for name in names:
+        text = text.replace(name, " ")
+    return bool(KANA.search(text)) and not _LATIN_WORD.search(text)
+
+
+def check_conversation(events: Sequence[TranscriptEvent], opening: str, names: Sequence[str]) -> None:
+    """Every reply in the language of the message it answers, quotes whole, no third person, no
+    greeting as a topic, and no phrase of a companion said twice."""
+    said = replies(events)
+    by_id = {e.message_id: e for e in events if e.kind == "message"}
+    for reply in said:
+        answered = by_id.get(reply.in_reply_to or "")
+        if answered is None:
+            continue
+        check = is_japanese if is_japanese(answered.text, names) else is_english
+        assert check(reply.text, names), (opening, answered.text, reply.text)
+        assert reply.text.count("「") == reply.text.count("」"), reply.text
+        assert "彼女" not in reply.text and "彼は" not in reply.text, reply.text
+        greeting_as_topic = r"(こんにちは|こんばんは|おはよう|元気)(について|の話|かあ|のこと)"
+        assert not re.search(greeting_as_topic, reply.text), reply.text
+        assert not re.search(r"\b(of|with|about) (greetings|hello|hi|good evening)\b", reply.text, re.I)
+    assert not repeats(said, names), (opening, repeats(said, names), [e.text for e in said])
+
+
+KANA = re.compile(r"[\u3040-\u30ff]")
+
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]")
+
+
+_LATIN_WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+def is_english(text: str, names: Sequence[str]) -> bool:
+    """English: Latin words, and no kana or kanji but in names."""
+    for name in names:
+        text = text.replace(name, " ")
+    return bool(_LATIN_WORD.search(text)) and not _CJK.search(text)
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in re.split(r"(?<=[.!?。！？])\s*", text) if s.strip()]
+
+
+def _plain(text: str, names: Sequence[str]) -> str:
+    folded = text.casefold()
+    for name in names:
+        folded = folded.replace(name.casefold(), " x ")
+    return " ".join(re.sub(r"[^\w]+", " ", folded).split())
+
+
+def repeats(said: Sequence[TranscriptEvent], names: Sequence[str]) -> list[str]:
+    """Phrases a companion said twice in one conversation: a sentence (names masked), a run of
+    six words, or of fourteen kana and kanji."""
+    found = []
+    speakers = {e.speaker for e in said}
+    for speaker in speakers:
+        lines = [e.text for e in said if e.speaker == speaker]
+        seen_sentences: set[str] = set()
+        seen_runs: set[tuple[str, ...]] = set()
+        for line in lines:
+            here_sentences: set[str] = set()
+            here_runs: set[tuple[str, ...]] = set()
+            for sentence in _sentences(line):
+                plain = _plain(sentence, names)
+                long_enough = len(plain.split()) >= 3 if not _CJK.search(plain) else len(plain) >= 6
+                if long_enough:
+                    here_sentences.add(plain)
+                words = plain.split()
+                here_runs.update(tuple(words[i : i + 6]) for i in range(len(words) - 5))
+                kana = "".join(_CJK.findall(plain))  # Japanese has no spaces: 14 characters
+                here_runs.update((kana[i : i + 14],) for i in range(len(kana) - 13))
+            found += [f"{speaker}: {s}" for s in here_sentences & seen_sentences]
+            found += [f"{speaker}: {' '.join(r)}" for r in here_runs & seen_runs]
+            seen_sentences |= here_sentences
+            seen_runs |= here_runs
+    return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import signal
 import subprocess
@@ -14,20 +15,28 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from companion.protocol import MESSAGES, Message, encode
+from support.cards import write_card
+from support.hostile_payloads import message
 
 Event = dict[str, Any]
+T = TypeVar("T")
 
 TAIL_ON_FAILURE = 40
 """Lines of each process shown when a test fails inside :func:`network` (bounded: a report from
 CI must say what the companions did last, not drown in it)."""
 
 HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+"""The folder that holds the support package: on every child's ``PYTHONPATH``, so a helper
+process of this package runs as ``python -m support.NAME`` (:func:`helper_argv`)."""
 
-sys.path.insert(0, str(HERE.parent))  # tests/: also when a helper here runs as a script or a bench imports it
-from support.cards import write_card  # noqa: E402
 
-from companion.protocol import MESSAGES, Message, encode  # noqa: E402
+def helper_argv(name: str) -> list[str]:
+    """How to start the helper process ``support.<name>`` (``node_driver``, ``raw_publisher``)."""
+    return [sys.executable, "-m", f"support.{name}"]
 
 
 class Proc:
@@ -49,8 +58,8 @@ class Proc:
         self.lines: list[str] = []
         self._cond = threading.Condition()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if pythonpath is not None:
-            env["PYTHONPATH"] = pythonpath
+        inherited = [pythonpath] if pythonpath is not None else [os.environ.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join([*filter(None, inherited), str(TESTS)])
         self.popen = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -77,22 +86,28 @@ class Proc:
                         self.events.append(json.loads(line))
                 self._cond.notify_all()
 
-    def wait_for(self, predicate: Callable[[Event], bool], timeout: float, what: str = "") -> Event:
-        """The first event (already seen or coming) that satisfies ``predicate``; fails after ``timeout``."""
+    def first(
+        self, items: list[T], predicate: Callable[[T], bool], timeout: float, what: str, since: int = 0
+    ) -> T:
+        """The first of ``items`` (this process's ``events`` or ``lines``, from ``since`` on),
+        already seen or coming, that satisfies ``predicate``; fails after ``timeout``, saying
+        ``what`` was awaited."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            seen = 0
+            seen = since
             while True:
-                for event in self.events[seen:]:
-                    if predicate(event):
-                        return event
-                seen = len(self.events)
+                for item in items[seen:]:
+                    if predicate(item):
+                        return item
+                seen = len(items)
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(
-                        f"{self.name}: no {what or 'matching event'} within {timeout} s\n{self.tail()}"
-                    )
+                    raise AssertionError(f"{self.name}: no {what} within {timeout} s\n{self.tail()}")
                 self._cond.wait(left)
+
+    def wait_for(self, predicate: Callable[[Event], bool], timeout: float, what: str = "") -> Event:
+        """The first event (already seen or coming) that satisfies ``predicate``; fails after ``timeout``."""
+        return self.first(self.events, predicate, timeout, what or "matching event")
 
     def tail(self, count: int = 15) -> str:
         """The last ``count`` output lines, for a failure's message."""
@@ -211,9 +226,9 @@ class Network:
     def raw(
         self, key: str | None, *, metadata: bytes | None = None, identify: bytes | None = None
     ) -> tuple[Proc, Event]:
-        """A raw publisher (``raw_publisher.py``), claiming ``companion_<key>`` unless ``None``;
+        """A raw publisher (``support.raw_publisher``), claiming ``companion_<key>`` unless ``None``;
         ``metadata`` / ``identify``: the bytes it answers those requests with instead."""
-        argv = [sys.executable, str(HERE / "raw_publisher.py")]
+        argv = helper_argv("raw_publisher")
         if key is not None:
             argv += ["--companion", f"companion_{key}"]
         if metadata is not None:
@@ -225,12 +240,11 @@ class Network:
         return proc, proc.event("started", timeout=30)
 
     def driver(self, key: str, *peers: str, config: dict[str, Any] | None = None) -> tuple[Proc, Event]:
-        """A bare CompanionNode (``node_driver.py``) for ``companion_<key>``, no engine; ``config``
+        """A bare CompanionNode (``support.node_driver``) for ``companion_<key>``, no engine; ``config``
         overrides NodeConfig fields."""
         metadata = {"id": f"companion_{key}", "name": key, "personality": "p", "story": "s", "sample": "x"}
         argv = [
-            sys.executable,
-            str(HERE / "node_driver.py"),
+            *helper_argv("node_driver"),
             json.dumps(metadata),
             "--config",
             json.dumps(config or {}),
@@ -270,16 +284,61 @@ def network(tmp: Path) -> Iterator[Network]:
         net.stop_all()
 
 
-def warm_up(raw: Proc, target: Proc, sender: str, to: list[str], tries: int = 20) -> None:
-    """Have ``raw`` (a raw publisher) publish small messages from ``sender`` to ``to`` until
-    ``target`` logged one of them (1.5 s each, at most ``tries``): gossipsub sends nothing to a
-    peer whose subscription it has not heard yet, so what is published before is lost."""
+def publish_until_heard(
+    send: Callable[[int], Callable[[Event], bool]], listener: Proc, *, tries: int, wait: float, what: str
+) -> Event:
+    """Publish again until a copy is heard: gossipsub sends nothing to a peer whose subscription
+    it has not heard yet, so the first publishes may precede the mesh and be lost. Attempt ``n``
+    calls ``send(n)``, which publishes and returns the test for that copy's event on
+    ``listener``; each attempt waits ``wait`` seconds, at most ``tries`` attempts; the event
+    that says it arrived is returned."""
     for n in range(tries):
-        message = Message.create(sender, to, "warm", id=f"warm-{n}")
-        raw.send({"op": "publish", "topic": MESSAGES, "b64": base64.b64encode(encode(message)).decode()})
+        arrived = send(n)
         try:
-            target.event("inbound", 1.5, id=f"warm-{n}")
-            return
+            return listener.wait_for(arrived, wait)
         except AssertionError:
             continue
-    raise AssertionError(f"none of {raw.name}'s {tries} warm-up messages reached {target.name}")
+    raise AssertionError(f"{what}: none of {tries} copies heard by {listener.name} ({wait} s each)")
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def publish(raw: Proc, topic: str, data: bytes, **extra: Any) -> None:
+    """Have ``raw`` (a raw publisher) publish ``data`` as it is on ``topic``."""
+    raw.send({"op": "publish", "topic": topic, "b64": b64(data), **extra})
+
+
+def inbound(message_id: str) -> Callable[[Event], bool]:
+    """The test for a node's log of the message ``message_id`` arriving."""
+    return lambda e: e.get("event") == "inbound" and e.get("id") == message_id
+
+
+def warm_up(raw: Proc, target: Proc, sender: str, to: list[str], tries: int = 20, wait: float = 1.5) -> None:
+    """Have ``raw`` publish small messages from ``sender`` to ``to`` until ``target`` logged one
+    of them (see :func:`publish_until_heard`)."""
+
+    def send(n: int) -> Callable[[Event], bool]:
+        publish(raw, MESSAGES, encode(Message.create(sender, to, "warm", id=f"warm-{n}")))
+        return inbound(f"warm-{n}")
+
+    publish_until_heard(send, target, tries=tries, wait=wait, what=f"{raw.name}'s warm-up messages")
+
+
+def ask(raw: Proc, key: str, tag: str, timeout: float = 30.0) -> Event:
+    """A message from the raw peer's companion id (``companion_x``) addressed to
+    ``companion_<key>``; returns the reply (published again every 4 s until ``timeout``)."""
+
+    def send(n: int) -> Callable[[Event], bool]:
+        asked = f"ask-{tag}-{n}"
+        # turn 0, closing none: a fresh conversation, whatever earlier messages made of the last one
+        text = f"are you there, {key}?"
+        publish(
+            raw, MESSAGES, message("companion_x", text, asked, (f"companion_{key}",), turn=0, closing="none")
+        )
+        return lambda e: e.get("event") == "message" and f'"in_reply_to":"{asked}"' in e["text"]
+
+    return publish_until_heard(
+        send, raw, tries=max(1, math.ceil(timeout / 4.0)), wait=4.0, what=f"a reply from companion_{key}"
+    )

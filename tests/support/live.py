@@ -5,42 +5,19 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge_support import start_bridge
-from engine_support import STORIES
-from network_support import Network, Proc
+import trio
 
 from companion.app.lines import BRIDGE_LINE, parse_sees
+from companion.conversation.transcript import Transcript, TranscriptEvent
+from companion.memory import Inbound
 from companion.protocol import ACTIONS, MESSAGES, QUERIES, STATES, Payload, PayloadError, parse_payload
-
-CARD = """\
-metadata:
-  id: companion_{key}
-  name: {name}
-  personality: {personality}
-  story: {name} {story}
-  sample: "{sample}"
-role: Keep replies to one or two sentences.
-actions: [{tool}]
-events:
-  params:
-    type: object
-    properties:
-      mood:
-        type: string
-        enum: [calm, curious]
-    required: [mood]
-  conditions:
-    - expression: "true"
-      execute:
-        - tool: {tool}
-          instruction: Reply briefly to what was just said.
-"""
-
+from support.cards import speaking_card, write_card
+from support.live_bridge import start_bridge
+from support.network import Network, Proc
 
 PIM, OSTRA = "companion_pim", "companion_ostra"
 BOTH = frozenset({PIM, OSTRA})
@@ -51,23 +28,6 @@ class Live:
     bridge: Proc
     port: int
     companions: dict[str, Proc]
-
-
-def write_card(directory: Path, key: str, name: str, tool: str) -> Path:
-    path = directory / f"{key}.yaml"
-    # each its own story (by name), as real companions have: companions sharing one would say
-    # one line, and a companion never says another's line (companion.lines.check)
-    story = STORIES[sum(map(ord, name)) % len(STORIES)]
-    text = CARD.format(
-        key=key,
-        name=name,
-        tool=tool,
-        personality="warm and curious",
-        sample=f"Hello, I am {name}.",
-        story=story,
-    )
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def spawn_run(
@@ -116,7 +76,7 @@ def start_companion(
     net: Network, key: str, name: str, tool: str, *peers: str, seed: int = 0, extra: tuple[str, ...] = ()
 ) -> tuple[Proc, str]:
     """One companion with the engine (``companion run``, scripted model); returns its address."""
-    card = write_card(net.tmp, key, name, tool)
+    card = write_card(net.tmp, key, speaking_card(key, name, tool))
     proc = start_run(net, key, [card], *peers, seed=seed, extra=extra)
     return proc, proc.event("started", 1)["addrs"][0]
 
@@ -124,22 +84,8 @@ def start_companion(
 def stdout_line(proc: Proc, predicate: Callable[[str], bool], timeout: float, *, since: int = 0) -> str:
     """The first line (already printed or coming) that satisfies ``predicate``, from line
     ``since`` on (``len(proc.lines)`` taken before an action: what only the action can have
-    caused); fails after ``timeout``. (``Proc`` records every output line under its condition
-    variable.)"""
-    deadline = time.monotonic() + timeout
-    with proc._cond:
-        seen = since
-        while True:
-            for line in proc.lines[seen:]:
-                if predicate(line):
-                    return line
-            seen = len(proc.lines)
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(
-                    f"{proc.name}: no matching output line within {timeout} s\n{proc.tail()}"
-                )
-            proc._cond.wait(left)
+    caused); fails after ``timeout``. (``Proc`` records every output line.)"""
+    return proc.first(proc.lines, predicate, timeout, "matching output line", since)
 
 
 def start_pim_and_ostra(
@@ -204,3 +150,34 @@ def payload_of(frame: str) -> Payload | None:
         topic = QUERIES
     parsed = parse_payload(topic, frame.encode())
     return None if isinstance(parsed, PayloadError) else parsed
+
+
+def bridge_url(proc: Proc) -> str:
+    """The WebSocket URL from the ``bridge ws://...`` line on standard output."""
+    line = stdout_line(proc, lambda s: s.startswith(BRIDGE_LINE), 30)
+    url = line[len(BRIDGE_LINE) :].strip()
+    assert url.startswith("ws://127.0.0.1:") and url.endswith("/"), line
+    return url
+
+
+class Bystander:
+    """A test node's handler: the transcript of the conversation among the companions
+    ``present()`` names, and an event that wakes whoever waits for a change."""
+
+    def __init__(self, present: Callable[[], Iterable[str]]) -> None:
+        self.present = present
+        self.transcript = Transcript()
+        self.lines: list[TranscriptEvent] = []
+        self.changed = trio.Event()
+
+    async def handle(self, inbound: Inbound) -> None:
+        self.lines.extend(self.transcript.feed(inbound.payload, self.present()))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[[Transcript], bool], timeout: float) -> bool:
+        with trio.move_on_after(timeout):
+            while not predicate(self.transcript):
+                await self.changed.wait()
+            return True
+        return False

@@ -1,5 +1,5 @@
-"""Shared by the client tests: the espeak-ng skip marker and a screen that records what a
-terminal client shows."""
+"""Shared by the client tests: the espeak-ng skip marker, a screen that records what a
+terminal client shows, and the audio a WebRTC client has received."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from companion.listen import Show
+from companion.rtc import ReceivedAudio, RtcClient
 from companion.voice import EspeakSynthesizer
 
 needs_espeak = pytest.mark.skipif(
@@ -36,3 +37,13 @@ class Screen:
                     if text in line.text:
                         return line
                 await self.changed.wait()
+
+
+def drain_audio(client: RtcClient) -> list[ReceivedAudio]:
+    """The audio frames ``client`` has received and not yet taken, without waiting."""
+    frames = []
+    while True:
+        try:
+            frames.append(client.audio.receive_nowait())
+        except trio.WouldBlock:
+            return frames

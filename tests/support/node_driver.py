@@ -1,6 +1,6 @@
 """Our CompanionNode in a process driven over stdin, for tests against other implementations.
 
-``python node_driver.py METADATA_JSON [--peer ADDR] [--config NODE_CONFIG_JSON]``; commands on
+``python -m support.node_driver METADATA_JSON [--peer ADDR] [--config NODE_CONFIG_JSON]``; commands on
 stdin, one JSON object a line: ``{"op": "connect", "addr": A}``,
 ``{"op": "publish", "topic": T, "text": ENVELOPE_JSON}``, ``{"op": "stats"}``,
 ``{"op": "disconnect", "peer": PEER_ID}`` (hang up on one peer and keep hanging up: the
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+from functools import partial
 from typing import Any
 
 import trio
@@ -26,10 +26,7 @@ from companion.node import CompanionNode, NodeConfig
 from companion.node.membership import MembershipEvent
 from companion.node.topology import close_peer
 from companion.protocol import Metadata
-
-
-def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+from support.commands import emit, serve_commands
 
 
 class Printer:
@@ -51,7 +48,7 @@ async def main(metadata: Metadata, peers: list[str], overrides: dict[str, Any]) 
         emit("started", peer_id=node.peer_id, addrs=node.listen_addrs)
         banned: set[str] = set()
         nursery.start_soon(keep_out, node, banned)
-        await commands(node, banned)
+        await serve_commands(partial(command, node, banned))
         nursery.cancel_scope.cancel()
 
 
@@ -79,32 +76,19 @@ async def keep_out(node: CompanionNode, banned: set[str]) -> None:
                 await close_peer(network, peer)
 
 
-async def commands(node: CompanionNode, banned: set[str]) -> None:
-    stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
-    buffer = b""
-    while True:
-        chunk = await stdin.receive_some(65536)
-        if not chunk:
-            return
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            command = json.loads(line)
-            try:
-                if command["op"] == "connect":
-                    await node.connect(command["addr"])
-                    emit("connected", addr=command["addr"])
-                elif command["op"] == "publish":
-                    await node.publish_raw(command["topic"], command["text"].encode())
-                    emit("published", topic=command["topic"])
-                elif command["op"] == "stats":
-                    emit("stats", **node.stats())
-                elif command["op"] == "disconnect":
-                    banned.add(command["peer"])
-                    await disconnect(node, command["peer"])
-                    emit("disconnected", peer=command["peer"])
-            except Exception as exc:
-                emit("error", op=command["op"], error=repr(exc))
+async def command(node: CompanionNode, banned: set[str], command: dict[str, Any]) -> None:
+    if command["op"] == "connect":
+        await node.connect(command["addr"])
+        emit("connected", addr=command["addr"])
+    elif command["op"] == "publish":
+        await node.publish_raw(command["topic"], command["text"].encode())
+        emit("published", topic=command["topic"])
+    elif command["op"] == "stats":
+        emit("stats", **node.stats())
+    elif command["op"] == "disconnect":
+        banned.add(command["peer"])
+        await disconnect(node, command["peer"])
+        emit("disconnected", peer=command["peer"])
 
 
 if __name__ == "__main__":

@@ -36,13 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from network_support import Network, Proc, network
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ (support.cards)
-from support.cards import CARD
-
 from companion.conversation.rules import ends_conversation, speaking_order, states_tag, turn_tag
-from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, Metadata, State, encode
+from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, State, encode
+from support.cards import CARD
+from support.cards import metadata as md
+from support.network import Network, Proc, network
 
 __all__ = [
     "CAPS",
@@ -61,8 +59,8 @@ CAPS: dict[str, int] = {"p": 3, "q": 4}
 SECOND_ARRAYS = ("closing", "ours_extra", "aikyo_after_our_terminal", "aikyo_extra")
 """The kinds of a message's second states array (the module's docstring)."""
 AIKYO = (
-    Metadata(id="companion_j", name="Jun", personality="steady", story="an aikyo companion", sample="yo"),
-    Metadata(id="companion_k", name="Kei", personality="bright", story="an aikyo companion", sample="hey"),
+    md("j", name="Jun", personality="steady", story="an aikyo companion", sample="yo"),
+    md("k", name="Kei", personality="bright", story="an aikyo companion", sample="hey"),
 )
 
 

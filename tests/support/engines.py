@@ -17,6 +17,7 @@ from companion.models.base import (
     ToolCaller,
 )
 from companion.protocol import Metadata
+from support.recorders import Sink
 
 NAMES = ("Aki", "Bea", "Cai", "Dov", "Eun", "Fay", "Gil", "Hal", "Ida", "Jun", "Kit", "Lev")
 
@@ -132,38 +133,21 @@ class HookedModel:
         await self.inner.speak(request, call_tool)
 
 
-class EchoSink:
+class EchoSink(Sink):
     """A publisher for one engine driven by hand: it records what the engine publishes and hands
     it back to the engine, as every transport does (the echo rule of ``companion.ports``)."""
 
     def __init__(self, me: str) -> None:
+        super().__init__()
         self.me = me
-        self.sent: list[tuple[str, Any]] = []
         self.engine: Any = None
-        self._sent_more = trio.Event()
 
     async def publish(self, topic: str, envelope: Any) -> None:
-        self.sent.append((topic, envelope))
-        self._sent_more.set()
-        self._sent_more = trio.Event()
+        await super().publish(topic, envelope)
         if self.engine is not None:
             from companion.ports import Inbound
 
             await self.engine.handle(Inbound(topic, envelope, self.me))
-
-    def topics(self) -> list[str]:
-        return [topic for topic, _ in self.sent]
-
-    def on(self, topic: str) -> list[Any]:
-        return [envelope for t, envelope in self.sent if t == topic]
-
-    async def until_sent(self, topic: str, count: int, timeout: float = 30.0) -> list[Any]:
-        """Wait until ``count`` envelopes went out on ``topic`` (``wait_all_tasks_blocked`` does
-        not wait for a worker thread, such as a store's commit); they are returned."""
-        with trio.fail_after(timeout):
-            while len(self.on(topic)) < count:
-                await self._sent_more.wait()
-        return self.on(topic)
 
 
 def solo(
@@ -192,3 +176,34 @@ def solo(
     )
     sink.engine = engine
     return engine, sink, events
+
+
+async def converse_over_http(
+    base_url: str, timings: Any, max_turns: int | None, timeout: float
+) -> tuple[Any, list[LoadedCard]]:
+    """Three companions of one OpenAI-compatible endpoint at ``base_url`` (a fake server whose
+    answers the caller pushed), each model checked at start-up as a node does, from one
+    "Hello, everyone!" to ``terminal`` within ``timeout``: ``(the group, the cards)``. Every
+    reply is addressed to companions that exist, and no one spoke twice at once."""
+    from companion.app.group import MemoryGroup
+    from companion.models.providers import ProviderModel, resolve_config
+    from companion.models.servers import EndpointMemory
+
+    memory = EndpointMemory()
+    config = resolve_config("openai", "fake-1", base_url=base_url, environ={})
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=timings)
+        cards = [make_card(index, max_turns=max_turns) for index in range(3)]
+        for card in cards:
+            model = ProviderModel(config, memory)
+            await model.check()
+            await group.add(card, model)
+        await group.say("Hello, everyone!")
+        with trio.fail_after(timeout):
+            assert await group.wait_until(lambda t: t.over, timeout), "no terminal: the conversation stalled"
+        nursery.cancel_scope.cancel()
+    replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
+    ids = {card.card.metadata.id for card in cards} | {"user_demo"}
+    assert all(e.recipients and set(e.recipients) <= ids for e in replies), [e.recipients for e in replies]
+    assert group.transcript.double_speech == {}
+    return group, cards

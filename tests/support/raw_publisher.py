@@ -2,7 +2,7 @@
 publishes any bytes it is told to, and writes any bytes on any stream. It may claim a companion
 id over the metadata protocol, or answer metadata and identify requests with garbage.
 
-``python raw_publisher.py [--companion ID] [--metadata-b64 DATA] [--identify-b64 DATA]``
+``python -m support.raw_publisher [--companion ID] [--metadata-b64 DATA] [--identify-b64 DATA]``
 
 Commands on stdin, one JSON object per line (``"b64"`` may be ``"text"`` for UTF-8 data):
 
@@ -38,7 +38,6 @@ import argparse
 import base64
 import contextlib
 import json
-import sys
 from typing import Any
 
 import trio
@@ -57,14 +56,11 @@ from companion.node.drops import DropCounters
 from companion.node.metadata import METADATA_PROTOCOL, encode_metadata
 from companion.node.pubsub import GuardedPubsub
 from companion.protocol import MESSAGES, QUERIES, TOPICS, Message, Metadata, encode
+from support.commands import emit, serve_commands
 
 IDENTIFY_PROTOCOL = TProtocol("/ipfs/id/1.0.0")
 SCRATCH_TOPIC = "raw-scratch"
 """Messages made only to be written by hand (``interleave``) go to a topic nobody subscribes."""
-
-
-def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
 
 
 class RecordingPubsub(GuardedPubsub):
@@ -248,7 +244,7 @@ async def main(companion: str | None, metadata_answer: bytes | None, identify_an
         async with trio.open_nursery() as nursery:
             nursery.start_soon(forge_answers, raw, queries)
             emit("started", peer_id=str(host.get_id()), addrs=[str(a) for a in host.get_addrs()])
-            await commands(raw)
+            await serve_commands(raw.run)
             with trio.move_on_after(5):
                 await host.close()
             nursery.cancel_scope.cancel()
@@ -267,23 +263,6 @@ async def forge_answers(raw: Raw, queries: trio.MemoryReceiveChannel[bytes]) -> 
         answer = {"jsonrpc": "2.0", "id": query["id"], **forged}
         await raw.pubsub.publish(QUERIES, json.dumps(answer).encode())
         emit("forged", id=query["id"], type=query["params"]["type"])
-
-
-async def commands(raw: Raw) -> None:
-    stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
-    buffer = b""
-    while True:
-        chunk = await stdin.receive_some(65536)
-        if not chunk:
-            return
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            command = json.loads(line)
-            try:
-                await raw.run(command)
-            except Exception as exc:
-                emit("error", op=command.get("op"), error=repr(exc)[:300])
 
 
 if __name__ == "__main__":

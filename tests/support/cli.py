@@ -6,6 +6,7 @@ choosing, always stopped by its PID."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -15,8 +16,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Started", "companion_argv", "run_companion", "started_companion"]
+REPO = Path(__file__).resolve().parents[2]
+
+__all__ = ["Started", "companion_argv", "run_companion", "run_demo", "started_companion"]
 
 
 def companion_argv() -> list[str]:
@@ -109,3 +113,29 @@ def started_companion(
         process.wait(timeout=10)
         if process.stdin is not None:
             process.stdin.close()
+
+
+def run_demo(
+    tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """`companion demo --json` run to its end from the checkout (kept in ``tmp_path/run`` unless
+    ``env`` is given): the finished process and its transcript, one event a line."""
+    keep = [] if env is not None else ["--keep", str(tmp_path / "run")]
+    command = [
+        sys.executable,
+        "-m",
+        "companion",
+        "demo",
+        "--json",
+        "--pace",
+        "0.1",
+        "--timeout",
+        "120",
+        "--log-level",
+        "INFO",
+        *keep,
+        *extra,
+    ]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    return done, events

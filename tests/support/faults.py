@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import trio
-from engine_support import HookedModel, make_card
 
 from companion import protocol
 from companion.app.group import MemoryGroup
@@ -62,6 +61,7 @@ from companion.memory import MemoryEndpoint, MemoryHub
 from companion.models.base import ModelError, SpeakRequest, StatesRequest
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, STATES, Action, Message, Metadata, State
+from support.engines import HookedModel, make_card
 
 TIMINGS: Final = EngineTimings.offline()
 VIRTUAL_DEADLINE: Final = 3600.0

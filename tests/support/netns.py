@@ -16,7 +16,7 @@ program's) and are stopped by PID; :meth:`Topology.close` deletes every namespac
 veth pairs go with them), also after a failure. :func:`unavailable` says why the machine cannot
 run this (not root, no ``ip``, namespaces refused, no nftables) so tests can skip.
 
-Run as a script inside a namespace (``python netns_support.py client ...``) it is the test's
+Run as a script inside a namespace (``python netns.py client ...``) it is the test's
 client: a non-companion node that opens a conversation and prints what it hears.
 """
 
@@ -35,7 +35,7 @@ from typing import Any, Literal
 NatKind = Literal["cone", "symmetric"]
 
 HERE_FILE = Path(__file__).resolve()
-"""This file: run inside a namespace as the test's client (``python netns_support.py client``)."""
+"""This file: run inside a namespace as the test's client (``python netns.py client``)."""
 
 INTERNET_PREFIX = "203.0.113"
 """TEST-NET-3 (RFC 5737): documentation addresses, used only inside the test's namespaces."""
@@ -276,7 +276,7 @@ def main(argv: list[str]) -> int:
 
     from companion.log import configure_logging
 
-    parser = argparse.ArgumentParser(prog="netns_support.py")
+    parser = argparse.ArgumentParser(prog="netns.py")
     sub = parser.add_subparsers(dest="command", required=True)
     client = sub.add_parser("client")
     client.add_argument("--peer", required=True)

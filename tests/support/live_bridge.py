@@ -1,7 +1,7 @@
 """Bridge processes and Firehose clients for integration tests (everything on 127.0.0.1, or
 inside a network namespace the test created).
 
-Run as a script (``python bridge_support.py probe HOST PORT TOKEN``), it is a client that
+Run as a script (``python -m support.live_bridge probe HOST PORT TOKEN``), it is a client that
 tries the bridge with and without the token and prints what it got as one JSON line: the
 tests run it inside a bridge's network namespace with ``nsenter``.
 """
@@ -9,14 +9,15 @@ tests run it inside a bridge's network namespace with ``nsenter``.
 from __future__ import annotations
 
 import json
-import socket
 import sys
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import trio
-from network_support import Event, Network, Proc
 from trio_websocket import WebSocketConnection
+
+from support.network import Event, Network, Proc
 
 T = TypeVar("T")
 
@@ -146,25 +147,27 @@ async def next_frame(ws: WebSocketConnection, predicate: Callable[[Any], bool], 
                 return frame
 
 
-async def silent_client(port: int) -> trio.SocketStream:
-    """A WebSocket client that completes the handshake and then never reads (tiny receive buffer)."""
-    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    await sock.connect(("127.0.0.1", port))
-    stream = trio.SocketStream(sock)
-    await stream.send_all(
-        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
-    head = b""
-    with trio.fail_after(10):
-        while b"\r\n\r\n" not in head:
-            head += await stream.receive_some(1)
-    assert head.startswith(b"HTTP/1.1 101"), head
-    return stream
+async def send_until_received(
+    send: Callable[[str], Awaitable[None]], receiver: WebSocketConnection, what: str, tries: int = 5
+) -> Any:
+    """``send(message_id)`` a fresh message id until ``receiver`` gets the frame with that id
+    (3 s each, at most ``tries``): gossipsub may need a moment to form its mesh after the joins,
+    and what it is given before is lost. The frame that arrived is returned."""
+    for _ in range(tries):
+        message_id = str(uuid.uuid4())
+        await send(message_id)
+
+        def arrived(frame: Any, message_id: str = message_id) -> bool:
+            return bool(frame.get("params", {}).get("id") == message_id)
+
+        try:
+            return await next_frame(receiver, arrived, 3)
+        except trio.TooSlowError:
+            continue
+    raise AssertionError(f"{what} never crossed the network")
 
 
 if __name__ == "__main__":
     if len(sys.argv) != 5 or sys.argv[1] != "probe":
-        sys.exit("usage: bridge_support.py probe ADDRESS PORT TOKEN")
+        sys.exit("usage: -m support.live_bridge probe ADDRESS PORT TOKEN")
     print(json.dumps(trio.run(probe, sys.argv[2], int(sys.argv[3]), sys.argv[4])), flush=True)
