@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 _HANG_LIMIT = 20.0
+TOGETHER_LIMIT = 10.0
+"""Seconds an answer waits at most for :attr:`FakeLLMServer.answer_together` requests."""
 """A hung request is released after this many seconds even if nobody stops it."""
 
 
@@ -371,6 +373,11 @@ class FakeLLMServer:
     limit): a server that is slow to come up. ``arrived`` is set when such a request came."""
     ttft: float = 0.0
     """Streamed answers: seconds before the first token (after the request arrived)."""
+    answer_together: int = 0
+    """Hold every model answer until this many model requests have arrived (at most
+    :data:`TOGETHER_LIMIT` seconds): requests a client sends side by side are then in flight
+    together however slow the machine is, so a test of "side by side" waits on that, not on
+    ``ttft`` being longer than a busy machine's delays."""
     token_rate: float = 0.0
     """Streamed answers: tokens a second after the first (0: as fast as the socket takes them)."""
     port: int = 0
@@ -382,6 +389,11 @@ class FakeLLMServer:
     stopping: threading.Event = field(default_factory=threading.Event)
     _script: deque[ReplyScript] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _arrivals: threading.Condition = field(init=False)
+    """Notified at each request recorded (under :attr:`_lock`)."""
+
+    def __post_init__(self) -> None:
+        self._arrivals = threading.Condition(self._lock)
 
     @property
     def openai_base_url(self) -> str:
@@ -394,6 +406,14 @@ class FakeLLMServer:
     def push(self, *replies: ReplyScript) -> None:
         with self._lock:
             self._script.extend(replies)
+
+    def _wait_together(self) -> None:
+        """Block (this request's thread) until :attr:`answer_together` requests arrived."""
+        with self._arrivals:
+            self._arrivals.wait_for(
+                lambda: sum(r.method == "POST" for r in self.requests) >= self.answer_together,
+                timeout=TOGETHER_LIMIT,
+            )
 
     def model_requests(self) -> list[Recorded]:
         """The recorded generation requests (not model listings), oldest first."""
@@ -652,8 +672,9 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
         def _record(self, body: Any) -> Recorded:
             headers = {k.lower(): v for k, v in self.headers.items()}
             record = Recorded(self.command, self.path.split("?")[0], headers, body)
-            with server._lock:
+            with server._arrivals:
                 server.requests.append(record)
+                server._arrivals.notify_all()
             return record
 
         def _authorized(self) -> bool:
@@ -721,6 +742,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             if reply.status != 200:
                 self._send(reply.status, {"error": {"type": "scripted", "message": reply.error}})
                 return
+            server._wait_together()
             seq = len(server.model_requests())
             model = str(body.get("model", ""))
             if path == "/v1/messages":
