@@ -318,14 +318,14 @@ def report(source: str, all_turns: list[Turn], reference: float | None) -> None:
     print(f"first words / whole line       {p50 / statistics.median(lines):.2f}")
     if reference is not None:
         print(f"floor (1 TTFT + first sentence) {reference:.2f} s   ratio {p50 / reference:.2f}")
-    for turn in turns[:1] + turns[-1:]:
+    for name, turn in (("first", turns[0]), ("last", turns[-1])) if len(turns) > 1 else (("the", turns[0]),):
         before = [r for r in turn.requests if r.get("purpose") in ("states", "params")]
         speak = [r for r in turn.requests if r.get("purpose") == "speak"][:1]
         prompt = sum(r.get("input_tokens") or 0 for r in turn.requests)
         completion = sum(r.get("output_tokens") or 0 for r in turn.requests)
         purposes = ", ".join(str(r.get("purpose")) for r in turn.requests)
         print(
-            f"requests per turn {len(turn.requests)} ({purposes}); before the first words "
+            f"{name} turn: requests {len(turn.requests)} ({purposes}); before the first words "
             f"{len(before) + len(speak)}, one after another {depth([*before, *speak])}; "
             f"tokens prompt {prompt} completion {completion}"
         )
