@@ -11,20 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.conversation.machine import (
-    HANDLERS,
-    ONE_MESSAGE,
-    SLOT_GRACE,
+from companion.conversation.events import (
     THINKING_SIGNAL,
-    TRANSITIONS,
     YIELD_SIGNAL,
     CompanionJoined,
     CompanionLeft,
-    Conversation,
     Effect,
     Lead,
     MessageSeen,
-    Phase,
     PublishSignal,
     PublishStates,
     ReplyPublished,
@@ -34,11 +28,11 @@ from companion.conversation.machine import (
     StatesSeen,
     ThinkingSeen,
     Tick,
-    TransitionError,
     Withdraw,
     YieldSeen,
     read_signal,
 )
+from companion.conversation.machine import HANDLERS, Conversation
 from companion.conversation.rules import (
     MAX_CANDIDATES,
     META_CLOSING,
@@ -47,6 +41,8 @@ from companion.conversation.rules import (
     ends_conversation,
     plan_leaders,
 )
+from companion.conversation.state import ONE_MESSAGE
+from companion.conversation.turn import SLOT_GRACE, TRANSITIONS, Phase, TransitionError
 from companion.protocol import Action, ClosingStage, Message, State
 from support.conversations import (
     USER,

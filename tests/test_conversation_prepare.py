@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from companion.conversation.machine import MessageSeen, Prepare, Speak, StatesSeen
+from companion.conversation.events import MessageSeen, Prepare, Speak, StatesSeen
 from companion.protocol import Message
 from support.conversations import USER, A, B, C, array, machine, message_led_by, of
 

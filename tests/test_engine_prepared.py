@@ -10,7 +10,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from companion.conversation.machine import Speak
+from companion.conversation.events import Speak
 from companion.models.base import ParamsRequest, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.protocol import Message
 from support.engines import EchoSink, make_card, solo

@@ -20,8 +20,8 @@ import trio
 import trio.testing
 
 from companion.app.group import MemoryGroup
-from companion.conversation.machine import ClosingSettings
 from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES, counted_proposal
+from companion.conversation.state import ClosingSettings
 from companion.engine.driver import EngineTimings
 from companion.models.factory import engine_timings
 from companion.models.providers import (

@@ -5,7 +5,7 @@ publisher), the lines a person reads, and hostile signals that must not reach a 
 from __future__ import annotations
 
 from companion.app.group import USER_ID
-from companion.conversation.machine import THINKING_SIGNAL, YIELD_SIGNAL
+from companion.conversation.events import THINKING_SIGNAL, YIELD_SIGNAL
 from companion.conversation.rules import META_IN_REPLY_TO, META_TURN, StateDecision, finalize_states, turn_tag
 from companion.conversation.transcript import THINKING_EVERY, THINKING_SHOWN_AFTER, Transcript, render_text
 from companion.protocol import Action, Message, State

@@ -10,11 +10,8 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from companion.conversation.machine import (
-    ClosingSettings,
-    Conversation,
+from companion.conversation.events import (
     MessageSeen,
-    Phase,
     PublishSignal,
     PublishStates,
     Speak,
@@ -24,6 +21,7 @@ from companion.conversation.machine import (
     Tick,
     YieldSeen,
 )
+from companion.conversation.machine import Conversation
 from companion.conversation.rules import (
     StateDecision,
     decide_next_speaker,
@@ -38,6 +36,8 @@ from companion.conversation.rules import (
     turn_tag,
 )
 from companion.conversation.rules.closing import proposal_ceiling
+from companion.conversation.state import ClosingSettings
+from companion.conversation.turn import Phase
 from companion.protocol import Message, State
 from support.conversations import USER, A, B, C, array, decisions, machine, message_led_by, of, reply
 

@@ -68,13 +68,9 @@ from typing import Any, Final
 
 from companion.conversation.arrays import ArrayRules
 from companion.conversation.events import (
-    MAX_DETAIL,
     THINKING_SIGNAL,
-    YIELD_REASONS,
-    YIELD_SIGNAL,
     CompanionJoined,
     CompanionLeft,
-    Decision,
     Effect,
     Event,
     Lead,
@@ -83,7 +79,6 @@ from companion.conversation.events import (
     PublishSignal,
     PublishStates,
     ReplyPublished,
-    Speak,
     SpeakingFailed,
     StatesReady,
     StatesSeen,
@@ -91,8 +86,6 @@ from companion.conversation.events import (
     Tick,
     Withdraw,
     YieldSeen,
-    present_diff,
-    read_signal,
 )
 from companion.conversation.rules import (
     StateDecision,
@@ -110,44 +103,13 @@ from companion.conversation.rules import (
 )
 from companion.conversation.rules.closing import counted_proposal
 from companion.conversation.slots import SlotRules
-from companion.conversation.state import ONE_MESSAGE, ClosingSettings, latest, state_summary
-from companion.conversation.turn import SLOT_GRACE, TRANSITIONS, Phase, TransitionError, Turn
+from companion.conversation.state import latest, state_summary
+from companion.conversation.turn import Phase, TransitionError, Turn
 from companion.protocol import COMPANION_ID_PREFIX, Message
 
 __all__ = [
     "HANDLERS",
-    "MAX_DETAIL",
-    "ONE_MESSAGE",
-    "SLOT_GRACE",
-    "THINKING_SIGNAL",
-    "TRANSITIONS",
-    "YIELD_REASONS",
-    "YIELD_SIGNAL",
-    "ClosingSettings",
-    "CompanionJoined",
-    "CompanionLeft",
     "Conversation",
-    "Decision",
-    "Effect",
-    "Event",
-    "Lead",
-    "MessageSeen",
-    "Phase",
-    "Prepare",
-    "PublishSignal",
-    "PublishStates",
-    "ReplyPublished",
-    "Speak",
-    "SpeakingFailed",
-    "StatesReady",
-    "StatesSeen",
-    "ThinkingSeen",
-    "Tick",
-    "TransitionError",
-    "Withdraw",
-    "YieldSeen",
-    "present_diff",
-    "read_signal",
 ]
 
 _VOICES: Final = 16

@@ -19,9 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from companion.conversation.machine import (
-    ClosingSettings,
-    Conversation,
+from companion.conversation.events import (
     Decision,
     Effect,
     MessageSeen,
@@ -32,8 +30,10 @@ from companion.conversation.machine import (
     present_diff,
     read_signal,
 )
+from companion.conversation.machine import Conversation
 from companion.conversation.rules import TurnInfo
 from companion.conversation.signals import MAX_NAME, THINKING_DEADLINE, one_line, thinking_text, yield_text
+from companion.conversation.state import ClosingSettings
 from companion.protocol import Action, ClosingStage, Message, Payload
 from companion.timings import EngineTimings
 

@@ -1,5 +1,4 @@
-"""The conversation engine: the trio driver of one companion's
-:class:`~companion.conversation.machine.Conversation`.
+"""The trio driver of one companion's :class:`~companion.conversation.machine.Conversation`.
 
 Every rule lives in the state machine; this module moves things in and out of it. In: each
 inbound payload becomes an event (a message only once the store recorded it, so a failing write
@@ -26,7 +25,9 @@ import trio
 
 from companion.actions import ActionRuntime, KeyValueStore
 from companion.card.model import LoadedCard
-from companion.conversation import machine as cv
+from companion.conversation import events as ev
+from companion.conversation.machine import Conversation
+from companion.conversation.state import ClosingSettings
 from companion.engine import work
 from companion.engine.directory import DirectoryFollower
 from companion.engine.gate import Gate
@@ -63,9 +64,8 @@ _REPLAY: Final = 256  # messages read back at start-up: where the conversation w
 
 
 class ConversationEngine:
-    """One companion's conversation. Start :meth:`run` in a nursery you own
-    (``await nursery.start(engine.run)``: turn work, timers and model calls run inside it), then
-    feed it every inbound payload with :meth:`handle`, which returns at once."""
+    """One companion's conversation: ``await nursery.start(engine.run)`` in a nursery you own (its
+    turn work, timers and model calls run there), then :meth:`handle` each payload (it returns at once)."""
 
     def __init__(
         self,
@@ -91,8 +91,8 @@ class ConversationEngine:
         self._gate = Gate(publisher, self.me.id)  # everything goes out through it (closed by stop)
         self._publisher: Publisher = self._gate
         self._observer = observer
-        settings = cv.ClosingSettings(self.card.settings.max_turns, self.card.settings.repetition_threshold)
-        self.conversation = cv.Conversation(
+        settings = ClosingSettings(self.card.settings.max_turns, self.card.settings.repetition_threshold)
+        self.conversation = Conversation(
             self.me.id,
             takeover_after=self.timings.takeover_after,
             reply_timeout=self.timings.reply_timeout,
@@ -102,7 +102,7 @@ class ConversationEngine:
         )
         self._publisher_of = companion_of or (lambda peer: peer if peer in self.conversation.known else None)
         for message in self.store.recent(_REPLAY):  # where the conversation was before a restart
-            self.conversation.receive(cv.MessageSeen(message, replayed=True), 0.0)
+            self.conversation.receive(ev.MessageSeen(message, replayed=True), 0.0)
         self.runtime = ActionRuntime(
             metadata=self.me,
             publisher=self._gate,
@@ -143,7 +143,7 @@ class ConversationEngine:
             self.me.id, self._work, self._gate, self.routines, self._tasks, self._store_health, self._feed
         )
         self._nursery: trio.Nursery | None = None
-        self._queue: deque[cv.Event] = deque()
+        self._queue: deque[ev.Event] = deque()
         self._feeding = False
         self._wake = trio.Event()
         self._publishing = 0
@@ -181,9 +181,9 @@ class ConversationEngine:
             job.scope.cancel()
             self._emit("withdrawn", logging.INFO, what=what, message_id=message_id, reason="stopping")
             if what == "lead":
-                self._feed(cv.StatesReady(message_id, None, "fallback_stopping"))
+                self._feed(ev.StatesReady(message_id, None, "fallback_stopping"))
             elif not self.conversation.replied(message_id):
-                self._feed(cv.SpeakingFailed(message_id, "stopping"))
+                self._feed(ev.SpeakingFailed(message_id, "stopping"))
         with trio.move_on_after(self.timings.publish_timeout):
             await self._settle(lambda: bool(self._tasks or self._publishing))
         self._gate.closed = True
@@ -206,7 +206,7 @@ class ConversationEngine:
             with trio.move_on_at(math.inf if deadline is None else deadline):
                 await wake.wait()
                 continue
-            self._feed(cv.Tick())
+            self._feed(ev.Tick())
 
     async def handle(self, inbound: Inbound) -> None:
         """Take one payload that passed the node's edge. Returns at once."""
@@ -215,13 +215,13 @@ class ConversationEngine:
         self._directory.sync()
         payload, publisher = inbound.payload, self._publisher_of(inbound.sender_peer)
         if inbound.topic == MESSAGES and isinstance(payload, Message):
-            seen = cv.MessageSeen(payload, publisher)
+            seen = ev.MessageSeen(payload, publisher)
             self.routines.heard(seen)
             self._on_message(seen)
         elif inbound.topic == STATES and isinstance(payload, list):
-            self._feed(cv.StatesSeen(payload, publisher))
+            self._feed(ev.StatesSeen(payload, publisher))
         elif inbound.topic == ACTIONS and isinstance(payload, Action):
-            signal = cv.read_signal(payload)
+            signal = ev.read_signal(payload)
             if signal is not None:
                 self._feed(replace(signal, publisher=publisher))
             else:
@@ -229,7 +229,7 @@ class ConversationEngine:
         elif inbound.topic == QUERIES and isinstance(payload, QueryResult):
             self.runtime.deliver_query_result(payload)
 
-    def _on_message(self, seen: cv.MessageSeen) -> None:
+    def _on_message(self, seen: ev.MessageSeen) -> None:
         message = seen.message
         if not self.conversation.belongs(message, seen.info):
             self._feed(seen)  # it only notes what the message answers
@@ -254,7 +254,7 @@ class ConversationEngine:
         if self._nursery is not None or self._gate.stopping:
             self._directory.sync()
 
-    def _feed(self, event: cv.Event) -> None:
+    def _feed(self, event: ev.Event) -> None:
         """Feed ``event`` and carry out its effects; one fed while effects are carried out waits
         its turn (the machine sees the effects of one event through before the next)."""
         self._queue.append(event)
@@ -277,30 +277,30 @@ class ConversationEngine:
         if self._observer is not None:
             self._observer(EngineEvent(kind, self.me.id, fields, level))
 
-    def _do(self, effect: cv.Effect) -> None:
-        if isinstance(effect, cv.Decision):
+    def _do(self, effect: ev.Effect) -> None:
+        if isinstance(effect, ev.Decision):
             self._emit(effect.event, logging.getLevelNamesMapping()[effect.level.upper()], **effect.fields)
-        elif isinstance(effect, cv.Lead):
+        elif isinstance(effect, ev.Lead):
             if self._gate.stopping:  # no model call now: the rule-based states, so the turn goes on
-                self._feed(cv.StatesReady(effect.message_id, None, "fallback_stopping"))
+                self._feed(ev.StatesReady(effect.message_id, None, "fallback_stopping"))
             else:
                 self._start("lead", effect.message_id, self._work.lead(effect))
-        elif isinstance(effect, cv.PublishStates):
+        elif isinstance(effect, ev.PublishStates):
             self._spawn_publish(STATES, effect.states, effect.message_id)
-        elif isinstance(effect, cv.PublishSignal):
+        elif isinstance(effect, ev.PublishSignal):
             action = Action.create(self.me.id, effect.name, dict(effect.params))
             self._spawn_publish(ACTIONS, action, effect.params.get("in_reply_to", ""))
-        elif isinstance(effect, cv.Speak):
+        elif isinstance(effect, ev.Speak):
             if self._gate.stopping:
-                self._feed(cv.SpeakingFailed(effect.message_id, "stopping"))
+                self._feed(ev.SpeakingFailed(effect.message_id, "stopping"))
             else:
                 speech = Speech(effect)
                 self._start("speech", effect.message_id, self._work.reply(speech), speech)
-        elif isinstance(effect, cv.Prepare):
+        elif isinstance(effect, ev.Prepare):
             nursery = self._taking_work()
             if nursery is not None and not self._gate.stopping:
                 self._work.prepare(effect.speak, nursery)
-        elif isinstance(effect, cv.Withdraw):
+        elif isinstance(effect, ev.Withdraw):
             held = self._tasks.pop((effect.what, effect.message_id), None)
             if held is not None:
                 held.scope.cancel()
@@ -309,7 +309,7 @@ class ConversationEngine:
         self,
         what: str,
         message_id: str,
-        job: Coroutine[Any, Any, cv.Event | None],
+        job: Coroutine[Any, Any, ev.Event | None],
         speech: Speech | None = None,
     ) -> None:
         nursery = self._taking_work()

@@ -41,7 +41,8 @@ from companion.actions import ActionDef, ActionRuntime, ToolResult
 from companion.actions.builtins import LIVE_LINE, VOICE_TOOL, no_recipients, resolve_recipients
 from companion.card.model import LoadedCard
 from companion.card.paramfit import fit_params, plausible_on_opening
-from companion.conversation.machine import ONE_MESSAGE, Speak
+from companion.conversation.events import Speak
+from companion.conversation.state import ONE_MESSAGE
 from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
 from companion.lines.check import LineContext, check_line
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller

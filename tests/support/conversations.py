@@ -7,13 +7,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from companion.conversation.machine import (
-    ClosingSettings,
-    CompanionJoined,
-    Conversation,
-    Decision,
-    Effect,
-)
+from companion.conversation.events import CompanionJoined, Decision, Effect
+from companion.conversation.machine import Conversation
 from companion.conversation.rules import (
     META_CLOSING,
     META_IN_REPLY_TO,
@@ -23,6 +18,7 @@ from companion.conversation.rules import (
     plan_leaders,
     turn_tag,
 )
+from companion.conversation.state import ClosingSettings
 from companion.protocol import ClosingStage, Message, State
 
 A, B, C, D, E = (f"companion_{x}" for x in "abcde")

@@ -47,7 +47,7 @@ import trio
 
 from companion import protocol
 from companion.app.group import MemoryGroup
-from companion.conversation.machine import YIELD_SIGNAL
+from companion.conversation.events import YIELD_SIGNAL
 from companion.conversation.rules import (
     decide_next_speaker,
     fallback_decisions,
