@@ -326,7 +326,7 @@ class Conversation(ArrayRules, SlotRules):
         """A newer message of the thread ends ``turn``: a lead or a speech in progress is withdrawn,
         unless the newer message is this node's own reply."""
         self.turn = None
-        if turn.phase is Phase.LEADING and not turn.lead_done:
+        if turn.phase is Phase.LEADING:
             out.append(Withdraw(turn.message_id, "lead", "the conversation moved on"))
         if turn.phase is Phase.SPEAKING and by.params.from_ != self.me:
             answered = info.in_reply_to == turn.message_id
@@ -361,7 +361,7 @@ class Conversation(ArrayRules, SlotRules):
 
     def _on_states_ready(self, event: StatesReady, now: float, out: list[Effect]) -> None:
         turn = self.turn
-        if turn is None or turn.message_id != event.message_id or turn.lead_done:
+        if turn is None or turn.message_id != event.message_id:
             self._states_withheld(event, now, out)
             return
         self._publish_states(turn, event.decisions, event.source, out)
@@ -412,7 +412,7 @@ class Conversation(ArrayRules, SlotRules):
             adjustments=[*held, *outcome.adjustments],
             states=[state_summary(s) for s in outcome.states],
         )
-        turn.lead_done = True
+        self._goto(turn, Phase.LED)
         out.append(PublishStates(turn.message_id, outcome.states))
 
     # --- time --------------------------------------------------------------------------------
