@@ -707,7 +707,7 @@ async def test_a_states_publish_that_hangs_is_abandoned_and_taken_over(
                 stuck.set()
                 await trio.sleep_forever()
 
-        member.engine._publisher = HungPublisher(never)
+        member.engine._publishes.publisher = HungPublisher(never)
         await group._user.publish(MESSAGES, probe)
         await rec.until(lambda: len(rec.replies()) >= 1)
         failed = rec.kinds("states_publish_failed", leader)

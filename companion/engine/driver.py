@@ -30,7 +30,7 @@ from companion.conversation.machine import Conversation
 from companion.conversation.state import ClosingSettings
 from companion.engine import work
 from companion.engine.directory import DirectoryFollower
-from companion.engine.gate import Gate
+from companion.engine.gate import Gate, Publishes
 from companion.engine.routines import RoutineDriver, not_a_routine
 from companion.engine.speech import Speaker, Speech
 from companion.engine.tools import PeerTools, ToolsAnnouncer
@@ -38,17 +38,7 @@ from companion.engine.work import EngineEvent
 from companion.log import log_event
 from companion.models.base import CompanionModel
 from companion.ports import ConversationStore, Inbound, NodeLike, Publisher
-from companion.protocol import (
-    ACTIONS,
-    MESSAGES,
-    QUERIES,
-    STATES,
-    Action,
-    Message,
-    Metadata,
-    QueryResult,
-    State,
-)
+from companion.protocol import ACTIONS, MESSAGES, QUERIES, STATES, Action, Message, Metadata, QueryResult
 from companion.store.history import HistoryReader
 from companion.store.sqlite import MemoryStore
 from companion.timings import EngineTimings
@@ -89,7 +79,6 @@ class ConversationEngine:
         self.timings = timings or EngineTimings()
         self.store: ConversationStore = store if store is not None else MemoryStore()
         self._gate = Gate(publisher, self.me.id)  # everything goes out through it (closed by stop)
-        self._publisher: Publisher = self._gate
         self._observer = observer
         settings = ClosingSettings(self.card.settings.max_turns, self.card.settings.repetition_threshold)
         self.conversation = Conversation(
@@ -146,9 +135,11 @@ class ConversationEngine:
         self._queue: deque[ev.Event] = deque()
         self._feeding = False
         self._wake = trio.Event()
-        self._publishing = 0
         self._settled = trio.Event()
         """Set whenever a turn task or a publish ends (:meth:`stop` waits for none to run)."""
+        self._publishes = Publishes(
+            self._gate, self.timings.publish_timeout, self._emit, lambda: self._settled.set()
+        )
 
     @property
     def history(self) -> ConversationStore:  # the conversation's messages: the store
@@ -185,7 +176,7 @@ class ConversationEngine:
             elif not self.conversation.replied(message_id):
                 self._feed(ev.SpeakingFailed(message_id, "stopping"))
         with trio.move_on_after(self.timings.publish_timeout):
-            await self._settle(lambda: bool(self._tasks or self._publishing))
+            await self._settle(lambda: bool(self._tasks or self._publishes.in_flight))
         self._gate.closed = True
 
     def _taking_work(self) -> trio.Nursery | None:
@@ -278,32 +269,40 @@ class ConversationEngine:
             self._observer(EngineEvent(kind, self.me.id, fields, level))
 
     def _do(self, effect: ev.Effect) -> None:
-        if isinstance(effect, ev.Decision):
-            self._emit(effect.event, logging.getLevelNamesMapping()[effect.level.upper()], **effect.fields)
-        elif isinstance(effect, ev.Lead):
-            if self._gate.stopping:  # no model call now: the rule-based states, so the turn goes on
-                self._feed(ev.StatesReady(effect.message_id, None, "fallback_stopping"))
-            else:
-                self._start("lead", effect.message_id, self._work.lead(effect))
-        elif isinstance(effect, ev.PublishStates):
-            self._spawn_publish(STATES, effect.states, effect.message_id)
-        elif isinstance(effect, ev.PublishSignal):
-            action = Action.create(self.me.id, effect.name, dict(effect.params))
-            self._spawn_publish(ACTIONS, action, effect.params.get("in_reply_to", ""))
-        elif isinstance(effect, ev.Speak):
-            if self._gate.stopping:
-                self._feed(ev.SpeakingFailed(effect.message_id, "stopping"))
-            else:
-                speech = Speech(effect)
-                self._start("speech", effect.message_id, self._work.reply(speech), speech)
-        elif isinstance(effect, ev.Prepare):
-            nursery = self._taking_work()
-            if nursery is not None and not self._gate.stopping:
-                self._work.prepare(effect.speak, nursery)
-        elif isinstance(effect, ev.Withdraw):
-            held = self._tasks.pop((effect.what, effect.message_id), None)
-            if held is not None:
-                held.scope.cancel()
+        EFFECTS[type(effect)](self, effect)  # complete: checked at import
+
+    def _decision(self, effect: ev.Decision) -> None:
+        self._emit(effect.event, logging.getLevelNamesMapping()[effect.level.upper()], **effect.fields)
+
+    def _lead(self, effect: ev.Lead) -> None:
+        if self._gate.stopping:  # no model call now: the rule-based states, so the turn goes on
+            self._feed(ev.StatesReady(effect.message_id, None, "fallback_stopping"))
+        else:
+            self._start("lead", effect.message_id, self._work.lead(effect))
+
+    def _publish_states(self, effect: ev.PublishStates) -> None:
+        self._publishes.start(self._taking_work(), STATES, effect.states, effect.message_id)
+
+    def _publish_signal(self, effect: ev.PublishSignal) -> None:
+        action = Action.create(self.me.id, effect.name, dict(effect.params))
+        self._publishes.start(self._taking_work(), ACTIONS, action, effect.params.get("in_reply_to", ""))
+
+    def _speak(self, effect: ev.Speak) -> None:
+        if self._gate.stopping:
+            self._feed(ev.SpeakingFailed(effect.message_id, "stopping"))
+        else:
+            speech = Speech(effect)
+            self._start("speech", effect.message_id, self._work.reply(speech), speech)
+
+    def _prepare(self, effect: ev.Prepare) -> None:
+        nursery = self._taking_work()
+        if nursery is not None and not self._gate.stopping:
+            self._work.prepare(effect.speak, nursery)
+
+    def _withdraw(self, effect: ev.Withdraw) -> None:
+        held = self._tasks.pop((effect.what, effect.message_id), None)
+        if held is not None:
+            held.scope.cancel()
 
     def _start(
         self,
@@ -332,19 +331,18 @@ class ConversationEngine:
 
         nursery.start_soon(run)
 
-    def _spawn_publish(self, topic: str, envelope: Action | list[State], message_id: str) -> None:
-        nursery = self._taking_work()
-        if nursery is not None:
-            self._publishing += 1
-            nursery.start_soon(self._publish, topic, envelope, message_id)
 
-    async def _publish(self, topic: str, envelope: Action | list[State], message_id: str) -> None:
-        try:
-            with trio.fail_after(self.timings.publish_timeout):
-                await self._publisher.publish(topic, envelope)
-        except Exception as exc:  # trio.TooSlowError included
-            kind = "states_publish_failed" if topic == STATES else "signal_publish_failed"
-            self._emit(kind, logging.ERROR, message_id=message_id, error=repr(exc))
-        finally:
-            self._publishing -= 1
-            self._settled.set()
+EFFECTS: Final[Mapping[type[Any], Callable[[ConversationEngine, Any], None]]] = ev.effect_table(
+    {
+        ev.Decision: ConversationEngine._decision,
+        ev.Lead: ConversationEngine._lead,
+        ev.PublishStates: ConversationEngine._publish_states,
+        ev.PublishSignal: ConversationEngine._publish_signal,
+        ev.Speak: ConversationEngine._speak,
+        ev.Prepare: ConversationEngine._prepare,
+        ev.Withdraw: ConversationEngine._withdraw,
+    },
+)
+"""How the driver carries out each effect the machine returns: the counterpart of the machine's
+:data:`~companion.conversation.machine.HANDLERS`. An effect type without its method fails here,
+at import, never silently at run time."""
