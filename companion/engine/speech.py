@@ -120,10 +120,10 @@ class _Prepared:
 
 @dataclass
 class Speech:
-    """One reply being prepared: whether it went out, and whether its ``to`` was refused once."""
+    """One reply being prepared: whether its ``to`` was refused once, and its lines refused.
+    Whether it went out is the machine's to say (:attr:`Speaker.replied`): one message per turn."""
 
     effect: Speak
-    spoke: bool = False
     refused_once: bool = False
     lines_refused: int = 0
     """Lines of this reply refused by :func:`~companion.lines.check.check_line` so far."""
@@ -174,10 +174,14 @@ class Speaker:
         runtime: ActionRuntime,
         directory: Mapping[str, Metadata],
         emit: Emit,
+        replied: Callable[[str], bool],
     ) -> None:
         self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
         self.model, self.runtime, self.directory = model, runtime, directory
         self._emit = emit
+        self.replied = replied
+        """Whether this companion's reply to a message went out (the conversation machine's
+        :meth:`~companion.conversation.state.MachineState.replied`): a second one is refused."""
         self._prefetched: _Prefetched | None = None
         self._prepared: _Prepared | None = None
         self._last_values: dict[str, Any] = {}
@@ -278,7 +282,7 @@ class Speaker:
             speech = await speech_of()
             defn = self.runtime.tools.get(tool_id)
             if isinstance(defn, ActionDef) and defn.topic == MESSAGES:
-                if speech.spoke:
+                if self.replied(speech.effect.message_id):
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
                 refused = self.refused_line(tool_id, raw, speech, lines)
                 if refused is not None:
@@ -486,7 +490,7 @@ class Speaker:
                 LIVE_LINE.reset(token)
                 line.end()
             speech = await speech_of()
-            if not speech.spoke and line.started:
+            if not self.replied(speech.effect.message_id) and line.started:
                 self._emit(
                     "voice_line_published_as_said",
                     logging.WARNING,
@@ -500,7 +504,7 @@ class Speaker:
                     await call_tool(VOICE_TOOL, said)
                 finally:
                     LIVE_LINE.reset(token)
-        if failure is not None and not speech.spoke:
+        if failure is not None and not self.replied(speech.effect.message_id):
             raise failure
 
     def refused_line(

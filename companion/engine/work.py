@@ -219,6 +219,5 @@ class Outgoing:
         verdict = self._conversation.outgoing(envelope)  # the turn may have moved on meanwhile
         if isinstance(verdict, str) or self._conversation.speaking_to != message_id:
             return verdict if isinstance(verdict, str) else _NOT_SPEAKING
-        speech.spoke = True  # the speaker's own note: one message per turn
-        self._feed(ReplyPublished(message_id, verdict))  # REPLIED before it leaves: no second one
+        self._feed(ReplyPublished(message_id, verdict))  # REPLIED before it leaves: see HANDLERS
         return verdict
