@@ -239,6 +239,36 @@ def test_the_reply_is_stamped_once_and_recorded() -> None:
     assert "moved on" in str(m.outgoing(draft))
 
 
+def test_replied_before_the_reply_leaves_so_nothing_can_start_a_second_one() -> None:
+    """Why the driver feeds ``ReplyPublished`` before the publish, not after it: while the reply
+    is on its way out (up to ``publish_timeout``), the leader's late array may give the open slot
+    to another companion and this one a later slot. Still SPEAKING, this node would withdraw the
+    speech (its publish half done) and start a second ``Speak`` for the same message when its
+    new slot opens; REPLIED, nothing of its own turn moves."""
+    message = next(
+        m
+        for m in (Message.create(USER, [A, B, C], f"line {i}", id=f"w-{i}") for i in itertools.count())
+        if tuple(plan_leaders(m, [A, B, C]).order) == (B, C, A)
+    )
+    for replied in (False, True):
+        m = machine(A)
+        m.receive(MessageSeen(message), 0.0)
+        m.receive(StatesSeen(array(message, A), C), T)  # the takeover's array: A speaks first
+        assert phase(m) is Phase.SPEAKING
+        if replied:
+            stamped = m.outgoing(Message.create(A, [USER], "hello"))
+            assert isinstance(stamped, Message)
+            m.receive(ReplyPublished(message.params.id, stamped), T + 0.1)
+        out = m.receive(StatesSeen(array(message, C), B), T + 0.2)  # the leader's, late: C first
+        assert decisions(out, "states_switched")
+        later = [effect for k in (1, 2, 3) for effect in m.receive(Tick(), T + 0.2 + k * R)]
+        withdrawn = [w for w in of(out, Withdraw) if w.what == "speech"]
+        if replied:
+            assert not withdrawn and not of(later, Speak) and phase(m) is Phase.REPLIED
+        else:
+            assert withdrawn and [s.message_id for s in of(later, Speak)] == [message.params.id]
+
+
 def test_a_silent_speaker_is_skipped_after_a_reply_deadline_then_the_turn_goes_unanswered() -> None:
     message = message_led_by(B, [A, B, C])
     states = array(message, C)
