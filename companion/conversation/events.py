@@ -122,7 +122,8 @@ class StatesReady:
 
 @dataclass(frozen=True, slots=True)
 class ReplyPublished:
-    """This node's reply to ``message_id`` went out (stamped by :meth:`Conversation.outgoing`)."""
+    """This node's reply to ``message_id`` goes out now (stamped by :meth:`Conversation.outgoing`,
+    its mark committed): fed just before the publish, so the turn is REPLIED while it leaves."""
 
     message_id: str
     reply: Message

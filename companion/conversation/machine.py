@@ -539,7 +539,8 @@ HANDLERS: Final[Mapping[tuple[Phase | None, type[Any]], Handler]] = {
 }
 """The table that drives :meth:`Conversation.receive`: (the turn's phase, or ``None`` without
 a turn; the event's type) -> its handler. The model's states count only while this node leads
-(else they are withheld: another array counted); this node's failure only while it speaks
-(else its speech was already over); its reply goes out only while it speaks (the driver feeds
-:class:`ReplyPublished` right after :meth:`Conversation.outgoing` said it may: any other phase
-is a bug)."""
+(else they are withheld: its array is out, LED, or another array counted); this node's failure
+only while it speaks (else its speech was already over); its reply goes out only while it
+speaks (the driver feeds :class:`ReplyPublished` right after :meth:`Conversation.outgoing` said
+it may, before the publish, so that nothing withdraws the speech or opens a second one while
+the reply is on its way: docs/architecture.md, step 7; any other phase is a bug)."""

@@ -16,7 +16,7 @@ import trio
 
 from companion.log import log_event
 from companion.ports import Publisher
-from companion.protocol import STATES, Action, Envelope, State
+from companion.protocol import STATES, Envelope, State
 
 __all__ = ["Gate", "Publishes"]
 
@@ -53,14 +53,14 @@ class Publishes:
         self.in_flight = 0
 
     def start(
-        self, nursery: trio.Nursery | None, topic: str, envelope: Action | list[State], message_id: str
+        self, nursery: trio.Nursery | None, topic: str, envelope: Envelope | list[State], message_id: str
     ) -> None:
         """Publish in ``nursery`` (``None``: the engine has ended, nothing goes out)."""
         if nursery is not None:
             self.in_flight += 1
             nursery.start_soon(self._publish, topic, envelope, message_id)
 
-    async def _publish(self, topic: str, envelope: Action | list[State], message_id: str) -> None:
+    async def _publish(self, topic: str, envelope: Envelope | list[State], message_id: str) -> None:
         try:
             with trio.fail_after(self._timeout):
                 await self.publisher.publish(topic, envelope)
