@@ -227,7 +227,7 @@ class ArrayRules(MachineState):
             turn.accepted_at = now
         turn.states, turn.priority = states, rank
         turn.closing_at = None
-        turn.pending.clear()  # never counts now (an earlier leader's late array is weighed as it comes)
+        turn.pending.clear()  # what was held never counts now (a late earlier array is weighed on arrival)
         speaking: SpeakingOrder = speaking_order(states)
         decision = speaking.first
         floor = self._floor(turn)

@@ -62,7 +62,8 @@ class Phase(enum.Enum):
     SPEAKING = "speaking"
     """This node prepares its reply (model calls, tools)."""
     REPLIED = "replied"
-    """This node's reply went out; the thread moves on when it comes back."""
+    """This node's reply is going out (this comes just before the publish) or has gone; the
+    thread moves on when it comes back."""
     DONE = "done"
     """Nobody speaks any more in this turn: terminal, nobody wanted to, or everyone stayed silent."""
     CLOSED = "closed"
