@@ -543,4 +543,5 @@ a turn; the event's type) -> its handler. The model's states count only while th
 only while it speaks (else its speech was already over); its reply goes out only while it
 speaks (the driver feeds :class:`ReplyPublished` right after :meth:`Conversation.outgoing` said
 it may, before the publish, so that nothing withdraws the speech or opens a second one while
-the reply is on its way: docs/architecture.md, step 7; any other phase is a bug)."""
+the reply is on its way: docs/architecture.md, "Why REPLIED comes before the publish"; any
+other phase is a bug)."""
