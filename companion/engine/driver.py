@@ -118,7 +118,7 @@ class ConversationEngine:
         self.peer_tools = PeerTools(
             self.me.id, directory, follows=self.conversation.follows_slots, emit=self._emit
         )
-        self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit, self.conversation.replied)
+        self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit)
         self._store_health = work.StoreHealth(self._emit)
         self._work = work.TurnWork(
             model, directory, self.store, self.timings, self._speaker, self.conversation, self._emit
@@ -291,7 +291,7 @@ class ConversationEngine:
         if self._gate.stopping:
             self._feed(ev.SpeakingFailed(effect.message_id, "stopping"))
         else:
-            speech = Speech(effect)
+            speech = Speech(effect, self.conversation.replied)
             self._start("speech", effect.message_id, self._work.reply(speech), speech)
 
     def _prepare(self, effect: ev.Prepare) -> None:

@@ -120,13 +120,20 @@ class _Prepared:
 
 @dataclass
 class Speech:
-    """One reply being prepared: whether its ``to`` was refused once, and its lines refused.
-    Whether it went out is the machine's to say (:attr:`Speaker.replied`): one message per turn."""
+    """One reply being prepared: whether it went out, and whether its ``to`` was refused once."""
 
     effect: Speak
+    replied: Callable[[str], bool]
+    """Whether this companion answered a message: the conversation machine's record
+    (:meth:`~companion.conversation.state.MachineState.replied`), the one "replied" there is."""
     refused_once: bool = False
     lines_refused: int = 0
     """Lines of this reply refused by :func:`~companion.lines.check.check_line` so far."""
+
+    @property
+    def spoke(self) -> bool:
+        """Whether this reply went out (the machine's REPLIED): one message per turn."""
+        return self.replied(self.effect.message_id)
 
 
 class ParamsCheck:
@@ -174,14 +181,10 @@ class Speaker:
         runtime: ActionRuntime,
         directory: Mapping[str, Metadata],
         emit: Emit,
-        replied: Callable[[str], bool],
     ) -> None:
         self.loaded, self.card, self.me = loaded, loaded.card, loaded.card.metadata
         self.model, self.runtime, self.directory = model, runtime, directory
         self._emit = emit
-        self.replied = replied
-        """Whether this companion's reply to a message went out (the conversation machine's
-        :meth:`~companion.conversation.state.MachineState.replied`): a second one is refused."""
         self._prefetched: _Prefetched | None = None
         self._prepared: _Prepared | None = None
         self._last_values: dict[str, Any] = {}
@@ -282,7 +285,7 @@ class Speaker:
             speech = await speech_of()
             defn = self.runtime.tools.get(tool_id)
             if isinstance(defn, ActionDef) and defn.topic == MESSAGES:
-                if self.replied(speech.effect.message_id):
+                if speech.spoke:
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
                 refused = self.refused_line(tool_id, raw, speech, lines)
                 if refused is not None:
@@ -490,7 +493,7 @@ class Speaker:
                 LIVE_LINE.reset(token)
                 line.end()
             speech = await speech_of()
-            if not self.replied(speech.effect.message_id) and line.started:
+            if not speech.spoke and line.started:
                 self._emit(
                     "voice_line_published_as_said",
                     logging.WARNING,
@@ -504,7 +507,7 @@ class Speaker:
                     await call_tool(VOICE_TOOL, said)
                 finally:
                     LIVE_LINE.reset(token)
-        if failure is not None and not self.replied(speech.effect.message_id):
+        if failure is not None and not speech.spoke:
             raise failure
 
     def refused_line(
