@@ -4,9 +4,11 @@ Every rule lives in the state machine; this module moves things in and out of it
 inbound payload becomes an event (a message only once the store recorded it, so a failing write
 leaves the conversation as it was), directory changes become joined/left events
 (:mod:`companion.engine.directory`), a timer feeds a tick at the machine's deadline; the clock
-is read only to pass ``now`` in. Out: effects are carried out under their deadlines -- the
-turn's work (:mod:`companion.engine.work`: the leader's states, the speaker's reply), publishing
-(``publish_timeout``), cancelling, each decision logged (and told to the ``observer``). An event
+is read only to pass ``now`` in. Out: each effect is carried out by the method :data:`EFFECTS`
+names for its type, under its deadline -- the turn's work (:mod:`companion.engine.work`: the
+leader's states, the speaker's reply), publishing (``publish_timeout``,
+:class:`~companion.engine.gate.Publishes`), cancelling, each decision logged (and told to the
+``observer``). An event
 that arises while effects are carried out waits in a queue, fed once they all are: the machine
 is never entered twice at once. Beside the turns: the routines (:mod:`companion.engine.routines`)
 and the tool lists, ours and the peers' (:mod:`companion.engine.tools`).
