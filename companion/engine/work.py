@@ -115,7 +115,9 @@ class TurnWork:
     def lead_ahead(self, effect: Lead, nursery: trio.Nursery) -> None:
         """Start the states call for a message only previewed (``states_timeout``), held for
         the :meth:`lead` of the same message (:mod:`companion.conversation.preview`)."""
-        self.drop_ahead(effect.message_id, "a newer preview")
+        older = self._ahead
+        if older is not None:  # one at a time: the newest line is the one the next turn answers
+            self._drop_states_ahead(older, "a newer preview")
         ahead = self._ahead = _Ahead(effect.message_id, self._states_request(effect))
         self.emit("states_ahead", logging.INFO, message_id=effect.message_id)
 
@@ -132,30 +134,33 @@ class TurnWork:
         """Cancel the states call started from ``message_id``'s preview, and the speaker's work."""
         ahead = self._ahead
         if ahead is not None and ahead.message_id == message_id:
-            self._ahead = None
-            ahead.scope.cancel()
-            self.emit("states_ahead_dropped", logging.INFO, message_id=message_id, reason=reason)
+            self._drop_states_ahead(ahead, reason)
         self.speaker.drop_ahead(message_id, reason)
+
+    def _drop_states_ahead(self, ahead: _Ahead, reason: str) -> None:
+        if self._ahead is ahead:
+            self._ahead = None
+        ahead.scope.cancel()
+        self.emit("states_ahead_dropped", logging.INFO, message_id=ahead.message_id, reason=reason)
 
     async def lead(self, effect: Lead) -> StatesReady:
         """Ask the model for everybody's state (``states_timeout``); a failure gives ``None``,
         the rule-based states, with its reason as the source. A states call started from the
         message's preview that asked the same is awaited instead (its answer, or its failure)."""
         request = self._states_request(effect)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead.message_id == effect.message_id and ahead.request == request:
+        ahead = self._ahead
+        if ahead is not None and ahead.message_id == effect.message_id:
+            self._ahead = None
+            if ahead.request != request:
+                self._drop_states_ahead(ahead, "the lead asks for other states than the preview's")
+                ahead = None
+        else:
+            ahead = None
+        if ahead is not None:
             self.emit("states_ahead_adopted", logging.INFO, message_id=effect.message_id)
             await ahead.done.wait()
             decisions, source = ahead.answer
         else:
-            if ahead is not None:
-                ahead.scope.cancel()
-                self.emit(
-                    "states_ahead_dropped",
-                    logging.INFO,
-                    message_id=ahead.message_id,
-                    reason="the lead asks for other states than the preview's",
-                )
             decisions, source = await self._ask_states(effect.message_id, request)
         return StatesReady(effect.message_id, decisions, source)
 
