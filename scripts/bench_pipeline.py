@@ -21,15 +21,10 @@ Every wait has a deadline; every process and server is stopped by its PID howeve
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +34,17 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the support package
 
-from bench_support import percentile, stop_process  # noqa: E402
+from bench_latency import Companion  # noqa: E402
+from bench_support import percentile  # noqa: E402
 
-from companion.app.lines import BRIDGE_LINE  # noqa: E402
 from support.cards import speaking_card, write_card  # noqa: E402
-from support.fake_llm_server import CooperativeModel, Reply, running_server, tool_call  # noqa: E402
+from support.fake_llm_server import running_server  # noqa: E402
+from support.voice import VoiceModel, ask_over_ws  # noqa: E402
 
 PROFILES: dict[str, tuple[float, float]] = {"hosted": (0.4, 60.0), "local": (2.0, 20.0)}
 NAMES = {"companion_juniper": "Juniper", "companion_pim": "Pim"}
 MAX_TURNS = 4
+ASKED = "Juniper, what did you see at the harbour? Tell Pim too."
 _ADJ = [
     "amber",
     "brisk",
@@ -124,28 +121,8 @@ def line(n: int) -> str:
     return f"{sentence(3 * n)} {sentence(3 * n + 1)} {ask}"
 
 
-class BenchModel(CooperativeModel):
-    """States and parameters as the cooperative model answers them; the next :func:`line` for
-    each speak request, addressed as the prompt asks."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.speaks = 0
-
-    def __call__(self, body: Mapping[str, Any]) -> Reply:
-        if "speak_with_voice" not in {t["function"]["name"] for t in body.get("tools") or []}:
-            return super().__call__(body)
-        prompt = "\n".join(str(m.get("content")) for m in body["messages"] if m.get("role") == "user")
-        marker = "Address: "
-        to = []
-        if marker in prompt:
-            to = [a.strip() for a in prompt.rsplit(marker, 1)[1].split("\n")[0].rstrip(".").split(",")]
-        self.speaks += 1
-        return tool_call("speak_with_voice", {"message": line(self.speaks), "to": to, "emotion": "happy"})
-
-
-class Home:
-    """``companion run`` with both cards; its stdout lines collected (stderr: the JSON log)."""
+class Home(Companion):
+    """``companion run`` with both cards (``bench_latency``'s process, its log collected)."""
 
     def __init__(self, tmp: Path, base_url: str, pipeline: bool) -> None:
         cards = []
@@ -154,63 +131,18 @@ class Home:
             cards.append(write_card(tmp, name.lower(), f"{text}settings:\n  max_turns: {MAX_TURNS}\n"))
         argv = [sys.executable, "-m", "companion.cli.run", *map(str, cards), "--no-mdns"]
         argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
-        argv += [
-            "-v",
-            "--ws",
-            "127.0.0.1:0",
-            "--no-webrtc",
-            "--model",
-            "openai:fake-1",
-            "--base-url",
-            base_url,
-        ]
+        argv += ["-v", "--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1"]
+        argv += ["--base-url", base_url]
         argv += [] if pipeline else ["--no-pipeline"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        self.events: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._read, args=(self.proc.stdout, True), daemon=True).start()
-        threading.Thread(target=self._read, args=(self.proc.stderr, False), daemon=True).start()
-
-    def _read(self, stream: Any, stdout: bool) -> None:
-        for text in stream:
-            with self._lock:
-                if stdout:
-                    self.lines.append(text.rstrip("\n"))
-                    continue
-                with contextlib.suppress(ValueError):
-                    event = json.loads(text)
-                    if isinstance(event, dict):
-                        self.events.append(event)
-
-    def url(self, timeout: float = 90.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self._lock:
-                for text in self.lines:
-                    if text.startswith(BRIDGE_LINE):
-                        return text[len(BRIDGE_LINE) :].strip()
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise RuntimeError("companion run printed no bridge line")
+        self._start(argv)
 
     def count(self, kind: str) -> int:
-        with self._lock:
-            return sum(e.get("event") == kind for e in self.events)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
+        return sum(e.get("event") == kind for e in self.events_since(0))
 
 
 async def conversation(url: str, index: int, per_char: float, timeout: float) -> list[float]:
     """One conversation; the gaps (seconds) from each companion line to the next companion's
     first ``speak`` query, when the next line is another companion's."""
-    params = {"id": f"bench-{index}", "from": "user_bench", "to": list(NAMES)}
-    params["message"] = "Juniper, what did you see at the harbour? Tell Pim too."
-    frame = json.dumps(
-        {"topic": "messages", "body": {"jsonrpc": "2.0", "method": "message.send", "params": params}}
-    )
     gaps: list[float] = []
     last: tuple[str, float] | None = None  # the last line's speaker and when it came
     waiting_first = False
@@ -222,17 +154,11 @@ async def conversation(url: str, index: int, per_char: float, timeout: float) ->
 
     async with open_websocket_url(f"{url}?topics=messages,queries,states") as ws:
         with trio.fail_after(timeout):
+            text: str | None = await ask_over_ws(ws, ASKED, f"bench-{index}", list(NAMES))
             async with trio.open_nursery() as nursery:
-                await ws.send_message(frame)
-                resend = trio.current_time() + 3
                 while True:
-                    with trio.move_on_at(resend) as pending:
-                        got = json.loads(await ws.get_message())
-                    if pending.cancelled_caught:  # the bridge's node joins the mesh on a heartbeat
-                        await ws.send_message(frame)
-                        resend += 3
-                        continue
-                    resend = float("inf")
+                    got = json.loads(text if text is not None else await ws.get_message())
+                    text = None
                     now = trio.current_time()
                     if isinstance(got, list):
                         if got and all(s.get("params", {}).get("closing") == "terminal" for s in got):
@@ -259,7 +185,7 @@ def run_mode(
         running_server(ttft=ttft, token_rate=rate) as server,
         tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp,
     ):
-        server.push(*([BenchModel()] * 400))
+        server.push(*([VoiceModel(say=line)] * 400))
         home = Home(Path(tmp), server.openai_base_url, pipeline)
         try:
             url = home.url()

@@ -15,46 +15,16 @@ import trio.testing
 
 from companion.conversation.rules import META_CLOSING, META_IN_REPLY_TO, META_TURN
 from companion.engine.driver import ConversationEngine
-from companion.models.base import ParamsRequest, SpeakRequest, StateDecision, StatesRequest, ToolCaller
+from companion.models.base import StateDecision
 from companion.ports import Inbound
 from companion.protocol import MESSAGES, PREVIEWS, Message
 from companion.timings import EngineTimings
-from support.engines import EchoSink, make_card
+from support.engines import EchoSink, EndlessSpeaker, make_card
 
 TIMINGS = EngineTimings(states_timeout=5.0, takeover_after=15.0, speak_timeout=20.0, reply_timeout=30.0)
 SPEAKER, NEXT = make_card(0, max_turns=None), make_card(1, max_turns=None)
 A, B = SPEAKER.card.metadata.id, NEXT.card.metadata.id
 USER = "user_demo"
-
-
-class HeldModel:
-    """States when released (each call counted); a speech that never ends (counted, and its
-    cancellation too)."""
-
-    speculates = True
-    name = "held"
-
-    def __init__(self) -> None:
-        self.states = 0
-        self.release = trio.Event()
-        self.speaking = 0
-        self.cancelled = 0
-
-    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
-        self.states += 1
-        await self.release.wait()
-        return [StateDecision(B, "speak", 5, True)]
-
-    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
-        return {}
-
-    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
-        self.speaking += 1
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            self.cancelled += 1
-            raise
 
 
 def _line(text: str = "The shelf holds three old maps. Shall we look?") -> Message:
@@ -65,9 +35,9 @@ def _line(text: str = "The shelf holds three old maps. Shall we look?") -> Messa
 @asynccontextmanager
 async def _next_speaker(
     pipeline: bool = True,
-) -> AsyncIterator[tuple[ConversationEngine, EchoSink, list[Any], HeldModel]]:
+) -> AsyncIterator[tuple[ConversationEngine, EchoSink, list[Any], EndlessSpeaker]]:
     """B's engine, which A's line addresses alone: B leads its turn and is its likely speaker."""
-    model = HeldModel()
+    model = EndlessSpeaker([StateDecision(B, "speak", 5, True)])
     sink = EchoSink(B)
     events: list[Any] = []
     directory = {A: SPEAKER.card.metadata, B: NEXT.card.metadata}

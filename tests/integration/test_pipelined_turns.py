@@ -18,12 +18,8 @@ import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from support.cards import speaking_card, write_card
 from support.fake_llm_server import FakeLLMServer
-from support.live import bridge_url, start_run
-from support.live_bridge import blocking
-from support.network import network
-from support.voice import VoiceModel, ask_over_ws
+from support.voice import VoiceModel, ask_over_ws, assert_one_voice, pair_home
 
 pytestmark = pytest.mark.integration
 
@@ -80,15 +76,7 @@ async def test_the_next_turn_starts_while_a_line_is_voiced_and_never_over_it(
     tmp_path: Path, hosted: FakeLLMServer
 ) -> None:
     hosted.push(*([VoiceModel()] * 40))
-    cards = [
-        write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice")),
-        write_card(tmp_path, "pim", speaking_card("pim", "Pim", "speak_with_voice")),
-    ]
-    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1")
-    with network(tmp_path) as net:
-        extra = (*args, "--base-url", hosted.openai_base_url)
-        home = await blocking(start_run, net, "home", cards, extra=extra)
-        url = await blocking(bridge_url, home)
+    async with pair_home(tmp_path, hosted) as (_net, home, url):
         async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
             first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER, PIM])
             with trio.fail_after(90):
@@ -105,12 +93,4 @@ async def test_the_next_turn_starts_while_a_line_is_voiced_and_never_over_it(
         assert frames.index(answer) < frames.index(line)
         assert answer["_ahead"], f"nothing of the next turn started before {line['params']['id']} went out"
 
-    # Never two companions voiced at once: a sentence query only from the companion whose line
-    # is being voiced, until its message.send.
-    speaking: str | None = None
-    for frame in frames:
-        if frame.get("method") == "query.send":
-            assert speaking in (None, frame["params"]["from"]), "two companions voiced at once"
-            speaking = frame["params"]["from"]
-        elif frame.get("method") == "message.send" and frame["params"]["from"] == speaking:
-            speaking = None
+    assert_one_voice(frames)
