@@ -104,3 +104,18 @@ async def test_without_pipelining_a_preview_starts_nothing() -> None:
         await engine.handle(Inbound(PREVIEWS, _line(), A))
         await trio.testing.wait_all_tasks_blocked()
         assert (model.states, model.speaking) == (0, 0)
+
+
+async def test_a_held_states_call_keeps_its_deadline_from_the_preview(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with _next_speaker() as (engine, sink, events, model):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.sleep(1.0)
+        await engine.handle(Inbound(MESSAGES, _line(), A))
+        await trio.sleep(TIMINGS.states_timeout - 1.1)
+        assert not sink.on("states")
+        await trio.sleep(0.2)  # the model never answered: rule-based states, at the preview's deadline
+        [states] = sink.on("states")
+        assert [s.params.from_ for s in states] == [B] and model.states == 1
+        assert kinds(events, "states_model_timeout")
