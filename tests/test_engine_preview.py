@@ -119,3 +119,12 @@ async def test_a_held_states_call_keeps_its_deadline_from_the_preview(
         [states] = sink.on("states")
         assert [s.params.from_ for s in states] == [B] and model.states == 1
         assert kinds(events, "states_model_timeout")
+
+
+async def test_stopping_drops_the_states_asked_from_a_preview() -> None:
+    async with _next_speaker() as (engine, sink, events, _model):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        await engine.stop(grace=1.0)
+        assert [e.fields["reason"] for e in kinds(events, "states_ahead_dropped")] == ["stopping"]
+        assert not sink.on("states")

@@ -181,6 +181,7 @@ class ConversationEngine:
         out (:class:`Gate`); every message that still arrives is recorded."""
         self._gate.stopping = True
         self._speaker.keep_prepared(None, "stopping")  # no slot will adopt it now
+        self._work.stop_ahead("stopping")  # nor will a lead take the states asked from a preview
         with trio.move_on_after(grace):
             await self._settle(lambda: bool(self._tasks))
         for (what, message_id), job in list(self._tasks.items()):

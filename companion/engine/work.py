@@ -137,6 +137,11 @@ class TurnWork:
             self._drop_states_ahead(ahead, reason)
         self.speaker.drop_ahead(message_id, reason)
 
+    def stop_ahead(self, reason: str) -> None:
+        """Cancel the states call started from a preview, whatever its message (stopping)."""
+        if self._ahead is not None:
+            self._drop_states_ahead(self._ahead, reason)
+
     def _drop_states_ahead(self, ahead: _Ahead, reason: str) -> None:
         if self._ahead is ahead:
             self._ahead = None
