@@ -12,7 +12,8 @@ from typing import get_args
 import pytest
 
 from companion.conversation import events as ev
-from companion.engine.driver import EFFECTS, ConversationEngine
+from companion.engine.driver import ConversationEngine
+from companion.engine.effects import EFFECTS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,14 +4,14 @@ Every rule lives in the state machine; this module moves things in and out of it
 inbound payload becomes an event (a message only once the store recorded it, so a failing write
 leaves the conversation as it was), directory changes become joined/left events
 (:mod:`companion.engine.directory`), a timer feeds a tick at the machine's deadline; the clock
-is read only to pass ``now`` in. Out: each effect is carried out by the method :data:`EFFECTS`
-names for its type, under its deadline -- the turn's work (:mod:`companion.engine.work`: the
-leader's states, the speaker's reply), publishing (``publish_timeout``,
-:class:`~companion.engine.gate.Publishes`), cancelling, each decision logged (and told to the
-``observer``). An event
-that arises while effects are carried out waits in a queue, fed once they all are: the machine
-is never entered twice at once. Beside the turns: the routines (:mod:`companion.engine.routines`)
-and the tool lists, ours and the peers' (:mod:`companion.engine.tools`).
+is read only to pass ``now`` in. Out: each effect is carried out by the driver's method for its
+type (:mod:`companion.engine.effects`), under its deadline -- the turn's work
+(:mod:`companion.engine.work`: the leader's states, the speaker's reply), publishing
+(``publish_timeout``, :class:`~companion.engine.gate.Publishes`), cancelling, each decision
+logged (and told to the ``observer``). An event that arises while effects are carried out waits
+in a queue, fed once they all are: the machine is never entered twice at once. Beside the
+turns: the routines (:mod:`companion.engine.routines`) and the tool lists, ours and the peers'
+(:mod:`companion.engine.tools`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from companion.conversation.machine import Conversation
 from companion.conversation.state import ClosingSettings
 from companion.engine import work
 from companion.engine.directory import DirectoryFollower
+from companion.engine.effects import EFFECTS, EffectMethods
 from companion.engine.gate import Gate, Publishes
 from companion.engine.routines import RoutineDriver, not_a_routine
 from companion.engine.speech import Speaker, Speech
@@ -40,7 +41,17 @@ from companion.engine.work import EngineEvent
 from companion.log import log_event
 from companion.models.base import CompanionModel
 from companion.ports import ConversationStore, Inbound, NodeLike, Publisher
-from companion.protocol import ACTIONS, MESSAGES, QUERIES, STATES, Action, Message, Metadata, QueryResult
+from companion.protocol import (
+    ACTIONS,
+    MESSAGES,
+    PREVIEWS,
+    QUERIES,
+    STATES,
+    Action,
+    Message,
+    Metadata,
+    QueryResult,
+)
 from companion.store.history import HistoryReader
 from companion.store.sqlite import MemoryStore
 from companion.timings import EngineTimings
@@ -55,7 +66,7 @@ logger = logging.getLogger("companion.engine.driver")
 _REPLAY: Final = 256  # messages read back at start-up: where the conversation was
 
 
-class ConversationEngine:
+class ConversationEngine(EffectMethods):
     """One companion's conversation: ``await nursery.start(engine.run)`` in a nursery you own (its
     turn work, timers and model calls run there), then :meth:`handle` each payload (it returns at once)."""
 
@@ -121,6 +132,11 @@ class ConversationEngine:
             self.me.id, directory, follows=self.conversation.follows_slots, emit=self._emit
         )
         self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit)
+        self._pipelines = self.timings.pipeline and bool(getattr(model, "speculates", False))
+        """Whether the next turn starts from previews (:mod:`companion.conversation.preview`):
+        this companion publishes its voiced lines' previews and works ahead from its peers'."""
+        if self._pipelines:
+            self._speaker.preview = self._preview
         self._store_health = work.StoreHealth(self._emit)
         self._work = work.TurnWork(
             model, directory, self.store, self.timings, self._speaker, self.conversation, self._emit
@@ -168,6 +184,7 @@ class ConversationEngine:
         out (:class:`Gate`); every message that still arrives is recorded."""
         self._gate.stopping = True
         self._speaker.keep_prepared(None, "stopping")  # no slot will adopt it now
+        self._work.stop_ahead("stopping")  # nor will a lead take the states asked from a preview
         with trio.move_on_after(grace):
             await self._settle(lambda: bool(self._tasks))
         for (what, message_id), job in list(self._tasks.items()):
@@ -221,6 +238,8 @@ class ConversationEngine:
                 self.peer_tools.note(payload, publisher)
         elif inbound.topic == QUERIES and isinstance(payload, QueryResult):
             self.runtime.deliver_query_result(payload)
+        elif inbound.topic == PREVIEWS and isinstance(payload, Message) and self._pipelines:
+            self._feed(ev.MessagePreviewed(payload, publisher))
 
     def _on_message(self, seen: ev.MessageSeen) -> None:
         message = seen.message
@@ -273,39 +292,6 @@ class ConversationEngine:
     def _do(self, effect: ev.Effect) -> None:
         EFFECTS[type(effect)](self, effect)  # complete: checked at import
 
-    def _decision(self, effect: ev.Decision) -> None:
-        self._emit(effect.event, logging.getLevelNamesMapping()[effect.level.upper()], **effect.fields)
-
-    def _lead(self, effect: ev.Lead) -> None:
-        if self._gate.stopping:  # no model call now: the rule-based states, so the turn goes on
-            self._feed(ev.StatesReady(effect.message_id, None, "fallback_stopping"))
-        else:
-            self._start("lead", effect.message_id, self._work.lead(effect))
-
-    def _publish_states(self, effect: ev.PublishStates) -> None:
-        self._publishes.start(self._taking_work(), STATES, effect.states, effect.message_id)
-
-    def _publish_signal(self, effect: ev.PublishSignal) -> None:
-        action = Action.create(self.me.id, effect.name, dict(effect.params))
-        self._publishes.start(self._taking_work(), ACTIONS, action, effect.params.get("in_reply_to", ""))
-
-    def _speak(self, effect: ev.Speak) -> None:
-        if self._gate.stopping:
-            self._feed(ev.SpeakingFailed(effect.message_id, "stopping"))
-        else:
-            speech = Speech(effect, self.conversation.replied)
-            self._start("speech", effect.message_id, self._work.reply(speech), speech)
-
-    def _prepare(self, effect: ev.Prepare) -> None:
-        nursery = self._taking_work()
-        if nursery is not None and not self._gate.stopping:
-            self._work.prepare(effect.speak, nursery)
-
-    def _withdraw(self, effect: ev.Withdraw) -> None:
-        held = self._tasks.pop((effect.what, effect.message_id), None)
-        if held is not None:
-            held.scope.cancel()
-
     def _start(
         self,
         what: str,
@@ -333,18 +319,9 @@ class ConversationEngine:
 
         nursery.start_soon(run)
 
-
-EFFECTS: Final[Mapping[type[Any], Callable[[ConversationEngine, Any], None]]] = ev.effect_table(
-    {
-        ev.Decision: ConversationEngine._decision,
-        ev.Lead: ConversationEngine._lead,
-        ev.PublishStates: ConversationEngine._publish_states,
-        ev.PublishSignal: ConversationEngine._publish_signal,
-        ev.Speak: ConversationEngine._speak,
-        ev.Prepare: ConversationEngine._prepare,
-        ev.Withdraw: ConversationEngine._withdraw,
-    },
-)
-"""How the driver carries out each effect the machine returns: the counterpart of the machine's
-:data:`~companion.conversation.machine.HANDLERS`. An effect type without its method fails here,
-at import, never silently at run time."""
+    def _preview(self, message: Message) -> None:
+        """This companion's voiced line is complete: its message, stamped as it will go out,
+        published on :data:`~companion.protocol.PREVIEWS` while it is voiced."""
+        stamped = self.conversation.outgoing(message)
+        if isinstance(stamped, Message):
+            self._publishes.start(self._taking_work(), PREVIEWS, stamped, message.params.id)

@@ -16,7 +16,7 @@ import trio
 
 from companion.log import log_event
 from companion.ports import Publisher
-from companion.protocol import STATES, Envelope, State
+from companion.protocol import PREVIEWS, STATES, Envelope, State
 
 __all__ = ["Gate", "Publishes"]
 
@@ -42,7 +42,7 @@ class Gate:
 
 
 class Publishes:
-    """The machine's states arrays and signals on their way out through the gate, each within
+    """The machine's states arrays, signals and previews on their way out through the gate, each within
     ``timeout``, counted (:attr:`in_flight`) so that stopping can wait for them. A failure is
     logged, never raised: the turn goes on without it, as if the network had lost it."""
 
@@ -65,7 +65,8 @@ class Publishes:
             with trio.fail_after(self._timeout):
                 await self.publisher.publish(topic, envelope)
         except Exception as exc:  # trio.TooSlowError included
-            kind = "states_publish_failed" if topic == STATES else "signal_publish_failed"
+            kinds = {STATES: "states_publish_failed", PREVIEWS: "preview_publish_failed"}
+            kind = kinds.get(topic, "signal_publish_failed")
             self._emit(kind, logging.ERROR, message_id=message_id, error=repr(exc))
         finally:
             self.in_flight -= 1
