@@ -4,14 +4,16 @@
 :class:`~companion.memory.MemoryHub` (no sockets), lets a person speak, feeds a
 :class:`~companion.conversation.transcript.Transcript` from a bystander endpoint, injects faults per receiver
 and counts model calls per turn. The unit tests, the fault suite, the benchmarks and
-``companion demo --in-memory`` run conversations with it.
+``companion demo --in-memory`` run conversations with it, as ``async with MemoryGroup() as
+group:``: the group's engines and its transcript run in a nursery of its own until the block ends.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -32,6 +34,7 @@ from companion.models.base import (
 )
 from companion.protocol import MESSAGES, Message, Metadata
 from companion.store.sqlite import MemoryStore
+from companion.tasks import OwnsTasks
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -97,17 +100,18 @@ class Member:
         return self.loaded.card.metadata.id
 
 
-class MemoryGroup:
+class MemoryGroup(OwnsTasks):
     """Companions in one process on a :class:`~companion.memory.MemoryHub`, watched by a
     :class:`Transcript`. ``hub.fault`` injects faults per receiver (the bystander endpoint is
     named ``bystander``, or ``name/bystander`` for a named group). Several groups may share a
-    hub (give each a ``name`` and its own ``user``): each holds its own conversation."""
+    hub (give each a ``name`` and its own ``user``): each holds its own conversation, and the
+    hub is opened by whoever made it. Members are added once the group is open
+    (``async with group:``); leaving the block stops every engine and the transcript."""
 
     BYSTANDER: Final = "bystander"
 
     def __init__(
         self,
-        nursery: trio.Nursery,
         *,
         timings: EngineTimings | None = None,
         hub: MemoryHub | None = None,
@@ -118,10 +122,8 @@ class MemoryGroup:
         max_turns: int | None = None,
     ) -> None:
         """``max_turns``: the transcript applies this turn limit too (the cards' own, if all share it)."""
-        self.nursery = nursery
-        self.hub = hub or MemoryHub(nursery=nursery)
-        if self.hub.nursery is None:
-            self.hub.nursery = nursery
+        self.hub = hub or MemoryHub()
+        self._hub_is_ours = hub is None
         self.timings = timings or EngineTimings.offline()
         self.members: dict[str, Member] = {}
         self.transcript = Transcript(timings=self.timings, max_turns=max_turns)
@@ -135,7 +137,14 @@ class MemoryGroup:
         self._changes = Changes()
         self._bystander = self.hub.endpoint(self.BYSTANDER if name is None else f"{name}/{self.BYSTANDER}")
         self._user = self.hub.endpoint(user)
-        nursery.start_soon(self._watch)
+
+    @asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
+        """The hub too, when the group made it (a shared hub is its maker's to open)."""
+        hub: AbstractAsyncContextManager[object] = self.hub if self._hub_is_ours else nullcontext()
+        async with hub, super()._lifetime():
+            self.tasks.start_soon(self._watch)
+            yield
 
     @property
     def active(self) -> list[str]:
@@ -157,6 +166,7 @@ class MemoryGroup:
 
     async def add(self, loaded: LoadedCard, model: CompanionModel) -> Member:
         """Start a companion; every member (and it) learns of the others at once."""
+        nursery = self.tasks  # (the group is open)
         cid = loaded.card.metadata.id
         if cid in self.members:
             raise ValueError(f"{cid} is already in the group")
@@ -180,7 +190,7 @@ class MemoryGroup:
                 other.directory[cid] = loaded.card.metadata
                 other.engine.directory_changed()  # as a membership listener would
         self.members[cid] = member
-        await self.nursery.start(self._serve, member)
+        await nursery.start(self._serve, member)
         return member
 
     async def _serve(self, member: Member, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -39,7 +39,7 @@ import random
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -416,15 +416,17 @@ async def _converse(seed: int) -> Outcome:
     def record(event: EngineEvent) -> None:
         events.append((trio.current_time(), event))
 
-    async with trio.open_nursery() as nursery:
+    async with (
+        trio.open_nursery() as nursery,
+        MemoryHub(fault=chaos.fault) as hub,
+        AsyncExitStack() as groups,
+    ):
         chaos.nursery = nursery
-        hub = MemoryHub(fault=chaos.fault, nursery=nursery)
         count = 2 if chaos.scenario == "two_groups" else 1
         index = 0
         for g in range(count):
             max_turns = AIKYO_MAX_TURNS if chaos.scenario == "aikyo" else None
             group = MemoryGroup(
-                nursery,
                 timings=TIMINGS,
                 hub=hub,
                 on_engine_event=record,
@@ -432,6 +434,7 @@ async def _converse(seed: int) -> Outcome:
                 user=f"user_demo{g}" if count > 1 else "user_demo",
                 max_turns=max_turns,
             )
+            await groups.enter_async_context(group)
             chaos.groups.append(group)
             if chaos.scenario == "forger":
                 mallory = group.add_peer(_meta(MALLORY, "Mallory"), takes_part=False)
