@@ -14,11 +14,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import trio
 
 __all__ = ["OwnsTasks"]
+
+_T = TypeVar("_T")
 
 
 class OwnsTasks:
@@ -30,10 +32,15 @@ class OwnsTasks:
     @property
     def tasks(self) -> trio.Nursery:
         """The nursery of this object's tasks, while it is open."""
-        if self._nursery is None:
+        return self._while_open(self._nursery)
+
+    def _while_open(self, held: _T | None) -> _T:
+        """``held``, something the object holds only while it is open; used closed, it says how
+        to open it."""
+        if held is None:
             name = type(self).__name__
             raise RuntimeError(f"this {name} is not open: use it as `async with {name}(...) as ...:`")
-        return self._nursery
+        return held
 
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:

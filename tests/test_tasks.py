@@ -67,6 +67,12 @@ async def test_a_closed_group_or_gateway_says_how_to_open_it() -> None:
         nursery.cancel_scope.cancel()
 
 
+async def late(topic: str, receiver: str, data: bytes) -> list[bytes]:
+    """A fault hook that delays every delivery by :data:`DELAY`."""
+    await trio.sleep(DELAY)
+    return [data]
+
+
 async def test_an_open_hub_delays_only_the_receiver_its_fault_delays(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -89,11 +95,7 @@ async def test_an_open_hub_delays_only_the_receiver_its_fault_delays(
 async def test_leaving_an_open_hub_drops_the_deliveries_still_delayed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async def fault(topic: str, receiver: str, data: bytes) -> list[bytes]:
-        await trio.sleep(DELAY)
-        return [data]
-
-    async with MemoryHub(fault=fault) as hub:
+    async with MemoryHub(fault=late) as hub:
         sender, receiver = hub.endpoint("sender"), hub.endpoint("receiver")
         await sender.publish(MESSAGES, Message.create("user_a", ["companion_b"], "hello"))
     await trio.sleep(2 * DELAY)
@@ -104,11 +106,7 @@ async def test_leaving_an_open_hub_drops_the_deliveries_still_delayed(
 async def test_a_hub_not_open_runs_the_fault_in_the_publishers_call(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    async def fault(topic: str, receiver: str, data: bytes) -> list[bytes]:
-        await trio.sleep(DELAY)
-        return [data]
-
-    hub = MemoryHub(fault=fault)
+    hub = MemoryHub(fault=late)
     sender, receiver = hub.endpoint("sender"), hub.endpoint("receiver")
     start = trio.current_time()
     await sender.publish(MESSAGES, Message.create("user_a", ["companion_b"], "hello"))

@@ -90,9 +90,7 @@ class RtcGateway(OwnsTasks):
     @property
     def island(self) -> AsyncioIsland:
         """The asyncio loop aiortc runs on, while the gateway is open."""
-        if self._island is None:
-            raise RuntimeError("this RtcGateway is not open: use it as `async with RtcGateway(...) as ...:`")
-        return self._island
+        return self._while_open(self._island)
 
     @property
     def sessions(self) -> Mapping[str, RtcSession]:
