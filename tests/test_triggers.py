@@ -11,12 +11,12 @@ import pytest
 from companion.card.triggers import (
     CompiledTriggers,
     ParamType,
+    ToolInstruction,
     TriggerCondition,
     TriggerError,
     TriggerProblem,
     compile_triggers,
 )
-from companion.models import ToolInstruction
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
