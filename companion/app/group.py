@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -24,14 +24,7 @@ from companion.card.model import LoadedCard
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
 from companion.memory import Inbound, MemoryEndpoint, MemoryHub
-from companion.models.base import (
-    CompanionModel,
-    ParamsRequest,
-    SpeakRequest,
-    StateDecision,
-    StatesRequest,
-    ToolCaller,
-)
+from companion.models.base import CompanionModel, ModelCall, ModelWrapper
 from companion.protocol import MESSAGES, Message, Metadata
 from companion.store.sqlite import MemoryStore
 from companion.tasks import OwnsTasks
@@ -48,37 +41,18 @@ USER_ID: Final = "user_demo"
 # --- counting model calls -------------------------------------------------------------------------
 
 
-class CountingModel:
+class CountingModel(ModelWrapper):
     """Wraps a model and counts its calls by the message each one answers."""
 
     def __init__(self, inner: CompanionModel, counts: Counter[str] | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.kinds: Counter[str] = Counter()
-        self.parallel_params: bool = getattr(inner, "parallel_params", False)
-        self.streams_speech: bool = getattr(inner, "streams_speech", False)
-        self.speculates: bool = getattr(inner, "speculates", False)
-        """As the wrapped model asks (see ``ProviderModel``)."""
 
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def _count(self, kind: str, message: Message) -> None:
+    def _around(self, call: ModelCall, message: Message) -> AbstractContextManager[object]:
         self.counts[message.params.id] += 1
-        self.kinds[kind] += 1
-
-    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
-        self._count("decide_states", request.message)
-        return await self.inner.decide_states(request)
-
-    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
-        self._count("fill_params", request.message)
-        return await self.inner.fill_params(request)
-
-    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
-        self._count("speak", request.message)
-        await self.inner.speak(request, call_tool)
+        self.kinds[call] += 1
+        return nullcontext()
 
 
 # --- the group ------------------------------------------------------------------------------------
