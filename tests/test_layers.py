@@ -32,6 +32,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "companion.timings",
         "companion.bind",
         "companion.lazy",
+        "companion.text",
     ),
     "core": (
         "companion.card",
