@@ -18,7 +18,7 @@ from typing import Self, TypeVar
 
 import trio
 
-__all__ = ["OwnsTasks"]
+__all__ = ["OwnsTasks", "innermost"]
 
 _T = TypeVar("_T")
 
@@ -75,3 +75,11 @@ class OwnsTasks:
         lifetime, self._entered = self._entered, None
         assert lifetime is not None, "__aexit__ without __aenter__"
         return await lifetime.__aexit__(exc_type, exc, traceback)
+
+
+def innermost(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-exception groups (a nursery wraps its task's
+    failure in a group); a group of several is given back as it is."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

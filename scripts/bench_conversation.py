@@ -80,7 +80,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_support import bare_host, bare_pubsub, cpu_seconds, percentile, rss_bytes
 
-from companion.tasks import OwnsTasks  # trio and the standard library only: cheap for the children
+from companion.tasks import OwnsTasks, innermost  # trio and the standard library only: cheap for the children
 
 if TYPE_CHECKING:
     from companion.protocol import Message  # for annotations only: this script imports companion lazily
@@ -884,12 +884,11 @@ async def run_case(size: int, layout: str, kind: str, options: Options) -> dict[
                     await net.stop()
                     nursery.cancel_scope.cancel()
         except Exception as exc:  # a case that cannot finish reports what it got, and why
-            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]
+            leaf = innermost(exc)
             why = (
                 f"--case-timeout {options.case_timeout:.0f} s passed"
-                if isinstance(exc, trio.TooSlowError)
-                else repr(exc)
+                if isinstance(leaf, trio.TooSlowError)
+                else repr(leaf)
             )
             notes.append(f"stopped early: {why}")
     if dead:

@@ -79,7 +79,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "state": frozenset({"vocabulary", "core"}),
     "tasks": frozenset(),
     "memory": frozenset({"vocabulary", "tasks"}),
-    "engine": frozenset({"vocabulary", "core", "state"}),
+    "engine": frozenset({"vocabulary", "core", "state", "tasks"}),
     "models": frozenset({"vocabulary", "core"}),
     "node": frozenset({"vocabulary", "core", "state", "memory"}),
     "bridge": frozenset({"vocabulary", "core", "memory"}),
@@ -87,7 +87,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "rtc": frozenset({"vocabulary", "core", "memory", "bridge", "voice", "tasks"}),
     "listen": frozenset({"vocabulary", "core", "bridge", "rtc", "voice"}),
     "app": frozenset(LAYERS) - {"app", "cli", "testing"},
-    "cli": frozenset({"vocabulary", "core", "app", "package"}),
+    "cli": frozenset({"vocabulary", "core", "app", "package", "tasks"}),
     "testing": frozenset({"vocabulary", "core", "state", "memory", "models"}),
     "package": frozenset({"vocabulary", "core"}),
 }

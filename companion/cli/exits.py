@@ -11,15 +11,9 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from companion.app.stopping import exit_status, is_interrupt
+from companion.tasks import innermost
 
-__all__ = ["command_status", "failure_status", "innermost"]
-
-
-def innermost(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-exception groups (trio wraps a task's failure)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
+__all__ = ["command_status", "failure_status"]
 
 
 def failure_status(
