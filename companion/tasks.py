@@ -45,13 +45,15 @@ class OwnsTasks:
     @asynccontextmanager
     async def _lifetime(self) -> AsyncIterator[None]:
         """The object's nursery, open for the block; a subclass that holds more wraps this."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            try:
-                yield
-            finally:
-                self._end(nursery)
-                self._nursery = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    yield
+                finally:
+                    self._end(nursery)
+        finally:
+            self._nursery = None  # once its last task is over
 
     def _end(self, nursery: trio.Nursery) -> None:
         """How the tasks end when the block does: cancelled (a class whose tasks end on their own

@@ -61,7 +61,7 @@ async def test_a_closed_group_or_gateway_says_how_to_open_it() -> None:
             _ = gateway.island
         async with gateway:
             assert gateway.island is not None and not gateway.closed
-        assert gateway.closed  # no offer is accepted once the block has ended
+        assert gateway.closed and gateway.running == 0  # no offer is accepted once the block ended
         with pytest.raises(RuntimeError, match="not open"):
             _ = gateway.island
         nursery.cancel_scope.cancel()

@@ -160,8 +160,8 @@ class RtcGateway(OwnsTasks):
 
     @property
     def running(self) -> int:
-        """Session tasks still alive (teardown included)."""
-        return len(self.tasks.child_tasks)
+        """Session tasks still alive (teardown included); none once the gateway is closed."""
+        return 0 if self._nursery is None else len(self._nursery.child_tasks)
 
     def close_all(self, reason: str = "bridge shutting down") -> None:
         """Ask every session to end; each tears itself down within its deadline."""
