@@ -25,7 +25,7 @@ from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
 from companion.memory import Inbound, MemoryEndpoint, MemoryHub
 from companion.models.base import CompanionModel, ModelCall, ModelWrapper
-from companion.protocol import MESSAGES, Message, Metadata
+from companion.protocol import MESSAGES, PREVIEWS, Message, Metadata
 from companion.store.sqlite import MemoryStore
 from companion.tasks import OwnsTasks
 
@@ -208,6 +208,8 @@ class MemoryGroup(OwnsTasks):
             now = trio.current_time()
             if inbound is None:
                 lines = self.transcript.tick(now)
+            elif inbound.topic == PREVIEWS:  # a line still being voiced: shown when its message comes
+                continue
             else:
                 lines = self.transcript.feed(
                     inbound.payload, self.active, publisher=inbound.sender_peer, now=now
