@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -37,7 +37,7 @@ from companion.engine.gate import Gate, Publishes
 from companion.engine.routines import RoutineDriver, not_a_routine
 from companion.engine.speech import Speaker, Speech
 from companion.engine.tools import PeerTools, ToolsAnnouncer
-from companion.engine.work import EngineEvent
+from companion.engine.work import EngineEvent, Job
 from companion.log import log_event
 from companion.models.base import CompanionModel
 from companion.ports import ConversationStore, Inbound, NodeLike, Publisher
@@ -292,13 +292,7 @@ class ConversationEngine(EffectMethods):
     def _do(self, effect: ev.Effect) -> None:
         EFFECTS[type(effect)](self, effect)  # complete: checked at import
 
-    def _start(
-        self,
-        what: str,
-        message_id: str,
-        job: Coroutine[Any, Any, ev.Event | None],
-        speech: Speech | None = None,
-    ) -> None:
+    def _start(self, what: str, message_id: str, job: Job, speech: Speech | None = None) -> None:
         nursery = self._taking_work()
         if nursery is None:
             return job.close()

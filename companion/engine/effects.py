@@ -14,7 +14,7 @@ they use.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 import trio
@@ -23,7 +23,7 @@ from companion.conversation import events as ev
 from companion.conversation.machine import Conversation
 from companion.engine.gate import Gate, Publishes
 from companion.engine.speech import Speech
-from companion.engine.work import TurnWork, Work
+from companion.engine.work import Job, TurnWork, Work
 from companion.protocol import ACTIONS, STATES, Action, Metadata
 
 __all__ = ["EFFECTS", "EffectMethods"]
@@ -45,13 +45,7 @@ class _Driver(Protocol):
 
     def _taking_work(self) -> trio.Nursery | None: ...
 
-    def _start(
-        self,
-        what: str,
-        message_id: str,
-        job: Coroutine[Any, Any, ev.Event | None],
-        speech: Speech | None = None,
-    ) -> None: ...
+    def _start(self, what: str, message_id: str, job: Job, speech: Speech | None = None) -> None: ...
 
 
 class EffectMethods:
