@@ -12,6 +12,7 @@ import trio
 
 from companion.app.group import MemoryGroup
 from companion.engine.driver import EngineTimings
+from companion.engine.work import EngineEvent
 from companion.models.endpoints import ProviderConfig
 from companion.models.providers import ProviderModel
 from support.engines import converse_over_http, make_card
@@ -121,3 +122,42 @@ async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides
     assert "Continue the conversation." in json.dumps(guessed.body)
     assert chosen.at >= params.answered - 0.05  # the parameters chose other instructions
     assert "Introduce yourself." in json.dumps(chosen.body)
+
+
+async def test_a_serial_server_gets_the_speakers_two_requests_one_after_the_other() -> None:
+    """llama-cpp-python answers one request at a time, so requests sent side by side only queue
+    there. A message addressed to one companion gets no states request (the rules make it the
+    speaker), no parameters ahead and no prepared speech: its parameters, then its speech."""
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(*([CooperativeModel()] * 6))
+        model = provider(srv)
+        await model.check()
+        assert model.serial and not (model.parallel_params or model.speculates or model.states_for_one)
+        events: list[EngineEvent] = []
+        async with trio.open_nursery() as nursery:
+            group = MemoryGroup(nursery, timings=TIMINGS, on_engine_event=events.append)
+            await group.add(make_card(0, max_turns=2), model)
+            await group.say("Hello there!")
+            with trio.fail_after(30):
+                assert await group.wait_until(
+                    lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
+                )
+            nursery.cancel_scope.cancel()
+    requests = srv.model_requests()
+    names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
+    assert ["params" if "set_params" in n else "states" if "set_states" in n else "speak" for n in names] == [
+        "params",
+        "speak",
+    ]
+    params, speak = requests
+    assert params.answered is not None and speak.at >= params.answered
+    published = [e.fields for e in events if e.kind == "states_published"]
+    assert published[0]["source"] == "one_addressee" and published[0]["states"][0]["state"] == "speak"
+
+
+async def test_a_server_that_answers_side_by_side_is_asked_ahead() -> None:
+    """The same start on a hosted-like server: its states, parameters and prepared speech."""
+    with running_server(profile=PROFILES["vllm"]) as srv:
+        model = provider(srv)
+        await model.check()
+        assert not model.serial and model.parallel_params and model.speculates and model.states_for_one

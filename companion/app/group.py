@@ -52,10 +52,24 @@ class CountingModel:
         self.inner = inner
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.kinds: Counter[str] = Counter()
-        self.parallel_params: bool = getattr(inner, "parallel_params", False)
-        self.streams_speech: bool = getattr(inner, "streams_speech", False)
-        self.speculates: bool = getattr(inner, "speculates", False)
-        """As the wrapped model asks (see ``ProviderModel``)."""
+
+    # As the wrapped model asks (see ``ProviderModel``), read each time: a provider's answers
+    # depend on the server its start-up check found.
+    @property
+    def parallel_params(self) -> bool:
+        return bool(getattr(self.inner, "parallel_params", False))
+
+    @property
+    def streams_speech(self) -> bool:
+        return bool(getattr(self.inner, "streams_speech", False))
+
+    @property
+    def speculates(self) -> bool:
+        return bool(getattr(self.inner, "speculates", False))
+
+    @property
+    def states_for_one(self) -> bool:
+        return bool(getattr(self.inner, "states_for_one", True))
 
     @property
     def name(self) -> str:

@@ -81,8 +81,14 @@ class TurnWork:
 
     async def lead(self, effect: Lead) -> StatesReady:
         """Ask the model for everybody's state (``states_timeout``); a failure gives ``None``,
-        the rule-based states, with its reason as the source."""
+        the rule-based states, with its reason as the source. A message that addresses this
+        companion alone gets the rule-based states at once from a model that asks for it
+        (``states_for_one`` false: a server that answers one request at a time)."""
         timings, emit = self.timings, self.emit
+        if list(dict.fromkeys(effect.addressed)) == [self.speaker.me.id] and not getattr(
+            self.model, "states_for_one", True
+        ):
+            return StatesReady(effect.message_id, None, "one_addressee")
         request = StatesRequest(
             message=effect.message,
             companions=[self.directory[c] for c in effect.addressed if c in self.directory],
