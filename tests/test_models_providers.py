@@ -114,9 +114,7 @@ async def test_states_respect_closing_floor_and_nomination(server: FakeLLMServer
 
 async def test_invalid_states_are_sent_back_once_with_the_problems(server: FakeLLMServer) -> None:
     server.push(
-        tool_call(
-            "set_states", {"speak": [3, 0, 42], "selected": ["companion_zed"]}
-        ),
+        tool_call("set_states", {"speak": [3, 0, 42], "selected": ["companion_zed"]}),
         tool_call("set_states", ALL_STATES),
     )
     decisions = await openai_model(server).decide_states(states_request())
