@@ -5,7 +5,7 @@ through the action runtime, one HTTP request per model call, to ``terminal``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import trio
@@ -92,6 +92,25 @@ async def test_a_conversation_reaches_terminal_on_every_server(profile: str) -> 
     assert len(srv.refusals()) <= 1  # a refused form is sent once, then never again
 
 
+async def _one_reply(model: ProviderModel, on_event: Callable[[EngineEvent], None] | None = None) -> None:
+    """One companion (card 0, at most two turns) answers "Hello there!" once."""
+    async with trio.open_nursery() as nursery:
+        group = MemoryGroup(nursery, timings=TIMINGS, on_engine_event=on_event)
+        await group.add(make_card(0, max_turns=2), model)
+        await group.say("Hello there!")
+        with trio.fail_after(30):
+            assert await group.wait_until(
+                lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
+            )
+        nursery.cancel_scope.cancel()
+
+
+def _kinds(requests: list[Recorded]) -> list[str]:
+    """Each model request by what it asked: ``states``, ``params`` or ``speak``."""
+    names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
+    return ["states" if "set_states" in n else "params" if "set_params" in n else "speak" for n in names]
+
+
 async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides() -> None:
     """One request before the first words: a companion addressed alone asks for its parameters
     and starts its speech (held) at once, beside its states call. Its first speech guesses the
@@ -101,18 +120,9 @@ async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides
     # busy machine's delays cannot order them (a ttft alone did, once in a loaded run)
     with running_server(ttft=0.3, answer_together=3) as srv:
         srv.push(*([CooperativeModel()] * 6))
-        async with trio.open_nursery() as nursery:
-            group = MemoryGroup(nursery, timings=TIMINGS)
-            await group.add(make_card(0, max_turns=2), provider(srv))
-            await group.say("Hello there!")
-            with trio.fail_after(30):
-                assert await group.wait_until(
-                    lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
-                )
-            nursery.cancel_scope.cancel()
+        await _one_reply(provider(srv))
     requests = srv.model_requests()
-    names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
-    kinds = ["states" if "set_states" in n else "params" if "set_params" in n else "speak" for n in names]
+    kinds = _kinds(requests)
     assert sorted(kinds) == ["params", "speak", "speak", "states"]
     states, params = (requests[kinds.index(k)] for k in ("states", "params"))
     guessed, chosen = (r for r, k in zip(requests, kinds, strict=True) if k == "speak")
@@ -134,21 +144,9 @@ async def test_a_serial_server_gets_the_speakers_two_requests_one_after_the_othe
         await model.check()
         assert model.serial and not (model.parallel_params or model.speculates or model.states_for_one)
         events: list[EngineEvent] = []
-        async with trio.open_nursery() as nursery:
-            group = MemoryGroup(nursery, timings=TIMINGS, on_engine_event=events.append)
-            await group.add(make_card(0, max_turns=2), model)
-            await group.say("Hello there!")
-            with trio.fail_after(30):
-                assert await group.wait_until(
-                    lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
-                )
-            nursery.cancel_scope.cancel()
+        await _one_reply(model, events.append)
     requests = srv.model_requests()
-    names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
-    assert ["params" if "set_params" in n else "states" if "set_states" in n else "speak" for n in names] == [
-        "params",
-        "speak",
-    ]
+    assert _kinds(requests) == ["params", "speak"]
     params, speak = requests
     assert params.answered is not None and speak.at >= params.answered
     published = [e.fields for e in events if e.kind == "states_published"]
