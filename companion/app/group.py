@@ -53,23 +53,21 @@ class CountingModel:
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.kinds: Counter[str] = Counter()
 
-    # As the wrapped model asks (see ``ProviderModel``), read each time: a provider's answers
-    # depend on the server its start-up check found.
-    @property
-    def parallel_params(self) -> bool:
-        return bool(getattr(self.inner, "parallel_params", False))
+    _ASKS: Final = {
+        "parallel_params": False,
+        "streams_speech": False,
+        "speculates": False,
+        "states_for_one": True,
+    }
+    """What the engine reads of a model (see ``ProviderModel``), and its value for a model that
+    does not say."""
 
-    @property
-    def streams_speech(self) -> bool:
-        return bool(getattr(self.inner, "streams_speech", False))
-
-    @property
-    def speculates(self) -> bool:
-        return bool(getattr(self.inner, "speculates", False))
-
-    @property
-    def states_for_one(self) -> bool:
-        return bool(getattr(self.inner, "states_for_one", True))
+    def __getattr__(self, name: str) -> bool:
+        """As the wrapped model asks, read each time: a provider's answers depend on the server
+        its start-up check found."""
+        if name not in CountingModel._ASKS:
+            raise AttributeError(name)
+        return bool(getattr(self.inner, name, CountingModel._ASKS[name]))
 
     @property
     def name(self) -> str:
