@@ -59,9 +59,9 @@ __all__ = [
 ]
 
 _HANG_LIMIT = 20.0
+"""A hung request is released after this many seconds even if nobody stops it."""
 TOGETHER_LIMIT = 10.0
 """Seconds an answer waits at most for :attr:`FakeLLMServer.answer_together` requests."""
-"""A hung request is released after this many seconds even if nobody stops it."""
 
 
 @dataclass(frozen=True)
