@@ -41,14 +41,12 @@ async def test_a_provider_conversation_reaches_terminal_with_two_requests_before
 ) -> None:
     answers = CooperativeModel()
     server.push(*([answers] * 40))
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=TIMINGS)
+    async with MemoryGroup(timings=TIMINGS) as group:
         for index in range(3):
             await group.add(make_card(index, max_turns=3), provider(server))
         opening = await group.say("Hello, everyone!")
         with trio.fail_after(60):
             assert await group.wait_until(lambda t: t.over, 60)
-        nursery.cancel_scope.cancel()
     replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
     assert [e.closing for e in replies] == ["none", "pre-closing", "closing"]
     assert replies[0].in_reply_to == opening.params.id
@@ -94,15 +92,13 @@ async def test_a_conversation_reaches_terminal_on_every_server(profile: str) -> 
 
 async def _one_reply(model: ProviderModel, on_event: Callable[[EngineEvent], None] | None = None) -> None:
     """One companion (card 0, at most two turns) answers "Hello there!" once."""
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=TIMINGS, on_engine_event=on_event)
+    async with MemoryGroup(timings=TIMINGS, on_engine_event=on_event) as group:
         await group.add(make_card(0, max_turns=2), model)
         await group.say("Hello there!")
         with trio.fail_after(30):
             assert await group.wait_until(
                 lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
             )
-        nursery.cancel_scope.cancel()
 
 
 def _kinds(requests: list[Recorded]) -> list[str]:
