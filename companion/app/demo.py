@@ -34,7 +34,7 @@ from companion.card.model import LoadedCard, load_card
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.log import library_teardown, log_event
 from companion.memory import Inbound
-from companion.protocol import MESSAGES, Message, Metadata
+from companion.protocol import MESSAGES, PREVIEWS, Message, Metadata
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -99,8 +99,7 @@ async def run_in_memory(
 
     models = [make_model(model, base_url=base_url, seed=seed + index) for index in range(len(cards))]
     timings = engine_timings(models, pace)
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=timings, on_event=emit)
+    async with MemoryGroup(timings=timings, on_event=emit) as group:
         for loaded, made in zip(cards, models, strict=True):
             await group.add(loaded, made)
         await group.say(text or kickoff_text(cards))
@@ -108,7 +107,6 @@ async def run_in_memory(
         end = _end_event(group.transcript, done, max_replies)
         if not group.transcript.over:
             emit(end)
-        nursery.cancel_scope.cancel()
     return end
 
 
@@ -250,6 +248,8 @@ class _Watcher:
         self.changes = Changes()
 
     async def handle(self, inbound: Inbound) -> None:
+        if inbound.topic == PREVIEWS:  # a line still being voiced: shown when its message comes
+            return
         peer = inbound.sender_peer
         publisher = (self.companion_of(peer) if self.companion_of else None) or peer
         lines = self.transcript.feed(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -133,6 +133,38 @@ class HookedModel:
         await self.inner.speak(request, call_tool)
 
 
+class EndlessSpeaker:
+    """A model that prepares replies: parameters at once; ``decisions`` as its states once
+    :attr:`release` is set (each call counted); a speech that never ends (counted, and its
+    cancellation too)."""
+
+    speculates = True
+    name = "endless"
+
+    def __init__(self, decisions: Sequence[StateDecision] = ()) -> None:
+        self.decisions = list(decisions)
+        self.release = trio.Event()
+        self.states = 0
+        self.speaking = 0
+        self.cancelled = 0
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
+        self.states += 1
+        await self.release.wait()
+        return list(self.decisions)
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
+        return {}
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        self.speaking += 1
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
+
+
 class EchoSink(Sink):
     """A publisher for one engine driven by hand: it records what the engine publishes and hands
     it back to the engine, as every transport does (the echo rule of ``companion.ports``)."""
@@ -191,8 +223,7 @@ async def converse_over_http(
 
     memory = EndpointMemory()
     config = resolve_config("openai", "fake-1", base_url=base_url, environ={})
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=timings)
+    async with MemoryGroup(timings=timings) as group:
         cards = [make_card(index, max_turns=max_turns) for index in range(3)]
         for card in cards:
             model = ProviderModel(config, memory)
@@ -201,7 +232,6 @@ async def converse_over_http(
         await group.say("Hello, everyone!")
         with trio.fail_after(timeout):
             assert await group.wait_until(lambda t: t.over, timeout), "no terminal: the conversation stalled"
-        nursery.cancel_scope.cancel()
     replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
     ids = {card.card.metadata.id for card in cards} | {"user_demo"}
     assert all(e.recipients and set(e.recipients) <= ids for e in replies), [e.recipients for e in replies]
