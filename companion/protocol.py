@@ -25,9 +25,11 @@ __all__ = [
     "APPROVAL_QUERY",
     "MAX_PAYLOAD_BYTES",
     "MESSAGES",
+    "NODE_TOPICS",
     "PRESENCE_MAX_ADDRS",
     "PRESENCE_MAX_LOST",
     "PRESENCE_MAX_TTL",
+    "PREVIEWS",
     "QUERIES",
     "SPEAK_QUERY",
     "STATES",
@@ -66,6 +68,13 @@ STATES: Final = "states"
 QUERIES: Final = "queries"
 ACTIONS: Final = "actions"
 TOPICS: Final[tuple[str, ...]] = (MESSAGES, STATES, QUERIES, ACTIONS)
+PREVIEWS: Final = "companion-previews/1"
+"""Our own topic, which aikyo nodes and clients do not subscribe to: a speaker's ``message.send``
+exactly as it will go out on :data:`MESSAGES`, published once its text is complete and while it
+is still voiced, so the next turn's model work starts early (held until the message itself
+arrives and matches; see docs/architecture.md, "One turn, through the code")."""
+NODE_TOPICS: Final[tuple[str, ...]] = (*TOPICS, PREVIEWS)
+"""Every topic a node subscribes to and validates: aikyo's and our previews."""
 
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 """Default size limit for one topic payload; larger payloads are dropped before parsing."""
@@ -361,6 +370,7 @@ class PayloadError:
 
 _METHOD_FOR_TOPIC: Final[dict[str, str]] = {
     MESSAGES: "message.send",
+    PREVIEWS: "message.send",
     QUERIES: "query.send",
     ACTIONS: "action.send",
 }
@@ -473,7 +483,7 @@ def parse_payload(topic: str, data: bytes, *, max_bytes: int = MAX_PAYLOAD_BYTES
 
 
 def _parse(topic: str, data: bytes, max_bytes: int) -> Payload | PayloadError:
-    if topic not in TOPICS:
+    if topic not in NODE_TOPICS:
         return PayloadError("unknown_topic", f"no such topic {topic!r}")
     obj = _decode(data, max_bytes)
     if isinstance(obj, PayloadError):
@@ -495,7 +505,7 @@ def _parse(topic: str, data: bytes, max_bytes: int) -> Payload | PayloadError:
         expected = _METHOD_FOR_TOPIC[topic]
         if method != expected:
             return PayloadError("wrong_method", f"{method!r} is not sent on {topic!r}")
-        if topic == MESSAGES:
+        if topic in (MESSAGES, PREVIEWS):
             return Message.model_validate(obj, context=_WIRE)
         return Action.model_validate(obj, context=_WIRE)
     except ValidationError as exc:

@@ -37,6 +37,9 @@ class EngineTimings:
     the companions already there are not newcomers."""
     rejoin_grace: float = 30.0
     """A companion back within this long of leaving is not greeted again (nor seen off)."""
+    pipeline: bool = True
+    """The next turn's model work starts from a voiced line's preview, while it is voiced
+    (:mod:`companion.conversation.preview`; models that prepare replies only)."""
 
     def __post_init__(self) -> None:
         values = (self.states_timeout, self.takeover_after, self.speak_timeout, self.reply_timeout)

@@ -123,6 +123,10 @@ class Companion:
         argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
         argv += ["-v", "--ws", "127.0.0.1:0", "--model", model, "--base-url", base_url]
         argv += [] if webrtc else ["--no-webrtc"]
+        self._start(argv)
+
+    def _start(self, argv: list[str]) -> None:
+        """Run ``argv`` (a ``companion run`` with ``--log-format json``), reading both streams."""
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.events: list[dict[str, Any]] = []

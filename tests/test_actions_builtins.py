@@ -21,6 +21,7 @@ from companion.actions import (
     resolve_tool,
 )
 from companion.actions.builtins import (
+    PREVIEW,
     VOICE_PUBLISH_MARGIN,
     companions,
     sentence_wait,
@@ -258,3 +259,41 @@ async def test_speak_with_voice_says_a_line_a_sentence_at_a_time_and_stops_when_
     assert [m["part"] for m in metas] == [0, 1] and metas[0]["line"] == metas[1]["line"]
     [published] = [p for p in result.published if isinstance(p, Message)]
     assert published.params.message == "Good morning!"
+
+
+async def test_speak_with_voice_hands_its_message_over_before_voicing_it() -> None:
+    """The preview (``PREVIEW``) gets the very message, same id and text, before the first
+    sentence is asked for; a line cut short keeps the id with the text said, so it differs."""
+    hub = MemoryHub()
+    node, client = hub.endpoint("node"), hub.endpoint("client")
+    runtime, _ = make_runtime(speak_with_voice, publisher=node)
+    order: list[str] = []
+    previews: list[Message] = []
+
+    def preview(message: Message) -> None:
+        order.append("preview")
+        previews.append(message)
+
+    def respond(query: Query) -> QueryResult:
+        order.append(f"speak {(query.params.metadata or {}).get('part')}")
+        cut = (query.params.metadata or {}).get("part") == 1
+        return answer(query, success=not cut, body={"interrupted": True} if cut else {"spoken": True})
+
+    lines = [SAY, {**SAY, "message": "Good morning! The tide is out. See you later."}]
+    results = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pump_results, node, runtime)
+        nursery.start_soon(run_client, client, respond, [])
+        token = PREVIEW.set(preview)
+        try:
+            for line in lines:
+                with trio.fail_after(10):
+                    results.append(await runtime.call("speak_with_voice", line))
+        finally:
+            PREVIEW.reset(token)
+        nursery.cancel_scope.cancel()
+    assert order == ["preview", "speak 0", "preview", "speak 0", "speak 1"]
+    whole, cut = (next(p for p in r.published if isinstance(p, Message)) for r in results)
+    assert whole == previews[0]
+    assert cut.params.id == previews[1].params.id and cut.params.message == "Good morning!"
+    assert previews[1].params.message == lines[1]["message"]

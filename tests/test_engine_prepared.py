@@ -11,35 +11,8 @@ import trio
 import trio.testing
 
 from companion.conversation.events import Speak
-from companion.models.base import ParamsRequest, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.protocol import Message
-from support.engines import EchoSink, make_card, solo
-
-
-class EndlessSpeaker:
-    """Parameters at once; a speech that never ends (it records being cancelled)."""
-
-    speculates = True
-    name = "endless"
-
-    def __init__(self) -> None:
-        self.speaking = 0
-        self.cancelled = 0
-
-    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
-
-    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
-        return {}
-
-    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
-        self.speaking += 1
-        try:
-            await trio.sleep_forever()
-        except trio.Cancelled:
-            self.cancelled += 1
-            raise
+from support.engines import EchoSink, EndlessSpeaker, make_card, solo
 
 
 def _expected(me: str) -> Speak:

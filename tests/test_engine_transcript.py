@@ -37,7 +37,9 @@ from companion.conversation.rules import (
     turn_tag,
 )
 from companion.conversation.transcript import Transcript, TranscriptEvent, render_text
-from companion.protocol import Message, State
+from companion.memory import Inbound
+from companion.protocol import MESSAGES, PREVIEWS, Message, State
+from support.cards import metadata
 
 REPO = Path(__file__).resolve().parents[1]
 A, B, C = "companion_a", "companion_b", "companion_c"
@@ -244,3 +246,15 @@ async def test_the_opening_line_is_resent_until_answered_then_given_up(
     end = await _converse(Bridge(), watcher, opening, options)
     assert (end.kind, end.reason) == ("end", "timeout") and "no companion answered" in end.why
     assert len(sent) >= 3 and {m.params.id for m in sent} == {opening.params.id}
+
+
+async def test_the_demo_shows_a_line_when_its_message_comes_not_its_preview() -> None:
+    shown: list[TranscriptEvent] = []
+    watcher = _Watcher(Transcript(), {A: metadata("a")}, shown.append)
+    opening = Message.create(USER_ID, [A], "Hello?", id="m-open")
+    await watcher.handle(Inbound(MESSAGES, opening, USER_ID))
+    line = _reply(A, [USER_ID], opening, 1)
+    await watcher.handle(Inbound(PREVIEWS, line, A))
+    assert [e.text for e in shown if e.kind == "message"] == ["Hello?"]
+    await watcher.handle(Inbound(MESSAGES, line, A))
+    assert [e.text for e in shown if e.kind == "message"] == ["Hello?", f"{A} speaks"]

@@ -16,6 +16,8 @@ from companion.protocol import (
     ACTIONS,
     MAX_PAYLOAD_BYTES,
     MESSAGES,
+    NODE_TOPICS,
+    PREVIEWS,
     QUERIES,
     STATES,
     TOPICS,
@@ -182,6 +184,14 @@ def test_hostile_bytes_get_a_reason(data: bytes, reason: str) -> None:
     result = parse_payload(MESSAGES, data)
     assert isinstance(result, PayloadError)
     assert result.reason == reason
+
+
+def test_previews_carry_a_message_on_a_topic_aikyo_never_sees() -> None:
+    message = Message.create("companion_a", ["user_x"], "Three boats came in.", {"emotion": "calm"})
+    assert parse_payload(PREVIEWS, encode(message)) == message
+    wrong = parse_payload(PREVIEWS, encode(Action.create("companion_a", "wave", {})))
+    assert isinstance(wrong, PayloadError) and wrong.reason == "wrong_method"
+    assert PREVIEWS not in TOPICS and set(NODE_TOPICS) == {*TOPICS, PREVIEWS}
 
 
 def test_unknown_topic() -> None:

@@ -16,7 +16,7 @@ and after one refusal falls back to the previous speaker and the people.)
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Final, Literal, Protocol, TypeAlias
 
@@ -31,6 +31,7 @@ from companion.protocol import COMPANION_ID_PREFIX, SPEAK_QUERY, Message, Metada
 
 __all__ = [
     "LIVE_LINE",
+    "PREVIEW",
     "VOICE_QUERY",
     "VOICE_TIMEOUT",
     "VOICE_TOOL",
@@ -187,6 +188,10 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
     message by the voice deadline, it never silences the companion.
     """
     to = _recipients(ctx)  # before the voice: a refused message is not heard either
+    message = _message(ctx, to)
+    preview = PREVIEW.get()
+    if preview is not None:  # the text is complete: the next turn may start while it is voiced
+        preview(message)
     live = LIVE_LINE.get()
     if live is None or not live.voices(ctx.tool_id):
         sentences = split_sentences(ctx.input.message) or [ctx.input.message]
@@ -199,7 +204,10 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
             "nothing of that line was said (the voice was interrupted or refused it): "
             "do not say it again this turn"
         )
-    return Message.create(ctx.companion_id, to, said, metadata={"emotion": ctx.input.emotion})
+    if said == message.params.message:
+        return message
+    # Same id, other text: whoever holds work from the preview drops it (it differs).
+    return message.model_copy(update={"params": message.params.model_copy(update={"message": said})})
 
 
 class LiveLine(Protocol):
@@ -218,6 +226,11 @@ class LiveLine(Protocol):
 LIVE_LINE: ContextVar[LiveLine | None] = ContextVar("companion_live_line", default=None)
 """The live line of the speaker's turn, set by the speaker around the model's call (the handler
 runs in the speaker's task, whose context it inherits); ``None`` anywhere else."""
+
+PREVIEW: ContextVar[Callable[[Message], None] | None] = ContextVar("companion_preview", default=None)
+"""Where ``speak_with_voice`` hands its message once its text is complete, before it is voiced
+(the speaker sets it around its tool calls; the engine publishes it as a preview, see
+:mod:`companion.conversation.preview`); ``None`` anywhere else. It must not block."""
 
 
 def sentence_wait(sentence: str) -> float:

@@ -31,7 +31,7 @@ from companion.bridge.views import RecentMessages, serve_history
 from companion.log import log_event
 from companion.memory import Publisher
 from companion.ports import Inbound
-from companion.protocol import STATES, Metadata
+from companion.protocol import MESSAGES, STATES, Metadata
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -174,7 +174,8 @@ class _Remembering:
     recent: RecentMessages
 
     async def handle(self, inbound: Inbound) -> None:
-        self.recent.note(inbound.payload)
+        if inbound.topic == MESSAGES:  # not a preview of one (PREVIEWS)
+            self.recent.note(inbound.payload)
         await self.bridge.handle(inbound)
 
 

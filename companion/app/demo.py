@@ -34,7 +34,7 @@ from companion.card.model import LoadedCard, load_card
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.log import library_teardown, log_event
 from companion.memory import Inbound
-from companion.protocol import MESSAGES, Message, Metadata
+from companion.protocol import MESSAGES, PREVIEWS, Message, Metadata
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -250,6 +250,8 @@ class _Watcher:
         self.changes = Changes()
 
     async def handle(self, inbound: Inbound) -> None:
+        if inbound.topic == PREVIEWS:  # a line still being voiced: shown when its message comes
+            return
         peer = inbound.sender_peer
         publisher = (self.companion_of(peer) if self.companion_of else None) or peer
         lines = self.transcript.feed(

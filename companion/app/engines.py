@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -236,6 +236,8 @@ class EngineOptions:
     """The scripted model's seed for the first card; the card at index ``i`` gets ``seed + i``."""
     pace: float = 0.0
     """Seconds a speaker pauses before replying (so a person can follow)."""
+    pipeline: bool = True
+    """The next turn's model work starts while a line is voiced (``EngineTimings.pipeline``)."""
     check_timeout: float = 10.0
     """Deadline of each provider model's start-up check."""
 
@@ -304,7 +306,7 @@ async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) ->
                 where = f"{loaded.path}: settings.model: {exc}"
                 raise ModelSetupError(where, reason=exc.reason, status=exc.status) from exc
             built[key] = model
-        timings = engine_timings([model], options.pace)
+        timings = replace(engine_timings([model], options.pace), pipeline=options.pipeline)
         cid = loaded.card.metadata.id
         out[cid] = CardModel(spec, model, timings)
         log_event(logger, "model_ready", companion=cid, spec=spec, model=model.name)

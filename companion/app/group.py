@@ -30,7 +30,7 @@ from companion.models.base import (
     StatesRequest,
     ToolCaller,
 )
-from companion.protocol import MESSAGES, Message, Metadata
+from companion.protocol import MESSAGES, PREVIEWS, Message, Metadata
 from companion.store.sqlite import MemoryStore
 
 if TYPE_CHECKING:
@@ -224,6 +224,8 @@ class MemoryGroup:
             now = trio.current_time()
             if inbound is None:
                 lines = self.transcript.tick(now)
+            elif inbound.topic == PREVIEWS:  # a line still being voiced: shown when its message comes
+                continue
             else:
                 lines = self.transcript.feed(
                     inbound.payload, self.active, publisher=inbound.sender_peer, now=now

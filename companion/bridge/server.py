@@ -53,7 +53,7 @@ from companion.bridge.httpserver import (
 from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
 from companion.log import log_event
 from companion.memory import Inbound, Publisher
-from companion.protocol import Envelope, Metadata, QueryResult
+from companion.protocol import TOPICS, Envelope, Metadata, QueryResult
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -266,8 +266,10 @@ class Bridge:
 
     def deliver(self, inbound: Inbound) -> None:
         """A payload the node received (the echo of this bridge's own included); queued for
-        subscribed clients. Never blocks."""
-        self._apply(self.core.network_payload(inbound))
+        subscribed clients. Never blocks. Our own topics between companions (the previews of
+        messages) are nobody's client's business, and aikyo's clients never see them."""
+        if inbound.topic in TOPICS:
+            self._apply(self.core.network_payload(inbound))
 
     async def handle(self, inbound: Inbound) -> None:
         """The node's inbound handler interface: same as :meth:`deliver`."""

@@ -112,6 +112,11 @@ def register(subparsers: Any) -> None:
     models.add_argument(
         "--pace", type=float, default=0.0, metavar="SECONDS", help="pause before each reply (default 0)"
     )
+    models.add_argument(
+        "--no-pipeline",
+        action="store_true",
+        help="start the next turn only once a voiced line was heard, not while it is voiced",
+    )
     clients = parser.add_argument_group("clients (the bridge inside this process)")
     clients.add_argument(
         "--ws",
@@ -181,7 +186,13 @@ def main(args: argparse.Namespace) -> int:
         mdns=not args.no_mdns,
         data_dir=args.data_dir or default_data_dir(),
         stats_interval=args.stats_interval,
-        engine=EngineOptions(model=args.model, base_url=args.base_url, seed=args.seed, pace=args.pace),
+        engine=EngineOptions(
+            model=args.model,
+            base_url=args.base_url,
+            seed=args.seed,
+            pace=args.pace,
+            pipeline=not args.no_pipeline,
+        ),
         bridge=bridge,
         relays=args.relay,
         max_connections=args.max_connections,

@@ -43,10 +43,13 @@ __all__ = [
     "CompanionJoined",
     "CompanionLeft",
     "Decision",
+    "DropAhead",
     "Effect",
     "Event",
     "Lead",
+    "LeadAhead",
     "Level",
+    "MessagePreviewed",
     "MessageSeen",
     "Prepare",
     "PublishSignal",
@@ -97,6 +100,18 @@ class MessageSeen:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "info", turn_info(self.message))
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePreviewed:
+    """A speaker's ``message.send`` arrived early on :data:`~companion.protocol.PREVIEWS`: its
+    text is complete and still being voiced. Nothing of the conversation moves until the message
+    itself arrives; only the next turn's model work may start, held (see
+    :mod:`companion.conversation.preview`)."""
+
+    message: Message
+    publisher: str | None = None
+    """The authenticated companion id of its publisher (a preview counts only from its ``from``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +194,7 @@ class CompanionLeft:
 
 Event: TypeAlias = (
     MessageSeen
+    | MessagePreviewed
     | StatesSeen
     | StatesReady
     | ReplyPublished
@@ -246,6 +262,24 @@ class Prepare:
 
 
 @dataclass(frozen=True, slots=True)
+class LeadAhead:
+    """Ask the model for the states of a message only previewed (:class:`MessagePreviewed`): the
+    answer is held by the driver and given for the :class:`Lead` of the same message only when
+    that asks the model the same; nothing is published from it before."""
+
+    lead: Lead
+
+
+@dataclass(frozen=True, slots=True)
+class DropAhead:
+    """The work started for a previewed message (a :class:`LeadAhead`, a :class:`Prepare`) is
+    cancelled: the message differed from its preview, or did not come in time."""
+
+    message_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Withdraw:
     """Cancel the speech (or the lead) in progress for ``message_id``; nothing of it goes out."""
 
@@ -271,7 +305,9 @@ class Decision:
     level: Level = "info"
 
 
-Effect: TypeAlias = Lead | PublishStates | Speak | Prepare | Withdraw | PublishSignal | Decision
+Effect: TypeAlias = (
+    Lead | LeadAhead | DropAhead | PublishStates | Speak | Prepare | Withdraw | PublishSignal | Decision
+)
 
 
 def parse_signal(speaker: str, name: str, params: Mapping[str, Any]) -> YieldSeen | ThinkingSeen | None:

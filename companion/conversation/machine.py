@@ -74,6 +74,7 @@ from companion.conversation.events import (
     Effect,
     Event,
     Lead,
+    MessagePreviewed,
     MessageSeen,
     Prepare,
     PublishSignal,
@@ -87,6 +88,7 @@ from companion.conversation.events import (
     Withdraw,
     YieldSeen,
 )
+from companion.conversation.preview import PreviewRules
 from companion.conversation.rules import (
     StateDecision,
     TurnInfo,
@@ -119,7 +121,7 @@ _PEOPLE: Final = 16
 _REPLIED_BEFORE: Final = "it replied before a restart"
 
 
-class Conversation(ArrayRules, SlotRules):
+class Conversation(PreviewRules, ArrayRules, SlotRules):
     """The conversation as one node follows it (``me``: its companion id; ``None``: a bystander).
 
     ``known``: companions this node knew before (the store remembers them across restarts);
@@ -174,6 +176,7 @@ class Conversation(ArrayRules, SlotRules):
         message = event.message
         params = message.params
         info = event.info
+        self._settle_preview(message, out)  # work started from its preview goes on, or is dropped
         if self.thread.knows(params.id):
             self._log(out, "message_duplicate", "debug", message_id=params.id, sender=params.from_)
             return
@@ -420,6 +423,7 @@ class Conversation(ArrayRules, SlotRules):
     def _on_time(self, now: float, out: list[Effect]) -> None:
         """What time alone does: an array held for its slot counts, a leader takes over, the
         closing array goes out, a speaking slot opens or passes, a turn nobody answered ends."""
+        self._expire_previews(now, out)
         turn = self.turn
         if turn is None:
             return
@@ -519,6 +523,7 @@ Handler = Callable[[Conversation, Any, float, list[Effect]], None]
 
 _EVERY_PHASE: Final[Mapping[type[Any], Handler]] = {
     MessageSeen: Conversation._on_message,
+    MessagePreviewed: Conversation._on_preview,
     StatesSeen: Conversation._states_seen,
     YieldSeen: Conversation._yield_seen,
     ThinkingSeen: Conversation._thinking_seen,

@@ -41,6 +41,7 @@ from companion.ports import ConversationStore, Inbound, NodeLike, Publisher
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
+    PREVIEWS,
     QUERIES,
     STATES,
     Action,
@@ -130,6 +131,11 @@ class ConversationEngine:
             self.me.id, directory, follows=self.conversation.follows_slots, emit=self._emit
         )
         self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit)
+        self._pipelines = self.timings.pipeline and bool(getattr(model, "speculates", False))
+        """Whether the next turn starts from previews (:mod:`companion.conversation.preview`):
+        this companion publishes its voiced lines' previews and works ahead from its peers'."""
+        if self._pipelines:
+            self._speaker.preview = self._preview
         self._store_health = work.StoreHealth(self._emit)
         self._work = work.TurnWork(
             model, directory, self.store, self.timings, self._speaker, self.conversation, self._emit
@@ -175,6 +181,7 @@ class ConversationEngine:
         out (:class:`Gate`); every message that still arrives is recorded."""
         self._gate.stopping = True
         self._speaker.keep_prepared(None, "stopping")  # no slot will adopt it now
+        self._work.stop_ahead("stopping")  # nor will a lead take the states asked from a preview
         with trio.move_on_after(grace):
             await self._settle(lambda: bool(self._tasks))
         for (what, message_id), job in list(self._tasks.items()):
@@ -228,6 +235,8 @@ class ConversationEngine:
                 self.peer_tools.note(payload, publisher)
         elif inbound.topic == QUERIES and isinstance(payload, QueryResult):
             self.runtime.deliver_query_result(payload)
+        elif inbound.topic == PREVIEWS and isinstance(payload, Message) and self._pipelines:
+            self._feed(ev.MessagePreviewed(payload, publisher))
 
     def _on_message(self, seen: ev.MessageSeen) -> None:
         message = seen.message
@@ -300,6 +309,12 @@ class ConversationEngine:
             nursery = self._taking_work()
             if nursery is not None and not self._gate.stopping:
                 self._work.prepare(effect.speak, nursery)
+        elif isinstance(effect, ev.LeadAhead):
+            nursery = self._taking_work()
+            if nursery is not None and not self._gate.stopping:
+                self._work.lead_ahead(effect.lead, nursery)
+        elif isinstance(effect, ev.DropAhead):
+            self._work.drop_ahead(effect.message_id, effect.reason)
         elif isinstance(effect, ev.Withdraw):
             held = self._tasks.pop((effect.what, effect.message_id), None)
             if held is not None:
@@ -332,18 +347,26 @@ class ConversationEngine:
 
         nursery.start_soon(run)
 
-    def _spawn_publish(self, topic: str, envelope: Action | list[State], message_id: str) -> None:
+    def _preview(self, message: Message) -> None:
+        """This companion's voiced line is complete: its message, stamped as it will go out,
+        published on :data:`~companion.protocol.PREVIEWS` while it is voiced."""
+        stamped = self.conversation.outgoing(message)
+        if isinstance(stamped, Message):
+            self._spawn_publish(PREVIEWS, stamped, message.params.id)
+
+    def _spawn_publish(self, topic: str, envelope: Message | Action | list[State], message_id: str) -> None:
         nursery = self._taking_work()
         if nursery is not None:
             self._publishing += 1
             nursery.start_soon(self._publish, topic, envelope, message_id)
 
-    async def _publish(self, topic: str, envelope: Action | list[State], message_id: str) -> None:
+    async def _publish(self, topic: str, envelope: Message | Action | list[State], message_id: str) -> None:
         try:
             with trio.fail_after(self.timings.publish_timeout):
                 await self._publisher.publish(topic, envelope)
         except Exception as exc:  # trio.TooSlowError included
-            kind = "states_publish_failed" if topic == STATES else "signal_publish_failed"
+            kinds = {STATES: "states_publish_failed", PREVIEWS: "preview_publish_failed"}
+            kind = kinds.get(topic, "signal_publish_failed")
             self._emit(kind, logging.ERROR, message_id=message_id, error=repr(exc))
         finally:
             self._publishing -= 1

@@ -38,7 +38,7 @@ import jsonschema
 import trio
 
 from companion.actions import ActionDef, ActionRuntime, ToolResult
-from companion.actions.builtins import LIVE_LINE, VOICE_TOOL, no_recipients, resolve_recipients
+from companion.actions.builtins import LIVE_LINE, PREVIEW, VOICE_TOOL, no_recipients, resolve_recipients
 from companion.card.model import LoadedCard
 from companion.card.paramfit import fit_params, plausible_on_opening
 from companion.conversation.events import Speak
@@ -183,6 +183,9 @@ class Speaker:
         self._last_values: dict[str, Any] = {}
         """The parameters of this companion's last reply: a prepared reply's guess until the
         model's own for the message arrive."""
+        self.preview: Callable[[Message], None] | None = None
+        """Where a voiced message goes once its text is complete, before it is voiced (the
+        engine publishes it as a preview: :mod:`companion.conversation.preview`)."""
         self.params_check = ParamsCheck(self.card.events.params)
         if self.params_check.problem is not None:
             emit("params_schema_invalid", logging.ERROR, problem=self.params_check.problem)
@@ -288,7 +291,11 @@ class Speaker:
                     if isinstance(checked, ToolResult):
                         return checked.for_model()
                     raw = checked
-            return (await self.runtime.call(tool_id, raw)).for_model()
+            token = PREVIEW.set(self.preview)
+            try:
+                return (await self.runtime.call(tool_id, raw)).for_model()
+            finally:
+                PREVIEW.reset(token)
 
         return call_tool
 
@@ -346,6 +353,9 @@ class Speaker:
         (:meth:`keep_prepared`): nothing of it reaches anyone."""
         if not getattr(self.model, "speculates", False):
             return False
+        current = self._prepared
+        if current is not None and current.message_id == effect.message_id:
+            return True  # prepared from the message's preview: the slot's checks still apply
         self.keep_prepared(None, "a newer message")
         self.prefetch(effect.message, history, nursery, limit)
         prepared = _Prepared(effect.message_id, trio.CancelScope(deadline=trio.current_time() + limit))
@@ -417,6 +427,17 @@ class Speaker:
         self._prepared = None
         prepared.scope.cancel()
         self._emit("reply_prepared_dropped", logging.INFO, message_id=prepared.message_id, reason=reason)
+
+    def drop_ahead(self, message_id: str, reason: str) -> None:
+        """Cancel what was started for ``message_id`` from its preview (its parameters and its
+        prepared reply): the message differed from it, or did not come."""
+        ahead = self._prefetched
+        if ahead is not None and ahead.message_id == message_id:
+            self._prefetched = None
+            ahead.scope.cancel()
+        prepared = self._prepared
+        if prepared is not None and prepared.message_id == message_id:
+            self.keep_prepared(None, reason)
 
     def _take_prepared(self, message_id: str, plan: _Plan) -> _Prepared | None:
         """The prepared reply to ``message_id`` when it asked what ``plan`` asks; any other is

@@ -16,14 +16,15 @@ says once when the store starts failing and once when it works again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import trio
 
 from companion.conversation.events import Event, Lead, ReplyPublished, Speak, SpeakingFailed, StatesReady
 from companion.conversation.machine import Conversation
+from companion.conversation.rules import StateDecision
 from companion.engine.gate import Gate
 from companion.engine.routines import RoutineDriver, current_firing
 from companion.engine.speech import Speaker, Speech
@@ -63,6 +64,17 @@ class Work:
     speech: Speech | None = None
 
 
+@dataclass(slots=True)
+class _Ahead:
+    """A states call started from a message's preview, held for the message's own lead."""
+
+    message_id: str
+    request: StatesRequest
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+    answer: tuple[Sequence[StateDecision] | None, str] = (None, "fallback_dropped")
+
+
 class TurnWork:
     """What the driver starts for a turn's effects, with everything that work reads."""
 
@@ -78,33 +90,104 @@ class TurnWork:
     ) -> None:
         self.model, self.directory, self.store, self.timings = model, directory, store, timings
         self.speaker, self.conversation, self.emit = speaker, conversation, emit
+        self._ahead: _Ahead | None = None
 
-    async def lead(self, effect: Lead) -> StatesReady:
-        """Ask the model for everybody's state (``states_timeout``); a failure gives ``None``,
-        the rule-based states, with its reason as the source."""
-        timings, emit = self.timings, self.emit
-        request = StatesRequest(
+    def history(self, message: Message) -> list[Message]:
+        """The recent history the model sees for ``message``: as the store will hold it once the
+        message is recorded, when only its preview has come (so work started early asks the model
+        exactly what it would ask then)."""
+        limit = self.timings.history_limit
+        recent = self.store.recent(limit)
+        if any(m.params.id == message.params.id for m in recent):
+            return recent
+        return [*self.store.recent(limit - 1), message]
+
+    def _states_request(self, effect: Lead) -> StatesRequest:
+        return StatesRequest(
             message=effect.message,
             companions=[self.directory[c] for c in effect.addressed if c in self.directory],
-            history=self.store.recent(timings.history_limit),
+            history=self.history(effect.message),
             nominated=effect.nominated,
             closing_floor=effect.floor,
             turn=effect.turn,
         )
+
+    def lead_ahead(self, effect: Lead, nursery: trio.Nursery) -> None:
+        """Start the states call for a message only previewed (``states_timeout``), held for
+        the :meth:`lead` of the same message (:mod:`companion.conversation.preview`)."""
+        older = self._ahead
+        if older is not None:  # one at a time: the newest line is the one the next turn answers
+            self._drop_states_ahead(older, "a newer preview")
+        ahead = self._ahead = _Ahead(effect.message_id, self._states_request(effect))
+        self.emit("states_ahead", logging.INFO, message_id=effect.message_id)
+
+        async def ask() -> None:
+            try:
+                with ahead.scope:
+                    ahead.answer = await self._ask_states(effect.message_id, ahead.request)
+            finally:
+                ahead.done.set()
+
+        nursery.start_soon(ask)
+
+    def drop_ahead(self, message_id: str, reason: str) -> None:
+        """Cancel the states call started from ``message_id``'s preview, and the speaker's work."""
+        ahead = self._ahead
+        if ahead is not None and ahead.message_id == message_id:
+            self._drop_states_ahead(ahead, reason)
+        self.speaker.drop_ahead(message_id, reason)
+
+    def stop_ahead(self, reason: str) -> None:
+        """Cancel the states call started from a preview, whatever its message (stopping)."""
+        if self._ahead is not None:
+            self._drop_states_ahead(self._ahead, reason)
+
+    def _drop_states_ahead(self, ahead: _Ahead, reason: str) -> None:
+        if self._ahead is ahead:
+            self._ahead = None
+        ahead.scope.cancel()
+        self.emit("states_ahead_dropped", logging.INFO, message_id=ahead.message_id, reason=reason)
+
+    async def lead(self, effect: Lead) -> StatesReady:
+        """Ask the model for everybody's state (``states_timeout``); a failure gives ``None``,
+        the rule-based states, with its reason as the source. A states call started from the
+        message's preview that asked the same is awaited instead (its answer, or its failure)."""
+        request = self._states_request(effect)
+        ahead = self._ahead
+        if ahead is not None and ahead.message_id == effect.message_id:
+            self._ahead = None
+            if ahead.request != request:
+                self._drop_states_ahead(ahead, "the lead asks for other states than the preview's")
+                ahead = None
+        else:
+            ahead = None
+        if ahead is not None:
+            self.emit("states_ahead_adopted", logging.INFO, message_id=effect.message_id)
+            await ahead.done.wait()
+            decisions, source = ahead.answer
+        else:
+            decisions, source = await self._ask_states(effect.message_id, request)
+        return StatesReady(effect.message_id, decisions, source)
+
+    async def _ask_states(
+        self, message_id: str, request: StatesRequest
+    ) -> tuple[Sequence[StateDecision] | None, str]:
+        """The model's states (``states_timeout``), or ``None`` and why not."""
+        timings, emit = self.timings, self.emit
         decisions, source = None, "model"
         try:
             with trio.move_on_after(timings.states_timeout) as scope:
                 decisions = await self.model.decide_states(request)
             if scope.cancelled_caught:
                 source = "fallback_timeout"
-                emit("states_model_timeout", logging.WARNING, message_id=effect.message_id)
+                emit("states_model_timeout", logging.WARNING, message_id=message_id)
         except ModelError as exc:
-            emit("states_model_failed", logging.WARNING, message_id=effect.message_id, error=str(exc))
+            emit("states_model_failed", logging.WARNING, message_id=message_id, error=str(exc))
             source = "fallback_model_error"
         except Exception:
             logger.exception("decide_states raised", extra={"companion_event": "states_model_crashed"})
             source = "fallback_model_crashed"
-        return StatesReady(effect.message_id, decisions if source == "model" else None, source)
+        return (decisions if source == "model" else None), source
 
     async def reply(self, speech: Speech) -> SpeakingFailed | None:
         """Prepare and publish the reply (``speak_timeout``, after ``pace``); the yield that gives
@@ -141,7 +224,7 @@ class TurnWork:
         if not getattr(self.model, "speculates", False) or self.conversation.replied(effect.message_id):
             return  # the slot will ask it (a scripted model answers at once anyway)
         memory = {**self.store.memory(), "conversation": self.conversation.memory()}
-        history = self.store.recent(self.timings.history_limit)
+        history = self.history(effect.message)
         self.speaker.prepare(
             effect, history, memory, nursery, self.timings.states_timeout + self.timings.speak_timeout
         )

@@ -52,7 +52,7 @@ from companion.node.routing import DhtDiscovery
 from companion.node.topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_pruner
 from companion.node.trust import TrustStore
 from companion.node.yamux import batch_window_updates
-from companion.protocol import TOPICS, Envelope, Metadata, Query, State
+from companion.protocol import NODE_TOPICS, TOPICS, Envelope, Metadata, Query, State
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -306,7 +306,7 @@ class CompanionNode:
         this node's own edge first, like any payload; refused bytes are counted, not sent."""
         if self._pubsub is None or self._stopped:
             raise NodeNotRunning(f"node {self.name} is not running")
-        if topic not in TOPICS:
+        if topic not in NODE_TOPICS:
             raise ValueError(f"unknown topic {topic!r}")
         if len(data) > self.config.max_payload_bytes:
             raise ValueError(f"payload of {len(data)} bytes exceeds {self.config.max_payload_bytes}")
@@ -396,9 +396,9 @@ class CompanionNode:
                     require_listening(host, self.config.listen)
                     require_alone(host, self.config.listen)
                     await pubsub.wait_until_ready()
-                    for topic in TOPICS:
+                    for topic in NODE_TOPICS:
                         pubsub.set_topic_validator(topic, self._validator(topic), False)
-                    for topic in TOPICS:  # announces the topics; messages come through _deliver
+                    for topic in NODE_TOPICS:  # announces the topics; messages come through _deliver
                         await pubsub.subscribe(topic)
                     self._pubsub = pubsub
                     async with trio.open_nursery() as nursery:

@@ -15,12 +15,18 @@ import trio
 from trio_websocket import open_websocket_url
 
 from companion.lines.sentences import split_sentences
-from support.cards import speaking_card, write_card
 from support.fake_llm_server import FakeLLMServer
-from support.live import bridge_url, start_run
-from support.live_bridge import blocking
-from support.network import network
-from support.voice import LINE, LINES, VoiceModel, ask_over_ws, frames_until, juniper_home, speak_queries
+from support.voice import (
+    LINE,
+    LINES,
+    VoiceModel,
+    ask_over_ws,
+    assert_one_voice,
+    frames_until,
+    juniper_home,
+    pair_home,
+    speak_queries,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -76,29 +82,16 @@ async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_who
 
 async def test_two_companions_are_never_voiced_at_once(tmp_path: Path, hosted: FakeLLMServer) -> None:
     hosted.push(*([VoiceModel()] * 30))
-    cards = [
-        write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice")),
-        write_card(tmp_path, "pim", speaking_card("pim", "Pim", "speak_with_voice")),
-    ]
-    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1")
-    with network(tmp_path) as net:
-        home = await blocking(
-            start_run, net, "home", cards, extra=(*args, "--base-url", hosted.openai_base_url)
-        )
-        url = await blocking(bridge_url, home)
-        async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
-            asked = "Juniper and Pim, how is the sea?"
-            first: str | None = await ask_over_ws(ws, asked, "m-1", [JUNIPER, PIM])
-            frames: list[Any] = []
-            with trio.move_on_after(60):
-                while sum(f.get("method") == "message.send" for f in frames) < 3:
-                    frames += await frames_until(ws, answer=True, until=None, timeout=60, first=first)
-                    first = None
-    speaking: str | None = None  # whose line is being voiced
-    for frame in frames:
-        if frame.get("method") == "query.send":
-            assert speaking in (None, frame["params"]["from"]), "two companions voiced at once"
-            speaking = frame["params"]["from"]
-        elif frame.get("method") == "message.send" and frame["params"]["from"] == speaking:
-            speaking = None
+    async with (
+        pair_home(tmp_path, hosted) as (_net, _home, url),
+        open_websocket_url(f"{url}?topics=messages,queries") as ws,
+    ):
+        asked = "Juniper and Pim, how is the sea?"
+        first: str | None = await ask_over_ws(ws, asked, "m-1", [JUNIPER, PIM])
+        frames: list[Any] = []
+        with trio.move_on_after(60):
+            while sum(f.get("method") == "message.send" for f in frames) < 3:
+                frames += await frames_until(ws, answer=True, until=None, timeout=60, first=first)
+                first = None
+    assert_one_voice(frames)
     assert len(speak_queries(frames)) >= 2 * len(split_sentences(LINE))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -131,6 +131,38 @@ class HookedModel:
         if self.on_speak is not None:
             await self.on_speak(request)
         await self.inner.speak(request, call_tool)
+
+
+class EndlessSpeaker:
+    """A model that prepares replies: parameters at once; ``decisions`` as its states once
+    :attr:`release` is set (each call counted); a speech that never ends (counted, and its
+    cancellation too)."""
+
+    speculates = True
+    name = "endless"
+
+    def __init__(self, decisions: Sequence[StateDecision] = ()) -> None:
+        self.decisions = list(decisions)
+        self.release = trio.Event()
+        self.states = 0
+        self.speaking = 0
+        self.cancelled = 0
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
+        self.states += 1
+        await self.release.wait()
+        return list(self.decisions)
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
+        return {}
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        self.speaking += 1
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
 
 
 class EchoSink(Sink):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,11 @@ class VoiceModel(CooperativeModel):
     through ``speak_with_voice``, and the answers listed in ``cut`` (by speak request, from 1)
     break off."""
 
-    def __init__(self, cut: set[int] | None = None) -> None:
+    def __init__(self, cut: set[int] | None = None, say: Callable[[int], str] | None = None) -> None:
+        """``say(n)``: the ``n``-th line (from 1), instead of :data:`LINES` in turn."""
         super().__init__()
         self.cut = cut or set()
+        self.say = say
         self.speaks = 0
 
     def __call__(self, body: Mapping[str, Any]) -> Reply:
@@ -59,7 +61,7 @@ class VoiceModel(CooperativeModel):
         user = next((str(m.get("content")) for m in body["messages"] if m.get("role") == "user"), "")
         address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
         to = [a.strip() for a in address.group(1).split(",")] if address else []
-        line = LINES[(self.speaks - 1) % len(LINES)]
+        line = self.say(self.speaks) if self.say else LINES[(self.speaks - 1) % len(LINES)]
         reply = tool_call("speak_with_voice", {"message": line, "to": to, "emotion": "happy"})
         if self.speaks in self.cut:
             return Reply(calls=reply.calls, cut_after=CUT)
@@ -103,6 +105,18 @@ async def frames_until(
     raise AssertionError("unreachable")
 
 
+def assert_one_voice(frames: list[Any]) -> None:
+    """Never two companions voiced at once: a sentence query only from the companion whose line
+    is being voiced, until its ``message.send``."""
+    speaking: str | None = None
+    for frame in frames:
+        if frame.get("method") == "query.send":
+            assert speaking in (None, frame["params"]["from"]), "two companions voiced at once"
+            speaking = frame["params"]["from"]
+        elif frame.get("method") == "message.send" and frame["params"]["from"] == speaking:
+            speaking = None
+
+
 def speak_queries(frames: list[Any]) -> list[Any]:
     return [f for f in frames if f.get("method") == "query.send" and f["params"]["type"] == "speak"]
 
@@ -115,6 +129,22 @@ async def ask_over_ws(ws: WebSocketConnection, text: str, msg_id: str, to: list[
         with trio.move_on_after(3):
             return str(await ws.get_message())
     raise AssertionError("nothing came back to the client's message")
+
+
+@contextlib.asynccontextmanager
+async def pair_home(
+    tmp_path: Path, server: FakeLLMServer, *extra: str
+) -> AsyncIterator[tuple[Network, Proc, str]]:
+    """``companion run --ws`` with Juniper and Pim (both ``speak_with_voice``) on ``server``'s
+    model, ``extra`` arguments added: the network, the process and the bridge's URL."""
+    cards = [
+        write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice")),
+        write_card(tmp_path, "pim", speaking_card("pim", "Pim", "speak_with_voice")),
+    ]
+    args = ("--ws", "127.0.0.1:0", "--no-webrtc", *extra, "--model", "openai:fake-1", "--base-url")
+    with network(tmp_path) as net:
+        home = await blocking(start_run, net, "home", cards, extra=(*args, server.openai_base_url))
+        yield net, home, await blocking(bridge_url, home)
 
 
 @contextlib.asynccontextmanager

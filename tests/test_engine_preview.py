@@ -1,0 +1,130 @@
+"""The engine's side of a message's preview: the next leader's states call and the likely
+speaker's prepared reply start from it, held; the message itself takes them over when it is the
+same, and otherwise (another text, or no message within a speaking slot) they are cancelled and
+nothing of them goes out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any
+
+import trio
+import trio.testing
+
+from companion.conversation.rules import META_CLOSING, META_IN_REPLY_TO, META_TURN
+from companion.engine.driver import ConversationEngine
+from companion.models.base import StateDecision
+from companion.ports import Inbound
+from companion.protocol import MESSAGES, PREVIEWS, Message
+from companion.timings import EngineTimings
+from support.engines import EchoSink, EndlessSpeaker, make_card
+
+TIMINGS = EngineTimings(states_timeout=5.0, takeover_after=15.0, speak_timeout=20.0, reply_timeout=30.0)
+SPEAKER, NEXT = make_card(0, max_turns=None), make_card(1, max_turns=None)
+A, B = SPEAKER.card.metadata.id, NEXT.card.metadata.id
+USER = "user_demo"
+
+
+def _line(text: str = "The shelf holds three old maps. Shall we look?") -> Message:
+    meta = {"emotion": "calm", META_IN_REPLY_TO: "m-ask", META_TURN: 1, META_CLOSING: "none"}
+    return Message.create(A, [USER, B], text, metadata=meta, id="m-line")
+
+
+@asynccontextmanager
+async def _next_speaker(
+    pipeline: bool = True,
+) -> AsyncIterator[tuple[ConversationEngine, EchoSink, list[Any], EndlessSpeaker]]:
+    """B's engine, which A's line addresses alone: B leads its turn and is its likely speaker."""
+    model = EndlessSpeaker([StateDecision(B, "speak", 5, True)])
+    sink = EchoSink(B)
+    events: list[Any] = []
+    directory = {A: SPEAKER.card.metadata, B: NEXT.card.metadata}
+    timings = replace(TIMINGS, pipeline=pipeline)
+    engine = ConversationEngine(NEXT, model, sink, directory, timings=timings, observer=events.append)
+    sink.engine = engine
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        yield engine, sink, events, model
+        nursery.cancel_scope.cancel()
+
+
+def kinds(events: list[Any], kind: str) -> list[Any]:
+    return [e for e in events if e.kind == kind]
+
+
+async def test_the_message_takes_over_the_work_its_preview_started() -> None:
+    async with _next_speaker() as (engine, sink, events, model):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        assert (model.states, model.speaking) == (1, 1)  # both started while the line is voiced
+        assert not sink.on("states") and not sink.on("queries") and not sink.on("messages")
+        await engine.handle(Inbound(MESSAGES, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        assert kinds(events, "states_ahead_adopted")
+        assert (model.states, model.speaking, model.cancelled) == (1, 1, 0)  # nothing asked twice
+        model.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        [states] = sink.on("states")
+        assert [s.params.from_ for s in states if s.params.selected] == [B]
+        assert kinds(events, "reply_prepared_adopted")  # the speech begun from the preview is B's reply
+        assert (model.speaking, model.cancelled) == (1, 0)
+
+
+async def test_a_message_that_differs_from_its_preview_starts_afresh() -> None:
+    async with _next_speaker() as (engine, sink, events, model):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        await engine.handle(Inbound(MESSAGES, _line("The shelf holds three old maps."), A))
+        await trio.testing.wait_all_tasks_blocked()
+        assert kinds(events, "states_ahead_dropped") and not kinds(events, "states_ahead_adopted")
+        assert model.states == 2  # asked again, for the message as it came
+        assert model.cancelled == 1 and model.speaking == 2
+        assert not sink.on("states") and not sink.on("queries")
+
+
+async def test_a_preview_whose_message_never_comes_is_dropped_after_a_slot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with _next_speaker() as (engine, sink, events, model):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.sleep(TIMINGS.reply_timeout - 0.1)
+        assert not kinds(events, "states_ahead_dropped")
+        await trio.sleep(0.2)
+        [dropped] = kinds(events, "states_ahead_dropped")
+        assert "did not arrive" in dropped.fields["reason"]
+        assert model.cancelled == 1  # its own deadline or the drop: never adopted
+        assert not sink.on("states") and not sink.on("queries") and not sink.on("messages")
+        assert engine.conversation.turn is None  # the conversation never moved
+
+
+async def test_without_pipelining_a_preview_starts_nothing() -> None:
+    async with _next_speaker(pipeline=False) as (engine, _sink, _events, model):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        assert (model.states, model.speaking) == (0, 0)
+
+
+async def test_a_held_states_call_keeps_its_deadline_from_the_preview(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with _next_speaker() as (engine, sink, events, model):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.sleep(1.0)
+        await engine.handle(Inbound(MESSAGES, _line(), A))
+        await trio.sleep(TIMINGS.states_timeout - 1.1)
+        assert not sink.on("states")
+        await trio.sleep(0.2)  # the model never answered: rule-based states, at the preview's deadline
+        [states] = sink.on("states")
+        assert [s.params.from_ for s in states] == [B] and model.states == 1
+        assert kinds(events, "states_model_timeout")
+
+
+async def test_stopping_drops_the_states_asked_from_a_preview() -> None:
+    async with _next_speaker() as (engine, sink, events, _model):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        await engine.stop(grace=1.0)
+        assert [e.fields["reason"] for e in kinds(events, "states_ahead_dropped")] == ["stopping"]
+        assert not sink.on("states")
