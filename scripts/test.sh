@@ -37,27 +37,24 @@ full=$(( $# == 0 ))  # no arguments: the whole suite
 # cputime.py), so a slow run says which tests took it, and whether they needed a core or waited.
 SLOWEST=${COMPANION_TEST_SLOWEST:-30}
 report=(--durations="$SLOWEST" --cpu-durations="$SLOWEST")
-# Streams run in the background beside lint and the workers' phase, each one process with its own
-# log, shown at the end:
+# Two streams run beside lint and types (mypy keeps one core busy for about 30 s on a fresh clone)
+# and on into the phase on the workers, which lasts minutes; each writes its own log, shown after:
 # - `early`: tests that need only the package and mostly build or wait (a wheel in a fresh
 #   virtualenv, a minute-long conversation with a JavaScript peer, twenty mixed conversations, two
 #   peers frozen against the health checks' clock), two at a time;
 # - `solo`: tests at real rates (chatter at 50 messages a second, a flood at 150, a dozen nodes
-#   started at once), one at a time and never beside each other. Each needs about a third of a
-#   core while it runs (`--cpu-durations`) and mostly waits; they used to run last, after the
-#   workers, on the critical path;
-# - `types`: mypy, which keeps one core busy for 40-80 s on a fresh clone (no cache yet); the
-#   workers, which mostly wait, used to wait for it too.
-# All end well within the workers' phase, which is then the critical path.
+#   started at once), one at a time and never beside each other. Each needs about half a core
+#   (`--cpu-durations`) and mostly waits; they ran last, one after another, after the workers.
+# Both end well within the workers' phase, which is then the critical path.
 streams=()
-stream() {  # stream NAME COMMAND...: the command in the background, its output kept for later
+stream() {  # stream NAME PYTEST-ARGS...: a pytest run in the background, its log kept for later
     local name=$1 log
     shift
     log=$(mktemp)
     (
         rc=0
-        "$@" >"$log" 2>&1 || rc=$?
-        echo "test.sh: $name done at $((SECONDS - began)) s (exit $rc)" >>"$log"
+        .venv/bin/python -m pytest "$@" >"$log" 2>&1 || rc=$?
+        echo "test.sh: $name tests done at $((SECONDS - began)) s (exit $rc)" >>"$log"
         exit "$rc"
     ) &
     streams+=("$name:$!:$log")
@@ -77,36 +74,30 @@ finish_streams() {  # waits for every stream, prints its log; the first non-zero
     streams=()
     return "$first"
 }
-pytest=(.venv/bin/python -m pytest)
 if [ "$full" -eq 1 ]; then
     # collected from the files that hold such tests only (collecting all of them takes 7 s more);
-    # the chatter first, before the workers start
+    # the chatter first, while the workers' phase has not started yet
     mapfile -t early_files < <(grep -rl "mark.early" tests --include="test_*.py" | sort)
     mapfile -t solo_files < <(grep -rl "mark.solo" tests --include="test_*.py" | sort -r)
-    stream "early tests" "${pytest[@]}" -n 2 -m early "${report[@]}" "${early_files[@]}"
-    stream "solo tests" "${pytest[@]}" -m solo "${report[@]}" "${solo_files[@]}"
+    stream early -n 2 -m early "${report[@]}" "${early_files[@]}"
+    stream solo -m solo "${report[@]}" "${solo_files[@]}"
 fi
 trap 'wait "$deps" 2>/dev/null || true; finish_streams || true' EXIT
 .venv/bin/ruff check companion tests scripts
 .venv/bin/ruff format --check companion tests scripts
-types=(.venv/bin/mypy companion scripts tests)  # strict for the tests and benchmarks too
-if [ "$full" -eq 0 ]; then  # a developer's selection: types first, then the tests as asked
-    "${types[@]}"
-    took "lint and types"
-    wait "$deps" || true
-    trap - EXIT
-    exec "${pytest[@]}" "$@"
-fi
-stream types "${types[@]}"
-took "lint"
+.venv/bin/mypy companion scripts tests  # strict for the tests and benchmarks too
+took "lint and types"
 wait "$deps" || true
 took "system packages"
 trap 'finish_streams || true' EXIT
-# Everything else, on three workers: most integration tests wait on peers and deadlines, not on
-# the CPU (on two workers the phase used 376 CPU seconds in 357-371 s, half of the 2 cores).
-WORKERS=${COMPANION_TEST_WORKERS:-3}
+if [ "$full" -eq 0 ]; then  # a developer's selection: as asked, in one process
+    exec .venv/bin/python -m pytest "$@"
+fi
+# Everything else, on two workers: most integration tests wait on deadlines and peers, not on the
+# CPU; three made deadline tests fail on 2 cores.
+WORKERS=${COMPANION_TEST_WORKERS:-2}
 shared=0
-"${pytest[@]}" -n "$WORKERS" --dist worksteal -m "not solo and not early" "${report[@]}" || shared=$?
+.venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not solo and not early" "${report[@]}" || shared=$?
 took "tests on $WORKERS workers"
 trap - EXIT
 streams_rc=0
