@@ -5,6 +5,8 @@ The engine and the action runtime see only :class:`~companion.ports.Publisher` a
 gossipsub; :class:`MemoryHub` implements them in memory so the engine runs in unit tests without
 sockets, with hooks to drop, delay or duplicate deliveries for fault injection. Like gossipsub
 it follows the echo rule of :mod:`companion.ports`: every endpoint receives what it published.
+A hub whose fault hook sleeps is opened (``async with MemoryHub(fault=...) as hub:``): each
+delivery then waits in a task of the hub's own, and leaving the block drops those still waiting.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from companion.protocol import (
     encode_states,
     parse_payload,
 )
+from companion.tasks import OwnsTasks
 
 __all__ = ["Fault", "Inbound", "MemoryEndpoint", "MemoryHub", "Publisher", "encode_for_topic"]
 
@@ -66,16 +69,18 @@ class MemoryEndpoint:
 
 
 @dataclass
-class MemoryHub:
+class MemoryHub(OwnsTasks):
     """In-memory gossip: every published payload reaches every connected endpoint as bytes,
     is parsed at the receiving edge exactly as the libp2p node does, and arrives in order
-    unless a fault hook says otherwise."""
+    unless a fault hook says otherwise.
+
+    Without a fault hook a delivery is a channel put and the hub needs no opening. With one,
+    open it (``async with hub:``) so that a hook that sleeps delays only its own receiver; a hub
+    not open runs the hook inside the publisher's call, one receiver after another."""
 
     buffer: int = 1024
     fault: Fault | None = None
     endpoints: dict[str, MemoryEndpoint] = field(default_factory=dict)
-    nursery: trio.Nursery | None = None
-    """Where delayed deliveries run; required only when ``fault`` sleeps."""
 
     def endpoint(self, name: str) -> MemoryEndpoint:
         if name in self.endpoints:
@@ -91,8 +96,8 @@ class MemoryHub:
                 continue
             if self.fault is None:
                 self._put(receiver, sender, topic, data)
-            elif self.nursery is not None:
-                self.nursery.start_soon(self._faulty, receiver, sender, topic, data)
+            elif self._nursery is not None:  # open: each delivery waits in a task of the hub's
+                self.tasks.start_soon(self._faulty, receiver, sender, topic, data)
             else:
                 await self._faulty(receiver, sender, topic, data)
 

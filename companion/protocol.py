@@ -57,6 +57,7 @@ __all__ = [
     "encode",
     "encode_presence",
     "encode_states",
+    "loads_json",
     "new_id",
     "parse_metadata",
     "parse_payload",
@@ -380,8 +381,8 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _loads(text: str) -> Any:
-    """JSON.parse semantics: no NaN/Infinity literals."""
+def loads_json(text: str) -> Any:
+    """JSON.parse semantics: no NaN/Infinity literals (``ValueError``, as for any bad JSON)."""
     return json.loads(text, parse_constant=_reject_constant)
 
 
@@ -440,7 +441,7 @@ def _decode(data: Any, max_bytes: int) -> Any:
     except UnicodeDecodeError as exc:
         return PayloadError("not_utf8", str(exc))
     try:
-        obj = _loads(text)
+        obj = loads_json(text)
     except (ValueError, RecursionError) as exc:
         return PayloadError("not_json", str(exc)[:200])
     if _may_hold_surrogates(text):

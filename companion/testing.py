@@ -2,7 +2,9 @@
 
 - :class:`MemoryHub` -- gossip in memory, with the echo rule of :mod:`companion.ports`; its
   ``fault`` hook (a :data:`Fault`) drops, delays, duplicates or rewrites each delivery, which
-  is how the project's own fault suite drives a conversation through lost and late messages
+  is how the project's own fault suite drives a conversation through lost and late messages.
+  A hub whose hook sleeps owns the tasks its delayed deliveries wait in: open it for the test,
+  ``async with MemoryHub(fault=hook) as hub:``; without a hook, ``MemoryHub()`` is ready as made
 - :class:`MemoryEndpoint` -- one companion's ``Publisher`` and inbound channel on the hub
 - :class:`ScriptedModel` -- the offline model: deterministic lines from the card, no server
 - :class:`InMemoryHistory` -- the conversation history without a data directory

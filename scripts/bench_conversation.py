@@ -80,6 +80,8 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_support import bare_host, bare_pubsub, cpu_seconds, percentile, rss_bytes
 
+from companion.tasks import OwnsTasks, innermost  # trio and the standard library only: cheap for the children
+
 if TYPE_CHECKING:
     from companion.protocol import Message  # for annotations only: this script imports companion lazily
 
@@ -334,12 +336,12 @@ class Child:
     """``error`` events the js peer printed (a failed dial or publish)."""
 
 
-class Network:
-    """The processes of one case and what their standard output said, with a wake-up on change."""
+class Network(OwnsTasks):
+    """The processes of one case and what their standard output said, with a wake-up on change;
+    open for the case (``async with Network(folder) as net:``), its readers' tasks are its own."""
 
-    def __init__(self, folder: Path, nursery: trio.Nursery) -> None:
+    def __init__(self, folder: Path) -> None:
         self.folder = folder
-        self.nursery = nursery
         self.children: list[Child] = []
         self.nodes: dict[str, NodeView] = {}
         self.first_spawn: float | None = None
@@ -363,7 +365,7 @@ class Network:
         if commands:
             assert process.stdin is not None
             await process.stdin.send_all(b"".join(json.dumps(c).encode() + b"\n" for c in commands))
-        self.nursery.start_soon(self._read, child)
+        self.tasks.start_soon(self._read, child)
         return child
 
     async def _read(self, child: Child) -> None:
@@ -867,8 +869,7 @@ async def run_case(size: int, layout: str, kind: str, options: Options) -> dict[
     js_errors: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-conv-") as tmp:
         try:
-            async with trio.open_nursery() as nursery:
-                net = Network(Path(tmp), nursery)
+            async with trio.open_nursery() as nursery, Network(Path(tmp)) as net:
                 client = Client(ids, companions=kind == "companion", key_pair=options.client_key)
                 try:
                     with trio.fail_after(options.case_timeout), trio.CancelScope() as STOP.scope:
@@ -883,12 +884,11 @@ async def run_case(size: int, layout: str, kind: str, options: Options) -> dict[
                     await net.stop()
                     nursery.cancel_scope.cancel()
         except Exception as exc:  # a case that cannot finish reports what it got, and why
-            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
-                exc = exc.exceptions[0]
+            leaf = innermost(exc)
             why = (
                 f"--case-timeout {options.case_timeout:.0f} s passed"
-                if isinstance(exc, trio.TooSlowError)
-                else repr(exc)
+                if isinstance(leaf, trio.TooSlowError)
+                else repr(leaf)
             )
             notes.append(f"stopped early: {why}")
     if dead:

@@ -130,14 +130,12 @@ async def one_conversation(size: int, seed: int) -> tuple[list[float], list[int]
         if event.in_reply_to in arrivals:
             latencies.append((event.in_reply_to, now - arrivals[event.in_reply_to]))
 
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=EngineTimings.offline(), on_event=on_event)
+    async with MemoryGroup(timings=EngineTimings.offline(), on_event=on_event) as group:
         for index, loaded in enumerate(group_cards(size)):
             await group.add(loaded, TimedModel(ScriptedModel(seed * 100 + index), spent))
         await group.say("Hello everyone! What has been the best part of your day so far?")
         if not await group.wait_until(lambda t: t.over, 120):
             raise RuntimeError(f"the conversation of {size} did not reach terminal")
-        nursery.cancel_scope.cancel()
     overheads = [latency - spent[message_id] for message_id, latency in latencies]
     calls = list(group.calls_per_turn().values())
     return overheads, calls, len(latencies)

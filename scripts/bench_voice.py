@@ -28,7 +28,7 @@ import trio
 from companion.bridge import Bridge, BridgeConfig
 from companion.memory import MemoryEndpoint, MemoryHub
 from companion.protocol import QUERIES, Query, QueryResult
-from companion.rtc import SessionSettings, connect_rtc, open_gateway
+from companion.rtc import RtcGateway, SessionSettings, connect_rtc
 from companion.rtc.route import OFFER_PATH, offer_route
 from companion.voice import EspeakSynthesizer
 
@@ -102,7 +102,7 @@ async def bench(sessions: int, rounds: int, idle: float) -> dict[str, Any]:
     synth = EspeakSynthesizer()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(bridge.pump, node.receive_channel)
-        async with open_gateway(bridge, node, synthesizer=synth, settings=SessionSettings()) as gw:
+        async with RtcGateway(bridge, node, synthesizer=synth, settings=SessionSettings()) as gw:
             bridge.add_route(OFFER_PATH, offer_route(gw))
             port = await nursery.start(bridge.serve)
             url = f"http://127.0.0.1:{port}"

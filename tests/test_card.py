@@ -34,7 +34,7 @@ from companion.card.model import (
     image_type,
     load_card,
 )
-from companion.models import ToolInstruction
+from companion.card.triggers import ToolInstruction
 from companion.protocol import Action, Metadata
 from support.cards import metadata as md
 

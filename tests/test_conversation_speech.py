@@ -61,8 +61,7 @@ async def _one_reply(
     attempts: Sequence[list[str]],
 ) -> tuple[Message, Addresser, list[EngineEvent], list[str]]:
     events: list[EngineEvent] = []
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=EngineTimings.offline(), on_engine_event=events.append)
+    async with MemoryGroup(timings=EngineTimings.offline(), on_engine_event=events.append) as group:
         speaker = Addresser(0, attempts)
         await group.add(make_card(0, max_turns=None), speaker)
         await group.add(make_card(1, max_turns=None), ScriptedModel(1))
@@ -73,7 +72,6 @@ async def _one_reply(
             e for e in group.transcript.events if e.kind == "message" and e.in_reply_to == opening.params.id
         )
         message = Message.create(reply.speaker or "", list(reply.recipients), reply.text)
-        nursery.cancel_scope.cancel()
     return message, speaker, events, ids
 
 
@@ -110,8 +108,7 @@ async def test_the_sender_is_addressable_even_when_no_card_of_it_arrived(
 ) -> None:
     """A peer claiming a companion id whose metadata never arrived (garbage, or an aikyo node
     still binding) asks a companion something: the reply goes to it, it is not refused."""
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=EngineTimings.offline())
+    async with MemoryGroup(timings=EngineTimings.offline()) as group:
         await group.add(make_card(0, max_turns=None), ScriptedModel(0))
         ids = list(group.members)
         group.user = "companion_stranger"
@@ -121,4 +118,3 @@ async def test_the_sender_is_addressable_even_when_no_card_of_it_arrived(
             e for e in group.transcript.events if e.kind == "message" and e.in_reply_to == opening.params.id
         )
         assert list(reply.recipients) == ["companion_stranger"]
-        nursery.cancel_scope.cancel()

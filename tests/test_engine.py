@@ -86,8 +86,10 @@ async def group_of(
     **card_options: Any,
 ) -> AsyncIterator[tuple[MemoryGroup, GroupRecorder]]:
     recorder = GroupRecorder()
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=timings, hub=hub, on_engine_event=recorder.on_event)
+    async with (
+        trio.open_nursery() as nursery,
+        MemoryGroup(timings=timings, hub=hub, on_engine_event=recorder.on_event) as group,
+    ):
         spy = group.hub.endpoint("spy")
 
         async def watch() -> None:

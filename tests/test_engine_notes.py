@@ -54,8 +54,7 @@ async def test_a_note_reaches_the_next_request_of_its_turn_only() -> None:
                 kind="openai", model_name="fake-1", api_key="sk-test", base_url=server.openai_base_url
             )
         )
-        async with trio.open_nursery() as nursery:
-            group = MemoryGroup(nursery, timings=TIMINGS)
+        async with trio.open_nursery() as nursery, MemoryGroup(timings=TIMINGS) as group:
             member = await group.add(card, model)
             spy = group.hub.endpoint("spy")
             wire: list[bytes] = []

@@ -40,14 +40,12 @@ async def test_a_provider_conversation_reaches_terminal_with_two_requests_before
 ) -> None:
     answers = CooperativeModel()
     server.push(*([answers] * 40))
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=TIMINGS)
+    async with MemoryGroup(timings=TIMINGS) as group:
         for index in range(3):
             await group.add(make_card(index, max_turns=3), provider(server))
         opening = await group.say("Hello, everyone!")
         with trio.fail_after(60):
             assert await group.wait_until(lambda t: t.over, 60)
-        nursery.cancel_scope.cancel()
     replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
     assert [e.closing for e in replies] == ["none", "pre-closing", "closing"]
     assert replies[0].in_reply_to == opening.params.id
@@ -100,15 +98,13 @@ async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides
     # busy machine's delays cannot order them (a ttft alone did, once in a loaded run)
     with running_server(ttft=0.3, answer_together=3) as srv:
         srv.push(*([CooperativeModel()] * 6))
-        async with trio.open_nursery() as nursery:
-            group = MemoryGroup(nursery, timings=TIMINGS)
+        async with MemoryGroup(timings=TIMINGS) as group:
             await group.add(make_card(0, max_turns=2), provider(srv))
             await group.say("Hello there!")
             with trio.fail_after(30):
                 assert await group.wait_until(
                     lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
                 )
-            nursery.cancel_scope.cancel()
     requests = srv.model_requests()
     names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
     kinds = ["states" if "set_states" in n else "params" if "set_params" in n else "speak" for n in names]

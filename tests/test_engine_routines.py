@@ -70,8 +70,10 @@ class Seen:
 @asynccontextmanager
 async def hub_group() -> AsyncIterator[tuple[MemoryGroup, Seen]]:
     seen = Seen()
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=TIMINGS, on_engine_event=seen.events.append)
+    async with (
+        trio.open_nursery() as nursery,
+        MemoryGroup(timings=TIMINGS, on_engine_event=seen.events.append) as group,
+    ):
         spy = group.hub.endpoint("spy")
 
         async def watch() -> None:

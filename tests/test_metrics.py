@@ -18,10 +18,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+from companion.app.group import CountingModel
 from companion.app.metrics import ProcessMetrics
 from companion.app.metrics_http import METRICS_LINE, REQUEST_TIMEOUT
 from companion.card.model import load_card
@@ -82,6 +84,30 @@ async def test_a_metered_model_times_each_call_by_kind_and_outcome() -> None:
     labels = {"companion": "companion_pim", "call": "states"}
     assert sample(metrics, "companion_model_request_duration_seconds_count", **labels, outcome="ok") == 1
     assert model.name == "scripted(seed=3)"  # the engine and the logs see the model it wraps
+
+
+class Streaming(ScriptedModel):
+    """The offline model, saying what a provider model says of itself."""
+
+    streams_speech = True
+    speculates = True
+
+
+async def test_a_wrapped_model_keeps_what_the_engine_reads_from_it() -> None:
+    """Counting (the in-memory group) and timing (metrics) wrap a model call by call; neither
+    may turn streaming or prepared replies off, nor invent a flag the model does not have."""
+    metrics = ProcessMetrics()
+    for wrap in (lambda m: metrics.metered("companion_pim", m), CountingModel):
+        wrapped: Any = wrap(Streaming(seed=3))
+        assert (wrapped.streams_speech, wrapped.speculates) == (True, True)
+        assert getattr(wrapped, "parallel_params", False) is False
+        assert wrapped.name == "scripted(seed=3)"
+    counting = CountingModel(ScriptedModel(seed=3))
+    loaded = load_card(ROOT / "cards" / "pim.yaml")
+    message = Message.create("user_mika", ["companion_pim"], "How is the sea?")
+    request = StatesRequest(message=message, companions=[loaded.card.metadata], history=[message])
+    await counting.decide_states(request)
+    assert (counting.counts, counting.kinds) == ({message.params.id: 1}, {"decide_states": 1})
 
 
 def test_readiness_names_what_is_missing() -> None:

@@ -171,15 +171,13 @@ async def test_with_local_deadlines_a_hung_leader_and_a_hung_speaker_hand_over(
             await trio.sleep_forever()
 
     models = [HookedModel(ScriptedModel(i), on_states=hang_once, on_speak=hang_once) for i in range(3)]
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=timings)
+    async with MemoryGroup(timings=timings) as group:
         for index, model in enumerate(models):
             await group.add(make_card(index, max_turns=None), model)
         start = trio.current_time()
         await group.say("Anyone there?")
         assert await group.wait_until(lambda t: t.reply_count >= 1, 600)
         took = trio.current_time() - start
-        nursery.cancel_scope.cancel()
     assert hung == ["StatesRequest", "SpeakRequest"]
     # the states deadline, then the speaking one, then the next speaker's (instant) reply
     assert took == pytest.approx(timings.states_timeout + timings.speak_timeout, abs=1.0)

@@ -21,7 +21,6 @@ from companion.rtc import (
     Signaler,
     connect_rtc,
     host_addresses,
-    open_gateway,
 )
 from companion.voice import Speech
 from support.bridges import bridge_on_hub
@@ -33,7 +32,7 @@ async def gateway_on_hub(
 ) -> AsyncIterator[tuple[RtcGateway, MemoryEndpoint]]:
     async with trio.open_nursery() as nursery:
         net = bridge_on_hub(nursery)
-        async with open_gateway(
+        async with RtcGateway(
             net.bridge,
             publisher or net.node,
             settings=settings,
@@ -165,7 +164,7 @@ async def test_publishing_a_result_has_a_deadline() -> None:
         net = bridge_on_hub(nursery)
         companion, hanging = net.companion, HangingPublisher(net.node)
         async with (
-            open_gateway(net.bridge, hanging, synthesizer=QuickSynth(), settings=settings) as gateway,
+            RtcGateway(net.bridge, hanging, synthesizer=QuickSynth(), settings=settings) as gateway,
             connect_rtc(signal_to(gateway)) as client,
         ):
             for n in range(2):

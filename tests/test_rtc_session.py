@@ -31,7 +31,6 @@ from companion.rtc import (
     RtcGateway,
     SessionSettings,
     connect_rtc,
-    open_gateway,
 )
 from companion.rtc.session import RtcSession
 from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesizer
@@ -79,7 +78,7 @@ async def network(
     """A companion and a bridge on an in-memory network; the bridge's WebRTC gateway."""
     async with trio.open_nursery() as nursery:
         net = bridge_on_hub(nursery)
-        async with open_gateway(
+        async with RtcGateway(
             net.bridge,
             net.node,
             synthesizer=synthesizer,

@@ -304,8 +304,7 @@ async def test_an_opening_that_is_not_text_is_refused_and_the_next_one_is_answer
 ) -> None:
     """A lone surrogate is valid JSON but not text: the edge refuses it (``invalid_unicode``), so
     no companion ever sees it, and the next opening in the same group reaches terminal."""
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=EngineTimings.offline())
+    async with MemoryGroup(timings=EngineTimings.offline()) as group:
         for index, card in enumerate(real_cards()):
             await group.add(card, ScriptedModel(index))
         await group.say(opening)
@@ -314,7 +313,6 @@ async def test_an_opening_that_is_not_text_is_refused_and_the_next_one_is_answer
         await group.say("Is anyone there?")
         assert await group.wait_until(lambda t: t.over, 600)
         assert all(e.text.strip() for e in replies(group.transcript.events))
-        nursery.cancel_scope.cancel()
 
 
 async def test_the_goodbye_comes_before_any_shipped_cards_turn_limit(

@@ -11,12 +11,12 @@ import pytest
 from companion.card.triggers import (
     CompiledTriggers,
     ParamType,
+    ToolInstruction,
     TriggerCondition,
     TriggerError,
     TriggerProblem,
     compile_triggers,
 )
-from companion.models import ToolInstruction
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -355,7 +355,7 @@ def test_non_boolean_expression_is_refused() -> None:
 
 def test_empty_expression_is_refused() -> None:
     (problem,) = problems_of(SCHEMA, ["  "])
-    assert "empty" in problem.message
+    assert "empty" in problem.message and problem.fix == "write a CEL condition, e.g. `true`"
 
 
 def test_all_problems_are_collected() -> None:

@@ -38,6 +38,7 @@ from companion.ports import OutgoingHook, Publisher
 from companion.protocol import ACTIONS, MESSAGES, Action, Message, Metadata, QueryResult, new_id
 from companion.store.history import ConversationHistory, RecentMessages
 from companion.store.kv import KeyValueStore, StoreLimitExceeded
+from companion.tasks import innermost
 
 __all__ = ["MAX_CALL_DEPTH", "MAX_NOTES", "MAX_NOTE_CHARS", "ActionRuntime", "ToolDef", "ToolsListener"]
 
@@ -519,7 +520,7 @@ class ActionRuntime:
     # --- settling ----------------------------------------------------------------------------------
 
     def _failure(self, call: _Call, exc: Exception) -> ToolResult:
-        leaf = _sole_leaf(exc)
+        leaf = innermost(exc)
         tool_id = call.defn.id
         if isinstance(leaf, ActionRefused):
             message = str(leaf) or f"{tool_id!r} refused without giving a reason"
@@ -646,10 +647,3 @@ def _with_id(item: Mapping[str, Any]) -> Mapping[str, Any]:
     if isinstance(params, Mapping) and "id" not in params:
         return {**item, "params": {**params, "id": new_id()}}
     return item
-
-
-def _sole_leaf(exc: BaseException) -> BaseException:
-    """Unwrap exception groups holding exactly one exception (a handler's own nursery)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc

@@ -99,8 +99,7 @@ async def run_in_memory(
 
     models = [make_model(model, base_url=base_url, seed=seed + index) for index in range(len(cards))]
     timings = engine_timings(models, pace)
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=timings, on_event=emit)
+    async with MemoryGroup(timings=timings, on_event=emit) as group:
         for loaded, made in zip(cards, models, strict=True):
             await group.add(loaded, made)
         await group.say(text or kickoff_text(cards))
@@ -108,7 +107,6 @@ async def run_in_memory(
         end = _end_event(group.transcript, done, max_replies)
         if not group.transcript.over:
             emit(end)
-        nursery.cancel_scope.cancel()
     return end
 
 

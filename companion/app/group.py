@@ -4,14 +4,16 @@
 :class:`~companion.memory.MemoryHub` (no sockets), lets a person speak, feeds a
 :class:`~companion.conversation.transcript.Transcript` from a bystander endpoint, injects faults per receiver
 and counts model calls per turn. The unit tests, the fault suite, the benchmarks and
-``companion demo --in-memory`` run conversations with it.
+``companion demo --in-memory`` run conversations with it, as ``async with MemoryGroup() as
+group:``: the group's engines and its transcript run in a nursery of its own until the block ends.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -22,16 +24,10 @@ from companion.card.model import LoadedCard
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
 from companion.memory import Inbound, MemoryEndpoint, MemoryHub
-from companion.models.base import (
-    CompanionModel,
-    ParamsRequest,
-    SpeakRequest,
-    StateDecision,
-    StatesRequest,
-    ToolCaller,
-)
+from companion.models.base import CompanionModel, ModelCall, ModelWrapper
 from companion.protocol import MESSAGES, PREVIEWS, Message, Metadata
 from companion.store.sqlite import MemoryStore
+from companion.tasks import OwnsTasks
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -45,37 +41,18 @@ USER_ID: Final = "user_demo"
 # --- counting model calls -------------------------------------------------------------------------
 
 
-class CountingModel:
+class CountingModel(ModelWrapper):
     """Wraps a model and counts its calls by the message each one answers."""
 
     def __init__(self, inner: CompanionModel, counts: Counter[str] | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.counts: Counter[str] = counts if counts is not None else Counter()
         self.kinds: Counter[str] = Counter()
-        self.parallel_params: bool = getattr(inner, "parallel_params", False)
-        self.streams_speech: bool = getattr(inner, "streams_speech", False)
-        self.speculates: bool = getattr(inner, "speculates", False)
-        """As the wrapped model asks (see ``ProviderModel``)."""
 
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def _count(self, kind: str, message: Message) -> None:
+    def _around(self, call: ModelCall, message: Message) -> AbstractContextManager[object]:
         self.counts[message.params.id] += 1
-        self.kinds[kind] += 1
-
-    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
-        self._count("decide_states", request.message)
-        return await self.inner.decide_states(request)
-
-    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
-        self._count("fill_params", request.message)
-        return await self.inner.fill_params(request)
-
-    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
-        self._count("speak", request.message)
-        await self.inner.speak(request, call_tool)
+        self.kinds[call] += 1
+        return nullcontext()
 
 
 # --- the group ------------------------------------------------------------------------------------
@@ -97,17 +74,18 @@ class Member:
         return self.loaded.card.metadata.id
 
 
-class MemoryGroup:
+class MemoryGroup(OwnsTasks):
     """Companions in one process on a :class:`~companion.memory.MemoryHub`, watched by a
     :class:`Transcript`. ``hub.fault`` injects faults per receiver (the bystander endpoint is
     named ``bystander``, or ``name/bystander`` for a named group). Several groups may share a
-    hub (give each a ``name`` and its own ``user``): each holds its own conversation."""
+    hub (give each a ``name`` and its own ``user``): each holds its own conversation, and the
+    hub is opened by whoever made it. Members are added once the group is open
+    (``async with group:``); leaving the block stops every engine and the transcript."""
 
     BYSTANDER: Final = "bystander"
 
     def __init__(
         self,
-        nursery: trio.Nursery,
         *,
         timings: EngineTimings | None = None,
         hub: MemoryHub | None = None,
@@ -118,10 +96,8 @@ class MemoryGroup:
         max_turns: int | None = None,
     ) -> None:
         """``max_turns``: the transcript applies this turn limit too (the cards' own, if all share it)."""
-        self.nursery = nursery
-        self.hub = hub or MemoryHub(nursery=nursery)
-        if self.hub.nursery is None:
-            self.hub.nursery = nursery
+        self.hub = hub or MemoryHub()
+        self._hub_is_ours = hub is None
         self.timings = timings or EngineTimings.offline()
         self.members: dict[str, Member] = {}
         self.transcript = Transcript(timings=self.timings, max_turns=max_turns)
@@ -135,7 +111,14 @@ class MemoryGroup:
         self._changes = Changes()
         self._bystander = self.hub.endpoint(self.BYSTANDER if name is None else f"{name}/{self.BYSTANDER}")
         self._user = self.hub.endpoint(user)
-        nursery.start_soon(self._watch)
+
+    @asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
+        """The hub too, when the group made it (a shared hub is its maker's to open)."""
+        hub: AbstractAsyncContextManager[object] = self.hub if self._hub_is_ours else nullcontext()
+        async with hub, super()._lifetime():
+            self.tasks.start_soon(self._watch)
+            yield
 
     @property
     def active(self) -> list[str]:
@@ -157,6 +140,7 @@ class MemoryGroup:
 
     async def add(self, loaded: LoadedCard, model: CompanionModel) -> Member:
         """Start a companion; every member (and it) learns of the others at once."""
+        nursery = self.tasks  # (the group is open)
         cid = loaded.card.metadata.id
         if cid in self.members:
             raise ValueError(f"{cid} is already in the group")
@@ -180,7 +164,7 @@ class MemoryGroup:
                 other.directory[cid] = loaded.card.metadata
                 other.engine.directory_changed()  # as a membership listener would
         self.members[cid] = member
-        await self.nursery.start(self._serve, member)
+        await nursery.start(self._serve, member)
         return member
 
     async def _serve(self, member: Member, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

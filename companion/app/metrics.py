@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import trio
@@ -29,19 +30,13 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from companion import __version__
+from companion.models.base import CompanionModel, ModelCall, ModelWrapper
 from companion.models.errors import ModelError
 
 if TYPE_CHECKING:
     from companion.bridge import Bridge
     from companion.engine.driver import ConversationEngine, EngineEvent
-    from companion.models.base import (
-        CompanionModel,
-        ParamsRequest,
-        SpeakRequest,
-        StateDecision,
-        StatesRequest,
-        ToolCaller,
-    )
+    from companion.protocol import Message
 
 __all__ = ["MeteredModel", "MetricsNode", "ProcessMetrics"]
 
@@ -196,35 +191,24 @@ class ProcessMetrics:
         return encoder(self.registry), content_type
 
 
-class MeteredModel:
+class MeteredModel(ModelWrapper):
     """A :class:`~companion.models.base.CompanionModel` that times each call of the one it wraps."""
 
     def __init__(self, model: CompanionModel, seconds: Histogram, companion: str) -> None:
-        self.model = model
+        super().__init__(model)
         self._seconds = seconds
         self._companion = companion
 
-    @property
-    def name(self) -> str:
-        return self.model.name
+    def _around(self, call: ModelCall, message: Message) -> AbstractContextManager[object]:
+        return _Timed(self._seconds, self._companion, _CALL_LABELS[call])
 
-    def __getattr__(self, name: str) -> Any:  # what else the engine's helpers read from a model
-        return getattr(self.model, name)
 
-    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
-        with self._timed("states"):
-            return await self.model.decide_states(request)
-
-    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
-        with self._timed("params"):
-            return await self.model.fill_params(request)
-
-    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
-        with self._timed("speak"):
-            await self.model.speak(request, call_tool)
-
-    def _timed(self, call: str) -> _Timed:
-        return _Timed(self._seconds, self._companion, call)
+_CALL_LABELS: Final[dict[ModelCall, str]] = {
+    "decide_states": "states",
+    "fill_params": "params",
+    "speak": "speak",
+}
+"""The ``call`` label of each model call."""
 
 
 class _Timed:

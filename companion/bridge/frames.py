@@ -26,6 +26,7 @@ from companion.protocol import (
     PayloadError,
     Query,
     QueryResult,
+    loads_json,
     parse_payload,
 )
 
@@ -135,13 +136,9 @@ def decode_frame(data: str | bytes) -> Any | FrameError:
     else:
         text = data
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return loads_json(text)
     except (ValueError, RecursionError) as exc:
         return FrameError("not_json", f"frame is not JSON: {str(exc)[:200]}")
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def session_frame(obj: Any) -> str | FrameError | None:

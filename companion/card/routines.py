@@ -47,7 +47,7 @@ from cel_expr_python import cel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from companion.actions import ActionDef, KnowledgeDef
-from companion.card.triggers import TriggerProblem, cel_env, compile_bool, compile_cel, eval_bool
+from companion.card.triggers import TriggerProblem, cel_env, compile_cel, eval_bool
 from companion.log import log_event
 from companion.protocol import Message
 
@@ -312,8 +312,13 @@ class _Compiling:
         vocabulary = f"a routine fired {'on ' + kind if kind in ('joined', 'left', 'message') else kind}"
         guard = None
         if routine.when is not None:
-            guard, found = compile_bool(
-                env, routine.when, (self.index, "when"), list(declarations), vocabulary=vocabulary
+            guard, found = compile_cel(
+                env,
+                routine.when,
+                (self.index, "when"),
+                list(declarations),
+                vocabulary=vocabulary,
+                condition=True,
             )
             self.problems.extend(found)
         args: dict[str, cel.Expression] = {}

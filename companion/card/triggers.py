@@ -50,7 +50,6 @@ __all__ = [
     "TriggerError",
     "TriggerProblem",
     "cel_env",
-    "compile_bool",
     "compile_cel",
     "compile_triggers",
     "eval_bool",
@@ -298,7 +297,7 @@ def compile_triggers(
     compiled: list[_Compiled] = []
     for index, condition in enumerate(conditions):
         path: tuple[PathPart, ...] = ("conditions", index, "expression")
-        program, found = compile_bool(env, condition.expression, path, list(variables))
+        program, found = compile_cel(env, condition.expression, path, list(variables), condition=True)
         problems.extend(found)
         if program is not None:
             compiled.append(_Compiled(condition, program))
@@ -320,36 +319,23 @@ def compile_cel(
     declared: Sequence[str],
     *,
     vocabulary: str | None = None,
+    condition: bool = False,
 ) -> tuple[cel.Expression | None, list[TriggerProblem]]:
     """Type-check and compile one expression: the program, or the problems (each with a caret).
+    A ``condition`` must be a bool (or ``dyn``).
 
     ``declared`` names the variables for "did you mean" hints; ``vocabulary`` says where they
     come from when it is not ``events.params`` (e.g. "a routine's guard").
     """
     if not expression.strip():
-        return None, [TriggerProblem(path, "the expression is empty", "write a CEL expression, e.g. `true`")]
+        what = "condition" if condition else "expression"
+        return None, [TriggerProblem(path, "the expression is empty", f"write a CEL {what}, e.g. `true`")]
     try:
-        return env.compile(expression), []
+        program = env.compile(expression)
     except RuntimeError as exc:
         return None, _compile_problems(path, expression, str(exc), list(declared), vocabulary)
-
-
-def compile_bool(
-    env: cel.Env,
-    expression: str,
-    path: tuple[PathPart, ...],
-    declared: Sequence[str],
-    *,
-    vocabulary: str | None = None,
-) -> tuple[cel.Expression | None, list[TriggerProblem]]:
-    """:func:`compile_cel` for a condition: the expression must be a bool (or ``dyn``)."""
-    if not expression.strip():
-        return None, [TriggerProblem(path, "the expression is empty", "write a CEL condition, e.g. `true`")]
-    program, problems = compile_cel(env, expression, path, declared, vocabulary=vocabulary)
-    if program is None:
-        return None, problems
     returns = program.return_type()
-    if returns != cel.Type.BOOL and returns != cel.Type.DYN:
+    if condition and returns != cel.Type.BOOL and returns != cel.Type.DYN:
         return None, [
             TriggerProblem(
                 path,

@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
-
-import trio
 
 from companion.app.bridge import (
     BRIDGE_KEY,
@@ -28,8 +27,7 @@ from companion.app.bridge import (
 )
 from companion.app.logs import configure_node_logging
 from companion.app.paths import default_data_dir
-from companion.app.stopping import is_interrupt
-from companion.cli.exits import failure_status
+from companion.cli.exits import command_status
 from companion.cli.options import (
     TOKEN_ENV,
     add_log_level_arguments,
@@ -203,10 +201,4 @@ def main(args: argparse.Namespace) -> int:
         data_dir=data_dir,
         trust=trust,
     )
-    try:
-        trio.run(run_bridge, options)
-    except Exception as exc:
-        if is_interrupt(exc):
-            return 130
-        return failure_status("bridge", exc, logger)
-    return 0
+    return command_status("bridge", partial(run_bridge, options), logger)

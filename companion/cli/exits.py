@@ -1,20 +1,19 @@
 """How a command's failure becomes its exit status: 2 for a refusal the user can fix (printed as
-one line), 1 for anything else (logged with its traceback), 130 for Ctrl-C."""
+one line), 1 for anything else (logged with its traceback), 130 for Ctrl-C; and
+:func:`command_status`, which runs a long-running command under trio and gives its status."""
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
-__all__ = ["failure_status", "innermost"]
+import trio
 
+from companion.app.stopping import exit_status, is_interrupt
+from companion.tasks import innermost
 
-def innermost(exc: BaseException) -> BaseException:
-    """The one exception inside nested single-exception groups (trio wraps a task's failure)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
+__all__ = ["command_status", "failure_status"]
 
 
 def failure_status(
@@ -36,3 +35,26 @@ def failure_status(
         return 2
     logger.exception(f"{command} failed", extra={"companion_event": f"{command}_failed"})
     return 1
+
+
+def command_status(
+    command: str,
+    run: Callable[[], Awaitable[object]],
+    logger: logging.Logger,
+    refusals: tuple[type[BaseException], ...] = (ValueError, OSError),
+    *,
+    said: Callable[[BaseException], bool] = lambda exc: False,
+) -> int:
+    """``companion COMMAND``'s exit status once ``trio.run(run)`` is over: 0 when it returns; an
+    interrupt's own (130 after Ctrl-C, 128 + a second signal's number: ``exit_status``); else
+    :func:`failure_status` with ``refusals`` and ``said``. What is neither an interrupt nor an
+    ``Exception`` goes on up."""
+    try:
+        trio.run(run)
+    except BaseException as exc:
+        if is_interrupt(exc):
+            return exit_status(exc)
+        if not isinstance(exc, Exception):
+            raise
+        return failure_status(command, exc, logger, refusals, said=said)
+    return 0

@@ -20,13 +20,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from companion.app.logs import configure_node_logging
 from companion.app.paths import default_data_dir
 from companion.app.relay import DEFAULT_LISTEN, KEY_NAME, relay_options, run_relay
-from companion.app.stopping import is_interrupt
-from companion.cli.exits import failure_status
+from companion.cli.exits import command_status
 from companion.cli.options import (
     add_log_level_arguments,
     add_metrics_argument,
@@ -86,18 +83,8 @@ def main(args: argparse.Namespace) -> int:
     configure_node_logging(chosen_log_level(args), args.log_format)
     options = relay_options(args.max_reservations)
     data_dir = args.data_dir or default_data_dir()
-    try:
-        trio.run(partial(run_relay, args.listen, args.peer, data_dir, options, metrics=metrics))
-    except BaseException as exc:
-        return _report_failure(exc)
-    return 0
-
-
-def _report_failure(exc: BaseException) -> int:
-    """An address or port the user can fix is one line and exit 2; anything else exit 1."""
-    if is_interrupt(exc):
-        return 130
-    return failure_status("relay", exc, logger)
+    run = partial(run_relay, args.listen, args.peer, data_dir, options, metrics=metrics)
+    return command_status("relay", run, logger)  # an address or port to fix: one line, exit 2
 
 
 def standalone(argv: Sequence[str] | None = None) -> int:

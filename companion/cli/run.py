@@ -21,16 +21,15 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import trio
 
 from companion.app import collector
 from companion.app.cards import resolve_card
 from companion.app.paths import default_data_dir
-from companion.app.stopping import exit_status, is_interrupt
-from companion.cli.exits import failure_status
+from companion.app.stopping import is_interrupt
+from companion.cli.exits import command_status
 from companion.cli.options import (
     TOKEN_ENV,
     add_log_level_arguments,
@@ -199,23 +198,12 @@ def main(args: argparse.Namespace) -> int:
         trust=trust,
         metrics=metrics,
     )
-    try:
-        trio.run(run_nodes, options)
-    except Exception as exc:
-        if is_interrupt(exc):
-            return exit_status(exc)  # 130 after Ctrl-C; a second signal: 128 + its number
-        return _report_failure(exc)
-    return 0
-
-
-def _report_failure(exc: BaseException) -> int:
-    """A refusal the user can fix (card, address, model, port) is one line and exit 2; anything
-    else is a bug or an infrastructure failure, logged with its traceback, exit 1."""
     from companion.card.model import CardError
     from companion.models.errors import ModelSetupError
 
+    # a refusal the user can fix (card, address, model, port) is one line and exit 2
     refusals = (CardError, ModelSetupError, ValueError, OSError)
-    return failure_status("run", exc, logger, refusals, said=_said_by_the_check)
+    return command_status("run", partial(run_nodes, options), logger, refusals, said=_said_by_the_check)
 
 
 def _said_by_the_check(exc: BaseException) -> bool:

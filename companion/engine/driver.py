@@ -168,8 +168,8 @@ class ConversationEngine:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._clock)
-                self.routines.start(nursery, self.directory)
-                self.announcer.start(nursery, first_after=self.timings.routine_quiet_start)
+                await nursery.start(self.routines.run, self.directory)
+                nursery.start_soon(self.announcer.run, self.timings.routine_quiet_start)
                 task_status.started()
         finally:
             self._nursery, self._gate.stopping, self._gate.closed = None, True, True

@@ -25,7 +25,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -43,6 +43,9 @@ from companion.card.routines import MessageSeen as RoutineMessage
 from companion.conversation.events import MessageSeen
 from companion.conversation.rules import stamp_opening, turn_info
 from companion.protocol import Message
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus
 
 __all__ = ["RoutineDriver", "current_firing", "not_a_routine"]
 
@@ -66,7 +69,7 @@ def not_a_routine() -> None:
 
 
 class RoutineDriver:
-    """Runs one companion's routines. :meth:`start` it in a nursery the engine owns.
+    """Runs one companion's routines while :meth:`run` runs (``nursery.start(driver.run, present)``).
 
     ``in_turn()``: whether a turn of this node runs (its deadlines, not time alone, end it; the
     engine pokes the driver with :meth:`poke` after every event).
@@ -102,9 +105,14 @@ class RoutineDriver:
     def active(self) -> bool:
         return bool(self._routines)
 
-    def start(self, nursery: trio.Nursery, companions: Iterable[str]) -> None:
-        """Start the clock now (quiet for ``quiet_start`` seconds); ``companions``: present now."""
+    async def run(
+        self, companions: Iterable[str], *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Start the clock now (quiet for ``quiet_start`` seconds; ``companions``: present now),
+        then fire the routines when due, each firing a task of this driver's own, until
+        cancelled. A companion without routines has nothing to run."""
         if not self._routines:
+            task_status.started()
             return
         now = trio.current_time()
         self.scheduler = RoutineScheduler(
@@ -115,7 +123,9 @@ class RoutineDriver:
             quiet_until=now + self._quiet_start,
             rejoin_grace=self._grace,
         )
-        nursery.start_soon(self._loop, nursery)
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            await self._loop(nursery)
 
     def heard(self, seen: MessageSeen) -> None:
         """A message arrived (anyone's, any conversation's): it keeps a conversation running for

@@ -40,7 +40,7 @@ Emit = Callable[..., None]
 
 
 class ToolsAnnouncer:
-    """Publishes one companion's tool list; :meth:`start` it in a nursery someone owns."""
+    """Publishes one companion's tool list while :meth:`run` runs."""
 
     def __init__(
         self,
@@ -65,11 +65,7 @@ class ToolsAnnouncer:
         self._wanted = False
         self._wake = trio.Event()
         self.sent = 0
-
-    def start(self, nursery: trio.Nursery, *, first_after: float) -> None:
-        """Listen for changes now; announce the list ``first_after`` seconds from now."""
-        self._runtime.on_tools_changed(self._changed)
-        nursery.start_soon(self._loop, first_after)
+        runtime.on_tools_changed(self._changed)
 
     def _changed(self, event: ToolsChanged) -> None:
         self._change = event
@@ -87,7 +83,9 @@ class ToolsAnnouncer:
         params = tools_json(self._runtime.tool_list(), self._runtime.tools_revision)
         return Action.create(self._runtime.companion_id, TOOLS_ACTION, params)
 
-    async def _loop(self, first_after: float) -> None:
+    async def run(self, first_after: float) -> None:
+        """Announce the list ``first_after`` seconds from now, then each change (and a refresh
+        when asked), until cancelled. Changes are noted from the announcer's making on."""
         with trio.move_on_after(first_after):
             await trio.sleep_forever()
         self._wanted = True

@@ -23,6 +23,7 @@ from typing import Final, Literal
 
 from companion.lines.sentences import split_sentences
 from companion.protocol import Message
+from companion.text import clip
 
 __all__ = [
     "COPY_SIMILARITY",
@@ -214,7 +215,7 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
 
 def _copy(said: str, mine: bool) -> LineVerdict:
     whose = "you already said" if mine else "was already said"
-    shown = _clip(said, 120)
+    shown = clip(said, 120)
     return LineVerdict("copy", f"{NOT_SAID} repeats what {whose} (\u201c{shown}\u201d). {_ASK_AGAIN}", shown)
 
 
@@ -341,8 +342,3 @@ def sentences(text: str) -> list[str]:
     (:func:`companion.lines.sentences.split_sentences`: closing quotes kept, abbreviations and
     decimals not cut), so a line and its sentences are judged alike."""
     return [p for p in split_sentences(text[:_TEXT_LIMIT]) if _WORD.search(p)]
-
-
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -18,8 +18,9 @@ the leader's model decided).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypeAlias
 
 from companion.actions.definition import ToolSpec
 from companion.card.triggers import ToolInstruction
@@ -30,7 +31,9 @@ from companion.protocol import ClosingStage, Message, Metadata
 __all__ = [
     "CompanionModel",
     "LineSink",
+    "ModelCall",
     "ModelError",
+    "ModelWrapper",
     "ParamsRequest",
     "SpeakRequest",
     "StateDecision",
@@ -114,3 +117,45 @@ class CompanionModel(Protocol):
     async def fill_params(self, request: ParamsRequest) -> dict[str, Any]: ...
 
     async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None: ...
+
+
+ModelCall: TypeAlias = Literal["decide_states", "fill_params", "speak"]
+"""The three calls of a turn, by the name of the :class:`CompanionModel` method."""
+
+
+class ModelWrapper:
+    """A model that wraps another one call by call (to count its calls, to time them).
+
+    The wrapped model's name, and whatever else the engine reads from a model
+    (``parallel_params``, ``streams_speech``, ``speculates``), are the wrapped one's: a wrapper
+    never turns streaming or prepared replies off. A subclass says what happens around each
+    call in :meth:`_around`.
+    """
+
+    def __init__(self, inner: CompanionModel) -> None:
+        self.inner = inner
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # (not set yet: no wrapped model to ask)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def _around(self, call: ModelCall, message: Message) -> AbstractContextManager[object]:
+        """Entered around each call of the wrapped model; ``message`` is the one it answers."""
+        return nullcontext()
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
+        with self._around("decide_states", request.message):
+            return await self.inner.decide_states(request)
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
+        with self._around("fill_params", request.message):
+            return await self.inner.fill_params(request)
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        with self._around("speak", request.message):
+            await self.inner.speak(request, call_tool)

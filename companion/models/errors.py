@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from companion.text import clip
+
 __all__ = ["ModelError", "ModelSetupError"]
 
 _REASON_LIMIT = 160
@@ -18,14 +20,9 @@ class ModelError(RuntimeError):
 
     def __init__(self, message: str, *, reason: str | None = None, status: int | None = None) -> None:
         super().__init__(message)
-        self.reason = _one_line(reason if reason else message)
+        self.reason = clip(reason if reason else message, _REASON_LIMIT)
         self.status = status
         """The HTTP status the server answered, when the failure was one."""
-
-
-def _one_line(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 1] + "…"
 
 
 class ModelSetupError(ModelError):

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from companion.models.base import ParamsRequest, SpeakRequest, StatesRequest, ToolSpec
 from companion.protocol import Message, Metadata
+from companion.text import clip
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -40,11 +41,6 @@ _FIELD_LIMIT = 600
 _TEXT_LIMIT = 1000
 
 
-def _clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _who(companion_id: str, names: Mapping[str, str]) -> str:
     name = names.get(companion_id)
     return f"{name} ({companion_id})" if name else companion_id
@@ -59,7 +55,7 @@ def format_history(
     for number, item in enumerate([*recent, message], start=1):
         p = item.params
         to = ", ".join(_who(t, names) for t in p.to) or "everyone"
-        lines.append(f"{number}. {_who(p.from_, names)} -> {to}: {_clip(p.message, _TEXT_LIMIT)}")
+        lines.append(f"{number}. {_who(p.from_, names)} -> {to}: {clip(p.message, _TEXT_LIMIT)}")
     return "\n".join(lines)
 
 
@@ -80,10 +76,10 @@ def persona(me: Metadata, role: str) -> str:
     return (
         f"You are {me.name} (id {me.id}), a companion in a group conversation with other AI "
         "companions and people.\n"
-        f"Personality: {_clip(me.personality, _FIELD_LIMIT)}\n"
-        f"Background: {_clip(me.story, _FIELD_LIMIT)}\n"
-        f"How you talk (sample): {_clip(me.sample, _FIELD_LIMIT)}\n"
-        f"Your role: {_clip(role, _FIELD_LIMIT)}"
+        f"Personality: {clip(me.personality, _FIELD_LIMIT)}\n"
+        f"Background: {clip(me.story, _FIELD_LIMIT)}\n"
+        f"How you talk (sample): {clip(me.sample, _FIELD_LIMIT)}\n"
+        f"Your role: {clip(role, _FIELD_LIMIT)}"
     )
 
 
@@ -103,7 +99,7 @@ def states_prompt(
         "usual case), 'pre-closing' only when topics are running out, 'closing' when people say "
         "goodbye, 'terminal' when it is over."
     )
-    companions = "\n".join(f"- {c.id}: {c.name}; {_clip(c.personality, 200)}" for c in request.companions)
+    companions = "\n".join(f"- {c.id}: {c.name}; {clip(c.personality, 200)}" for c in request.companions)
     rules = []
     if request.nominated:
         rules.append(f"The sender asked {_who(request.nominated, names)} to speak next: mark it selected.")
@@ -220,4 +216,4 @@ def _remembered(memory: object) -> list[str]:
     shown = [
         (key, v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, default=str)) for key, v in items
     ]
-    return ["What you remember:"] + [f"- {_clip(key, 60)}: {_clip(v, 200)}" for key, v in shown]
+    return ["What you remember:"] + [f"- {clip(key, 60)}: {clip(v, 200)}" for key, v in shown]

@@ -95,6 +95,7 @@ from companion.models.structured import (
     states_schema,
     wire_tool_names,
 )
+from companion.text import clip
 
 __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
@@ -320,14 +321,14 @@ def _server_words(exc: BaseException) -> str:
         if isinstance(inner, Mapping):
             body = inner
         elif isinstance(inner, str):
-            return _short(inner, 200)
+            return clip(inner, 200)
         for key in ("message", "detail"):
             value = body.get(key)
             if value:
-                return _short(value if isinstance(value, str) else json.dumps(value), 200)
+                return clip(value if isinstance(value, str) else json.dumps(value), 200)
     if isinstance(body, str) and body:
-        return _short(body, 200)
-    return _short(str(exc), 200)
+        return clip(body, 200)
+    return clip(str(exc), 200)
 
 
 def _explain(exc: BaseException, config: ProviderConfig, sdk: Sdk) -> tuple[str, str]:
@@ -357,12 +358,7 @@ def _explain(exc: BaseException, config: ProviderConfig, sdk: Sdk) -> tuple[str,
             f"{config.endpoint} answered HTTP {status}: {words}",
             f"the server answered HTTP {status}: {words}",
         )
-    return f"{type(exc).__name__}: {_short(str(exc))}", f"{type(exc).__name__}: {_short(str(exc), 100)}"
-
-
-def _short(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return f"{type(exc).__name__}: {clip(str(exc), 300)}", f"{type(exc).__name__}: {clip(str(exc), 100)}"
 
 
 _NAMED: Final = ModelSettings(tool_choice=ToolOrOutput(function_tools=[]))
@@ -612,7 +608,7 @@ class ProviderModel:
                         raise self.error(
                             purpose,
                             f"invalid answer after a retry: {result}",
-                            f"the model's {purpose} answer was invalid twice ({_short(result.items[0], 80)})",
+                            f"the model's {purpose} answer was invalid twice ({clip(result.items[0], 80)})",
                         )
                 self.memory.worked(config, "structured", form)
                 return result
@@ -629,7 +625,7 @@ class ProviderModel:
         return self.error(
             purpose,
             f"{self.config.endpoint} ({label}) answered HTTP {last.status}{every} ({tried}): {last.words}",
-            f"the server answered HTTP {last.status}{every}: {_short(last.words, 80)}",
+            f"the server answered HTTP {last.status}{every}: {clip(last.words, 80)}",
         )
 
     def _checked(
@@ -858,7 +854,7 @@ class ProviderModel:
             name, spec = speaker
             said = speech_args(spec, line, turn.recipients)
             assert said is not None  # speaking_tool only offers tools that take a message
-            log_event(_log, "speak_text_as_tool", model=self.name, tool=spec.id, text=_short(line, 200))
+            log_event(_log, "speak_text_as_tool", model=self.name, tool=spec.id, text=clip(line, 200))
             result = await self._run_one(spec, said, turn, call_tool)
             if result.get("status", "ok") == "ok":
                 return UserPromptPart(f"You said that through {name}.")
@@ -866,7 +862,7 @@ class ProviderModel:
                 # In words, not JSON: a small model reads a JSON block aloud as its next line.
                 f"What you said could not be delivered: {result.get('message') or result.get('status')}"
             )
-        log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=_short(text, 200))
+        log_event(_log, "speak_without_tool", logging.WARNING, model=self.name, text=clip(text, 200))
         if text and not line and speaker is not None and speaker[1].id not in turn.done:
             # Words, but none to say (the prompt's record continued): asked again fresh, as a
             # refused line is; a follow-up's framing was read aloud as the next line (measured).
@@ -940,7 +936,7 @@ class _SpeakTurn:
         if not ok:
             if is_line_refusal(message):
                 self.not_said(message)
-            self.failed(f"{spec.id} failed: {_short(message, 80)}")
+            self.failed(f"{spec.id} failed: {clip(message, 80)}")
         elif spec.kind == "knowledge":
             self.looked_up = True
             self.problem = "it only looked things up"

@@ -16,7 +16,7 @@ from companion.rtc.client import (
     connect_rtc,
 )
 from companion.rtc.control import StopSpeech, VoiceSwitch, interpret_control
-from companion.rtc.gateway import OfferReply, RtcGateway, open_gateway
+from companion.rtc.gateway import OfferReply, RtcGateway
 from companion.rtc.ice import LOOPBACK, candidate_addresses_for, host_addresses
 from companion.rtc.island import AsyncioIsland, open_island
 from companion.rtc.seam import FrameServer
@@ -60,7 +60,6 @@ __all__ = [
     "connect_rtc",
     "host_addresses",
     "interpret_control",
-    "open_gateway",
     "open_island",
     "parse_offer",
 ]

@@ -21,7 +21,6 @@ import av
 import trio
 from aiortc import (
     MediaStreamTrack,
-    RTCConfiguration,
     RTCDataChannel,
     RTCPeerConnection,
     RTCRtpReceiver,
@@ -32,8 +31,9 @@ from aiortc.mediastreams import MediaStreamError
 from companion.bridge import httpclient
 from companion.log import log_event
 from companion.rtc.http import MAX_REPLY_BYTES, offer_url
-from companion.rtc.ice import LOOPBACK, host_addresses
+from companion.rtc.ice import host_addresses
 from companion.rtc.island import AsyncioIsland, open_island, single_exceptions
+from companion.rtc.peer import PeerSettings, close_peer, new_peer_connection
 
 __all__ = [
     "ClientClosed",
@@ -70,11 +70,11 @@ class OfferRejected(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class ClientSettings:
-    ice_addresses: tuple[str, ...] | None = LOOPBACK
+class ClientSettings(PeerSettings):
+    """Limits and deadlines of a client (beside those of :class:`PeerSettings`)."""
+
     http_timeout: float = 10.0
-    connect_timeout: float = 15.0
-    close_timeout: float = 5.0
+    """Offer posted to answer read."""
     inbound_frames: int = 4096
     audio_frames: int = 500
     """Decoded frames kept for a slow consumer (10 s); newer ones are dropped and counted."""
@@ -165,7 +165,7 @@ class RtcClient:
         topics: Iterable[str] | None,
     ) -> None:
         self.island.enter()
-        pc = await self.island.call(_new_peer_connection)
+        pc = await self.island.call(new_peer_connection)
         self._pc = pc
         pc.on("connectionstatechange", self._on_connection_state)
         pc.on("track", self._on_track)
@@ -267,9 +267,7 @@ class RtcClient:
         self._end(self.close_reason or "closed by the client")
         self._audio_send.close()
         pc, self._pc = self._pc, None
-        if pc is None:
-            return
-        if not await self.island.close_within(pc.close, self.settings.close_timeout):
+        if not await close_peer(self.island, pc, self.settings):
             log_event(logger, "rtc_client_close_timeout", logging.WARNING, session=self.session_id)
 
 
@@ -285,10 +283,6 @@ def _parse_answer(status: int, body: bytes | str) -> dict[str, Any]:
         text = body if isinstance(body, str) else body.decode("utf-8", "replace")
         raise OfferRejected(status, "bad_reply", text[:200])
     return obj
-
-
-async def _new_peer_connection() -> RTCPeerConnection:
-    return RTCPeerConnection(RTCConfiguration(iceServers=[]))
 
 
 @asynccontextmanager

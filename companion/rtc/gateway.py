@@ -2,8 +2,9 @@
 
 The HTTP route for ``/webrtc/offer`` calls :meth:`RtcGateway.offer` with the request body and
 gets back an HTTP status and a JSON body. A successful offer leaves a session running in the
-gateway's nursery, served by the bridge like any other client (``Bridge.serve_channel``).
-Leaving :func:`open_gateway` ends every session (each tears itself down within its deadline).
+gateway's own nursery, served by the bridge like any other client (``Bridge.serve_channel``).
+The gateway is open for a block (``async with RtcGateway(bridge, node) as gateway:``), with its
+asyncio island; leaving the block ends every session (each tears itself down within its deadline).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from companion.rtc.island import AsyncioIsland, open_island
 from companion.rtc.seam import FrameServer
 from companion.rtc.session import NegotiationFailed, RtcSession, SessionSettings
 from companion.rtc.signaling import OfferError, OfferRequest, answer_body, error_body, parse_offer
+from companion.tasks import OwnsTasks
 from companion.voice import Synthesizer
 
-__all__ = ["OfferReply", "RtcGateway", "open_gateway"]
+__all__ = ["OfferReply", "RtcGateway"]
 
 logger = logging.getLogger("companion.rtc")
 
@@ -39,13 +41,15 @@ class OfferReply:
     session_id: str | None = None
 
 
-class RtcGateway:
-    """Accepts WebRTC clients for one bridge."""
+class RtcGateway(OwnsTasks):
+    """Accepts WebRTC clients for one bridge while it is open (``async with``).
+
+    ``server`` serves each client's frames (the bridge); ``publisher`` publishes the speak
+    results (the bridge's node: its echo shows them to the bridge's clients too).
+    """
 
     def __init__(
         self,
-        island: AsyncioIsland,
-        nursery: trio.Nursery,
         server: FrameServer,
         publisher: Publisher,
         *,
@@ -53,8 +57,7 @@ class RtcGateway:
         settings: SessionSettings | None = None,
         max_sessions: int = 32,
     ) -> None:
-        self.island = island
-        self._nursery = nursery
+        self._island: AsyncioIsland | None = None
         self._server = server
         self._publisher = publisher
         self.synthesizer = synthesizer
@@ -63,10 +66,31 @@ class RtcGateway:
         self._sessions: dict[str, RtcSession] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
         """Each session task's own scope: :meth:`cancel_all` cancels the sessions, not the
-        nursery they run in (which belongs to whoever opened the gateway)."""
+        gateway's nursery (offers may still be answered, with a refusal, until the block ends)."""
         self._negotiating = 0
         self._changed = trio.Event()
         self.closed = False
+
+    @asynccontextmanager
+    async def _lifetime(self) -> AsyncIterator[None]:
+        """The asyncio island, and the nursery of the sessions inside it (they close first)."""
+        async with open_island() as island:
+            self._island = island
+            try:
+                async with super()._lifetime():
+                    yield
+            finally:
+                self._island = None
+
+    def _end(self, nursery: trio.Nursery) -> None:
+        """Sessions are asked to close and tear themselves down within their deadlines."""
+        self.closed = True
+        self.close_all()
+
+    @property
+    def island(self) -> AsyncioIsland:
+        """The asyncio loop aiortc runs on, while the gateway is open."""
+        return self._while_open(self._island)
 
     @property
     def sessions(self) -> Mapping[str, RtcSession]:
@@ -101,7 +125,7 @@ class RtcGateway:
         self._sessions[session.id] = session
         self._scopes[session.id] = trio.CancelScope()  # before the task starts: cancel_all sees it
         self._sessions_changed()
-        self._nursery.start_soon(self._run, session)
+        self.tasks.start_soon(self._run, session)
         return OfferReply(200, answer_body(sdp, session.id, session.voice_on), session.id)
 
     async def _run(self, session: RtcSession) -> None:
@@ -136,8 +160,8 @@ class RtcGateway:
 
     @property
     def running(self) -> int:
-        """Session tasks still alive (teardown included)."""
-        return len(self._nursery.child_tasks)
+        """Session tasks still alive (teardown included); none once the gateway is closed."""
+        return 0 if self._nursery is None else len(self._nursery.child_tasks)
 
     def close_all(self, reason: str = "bridge shutting down") -> None:
         """Ask every session to end; each tears itself down within its deadline."""
@@ -154,34 +178,3 @@ class RtcGateway:
 
 def _refuse(error: OfferError) -> OfferReply:
     return OfferReply(error.status, error_body(error))
-
-
-@asynccontextmanager
-async def open_gateway(
-    server: FrameServer,
-    publisher: Publisher,
-    *,
-    synthesizer: Synthesizer | None = None,
-    settings: SessionSettings | None = None,
-    max_sessions: int = 32,
-) -> AsyncIterator[RtcGateway]:
-    """A gateway with its asyncio island and session nursery; sessions end when the block does.
-
-    ``server`` serves each client's frames (the bridge); ``publisher`` publishes the speak
-    results (the bridge's node: its echo shows them to the bridge's clients too).
-    """
-    async with open_island() as island, trio.open_nursery() as nursery:
-        gateway = RtcGateway(
-            island,
-            nursery,
-            server,
-            publisher,
-            synthesizer=synthesizer,
-            settings=settings,
-            max_sessions=max_sessions,
-        )
-        try:
-            yield gateway
-        finally:
-            gateway.closed = True
-            gateway.close_all()

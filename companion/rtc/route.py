@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 from companion.bridge.httpserver import HttpRequest, HttpResponse, Route, json_response
 from companion.log import log_event
 from companion.memory import Publisher
-from companion.rtc.gateway import RtcGateway, open_gateway
+from companion.rtc.gateway import RtcGateway
 from companion.rtc.ice import candidate_addresses_for
 from companion.rtc.session import SessionSettings
 from companion.voice import EspeakSynthesizer, Synthesizer
@@ -61,7 +61,7 @@ async def serve_webrtc(
             log_event(logger, "voice_unavailable", logging.WARNING, reason="espeak-ng is not installed")
     if settings is None:
         settings = SessionSettings(ice_addresses=candidate_addresses_for(bridge.config.host))
-    async with open_gateway(
+    async with RtcGateway(
         bridge, publisher, synthesizer=synthesizer if voice else None, settings=settings
     ) as gateway:
         bridge.add_route(OFFER_PATH, offer_route(gateway))

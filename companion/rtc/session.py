@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import trio
-from aiortc import RTCConfiguration, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCDataChannel, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InternalError, InvalidAccessError
 
 from companion.bridge.channel import ChannelClosed
@@ -44,9 +44,10 @@ from companion.protocol import (
 )
 from companion.rtc.audio import to_track_rate
 from companion.rtc.control import ControlError, StopSpeech, VoiceSwitch, interpret_control, is_new_message
-from companion.rtc.ice import LOOPBACK, host_addresses
+from companion.rtc.ice import host_addresses
 from companion.rtc.island import AsyncioIsland
 from companion.rtc.opus import OpusLineEncoder, opus_silence
+from companion.rtc.peer import PeerSettings, close_peer, new_peer_connection
 from companion.rtc.seam import FrameServer
 from companion.rtc.signaling import OfferRequest, audio_codec
 from companion.rtc.track import VoiceTrack
@@ -71,16 +72,12 @@ class NegotiationFailed(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class SessionSettings:
-    """Limits and deadlines of one session (the defaults suit a bridge on a LAN)."""
+class SessionSettings(PeerSettings):
+    """Limits and deadlines of one session, beside those of :class:`PeerSettings` (the defaults
+    suit a bridge on a LAN)."""
 
-    ice_addresses: tuple[str, ...] | None = LOOPBACK
-    """Local addresses offered as ICE candidates (``None``: every interface but loopback)."""
     negotiate_timeout: float = 10.0
     """Offer in, answer out (candidate gathering included)."""
-    connect_timeout: float = 15.0
-    """Answer sent to data channel open."""
-    close_timeout: float = 5.0
     inbound_frames: int = 256
     """Client frames waiting for the bridge; a client that floods past this is disconnected."""
     send_high_water: int = 1024 * 1024
@@ -176,7 +173,7 @@ class RtcSession:
             raise
 
     async def _negotiate(self) -> str:
-        pc = await self.island.call(_new_peer_connection)
+        pc = await self.island.call(new_peer_connection)
         self._pc = pc
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_connection_state)
@@ -543,15 +540,8 @@ class RtcSession:
         if self._track is not None:
             self._track.stop()
         pc, self._pc = self._pc, None
-        if pc is None:
-            return
-        if not await self.island.close_within(pc.close, self.settings.close_timeout):
+        if not await close_peer(self.island, pc, self.settings):
             log_event(logger, "rtc_close_timeout", logging.WARNING, session=self.id)
-
-
-async def _new_peer_connection() -> RTCPeerConnection:
-    """Created on the asyncio side; no STUN/TURN servers (aiortc would otherwise ask Google's)."""
-    return RTCPeerConnection(RTCConfiguration(iceServers=[]))
 
 
 class DataChannelFrames:

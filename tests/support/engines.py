@@ -223,8 +223,7 @@ async def converse_over_http(
 
     memory = EndpointMemory()
     config = resolve_config("openai", "fake-1", base_url=base_url, environ={})
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=timings)
+    async with MemoryGroup(timings=timings) as group:
         cards = [make_card(index, max_turns=max_turns) for index in range(3)]
         for card in cards:
             model = ProviderModel(config, memory)
@@ -233,7 +232,6 @@ async def converse_over_http(
         await group.say("Hello, everyone!")
         with trio.fail_after(timeout):
             assert await group.wait_until(lambda t: t.over, timeout), "no terminal: the conversation stalled"
-        nursery.cancel_scope.cancel()
     replies = [e for e in group.transcript.events if e.kind == "message" and e.in_reply_to]
     ids = {card.card.metadata.id for card in cards} | {"user_demo"}
     assert all(e.recipients and set(e.recipients) <= ids for e in replies), [e.recipients for e in replies]

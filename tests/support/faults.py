@@ -39,7 +39,7 @@ import random
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -61,6 +61,7 @@ from companion.memory import MemoryEndpoint, MemoryHub
 from companion.models.base import ModelError, SpeakRequest, StatesRequest
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, STATES, Action, Message, Metadata, State
+from companion.tasks import OwnsTasks
 from support.engines import HookedModel, make_card
 
 TIMINGS: Final = EngineTimings.offline()
@@ -161,8 +162,9 @@ def scenario_of(seed: int) -> str:
     return "outage" if scenario == "plain" and seed // 7 % 2 else scenario
 
 
-class Chaos:
-    """The faults of one seeded conversation, and what actually happened."""
+class Chaos(OwnsTasks):
+    """The faults of one seeded conversation, and what actually happened; open for the
+    conversation (``async with chaos:``), it owns the tasks that notice a kill later."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
@@ -191,7 +193,6 @@ class Chaos:
         """``outage`` with ``crash``: the companion with a turn limit of 1 and a model that never speaks."""
         self.latency = (0.5, 2.0) if self.scenario == "chatter" else None
         self.groups: list[MemoryGroup] = []
-        self.nursery: trio.Nursery | None = None
         self.happened: Counter[str] = Counter()
         self._calls = 0
 
@@ -201,7 +202,6 @@ class Chaos:
         return next(g for g in self.groups if cid in g.members)
 
     def kill(self, cid: str) -> bool:
-        assert self.nursery is not None
         group = self.group_of(cid)
         if self.kill_budget <= 0 or not group.members[cid].endpoint.connected or cid == self.strict:
             return False  # (``outage``'s strict companion is the one its crash leaves alive)
@@ -209,7 +209,7 @@ class Chaos:
         noticed = self.rng.choice(["at_once", "later", "never"])
         group.kill(cid, leave=noticed == "at_once")
         if noticed == "later":
-            self.nursery.start_soon(self._leave_later, group, cid, self.rng.uniform(1.0, 20.0))
+            self.tasks.start_soon(self._leave_later, group, cid, self.rng.uniform(1.0, 20.0))
         self.happened[f"kill_{noticed}"] += 1
         return True
 
@@ -416,15 +416,17 @@ async def _converse(seed: int) -> Outcome:
     def record(event: EngineEvent) -> None:
         events.append((trio.current_time(), event))
 
-    async with trio.open_nursery() as nursery:
-        chaos.nursery = nursery
-        hub = MemoryHub(fault=chaos.fault, nursery=nursery)
+    async with (
+        trio.open_nursery() as nursery,
+        chaos,
+        MemoryHub(fault=chaos.fault) as hub,
+        AsyncExitStack() as groups,
+    ):
         count = 2 if chaos.scenario == "two_groups" else 1
         index = 0
         for g in range(count):
             max_turns = AIKYO_MAX_TURNS if chaos.scenario == "aikyo" else None
             group = MemoryGroup(
-                nursery,
                 timings=TIMINGS,
                 hub=hub,
                 on_engine_event=record,
@@ -432,6 +434,7 @@ async def _converse(seed: int) -> Outcome:
                 user=f"user_demo{g}" if count > 1 else "user_demo",
                 max_turns=max_turns,
             )
+            await groups.enter_async_context(group)
             chaos.groups.append(group)
             if chaos.scenario == "forger":
                 mallory = group.add_peer(_meta(MALLORY, "Mallory"), takes_part=False)

@@ -146,8 +146,7 @@ async def converse(
     """Run ``cards`` as an in-memory group (as ``companion demo --in-memory`` does) from
     ``opening``: the transcript, every payload a bystander saw, and whether it reached terminal."""
     payloads: list[Inbound] = []
-    async with trio.open_nursery() as nursery:
-        group = MemoryGroup(nursery, timings=EngineTimings.offline())
+    async with trio.open_nursery() as nursery, MemoryGroup(timings=EngineTimings.offline()) as group:
         spy = group.hub.endpoint("spy")
 
         async def watch() -> None:
