@@ -264,7 +264,13 @@ async def one_rtc_turn(url: str, index: int, timeout: float) -> tuple[float, flo
 
 
 def run_source(
-    source: str, base_url: str, model: str, rounds: int, timeout: float, webrtc: bool = False
+    source: str,
+    base_url: str,
+    model: str,
+    rounds: int,
+    timeout: float,
+    webrtc: bool = False,
+    events: Path | None = None,
 ) -> list[Turn]:
     turns: list[Turn] = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
@@ -290,6 +296,9 @@ def run_source(
                         print(f"round {index}: no line; {'; '.join(why[:4])}", flush=True)
         finally:
             companion.stop()
+            if events is not None:  # the companion's log events, one JSON object a line
+                with events.open("a", encoding="utf-8") as out:
+                    out.writelines(json.dumps(e) + "\n" for e in companion.events_since(0))
     return turns
 
 
@@ -383,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
     )
+    parser.add_argument("--events", type=Path, help="append the companion's log events to this file")
     args = parser.parse_args(argv)
     for source in args.source:
         if source == "smollm2":
@@ -390,7 +400,13 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error("--source smollm2 needs --llama-venv")
             with llama_server(args.llama_venv) as base_url:
                 turns = run_source(
-                    source, base_url, "openai:smollm2-135m", args.rounds, args.timeout, args.webrtc
+                    source,
+                    base_url,
+                    "openai:smollm2-135m",
+                    args.rounds,
+                    args.timeout,
+                    args.webrtc,
+                    args.events,
                 )
             report(source, turns, None)
             continue
@@ -398,7 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         with running_server(ttft=ttft, token_rate=rate) as server:
             server.push(*([VoiceModel()] * (args.rounds + 1) * 6))
             turns = run_source(
-                source, server.openai_base_url, "openai:fake-1", args.rounds, args.timeout, args.webrtc
+                source,
+                server.openai_base_url,
+                "openai:fake-1",
+                args.rounds,
+                args.timeout,
+                args.webrtc,
+                args.events,
             )
         report(source, turns, floor(ttft, rate))
     return 0

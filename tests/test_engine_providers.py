@@ -5,13 +5,14 @@ through the action runtime, one HTTP request per model call, to ``terminal``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import trio
 
 from companion.app.group import MemoryGroup
 from companion.engine.driver import EngineTimings
+from companion.engine.work import EngineEvent
 from companion.models.endpoints import ProviderConfig
 from companion.models.providers import ProviderModel
 from support.engines import converse_over_http, make_card
@@ -89,6 +90,23 @@ async def test_a_conversation_reaches_terminal_on_every_server(profile: str) -> 
     assert len(srv.refusals()) <= 1  # a refused form is sent once, then never again
 
 
+async def _one_reply(model: ProviderModel, on_event: Callable[[EngineEvent], None] | None = None) -> None:
+    """One companion (card 0, at most two turns) answers "Hello there!" once."""
+    async with MemoryGroup(timings=TIMINGS, on_engine_event=on_event) as group:
+        await group.add(make_card(0, max_turns=2), model)
+        await group.say("Hello there!")
+        with trio.fail_after(30):
+            assert await group.wait_until(
+                lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
+            )
+
+
+def _kinds(requests: list[Recorded]) -> list[str]:
+    """Each model request by what it asked: ``states``, ``params`` or ``speak``."""
+    names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
+    return ["states" if "set_states" in n else "params" if "set_params" in n else "speak" for n in names]
+
+
 async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides() -> None:
     """One request before the first words: a companion addressed alone asks for its parameters
     and starts its speech (held) at once, beside its states call. Its first speech guesses the
@@ -98,16 +116,9 @@ async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides
     # busy machine's delays cannot order them (a ttft alone did, once in a loaded run)
     with running_server(ttft=0.3, answer_together=3) as srv:
         srv.push(*([CooperativeModel()] * 6))
-        async with MemoryGroup(timings=TIMINGS) as group:
-            await group.add(make_card(0, max_turns=2), provider(srv))
-            await group.say("Hello there!")
-            with trio.fail_after(30):
-                assert await group.wait_until(
-                    lambda t: any(e.kind == "message" and e.in_reply_to for e in t.events), 30
-                )
+        await _one_reply(provider(srv))
     requests = srv.model_requests()
-    names = [{t["function"]["name"] for t in r.body.get("tools") or []} for r in requests]
-    kinds = ["states" if "set_states" in n else "params" if "set_params" in n else "speak" for n in names]
+    kinds = _kinds(requests)
     assert sorted(kinds) == ["params", "speak", "speak", "states"]
     states, params = (requests[kinds.index(k)] for k in ("states", "params"))
     guessed, chosen = (r for r, k in zip(requests, kinds, strict=True) if k == "speak")
@@ -117,3 +128,30 @@ async def test_the_speakers_parameters_and_speech_start_while_the_leader_decides
     assert "Continue the conversation." in json.dumps(guessed.body)
     assert chosen.at >= params.answered - 0.05  # the parameters chose other instructions
     assert "Introduce yourself." in json.dumps(chosen.body)
+
+
+async def test_a_serial_server_gets_the_speakers_two_requests_one_after_the_other() -> None:
+    """llama-cpp-python answers one request at a time, so requests sent side by side only queue
+    there. A message addressed to one companion gets no states request (the rules make it the
+    speaker), no parameters ahead and no prepared speech: its parameters, then its speech."""
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(*([CooperativeModel()] * 6))
+        model = provider(srv)
+        await model.check()
+        assert model.serial and not (model.parallel_params or model.speculates or model.states_for_one)
+        events: list[EngineEvent] = []
+        await _one_reply(model, events.append)
+    requests = srv.model_requests()
+    assert _kinds(requests) == ["params", "speak"]
+    params, speak = requests
+    assert params.answered is not None and speak.at >= params.answered
+    published = [e.fields for e in events if e.kind == "states_published"]
+    assert published[0]["source"] == "one_addressee" and published[0]["states"][0]["state"] == "speak"
+
+
+async def test_a_server_that_answers_side_by_side_is_asked_ahead() -> None:
+    """The same start on a hosted-like server: its states, parameters and prepared speech."""
+    with running_server(profile=PROFILES["vllm"]) as srv:
+        model = provider(srv)
+        await model.check()
+        assert not model.serial and model.parallel_params and model.speculates and model.states_for_one

@@ -60,6 +60,8 @@ CONVERSATION = LineContext(
         "(Growling)",
         "The conversation is ending.",
         "4: The tide is high.",
+        "1.",  # a numbered list's first mark, voiced alone as a sentence (SmolLM2-135M)
+        "2) ...",
     ],
 )
 def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:

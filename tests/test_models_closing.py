@@ -51,23 +51,22 @@ class EagerCloser(CooperativeModel):
             for name, args in reply.calls
         )
         text = reply.text
-        if text is not None and text.startswith('{"states"'):
+        if text is not None and text.startswith('{"speak"'):
             text = json.dumps(_closing(json.loads(text)))
         return dataclasses.replace(reply, calls=calls, text=text)
 
 
 def _closing(args: dict[str, Any]) -> dict[str, Any]:
-    return {"states": [{**s, "closing": "pre-closing"} for s in args["states"]]}
+    return {**args, "closing": "pre-closing"}
 
 
 class Silent(CooperativeModel):
-    """Says that everybody listens, importance 0, as SmolLM2-135M did on its second turn."""
+    """Says that everybody listens (0 each), as SmolLM2-135M did on its second turn."""
 
     def __call__(self, body: Mapping[str, Any]) -> Reply:
         reply = super().__call__(body)
-        quiet = {"state": "listen", "importance": 0, "selected": False}
         calls = tuple(
-            (name, {"states": [{**s, **quiet} for s in args["states"]]} if name == "set_states" else args)
+            (name, {"speak": [0 for _ in args["speak"]]} if name == "set_states" else args)
             for name, args in reply.calls
         )
         return dataclasses.replace(reply, calls=calls)

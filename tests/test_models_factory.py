@@ -142,17 +142,7 @@ async def test_a_spec_to_a_local_server_end_to_end() -> None:
         srv.push(
             tool_call(
                 "set_states",
-                {
-                    "states": [
-                        {
-                            "companion_id": aya.id,
-                            "state": "speak",
-                            "importance": 7,
-                            "selected": True,
-                            "closing": "none",
-                        }
-                    ]
-                },
+                {"speak": [7], "selected": [aya.id]},
             )
         )
         [decision] = await model.decide_states(

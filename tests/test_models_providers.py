@@ -49,22 +49,9 @@ from support.models import (
     states_request,
 )
 
-
-def state(
-    cid: str, st: str = "listen", importance: float = 2, selected: bool = False, closing: str = "none"
-) -> dict[str, Any]:
-    return {
-        "companion_id": cid,
-        "state": st,
-        "importance": importance,
-        "selected": selected,
-        "closing": closing,
-    }
-
-
-ALL_STATES = {
-    "states": [state(AYA.id, "speak", 5), state(BEN.id, "speak", 9, True), state(KAI.id, "listen", 1)]
-}
+ALL_STATES = {"speak": [5, 9, 0], "selected": [BEN.id]}
+"""The leader's answer (``companion.models.structured.states_schema``): Aya and Ben want to
+speak (Ben more, and asked to), Kai listens."""
 
 
 @pytest.fixture
@@ -87,7 +74,7 @@ async def test_states_come_from_one_structured_request(server: FakeLLMServer) ->
     assert [(d.companion_id, d.state, d.importance, d.selected) for d in decisions] == [
         (AYA.id, "speak", 5.0, False),
         (BEN.id, "speak", 9.0, True),
-        (KAI.id, "listen", 1.0, False),
+        (KAI.id, "listen", 0.0, False),
     ]
     [sent] = server.model_requests()
     assert sent.path == "/v1/chat/completions"
@@ -97,8 +84,9 @@ async def test_states_come_from_one_structured_request(server: FakeLLMServer) ->
     assert body["tool_choice"] == {"type": "function", "function": {"name": "set_states"}}
     [tool] = body["tools"]
     assert tool["function"]["name"] == "set_states"
-    item = tool["function"]["parameters"]["properties"]["states"]["items"]
-    assert item["properties"]["companion_id"]["enum"] == [AYA.id, BEN.id, KAI.id]
+    schema = tool["function"]["parameters"]
+    assert schema["properties"]["speak"]["minItems"] == 3
+    assert schema["properties"]["selected"]["items"]["enum"] == [AYA.id, BEN.id, KAI.id]
     system, user = body["messages"]
     # the rules stay in the system message; the tool to call comes with the task, last
     assert system["role"] == "system" and "turn-taking" in system["content"]
@@ -110,15 +98,15 @@ async def test_states_respect_closing_floor_and_nomination(server: FakeLLMServer
     server.push(
         tool_call(
             "set_states",
-            {"states": [state(AYA.id, closing="none"), state(BEN.id), state(KAI.id, closing="terminal")]},
+            {"speak": [0, 4, 0], "closing": "terminal"},
         )
     )
     decisions = await openai_model(server).decide_states(
         states_request(closing_floor="closing", nominated=BEN.id)
     )
 
-    # the floor holds AYA's "none" up; KAI's "terminal" is held at the floor too: a model may
-    # begin closing, never move it on (turns.closing.proposal_ceiling), one stage a turn
+    # the model's "terminal" is held at the floor: a model may begin closing, never move it on
+    # (turns.closing.proposal_ceiling), one stage a turn
     assert [d.closing for d in decisions] == ["closing", "closing", "closing"]
     assert [d.selected for d in decisions] == [False, True, False]
     assert "mark it selected" in server.model_requests()[0].body["messages"][1]["content"]
@@ -126,9 +114,7 @@ async def test_states_respect_closing_floor_and_nomination(server: FakeLLMServer
 
 async def test_invalid_states_are_sent_back_once_with_the_problems(server: FakeLLMServer) -> None:
     server.push(
-        tool_call(
-            "set_states", {"states": [state(AYA.id), state(AYA.id), state("companion_zed", importance=42)]}
-        ),
+        tool_call("set_states", {"speak": [3, 0, 42], "selected": ["companion_zed"]}),
         tool_call("set_states", ALL_STATES),
     )
     decisions = await openai_model(server).decide_states(states_request())
@@ -138,15 +124,15 @@ async def test_invalid_states_are_sent_back_once_with_the_problems(server: FakeL
     assistant = second.body["messages"][-2]
     [feedback] = tool_messages(second.body)
     assert feedback["tool_call_id"] == assistant["tool_calls"][0]["id"]
-    assert "states.2.importance: Input should be less than or equal to 10" in feedback["content"]
-    assert "'companion_aya' appears more than once" not in feedback["content"]  # pydantic stops first
+    assert "speak.2: Input should be less than or equal to 10" in feedback["content"]
 
 
 async def test_states_fail_after_one_retry(server: FakeLLMServer) -> None:
     server.push(
-        tool_call("set_states", {"states": [state("companion_zed")]}), tool_call("set_states", {"states": []})
+        tool_call("set_states", {"speak": [], "selected": ["companion_zed"]}),
+        tool_call("set_states", {"speak": []}),
     )
-    with pytest.raises(ModelError, match=r"invalid answer after a retry.*no entry for"):
+    with pytest.raises(ModelError, match=r"invalid answer after a retry.*no number for"):
         await openai_model(server).decide_states(states_request())
     assert len(server.model_requests()) == 2
 

@@ -371,7 +371,7 @@ async def test_a_retry_reaches_llama_cpp_python_which_refuses_null_content(
 ) -> None:
     """llama-cpp-python answers HTTP 500 to an assistant message with ``content: null`` (a tool
     call in the history): the retry goes out with the history written as text, at once."""
-    bad = {"states": [{"companion_id": AYA.id, "state": "speak", "importance": 42, "selected": False}]}
+    bad = {"speak": [42, 0, 0]}
     with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
         srv.push(tool_call("set_states", bad), CooperativeModel())
         model = model_of(srv, memory)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
+import jsonschema
 import pytest
 
 from companion.models.base import ParamsRequest, SpeakRequest, StatesRequest, ToolInstruction, ToolSpec
@@ -27,34 +29,28 @@ B = md("b", name="Bo", personality="shy", sample="um")
 OPENING = Message.create("user_1", [A.id, B.id], "Hello!")
 
 
-def entry(cid: str, **over: Any) -> dict[str, Any]:
-    return {
-        "companion_id": cid,
-        "state": "speak",
-        "importance": 5,
-        "selected": False,
-        "closing": "none",
-    } | over
-
-
 def request(**over: Any) -> StatesRequest:
     fields: dict[str, Any] = {"message": OPENING, "companions": [A, B], "history": [OPENING]}
     return StatesRequest(**(fields | over))
 
 
 def test_states_come_back_in_companion_order() -> None:
-    decisions = check_states({"states": [entry(B.id, importance=2), entry(A.id, state="listen")]}, request())
+    """One number per companion, in order: 0 listens, above 0 wants to speak that much."""
+    decisions = check_states({"speak": [0, 2]}, request())
     assert not isinstance(decisions, Problems)
-    assert [(d.companion_id, d.state, d.importance) for d in decisions] == [
-        (A.id, "listen", 5.0),
-        (B.id, "speak", 2.0),
+    assert [(d.companion_id, d.state, d.importance, d.selected, d.closing) for d in decisions] == [
+        (A.id, "listen", 0.0, False, "none"),
+        (B.id, "speak", 2.0, False, "none"),
     ]
 
 
 def test_a_partial_states_answer_is_used_not_refused() -> None:
-    """A small model repeats an id, invents one, or forgets one: each costs nothing but itself."""
-    raw = {"states": [entry(A.id, importance=3), entry(A.id, importance=9), entry("companion_x")]}
-    decisions = check_states(raw, request(nominated=B.id))
+    """A small model gives too many numbers, too few, or selects an unknown id: each costs
+    nothing but itself."""
+    decisions = check_states({"speak": [3, 0, 9]}, request())
+    assert not isinstance(decisions, Problems)
+    assert [(d.state, d.importance) for d in decisions] == [("speak", 3.0), ("listen", 0.0)]
+    decisions = check_states({"speak": [3], "selected": ["companion_x", B.id]}, request())
     assert not isinstance(decisions, Problems)
     assert [(d.companion_id, d.state, d.importance, d.selected) for d in decisions] == [
         (A.id, "speak", 3.0, False),
@@ -62,19 +58,13 @@ def test_a_partial_states_answer_is_used_not_refused() -> None:
     ]
 
 
-def test_when_everybody_listens_the_most_important_speaks() -> None:
-    """Measured with SmolLM2-135M: every entry said ``listen`` (importance 0), and nobody spoke
-    again. The companion rated most important speaks; among equals, the first."""
-    quiet = {"states": [entry(A.id, state="listen", importance=1), entry(B.id, state="listen", importance=3)]}
-    decisions = check_states(quiet, request())
-    assert not isinstance(decisions, Problems)
-    assert [(d.companion_id, d.state) for d in decisions] == [(A.id, "listen"), (B.id, "speak")]
-    zeros = {"states": [entry(A.id, state="listen", importance=0), entry(B.id, state="listen", importance=0)]}
-    decisions = check_states(zeros, request())
+def test_when_everybody_listens_the_first_speaks() -> None:
+    """Measured with SmolLM2-135M: every companion rated to listen, and nobody spoke again. The
+    first companion speaks; a nominee speaks anyway, so nobody else is made to."""
+    decisions = check_states({"speak": [0, 0]}, request())
     assert not isinstance(decisions, Problems)
     assert [d.state for d in decisions] == ["speak", "listen"]
-    # a nominee speaks anyway: nobody else is made to
-    decisions = check_states(zeros, request(nominated=B.id))
+    decisions = check_states({"speak": [0, 0]}, request(nominated=B.id))
     assert not isinstance(decisions, Problems)
     assert [(d.state, d.selected) for d in decisions] == [("listen", False), ("listen", True)]
 
@@ -84,16 +74,18 @@ def test_when_everybody_listens_the_most_important_speaks() -> None:
     [
         ("none", "terminal", "pre-closing"),
         ("none", "none", "none"),
+        ("none", None, "none"),
         ("pre-closing", "terminal", "pre-closing"),
         ("closing", "none", "closing"),
         ("closing", "terminal", "closing"),
         ("terminal", "none", "terminal"),
+        ("terminal", None, "terminal"),
     ],
 )
 def test_the_model_may_begin_closing_but_only_the_floor_moves_it_on(
-    floor: str, answered: str, expected: str
+    floor: str, answered: str | None, expected: str
 ) -> None:
-    raw = {"states": [entry(A.id, closing=answered), entry(B.id, closing=answered)]}
+    raw: dict[str, Any] = {"speak": [5, 5]} | ({"closing": answered} if answered else {})
     decisions = check_states(raw, request(closing_floor=floor))
     assert not isinstance(decisions, Problems)
     assert {d.closing for d in decisions} == {expected}
@@ -102,12 +94,16 @@ def test_the_model_may_begin_closing_but_only_the_floor_moves_it_on(
 @pytest.mark.parametrize(
     ("raw", "problem"),
     [
-        ({"states": [entry("companion_x")]}, "no entry for any of the companions"),
-        ({"states": []}, "no entry for any of the companions"),
-        ({"states": [entry(A.id, state="shout"), entry(B.id)]}, "states.0.state"),
-        ({"states": [entry(A.id, importance=-1), entry(B.id)]}, "states.0.importance"),
-        ({"states": "none"}, "states: Input should be a valid list"),
-        ({}, "states: Field required"),
+        ({"speak": []}, "no number for any of the companions"),
+        ({"speak": [11, 2]}, "speak.0: Input should be less than or equal to 10"),
+        ({"speak": [-1, 2]}, "speak.0: Input should be greater than or equal to 0"),
+        ({"speak": ["loud", 2]}, "speak.0: Input should be a valid number"),
+        ({"speak": [1e400, 2]}, "speak.0"),
+        ({"speak": "none"}, "speak: Input should be a valid list"),
+        ({"speak": [5], "closing": "soon"}, "closing: Input should be"),
+        ({"speak": [5], "selected": "companion_a"}, "selected: Input should be a valid list"),
+        ({}, "speak: Field required"),
+        ({"states": [{"companion_id": "companion_a", "state": "speak"}]}, "speak: Field required"),
     ],
 )
 def test_bad_states_are_problems_for_the_model(raw: dict[str, Any], problem: str) -> None:
@@ -117,17 +113,29 @@ def test_bad_states_are_problems_for_the_model(raw: dict[str, Any], problem: str
 
 
 def test_states_rules_of_the_request_are_applied() -> None:
-    raw = {"states": [entry(A.id, closing="pre-closing"), entry(B.id, closing="terminal")]}
-    result = check_states(raw, request(closing_floor="closing", nominated=B.id))
+    result = check_states(
+        {"speak": [5, 5], "selected": [A.id], "closing": "terminal"},
+        request(closing_floor="closing", nominated=B.id),
+    )
     assert not isinstance(result, Problems)
-    assert [(d.closing, d.selected) for d in result] == [("closing", False), ("closing", True)]
+    assert [(d.closing, d.selected) for d in result] == [("closing", True), ("closing", True)]
 
 
-def test_states_schema_names_exactly_the_companions() -> None:
+def test_states_schema_names_exactly_the_companions_and_asks_one_number_each() -> None:
     schema = states_schema([A.id, B.id])
-    item = schema["properties"]["states"]["items"]
-    assert item["properties"]["companion_id"]["enum"] == [A.id, B.id]
-    assert set(item["required"]) == set(item["properties"])
+    speak = schema["properties"]["speak"]
+    assert (speak["minItems"], speak["maxItems"], speak["items"]["enum"]) == (2, 2, list(range(11)))
+    assert schema["properties"]["selected"]["items"]["enum"] == [A.id, B.id]
+    assert schema["required"] == ["speak"] and schema["additionalProperties"] is False
+
+
+def test_the_usual_states_answer_is_a_few_tokens_and_valid() -> None:
+    """What the leader's model writes before anyone can speak: the usual answer for two
+    companions is 17 characters (one entry per companion, the former answer, was 228)."""
+    usual = {"speak": [7, 0]}
+    assert len(json.dumps(usual)) == 17
+    jsonschema.validate(usual, states_schema([A.id, B.id]))
+    assert not isinstance(check_states(usual, request()), Problems)
 
 
 SCHEMA = {

@@ -95,6 +95,35 @@ async def test_a_refused_sentence_ends_what_is_voiced(autojump_clock: trio.testi
     assert checked == [("Fine.", ()), ("Hello again.", ("Fine.",))]
 
 
+async def test_a_line_nobody_heard_starts_over_with_the_next(autojump_clock: trio.testing.MockClock) -> None:
+    """The model's first try began a numbered list ("1." refused: nothing heard); its next try,
+    or the card's own line, is voiced from its start. A line once heard never starts over."""
+
+    def check(sentence: str, before: tuple[str, ...]) -> str | None:
+        return "no words" if sentence == "1." else None
+
+    client = Client()
+    line = LiveVoiceLine(client.ask, emit, check=check)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "1. User_bench -> Juniper: Hello")
+        line.grow(VOICE_TOOL, "1. User_bench -> Juniper: Hello. 2. Juniper:")  # the same try: still refused
+        await trio.testing.wait_all_tasks_blocked()
+        assert client.asked == []
+        said = await line.finish("The harbour was full of boats. Shall we go?", "happy", 30)
+    assert said == "The harbour was full of boats. Shall we go?"
+    assert [a[1] for a in client.asked] == ["The harbour was full of boats.", "Shall we go?"]
+
+    heard = Client()
+    line = LiveVoiceLine(heard.ask, emit, check=lambda s, _b: "a copy" if s.startswith("Hello") else None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "Fine. Hello again. ")
+        await trio.testing.wait_all_tasks_blocked()
+        said = await line.finish("Something else entirely.", "neutral", 30)
+    assert said == "Fine." and [a[1] for a in heard.asked] == ["Fine."]
+
+
 async def test_a_cut_line_says_only_its_complete_sentences(autojump_clock: trio.testing.MockClock) -> None:
     client = Client()
     line = LiveVoiceLine(client.ask, emit)

@@ -98,6 +98,12 @@ class _Attempt:
     plan: _Plan
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     done: trio.Event = field(default_factory=trio.Event)
+    adopted: trio.Event = field(default_factory=trio.Event)
+    """Set when the slot adopts this attempt, and only this one: its tool calls and its voice wait
+    for it. Not the reply's: an attempt the parameters replaced is cancelled, but a model that
+    runs on an asyncio loop (trio-asyncio forwards the cancellation into the loop's body a
+    scheduling step later) could still be waiting there when the slot adopts its successor, and
+    would then speak with the instructions of the guess."""
     error: Exception | None = None
 
 
@@ -112,10 +118,16 @@ class _Prepared:
     speech: Speech | None = None
     attempt: _Attempt | None = None
 
-    async def speech_of(self) -> Speech:
-        await self.adopted.wait()
-        assert self.speech is not None
-        return self.speech
+    def speech_of(self, attempt: _Attempt) -> Callable[[], Awaitable[Speech]]:
+        """What ``attempt``'s tool calls wait for: the slot's speech, once it adopted ``attempt``
+        (an attempt replaced before that waits until its cancellation reaches it)."""
+
+        async def speech() -> Speech:
+            await attempt.adopted.wait()
+            assert self.speech is not None
+            return self.speech
+
+        return speech
 
 
 @dataclass
@@ -399,16 +411,15 @@ class Speaker:
 
     def _attempt(self, prepared: _Prepared, plan: _Plan, nursery: trio.Nursery) -> None:
         attempt = prepared.attempt = _Attempt(plan)
-        call_tool = self._caller(prepared.speech_of, plan.lines)
+        speech_of = prepared.speech_of(attempt)
+        call_tool = self._caller(speech_of, plan.lines)
 
         async def run() -> None:
             try:
                 with attempt.scope:
                     if getattr(self.model, "streams_speech", False):
                         check = _sentence_check(plan.lines)
-                        await self._speak_live(
-                            plan.request, prepared.speech_of, call_tool, check, prepared.adopted
-                        )
+                        await self._speak_live(plan.request, speech_of, call_tool, check, attempt.adopted)
                     else:
                         await self.model.speak(plan.request, call_tool)
             except Exception as exc:  # the adopting slot raises it (a ModelError gives the slot up)
@@ -461,6 +472,7 @@ class Speaker:
         prepared.speech = speech
         prepared.scope.deadline = math.inf
         prepared.adopted.set()
+        attempt.adopted.set()
         self._emit("reply_prepared_adopted", logging.INFO, message_id=prepared.message_id)
         try:
             await attempt.done.wait()

@@ -93,7 +93,20 @@ class LiveVoiceLine:
         if self._ended or not self.voices(tool_id):
             return
         self._tool = tool_id
+        self._anew(text)
         self._take(self._splitter.feed(text))
+
+    def _anew(self, text: str) -> None:
+        """A line nobody heard anything of (its first sentence refused) starts over when another
+        line comes (the model's next try, or the card's own line): that one is voiced from its
+        start. Without this, every later line of the reply was refused as "nothing said" and the
+        slot given up (SmolLM2-135M: four turns in five)."""
+        if self._stopped and not self._admitted and not text.startswith(self._splitter.said):
+            self._splitter = SentenceSplitter()
+            self._stopped = False
+            self._emit(
+                "voice_line_anew", logging.INFO, line=self.id, reason="nothing of the line before was heard"
+            )
 
     @property
     def started(self) -> bool:
@@ -146,6 +159,7 @@ class LiveVoiceLine:
         if self._tool is None:
             self._tool = next(iter(self._voiced))
         if not self._ended:
+            self._anew(text)
             self._take(self._splitter.finish(text))
         self.end()
         with trio.move_on_at(self._deadline):

@@ -112,9 +112,20 @@ class TurnWork:
             turn=effect.turn,
         )
 
+    def _alone(self, effect: Lead) -> bool:
+        """Whether ``effect``'s message addresses this companion alone and the model asks for no
+        states call then (``states_for_one`` false: a server that answers one request at a
+        time): the rule-based states make it the speaker at once."""
+        return list(dict.fromkeys(effect.addressed)) == [self.speaker.me.id] and not getattr(
+            self.model, "states_for_one", True
+        )
+
     def lead_ahead(self, effect: Lead, nursery: trio.Nursery) -> None:
         """Start the states call for a message only previewed (``states_timeout``), held for
-        the :meth:`lead` of the same message (:mod:`companion.conversation.preview`)."""
+        the :meth:`lead` of the same message (:mod:`companion.conversation.preview`); none when
+        the lead needs no model (:meth:`_alone`)."""
+        if self._alone(effect):
+            return
         older = self._ahead
         if older is not None:  # one at a time: the newest line is the one the next turn answers
             self._drop_states_ahead(older, "a newer preview")
@@ -151,7 +162,11 @@ class TurnWork:
     async def lead(self, effect: Lead) -> StatesReady:
         """Ask the model for everybody's state (``states_timeout``); a failure gives ``None``,
         the rule-based states, with its reason as the source. A states call started from the
-        message's preview that asked the same is awaited instead (its answer, or its failure)."""
+        message's preview that asked the same is awaited instead (its answer, or its failure).
+        A message that addresses this companion alone gets the rule-based states at once from a
+        model that asks for it (:meth:`_alone`)."""
+        if self._alone(effect):
+            return StatesReady(effect.message_id, None, "one_addressee")
         request = self._states_request(effect)
         ahead = self._ahead
         if ahead is not None and ahead.message_id == effect.message_id:

@@ -96,6 +96,9 @@ _ROLE_LABEL = re.compile(r"^\s*(?:user|sender|assistant|system|ai|bot|a|q)\s*:",
 """A chat role as a label ("User: 3 Users", "Sender: Thank you", "A: ...": measured)."""
 _TAG = re.compile(r"</?[A-Za-z][\w:-]*>")
 """Markup of the request (``<pyai:retry_feedback>`` came back as a whole line; ``<tool_call>``)."""
+_LETTER = re.compile(r"[^\W\d_]")
+"""A letter of any script: a line without one (``1.``, the mark of a numbered list a small model
+began, voiced as a sentence of its own) has no words to say."""
 _HISTORY_NUMBER = re.compile(r"(?:^|\n)\s*\d{1,3}\.\s+\S+[^\n]*:")
 """A numbered history line (``3. Aya: ...``)."""
 _NUMBER_LABEL = re.compile(r"^\s*(?:\(\d{1,3}\)\s*\d{0,3}|\d{1,3})\s*:(?:\s|$)")
@@ -236,6 +239,8 @@ def _copies(words: list[str], size: float, other: list[str], near_from: float) -
 
 def _artifact(text: str, context: LineContext) -> str:
     """What of the prompt ``text`` carries, in words for the model; empty when nothing."""
+    if text.strip() and not _LETTER.search(text):
+        return "has no words, only numbers or marks"
     if _LABELS.search(text):
         return "reads a heading of your instructions aloud"
     if _JSON.search(text):

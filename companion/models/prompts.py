@@ -90,16 +90,17 @@ def states_prompt(
     ``tool_name`` tool, or as JSON valid against ``json_schema`` when that is given)."""
     names = {c.id: c.name for c in request.companions}
     instructions = (
-        "You coordinate turn-taking in a group conversation between AI companions. For every "
-        "companion listed, decide its state for the next turn:\n"
-        "- state: 'speak' if it has something worth saying now, else 'listen';\n"
-        "- importance: 0 to 10, how much its contribution matters now;\n"
-        "- selected: true only if the last message explicitly asks that companion to answer;\n"
-        "- closing: how far the conversation is towards its end: 'none' while it goes on (the "
-        "usual case), 'pre-closing' only when topics are running out, 'closing' when people say "
-        "goodbye, 'terminal' when it is over."
+        "You coordinate turn-taking in a group conversation between AI companions. Answer "
+        "briefly, with what the next turn needs:\n"
+        "- speak: one number per companion listed, in that order: 0 if it should listen now, "
+        "else 1 to 10, higher when what it would say matters more now;\n"
+        "- selected: only if the last message explicitly asks companions to answer: their ids;\n"
+        "- closing: only when the conversation nears its end: 'pre-closing' when topics are "
+        "running out, 'closing' when people say goodbye, 'terminal' when it is over."
     )
-    companions = "\n".join(f"- {c.id}: {c.name}; {clip(c.personality, 200)}" for c in request.companions)
+    companions = "\n".join(
+        f"{n}. {c.id}: {c.name}; {clip(c.personality, 200)}" for n, c in enumerate(request.companions, 1)
+    )
     rules = []
     if request.nominated:
         rules.append(f"The sender asked {_who(request.nominated, names)} to speak next: mark it selected.")
@@ -110,10 +111,9 @@ def states_prompt(
     # cached prefix short. The answer's rule (its schema lists the companions) comes last.
     prompt = (
         f"Conversation so far:\n{format_history(request.history, request.message, {})}\n\n"
-        f"Companions to decide for:\n{companions}\n\n"
+        f"Companions to decide for, in order:\n{companions}\n\n"
         + ("\n".join(rules) + "\n" if rules else "")
-        + f"Decide every companion's state for turn {request.turn}. Give one entry per companion "
-        + "listed. "
+        + f"Decide the next turn ({request.turn}): one number per companion listed. "
         + answer_rule(tool_name, json_schema)
     )
     return instructions, prompt

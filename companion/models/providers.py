@@ -74,6 +74,7 @@ from companion.models.sdks import Sdk, SdkClient, load_sdk
 from companion.models.second_try import FRESH_SEED, is_line_refusal, own_line, task_after_refusal
 from companion.models.servers import (
     LOCAL_SERVERS,
+    SERIAL_SERVERS,
     EndpointMemory,
     SpeakForm,
     StructuredForm,
@@ -402,15 +403,6 @@ class ProviderModel:
 
     streams_speech: bool = True
     """The speak request streams, shown to the request's live line (:mod:`.streaming`)."""
-    parallel_params: bool = True
-    """The engine fills this companion's parameters as soon as a message opens a turn for it,
-    beside the leader's states call (:meth:`companion.engine.speech.Speaker.prefetch`): one request
-    more for each addressed companion that does not speak, one request less one after the other
-    before the first words (states, then speak, instead of states, parameters, then speak)."""
-    speculates: bool = True
-    """The likely speaker starts its speak request while the leader decides
-    (:meth:`companion.engine.speech.Speaker.prepare`): held, and cancelled when another companion
-    speaks, so the first words wait for one request, not two one after the other."""
 
     def __init__(self, config: ProviderConfig, memory: EndpointMemory | None = None) -> None:
         self.config = config
@@ -429,6 +421,41 @@ class ProviderModel:
     def server(self) -> str:
         """Which server this endpoint is, as far as known (e.g. ``llama-cpp-python``)."""
         return self.memory.state(self.config).server
+
+    @property
+    def serial(self) -> bool:
+        """The endpoint answers one request at a time (:data:`~.servers.SERIAL_SERVERS`, as the
+        start-up check found it): requests sent side by side only queue there, so the engine
+        sends the ones before the first words one after another, and no more of them."""
+        return self.server in SERIAL_SERVERS
+
+    @property
+    def parallel_params(self) -> bool:
+        """The engine fills this companion's parameters as soon as a message opens a turn for it,
+        beside the leader's states call (:meth:`companion.engine.speech.Speaker.prefetch`): one
+        request more for each addressed companion that does not speak, one request less one after
+        the other before the first words (states, then speak, instead of states, parameters,
+        then speak). Not on a :attr:`serial` endpoint, where they would queue ahead of the
+        speaker's."""
+        return not self.serial
+
+    @property
+    def speculates(self) -> bool:
+        """The likely speaker starts its speak request while the leader decides
+        (:meth:`companion.engine.speech.Speaker.prepare`): held, and cancelled when another
+        companion speaks, so the first words wait for one request, not two one after the other.
+        Not on a :attr:`serial` endpoint: there the prepared speech was often written whole
+        before the states answer confirmed it, so the first words came with the whole line."""
+        return not self.serial
+
+    @property
+    def states_for_one(self) -> bool:
+        """The leader asks this model for the states of a message that addresses it alone. With
+        one addressee the rules already make it the speaker (a model that says everybody listens
+        is overruled, :func:`~.structured.check_states`); the model would only propose a closing
+        stage, which the turn limits bring anyway. A :attr:`serial` endpoint is not asked: that
+        request would come before the speaker's two (parameters, then speak)."""
+        return not self.serial
 
     @property
     def request_timeout(self) -> float:

@@ -41,6 +41,7 @@ from companion.models.endpoints import ProviderConfig
 
 __all__ = [
     "LOCAL_SERVERS",
+    "SERIAL_SERVERS",
     "SERVER_LABELS",
     "SPEAK_FORMS",
     "STRUCTURED_FORMS",
@@ -82,6 +83,11 @@ LOCAL_SERVERS: Final[frozenset[ServerKind]] = frozenset(
 )
 """Servers people run on their own machine, usually on its CPU: one request at a time, seconds to
 a minute each (the engine gives them :meth:`~companion.timings.EngineTimings.local` deadlines)."""
+
+SERIAL_SERVERS: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
+"""Servers that answer one request at a time (llama-cpp-python keeps one sequence): requests sent
+side by side wait in its queue, so a request sent ahead only delays the one the first words wait
+for (measured with SmolLM2: the prepared speech, written whole before the states answer came)."""
 
 FLAT_HISTORY: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
 """Servers that refuse tool messages in a history (llama-cpp-python: an assistant message with

@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -50,50 +50,50 @@ class Problems:
 
 
 def states_schema(companion_ids: Sequence[str]) -> dict[str, Any]:
-    """The ``set_states`` tool's input: one entry per addressed companion."""
+    """The ``set_states`` tool's input, as short as a leader's decision can be written: one
+    number per addressed companion, in the order listed (0: it listens; 1 to 10: it wants to
+    speak, and how much that matters now), and, only when they apply, the companions the last
+    message asks to answer and a closing stage. ``{"speak": [7, 0]}`` is a whole answer; the
+    former one entry per companion (id, state, importance, selected, closing) took about 33
+    tokens for one companion and 12 tokens more for each next. Our states on the wire keep
+    aikyo's shape: :func:`check_states` turns this into one :class:`StateDecision` each."""
+    count = len(companion_ids)
     return {
         "type": "object",
         "properties": {
-            "states": {
+            "speak": {
                 "type": "array",
-                "description": "One entry per companion, in the order listed.",
-                # Exact length and integer importance: servers that turn the schema into a
-                # grammar (llama.cpp, llama-cpp-python, Ollama) then enforce them for small models.
-                "minItems": len(companion_ids),
-                "maxItems": len(companion_ids),
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "companion_id": {"type": "string", "enum": list(companion_ids)},
-                        "state": {"type": "string", "enum": ["speak", "listen"]},
-                        "importance": {"type": "integer", "enum": list(range(11))},
-                        "selected": {"type": "boolean"},
-                        "closing": {"type": "string", "enum": list(CLOSING_ORDER)},
-                    },
-                    "required": ["companion_id", "state", "importance", "selected", "closing"],
-                    "additionalProperties": False,
-                },
-            }
+                "description": "One number per companion, in the order listed: 0 = it listens; "
+                "1 to 10 = it wants to speak, higher when its words matter more now.",
+                # Exact length and integer values: servers that turn the schema into a grammar
+                # (llama.cpp, llama-cpp-python, Ollama) then enforce them for small models.
+                "minItems": count,
+                "maxItems": count,
+                "items": {"type": "integer", "enum": list(range(11))},
+            },
+            "selected": {
+                "type": "array",
+                "description": "Only companions the last message explicitly asks to answer.",
+                "maxItems": count,
+                "items": {"type": "string", "enum": list(companion_ids)},
+            },
+            "closing": {
+                "type": "string",
+                "description": "Only when the conversation nears its end.",
+                "enum": list(CLOSING_ORDER),
+            },
         },
-        "required": ["states"],
+        "required": ["speak"],
         "additionalProperties": False,
     }
-
-
-class _StateItem(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    companion_id: str
-    state: Literal["speak", "listen"]
-    importance: float = Field(ge=0, le=10, allow_inf_nan=False)
-    selected: bool
-    closing: ClosingStage = "none"
 
 
 class _StatesOutput(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    states: list[_StateItem]
+    speak: list[Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)]]
+    selected: list[str] = []
+    closing: ClosingStage = "none"
 
 
 def _describe(error: ValidationError) -> Problems:
@@ -106,50 +106,43 @@ def _describe(error: ValidationError) -> Problems:
 
 
 def check_states(raw: Mapping[str, Any], request: StatesRequest) -> list[StateDecision] | Problems:
-    """The decisions in the order of ``request.companions``, or the problems with ``raw``.
+    """The decisions in the order of ``request.companions``, or the problems with ``raw``
+    (:func:`states_schema`'s answer: a companion whose number is above 0 wants to ``speak``
+    with that importance, one at 0 listens).
 
     The request's hard rules are applied, not argued about: the closing stage never falls below
     ``closing_floor`` and a model may only begin closing, never move it on
     (:func:`~companion.conversation.rules.closing.proposal_ceiling`: a conversation passes through
     ``pre-closing`` and ``closing`` before ``terminal``, however eager the model), and a nominated
-    companion is always ``selected``. A partial answer is used, not refused: an entry repeated
-    counts once, an unknown id is dropped, a companion without an entry listens (a small model
-    often gets one of these wrong; asking again costs a whole request). Only an answer with no
-    usable entry, or a malformed one, is refused.
+    companion is always ``selected``. A partial answer is used, not refused: numbers past the
+    last companion are dropped, a companion without a number listens, an unknown id in
+    ``selected`` is dropped (a small model often gets one of these wrong; asking again costs a
+    whole request). Only an answer with no number at all, or a malformed one, is refused.
 
-    While the conversation is open, somebody speaks: when every entry says ``listen`` (SmolLM2-135M
-    did, with importance 0, and the conversation fell silent for good), the companion the model
-    rated most important (the first of equals) speaks.
+    While the conversation is open, somebody speaks: when every number is 0 (SmolLM2-135M rated
+    every companion 0, and the conversation fell silent for good), the first companion speaks.
     """
     try:
         parsed = _StatesOutput.model_validate(raw)
     except ValidationError as exc:
         return _describe(exc)
     expected = [c.id for c in request.companions]
-    by_id: dict[str, _StateItem] = {}
-    for item in parsed.states:
-        if item.companion_id in expected and item.companion_id not in by_id:
-            by_id[item.companion_id] = item
-    if not by_id:
-        return Problems((f"states: no entry for any of the companions {expected}",))
+    if not parsed.speak:
+        return Problems((f"speak: no number for any of the companions {expected}",))
     floor = CLOSING_ORDER.index(request.closing_floor)
     ceiling = CLOSING_ORDER.index(proposal_ceiling(request.closing_floor))
+    stage = CLOSING_ORDER[max(floor, min(CLOSING_ORDER.index(parsed.closing), ceiling))]
+    selected = set(parsed.selected)
     decisions = []
-    for cid in expected:
-        entry = by_id.get(cid)
-        if entry is None:
-            decisions.append(
-                StateDecision(cid, "listen", 0.0, cid == request.nominated, CLOSING_ORDER[floor])
-            )
-            continue
-        stage = CLOSING_ORDER.index(entry.closing)
+    for index, cid in enumerate(expected):
+        importance = parsed.speak[index] if index < len(parsed.speak) else 0.0
         decisions.append(
             StateDecision(
                 companion_id=cid,
-                state=entry.state,
-                importance=float(entry.importance),
-                selected=entry.selected or cid == request.nominated,
-                closing=CLOSING_ORDER[max(floor, min(stage, ceiling))],
+                state="speak" if importance > 0 else "listen",
+                importance=float(importance),
+                selected=cid in selected or cid == request.nominated,
+                closing=stage,
             )
         )
     if not any(d.state == "speak" or d.selected for d in decisions):

@@ -74,8 +74,7 @@ class SmallModel:
         if "set_states" in tools:
             reply = self.inner(body)
             (name, args), *_ = reply.calls
-            eager = [{**s, "closing": "terminal"} for s in args["states"]]
-            return tool_call(name, {"states": eager})
+            return tool_call(name, {**args, "closing": "terminal"})
         if "set_params" in tools:
             schema = tools["set_params"]["parameters"]
             values = plain_value(schema)

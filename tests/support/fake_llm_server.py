@@ -59,9 +59,9 @@ __all__ = [
 ]
 
 _HANG_LIMIT = 20.0
+"""A hung request is released after this many seconds even if nobody stops it."""
 TOGETHER_LIMIT = 10.0
 """Seconds an answer waits at most for :attr:`FakeLLMServer.answer_together` requests."""
-"""A hung request is released after this many seconds even if nobody stops it."""
 
 
 @dataclass(frozen=True)
@@ -476,7 +476,7 @@ class CooperativeModel:
         wanted = self._schema(body, tools, system + "\n" + user)
         if wanted is not None:
             name, schema = wanted
-            args = self._states(schema) if "states" in schema.get("properties", {}) else plain_value(schema)
+            args = self._states(schema) if _is_states(schema) else plain_value(schema)
             return tool_call(name, args) if name in tools else text(json.dumps(args))
         address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
         to = [a.strip() for a in address.group(1).split(",")] if address else []
@@ -502,25 +502,20 @@ class CooperativeModel:
             schema = json.JSONDecoder().raw_decode(system, shown.end())[0]
         if not isinstance(schema, dict):
             return None
-        return ("set_states" if "states" in schema.get("properties", {}) else "set_params"), schema
+        return ("set_states" if _is_states(schema) else "set_params"), schema
 
     def _states(self, schema: Mapping[str, Any]) -> dict[str, Any]:
-        item = schema["properties"]["states"]["items"]
-        ids = item["properties"]["companion_id"]["enum"]
-        speaker = ids[self.turn % len(ids)]
+        count = schema["properties"]["speak"]["minItems"]
+        speaker = self.turn % count
         self.turn += 1
-        return {
-            "states": [
-                {
-                    "companion_id": cid,
-                    "state": "speak" if cid == speaker else "listen",
-                    "importance": 7 if cid == speaker else 1,
-                    "selected": False,
-                    "closing": "none",
-                }
-                for cid in ids
-            ]
-        }
+        return {"speak": [7 if index == speaker else 0 for index in range(count)]}
+
+
+def _is_states(schema: Mapping[str, Any]) -> bool:
+    """Whether ``schema`` is the leader's states answer (``companion.models.structured``): one
+    number per companion under ``speak``, not a card's parameters."""
+    speak = schema.get("properties", {}).get("speak")
+    return isinstance(speak, Mapping) and speak.get("type") == "array" and "minItems" in speak
 
 
 def _openai_completion(reply: Reply, model: str, seq: int, profile: ServerProfile) -> dict[str, Any]:
@@ -544,8 +539,21 @@ def _openai_completion(reply: Reply, model: str, seq: int, profile: ServerProfil
         "choices": [
             {"index": 0, "message": message, "finish_reason": "tool_calls" if reply.calls else "stop"}
         ],
-        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        "usage": {
+            "prompt_tokens": 11,
+            "completion_tokens": _written(reply),
+            "total_tokens": 11 + _written(reply),
+        },
     }
+
+
+def _written(reply: Reply) -> int:
+    """The tokens a reply's text and tool-call arguments take (:func:`tokens`): what a whole
+    answer counts as completion and takes to generate."""
+    written = (reply.text or "") + "".join(
+        args if isinstance(args, str) else json.dumps(args, ensure_ascii=False) for _, args in reply.calls
+    )
+    return len(tokens(written))
 
 
 def _sse(event: dict[str, Any] | None) -> bytes:
@@ -650,7 +658,7 @@ def _anthropic_message(reply: Reply, model: str, seq: int) -> dict[str, Any]:
         "content": content,
         "stop_reason": "tool_use" if reply.calls else "end_turn",
         "stop_sequence": None,
-        "usage": {"input_tokens": 11, "output_tokens": 7},
+        "usage": {"input_tokens": 11, "output_tokens": _written(reply)},
     }
 
 
@@ -804,11 +812,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
 
         def _generate(self, reply: Reply) -> None:
             """A whole answer takes as long as streaming it would: ``ttft`` and every token."""
-            written = (reply.text or "") + "".join(
-                args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-                for _, args in reply.calls
-            )
-            count = len(tokens(written))
+            count = _written(reply)
             took = server.ttft + (max(count - 1, 0) / server.token_rate if server.token_rate else 0.0)
             if took > 0:
                 server.stopping.wait(took)
