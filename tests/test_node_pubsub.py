@@ -60,8 +60,11 @@ class Receiver:
 
 
 @asynccontextmanager
-async def pair(receiver: Receiver) -> AsyncIterator[tuple[GuardedPubsub, Any]]:
-    """A GuardedPubsub on one host and a stream from it to a second host that runs ``receiver``."""
+async def pair(
+    receiver: Receiver, unsent: list[rpc_pb2.Message] | None = None
+) -> AsyncIterator[tuple[GuardedPubsub, Any]]:
+    """A GuardedPubsub on one host and a stream from it to a second host that runs ``receiver``;
+    the messages failed writes took go to ``unsent``."""
     config = NodeConfig()
     a, b = make_host(config, create_new_key_pair()), make_host(config, create_new_key_pair())
     b.set_stream_handler(PROTOCOL, receiver.handle)
@@ -73,6 +76,7 @@ async def pair(receiver: Receiver) -> AsyncIterator[tuple[GuardedPubsub, Any]]:
         drops=DropCounters(trio.current_time),
         deliver=lambda topic, msg: None,
         outbound_queue_size=128,
+        unsent=None if unsent is None else unsent.append,
     )
     async with a.run(listen_addrs=listen), b.run(listen_addrs=listen):
         try:
@@ -122,11 +126,13 @@ async def test_py_libp2p_alone_interleaves_them() -> None:
 
 async def test_a_write_cut_short_resets_the_stream() -> None:
     receiver = Receiver()
-    async with pair(receiver) as (pubsub, stream):
+    unsent: list[rpc_pb2.Message] = []
+    async with pair(receiver, unsent) as (pubsub, stream):
         with trio.move_on_after(1.0) as waited:  # the receiver does not read: the window runs out mid-RPC
             for tag in range(200):
                 await pubsub.write_msg(stream, rpc(tag % 9))
         assert waited.cancelled_caught, "30 MB went out without the receiver reading"
+        assert len(unsent) == 1 and unsent[0].data == rpc(tag % 9).publish[0].data  # the node is told
         assert await pubsub.write_msg(stream, rpc(9)) is False  # never after half an RPC
         receiver.go.set()
         with trio.fail_after(10):

@@ -126,3 +126,18 @@ async def test_trimming_a_peer_that_holds_no_announcements_announces_nothing() -
     service._handing_since -= presence_module.SEEN_TTL  # too old to hand over: announced anew
     await service.announce_now([peer.to_base58()])
     assert service.published == published + 1
+
+
+async def test_an_own_announcement_a_failed_write_took_is_announced_again() -> None:
+    """Twelve companions started at once under load: a node's announcements went down with the
+    streams that failed while connections churned (``send_failed``), and it stayed unknown to
+    part of the network until its next interval. Such a loss now triggers an announcement; a
+    peer's message relayed, or this node's message on another topic, does not."""
+    service, pubsub = _service()
+    me = pubsub.my_id.to_bytes()
+    other = ID.from_pubkey(create_new_key_pair().public_key).to_bytes()
+    service.unsent(rpc_pb2.Message(topicIDs=[PRESENCE_TOPIC], from_id=other, data=b"{}"))
+    service.unsent(rpc_pb2.Message(topicIDs=["messages"], from_id=me, data=b"{}"))
+    assert not service._triggered.is_set()
+    service.unsent(rpc_pb2.Message(topicIDs=[PRESENCE_TOPIC], from_id=me, data=b"{}"))
+    assert service._triggered.is_set()

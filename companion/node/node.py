@@ -368,6 +368,7 @@ class CompanionNode:
             drops=self.drops,
             deliver=self._deliver,
             outbound_queue_size=self.config.outbound_queue_size,
+            unsent=self.presence.unsent,
             strict_signing=True,
             msg_id_constructor=js_message_id,
             validation_cache_ttl=0,

@@ -14,8 +14,9 @@ The bookkeeping (sequence numbers, deadlines, pins) is pure (:mod:`companion.nod
   ``presence.request`` asks (below), when a connection to an announcing peer closed without
   notice (the announcement lists it in ``lost`` for :data:`~companion.node.announcements.DISCONNECT_GRACE`
   seconds, so others suspect it), and when another node's announcement lists this node in
-  ``lost`` (the refutation, repeated once :data:`REFUTE_AGAIN` seconds later): such triggered
-  announcements are coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one
+  ``lost`` (the refutation, repeated once :data:`REFUTE_AGAIN` seconds later), and when a write
+  to a peer failed with one of this node's announcements in it (:meth:`PresenceService.unsent`):
+  such triggered announcements are coalesced, at most one per ``min_gap`` seconds. On an orderly stop, one
   with ``leaving``, and a leave notice to every connected peer (below).
 - **Receiving**: every announcement passes :meth:`PresenceService.validate`, py-libp2p's topic
   validator, once, before gossipsub may forward it: parsed like every payload, then given to
@@ -349,6 +350,23 @@ class PresenceService:
     def trigger(self) -> None:
         """Announce soon (at most one triggered announcement per ``min_gap``)."""
         self._triggered.set()
+
+    def unsent(self, msg: rpc_pb2.Message) -> None:
+        """A failed write to a peer took ``msg`` with it (``send_failed``). If it was this node's
+        own message on the presence topic, announce again: twelve companions started at once on
+        a loaded machine lost a node's announcements to the streams that failed while the
+        connections churned, and nothing else made it announce before its next interval (100 s),
+        so a node stayed unknown to part of the network. A lost ``presence.request`` is retried
+        by its own loop; announcing once more for it costs one announcement per ``min_gap``."""
+        pubsub = self._pubsub
+        if (
+            self.metadata is not None
+            and pubsub is not None
+            and PRESENCE_TOPIC in msg.topicIDs
+            and msg.from_id == pubsub.my_id.to_bytes()
+        ):
+            log_event(logger, "presence_unsent", logging.DEBUG, node=self.name)
+            self.trigger()
 
     def connection_lost(self, peer: str) -> None:
         """The connection to ``peer`` closed without notice: its entry now has a shorter

@@ -98,6 +98,8 @@ logger = logging.getLogger("companion.node.pubsub")
 
 Deliver = Callable[[str, rpc_pb2.Message], None]
 """``(topic, message)``: a validated message for one of our topics, called synchronously."""
+Unsent = Callable[[rpc_pb2.Message], None]
+"""Told of each message a failed write to a peer took with it (``send_failed``), synchronously."""
 
 BATCH_BYTES: Final = 32 * 1024
 """The most bytes of queued RPCs one write carries (one RPC larger than this goes alone): well
@@ -278,12 +280,15 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
         drops: DropCounters,
         deliver: Deliver,
         outbound_queue_size: int,
+        unsent: Unsent | None = None,
         **options: Any,
     ) -> None:
         super().__init__(host, router, **options)
         self.counter = time.time_ns()  # the seqno counter (see the module docstring)
         self._drops = drops
         self._deliver = deliver
+        self._unsent = unsent
+        """The node's say in a lost message: its own presence announcement is made again."""
         self._outbound_queue_size = outbound_queue_size
         self._write_locks: WeakKeyDictionary[INetStream, trio.Lock] = WeakKeyDictionary()
         self.sent: Counter[str] = Counter()
@@ -495,6 +500,8 @@ class GuardedPubsub(SubscriptionKeepingPubsub):
                 peer=str(peer),
                 topic=_topic_of(msg),
             )
+            if self._unsent is not None:
+                self._unsent(msg)
 
     async def _handle_new_peer(self, peer_id: ID) -> None:
         try:
