@@ -33,6 +33,7 @@ from companion.rtc import (
     connect_rtc,
 )
 from companion.rtc.session import RtcSession
+from companion.rtc.voicequeue import FRAME_SECONDS
 from companion.voice import EspeakSynthesizer, Speech, SynthesisError, Synthesizer
 from support.bridges import bridge_on_hub
 from support.clients import drain_audio, needs_espeak
@@ -113,6 +114,21 @@ def leading_silence(speech: Speech, threshold: int = 500) -> float:
     return speech.duration
 
 
+def receiving_lag(frames: list[ReceivedAudio]) -> float:
+    """Seconds the client's receiving fell behind the sender over ``frames`` (consecutive 20 ms
+    frames), from the first audible one to the last: the time between their arrivals beyond the
+    audio between them. About 0 on a quiet machine; under load the client (one hop between
+    threads per frame) holds a backlog that arrives after the result although it was sent before.
+    A result sent at the start of the line still fails the test: its frames arrive at the
+    sender's pace, so there is no lag to allow for."""
+    audible = [i for i, f in enumerate(frames) if f.peak > 500]
+    if len(audible) < 2:
+        return 0.0
+    first, last = audible[0], audible[-1]
+    spent = frames[last].received_at - frames[first].received_at
+    return max(0.0, spent - (last - first) * FRAME_SECONDS)
+
+
 async def until_quiet(client: RtcClient, frames: int = 30, timeout: float = 10) -> list[ReceivedAudio]:
     """Audio frames received until ``frames`` silent ones in a row."""
     out: list[ReceivedAudio] = []
@@ -179,11 +195,13 @@ async def test_speak_query_is_heard_before_its_result_arrives() -> None:
         # the line's audio was received before its result: at most a jitter buffer's worth of
         # audible frames (100 ms) trails the result, and the frames received before the result
         # cover the line from its first audible frame (espeak starts with a little silence)
-        late = [f for f in audible if f.received_at > answered]
-        assert len(late) <= 5, f"{len(late)} audible frames arrived after the result"
-        before = [f for f in frames if f.received_at <= answered]
+        # (plus what the client's own receiving fell behind over the line, on a loaded machine)
         line_seconds = expected.duration - leading_silence(expected)
-        assert len(before) >= 0.9 * line_seconds / 0.02, (len(before), line_seconds)
+        behind = min(receiving_lag(frames), line_seconds / 4) / FRAME_SECONDS
+        late = [f for f in audible if f.received_at > answered]
+        assert len(late) <= 5 + behind, f"{len(late)} audible frames arrived after the result ({behind=})"
+        before = [f for f in frames if f.received_at <= answered]
+        assert len(before) + behind >= 0.9 * line_seconds / FRAME_SECONDS, (len(before), line_seconds, behind)
         session = next(iter(net.gateway.sessions.values()))
         assert session.stats.lines_spoken == 1
         assert len(session.stats.speak_latencies) == 1
