@@ -593,7 +593,14 @@ _ESCAPES: Final[dict[str, str]] = {
 }
 
 
+_PLAIN: Final = re.compile(r'[^"\\\x00-\x1f\ud800-\udfff]*')
+"""A string JSON.stringify writes as it is: no quote, backslash, control character or lone
+surrogate (the common case, matched in C; every publish encodes each string of its envelope)."""
+
+
 def _js_string(value: str) -> str:
+    if _PLAIN.fullmatch(value):
+        return f'"{value}"'
     out = ['"']
     for ch in value:
         code = ord(ch)

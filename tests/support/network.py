@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
@@ -108,6 +108,11 @@ class Proc:
     def wait_for(self, predicate: Callable[[Event], bool], timeout: float, what: str = "") -> Event:
         """The first event (already seen or coming) that satisfies ``predicate``; fails after ``timeout``."""
         return self.first(self.events, predicate, timeout, what or "matching event")
+
+    def seen(self, predicate: Callable[[Event], bool]) -> Event | None:
+        """The first event so far that satisfies ``predicate``, or ``None``: no waiting."""
+        with self._cond:
+            return next((e for e in self.events if predicate(e)), None)
 
     def tail(self, count: int = 15) -> str:
         """The last ``count`` output lines, for a failure's message."""
@@ -282,6 +287,29 @@ def network(tmp: Path) -> Iterator[Network]:
         raise
     finally:
         net.stop_all()
+
+
+def first_among(
+    procs: Sequence[Proc], predicate: Callable[[Event], bool], timeout: float, what: str
+) -> tuple[Proc, Event]:
+    """The first process of ``procs`` with an event that satisfies ``predicate``, and the event,
+    whichever it comes from (each looked at every 50 ms); fails after ``timeout``. Waiting for
+    one process and then another waits out the first one's whole deadline whenever it is the
+    other one that answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for proc in procs:
+            event = proc.seen(predicate)
+            if event is not None:
+                return proc, event
+        left = deadline - time.monotonic()
+        if left <= 0:
+            tails = "\n".join(f"--- {p.name}\n{p.tail()}" for p in procs)
+            raise AssertionError(
+                f"no {what} from any of {[p.name for p in procs]} within {timeout} s\n{tails}"
+            )
+        with procs[0]._cond:
+            procs[0]._cond.wait(min(0.05, left))
 
 
 def publish_until_heard(
