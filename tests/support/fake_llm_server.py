@@ -472,7 +472,8 @@ class CooperativeModel:
         tools = {t["function"]["name"]: t["function"] for t in body.get("tools") or []}
         messages = body.get("messages") or []
         system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
-        user = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
+        # the last user turn: the task (earlier ones are the conversation's chat turns)
+        user = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
         wanted = self._schema(body, tools, system + "\n" + user)
         if wanted is not None:
             name, schema = wanted
