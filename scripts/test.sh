@@ -7,9 +7,21 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 began=$SECONDS
-took() {  # one line a phase, so that a slow run says where its time went
-    echo "test.sh: $1 done at $((SECONDS - began)) s" >&2
+cpu_file=$(mktemp)
+cpu=0
+cpu_now() {  # user + system seconds of the commands this script ran and waited for, so far
+    times >"$cpu_file"  # the builtin, in this shell: in $(...) it would count a subshell's children
+    cpu=$(awk 'NR == 2 { split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }' "$cpu_file")
 }
+took() {  # one line a phase, so that a slow run says where its time went
+    cpu_now
+    echo "test.sh: $1 done at $((SECONDS - began)) s (CPU seconds of what ended so far: $cpu)" >&2
+}
+# The system packages need no virtualenv: their download starts first. Only the phase on the
+# workers (browser, voice, metrics and NAT tests) waits for them.
+bash scripts/system-deps.sh &
+deps=$!
+trap 'wait "$deps" 2>/dev/null || true' EXIT
 # The suite starts hundreds of Python processes (companions, drivers, demos): without bytecode on
 # disk each one compiles the package anew (0.3 s a start), and pytest rewrites every test module
 # again in each worker. An installed package has its bytecode, so the tests keep theirs too.
@@ -21,69 +33,78 @@ fi
 .venv/bin/python -m pip install -q -e ".[test]"
 took "install"
 full=$(( $# == 0 ))  # no arguments: the whole suite
-# Each phase ends with its slowest tests and their times, so a slow run says which tests took it.
+# Each pytest run ends with its slowest tests by wall time and by CPU seconds (tests/support/
+# cputime.py), so a slow run says which tests took it, and whether they needed a core or waited.
 SLOWEST=${COMPANION_TEST_SLOWEST:-30}
-# The `early` tests (a wheel built and installed into a fresh virtualenv, a minute-long conversation
-# that is mostly silence, twenty mixed conversations with JavaScript peers, two peers frozen and
-# woken against the health checks' clock) need only the package and mostly wait: they run side by
-# side while lint and types are checked, which keep one core busy, and on into the first two
-# minutes of the rest (which lasts five), instead of holding the two workers (or, for the mixed
-# conversations and the frozen peers, the one-at-a-time solo phase) for 210 s.
-early=""
+report=(--durations="$SLOWEST" --cpu-durations="$SLOWEST")
+# Two streams run beside lint and types (mypy keeps one core busy for about 30 s on a fresh clone)
+# and on into the phase on the workers, which lasts minutes; each writes its own log, shown after:
+# - `early`: tests that need only the package and mostly build or wait (a wheel in a fresh
+#   virtualenv, a minute-long conversation with a JavaScript peer, twenty mixed conversations, two
+#   peers frozen against the health checks' clock), two at a time;
+# - `solo`: tests at real rates (chatter at 50 messages a second, a flood at 150, a dozen nodes
+#   started at once), one at a time and never beside each other. Each needs about half a core
+#   (`--cpu-durations`) and mostly waits; they ran last, one after another, after the workers.
+# Both end well within the workers' phase, which is then the critical path.
+streams=()
+stream() {  # stream NAME PYTEST-ARGS...: a pytest run in the background, its log kept for later
+    local name=$1 log
+    shift
+    log=$(mktemp)
+    (
+        rc=0
+        .venv/bin/python -m pytest "$@" >"$log" 2>&1 || rc=$?
+        echo "test.sh: $name tests done at $((SECONDS - began)) s (exit $rc)" >>"$log"
+        exit "$rc"
+    ) &
+    streams+=("$name:$!:$log")
+}
+finish_streams() {  # waits for every stream, prints its log; the first non-zero exit is returned
+    local entry name pid log rc first=0
+    for entry in "${streams[@]}"; do
+        IFS=: read -r name pid log <<<"$entry"
+        rc=0
+        wait "$pid" || rc=$?
+        cat "$log"
+        rm -f "$log"
+        if [ "$rc" -ne 0 ] && [ "$first" -eq 0 ]; then
+            first=$rc
+        fi
+    done
+    streams=()
+    return "$first"
+}
 if [ "$full" -eq 1 ]; then
-    early_log=$(mktemp)
+    # collected from the files that hold such tests only (collecting all of them takes 7 s more);
+    # the chatter first, while the workers' phase has not started yet
     mapfile -t early_files < <(grep -rl "mark.early" tests --include="test_*.py" | sort)
-    .venv/bin/python -m pytest -n 2 -m early --durations=0 "${early_files[@]}" >"$early_log" 2>&1 &
-    early=$!
+    mapfile -t solo_files < <(grep -rl "mark.solo" tests --include="test_*.py" | sort -r)
+    stream early -n 2 -m early "${report[@]}" "${early_files[@]}"
+    stream solo -m solo "${report[@]}" "${solo_files[@]}"
 fi
-# The system packages download meanwhile too (mypy alone takes ~30 s on a fresh clone); the
-# script waits for them before any other test runs, and for both on a failed check too.
-bash scripts/system-deps.sh &
-deps=$!
-finish_early() {
-    if [ -n "$early" ]; then
-        wait "$early" || return $?
-    fi
-}
-show_early() {
-    if [ -n "$early" ]; then
-        cat "$early_log"
-        rm -f "$early_log"
-    fi
-}
-trap 'wait "$deps" 2>/dev/null || true; finish_early 2>/dev/null || true; show_early' EXIT
+trap 'wait "$deps" 2>/dev/null || true; finish_streams || true' EXIT
 .venv/bin/ruff check companion tests scripts
 .venv/bin/ruff format --check companion tests scripts
 .venv/bin/mypy companion scripts tests  # strict for the tests and benchmarks too
 took "lint and types"
 wait "$deps" || true
 took "system packages"
-trap 'finish_early 2>/dev/null || true; show_early' EXIT
+trap 'finish_streams || true' EXIT
 if [ "$full" -eq 0 ]; then  # a developer's selection: as asked, in one process
     exec .venv/bin/python -m pytest "$@"
 fi
-# The whole suite: everything else but the `solo` tests on two workers (most integration tests wait
-# on deadlines and peers, not on the CPU; three made deadline tests fail on 2 cores), then the
-# `solo` ones, which need both cores to hold their real rates, one at a time, once the early ones
-# are done.
+# Everything else, on two workers: most integration tests wait on deadlines and peers, not on the
+# CPU; three made deadline tests fail on 2 cores.
 WORKERS=${COMPANION_TEST_WORKERS:-2}
 shared=0
-.venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not solo and not early" \
-    --durations="$SLOWEST" || shared=$?
+.venv/bin/python -m pytest -n "$WORKERS" --dist worksteal -m "not solo and not early" "${report[@]}" || shared=$?
 took "tests on $WORKERS workers"
-early_rc=0
-finish_early || early_rc=$?
-took "early tests"
 trap - EXIT
-show_early
-solo=0
-# collected from the files that hold `solo` tests only (collecting all of them takes 7 s more)
-mapfile -t solo_files < <(grep -rl "mark.solo" tests --include="test_*.py" | sort)
-.venv/bin/python -m pytest -m solo --durations=0 "${solo_files[@]}" || solo=$?
-took "solo tests"
-for rc in "$shared" "$early_rc"; do
-    if [ "$rc" -ne 0 ]; then
-        exit "$rc"
-    fi
-done
-exit "$solo"
+streams_rc=0
+finish_streams || streams_rc=$?
+took "all"
+rm -f "$cpu_file"
+if [ "$shared" -ne 0 ]; then
+    exit "$shared"
+fi
+exit "$streams_rc"

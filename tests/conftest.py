@@ -6,6 +6,8 @@ package and are imported from it: ``from support.cards import write_card``."""
 import pytest
 import trio.testing
 
+pytest_plugins = ["support.cputime"]  # CPU seconds per test: --cpu-durations=N
+
 
 @pytest.fixture
 def disk_clock() -> trio.testing.MockClock:

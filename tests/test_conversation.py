@@ -139,7 +139,7 @@ def test_the_own_array_counts_when_it_comes_back_and_its_speaker_prepares() -> N
     m = machine(A)
     m.receive(MessageSeen(message), 0.0)
     states = of(m.receive(StatesReady(message.params.id, None, "fallback_timeout"), 1.0), PublishStates)[0]
-    assert phase(m) is Phase.LEADING  # not yet: it counts when the transport echoes it
+    assert phase(m) is Phase.LED  # its lead is over, but the array counts when the transport echoes it
     out = m.receive(StatesSeen(states.states, A), 1.1)
     [chosen] = decisions(out, "speaker_chosen")
     assert chosen.fields["speaker"] == A and chosen.fields["reason"] == "wants_to_speak"  # rule-based
@@ -177,6 +177,49 @@ def test_an_array_that_counts_while_leading_withdraws_the_lead() -> None:
     assert decisions(m.receive(StatesReady(message.params.id, None, "model"), T + 1), "states_withheld")
 
 
+def test_a_lead_is_withdrawn_only_before_its_array_is_out() -> None:
+    """LEADING -> LED when this node publishes its array: from then on there is no lead to
+    withdraw, whether another leader's array counts first or the thread moves on; before, both
+    withdraw it."""
+    message = message_led_by(A, [A, B, C])
+    takeover = plan_leaders(message, [A, B, C]).order[1]
+    for published in (False, True):
+        m, n = machine(takeover), machine(A)
+        m.receive(MessageSeen(message), 0.0)
+        m.receive(Tick(), T)  # takes over
+        n.receive(MessageSeen(message), 0.0)  # the leader, at once
+        assert phase(m) is phase(n) is Phase.LEADING
+        if published:
+            assert of(m.receive(StatesReady(message.params.id, None, "model"), T + 0.2), PublishStates)
+            assert of(n.receive(StatesReady(message.params.id, None, "model"), 0.2), PublishStates)
+            assert phase(m) is phase(n) is Phase.LED
+            assert m.in_turn and m.prepared_for == message.params.id
+        out = m.receive(StatesSeen(array(message, C), A), T + 0.5)  # the leader's array counts
+        assert decisions(out, "speaker_chosen")
+        assert bool([w for w in of(out, Withdraw) if w.what == "lead"]) is not published
+        out = n.receive(MessageSeen(reply(B, [USER], message)), 1.0)  # the thread moves on
+        assert n.turn is None
+        assert (Withdraw(message.params.id, "lead", "the conversation moved on") in out) is not published
+
+
+def test_a_closing_array_that_overtakes_the_own_reply_closes_the_turn_and_it_stays_answered() -> None:
+    """REPLIED -> CLOSED: the leader's closing array may come before this node's reply comes
+    back. No array counts any more, and a second message is still refused as one too many."""
+    message = message_led_by(B, [A, B, C])
+    m = machine(A)
+    m.receive(MessageSeen(message), 0.0)
+    m.receive(StatesSeen(array(message, A), B), 0.5)
+    stamped = m.outgoing(Message.create(A, [USER, B], "Hi!"))
+    assert isinstance(stamped, Message)
+    m.receive(ReplyPublished(message.params.id, stamped), 1.0)
+    assert phase(m) is Phase.REPLIED
+    out = m.receive(StatesSeen(array(message, C, closing="terminal"), B), 1.2)
+    assert decisions(out, "conversation_over") and phase(m) is Phase.CLOSED and not m.in_turn
+    assert m.outgoing(Message.create(A, [USER], "again")) == ONE_MESSAGE
+    out = m.receive(StatesSeen(array(message, C), plan_leaders(message, [A, B, C]).order[0]), 1.3)
+    assert decisions(out, "states_ignored")[0].fields["reason"] == "the conversation closed at this message"
+
+
 def test_the_reply_is_stamped_once_and_recorded() -> None:
     message = message_led_by(B, [A, B, C])
     m = machine(A)
@@ -194,6 +237,36 @@ def test_the_reply_is_stamped_once_and_recorded() -> None:
     m.receive(MessageSeen(stamped, A), 1.1)  # its echo moves the thread on
     assert m.turn is None and m.thread.current == stamped.params.id
     assert "moved on" in str(m.outgoing(draft))
+
+
+def test_replied_before_the_reply_leaves_so_nothing_can_start_a_second_one() -> None:
+    """Why the driver feeds ``ReplyPublished`` before the publish, not after it: while the reply
+    is on its way out (up to ``publish_timeout``), the leader's late array may give the open slot
+    to another companion and this one a later slot. Still SPEAKING, this node would withdraw the
+    speech (its publish half done) and start a second ``Speak`` for the same message when its
+    new slot opens; REPLIED, nothing of its own turn moves."""
+    message = next(
+        m
+        for m in (Message.create(USER, [A, B, C], f"line {i}", id=f"w-{i}") for i in itertools.count())
+        if tuple(plan_leaders(m, [A, B, C]).order) == (B, C, A)
+    )
+    for replied in (False, True):
+        m = machine(A)
+        m.receive(MessageSeen(message), 0.0)
+        m.receive(StatesSeen(array(message, A), C), T)  # the takeover's array: A speaks first
+        assert phase(m) is Phase.SPEAKING
+        if replied:
+            stamped = m.outgoing(Message.create(A, [USER], "hello"))
+            assert isinstance(stamped, Message)
+            m.receive(ReplyPublished(message.params.id, stamped), T + 0.1)
+        out = m.receive(StatesSeen(array(message, C), B), T + 0.2)  # the leader's, late: C first
+        assert decisions(out, "states_switched")
+        later = [effect for k in (1, 2, 3) for effect in m.receive(Tick(), T + 0.2 + k * R)]
+        withdrawn = [w for w in of(out, Withdraw) if w.what == "speech"]
+        if replied:
+            assert not withdrawn and not of(later, Speak) and phase(m) is Phase.REPLIED
+        else:
+            assert withdrawn and [s.message_id for s in of(later, Speak)] == [message.params.id]
 
 
 def test_a_silent_speaker_is_skipped_after_a_reply_deadline_then_the_turn_goes_unanswered() -> None:
@@ -674,7 +747,7 @@ def test_a_turn_whose_every_speaker_failed_ends_the_conversation_on_every_node()
     for cid, m in net.machines():
         [over] = decisions(net.log[cid], "conversation_over")
         assert over.fields["reason"] == "unanswered", cid
-        assert phase(m) is Phase.DONE and m.deadline() is None
+        assert phase(m) is Phase.CLOSED and m.deadline() is None
     ended = [d for d in decisions(net.log[None], "speaker_chosen") if d.fields["reason"] == "terminal"]
     assert len(ended) == 1 and ended[0].fields["source"] == B  # the transcript's "end" line
 
@@ -736,12 +809,12 @@ def test_a_closing_array_counts_only_from_a_candidate_and_only_once_the_turn_is_
     assert decisions(out, "turn_unanswered") and decisions(out, "conversation_over")
     assert not of(out, PublishStates)  # the held array closed it: nobody publishes a second one
     assert decisions(m.receive(StatesSeen(array(message, A), plan.order[0]), 3.0 + 2 * R), "states_ignored")
-    assert phase(m) is Phase.DONE and m.deadline() is None
+    assert phase(m) is Phase.CLOSED and m.deadline() is None
     now_leader = machine(A)
     now_leader.receive(MessageSeen(message), 0.0)
     now_leader.receive(StatesSeen(array(message, C), B), 1.0)
     out = now_leader.receive(StatesSeen(terminal, B), 2.0)  # the leader whose array counted
-    assert decisions(out, "conversation_over") and phase(now_leader) is Phase.DONE
+    assert decisions(out, "conversation_over") and phase(now_leader) is Phase.CLOSED
 
 
 # --- bystander, replay, odd strings, signals ----------------------------------------------------

@@ -25,7 +25,9 @@ from companion.conversation.rules import (
     plan_leaders,
     turn_tag,
 )
+from companion.conversation.state import ONE_MESSAGE
 from companion.conversation.transcript import Transcript
+from companion.conversation.turn import Phase
 from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
 from companion.memory import Inbound, MemoryHub
 from companion.models.base import ModelError, SpeakRequest, StateDecision, StatesRequest, ToolCaller
@@ -41,7 +43,7 @@ from companion.protocol import (
     State,
 )
 from companion.store.sqlite import MemoryStore, Store
-from support.engines import HookedModel, make_card, solo
+from support.engines import EchoSink, HookedModel, make_card, solo
 from support.recorders import Recorder, Sink
 
 TIMINGS = EngineTimings.offline()
@@ -740,7 +742,7 @@ async def test_a_states_publish_that_hangs_is_abandoned_and_taken_over(
                 stuck.set()
                 await trio.sleep_forever()
 
-        member.engine._publisher = HungPublisher(never)
+        member.engine._publishes.publisher = HungPublisher(never)
         await group._user.publish(MESSAGES, probe)
         await rec.until(lambda: len(rec.replies()) >= 1)
         failed = rec.kinds("states_publish_failed", leader)
@@ -862,6 +864,44 @@ async def test_an_event_that_arises_while_effects_run_waits_its_turn(
         assert [e.fields["source"] for e in published] == ["fallback_stopping"]
         assert not reentered[0]
         nursery.cancel_scope.cancel()
+
+
+class PhaseWatchingSink(EchoSink):
+    """Notes, as the companion's reply is handed to the network, what its machine says of the
+    message the reply answers: the turn's phase, whether it counts as answered, and what a second
+    message would hear."""
+
+    def __init__(self, me: str) -> None:
+        super().__init__(me)
+        self.seen_when_sent: list[tuple[Phase | None, bool, str]] = []
+
+    async def publish(self, topic: str, envelope: Any) -> None:
+        if topic == MESSAGES and envelope.params.from_ == self.me:
+            conversation = self.engine.conversation
+            answered = (envelope.params.metadata or {}).get(META_IN_REPLY_TO, "")
+            phase = None if conversation.turn is None else conversation.turn.phase
+            again = conversation.outgoing(Message.create(self.me, ["user_x"], "And one more thing."))
+            self.seen_when_sent.append((phase, conversation.replied(answered), str(again)))
+        await super().publish(topic, envelope)
+
+
+async def test_the_machine_knows_the_reply_is_out_before_the_network_has_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The driver feeds ``ReplyPublished`` before the publish (from the outgoing hook): while the
+    reply is on its way out, no late array, slot end or thinking signal may withdraw its speech
+    or open a second one (``test_replied_before_the_reply_leaves_so_nothing_can_start_a_second_one``
+    shows what would)."""
+    card = make_card(0, max_turns=None)
+    me = card.card.metadata.id
+    sink = PhaseWatchingSink(me)
+    engine, _sink, _events = solo(card, ScriptedModel(0), sink=sink)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        await engine.handle(Inbound(MESSAGES, Message.create("user_x", [me], "Are you there?"), "peer"))
+        await sink.until_sent(MESSAGES, 1)  # the reply
+        nursery.cancel_scope.cancel()
+    assert sink.seen_when_sent == [(Phase.REPLIED, True, ONE_MESSAGE)]
 
 
 async def test_run_reports_started_and_once_ended_records_and_says_nothing(

@@ -112,7 +112,7 @@ class ArrayRules(MachineState):
             return
         if turn.states is not None:
             same = list(turn.states) == states
-            if turn.closed:
+            if turn.phase is Phase.CLOSED:
                 self._log(
                     out,
                     "states_ignored",
@@ -145,15 +145,14 @@ class ArrayRules(MachineState):
                 replaced_rank=turn.priority,
                 reason="the array of an earlier leader arrived late",
             )
-            self._accept(turn, states, rank, publisher, now, out)
-            turn.closed = ends_conversation(states)  # the earliest leader ended it: final
+            # the earliest leader's array that ends it is final
+            self._accept(turn, states, rank, publisher, now, out, final=ends_conversation(states))
             return
         final = bool(rank) and ends_conversation(states) and self._first_follower(turn, rank)
         if final:
             # The first of our leaders ends it (its cap, see _open_turn): aikyo's leaders before
             # it know no limit, so it counts now, and no later array of theirs replaces it.
-            self._accept(turn, states, rank, publisher, now, out)
-            turn.closed = True
+            self._accept(turn, states, rank, publisher, now, out, final=True)
             return
         if now < self._due(turn, rank):
             if rank not in turn.pending:
@@ -181,8 +180,8 @@ class ArrayRules(MachineState):
         elif self.bystander or rank <= turn.priority or turn.unanswered:
             self._accept(turn, states, rank, publisher, now, out, closes=True)
         else:
-            if turn.held_closing is None or rank < turn.held_closing[2]:
-                turn.held_closing = (states, publisher, rank)
+            if rank not in turn.pending:  # the lowest rank counts first (:meth:`_unanswered`)
+                turn.pending[rank] = (states, publisher)
             why = f"{publisher} closes the conversation; it counts once every speaking slot passed here"
             self._deferred(turn, publisher, rank, "turn_not_over", why, out)
 
@@ -211,9 +210,12 @@ class ArrayRules(MachineState):
         *,
         closes: bool = False,
         quiet: bool = False,
+        final: bool = False,
     ) -> None:
         """``states`` count for ``turn`` (``closes``: it is a closing array, see :meth:`_unanswered`;
-        ``quiet``: the sender's quiet closing, see :meth:`_close_quietly`).
+        ``quiet``: the sender's quiet closing, see :meth:`_close_quietly`; ``final``: an array that
+        ends the conversation and that no later one may replace). A closing or a final array
+        leaves nobody to speak (each says ``terminal``) and moves the turn to ``CLOSED``.
 
         The stage is raised to this node's floor. Where the floor alone reaches ``terminal`` (the
         array does not), the conversation is over for this companion only: cards' limits differ,
@@ -224,10 +226,8 @@ class ArrayRules(MachineState):
         if first:
             turn.accepted_at = now
         turn.states, turn.priority = states, rank
-        turn.closing_at = turn.held_closing = None
-        turn.closed = closes
-        for dropped in [r for r in turn.pending if r >= rank]:
-            del turn.pending[dropped]
+        turn.closing_at = None
+        turn.pending.clear()  # what was held never counts now (a late earlier array is weighed on arrival)
         speaking: SpeakingOrder = speaking_order(states)
         decision = speaking.first
         floor = self._floor(turn)
@@ -251,7 +251,7 @@ class ArrayRules(MachineState):
             if floor_ends and not self.bystander:
                 why += ": this companion gives its slot up"
         turn.closing = closing
-        turn.order = () if over else speaking.order
+        turn.order = () if over or closes or final else speaking.order
         turn.slot_opens = [turn.accepted_at + k * self.reply_timeout for k in range(len(turn.order))]
         turn.ends = turn.accepted_at + len(turn.order) * self.reply_timeout
         turn.slot = -1
@@ -267,7 +267,7 @@ class ArrayRules(MachineState):
             order=list(turn.order),
             source=publisher,
         )
-        if turn.phase is Phase.LEADING and not turn.lead_done:
+        if turn.phase is Phase.LEADING:
             out.append(Withdraw(turn.message_id, "lead", "another leader's array counted first"))
         if floor_ends and self.me is not None and self.me in speaking.order and self.me not in turn.yielded:
             # The array gives this node a slot its own floor forbids: the others need not wait for it.
@@ -276,7 +276,9 @@ class ArrayRules(MachineState):
         if not turn.order:
             if turn.phase is Phase.SPEAKING:
                 self._withdraw_speech(turn, publisher, "the accepted array ends the turn", out)
-            if turn.phase not in (Phase.DONE, Phase.REPLIED):
+            if closes or final:
+                self._goto(turn, Phase.CLOSED)
+            elif turn.phase not in (Phase.DONE, Phase.REPLIED):
                 self._goto(turn, Phase.DONE)
             if over:
                 self._log(
@@ -288,7 +290,7 @@ class ArrayRules(MachineState):
                     reason="quiet" if quiet else "unanswered" if closes else "terminal",
                 )
             return
-        if turn.phase in (Phase.AWAITING_STATES, Phase.LEADING, Phase.DONE):
+        if turn.phase in (Phase.AWAITING_STATES, Phase.LEADING, Phase.LED, Phase.DONE):
             self._goto(turn, Phase.AWAITING_SPEAKER)
         elif turn.phase is Phase.SPEAKING:
             slot = turn.slot_at(now)
@@ -328,9 +330,10 @@ class ArrayRules(MachineState):
             reason="every candidate stayed silent or gave up",
         )
         self._goto(turn, Phase.DONE)
-        if turn.held_closing is not None:
-            states, publisher, rank = turn.held_closing
-            self._accept(turn, states, rank, publisher, now, out, closes=True)
+        if turn.pending:  # a later candidate's closing array, held until now
+            rank = min(turn.pending)
+            states, publisher = turn.pending.pop(rank)
+            self._accept(turn, list(states), rank, publisher, now, out, closes=True)
         elif turn.rank is not None:
             # one leader slot per candidate before this one, from the leader whose array counted,
             # that will close it: aikyo's never publish a closing array, so they take no slot
@@ -343,7 +346,7 @@ class ArrayRules(MachineState):
 
     def _publish_closing(self, turn: Turn, out: list[Effect]) -> None:
         turn.closing_at = None
-        if turn.closed:
+        if turn.phase is Phase.CLOSED:
             return
         gave_up = ", ".join(f"{cid} ({why})" for cid, why in turn.gave_up().items())
         self._log(

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from types import MappingProxyType
+from typing import Any, Final, Literal, TypeAlias, TypeVar, get_args
 
 from companion.conversation.rules import StateDecision, TurnInfo, turn_info
 from companion.protocol import COMPANION_ID_PREFIX, Action, ClosingStage, Message, State
@@ -63,6 +64,7 @@ __all__ = [
     "Tick",
     "Withdraw",
     "YieldSeen",
+    "effect_table",
     "parse_signal",
     "present_diff",
     "read_signal",
@@ -79,6 +81,7 @@ _MAX_REASON: Final = 64
 _MAX_SHOWN_DETAIL: Final = 4 * MAX_DETAIL
 """What a parsed yield keeps of its ``detail``: enough for a client to show ``MAX_DETAIL``
 characters once control characters are folded away, and no more."""
+_T = TypeVar("_T")
 
 Level: TypeAlias = Literal["debug", "info", "warning", "error"]
 
@@ -134,7 +137,8 @@ class StatesReady:
 
 @dataclass(frozen=True, slots=True)
 class ReplyPublished:
-    """This node's reply to ``message_id`` went out (stamped by :meth:`Conversation.outgoing`)."""
+    """This node's reply to ``message_id`` goes out now (stamped by :meth:`Conversation.outgoing`,
+    its mark committed): fed just before the publish, so the turn is REPLIED while it leaves."""
 
     message_id: str
     reply: Message
@@ -308,6 +312,18 @@ class Decision:
 Effect: TypeAlias = (
     Lead | LeadAhead | DropAhead | PublishStates | Speak | Prepare | Withdraw | PublishSignal | Decision
 )
+
+
+def effect_table(table: Mapping[type[Any], _T]) -> Mapping[type[Any], _T]:
+    """``table`` (a driver's: how it carries out each effect), checked to have an entry for every
+    :data:`Effect` type and for nothing else. A new effect without its entry fails where the
+    table is built, at the driver's import, rather than being dropped at run time."""
+    kinds = set(get_args(Effect))
+    missing, extra = kinds - set(table), set(table) - kinds
+    if missing or extra:
+        names = ", ".join(sorted(k.__name__ for k in missing | extra))
+        raise TypeError(f"the table of effects must name every effect type and no other; wrong: {names}")
+    return MappingProxyType(dict(table))
 
 
 def parse_signal(speaker: str, name: str, params: Mapping[str, Any]) -> YieldSeen | ThinkingSeen | None:

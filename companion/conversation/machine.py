@@ -329,7 +329,7 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         """A newer message of the thread ends ``turn``: a lead or a speech in progress is withdrawn,
         unless the newer message is this node's own reply."""
         self.turn = None
-        if turn.phase is Phase.LEADING and not turn.lead_done:
+        if turn.phase is Phase.LEADING:
             out.append(Withdraw(turn.message_id, "lead", "the conversation moved on"))
         if turn.phase is Phase.SPEAKING and by.params.from_ != self.me:
             answered = info.in_reply_to == turn.message_id
@@ -364,7 +364,7 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
 
     def _on_states_ready(self, event: StatesReady, now: float, out: list[Effect]) -> None:
         turn = self.turn
-        if turn is None or turn.message_id != event.message_id or turn.lead_done:
+        if turn is None or turn.message_id != event.message_id:
             self._states_withheld(event, now, out)
             return
         self._publish_states(turn, event.decisions, event.source, out)
@@ -415,7 +415,7 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
             adjustments=[*held, *outcome.adjustments],
             states=[state_summary(s) for s in outcome.states],
         )
-        turn.lead_done = True
+        self._goto(turn, Phase.LED)
         out.append(PublishStates(turn.message_id, outcome.states))
 
     # --- time --------------------------------------------------------------------------------
@@ -544,7 +544,9 @@ HANDLERS: Final[Mapping[tuple[Phase | None, type[Any]], Handler]] = {
 }
 """The table that drives :meth:`Conversation.receive`: (the turn's phase, or ``None`` without
 a turn; the event's type) -> its handler. The model's states count only while this node leads
-(else they are withheld: another array counted); this node's failure only while it speaks
-(else its speech was already over); its reply goes out only while it speaks (the driver feeds
-:class:`ReplyPublished` right after :meth:`Conversation.outgoing` said it may: any other phase
-is a bug)."""
+(else they are withheld: its array is out, LED, or another array counted); this node's failure
+only while it speaks (else its speech was already over); its reply goes out only while it
+speaks (the driver feeds :class:`ReplyPublished` right after :meth:`Conversation.outgoing` said
+it may, before the publish, so that nothing withdraws the speech or opens a second one while
+the reply is on its way: docs/architecture.md, "Why REPLIED comes before the publish"; any
+other phase is a bug)."""

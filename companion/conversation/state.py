@@ -40,7 +40,11 @@ _EVIDENCE: Final = 1024
 """Companions remembered as following slots, or as aikyo's (each table)."""
 REPLIED_KEPT: Final = 10_000
 """Messages remembered as answered by this companion (the store keeps as many across restarts)."""
-_PREPARING: Final = frozenset({Phase.AWAITING_STATES, Phase.LEADING, Phase.SPEAKING})
+_PREPARING: Final = frozenset({Phase.AWAITING_STATES, Phase.LEADING, Phase.LED, Phase.SPEAKING})
+_OVER: Final = frozenset({Phase.DONE, Phase.REPLIED, Phase.CLOSED})
+"""Phases in which nobody speaks in this node's turn any more."""
+_ANSWERED: Final = frozenset({Phase.REPLIED, Phase.CLOSED})
+"""Phases a turn this node answered may be in (a closing array may overtake its reply's echo)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +130,7 @@ class MachineState:
     @property
     def in_turn(self) -> bool:
         """Whether a turn of this node is still running: its deadlines, not a routine, end it."""
-        return self.turn is not None and self.turn.phase not in (Phase.DONE, Phase.REPLIED)
+        return self.turn is not None and self.turn.phase not in _OVER
 
     def slotless(self, companion_id: str) -> bool:
         """Whether ``companion_id`` is known not to follow speaking slots: it behaved as an aikyo
@@ -180,7 +184,7 @@ class MachineState:
         sentence for the model). Pure: :class:`ReplyPublished` records that it went out."""
         turn = self.turn
         if turn is None or turn.phase is not Phase.SPEAKING:
-            if turn is not None and turn.phase is Phase.REPLIED:
+            if turn is not None and turn.phase in _ANSWERED and self.replied(turn.message_id):
                 return ONE_MESSAGE
             return "the conversation moved on; this turn is over, finish without speaking"
         reply = stamp_reply(message, in_reply_to=turn.message_id, turn=turn.replies + 1, closing=turn.closing)

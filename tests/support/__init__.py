@@ -16,4 +16,5 @@ and mypy find the package through ``pyproject.toml``, a benchmark puts ``tests/`
   the tests start
 - voice: a fake model voiced a sentence at a time, Juniper on it behind a bridge
 - processes, hostile_payloads: process clean-up; hostile payloads for the edge
+- cputime: a pytest plugin that reports each test's CPU seconds (``--cpu-durations=N``)
 """
