@@ -81,7 +81,7 @@ from companion.models.servers import (
     identify_server,
     shared_memory,
 )
-from companion.models.streaming import Partial, partial_line, stream_response
+from companion.models.streaming import Partial, partial_line, stream_response, whole_sentences
 from companion.models.structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -781,6 +781,9 @@ class ProviderModel:
             response = await session.request(
                 messages, params, settings, form=form, may_refuse=first, partial=partial
             )
+            response, cut = whole_sentences(response)
+            if cut:
+                log_event(_log, "line_cut_at_token_limit", model=self.name, limit=_SPEAK_TOKENS)
             first = False
             turn.answers += 1
             called = any(isinstance(p, ToolCallPart) for p in response.parts)
