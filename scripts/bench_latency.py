@@ -25,9 +25,17 @@ voiced once the states array confirms the speaker), and the prompt and completio
 aikyo 1.6's count for the same turn is N+3 requests (as the issue gives it), printed as the
 reference beside the counts before streaming and before prepared replies. At most eight rounds
 (with the warm-up) say lines of their own: more would repeat one, which the line check refuses.
+Each round asks its own question (:data:`QUESTIONS`): a model answering the same question twice
+says a line the check refuses as a copy of the round before, which measures the check, not the
+speech.
+
+The card's one condition reads no parameter, so the companion asks for none (one request fewer
+before the first words); ``--reads-param`` adds a condition on the card's ``mood`` before it, so
+the parameters are asked for as with the shipped cards.
 
     python scripts/bench_latency.py                      # hosted and local, 5 rounds each
     python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 3
+    python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 3 --reads-param
 
 Every wait has a deadline; every process is stopped by its PID however the run ends.
 """
@@ -77,6 +85,30 @@ LINES = (
 line twice in a conversation (``companion.lines.check``); first sentences of five words, so the
 floor of the first holds for all."""
 LINE = LINES[0]
+QUESTIONS = (
+    "Juniper, what did you see at the harbour?",
+    "What is your favourite sound at night?",
+    "Which road would you walk on a rainy morning?",
+    "Juniper, who taught you to whistle?",
+    "What would you cook for a tired friend?",
+    "Where do you go when the town is too loud?",
+    "What did the old ferryman tell you last spring?",
+    "Which season smells the best to you, and why?",
+    "What is the strangest thing you ever found on a beach?",
+    "How do you keep warm in a cold kitchen?",
+    "Juniper, what makes you laugh out loud?",
+    "What song do you hum when you are busy?",
+)
+"""One question per round (the warm-up's first): each round's own, so no line is refused as a
+copy of an earlier round's answer to the same question."""
+READS_PARAM = """\
+    - expression: mood == "curious"
+      execute:
+        - tool: speak_with_voice
+          instruction: Ask one short question back.
+"""
+"""The condition ``--reads-param`` puts before the card's own: it reads ``mood``, so the
+companion asks the model for its parameters each turn."""
 PROFILES: dict[str, tuple[float, float]] = {"hosted": (0.4, 60.0), "local": (2.0, 20.0)}
 GOALS = {"hosted": "first words <= 1.0 s", "smollm2": "first words <= 0.6 x line, <= 2 sequential requests"}
 
@@ -112,13 +144,25 @@ class Turn:
     requests: list[dict[str, Any]] = field(default_factory=list)
     audio: float = float("nan")
     """Seconds to the first audible frame on the WebRTC voice track (``--webrtc``)."""
+    refused: int = 0
+    """The model's lines the line check refused in this turn, and its streamed lines stopped at a
+    refused sentence."""
+    card_line: bool = False
+    """Whether the line said was the card's own (both of the model's tries refused)."""
 
 
 class Companion:
     """``companion run`` with the card, its stdout lines and JSON log events collected."""
 
-    def __init__(self, tmp: Path, base_url: str, model: str, webrtc: bool = False) -> None:
-        card = write_card(tmp, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice"))
+    def __init__(
+        self, tmp: Path, base_url: str, model: str, webrtc: bool = False, reads_param: bool = False
+    ) -> None:
+        text = speaking_card("juniper", "Juniper", "speak_with_voice")
+        if reads_param:
+            conditions = "  conditions:\n"
+            assert conditions in text
+            text = text.replace(conditions, conditions + READS_PARAM)
+        card = write_card(tmp, "juniper", text)
         argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
         argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
         argv += ["-v", "--ws", "127.0.0.1:0", "--model", model, "--base-url", base_url]
@@ -182,7 +226,7 @@ async def one_turn(url: str, index: int, timeout: float) -> tuple[float, float]:
     ``nan`` when the turn ended without a line (its closing array, ``terminal``, came instead:
     a model whose lines were refused gives its slot up)."""
     params = {"id": f"bench-{index}", "from": "user_bench", "to": ["companion_juniper"]}
-    params["message"] = "Juniper, what did you see at the harbour?"
+    params["message"] = QUESTIONS[index % len(QUESTIONS)]
     frame = json.dumps(
         {"topic": "messages", "body": {"jsonrpc": "2.0", "method": "message.send", "params": params}}
     )
@@ -220,7 +264,7 @@ async def one_rtc_turn(url: str, index: int, timeout: float) -> tuple[float, flo
     from companion.rtc import connect_rtc  # aiortc: only for this case
 
     params = {"id": f"bench-rtc-{index}", "from": "user_bench", "to": ["companion_juniper"]}
-    params["message"] = "Juniper, what did you see at the harbour?"
+    params["message"] = QUESTIONS[index % len(QUESTIONS)]
     envelope = {"jsonrpc": "2.0", "method": "message.send", "params": params}
     frame = json.dumps({"topic": "messages", "body": envelope})
     base = url.replace("ws://", "http://").rstrip("/")
@@ -271,10 +315,11 @@ def run_source(
     timeout: float,
     webrtc: bool = False,
     events: Path | None = None,
+    reads_param: bool = False,
 ) -> list[Turn]:
     turns: list[Turn] = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
-        companion = Companion(Path(tmp), base_url, model, webrtc)
+        companion = Companion(Path(tmp), base_url, model, webrtc, reads_param)
         try:
             url = companion.url()
             for index in range(rounds + 1):
@@ -286,7 +331,11 @@ def run_source(
                     first, line = trio.run(one_turn, url, index, timeout)
                 time.sleep(0.5)  # the turn's last log lines
                 if index:  # the first round warms up (connections, the server's prompt cache)
-                    turns.append(Turn(first, line, companion.requests_since(mark), audio))
+                    kinds = [e.get("event") for e in companion.events_since(mark)]
+                    refused = kinds.count("line_refused") + kinds.count("voice_line_stopped")
+                    turn = Turn(first, line, companion.requests_since(mark), audio)
+                    turn.refused, turn.card_line = refused, "speak_own_line" in kinds
+                    turns.append(turn)
                     if line != line:
                         why = [
                             f"{e.get('event')}: {str(e.get('reason') or e.get('detail'))[:120]}"
@@ -313,7 +362,7 @@ def depth(requests: list[dict[str, Any]]) -> int:
     return max(longest, default=0)
 
 
-def report(source: str, all_turns: list[Turn], reference: float | None) -> None:
+def report(source: str, all_turns: list[Turn], reference: float | None, reads_param: bool = False) -> None:
     turns = [t for t in all_turns if t.line == t.line]
     if len(turns) < len(all_turns):
         print(f"\n{len(all_turns) - len(turns)} of {len(all_turns)} turns of {source} ended without a line")
@@ -322,7 +371,8 @@ def report(source: str, all_turns: list[Turn], reference: float | None) -> None:
     firsts = [t.first_words for t in turns]
     lines = [t.line for t in turns]
     p50 = statistics.median(firsts)
-    print(f"\n== {source} ({len(turns)} turns)")
+    card = "a condition reads mood (--reads-param)" if reads_param else "no condition reads a parameter"
+    print(f"\n== {source} ({len(turns)} turns; card: {card})")
     print(f"message -> first speak query   p50 {p50:.2f} s  (min {min(firsts):.2f}, max {max(firsts):.2f})")
     audio = [t.audio for t in turns if t.audio == t.audio]
     if audio:
@@ -351,6 +401,14 @@ def report(source: str, all_turns: list[Turn], reference: float | None) -> None:
     if SAID:
         counts = [len(split_sentences(line)) for line in SAID[-len(turns) :]]
         print(f"sentences per line {counts}; last line: {SAID[-1][:160]!r}")
+    own = sum(not t.card_line for t in turns)
+    print(
+        f"lines of the model's own {own} of {len(turns)} (the card's own line said after two refused "
+        f"tries in {len(turns) - own}); lines and sentences refused {sum(t.refused for t in turns)}"
+    )
+    for index, (turn, said) in enumerate(zip(turns, SAID[-len(turns) :], strict=False), 1):
+        whose = "card" if turn.card_line else "model"
+        print(f"  round {index} ({whose}, {turn.first_words:.1f} s / {turn.line:.1f} s): {said[:150]!r}")
     if source in GOALS:
         print(f"goal: {GOALS[source]}")
 
@@ -393,7 +451,14 @@ def main(argv: list[str] | None = None) -> int:
         "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
     )
     parser.add_argument("--events", type=Path, help="append the companion's log events to this file")
+    parser.add_argument(
+        "--reads-param",
+        action="store_true",
+        help="a card with a condition on its mood parameter: the parameters are asked for each turn",
+    )
     args = parser.parse_args(argv)
+    if args.rounds + 1 > len(QUESTIONS):
+        parser.error(f"--rounds at most {len(QUESTIONS) - 1}: each round asks its own question")
     for source in args.source:
         if source == "smollm2":
             if args.llama_venv is None:
@@ -407,8 +472,9 @@ def main(argv: list[str] | None = None) -> int:
                     args.timeout,
                     args.webrtc,
                     args.events,
+                    args.reads_param,
                 )
-            report(source, turns, None)
+            report(source, turns, None, args.reads_param)
             continue
         ttft, rate = PROFILES[source]
         with running_server(ttft=ttft, token_rate=rate) as server:
@@ -421,8 +487,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.timeout,
                 args.webrtc,
                 args.events,
+                args.reads_param,
             )
-        report(source, turns, floor(ttft, rate))
+        report(source, turns, floor(ttft, rate), args.reads_param)
     return 0
 
 

@@ -148,6 +148,37 @@ async def test_at_most_three_model_calls_per_turn(autojump_clock: trio.testing.M
         assert kinds["fill_params"] == kinds["speak"] == 6
 
 
+async def test_a_card_whose_conditions_read_no_parameter_asks_no_parameters(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    conditions = [("1 > 2", "Never chosen."), ("true", "Continue the conversation.")]
+    async with group_of(3, max_turns=6, conditions=conditions) as (group, rec):
+        await group.say("Hi all! What are you up to today?")
+        assert await group.wait_until(_ended, 600)
+        replied = {e.in_reply_to for e in group.transcript.events if e.in_reply_to}
+        assert len(replied) == 6
+        assert all(group.calls_per_turn()[mid] == 2 for mid in replied)  # states, speech
+        kinds: Counter[str] = sum((m.model.kinds for m in group.members.values()), start=Counter())
+        assert kinds["fill_params"] == 0 and kinds["speak"] == 6
+        chosen = [e.fields["instructions"] for e in rec.events if e.kind == "instructions"]
+        assert chosen == [[{"tool": "speak", "instruction": "Continue the conversation."}]] * 6
+        said = [e for e in rec.events if e.kind == "params_not_asked"]
+        assert sorted(e.companion for e in said) == sorted(group.members)  # once each, at start
+
+
+async def test_a_card_whose_condition_reads_mood_still_asks_for_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    params = {"type": "object", "properties": {"mood": {"type": "string", "enum": ["calm", "curious"]}}}
+    conditions = [('mood == "curious"', "Ask a question."), ("true", "Continue the conversation.")]
+    async with group_of(2, max_turns=4, params=params, conditions=conditions) as (group, rec):
+        await group.say("Hi all! What are you up to today?")
+        assert await group.wait_until(_ended, 600)
+        kinds: Counter[str] = sum((m.model.kinds for m in group.members.values()), start=Counter())
+        assert kinds["speak"] >= 1 and kinds["fill_params"] == kinds["speak"]
+        assert not [e for e in rec.events if e.kind == "params_not_asked"]
+
+
 async def test_a_failing_model_gives_rule_based_states_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

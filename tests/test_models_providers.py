@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from companion.models.base import (
 )
 from companion.models.errors import ModelSetupError
 from companion.models.providers import ProviderModel, resolve_config
+from companion.protocol import Message
 from support.fake_llm_server import (
     FakeLLMServer,
     free_port,
@@ -182,6 +184,47 @@ async def test_unusable_params_schema_is_refused_before_any_request(server: Fake
     with pytest.raises(ModelError, match="type 'object'"):
         await openai_model(server).fill_params(params_request({"type": "string"}))
     assert server.model_requests() == []
+
+
+# --- the speaker's conversation as chat turns ---------------------------------------------------
+
+
+def _said() -> list[Message]:
+    """Ben answered once; the person asks again and Aya adds a line."""
+    return [
+        Message.create("user_1", [BEN.id], "Ben, what did you see at sea?"),
+        Message.create(BEN.id, ["user_1"], "Whales, mostly."),
+        Message.create("user_1", [BEN.id], "And birds?"),
+        Message.create(AYA.id, [BEN.id], "Tell him about the gulls."),
+    ]
+
+
+async def test_the_speakers_history_goes_as_chat_turns_in_both_calls(server: FakeLLMServer) -> None:
+    said = _said()
+    server.push(tool_call("set_params", {"mood": "curious", "interest": 0.8}))
+    server.push(tool_call("speak", {"message": "Gulls, loud ones.", "to": ["user_1"]}))
+    model = openai_model(server)
+    request = params_request()
+    await model.fill_params(replace(request, message=said[-1], history=said))
+    await model.speak(speak_request(message=said[-1], history=said), ToolRecorder())
+    for sent in server.model_requests():
+        messages = sent.body["messages"]
+        assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+        assert messages[1]["content"] == "user_1: Ben, what did you see at sea?"
+        assert messages[2]["content"] == "Whales, mostly."  # his own line, as his own turn
+        last = messages[3]["content"]
+        assert last.startswith(f"user_1: And birds?\n{AYA.id}: Tell him about the gulls.\n\n")
+        assert "->" not in json.dumps(messages)  # no record for a small model to write on
+
+
+async def test_anthropic_gets_the_speakers_history_as_chat_turns(server: FakeLLMServer) -> None:
+    server.models = ("claude-fake",)
+    said = _said()
+    server.push(tool_call("speak", {"message": "Gulls, loud ones.", "to": ["user_1"]}))
+    await anthropic_model(server).speak(speak_request(message=said[-1], history=said), ToolRecorder())
+    [sent] = server.model_requests()
+    assert [m["role"] for m in sent.body["messages"]] == ["user", "assistant", "user"]
+    assert "Whales, mostly." in json.dumps(sent.body["messages"][1])
 
 
 # --- speak: tool-call round trips ------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 
 from companion.models.base import ModelError
-from companion.models.streaming import partial_line
+from companion.models.streaming import partial_line, whole_sentences
 from support.fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
 from support.models import (
     COMPANIONS,
@@ -64,6 +64,38 @@ def test_the_line_so_far_of_a_partial_answer(
 
 def test_text_is_not_read_when_no_tool_carries_it() -> None:
     assert partial_line(ModelResponse(parts=[TextPart("Whales.")]), TOOLS, None) is None
+
+
+@pytest.mark.parametrize(
+    ("cut", "said"),
+    [
+        ("I can tell. And if you ask so", "I can tell."),
+        ("I can tell. And if you ask so.", "I can tell. And if you ask so."),  # cut just after
+        ("And if you ask so", ""),
+        ("こんにちは。今日は", "こんにちは。"),
+    ],
+)
+def test_a_line_cut_at_the_token_limit_keeps_only_its_whole_sentences(cut: str, said: str) -> None:
+    args = '{"to": ["user_1"], "message": ' + '"' + cut  # the JSON is cut too
+    call, answer = whole_sentences(ModelResponse(parts=[ToolCallPart("speak", args)], finish_reason="length"))
+    text, _ = whole_sentences(ModelResponse(parts=[TextPart(cut)], finish_reason="length"))
+    [part] = call.parts
+    assert isinstance(part, ToolCallPart) and part.args_as_dict() == {"to": ["user_1"], "message": said}
+    assert text.parts == [TextPart(said)] and answer is (said != cut)
+    whole = ModelResponse(parts=[ToolCallPart("speak", args)], finish_reason="stop")
+    assert whole_sentences(whole) == (whole, False)  # only the limit cuts a line
+
+
+async def test_a_line_the_token_limit_cut_says_only_its_whole_sentences() -> None:
+    long = " ".join(f"Sentence number {i} is about the sea." for i in range(40))  # past 120 tokens
+    with running_server(api_key="sk-test") as srv:
+        srv.push(tool_call("speak", {"to": ["user_1"], "emotion": "happy", "message": long}))
+        sink, tools = GrowingLine(), ToolRecorder()
+        await openai_model(srv).speak(speak_request(live=sink), tools)
+    [(_, args)] = tools.calls
+    said = args["message"]
+    assert said and long.startswith(said) and said != long and said.endswith("the sea.")
+    assert args["to"] == ["user_1"]
 
 
 async def test_a_tool_call_streams_its_message_as_it_is_written(server: FakeLLMServer) -> None:

@@ -10,7 +10,14 @@ import jsonschema
 import pytest
 
 from companion.models.base import ParamsRequest, SpeakRequest, StatesRequest, ToolInstruction, ToolSpec
-from companion.models.prompts import HISTORY_LIMIT, format_history, params_prompt, speak_prompt, states_prompt
+from companion.models.prompts import (
+    HISTORY_LIMIT,
+    format_history,
+    params_prompt,
+    speak_prompt,
+    speaker_turns,
+    states_prompt,
+)
 from companion.models.structured import (
     Problems,
     check_params,
@@ -233,9 +240,9 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     assert params_instructions == instructions
     # stable first (the same instructions), then the conversation, identical in both calls, and
     # the volatile task last: what a small model continues is its own turn, never a JSON block
-    conversation = "Conversation so far:\n1. user_1 -> companion_a, Bo (companion_b): Hello!\n\n"
+    conversation = "user_1: Hello!\n\n"
     assert prompt.startswith(conversation) and params_text.startswith(conversation)
-    assert "Conversation so far" not in instructions
+    assert "Hello!" not in instructions and "->" not in prompt
     assert "- weather: rain" in prompt and "Context:" not in prompt and 'turn": 3' not in prompt
     assert prompt.endswith("Address: user_1, companion_a.")
 
@@ -247,11 +254,39 @@ def test_a_companions_instructions_are_the_same_on_every_call() -> None:
     first = SpeakRequest(B, "a helper", OPENING, [OPENING], [], list(tools.values()), ["user_1"])
     second = SpeakRequest(B, "a helper", later, [OPENING, later], [], list(tools.values()), [A.id], "closing")
     assert speak_prompt(first, tools)[0] == speak_prompt(second, tools, text_reply=True)[0]
-    # the next turn's prompt begins with the previous turn's history: only new lines are evaluated
+    # the next turn's prompt begins with the previous turn's conversation: only new lines are evaluated
     history = speak_prompt(first, tools)[1].split("\n\n")[0]
-    assert speak_prompt(second, tools)[1].startswith(history + "\n2. companion_a -> Bo (companion_b)")
+    assert speak_prompt(second, tools)[1].startswith(history + "\ncompanion_a: And then?")
     states = states_prompt(request(), "set_states")[0]
     assert states == states_prompt(request(nominated=B.id, closing_floor="closing"), "set_states")[0]
+
+
+def test_the_speaker_sees_the_conversation_as_chat_turns() -> None:
+    """Its own lines are its turns, the others' lines ``id: line`` in the user's turns; the last
+    user turn (the others' lines since its own) opens the prompt. Measured with SmolLM2-135M: a
+    numbered record in one prompt was written on as its line."""
+    said = [
+        Message.create(B.id, ["user_1"], "I came early."),  # an own line first: left out
+        Message.create("user_1", [B.id], "Hello!"),
+        Message.create(A.id, [B.id], "Hi Bo."),
+        Message.create(B.id, ["user_1"], "Hi, both of you."),
+        Message.create("user_1", [B.id], "What did you bake?"),
+        Message.create(A.id, [B.id], "Tell us!"),
+    ]
+    turns, heard = speaker_turns(B, said[:-1], said[-1])
+    assert turns == ((False, "user_1: Hello!\ncompanion_a: Hi Bo."), (True, "Hi, both of you."))
+    assert heard == "user_1: What did you bake?\ncompanion_a: Tell us!"
+    tools = wire_tool_names([ToolSpec(id="speak", description="", input_schema={})])
+    req = SpeakRequest(B, "a helper", said[-1], said[:-1], [], list(tools.values()), ["user_1"])
+    assert speak_prompt(req, tools)[1].startswith(heard + "\n\n")
+    # the next turn's earlier turns begin with these: a server's cache keeps them evaluated
+    after = Message.create(B.id, ["user_1"], "Bread, of course.")
+    later = Message.create("user_1", [B.id], "Nice.")
+    assert speaker_turns(B, [*said, after], later)[0][: len(turns)] == turns
+    # bounded as the record is
+    many = [Message.create("user_1", [B.id], f"line {i}") for i in range(30)]
+    turns, heard = speaker_turns(B, many[:-1], many[-1])
+    assert turns == () and len(heard.splitlines()) == HISTORY_LIMIT
 
 
 def test_a_heading_alone_is_not_a_line() -> None:

@@ -390,3 +390,51 @@ def test_bad_params_schemas_are_refused_with_their_path(
 def test_schema_without_type_but_with_string_enum_is_a_string() -> None:
     schema = {"type": "object", "properties": {"mood": {"enum": ["a", "b"]}}}
     assert compile_triggers(schema, []).variables["mood"] == ParamType("string")
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "true",
+        'size("abc") > 1 && "tea".contains("e")',
+        "[1, 2].exists(x, x > 1)",
+        "[1].exists(energy, energy > 0)",  # the comprehension's own variable, not the parameter
+        "math.greatest(1, 2) == 2",
+    ],
+)
+def test_a_condition_that_reads_no_parameter_is_known(expression: str) -> None:
+    triggers = compile_one(expression)
+    assert not triggers.reads_params and triggers.reading == ()
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'emotion == "joy"',
+        "has(params.score)",
+        'params.emotion == "joy"',
+        'topics.exists(t, t.contains("rain"))',
+        "speaker.age > 30",
+        "true || energy > 3",  # read even where it cannot change the outcome: no guessing
+    ],
+)
+def test_a_condition_that_reads_a_parameter_is_known(expression: str) -> None:
+    triggers = compile_one(expression)
+    assert triggers.reads_params and triggers.reading == (expression,)
+
+
+def test_only_the_conditions_that_read_parameters_are_listed() -> None:
+    triggers = compile_triggers(
+        SCHEMA, [cond("wants_to_end", ("speak", "bye")), cond("true", ("speak", "hi")), cond("1 < 2")]
+    )
+    assert triggers.reading == ("wants_to_end",)
+    assert not compile_triggers(SCHEMA, []).reads_params  # no conditions: nothing to choose
+
+
+def test_conditions_that_read_no_parameter_choose_the_same_whatever_the_values() -> None:
+    triggers = compile_triggers(
+        SCHEMA, [cond("1 > 2", ("speak", "never")), cond('"a" < "b"', ("speak", "always"))]
+    )
+    assert not triggers.reads_params
+    chosen = [triggers.evaluate(values) for values in ({}, VALUES, {"emotion": "gloom", "energy": 0})]
+    assert chosen == [[ToolInstruction("speak", "always")]] * 3

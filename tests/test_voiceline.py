@@ -124,6 +124,25 @@ async def test_a_line_nobody_heard_starts_over_with_the_next(autojump_clock: tri
     assert said == "Fine." and [a[1] for a in heard.asked] == ["Fine."]
 
 
+async def test_a_line_finished_with_nothing_heard_voices_no_later_line(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its next line (the model's second try, the card's own) goes out on its own: the handler
+    voices it when the live line no longer does."""
+    client = Client()
+    line = LiveVoiceLine(client.ask, emit, check=lambda s, _b: "a copy" if s.startswith("Hey") else None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        assert line.voices(VOICE_TOOL)
+        assert await line.finish("Hey, I'm Juniper. I saw boats.", "neutral", 30) == ""
+    assert client.asked == [] and not line.voices(VOICE_TOOL)
+    heard = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(heard.run)
+        assert await heard.finish("The sea is calm.", "neutral", 30) == "The sea is calm."
+    assert heard.voices(VOICE_TOOL)  # a line once heard stays this reply's line
+
+
 async def test_a_cut_line_says_only_its_complete_sentences(autojump_clock: trio.testing.MockClock) -> None:
     client = Client()
     line = LiveVoiceLine(client.ask, emit)

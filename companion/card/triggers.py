@@ -53,6 +53,7 @@ __all__ = [
     "compile_cel",
     "compile_triggers",
     "eval_bool",
+    "reads_no_parameter",
 ]
 
 logger = logging.getLogger(__name__)
@@ -210,11 +211,15 @@ class CompiledTriggers:
         variables: Mapping[str, ParamType],
         compiled: Sequence[_Compiled],
         whole_object: bool,
+        reading: Sequence[str] = (),
     ) -> None:
         self._env = env
         self._variables = dict(variables)
         self._compiled = tuple(compiled)
         self._whole_object = whole_object
+        self.reading = tuple(reading)
+        """The expressions of the conditions that read a parameter (or may: see
+        :func:`reads_no_parameter`), in card order."""
 
     @property
     def variables(self) -> Mapping[str, ParamType]:
@@ -224,6 +229,12 @@ class CompiledTriggers:
     @property
     def conditions(self) -> tuple[TriggerCondition, ...]:
         return tuple(c.condition for c in self._compiled)
+
+    @property
+    def reads_params(self) -> bool:
+        """Whether any condition reads a parameter. When none does, the parameters cannot change
+        which instructions are chosen, so nobody needs to ask a model for them."""
+        return bool(self.reading)
 
     def __len__(self) -> int:
         return len(self._compiled)
@@ -295,6 +306,7 @@ def compile_triggers(
         declarations[PARAMS_VARIABLE] = cel.Type.Map(cel.Type.STRING, cel.Type.DYN)
     env = cel_env(declarations)
     compiled: list[_Compiled] = []
+    bare = cel_env({})
     for index, condition in enumerate(conditions):
         path: tuple[PathPart, ...] = ("conditions", index, "expression")
         program, found = compile_cel(env, condition.expression, path, list(variables), condition=True)
@@ -303,7 +315,22 @@ def compile_triggers(
             compiled.append(_Compiled(condition, program))
     if problems:
         raise TriggerError(problems)
-    return CompiledTriggers(env, variables, compiled, whole_object)
+    expressions = [c.condition.expression for c in compiled]
+    reading = [e for e in expressions if not reads_no_parameter(bare, e)]
+    return CompiledTriggers(env, variables, compiled, whole_object, reading)
+
+
+def reads_no_parameter(bare: cel.Env, expression: str) -> bool:
+    """Whether ``expression`` surely reads no parameter: it type-checks in ``bare``, an
+    environment that declares none (the checker then resolved every identifier it reads to
+    something else: a literal, a function, a comprehension's own variable). cel-expr-python
+    names no references of a compiled expression; a failure for any reason counts as reading
+    one, so when unsure the model is asked as before."""
+    try:
+        bare.compile(expression)
+    except RuntimeError:
+        return False
+    return True
 
 
 def cel_env(declarations: Mapping[str, cel.Type]) -> cel.Env:

@@ -1,7 +1,8 @@
 """The speaker's work in its slot: parameters, the card's triggers, then ``speak`` with its tools.
 
 Two model calls for one reply (``fill_params``, then ``speak`` with the instructions the CEL
-conditions chose), every tool call through the :class:`~companion.actions.ActionRuntime`. The
+conditions chose; only ``speak`` when no condition reads a parameter), every tool call through
+the :class:`~companion.actions.ActionRuntime`. The
 ``speak`` call of a model that streams (``streams_speech``) is shown a live line
 (:class:`~companion.engine.voiceline.LiveVoiceLine`): its ``speak_with_voice`` line is voiced a sentence
 at a time while it is written, and when the model fails after some of it was heard, what was
@@ -208,6 +209,18 @@ class Speaker:
         self.params_check = ParamsCheck(self.card.events.params)
         if self.params_check.problem is not None:
             emit("params_schema_invalid", logging.ERROR, problem=self.params_check.problem)
+        self.asks_params = loaded.triggers.reads_params
+        """Whether a reply asks the model for the parameters: only when a condition reads one,
+        since they choose nothing else (a request fewer before the first words otherwise)."""
+        if not self.asks_params:
+            emit(
+                "params_not_asked",
+                logging.INFO,
+                card=self.me.id,
+                conditions=len(loaded.triggers),
+                reason="no condition of the card reads a parameter: the instructions are the same "
+                "whatever the values, so no model is asked for them",
+            )
 
     async def reply(self, speech: Speech, history: list[Message], memory: Mapping[str, Any]) -> None:
         """Fill the parameters, evaluate the triggers, run ``speak``. The reply itself leaves
@@ -322,7 +335,9 @@ class Speaker:
         """Start filling the parameters for ``message`` in ``nursery`` (at most ``limit`` seconds),
         before this companion knows whether it will speak: the leader's states call and this
         call then run side by side, and the slot, if it comes, starts with ``speak``. One at a
-        time: a newer message's replaces an older one's."""
+        time: a newer message's replaces an older one's. Nothing when no condition reads them."""
+        if not self.asks_params:
+            return
         if self._prefetched is not None:
             if self._prefetched.message_id == message.params.id:
                 return  # already on their way
@@ -491,7 +506,10 @@ class Speaker:
 
     async def _params(self, message: Message, history: list[Message]) -> dict[str, Any]:
         """The card's parameters for ``message``: the prefetched ones when they were asked for
-        (awaited; they are on their way), else one ``fill_params`` call now."""
+        (awaited; they are on their way), else one ``fill_params`` call now; none when no
+        condition reads them (:attr:`asks_params`)."""
+        if not self.asks_params:
+            return {}
         ahead = self._prefetched
         if ahead is not None and ahead.message_id == message.params.id:
             await ahead.done.wait()

@@ -86,7 +86,13 @@ class LiveVoiceLine:
     # --- the model's side --------------------------------------------------------------------
 
     def voices(self, tool_id: str) -> bool:
-        return tool_id in self._voiced and self._tool in (None, tool_id)
+        """Whether a line of ``tool_id`` is voiced through this live line: not once it ended with
+        nothing heard (its one line refused at its first sentence, then finished). A later line of
+        the reply (the model's second try, the card's own line) is then voiced on its own, after
+        its whole-line check; through this line it could only say nothing, and the slot was given
+        up (SmolLM2-135M, whose lines began with a copied first sentence: five turns in five)."""
+        spent = self._ended and not self._admitted
+        return tool_id in self._voiced and self._tool in (None, tool_id) and not spent
 
     def grow(self, tool_id: str, text: str) -> None:
         """The model's line so far (see :class:`~companion.models.base.LineSink`)."""

@@ -69,7 +69,7 @@ from companion.models.endpoints import (
     resolve_config,
 )
 from companion.models.errors import ModelSetupError
-from companion.models.prompts import params_prompt, speak_prompt, states_prompt
+from companion.models.prompts import Turns, params_prompt, speak_prompt, speaker_turns, states_prompt
 from companion.models.sdks import Sdk, SdkClient, load_sdk
 from companion.models.second_try import FRESH_SEED, is_line_refusal, own_line, task_after_refusal
 from companion.models.servers import (
@@ -81,7 +81,7 @@ from companion.models.servers import (
     identify_server,
     shared_memory,
 )
-from companion.models.streaming import Partial, partial_line, stream_response
+from companion.models.streaming import Partial, partial_line, stream_response, whole_sentences
 from companion.models.structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -585,7 +585,11 @@ class ProviderModel:
         def prompt(as_json: bool) -> tuple[str, str]:
             return params_prompt(request, PARAMS_TOOL, as_json)
 
-        return await self._structured("params", prompt, tool, lambda raw: check_params(raw, request.schema))
+        def check(raw: Mapping[str, Any]) -> dict[str, Any] | Problems:
+            return check_params(raw, request.schema)
+
+        turns = speaker_turns(request.me, request.history, request.message)[0]
+        return await self._structured("params", prompt, tool, check, turns)
 
     async def _structured(
         self,
@@ -593,8 +597,10 @@ class ProviderModel:
         prompt: Callable[[bool], tuple[str, str]],
         tool: ToolDefinition,
         check: Callable[[Mapping[str, Any]], _T | Problems],
+        turns: Turns = (),
     ) -> _T:
-        """The structured answer, in the first form the endpoint accepts and honours.
+        """The structured answer, in the first form the endpoint accepts and honours, after the
+        conversation's earlier ``turns`` (the speaker's, :func:`~.prompts.speaker_turns`).
 
         A form refused with an HTTP error, or whose forcing was ignored (text without JSON came
         back), is remembered and the next form is tried at once. An answer that fails its check
@@ -608,9 +614,7 @@ class ProviderModel:
             for index, form in enumerate(forms):
                 instructions, text = prompt(form != "named_tool")
                 params, settings = _structured_request(form, tool)
-                messages: list[ModelMessage] = [
-                    ModelRequest(parts=[UserPromptPart(text)], instructions=instructions)
-                ]
+                messages = _chat(turns, text, instructions)
                 try:
                     response = await session.request(messages, params, settings, form=form, may_refuse=True)
                 except _Refused as refusal:
@@ -768,9 +772,8 @@ class ProviderModel:
             params = ModelRequestParameters(
                 function_tools=definitions, allow_text_output=form == "tools_auto"
             )
-        messages: list[ModelMessage] = [
-            ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)
-        ]
+        turns = speaker_turns(request.me, request.history, request.message)[0]
+        messages = _chat(turns, prompt, instructions)
         first = True
         partial = _shown_to(request, turn, form)
         settings: ModelSettings | None = None
@@ -778,6 +781,9 @@ class ProviderModel:
             response = await session.request(
                 messages, params, settings, form=form, may_refuse=first, partial=partial
             )
+            response, cut = whole_sentences(response)
+            if cut:
+                log_event(_log, "line_cut_at_token_limit", model=self.name, limit=_SPEAK_TOKENS)
             first = False
             turn.answers += 1
             called = any(isinstance(p, ToolCallPart) for p in response.parts)
@@ -798,7 +804,7 @@ class ProviderModel:
                     await self._own_line(request, turn, speaker[1], call_tool)
                     return
                 fresh = task_after_refusal(prompt, turn.line_refused, request.me.name)
-                messages = [ModelRequest(parts=[UserPromptPart(fresh)], instructions=instructions)]
+                messages = _chat(turns, fresh, instructions)
                 settings = ModelSettings(seed=FRESH_SEED)
                 continue
             if not turn.follow_up():
@@ -1056,6 +1062,18 @@ def _feedback(
     if call is None:
         parts.append(RetryFeedbackPart(detail, retry=RetryInfo("validation_error")))
     return ModelRequest(parts=parts, instructions=instructions)
+
+
+def _chat(turns: Turns, prompt: str, instructions: str) -> list[ModelMessage]:
+    """The conversation's earlier ``turns`` as chat messages (the speaker's own lines its own
+    turns), then ``prompt`` as the last user turn; the same instructions on every request."""
+    messages: list[ModelMessage] = [
+        ModelResponse(parts=[TextPart(text)])
+        if mine
+        else ModelRequest(parts=[UserPromptPart(text)], instructions=instructions)
+        for mine, text in turns
+    ]
+    return [*messages, ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)]
 
 
 def _serves(ids: Sequence[str], name: str) -> bool:

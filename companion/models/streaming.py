@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Final
 
 import pydantic_core
@@ -21,9 +22,10 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 
+from companion.lines.sentences import SentenceSplitter, join_sentences
 from companion.models.base import ToolSpec
 
-__all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response"]
+__all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response", "whole_sentences"]
 
 Partial = Callable[[ModelResponse], None]
 """Called with the response so far after each streamed event (on the asyncio side: keep it quick)."""
@@ -93,17 +95,70 @@ def partial_line(
     return text_tool, first.lstrip("\"'“ ")
 
 
-def _message_of(args: object) -> str | None:
-    """The message string of partial (or complete) tool arguments."""
+_SENTENCE_END: Final = re.compile(r"[.!?…。！？]+[\"'”’»)\]}」』）]*\s*$")
+
+
+def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:
+    """``response`` with its line cut back to its complete sentences when the model stopped at its
+    token limit (``finish_reason`` "length"), and whether anything was cut.
+
+    A server at ``max_tokens`` stops mid-word, mid-sentence and, for a tool call, mid-JSON
+    ("... If I answer, you'll just have to say what was said to me. And if you ask so", measured
+    with SmolLM2-135M): the half-written sentence would be voiced and published as if whole. The
+    voice has said only complete sentences while the answer streamed, so what is left is exactly
+    what it said; an answer with no complete sentence is left with an empty line, which the line
+    check refuses as any empty line.
+    """
+    if response.finish_reason != "length":
+        return response, False
+    parts = []
+    cut = False
+    for part in response.parts:
+        if isinstance(part, ToolCallPart):
+            args = _args_of(part.args) or {}
+            for field in _MESSAGE_FIELDS:
+                said = args.get(field)
+                if isinstance(said, str):
+                    line = _complete(said)
+                    cut |= line != said
+                    # written back whole: the cut JSON would not parse as arguments
+                    part = replace(part, args=pydantic_core.to_json({**args, field: line}).decode())
+                    break
+        elif isinstance(part, TextPart):
+            line = _complete(part.content)
+            cut |= line != part.content
+            part = replace(part, content=line)
+        parts.append(part)
+    return replace(response, parts=parts), cut
+
+
+def _complete(text: str) -> str:
+    """The complete sentences of a line cut off at any point."""
+    splitter = SentenceSplitter()
+    done = splitter.feed(text)
+    rest = splitter.finish()
+    if rest and _SENTENCE_END.search(rest[-1]):  # the limit fell just after a sentence's end
+        done += rest
+    return join_sentences(done)
+
+
+def _args_of(args: object) -> dict[str, object] | None:
+    """Tool arguments as a dict, however far their JSON was written."""
     if isinstance(args, str):
         try:
             args = pydantic_core.from_json(args, allow_partial="trailing-strings") if args else {}
         except ValueError:
             return None
-    if not isinstance(args, dict):
+    return args if isinstance(args, dict) else None
+
+
+def _message_of(args: object) -> str | None:
+    """The message string of partial (or complete) tool arguments."""
+    parsed = _args_of(args)
+    if parsed is None:
         return None
     for name in _MESSAGE_FIELDS:
-        value = args.get(name)
+        value = parsed.get(name)
         if isinstance(value, str):
             return value
     return None

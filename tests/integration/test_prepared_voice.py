@@ -56,7 +56,7 @@ async def test_a_confirmed_prepared_reply_is_voiced_once(tmp_path: Path, hosted:
     assert [f["params"]["message"] for f in published] == [LINES[0]]
     requests = hosted.model_requests()
     kinds = [_kind(r.body) for r in requests]
-    assert sorted(kinds) == ["params", "speak", "states"]
+    assert sorted(kinds) == ["speak", "states"]  # the card's condition reads no parameter
     states, speak = requests[kinds.index("states")], requests[kinds.index("speak")]
     assert states.answered is not None and speak.at < states.answered  # side by side
 

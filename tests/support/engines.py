@@ -55,8 +55,10 @@ def make_card(
     actions: tuple[str, ...] = ("speak",),
     knowledge: tuple[str, ...] = ("companions",),
     params: dict[str, Any] | None = None,
+    conditions: Sequence[tuple[str, str]] | None = None,
 ) -> LoadedCard:
-    """A small English card; companion ``index`` of a group."""
+    """A small English card; companion ``index`` of a group. ``conditions`` (expression,
+    instruction) replace its two, which read the parameter ``already_replied``."""
     name = NAMES[index % len(NAMES)] + ("" if index < len(NAMES) else str(index))
     cid = f"companion_{name.lower()}"
     speak = actions[0]
@@ -75,14 +77,15 @@ def make_card(
         events=Events(
             params=params or PARAMS,
             conditions=[
-                Condition(
-                    expression="already_replied == false",
-                    execute=[Execute(instruction="Introduce yourself.", tool=speak)],
-                ),
-                Condition(
-                    expression="true",
-                    execute=[Execute(instruction="Continue the conversation.", tool=speak)],
-                ),
+                Condition(expression=expression, execute=[Execute(instruction=instruction, tool=speak)])
+                for expression, instruction in (
+                    conditions
+                    if conditions is not None
+                    else (
+                        ("already_replied == false", "Introduce yourself."),
+                        ("true", "Continue the conversation."),
+                    )
+                )
             ],
         ),
         settings=CardSettings(max_turns=max_turns, repetition_threshold=threshold),

@@ -472,7 +472,8 @@ class CooperativeModel:
         tools = {t["function"]["name"]: t["function"] for t in body.get("tools") or []}
         messages = body.get("messages") or []
         system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
-        user = next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
+        # the last user turn: the task (earlier ones are the conversation's chat turns)
+        user = next((str(m.get("content") or "") for m in reversed(messages) if m.get("role") == "user"), "")
         wanted = self._schema(body, tools, system + "\n" + user)
         if wanted is not None:
             name, schema = wanted
@@ -576,9 +577,11 @@ def tokens(text: str) -> list[str]:
 
 
 def _openai_stream_events(
-    reply: Reply, model: str, seq: int, profile: ServerProfile, usage: bool
+    reply: Reply, model: str, seq: int, profile: ServerProfile, usage: bool, limit: int | None = None
 ) -> Iterator[tuple[dict[str, Any] | None, bool]]:
-    """``(event, is_token)`` of a streamed completion in order; ``None`` is ``[DONE]``."""
+    """``(event, is_token)`` of a streamed completion in order; ``None`` is ``[DONE]``. At
+    ``limit`` tokens (the request's ``max_tokens``) the answer stops where it is, with
+    ``finish_reason`` "length", as OpenAI's and llama.cpp's servers stop: mid-word, mid-JSON."""
     base = {"id": f"chatcmpl-{seq}", "object": "chat.completion.chunk", "created": 1_700_000_000}
     base["model"] = model
 
@@ -587,17 +590,26 @@ def _openai_stream_events(
 
     yield chunk({"role": "assistant", "content": ""}), False
     produced = 0
+    finish = "tool_calls" if reply.calls else "stop"
     for piece in tokens(reply.text or ""):
+        if produced == limit:
+            finish = "length"
+            break
         produced += 1
         yield chunk({"content": piece}), True
-    for i, (name, args) in enumerate(reply.calls):
+    for i, (name, args) in enumerate(reply.calls if finish != "length" else ()):
         call_id = profile.call_id.format(seq=seq, i=i, name=name, rand=f"{seq:08x}{i:04x}")
         head = {"index": i, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
         yield chunk({"tool_calls": [head]}), False
         for piece in tokens(args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)):
+            if produced == limit:
+                finish = "length"
+                break
             produced += 1
             yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}), True
-    yield chunk({}, "tool_calls" if reply.calls else "stop"), False
+        if finish == "length":
+            break
+    yield chunk({}, finish), False
     if usage:
         counted = {"prompt_tokens": 11, "completion_tokens": produced, "total_tokens": 11 + produced}
         yield {**base, "choices": [], "usage": counted}, False
@@ -763,7 +775,10 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 reply = server.profile.realise(outcome, reply)
                 if body.get("stream"):
                     usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                    self._stream(_openai_stream_events(reply, model, seq, server.profile, usage), reply)
+                    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+                    limit = limit if isinstance(limit, int) and limit > 0 else None
+                    events = _openai_stream_events(reply, model, seq, server.profile, usage, limit)
+                    self._stream(events, reply)
                 else:
                     self._generate(reply)
                     self._send(200, _openai_completion(reply, model, seq, server.profile))

@@ -58,7 +58,8 @@ class VoiceModel(CooperativeModel):
         if "speak_with_voice" not in tools:
             return super().__call__(body)
         self.speaks += 1
-        user = next((str(m.get("content")) for m in body["messages"] if m.get("role") == "user"), "")
+        users = [str(m.get("content")) for m in body["messages"] if m.get("role") == "user"]
+        user = users[-1] if users else ""  # the last user turn: the task
         address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
         to = [a.strip() for a in address.group(1).split(",")] if address else []
         line = self.say(self.speaks) if self.say else LINES[(self.speaks - 1) % len(LINES)]
