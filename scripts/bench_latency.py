@@ -14,7 +14,8 @@ one warm-up round. Model sources (``--source``, several allowed):
   and the ratio to it.
 - ``smollm2``: SmolLM2-135M-Instruct behind llama-cpp-python's server from
   the virtualenv ``--llama-venv`` names (``bin/python`` with llama-cpp-python, and a ``GGUF``
-  file holding the model file's path), started on a free loopback port and stopped by its
+  file holding the model file's path), started on a free loopback port with ``--cache true``
+  as docs/models.md tells users to run it (``--no-server-cache``: without) and stopped by its
   PID (outside CI: it takes minutes on 2 cores). The goal is printed beside the ratio of first
   words to the complete line.
 
@@ -414,13 +415,15 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
 
 
 @contextlib.contextmanager
-def llama_server(venv: Path) -> Iterator[str]:
+def llama_server(venv: Path, cache: bool = True) -> Iterator[str]:
     gguf = (venv / "GGUF").read_text(encoding="utf-8").strip()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf]
     argv += ["--model_alias", "smollm2-135m", "--port", str(port), "--host", "127.0.0.1"]
+    argv += ["--cache", "true" if cache else "false"]
+    print(f"llama-cpp-python server: --cache {'true' if cache else 'false'}")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
         deadline = time.monotonic() + 120
@@ -448,6 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a virtualenv with llama-cpp-python[server] and a GGUF file naming the model (smollm2)",
     )
     parser.add_argument(
+        "--no-server-cache",
+        action="store_true",
+        help="smollm2: run the server without --cache true (docs/models.md recommends it)",
+    )
+    parser.add_argument(
         "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
     )
     parser.add_argument("--events", type=Path, help="append the companion's log events to this file")
@@ -463,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         if source == "smollm2":
             if args.llama_venv is None:
                 parser.error("--source smollm2 needs --llama-venv")
-            with llama_server(args.llama_venv) as base_url:
+            with llama_server(args.llama_venv, not args.no_server_cache) as base_url:
                 turns = run_source(
                     source,
                     base_url,

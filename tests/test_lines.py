@@ -62,6 +62,10 @@ CONVERSATION = LineContext(
         "4: The tide is high.",
         "1.",  # a numbered list's first mark, voiced alone as a sentence (SmolLM2-135M)
         "2) ...",
+        "- speak_with_voice.",  # the tool's name as a list item (SmolLM2-135M)
+        "- Speak_with_voice: You'll be going to the tavern of the local.",
+        "I will use speak_with_voice for that.",
+        "- The tide is high.",
     ],
 )
 def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:
@@ -105,6 +109,8 @@ def test_the_reason_says_whose_line_was_repeated() -> None:
         "今日はパンを焼いていたよ。",
         "Ostra, what do you think?",
         "(laughs) Pim, you made my day.",
+        "Well - that is the sea for you.",  # a dash inside a line
+        "Tide-pools and sea-glass, mostly.",
         "At 3:30 the bread comes out.",
         "",
     ],

@@ -74,6 +74,9 @@ _LABELS = re.compile(
 _TOOL_TALK = re.compile(
     r"\b(?:action|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b|\bset_(?:params|states)\b"
     r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
+    # a snake_case identifier: a tool's name ("- speak_with_voice: I am Juniper.", SmolLM2-135M,
+    # measured); nobody says one
+    r"|\b[a-z]+(?:_[a-z0-9]+)+\b"
     r"|\bautomated feedback\b|\bapplication(?:'s)? validation\b|\bprevious response\b|\bserver error\b"
     # this check's own reasons, sent back with a refused line, then read aloud (measured)
     r"|\bnot a line of (?:yours|your own)\b|\bsay something new\b|\bin your own (?:words|voice)\b"
@@ -90,6 +93,8 @@ application's validation (this is automated feedback, ...)", pydantic-ai's words
 _BRACKETED = re.compile(r"^\s*\([^()]*\)[\s.!?]*$")
 """A whole line in brackets: a note or a stage direction ("(Growling)", "(Your first try was not
 used)", measured), not words said."""
+_LIST_MARK = re.compile(r"^\s*[-*•]\s")
+"""A line that starts as an item of a list ("- speak_with_voice.", measured): notes, not speech."""
 _UNFINISHED = re.compile(r"[,:;(\[{-]\s*$")
 """A line cut off where it goes on ("Hello everyone," was the first line of a longer answer)."""
 _ROLE_LABEL = re.compile(r"^\s*(?:user|sender|assistant|system|ai|bot|a|q)\s*:", re.IGNORECASE)
@@ -270,6 +275,8 @@ def _artifact(text: str, context: LineContext) -> str:
     for cid in context.ids:
         if len(cid) >= 4 and cid.casefold() in folded:
             return f"says the id {cid!r}: call people by their names"
+    if _LIST_MARK.search(text):
+        return "is an item of a list, not words said"
     if _TOOL_TALK.search(text):
         return "talks about your instructions and tools"
     words = normalized_words(text)
