@@ -100,16 +100,19 @@ _SENTENCE_END: Final = re.compile(r"[.!?…。！？]+[\"'”’»)\]}」』）]
 
 def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:
     """``response`` with its line cut back to its complete sentences when the model stopped at its
-    token limit (``finish_reason`` "length"), and whether anything was cut.
+    token limit, and whether anything was cut.
 
     A server at ``max_tokens`` stops mid-word, mid-sentence and, for a tool call, mid-JSON
     ("... If I answer, you'll just have to say what was said to me. And if you ask so", measured
     with SmolLM2-135M): the half-written sentence would be voiced and published as if whole. The
-    voice has said only complete sentences while the answer streamed, so what is left is exactly
-    what it said; an answer with no complete sentence is left with an empty line, which the line
-    check refuses as any empty line.
+    limit shows as ``finish_reason`` "length", or, from llama-cpp-python with a named tool (which
+    says "tool_calls", measured), as arguments whose JSON stops before its end. The voice has said
+    only complete sentences while the answer streamed, so what is left is exactly what it said; an
+    answer with no complete sentence is left with an empty line, which the line check refuses as
+    any empty line.
     """
-    if response.finish_reason != "length":
+    calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+    if response.finish_reason != "length" and not any(_unfinished_json(p.args) for p in calls):
         return response, False
     parts = []
     cut = False
@@ -130,6 +133,21 @@ def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:
             part = replace(part, content=line)
         parts.append(part)
     return replace(response, parts=parts), cut
+
+
+def _unfinished_json(args: object) -> bool:
+    """Whether tool arguments are JSON that stops before its end (a cut answer's)."""
+    if not isinstance(args, str) or not args.strip():
+        return False
+    try:
+        pydantic_core.from_json(args)
+    except ValueError:
+        try:
+            pydantic_core.from_json(args, allow_partial="trailing-strings")
+        except ValueError:
+            return False  # not JSON at all: the arguments are refused as they always were
+        return True
+    return False
 
 
 def _complete(text: str) -> str:

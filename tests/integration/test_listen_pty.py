@@ -22,7 +22,7 @@ from trio_websocket import WebSocketConnection, open_websocket_url
 from companion.listen.core import END_MARKER
 from support.listening import PtyListener, bridge_with_juniper, listen_argv, until
 from support.live_bridge import blocking, start_bridge
-from support.network import network
+from support.network import Proc, network
 
 pytestmark = pytest.mark.integration
 
@@ -51,6 +51,12 @@ async def said_by_the_person(ws: WebSocketConnection, timeout: float = 15) -> st
             params = frame.get("params", {}) if isinstance(frame, dict) else {}
             if frame.get("method") == "message.send" and params.get("from") == "user_mika":
                 return str(params["message"])
+
+
+async def counted_beside_the_listener(bridge: Proc) -> None:
+    """Until the bridge has counted a second client (the test's, after the listener): a line
+    sent before would not reach it."""
+    await blocking(bridge.wait_for, lambda e: e.get("event") == "client_connected" and e["clients"] >= 2, 15)
 
 
 async def test_typing_survives_arriving_lines_the_end_and_a_bridge_restart(tmp_path: Path) -> None:
@@ -88,20 +94,22 @@ async def test_typing_survives_arriving_lines_the_end_and_a_bridge_restart(tmp_p
             assert screen.rfind("> hello wor") > screen.rfind(END_MARKER)
 
             async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
-                await trio.sleep(0.3)  # the bridge counts the client before the line goes out
+                await counted_beside_the_listener(bridge)  # before the line goes out
                 term.type("ld\r")
                 assert await said_by_the_person(ws) == "hello world"
-            assert "> hello world\r\n" in term.text()  # it stays in the log
+            # it stays in the log (drawn when the listener's own send is done, which may be
+            # after the other client received it)
+            await until("the sent line kept", lambda: "> hello world\r\n" in term.text(), 10)
 
             # the bridge restarts on the same port: the client reconnects by itself
             bridge.stop()
             await until("reconnecting", lambda: "reconnecting to" in term.text(), 15)
             term.type("after the ")  # typed while the bridge is away
-            await blocking(start_bridge, net, "bridge2", extra=("--ws", f"127.0.0.1:{port}"))
+            bridge2, _, _ = await blocking(start_bridge, net, "bridge2", extra=("--ws", f"127.0.0.1:{port}"))
             await until("reconnected", lambda: "reconnected to" in term.text(), 30)
             assert term.text().rfind("> after the ") > term.text().rfind("reconnected to")
             async with open_websocket_url(f"ws://127.0.0.1:{port}/") as ws:
-                await trio.sleep(0.3)
+                await counted_beside_the_listener(bridge2)
                 term.type("restart\r")
                 assert await said_by_the_person(ws) == "after the restart"
             assert listener.popen.poll() is None

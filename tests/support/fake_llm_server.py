@@ -167,6 +167,9 @@ class ServerProfile:
     tool_call_content: Any = None
     """``content`` beside tool calls (``None``, or ``""`` as Ollama sends)."""
     call_id: str = "call_{seq}_{i}"
+    cut_call_finish: str = "length"
+    """The ``finish_reason`` of a streamed tool call the token limit cut: llama-cpp-python (measured,
+    0.3.36, a named tool) says ``tool_calls`` beside arguments whose JSON stops mid-string."""
     stream_auto: str = "ok"
     """``refuse``: a streamed request whose tools the model may call at will (``tool_choice``
     ``auto`` or none) fails (llama-cpp-python's chatml-function-calling raises "Automatic
@@ -310,6 +313,7 @@ PROFILES: dict[str, ServerProfile] = {
         refusal=_llama_cpp_python_refusal,
         null_content="refuse",
         call_id="call__0_{name}_cmpl-{rand}",
+        cut_call_finish="tool_calls",
     ),
     "llama-cpp-python-fc": ServerProfile(
         "llama-cpp-python-fc",
@@ -608,6 +612,7 @@ def _openai_stream_events(
             produced += 1
             yield chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}), True
         if finish == "length":
+            finish = profile.cut_call_finish
             break
     yield chunk({}, finish), False
     if usage:

@@ -61,6 +61,9 @@ from support.commands import emit, serve_commands
 IDENTIFY_PROTOCOL = TProtocol("/ipfs/id/1.0.0")
 SCRATCH_TOPIC = "raw-scratch"
 """Messages made only to be written by hand (``interleave``) go to a topic nobody subscribes."""
+READ_AT_MOST = 0.2
+"""Seconds a peer is given to read bytes written on a stream before the stream is reset, unless
+it ends the stream first."""
 
 
 class RecordingPubsub(GuardedPubsub):
@@ -113,7 +116,7 @@ class Raw:
                     if answer:
                         with trio.move_on_after(2):
                             await stream.read(65536)
-                    await trio.sleep(0.2)  # let the peer read before the reset
+                    await self.until_peer_ends(stream, READ_AT_MOST)
                     done += 1
                 except Exception as exc:
                     emit("error", op="write", error=repr(exc)[:300])
@@ -122,6 +125,19 @@ class Raw:
                         with contextlib.suppress(Exception):
                             await stream.reset()
         return done
+
+    @staticmethod
+    async def until_peer_ends(stream: Any, timeout: float) -> None:
+        """Let the peer read what was written before the reset: until it resets or closes its
+        side (it read the bytes and refused them: a tenth of the fuzzed RPCs, milliseconds
+        instead of the whole wait), at most ``timeout`` seconds (the rest it reads and keeps
+        the stream open, waiting for more)."""
+        with trio.move_on_after(timeout):
+            try:
+                while await stream.read(65536):
+                    pass  # the peer writes nothing here; anything it does is read and ignored
+            except Exception:
+                return  # reset by the peer: it read them
 
     async def flood(self, topic: str, rate: float, count: int, size: int, to: list[str]) -> None:
         start = trio.current_time()
