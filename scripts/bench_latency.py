@@ -69,6 +69,7 @@ from bench_support import stop_process  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
 from companion.lines.sentences import split_sentences  # noqa: E402
+from companion.text import clip  # noqa: E402
 from support.cards import speaking_card, write_card  # noqa: E402
 from support.fake_llm_server import CooperativeModel, Reply, running_server, tokens, tool_call  # noqa: E402
 
@@ -401,7 +402,7 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
     )
     if SAID:
         counts = [len(split_sentences(line)) for line in SAID[-len(turns) :]]
-        print(f"sentences per line {counts}; last line: {SAID[-1][:160]!r}")
+        print(f"sentences per line {counts}; last line: {clip(SAID[-1], 160)!r}")
     own = sum(not t.card_line for t in turns)
     print(
         f"lines of the model's own {own} of {len(turns)} (the card's own line said after two refused "
@@ -409,7 +410,7 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
     )
     for index, (turn, said) in enumerate(zip(turns, SAID[-len(turns) :], strict=False), 1):
         whose = "card" if turn.card_line else "model"
-        print(f"  round {index} ({whose}, {turn.first_words:.1f} s / {turn.line:.1f} s): {said[:150]!r}")
+        print(f"  round {index} ({whose}, {turn.first_words:.1f} s / {turn.line:.1f} s): {clip(said, 150)!r}")
     if source in GOALS:
         print(f"goal: {GOALS[source]}")
 
