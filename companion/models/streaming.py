@@ -103,8 +103,8 @@ def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:
     token limit, and whether anything was cut.
 
     A server at ``max_tokens`` stops mid-word, mid-sentence and, for a tool call, mid-JSON
-    ("... If I answer, you'll just have to say what was said to me. And if you ask so", measured
-    with SmolLM2-135M): the half-written sentence would be voiced and published as if whole. The
+    (llama-cpp-python, measured: ``{ "message" : "Sea-story``): the half-written sentence would
+    be voiced and published as if whole. The
     limit shows as ``finish_reason`` "length", or, from llama-cpp-python with a named tool (which
     says "tool_calls", measured), as arguments whose JSON stops before its end. The voice has said
     only complete sentences while the answer streamed, so what is left is exactly what it said; an
