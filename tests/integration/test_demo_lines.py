@@ -51,7 +51,8 @@ THOUGHTS = (
 )
 """The model's own lines, each unlike the others."""
 
-_HISTORY_LINE = re.compile(r"^\d+\. .*?: (.*)$", re.MULTILINE)
+_HEARD_LINE = re.compile(r"^(?:user|companion)_\w+: (.*)$", re.MULTILINE)
+"""A line of another's in the speaker's chat turns (``companion_pim: ...``)."""
 _ADDRESS = re.compile(r"Address: (.*?)\.(?:\n|$)")
 _SPEAKER = re.compile(r"It is your turn \((.*?)\)")
 
@@ -84,14 +85,26 @@ class SmallModel:
                 if key == "wants_to_end":
                     values[key] = True
             return tool_call("set_params", values)
-        user = next(str(m.get("content")) for m in messages if m.get("role") == "user")
+        # The conversation comes as chat turns: the others' lines in user turns, the speaker's
+        # own as its assistant turns, the task last.
+        user = [str(m.get("content")) for m in messages if m.get("role") == "user"][-1]
         address = _ADDRESS.search(user)
         to = [a.strip() for a in address.group(1).split(",")] if address else []
-        said = _HISTORY_LINE.findall(user)
-        # The second try is a new request (no tool message, no assistant message: never a
-        # follow-up, which SmolLM2 read aloud) whose task says the first was not used.
+        said = [
+            line
+            for m in messages
+            for line in (
+                _HEARD_LINE.findall(str(m.get("content")))
+                if m.get("role") == "user"
+                else [str(m.get("content"))]
+                if m.get("role") == "assistant"
+                else []
+            )
+        ]
+        # The second try is a new request (no tool message: never a follow-up, which SmolLM2
+        # read aloud) whose task says the first was not used.
         retry = "Your first try was not used" in user
-        assert not any(m.get("role") in ("tool", "assistant") for m in messages), messages
+        assert not any(m.get("role") == "tool" for m in messages), messages
         self.fresh_asks += retry
         speaker = _SPEAKER.search(user)
         key = (speaker.group(1) if speaker else "", len(said))
