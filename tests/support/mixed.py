@@ -163,7 +163,10 @@ class MixedNetwork:
         addrs = [str(started["addrs"][0]) for _, started in ours]
         for metadata in AIKYO:
             proc = Proc(
-                metadata.id, [*js_command, metadata.model_dump_json()], events_on="stdout", stdin=True
+                metadata.id,
+                [*js_command, metadata.model_dump_json(), "--answer-known"],
+                events_on="stdout",
+                stdin=True,
             )
             net.procs.append(proc)
             started = proc.event("started", 60)
