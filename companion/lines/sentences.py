@@ -30,7 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["MAX_SENTENCE_CHARS", "SentenceSplitter", "join_sentences", "split_sentences"]
+__all__ = [
+    "MAX_SENTENCE_CHARS",
+    "SentenceSplitter",
+    "join_sentences",
+    "split_sentences",
+    "whole_sentences_of",
+]
 
 MAX_SENTENCE_CHARS: Final = 200
 """The longest sentence handed out (characters): about 12 s of speech, the wait a run-on line may
@@ -181,3 +187,18 @@ def join_sentences(sentences: Sequence[str]) -> str:
 def split_sentences(text: str, max_chars: int = MAX_SENTENCE_CHARS) -> list[str]:
     """The sentences of a complete line (what :class:`SentenceSplitter` hands out for it)."""
     return SentenceSplitter(max_chars).finish(text)
+
+
+_ENDS: Final = re.compile(rf"(?:{_END.pattern})\s*$")
+
+
+def whole_sentences_of(text: str) -> str:
+    """The complete sentences of a line cut off at any point (a model's token limit stops it
+    mid-word): what :class:`SentenceSplitter` hands out for it as it streams, plus a last
+    sentence the cut fell just after."""
+    splitter = SentenceSplitter()
+    done = splitter.feed(text)
+    rest = splitter.finish()
+    if rest and _ENDS.search(rest[-1]):
+        done += rest
+    return join_sentences(done)

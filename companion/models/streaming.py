@@ -22,7 +22,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 
-from companion.lines.sentences import SentenceSplitter, join_sentences
+from companion.lines.sentences import whole_sentences_of
 from companion.models.base import ToolSpec
 
 __all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response", "whole_sentences"]
@@ -95,21 +95,17 @@ def partial_line(
     return text_tool, first.lstrip("\"'“ ")
 
 
-_SENTENCE_END: Final = re.compile(r"[.!?…。！？]+[\"'”’»)\]}」』）]*\s*$")
-
-
 def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:
     """``response`` with its line cut back to its complete sentences when the model stopped at its
     token limit, and whether anything was cut.
 
     A server at ``max_tokens`` stops mid-word, mid-sentence and, for a tool call, mid-JSON
     (llama-cpp-python, measured: ``{ "message" : "Sea-story``): the half-written sentence would
-    be voiced and published as if whole. The
-    limit shows as ``finish_reason`` "length", or, from llama-cpp-python with a named tool (which
-    says "tool_calls", measured), as arguments whose JSON stops before its end. The voice has said
-    only complete sentences while the answer streamed, so what is left is exactly what it said; an
-    answer with no complete sentence is left with an empty line, which the line check refuses as
-    any empty line.
+    be voiced and published as if whole. The limit shows as ``finish_reason`` "length", or, from
+    llama-cpp-python with a named tool (which says "tool_calls", measured), as arguments whose
+    JSON stops before its end. The voice has said only complete sentences while the answer
+    streamed, so what is left is exactly what it said; an answer with no complete sentence is
+    left with an empty line, which the line check refuses as any empty line.
     """
     calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
     if response.finish_reason != "length" and not any(_unfinished_json(p.args) for p in calls):
@@ -119,16 +115,15 @@ def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:
     for part in response.parts:
         if isinstance(part, ToolCallPart):
             args = _args_of(part.args) or {}
-            for field in _MESSAGE_FIELDS:
-                said = args.get(field)
-                if isinstance(said, str):
-                    line = _complete(said)
-                    cut |= line != said
-                    # written back whole: the cut JSON would not parse as arguments
-                    part = replace(part, args=pydantic_core.to_json({**args, field: line}).decode())
-                    break
+            field = _message_field(args)
+            if field is not None:
+                said = str(args[field])
+                line = whole_sentences_of(said)
+                cut |= line != said
+                # written back whole: the cut JSON would not parse as arguments
+                part = replace(part, args=pydantic_core.to_json({**args, field: line}).decode())
         elif isinstance(part, TextPart):
-            line = _complete(part.content)
+            line = whole_sentences_of(part.content)
             cut |= line != part.content
             part = replace(part, content=line)
         parts.append(part)
@@ -150,16 +145,6 @@ def _unfinished_json(args: object) -> bool:
     return False
 
 
-def _complete(text: str) -> str:
-    """The complete sentences of a line cut off at any point."""
-    splitter = SentenceSplitter()
-    done = splitter.feed(text)
-    rest = splitter.finish()
-    if rest and _SENTENCE_END.search(rest[-1]):  # the limit fell just after a sentence's end
-        done += rest
-    return join_sentences(done)
-
-
 def _args_of(args: object) -> dict[str, object] | None:
     """Tool arguments as a dict, however far their JSON was written."""
     if isinstance(args, str):
@@ -170,13 +155,13 @@ def _args_of(args: object) -> dict[str, object] | None:
     return args if isinstance(args, dict) else None
 
 
+def _message_field(args: Mapping[str, object]) -> str | None:
+    """Which of ``args`` carries the line: the first of :data:`_MESSAGE_FIELDS` holding a string."""
+    return next((name for name in _MESSAGE_FIELDS if isinstance(args.get(name), str)), None)
+
+
 def _message_of(args: object) -> str | None:
     """The message string of partial (or complete) tool arguments."""
     parsed = _args_of(args)
-    if parsed is None:
-        return None
-    for name in _MESSAGE_FIELDS:
-        value = parsed.get(name)
-        if isinstance(value, str):
-            return value
-    return None
+    field = None if parsed is None else _message_field(parsed)
+    return None if parsed is None or field is None else str(parsed[field])
