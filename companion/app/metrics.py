@@ -167,7 +167,8 @@ class ProcessMetrics:
 
     def metered(self, companion: str, model: CompanionModel) -> CompanionModel:
         """``model`` with each call timed into ``companion_model_request_duration_seconds``;
-        its tokens (a provider's ``tokens`` counter) are read at each scrape."""
+        its tokens (a provider's ``tokens`` counter, and its ``requests_without_usage``: those
+        its server reported no tokens for) are read at each scrape."""
         if all(m is not model for m in self.models):
             self.models.append(model)
         return MeteredModel(model, self.model_seconds, companion)
@@ -295,11 +296,19 @@ class _Readings(Collector):
             "Tokens the model server reported (direction: input, output)",
             labels=["model", "direction"],
         )
+        unmeasured = CounterMetricFamily(
+            "companion_model_requests_without_usage",
+            "Model requests answered without token usage (companion_model_tokens leaves them out)",
+            labels=["model"],
+        )
         for model in m.models:
             counted: Mapping[str, int] = getattr(model, "tokens", {})
             for direction, count in sorted(counted.items()):
                 tokens.add_metric([model.name, direction], count)
-        yield tokens
+            without: int | None = getattr(model, "requests_without_usage", None)
+            if without is not None:
+                unmeasured.add_metric([model.name], without)
+        yield from (tokens, unmeasured)
         clients = GaugeMetricFamily("companion_bridge_clients", "Clients connected to the bridge now")
         refused = CounterMetricFamily(
             "companion_bridge_frames_refused",

@@ -96,6 +96,7 @@ from companion.models.structured import (
     states_schema,
     wire_tool_names,
 )
+from companion.models.usage import reported_tokens
 from companion.text import clip
 
 __all__ = [
@@ -271,8 +272,11 @@ class _Session:
             error = self._failed(detail, reason, started, form)
             error.status = status
             raise error from exc
-        self._owner.tokens["input"] += response.usage.input_tokens or 0
-        self._owner.tokens["output"] += response.usage.output_tokens or 0
+        tokens = reported_tokens(response.usage)
+        if tokens is None:
+            self._owner.requests_without_usage += 1
+        else:
+            self._owner.tokens.update(input=tokens.input, output=tokens.output)
         log_event(
             _log,
             "model_request",
@@ -282,8 +286,8 @@ class _Session:
             request=self.requests,
             streamed=partial is not None,
             ms=round((trio.current_time() - started) * 1000),
-            input_tokens=response.usage.input_tokens,
-            output_tokens=response.usage.output_tokens,
+            input_tokens=None if tokens is None else tokens.input,
+            output_tokens=None if tokens is None else tokens.output,
             tool_calls=[p.tool_name for p in response.parts if isinstance(p, ToolCallPart)],
         )
         return response
@@ -412,6 +416,9 @@ class ProviderModel:
         self._ssl: ssl.SSLContext | None = None
         self.tokens: Counter[str] = Counter()
         """Tokens the server reported so far: ``input`` and ``output`` (the metrics read it)."""
+        self.requests_without_usage = 0
+        """Answered requests whose server reported no tokens (:mod:`.usage`): :attr:`tokens`
+        leaves them out rather than counting them as 0."""
 
     @property
     def name(self) -> str:

@@ -19,7 +19,8 @@ A request with ``"stream": true`` is answered as the real servers stream: server
 over a chunked response, a first chunk with the role and no content, the text a token at a
 time, a tool call's id and name first and then its arguments as fragments of JSON cut anywhere
 (inside strings and escapes too), ``finish_reason`` in a chunk of its own, the usage in a last
-chunk with no choices (when ``stream_options.include_usage`` asks for it), then ``[DONE]``;
+chunk with no choices (when ``stream_options.include_usage`` asks for it and the profile sends
+one: llama-cpp-python's never does), then ``[DONE]``;
 several events may share one write and one event may be split across two. With ``ttft`` and
 ``token_rate`` the first token comes after ``ttft`` seconds and the others at ``token_rate``
 tokens a second, as a hosted or a local model writes; :attr:`Reply.cut_after` breaks the
@@ -170,6 +171,9 @@ class ServerProfile:
     cut_call_finish: str = "length"
     """The ``finish_reason`` of a streamed tool call the token limit cut: llama-cpp-python (measured,
     0.3.36, a named tool) says ``tool_calls`` beside arguments whose JSON stops mid-string."""
+    stream_usage: bool = True
+    """``False``: a stream carries no usage chunk, even when ``stream_options.include_usage``
+    asks for one (llama-cpp-python 0.3.36, measured: its server ignores ``stream_options``)."""
     stream_auto: str = "ok"
     """``refuse``: a streamed request whose tools the model may call at will (``tool_choice``
     ``auto`` or none) fails (llama-cpp-python's chatml-function-calling raises "Automatic
@@ -314,6 +318,7 @@ PROFILES: dict[str, ServerProfile] = {
         null_content="refuse",
         call_id="call__0_{name}_cmpl-{rand}",
         cut_call_finish="tool_calls",
+        stream_usage=False,
     ),
     "llama-cpp-python-fc": ServerProfile(
         "llama-cpp-python-fc",
@@ -324,6 +329,7 @@ PROFILES: dict[str, ServerProfile] = {
         refusal=_llama_cpp_python_refusal,
         null_content="refuse",
         call_id="call__0_{name}_cmpl-{rand}",
+        stream_usage=False,
     ),
     "ollama": ServerProfile(
         "ollama",
@@ -779,7 +785,8 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             else:
                 reply = server.profile.realise(outcome, reply)
                 if body.get("stream"):
-                    usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                    asked = bool((body.get("stream_options") or {}).get("include_usage"))
+                    usage = asked and server.profile.stream_usage
                     limit = body.get("max_completion_tokens", body.get("max_tokens"))
                     limit = limit if isinstance(limit, int) and limit > 0 else None
                     events = _openai_stream_events(reply, model, seq, server.profile, usage, limit)
