@@ -22,7 +22,13 @@ one warm-up round. Model sources (``--source``, several allowed):
 Per turn, from the companion's own ``model_request`` log events: the requests before the first
 words and how many of them came one after another (from each request's end time and duration:
 the states, parameters and prepared speak requests run side by side, and the first sentence is
-voiced once the states array confirms the speaker), and the prompt and completion tokens.
+voiced once the states array confirms the speaker), and the prompt and completion tokens as
+each answer's usage reported them (the fake server's). llama-cpp-python's server streams no usage
+(docs/models.md), so for ``smollm2`` they come from the server's own log instead: its stderr is
+read as it runs, keeping only the ``llama_perf_context_print`` block it prints after every
+completion (:mod:`llama_perf`), and the blocks told during a turn are paired in order with the
+requests the companion logged as answered (the server answers one at a time): prompt tokens
+evaluated (those not reused from its cache) and tokens generated, per turn and per request.
 aikyo 1.6's count for the same turn is N+3 requests (as the issue gives it), printed as the
 reference beside the counts before streaming and before prepared replies. At most eight rounds
 (with the warm-up) say lines of their own: more would repeat one, which the line check refuses.
@@ -66,6 +72,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the support package
 
 from bench_support import stop_process  # noqa: E402
+from llama_perf import Completion, ServerPerf  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
 from companion.lines.sentences import split_sentences  # noqa: E402
@@ -151,6 +158,8 @@ class Turn:
     refused sentence."""
     card_line: bool = False
     """Whether the line said was the card's own (both of the model's tries refused)."""
+    completions: list[Completion] | None = None
+    """``smollm2``: the completions the server's own log told during the turn, in order."""
 
 
 class Companion:
@@ -318,7 +327,10 @@ def run_source(
     webrtc: bool = False,
     events: Path | None = None,
     reads_param: bool = False,
+    perf: ServerPerf | None = None,
 ) -> list[Turn]:
+    """``rounds`` turns after a warm-up; with ``perf`` (the model server's log), each turn's
+    completions as the server told them."""
     turns: list[Turn] = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
         companion = Companion(Path(tmp), base_url, model, webrtc, reads_param)
@@ -326,6 +338,7 @@ def run_source(
             url = companion.url()
             for index in range(rounds + 1):
                 mark = companion.event_count()
+                told = perf.count() if perf is not None else 0
                 audio = float("nan")
                 if webrtc:
                     first, audio, line = trio.run(one_rtc_turn, url, index, timeout)
@@ -337,6 +350,7 @@ def run_source(
                     refused = kinds.count("line_refused") + kinds.count("voice_line_stopped")
                     turn = Turn(first, line, companion.requests_since(mark), audio)
                     turn.refused, turn.card_line = refused, "speak_own_line" in kinds
+                    turn.completions = perf.since(told) if perf is not None else None
                     turns.append(turn)
                     if line != line:
                         why = [
@@ -386,13 +400,11 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
     for name, turn in (("first", turns[0]), ("last", turns[-1])) if len(turns) > 1 else (("the", turns[0]),):
         before = [r for r in turn.requests if r.get("purpose") in ("states", "params")]
         speak = [r for r in turn.requests if r.get("purpose") == "speak"][:1]
-        prompt = sum(r.get("input_tokens") or 0 for r in turn.requests)
-        completion = sum(r.get("output_tokens") or 0 for r in turn.requests)
         purposes = ", ".join(str(r.get("purpose")) for r in turn.requests)
         print(
             f"{name} turn: requests {len(turn.requests)} ({purposes}); before the first words "
             f"{len(before) + len(speak)}, one after another {depth([*before, *speak])}; "
-            f"tokens prompt {prompt} completion {completion}"
+            f"{tokens_of(turn)}"
         )
     print(
         "reference, same turn: before streaming 3 requests, 3 one after another, first words with the "
@@ -411,12 +423,54 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
     for index, (turn, said) in enumerate(zip(turns, SAID[-len(turns) :], strict=False), 1):
         whose = "card" if turn.card_line else "model"
         print(f"  round {index} ({whose}, {turn.first_words:.1f} s / {turn.line:.1f} s): {clip(said, 150)!r}")
+    print("tokens per turn:")
+    for index, turn in enumerate(turns, 1):
+        print(f"  round {index}: {tokens_of(turn)}")
     if source in GOALS:
         print(f"goal: {GOALS[source]}")
 
 
+SERVER_LOG = "from the server's own log: llama-cpp-python streams no usage"
+
+
+def tokens_of(turn: Turn) -> str:
+    """The turn's prompt and completion tokens: from the server's log when the bench read it
+    (``smollm2``: each completion it told paired, in order, with the requests the companion logged
+    as answered, since the server answers one at a time), else from the usage each request's
+    answer reported (the fake server's, streamed or not), saying how many reported none."""
+    if turn.completions is not None:
+        done = turn.completions
+        said = (
+            f"prompt evaluated {sum(c.evaluated for c in done)}, "
+            f"generated {sum(c.generated for c in done)} ({SERVER_LOG})"
+        )
+        if len(done) != len(turn.requests):
+            return f"{said}; {len(done)} completions told for {len(turn.requests)} requests answered"
+        pairs = list(zip(turn.requests, done, strict=True))
+        each = ", ".join(f"{r.get('purpose')} {c.evaluated}+{c.generated}" for r, c in pairs)
+        # A whole answer's usage is the server's count of the same completion: a check of the pairing.
+        off = [
+            (r, c)
+            for r, c in pairs
+            if r.get("output_tokens") is not None and abs(int(r["output_tokens"]) - c.generated) > 1
+        ]
+        checked = sum(r.get("output_tokens") is not None for r, _ in pairs)
+        check = f"; {len(off)} of {checked} whole answers' usage disagrees" if off else ""
+        return f"{said}; by request (evaluated+generated): {each}{check}"
+    known = [r for r in turn.requests if r.get("input_tokens") is not None]
+    said = (
+        f"tokens prompt {sum(int(r['input_tokens']) for r in known)} "
+        f"completion {sum(int(r.get('output_tokens') or 0) for r in known)}"
+    )
+    if len(known) < len(turn.requests):
+        said += f" ({len(turn.requests) - len(known)} of {len(turn.requests)} requests reported no usage)"
+    return said
+
+
 @contextlib.contextmanager
-def llama_server(venv: Path, cache: bool = True) -> Iterator[str]:
+def llama_server(venv: Path, cache: bool = True) -> Iterator[tuple[str, ServerPerf]]:
+    """The server on a free loopback port, stopped by its PID at the end: its base URL, and its
+    stderr read for the completions it tells (everything else it logs there is dropped)."""
     gguf = (venv / "GGUF").read_text(encoding="utf-8").strip()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -425,7 +479,9 @@ def llama_server(venv: Path, cache: bool = True) -> Iterator[str]:
     argv += ["--model_alias", "smollm2-135m", "--port", str(port), "--host", "127.0.0.1"]
     argv += ["--cache", "true" if cache else "false"]
     print(f"llama-cpp-python server: --cache {'true' if cache else 'false'}")
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
+    assert proc.stderr is not None
+    perf = ServerPerf(proc.stderr)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -434,9 +490,11 @@ def llama_server(venv: Path, cache: bool = True) -> Iterator[str]:
             if proc.poll() is not None:
                 raise RuntimeError("llama_cpp.server exited")
             time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}/v1", perf
     finally:
         stop_process(proc)
+        perf.join(10)
+        proc.stderr.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -472,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         if source == "smollm2":
             if args.llama_venv is None:
                 parser.error("--source smollm2 needs --llama-venv")
-            with llama_server(args.llama_venv, not args.no_server_cache) as base_url:
+            with llama_server(args.llama_venv, not args.no_server_cache) as (base_url, perf):
                 turns = run_source(
                     source,
                     base_url,
@@ -482,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.webrtc,
                     args.events,
                     args.reads_param,
+                    perf,
                 )
             report(source, turns, None, args.reads_param)
             continue

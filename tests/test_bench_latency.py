@@ -1,0 +1,133 @@
+"""scripts/bench_latency.py's token figures, without a model: llama-cpp-python's perf lines read
+from a real process's stderr while it writes far more than a pipe holds, kept bounded, and
+paired with the turn's requests; the fake sources' usage, with requests that reported none said
+as such. (Its figures come from running it; nothing here is timed.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+SERVER_LOG = """\
+INFO:     127.0.0.1:47266 - "POST /v1/chat/completions HTTP/1.1" 200 OK
+Llama.generate: 6 prefix-match hit, remaining 26 prompt tokens to eval
+llama_perf_context_print:        load time =       0.26 ms
+llama_perf_context_print: prompt eval time =      68.55 ms /    26 tokens (    2.64 ms per token,   379.30 tokens per second)
+llama_perf_context_print:        eval time =     170.38 ms /    24 runs   (    7.10 ms per token,   140.86 tokens per second)
+llama_perf_context_print:       total time =     267.20 ms /    50 tokens
+llama_perf_context_print:    graphs reused =         23
+Llama._create_completion: cache save
+state_write_data: writing state
+llama_perf_context_print:        load time =       0.26 ms
+llama_perf_context_print: prompt eval time =       0.00 ms /     1 tokens (    0.00 ms per token,      inf tokens per second)
+llama_perf_context_print:        eval time =     189.64 ms /    17 runs   (   11.16 ms per token,    89.64 tokens per second)
+llama_perf_context_print:       total time =     197.39 ms /    18 tokens
+"""  # noqa: E501
+"""llama-cpp-python 0.3.36 serving SmolLM2 (measured): a streamed completion, then a whole one
+whose prompt came from the cache but for its last token."""
+
+
+def load(name: str) -> ModuleType:
+    """A script as a module (registered, as its dataclasses need), with scripts/ importable."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return module
+
+
+@pytest.fixture(scope="module")
+def perf() -> ModuleType:
+    return sys.modules.get("llama_perf") or load("llama_perf")
+
+
+@pytest.fixture(scope="module")
+def bench(perf: ModuleType) -> ModuleType:
+    return load("bench_latency")
+
+
+def test_a_completion_is_told_by_its_perf_block_and_nothing_else(perf: ModuleType) -> None:
+    told = list(perf.completions_of(iter(SERVER_LOG.splitlines())))
+    assert told == [perf.Completion(26, 24), perf.Completion(1, 17)]
+    cut = SERVER_LOG.splitlines()[:5]  # a block whose total line never came (the server stopped)
+    assert list(perf.completions_of(iter(cut))) == []
+
+
+def test_the_servers_stderr_is_drained_and_only_its_completions_kept(
+    perf: ModuleType, tmp_path: Path
+) -> None:
+    """A process that writes 7 MB of other lines (a pipe holds 64 KiB), some longer than a line
+    is read at once, around its perf blocks: it is never blocked, so it ends, and the reader
+    keeps the last ``keep`` completions, told in order."""
+    log = tmp_path / "server.log"
+    log.write_text(SERVER_LOG * 3)
+    code = (
+        "import sys\n"
+        "noise = ('state_write_data: writing state ' * 4 + '\\n') * 2000\n"
+        "long = 'Llama.generate: ' + 'x' * 100_000 + '\\n'\n"
+        f"for block in open({str(log)!r}).read().split('llama_perf_context_print:    graphs'):\n"
+        "    sys.stderr.write(noise + long + block)\n"
+        "    sys.stderr.write('llama_perf_context_print:    graphs')\n"
+        "sys.stderr.write(noise * 20)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        reader = perf.ServerPerf(proc.stderr, keep=4)
+        assert proc.wait(timeout=60) == 0
+        assert reader.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    first, second = perf.Completion(26, 24), perf.Completion(1, 17)
+    assert reader.count() == 6
+    assert reader.since(0) == [first, second, first, second]  # the two oldest are gone
+    assert reader.since(5) == [second]
+    assert reader.since(6) == []
+
+
+def requests(*purposes: str, tokens: tuple[int | None, int | None] = (None, None)) -> list[dict[str, Any]]:
+    return [
+        {"event": "model_request", "purpose": p, "input_tokens": tokens[0], "output_tokens": tokens[1]}
+        for p in purposes
+    ]
+
+
+def test_smollm2_turns_say_the_servers_own_count_request_by_request(
+    bench: ModuleType, perf: ModuleType
+) -> None:
+    turn = bench.Turn(1.0, 2.0, requests("params", "speak"))
+    turn.completions = [perf.Completion(120, 9), perf.Completion(30, 41)]
+    assert bench.tokens_of(turn) == (
+        "prompt evaluated 150, generated 50 (from the server's own log: llama-cpp-python streams no "
+        "usage); by request (evaluated+generated): params 120+9, speak 30+41"
+    )
+    # a whole answer reports usage: the completion paired with it must have generated as many
+    whole = requests("params", tokens=(130, 30)) + requests("speak")
+    turn.requests = whole
+    assert bench.tokens_of(turn).endswith("; 1 of 1 whole answers' usage disagrees")
+    turn.requests = whole[:1]
+    assert bench.tokens_of(turn).endswith("; 2 completions told for 1 requests answered")
+
+
+def test_the_fake_sources_say_their_usage_and_which_requests_reported_none(bench: ModuleType) -> None:
+    turn = bench.Turn(1.0, 2.0, requests("states", "speak", tokens=(11, 4)))
+    assert bench.tokens_of(turn) == "tokens prompt 22 completion 8"
+    turn.requests = requests("states", tokens=(11, 4)) + requests("speak")
+    assert bench.tokens_of(turn) == "tokens prompt 11 completion 4 (1 of 2 requests reported no usage)"
