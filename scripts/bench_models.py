@@ -496,11 +496,19 @@ def report(
     for purpose in sorted({str(e.get("purpose")) for e in requests}):
         done = [e for e in requests if e.get("purpose") == purpose]
         seconds = sorted(e["ms"] / 1000 for e in done)
-        tokens_in = sum(e.get("input_tokens") or 0 for e in done) / len(done)
-        tokens_out = sum(e.get("output_tokens") or 0 for e in done) / len(done)
+        # null when the server reported no usage (llama-cpp-python's streams): not 0 tokens
+        counted = [e for e in done if e.get("input_tokens") is not None]
+        usage = (
+            f"{sum(e['input_tokens'] for e in counted) / len(counted):.0f} tokens in, "
+            f"{sum(e.get('output_tokens') or 0 for e in counted) / len(counted):.0f} out"
+            if counted
+            else "tokens not reported"
+        )
+        if counted and len(counted) < len(done):
+            usage += f" (averaged over the {len(counted)} that reported usage)"
         print(
             f"    {purpose}: {len(done)} answered, {seconds[0]:.1f}-{seconds[-1]:.1f} s "
-            f"(median {seconds[len(seconds) // 2]:.1f}), {tokens_in:.0f} tokens in, {tokens_out:.0f} out"
+            f"(median {seconds[len(seconds) // 2]:.1f}), {usage}"
         )
     used = cache_use(server_log) if server_log is not None else []
     # The server's own count when its log tells (a streamed answer's usage says nothing).

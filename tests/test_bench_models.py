@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,31 @@ def test_llama_cpp_servers_cache_figures_come_from_its_task_lines(bench: ModuleT
     log = tmp_path / "server.log"
     log.write_text(LLAMA_CPP_SERVER_LOG)
     assert bench.cache_use(log) == [(0, 47), (40, 9)]
+
+
+def test_requests_without_usage_are_not_averaged_as_zero_tokens(
+    bench: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """llama-cpp-python streams no usage: its speak requests are logged with ``null`` tokens."""
+
+    def request(purpose: str, ms: int, tokens: tuple[int, int] | None) -> dict[str, Any]:
+        given, taken = tokens if tokens is not None else (None, None)
+        return {
+            "event": "model_request",
+            "purpose": purpose,
+            "ms": ms,
+            "input_tokens": given,
+            "output_tokens": taken,
+        }
+
+    logs = [
+        request("states", 900, (300, 6)),
+        request("params", 800, (200, 9)),
+        request("params", 700, None),
+        request("speak", 2000, None),
+    ]
+    bench.report([], logs, 10.0, 6)
+    said = capsys.readouterr().out
+    assert "    states: 1 answered, 0.9-0.9 s (median 0.9), 300 tokens in, 6 out\n" in said
+    assert "params: 2 answered, 0.7-0.8 s (median 0.8), 200 tokens in, 9 out (averaged over the 1" in said
+    assert "    speak: 1 answered, 2.0-2.0 s (median 2.0), tokens not reported\n" in said
