@@ -46,6 +46,7 @@ from companion.conversation.events import Speak
 from companion.conversation.state import ONE_MESSAGE
 from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
 from companion.lines.check import LineContext, check_line
+from companion.lines.directions import without_directions
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
 from companion.protocol import MESSAGES, Message, Metadata, new_id
 
@@ -313,6 +314,7 @@ class Speaker:
             speech = await speech_of()
             defn = self.runtime.tools.get(tool_id)
             if isinstance(defn, ActionDef) and defn.topic == MESSAGES:
+                raw = self._without_directions(raw, speech)
                 if speech.spoke:
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
                 refused = self.refused_line(tool_id, raw, speech, lines)
@@ -560,6 +562,17 @@ class Speaker:
                     LIVE_LINE.reset(token)
         if failure is not None and not speech.spoke:
             raise failure
+
+    def _without_directions(self, raw: Mapping[str, Any], speech: Speech) -> Mapping[str, Any]:
+        """``raw`` with its line's opening stage directions dropped (:mod:`companion.lines.directions`):
+        the line the live voice showed while it streamed, and the one published."""
+        text = raw.get("message")
+        said = without_directions(text) if isinstance(text, str) else text
+        if said == text:
+            return raw
+        effect = speech.effect
+        self._emit("stage_direction_dropped", logging.INFO, message_id=effect.message_id, text=str(text)[:80])
+        return {**raw, "message": said}
 
     def refused_line(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech, context: LineContext
