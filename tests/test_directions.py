@@ -18,7 +18,7 @@ from companion.lines.directions import MAX_DIRECTION_CHARS, without_directions
         ("*smiles* hello there.", "Hello there."),
         ("[sighs] (softly) Fine.", "Fine."),
         ("【笑】こんにちは。", "こんにちは。"),
-        ("(laughs)", ""),
+        ("(laughs)", "(laughs)"),  # all note: the line check refuses it, saying why
         # kept: a bracket inside the line, a list's number, markdown, a long aside
         ("Hello (there), Pim.", "Hello (there), Pim."),
         ("(1) The first thing.", "(1) The first thing."),

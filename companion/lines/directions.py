@@ -54,8 +54,8 @@ def without_directions(text: str, *, complete: bool = True) -> str | None:
         dropped = True
     if not complete and _still_open(rest):
         return None
-    if not dropped:
-        return text
+    if not dropped or (complete and not rest):
+        return text  # a line that is all note is the line check's to refuse, with its reason
     return rest[:1].upper() + rest[1:]
 
 
