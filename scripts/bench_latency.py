@@ -395,6 +395,14 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
         print(f"message -> first audio frame    p50 {statistics.median(audio):.2f} s (WebRTC, espeak-ng)")
     print(f"message -> whole message.send  p50 {statistics.median(lines):.2f} s")
     print(f"first words / whole line       {p50 / statistics.median(lines):.2f}")
+    streamed = [t for t in turns if not t.card_line]
+    if streamed and len(streamed) < len(turns):
+        first = statistics.median(t.first_words for t in streamed)
+        ratio = first / statistics.median(t.line for t in streamed)
+        print(
+            f"  the model's own lines only    {ratio:.2f} ({len(streamed)} turns; the card's own line, said "
+            "after two refused tries, is not streamed: its first words come with the whole line)"
+        )
     if reference is not None:
         print(f"floor (1 TTFT + first sentence) {reference:.2f} s   ratio {p50 / reference:.2f}")
     for name, turn in (("first", turns[0]), ("last", turns[-1])) if len(turns) > 1 else (("the", turns[0]),):

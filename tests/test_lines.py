@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from companion.lines.check import LineContext, check_line, normalized_words, sentences
+from companion.lines.check import LineContext, begins_an_earlier_line, check_line, normalized_words, sentences
+from companion.protocol import Message
 
 CONVERSATION = LineContext(
     earlier=[
@@ -201,3 +202,21 @@ def test_without_the_speaker_s_name_no_name_is_refused() -> None:
     """A name two companions share, or a context built without the speaker's: nothing refused."""
     assert check_line("I'm Ostra, the library's archivist.", LineContext(names=["Ostra"])).ok
     assert check_line("I'm Ostra.", LineContext(names=["Ostra"], speaker_name="ostra")).ok
+
+
+@pytest.mark.parametrize(
+    ("clause", "begins"),
+    [
+        ("I'm just a moment of your actions,", True),
+        ("i am JUST a moment,", True),  # words compared, not spelling
+        ("I'm,", False),  # under three words
+        ("Just a moment of your actions,", False),  # the middle of a line, not its start
+        ("The tide is turning,", False),
+    ],
+)
+def test_a_clause_that_begins_an_earlier_line(clause: str, begins: bool) -> None:
+    said = [
+        Message.create("companion_juniper", ["user_mika"], "I'm just a moment of your actions, I'll do it.")
+    ]
+    context = LineContext.of(said, "companion_juniper", {}, [])
+    assert begins_an_earlier_line(clause, context) is begins

@@ -55,6 +55,10 @@ def server() -> Iterator[FakeLLMServer]:
         ([TextPart('{"message": "Whales"}')], None),  # JSON written as text is not read out early
         ([TextPart("Whales.\nAya: and more")], ("speak", "Whales.")),
         ([TextPart("Whales"), ToolCallPart("speak", '{"message": "Hi')], ("speak", "Hi")),
+        # a stage direction before the first word is not shown (nor said), nor while it is open
+        ([ToolCallPart("speak", '{"message": "(Slightly) whales, mo')], ("speak", "Whales, mo")),
+        ([ToolCallPart("speak", '{"message": "(Sligh')], None),
+        ([TextPart("*smiles* Whales.")], ("speak", "Whales.")),
     ],
 )
 def test_the_line_so_far_of_a_partial_answer(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.lines.sentences import SentenceSplitter, split_sentences
+from companion.lines.sentences import FIRST_CLAUSE_CHARS, SentenceSplitter, join_sentences, split_sentences
 
 
 @pytest.mark.parametrize(
@@ -97,15 +99,61 @@ def _squeezed(text: str) -> str:
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=_TEXTS, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12))
-def test_any_chunking_gives_the_sentences_of_the_whole(text: str, cuts: list[int]) -> None:
+@given(
+    text=_TEXTS,
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    first_clause=st.sampled_from([None, 8, 16]),
+    alone=st.sampled_from([lambda _c: True, lambda c: len(c) % 2 == 0]),
+)
+def test_any_chunking_gives_the_sentences_of_the_whole(
+    text: str, cuts: list[int], first_clause: int | None, alone: Callable[[str], bool]
+) -> None:
     """The property streaming rests on: sentences do not depend on how the text arrived."""
-    splitter = SentenceSplitter(max_chars=24)
+    splitter = SentenceSplitter(max_chars=24, first_clause=first_clause, clause_alone=alone)
     got: list[str] = []
     for cut in sorted(c % (len(text) + 1) for c in cuts):
         got += splitter.feed(text[:cut])
     got += splitter.finish(text)
-    assert got == split_sentences(text, max_chars=24)
+    assert got == SentenceSplitter(max_chars=24, first_clause=first_clause, clause_alone=alone).finish(text)
+
+
+@pytest.mark.parametrize(
+    ("line", "pieces"),
+    [
+        ("I've been in your shoes, my friend. Yes.", ["I've been in your shoes,", "my friend.", "Yes."]),
+        # a first clause too short to say alone waits for the next break
+        (
+            "You know, I've been doing it for years, and I forget.",
+            ["You know, I've been doing it for years,", "and I forget."],
+        ),
+        # only the line's first piece: later sentences stay whole
+        ("Hi. I have been doing it, and so on.", ["Hi.", "I have been doing it, and so on."]),
+        ("It was 1,000 kilos of butter, exactly.", ["It was 1,000 kilos of butter,", "exactly."]),
+        (
+            "今日は海がとても静かで気持ちがいいですね、散歩に行こう。",
+            ["今日は海がとても静かで気持ちがいいですね、", "散歩に行こう。"],
+        ),
+        ("Yes, I agree.", ["Yes, I agree."]),
+        # inside an aside or a quotation: not a clause of the line's own
+        (
+            "(I will give you your turn next, then mine.) Go.",
+            ["(I will give you your turn next, then mine.)", "Go."],
+        ),
+        ('"The sea is wide tonight, she said." Yes.', ['"The sea is wide tonight, she said."', "Yes."]),
+    ],
+)
+def test_the_first_clause_of_a_line_may_be_voiced_alone(line: str, pieces: list[str]) -> None:
+    assert SentenceSplitter(first_clause=FIRST_CLAUSE_CHARS).finish(line) == pieces
+    assert join_sentences(pieces) == line
+
+
+def test_a_first_clause_that_may_not_go_alone_waits_for_its_sentence() -> None:
+    splitter = SentenceSplitter(first_clause=FIRST_CLAUSE_CHARS, clause_alone=lambda c: "moment" not in c)
+    line = "I'm just a moment of your actions, I'll do it again, then more. Yes."
+    assert splitter.finish(line) == [
+        "I'm just a moment of your actions, I'll do it again, then more.",
+        "Yes.",
+    ]
 
 
 @settings(max_examples=300, deadline=None)

@@ -13,7 +13,7 @@ from companion.actions.builtins import DEAF_WAIT, VOICE_TOOL, sentence_wait
 from companion.actions.results import QueryTimeout
 from companion.engine.speech import _sentence_check
 from companion.engine.voiceline import LiveVoiceLine
-from companion.lines.check import LineContext
+from companion.lines.check import LineContext, begins_an_earlier_line
 from companion.lines.sentences import join_sentences
 from companion.protocol import Message, QueryResult, QueryResultBody
 
@@ -237,3 +237,49 @@ async def test_a_held_line_admits_its_sentences_and_sends_none_before_the_hold_i
         "Come and see!",
     ]
     assert client.asked[0][0] == released
+
+
+async def test_a_long_first_clause_is_voiced_while_its_sentence_is_written(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A one-sentence line is written about as fast as its first clause is said: the first words
+    go out at the first clause long enough to stand alone, past the speaker's check (a clause
+    does not "stop mid-sentence"); the rest of the line goes a sentence at a time."""
+    context = LineContext.of([], "companion_juniper", {"companion_pim": "Pim"}, ["Speak warmly."])
+    client = Client(speaking=0.5)
+    line = LiveVoiceLine(client.ask, emit, check=_sentence_check(context))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "Well, I've been in your shoes, my fr")
+        await trio.sleep(0.1)
+        assert [text for _at, text, _meta in client.asked] == ["Well, I've been in your shoes,"]
+        said = await line.finish("Well, I've been in your shoes, my friend, truly. Come sail.", "warm", 30)
+    assert said == "Well, I've been in your shoes, my friend, truly. Come sail."
+    assert [text for _at, text, _meta in client.asked] == [
+        "Well, I've been in your shoes,",
+        "my friend, truly.",
+        "Come sail.",
+    ]
+
+
+async def test_a_first_clause_that_begins_an_earlier_line_waits_for_its_sentence(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Too short for the copy check, a clause that begins a line already said is not voiced
+    alone (SmolLM2-135M went on to copy the rest, measured): its sentence is judged whole."""
+    before = [
+        Message.create("companion_juniper", ["user_mika"], "I'm just a moment of your actions, I'll do it.")
+    ]
+    context = LineContext.of(before, "companion_juniper", {}, ["Speak warmly."])
+    client = Client(speaking=0.5)
+    line = LiveVoiceLine(
+        client.ask,
+        emit,
+        check=_sentence_check(context),
+        clause_alone=lambda clause: not begins_an_earlier_line(clause, context),
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "I'm just a moment of your actions, I'll do it. And then")
+        said = await line.finish("I'm just a moment of your actions, I'll do it. And then?", "neutral", 30)
+    assert client.asked == [] and said == ""  # the copied sentence was refused whole

@@ -45,7 +45,9 @@ from companion.card.paramfit import fit_params, plausible_on_opening
 from companion.conversation.events import Speak
 from companion.conversation.state import ONE_MESSAGE
 from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
-from companion.lines.check import LineContext, check_line
+from companion.lines.check import LineContext, begins_an_earlier_line, check_line
+from companion.lines.directions import without_directions
+from companion.lines.sentences import CLAUSE_MARKS
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
 from companion.protocol import MESSAGES, Message, Metadata, new_id
 
@@ -178,7 +180,8 @@ def _sentence_check(context: LineContext) -> SentenceCheck:
     or copies the conversation is never heard, and nothing after it either."""
 
     def check(sentence: str, said_before: tuple[str, ...]) -> str | None:
-        verdict = check_line(sentence, context)
+        # a first clause (or an over-long sentence cut at a clause) does not "stop mid-sentence"
+        verdict = check_line(sentence.rstrip(CLAUSE_MARKS), context)
         return None if verdict.ok else f"{verdict.kind}: {verdict.reason}"
 
     return check
@@ -262,7 +265,7 @@ class Speaker:
 
         call_tool = self._caller(speech_of, plan.lines)
         if getattr(self.model, "streams_speech", False):
-            await self._speak_live(plan.request, speech_of, call_tool, _sentence_check(plan.lines))
+            await self._speak_live(plan.request, speech_of, call_tool, plan.lines)
         else:  # the whole line at once: speak_with_voice voices it a sentence at a time itself
             await self.model.speak(plan.request, call_tool)
 
@@ -313,6 +316,7 @@ class Speaker:
             speech = await speech_of()
             defn = self.runtime.tools.get(tool_id)
             if isinstance(defn, ActionDef) and defn.topic == MESSAGES:
+                raw = self._without_directions(raw, speech)
                 if speech.spoke:
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
                 refused = self.refused_line(tool_id, raw, speech, lines)
@@ -440,8 +444,9 @@ class Speaker:
             try:
                 with attempt.scope:
                     if getattr(self.model, "streams_speech", False):
-                        check = _sentence_check(plan.lines)
-                        await self._speak_live(plan.request, speech_of, call_tool, check, attempt.adopted)
+                        await self._speak_live(
+                            plan.request, speech_of, call_tool, plan.lines, attempt.adopted
+                        )
                     else:
                         await self.model.speak(plan.request, call_tool)
             except Exception as exc:  # the adopting slot raises it (a ModelError gives the slot up)
@@ -525,13 +530,19 @@ class Speaker:
         request: SpeakRequest,
         speech_of: Callable[[], Awaitable[Speech]],
         call_tool: ToolCaller,
-        check: SentenceCheck,
+        lines: LineContext,
         hold: trio.Event | None = None,
     ) -> None:
-        """``model.speak`` with a live line voiced beside it, each sentence passing ``check``
-        before it is voiced, nothing voiced before ``hold``. A model that fails, or ends without
-        publishing, after clients began to hear its line publishes what they heard."""
-        line = LiveVoiceLine(self.runtime.ask_clients, self._emit, check=check, hold=hold)
+        """``model.speak`` with a live line voiced beside it, each sentence passing the line check
+        in ``lines`` before it is voiced, nothing voiced before ``hold``. A model that fails, or
+        ends without publishing, after clients began to hear its line publishes what they heard."""
+        line = LiveVoiceLine(
+            self.runtime.ask_clients,
+            self._emit,
+            check=_sentence_check(lines),
+            clause_alone=lambda clause: not begins_an_earlier_line(clause, lines),
+            hold=hold,
+        )
         failure: ModelError | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(line.run)
@@ -560,6 +571,17 @@ class Speaker:
                     LIVE_LINE.reset(token)
         if failure is not None and not speech.spoke:
             raise failure
+
+    def _without_directions(self, raw: Mapping[str, Any], speech: Speech) -> Mapping[str, Any]:
+        """``raw`` with its line's opening stage directions dropped (:mod:`companion.lines.directions`):
+        the line the live voice showed while it streamed, and the one published."""
+        text = raw.get("message")
+        said = without_directions(text) if isinstance(text, str) else text
+        if said == text:
+            return raw
+        effect = speech.effect
+        self._emit("stage_direction_dropped", logging.INFO, message_id=effect.message_id, text=str(text)[:80])
+        return {**raw, "message": said}
 
     def refused_line(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech, context: LineContext

@@ -2,8 +2,10 @@
 
 A streaming model shows the line as it grows (:meth:`LiveVoiceLine.grow`, a
 :class:`~companion.models.base.LineSink`); each sentence, once complete
-(:class:`~companion.lines.sentences.SentenceSplitter`), passes :meth:`LiveVoiceLine.admit` — the one
-place every sentence goes through before anyone hears it — and is sent to the clients as its
+(:class:`~companion.lines.sentences.SentenceSplitter`; the line's first clause, when it is
+long enough to be said alone, goes before the rest of its sentence), passes
+:meth:`LiveVoiceLine.admit` — the one place every sentence goes through before anyone hears
+it — and is sent to the clients as its
 own ``speak`` query by :meth:`LiveVoiceLine.run`, one after another, each waited for (so an
 aikyo client, which speaks each query as it comes, never speaks two at once). When the model's
 call of ``speak_with_voice`` is complete, its handler calls :meth:`LiveVoiceLine.finish`: the
@@ -33,7 +35,7 @@ from companion.actions.builtins import (
     voice_metadata,
 )
 from companion.actions.results import QueryTimeout
-from companion.lines.sentences import SentenceSplitter, join_sentences
+from companion.lines.sentences import FIRST_CLAUSE_CHARS, SentenceSplitter, join_sentences
 from companion.protocol import QueryResult, new_id
 
 __all__ = ["Ask", "LiveVoiceLine", "SentenceCheck"]
@@ -56,17 +58,21 @@ class LiveVoiceLine:
         emit: Emit,
         *,
         check: SentenceCheck | None = None,
+        clause_alone: Callable[[str], bool] = lambda _clause: True,
         voiced: frozenset[str] = frozenset({VOICE_TOOL}),
         clock: Callable[[], float] = trio.current_time,
         hold: trio.Event | None = None,
     ) -> None:
         """``hold``: nothing is sent before it is set (a reply prepared before this companion
         knows it speaks: sentences are admitted and wait, see :meth:`Speaker.prepare
-        <companion.engine.speech.Speaker.prepare>`)."""
+        <companion.engine.speech.Speaker.prepare>`). ``clause_alone``: whether the line's first
+        clause may be voiced before its sentence is complete (see
+        :class:`~companion.lines.sentences.SentenceSplitter`)."""
         self.id = new_id()
         self._hold = hold
         self._ask, self._emit, self._check, self._voiced, self._clock = ask, emit, check, voiced, clock
-        self._splitter = SentenceSplitter()
+        self._clause_alone = clause_alone
+        self._splitter = self._new_splitter()
         self._tool: str | None = None
         self._admitted: list[str] = []
         """Sentences that passed :meth:`admit`, in order (sent or waiting to be)."""
@@ -94,6 +100,9 @@ class LiveVoiceLine:
         spent = self._ended and not self._admitted
         return tool_id in self._voiced and self._tool in (None, tool_id) and not spent
 
+    def _new_splitter(self) -> SentenceSplitter:
+        return SentenceSplitter(first_clause=FIRST_CLAUSE_CHARS, clause_alone=self._clause_alone)
+
     def grow(self, tool_id: str, text: str) -> None:
         """The model's line so far (see :class:`~companion.models.base.LineSink`)."""
         if self._ended or not self.voices(tool_id):
@@ -108,7 +117,7 @@ class LiveVoiceLine:
         start. Without this, every later line of the reply was refused as "nothing said" and the
         slot given up (SmolLM2-135M: four turns in five)."""
         if self._stopped and not self._admitted and not text.startswith(self._splitter.said):
-            self._splitter = SentenceSplitter()
+            self._splitter = self._new_splitter()
             self._stopped = False
             self._emit(
                 "voice_line_anew", logging.INFO, line=self.id, reason="nothing of the line before was heard"

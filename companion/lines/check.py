@@ -30,6 +30,7 @@ __all__ = [
     "NOT_SAID",
     "LineContext",
     "LineVerdict",
+    "begins_an_earlier_line",
     "check_line",
     "normalized_words",
     "sentences",
@@ -322,6 +323,21 @@ _PERSONS: Final = {
 }  # fmt: skip
 """Who says it, folded away when lines are compared for copies: "I'm the one making the comment"
 copies "You're the one making the comment" (measured, SmolLM2-135M)."""
+
+
+def begins_an_earlier_line(text: str, context: LineContext) -> bool:
+    """Whether ``text`` (three words or more) is how a line already said began, word for word.
+
+    A first clause voiced before its sentence is complete is too short for the copy check
+    (SmolLM2-135M began a line with the first clause of its line before, "I'm just a moment of
+    your actions,", and went on to copy the rest, measured): such a clause waits for its
+    sentence, which the check then judges whole."""
+    words = _said_words(text[:_TEXT_LIMIT])
+    if len(words) < 3:
+        return False
+    return any(
+        _said_words(line[:_TEXT_LIMIT])[: len(words)] == words for line in context.earlier[-_EARLIER_LIMIT:]
+    )
 
 
 def _said_words(text: str) -> list[str]:

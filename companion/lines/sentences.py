@@ -20,17 +20,27 @@ A sentence ends:
   ``;``, ``:``, ``、``, ``，``) or space before the bound, so that a run-on line still starts
   early and no sentence is longer than the bound.
 
+With :attr:`SentenceSplitter.first_clause` set (the live voice sets it), the line's *first* piece
+also ends at a clause break (``,`` or ``;`` then a space, ``、``, ``，``, ``；``) that comes at least
+that many characters into it, when no sentence ended before it: "I've been in your shoes," is
+voiced while the model still writes "my friend." A model writes a one-sentence line about as fast
+as a voice says its first clause, so waiting for the whole first sentence makes a person wait for
+most of the line (SmolLM2-135M: first words at 0.6-0.7 of the line's time, measured); later pieces
+are whole sentences, which the voice has time to wait for while it speaks.
+
 Pure and synchronous: no clock, no I/O.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = [
+    "CLAUSE_MARKS",
+    "FIRST_CLAUSE_CHARS",
     "MAX_SENTENCE_CHARS",
     "SentenceSplitter",
     "join_sentences",
@@ -42,11 +52,22 @@ MAX_SENTENCE_CHARS: Final = 200
 """The longest sentence handed out (characters): about 12 s of speech, the wait a run-on line may
 impose before its first words."""
 
+FIRST_CLAUSE_CHARS: Final = 16
+"""The shortest first clause voiced on its own ("I can't talk to you," is 20): "Well," or
+"You know," alone would be said as a word and a pause."""
+
 _WESTERN: Final = ".!?…"
 _EASTERN: Final = "。！？‼⁇⁈⁉｡"
 _CLOSERS: Final = "\"'”’»)]}」』）】》〉］｝"
 _EASTERN_CLOSERS: Final = "」』）】》〉］｝"
 _CLAUSE: Final = ",;:、，；："
+CLAUSE_MARKS: Final = _CLAUSE
+"""The marks a piece may end on without ending its sentence (a first clause, an over-long
+sentence cut at :attr:`SentenceSplitter.max_chars`)."""
+_FIRST_CLAUSE: Final = re.compile(r"[,;](?=\s)|[、，；]")
+"""A clause break certain as soon as it is read: a western one once the space after it came
+("1,000" has none), an eastern one at once."""
+_NO_SPACE_AFTER: Final = _EASTERN + _EASTERN_CLOSERS + "、，；："
 _ABBREVIATIONS: Final = frozenset(
     re.split(
         r"\s+",
@@ -73,10 +94,18 @@ class SentenceSplitter:
     """The complete sentences of a growing line, each handed out once, in order."""
 
     max_chars: int = MAX_SENTENCE_CHARS
+    first_clause: int | None = None
+    """The line's first piece may end at a clause break this many characters into it (see the
+    module's docstring); ``None``: pieces are whole sentences."""
+    clause_alone: Callable[[str], bool] = field(default=lambda _clause: True)
+    """Whether a first clause may go alone (``False``: it waits for the rest of its sentence).
+    Must decide by the clause's text only, so that the pieces do not depend on the chunks."""
     _text: str = field(default="", init=False)
     _start: int = field(default=0, init=False)
     """Where the text not yet handed out begins."""
     _diverged: bool = field(default=False, init=False)
+    _pieces: int = field(default=0, init=False)
+    """Pieces handed out so far."""
 
     def __post_init__(self) -> None:
         if self.max_chars < 8:
@@ -117,6 +146,7 @@ class SentenceSplitter:
             self._start = end
             if any(ch.isalnum() for ch in piece):
                 out.append(piece)
+                self._pieces += 1
         return out
 
     def _next(self, final: bool) -> int | None:
@@ -127,17 +157,31 @@ class SentenceSplitter:
         if start >= len(text):
             return None
         bound = start + self.max_chars
+        clause = self._first_clause(start, bound)
         for match in _END.finditer(text, start):
-            if match.end() > bound:
+            if match.end() > bound or (clause is not None and match.start() >= clause):
                 break
             verdict = self._ends_sentence(match, final)
             if verdict is _undecided:
                 return None
             if verdict:
                 return match.end()
+        if clause is not None:
+            return clause
         if len(text) > bound:
             return self._cut(start, bound)
         return len(text) if final else None
+
+    def _first_clause(self, start: int, bound: int) -> int | None:
+        """The end of the line's first clause when it may be voiced alone (see
+        :attr:`first_clause`), else ``None``."""
+        if self.first_clause is None or self._pieces:
+            return None
+        for match in _FIRST_CLAUSE.finditer(self._text, start + self.first_clause - 1, bound):
+            clause = self._text[start : match.end()].strip()
+            if _balanced(clause) and self.clause_alone(clause):
+                return match.end()
+        return None
 
     def _ends_sentence(self, match: re.Match[str], final: bool) -> bool | object:
         text = self._text
@@ -174,11 +218,22 @@ class SentenceSplitter:
         return bound
 
 
+_PAIRED: Final = (("(", ")"), ("[", "]"), ("“", "”"), ("「", "」"), ("（", "）"))
+
+
+def _balanced(clause: str) -> bool:
+    """Whether every bracket and quote ``clause`` opens it also closes: a clause inside an aside
+    or a quotation ("(I will give you your turn next," SmolLM2-135M, measured) is no clause of
+    the line's own to say alone."""
+    return clause.count('"') % 2 == 0 and all(clause.count(o) == clause.count(c) for o, c in _PAIRED)
+
+
 def join_sentences(sentences: Sequence[str]) -> str:
-    """Sentences back into a line: a space between them, none after Japanese punctuation."""
+    """Sentences (and a first clause) back into a line: a space between them, none after
+    Japanese punctuation."""
     out = ""
     for sentence in sentences:
-        if out and out[-1] not in _EASTERN + _EASTERN_CLOSERS:
+        if out and out[-1] not in _NO_SPACE_AFTER:
             out += " "
         out += sentence
     return out

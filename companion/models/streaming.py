@@ -22,6 +22,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 
+from companion.lines.directions import without_directions
 from companion.lines.sentences import whole_sentences_of
 from companion.models.base import ToolSpec
 
@@ -80,7 +81,7 @@ def partial_line(
             continue
         line = _message_of(call.args)
         if line is not None:
-            return spec.id, line
+            return _shown(spec.id, line)
     if calls or text_tool is None:
         return None
     text = "".join(p.content for p in response.parts if isinstance(p, TextPart)).lstrip()
@@ -92,7 +93,14 @@ def partial_line(
         return None
     if label and label.group(1).strip().casefold() in {n.casefold() for n in speaker_names}:
         first = first[label.end() :]
-    return text_tool, first.lstrip("\"'“ ")
+    return _shown(text_tool, first.lstrip("\"'“ "))
+
+
+def _shown(tool_id: str, line: str) -> tuple[str, str] | None:
+    """The line so far as it may be shown: without the stage directions before its first word
+    (held back while one may still be open), as the complete line will be said."""
+    said = without_directions(line, complete=False)
+    return None if said is None else (tool_id, said)
 
 
 def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:

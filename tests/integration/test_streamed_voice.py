@@ -95,3 +95,20 @@ async def test_two_companions_are_never_voiced_at_once(tmp_path: Path, hosted: F
                 first = None
     assert_one_voice(frames)
     assert len(speak_queries(frames)) >= 2 * len(split_sentences(LINE))
+
+
+async def test_a_stage_direction_before_the_first_word_is_neither_voiced_nor_published(
+    tmp_path: Path, hosted: FakeLLMServer
+) -> None:
+    """SmolLM2-135M opens most lines with "(Slightly)" (measured): a voice would read it out,
+    and the model, reading its lines back, would write the next one the same way."""
+    hosted.push(*([VoiceModel(say=lambda n: f"(Slightly) {LINES[n - 1]}")] * 4))
+    async with (
+        juniper_home(tmp_path, hosted) as (_net, home, url),
+        open_websocket_url(f"{url}?topics=messages,queries") as ws,
+    ):
+        first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
+        frames = await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+        assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == split_sentences(LINE)
+        assert frames[-1]["params"]["message"] == LINE
+        assert home.count("stage_direction_dropped") == 1

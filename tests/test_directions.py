@@ -1,0 +1,52 @@
+"""Stage directions before a line's first word: dropped from the line, the same way while it
+streams as when it is complete (companion.lines.directions)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from companion.lines.directions import MAX_DIRECTION_CHARS, without_directions
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("(Slightly) I've been in your shoes, my friend.", "I've been in your shoes, my friend."),
+        ("(Slightly), what are you going to do?", "What are you going to do?"),
+        ("*smiles* hello there.", "Hello there."),
+        ("[sighs] (softly) Fine.", "Fine."),
+        ("【笑】こんにちは。", "こんにちは。"),
+        ("(laughs)", "(laughs)"),  # all note: the line check refuses it, saying why
+        # kept: a bracket inside the line, a list's number, markdown, a long aside
+        ("Hello (there), Pim.", "Hello (there), Pim."),
+        ("(1) The first thing.", "(1) The first thing."),
+        ("**Juniper** is here.", "**Juniper** is here."),
+        ("(" + "x" * (MAX_DIRECTION_CHARS + 1) + ") Hi.", "(" + "x" * (MAX_DIRECTION_CHARS + 1) + ") Hi."),
+        ("", ""),
+    ],
+)
+def test_the_directions_before_the_first_word_are_not_said(line: str, said: str) -> None:
+    assert without_directions(line) == said
+
+
+@pytest.mark.parametrize("partial", ["(", "(Sligh", "*smi", "(Slightly) (so"])
+def test_a_direction_still_open_shows_nothing_yet(partial: str) -> None:
+    assert without_directions(partial, complete=False) is None
+    assert without_directions(partial) == partial.removeprefix("(Slightly) ")
+
+
+_PIECES = st.sampled_from(
+    ["(", ")", "*", "[", "]", "Slightly", " ", ", ", "i see", "Hi.", "1", "\n", "【", "】", "x" * 30]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(_PIECES, max_size=14), cut=st.integers(min_value=0, max_value=200))
+def test_what_is_shown_while_streaming_is_the_start_of_the_line_said(pieces: list[str], cut: int) -> None:
+    """The live voice speaks what it was shown; the message publishes the complete line's
+    text: the one must begin the other, wherever the stream is read."""
+    line = "".join(pieces)
+    shown = without_directions(line[:cut], complete=False)
+    assert shown is None or (without_directions(line) or "").startswith(shown)
