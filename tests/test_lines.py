@@ -7,7 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from companion.lines.check import LineContext, begins_an_earlier_line, check_line, normalized_words, sentences
+from companion.lines.check import (
+    LineContext,
+    begins_an_earlier_sentence,
+    check_line,
+    normalized_words,
+    sentences,
+)
 from companion.protocol import Message
 
 CONVERSATION = LineContext(
@@ -34,6 +40,7 @@ CONVERSATION = LineContext(
         'Context: {"memory": {"conversation": {',  # the prompt's last block, continued
         '{"message": "Hello!", "to": ["companion_ostra"]}',
         "You can use the action tools to improve your voice.",
+        "I've just been talking about you with my actions tools, so now it's your turn.",  # SmolLM2
         "Juniper (companion_junipe)",  # an id cut short
         "Pim (companion_juniper) -> companion_pir, user_demo: hi",
         "3. Ostra: The tide is high.",
@@ -210,13 +217,13 @@ def test_without_the_speaker_s_name_no_name_is_refused() -> None:
         ("I'm just a moment of your actions,", True),
         ("i am JUST a moment,", True),  # words compared, not spelling
         ("I'm,", False),  # under three words
-        ("Just a moment of your actions,", False),  # the middle of a line, not its start
+        ("I'll do it,", True),  # how its second sentence began
+        ("Just a moment of your actions,", False),  # the middle of a sentence, not its start
         ("The tide is turning,", False),
     ],
 )
-def test_a_clause_that_begins_an_earlier_line(clause: str, begins: bool) -> None:
-    said = [
-        Message.create("companion_juniper", ["user_mika"], "I'm just a moment of your actions, I'll do it.")
-    ]
+def test_a_clause_that_begins_an_earlier_sentence(clause: str, begins: bool) -> None:
+    earlier = "I'm just a moment of your actions. I'll do it tonight."
+    said = [Message.create("companion_juniper", ["user_mika"], earlier)]
     context = LineContext.of(said, "companion_juniper", {}, [])
-    assert begins_an_earlier_line(clause, context) is begins
+    assert begins_an_earlier_sentence(clause, context) is begins

@@ -13,7 +13,7 @@ from companion.actions.builtins import DEAF_WAIT, VOICE_TOOL, sentence_wait
 from companion.actions.results import QueryTimeout
 from companion.engine.speech import _sentence_check
 from companion.engine.voiceline import LiveVoiceLine
-from companion.lines.check import LineContext, begins_an_earlier_line
+from companion.lines.check import LineContext, begins_an_earlier_sentence
 from companion.lines.sentences import join_sentences
 from companion.protocol import Message, QueryResult, QueryResultBody
 
@@ -262,7 +262,7 @@ async def test_a_long_first_clause_is_voiced_while_its_sentence_is_written(
     ]
 
 
-async def test_a_first_clause_that_begins_an_earlier_line_waits_for_its_sentence(
+async def test_a_first_clause_that_begins_an_earlier_sentence_waits_for_its_sentence(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """Too short for the copy check, a clause that begins a line already said is not voiced
@@ -276,7 +276,7 @@ async def test_a_first_clause_that_begins_an_earlier_line_waits_for_its_sentence
         client.ask,
         emit,
         check=_sentence_check(context),
-        clause_alone=lambda clause: not begins_an_earlier_line(clause, context),
+        clause_alone=lambda clause: not begins_an_earlier_sentence(clause, context),
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(line.run)

@@ -45,7 +45,7 @@ from companion.card.paramfit import fit_params, plausible_on_opening
 from companion.conversation.events import Speak
 from companion.conversation.state import ONE_MESSAGE
 from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
-from companion.lines.check import LineContext, begins_an_earlier_line, check_line
+from companion.lines.check import LineContext, begins_an_earlier_sentence, check_line
 from companion.lines.directions import without_directions
 from companion.lines.sentences import CLAUSE_MARKS
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
@@ -540,7 +540,7 @@ class Speaker:
             self.runtime.ask_clients,
             self._emit,
             check=_sentence_check(lines),
-            clause_alone=lambda clause: not begins_an_earlier_line(clause, lines),
+            clause_alone=lambda clause: not begins_an_earlier_sentence(clause, lines),
             hold=hold,
         )
         failure: ModelError | None = None

@@ -30,7 +30,7 @@ __all__ = [
     "NOT_SAID",
     "LineContext",
     "LineVerdict",
-    "begins_an_earlier_line",
+    "begins_an_earlier_sentence",
     "check_line",
     "normalized_words",
     "sentences",
@@ -73,7 +73,8 @@ _LABELS = re.compile(
 )
 """A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``)."""
 _TOOL_TALK = re.compile(
-    r"\b(?:action|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b|\bset_(?:params|states)\b"
+    r"\b(?:actions?|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b"
+    r"|\bset_(?:params|states)\b"
     r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
     # a snake_case identifier: a tool's name ("- speak_with_voice: I am Juniper.", SmolLM2-135M,
     # measured); nobody says one
@@ -325,8 +326,8 @@ _PERSONS: Final = {
 copies "You're the one making the comment" (measured, SmolLM2-135M)."""
 
 
-def begins_an_earlier_line(text: str, context: LineContext) -> bool:
-    """Whether ``text`` (three words or more) is how a line already said began, word for word.
+def begins_an_earlier_sentence(text: str, context: LineContext) -> bool:
+    """Whether ``text`` (three words or more) is how a sentence already said began, word for word.
 
     A first clause voiced before its sentence is complete is too short for the copy check
     (SmolLM2-135M began a line with the first clause of its line before, "I'm just a moment of
@@ -336,7 +337,9 @@ def begins_an_earlier_line(text: str, context: LineContext) -> bool:
     if len(words) < 3:
         return False
     return any(
-        _said_words(line[:_TEXT_LIMIT])[: len(words)] == words for line in context.earlier[-_EARLIER_LIMIT:]
+        _said_words(sentence)[: len(words)] == words
+        for line in context.earlier[-_EARLIER_LIMIT:]
+        for sentence in sentences(line)
     )
 
 
