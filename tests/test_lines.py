@@ -218,6 +218,8 @@ def test_without_the_speaker_s_name_no_name_is_refused() -> None:
         ("i am JUST a moment,", True),  # words compared, not spelling
         ("I'm,", False),  # under three words
         ("I'll do it,", True),  # how its second sentence began
+        ("I was just a moment of your actions,", True),  # nearly
+        ("I'll do it tonight and then more,", True),  # the whole sentence, then more
         ("Just a moment of your actions,", False),  # the middle of a sentence, not its start
         ("The tide is turning,", False),
     ],

@@ -327,20 +327,26 @@ copies "You're the one making the comment" (measured, SmolLM2-135M)."""
 
 
 def begins_an_earlier_sentence(text: str, context: LineContext) -> bool:
-    """Whether ``text`` (three words or more) is how a sentence already said began, word for word.
+    """Whether ``text`` begins the way a sentence already said began: the same first words, or
+    nearly (:data:`COPY_SIMILARITY`), over the shorter of the two and at least three words.
 
-    A first clause voiced before its sentence is complete is too short for the copy check
-    (SmolLM2-135M began a line with the first clause of its line before, "I'm just a moment of
-    your actions,", and went on to copy the rest, measured): such a clause waits for its
-    sentence, which the check then judges whole."""
+    A first clause voiced before its sentence is complete is too short for the copy check, and
+    each piece judged alone passes where the whole sentence would not (SmolLM2-135M, measured:
+    "I'm just a moment of your actions," before a copy of its line before; "I was just a chat
+    with you," then "I've been gone for a bit.", a near-copy of its sentence before). Such a
+    clause waits for its sentence, which the check then judges whole; a false alarm costs only
+    the clause's head start."""
     words = _said_words(text[:_TEXT_LIMIT])
-    if len(words) < 3:
-        return False
-    return any(
-        _said_words(sentence)[: len(words)] == words
-        for line in context.earlier[-_EARLIER_LIMIT:]
-        for sentence in sentences(line)
-    )
+    for line in context.earlier[-_EARLIER_LIMIT:]:
+        for sentence in sentences(line):
+            other = _said_words(sentence)
+            n = min(len(words), len(other))
+            if n >= 3 and (
+                words[:n] == other[:n]
+                or SequenceMatcher(None, words[:n], other[:n], autojunk=False).ratio() >= COPY_SIMILARITY
+            ):
+                return True
+    return False
 
 
 def _said_words(text: str) -> list[str]:
