@@ -32,6 +32,9 @@ evaluated (those not reused from its cache) and tokens generated, per turn and p
 aikyo 1.6's count for the same turn is N+3 requests (as the issue gives it), printed as the
 reference beside the counts before streaming and before prepared replies. At most eight rounds
 (with the warm-up) say lines of their own: more would repeat one, which the line check refuses.
+SmolLM2 behind llama-cpp-python says the same lines whenever it is asked the same (a seeded
+sampler), and which lines it says decides the figures: ``--runs N`` holds N conversations, each
+with a fresh companion starting at another question (:data:`RUN_STRIDE`), and pools their turns.
 Each round asks its own question (:data:`QUESTIONS`): a model answering the same question twice
 says a line the check refuses as a copy of the round before, which measures the check, not the
 speech.
@@ -42,6 +45,7 @@ the parameters are asked for as with the shipped cards.
 
     python scripts/bench_latency.py                      # hosted and local, 5 rounds each
     python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 3
+    python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 5 --runs 3
     python scripts/bench_latency.py --source smollm2 --llama-venv VENV --rounds 3 --reads-param
 
 Every wait has a deadline; every process is stopped by its PID however the run ends.
@@ -328,15 +332,17 @@ def run_source(
     events: Path | None = None,
     reads_param: bool = False,
     perf: ServerPerf | None = None,
+    first_question: int = 0,
 ) -> list[Turn]:
-    """``rounds`` turns after a warm-up; with ``perf`` (the model server's log), each turn's
-    completions as the server told them."""
+    """``rounds`` turns after a warm-up, asking :data:`QUESTIONS` from ``first_question`` on;
+    with ``perf`` (the model server's log), each turn's completions as the server told them."""
     turns: list[Turn] = []
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
         companion = Companion(Path(tmp), base_url, model, webrtc, reads_param)
         try:
             url = companion.url()
-            for index in range(rounds + 1):
+            for round_no in range(rounds + 1):
+                index = first_question + round_no
                 mark = companion.event_count()
                 told = perf.count() if perf is not None else 0
                 audio = float("nan")
@@ -345,7 +351,7 @@ def run_source(
                 else:
                     first, line = trio.run(one_turn, url, index, timeout)
                 time.sleep(0.5)  # the turn's last log lines
-                if index:  # the first round warms up (connections, the server's prompt cache)
+                if round_no:  # the first round warms up (connections, the server's prompt cache)
                     kinds = [e.get("event") for e in companion.events_since(mark)]
                     refused = kinds.count("line_refused") + kinds.count("voice_line_stopped")
                     turn = Turn(first, line, companion.requests_since(mark), audio)
@@ -365,6 +371,23 @@ def run_source(
                 with events.open("a", encoding="utf-8") as out:
                     out.writelines(json.dumps(e) + "\n" for e in companion.events_since(0))
     return turns
+
+
+RUN_STRIDE = 7
+"""How far each run's first question is from the run before's (prime to the number of
+questions: every run starts elsewhere, so its conversation takes another course)."""
+
+
+def print_run(run: int, turns: list[Turn]) -> None:
+    """One run's own ratio, before the pooled report."""
+    said = [t for t in turns if t.line == t.line]
+    if said:
+        first = statistics.median(t.first_words for t in said)
+        whole = statistics.median(t.line for t in said)
+        ratio = first / whole
+        print(
+            f"run {run + 1}: first words p50 {first:.2f} s, whole line p50 {whole:.2f} s, ratio {ratio:.2f}"
+        )
 
 
 def depth(requests: list[dict[str, Any]]) -> int:
@@ -511,6 +534,13 @@ def main(argv: list[str] | None = None) -> int:
         "--source", nargs="+", default=["hosted", "local"], choices=["hosted", "local", "smollm2"]
     )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="smollm2: conversations, each with a fresh companion and its own order of questions; "
+        "the figures pool their turns (a seeded model says the same in a run asked the same)",
+    )
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds one turn may take")
     parser.add_argument(
         "--llama-venv",
@@ -532,24 +562,34 @@ def main(argv: list[str] | None = None) -> int:
         help="a card with a condition on its mood parameter: the parameters are asked for each turn",
     )
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if args.runs > 1 and set(args.source) != {"smollm2"}:
+        parser.error("--runs is for --source smollm2 (the fake sources say the same lines every run)")
     if args.rounds + 1 > len(QUESTIONS):
         parser.error(f"--rounds at most {len(QUESTIONS) - 1}: each round asks its own question")
     for source in args.source:
         if source == "smollm2":
             if args.llama_venv is None:
                 parser.error("--source smollm2 needs --llama-venv")
+            turns = []
             with llama_server(args.llama_venv, not args.no_server_cache) as (base_url, perf):
-                turns = run_source(
-                    source,
-                    base_url,
-                    "openai:smollm2-135m",
-                    args.rounds,
-                    args.timeout,
-                    args.webrtc,
-                    args.events,
-                    args.reads_param,
-                    perf,
-                )
+                for run in range(args.runs):
+                    got = run_source(
+                        source,
+                        base_url,
+                        "openai:smollm2-135m",
+                        args.rounds,
+                        args.timeout,
+                        args.webrtc,
+                        args.events,
+                        args.reads_param,
+                        perf,
+                        first_question=run * RUN_STRIDE % len(QUESTIONS),
+                    )
+                    if args.runs > 1:
+                        print_run(run, got)
+                    turns += got
             report(source, turns, None, args.reads_param)
             continue
         ttft, rate = PROFILES[source]

@@ -283,3 +283,26 @@ async def test_a_first_clause_that_begins_an_earlier_sentence_waits_for_its_sent
         line.grow(VOICE_TOOL, "I'm just a moment of your actions, I'll do it. And then")
         said = await line.finish("I'm just a moment of your actions, I'll do it. And then?", "neutral", 30)
     assert client.asked == [] and said == ""  # the copied sentence was refused whole
+
+
+async def test_a_first_clause_whose_sentence_is_refused_is_a_false_start(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The clause was heard; the line the speaker then says is voiced whole and is what the
+    message publishes, not the clause left hanging. With no line after it, the clause is all
+    that was said, and is published."""
+    context = LineContext.of([], "companion_juniper", {}, ["Speak warmly."])
+    client = Client(speaking=0.5)
+    line = LiveVoiceLine(client.ask, emit, check=_sentence_check(context))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, 'I am not sure how this can be done, Context: {"memory": 1}. More')
+        await trio.sleep(5)
+        assert line.said == "I am not sure how this can be done,"  # nothing else yet
+        said = await line.finish("That is about all I know of the harbour.", "neutral", 30)
+    assert said == "That is about all I know of the harbour."
+    assert [text for _at, text, _meta in client.asked] == [
+        "I am not sure how this can be done,",
+        "That is about all I know of the harbour.",
+    ]
+    assert [meta["part"] for _at, _text, meta in client.asked] == [0, 1]

@@ -35,7 +35,7 @@ from companion.actions.builtins import (
     voice_metadata,
 )
 from companion.actions.results import QueryTimeout
-from companion.lines.sentences import FIRST_CLAUSE_CHARS, SentenceSplitter, join_sentences
+from companion.lines.sentences import CLAUSE_MARKS, FIRST_CLAUSE_CHARS, SentenceSplitter, join_sentences
 from companion.protocol import QueryResult, new_id
 
 __all__ = ["Ask", "LiveVoiceLine", "SentenceCheck"]
@@ -76,6 +76,9 @@ class LiveVoiceLine:
         self._tool: str | None = None
         self._admitted: list[str] = []
         """Sentences that passed :meth:`admit`, in order (sent or waiting to be)."""
+        self._false_start = 0
+        """How many of :attr:`_admitted` were a false start (a lone first clause whose sentence was
+        refused, then another line began): heard, but not part of the line published."""
         self._sent = 0
         self._stopped = False
         """A sentence was refused or the text went back on itself: nothing more is admitted."""
@@ -115,13 +118,27 @@ class LiveVoiceLine:
         """A line nobody heard anything of (its first sentence refused) starts over when another
         line comes (the model's next try, or the card's own line): that one is voiced from its
         start. Without this, every later line of the reply was refused as "nothing said" and the
-        slot given up (SmolLM2-135M: four turns in five)."""
-        if self._stopped and not self._admitted and not text.startswith(self._splitter.said):
-            self._splitter = self._new_splitter()
-            self._stopped = False
-            self._emit(
-                "voice_line_anew", logging.INFO, line=self.id, reason="nothing of the line before was heard"
-            )
+        slot given up (SmolLM2-135M: four turns in five).
+
+        So does a line of which only its first clause was heard: the clause was a false start, as
+        a person begins a sentence and says another instead, and the line published is the one
+        said whole (SmolLM2-135M: "I am not sure how this can be done," then a refused copy; the
+        clause alone was published as the line)."""
+        if not self._stopped or text.startswith(self._splitter.said):
+            return
+        heard = self._admitted[self._false_start :]
+        false_start = len(heard) == 1 and heard[0].endswith(tuple(CLAUSE_MARKS))
+        if heard and not false_start:
+            return
+        self._splitter = self._new_splitter()
+        self._stopped = False
+        self._false_start = len(self._admitted)
+        reason = (
+            "only a first clause of the line before was heard"
+            if heard
+            else "nothing of the line before was heard"
+        )
+        self._emit("voice_line_anew", logging.INFO, line=self.id, reason=reason)
 
     @property
     def started(self) -> bool:
@@ -130,8 +147,10 @@ class LiveVoiceLine:
 
     @property
     def said(self) -> str:
-        """The line as far as it is voiced or being voiced: what may be published."""
-        return join_sentences(self._admitted)
+        """The line as far as it is voiced or being voiced: what may be published (a false start
+        only when nothing was voiced after it)."""
+        after = self._admitted[self._false_start :]
+        return join_sentences(after or self._admitted)
 
     def admit(self, sentence: str) -> str | None:
         """The one point each complete sentence passes before it is voiced: ``None`` to voice it,
