@@ -306,3 +306,36 @@ async def test_a_first_clause_whose_sentence_is_refused_is_a_false_start(
         "That is about all I know of the harbour.",
     ]
     assert [meta["part"] for _at, _text, meta in client.asked] == [0, 1]
+
+
+async def test_a_first_clause_of_a_line_refused_whole_is_a_false_start(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Each piece passed, the whole line was refused (a copy) and the card's own line came."""
+    client = Client(speaking=0.5)
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "I am not sure how this can be done, but I")
+        await trio.sleep(5)
+        said = await line.finish("That is about all I know of the harbour.", "neutral", 30)
+    assert said == "That is about all I know of the harbour."
+    assert [text for _at, text, _meta in client.asked] == [
+        "I am not sure how this can be done,",
+        "That is about all I know of the harbour.",
+    ]
+
+
+async def test_a_line_rewritten_after_a_whole_sentence_is_not_voiced_anew(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A whole sentence heard is no false start: what was said is what is published."""
+    client = Client(speaking=0.5)
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "The fog lifted at noon. Then")
+        await trio.sleep(5)
+        said = await line.finish("That is about all I know of the harbour.", "neutral", 30)
+    assert said == "The fog lifted at noon."
+    assert [text for _at, text, _meta in client.asked] == ["The fog lifted at noon."]

@@ -120,12 +120,13 @@ class LiveVoiceLine:
         start. Without this, every later line of the reply was refused as "nothing said" and the
         slot given up (SmolLM2-135M: four turns in five).
 
-        So does a line of which only its first clause was heard: the clause was a false start, as
-        a person begins a sentence and says another instead, and the line published is the one
-        said whole (SmolLM2-135M: "I am not sure how this can be done," then a refused copy; the
-        clause alone was published as the line)."""
-        if not self._stopped or text.startswith(self._splitter.said):
-            return
+        So does a line of which only its first clause was heard, its sentence refused or the whole
+        line refused after it: the clause was a false start, as a person begins a sentence and
+        says another instead, and the line published is the one said whole (SmolLM2-135M: "I am
+        not sure how this can be done," then the line refused as a copy; the clause alone was
+        published as the line)."""
+        if text.startswith(self._splitter.said):
+            return  # the same line, going on (or nothing handed out yet)
         heard = self._admitted[self._false_start :]
         false_start = len(heard) == 1 and heard[0].endswith(tuple(CLAUSE_MARKS))
         if heard and not false_start:
