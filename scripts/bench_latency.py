@@ -164,6 +164,8 @@ class Turn:
     """Whether the line said was the card's own (both of the model's tries refused)."""
     completions: list[Completion] | None = None
     """``smollm2``: the completions the server's own log told during the turn, in order."""
+    said: str = ""
+    """The line the turn's ``message.send`` published."""
 
 
 class Companion:
@@ -317,6 +319,7 @@ async def one_rtc_turn(url: str, index: int, timeout: float) -> tuple[float, flo
                         first = trio.current_time() - start
                     elif got.get("method") == "message.send" and got["params"]["from"] == "companion_juniper":
                         line = trio.current_time() - start
+                        SAID.append(str(got["params"]["message"]))
                         nursery.cancel_scope.cancel()
                         break
     return (first if first is not None else line), (audible if audible is not None else float("nan")), line
@@ -346,16 +349,19 @@ def run_source(
                 mark = companion.event_count()
                 told = perf.count() if perf is not None else 0
                 audio = float("nan")
+                published = len(SAID)
                 if webrtc:
                     first, audio, line = trio.run(one_rtc_turn, url, index, timeout)
                 else:
                     first, line = trio.run(one_turn, url, index, timeout)
                 time.sleep(0.5)  # the turn's last log lines
                 if round_no:  # the first round warms up (connections, the server's prompt cache)
-                    kinds = [e.get("event") for e in companion.events_since(mark)]
+                    happened = companion.events_since(mark)
+                    kinds = [e.get("event") for e in happened]
                     refused = kinds.count("line_refused") + kinds.count("voice_line_stopped")
                     turn = Turn(first, line, companion.requests_since(mark), audio)
-                    turn.refused, turn.card_line = refused, "speak_own_line" in kinds
+                    turn.said = SAID[-1] if len(SAID) > published else ""
+                    turn.refused, turn.card_line = refused, card_said(turn.said, happened)
                     turn.completions = perf.since(told) if perf is not None else None
                     turns.append(turn)
                     if line != line:
@@ -371,6 +377,17 @@ def run_source(
                 with events.open("a", encoding="utf-8") as out:
                     out.writelines(json.dumps(e) + "\n" for e in companion.events_since(0))
     return turns
+
+
+def card_said(said: str, happened: list[dict[str, Any]]) -> bool:
+    """Whether the line published was the card's own: asked for after the model's two lines were
+    refused, and not the start of a line the model wrote this turn (pieces of the model's heard
+    before the refusal are published as said)."""
+    if "speak_own_line" not in [e.get("event") for e in happened]:
+        return False
+    head = said[:24]
+    written = [str(e.get("text") or "") for e in happened if e.get("event") == "speak_text_as_tool"]
+    return not any(text.startswith(head) or head.startswith(text[:24]) for text in written if text)
 
 
 RUN_STRIDE = 7
@@ -443,15 +460,15 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
         "(states || parameters, then speak); aikyo 1.6: N+3 requests (N=1 addressed: 4), whole "
         "generations, no streaming"
     )
-    if SAID:
-        counts = [len(split_sentences(line)) for line in SAID[-len(turns) :]]
-        print(f"sentences per line {counts}; last line: {clip(SAID[-1], 160)!r}")
+    if turns:
+        counts = [len(split_sentences(t.said)) for t in turns]
+        print(f"sentences per line {counts}; last line: {clip(turns[-1].said, 160)!r}")
     own = sum(not t.card_line for t in turns)
     print(
         f"lines of the model's own {own} of {len(turns)} (the card's own line said after two refused "
         f"tries in {len(turns) - own}); lines and sentences refused {sum(t.refused for t in turns)}"
     )
-    for index, (turn, said) in enumerate(zip(turns, SAID[-len(turns) :], strict=False), 1):
+    for index, (turn, said) in enumerate(((t, t.said) for t in turns), 1):
         whose = "card" if turn.card_line else "model"
         print(f"  round {index} ({whose}, {turn.first_words:.1f} s / {turn.line:.1f} s): {clip(said, 150)!r}")
     print("tokens per turn:")
