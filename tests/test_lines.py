@@ -229,3 +229,15 @@ def test_a_clause_that_begins_an_earlier_sentence(clause: str, begins: bool) -> 
     said = [Message.create("companion_juniper", ["user_mika"], earlier)]
     context = LineContext.of(said, "companion_juniper", {}, [])
     assert begins_an_earlier_sentence(clause, context) is begins
+
+
+def test_a_line_that_opens_with_ones_own_sentence_again_is_a_copy() -> None:
+    """SmolLM2-135M opened three lines in a row with the same two sentences; each line as a whole
+    differed enough. Its own sentence later in a line (a fact told again in a goodbye) stays."""
+    fact = "I keep bees on a city roof and name every queen."
+    said = [Message.create("companion_juniper", ["user_mika"], f"{fact} Good day to you!")]
+    context = LineContext.of(said, "companion_juniper", {}, [])
+    opens = check_line(f"{fact} Tonight I will bake rye bread for the whole street and sing.", context)
+    assert opens.kind == "copy" and "you already said" in opens.reason
+    later = check_line(f"Thanks, everyone, for tonight! {fact} Good night!", context)
+    assert later.ok, later

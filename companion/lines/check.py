@@ -204,11 +204,15 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
     own = {" ".join(_said_words(line[:_TEXT_LIMIT])) for line in context.speaker_lines}
     # Each long sentence of the text, too, against the others' lines: a line that copies one
     # long sentence of another's and adds its own ending is still a copy (measured: SmolLM2-135M
-    # did just that). One's own sentence said again in a new line is left to the model (the
-    # offline one tells a fact again in its goodbye); one's own line, never.
+    # did just that). One's own sentence said again later in a new line is left to the model (the
+    # offline one tells a fact again in its goodbye); one's own line, never, nor a line that
+    # opens with one's own sentence again (SmolLM2-135M opened three lines in a row with the same
+    # two sentences, each line different enough as a whole; a streamed line's first sentence is
+    # refused as a copy before anyone hears it, and the whole line is judged the same way).
     pieces = sentences(text)
     parts = [(w, _size(w)) for w in (_said_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
     parts = parts if len(pieces) > 1 else []
+    opening = _said_words(pieces[0]) if len(pieces) > 1 else []
     for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
         whole = _said_words(line[:_TEXT_LIMIT])
         mine = " ".join(whole) in own
@@ -216,8 +220,10 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
             return _copy(line, mine)
         for candidate in sentences(line):
             other = _said_words(candidate)
-            if _copies(words, size, other, _SENTENCE_SIZE) or (
-                not mine and any(_copies(w, n, other, _SENTENCE_SIZE) for w, n in parts)
+            if (
+                _copies(words, size, other, _SENTENCE_SIZE)
+                or (not mine and any(_copies(w, n, other, _SENTENCE_SIZE) for w, n in parts))
+                or (mine and any(w == opening and _copies(w, n, other, _SENTENCE_SIZE) for w, n in parts))
             ):
                 return _copy(candidate, mine)
     return OK
