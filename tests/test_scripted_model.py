@@ -27,7 +27,14 @@ from companion.models.base import (
     ToolInstruction,
     ToolSpec,
 )
-from companion.models.lexicon import FEELINGS, concepts_in, content_stems, is_question, sentences
+from companion.models.lexicon import (
+    FEELINGS,
+    concepts_in,
+    content_stems,
+    is_question,
+    sentences,
+    topic_phrase,
+)
 from companion.models.phrasebook import EN, JA
 from companion.models.scripted import ScriptedModel
 from companion.protocol import ACTIONS, MESSAGES, Action, ClosingStage, Message, Metadata
@@ -550,3 +557,23 @@ async def test_a_line_a_person_did_not_approve_is_not_said_again() -> None:
     tools = ToolLog(answers={"speak": [denied]})
     await ScriptedModel().speak(_speak_request(), tools)
     assert [tool for tool, _ in tools.calls].count("speak") == 1
+
+
+@pytest.mark.parametrize(
+    ("asked", "topic"),
+    [
+        # what the card's own lines said back before (bench_latency's questions, measured):
+        # "about a rainy", "about taught", "about makes", "about season smells"
+        ("Which road would you walk on a rainy morning?", "a rainy morning"),
+        ("What would you cook for a tired friend?", "a tired friend"),
+        ("How do you keep warm in a cold kitchen?", "a cold kitchen"),
+        ("Which season smells the best to you, and why?", "season"),
+        ("Juniper, who taught you to whistle?", None),
+        ("Juniper, what makes you laugh out loud?", None),
+        ("My dog loves the sea.", "my dog"),
+        ("Why do stars twinkle?", "stars"),
+        ("What did the old ferryman tell you last spring?", "the old ferryman"),
+    ],
+)
+def test_the_topic_of_a_question_is_a_noun_phrase_never_a_verb(asked: str, topic: str | None) -> None:
+    assert topic_phrase(asked, ["Juniper"]) == topic

@@ -737,6 +737,18 @@ _BEFORE_VERB: Final = word_set("to you i we they")
 _DO: Final = word_set("do does did can could will would should")
 _PREPOSITIONS: Final = word_set("with like to at about for into by from than")
 _PROPER: Final = word_set("saturn jupiter mars venus mercury neptune uranus pluto")
+_NOT_TOPICS: Final = word_set(
+    """makes making taught teaches teach found finds gave gives took takes kept keeps heard hears
+    felt feels brought brings bought buys caught catches sang sings wrote writes spoke speaks ran
+    runs ate eats drank drinks sat sits stood stands met meets lost loses won wins left leaves
+    loud busy hard fast late early alone together away"""
+)
+"""Words a topic never is, which look like nouns to the rules below: verbs ("what makes you
+laugh", "who taught you": the irregular past, the third person) and adverbs ("out loud")."""
+_OBJECTS: Final = word_set("you me us him them it")
+"""A word right before one of these is a verb ("makes you laugh"), not a topic."""
+_TIME_NOUNS: Final = word_set("morning evening afternoon night day")
+"""Stop words that end a topic after its adjective ("a rainy morning")."""
 
 
 _TOPIC_CHARS: Final = 48
@@ -792,21 +804,23 @@ def _best_run(sentence: str, skip: set[str]) -> tuple[float, list[str]] | None:
         end = index
         while end + 1 < len(tokens) and _content(folded[end + 1], skip) and end - index < 1:
             end += 1
-        if end > index and end + 1 < len(tokens) and folded[end + 1] in _PREPOSITIONS:
-            end -= 1  # "rain compare with": the last word is a verb
-        elif (
-            end > index
-            and asked
-            and folded[:2]
-            and folded[1:2]
-            and folded[1] in _DO
-            and end + 1 < len(tokens)
-            and not folded[end + 1][:1].isalpha()
-        ):
+        following = folded[end + 1] if end + 1 < len(tokens) else ""
+        if following in _OBJECTS:
+            end -= 1  # "what makes you laugh": the last word is a verb
+            if end < index:
+                index += 1
+                continue
+        elif end > index and (following in _PREPOSITIONS or following in _DETERMINERS):
+            end -= 1  # "rain compare with", "season smells the best": the last word is a verb
+        elif end > index and asked and index == 2 and folded[1] in _DO and not following[:1].isalpha():
             end -= 1  # "why do stars twinkle?": the last word is the verb
+        elif following in _TIME_NOUNS and end - index < 1:
+            end += 1  # "a rainy morning"
         start = index
         while start > 0 and folded[start - 1] in _ADJECTIVES and index - start < 2:
             start -= 1
+        if start > 1 and folded[start - 1].endswith("ed") and folded[start - 2] in _DETERMINERS:
+            start -= 1  # "a tired friend": an adjective, since a determiner comes before it
         determined = start > 0 and folded[start - 1] in _DETERMINERS
         start -= 1 if determined else 0
         if end + 2 < len(tokens) and folded[end + 1] == "of":
@@ -873,6 +887,7 @@ def _content(folded: str, skip: set[str]) -> bool:
     return (
         folded[:1].isalpha()
         and folded not in STOPWORDS
+        and folded not in _NOT_TOPICS
         and folded not in skip
         and not folded.endswith("ly")
         and len(folded) > 1
