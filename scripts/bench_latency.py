@@ -390,6 +390,31 @@ def card_said(said: str, happened: list[dict[str, Any]]) -> bool:
     return not any(text.startswith(head) or head.startswith(text[:24]) for text in written if text)
 
 
+def print_server_split(turns: list[Turn]) -> None:
+    """``smollm2``: where the server's time went in the turns that said the model's own line. No
+    word of it can be heard before the prompt of the request that wrote it is evaluated (after
+    any request before it in the turn), so that share of the server's time is the least ratio any
+    streaming could reach for those lines (the client, the companion and HTTP add to both sides
+    of the measured one)."""
+    split = [(t, t.completions) for t in turns if t.completions]
+    split = [(t, done) for t, done in split if sum(c.prompt_ms + c.eval_ms for c in done) > 0]
+    if not split:
+        return
+    prompt = statistics.median(done[-1].prompt_ms for _t, done in split)
+    answer = statistics.median(done[-1].eval_ms for _t, done in split)
+    least = statistics.median(
+        (sum(c.prompt_ms + c.eval_ms for c in done[:-1]) + done[-1].prompt_ms)
+        / sum(c.prompt_ms + c.eval_ms for c in done)
+        for _t, done in split
+    )
+    measured = statistics.median(t.first_words / t.line for t, _done in split)
+    print(
+        f"  at the server ({len(split)} turns of the model's own line): the line's request evaluated its "
+        f"prompt in p50 {prompt:.0f} ms and wrote in p50 {answer:.0f} ms; no word before that prompt is "
+        f"evaluated: least ratio p50 {least:.2f}, measured in these turns p50 {measured:.2f}"
+    )
+
+
 RUN_STRIDE = 7
 """How far each run's first question is from the run before's (prime to the number of
 questions: every run starts elsewhere, so its conversation takes another course)."""
@@ -443,6 +468,7 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
             f"  the model's own lines only    {ratio:.2f} ({len(streamed)} turns; the card's own line, said "
             "after two refused tries, is not streamed: its first words come with the whole line)"
         )
+    print_server_split(streamed)
     if reference is not None:
         print(f"floor (1 TTFT + first sentence) {reference:.2f} s   ratio {p50 / reference:.2f}")
     for name, turn in (("first", turns[0]), ("last", turns[-1])) if len(turns) > 1 else (("the", turns[0]),):

@@ -28,8 +28,8 @@ from typing import IO, Final
 
 __all__ = ["Completion", "ServerPerf", "completions_of"]
 
-_PROMPT: Final = re.compile(r"llama_perf_context_print: prompt eval time =.*?/\s*(\d+) tokens")
-_EVAL: Final = re.compile(r"llama_perf_context_print:\s+eval time =.*?/\s*(\d+) runs")
+_PROMPT: Final = re.compile(r"llama_perf_context_print: prompt eval time =\s*([\d.]+) ms\s*/\s*(\d+) tokens")
+_EVAL: Final = re.compile(r"llama_perf_context_print:\s+eval time =\s*([\d.]+) ms\s*/\s*(\d+) runs")
 _TOTAL: Final = re.compile(r"llama_perf_context_print:\s+total time =")
 MAX_LINE: Final = 4096
 """Bytes read at most as one line: a longer one (the server logs whole prompts at times) comes in
@@ -46,21 +46,26 @@ class Completion:
     """Prompt tokens evaluated (not reused from a cached prefix)."""
     generated: int
     """Tokens generated, give or take one (single-token evaluations)."""
+    prompt_ms: float = 0.0
+    """Milliseconds the prompt's evaluation took (before the first token could be written)."""
+    eval_ms: float = 0.0
+    """Milliseconds the generation took."""
 
 
 def completions_of(lines: Iterator[str]) -> Iterator[Completion]:
     """The completions told by ``lines`` (a block counts once its ``total time`` line came)."""
     evaluated = generated = None
+    prompt_ms = eval_ms = 0.0
     for line in lines:
         if "llama_perf_context_print" not in line:
             continue
         if found := _PROMPT.search(line):
-            evaluated, generated = int(found.group(1)), None
+            prompt_ms, evaluated, generated = float(found.group(1)), int(found.group(2)), None
         elif found := _EVAL.search(line):
-            generated = int(found.group(1))
+            eval_ms, generated = float(found.group(1)), int(found.group(2))
         elif _TOTAL.search(line):
             if evaluated is not None and generated is not None:
-                yield Completion(evaluated, generated)
+                yield Completion(evaluated, generated, prompt_ms, eval_ms)
             evaluated = generated = None
 
 

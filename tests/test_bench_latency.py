@@ -61,7 +61,7 @@ def bench(perf: ModuleType) -> ModuleType:
 
 def test_a_completion_is_told_by_its_perf_block_and_nothing_else(perf: ModuleType) -> None:
     told = list(perf.completions_of(iter(SERVER_LOG.splitlines())))
-    assert told == [perf.Completion(26, 24), perf.Completion(1, 17)]
+    assert told == [perf.Completion(26, 24, 68.55, 170.38), perf.Completion(1, 17, 0.0, 189.64)]
     cut = SERVER_LOG.splitlines()[:5]  # a block whose total line never came (the server stopped)
     assert list(perf.completions_of(iter(cut))) == []
 
@@ -95,7 +95,7 @@ def test_the_servers_stderr_is_drained_and_only_its_completions_kept(
             proc.wait(timeout=10)
         if proc.stderr is not None:
             proc.stderr.close()
-    first, second = perf.Completion(26, 24), perf.Completion(1, 17)
+    first, second = perf.Completion(26, 24, 68.55, 170.38), perf.Completion(1, 17, 0.0, 189.64)
     assert reader.count() == 6
     assert reader.since(0) == [first, second, first, second]  # the two oldest are gone
     assert reader.since(5) == [second]
@@ -131,3 +131,19 @@ def test_the_fake_sources_say_their_usage_and_which_requests_reported_none(bench
     assert bench.tokens_of(turn) == "tokens prompt 22 completion 8"
     turn.requests = requests("states", tokens=(11, 4)) + requests("speak")
     assert bench.tokens_of(turn) == "tokens prompt 11 completion 4 (1 of 2 requests reported no usage)"
+
+
+def test_the_servers_split_gives_the_least_ratio_streaming_could_reach(
+    bench: ModuleType, perf: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No word before the line's prompt is evaluated: a refused try before it counts whole."""
+    one = bench.Turn(0.5, 1.0, requests("speak"))
+    one.completions = [perf.Completion(100, 30, 300.0, 200.0)]  # 300 / 500
+    two = bench.Turn(0.9, 1.0, requests("speak", "speak"))
+    # a refused try, then the line's request: (500 + 100) / 1000
+    two.completions = [perf.Completion(100, 30, 300.0, 200.0), perf.Completion(40, 30, 100.0, 400.0)]
+    bench.print_server_split([one, two, bench.Turn(1.0, 1.0)])  # a turn without the log is left out
+    out = capsys.readouterr().out
+    assert "(2 turns of the model's own line)" in out
+    assert "prompt in p50 200 ms and wrote in p50 300 ms" in out
+    assert "least ratio p50 0.60, measured in these turns p50 0.70" in out
