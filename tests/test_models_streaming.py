@@ -28,6 +28,8 @@ LINE = "Whales, mostly. One of them sang! Then fog."
 class GrowingLine:
     """Records what a streaming model shows of the line (the speaker's live line in the engine)."""
 
+    abandoned = False
+
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
 
@@ -187,3 +189,22 @@ async def test_a_form_the_server_will_not_stream_is_sent_whole_and_keeps_its_too
         streamed = [bool(r.body.get("stream")) for r in srv.model_requests()]
     assert streamed == [True, False, False]
     assert "tools_auto" in model.memory.speak_forms(model.config)
+
+
+async def test_a_line_that_can_no_longer_be_said_stops_the_stream(server: FakeLLMServer) -> None:
+    """The live line refused the first sentence (nothing heard): the model is not left writing
+    to its token limit; the answer so far is the response, cut to its whole sentences."""
+
+    class Refusing(GrowingLine):
+        def grow(self, tool_id: str, text: str) -> None:
+            super().grow(tool_id, text)
+            self.abandoned = "sea. " in text
+
+    long = " ".join(f"Sentence number {i} is about the sea." for i in range(40))
+    server.push(tool_call("speak", {"message": long, "to": ["user_1"], "emotion": "happy"}))
+    sink, tools = Refusing(), ToolRecorder()
+    await openai_model(server).speak(speak_request(live=sink), tools)
+    [(_, args)] = tools.calls
+    assert args["message"] == "Sentence number 0 is about the sea."
+    assert sink.seen[-1][1].startswith("Sentence number 0 is about the sea. ")
+    assert len(sink.seen[-1][1]) < 60  # nothing read after it

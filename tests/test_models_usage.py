@@ -21,6 +21,8 @@ from support.models import ToolRecorder, openai_model, speak_request, states_req
 class Shown:
     """A live line that keeps nothing: the speak request streams only when it has one."""
 
+    abandoned = False
+
     def grow(self, tool_id: str, text: str) -> None:
         pass
 

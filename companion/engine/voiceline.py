@@ -142,6 +142,13 @@ class LiveVoiceLine:
         self._emit("voice_line_anew", logging.INFO, line=self.id, reason=reason)
 
     @property
+    def abandoned(self) -> bool:
+        """Whether nothing more of the line being written can be voiced: it was stopped with
+        nothing heard but a false start (see :class:`~companion.models.base.LineSink`). A new
+        line (the model's next try) may still start anew."""
+        return self._stopped and not self._admitted[self._false_start :]
+
+    @property
     def started(self) -> bool:
         """Whether any sentence has been admitted (a client may be hearing it)."""
         return bool(self._admitted)

@@ -86,6 +86,12 @@ class LineSink(Protocol):
         called for every streamed token."""
         ...
 
+    @property
+    def abandoned(self) -> bool:
+        """Whether nothing more of the line being written can be said (its first sentence was
+        refused, nothing of it heard): the model may stop writing it."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class SpeakRequest:

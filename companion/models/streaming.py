@@ -28,8 +28,10 @@ from companion.models.base import ToolSpec
 
 __all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response", "whole_sentences"]
 
-Partial = Callable[[ModelResponse], None]
-"""Called with the response so far after each streamed event (on the asyncio side: keep it quick)."""
+Partial = Callable[[ModelResponse], bool]
+"""Called with the response so far after each streamed event (on the asyncio side: keep it quick);
+``False`` when the rest of the answer is of no use (the stream is closed, and the answer so far is
+the response)."""
 
 _MESSAGE_FIELDS: Final = ("message", "text", "content", "utterance")
 MAX_PARTIAL_CHARS: Final = 16_000
@@ -56,7 +58,8 @@ async def stream_response(
         model, list(messages), model_settings=settings, model_request_parameters=params
     ) as stream:
         async for _event in stream:
-            partial(stream.get())
+            if not partial(stream.get()):
+                break  # leaving the block closes the stream: the server stops writing
         return stream.get()
 
 
