@@ -208,3 +208,13 @@ async def test_a_line_that_can_no_longer_be_said_stops_the_stream(server: FakeLL
     assert args["message"] == "Sentence number 0 is about the sea."
     assert sink.seen[-1][1].startswith("Sentence number 0 is about the sea. ")
     assert len(sink.seen[-1][1]) < 60  # nothing read after it
+
+    # a text answer (llama-cpp-python's way with SmolLM2): cut to its whole sentences too, never
+    # "... on the road. I walked" (measured before this)
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(text(long))
+        sink, tools = Refusing(), ToolRecorder()
+        model = openai_model(srv)
+        model.memory.identify(model.config, "llama-cpp-python")
+        await model.speak(speak_request(live=sink), tools)
+    assert tools.calls and tools.calls[0][1]["message"] == "Sentence number 0 is about the sea."

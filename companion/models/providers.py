@@ -51,6 +51,7 @@ from companion.lines.check import NOT_SAID
 from companion.log import log_event
 from companion.models.aio import asyncio_loop, run_asyncio
 from companion.models.base import (
+    LineSink,
     ModelError,
     ParamsRequest,
     SpeakRequest,
@@ -788,8 +789,9 @@ class ProviderModel:
             response = await session.request(
                 messages, params, settings, form=form, may_refuse=first, partial=partial
             )
-            response, cut = whole_sentences(response)
-            if cut:
+            stopped = partial is not None and partial.stopped
+            response, cut = whole_sentences(response, stopped=stopped)
+            if cut and not stopped:
                 log_event(_log, "line_cut_at_token_limit", model=self.name, limit=_SPEAK_TOKENS)
             first = False
             turn.answers += 1
@@ -1002,28 +1004,35 @@ class _SpeakTurn:
         return able[0] if able else None
 
 
-def _shown_to(request: SpeakRequest, turn: _SpeakTurn, form: SpeakForm) -> Partial | None:
-    """What shows the request's live line each partial answer (``None``: nothing to show it to)."""
-    live = request.live
-    if live is None:
-        return None
-    speaker = turn.speaking_tool() if form != "tools_required" else None
-    text_tool = speaker[1].id if speaker is not None else None
-    names = (turn.me.name, turn.me.id)
+class _Shown:
+    """What shows the request's live line each partial answer (a :data:`~.streaming.Partial`)."""
 
-    def partial(response: ModelResponse) -> bool:
-        found = partial_line(response, turn.tools, text_tool, names)
+    def __init__(self, live: LineSink, turn: _SpeakTurn, form: SpeakForm) -> None:
+        speaker = turn.speaking_tool() if form != "tools_required" else None
+        self._live, self._turn = live, turn
+        self._text_tool = speaker[1].id if speaker is not None else None
+        self.stopped = False
+        """Whether the last stream was closed before its end (its answer is cut)."""
+
+    def __call__(self, response: ModelResponse) -> bool:
+        turn = self._turn
+        found = partial_line(response, turn.tools, self._text_tool, (turn.me.name, turn.me.id))
+        self.stopped = False
         if found is not None:
-            live.grow(*found)
-            if live.abandoned:
+            self._live.grow(*found)
+            if self._live.abandoned:
                 # Its first sentence was refused: the rest cannot be said, and the refused line's
                 # second try starts now, not when the model has written to its token limit
                 # (SmolLM2-135M: 1.3 s more for a line already refused, measured).
                 log_event(_log, "speak_stream_stopped", companion=turn.me.id, written=clip(found[1], 120))
+                self.stopped = True
                 return False
         return True
 
-    return partial
+
+def _shown_to(request: SpeakRequest, turn: _SpeakTurn, form: SpeakForm) -> _Shown | None:
+    """What shows the request's live line each partial answer (``None``: nothing to show it to)."""
+    return None if request.live is None else _Shown(request.live, turn, form)
 
 
 def _text_of(response: ModelResponse) -> str:

@@ -106,7 +106,7 @@ def _shown(tool_id: str, line: str) -> tuple[str, str] | None:
     return None if said is None else (tool_id, said)
 
 
-def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:
+def whole_sentences(response: ModelResponse, *, stopped: bool = False) -> tuple[ModelResponse, bool]:
     """``response`` with its line cut back to its complete sentences when the model stopped at its
     token limit, and whether anything was cut.
 
@@ -116,10 +116,12 @@ def whole_sentences(response: ModelResponse) -> tuple[ModelResponse, bool]:
     llama-cpp-python with a named tool (which says "tool_calls", measured), as arguments whose
     JSON stops before its end. The voice has said only complete sentences while the answer
     streamed, so what is left is exactly what it said; an answer with no complete sentence is
-    left with an empty line, which the line check refuses as any empty line.
+    left with an empty line, which the line check refuses as any empty line. ``stopped``: the
+    stream was closed before its end (its line could no longer be said), which cuts it the same.
     """
     calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
-    if response.finish_reason != "length" and not any(_unfinished_json(p.args) for p in calls):
+    cut_short = stopped or response.finish_reason == "length"
+    if not cut_short and not any(_unfinished_json(p.args) for p in calls):
         return response, False
     parts = []
     cut = False
