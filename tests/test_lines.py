@@ -41,6 +41,7 @@ CONVERSATION = LineContext(
         '{"message": "Hello!", "to": ["companion_ostra"]}',
         "You can use the action tools to improve your voice.",
         "I've just been talking about you with my actions tools, so now it's your turn.",  # SmolLM2
+        "That's a good one. I've been told to speak with voice, but I'm not sure about it.",  # SmolLM2
         "Juniper (companion_junipe)",  # an id cut short
         "Pim (companion_juniper) -> companion_pir, user_demo: hi",
         "3. Ostra: The tide is high.",

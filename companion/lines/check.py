@@ -74,7 +74,7 @@ _LABELS = re.compile(
 """A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``)."""
 _TOOL_TALK = re.compile(
     r"\b(?:actions?|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b"
-    r"|\bset_(?:params|states)\b"
+    r"|\bset_(?:params|states)\b|\bspeak with voice\b"
     r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
     # a snake_case identifier: a tool's name ("- speak_with_voice: I am Juniper.", SmolLM2-135M,
     # measured); nobody says one
