@@ -393,10 +393,12 @@ def card_said(said: str, happened: list[dict[str, Any]]) -> bool:
 def print_server_split(turns: list[Turn]) -> None:
     """``smollm2``: where the server's time went in the turns that said the model's own line. No
     word of it can be heard before the prompt of the request that wrote it is evaluated (after
-    any request before it in the turn), so that share of the server's time is the least ratio any
+    any request before it in the turn), so that share of the server's time is the least ratio
     streaming could reach for those lines (the client, the companion and HTTP add to both sides
-    of the measured one)."""
-    split = [(t, t.completions) for t in turns if t.completions]
+    of the measured one; a first clause heard before a refused line's second try, a false start,
+    can come earlier still)."""
+    # every request told (the server tells nothing of a stream the companion stopped early)
+    split = [(t, t.completions) for t in turns if t.completions and len(t.completions) == len(t.requests)]
     split = [(t, done) for t, done in split if sum(c.prompt_ms + c.eval_ms for c in done) > 0]
     if not split:
         return
@@ -519,7 +521,10 @@ def tokens_of(turn: Turn) -> str:
             f"generated {sum(c.generated for c in done)} ({SERVER_LOG})"
         )
         if len(done) != len(turn.requests):
-            return f"{said}; {len(done)} completions told for {len(turn.requests)} requests answered"
+            return (
+                f"{said}; {len(done)} completions told for {len(turn.requests)} requests answered "
+                "(none is told for a stream the companion stopped early)"
+            )
         pairs = list(zip(turn.requests, done, strict=True))
         each = ", ".join(f"{r.get('purpose')} {c.evaluated}+{c.generated}" for r, c in pairs)
         # A whole answer's usage is the server's count of the same completion: a check of the pairing.

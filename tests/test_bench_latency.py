@@ -123,7 +123,9 @@ def test_smollm2_turns_say_the_servers_own_count_request_by_request(
     turn.requests = whole
     assert bench.tokens_of(turn).endswith("; 1 of 1 whole answers' usage disagrees")
     turn.requests = whole[:1]
-    assert bench.tokens_of(turn).endswith("; 2 completions told for 1 requests answered")
+    assert bench.tokens_of(turn).endswith(
+        "; 2 completions told for 1 requests answered (none is told for a stream the companion stopped early)"
+    )
 
 
 def test_the_fake_sources_say_their_usage_and_which_requests_reported_none(bench: ModuleType) -> None:
@@ -142,7 +144,9 @@ def test_the_servers_split_gives_the_least_ratio_streaming_could_reach(
     two = bench.Turn(0.9, 1.0, requests("speak", "speak"))
     # a refused try, then the line's request: (500 + 100) / 1000
     two.completions = [perf.Completion(100, 30, 300.0, 200.0), perf.Completion(40, 30, 100.0, 400.0)]
-    bench.print_server_split([one, two, bench.Turn(1.0, 1.0)])  # a turn without the log is left out
+    untold = bench.Turn(0.1, 1.0, requests("speak", "speak"))  # a stream stopped early: untold
+    untold.completions = [perf.Completion(40, 30, 100.0, 400.0)]
+    bench.print_server_split([one, two, untold, bench.Turn(1.0, 1.0)])  # nor a turn without the log
     out = capsys.readouterr().out
     assert "(2 turns of the model's own line)" in out
     assert "prompt in p50 200 ms and wrote in p50 300 ms" in out
