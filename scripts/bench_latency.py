@@ -391,30 +391,31 @@ def card_said(said: str, happened: list[dict[str, Any]]) -> bool:
 
 
 def print_server_split(turns: list[Turn]) -> None:
-    """``smollm2``: where the server's time went in the turns that said the model's own line. No
-    word of it can be heard before the prompt of the request that wrote it is evaluated (after
-    any request before it in the turn), so that share of the server's time is the least ratio
-    streaming could reach for those lines (the client, the companion and HTTP add to both sides
-    of the measured one; a first clause heard before a refused line's second try, a false start,
-    can come earlier still)."""
+    """``smollm2``: where the server's time went in the turns that said the model's own line: the
+    prompt of the request that wrote it, and its writing. In a turn of one request no word can be
+    heard before that prompt is evaluated, so prompt / (prompt + writing) is the least ratio
+    streaming could reach there (the client, the companion and HTTP add to both sides of the
+    measured one). After a refused try it is no bound: a clause or sentence heard from the
+    refused try may be all that is said."""
     # every request told (the server tells nothing of a stream the companion stopped early)
-    split = [(t, t.completions) for t in turns if t.completions and len(t.completions) == len(t.requests)]
-    split = [(t, done) for t, done in split if sum(c.prompt_ms + c.eval_ms for c in done) > 0]
-    if not split:
+    told = [(t, t.completions) for t in turns if t.completions and len(t.completions) == len(t.requests)]
+    told = [(t, done) for t, done in told if done[-1].prompt_ms + done[-1].eval_ms > 0]
+    if not told:
         return
-    prompt = statistics.median(done[-1].prompt_ms for _t, done in split)
-    answer = statistics.median(done[-1].eval_ms for _t, done in split)
-    least = statistics.median(
-        (sum(c.prompt_ms + c.eval_ms for c in done[:-1]) + done[-1].prompt_ms)
-        / sum(c.prompt_ms + c.eval_ms for c in done)
-        for _t, done in split
-    )
-    measured = statistics.median(t.first_words / t.line for t, _done in split)
+    prompt = statistics.median(done[-1].prompt_ms for _t, done in told)
+    answer = statistics.median(done[-1].eval_ms for _t, done in told)
     print(
-        f"  at the server ({len(split)} turns of the model's own line): the line's request evaluated its "
-        f"prompt in p50 {prompt:.0f} ms and wrote in p50 {answer:.0f} ms; no word before that prompt is "
-        f"evaluated: least ratio p50 {least:.2f}, measured in these turns p50 {measured:.2f}"
+        f"  at the server ({len(told)} turns of the model's own line): the line's request evaluated its "
+        f"prompt in p50 {prompt:.0f} ms and wrote in p50 {answer:.0f} ms"
     )
+    single = [(t, done[0]) for t, done in told if len(done) == 1]
+    if single:
+        least = statistics.median(c.prompt_ms / (c.prompt_ms + c.eval_ms) for _t, c in single)
+        measured = statistics.median(t.first_words / t.line for t, _c in single)
+        print(
+            f"  in its {len(single)} turns of one request, no word before the prompt is evaluated: "
+            f"least ratio p50 {least:.2f}, measured p50 {measured:.2f}"
+        )
 
 
 RUN_STRIDE = 7
