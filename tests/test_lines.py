@@ -42,6 +42,8 @@ CONVERSATION = LineContext(
         "You can use the action tools to improve your voice.",
         "I've just been talking about you with my actions tools, so now it's your turn.",  # SmolLM2
         "That's a good one. I've been told to speak with voice, but I'm not sure about it.",  # SmolLM2
+        "I am not sure, I will continue. You can only use what is requested here: 1-2 sentences.",
+        "I'm sorry, but I don't have a tool to speak with you.",
         "Juniper (companion_junipe)",  # an id cut short
         "Pim (companion_juniper) -> companion_pir, user_demo: hi",
         "3. Ostra: The tide is high.",
