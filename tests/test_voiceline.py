@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
@@ -239,6 +240,13 @@ async def test_a_held_line_admits_its_sentences_and_sends_none_before_the_hold_i
     assert client.asked[0][0] == released
 
 
+def checked(context: LineContext, **options: Any) -> tuple[Client, LiveVoiceLine]:
+    """A client speaking each sentence in 0.5 s, and a line whose sentences pass the speaker's
+    check in ``context``."""
+    client = Client(speaking=0.5)
+    return client, LiveVoiceLine(client.ask, emit, check=_sentence_check(context), **options)
+
+
 async def test_a_long_first_clause_is_voiced_while_its_sentence_is_written(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -246,8 +254,7 @@ async def test_a_long_first_clause_is_voiced_while_its_sentence_is_written(
     go out at the first clause long enough to stand alone, past the speaker's check (a clause
     does not "stop mid-sentence"); the rest of the line goes a sentence at a time."""
     context = LineContext.of([], "companion_juniper", {"companion_pim": "Pim"}, ["Speak warmly."])
-    client = Client(speaking=0.5)
-    line = LiveVoiceLine(client.ask, emit, check=_sentence_check(context))
+    client, line = checked(context)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(line.run)
         line.grow(VOICE_TOOL, "Well, I've been in your shoes, my fr")
@@ -271,12 +278,8 @@ async def test_a_first_clause_that_begins_an_earlier_sentence_waits_for_its_sent
         Message.create("companion_juniper", ["user_mika"], "I'm just a moment of your actions, I'll do it.")
     ]
     context = LineContext.of(before, "companion_juniper", {}, ["Speak warmly."])
-    client = Client(speaking=0.5)
-    line = LiveVoiceLine(
-        client.ask,
-        emit,
-        check=_sentence_check(context),
-        clause_alone=lambda clause: not begins_an_earlier_sentence(clause, context),
+    client, line = checked(
+        context, clause_alone=lambda clause: not begins_an_earlier_sentence(clause, context)
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(line.run)
@@ -292,8 +295,7 @@ async def test_a_first_clause_whose_sentence_is_refused_is_a_false_start(
     message publishes, not the clause left hanging. With no line after it, the clause is all
     that was said, and is published."""
     context = LineContext.of([], "companion_juniper", {}, ["Speak warmly."])
-    client = Client(speaking=0.5)
-    line = LiveVoiceLine(client.ask, emit, check=_sentence_check(context))
+    client, line = checked(context)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(line.run)
         line.grow(VOICE_TOOL, 'I am not sure how this can be done, Context: {"memory": 1}. More')
@@ -308,34 +310,30 @@ async def test_a_first_clause_whose_sentence_is_refused_is_a_false_start(
     assert [meta["part"] for _at, _text, meta in client.asked] == [0, 1]
 
 
-async def test_a_first_clause_of_a_line_refused_whole_is_a_false_start(
-    autojump_clock: trio.testing.MockClock,
+CARD_LINE = "That is about all I know of the harbour."
+
+
+@pytest.mark.parametrize(
+    ("written", "said", "heard"),
+    [
+        # each piece passed, the whole line was refused (a copy), the card's own line came
+        (
+            "I am not sure how this can be done, but I",
+            CARD_LINE,
+            ["I am not sure how this can be done,", CARD_LINE],
+        ),
+        # a whole sentence heard is no false start: what was said is what is published
+        ("The fog lifted at noon. Then", "The fog lifted at noon.", ["The fog lifted at noon."]),
+    ],
+)
+async def test_a_line_rewritten_after_a_lone_first_clause_is_voiced_anew(
+    autojump_clock: trio.testing.MockClock, written: str, said: str, heard: list[str]
 ) -> None:
-    """Each piece passed, the whole line was refused (a copy) and the card's own line came."""
     client = Client(speaking=0.5)
     line = LiveVoiceLine(client.ask, emit)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(line.run)
-        line.grow(VOICE_TOOL, "I am not sure how this can be done, but I")
+        line.grow(VOICE_TOOL, written)
         await trio.sleep(5)
-        said = await line.finish("That is about all I know of the harbour.", "neutral", 30)
-    assert said == "That is about all I know of the harbour."
-    assert [text for _at, text, _meta in client.asked] == [
-        "I am not sure how this can be done,",
-        "That is about all I know of the harbour.",
-    ]
-
-
-async def test_a_line_rewritten_after_a_whole_sentence_is_not_voiced_anew(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """A whole sentence heard is no false start: what was said is what is published."""
-    client = Client(speaking=0.5)
-    line = LiveVoiceLine(client.ask, emit)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(line.run)
-        line.grow(VOICE_TOOL, "The fog lifted at noon. Then")
-        await trio.sleep(5)
-        said = await line.finish("That is about all I know of the harbour.", "neutral", 30)
-    assert said == "The fog lifted at noon."
-    assert [text for _at, text, _meta in client.asked] == ["The fog lifted at noon."]
+        assert await line.finish(CARD_LINE, "neutral", 30) == said
+    assert [text for _at, text, _meta in client.asked] == heard
