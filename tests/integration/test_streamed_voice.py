@@ -112,3 +112,24 @@ async def test_a_stage_direction_before_the_first_word_is_neither_voiced_nor_pub
         assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == split_sentences(LINE)
         assert frames[-1]["params"]["message"] == LINE
         assert home.count("stage_direction_dropped") == 1
+
+
+async def test_a_line_refused_at_its_first_sentence_stops_its_stream_and_is_never_heard(
+    tmp_path: Path, hosted: FakeLLMServer
+) -> None:
+    """The second line begins with the first line's first sentence (a copy): nothing of it is
+    voiced, its stream is closed at once rather than written on, and the model's next try is
+    what the client hears and the message says."""
+    hosted.push(*([VoiceModel(say=lambda n: LINE if n <= 2 else LINES[n - 1])] * 6))
+    async with (
+        juniper_home(tmp_path, hosted) as (_net, home, url),
+        open_websocket_url(f"{url}?topics=messages,queries") as ws,
+    ):
+        first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
+        await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+        first = await ask_over_ws(ws, "And now?", "m-2", [JUNIPER])
+        frames = await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+        assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == split_sentences(LINES[2])
+        assert frames[-1]["params"]["message"] == LINES[2]
+        stopped = home.event("speak_stream_stopped", 10)
+        assert LINE.startswith(stopped["written"]) and stopped["written"] != LINE  # before its end
