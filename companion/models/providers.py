@@ -37,9 +37,7 @@ from pydantic_ai.messages import (
     ModelResponse,
     RetryFeedbackPart,
     RetryInfo,
-    TextPart,
     ToolCallPart,
-    ToolReturnPart,
     UserPromptPart,
 )
 from pydantic_ai.models import Model, ModelRequestParameters
@@ -51,7 +49,6 @@ from companion.lines.check import NOT_SAID
 from companion.log import log_event
 from companion.models.aio import asyncio_loop, run_asyncio
 from companion.models.base import (
-    LineSink,
     ModelError,
     ParamsRequest,
     SpeakRequest,
@@ -62,7 +59,6 @@ from companion.models.base import (
 )
 from companion.models.endpoints import (
     DEFAULT_REQUEST_TIMEOUT,
-    KEY_ENV,
     LOCAL_PLACEHOLDER_KEY,
     ProviderConfig,
     ProviderKind,
@@ -70,9 +66,21 @@ from companion.models.endpoints import (
     resolve_config,
 )
 from companion.models.errors import ModelSetupError
+from companion.models.exchanges import (
+    answer,
+    call_args,
+    chat,
+    feedback,
+    flatten,
+    has_tool_messages,
+    output_of,
+    retry,
+    text_of,
+)
+from companion.models.failures import REFUSAL_STATUSES, FormRefused, explain, server_words, status_of
 from companion.models.prompts import Turns, params_prompt, speak_prompt, speaker_turns, states_prompt
-from companion.models.sdks import Sdk, SdkClient, load_sdk
-from companion.models.second_try import FRESH_SEED, is_line_refusal, own_line, task_after_refusal
+from companion.models.sdks import SdkClient, load_sdk
+from companion.models.second_try import FRESH_SEED, own_line, task_after_refusal
 from companion.models.servers import (
     LOCAL_SERVERS,
     SERIAL_SERVERS,
@@ -82,7 +90,8 @@ from companion.models.servers import (
     identify_server,
     shared_memory,
 )
-from companion.models.streaming import Partial, partial_line, stream_response, whole_sentences
+from companion.models.speakturn import SpeakTurn, shown_to
+from companion.models.streaming import Partial, stream_response, whole_sentences
 from companion.models.structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -90,7 +99,6 @@ from companion.models.structured import (
     check_params,
     check_states,
     params_schema_problems,
-    parse_json_object,
     parse_text_tool_calls,
     speech_args,
     spoken_text,
@@ -120,10 +128,6 @@ _T = TypeVar("_T")
 
 _COMMON_ERRORS: Final = (ModelAPIError, UnexpectedModelBehavior, httpx2.HTTPError)
 
-_REFUSAL_STATUSES: Final = frozenset({400, 415, 422, 500, 501})
-"""HTTP statuses with which servers refuse a request *form* (tools, tool_choice, response_format).
-401/403/404/429 and timeouts are never a form's fault: they fail the call at once."""
-
 
 LOCAL_REQUEST_TIMEOUT: Final = 120.0
 """The least per-request deadline for a local server. Measured with SmolLM2-135M behind
@@ -135,49 +139,6 @@ to (a small model otherwise rambles on for a thousand tokens and a minute; with 
 used all 200 on most turns, half of which was cut, at 0.1-0.2 s a token on a loaded CPU)."""
 _STRUCTURED_TOKENS: Final = 600
 """Tokens a structured answer may take (the states of a dozen companions fit)."""
-
-
-def _has_tool_messages(messages: Sequence[ModelMessage]) -> bool:
-    return any(
-        isinstance(part, (ToolCallPart, ToolReturnPart)) for message in messages for part in message.parts
-    )
-
-
-def _flatten(messages: Sequence[ModelMessage]) -> list[ModelMessage]:
-    """The same conversation without tool messages: calls and results written out as text."""
-    out: list[ModelMessage] = []
-    for message in messages:
-        if isinstance(message, ModelResponse):
-            said = [p.content for p in message.parts if isinstance(p, TextPart) and p.content.strip()]
-            said += [
-                f"(called {p.tool_name} with {p.args_as_json_str()})"
-                for p in message.parts
-                if isinstance(p, ToolCallPart)
-            ]
-            out.append(ModelResponse(parts=[TextPart(" ".join(said) or "(no answer)")]))
-            continue
-        parts: list[ModelRequestPart] = []
-        for part in message.parts:
-            if isinstance(part, ToolReturnPart):
-                parts.append(UserPromptPart(f"Result of {part.tool_name}: {part.model_response_str()}"))
-            elif isinstance(part, RetryFeedbackPart):
-                content = (
-                    part.content if isinstance(part.content, str) else json.dumps(part.content, default=str)
-                )
-                parts.append(UserPromptPart(content))
-            else:
-                parts.append(part)
-        out.append(ModelRequest(parts=parts, instructions=message.instructions))
-    return out
-
-
-class _Refused(Exception):
-    """The server refused this request form (an HTTP error); another form may be accepted."""
-
-    def __init__(self, status: int, words: str) -> None:
-        super().__init__(f"HTTP {status}: {words}")
-        self.status = status
-        self.words = words
 
 
 class _Session:
@@ -200,7 +161,7 @@ class _Session:
         partial: Partial | None = None,
     ) -> ModelResponse:
         """One HTTP request (streamed when ``partial`` is given: it sees the answer so far). With
-        ``may_refuse``, an HTTP error that may mean "not this form" raises :class:`_Refused` (the
+        ``may_refuse``, an HTTP error that may mean "not this form" raises :class:`FormRefused` (the
         caller tries another form) instead of :class:`ModelError`.
 
         A history with tool calls goes out as plain text to endpoints that refuse tool messages
@@ -210,20 +171,20 @@ class _Session:
         memory, config = self._owner.memory, self._owner.config
         limit = ModelSettings(max_tokens=_SPEAK_TOKENS if self._purpose == "speak" else _STRUCTURED_TOKENS)
         settings = ModelSettings(**{**limit, **(settings or {})})
-        tooled = _has_tool_messages(messages)
+        tooled = has_tool_messages(messages)
         flat = tooled and memory.state(config).flat_history
         try:
             return await self._send(
-                _flatten(messages) if flat else messages, params, settings, form, may_refuse, partial
+                flatten(messages) if flat else messages, params, settings, form, may_refuse, partial
             )
-        except _Refused:
+        except FormRefused:
             if not tooled or flat:
                 raise
         except ModelError as exc:
-            if not tooled or flat or exc.status not in _REFUSAL_STATUSES:
+            if not tooled or flat or exc.status not in REFUSAL_STATUSES:
                 raise
         memory.flatten_history(config)
-        return await self._send(_flatten(messages), params, settings, form, may_refuse, partial)
+        return await self._send(flatten(messages), params, settings, form, may_refuse, partial)
 
     async def _send(
         self,
@@ -258,18 +219,18 @@ class _Session:
             reason = f"no answer within {self._owner.request_timeout:g} s"
             raise self._failed(reason, reason, started, form) from exc
         except self._owner._errors as exc:
-            status = _status_of(exc)
-            if partial is not None and status in _REFUSAL_STATUSES and "stream" in _server_words(exc).lower():
+            status = status_of(exc)
+            if partial is not None and status in REFUSAL_STATUSES and "stream" in server_words(exc).lower():
                 # The form works, streaming it does not (llama-cpp-python's chatml-function-calling
                 # with tool_choice "auto"): this form goes unstreamed from now on.
-                self._log_failure(f"HTTP {status}: {_server_words(exc)}", started, form, logging.INFO)
+                self._log_failure(f"HTTP {status}: {server_words(exc)}", started, form, logging.INFO)
                 memory.unstreamed.add(form)
                 return await self._send(messages, params, settings, form, may_refuse)
-            if may_refuse and status in _REFUSAL_STATUSES:
-                words = _server_words(exc)
+            if may_refuse and status in REFUSAL_STATUSES:
+                words = server_words(exc)
                 self._log_failure(f"HTTP {status}: {words}", started, form, logging.INFO)
-                raise _Refused(status or 0, words) from exc
-            detail, reason = _explain(exc, config, self._owner._sdk)
+                raise FormRefused(status or 0, words) from exc
+            detail, reason = explain(exc, config, self._owner._sdk)
             error = self._failed(detail, reason, started, form)
             error.status = status
             raise error from exc
@@ -309,62 +270,6 @@ class _Session:
     def _failed(self, detail: str, reason: str, started: float, form: str) -> ModelError:
         self._log_failure(detail, started, form, logging.WARNING)
         return self._owner.error(self._purpose, detail, reason)
-
-
-def _status_of(exc: BaseException) -> int | None:
-    cause = exc.__cause__ if isinstance(exc, ModelAPIError) and exc.__cause__ is not None else exc
-    status = getattr(exc, "status_code", None) or getattr(cause, "status_code", None)
-    return status if isinstance(status, int) else None
-
-
-def _server_words(exc: BaseException) -> str:
-    """What the server said in its error body (``error.message``, ``message`` or ``detail``)."""
-    body = getattr(exc, "body", None)
-    if body is None and isinstance(exc.__cause__, BaseException):
-        body = getattr(exc.__cause__, "body", None)
-    if isinstance(body, Mapping):
-        inner = body.get("error")
-        if isinstance(inner, Mapping):
-            body = inner
-        elif isinstance(inner, str):
-            return clip(inner, 200)
-        for key in ("message", "detail"):
-            value = body.get(key)
-            if value:
-                return clip(value if isinstance(value, str) else json.dumps(value), 200)
-    if isinstance(body, str) and body:
-        return clip(body, 200)
-    return clip(str(exc), 200)
-
-
-def _explain(exc: BaseException, config: ProviderConfig, sdk: Sdk) -> tuple[str, str]:
-    """A provider failure in words a person can act on: ``(detail for the log, short reason)``."""
-    cause = exc.__cause__ if isinstance(exc, ModelAPIError) and exc.__cause__ is not None else exc
-    status = _status_of(exc)
-    key_env = KEY_ENV[config.kind]
-    if status in (401, 403):
-        return (
-            f"{config.endpoint} refused the API key (HTTP {status}): check {key_env}",
-            f"the server refused the API key (HTTP {status}); check {key_env}",
-        )
-    if status == 404:
-        return (
-            f"{config.endpoint} has no model {config.model_name!r} or no such path (HTTP 404): "
-            "check the model name and the base URL (OpenAI-compatible servers serve under /v1)",
-            f"no model {config.model_name!r} at {config.endpoint} (HTTP 404)",
-        )
-    if isinstance(cause, (*sdk.connection_errors, httpx2.TransportError)):
-        return (
-            f"cannot reach {config.endpoint} ({type(cause).__name__}: {cause}); is the server running?",
-            f"cannot reach {config.endpoint}; is the server running?",
-        )
-    if status is not None:
-        words = _server_words(exc)
-        return (
-            f"{config.endpoint} answered HTTP {status}: {words}",
-            f"the server answered HTTP {status}: {words}",
-        )
-    return f"{type(exc).__name__}: {clip(str(exc), 300)}", f"{type(exc).__name__}: {clip(str(exc), 100)}"
 
 
 _NAMED: Final = ModelSettings(tool_choice=ToolOrOutput(function_tools=[]))
@@ -531,7 +436,7 @@ class ProviderModel:
                 reason=f"{c.endpoint} did not answer within {timeout:g} s",
             ) from exc
         except self._errors as exc:
-            detail, reason = _explain(exc, c, self._sdk)
+            detail, reason = explain(exc, c, self._sdk)
             raise ModelSetupError(f"{self.name}: {detail}", reason=reason) from exc
         ids = [m.id for m in listed]
         self.memory.identify(c, identify_server(c, listed))
@@ -616,22 +521,22 @@ class ProviderModel:
         """
         config = self.config
         forms = self.memory.structured_forms(config)
-        refusals: list[tuple[str, _Refused]] = []
+        refusals: list[tuple[str, FormRefused]] = []
         ignored: list[str] = []
         async with self._session(purpose) as session:
             for index, form in enumerate(forms):
                 instructions, text = prompt(form != "named_tool")
                 params, settings = _structured_request(form, tool)
-                messages = _chat(turns, text, instructions)
+                messages = chat(turns, text, instructions)
                 try:
                     response = await session.request(messages, params, settings, form=form, may_refuse=True)
-                except _Refused as refusal:
+                except FormRefused as refusal:
                     self.memory.refused(config, form, str(refusal))
                     refusals.append((form, refusal))
                     continue
-                call, raw = _output_of(response, tool.name)
+                call, raw = output_of(response, tool.name)
                 forcing = form != "prompted"
-                if forcing and call is None and _text_of(response) and (form == "named_tool" or raw is None):
+                if forcing and call is None and text_of(response) and (form == "named_tool" or raw is None):
                     # Text where a tool call was forced, or no JSON where JSON was: ignored.
                     self.memory.ignored(config, form)
                     ignored.append(form)
@@ -639,9 +544,9 @@ class ProviderModel:
                         continue
                 result = self._checked(purpose, check, call, raw, tool.name, attempt=1)
                 if isinstance(result, Problems):
-                    messages += [response, _feedback(response, call, result, instructions)]
-                    retry = await session.request(messages, params, settings, form=form)
-                    call, raw = _output_of(retry, tool.name)
+                    messages += [response, feedback(response, call, result, instructions)]
+                    second = await session.request(messages, params, settings, form=form)
+                    call, raw = output_of(second, tool.name)
                     result = self._checked(purpose, check, call, raw, tool.name, attempt=2)
                     if isinstance(result, Problems):
                         raise self.error(
@@ -653,7 +558,7 @@ class ProviderModel:
                 return result
         raise self._all_refused(purpose, refusals)
 
-    def _all_refused(self, purpose: str, refusals: Sequence[tuple[str, _Refused]]) -> ModelError:
+    def _all_refused(self, purpose: str, refusals: Sequence[tuple[str, FormRefused]]) -> ModelError:
         """Every form failed with an HTTP error: the server's fault, not the forms' (so their
         refusals are forgotten), reported with the server's last words."""
         self.memory.forgive(self.config, [f for f, _ in refusals])
@@ -708,8 +613,8 @@ class ProviderModel:
             return
         config = self.config
         forms = self.memory.speak_forms(config)
-        turn = _SpeakTurn(tools, request)
-        refusals: list[tuple[str, _Refused]] = []
+        turn = SpeakTurn(tools, request)
+        refusals: list[tuple[str, FormRefused]] = []
         async with self._session("speak") as session:
             for index, form in enumerate(forms):
                 if turn.answers >= config.max_speak_requests:
@@ -718,7 +623,7 @@ class ProviderModel:
                     await self._speak_in(
                         form, session, request, turn, call_tool, last=index == len(forms) - 1
                     )
-                except _Refused as refusal:
+                except FormRefused as refusal:
                     self.memory.refused(config, form, str(refusal))
                     refusals.append((form, refusal))
                     continue
@@ -751,7 +656,7 @@ class ProviderModel:
         form: SpeakForm,
         session: _Session,
         request: SpeakRequest,
-        turn: _SpeakTurn,
+        turn: SpeakTurn,
         call_tool: ToolCaller,
         *,
         last: bool,
@@ -781,9 +686,9 @@ class ProviderModel:
                 function_tools=definitions, allow_text_output=form == "tools_auto"
             )
         turns = speaker_turns(request.me, request.history, request.message)[0]
-        messages = _chat(turns, prompt, instructions)
+        messages = chat(turns, prompt, instructions)
         first = True
-        partial = _shown_to(request, turn, form)
+        partial = shown_to(request, turn, form)
         settings: ModelSettings | None = None
         while turn.answers < self.config.max_speak_requests:
             response = await session.request(
@@ -796,7 +701,7 @@ class ProviderModel:
             first = False
             turn.answers += 1
             called = any(isinstance(p, ToolCallPart) for p in response.parts)
-            said = _text_of(response)
+            said = text_of(response)
             if form == "tools_required" and not called:
                 self.memory.ignored(self.config, form)
             if not called and not said and not text_reply and not last and not turn.done:
@@ -813,7 +718,7 @@ class ProviderModel:
                     await self._own_line(request, turn, speaker[1], call_tool)
                     return
                 fresh = task_after_refusal(prompt, turn.line_refused, request.me.name)
-                messages = _chat(turns, fresh, instructions)
+                messages = chat(turns, fresh, instructions)
                 settings = ModelSettings(seed=FRESH_SEED)
                 continue
             if not turn.follow_up():
@@ -821,7 +726,7 @@ class ProviderModel:
             messages += [response, ModelRequest(parts=returns, instructions=instructions)]
 
     async def _own_line(
-        self, request: SpeakRequest, turn: _SpeakTurn, spec: ToolSpec, call_tool: ToolCaller
+        self, request: SpeakRequest, turn: SpeakTurn, spec: ToolSpec, call_tool: ToolCaller
     ) -> None:
         """A line of the card's own through ``spec`` (:func:`.second_try.own_line`), recorded as
         the turn's own calls are."""
@@ -834,7 +739,7 @@ class ProviderModel:
         await own_line(request, recorded, spec.id, self.name)
 
     async def _run_calls(
-        self, response: ModelResponse, turn: _SpeakTurn, call_tool: ToolCaller
+        self, response: ModelResponse, turn: SpeakTurn, call_tool: ToolCaller
     ) -> list[ModelRequestPart]:
         """Execute the response's tool calls in order; answer each one for the next request.
 
@@ -844,11 +749,11 @@ class ProviderModel:
         turn.new_round()
         calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
         if not calls:
-            return [await self._run_text(_text_of(response), turn, call_tool)]
+            return [await self._run_text(text_of(response), turn, call_tool)]
         returns: list[ModelRequestPart] = []
         for call in calls:
             spec = turn.tools.get(call.tool_name)
-            args = _call_args(call)
+            args = call_args(call)
             if spec is None or args is None:
                 turn.failed(
                     f"it called an unknown tool {call.tool_name!r}"
@@ -861,14 +766,14 @@ class ProviderModel:
                     if spec is None
                     else ("the arguments are not a JSON object")
                 )
-                returns.append(_retry(call, why))
+                returns.append(retry(call, why))
                 continue
             result = await self._run_one(spec, args, turn, call_tool)
-            returns.append(_answer(call, result, result.get("status", "ok") == "ok"))
+            returns.append(answer(call, result, result.get("status", "ok") == "ok"))
         return returns
 
     async def _run_one(
-        self, spec: ToolSpec, args: Mapping[str, Any], turn: _SpeakTurn, call_tool: ToolCaller
+        self, spec: ToolSpec, args: Mapping[str, Any], turn: SpeakTurn, call_tool: ToolCaller
     ) -> dict[str, Any]:
         if spec.id in turn.done:
             log_event(_log, "speak_repeat_refused", model=self.name, tool=spec.id)
@@ -878,7 +783,7 @@ class ProviderModel:
         turn.record(spec, ok, str(result.get("message", result.get("status", ""))))
         return result
 
-    async def _run_text(self, text: str, turn: _SpeakTurn, call_tool: ToolCaller) -> ModelRequestPart:
+    async def _run_text(self, text: str, turn: SpeakTurn, call_tool: ToolCaller) -> ModelRequestPart:
         """A text answer: written-out tool calls, else the line said; the feedback for a follow-up."""
         written = parse_text_tool_calls(text, turn.tools)
         if written:
@@ -918,185 +823,6 @@ class ProviderModel:
             else f"Nobody heard that: use an action tool ({names}) to talk or act."
         )
         return RetryFeedbackPart(nudge, retry=RetryInfo("model_retry"))
-
-
-class _SpeakTurn:
-    """Bookkeeping of one speak call: which actions ran, and whether to ask the model again.
-
-    Each action tool runs at most once per turn (a second ``speak`` would be double speech).
-    The model is asked again only when it must: a call failed or was malformed, an instructed
-    action is still missing, or it looked something up and has not acted yet.
-    """
-
-    def __init__(self, tools: Mapping[str, ToolSpec], request: SpeakRequest) -> None:
-        self.tools = tools
-        self.me = request.me
-        self.recipients = list(request.recipients)
-        actions = {s.id for s in tools.values() if s.kind == "action"}
-        self.instructed: list[str] = [i.tool for i in request.instructions if i.tool in actions]
-        self.pending: set[str] = set(self.instructed)
-        """Instructed actions not done yet."""
-        self.done: set[str] = set()
-        """Actions that succeeded this turn."""
-        self.needs_fix = False
-        self.looked_up = False
-        self.text_reply = False
-        self.answers = 0
-        """Answered requests so far (the turn's budget counts these)."""
-        self.problem = "no answer"
-        """Why nothing has been done yet, for the error if it stays that way."""
-        self.switch_form = False
-        """Set when the current form gave nothing usable: the next form gets the rest of the budget."""
-        self.prompt = ""
-        """The prompt of the current form (a small model's echo of it is not its line)."""
-        self.line_refused = ""
-        """The engine's refusal of this round's line (:mod:`.second_try`), if it refused one."""
-        self.lines_refused = 0
-        """Lines of this turn the engine refused."""
-
-    def start_form(self, text_reply: bool) -> None:
-        """A new request form: in the text form no tool can be called, so none is awaited."""
-        self.text_reply = text_reply
-        if text_reply:
-            self.pending.clear()
-
-    def new_round(self) -> None:
-        self.needs_fix = False
-        self.looked_up = False
-        self.line_refused = ""
-
-    def failed(self, problem: str) -> None:
-        self.needs_fix = True
-        self.problem = problem
-
-    def not_said(self, reason: str) -> None:
-        """This round's line was not said (:mod:`.second_try`): refused, or no words to say."""
-        self.line_refused = reason
-        self.lines_refused += 1
-
-    def record(self, spec: ToolSpec, ok: bool, message: str = "") -> None:
-        if not ok:
-            if is_line_refusal(message):
-                self.not_said(message)
-            self.failed(f"{spec.id} failed: {clip(message, 80)}")
-        elif spec.kind == "knowledge":
-            self.looked_up = True
-            self.problem = "it only looked things up"
-        else:
-            self.done.add(spec.id)
-            self.pending.discard(spec.id)
-
-    def follow_up(self) -> bool:
-        return self.needs_fix or bool(self.pending) or (self.looked_up and not self.done)
-
-    def speaking_tool(self) -> tuple[str, ToolSpec] | None:
-        """The action that carries a plain-text answer: an instructed one that takes a message,
-        else ``speak``, else the first action that takes a message."""
-        able = [
-            (name, spec)
-            for name, spec in self.tools.items()
-            if spec.kind == "action" and speech_args(spec, "-", self.recipients) is not None
-        ]
-        for wanted in (*self.instructed, "speak"):
-            for name, spec in able:
-                if spec.id == wanted:
-                    return name, spec
-        return able[0] if able else None
-
-
-class _Shown:
-    """What shows the request's live line each partial answer (a :data:`~.streaming.Partial`)."""
-
-    def __init__(self, live: LineSink, turn: _SpeakTurn, form: SpeakForm) -> None:
-        speaker = turn.speaking_tool() if form != "tools_required" else None
-        self._live, self._turn = live, turn
-        self._text_tool = speaker[1].id if speaker is not None else None
-        self.stopped = False
-        """Whether the last stream was closed before its end (its answer is cut)."""
-
-    def __call__(self, response: ModelResponse) -> bool:
-        turn = self._turn
-        found = partial_line(response, turn.tools, self._text_tool, (turn.me.name, turn.me.id))
-        self.stopped = False
-        if found is not None:
-            self._live.grow(*found)
-            if self._live.abandoned:
-                # Its first sentence was refused: the rest cannot be said, and the refused line's
-                # second try starts now, not when the model has written to its token limit
-                # (SmolLM2-135M: 1.3 s more for a line already refused, measured).
-                log_event(_log, "speak_stream_stopped", companion=turn.me.id, written=clip(found[1], 120))
-                self.stopped = True
-                return False
-        return True
-
-
-def _shown_to(request: SpeakRequest, turn: _SpeakTurn, form: SpeakForm) -> _Shown | None:
-    """What shows the request's live line each partial answer (``None``: nothing to show it to)."""
-    return None if request.live is None else _Shown(request.live, turn, form)
-
-
-def _text_of(response: ModelResponse) -> str:
-    return "".join(p.content for p in response.parts if isinstance(p, TextPart)).strip()
-
-
-def _call_args(call: ToolCallPart) -> dict[str, Any] | None:
-    """A tool call's arguments, or ``None`` when they are not a JSON object."""
-    try:
-        return call.args_as_dict(raise_if_invalid=True)
-    except (ValueError, AssertionError):
-        return None
-
-
-def _answer(call: ToolCallPart, result: Mapping[str, Any], ok: bool) -> ToolReturnPart:
-    return ToolReturnPart(
-        tool_name=call.tool_name,
-        content=json.dumps(result, ensure_ascii=False, default=str),
-        tool_call_id=call.tool_call_id,
-        outcome="success" if ok else "failed",
-    )
-
-
-def _retry(call: ToolCallPart, message: str) -> ToolReturnPart:
-    return ToolReturnPart(
-        tool_name=call.tool_name, content=message, tool_call_id=call.tool_call_id, outcome="retried"
-    )
-
-
-def _output_of(response: ModelResponse, tool_name: str) -> tuple[ToolCallPart | None, dict[str, Any] | None]:
-    """The output tool call and its arguments; or, from a model that wrote JSON as text, that."""
-    for part in response.parts:
-        if isinstance(part, ToolCallPart) and part.tool_name == tool_name:
-            return part, _call_args(part)
-    text = _text_of(response)
-    return None, parse_json_object(text) if text else None
-
-
-def _feedback(
-    response: ModelResponse, call: ToolCallPart | None, problems: Problems, instructions: str
-) -> ModelRequest:
-    """The retry request: every tool call answered (providers insist), the problems spelled out."""
-    detail = "Fix these problems and call the tool again:\n" + "\n".join(f"- {p}" for p in problems.items)
-    parts: list[ModelRequestPart] = []
-    for part in response.parts:
-        if isinstance(part, ToolCallPart):
-            parts.append(
-                _retry(part, detail if part is call else f"Ignored: {part.tool_name} is not available.")
-            )
-    if call is None:
-        parts.append(RetryFeedbackPart(detail, retry=RetryInfo("validation_error")))
-    return ModelRequest(parts=parts, instructions=instructions)
-
-
-def _chat(turns: Turns, prompt: str, instructions: str) -> list[ModelMessage]:
-    """The conversation's earlier ``turns`` as chat messages (the speaker's own lines its own
-    turns), then ``prompt`` as the last user turn; the same instructions on every request."""
-    messages: list[ModelMessage] = [
-        ModelResponse(parts=[TextPart(text)])
-        if mine
-        else ModelRequest(parts=[UserPromptPart(text)], instructions=instructions)
-        for mine, text in turns
-    ]
-    return [*messages, ModelRequest(parts=[UserPromptPart(prompt)], instructions=instructions)]
 
 
 def _serves(ids: Sequence[str], name: str) -> bool:
