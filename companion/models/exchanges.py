@@ -35,6 +35,7 @@ __all__ = [
     "feedback",
     "flatten",
     "has_tool_messages",
+    "nudge",
     "output_of",
     "retry",
     "text_of",
@@ -125,6 +126,11 @@ def feedback(
     if call is None:
         parts.append(RetryFeedbackPart(detail, retry=RetryInfo("validation_error")))
     return ModelRequest(parts=parts, instructions=instructions)
+
+
+def nudge(words: str) -> RetryFeedbackPart:
+    """The model asked again, in ``words`` (it answered, but nobody heard anything)."""
+    return RetryFeedbackPart(words, retry=RetryInfo("model_retry"))
 
 
 def chat(turns: Turns, prompt: str, instructions: str) -> list[ModelMessage]:

@@ -35,8 +35,6 @@ from pydantic_ai.messages import (
     ModelRequest,
     ModelRequestPart,
     ModelResponse,
-    RetryFeedbackPart,
-    RetryInfo,
     ToolCallPart,
     UserPromptPart,
 )
@@ -73,6 +71,7 @@ from companion.models.exchanges import (
     feedback,
     flatten,
     has_tool_messages,
+    nudge,
     output_of,
     retry,
     text_of,
@@ -817,12 +816,12 @@ class ProviderModel:
         if not turn.done:
             turn.failed("an empty answer" if not line else "a text answer and no tool to say it with")
         names = ", ".join(n for n, s in turn.tools.items() if s.kind == "action")
-        nudge = (
+        words = (
             "You said nothing. Say your line now."
             if turn.text_reply
             else f"Nobody heard that: use an action tool ({names}) to talk or act."
         )
-        return RetryFeedbackPart(nudge, retry=RetryInfo("model_retry"))
+        return nudge(words)
 
 
 def _serves(ids: Sequence[str], name: str) -> bool:
