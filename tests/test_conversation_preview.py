@@ -15,6 +15,7 @@ from companion.conversation.events import (
     Tick,
 )
 from companion.conversation.machine import Conversation
+from companion.conversation.preview import PREVIEW_GAP
 from companion.protocol import Message
 from support.conversations import USER, A, B, R, array, decisions, machine, of, reply
 
@@ -99,3 +100,17 @@ def test_a_bystander_ignores_previews() -> None:
     watcher = machine(None)
     assert watcher.receive(MessagePreviewed(line, A), 1.0) == []
     assert len(watcher.previews) == 0
+
+
+def test_a_flood_of_previews_from_one_sender_starts_work_at_most_once_a_gap() -> None:
+    """Each preview held starts model work (paid, with a hosted model); a peer sending them at
+    150/s gets one a second, the rest ignored before the machine is even copied, and counted."""
+    m, line = _following(B)
+    started = 0
+    for i in range(150):
+        fake = line.model_copy(update={"params": line.params.model_copy(update={"id": f"m-flood-{i}"})})
+        started += len(of(m.receive(MessagePreviewed(fake, A), 1.0 + i / 150), LeadAhead))
+    assert started == 1
+    assert m.previews_too_soon == 149
+    out = m.receive(MessagePreviewed(line, A), 1.0 + PREVIEW_GAP)
+    assert of(out, LeadAhead) and decisions(out, "preview_held")[0].fields["too_soon"] == 149

@@ -41,10 +41,17 @@ from companion.conversation.events import (
 from companion.conversation.state import MachineState
 from companion.protocol import COMPANION_ID_PREFIX, Message
 
-__all__ = ["MAX_HELD", "Held", "PreviewBook", "PreviewRules"]
+__all__ = ["MAX_HELD", "MAX_SENDERS", "PREVIEW_GAP", "Held", "PreviewBook", "PreviewRules"]
 
 MAX_HELD: Final = 4
 """Previews held at once (one speaker speaks at a time; a few cover a late or a lost message)."""
+PREVIEW_GAP: Final = 1.0
+"""Seconds a sender's previews are apart at least; those closer are ignored. A speaker previews
+one line a turn, and another companion's line comes between two of its turns; a peer that sends
+them faster (a flood: each would start paid model work and be dropped) only costs its own
+pipelining, since the messages themselves still start their turns as usual."""
+MAX_SENDERS: Final = 256
+"""Senders whose last preview time is kept (the oldest are forgotten)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +109,11 @@ class PreviewRules(MachineState):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.previews = PreviewBook()
+        self._preview_times: OrderedDict[str, float] = OrderedDict()
+        """When each sender's last preview was taken (at most :data:`MAX_SENDERS`)."""
+        self.previews_too_soon = 0
+        """Previews ignored for coming within :data:`PREVIEW_GAP` of their sender's last (not
+        logged one by one: a flood would flood the log; the next one held says how many)."""
 
     def receive(self, event: Event, now: float) -> list[Effect]:
         """The machine's own (:meth:`Conversation.receive
@@ -131,6 +143,14 @@ class PreviewRules(MachineState):
             or message_id in self.previews
         ):
             return  # not a companion's own preview, or its message is here already
+        last = self._preview_times.get(sender)
+        if last is not None and now - last < PREVIEW_GAP:
+            self.previews_too_soon += 1
+            return  # before the copy of the machine below: a flood costs a dict lookup each
+        self._preview_times[sender] = now
+        self._preview_times.move_to_end(sender)
+        while len(self._preview_times) > MAX_SENDERS:
+            self._preview_times.popitem(last=False)
         trial = copy.deepcopy(self)
         trial.previews = PreviewBook()
         effects = trial.receive(MessageSeen(message, event.publisher), now)
@@ -151,6 +171,7 @@ class PreviewRules(MachineState):
             lead=held.lead,
             prepare=held.prepare,
             until=round(self.reply_timeout, 3),
+            too_soon=self.previews_too_soon,
         )
         if lead is not None:
             out.append(LeadAhead(lead))
