@@ -231,7 +231,7 @@ def test_a_clause_that_begins_an_earlier_sentence(clause: str, begins: bool) -> 
     earlier = "I'm just a moment of your actions. I'll do it tonight."
     said = [Message.create("companion_juniper", ["user_mika"], earlier)]
     context = LineContext.of(said, "companion_juniper", {}, [])
-    assert begins_an_earlier_sentence(clause, context) is begins
+    assert begins_an_earlier_sentence(context)(clause) is begins
 
 
 def test_a_line_that_opens_with_ones_own_sentence_again_is_a_copy() -> None:

@@ -278,9 +278,8 @@ async def test_a_first_clause_that_begins_an_earlier_sentence_waits_for_its_sent
         Message.create("companion_juniper", ["user_mika"], "I'm just a moment of your actions, I'll do it.")
     ]
     context = LineContext.of(before, "companion_juniper", {}, ["Speak warmly."])
-    client, line = checked(
-        context, clause_alone=lambda clause: not begins_an_earlier_sentence(clause, context)
-    )
+    begins = begins_an_earlier_sentence(context)
+    client, line = checked(context, clause_alone=lambda clause: not begins(clause))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(line.run)
         line.grow(VOICE_TOOL, "I'm just a moment of your actions, I'll do it. And then")

@@ -536,11 +536,12 @@ class Speaker:
         """``model.speak`` with a live line voiced beside it, each sentence passing the line check
         in ``lines`` before it is voiced, nothing voiced before ``hold``. A model that fails, or
         ends without publishing, after clients began to hear its line publishes what they heard."""
+        begins = begins_an_earlier_sentence(lines)
         line = LiveVoiceLine(
             self.runtime.ask_clients,
             self._emit,
             check=_sentence_check(lines),
-            clause_alone=lambda clause: not begins_an_earlier_sentence(clause, lines),
+            clause_alone=lambda clause: not begins(clause),
             hold=hold,
         )
         failure: ModelError | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Final, Literal
@@ -335,9 +335,10 @@ _PERSONS: Final = {
 copies "You're the one making the comment" (measured, SmolLM2-135M)."""
 
 
-def begins_an_earlier_sentence(text: str, context: LineContext) -> bool:
-    """Whether ``text`` begins the way a sentence already said began: the same first words, or
-    nearly (:data:`COPY_SIMILARITY`), over the shorter of the two and at least three words.
+def begins_an_earlier_sentence(context: LineContext) -> Callable[[str], bool]:
+    """Whether a text begins the way a sentence already said in ``context`` began: the same first
+    words, or nearly (:data:`COPY_SIMILARITY`), over the shorter of the two and at least three
+    words. The earlier sentences are read once, here: the answer is asked as a line streams.
 
     A first clause voiced before its sentence is complete is too short for the copy check, and
     each piece judged alone passes where the whole sentence would not (SmolLM2-135M, measured:
@@ -345,17 +346,20 @@ def begins_an_earlier_sentence(text: str, context: LineContext) -> bool:
     with you," then "I've been gone for a bit.", a near-copy of its sentence before). Such a
     clause waits for its sentence, which the check then judges whole; a false alarm costs only
     the clause's head start."""
-    words = _said_words(text[:_TEXT_LIMIT])
-    for line in context.earlier[-_EARLIER_LIMIT:]:
-        for sentence in sentences(line):
-            other = _said_words(sentence)
+    openings = [_said_words(s) for line in context.earlier[-_EARLIER_LIMIT:] for s in sentences(line)]
+
+    def begins(text: str) -> bool:
+        words = _said_words(text[:_TEXT_LIMIT])
+        for other in openings:
             n = min(len(words), len(other))
             if n >= 3 and (
                 words[:n] == other[:n]
                 or SequenceMatcher(None, words[:n], other[:n], autojunk=False).ratio() >= COPY_SIMILARITY
             ):
                 return True
-    return False
+        return False
+
+    return begins
 
 
 def _said_words(text: str) -> list[str]:

@@ -106,6 +106,9 @@ class SentenceSplitter:
     _diverged: bool = field(default=False, init=False)
     _pieces: int = field(default=0, init=False)
     """Pieces handed out so far."""
+    _clauses: dict[str, bool] = field(default_factory=dict, init=False)
+    """Whether each first clause asked about may go alone: every token fed asks again, and
+    :attr:`clause_alone` compares with the whole conversation."""
 
     def __post_init__(self) -> None:
         if self.max_chars < 8:
@@ -179,7 +182,9 @@ class SentenceSplitter:
             return None
         for match in _FIRST_CLAUSE.finditer(self._text, start + self.first_clause - 1, bound):
             clause = self._text[start : match.end()].strip()
-            if _balanced(clause) and self.clause_alone(clause):
+            if clause not in self._clauses:
+                self._clauses[clause] = _balanced(clause) and self.clause_alone(clause)
+            if self._clauses[clause]:
                 return match.end()
         return None
 
