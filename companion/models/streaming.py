@@ -25,6 +25,7 @@ from pydantic_ai.settings import ModelSettings
 from companion.lines.directions import without_directions
 from companion.lines.sentences import whole_sentences_of
 from companion.models.base import ToolSpec
+from companion.models.structured import MESSAGE_FIELDS
 
 __all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response", "whole_sentences"]
 
@@ -33,7 +34,6 @@ Partial = Callable[[ModelResponse], bool]
 ``False`` when the rest of the answer is of no use (the stream is closed, and the answer so far is
 the response)."""
 
-_MESSAGE_FIELDS: Final = ("message", "text", "content", "utterance")
 MAX_PARTIAL_CHARS: Final = 16_000
 """Partial answers longer than this are not read any more (each event parses the whole answer so
 far: a server streaming megabytes would cost quadratic time). A spoken line is about 400
@@ -169,8 +169,8 @@ def _args_of(args: object) -> dict[str, object] | None:
 
 
 def _message_field(args: Mapping[str, object]) -> str | None:
-    """Which of ``args`` carries the line: the first of :data:`_MESSAGE_FIELDS` holding a string."""
-    return next((name for name in _MESSAGE_FIELDS if isinstance(args.get(name), str)), None)
+    """Which of ``args`` carries the line: the first of :data:`MESSAGE_FIELDS` holding a string."""
+    return next((name for name in MESSAGE_FIELDS if isinstance(args.get(name), str)), None)
 
 
 def _message_of(args: object) -> str | None:

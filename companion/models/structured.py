@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -21,6 +21,7 @@ from companion.models.base import StateDecision, StatesRequest, ToolSpec
 from companion.protocol import CLOSING_ORDER, ClosingStage
 
 __all__ = [
+    "MESSAGE_FIELDS",
     "PARAMS_TOOL",
     "STATES_TOOL",
     "Problems",
@@ -267,7 +268,8 @@ def parse_text_tool_calls(text: str, names: Iterable[str]) -> list[tuple[str, di
     return calls
 
 
-_MESSAGE_FIELDS = ("message", "text", "content", "utterance")
+MESSAGE_FIELDS: Final = ("message", "text", "content", "utterance")
+"""The argument of a speaking action that carries the line, the first of these it has."""
 _NEUTRAL = ("neutral", "calm", "normal", "none")
 _LABEL = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\))?\s*:\s+")
 
@@ -322,11 +324,7 @@ def speech_args(spec: ToolSpec, line: str, recipients: Sequence[str]) -> dict[st
     if not isinstance(props, Mapping):
         return None
     field = next(
-        (
-            f
-            for f in _MESSAGE_FIELDS
-            if isinstance(props.get(f), Mapping) and props[f].get("type") == "string"
-        ),
+        (f for f in MESSAGE_FIELDS if isinstance(props.get(f), Mapping) and props[f].get("type") == "string"),
         None,
     )
     if field is None:
