@@ -25,6 +25,17 @@ from companion.lines.directions import MAX_DIRECTION_CHARS, without_directions
         ("**Juniper** is here.", "**Juniper** is here."),
         ("(" + "x" * (MAX_DIRECTION_CHARS + 1) + ") Hi.", "(" + "x" * (MAX_DIRECTION_CHARS + 1) + ") Hi."),
         ("", ""),
+        # a line framed as advice (SmolLM2-135M, six lines running): the quoted words are the line
+        ('You can say: "It\'s been a pleasure. I was here."', "It's been a pleasure. I was here."),
+        ("You can say: \"Juni, I'm so glad. I'll be here", "Juni, I'm so glad. I'll be here"),
+        ("I'd say:  \u201chello there.\u201d  ", "Hello there."),
+        ('(Slightly) Response: "Fine."', "Fine."),
+        ("\u7b54\u3048: \u300c\u306f\u3044\u3002\u300d", "\u7b54\u3048: \u300c\u306f\u3044\u3002\u300d"),
+        # kept: no quotation mark after the colon, the words in a sentence, nothing quoted
+        ("You can say that again.", "You can say that again."),
+        ("Say, how are you?", "Say, how are you?"),
+        ("My answer: the sea.", "My answer: the sea."),
+        ('Answer: ""', 'Answer: ""'),
     ],
 )
 def test_the_directions_before_the_first_word_are_not_said(line: str, said: str) -> None:
@@ -37,8 +48,28 @@ def test_a_direction_still_open_shows_nothing_yet(partial: str) -> None:
     assert without_directions(partial) == partial.removeprefix("(Slightly) ")
 
 
+@pytest.mark.parametrize(
+    ("partial", "shown"),
+    [
+        ("Y", None),
+        ("You can s", None),
+        ('You can say: "', None),
+        ('You can say: "Hi', "Hi"),
+        ('You can say: "Hi." ', "Hi."),  # the closing mark may end the line: held back
+        ('You can say: "Hi." Then', 'Hi." Then'),
+        ("You are", "You are"),
+        ("I'm", "I'm"),
+    ],
+)
+def test_a_frame_is_known_before_anything_is_shown(partial: str, shown: str | None) -> None:
+    assert without_directions(partial, complete=False) == shown
+
+
 _PIECES = st.sampled_from(
-    ["(", ")", "*", "[", "]", "Slightly", " ", ", ", "i see", "Hi.", "1", "\n", "【", "】", "x" * 30]
+    [
+        *("(", ")", "*", "[", "]", "Slightly", " ", ", ", "i see", "Hi.", "1", "\n", "【", "】", "x" * 30),
+        *("You can say", "Say", ":", '"', "\u201c", "\u201d", "\u300c", "\u300d"),
+    ]
 )
 
 

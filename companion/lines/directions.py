@@ -8,6 +8,10 @@ chat turns, writes the next one the same way. So a bracketed direction before th
 not part of the line: neither voiced nor published. A bracket later in a line belongs to the
 sentence and stays.
 
+The same model also framed its line as advice to someone else: six lines running of one run
+were ``You can say: "It's been a pleasure to speak with you. ..."`` (measured, 2026-12-05). The
+frame and its quotation marks are not said either: the quoted words are the line.
+
 :func:`without_directions` serves both readers of a line: the live line while it grows (where a
 direction still open may yet close, so nothing is shown until that is known) and the complete
 line handed to the speaking action. Both see the same text, so what was shown while streaming
@@ -19,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["MAX_DIRECTION_CHARS", "without_directions"]
+__all__ = ["FRAMES", "MAX_DIRECTION_CHARS", "without_directions"]
 
 MAX_DIRECTION_CHARS: Final = 60
 """The longest bracketed text taken for a direction ("(Slightly)", "*leans closer, smiling*"); a
@@ -35,13 +39,32 @@ _LEADING: Final = re.compile(
 _AFTER: Final = " \t\n,.;:、，。-"
 """What may follow a direction before the line's first word ("(Slightly), I ..."): dropped with it."""
 
+FRAMES: Final = (
+    "you can say", "you could say", "you might say", "i would say", "i'd say", "i will say",
+    "i'll say", "say", "answer", "reply", "response", "my answer", "my reply",
+)  # fmt: skip
+"""What a line framed as advice opens with, before a colon and a quotation mark."""
+_QUOTES: Final = {'"': '"', "\u201c": "\u201d", "\u300c": "\u300d", "\u300e": "\u300f"}
+_FRAME: Final = re.compile(
+    "(?:"
+    + "|".join(re.escape(f).replace(r"\ ", r"\s+") for f in FRAMES)
+    + r")\s*:\s*(["
+    + "".join(_QUOTES)
+    + "])",
+    re.IGNORECASE,
+)
+_FRAME_TEXTS: Final = tuple(f.replace(" ", "") + ":" + q for f in FRAMES for q in _QUOTES)
+"""Each frame without its spaces, for telling whether a line being written may still become one."""
+
 
 def without_directions(text: str, *, complete: bool = True) -> str | None:
-    """``text`` without the bracketed directions before its first word.
+    """``text`` without the bracketed directions before its first word, and without a frame
+    around the line (``You can say: "..."``).
 
     With ``complete=False`` (a line still being written) ``None`` while a direction at the start
-    is still open: it may close (and be dropped) or run past :data:`MAX_DIRECTION_CHARS` (and
-    stay), and a line shown must only grow.
+    is still open (it may close, and be dropped, or run past :data:`MAX_DIRECTION_CHARS`, and
+    stay) or the start may still become a frame: a line shown must only grow. A framed line
+    being written holds back a closing quotation mark at its end.
     """
     rest = text.lstrip()
     dropped = False
@@ -52,11 +75,25 @@ def without_directions(text: str, *, complete: bool = True) -> str | None:
         rest = rest[found.end() :]
         rest = rest.lstrip(_AFTER)
         dropped = True
-    if not complete and _still_open(rest):
+    if not complete and (not rest or _still_open(rest) or _may_become_frame(rest)):
         return None
+    framed = _FRAME.match(rest)
+    if framed is not None:
+        quoted = rest[framed.end() :].rstrip()
+        quoted = quoted.removesuffix(_QUOTES[framed.group(1)]).rstrip()
+        if any(ch.isalpha() for ch in quoted):
+            rest, dropped = quoted, True
+        elif not complete:
+            return None  # the quoted words have not begun
     if not dropped or (complete and not rest):
         return text  # a line that is all note is the line check's to refuse, with its reason
     return rest[:1].upper() + rest[1:]
+
+
+def _may_become_frame(text: str) -> bool:
+    """Whether ``text`` (a line being written) is the start of a frame, not yet past it."""
+    start = "".join(text.casefold().split())
+    return bool(start) and any(frame.startswith(start) for frame in _FRAME_TEXTS)
 
 
 def _still_open(text: str) -> bool:
