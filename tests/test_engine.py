@@ -382,6 +382,37 @@ async def test_one_message_per_turn_even_if_the_model_tries_two(
         assert [r.params.message for r in rec.replies()] == ["First thought."]
 
 
+class Announcer(TwiceSpeaker):
+    """Says its lines through the card's own action ``announce``, whose line is ``text``."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        text = self.lines.pop(0)
+        self.results.append(dict(await call_tool("announce", {"text": text, "to": list(request.recipients)})))
+
+
+async def test_a_custom_speaking_action_is_checked_and_cleaned_as_speak_is(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its stage direction is not published, and its line said again is refused as a copy."""
+    line = "(smiles) The harbour was full of little boats this morning."
+    model = Announcer([line, line.removeprefix("(smiles) ")])
+    announce = ("support.routines:announce",)
+    async with group_of(1, models={0: model}, max_turns=None, actions=announce) as (group, rec):
+        only = group.active[0]
+        await group.say("What did you see?", to=[only])
+        await rec.until(lambda: len(rec.replies()) == 1)
+        assert rec.replies()[0].params.message == "The harbour was full of little boats this morning."
+        await group.say("And then?", to=[only])
+        await rec.until(lambda: len(model.results) == 2)
+        assert [r["status"] for r in model.results] == ["ok", "refused"]
+        assert "repeats what you already said" in model.results[1]["message"]
+        assert len(rec.replies()) == 1
+
+
 async def test_another_reply_withdraws_a_speech_in_progress(autojump_clock: trio.testing.MockClock) -> None:
     entered = trio.Event()
 

@@ -47,6 +47,7 @@ from companion.conversation.state import ONE_MESSAGE
 from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
 from companion.lines.check import LineContext, begins_an_earlier_sentence, check_line
 from companion.lines.directions import without_directions
+from companion.lines.fields import line_field
 from companion.lines.sentences import CLAUSE_MARKS
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
 from companion.protocol import MESSAGES, Message, Metadata, new_id
@@ -576,13 +577,16 @@ class Speaker:
     def _without_directions(self, raw: Mapping[str, Any], speech: Speech) -> Mapping[str, Any]:
         """``raw`` with its line's opening stage directions dropped (:mod:`companion.lines.directions`):
         the line the live voice showed while it streamed, and the one published."""
-        text = raw.get("message")
-        said = without_directions(text) if isinstance(text, str) else text
+        field = line_field(raw)
+        if field is None:
+            return raw
+        text = str(raw[field])
+        said = without_directions(text)
         if said == text:
             return raw
         effect = speech.effect
-        self._emit("stage_direction_dropped", logging.INFO, message_id=effect.message_id, text=str(text)[:80])
-        return {**raw, "message": said}
+        self._emit("stage_direction_dropped", logging.INFO, message_id=effect.message_id, text=text[:80])
+        return {**raw, field: said}
 
     def refused_line(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech, context: LineContext
@@ -590,9 +594,10 @@ class Speaker:
         """``None`` when the line may be said; else the refusal the model is asked again with.
         The :data:`LINES_TRIED`-th refused line gives the slot up (:class:`ModelError`): better
         no reply than a copy or the prompt read aloud."""
-        text = raw.get("message")
-        if not isinstance(text, str):
+        field = line_field(raw)
+        if field is None:
             return None
+        text = str(raw[field])
         verdict = check_line(text, context)
         if verdict.ok:
             return None

@@ -23,9 +23,9 @@ from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 
 from companion.lines.directions import without_directions
+from companion.lines.fields import line_field
 from companion.lines.sentences import whole_sentences_of
 from companion.models.base import ToolSpec
-from companion.models.structured import MESSAGE_FIELDS
 
 __all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response", "whole_sentences"]
 
@@ -128,7 +128,7 @@ def whole_sentences(response: ModelResponse, *, stopped: bool = False) -> tuple[
     for part in response.parts:
         if isinstance(part, ToolCallPart):
             args = _args_of(part.args) or {}
-            field = _message_field(args)
+            field = line_field(args)
             if field is not None:
                 said = str(args[field])
                 line = whole_sentences_of(said)
@@ -168,13 +168,8 @@ def _args_of(args: object) -> dict[str, object] | None:
     return args if isinstance(args, dict) else None
 
 
-def _message_field(args: Mapping[str, object]) -> str | None:
-    """Which of ``args`` carries the line: the first of :data:`MESSAGE_FIELDS` holding a string."""
-    return next((name for name in MESSAGE_FIELDS if isinstance(args.get(name), str)), None)
-
-
 def _message_of(args: object) -> str | None:
     """The message string of partial (or complete) tool arguments."""
     parsed = _args_of(args)
-    field = None if parsed is None else _message_field(parsed)
+    field = None if parsed is None else line_field(parsed)
     return None if parsed is None or field is None else str(parsed[field])

@@ -10,18 +10,18 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Final
+from typing import Annotated, Any
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from companion.card.paramfit import fit_params
 from companion.conversation.rules.closing import proposal_ceiling
+from companion.lines.fields import MESSAGE_FIELDS
 from companion.models.base import StateDecision, StatesRequest, ToolSpec
 from companion.protocol import CLOSING_ORDER, ClosingStage
 
 __all__ = [
-    "MESSAGE_FIELDS",
     "PARAMS_TOOL",
     "STATES_TOOL",
     "Problems",
@@ -268,8 +268,6 @@ def parse_text_tool_calls(text: str, names: Iterable[str]) -> list[tuple[str, di
     return calls
 
 
-MESSAGE_FIELDS: Final = ("message", "text", "content", "utterance")
-"""The argument of a speaking action that carries the line, the first of these it has."""
 _NEUTRAL = ("neutral", "calm", "normal", "none")
 _LABEL = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\))?\s*:\s+")
 

@@ -53,3 +53,14 @@ def jam(ctx: ActionContext[Empty]) -> Action:
 @action(id="guarded", description="Asks first.", input=Empty, timeout=5, requires_approval=True)
 def guarded(ctx: ActionContext[Empty]) -> Action:
     return Action.create(ctx.companion_id, "opened", {})
+
+
+class Utterance(BaseModel):
+    text: str = Field(min_length=1, description="What to say.")
+    to: list[str] = Field(description="Ids of the recipients.")
+
+
+@action(id="announce", description="Say something; the line is `text`.", input=Utterance, topic="messages")
+def announce(ctx: ActionContext[Utterance]) -> Message:
+    """A card's own speaking action whose line is not ``message``."""
+    return Message.create(ctx.companion_id, ctx.input.to, ctx.input.text)
