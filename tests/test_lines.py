@@ -43,6 +43,9 @@ CONVERSATION = LineContext(
         "I've just been talking about you with my actions tools, so now it's your turn.",  # SmolLM2
         "That's a good one. I've been told to speak with voice, but I'm not sure about it.",  # SmolLM2
         "I am not sure, I will continue. You can only use what is requested here: 1-2 sentences.",
+        "I'm sorry, but I can only speak one or two sentences at a time.",
+        "Keep it natural, one to three sentences.",
+        "I will say two or three short sentences.",
         "I'm sorry, but I don't have a tool to speak with you.",
         "Juniper (companion_junipe)",  # an id cut short
         "Pim (companion_juniper) -> companion_pir, user_demo: hi",

@@ -76,8 +76,10 @@ _TOOL_TALK = re.compile(
     r"\b(?:actions?|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b"
     r"|\bset_(?:params|states)\b|\bspeak with voice\b|\btools? to (?:speak|talk)\b"
     # the speaker rules' length, paraphrased (SmolLM2-135M, measured: "You can only use what is
-    # requested here: 1-2 sentences (you may have a longer sentence ...")
-    r"|\b\d+\s*[-\u2013]\s*\d+ sentences\b|\bone to three sentences\b|\bwhat is requested here\b"
+    # requested here: 1-2 sentences (you may have a longer sentence ...", "I'm sorry, but I can
+    # only speak one or two sentences at a time.")
+    r"|\b(?:\d+|one|two|three)\s*(?:[-\u2013]|\s(?:or|to)\s)\s*(?:\d+|two|three|four)\s+(?:(?:short|new)\s+)?"
+    r"sentences\b|\bwhat is requested here\b"
     r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
     # a snake_case identifier: a tool's name ("- speak_with_voice: I am Juniper.", SmolLM2-135M,
     # measured); nobody says one
