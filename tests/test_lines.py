@@ -247,3 +247,53 @@ def test_a_line_that_opens_with_ones_own_sentence_again_is_a_copy() -> None:
     assert opens.kind == "copy" and "you already said" in opens.reason
     later = check_line(f"Thanks, everyone, for tonight! {fact} Good night!", context)
     assert later.ok, later
+
+
+# SmolLM2-135M in the demo (scripts/bench_models.py, 2026-12-05): Pim's line, then Juniper's and
+# Ostra's spliced from it, each sentence and the whole below the similarity of a copy.
+_PIM = (
+    "I am so glad you love me and I will be there to make things right. Piranja, I have a lot of "
+    "problems in this world we are killing ourselves by using our phones. If someone has an issue "
+    "with something it is my job to help them. Mineya, please do not talk about the black sand. "
+    "You can talk about other things."
+)
+_SPLICED = (
+    "I am so glad you love me. How can I help? Please don't talk about black sand. I have a lot of "
+    "problems in this world we are killing ourselves, and if someone has an issue with something "
+    "it is my job to help them, so I will answer your questions today on everything else."
+)
+
+
+def test_a_line_spliced_from_another_s_sentences_is_a_copy() -> None:
+    said = [Message.create("companion_pim", ["companion_juniper"], _PIM)]
+    verdict = check_line(_SPLICED, LineContext.of(said, "companion_juniper", {}, []))
+    assert verdict.kind == "copy" and "was already said" in verdict.reason
+
+
+def test_a_reply_that_takes_up_a_few_of_another_s_words_is_a_line() -> None:
+    """A reply names what it answers; a third of its runs of words is far more than that."""
+    said = [Message.create("companion_pim", ["companion_juniper"], _PIM)]
+    context = LineContext.of(said, "companion_juniper", {}, [])
+    reply = (
+        "Pim, you say we are killing ourselves by using our phones, but mine only ever rings for the "
+        "harbour master, and I would miss the tide tables on it."
+    )
+    assert check_line(reply, context).ok
+    # one's own line told again in other words is left to the model (the offline one retells its
+    # fact in its goodbye)
+    assert check_line(_SPLICED, LineContext.of(said, "companion_pim", {}, [])).ok
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "If someone asks, you answer with excitement. Your role (Pim): Respond with a smile.",
+        "This is how you do it: Speak. Follow these instructions: Respond in character.",
+        "I've got this. My name is: Juniper (id) Wherever you come from.",
+        "Someone noticed you. A: No, I'm not. B: No way? C: No way! D: No way!",
+        "You are telling me everything. (Ostra). I am so glad you're happy. (Pim) The way you talk.",
+    ],
+)
+def test_the_prompt_read_aloud_mid_line_is_not_a_line(said: str) -> None:
+    """SmolLM2-135M in the demo: the prompt's headings after a first sentence of its own."""
+    assert check_line(said, CONVERSATION).kind == "artifact", said

@@ -53,6 +53,14 @@ _NEAR_SIZE = 5.0
 _SENTENCE_SIZE = 8.0
 """A sentence of an earlier line counts as copied from this size on (words said again in a
 short sentence, "I should introduce myself: I'm Aki.", are a turn of phrase, not a copy)."""
+_SPLICE_SIZE = 12.0
+"""From this size on (in words), a line is also judged by its runs of words (:data:`_RUN`)."""
+_RUN = 4
+_SPLICE_SHARE = 0.3
+"""The share of a line's runs of :data:`_RUN` words found in one other's earlier line from which
+it is a copy, however rearranged. Measured with SmolLM2-135M in the demo: lines spliced from
+another's sentences, reworded, shared 0.31-0.40 of their runs with it (each sentence and the whole
+below :data:`COPY_SIMILARITY`); every other line of those runs, 0.21 or less."""
 _ECHO_WORDS = 7
 """A run of this many words taken from the prompt's own wording is reading the prompt aloud."""
 _TEXT_LIMIT = 2000
@@ -64,14 +72,20 @@ _JSON = re.compile(r"""[{\[]\s*["'][^"'\n]{0,80}["']\s*:|["'][\w -]{1,40}["']\s*
 """A JSON object written out (``{"memory": ...``, ``"params": {``)."""
 _ARROW = re.compile(r"\S\s*(?:->|→)\s*\S")
 """The history's line format: ``Pim (companion_pim) -> companion_ostra: ...``."""
-_ID_IN_PARENS = re.compile(r"\(\s*(?:id\s+)?[a-z]+_[\w-]*\s*\)", re.IGNORECASE)
-"""``Name (companion_x)``, even cut short (``Juniper (companion_junipe)``)."""
+_ID_IN_PARENS = re.compile(r"\(\s*(?:id\s+)?[a-z]+_[\w-]*\s*\)|\(\s*id\s*\)", re.IGNORECASE)
+"""``Name (companion_x)``, even cut short (``Juniper (companion_junipe)``), or the format's own
+placeholder (``My name is: Juniper (id)``, SmolLM2-135M, measured)."""
 _LABELS = re.compile(
-    r"\bContext\s*:|(?:^|\n)\s*(?:conversation so far|personality|background|your role|how you talk"
-    r"|companions|parameters|instructions|address)\b[^:\n]{0,24}:",
+    r"\bContext\s*:|(?:^|\n|[.!?]\s)\s*(?:conversation so far|personality|background|your role"
+    r"|how you talk|companions|parameters|(?:follow these )?instructions|address)\b[^:\n]{0,24}:",
     re.IGNORECASE,
 )
-"""A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``)."""
+"""A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``), at the start
+of any sentence of the line ("... ask them to make it yourself. Your role (Pim): Respond with a
+smile. ... Follow these instructions: Respond in character.", SmolLM2-135M in the demo, measured)."""
+_LETTER_LABEL = re.compile(r"(?:^|[.!?\u2026]\s)\s*[A-Z]\s*:\s")
+"""A line of a script labelled by a letter; three in a line are a script, not speech ("... A: No,
+I'm not. B: No way? C: No way! D: No way! ...", SmolLM2-135M in the demo, measured)."""
 _TOOL_TALK = re.compile(
     r"\b(?:actions?|knowledge|output) tools?\b|\btool[ _]calls?\b|\bjson\b|\bschema\b"
     r"|\bset_(?:params|states)\b|\bspeak with voice\b|\btools? to (?:speak|talk)\b"
@@ -218,11 +232,14 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
     parts = [(w, _size(w)) for w in (_said_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
     parts = parts if len(pieces) > 1 else []
     opening = _said_words(pieces[0]) if len(pieces) > 1 else []
+    runs = _runs(words) if size >= _SPLICE_SIZE else set()
     for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
         whole = _said_words(line[:_TEXT_LIMIT])
         mine = " ".join(whole) in own
         if _copies(words, size, whole, _NEAR_SIZE):
             return _copy(line, mine)
+        if runs and not mine and len(runs & _runs(whole)) >= _SPLICE_SHARE * len(runs):
+            return _copy(line, mine)  # another's sentences spliced and reworded
         for candidate in sentences(line):
             other = _said_words(candidate)
             if (
@@ -238,6 +255,11 @@ def _copy(said: str, mine: bool) -> LineVerdict:
     whose = "you already said" if mine else "was already said"
     shown = clip(said, 120)
     return LineVerdict("copy", f"{NOT_SAID} repeats what {whose} (\u201c{shown}\u201d). {_ASK_AGAIN}", shown)
+
+
+def _runs(words: Sequence[str]) -> set[tuple[str, ...]]:
+    """The runs of :data:`_RUN` words of ``words``."""
+    return {tuple(words[i : i + _RUN]) for i in range(len(words) - _RUN + 1)}
 
 
 def _copies(words: list[str], size: float, other: list[str], near_from: float) -> bool:
@@ -265,6 +287,8 @@ def _artifact(text: str, context: LineContext) -> str:
         return "is JSON, not speech"
     if _TAG.search(text):
         return "is markup of your instructions"
+    if len(_LETTER_LABEL.findall(text)) >= 3:
+        return "is a script of labelled lines, not words said"
     if _ROLE_LABEL.search(text) or _NUMBER_LABEL.search(text):
         return "starts with a label, as the record does"
     if _ARROW.search(text) or _HISTORY_NUMBER.search(text) or _ID_IN_PARENS.search(text):
@@ -281,6 +305,10 @@ def _artifact(text: str, context: LineContext) -> str:
         )
         if name and re.match(label, head, re.IGNORECASE):
             return f"starts with the label {name!r}, as the record does"
+        # a name alone in brackets later in the line is a label too ("... (Ostra). I am so glad
+        # you're happy ... (Pim) The way you talk ...", SmolLM2-135M in the demo, measured)
+        if name and re.search(rf"\(\s*{re.escape(name)}\s*\)", text, re.IGNORECASE):
+            return f"puts the label {name!r} in brackets, as the record does"
     other = _claims_another_name(text, context)
     if other:
         return f"says it is {other}, another companion: speak as yourself"
