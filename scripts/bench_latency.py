@@ -547,10 +547,22 @@ def tokens_of(turn: Turn) -> str:
     return said
 
 
+@dataclass(frozen=True)
+class LlamaServer:
+    """A running llama-cpp-python server: its base URL, its stderr read for the completions it
+    tells (everything else it logs there is dropped), and its process (to be read, never
+    stopped: :func:`llama_server` stops it)."""
+
+    url: str
+    perf: ServerPerf
+    proc: subprocess.Popen[bytes]
+
+
 @contextlib.contextmanager
-def llama_server(venv: Path, cache: bool = True) -> Iterator[tuple[str, ServerPerf]]:
-    """The server on a free loopback port, stopped by its PID at the end: its base URL, and its
-    stderr read for the completions it tells (everything else it logs there is dropped)."""
+def llama_server(venv: Path, cache: bool = True, cache_size: int | None = None) -> Iterator[LlamaServer]:
+    """SmolLM2 behind llama-cpp-python on a free loopback port, stopped by its PID at the end
+    (``venv``: a virtualenv with ``llama_cpp.server``, its ``GGUF`` file naming the model;
+    ``cache_size``: its ``--cache_size`` in bytes, 2 GiB unless given)."""
     gguf = (venv / "GGUF").read_text(encoding="utf-8").strip()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -558,7 +570,10 @@ def llama_server(venv: Path, cache: bool = True) -> Iterator[tuple[str, ServerPe
     argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf]
     argv += ["--model_alias", "smollm2-135m", "--port", str(port), "--host", "127.0.0.1"]
     argv += ["--cache", "true" if cache else "false"]
-    print(f"llama-cpp-python server: --cache {'true' if cache else 'false'}")
+    if cache_size is not None:
+        argv += ["--cache_size", str(cache_size)]
+    sized = f" --cache_size {cache_size}" if cache_size is not None else ""
+    print(f"llama-cpp-python server: --cache {'true' if cache else 'false'}{sized}")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
     assert proc.stderr is not None
     perf = ServerPerf(proc.stderr)
@@ -570,7 +585,7 @@ def llama_server(venv: Path, cache: bool = True) -> Iterator[tuple[str, ServerPe
             if proc.poll() is not None:
                 raise RuntimeError("llama_cpp.server exited")
             time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1", perf
+        yield LlamaServer(f"http://127.0.0.1:{port}/v1", perf, proc)
     finally:
         stop_process(proc)
         perf.join(10)
@@ -622,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.llama_venv is None:
                 parser.error("--source smollm2 needs --llama-venv")
             turns = []
-            with llama_server(args.llama_venv, not args.no_server_cache) as (base_url, perf):
+            with llama_server(args.llama_venv, not args.no_server_cache) as server:
+                base_url, perf = server.url, server.perf
                 for run in range(args.runs):
                     got = run_source(
                         source,

@@ -25,6 +25,14 @@ commits, drops by reason).
 
     python scripts/bench_soak.py --minutes 30 > soak.txt
     python scripts/bench_soak.py --minutes 3 --sample 20   # a quick look
+    python scripts/bench_soak.py --minutes 30 --llama-venv VENV   # a real model (outside CI)
+
+``--llama-venv VENV`` gives the companions a real model: SmolLM2-135M behind llama-cpp-python
+(``--cache true``; ``VENV`` as for ``bench_latency.py --source smollm2``: its ``GGUF`` file names
+the model), started on a free loopback port and stopped by its PID at the end; its process is
+read each sample as the companions are. The WARNING lines of a real model's run are mostly the
+line check at work (``line_refused``, ``speak_own_line``): they are counted by event, with the
+first of each printed.
 
 Every process is stopped by its PID (SIGTERM, then SIGKILL after a grace) however the run
 ends; every wait has a deadline.
@@ -49,6 +57,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_conversation import QUESTIONS, companion_ids, write_cards
+from bench_latency import llama_server
 from bench_support import data_bytes, fd_count, rss_bytes, thread_count
 
 HERE: Final = Path(__file__).resolve().parent
@@ -142,8 +151,16 @@ def first_address(lines: Sequence[str], name: str) -> str:
     return addr if "/p2p/" in addr else f"{addr}/p2p/{peer}"
 
 
-def companion_argv(card: Path, data: Path, peers: Sequence[str], ws: bool) -> list[str]:
+MODEL: Final = "openai:smollm2-135m"
+"""The companions' model with ``--llama-venv`` (the alias ``llama_server`` serves it under)."""
+
+
+def companion_argv(
+    card: Path, data: Path, peers: Sequence[str], ws: bool, base_url: str | None = None
+) -> list[str]:
     argv = [sys.executable, "-m", "companion", "run", str(card), "--no-mdns", "--log-format", "json"]
+    if base_url is not None:
+        argv += ["--model", MODEL, "--base-url", base_url]
     argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(data), "--metrics", "127.0.0.1:0"]
     for peer in peers:
         argv += ["--peer", peer]
@@ -341,12 +358,28 @@ def loud_lines(child: Child) -> list[tuple[float, str]]:
 
 
 async def soak(args: argparse.Namespace, folder: Path) -> int:
+    if args.llama_venv is None:
+        return await soak_with(args, folder, None, None)
+    with llama_server(args.llama_venv, cache_size=args.llama_cache_size) as server:
+        model = Child("llama-cpp-python", [], folder, None, proc=server.proc)
+        return await soak_with(args, folder, server.url, model)
+
+
+async def soak_with(args: argparse.Namespace, folder: Path, base_url: str | None, model: Child | None) -> int:
+    """The soak; with ``base_url``, its companions talk through that server, and ``model`` (its
+    process) is read with theirs but never stopped here."""
     ids = companion_ids(args.companions, "soak")
     cards = write_cards(folder, ids, args.turns)
     children = [
-        Child(cid, companion_argv(card, folder / f"data-{cid}", [], i == 0), folder, folder / f"data-{cid}")
+        Child(
+            cid,
+            companion_argv(card, folder / f"data-{cid}", [], i == 0, base_url),
+            folder,
+            folder / f"data-{cid}",
+        )
         for i, (cid, card) in enumerate(zip(ids, cards, strict=True))
     ]
+    watched = [*children, *([model] if model is not None else [])]
     try:
         children[0].start()
         lines = await wait_line(children[0], "bridge ")
@@ -374,9 +407,9 @@ async def soak(args: argparse.Namespace, folder: Path) -> int:
         start = time.monotonic()
         until = start + args.minutes * 60
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(sampler, children, start, args.sample, until, tally)
+            nursery.start_soon(sampler, watched, start, args.sample, until, tally)
             await converse(url, ids, tally, args.interval, until)
-        summary(children, tally, min(args.interval, args.minutes * 30), args.minutes)
+        summary(watched, tally, min(args.interval, args.minutes * 30), args.minutes)
         await trio.to_thread.run_sync(print_metrics, children[: len(ids)])
     finally:
         stopping = time.time()
@@ -390,9 +423,33 @@ async def soak(args: argparse.Namespace, folder: Path) -> int:
     for label, found in (("during the soak", during), ("after SIGTERM", after)):
         print(f"WARNING/ERROR lines {label}: {sum(len(v) for v in found.values())}")
         for name, lines in found.items():
-            for line in lines:
-                print(f"  {name}: {line}")
+            print_loud(name, lines)
     return 0
+
+
+ALL_LOUD: Final = 20
+"""Up to this many WARNING/ERROR lines of a process are printed whole; more are counted by event."""
+
+
+def print_loud(name: str, lines: Sequence[str]) -> None:
+    """``name``'s loud lines: all of them, or (past :data:`ALL_LOUD`) a count per event with the
+    first line of each (a real model's run refuses lines by the dozen)."""
+    if len(lines) <= ALL_LOUD:
+        for line in lines:
+            print(f"  {name}: {line}")
+        return
+    first: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        event = str(record.get("event", "?")) if isinstance(record, dict) else "(not a log record)"
+        counts[event] = counts.get(event, 0) + 1
+        first.setdefault(event, line)
+    for event, count in sorted(counts.items(), key=lambda kv: -kv[1]):
+        print(f"  {name}: {count} x {event}; the first: {first[event][:400]}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -404,6 +461,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=3, help="the cards' max_turns (3)")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare py-libp2p reference")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, data)")
+    parser.add_argument(
+        "--llama-venv", type=Path, help="a real model: SmolLM2 behind llama-cpp-python from this venv"
+    )
+    parser.add_argument(
+        "--llama-cache-size", type=int, help="the server's --cache_size in bytes (its default: 2 GiB)"
+    )
     args = parser.parse_args(argv)
     if args.companions < 2 or args.minutes <= 0 or args.interval < 5 or args.sample < 1:
         parser.error(
