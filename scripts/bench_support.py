@@ -74,6 +74,19 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+def peak_rss_bytes(pid: int) -> int | None:
+    """The most resident memory a process has held (``VmHWM`` of ``/proc/PID/status``);
+    ``None`` once gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def thread_count(pid: int) -> int | None:
     """Threads of a process (``Threads`` of ``/proc/PID/status``); ``None`` once gone."""
     try:
