@@ -28,11 +28,12 @@ commits, drops by reason).
     python scripts/bench_soak.py --minutes 30 --llama-venv VENV   # a real model (outside CI)
 
 ``--llama-venv VENV`` gives the companions a real model: SmolLM2-135M behind llama-cpp-python
-(``--cache true``; ``VENV`` as for ``bench_latency.py --source smollm2``: its ``GGUF`` file names
-the model), started on a free loopback port and stopped by its PID at the end; its process is
-read each sample as the companions are. The WARNING lines of a real model's run are mostly the
-line check at work (``line_refused``, ``speak_own_line``): they are counted by event, with the
-first of each printed.
+(``--cache true`` unless ``--llama-no-cache``; ``VENV`` as for ``bench_latency.py --source
+smollm2``: its ``GGUF`` file names the model), started on a free loopback port and stopped by
+its PID at the end; its process is read each sample as the companions are. The WARNING lines
+of a real model's run are mostly the line check at work (``line_refused``, ``speak_own_line``):
+they are counted by event, with the first of each printed. Measured with it: llama-cpp-python's
+``--cache true`` holds about seven times its ``--cache_size`` (docs/models.md).
 
 Every process is stopped by its PID (SIGTERM, then SIGKILL after a grace) however the run
 ends; every wait has a deadline.
@@ -360,7 +361,7 @@ def loud_lines(child: Child) -> list[tuple[float, str]]:
 async def soak(args: argparse.Namespace, folder: Path) -> int:
     if args.llama_venv is None:
         return await soak_with(args, folder, None, None)
-    with llama_server(args.llama_venv, cache_size=args.llama_cache_size) as server:
+    with llama_server(args.llama_venv, not args.llama_no_cache, args.llama_cache_size) as server:
         model = Child("llama-cpp-python", [], folder, None, proc=server.proc)
         return await soak_with(args, folder, server.url, model)
 
@@ -467,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--llama-cache-size", type=int, help="the server's --cache_size in bytes (its default: 2 GiB)"
     )
+    parser.add_argument("--llama-no-cache", action="store_true", help="the server with --cache false")
     args = parser.parse_args(argv)
     if args.companions < 2 or args.minutes <= 0 or args.interval < 5 or args.sample < 1:
         parser.error(
