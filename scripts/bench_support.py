@@ -62,41 +62,33 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14 and 15)
 
 
-def rss_bytes(pid: int) -> int | None:
-    """Resident memory of a process (``VmRSS`` of ``/proc/PID/status``); ``None`` once gone."""
+def _status(pid: int, field: str) -> int | None:
+    """The number after ``field:`` in ``/proc/PID/status``; ``None`` once the process is gone."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def peak_rss_bytes(pid: int) -> int | None:
-    """The most resident memory a process has held (``VmHWM`` of ``/proc/PID/status``);
-    ``None`` once gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def thread_count(pid: int) -> int | None:
-    """Threads of a process (``Threads`` of ``/proc/PID/status``); ``None`` once gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Threads:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1])
     except OSError:
         return None
     return None
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of a process (``VmRSS``); ``None`` once gone."""
+    kib = _status(pid, "VmRSS")
+    return None if kib is None else kib * 1024
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """The most resident memory a process has held (``VmHWM``); ``None`` once gone."""
+    kib = _status(pid, "VmHWM")
+    return None if kib is None else kib * 1024
+
+
+def thread_count(pid: int) -> int | None:
+    """Threads of a process (``Threads``); ``None`` once gone."""
+    return _status(pid, "Threads")
 
 
 def fd_count(pid: int) -> int | None:
