@@ -270,6 +270,17 @@ def test_a_line_spliced_from_another_s_sentences_is_a_copy() -> None:
     assert verdict.kind == "copy" and "was already said" in verdict.reason
 
 
+@pytest.mark.parametrize(
+    "said",
+    [
+        "Come by tomorrow. Address: 12 Harbour Street, ask for Mo.",
+        "Here is the recipe. Instructions: mix the flour, then rest it an hour.",
+    ],
+)
+def test_a_heading_a_character_may_say_counts_only_at_the_line_s_start(said: str) -> None:
+    assert check_line(said, CONVERSATION).ok, said
+
+
 def test_a_reply_that_takes_up_a_few_of_another_s_words_is_a_line() -> None:
     """A reply names what it answers; a third of its runs of words is far more than that."""
     said = [Message.create("companion_pim", ["companion_juniper"], _PIM)]

@@ -76,13 +76,17 @@ _ID_IN_PARENS = re.compile(r"\(\s*(?:id\s+)?[a-z]+_[\w-]*\s*\)|\(\s*id\s*\)", re
 """``Name (companion_x)``, even cut short (``Juniper (companion_junipe)``), or the format's own
 placeholder (``My name is: Juniper (id)``, SmolLM2-135M, measured)."""
 _LABELS = re.compile(
-    r"\bContext\s*:|(?:^|\n|[.!?]\s)\s*(?:conversation so far|personality|background|your role"
-    r"|how you talk|companions|parameters|(?:follow these )?instructions|address)\b[^:\n]{0,24}:",
+    r"\bContext\s*:"
+    r"|(?:^|\n)\s*(?:background|companions|parameters|instructions|address)\b[^:\n]{0,24}:"
+    r"|(?:^|\n|[.!?]\s)\s*(?:conversation so far|personality|your role|how you talk"
+    r"|follow these instructions)\b[^:\n]{0,24}:",
     re.IGNORECASE,
 )
-"""A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``), at the start
-of any sentence of the line ("... ask them to make it yourself. Your role (Pim): Respond with a
-smile. ... Follow these instructions: Respond in character.", SmolLM2-135M in the demo, measured)."""
+"""A heading of the prompt read aloud (``Context:``, ``Your role:``, ``Address:``). The headings
+only the prompt has count at the start of any sentence ("... ask them to make it yourself. Your
+role (Pim): Respond with a smile. ... Follow these instructions: Respond in character.",
+SmolLM2-135M in the demo, measured); those a character may say ("... Address: 12 Harbour
+Street", a recipe's "Instructions:") only at the line's start."""
 _LETTER_LABEL = re.compile(r"(?:^|[.!?\u2026]\s)\s*[A-Z]\s*:\s")
 """A line of a script labelled by a letter; three in a line are a script, not speech ("... A: No,
 I'm not. B: No way? C: No way! D: No way! ...", SmolLM2-135M in the demo, measured)."""
