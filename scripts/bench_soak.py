@@ -58,7 +58,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_conversation import QUESTIONS, companion_ids, write_cards
-from bench_latency import llama_server
+from bench_latency import CACHE_SIZE, llama_server
 from bench_support import data_bytes, fd_count, rss_bytes, thread_count
 
 HERE: Final = Path(__file__).resolve().parent
@@ -361,7 +361,8 @@ def loud_lines(child: Child) -> list[tuple[float, str]]:
 async def soak(args: argparse.Namespace, folder: Path) -> int:
     if args.llama_venv is None:
         return await soak_with(args, folder, None, None)
-    with llama_server(args.llama_venv, not args.llama_no_cache, args.llama_cache_size) as server:
+    size = CACHE_SIZE if args.llama_cache_size is None else args.llama_cache_size or None
+    with llama_server(args.llama_venv, not args.llama_no_cache, size) as server:
         model = Child("llama-cpp-python", [], folder, None, proc=server.proc)
         return await soak_with(args, folder, server.url, model)
 
@@ -466,7 +467,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--llama-venv", type=Path, help="a real model: SmolLM2 behind llama-cpp-python from this venv"
     )
     parser.add_argument(
-        "--llama-cache-size", type=int, help="the server's --cache_size in bytes (its default: 2 GiB)"
+        "--llama-cache-size",
+        type=int,
+        help="the server's --cache_size in bytes (default 268435456, as docs/models.md says; 0: the "
+        "server's own default, 2 GiB)",
     )
     parser.add_argument("--llama-no-cache", action="store_true", help="the server with --cache false")
     args = parser.parse_args(argv)
