@@ -381,7 +381,6 @@ async def soak_with(args: argparse.Namespace, folder: Path, base_url: str | None
         )
         for i, (cid, card) in enumerate(zip(ids, cards, strict=True))
     ]
-    watched = [*children, *([model] if model is not None else [])]
     try:
         children[0].start()
         lines = await wait_line(children[0], "bridge ")
@@ -401,6 +400,7 @@ async def soak_with(args: argparse.Namespace, folder: Path, base_url: str | None
             ]
             children.append(Child(BARE, bare_argv, folder, None))
             children[-1].start()
+        watched = [*children, *([model] if model is not None else [])]  # the bare peer included
         await everyone_sees(children[: len(ids)], ids)
         print(f"soak: {len(ids)} companions and the bridge up; a conversation every {args.interval:g} s")
         print(f"soak: {args.minutes:g} min from {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
