@@ -17,9 +17,10 @@ back an earlier native build. ``--server-python`` uses an interpreter that has
 ``llama_cpp.server`` already (and ``--gguf`` a model file you have). Never run in CI.
 
 Then, ``--runs`` times, it starts ``python -m llama_cpp.server`` on a free loopback port (with
-``--cache true`` when ``--server-cache``), runs ``companion demo --in-memory --json`` against it
-with this interpreter, stops the server by its PID, and prints: the replies, whether the
-conversation reached ``terminal`` and after how many turns, who spoke how often and the closing
+``--cache true --cache_size 268435456`` when ``--server-cache``), runs ``companion demo
+--in-memory --json`` against it with this interpreter, stops the server by its PID (printing
+its peak memory), and prints: the replies, whether the conversation reached ``terminal`` and
+after how many turns, who spoke how often and the closing
 stages in order, lines that carry the prompt's format or copy an earlier line
 (:func:`companion.lines.check.check_line`, and the lines the engine refused), HTTP requests and seconds
 per turn, prompt tokens per turn and how many the server took from its cache (its log's
@@ -50,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_latency import CACHE_SIZE
 from bench_support import peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -593,7 +595,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--server-cache", action="store_true", help="run the server with --cache true (its RAM prompt cache)"
     )
     parser.add_argument(
-        "--server-cache-size", type=int, default=None, help="with --server-cache: its --cache_size in bytes"
+        "--server-cache-size",
+        type=int,
+        default=CACHE_SIZE,
+        help="with --server-cache: its --cache_size in bytes (default 268435456, as docs/models.md "
+        "says; 0: the server's own, 2 GiB)",
     )
     parser.add_argument("--runs", type=int, default=1, help="demos to run, each with a fresh server")
     parser.add_argument("--replies", type=int, default=12, help="the demo's --max-turns")
@@ -637,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log,
                     args.server_cache,
                     args.llama_cpp is not None,
-                    args.server_cache_size,
+                    args.server_cache_size or None,
                 )
                 model = ALIAS
             else:
