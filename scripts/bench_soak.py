@@ -58,7 +58,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_conversation import QUESTIONS, companion_ids, write_cards
-from bench_latency import CACHE_SIZE, llama_server
+from bench_latency import CACHE_SIZE, MODEL, llama_server
 from bench_support import data_bytes, fd_count, rss_bytes, thread_count
 
 HERE: Final = Path(__file__).resolve().parent
@@ -150,10 +150,6 @@ def first_address(lines: Sequence[str], name: str) -> str:
     peer = lines[at].split()[-1]
     addr = lines[at + 1].strip()
     return addr if "/p2p/" in addr else f"{addr}/p2p/{peer}"
-
-
-MODEL: Final = "openai:smollm2-135m"
-"""The companions' model with ``--llama-venv`` (the alias ``llama_server`` serves it under)."""
 
 
 def companion_argv(
@@ -361,8 +357,7 @@ def loud_lines(child: Child) -> list[tuple[float, str]]:
 async def soak(args: argparse.Namespace, folder: Path) -> int:
     if args.llama_venv is None:
         return await soak_with(args, folder, None, None)
-    size = CACHE_SIZE if args.llama_cache_size is None else args.llama_cache_size or None
-    with llama_server(args.llama_venv, not args.llama_no_cache, size) as server:
+    with llama_server(args.llama_venv, not args.llama_no_cache, args.llama_cache_size or None) as server:
         model = Child("llama-cpp-python", [], folder, None, proc=server.proc)
         return await soak_with(args, folder, server.url, model)
 
@@ -469,6 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--llama-cache-size",
         type=int,
+        default=CACHE_SIZE,
         help="the server's --cache_size in bytes (default 268435456, as docs/models.md says; 0: the "
         "server's own default, 2 GiB)",
     )
