@@ -400,3 +400,29 @@ async def test_local_servers_get_the_token_limit_in_the_field_they_read(memory: 
         await model.speak(speak_request(), ToolRecorder())
     limits = [(r.body.get("max_tokens"), "max_completion_tokens" in r.body) for r in srv.model_requests()]
     assert limits == [(600, False), (600, False), (120, False)]
+
+
+def test_a_request_body_cut_short_is_answered_400_and_is_no_model_request() -> None:
+    """A companion process that ends while it sends a request leaves the server a body cut short
+    (seen at a demo's end on a loaded machine: the fake server's handler crashed on it). A real
+    server answers 400 and generates nothing; so does the fake, and it counts no model request."""
+    import socket
+    import urllib.parse
+
+    with running_server() as server:
+        address = urllib.parse.urlsplit(server.openai_base_url)
+        assert address.hostname is not None and address.port is not None
+        for body, declared in ((b'{"model": "fake-1", "mess', 100), (b"", 0), (b"[1, 2]", 6)):
+            with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+                head = (
+                    f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {declared}\r\nConnection: close\r\n\r\n"
+                )
+                sock.sendall(head.encode() + body)
+                sock.shutdown(socket.SHUT_WR)  # the rest of the body never comes
+                answer = b""
+                while chunk := sock.recv(4096):
+                    answer += chunk
+            assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[:80]
+        assert server.model_requests() == []
+        assert len([r for r in server.requests if r.method == "POST"]) == 3

@@ -426,9 +426,10 @@ class FakeLLMServer:
             )
 
     def model_requests(self) -> list[Recorded]:
-        """The recorded generation requests (not model listings), oldest first."""
+        """The recorded generation requests (not model listings, nor a body that never arrived
+        whole), oldest first."""
         with self._lock:
-            return [r for r in self.requests if r.method == "POST"]
+            return [r for r in self.requests if r.method == "POST" and isinstance(r.body, dict)]
 
     def refusals(self) -> list[Recorded]:
         """The generation requests the profile refused (HTTP error), oldest first."""
@@ -748,9 +749,19 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length) or b"null")
+            raw = self.rfile.read(length)
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
             record = self._record(body)
             if not self._authorized():
+                return
+            if not isinstance(body, dict):
+                # A body cut short (a client stopped mid-request: a companion process ended while
+                # it sent one, seen at a demo's end on a loaded machine) or not a JSON object: a
+                # real server answers 400 and generates nothing.
+                self._send(400, {"error": {"message": "the request body is not a JSON object"}})
                 return
             path = self.path.split("?")[0]
             if path not in ("/v1/chat/completions", "/v1/messages"):
