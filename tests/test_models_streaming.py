@@ -29,6 +29,7 @@ class GrowingLine:
     """Records what a streaming model shows of the line (the speaker's live line in the engine)."""
 
     abandoned = False
+    settled: str | None = None
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
@@ -218,3 +219,33 @@ async def test_a_line_that_can_no_longer_be_said_stops_the_stream(server: FakeLL
         model.memory.identify(model.config, "llama-cpp-python")
         await model.speak(speak_request(live=sink), tools)
     assert tools.calls and tools.calls[0][1]["message"] == "Sentence number 0 is about the sea."
+
+
+async def test_a_line_settled_as_heard_stops_the_stream_and_is_the_call(server: FakeLLMServer) -> None:
+    """Its first sentence heard, its second refused: the stream closes there, and the call
+    made is the heard line with the arguments the model had not written yet filled in (its
+    ``to`` came after the line), so no follow-up request is needed to complete it."""
+
+    class Settling(GrowingLine):
+        def grow(self, tool_id: str, text: str) -> None:
+            super().grow(tool_id, text)
+            if "copy. " in text:
+                self.settled = "Whales, mostly."
+
+    long = "Whales, mostly. A copy. " + " ".join(f"Sentence {i} about the sea." for i in range(40))
+    server.push(tool_call("speak", {"message": long, "to": ["user_1"], "emotion": "happy"}))
+    sink, tools = Settling(), ToolRecorder()
+    await openai_model(server).speak(speak_request(live=sink), tools)
+    assert tools.calls == [("speak", {"message": "Whales, mostly.", "to": ["user_1"]})]
+    assert len(sink.seen[-1][1]) < 40  # nothing read after it
+    assert len(server.model_requests()) == 1
+
+    # a text answer: the line is the heard one, not its first paragraph
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(text(long + "\nuser_1: And then?"))
+        sink, tools = Settling(), ToolRecorder()
+        model = openai_model(srv)
+        model.memory.identify(model.config, "llama-cpp-python")
+        await model.speak(speak_request(live=sink), tools)
+        assert len(srv.model_requests()) == 1
+    assert tools.calls and tools.calls[0][1]["message"] == "Whales, mostly."

@@ -22,6 +22,7 @@ class Shown:
     """A live line that keeps nothing: the speak request streams only when it has one."""
 
     abandoned = False
+    settled: str | None = None
 
     def grow(self, tool_id: str, text: str) -> None:
         pass

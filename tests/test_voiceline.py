@@ -336,3 +336,30 @@ async def test_a_line_rewritten_after_a_lone_first_clause_is_voiced_anew(
         await trio.sleep(5)
         assert await line.finish(CARD_LINE, "neutral", 30) == said
     assert [text for _at, text, _meta in client.asked] == heard
+
+
+async def test_a_line_settles_as_heard_once_a_later_sentence_is_refused(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Nothing more of it can be voiced: the model may stop writing, and the line is what was
+    heard. A line still growing, or one stopped with nothing heard (its next try starts anew),
+    or with only a lone first clause heard (a false start), is not settled."""
+    client = Client(speaking=0.5)
+    line = LiveVoiceLine(client.ask, emit, check=lambda s, _b: "a copy" if s.startswith("Hello") else None)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "Fine. Calm seas. ")
+        assert line.settled is None and not line.abandoned
+        line.grow(VOICE_TOOL, "Fine. Calm seas. Hello again. And")
+        assert line.settled == "Fine. Calm seas." and not line.abandoned
+        assert await line.finish("Fine. Calm seas.", "neutral", 30) == "Fine. Calm seas."
+    assert [a[1] for a in client.asked] == ["Fine.", "Calm seas."]
+
+    unheard = LiveVoiceLine(client.ask, emit, check=lambda s, _b: "a copy" if s.startswith("Hello") else None)
+    unheard.grow(VOICE_TOOL, "Hello again. And")
+    assert unheard.abandoned and unheard.settled is None
+
+    clause = LiveVoiceLine(client.ask, emit, check=lambda s, _b: "a copy" if "Context" in s else None)
+    clause.grow(VOICE_TOOL, "I am not sure how this can be done, Context: 1. More")
+    assert clause.said == "I am not sure how this can be done,"
+    assert clause.abandoned and clause.settled is None

@@ -188,6 +188,19 @@ def _sentence_check(context: LineContext) -> SentenceCheck:
     return check
 
 
+def _heard_already(tool_id: str, raw: Mapping[str, Any]) -> bool:
+    """Whether ``raw``'s line is the one the live line settled as heard
+    (:attr:`~companion.engine.voiceline.LiveVoiceLine.settled`): each sentence passed the check
+    before anyone heard it, and refusing the whole now would only ask the model for a line that
+    cannot be voiced, then publish what was heard anyway."""
+    live = LIVE_LINE.get()
+    field = line_field(raw)
+    if not isinstance(live, LiveVoiceLine) or field is None or not live.voices(tool_id):
+        return False
+    settled = live.settled
+    return settled is not None and settled == str(raw[field])
+
+
 class Speaker:
     """Prepares this companion's replies (one :class:`Speech` at a time, the engine decides when)."""
 
@@ -320,7 +333,9 @@ class Speaker:
                 raw = self._without_directions(raw, speech)
                 if speech.spoke:
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
-                refused = self.refused_line(tool_id, raw, speech, lines)
+                refused = (
+                    None if _heard_already(tool_id, raw) else self.refused_line(tool_id, raw, speech, lines)
+                )
                 if refused is not None:
                     return refused.for_model()
                 if isinstance(raw.get("to"), list):

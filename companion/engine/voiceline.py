@@ -127,9 +127,8 @@ class LiveVoiceLine:
         published as the line)."""
         if text.startswith(self._splitter.said):
             return  # the same line, going on (or nothing handed out yet)
-        heard = self._admitted[self._false_start :]
-        false_start = len(heard) == 1 and heard[0].endswith(tuple(CLAUSE_MARKS))
-        if heard and not false_start:
+        heard = self._heard
+        if heard and not self._only_a_clause(heard):
             return
         self._splitter = self._new_splitter()
         self._stopped = False
@@ -142,11 +141,35 @@ class LiveVoiceLine:
         self._emit("voice_line_anew", logging.INFO, line=self.id, reason=reason)
 
     @property
+    def _heard(self) -> list[str]:
+        """The sentences of the line being written that passed :meth:`admit` (not a false start)."""
+        return self._admitted[self._false_start :]
+
+    @staticmethod
+    def _only_a_clause(heard: list[str]) -> bool:
+        """Whether ``heard`` is a lone first clause: a false start if its line goes no further."""
+        return len(heard) == 1 and heard[0].endswith(tuple(CLAUSE_MARKS))
+
+    @property
     def abandoned(self) -> bool:
         """Whether nothing more of the line being written can be voiced: it was stopped with
         nothing heard but a false start (see :class:`~companion.models.base.LineSink`). A new
         line (the model's next try) may still start anew."""
-        return self._stopped and not self._admitted[self._false_start :]
+        return self._stopped and self.settled is None
+
+    @property
+    def settled(self) -> str | None:
+        """The line, once nothing more of it can be voiced after some of it was heard (a later
+        sentence refused, the voice interrupted): exactly what was heard, which is what the
+        message publishes. The model may stop writing, and is not asked again: its next try
+        could not be voiced (a line once heard never starts over) and what was heard would be
+        published anyway, a request later (SmolLM2-135M: a refused second sentence, then 1.1 s
+        more writing to the token limit and 0.8 s for a second try nobody heard, measured).
+        ``None`` while the line may still grow, or when only a false start was heard."""
+        heard = self._heard
+        if not self._stopped or not heard or self._only_a_clause(heard):
+            return None
+        return join_sentences(heard)
 
     @property
     def started(self) -> bool:

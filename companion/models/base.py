@@ -89,7 +89,14 @@ class LineSink(Protocol):
     @property
     def abandoned(self) -> bool:
         """Whether nothing more of the line being written can be said (its first sentence was
-        refused, nothing of it heard): the model may stop writing it."""
+        refused, nothing of it heard): the model may stop writing it, and try another."""
+        ...
+
+    @property
+    def settled(self) -> str | None:
+        """The line as it will be published, once nothing more of it can be said after some of
+        it was heard (a later sentence refused, the voice interrupted): the model may stop
+        writing, and its line is this. ``None`` otherwise."""
         ...
 
 

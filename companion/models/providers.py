@@ -90,7 +90,7 @@ from companion.models.servers import (
     shared_memory,
 )
 from companion.models.speakturn import SpeakTurn, shown_to
-from companion.models.streaming import Partial, stream_response, whole_sentences
+from companion.models.streaming import Partial, stream_response, whole_sentences, with_line
 from companion.models.structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -695,6 +695,8 @@ class ProviderModel:
             )
             stopped = partial is not None and partial.stopped
             response, cut = whole_sentences(response, stopped=stopped)
+            if partial is not None and partial.settled is not None:
+                response = with_line(response, partial.settled, turn.speech_args)
             if cut and not stopped:
                 log_event(_log, "line_cut_at_token_limit", model=self.name, limit=_SPEAK_TOKENS)
             first = False

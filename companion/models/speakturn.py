@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic_ai.messages import ModelResponse
 
@@ -96,6 +97,12 @@ class SpeakTurn:
     def follow_up(self) -> bool:
         return self.needs_fix or bool(self.pending) or (self.looked_up and not self.done)
 
+    def speech_args(self, name: str) -> dict[str, Any] | None:
+        """Input for the tool named ``name`` (on the wire) that says a line to this turn's
+        recipients (the line itself a placeholder), or ``None`` when it takes no line."""
+        spec = self.tools.get(name)
+        return None if spec is None else speech_args(spec, "-", self.recipients)
+
     def speaking_tool(self) -> tuple[str, ToolSpec] | None:
         """The action that carries a plain-text answer: an instructed one that takes a message,
         else ``speak``, else the first action that takes a message."""
@@ -120,19 +127,29 @@ class Shown:
         self._text_tool = speaker[1].id if speaker is not None else None
         self.stopped = False
         """Whether the last stream was closed before its end (its answer is cut)."""
+        self.settled: str | None = None
+        """The line the last stream's answer says, when the live line settled it as heard."""
 
     def __call__(self, response: ModelResponse) -> bool:
         turn = self._turn
         found = partial_line(response, turn.tools, self._text_tool, (turn.me.name, turn.me.id))
-        self.stopped = False
+        self.stopped, self.settled = False, None
         if found is not None:
             self._live.grow(*found)
-            if self._live.abandoned:
-                # Its first sentence was refused: the rest cannot be said, and the refused line's
-                # second try starts now, not when the model has written to its token limit
-                # (SmolLM2-135M: 1.3 s more for a line already refused, measured).
-                log_event(_log, "speak_stream_stopped", companion=turn.me.id, written=clip(found[1], 120))
-                self.stopped = True
+            settled = self._live.settled
+            if self._live.abandoned or settled is not None:
+                # Nothing more of it can be said: the refused line's second try starts now (its
+                # first sentence refused), or the line is what was heard (a later one refused),
+                # not when the model has written to its token limit (SmolLM2-135M: 1.1-1.3 s
+                # more for a line already refused, measured).
+                log_event(
+                    _log,
+                    "speak_stream_stopped",
+                    companion=turn.me.id,
+                    written=clip(found[1], 120),
+                    settled=settled is not None,
+                )
+                self.stopped, self.settled = True, settled
                 return False
         return True
 

@@ -27,7 +27,14 @@ from companion.lines.fields import line_field
 from companion.lines.sentences import whole_sentences_of
 from companion.models.base import ToolSpec
 
-__all__ = ["MAX_PARTIAL_CHARS", "Partial", "partial_line", "stream_response", "whole_sentences"]
+__all__ = [
+    "MAX_PARTIAL_CHARS",
+    "Partial",
+    "partial_line",
+    "stream_response",
+    "whole_sentences",
+    "with_line",
+]
 
 Partial = Callable[[ModelResponse], bool]
 """Called with the response so far after each streamed event (on the asyncio side: keep it quick);
@@ -123,24 +130,58 @@ def whole_sentences(response: ModelResponse, *, stopped: bool = False) -> tuple[
     cut_short = stopped or response.finish_reason == "length"
     if not cut_short and not any(_unfinished_json(p.args) for p in calls):
         return response, False
-    parts = []
     cut = False
+
+    def cut_back(line: str) -> str:
+        nonlocal cut
+        whole = whole_sentences_of(line)
+        cut |= whole != line
+        return whole
+
+    return _lines_rewritten(response, cut_back), cut
+
+
+def with_line(
+    response: ModelResponse, line: str, fill: Callable[[str], Mapping[str, object] | None]
+) -> ModelResponse:
+    """``response`` saying ``line``: the line its live line settled as heard (see
+    :attr:`~.base.LineSink.settled`), in place of what the model wrote around and after it.
+
+    Its stream was closed as soon as the line settled, so a tool call's arguments usually stop
+    inside their line, before the others (``to``, ``emotion``) were written: the arguments
+    written whole are kept, and ``fill(tool name)`` gives the rest (the call that says a line
+    to the turn's recipients, :func:`~.structured.speech_args`)."""
+
+    def complete(name: str, args: dict[str, object], unfinished: bool) -> dict[str, object]:
+        # the last argument of a cut JSON was still being written when the stream closed
+        written = dict(list(args.items())[:-1]) if unfinished else args
+        return {**(fill(name) or {}), **written}
+
+    return _lines_rewritten(response, lambda _written: line, complete)
+
+
+def _lines_rewritten(
+    response: ModelResponse,
+    rewrite: Callable[[str], str],
+    complete: Callable[[str, dict[str, object], bool], dict[str, object]] = lambda _n, args, _u: args,
+) -> ModelResponse:
+    """``response`` with the line of each tool call that carries one, and each text part,
+    replaced by ``rewrite`` of it; ``complete(tool name, arguments, cut)`` gives a call's other
+    arguments."""
+    parts = []
     for part in response.parts:
         if isinstance(part, ToolCallPart):
             args = _args_of(part.args) or {}
             field = line_field(args)
             if field is not None:
-                said = str(args[field])
-                line = whole_sentences_of(said)
-                cut |= line != said
-                # written back whole: the cut JSON would not parse as arguments
+                line = rewrite(str(args[field]))
+                args = complete(part.tool_name, args, _unfinished_json(part.args))
+                # written back whole: a cut JSON would not parse as arguments
                 part = replace(part, args=pydantic_core.to_json({**args, field: line}).decode())
         elif isinstance(part, TextPart):
-            line = whole_sentences_of(part.content)
-            cut |= line != part.content
-            part = replace(part, content=line)
+            part = replace(part, content=rewrite(part.content))
         parts.append(part)
-    return replace(response, parts=parts), cut
+    return replace(response, parts=parts)
 
 
 def _unfinished_json(args: object) -> bool:

@@ -133,3 +133,31 @@ async def test_a_line_refused_at_its_first_sentence_stops_its_stream_and_is_neve
         assert frames[-1]["params"]["message"] == LINES[2]
         stopped = home.event("speak_stream_stopped", 10)
         assert LINE.startswith(stopped["written"]) and stopped["written"] != LINE  # before its end
+
+
+async def test_a_line_refused_at_a_later_sentence_is_published_as_heard_without_a_second_try(
+    tmp_path: Path, hosted: FakeLLMServer
+) -> None:
+    """Its first sentence was heard, its second copies the line before: nothing more of it can
+    be voiced, so its stream is closed there and the message says what was heard, with no
+    second request (SmolLM2-135M wrote on to its token limit, then a second try nobody heard:
+    the message came 1.8 s after the line was voiced, measured)."""
+    new = "Fog rolls in slowly now."
+    copy = f"{new} {split_sentences(LINE)[0]} {' '.join(f'More fog, hour {i}.' for i in range(20))}"
+    model = VoiceModel(say=lambda n: LINE if n == 1 else copy if n == 2 else LINES[n - 1])
+    hosted.push(*([model] * 6))
+    async with (
+        juniper_home(tmp_path, hosted) as (_net, home, url),
+        open_websocket_url(f"{url}?topics=messages,queries") as ws,
+    ):
+        first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
+        await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+        first = await ask_over_ws(ws, "And now?", "m-2", [JUNIPER])
+        frames = await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+        assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == [new]
+        assert frames[-1]["params"]["message"] == new
+        stopped = home.event("speak_stream_stopped", 10)
+        assert stopped["settled"] is True and copy.startswith(stopped["written"])
+        assert len(stopped["written"]) < len(copy) // 2  # closed there, not written on
+        assert home.count("line_refused") == 0
+    assert model.speaks == 2
