@@ -461,7 +461,10 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
     audio = [t.audio for t in turns if t.audio == t.audio]
     if audio:
         print(f"message -> first audio frame    p50 {statistics.median(audio):.2f} s (WebRTC, espeak-ng)")
-    print(f"message -> whole message.send  p50 {statistics.median(lines):.2f} s")
+    print(f"message -> whole message.send  p50 {statistics.median(lines):.2f} s  (max {max(lines):.2f})")
+    # what the next speaker waits for once this one began: a line's tail, or a refused rest
+    tails = [t.line - t.first_words for t in turns]
+    print(f"first words -> message.send    p50 {statistics.median(tails):.2f} s  (max {max(tails):.2f})")
     print(f"first words / whole line       {p50 / statistics.median(lines):.2f}")
     streamed = [t for t in turns if not t.card_line]
     if streamed and len(streamed) < len(turns):
