@@ -38,6 +38,7 @@ from companion.conversation.rules import (
     META_CLOSING,
     META_IN_REPLY_TO,
     META_TURN,
+    StateDecision,
     ends_conversation,
     plan_leaders,
 )
@@ -671,6 +672,43 @@ def test_a_node_whose_floor_ends_the_conversation_yields_its_slot() -> None:
     m.receive(MessageSeen(first), 1.0)
     out = m.receive(StatesSeen([State.create(A, "speak", 9, True, "none")], A), 2.0)
     assert [s.params["reason"] for s in of(out, PublishSignal)] == ["terminal"]
+
+
+def test_a_leader_at_its_own_limit_lets_the_others_close_the_conversation() -> None:
+    """Five SmolLM2 companions, mixed limits: the one with the lowest led at its limit while the
+    leaders before it had kept the thread open, and its ``terminal`` array cut the talk off with
+    no closing line. Now its array begins closing (``pre-closing``); it listens (its own floor
+    ends its part) and another companion speaks, even when its model chose itself."""
+    m = machine(A, max_turns=2)
+    opening = Message.create(USER, [A, B, C], "hi")
+    m.receive(MessageSeen(opening), 0.0)
+    first = reply(B, [A, C], opening, turn=1)
+    m.receive(MessageSeen(first), 1.0)
+    meta = {META_IN_REPLY_TO: first.params.id, META_TURN: 2, META_CLOSING: "none"}
+    message = message_led_by(A, [A, C], sender=B, **meta)
+    out = m.receive(MessageSeen(message), 2.0)
+    [lead] = of(out, Lead)
+    assert lead.floor == "pre-closing"
+    chose = [StateDecision(A, "speak", 9.0, True), StateDecision(C, "listen", 2.0, False)]
+    out = m.receive(StatesReady(message.params.id, chose, "model"), 2.5)
+    [published] = of(out, PublishStates)
+    assert {s.params.closing for s in published.states} == {"pre-closing"}
+    assert [(s.params.from_, s.params.state) for s in published.states] == [(A, "listen"), (C, "speak")]
+    [log] = decisions(out, "states_published")
+    assert log.fields["floor_reason"] == "turn_limit" and "past its own turn limit" in str(log.fields)
+    out = m.receive(StatesSeen(published.states, A), 2.6)
+    assert not of(out, Speak) and not decisions(out, "conversation_over")
+
+
+def test_a_leader_at_its_limit_with_nobody_else_to_close_ends_the_conversation() -> None:
+    m = machine(A, max_turns=1)
+    opening = Message.create(USER, [A, B], "hi")
+    m.receive(MessageSeen(opening), 0.0)
+    first = reply(A, [B], opening, turn=1)
+    m.receive(MessageSeen(first), 1.0)
+    out = m.receive(MessageSeen(reply(B, [A], first, turn=2)), 2.0)  # A alone addressed
+    [published] = of(out, PublishStates)
+    assert not of(out, Lead) and {s.params.closing for s in published.states} == {"terminal"}
 
 
 # --- rule: a turn nobody answers ends the conversation, visibly, for everyone --------------------

@@ -28,6 +28,7 @@ from companion.conversation.rules import (
     finalize_states,
     later,
     leader_candidates,
+    leading_floor,
     plan_leaders,
     repetition_score,
     reply_recipients,
@@ -39,7 +40,15 @@ from companion.conversation.rules import (
     turn_info,
     turn_tag,
 )
-from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, PayloadError, State, parse_payload
+from companion.protocol import (
+    COMPANION_ID_PREFIX,
+    MESSAGES,
+    ClosingStage,
+    Message,
+    PayloadError,
+    State,
+    parse_payload,
+)
 
 VECTORS = Path(__file__).resolve().parent / "vectors" / "leader.json"
 A, B, C, D = "companion_a", "companion_b", "companion_c", "companion_d"
@@ -293,6 +302,24 @@ def test_turn_limit_closes_gracefully() -> None:
     assert stages == ["none", "none", "pre-closing", "closing", "terminal", "terminal"]
     assert closing_floor(previous="none", turn=0, utterances=[], max_turns=1).stage == "closing"
     assert closing_floor(previous="none", turn=4, utterances=[], max_turns=4).reason == "turn_limit"
+
+
+def test_a_leader_s_own_limit_closes_the_array_one_stage_a_turn() -> None:
+    """Cards' limits differ: at this leader's limit the thread may still be open (the leaders
+    before it had higher limits); its array then begins closing, it does not end the talk."""
+    at_limit = closing_floor(previous="none", turn=10, utterances=[], max_turns=10)
+    assert at_limit.stage == "terminal"
+    stages = [leading_floor(at_limit, previous).stage for previous in ("none", "pre-closing", "closing")]
+    assert stages == ["pre-closing", "closing", "terminal"]
+    assert leading_floor(at_limit, "none").reason == "turn_limit"
+    # one limit for all: the thread is one stage short of the floor, nothing changes
+    thread: list[tuple[int, ClosingStage]] = [(8, "none"), (9, "pre-closing"), (10, "closing")]
+    for turn, previous in thread:
+        floor = closing_floor(previous=previous, turn=turn, utterances=[], max_turns=10)
+        assert leading_floor(floor, previous) == floor
+    # only the turn limit is held to a stage a turn: a closing thread or repetition are as they were
+    repeated = closing_floor(previous="none", turn=3, utterances=["same line"] * 5)
+    assert leading_floor(repeated, "none") == repeated
 
 
 def test_repetition_pushes_to_pre_closing_with_configurable_threshold() -> None:

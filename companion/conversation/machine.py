@@ -38,7 +38,9 @@ slots: :mod:`companion.conversation.slots`):
   stage, the turn limit, repetition), so a leader that does not know our rules (aikyo's) cannot
   move the stage back or run past ``max_turns``; the turn count is the thread's companion replies.
   Where only this node's floor reaches ``terminal``, the conversation is over for this companion
-  alone: it gives its slot up (a ``terminal`` yield) and keeps following the turn.
+  alone: it gives its slot up (a ``terminal`` yield) and keeps following the turn. Leading past
+  its own limit, it publishes no ``terminal`` the thread's stage has not reached: its turn limit
+  moves the array one stage a turn (``rules.leading_floor``) and it listens, so the others close.
 - *Preferred speaker*: the leader marks one companion ``selected`` when the message names it,
   else when the exchange owes it a turn (:func:`~companion.conversation.rules.preferred_speaker`).
 - *Quiet ending*: a reply of this companion that addresses nobody who can answer opens no turn
@@ -323,7 +325,7 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
                     f"companion's limit ({floor.why}) and the leaders before this node are aikyo's: "
                     "the terminal array goes out now",
                 )
-                self._lead(turn, out)
+                self._lead(turn, out, cap=True)
 
     def _end_turn(self, turn: Turn, by: Message, info: TurnInfo, out: list[Effect]) -> None:
         """A newer message of the thread ends ``turn``: a lead or a speech in progress is withdrawn,
@@ -343,12 +345,15 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
 
     # --- leading -------------------------------------------------------------------------------
 
-    def _lead(self, turn: Turn, out: list[Effect]) -> None:
+    def _lead(self, turn: Turn, out: list[Effect], *, cap: bool = False) -> None:
+        """Lead ``turn``: the states request, or the ``terminal`` array at once when the floor
+        ends the conversation (``cap``: aikyo's companions spoke past this companion's limit,
+        and the leaders before it are theirs; it ends there, as they know no limit)."""
         self._goto(turn, Phase.LEADING)
-        floor = self._floor(turn)
+        floor = self._floor(turn) if cap else self._array_floor(turn)
         assert turn.rank is not None
         if floor.stage == "terminal":  # no model needed: the floor decides
-            self._publish_states(turn, None, "closing_floor_terminal", out)
+            self._publish_states(turn, None, "closing_floor_terminal", out, cap=cap)
             return
         out.append(
             Lead(
@@ -374,12 +379,28 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         self._log(out, "states_withheld", message_id=event.message_id, reason="states already arrived")
 
     def _publish_states(
-        self, turn: Turn, decisions: Sequence[StateDecision] | None, source: str, out: list[Effect]
+        self,
+        turn: Turn,
+        decisions: Sequence[StateDecision] | None,
+        source: str,
+        out: list[Effect],
+        *,
+        cap: bool = False,
     ) -> None:
-        floor = self._floor(turn)
+        floor = self._floor(turn) if cap else self._array_floor(turn)
         held: list[str] = []
+        nominated = turn.nominated
+        if floor.stage != "terminal" and self._floor(turn).stage == "terminal":
+            # Past this companion's own limit, the others close the conversation: it listens.
+            others = [cid for cid in turn.addressed if cid != self.me]
+            if decisions is not None:
+                decisions = [d for d in decisions if d.companion_id != self.me]
+            if not any(d.state == "speak" for d in decisions or ()):
+                decisions = fallback_decisions(others, None if nominated == self.me else nominated)
+            nominated = None if nominated == self.me else nominated
+            held.append(f"{self.me} is past its own turn limit: it listens while the others close")
         if decisions is None:
-            decisions = fallback_decisions(turn.addressed, turn.nominated)
+            decisions = fallback_decisions(turn.addressed, nominated)
         else:
             counted = []
             for d in decisions:
@@ -397,7 +418,7 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         busy = self._finishing(turn.answers)
         decisions, notes = held_back(decisions, busy)
         held += notes
-        nominated = None if turn.nominated in busy else turn.nominated
+        nominated = None if nominated in busy else nominated
         outcome = finalize_states(
             decisions, turn.addressed, floor=floor.stage, nominated=nominated, tag=turn_tag(turn.message)
         )

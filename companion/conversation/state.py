@@ -25,6 +25,7 @@ from companion.conversation.rules import (
     TurnInfo,
     closing_floor,
     leader_slot,
+    leading_floor,
     stamp_reply,
     turn_info,
 )
@@ -284,6 +285,15 @@ class MachineState:
             threshold=self.settings.repetition_threshold,
             max_turns=self.settings.max_turns,
         )
+
+    def _array_floor(self, turn: Turn) -> ClosingDecision:
+        """The floor of the array this node publishes leading ``turn``
+        (:func:`~companion.conversation.rules.leading_floor`): its own, when no other companion
+        is addressed to close the conversation."""
+        floor = self._floor(turn)
+        if not any(cid != self.me for cid in turn.addressed):
+            return floor
+        return leading_floor(floor, turn.previous)
 
     def _first_follower(self, turn: Turn, rank: int) -> bool:
         """Whether every leader candidate ranked before ``rank`` is aikyo's (:meth:`slotless`):

@@ -23,6 +23,7 @@ from companion.conversation.rules.closing import (
     closing_floor,
     closing_stage,
     later,
+    leading_floor,
     repetition_score,
 )
 from companion.conversation.rules.leader import (
@@ -111,6 +112,7 @@ __all__ = [
     "later",
     "leader_candidates",
     "leader_slot",
+    "leading_floor",
     "named_companion",
     "owed_companion",
     "plan_leaders",

@@ -37,6 +37,7 @@ __all__ = [
     "closing_stage",
     "counted_proposal",
     "later",
+    "leading_floor",
     "proposal_ceiling",
     "repetition_score",
 ]
@@ -197,3 +198,22 @@ def closing_floor(
     if score is not None:
         best = ClosingDecision(best.stage, best.reason, f"{best.why} (repetition {score:.2f})", score)
     return best
+
+
+def leading_floor(floor: ClosingDecision, previous: ClosingStage) -> ClosingDecision:
+    """The floor of the array a leader publishes, from its own ``floor`` and the thread's stage
+    ``previous``: its own turn limit moves the conversation one stage a turn, as closing does.
+
+    Cards' limits differ. Leaders with higher limits keep the conversation open past the turns
+    at which this companion's limit would have begun closing, so at this companion's limit the
+    thread may still be ``none``; ending it there cut the others off with no ``pre-closing`` or
+    ``closing`` line (SmolLM2-135M, five companions: ``none`` straight to ``terminal``, measured).
+    Over this array the conversation closes in two more turns instead, said by the others: this
+    companion's own floor still ends its part (it gives its slots up). With one limit for all
+    the thread is already one stage short of the floor and nothing changes.
+    """
+    step = advance(previous)
+    if floor.reason != "turn_limit" or CLOSING_ORDER.index(floor.stage) <= CLOSING_ORDER.index(step):
+        return floor
+    why = f"{floor.why}; the others close it one stage a turn from {previous}: {step}"
+    return ClosingDecision(step, "turn_limit", why, floor.repetition)
