@@ -249,3 +249,26 @@ async def test_a_line_settled_as_heard_stops_the_stream_and_is_the_call(server: 
         await model.speak(speak_request(live=sink), tools)
         assert len(srv.model_requests()) == 1
     assert tools.calls and tools.calls[0][1]["message"] == "Whales, mostly."
+
+
+async def test_a_text_line_is_complete_at_its_first_line_break(caplog: pytest.LogCaptureFixture) -> None:
+    """SmolLM2-135M wrote on to its token limit after its line ("...\\n(One sentence). You must
+    take the dog out to the park.", 1.5 s more, measured): the first line of a text answer is its
+    line, so the stream closes when it ends, and the line said is that first line."""
+    junk = "\n".join(f"(One sentence.) Line {i} of what is never said." for i in range(40))
+    with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
+        srv.push(text(f"{LINE}\n{junk}"))
+        sink, tools = GrowingLine(), ToolRecorder()
+        model = openai_model(srv)
+        model.memory.identify(model.config, "llama-cpp-python")
+        with caplog.at_level("INFO"):
+            await model.speak(speak_request(live=sink), tools)
+        [request] = srv.model_requests()
+    assert tools.calls and tools.calls[0][1]["message"] == LINE
+    stopped = [
+        dict(getattr(r, "companion_fields", {}))
+        for r in caplog.records
+        if getattr(r, "companion_event", "") == "speak_stream_stopped"
+    ]
+    assert [s["ended"] for s in stopped] == [True]
+    assert request.body["stream"] is True

@@ -18,7 +18,7 @@ from companion.log import log_event
 from companion.models.base import LineSink, SpeakRequest, ToolSpec
 from companion.models.second_try import is_line_refusal
 from companion.models.servers import SpeakForm
-from companion.models.streaming import partial_line
+from companion.models.streaming import partial_line, text_line_ended
 from companion.models.structured import speech_args
 from companion.text import clip
 
@@ -137,17 +137,20 @@ class Shown:
         if found is not None:
             self._live.grow(*found)
             settled = self._live.settled
-            if self._live.abandoned or settled is not None:
-                # Nothing more of it can be said: the refused line's second try starts now (its
-                # first sentence refused), or the line is what was heard (a later one refused),
-                # not when the model has written to its token limit (SmolLM2-135M: 1.1-1.3 s
-                # more for a line already refused, measured).
+            # Nothing more of it can be said: the refused line's second try starts now (its first
+            # sentence refused), or the line is what was heard (a later one refused), or a text
+            # answer's line is complete (what follows its first line is never said); not when the
+            # model has written to its token limit (SmolLM2-135M: 1.1-1.5 s more, measured).
+            done = self._live.abandoned or settled is not None
+            ended = not done and bool(found[1].strip()) and text_line_ended(response)
+            if done or ended:
                 log_event(
                     _log,
                     "speak_stream_stopped",
                     companion=turn.me.id,
                     written=clip(found[1], 120),
                     settled=settled is not None,
+                    ended=ended,
                 )
                 self.stopped, self.settled = True, settled
                 return False

@@ -32,6 +32,7 @@ __all__ = [
     "Partial",
     "partial_line",
     "stream_response",
+    "text_line_ended",
     "whole_sentences",
     "with_line",
 ]
@@ -104,6 +105,17 @@ def partial_line(
     if label and label.group(1).strip().casefold() in {n.casefold() for n in speaker_names}:
         first = first[label.end() :]
     return _shown(text_tool, first.lstrip("\"'“ "))
+
+
+def text_line_ended(response: ModelResponse) -> bool:
+    """Whether a plain-text answer's line is complete: its first line has ended. Nothing after
+    it is ever said (the line is the first paragraph, :func:`~.structured.spoken_text`), and a
+    small model writes on to its token limit there ("(One sentence). You must take the dog out
+    to the park.", SmolLM2-135M: 1.5 s more, measured), so the stream may close."""
+    if any(isinstance(p, ToolCallPart) for p in response.parts):
+        return False
+    text = "".join(p.content for p in response.parts if isinstance(p, TextPart)).lstrip()
+    return "\n" in text
 
 
 def _shown(tool_id: str, line: str) -> tuple[str, str] | None:
