@@ -75,7 +75,7 @@ from trio_websocket import open_websocket_url
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the support package
 
-from bench_support import stop_process  # noqa: E402
+from bench_support import exit_on_sigterm, stop_process  # noqa: E402
 from llama_perf import Completion, ServerPerf  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
@@ -689,4 +689,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

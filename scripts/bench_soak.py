@@ -59,7 +59,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_conversation import QUESTIONS, companion_ids, write_cards
 from bench_latency import CACHE_SIZE, MODEL, llama_server
-from bench_support import data_bytes, fd_count, rss_bytes, thread_count
+from bench_support import data_bytes, exit_on_sigterm, fd_count, rss_bytes, thread_count
 
 HERE: Final = Path(__file__).resolve().parent
 
@@ -487,4 +487,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())
