@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from trio_websocket import open_websocket_url
 
 from companion.lines.sentences import split_sentences
 from support.fake_llm_server import FakeLLMServer
+from support.network import Proc
 from support.voice import (
     LINE,
     LINES,
@@ -32,6 +35,19 @@ pytestmark = pytest.mark.integration
 
 JUNIPER = "companion_juniper"
 PIM = "companion_pim"
+
+
+@asynccontextmanager
+async def second_answer(tmp_path: Path, hosted: FakeLLMServer) -> AsyncIterator[tuple[Proc, list[Any]]]:
+    """Juniper asked twice over its bridge: its process, and the frames of its second answer."""
+    async with (
+        juniper_home(tmp_path, hosted) as (_net, home, url),
+        open_websocket_url(f"{url}?topics=messages,queries") as ws,
+    ):
+        first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
+        await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+        first = await ask_over_ws(ws, "And now?", "m-2", [JUNIPER])
+        yield home, await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
 
 
 async def test_a_streamed_line_is_voiced_a_sentence_at_a_time_then_published_whole(
@@ -121,14 +137,7 @@ async def test_a_line_refused_at_its_first_sentence_stops_its_stream_and_is_neve
     voiced, its stream is closed at once rather than written on, and the model's next try is
     what the client hears and the message says."""
     hosted.push(*([VoiceModel(say=lambda n: LINE if n <= 2 else LINES[n - 1])] * 6))
-    async with (
-        juniper_home(tmp_path, hosted) as (_net, home, url),
-        open_websocket_url(f"{url}?topics=messages,queries") as ws,
-    ):
-        first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
-        await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
-        first = await ask_over_ws(ws, "And now?", "m-2", [JUNIPER])
-        frames = await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+    async with second_answer(tmp_path, hosted) as (home, frames):
         assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == split_sentences(LINES[2])
         assert frames[-1]["params"]["message"] == LINES[2]
         stopped = home.event("speak_stream_stopped", 10)
@@ -146,14 +155,7 @@ async def test_a_line_refused_at_a_later_sentence_is_published_as_heard_without_
     copy = f"{new} {split_sentences(LINE)[0]} {' '.join(f'More fog, hour {i}.' for i in range(20))}"
     model = VoiceModel(say=lambda n: LINE if n == 1 else copy if n == 2 else LINES[n - 1])
     hosted.push(*([model] * 6))
-    async with (
-        juniper_home(tmp_path, hosted) as (_net, home, url),
-        open_websocket_url(f"{url}?topics=messages,queries") as ws,
-    ):
-        first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
-        await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
-        first = await ask_over_ws(ws, "And now?", "m-2", [JUNIPER])
-        frames = await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
+    async with second_answer(tmp_path, hosted) as (home, frames):
         assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == [new]
         assert frames[-1]["params"]["message"] == new
         stopped = home.event("speak_stream_stopped", 10)
