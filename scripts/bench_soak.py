@@ -70,10 +70,13 @@ START_TIMEOUT: Final = 60.0
 to see every other one."""
 STOP_GRACE: Final = 15.0
 RESEND_AFTER: Final = 3.0
+RESEND_AFTER_MODEL: Final = 20.0
 RESENDS: Final = 5
 """A message with nothing back after ``RESEND_AFTER`` seconds is sent again with the same id (at
 most ``RESENDS`` times; the companions' replay guard keeps one): the clients' node joins the
-gossip mesh on a heartbeat, so the very first message may find no mesh yet."""
+gossip mesh on a heartbeat, so the very first message may find no mesh yet. With a real model
+the first reply takes longer than that (states, parameters, speech: about 5 s with SmolLM2), so
+the client waits ``RESEND_AFTER_MODEL`` (at 3 s it sent 78 messages again in 30 minutes)."""
 LOUD: Final = ("warning", "error", "critical")
 
 
@@ -192,8 +195,16 @@ class Tally:
     unanswered: list[str] = field(default_factory=list)
 
 
-async def converse(url: str, ids: Sequence[str], tally: Tally, interval: float, until: float) -> None:
-    """One message to every companion each ``interval`` seconds until ``until`` (monotonic)."""
+async def converse(
+    url: str,
+    ids: Sequence[str],
+    tally: Tally,
+    interval: float,
+    until: float,
+    resend_after: float = RESEND_AFTER,
+) -> None:
+    """One message to every companion each ``interval`` seconds until ``until`` (monotonic), sent
+    again after ``resend_after`` seconds with nothing back (see :data:`RESENDS`)."""
     from trio_websocket import open_websocket_url
 
     async with open_websocket_url(f"{url}?topics=messages") as ws:
@@ -211,7 +222,7 @@ async def converse(url: str, ids: Sequence[str], tally: Tally, interval: float, 
             answered, sends = False, 1
             with trio.move_on_after(max(1.0, interval - 2)):
                 while True:
-                    with trio.move_on_after(RESEND_AFTER) as quiet:
+                    with trio.move_on_after(resend_after) as quiet:
                         got = json.loads(await ws.get_message())
                     if quiet.cancelled_caught:
                         if sends <= RESENDS and not answered:
@@ -405,7 +416,8 @@ async def soak_with(args: argparse.Namespace, folder: Path, base_url: str | None
         until = start + args.minutes * 60
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sampler, watched, start, args.sample, until, tally)
-            await converse(url, ids, tally, args.interval, until)
+            resend_after = RESEND_AFTER_MODEL if args.llama_venv else RESEND_AFTER
+            await converse(url, ids, tally, args.interval, until, resend_after)
         summary(watched, tally, min(args.interval, args.minutes * 30), args.minutes)
         await trio.to_thread.run_sync(print_metrics, children[: len(ids)])
     finally:
