@@ -700,6 +700,22 @@ def test_a_leader_at_its_own_limit_lets_the_others_close_the_conversation() -> N
     assert not of(out, Speak) and not decisions(out, "conversation_over")
 
 
+def test_a_leader_at_its_own_limit_ends_a_conversation_with_aikyo_companions_in_it() -> None:
+    """aikyo's companions know no limit: the one reply more could be theirs, past every limit
+    (the mixed network's conversations ran past the highest cap, measured), so the floor stands."""
+    m = machine(A, max_turns=2)
+    opening = Message.create(USER, [A, B, C], "hi")
+    m.receive(MessageSeen(opening), 0.0)
+    m.receive(StatesSeen(array(opening, B, tagged=False), C), 0.5)  # C's array, untagged: aikyo's
+    first = reply(B, [A, C], opening, turn=1)
+    m.receive(MessageSeen(first), 1.0)
+    assert m.slotless(C)
+    meta = {META_IN_REPLY_TO: first.params.id, META_TURN: 2, META_CLOSING: "none"}
+    out = m.receive(MessageSeen(message_led_by(A, [A, C], sender=B, **meta)), 2.0)
+    [published] = of(out, PublishStates)
+    assert not of(out, Lead) and {s.params.closing for s in published.states} == {"terminal"}
+
+
 def test_a_leader_at_its_limit_with_nobody_else_to_close_ends_the_conversation() -> None:
     m = machine(A, max_turns=1)
     opening = Message.create(USER, [A, B], "hi")

@@ -304,22 +304,26 @@ def test_turn_limit_closes_gracefully() -> None:
     assert closing_floor(previous="none", turn=4, utterances=[], max_turns=4).reason == "turn_limit"
 
 
-def test_a_leader_s_own_limit_closes_the_array_one_stage_a_turn() -> None:
+def test_a_leader_s_own_limit_begins_closing_an_open_conversation() -> None:
     """Cards' limits differ: at this leader's limit the thread may still be open (the leaders
-    before it had higher limits); its array then begins closing, it does not end the talk."""
+    before it had higher limits); its array then begins closing, it does not end the talk. Only
+    that step, at the limit itself: past it, or once closing has begun, the floor stands."""
     at_limit = closing_floor(previous="none", turn=10, utterances=[], max_turns=10)
     assert at_limit.stage == "terminal"
-    stages = [leading_floor(at_limit, previous).stage for previous in ("none", "pre-closing", "closing")]
-    assert stages == ["pre-closing", "closing", "terminal"]
-    assert leading_floor(at_limit, "none").reason == "turn_limit"
-    # one limit for all: the thread is one stage short of the floor, nothing changes
+    opened = leading_floor(at_limit, "none", turn=10, max_turns=10)
+    assert (opened.stage, opened.reason) == ("pre-closing", "turn_limit")
+    past = closing_floor(previous="none", turn=11, utterances=[], max_turns=10)
+    assert leading_floor(past, "none", turn=11, max_turns=10) == past
+    begun = closing_floor(previous="pre-closing", turn=10, utterances=[], max_turns=10)
+    assert leading_floor(begun, "pre-closing", turn=10, max_turns=10).stage == "terminal"
+    # one limit for all: the thread reaches the limit closing, nothing changes
     thread: list[tuple[int, ClosingStage]] = [(8, "none"), (9, "pre-closing"), (10, "closing")]
     for turn, previous in thread:
         floor = closing_floor(previous=previous, turn=turn, utterances=[], max_turns=10)
-        assert leading_floor(floor, previous) == floor
-    # only the turn limit is held to a stage a turn: a closing thread or repetition are as they were
+        assert leading_floor(floor, previous, turn=turn, max_turns=10) == floor
+    # repetition or a closing thread are as they were
     repeated = closing_floor(previous="none", turn=3, utterances=["same line"] * 5)
-    assert leading_floor(repeated, "none") == repeated
+    assert leading_floor(repeated, "none", turn=3, max_turns=None) == repeated
 
 
 def test_repetition_pushes_to_pre_closing_with_configurable_threshold() -> None:

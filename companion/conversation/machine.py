@@ -38,9 +38,9 @@ slots: :mod:`companion.conversation.slots`):
   stage, the turn limit, repetition), so a leader that does not know our rules (aikyo's) cannot
   move the stage back or run past ``max_turns``; the turn count is the thread's companion replies.
   Where only this node's floor reaches ``terminal``, the conversation is over for this companion
-  alone: it gives its slot up (a ``terminal`` yield) and keeps following the turn. Leading past
-  its own limit, it publishes no ``terminal`` the thread's stage has not reached: its turn limit
-  moves the array one stage a turn (``rules.leading_floor``) and it listens, so the others close.
+  alone: it gives its slot up (a ``terminal`` yield) and keeps following the turn. Leading at its
+  own limit a conversation nobody has begun to close, with no aikyo companion in it, its array
+  begins closing instead of ending it (``rules.leading_floor``) and it listens: another speaks.
 - *Preferred speaker*: the leader marks one companion ``selected`` when the message names it,
   else when the exchange owes it a turn (:func:`~companion.conversation.rules.preferred_speaker`).
 - *Quiet ending*: a reply of this companion that addresses nobody who can answer opens no turn

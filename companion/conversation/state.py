@@ -288,12 +288,14 @@ class MachineState:
 
     def _array_floor(self, turn: Turn) -> ClosingDecision:
         """The floor of the array this node publishes leading ``turn``
-        (:func:`~companion.conversation.rules.leading_floor`): its own, when no other companion
-        is addressed to close the conversation."""
+        (:func:`~companion.conversation.rules.leading_floor`): its own, unless another companion
+        of ours is addressed to close the conversation and no aikyo companion is (aikyo's know
+        no limit: one reply more may be theirs, past every limit)."""
         floor = self._floor(turn)
-        if not any(cid != self.me for cid in turn.addressed):
+        others = [cid for cid in turn.addressed if cid != self.me]
+        if not others or any(self.slotless(cid) for cid in others):
             return floor
-        return leading_floor(floor, turn.previous)
+        return leading_floor(floor, turn.previous, turn=turn.replies, max_turns=self.settings.max_turns)
 
     def _first_follower(self, turn: Turn, rank: int) -> bool:
         """Whether every leader candidate ranked before ``rank`` is aikyo's (:meth:`slotless`):

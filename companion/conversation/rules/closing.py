@@ -200,20 +200,27 @@ def closing_floor(
     return best
 
 
-def leading_floor(floor: ClosingDecision, previous: ClosingStage) -> ClosingDecision:
-    """The floor of the array a leader publishes, from its own ``floor`` and the thread's stage
-    ``previous``: its own turn limit moves the conversation one stage a turn, as closing does.
+def leading_floor(
+    floor: ClosingDecision, previous: ClosingStage, *, turn: int, max_turns: int | None
+) -> ClosingDecision:
+    """The floor of the array a leader publishes, from its own ``floor``, the thread's stage
+    ``previous`` and its ``turn`` (companion replies so far): when its own turn limit alone ends
+    a conversation nobody has begun to close, at the limit itself, the array begins closing
+    (``pre-closing``) instead.
 
     Cards' limits differ. Leaders with higher limits keep the conversation open past the turns
     at which this companion's limit would have begun closing, so at this companion's limit the
-    thread may still be ``none``; ending it there cut the others off with no ``pre-closing`` or
-    ``closing`` line (SmolLM2-135M, five companions: ``none`` straight to ``terminal``, measured).
-    Over this array the conversation closes in two more turns instead, said by the others: this
-    companion's own floor still ends its part (it gives its slots up). With one limit for all
-    the thread is already one stage short of the floor and nothing changes.
+    thread may still be ``none``; ending it there cut the others off with no goodbye
+    (SmolLM2-135M, five companions: ``none`` straight to ``terminal``, measured). The one reply
+    more is another companion's (this one's own floor still ends its part), at its own stage:
+    its floor raises it, and a conversation that has begun closing moves a stage a turn. Only
+    that one step: past the limit, or once closing has begun, the floor stands, so the talk runs
+    at most one reply past this companion's limit, and never waits on a companion the leader
+    cannot know is past its own. With one limit for all, nothing changes (the thread reaches
+    the limit at ``closing``).
     """
-    step = advance(previous)
-    if floor.reason != "turn_limit" or CLOSING_ORDER.index(floor.stage) <= CLOSING_ORDER.index(step):
+    opened = floor.reason == "turn_limit" and floor.stage == "terminal" and previous == "none"
+    if not opened or turn != max_turns:
         return floor
-    why = f"{floor.why}; the others close it one stage a turn from {previous}: {step}"
-    return ClosingDecision(step, "turn_limit", why, floor.repetition)
+    why = f"{floor.why}; the conversation was open: the others begin closing it"
+    return ClosingDecision("pre-closing", "turn_limit", why, floor.repetition)
