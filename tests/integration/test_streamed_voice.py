@@ -113,12 +113,18 @@ async def test_two_companions_are_never_voiced_at_once(tmp_path: Path, hosted: F
     assert len(speak_queries(frames)) >= 2 * len(split_sentences(LINE))
 
 
-async def test_a_stage_direction_before_the_first_word_is_neither_voiced_nor_published(
+async def test_stage_directions_are_neither_voiced_nor_published(
     tmp_path: Path, hosted: FakeLLMServer
 ) -> None:
-    """SmolLM2-135M opens most lines with "(Slightly)" (measured): a voice would read it out,
-    and the model, reading its lines back, would write the next one the same way."""
-    hosted.push(*([VoiceModel(say=lambda n: f"(Slightly) {LINES[n - 1]}")] * 4))
+    """SmolLM2-135M opens most lines with "(Slightly)" and puts "(Sighs in relief)" between
+    sentences (measured): a voice would read them out, and the model, reading its lines back,
+    would write the next one the same way."""
+
+    def directed(n: int) -> str:
+        first, *rest = split_sentences(LINES[n - 1])
+        return " ".join(["(Slightly)", first, "(Sighs in relief)", *rest])
+
+    hosted.push(*([VoiceModel(say=directed)] * 4))
     async with (
         juniper_home(tmp_path, hosted) as (_net, home, url),
         open_websocket_url(f"{url}?topics=messages,queries") as ws,
