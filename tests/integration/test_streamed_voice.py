@@ -169,3 +169,21 @@ async def test_a_line_refused_at_a_later_sentence_is_published_as_heard_without_
         assert len(stopped["written"]) < len(copy) // 2  # closed there, not written on
         assert home.count("line_refused") == 0
     assert model.speaks == 2
+
+
+async def test_a_line_whose_last_sentence_is_refused_is_published_as_heard(
+    tmp_path: Path, hosted: FakeLLMServer
+) -> None:
+    """Its last sentence copies the line before: the call is complete before that sentence is
+    checked (it ends the line), so the check comes when the line is finished, after its first
+    sentence was heard. The message says what was heard, and the model is not asked again."""
+    new = "Fog rolls in slowly now."
+    model = VoiceModel(
+        say=lambda n: LINE if n == 1 else f"{new} {split_sentences(LINE)[0]}" if n == 2 else LINES[n - 1]
+    )
+    hosted.push(*([model] * 6))
+    async with second_answer(tmp_path, hosted) as (home, frames):
+        assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == [new]
+        assert frames[-1]["params"]["message"] == new
+        assert home.count("line_refused") == 0
+    assert model.speaks == 2
