@@ -198,6 +198,21 @@ async def test_an_interrupted_sentence_ends_the_line_before_it(
     assert [a[1] for a in client.asked] == ["One.", "Two."]  # nothing more is voiced
 
 
+async def test_an_interrupted_line_settles_as_heard_while_the_model_still_writes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The person cut the second piece short: the model may stop writing (barge-in), and the
+    line is what was heard, a lone first clause included (no line follows an interruption)."""
+    client = Client(speaking=0.5, interrupt_at=1)
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "I am not sure how this can be done, but I think the tide will turn. And then")
+        await trio.sleep(5)
+        assert line.settled == "I am not sure how this can be done," and not line.abandoned
+        line.end()
+
+
 async def test_a_speaker_s_sentences_pass_the_line_check_before_they_are_heard(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -165,9 +165,11 @@ class LiveVoiceLine:
         could not be voiced (a line once heard never starts over) and what was heard would be
         published anyway, a request later (SmolLM2-135M: a refused second sentence, then 1.1 s
         more writing to the token limit and 0.8 s for a second try nobody heard, measured).
-        ``None`` while the line may still grow, or when only a false start was heard."""
+        ``None`` while the line may still grow, or when only a lone first clause was heard and
+        a line may still follow it (then it was a false start); once the voice was interrupted
+        nothing follows, and the clause is the line."""
         heard = self._heard
-        if not self._stopped or not heard or self._only_a_clause(heard):
+        if not self._stopped or not heard or (self._only_a_clause(heard) and not self._ended):
             return None
         return join_sentences(heard)
 
