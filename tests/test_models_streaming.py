@@ -272,3 +272,30 @@ async def test_a_text_line_is_complete_at_its_first_line_break(caplog: pytest.Lo
     ]
     assert [s["ended"] for s in stopped] == [True]
     assert request.body["stream"] is True
+
+
+@pytest.mark.parametrize("reads", [2, 4, 5, 8])
+async def test_a_line_settled_while_its_recipients_are_written_keeps_no_half_written_one(
+    server: FakeLLMServer, reads: int
+) -> None:
+    """The voice was interrupted after the whole line was heard, while the model was writing
+    ``to``: the stream closes inside that list, and the call's ``to`` is not the half of it
+    written so far ("us", "compani": measured before) but the turn's recipients."""
+    line = "Whales, mostly. One of them sang!"
+
+    class Late(GrowingLine):
+        whole = 0
+
+        def grow(self, tool_id: str, text: str) -> None:
+            super().grow(tool_id, text)
+            if text == line:
+                self.whole += 1
+                if self.whole == reads:
+                    self.settled = line
+
+    recipients = ["user_1", "companion_pim"]
+    server.push(tool_call("speak", {"message": line, "to": recipients, "emotion": "happy"}))
+    tools = ToolRecorder()
+    await openai_model(server).speak(speak_request(live=Late(), recipients=recipients), tools)
+    assert tools.calls == [("speak", {"message": line, "to": recipients})]
+    assert len(server.model_requests()) == 1

@@ -694,9 +694,11 @@ class ProviderModel:
                 messages, params, settings, form=form, may_refuse=first, partial=partial
             )
             stopped = partial is not None and partial.stopped
-            response, cut = whole_sentences(response, stopped=stopped)
             if partial is not None and partial.settled is not None:
-                response = with_line(response, partial.settled, turn.speech_args)
+                # the heard line, from the answer as it was cut (its arguments half written)
+                response, cut = with_line(response, partial.settled, turn.speech_args), False
+            else:
+                response, cut = whole_sentences(response, stopped=stopped)
             if cut and not stopped:
                 log_event(_log, "line_cut_at_token_limit", model=self.name, limit=_SPEAK_TOKENS)
             first = False
