@@ -393,11 +393,11 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         if floor.stage != "terminal" and self._floor(turn).stage == "terminal":
             # Past this companion's own limit, the others close the conversation: it listens.
             others = [cid for cid in turn.addressed if cid != self.me]
+            nominated = None if nominated == self.me else nominated
             if decisions is not None:
                 decisions = [d for d in decisions if d.companion_id != self.me]
             if not any(d.state == "speak" for d in decisions or ()):
-                decisions = fallback_decisions(others, None if nominated == self.me else nominated)
-            nominated = None if nominated == self.me else nominated
+                decisions = fallback_decisions(others, nominated)
             held.append(f"{self.me} is past its own turn limit: it listens while the others close")
         if decisions is None:
             decisions = fallback_decisions(turn.addressed, nominated)

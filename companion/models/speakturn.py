@@ -109,7 +109,7 @@ class SpeakTurn:
         able = [
             (name, spec)
             for name, spec in self.tools.items()
-            if spec.kind == "action" and speech_args(spec, "-", self.recipients) is not None
+            if spec.kind == "action" and self.speech_args(name) is not None
         ]
         for wanted in (*self.instructed, "speak"):
             for name, spec in able:
