@@ -570,6 +570,14 @@ CACHE_SIZE: Final = 256 * 2**20
 holds about seven times that, since each entry keeps logits its size leaves out."""
 
 
+def cache_flags(cache: bool, cache_size: int | None = CACHE_SIZE) -> list[str]:
+    """llama-cpp-python's prompt-cache flags: ``--cache true`` and its ``--cache_size`` (``None``:
+    the server's own), or ``--cache false``."""
+    if not cache:
+        return ["--cache", "false"]
+    return ["--cache", "true", *([] if cache_size is None else ["--cache_size", str(cache_size)])]
+
+
 @contextlib.contextmanager
 def llama_server(
     venv: Path, cache: bool = True, cache_size: int | None = CACHE_SIZE
@@ -583,11 +591,9 @@ def llama_server(
         port = sock.getsockname()[1]
     argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf]
     argv += ["--model_alias", ALIAS, "--port", str(port), "--host", "127.0.0.1"]
-    argv += ["--cache", "true" if cache else "false"]
-    if cache_size is not None:
-        argv += ["--cache_size", str(cache_size)]
-    sized = f" --cache_size {cache_size}" if cache_size is not None else ""
-    print(f"llama-cpp-python server: --cache {'true' if cache else 'false'}{sized}")
+    flags = cache_flags(cache, cache_size)
+    argv += flags
+    print(f"llama-cpp-python server: {' '.join(flags)}")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
     assert proc.stderr is not None
     perf = ServerPerf(proc.stderr)

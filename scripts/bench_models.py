@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_latency import ALIAS, CACHE_SIZE
+from bench_latency import ALIAS, CACHE_SIZE, cache_flags
 from bench_support import exit_on_sigterm, peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -224,15 +224,10 @@ def serve(
     else:
         cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", ALIAS]
         cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"]
-        if chat_format:
-            cmd += ["--chat_format", chat_format]
-        if cache:
-            cmd += ["--cache", "true"]
-            if cache_size is not None:
-                cmd += ["--cache_size", str(cache_size)]
-        flags = f"{f' --chat_format {chat_format}' if chat_format else ''}{' --cache true' if cache else ''}"
-        flags += f" --cache_size {cache_size}" if cache and cache_size is not None else ""
-        say(f"starting llama-cpp-python{flags} on port {port} …")
+        flags = ["--chat_format", chat_format] if chat_format else []
+        flags += cache_flags(True, cache_size) if cache else []
+        cmd += flags
+        say(" ".join(["starting llama-cpp-python", *flags, f"on port {port} …"]))
     started = time.monotonic()
     server = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"
