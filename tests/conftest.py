@@ -3,6 +3,9 @@ pyproject.toml) for every test, here and in ``integration/`` and ``browser/``, a
 helper process's ``PYTHONPATH`` (``support.network.Proc``), so shared helpers live in one
 package and are imported from it: ``from support.cards import write_card``."""
 
+import logging
+from collections.abc import Iterator
+
 import pytest
 import trio.testing
 from hypothesis import HealthCheck, settings
@@ -25,3 +28,20 @@ def disk_clock() -> trio.testing.MockClock:
     mark before publishing; ``autojump_clock`` (threshold 0) takes that wait for idleness and
     moves time past the turn's deadlines while the disk writes."""
     return trio.testing.MockClock(autojump_threshold=0.05)
+
+
+@pytest.fixture(autouse=True)
+def _loggers_as_they_were() -> Iterator[None]:
+    """The ``companion`` and ``libp2p`` loggers put back after every test: a command's ``main``
+    run in the test process configures them as a run does (its own handler, no propagation),
+    and the next test in that worker then read no record through ``caplog`` (a streaming test
+    failed so whenever it ran after ``test_bridge_cli.py``, in one order of the suite)."""
+    saved = [
+        (logger, logger.handlers[:], logger.level, logger.propagate)
+        for logger in (logging.getLogger("companion"), logging.getLogger("libp2p"))
+    ]
+    yield
+    for logger, handlers, level, propagate in saved:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
