@@ -378,3 +378,26 @@ async def test_a_line_settles_as_heard_once_a_later_sentence_is_refused(
     clause.grow(VOICE_TOOL, "I am not sure how this can be done, Context: 1. More")
     assert clause.said == "I am not sure how this can be done,"
     assert clause.abandoned and clause.settled is None
+
+
+async def test_a_line_refused_whole_settles_as_heard_unless_only_a_clause_was_heard(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every sentence passed but the whole line was refused: what was heard is the line, and
+    nothing more of it is voiced (its last sentence, still unchecked, included). Nothing heard,
+    or a lone first clause, settles nothing: the model's next try is voiced from its start."""
+    client = Client(speaking=0.5)
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "Fine. Calm seas. Last")
+        assert line.settle("the whole line was refused (copy)") == "Fine. Calm seas."
+        assert line.settled == "Fine. Calm seas."
+        assert await line.finish("Fine. Calm seas.", "neutral", 30) == "Fine. Calm seas."
+    assert [a[1] for a in client.asked] == ["Fine.", "Calm seas."]
+
+    assert LiveVoiceLine(client.ask, emit).settle("refused") is None
+    clause = LiveVoiceLine(client.ask, emit)
+    clause.grow(VOICE_TOOL, "I am not sure how this can be done, but I")
+    assert clause.said == "I am not sure how this can be done,"
+    assert clause.settle("refused") is None and clause.settled is None and not clause.abandoned

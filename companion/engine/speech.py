@@ -24,7 +24,8 @@ Two more checks keep what is said the character's own, whatever the model: the p
 fitted to the card's schema before the CEL conditions read them (:mod:`companion.card.paramfit`), and a
 line that reads the prompt aloud or repeats the conversation (:mod:`companion.lines.check`) is refused,
 with the reason, and the model tries again (:data:`LINES_TRIED` lines at most, then the slot is
-given up); a streamed line is checked a sentence at a time, before each sentence is voiced.
+given up); a streamed line is checked a sentence at a time, before each sentence is voiced, and
+when it is refused whole after some of it was heard, what was heard is the line.
 """
 
 from __future__ import annotations
@@ -188,14 +189,20 @@ def _sentence_check(context: LineContext) -> SentenceCheck:
     return check
 
 
+def _live_line(tool_id: str) -> LiveVoiceLine | None:
+    """The live line ``tool_id``'s line is voiced through, if any."""
+    live = LIVE_LINE.get()
+    return live if isinstance(live, LiveVoiceLine) and live.voices(tool_id) else None
+
+
 def _heard_already(tool_id: str, raw: Mapping[str, Any]) -> bool:
     """Whether ``raw``'s line is the one the live line settled as heard
     (:attr:`~companion.engine.voiceline.LiveVoiceLine.settled`): each sentence passed the check
     before anyone heard it, and refusing the whole now would only ask the model for a line that
     cannot be voiced, then publish what was heard anyway."""
-    live = LIVE_LINE.get()
+    live = _live_line(tool_id)
     field = line_field(raw)
-    if not isinstance(live, LiveVoiceLine) or field is None or not live.voices(tool_id):
+    if live is None or field is None:
         return False
     settled = live.settled
     return settled is not None and settled == str(raw[field])
@@ -333,11 +340,11 @@ class Speaker:
                 raw = self._without_directions(raw, speech)
                 if speech.spoke:
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
-                refused = (
-                    None if _heard_already(tool_id, raw) else self.refused_line(tool_id, raw, speech, lines)
-                )
-                if refused is not None:
-                    return refused.for_model()
+                heard = _heard_already(tool_id, raw)
+                checked = raw if heard else self.checked_line(tool_id, raw, speech, lines)
+                if isinstance(checked, ToolResult):
+                    return checked.for_model()
+                raw = checked
                 if isinstance(raw.get("to"), list):
                     checked = self.addressed(tool_id, raw, speech)
                     if isinstance(checked, ToolResult):
@@ -603,21 +610,37 @@ class Speaker:
         self._emit("stage_direction_dropped", logging.INFO, message_id=effect.message_id, text=text[:80])
         return {**raw, field: said}
 
-    def refused_line(
+    def checked_line(
         self, tool_id: str, raw: Mapping[str, Any], speech: Speech, context: LineContext
-    ) -> ToolResult | None:
-        """``None`` when the line may be said; else the refusal the model is asked again with.
+    ) -> Mapping[str, Any] | ToolResult:
+        """``raw`` when its line may be said; else the refusal the model is asked again with.
         The :data:`LINES_TRIED`-th refused line gives the slot up (:class:`ModelError`): better
-        no reply than a copy or the prompt read aloud."""
+        no reply than a copy or the prompt read aloud. A line refused whole after some of it was
+        heard is settled as heard instead (:meth:`LiveVoiceLine.settle
+        <companion.engine.voiceline.LiveVoiceLine.settle>`): ``raw`` with the heard line, and no
+        second try nobody could hear."""
         field = line_field(raw)
         if field is None:
-            return None
+            return raw
         text = str(raw[field])
         verdict = check_line(text, context)
         if verdict.ok:
-            return None
-        speech.lines_refused += 1
+            return raw
         effect = speech.effect
+        live = _live_line(tool_id)
+        heard = None if live is None else live.settle(f"the whole line was refused ({verdict.kind})")
+        if heard is not None:
+            self._emit(
+                "line_refused_after_heard",
+                logging.WARNING,
+                message_id=effect.message_id,
+                verdict=verdict.kind,
+                text=text[:200],
+                said=heard[:200],
+                reason="part of it was heard already: that part is the line, the model is not asked again",
+            )
+            return {**raw, field: heard}
+        speech.lines_refused += 1
         self._emit(
             "line_refused",
             logging.WARNING,

@@ -173,6 +173,20 @@ class LiveVoiceLine:
             return None
         return join_sentences(heard)
 
+    def settle(self, reason: str) -> str | None:
+        """The line, refused whole after some of it was heard (a rule only a whole line can
+        break, such as another's line spliced in): nothing more of it is voiced and what was
+        heard is the line, as when a later sentence is refused (:attr:`settled`), since the
+        model's next try could not be voiced and what was heard would be published after it
+        anyway. ``None``, and nothing changed, when nothing but a lone first clause was heard:
+        that was a false start, and the next try is voiced from its start."""
+        heard = self._heard
+        if not heard or self._only_a_clause(heard):
+            return None
+        if not self._stopped:
+            self._stop(reason)
+        return self.settled
+
     @property
     def started(self) -> bool:
         """Whether any sentence has been admitted (a client may be hearing it)."""

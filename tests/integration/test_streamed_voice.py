@@ -38,15 +38,18 @@ PIM = "companion_pim"
 
 
 @asynccontextmanager
-async def second_answer(tmp_path: Path, hosted: FakeLLMServer) -> AsyncIterator[tuple[Proc, list[Any]]]:
-    """Juniper asked twice over its bridge: its process, and the frames of its second answer."""
+async def second_answer(
+    tmp_path: Path, hosted: FakeLLMServer, question: str = "And now?"
+) -> AsyncIterator[tuple[Proc, list[Any]]]:
+    """Juniper asked twice over its bridge (``question`` the second time): its process, and the
+    frames of its second answer."""
     async with (
         juniper_home(tmp_path, hosted) as (_net, home, url),
         open_websocket_url(f"{url}?topics=messages,queries") as ws,
     ):
         first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
         await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
-        first = await ask_over_ws(ws, "And now?", "m-2", [JUNIPER])
+        first = await ask_over_ws(ws, question, "m-2", [JUNIPER])
         yield home, await frames_until(ws, answer=True, until=JUNIPER, timeout=30, first=first)
 
 
@@ -185,5 +188,31 @@ async def test_a_line_whose_last_sentence_is_refused_is_published_as_heard(
     async with second_answer(tmp_path, hosted) as (home, frames):
         assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == [new]
         assert frames[-1]["params"]["message"] == new
+        assert home.count("line_refused") == 0
+    assert model.speaks == 2
+
+
+async def test_a_line_refused_whole_after_some_was_heard_is_published_as_heard(
+    tmp_path: Path, hosted: FakeLLMServer
+) -> None:
+    """Each sentence passes, but the whole line splices the person's own question back to them
+    (a rule only a whole line can break), and its first sentences were heard already: what was
+    heard is the line, at once, with no second try (one nobody could hear, and what was heard
+    was published after it anyway: a request and a second lost)."""
+    question = (
+        "Tell me about the old lighthouse keeper who rowed out to the boats that came back late last winter."
+    )
+    splice = (
+        "Ah, the old lighthouse keeper who rowed out. He met the boats that came back late. "
+        "That was last winter, I think."
+    )
+    heard = split_sentences(splice)[:2]
+    model = VoiceModel(say=lambda n: LINE if n == 1 else splice if n == 2 else LINES[n - 1])
+    hosted.push(*([model] * 6))
+    async with second_answer(tmp_path, hosted, question) as (home, frames):
+        assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == heard
+        assert frames[-1]["params"]["message"] == " ".join(heard)
+        settled = home.event("line_refused_after_heard", 10)
+        assert settled["verdict"] == "copy" and settled["said"] == " ".join(heard)
         assert home.count("line_refused") == 0
     assert model.speaks == 2
