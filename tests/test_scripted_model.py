@@ -563,11 +563,14 @@ async def test_a_line_a_person_did_not_approve_is_not_said_again() -> None:
     ("asked", "topic"),
     [
         # what the card's own lines said back before (bench_latency's questions, measured):
-        # "about a rainy", "about taught", "about makes", "about season smells"
+        # "about a rainy", "about taught", "about makes", "about season smells", and later
+        # "all I know of season" ("the season" now)
         ("Which road would you walk on a rainy morning?", "a rainy morning"),
         ("What would you cook for a tired friend?", "a tired friend"),
         ("How do you keep warm in a cold kitchen?", "a cold kitchen"),
-        ("Which season smells the best to you, and why?", "season"),
+        ("Which season smells the best to you, and why?", "the season"),
+        ("What song do you hum when you are busy?", "the song"),
+        ("What is your favourite sound at night?", "your favourite sound"),
         ("Juniper, who taught you to whistle?", None),
         ("Juniper, what makes you laugh out loud?", None),
         ("My dog loves the sea.", "my dog"),

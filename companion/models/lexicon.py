@@ -734,6 +734,9 @@ _FUNCTION: Final = word_set(
 )
 _SWAP: Final = {"my": "your", "your": "my", "mine": "yours", "yours": "mine"}
 _BEFORE_VERB: Final = word_set("to you i we they")
+_WH_DETERMINERS: Final = word_set("which what whose")
+"""Asking words that can stand before a noun ("which season", "what song"): the noun is said
+back with "the" (never "all I know of season")."""
 _DO: Final = word_set("do does did can could will would should")
 _PREPOSITIONS: Final = word_set("with like to at about for into by from than")
 _PROPER: Final = word_set("saturn jupiter mars venus mercury neptune uranus pluto")
@@ -791,7 +794,7 @@ def topic_phrase(text: str, names: Iterable[str] = (), *, swap: bool = False) ->
 def _best_run(sentence: str, skip: set[str]) -> tuple[float, list[str]] | None:
     tokens = re.findall(r"[^\W\d_]+(?:['’][^\W\d_]+)?|\d+|[^\w\s]", sentence)
     folded = [t.casefold().replace("’", "'") for t in tokens]
-    best: tuple[float, int, int] | None = None  # (score, start, end)
+    best: tuple[float, int, int, bool] | None = None  # (score, start, end, asked which one)
     asked = sentence.rstrip().endswith(("?", "？"))
     index = 0
     while index < len(tokens):
@@ -822,6 +825,7 @@ def _best_run(sentence: str, skip: set[str]) -> tuple[float, list[str]] | None:
         if start > 1 and folded[start - 1].endswith("ed") and folded[start - 2] in _DETERMINERS:
             start -= 1  # "a tired friend": an adjective, since a determiner comes before it
         determined = start > 0 and folded[start - 1] in _DETERMINERS
+        asked_which = not determined and start > 0 and folded[start - 1] in _WH_DETERMINERS
         start -= 1 if determined else 0
         if end + 2 < len(tokens) and folded[end + 1] == "of":
             after = end + 2
@@ -832,7 +836,7 @@ def _best_run(sentence: str, skip: set[str]) -> tuple[float, list[str]] | None:
         known = sum(1 for t in folded[start : end + 1] if concepts_in(t))
         score = (end - start + 1) * 0.5 + 2 * known + (1 if determined else 0)
         if best is None or score > best[0]:
-            best = (score, start, end)
+            best = (score, start, end, asked_which)
         index = end + 1
     if best is None:
         return None
@@ -845,6 +849,8 @@ def _best_run(sentence: str, skip: set[str]) -> tuple[float, list[str]] | None:
         and (first in STOPWORDS or first in _DETERMINERS or concepts_in(first) or first in _ADJECTIVES)
     ):
         chosen[0] = chosen[0][:1].lower() + chosen[0][1:]  # "Rain tonight": not a name
+    if best[3]:
+        chosen.insert(0, "the")  # "which season smells best": said back as "the season"
     return best[0], chosen
 
 
