@@ -418,6 +418,25 @@ def print_server_split(turns: list[Turn]) -> None:
         )
 
 
+def ratio(turns: list[Turn]) -> float:
+    """First words p50 over the whole line p50."""
+    return statistics.median(t.first_words for t in turns) / statistics.median(t.line for t in turns)
+
+
+def print_by_sentences(turns: list[Turn]) -> None:
+    """The model's own lines' ratio by how many sentences each has: a line of one sentence is
+    heard only once it is complete (its first words are its end, unless a long first clause
+    opens it), so the ratio streaming can reach depends on how long the model's lines are."""
+    if not turns:
+        return
+    groups = {
+        "one sentence": [t for t in turns if len(split_sentences(t.said)) == 1],
+        "two or more": [t for t in turns if len(split_sentences(t.said)) > 1],
+    }
+    said = [f"{name} {ratio(group):.2f} ({len(group)} turns)" for name, group in groups.items() if group]
+    print(f"  by the line's sentences       {'; '.join(said)}")
+
+
 RUN_STRIDE = 7
 """How far each run's first question is from the run before's (prime to the number of
 questions: every run starts elsewhere, so its conversation takes another course)."""
@@ -429,9 +448,9 @@ def print_run(run: int, turns: list[Turn]) -> None:
     if said:
         first = statistics.median(t.first_words for t in said)
         whole = statistics.median(t.line for t in said)
-        ratio = first / whole
         print(
-            f"run {run + 1}: first words p50 {first:.2f} s, whole line p50 {whole:.2f} s, ratio {ratio:.2f}"
+            f"run {run + 1}: first words p50 {first:.2f} s, whole line p50 {whole:.2f} s, "
+            f"ratio {first / whole:.2f}"
         )
 
 
@@ -465,15 +484,14 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
     # what the next speaker waits for once this one began: a line's tail, or a refused rest
     tails = [t.line - t.first_words for t in turns]
     print(f"first words -> message.send    p50 {statistics.median(tails):.2f} s  (max {max(tails):.2f})")
-    print(f"first words / whole line       {p50 / statistics.median(lines):.2f}")
+    print(f"first words / whole line       {ratio(turns):.2f}")
     streamed = [t for t in turns if not t.card_line]
     if streamed and len(streamed) < len(turns):
-        first = statistics.median(t.first_words for t in streamed)
-        ratio = first / statistics.median(t.line for t in streamed)
         print(
-            f"  the model's own lines only    {ratio:.2f} ({len(streamed)} turns; the card's own line, said "
-            "after two refused tries, is not streamed: its first words come with the whole line)"
+            f"  the model's own lines only    {ratio(streamed):.2f} ({len(streamed)} turns; the card's own "
+            "line, said after two refused tries, is not streamed: its first words come with the whole line)"
         )
+    print_by_sentences(streamed)
     print_server_split(streamed)
     if reference is not None:
         print(f"floor (1 TTFT + first sentence) {reference:.2f} s   ratio {p50 / reference:.2f}")
