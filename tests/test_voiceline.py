@@ -401,3 +401,28 @@ async def test_a_line_refused_whole_settles_as_heard_unless_only_a_clause_was_he
     clause.grow(VOICE_TOOL, "I am not sure how this can be done, but I")
     assert clause.said == "I am not sure how this can be done,"
     assert clause.settle("refused") is None and clause.settled is None and not clause.abandoned
+
+
+async def test_a_line_cut_short_ends_at_the_sentence_being_said(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stop past its grace: the sentence the client is saying is the line's last, those
+    admitted but not sent are dropped, the client's answer is not waited for, and the line
+    settles as what was sent. A held line (nothing sent) is not cut: nothing of it was heard."""
+    client = Client(speaking=2.0)
+    line = LiveVoiceLine(client.ask, emit)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "Fine. Calm seas. Three boats. Last")
+        await trio.sleep(3)  # "Fine." said, "Calm seas." being said
+        started = trio.current_time()
+        assert line.cut_short("stopping")
+        assert line.settled == "Fine. Calm seas."
+        said = await line.finish("Fine. Calm seas. Three boats. Last one.", "neutral", 30)
+        assert said == "Fine. Calm seas."
+        assert trio.current_time() - started < 1  # the answer to "Calm seas." not waited for
+    assert [a[1] for a in client.asked] == ["Fine.", "Calm seas."]
+
+    held = LiveVoiceLine(client.ask, emit, hold=trio.Event())
+    held.grow(VOICE_TOOL, "Fine. Calm seas. ")
+    assert not held.cut_short("stopping") and held.settled is None

@@ -119,7 +119,8 @@ async def stop_in_order(
 
     1. turns: no new one; a lead or a reply in flight finishes or is withdrawn within ``grace``
        seconds, and its last publishes go out (the nodes still run, so they reach the peers);
-    2. clients: ``clients`` (the scope serving them) is cancelled, after they saw that reply;
+    2. clients: ``clients`` (the scope serving them) is cancelled (a reply published in the
+       last moment may still be on its way to them through gossip: it is in the history);
     3. nodes: peers are told, hosts close, and what passed a node's edge before reaches its
        engine, which records it (the files are still open);
     4. files: each companion's history and tools' store is flushed and closed.

@@ -180,13 +180,19 @@ class ConversationEngine(EffectMethods):
     async def stop(self, grace: float) -> None:
         """Stop taking turns, before the node stops: no routine speaks; a lead or a reply in
         flight has ``grace`` seconds, then it is withdrawn (rule-based states, a yield: the others
-        go on at once); the publishes in flight finish (``publish_timeout``). Then nothing goes
-        out (:class:`Gate`); every message that still arrives is recorded."""
+        go on at once), except a reply whose line a client is hearing: it says no more and
+        publishes what was heard (within ``publish_timeout``); the publishes in flight finish
+        (``publish_timeout``). Then nothing goes out (:class:`Gate`); every message that still
+        arrives is recorded."""
         self._gate.stopping = True
         self._speaker.keep_prepared(None, "stopping")  # no slot will adopt it now
         self._work.stop_ahead("stopping")  # nor will a lead take the states asked from a preview
         with trio.move_on_after(grace):
             await self._settle(lambda: bool(self._tasks))
+        if self._tasks and self._speaker.cut_short("stopping"):
+            # a line still being voiced: it says no more, and its reply publishes what was heard
+            with trio.move_on_after(self.timings.publish_timeout):
+                await self._settle(lambda: bool(self._tasks))
         for (what, message_id), job in list(self._tasks.items()):
             job.scope.cancel()
             self._emit("withdrawn", logging.INFO, what=what, message_id=message_id, reason="stopping")

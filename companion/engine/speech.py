@@ -224,6 +224,8 @@ class Speaker:
         self._emit = emit
         self._prefetched: _Prefetched | None = None
         self._prepared: _Prepared | None = None
+        self._live: set[LiveVoiceLine] = set()
+        """The lines being written and voiced now (a held, prepared one among them)."""
         self._last_values: dict[str, Any] = {}
         """The parameters of this companion's last reply: a prepared reply's guess until the
         model's own for the message arrive."""
@@ -568,6 +570,7 @@ class Speaker:
             hold=hold,
         )
         failure: ModelError | None = None
+        self._live.add(line)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(line.run)
             token = LIVE_LINE.set(line)
@@ -578,6 +581,7 @@ class Speaker:
             finally:
                 LIVE_LINE.reset(token)
                 line.end()
+                self._live.discard(line)
             speech = await speech_of()
             if not speech.spoke and line.started:
                 self._emit(
@@ -595,6 +599,12 @@ class Speaker:
                     LIVE_LINE.reset(token)
         if failure is not None and not speech.spoke:
             raise failure
+
+    def cut_short(self, reason: str) -> bool:
+        """Say no more of the line being voiced (:meth:`LiveVoiceLine.cut_short
+        <companion.engine.voiceline.LiveVoiceLine.cut_short>`): its reply then publishes what
+        was heard, at once. Whether a line was being heard (a held one never is)."""
+        return any([line.cut_short(reason) for line in list(self._live)])
 
     def _without_directions(self, raw: Mapping[str, Any], speech: Speech) -> Mapping[str, Any]:
         """``raw`` with its line's opening stage directions dropped (:mod:`companion.lines.directions`):

@@ -91,6 +91,8 @@ class LiveVoiceLine:
         self._done = trio.Event()
         self.first_sent: float | None = None
         """When the first sentence went out (trio's clock), for the log and the benchmark."""
+        self._asking: trio.CancelScope | None = None
+        """The wait for the client's answer to the sentence being said, while there is one."""
 
     # --- the model's side --------------------------------------------------------------------
 
@@ -186,6 +188,24 @@ class LiveVoiceLine:
         if not self._stopped:
             self._stop(reason)
         return self.settled
+
+    def cut_short(self, reason: str) -> bool:
+        """Say nothing more: the sentence being said is the line's last (the client goes on
+        saying it), those not yet sent are dropped, and the line is what was sent, as when the
+        person interrupts (:attr:`settled`). For a stop that cannot wait for the whole line: the
+        message then says what was heard instead of nothing. ``False``, and nothing changed,
+        when no sentence was sent yet (a held line, or none written)."""
+        said = self._sent + (self._asking is not None)
+        if said == 0:
+            return False
+        if not (self._stopped and self._ended):  # else it ended already (interrupted): as it is
+            self._emit("voice_line_cut_short", logging.INFO, line=self.id, said=said, reason=reason)
+            del self._admitted[said:]
+            self._stopped = self._ended = True
+            if self._asking is not None:
+                self._asking.cancel()
+            self._wake()
+        return True
 
     @property
     def started(self) -> bool:
@@ -290,13 +310,19 @@ class LiveVoiceLine:
         if self.first_sent is None:
             self.first_sent = self._clock()
         body = {"message": sentence, "emotion": self._emotion}
+        asking = self._asking = trio.CancelScope()
         try:
-            answer = await self._ask(VOICE_QUERY, body, wait, voice_metadata(self.id, part, last))
+            with asking:
+                answer = await self._ask(VOICE_QUERY, body, wait, voice_metadata(self.id, part, last))
         except QueryTimeout:
             if not self._deaf:
                 self._emit("voice_timeout", logging.WARNING, line=self.id, part=part, timeout=round(wait, 3))
             self._deaf = True
             return
+        finally:
+            self._asking = None
+        if asking.cancelled_caught:
+            return  # cut short (:meth:`cut_short`): this sentence is the last one said
         if interrupted(answer):
             self._emit("voice_interrupted", logging.INFO, line=self.id, part=part)
             del self._admitted[part:]

@@ -1,0 +1,94 @@
+"""SIGTERM while a streamed line is being voiced: ``companion run --ws`` on the fake streaming
+model server at a hosted model's pace, and a WebSocket client that says each sentence in its own
+time before it answers, as a voice client does. The stop lands the moment the first sentence
+reaches the client.
+
+A client that says the line within the stop's grace hears it whole, and the message says it
+whole. One that speaks slower (a long line, a slow voice) is past the grace with the line half
+said: the line says no more and the message says what the client was given to say, sentence for
+sentence; before, the reply was withdrawn, and what the person heard was in no message and no
+store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from trio_websocket import ConnectionClosed, open_websocket_url
+
+from companion.store.sqlite import Store
+from support.fake_llm_server import FakeLLMServer
+from support.live_bridge import blocking
+from support.network import Proc
+from support.voice import LINE, VoiceModel, ask_over_ws, juniper_home, speak_queries
+
+pytestmark = pytest.mark.integration
+
+JUNIPER = "companion_juniper"
+EXIT_WITHIN = 15.0
+"""The stop's deadlines: 3 s of grace, the reply's publish, the nodes' close."""
+
+
+async def _stopped_while_voiced(ws: Any, home: Proc, speaking: float) -> list[Any]:
+    """Juniper asked; SIGTERM once its first sentence arrives; every sentence answered after
+    ``speaking`` seconds until the bridge closes: the frames the client got."""
+    frames: list[Any] = []
+
+    async def say(query: Any) -> None:
+        await trio.sleep(speaking)
+        result = {"jsonrpc": "2.0", "id": query["id"], "result": {"success": True, "body": {}}}
+        with contextlib.suppress(ConnectionClosed):  # the bridge stopped while it was said
+            await ws.send_message(json.dumps({"topic": "queries", "body": result}))
+
+    first: str | None = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
+    with trio.fail_after(EXIT_WITHIN + 15):
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    frame = json.loads(first if first is not None else await ws.get_message())
+                except ConnectionClosed:
+                    break
+                first = None
+                frames.append(frame)
+                if frame.get("method") == "query.send":
+                    if len(speak_queries(frames)) == 1:
+                        home.signal(signal.SIGTERM)
+                    nursery.start_soon(say, frame)
+            nursery.cancel_scope.cancel()
+    return frames
+
+
+def _stored_reply(data: Path) -> list[str]:
+    with Store.in_directory(data / JUNIPER) as store:
+        return [m.params.message for m in store.recent(100) if m.params.from_ == JUNIPER]
+
+
+@pytest.mark.parametrize(
+    ("speaking", "whole"), [(0.3, True), (4.0, False)], ids=["said-within-the-grace", "past-the-grace"]
+)
+async def test_sigterm_while_a_line_is_voiced_stores_what_was_heard(
+    tmp_path: Path, hosted: FakeLLMServer, speaking: float, whole: bool
+) -> None:
+    hosted.push(*([VoiceModel()] * 6))
+    async with (
+        juniper_home(tmp_path, hosted) as (_net, home, url),
+        open_websocket_url(f"{url}?topics=messages,queries") as ws,
+    ):
+        frames = await _stopped_while_voiced(ws, home, speaking)
+        assert await blocking(home.reap, EXIT_WITHIN) == 0
+    bad = [line for line in home.lines if "Traceback" in line or '"level": "error"' in line]
+    assert bad == [], "\n".join(bad[:5])
+    heard = [q["params"]["body"]["message"] for q in speak_queries(frames)]
+    assert _stored_reply(tmp_path / "data-home") == [" ".join(heard)]
+    assert home.count("replied", message_id="m-1") == 1 and home.count("withdrawn") == 0
+    if whole:
+        assert " ".join(heard) == LINE and home.count("voice_line_cut_short") == 0
+    else:
+        assert 1 <= len(heard) < 3 and LINE.startswith(" ".join(heard))
+        assert home.count("voice_line_cut_short", reason="stopping") == 1
