@@ -724,3 +724,27 @@ async def test_a_client_that_sends_but_never_reads_its_answers_is_dropped(nurser
     code, reason = channel.closed
     assert code == CLOSE_POLICY and "did not read its answers within 0.3s" in reason
     assert bridge.stats()["refused"] == {"not_json": 3}
+
+
+async def test_written_waits_for_a_message_to_reach_every_client(nursery: trio.Nursery) -> None:
+    """A stop's step before closing the clients (``companion.app.stopping``): ``written`` holds
+    until the message arrived and every client's frames are written; a message that never comes
+    ends the wait at its deadline."""
+    async with running_bridge(nursery) as env, open_websocket_url(env.url) as ws:
+        with trio.fail_after(5):
+            await env.bridge.wait_for_clients(1)
+        reply = Message.create("companion_aya", ["user_yamada"], "last words")
+        async with trio.open_nursery() as inner:
+            done: list[bool] = []
+
+            async def wait() -> None:
+                done.append(await env.bridge.written([reply.params.id], 5))
+
+            inner.start_soon(wait)
+            await trio.testing.wait_all_tasks_blocked()
+            assert done == []  # nothing arrived yet
+            await env.companion.publish(MESSAGES, reply)
+        assert done == [True]
+        assert (await recv_json(ws))["params"]["message"] == "last words"
+        with trio.fail_after(5):
+            assert await env.bridge.written(["never-sent"], 0.05) is False

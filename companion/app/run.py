@@ -237,7 +237,8 @@ async def run_nodes(
         if ready is not None:
             ready(running)
         await stop.wait()  # the first SIGINT or SIGTERM (before, it cancels the nursery)
-        await stop_in_order(companions, everyone(), clients=clients_scope)
+        written = clients.bridge.written if clients is not None else None
+        await stop_in_order(companions, everyone(), clients=clients_scope, written=written)
         nursery.cancel_scope.cancel()
     if stopped_by[:1] == [signal.SIGINT]:
         raise Interrupted

@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Final, Protocol
 
 import trio
 
 from companion.log import library_teardown, log_event
 
+_log = logging.getLogger("companion.app.stopping")
+
 if TYPE_CHECKING:
     from companion.node import CompanionNode
 
 __all__ = [
+    "CLIENTS_CATCH_UP",
     "STOP_GRACE",
     "Interrupted",
     "Stop",
@@ -37,6 +40,9 @@ __all__ = [
     "stop_in_order",
 ]
 
+CLIENTS_CATCH_UP: Final = 2.0
+"""Seconds a stop waits for the messages its companions sent while stopping to reach this
+process's clients, before it closes them."""
 STOP_GRACE: Final = 3.0
 """Seconds a lead or a reply in flight has to finish once a stop begins; then it is withdrawn."""
 
@@ -113,23 +119,29 @@ async def stop_in_order(
     nodes: Sequence[CompanionNode],
     *,
     clients: trio.CancelScope | None = None,
+    written: Callable[[Iterable[str], float], Awaitable[bool]] | None = None,
     grace: float = STOP_GRACE,
 ) -> None:
     """Stop ``companion run`` without losing a message, each step for every companion at once:
 
     1. turns: no new one; a lead or a reply in flight finishes or is withdrawn within ``grace``
        seconds, and its last publishes go out (the nodes still run, so they reach the peers);
-    2. clients: ``clients`` (the scope serving them) is cancelled (a reply published in the
-       last moment may still be on its way to them through gossip: it is in the history);
+    2. clients: once the messages the companions sent in step 1 reached them (``written``, the
+       bridge's :meth:`~companion.bridge.Bridge.written`, at most :data:`CLIENTS_CATCH_UP`
+       seconds), ``clients`` (the scope serving them) is cancelled;
     3. nodes: peers are told, hosts close, and what passed a node's edge before reaches its
        engine, which records it (the files are still open);
     4. files: each companion's history and tools' store is flushed and closed.
 
     Each step is bounded (``grace``, then the publish and node close deadlines), so a stop ends
     within seconds whatever a model or a peer does."""
+    before = {mid for node in nodes for mid in node.messages_sent}
     async with trio.open_nursery() as nursery:
         for companion in companions:
             nursery.start_soon(companion.stop, grace)
+    sent = [mid for node in nodes for mid in node.messages_sent if mid not in before]
+    if written is not None and sent and not await written(sent, CLIENTS_CATCH_UP):
+        log_event(_log, "clients_not_caught_up", logging.WARNING, messages=len(sent))
     if clients is not None:
         clients.cancel()
     async with trio.open_nursery() as nursery:

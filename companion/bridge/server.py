@@ -15,7 +15,7 @@ import json
 import logging
 import socket
 import traceback
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,7 +53,7 @@ from companion.bridge.httpserver import (
 from companion.bridge.ratelimit import DEFAULT_CLIENT_RATE, DEFAULT_TOTAL_RATE, RateLimit
 from companion.log import log_event
 from companion.memory import Inbound, Publisher
-from companion.protocol import TOPICS, Envelope, Metadata, QueryResult
+from companion.protocol import TOPICS, Envelope, Message, Metadata, QueryResult
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -63,6 +63,8 @@ __all__ = ["Bridge", "BridgeBindError", "BridgeConfig", "ReceiveHook"]
 logger = logging.getLogger("companion.bridge")
 
 SHUTDOWN_GRACE: Final = 0.2
+DELIVERED_IDS_KEPT: Final = 256
+"""Message ids the bridge remembers having received (:meth:`Bridge.written`)."""
 REFUSAL_LOG_INTERVAL: Final = 10.0
 """A client's refusals of one kind are logged once, then at most once per interval with the
 number left out (a flood of 10,000 frames is a few lines, not 10,000)."""
@@ -231,6 +233,10 @@ class Bridge:
         self._port: int | None = None
         self._listeners: Sequence[trio.SocketListener] | None = None
         self._clients_changed = trio.Event()
+        self._delivered_ids: deque[str] = deque(maxlen=DELIVERED_IDS_KEPT)
+        """The latest messages' ids that reached this bridge (for :meth:`written`)."""
+        self._progress = trio.Event()
+        """Set (and replaced) whenever a message arrives or a frame is written to a client."""
         self.add_route("/companions", Route(self._companions_route))
         if self.config.serve_page:
             self._add_page_routes()
@@ -255,6 +261,7 @@ class Bridge:
     def _clients_change(self) -> None:
         self._clients_changed.set()
         self._clients_changed = trio.Event()
+        self._progressed()
 
     def set_receive_hook(self, hook: ReceiveHook | None) -> None:
         self._hook = hook
@@ -270,6 +277,27 @@ class Bridge:
         messages) are nobody's client's business, and aikyo's clients never see them."""
         if inbound.topic in TOPICS:
             self._apply(self.core.network_payload(inbound))
+            if isinstance(inbound.payload, Message):
+                self._delivered_ids.append(inbound.payload.params.id)
+                self._progressed()
+
+    def _progressed(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    async def written(self, ids: Iterable[str], timeout: float) -> bool:
+        """Wait until the messages ``ids`` have reached this bridge and every frame queued for a
+        client has been written to it (a stop lets the clients read a reply published in its
+        last moment before they are closed); ``False`` if ``timeout`` passed first."""
+        wanted = set(ids)
+        with trio.move_on_after(timeout):
+            while not (
+                wanted <= set(self._delivered_ids)
+                and all(not len(s.queue) and not s.sending for s in self._sessions.values())
+            ):
+                await self._progress.wait()
+            return True
+        return False
 
     async def handle(self, inbound: Inbound) -> None:
         """The node's inbound handler interface: same as :meth:`deliver`."""
@@ -394,6 +422,7 @@ class Bridge:
                 return
             finally:
                 session.sending = False
+                self._progressed()
 
     async def _read_loop(self, session: _Session, channel: FrameChannel) -> None:
         while True:

@@ -12,7 +12,7 @@ disconnect at once.
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -52,7 +52,7 @@ from companion.node.routing import DhtDiscovery
 from companion.node.topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_pruner
 from companion.node.trust import TrustStore
 from companion.node.yamux import batch_window_updates
-from companion.protocol import NODE_TOPICS, TOPICS, Envelope, Metadata, Query, State
+from companion.protocol import NODE_TOPICS, TOPICS, Envelope, Message, Metadata, Query, State
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -71,6 +71,9 @@ GONE_WAIT: Final = 1.0
 """How long a failed metadata request waits for the peer's connection to close: a peer that
 stops or is trimmed while we ask makes the request fail moments before its close arrives, and
 that is routine (INFO); a peer still connected after it has a problem (WARNING)."""
+SENT_IDS_KEPT: Final = 64
+"""Own message ids a node remembers (:attr:`CompanionNode.messages_sent`): a stop publishes a
+reply or two per companion."""
 
 MembershipListener = Callable[[MembershipEvent], None]
 
@@ -193,6 +196,9 @@ class CompanionNode:
         self.delivered = 0
         self.published_by_topic: Counter[str] = Counter()
         """This node's own publishes by topic (``published`` is their sum)."""
+        self.messages_sent: deque[str] = deque(maxlen=SENT_IDS_KEPT)
+        """The ids of this node's latest own messages (``message.send``), oldest first: what a
+        stop waits to see reach this process's clients (:mod:`companion.app.stopping`)."""
         self.delivered_by_topic: Counter[str] = Counter()
         """Payloads handed to the handler by topic (``delivered`` is their sum): the metrics'
         messages in."""
@@ -300,6 +306,8 @@ class CompanionNode:
         if isinstance(envelope, Query):
             self.guard.asking(envelope)  # before anyone can answer: only allowed peers may
         await self.publish_raw(topic, encode_for_topic(topic, envelope))
+        if isinstance(envelope, Message):
+            self.messages_sent.append(envelope.params.id)
 
     async def publish_raw(self, topic: str, data: bytes) -> None:
         """Publish bytes as they are (the bridge forwards client payloads unchanged). They pass
