@@ -9,8 +9,6 @@ line and exit 2, as ``--ws`` is.
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import subprocess
 import sys
@@ -33,6 +31,7 @@ from companion.models.factory import check_model, make_model
 from companion.models.scripted import ScriptedModel
 from companion.protocol import Message
 from support.cli import run_companion
+from support.local_model import LOCAL_MODEL, local_model_name, needs_local_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -205,21 +204,12 @@ def test_a_metrics_flag_that_is_no_address_exits_2(tmp_path: Path) -> None:
     )
 
 
-LOCAL_MODEL = os.environ.get("COMPANION_LOCAL_MODEL", "")
-
-
-@pytest.mark.skipif(
-    not LOCAL_MODEL,
-    reason="COMPANION_LOCAL_MODEL is not set (the base URL of a local OpenAI-compatible server)",
-)
+@needs_local_model
 async def test_a_real_model_servers_tokens_and_a_passed_deadline_are_counted() -> None:
     """The leader's call to a real server (``COMPANION_LOCAL_MODEL``, as test_models_local):
     its tokens as the server reported them, its duration under ``ok``; then the same call
     under a deadline that passes mid-request, under ``cancelled``."""
-    name = os.environ.get("COMPANION_LOCAL_MODEL_NAME")
-    if not name:
-        with urllib.request.urlopen(f"{LOCAL_MODEL.rstrip('/')}/models", timeout=10) as answer:
-            name = json.loads(answer.read())["data"][0]["id"]
+    name = local_model_name()
     served = make_model(f"openai:{name}", base_url=LOCAL_MODEL)
     await check_model(served)
     metrics = ProcessMetrics()

@@ -9,19 +9,14 @@ SmolLM2-135M with llama-cpp-python for you.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import urllib.request
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-URL = os.environ.get("COMPANION_LOCAL_MODEL", "")
+from support.local_model import LOCAL_MODEL, local_model_name, needs_local_model
 
-pytestmark = pytest.mark.skipif(
-    not URL, reason="COMPANION_LOCAL_MODEL is not set (the base URL of a local OpenAI-compatible server)"
-)
+pytestmark = needs_local_model
 
 
 def _bench() -> ModuleType:
@@ -35,10 +30,7 @@ def _bench() -> ModuleType:
 
 @pytest.mark.timeout(2700)
 def test_a_real_local_model_converses_to_terminal() -> None:
-    name = os.environ.get("COMPANION_LOCAL_MODEL_NAME")
-    if not name:
-        with urllib.request.urlopen(f"{URL.rstrip('/')}/models", timeout=10) as answer:
-            name = json.loads(answer.read())["data"][0]["id"]
+    name = local_model_name()
     bench = _bench()
-    transcript, logs, took = bench.demo(name, URL, 12, 2400.0, None)
+    transcript, logs, took = bench.demo(name, LOCAL_MODEL, 12, 2400.0, None)
     assert bench.report(transcript, logs, took, 6)["ok"], "see the figures printed above"

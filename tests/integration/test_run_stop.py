@@ -12,10 +12,8 @@ before is still there.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from companion.store.sqlite import Store
 from support.cli import run_companion
 from support.live import BOTH, OSTRA, PIM, start_pim_and_ostra
 from support.live_bridge import blocking, message_frame
+from support.local_model import LOCAL_MODEL, local_model_name, needs_local_model
 from support.network import Event, Proc, network
 
 pytestmark = pytest.mark.integration
@@ -143,21 +142,12 @@ async def test_sigterm_without_ws_during_a_reply_exits_0_and_stores_every_messag
     _assert_every_message_stored(proc, tmp_path / "data-home")
 
 
-LOCAL_MODEL = os.environ.get("COMPANION_LOCAL_MODEL", "")
-
-
-@pytest.mark.skipif(
-    not LOCAL_MODEL, reason="COMPANION_LOCAL_MODEL is not set (see tests/test_models_local.py)"
-)
+@needs_local_model
 @pytest.mark.timeout(300)
 async def test_sigterm_during_a_real_models_call_exits_0_and_stores_every_message(tmp_path: Path) -> None:
     """Opt-in: the speaker waits for a real local model server (SmolLM2-135M answers in 1-9 s
     here) when the stop comes; its reply finishes within the grace or is withdrawn."""
-    name = os.environ.get("COMPANION_LOCAL_MODEL_NAME")
-    if not name:
-        with urllib.request.urlopen(f"{LOCAL_MODEL.rstrip('/')}/models", timeout=10) as answer:
-            name = str(json.loads(answer.read())["data"][0]["id"])
-    model = ("--model", f"openai:{name}", "--base-url", LOCAL_MODEL)
+    model = ("--model", f"openai:{local_model_name()}", "--base-url", LOCAL_MODEL)
     with network(tmp_path) as net:
         proc, url = await blocking(start_pim_and_ostra, net, 0.0, extra=model)
         assert await _say_then_stop(proc, url, _speaking, signal.SIGTERM) == 0

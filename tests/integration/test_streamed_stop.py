@@ -7,7 +7,7 @@ A client that says the line within the stop's grace hears it whole, and the mess
 whole. One that speaks slower (a long line, a slow voice) is past the grace with the line half
 said: the line says no more and the message says what the client was given to say, sentence for
 sentence; before, the reply was withdrawn, and what the person heard was in no message and no
-store.
+store. With ``COMPANION_LOCAL_MODEL`` set, the slow client is tried on a real model server too.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from trio_websocket import ConnectionClosed, open_websocket_url
 from companion.store.sqlite import Store
 from support.fake_llm_server import FakeLLMServer
 from support.live_bridge import blocking
+from support.local_model import LOCAL_MODEL, local_model_name, needs_local_model
 from support.network import Proc
 from support.voice import LINE, VoiceModel, ask_over_ws, juniper_home, speak_queries
 
@@ -95,3 +96,23 @@ async def test_sigterm_while_a_line_is_voiced_stores_what_was_heard(
     else:
         assert 1 <= len(heard) < 3 and LINE.startswith(" ".join(heard))
         assert home.count("voice_line_cut_short", reason="stopping") == 1
+
+
+@needs_local_model
+@pytest.mark.timeout(300)
+async def test_sigterm_while_a_real_models_line_is_voiced_stores_what_was_heard(tmp_path: Path) -> None:
+    """Opt-in (``support.local_model``): the same with a real model server, its line whatever
+    the model says, the client taking 4 s a sentence: the message and the history say what the
+    client was given to say, and nothing else."""
+    model = (f"openai:{local_model_name()}", LOCAL_MODEL)
+    async with (
+        juniper_home(tmp_path, None, model=model) as (_net, home, url),
+        open_websocket_url(f"{url}?topics=messages,queries") as ws,
+    ):
+        frames = await _stopped_while_voiced(ws, home, 4.0)
+        assert await blocking(home.reap, EXIT_WITHIN) == 0
+    heard = " ".join(q["params"]["body"]["message"] for q in speak_queries(frames))
+    print("heard:", heard)
+    assert heard and _stored_reply(tmp_path / "data-home") == [heard]
+    sent = [f for f in frames if f.get("method") == "message.send" and f["params"]["from"] == JUNIPER]
+    assert [f["params"]["message"] for f in sent] == [heard]

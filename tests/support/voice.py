@@ -149,11 +149,17 @@ async def pair_home(
 
 
 @contextlib.asynccontextmanager
-async def juniper_home(tmp_path: Path, server: FakeLLMServer) -> AsyncIterator[tuple[Network, Proc, str]]:
-    """``companion run --ws`` with Juniper (``speak_with_voice``) on ``server``'s model: the
-    network, the process and the bridge's URL."""
+async def juniper_home(
+    tmp_path: Path, server: FakeLLMServer | None, *, model: tuple[str, str] | None = None
+) -> AsyncIterator[tuple[Network, Proc, str]]:
+    """``companion run --ws`` with Juniper (``speak_with_voice``) on ``server``'s model, or on
+    ``model`` (its spec and base URL: a real server): the network, the process and the bridge's
+    URL."""
     card = write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice"))
-    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", "openai:fake-1", "--base-url")
+    if model is None:
+        assert server is not None
+        model = ("openai:fake-1", server.openai_base_url)
+    args = ("--ws", "127.0.0.1:0", "--no-webrtc", "--model", model[0], "--base-url", model[1])
     with network(tmp_path) as net:
-        home = await blocking(start_run, net, "home", [card], extra=(*args, server.openai_base_url))
+        home = await blocking(start_run, net, "home", [card], extra=args)
         yield net, home, await blocking(bridge_url, home)
