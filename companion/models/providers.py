@@ -1,7 +1,8 @@
 """Real language models through pydantic-ai: OpenAI-compatible endpoints and Anthropic.
 
 Each :class:`ProviderModel` method opens one short session (an HTTP client on the trio-asyncio
-loop, see :mod:`companion.models.aio`) and sends as few requests as the call allows:
+loop, see :mod:`companion.models.aio`; each request through :class:`~.session.Session`) and
+sends as few requests as the call allows:
 
 - ``decide_states``: 1 request (2 if the first answer fails validation and is sent back once);
 - ``fill_params``: 1 request (2 likewise);
@@ -28,17 +29,15 @@ from typing import Any, Final, TypeVar
 
 import httpx2
 import trio
-from pydantic_ai import direct
 from pydantic_ai.exceptions import ModelAPIError, UnexpectedModelBehavior
 from pydantic_ai.messages import (
-    ModelMessage,
     ModelRequest,
     ModelRequestPart,
     ModelResponse,
     ToolCallPart,
     UserPromptPart,
 )
-from pydantic_ai.models import Model, ModelRequestParameters
+from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.settings import ModelSettings, ToolOrOutput
 from pydantic_ai.tools import ToolDefinition
@@ -69,14 +68,12 @@ from companion.models.exchanges import (
     call_args,
     chat,
     feedback,
-    flatten,
-    has_tool_messages,
     nudge,
     output_of,
     retry,
     text_of,
 )
-from companion.models.failures import REFUSAL_STATUSES, FormRefused, explain, server_words, status_of
+from companion.models.failures import FormRefused, explain
 from companion.models.prompts import Turns, params_prompt, speak_prompt, speaker_turns, states_prompt
 from companion.models.sdks import SdkClient, load_sdk
 from companion.models.second_try import FRESH_SEED, own_line, task_after_refusal
@@ -89,8 +86,9 @@ from companion.models.servers import (
     identify_server,
     shared_memory,
 )
+from companion.models.session import SPEAK_TOKENS, Session
 from companion.models.speakturn import SpeakTurn, shown_to
-from companion.models.streaming import Partial, stream_response, whole_sentences, with_line
+from companion.models.streaming import whole_sentences, with_line
 from companion.models.structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -104,7 +102,6 @@ from companion.models.structured import (
     states_schema,
     wire_tool_names,
 )
-from companion.models.usage import reported_tokens
 from companion.text import clip
 
 __all__ = [
@@ -131,144 +128,6 @@ _COMMON_ERRORS: Final = (ModelAPIError, UnexpectedModelBehavior, httpx2.HTTPErro
 LOCAL_REQUEST_TIMEOUT: Final = 120.0
 """The least per-request deadline for a local server. Measured with SmolLM2-135M behind
 llama-cpp-python on 2 loaded cores: 5-87 s a request, and 60 s cut two requests in ten."""
-
-_SPEAK_TOKENS: Final = 120
-"""Tokens a spoken line may take: one to three sentences, about the 400 characters a line is cut
-to (a small model otherwise rambles on for a thousand tokens and a minute; with 200, SmolLM2-135M
-used all 200 on most turns, half of which was cut, at 0.1-0.2 s a token on a loaded CPU)."""
-_STRUCTURED_TOKENS: Final = 600
-"""Tokens a structured answer may take (the states of a dozen companions fit)."""
-
-
-class _Session:
-    """One call's connection: sends requests with a deadline, turns failures into ModelError."""
-
-    def __init__(self, owner: ProviderModel, model: Model, purpose: str) -> None:
-        self._owner = owner
-        self._model = model
-        self._purpose = purpose
-        self.requests = 0
-
-    async def request(
-        self,
-        messages: Sequence[ModelMessage],
-        params: ModelRequestParameters,
-        settings: ModelSettings | None = None,
-        *,
-        form: str = "",
-        may_refuse: bool = False,
-        partial: Partial | None = None,
-    ) -> ModelResponse:
-        """One HTTP request (streamed when ``partial`` is given: it sees the answer so far). With
-        ``may_refuse``, an HTTP error that may mean "not this form" raises :class:`FormRefused` (the
-        caller tries another form) instead of :class:`ModelError`.
-
-        A history with tool calls goes out as plain text to endpoints that refuse tool messages
-        (llama-cpp-python refuses an assistant message whose ``content`` is null); an endpoint
-        found refusing them is remembered and the request is sent again, flattened, at once.
-        """
-        memory, config = self._owner.memory, self._owner.config
-        limit = ModelSettings(max_tokens=_SPEAK_TOKENS if self._purpose == "speak" else _STRUCTURED_TOKENS)
-        settings = ModelSettings(**{**limit, **(settings or {})})
-        tooled = has_tool_messages(messages)
-        flat = tooled and memory.state(config).flat_history
-        try:
-            return await self._send(
-                flatten(messages) if flat else messages, params, settings, form, may_refuse, partial
-            )
-        except FormRefused:
-            if not tooled or flat:
-                raise
-        except ModelError as exc:
-            if not tooled or flat or exc.status not in REFUSAL_STATUSES:
-                raise
-        memory.flatten_history(config)
-        return await self._send(flatten(messages), params, settings, form, may_refuse, partial)
-
-    async def _send(
-        self,
-        messages: Sequence[ModelMessage],
-        params: ModelRequestParameters,
-        settings: ModelSettings,
-        form: str,
-        may_refuse: bool,
-        partial: Partial | None = None,
-    ) -> ModelResponse:
-        config = self._owner.config
-        memory = self._owner.memory.state(config)
-        if form in memory.unstreamed:
-            partial = None
-        self.requests += 1
-        started = trio.current_time()
-        try:
-            with trio.fail_after(self._owner.request_timeout):
-                if partial is None:
-                    response = await run_asyncio(
-                        direct.model_request,
-                        self._model,
-                        list(messages),
-                        model_settings=settings,
-                        model_request_parameters=params,
-                    )
-                else:
-                    response = await run_asyncio(
-                        stream_response, self._model, messages, settings, params, partial
-                    )
-        except trio.TooSlowError as exc:
-            reason = f"no answer within {self._owner.request_timeout:g} s"
-            raise self._failed(reason, reason, started, form) from exc
-        except self._owner._errors as exc:
-            status = status_of(exc)
-            if partial is not None and status in REFUSAL_STATUSES and "stream" in server_words(exc).lower():
-                # The form works, streaming it does not (llama-cpp-python's chatml-function-calling
-                # with tool_choice "auto"): this form goes unstreamed from now on.
-                self._log_failure(f"HTTP {status}: {server_words(exc)}", started, form, logging.INFO)
-                memory.unstreamed.add(form)
-                return await self._send(messages, params, settings, form, may_refuse)
-            if may_refuse and status in REFUSAL_STATUSES:
-                words = server_words(exc)
-                self._log_failure(f"HTTP {status}: {words}", started, form, logging.INFO)
-                raise FormRefused(status or 0, words) from exc
-            detail, reason = explain(exc, config, self._owner._sdk)
-            error = self._failed(detail, reason, started, form)
-            error.status = status
-            raise error from exc
-        tokens = reported_tokens(response.usage)
-        if tokens is None:
-            self._owner.requests_without_usage += 1
-        else:
-            self._owner.tokens.update(input=tokens.input, output=tokens.output)
-        log_event(
-            _log,
-            "model_request",
-            model=self._owner.name,
-            purpose=self._purpose,
-            form=form,
-            request=self.requests,
-            streamed=partial is not None,
-            ms=round((trio.current_time() - started) * 1000),
-            input_tokens=None if tokens is None else tokens.input,
-            output_tokens=None if tokens is None else tokens.output,
-            tool_calls=[p.tool_name for p in response.parts if isinstance(p, ToolCallPart)],
-        )
-        return response
-
-    def _log_failure(self, reason: str, started: float, form: str, level: int) -> None:
-        log_event(
-            _log,
-            "model_request_failed",
-            level,
-            model=self._owner.name,
-            purpose=self._purpose,
-            form=form,
-            request=self.requests,
-            ms=round((trio.current_time() - started) * 1000),
-            reason=reason,
-        )
-
-    def _failed(self, detail: str, reason: str, started: float, form: str) -> ModelError:
-        self._log_failure(detail, started, form, logging.WARNING)
-        return self._owner.error(self._purpose, detail, reason)
 
 
 _NAMED: Final = ModelSettings(tool_choice=ToolOrOutput(function_tools=[]))
@@ -316,8 +175,10 @@ class ProviderModel:
     def __init__(self, config: ProviderConfig, memory: EndpointMemory | None = None) -> None:
         self.config = config
         self.memory = shared_memory() if memory is None else memory
-        self._sdk = load_sdk(config.kind)
-        self._errors: tuple[type[Exception], ...] = (*_COMMON_ERRORS, *self._sdk.errors)
+        self.sdk = load_sdk(config.kind)
+        """The provider's SDK (only its own is imported)."""
+        self.errors: tuple[type[Exception], ...] = (*_COMMON_ERRORS, *self.sdk.errors)
+        """What a failed request raises, for the SDK and transport in use."""
         self._ssl: ssl.SSLContext | None = None
         self.tokens: Counter[str] = Counter()
         """Tokens the server reported so far: ``input`` and ``output`` (the metrics read it)."""
@@ -397,7 +258,7 @@ class ProviderModel:
         http = httpx2.AsyncClient(
             verify=self._ssl, trust_env=not local, timeout=self.request_timeout + _CLOSE_TIMEOUT
         )
-        return self._sdk.make_client(c, http, self.request_timeout + _CLOSE_TIMEOUT)
+        return self.sdk.make_client(c, http, self.request_timeout + _CLOSE_TIMEOUT)
 
     @asynccontextmanager
     async def _open_client(self) -> AsyncIterator[SdkClient]:
@@ -410,9 +271,9 @@ class ProviderModel:
                     await run_asyncio(client.close)
 
     @asynccontextmanager
-    async def _session(self, purpose: str) -> AsyncIterator[_Session]:
+    async def _session(self, purpose: str) -> AsyncIterator[Session]:
         async with self._open_client() as client:
-            yield _Session(self, self._sdk.make_model(client, self.config), purpose)
+            yield Session(self, self.sdk.make_model(client, self.config), purpose)
 
     # --- start-up check ----------------------------------------------------------------------
 
@@ -428,14 +289,14 @@ class ProviderModel:
         try:
             async with self._open_client() as client:
                 with trio.fail_after(timeout):
-                    listed = await run_asyncio(self._sdk.list_models, client)
+                    listed = await run_asyncio(self.sdk.list_models, client)
         except trio.TooSlowError as exc:
             raise ModelSetupError(
                 f"{self.name}: {c.endpoint} did not answer within {timeout:g} s",
                 reason=f"{c.endpoint} did not answer within {timeout:g} s",
             ) from exc
-        except self._errors as exc:
-            detail, reason = explain(exc, c, self._sdk)
+        except self.errors as exc:
+            detail, reason = explain(exc, c, self.sdk)
             raise ModelSetupError(f"{self.name}: {detail}", reason=reason) from exc
         ids = [m.id for m in listed]
         self.memory.identify(c, identify_server(c, listed))
@@ -653,7 +514,7 @@ class ProviderModel:
     async def _speak_in(
         self,
         form: SpeakForm,
-        session: _Session,
+        session: Session,
         request: SpeakRequest,
         turn: SpeakTurn,
         call_tool: ToolCaller,
@@ -700,7 +561,7 @@ class ProviderModel:
             else:
                 response, cut = whole_sentences(response, stopped=stopped)
             if cut and not stopped:
-                log_event(_log, "line_cut_at_token_limit", model=self.name, limit=_SPEAK_TOKENS)
+                log_event(_log, "line_cut_at_token_limit", model=self.name, limit=SPEAK_TOKENS)
             first = False
             turn.answers += 1
             called = any(isinstance(p, ToolCallPart) for p in response.parts)
