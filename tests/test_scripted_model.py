@@ -580,3 +580,20 @@ async def test_a_line_a_person_did_not_approve_is_not_said_again() -> None:
 )
 def test_the_topic_of_a_question_is_a_noun_phrase_never_a_verb(asked: str, topic: str | None) -> None:
     assert topic_phrase(asked, ["Juniper"]) == topic
+
+
+async def test_when_every_line_composed_is_like_an_own_line_the_least_like_is_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A card's own line said after two refused tries is refused too when it copies one of the
+    companion's earlier lines, and the slot is given up (SmolLM2 bench: 2 turns of 30 without a
+    line). When no line composed is unlike them all, the least like any is said, not the first."""
+    said_before = "I've told you most of what I know about a rainy morning."
+    history = [Message.create(ALEX.id, ["companion_mio"], said_before, id="m-old")]
+    other = "I've told you most of what I know about a cold morning."  # like it, less so
+    composed = iter([said_before] * 3 + [other] + [said_before] * 2)
+    monkeypatch.setattr("companion.models.scripted.compose", lambda *_a, **_k: next(composed))
+    tools = ToolLog()
+    await ScriptedModel().speak(_speak_request(history=history), tools)
+    said = [raw["message"] for tool, raw in tools.calls if tool == "speak"]
+    assert said == [other]

@@ -393,7 +393,9 @@ class ScriptedModel:
             if all(bigram_jaccard(line, old) < _SIMILAR for old in mine) and line != text:
                 return line
             candidates.append(line)
-        return candidates[0]
+        # none unlike them all: the least like any (the first was often a line said before,
+        # which the engine refuses, and a card's own line refused gives the slot up)
+        return min(candidates, key=lambda line: max((bigram_jaccard(line, old) for old in mine), default=0.0))
 
 
 def _speaks(spec: ToolSpec) -> bool:
