@@ -372,7 +372,7 @@ class ScriptedModel:
             for f in (*persona.facts, *persona.gist)
             if any(f.text.casefold().rstrip(".!。") in line for line in folded)
         ]
-        candidates = []
+        candidates: list[tuple[float, str]] = []
         for attempt in range(_ATTEMPTS):
             rng = self._rng("line", me.id, sender, text, len(request.history), attempt)
             line = compose(
@@ -390,12 +390,13 @@ class ScriptedModel:
                 names=[*names.values(), persona.name],
                 learned=learned,
             )[:_MAX_LINE]
-            if all(bigram_jaccard(line, old) < _SIMILAR for old in mine) and line != text:
+            likeness = max((bigram_jaccard(line, old) for old in mine), default=0.0)
+            if likeness < _SIMILAR and line != text:
                 return line
-            candidates.append(line)
+            candidates.append((likeness, line))
         # none unlike them all: the least like any (the first was often a line said before,
         # which the engine refuses, and a card's own line refused gives the slot up)
-        return min(candidates, key=lambda line: max((bigram_jaccard(line, old) for old in mine), default=0.0))
+        return min(candidates, key=lambda candidate: candidate[0])[1]
 
 
 def _speaks(spec: ToolSpec) -> bool:
