@@ -195,19 +195,6 @@ def _live_line(tool_id: str) -> LiveVoiceLine | None:
     return live if isinstance(live, LiveVoiceLine) and live.voices(tool_id) else None
 
 
-def _heard_already(tool_id: str, raw: Mapping[str, Any]) -> bool:
-    """Whether ``raw``'s line is the one the live line settled as heard
-    (:attr:`~companion.engine.voiceline.LiveVoiceLine.settled`): each sentence passed the check
-    before anyone heard it, and refusing the whole now would only ask the model for a line that
-    cannot be voiced, then publish what was heard anyway."""
-    live = _live_line(tool_id)
-    field = line_field(raw)
-    if live is None or field is None:
-        return False
-    settled = live.settled
-    return settled is not None and settled == str(raw[field])
-
-
 class Speaker:
     """Prepares this companion's replies (one :class:`Speech` at a time, the engine decides when)."""
 
@@ -342,8 +329,7 @@ class Speaker:
                 raw = self._without_directions(raw, speech)
                 if speech.spoke:
                     return ToolResult(tool_id, new_id(), "refused", ONE_MESSAGE).for_model()
-                heard = _heard_already(tool_id, raw)
-                checked = raw if heard else self.checked_line(tool_id, raw, speech, lines)
+                checked = self.checked_line(tool_id, raw, speech, lines)
                 if isinstance(checked, ToolResult):
                     return checked.for_model()
                 raw = checked
@@ -625,19 +611,25 @@ class Speaker:
     ) -> Mapping[str, Any] | ToolResult:
         """``raw`` when its line may be said; else the refusal the model is asked again with.
         The :data:`LINES_TRIED`-th refused line gives the slot up (:class:`ModelError`): better
-        no reply than a copy or the prompt read aloud. A line refused whole after some of it was
-        heard is settled as heard instead (:meth:`LiveVoiceLine.settle
-        <companion.engine.voiceline.LiveVoiceLine.settle>`): ``raw`` with the heard line, and no
-        second try nobody could hear."""
+        no reply than a copy or the prompt read aloud.
+
+        What a client heard is never refused: the line the live line settled as heard
+        (:attr:`~companion.engine.voiceline.LiveVoiceLine.settled`) passed, sentence by sentence,
+        before anyone heard it, and a line refused whole after some of it was heard is settled as
+        heard then (:meth:`LiveVoiceLine.settle <companion.engine.voiceline.LiveVoiceLine.settle>`):
+        ``raw`` with the heard line. A second try could not be voiced, and what was heard would be
+        published anyway."""
         field = line_field(raw)
         if field is None:
             return raw
         text = str(raw[field])
+        live = _live_line(tool_id)
+        if live is not None and live.settled == text:
+            return raw
         verdict = check_line(text, context)
         if verdict.ok:
             return raw
         effect = speech.effect
-        live = _live_line(tool_id)
         heard = None if live is None else live.settle(f"the whole line was refused ({verdict.kind})")
         if heard is not None:
             self._emit(
