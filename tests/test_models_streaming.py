@@ -3,12 +3,14 @@ over HTTP, as real servers stream (SSE split across writes, arguments as fragmen
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 
 from companion.models.base import ModelError
+from companion.models.second_try import FRESH_SEED
 from companion.models.servers import ServerKind
 from companion.models.streaming import partial_line, whole_sentences
 from support.fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
@@ -29,6 +31,7 @@ class GrowingLine:
     """Records what a streaming model shows of the line (the speaker's live line in the engine)."""
 
     abandoned = False
+    refusal: str | None = None
     settled: str | None = None
 
     def __init__(self) -> None:
@@ -192,33 +195,52 @@ async def test_a_form_the_server_will_not_stream_is_sent_whole_and_keeps_its_too
     assert "tools_auto" in model.memory.speak_forms(model.config)
 
 
+REFUSED_COPY = "copy: not said, because it repeats what you already said (\u201cSentence number 0.\u201d)."
+
+
+class Refusing(GrowingLine):
+    """Refuses a line at its first sentence ("... sea. "), as the engine's live line refuses a
+    copy before anyone hears it; a line without that sentence passes."""
+
+    def grow(self, tool_id: str, text: str) -> None:
+        super().grow(tool_id, text)
+        self.abandoned = "sea. " in text
+        self.refusal = REFUSED_COPY if self.abandoned else None
+
+
 async def test_a_line_that_can_no_longer_be_said_stops_the_stream(server: FakeLLMServer) -> None:
     """The live line refused the first sentence (nothing heard): the model is not left writing
-    to its token limit; the answer so far is the response, cut to its whole sentences."""
-
-    class Refusing(GrowingLine):
-        def grow(self, tool_id: str, text: str) -> None:
-            super().grow(tool_id, text)
-            self.abandoned = "sea. " in text
-
+    to its token limit, and its answer is a refused line, asked for again fresh (the refusal in
+    the task, another seed), not a call: made as one it could only say nothing."""
     long = " ".join(f"Sentence number {i} is about the sea." for i in range(40))
-    server.push(tool_call("speak", {"message": long, "to": ["user_1"], "emotion": "happy"}))
+    server.push(
+        tool_call("speak", {"message": long, "to": ["user_1"], "emotion": "happy"}),
+        tool_call("speak", {"message": "Gulls, mostly.", "to": ["user_1"]}),
+    )
     sink, tools = Refusing(), ToolRecorder()
     await openai_model(server).speak(speak_request(live=sink), tools)
-    [(_, args)] = tools.calls
-    assert args["message"] == "Sentence number 0 is about the sea."
-    assert sink.seen[-1][1].startswith("Sentence number 0 is about the sea. ")
-    assert len(sink.seen[-1][1]) < 60  # nothing read after it
+    assert tools.calls == [("speak", {"message": "Gulls, mostly.", "to": ["user_1"]})]
+    first_seen = [text for _tool, text in sink.seen if text.startswith("Sentence")]
+    assert first_seen[-1].startswith("Sentence number 0 is about the sea. ")
+    assert len(first_seen[-1]) < 60  # nothing read after it
+    first, fresh = server.model_requests()
+    assert fresh.body.get("seed") == FRESH_SEED and first.body.get("seed") is None
+    assert "it repeated a line that was already said" in json.dumps(fresh.body["messages"][-1])
 
-    # a text answer (llama-cpp-python's way with SmolLM2): cut to its whole sentences too, never
-    # "... on the road. I walked" (measured before this)
+    # a text answer (llama-cpp-python's way with SmolLM2), twice refused at its first sentence, the
+    # second time after a first clause only: the card's own line is said, never nothing (it was
+    # "an empty answer" and the slot given up, measured)
     with running_server(profile=PROFILES["llama-cpp-python"]) as srv:
-        srv.push(text(long))
+        srv.push(text(long), text("Well, the sea. " + long))
         sink, tools = Refusing(), ToolRecorder()
         model = openai_model(srv)
         model.memory.identify(model.config, "llama-cpp-python")
+        forms = model.memory.speak_forms(model.config)
         await model.speak(speak_request(live=sink), tools)
-    assert tools.calls and tools.calls[0][1]["message"] == "Sentence number 0 is about the sea."
+        assert len(srv.model_requests()) == 2
+    [(tool, args)] = tools.calls
+    assert tool == "speak" and args["message"] and "Sentence number" not in args["message"]
+    assert model.memory.speak_forms(model.config) == forms, "the form is not taken for one ignored"
 
 
 async def test_a_line_settled_as_heard_stops_the_stream_and_is_the_call(server: FakeLLMServer) -> None:

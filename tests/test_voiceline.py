@@ -366,18 +366,21 @@ async def test_a_line_settles_as_heard_once_a_later_sentence_is_refused(
         line.grow(VOICE_TOOL, "Fine. Calm seas. ")
         assert line.settled is None and not line.abandoned
         line.grow(VOICE_TOOL, "Fine. Calm seas. Hello again. And")
-        assert line.settled == "Fine. Calm seas." and not line.abandoned
+        assert line.settled == "Fine. Calm seas." and not line.abandoned and line.refusal is None
         assert await line.finish("Fine. Calm seas.", "neutral", 30) == "Fine. Calm seas."
     assert [a[1] for a in client.asked] == ["Fine.", "Calm seas."]
 
     unheard = LiveVoiceLine(client.ask, emit, check=lambda s, _b: "a copy" if s.startswith("Hello") else None)
     unheard.grow(VOICE_TOOL, "Hello again. And")
     assert unheard.abandoned and unheard.settled is None
+    assert unheard.refusal == "a copy", "the model's next try is told why"
 
     clause = LiveVoiceLine(client.ask, emit, check=lambda s, _b: "a copy" if "Context" in s else None)
     clause.grow(VOICE_TOOL, "I am not sure how this can be done, Context: 1. More")
     assert clause.said == "I am not sure how this can be done,"
-    assert clause.abandoned and clause.settled is None
+    assert clause.abandoned and clause.settled is None and clause.refusal == "a copy"
+    clause.grow(VOICE_TOOL, "Sure.")  # the next try starts anew: nothing refused in it yet
+    assert not clause.abandoned and clause.refusal is None
 
 
 async def test_a_line_refused_whole_settles_as_heard_unless_only_a_clause_was_heard(

@@ -82,6 +82,7 @@ class LiveVoiceLine:
         self._sent = 0
         self._stopped = False
         """A sentence was refused or the text went back on itself: nothing more is admitted."""
+        self._stop_reason = ""
         self._ended = False
         """No sentence will be added any more (the line is complete, cut, or abandoned)."""
         self._emotion = "neutral"
@@ -158,6 +159,12 @@ class LiveVoiceLine:
         nothing heard but a false start (see :class:`~companion.models.base.LineSink`). A new
         line (the model's next try) may still start anew."""
         return self._stopped and self.settled is None
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the line was stopped, while it is :attr:`abandoned` (see
+        :class:`~companion.models.base.LineSink`)."""
+        return self._stop_reason if self.abandoned else None
 
     @property
     def settled(self) -> str | None:
@@ -243,6 +250,7 @@ class LiveVoiceLine:
 
     def _stop(self, reason: str) -> None:
         self._stopped = True
+        self._stop_reason = reason
         self._emit(
             "voice_line_stopped", logging.WARNING, line=self.id, said=len(self._admitted), reason=reason
         )

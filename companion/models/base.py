@@ -93,6 +93,12 @@ class LineSink(Protocol):
         ...
 
     @property
+    def refusal(self) -> str | None:
+        """Why the line being written was refused, once it is :attr:`abandoned` (nothing of it
+        heard): a refused line, which the model's next try must not repeat. ``None`` otherwise."""
+        ...
+
+    @property
     def settled(self) -> str | None:
         """The line as it will be published, once nothing more of it can be said after some of
         it was heard (a later sentence refused, the voice interrupted): the model may stop

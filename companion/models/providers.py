@@ -564,18 +564,28 @@ class ProviderModel:
                 log_event(_log, "line_cut_at_token_limit", model=self.name, limit=SPEAK_TOKENS)
             first = False
             turn.answers += 1
-            called = any(isinstance(p, ToolCallPart) for p in response.parts)
-            said = text_of(response)
-            if form == "tools_required" and not called:
-                self.memory.ignored(self.config, form)
-            if not called and not said and not text_reply and not last and not turn.done:
-                # Neither a call nor a word: with these tools this server and model give nothing.
-                self.memory.ignored(self.config, form)
-                turn.failed("an empty answer")
-                turn.switch_form = True
-                return
-            returns = await self._run_calls(response, turn, call_tool)
             speaker = turn.speaking_tool()
+            refused = None if partial is None else partial.refused
+            if refused is not None and speaker is not None and speaker[1].id not in turn.done:
+                # Refused at its first sentence, nothing heard: a refused line. Made as a call it
+                # said nothing, went back as a follow-up, and a clause-only answer after it counted
+                # as an empty one: no line at all (SmolLM2-135M, measured).
+                turn.new_round()
+                turn.not_said(refused)
+                returns: list[ModelRequestPart] = []
+            else:
+                called = any(isinstance(p, ToolCallPart) for p in response.parts)
+                said = text_of(response)
+                if form == "tools_required" and not called:
+                    self.memory.ignored(self.config, form)
+                if not called and not said and not text_reply and not last and not turn.done:
+                    # Neither a call nor a word: with these tools this server and model give nothing.
+                    self.memory.ignored(self.config, form)
+                    turn.failed("an empty answer")
+                    turn.switch_form = True
+                    return
+                returns = await self._run_calls(response, turn, call_tool)
+                speaker = turn.speaking_tool()
             if turn.line_refused and speaker is not None and speaker[1].id not in turn.done:
                 # A refused line is asked for again fresh, never as a follow-up (see second_try).
                 if turn.lines_refused >= 2 or turn.answers >= self.config.max_speak_requests:

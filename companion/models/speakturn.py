@@ -129,11 +129,14 @@ class Shown:
         """Whether the last stream was closed before its end (its answer is cut)."""
         self.settled: str | None = None
         """The line the last stream's answer says, when the live line settled it as heard."""
+        self.refused: str | None = None
+        """Why the live line refused the last stream's line, nothing of it heard: its answer is a
+        refused line, not a call to make (the call could only say nothing)."""
 
     def __call__(self, response: ModelResponse) -> bool:
         turn = self._turn
         found = partial_line(response, turn.tools, self._text_tool, (turn.me.name, turn.me.id))
-        self.stopped, self.settled = False, None
+        self.stopped, self.settled, self.refused = False, None, None
         if found is not None:
             self._live.grow(*found)
             settled = self._live.settled
@@ -153,6 +156,7 @@ class Shown:
                     ended=ended,
                 )
                 self.stopped, self.settled = True, settled
+                self.refused = self._live.refusal if settled is None else None
                 return False
         return True
 
