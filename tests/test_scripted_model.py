@@ -597,3 +597,19 @@ async def test_when_every_line_composed_is_like_an_own_line_the_least_like_is_sa
     await ScriptedModel().speak(_speak_request(history=history), tools)
     said = [raw["message"] for tool, raw in tools.calls if tool == "speak"]
     assert said == [other]
+
+
+async def test_a_line_the_engine_would_refuse_as_a_copy_is_not_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unlike the own line by the model's measure (bigram likeness 0.58), a copy by the engine's
+    line check: said as the card's own line after the model's two refused, it was refused too
+    and the slot given up, so the person heard nothing (SmolLM2-135M bench, measured). A line
+    the check passes is said instead."""
+    said_before = "I've told you most of what I know about a rainy morning."
+    history = [Message.create(ALEX.id, ["companion_mio"], said_before, id="m-old")]
+    near = "I've told you most of what I know about a tired friend."
+    fresh = "Bees keep their own hours up on the roof."
+    composed = iter([near, fresh, near, near, near, near])
+    monkeypatch.setattr("companion.models.scripted.compose", lambda *_a, **_k: next(composed))
+    tools = ToolLog()
+    await ScriptedModel().speak(_speak_request(history=history), tools)
+    assert [raw["message"] for tool, raw in tools.calls if tool == "speak"] == [fresh]

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from companion.conversation.rules import bigram_jaccard, turn_info
-from companion.lines.check import NOT_SAID
+from companion.lines.check import NOT_SAID, LineContext, check_line
 from companion.log import log_event
 from companion.models.base import (
     ModelError,
@@ -346,9 +346,15 @@ class ScriptedModel:
         avoid: Sequence[str] = (),
     ) -> str:
         """The reply: composed up to a few times until it is unlike my own lines so far and the
-        lines to ``avoid`` (one the engine refused to say), whose facts count as told."""
+        lines to ``avoid`` (one the engine refused to say), whose facts count as told, and passes
+        the engine's line check (:func:`~companion.lines.check.check_line`): a card's line
+        refused after the model's two gives the slot up, and the person hears nothing (its
+        "I've told you most of what I know about a tired friend." after "... a rainy morning.",
+        SmolLM2-135M's fallback, measured)."""
         me = request.me
         message = request.message
+        earlier = [m for m in request.history if m.params.id != message.params.id] + [message]
+        context = LineContext.of(earlier, me.id, {**names, me.id: me.name}, [request.role, *instructions])
         persona = persona_of(me, request.role)
         sender = message.params.from_
         text = clean(message.params.message)
@@ -372,7 +378,7 @@ class ScriptedModel:
             for f in (*persona.facts, *persona.gist)
             if any(f.text.casefold().rstrip(".!。") in line for line in folded)
         ]
-        candidates: list[tuple[float, str]] = []
+        candidates: list[tuple[bool, float, str]] = []
         for attempt in range(_ATTEMPTS):
             rng = self._rng("line", me.id, sender, text, len(request.history), attempt)
             line = compose(
@@ -391,12 +397,14 @@ class ScriptedModel:
                 learned=learned,
             )[:_MAX_LINE]
             likeness = max((bigram_jaccard(line, old) for old in mine), default=0.0)
-            if likeness < _SIMILAR and line != text:
+            refused = not check_line(line, context).ok
+            if likeness < _SIMILAR and line != text and not refused:
                 return line
-            candidates.append((likeness, line))
-        # none unlike them all: the least like any (the first was often a line said before,
-        # which the engine refuses, and a card's own line refused gives the slot up)
-        return min(candidates, key=lambda candidate: candidate[0])[1]
+            candidates.append((refused, likeness, line))
+        # none unlike them all: one the check passes, the least like any (the first was often a
+        # line said before, which the engine refuses, and a card's own line refused gives the
+        # slot up)
+        return min(candidates, key=lambda candidate: candidate[:2])[2]
 
 
 def _speaks(spec: ToolSpec) -> bool:
