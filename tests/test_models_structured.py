@@ -228,16 +228,27 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     )
     instructions, prompt = speak_prompt(req, tools)
     assert "You are Bo" in instructions and "a helper" in instructions
-    assert "Action tools (they do something others see): speak." in prompt
-    assert "kb_lookup" in prompt and "- kb_lookup: check facts" in prompt
+    # how its words reach the others is the same every turn: in the instructions, not the task
+    assert "Action tools (they do something others see): speak." in instructions
+    assert "Knowledge tools (they tell you something; use only if needed): kb_lookup." in instructions
+    assert "Action tools" not in prompt and "- kb_lookup: check facts" in prompt
     assert "say goodbye" in prompt
     assert "Address: user_1, companion_a." in prompt
     # the parameters call before it has the same instructions: a local server reuses its prefix
     params = ParamsRequest(
-        me=B, role="a helper", schema={"type": "object"}, message=OPENING, history=[OPENING]
+        me=B,
+        role="a helper",
+        schema={"type": "object"},
+        message=OPENING,
+        history=[OPENING],
+        tools=req.tools,
     )
     params_instructions, params_text = params_prompt(params, "set_params")
     assert params_instructions == instructions
+    text_instructions = speak_prompt(req, tools, text_reply=True)[0]
+    assert params_prompt(params, "set_params", text_reply=True)[0] == text_instructions
+    assert "Answer with only the words you say out loud" in text_instructions
+    assert "Action tools" not in text_instructions
     # stable first (the same instructions), then the conversation, identical in both calls, and
     # the volatile task last: what a small model continues is its own turn, never a JSON block
     conversation = "user_1: Hello!\n\n"
@@ -253,7 +264,8 @@ def test_a_companions_instructions_are_the_same_on_every_call() -> None:
     tools = wire_tool_names([ToolSpec(id="speak", description="", input_schema={})])
     first = SpeakRequest(B, "a helper", OPENING, [OPENING], [], list(tools.values()), ["user_1"])
     second = SpeakRequest(B, "a helper", later, [OPENING, later], [], list(tools.values()), [A.id], "closing")
-    assert speak_prompt(first, tools)[0] == speak_prompt(second, tools, text_reply=True)[0]
+    assert speak_prompt(first, tools)[0] == speak_prompt(second, tools)[0]
+    assert speak_prompt(first, tools, text_reply=True)[0] == speak_prompt(second, tools, text_reply=True)[0]
     # the next turn's prompt begins with the previous turn's conversation: only new lines are evaluated
     history = speak_prompt(first, tools)[1].split("\n\n")[0]
     assert speak_prompt(second, tools)[1].startswith(history + "\ncompanion_a: And then?")

@@ -346,6 +346,13 @@ class Speaker:
 
         return call_tool
 
+    def _params_request(self, message: Message, history: list[Message]) -> ParamsRequest:
+        """The parameters call for ``message``, naming the tools the speak call will have."""
+        card = self.card
+        return ParamsRequest(
+            self.me, card.role, card.events.params, message, history, self.runtime.tool_specs()
+        )
+
     def prefetch(self, message: Message, history: list[Message], nursery: trio.Nursery, limit: float) -> None:
         """Start filling the parameters for ``message`` in ``nursery`` (at most ``limit`` seconds),
         before this companion knows whether it will speak: the leader's states call and this
@@ -361,7 +368,7 @@ class Speaker:
             message.params.id, trio.CancelScope(deadline=trio.current_time() + limit), trio.Event()
         )
         self._prefetched = ahead
-        request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
+        request = self._params_request(message, history)
 
         async def fill() -> None:
             try:
@@ -533,7 +540,7 @@ class Speaker:
                 raise ahead.error
             if ahead.values is not None:
                 return ahead.values
-        request = ParamsRequest(self.me, self.card.role, self.card.events.params, message, history)
+        request = self._params_request(message, history)
         return await self.model.fill_params(request)
 
     async def _speak_live(

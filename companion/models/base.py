@@ -75,6 +75,9 @@ class ParamsRequest:
     schema: Mapping[str, Any]
     message: Message
     history: Sequence[Message]
+    tools: Sequence[ToolSpec] = ()
+    """The card's tools, as the speak call that follows names them (a provider's instructions
+    for both calls say how the speaker's words reach the others)."""
 
 
 class LineSink(Protocol):

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from companion.models.base import ParamsRequest, SpeakRequest, StatesRequest, ToolSpec
+from companion.models.structured import wire_tool_names
 from companion.protocol import Message, Metadata
 from companion.text import clip
 
@@ -42,6 +43,7 @@ __all__ = [
     "speak_prompt",
     "speaker_instructions",
     "speaker_turns",
+    "speaking_note",
     "states_prompt",
 ]
 
@@ -140,10 +142,35 @@ _SPEAKER_RULES = (
 )
 
 
-def speaker_instructions(me: Metadata, role: str) -> str:
+def speaker_instructions(me: Metadata, role: str, note: str = "") -> str:
     """The instructions of both of a speaker's calls, the same on every call of this companion:
-    who it is and how it speaks (a server's cache keeps them evaluated)."""
-    return f"{persona(me, role)}\n\n{_SPEAKER_RULES.format(name=me.name)}"
+    who it is, how it speaks and how its words reach the others (``note``, from
+    :func:`speaking_note`), so a server's cache keeps them evaluated."""
+    rules = _SPEAKER_RULES.format(name=me.name)
+    return f"{persona(me, role)}\n\n{rules}" + (f"\n{note}" if note else "")
+
+
+def speaking_note(wire_names: Mapping[str, ToolSpec], text_reply: bool) -> str:
+    """How the speaker's words reach the others, in the form its server takes (``text_reply``:
+    the answer's text is the line; else its action tools, by name). The same every turn, so it
+    belongs to the instructions: in the task it was evaluated anew on every call (46 of about
+    135 prompt tokens a turn with SmolLM2's tokenizer, measured)."""
+    if text_reply:
+        return (
+            "Answer with only the words you say out loud, nothing else: no name or label in front, "
+            "no quotation marks, no notes."
+        )
+    actions = [name for name, spec in wire_names.items() if spec.kind == "action"]
+    knowledge = [name for name, spec in wire_names.items() if spec.kind == "knowledge"]
+    lines = [
+        "Others hear you through your action tools; an answer without a tool call is said "
+        "out loud as it is, so then write only your words.",
+        f"Action tools (they do something others see): {', '.join(actions) or 'none'}.",
+    ]
+    if knowledge:
+        named = ", ".join(knowledge)
+        lines.append(f"Knowledge tools (they tell you something; use only if needed): {named}.")
+    return "\n".join(lines)
 
 
 def speaker_turns(
@@ -175,10 +202,15 @@ def _conversation(me: Metadata, history: Sequence[Message], message: Message) ->
     return f"{heard}\n\n" if heard else ""
 
 
-def params_prompt(request: ParamsRequest, tool_name: str, as_json: bool = False) -> tuple[str, str]:
+def params_prompt(
+    request: ParamsRequest, tool_name: str, as_json: bool = False, text_reply: bool = False
+) -> tuple[str, str]:
     """The speaker's situation parameters, as its card's ``events.params`` schema describes them
-    (through the ``tool_name`` tool, or written out as JSON when ``as_json``)."""
-    instructions = speaker_instructions(request.me, request.role)
+    (through the ``tool_name`` tool, or written out as JSON when ``as_json``). The instructions
+    are the speak call's (``text_reply``: the form that call takes), so the speak call that
+    follows reuses the evaluated prefix on a server that keeps only the last request's."""
+    note = speaking_note(wire_tool_names(request.tools), text_reply)
+    instructions = speaker_instructions(request.me, request.role, note)
     prompt = _conversation(request.me, request.history, request.message) + (
         "Before you reply, assess the situation: fill in the parameters below from the "
         "conversation and your character. "
@@ -192,30 +224,14 @@ def params_prompt(request: ParamsRequest, tool_name: str, as_json: bool = False)
 def speak_prompt(
     request: SpeakRequest, wire_names: Mapping[str, ToolSpec], text_reply: bool = False
 ) -> tuple[str, str]:
-    """The speaker's turn: the conversation, then what is remembered, trigger instructions, tools,
-    closing stage and recipients, and last the question to answer.
+    """The speaker's turn: the conversation, then what is remembered, trigger instructions,
+    closing stage and recipients, and last the question to answer (how its words reach the
+    others is in the instructions: :func:`speaking_note`).
 
     ``text_reply`` is for servers that take no tools: the answer's text is the line said.
     """
     by_id = {spec.id: name for name, spec in wire_names.items()}
-    actions = [name for name, spec in wire_names.items() if spec.kind == "action"]
-    knowledge = [name for name, spec in wire_names.items() if spec.kind == "knowledge"]
     lines = _remembered(request.extra.get("memory"))
-    if text_reply:
-        lines.append(
-            "Answer with only the words you say out loud, nothing else: no name or label in front, "
-            "no quotation marks, no notes."
-        )
-    else:
-        lines += [
-            "Others hear you through your action tools; an answer without a tool call is said "
-            "out loud as it is, so then write only your words.",
-            f"Action tools (they do something others see): {', '.join(actions) or 'none'}.",
-        ]
-    if knowledge and not text_reply:
-        lines.append(
-            f"Knowledge tools (they tell you something; use only if needed): {', '.join(knowledge)}."
-        )
     if request.instructions and text_reply:
         lines.append("Follow these instructions in what you say:")
         lines.extend(f"- {i.instruction}" for i in request.instructions)
@@ -234,7 +250,8 @@ def speak_prompt(
     if text_reply:
         lines.append(f"What do you say now, {request.me.name}? Only your words.")
     prompt = _conversation(request.me, request.history, request.message) + "\n".join(lines)
-    return speaker_instructions(request.me, request.role), prompt
+    note = speaking_note(wire_names, text_reply)
+    return speaker_instructions(request.me, request.role, note), prompt
 
 
 _MEMORY_ITEMS = 8

@@ -355,8 +355,11 @@ class ProviderModel:
             strict=False,
         )
 
+        # the speak call's instructions, in the form it will take (the first this server takes)
+        text_reply = self.memory.speak_forms(self.config)[0] == "text"
+
         def prompt(as_json: bool) -> tuple[str, str]:
-            return params_prompt(request, PARAMS_TOOL, as_json)
+            return params_prompt(request, PARAMS_TOOL, as_json, text_reply)
 
         def check(raw: Mapping[str, Any]) -> dict[str, Any] | Problems:
             return check_params(raw, request.schema)
