@@ -80,6 +80,11 @@ CONVERSATION = LineContext(
         "- Speak_with_voice: You'll be going to the tavern of the local.",
         "I will use speak_with_voice for that.",
         "- The tide is high.",
+        # the persona's first sentence ("... a companion in a group conversation with other AI
+        # companions and people"), told back (SmolLM2-135M in the demo, 2026-12-05)
+        "You are a companion in a group of friends with various personalities.",
+        "You're a companion in this role-play, and I'm thrilled to be your partner.",
+        "I'm one of the other AI companions here.",
     ],
 )
 def test_the_prompt_read_aloud_is_not_a_line(said: str) -> None:

@@ -99,6 +99,9 @@ _TOOL_TALK = re.compile(
     r"|\b(?:\d+|one|two|three)\s*(?:[-\u2013]|\s(?:or|to)\s)\s*(?:\d+|two|three|four)\s+(?:(?:short|new)\s+)?"
     r"sentences\b|\bwhat is requested here\b"
     r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
+    # the persona's framing, told back ("You are a companion in a group of friends with various
+    # personalities.", "You are a companion in this role-play, ...": SmolLM2-135M, measured)
+    r"|\ba companion in (?:a|this|the|our) (?:group|role[- ]?play)\b|\bother ai companions\b"
     # a snake_case identifier: a tool's name ("- speak_with_voice: I am Juniper.", SmolLM2-135M,
     # measured); nobody says one
     r"|\b[a-z]+(?:_[a-z0-9]+)+\b"
