@@ -10,7 +10,7 @@ import pytest
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 
 from companion.models.base import ModelError
-from companion.models.second_try import FRESH_SEED
+from companion.models.second_try import fresh_seed
 from companion.models.servers import ServerKind
 from companion.models.streaming import partial_line, whole_sentences
 from support.fake_llm_server import PROFILES, FakeLLMServer, Reply, running_server, text, tool_call
@@ -224,7 +224,9 @@ async def test_a_line_that_can_no_longer_be_said_stops_the_stream(server: FakeLL
     assert first_seen[-1].startswith("Sentence number 0 is about the sea. ")
     assert len(first_seen[-1]) < 60  # nothing read after it
     first, fresh = server.model_requests()
-    assert fresh.body.get("seed") == FRESH_SEED and first.body.get("seed") is None
+    request = speak_request()
+    assert fresh.body.get("seed") == fresh_seed(request.message.params.id) and first.body.get("seed") is None
+    assert fresh_seed("m-1") != fresh_seed("m-2"), "each message's second try is its own"
     assert "it repeated a line that was already said" in json.dumps(fresh.body["messages"][-1])
 
     # a text answer (llama-cpp-python's way with SmolLM2), twice refused at its first sentence, the

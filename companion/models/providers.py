@@ -76,7 +76,7 @@ from companion.models.exchanges import (
 from companion.models.failures import FormRefused, explain
 from companion.models.prompts import Turns, params_prompt, speak_prompt, speaker_turns, states_prompt
 from companion.models.sdks import SdkClient, load_sdk
-from companion.models.second_try import FRESH_SEED, own_line, task_after_refusal
+from companion.models.second_try import fresh_seed, own_line, task_after_refusal
 from companion.models.servers import (
     LOCAL_SERVERS,
     SERIAL_SERVERS,
@@ -596,7 +596,7 @@ class ProviderModel:
                     return
                 fresh = task_after_refusal(prompt, turn.line_refused, request.me.name)
                 messages = chat(turns, fresh, instructions)
-                settings = ModelSettings(seed=FRESH_SEED)
+                settings = ModelSettings(seed=fresh_seed(request.message.params.id))
                 continue
             if not turn.follow_up():
                 return

@@ -16,6 +16,7 @@ it too if it repeats the conversation, and then the slot is given up).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import replace
 from typing import Final
@@ -25,13 +26,20 @@ from companion.log import log_event
 from companion.models.base import SpeakRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
 
-__all__ = ["FRESH_SEED", "is_line_refusal", "own_line", "task_after_refusal"]
+__all__ = ["fresh_seed", "is_line_refusal", "own_line", "task_after_refusal"]
 
 _log = logging.getLogger("companion.models.providers")
 
-FRESH_SEED: Final = 7919
-"""The sampling seed of the fresh request (a server with a fixed seed would otherwise write the
-same line for the nearly same prompt)."""
+
+def fresh_seed(message_id: str) -> int:
+    """The sampling seed of the fresh request for the message ``message_id``: another than the
+    first try's (a server with a fixed seed would write the same line for the nearly same
+    prompt), and another for every message, so a refused line's second try is not the second
+    try of the turn before (one fixed seed: SmolLM2-135M wrote "I'm excited to introduce you to
+    a new world of people." as the second try of four turns running, measured)."""
+    digest = hashlib.blake2b(message_id.encode("utf-8"), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
 
 _CARD_MODEL: Final = ScriptedModel()
 
