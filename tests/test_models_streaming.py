@@ -195,7 +195,7 @@ async def test_a_form_the_server_will_not_stream_is_sent_whole_and_keeps_its_too
     assert "tools_auto" in model.memory.speak_forms(model.config)
 
 
-REFUSED_COPY = "copy: not said, because it repeats what you already said (\u201cSentence number 0.\u201d)."
+REFUSED_COPY = "not said, because it repeats what you already said (\u201cSentence number 0.\u201d)."
 
 
 class Refusing(GrowingLine):

@@ -14,7 +14,7 @@ from companion.actions.builtins import DEAF_WAIT, VOICE_TOOL, sentence_wait
 from companion.actions.results import QueryTimeout
 from companion.engine.speech import _sentence_check
 from companion.engine.voiceline import LiveVoiceLine
-from companion.lines.check import LineContext, begins_an_earlier_sentence
+from companion.lines.check import NOT_SAID, LineContext, begins_an_earlier_sentence
 from companion.lines.sentences import join_sentences
 from companion.protocol import Message, QueryResult, QueryResultBody
 
@@ -322,6 +322,31 @@ async def test_a_first_clause_whose_sentence_is_refused_is_a_false_start(
         "That is about all I know of the harbour.",
     ]
     assert [meta["part"] for _at, _text, meta in client.asked] == [0, 1]
+
+
+async def test_a_sentence_refused_only_once_the_stream_ended_leaves_its_clause_a_false_start(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The first clause was heard while the model wrote; its stream ended, and the rest of the
+    sentence, checked as the line was finished, copies a line said before. The clause is not the
+    line ("I'm not a superhero," was published, SmolLM2-135M, measured): nothing is said of
+    this line, the model is told why, and its next line is voiced from its start."""
+    own = "Oh, I keep bees on a city roof and name every queen."
+    context = LineContext.of(
+        [Message.create("companion_juniper", ["user_mika"], own)], "companion_juniper", {}, ["Speak warmly."]
+    )
+    client, line = checked(context)
+    written = "I'm not a superhero, I just keep bees on a city roof and name every queen."
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, written[:30])
+        await trio.sleep(5)
+        assert line.said == "I'm not a superhero,"
+        assert await line.finish(written, "neutral", 30) == ""
+        assert line.refusal is not None and line.refusal.startswith(NOT_SAID)
+        said = await line.finish("Bees sleep through the winter.", "neutral", 30)
+    assert said == "Bees sleep through the winter."
+    assert [text for _at, text, _meta in client.asked] == ["I'm not a superhero,", said]
 
 
 CARD_LINE = "That is about all I know of the harbour."

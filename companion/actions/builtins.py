@@ -200,8 +200,11 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
     else:
         said = await live.finish(ctx.input.message, ctx.input.emotion, _voice_wait(ctx))
     if not said:
+        # refused by the live line's check: that refusal, which asks the model for another line
+        refusal = None if live is None else live.refusal
         raise ActionRefused(
-            "nothing of that line was said (the voice was interrupted or refused it): "
+            refusal
+            or "nothing of that line was said (the voice was interrupted or refused it): "
             "do not say it again this turn"
         )
     if said == message.params.message:
@@ -220,6 +223,12 @@ class LiveLine(Protocol):
     async def finish(self, text: str, emotion: str, wait: float) -> str:
         """Voice what of ``text`` (the complete line) is not voiced yet, wait at most ``wait``
         seconds for the clients, and return the text said: what the message may publish."""
+        ...
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the line was refused with nothing of it said (a sentence the check refused), if
+        it was: what the model is told, so it writes another."""
         ...
 
 

@@ -184,7 +184,7 @@ def _sentence_check(context: LineContext) -> SentenceCheck:
     def check(sentence: str, said_before: tuple[str, ...]) -> str | None:
         # a first clause (or an over-long sentence cut at a clause) does not "stop mid-sentence"
         verdict = check_line(sentence.rstrip(CLAUSE_MARKS), context)
-        return None if verdict.ok else f"{verdict.kind}: {verdict.reason}"
+        return None if verdict.ok else verdict.reason  # a line refusal, as the model is told one
 
     return check
 

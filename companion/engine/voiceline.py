@@ -270,6 +270,12 @@ class LiveVoiceLine:
         if not self._ended:
             self._anew(text)
             self._take(self._splitter.finish(text))
+            if self.abandoned and self._heard:
+                # Its sentence refused after only its first clause was heard (checked once the
+                # stream had ended): a false start, not the line. Ended here, the clause was
+                # published as the line ("I'm not a superhero,", SmolLM2-135M, measured); the
+                # next try is voiced from its start.
+                return ""
         self.end()
         with trio.move_on_at(self._deadline):
             await self._done.wait()
