@@ -12,22 +12,19 @@ store. With ``COMPANION_LOCAL_MODEL`` set, the slow client is tried on a real mo
 
 from __future__ import annotations
 
-import contextlib
-import json
 import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
-from trio_websocket import ConnectionClosed, open_websocket_url
+from trio_websocket import open_websocket_url
 
 from companion.store.sqlite import Store
 from support.fake_llm_server import FakeLLMServer
 from support.live_bridge import blocking
 from support.local_model import LOCAL_MODEL, local_model_name, needs_local_model
 from support.network import Proc
-from support.voice import LINE, VoiceModel, ask_over_ws, juniper_home, speak_queries
+from support.voice import CLOSED, LINE, VoiceModel, ask_over_ws, frames_until, juniper_home, speak_queries
 
 pytestmark = pytest.mark.integration
 
@@ -39,30 +36,15 @@ EXIT_WITHIN = 15.0
 async def _stopped_while_voiced(ws: Any, home: Proc, speaking: float) -> list[Any]:
     """Juniper asked; SIGTERM once its first sentence arrives; every sentence answered after
     ``speaking`` seconds until the bridge closes: the frames the client got."""
-    frames: list[Any] = []
 
-    async def say(query: Any) -> None:
-        await trio.sleep(speaking)
-        result = {"jsonrpc": "2.0", "id": query["id"], "result": {"success": True, "body": {}}}
-        with contextlib.suppress(ConnectionClosed):  # the bridge stopped while it was said
-            await ws.send_message(json.dumps({"topic": "queries", "body": result}))
+    def stop_at_the_first(frames: list[Any]) -> None:
+        if len(speak_queries(frames)) == 1:
+            home.signal(signal.SIGTERM)
 
-    first: str | None = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
-    with trio.fail_after(EXIT_WITHIN + 15):
-        async with trio.open_nursery() as nursery:
-            while True:
-                try:
-                    frame = json.loads(first if first is not None else await ws.get_message())
-                except ConnectionClosed:
-                    break
-                first = None
-                frames.append(frame)
-                if frame.get("method") == "query.send":
-                    if len(speak_queries(frames)) == 1:
-                        home.signal(signal.SIGTERM)
-                    nursery.start_soon(say, frame)
-            nursery.cancel_scope.cancel()
-    return frames
+    first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
+    return await frames_until(
+        ws, True, CLOSED, EXIT_WITHIN + 15, first, speaking=speaking, on_query=stop_at_the_first
+    )
 
 
 def _stored_reply(data: Path) -> list[str]:

@@ -8,10 +8,10 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
-from trio_websocket import WebSocketConnection
+from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from support.cards import speaking_card, write_card
 from support.fake_llm_server import CooperativeModel, FakeLLMServer, Reply, tool_call
@@ -69,6 +69,10 @@ class VoiceModel(CooperativeModel):
         return reply
 
 
+CLOSED: Final = "<the bridge closed>"
+"""``frames_until(..., until=CLOSED)``: read until the bridge closes the connection (a stop)."""
+
+
 async def frames_until(
     ws: WebSocketConnection,
     answer: bool,
@@ -76,28 +80,40 @@ async def frames_until(
     timeout: float,
     first: str | None = None,
     speaking: float = 0.0,
+    on_query: Callable[[list[Any]], None] | None = None,
 ) -> list[Any]:
-    """Every frame until a ``message.send`` from ``until`` (any companion: ``None``); ``speak``
-    queries answered after ``speaking`` seconds (the time to say the sentence) when ``answer``,
-    never otherwise. ``first``: a frame already read. Each frame gets ``_at`` (when it came) and
-    each answer is recorded as a frame ``{"_answered": id, "_at"}``."""
+    """Every frame until a ``message.send`` from ``until`` (any companion: ``None``; none, the
+    bridge closing the connection: :data:`CLOSED`); ``speak`` queries answered after ``speaking``
+    seconds (the time to say the sentence) when ``answer``, never otherwise, and ``on_query``
+    called with the frames so far at each. ``first``: a frame already read. Each frame gets
+    ``_at`` (when it came) and each answer is recorded as a frame ``{"_answered": id, "_at"}``."""
     frames: list[Any] = []
 
     async def say(query: Any) -> None:
         await trio.sleep(speaking)  # an aikyo client says the sentence, then answers
         result = {"jsonrpc": "2.0", "id": query["id"], "result": {"success": True, "body": {}}}
-        await ws.send_message(json.dumps({"topic": "queries", "body": result}))
-        frames.append({"_answered": query["id"], "_at": trio.current_time()})
+        with contextlib.suppress(ConnectionClosed):  # the bridge closed while it was said
+            await ws.send_message(json.dumps({"topic": "queries", "body": result}))
+            frames.append({"_answered": query["id"], "_at": trio.current_time()})
 
     with trio.fail_after(timeout):
         async with trio.open_nursery() as nursery:  # reading goes on while a sentence is said
             while True:
-                frame = json.loads(first if first is not None else await ws.get_message())
+                try:
+                    frame = json.loads(first if first is not None else await ws.get_message())
+                except ConnectionClosed:
+                    if until != CLOSED:
+                        raise
+                    nursery.cancel_scope.cancel()  # nobody is left to answer
+                    return frames
                 first = None
                 frame["_at"] = trio.current_time()
                 frames.append(frame)
-                if frame.get("method") == "query.send" and answer:
-                    nursery.start_soon(say, frame)
+                if frame.get("method") == "query.send":
+                    if on_query is not None:
+                        on_query(frames)
+                    if answer:
+                        nursery.start_soon(say, frame)
                 sender = (
                     frame.get("params", {}).get("from", "") if frame.get("method") == "message.send" else ""
                 )
