@@ -387,10 +387,11 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         *,
         cap: bool = False,
     ) -> None:
-        floor = self._floor(turn) if cap else self._array_floor(turn)
+        own = self._floor(turn)  # (over every utterance: computed once)
+        floor = own if cap else self._array_floor(turn, own)
         held: list[str] = []
         nominated = turn.nominated
-        if floor.stage != "terminal" and self._floor(turn).stage == "terminal":
+        if floor.stage != "terminal" and own.stage == "terminal":
             # Past this companion's own limit, the others close the conversation: it listens.
             others = [cid for cid in turn.addressed if cid != self.me]
             nominated = None if nominated == self.me else nominated

@@ -286,12 +286,13 @@ class MachineState:
             max_turns=self.settings.max_turns,
         )
 
-    def _array_floor(self, turn: Turn) -> ClosingDecision:
+    def _array_floor(self, turn: Turn, own: ClosingDecision | None = None) -> ClosingDecision:
         """The floor of the array this node publishes leading ``turn``
-        (:func:`~companion.conversation.rules.leading_floor`): its own, unless another companion
-        of ours is addressed to close the conversation and no aikyo companion is (aikyo's know
-        no limit: one reply more may be theirs, past every limit)."""
-        floor = self._floor(turn)
+        (:func:`~companion.conversation.rules.leading_floor`): its own (``own``, when the caller
+        has it), unless another companion of ours is addressed to close the conversation and no
+        aikyo companion is (aikyo's know no limit: one reply more may be theirs, past every
+        limit)."""
+        floor = self._floor(turn) if own is None else own
         others = [cid for cid in turn.addressed if cid != self.me]
         if not others or any(self.slotless(cid) for cid in others):
             return floor
