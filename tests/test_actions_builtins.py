@@ -21,6 +21,7 @@ from companion.actions import (
     resolve_tool,
 )
 from companion.actions.builtins import (
+    LIVE_LINE,
     PREVIEW,
     VOICE_PUBLISH_MARGIN,
     companions,
@@ -297,3 +298,50 @@ async def test_speak_with_voice_hands_its_message_over_before_voicing_it() -> No
     assert whole == previews[0]
     assert cut.params.id == previews[1].params.id and cut.params.message == "Good morning!"
     assert previews[1].params.message == lines[1]["message"]
+
+
+class _SpentLine:
+    """A live line that refused a line earlier in the reply and voices no more (``voices``
+    false), or (``voicing``) that refuses this one at its first sentence."""
+
+    refusal = "not said, because it repeats what you already said (\u201cGood morning!\u201d)."
+
+    def __init__(self, voicing: bool) -> None:
+        self.voicing = voicing
+
+    def voices(self, tool_id: str) -> bool:
+        return self.voicing
+
+    async def finish(self, text: str, emotion: str, wait: float) -> str:
+        return ""
+
+
+@pytest.mark.parametrize("voicing", [True, False], ids=["its-refusal", "an-earlier-lines"])
+async def test_speak_with_voice_refuses_with_the_live_lines_refusal_only_for_its_own_line(
+    voicing: bool,
+) -> None:
+    """A line the live line refused is refused with that refusal (the model is asked fresh for
+    another line); a line it did not voice, which the person cut short at its first sentence,
+    is refused as unsaid, never with the refusal of an earlier line of the reply."""
+    hub = MemoryHub()
+    node, client = hub.endpoint("node"), hub.endpoint("client")
+    runtime, _ = make_runtime(speak_with_voice, publisher=node)
+
+    def cut(query: Query) -> QueryResult:
+        return answer(query, success=False, body={"interrupted": True})
+
+    token = LIVE_LINE.set(_SpentLine(voicing))
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump_results, node, runtime)
+            nursery.start_soon(run_client, client, cut, [])
+            with trio.fail_after(10):
+                result = await runtime.call("speak_with_voice", SAY)
+            nursery.cancel_scope.cancel()
+    finally:
+        LIVE_LINE.reset(token)
+    assert result.status == "refused" and not result.published
+    if voicing:
+        assert result.message == _SpentLine.refusal
+    else:
+        assert result.message.startswith("nothing of that line was said")

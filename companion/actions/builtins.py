@@ -193,15 +193,17 @@ async def speak_with_voice(ctx: ActionContext[SpeakInput]) -> Message:
     if preview is not None:  # the text is complete: the next turn may start while it is voiced
         preview(message)
     live = LIVE_LINE.get()
+    refusal: str | None = None
     if live is None or not live.voices(ctx.tool_id):
         sentences = split_sentences(ctx.input.message) or [ctx.input.message]
         count = await _voice_sentences(ctx, sentences)
         said = ctx.input.message if count == len(sentences) else join_sentences(sentences[:count])
     else:
         said = await live.finish(ctx.input.message, ctx.input.emotion, _voice_wait(ctx))
+        # refused by the live line's check (this line's, not an earlier one's): that refusal,
+        # which asks the model for another line
+        refusal = live.refusal
     if not said:
-        # refused by the live line's check: that refusal, which asks the model for another line
-        refusal = None if live is None else live.refusal
         raise ActionRefused(
             refusal
             or "nothing of that line was said (the voice was interrupted or refused it): "
