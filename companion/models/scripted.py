@@ -353,13 +353,13 @@ class ScriptedModel:
         SmolLM2-135M's fallback, measured)."""
         me = request.me
         message = request.message
-        earlier = [m for m in request.history if m.params.id != message.params.id] + [message]
-        context = LineContext.of(earlier, me.id, {**names, me.id: me.name}, [request.role, *instructions])
         persona = persona_of(me, request.role)
         sender = message.params.from_
         text = clean(message.params.message)
         sender_name = names.get(sender) if sender != me.id and sender.startswith("companion_") else None
         before = [m for m in request.history if m.params.id != message.params.id]
+        said = [*before, message]
+        context = LineContext.of(said, me.id, {**names, me.id: me.name}, [request.role, *instructions])
         heard = hear(
             text,
             sender_name=sender_name,

@@ -156,7 +156,7 @@ class Shown:
                     ended=ended,
                 )
                 self.stopped, self.settled = True, settled
-                self.refused = self._live.refusal if settled is None else None
+                self.refused = self._live.refusal  # (none once settled: then it is not abandoned)
                 return False
         return True
 
