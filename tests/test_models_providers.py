@@ -7,6 +7,7 @@ start-up check, and that an open trio-asyncio loop is reused rather than a secon
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
@@ -215,6 +216,27 @@ async def test_the_speakers_history_goes_as_chat_turns_in_both_calls(server: Fak
         last = messages[3]["content"]
         assert last.startswith(f"user_1: And birds?\n{AYA.id}: Tell him about the gulls.\n\n")
         assert "->" not in json.dumps(messages)  # no record for a small model to write on
+
+
+async def test_a_long_conversations_prompts_keep_their_start_from_turn_to_turn(server: FakeLLMServer) -> None:
+    """Past the history limit, each prompt still begins as the one before it: a window cut from
+    the end slid by two messages a turn, and a server's prompt cache kept none of the
+    conversation (SmolLM2-135M: 320-385 prompt tokens a turn instead of about 95, measured)."""
+    said = [
+        Message.create("user_1", [BEN.id], f"Question {n}?")
+        if n % 2 == 0
+        else Message.create(BEN.id, ["user_1"], f"Answer {n}.")
+        for n in range(24)
+    ]
+    model = openai_model(server)
+    sent = []
+    for length in range(13, 24, 2):  # a person's question each time, Ben's answers between
+        server.push(tool_call("speak", {"message": f"Answer {length}.", "to": ["user_1"]}))
+        await model.speak(speak_request(message=said[length - 1], history=said[:length]), ToolRecorder())
+        sent.append(server.model_requests()[-1].body["messages"])
+    kept = [later[: len(earlier) - 1] == earlier[:-1] for earlier, later in itertools.pairwise(sent)]
+    assert kept.count(False) <= 2, kept  # the window starts again at most every third turn
+    assert all(len(messages) <= 2 + 11 for messages in sent)  # never more than the limit quoted
 
 
 async def test_anthropic_gets_the_speakers_history_as_chat_turns(server: FakeLLMServer) -> None:

@@ -25,6 +25,7 @@ import ssl
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, Final, TypeVar
 
 import httpx2
@@ -74,7 +75,14 @@ from companion.models.exchanges import (
     text_of,
 )
 from companion.models.failures import FormRefused, explain
-from companion.models.prompts import Turns, params_prompt, speak_prompt, speaker_turns, states_prompt
+from companion.models.prompts import (
+    HISTORY_LIMIT,
+    Turns,
+    params_prompt,
+    speak_prompt,
+    speaker_turns,
+    states_prompt,
+)
 from companion.models.sdks import SdkClient, load_sdk
 from companion.models.second_try import fresh_seed, own_line, task_after_refusal
 from companion.models.servers import (
@@ -102,6 +110,8 @@ from companion.models.structured import (
     states_schema,
     wire_tool_names,
 )
+from companion.models.window import HistoryWindow
+from companion.protocol import Message
 from companion.text import clip
 
 __all__ = [
@@ -120,6 +130,7 @@ _log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT: Final = 5.0
 _T = TypeVar("_T")
+_R = TypeVar("_R", StatesRequest, ParamsRequest, SpeakRequest)
 
 
 _COMMON_ERRORS: Final = (ModelAPIError, UnexpectedModelBehavior, httpx2.HTTPError)
@@ -185,6 +196,8 @@ class ProviderModel:
         self.requests_without_usage = 0
         """Answered requests whose server reported no tokens (:mod:`.usage`): :attr:`tokens`
         leaves them out rather than counting them as 0."""
+        self._window = HistoryWindow(HISTORY_LIMIT)
+        """The earlier messages each prompt quotes, moved in steps for the server's cache."""
 
     @property
     def name(self) -> str:
@@ -326,10 +339,18 @@ class ProviderModel:
 
     # --- the three calls ---------------------------------------------------------------------
 
+    def _in_window(self, key: str, request: _R) -> _R:
+        """``request`` with only the earlier messages its prompt quotes (:mod:`.window`): the
+        leader's window (``key`` ``"leader"``), and each speaker's (``"speaker ID"``), shared by
+        its parameters and speak calls."""
+        quoted: list[Message] = self._window.quoted(key, request.history, request.message)
+        return replace(request, history=[*quoted, request.message])
+
     async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
         """All addressed companions' states in one structured call."""
         if not request.companions:
             return []
+        request = self._in_window("leader", request)
         tool = ToolDefinition(
             name=STATES_TOOL,
             parameters_json_schema=states_schema([c.id for c in request.companions]),
@@ -347,6 +368,7 @@ class ProviderModel:
         problems = params_schema_problems(request.schema)
         if problems is not None:
             raise self.error("params", str(problems), str(problems))
+        request = self._in_window(f"speaker {request.me.id}", request)
         tool = ToolDefinition(
             name=PARAMS_TOOL,
             parameters_json_schema=dict(request.schema),
@@ -527,7 +549,10 @@ class ProviderModel:
         """The speaking turn in one form, within the turn's request budget."""
         text_reply = form == "text"
         turn.start_form(text_reply)
-        instructions, prompt = speak_prompt(request, turn.tools, text_reply)
+        quoting = self._in_window(
+            f"speaker {request.me.id}", request
+        )  # the prompt's history; the card's line reads it all
+        instructions, prompt = speak_prompt(quoting, turn.tools, text_reply)
         # What the model must not echo as its line: the persona and the turn's own lines (not the
         # history, whose numbered lines spoken_text skips, nor the context, where an earlier line
         # may fairly come back).
@@ -548,7 +573,7 @@ class ProviderModel:
             params = ModelRequestParameters(
                 function_tools=definitions, allow_text_output=form == "tools_auto"
             )
-        turns = speaker_turns(request.me, request.history, request.message)[0]
+        turns = speaker_turns(quoting.me, quoting.history, quoting.message)[0]
         messages = chat(turns, prompt, instructions)
         first = True
         partial = shown_to(request, turn, form)
