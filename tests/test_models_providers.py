@@ -239,6 +239,24 @@ async def test_a_long_conversations_prompts_keep_their_start_from_turn_to_turn(s
     assert all(len(messages) <= 2 + 11 for messages in sent)  # never more than the limit quoted
 
 
+async def test_the_next_prompt_extends_the_last_one_and_its_line(server: FakeLLMServer) -> None:
+    """The speaker's past turn is quoted as it was asked, task and all, then its line: the next
+    prompt begins with the whole request before it, which a server's cache holds evaluated.
+    Quoted without the task, the server evaluated the speaker's own line again every turn."""
+    first = Message.create("user_1", [BEN.id], "Ben, what did you see at sea?")
+    line = Message.create(BEN.id, ["user_1"], "Whales, mostly.")
+    second = Message.create("user_1", [BEN.id], "And birds?")
+    model = openai_model(server)
+    server.push(text("Whales, mostly."))
+    await model.speak(speak_request(message=first, history=[first]), ToolRecorder())
+    server.push(text("Gulls, loud ones."))
+    await model.speak(speak_request(message=second, history=[first, line, second]), ToolRecorder())
+    [asked, then] = [sent.body["messages"] for sent in server.model_requests()]
+    assert then[: len(asked)] == asked  # the whole first request, its task included
+    assert then[len(asked)] == {"role": "assistant", "content": "Whales, mostly."}
+    assert then[-1]["content"].startswith("user_1: And birds?\n\n")
+
+
 async def test_anthropic_gets_the_speakers_history_as_chat_turns(server: FakeLLMServer) -> None:
     server.models = ("claude-fake",)
     said = _said()

@@ -301,6 +301,20 @@ def test_the_speaker_sees_the_conversation_as_chat_turns() -> None:
     assert turns == () and len(heard.splitlines()) == HISTORY_LIMIT
 
 
+def test_a_past_turn_is_quoted_as_it_was_asked() -> None:
+    """With ``asked``, the user turn before an own line is the whole turn as it was sent, task
+    included; the others' lines still open the last one, which no line answered yet."""
+    said = [
+        Message.create("user_1", [B.id], "Hello!"),
+        Message.create(B.id, ["user_1"], "Hi."),
+        Message.create("user_1", [B.id], "Hello again!"),
+    ]
+    asked = {"user_1: Hello!": "user_1: Hello!\n\nIt is your turn.", "user_1: Hello again!": "not this"}
+    turns, heard = speaker_turns(B, said[:-1], said[-1], asked=asked)
+    assert turns == ((False, "user_1: Hello!\n\nIt is your turn."), (True, "Hi."))
+    assert heard == "user_1: Hello again!"
+
+
 def test_a_heading_alone_is_not_a_line() -> None:
     """Measured with SmolLM2-135M: "Conversation:" was said as a whole line."""
     assert spoken_text("Conversation:", ["Pim"]) == ""

@@ -71,6 +71,17 @@ def test_a_forgotten_anchor_quotes_the_most_it_may() -> None:
     assert len(quoted_ids(window, "b", said)) == 11
 
 
+def test_past_tasks_are_kept_by_speaker_and_bounded() -> None:
+    window = HistoryWindow(12)
+    window.ask("a", "", "a task with nobody heard before it")  # no user turn to quote it in
+    assert window.asked("a") == {}
+    for n in range(20):
+        window.ask("a", f"user_1: question {n}", f"user_1: question {n}\n\ntask {n}")
+    asked = window.asked("a")
+    assert len(asked) == window.most and asked["user_1: question 19"].endswith("task 19")
+    assert "user_1: question 0" not in asked and window.asked("b") == {}
+
+
 def test_a_window_needs_room_for_an_earlier_message() -> None:
     with pytest.raises(ValueError, match="at least one earlier message"):
         HistoryWindow(1)

@@ -174,12 +174,21 @@ def speaking_note(wire_names: Mapping[str, ToolSpec], text_reply: bool) -> str:
 
 
 def speaker_turns(
-    me: Metadata, history: Sequence[Message], message: Message, limit: int = HISTORY_LIMIT
+    me: Metadata,
+    history: Sequence[Message],
+    message: Message,
+    limit: int = HISTORY_LIMIT,
+    asked: Mapping[str, str] | None = None,
 ) -> tuple[Turns, str]:
     """The recent conversation (``message`` last) as the speaker's chat turns: the earlier turns,
     and the others' lines since its own last one, which open the last user turn (the task
     follows them). Identical in the two calls of a turn; the next turn's begin with these. The
-    earlier turns start with a user's turn (a chat must: an own line first is left out)."""
+    earlier turns start with a user's turn (a chat must: an own line first is left out).
+
+    ``asked`` maps the others' lines that opened an earlier turn to that turn's whole user turn
+    as it was sent, its task included (:meth:`~.window.HistoryWindow.asked`): each own line then
+    follows what it answered, word for word, and the prompt extends the earlier request and its
+    answer, which a server's cache still holds."""
     recent = [m for m in history if m.params.id != message.params.id][-(limit - 1) :] if limit > 1 else []
     turns: list[tuple[bool, str]] = []
     heard: list[str] = []
@@ -189,7 +198,8 @@ def speaker_turns(
             heard.append(f"{p.from_}: {clip(p.message, _TEXT_LIMIT)}")
             continue
         if heard:
-            turns.append((False, "\n".join(heard)))
+            text = "\n".join(heard)
+            turns.append((False, (asked or {}).get(text, text)))
             heard = []
         if turns:
             turns.append((True, clip(p.message, _TEXT_LIMIT)))

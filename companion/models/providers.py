@@ -368,7 +368,8 @@ class ProviderModel:
         problems = params_schema_problems(request.schema)
         if problems is not None:
             raise self.error("params", str(problems), str(problems))
-        request = self._in_window(f"speaker {request.me.id}", request)
+        key = f"speaker {request.me.id}"
+        request = self._in_window(key, request)
         tool = ToolDefinition(
             name=PARAMS_TOOL,
             parameters_json_schema=dict(request.schema),
@@ -386,7 +387,8 @@ class ProviderModel:
         def check(raw: Mapping[str, Any]) -> dict[str, Any] | Problems:
             return check_params(raw, request.schema)
 
-        turns = speaker_turns(request.me, request.history, request.message)[0]
+        asked = self._window.asked(key)
+        turns = speaker_turns(request.me, request.history, request.message, asked=asked)[0]
         return await self._structured("params", prompt, tool, check, turns)
 
     async def _structured(
@@ -549,9 +551,9 @@ class ProviderModel:
         """The speaking turn in one form, within the turn's request budget."""
         text_reply = form == "text"
         turn.start_form(text_reply)
-        quoting = self._in_window(
-            f"speaker {request.me.id}", request
-        )  # the prompt's history; the card's line reads it all
+        # the prompt's history only: the card's own line, if it comes to that, reads it all
+        key = f"speaker {request.me.id}"
+        quoting = self._in_window(key, request)
         instructions, prompt = speak_prompt(quoting, turn.tools, text_reply)
         # What the model must not echo as its line: the persona and the turn's own lines (not the
         # history, whose numbered lines spoken_text skips, nor the context, where an earlier line
@@ -573,7 +575,10 @@ class ProviderModel:
             params = ModelRequestParameters(
                 function_tools=definitions, allow_text_output=form == "tools_auto"
             )
-        turns = speaker_turns(quoting.me, quoting.history, quoting.message)[0]
+        turns, heard = speaker_turns(
+            quoting.me, quoting.history, quoting.message, asked=self._window.asked(key)
+        )
+        self._window.ask(key, heard, prompt)  # the next turn quotes it before this line
         messages = chat(turns, prompt, instructions)
         first = True
         partial = shown_to(request, turn, form)

@@ -1,4 +1,5 @@
-"""Which earlier messages a real model's prompt quotes: a window whose start moves in steps.
+"""What a real model's prompt quotes of the past: a window of earlier messages whose start moves
+in steps, and how each of the speaker's own past turns was asked.
 
 A prompt quotes at most :data:`~.prompts.HISTORY_LIMIT` messages (the one answered included).
 Cut from the end each time, the window slid by two messages a turn (a question and its answer),
@@ -12,18 +13,27 @@ So the window keeps its first message (its *anchor*) while it can: it grows at i
 to turn, and only when it would quote more than the limit does it start again, from the most
 recent half. Each companion's prompts and the leader's each have their window (the ``key``):
 a speaker's parameters and speak calls of one turn quote the same messages, so the second
-reuses the first's evaluated prefix. Pure and synchronous; the state is one anchor per key.
+reuses the first's evaluated prefix.
+
+The speaker's past turns are quoted as they were asked (:meth:`HistoryWindow.ask`): the others'
+lines, then the task of that turn, then its own line. Quoted without the task, every prompt
+differed from the request before it where that task began, so the server evaluated the
+speaker's own last line again, though it had written it itself.
+
+Pure and synchronous; the state is one anchor per key and a few past tasks.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Mapping, Sequence
+from typing import Final, TypeVar
 
 from companion.protocol import Message
 
 __all__ = ["HistoryWindow"]
+
+_V = TypeVar("_V")
 
 _KEYS: Final = 64
 """Anchors kept (least recently used dropped): a model serves its node's companion and leader,
@@ -41,6 +51,7 @@ class HistoryWindow:
         self.restart = (self.most + 1) // 2
         """Earlier messages quoted when the window starts again."""
         self._anchors: OrderedDict[str, str] = OrderedDict()
+        self._asked: OrderedDict[str, OrderedDict[str, str]] = OrderedDict()
 
     def quoted(self, key: str, history: Sequence[Message], message: Message) -> list[Message]:
         """The messages of ``history`` before ``message`` that the prompt of ``key`` quotes,
@@ -53,8 +64,27 @@ class HistoryWindow:
         if len(ids) - start > self.most:
             start = len(ids) - self.restart
         if start < len(ids):
-            self._anchors[key] = ids[start]
-            self._anchors.move_to_end(key)
-            while len(self._anchors) > _KEYS:
-                self._anchors.popitem(last=False)
+            _keep(self._anchors, key, ids[start], _KEYS)
         return earlier[start:]
+
+    def ask(self, key: str, heard: str, prompt: str) -> None:
+        """The speaker of ``key`` was asked ``prompt``, its last user turn, which opens with the
+        others' lines ``heard``. At most :attr:`most` are kept a key: a window quotes no more."""
+        if not heard:
+            return
+        asked = self._asked.pop(key, None) or OrderedDict()
+        _keep(asked, heard, prompt, self.most)
+        _keep(self._asked, key, asked, _KEYS)
+
+    def asked(self, key: str) -> Mapping[str, str]:
+        """The speaker's past user turns as they were sent, by the others' lines that open them
+        (for :func:`~.prompts.speaker_turns`)."""
+        return self._asked.get(key, {})
+
+
+def _keep(kept: OrderedDict[str, _V], key: str, value: _V, most: int) -> None:
+    """``kept[key] = value`` as the most recent entry, the least recent dropped past ``most``."""
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > most:
+        kept.popitem(last=False)
