@@ -80,6 +80,7 @@ from llama_perf import Completion, ServerPerf  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
 from companion.lines.sentences import split_sentences  # noqa: E402
+from companion.models.prompts import HISTORY_LIMIT  # noqa: E402
 from companion.text import clip  # noqa: E402
 from support.cards import speaking_card, write_card  # noqa: E402
 from support.fake_llm_server import CooperativeModel, Reply, running_server, tokens, tool_call  # noqa: E402
@@ -166,6 +167,8 @@ class Turn:
     """``smollm2``: the completions the server's own log told during the turn, in order."""
     said: str = ""
     """The line the turn's ``message.send`` published."""
+    round: int = 0
+    """The round of its conversation (1: the first after the warm-up)."""
 
 
 class Companion:
@@ -361,6 +364,7 @@ def run_source(
                     refused = kinds.count("line_refused") + kinds.count("voice_line_stopped")
                     turn = Turn(first, line, companion.requests_since(mark), audio)
                     turn.said = SAID[-1] if len(SAID) > published else ""
+                    turn.round = round_no
                     turn.refused, turn.card_line = refused, card_said(turn.said, happened)
                     turn.completions = perf.since(told) if perf is not None else None
                     turns.append(turn)
@@ -416,6 +420,34 @@ def print_server_split(turns: list[Turn]) -> None:
             f"  in its {len(single)} turns of one request, no word before the prompt is evaluated: "
             f"least ratio p50 {least:.2f}, measured p50 {measured:.2f}"
         )
+
+
+WINDOW_FULL = HISTORY_LIMIT // 2
+"""The first round whose prompt would quote more earlier messages than the history window holds
+(the warm-up's question and line, then two messages a round): from there on the window starts
+again now and then (``companion.models.window``), and a window cut from the end would slide."""
+
+
+def print_by_round(turns: list[Turn]) -> None:
+    """The first words before the conversation outgrows the prompt's history window and after,
+    with the prompt tokens the server evaluated for each turn's first request (in the turns
+    whose every request it told)."""
+    early = [t for t in turns if t.round < WINDOW_FULL]
+    late = [t for t in turns if t.round >= WINDOW_FULL]
+    if not early or not late:
+        return
+    said = []
+    for name, group in ((f"rounds 1-{WINDOW_FULL - 1}", early), (f"rounds {WINDOW_FULL}+", late)):
+        told = [
+            t.completions[0].evaluated
+            for t in group
+            if t.completions and len(t.completions) == len(t.requests)
+        ]
+        tokens = f", first request's prompt evaluated p50 {statistics.median(told):.0f}" if told else ""
+        said.append(
+            f"{name}: first words p50 {statistics.median(t.first_words for t in group):.2f} s{tokens}"
+        )
+    print(f"  by the round ({HISTORY_LIMIT} messages quoted at most)  {'; '.join(said)}")
 
 
 def ratio(turns: list[Turn]) -> float:
@@ -492,6 +524,7 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
             "line, said after two refused tries, is not streamed: its first words come with the whole line)"
         )
     print_by_sentences(streamed)
+    print_by_round(turns)
     print_server_split(streamed)
     if reference is not None:
         print(f"floor (1 TTFT + first sentence) {reference:.2f} s   ratio {p50 / reference:.2f}")

@@ -151,3 +151,29 @@ def test_the_servers_split_gives_the_least_ratio_streaming_could_reach(
     assert "(2 turns of the model's own line)" in out
     assert "prompt in p50 200 ms and wrote in p50 300 ms" in out
     assert "in its 1 turns of one request" in out and "least ratio p50 0.60, measured p50 0.50" in out
+
+
+def test_the_rounds_before_and_after_the_history_window_fills_are_apart(
+    bench: ModuleType, perf: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A long conversation's later turns, with the prompt tokens of each turn's first request
+    where the server told every request of it; nothing when no turn is past the window."""
+    turns = []
+    for number, (first, evaluated) in enumerate([(0.4, 90), (0.5, 100), (1.2, 380), (0.6, 110)], start=1):
+        turn = bench.Turn(first, 1.5, requests("speak"))
+        turn.round = number if number < 3 else bench.WINDOW_FULL + number
+        turn.completions = [perf.Completion(evaluated, 20)]
+        turns.append(turn)
+    turns[-1].requests = requests("speak", "speak")  # one of two told: left out of the tokens
+    bench.print_by_round(turns[:2])
+    assert capsys.readouterr().out == ""
+    bench.print_by_round(turns)
+    out = capsys.readouterr().out
+    assert (
+        f"rounds 1-{bench.WINDOW_FULL - 1}: first words p50 0.45 s, first request's prompt evaluated p50 95"
+        in out
+    )
+    assert (
+        f"rounds {bench.WINDOW_FULL}+: first words p50 0.90 s, first request's prompt evaluated p50 380"
+        in out
+    )
