@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
@@ -225,6 +226,7 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
         recipients=["user_1", A.id],
         closing="closing",
         extra={"memory": {"weather": "rain", "conversation": {"turn": 3}}, "params": {"mood": "calm"}},
+        assessed={"type": "object"},
     )
     instructions, prompt = speak_prompt(req, tools)
     assert "You are Bo" in instructions and "a helper" in instructions
@@ -245,6 +247,10 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     )
     params_instructions, params_text = params_prompt(params, "set_params")
     assert params_instructions == instructions
+    # the parameters are described there, once: the parameters call's task is a few words
+    assert 'Parameters (JSON Schema): {"type": "object"}' in instructions
+    assert "JSON Schema" not in params_text and params_text.endswith("Call the set_params tool exactly once.")
+    assert "Parameters" not in speak_prompt(replace(req, assessed=None), tools)[0]  # none asked for
     text_instructions = speak_prompt(req, tools, text_reply=True)[0]
     assert params_prompt(params, "set_params", text_reply=True)[0] == text_instructions
     assert "Answer with only the words you say out loud" in text_instructions

@@ -312,6 +312,7 @@ class Speaker:
                 "params": dict(values),
                 "memory": dict(memory),
             },
+            assessed=self.card.events.params if self.asks_params else None,
         )
         said = [m for m in history if m.params.id != message.params.id] + [message]
         prompt_texts = [self.card.role, *(i.instruction for i in instructions)]

@@ -126,6 +126,10 @@ class SpeakRequest:
     live: LineSink | None = None
     """Shown the line while it is written (models that do not stream may ignore it: the tool
     call's whole message is then the line)."""
+    assessed: Mapping[str, Any] | None = None
+    """The card's parameters (its ``events.params`` JSON Schema) when a parameters call comes
+    before this one, every turn, because a condition reads them: a provider describes them in
+    the instructions both calls share, so the parameters call's task is a few words."""
 
 
 class CompanionModel(Protocol):

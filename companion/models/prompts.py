@@ -7,7 +7,9 @@ verbose card cannot blow up the request.
 Laid out for the server's prompt cache, stable first, volatile last: the instructions are the
 same text on every call of one companion (its persona, role and rules, for the parameters and
 the speech alike; for the leader the coordinator's rules and the companions), the conversation
-comes next (which only grows at its end from turn to turn) and the task of this call last.
+comes next (which only grows at its end from turn to turn: the providers quote a window of it
+whose start moves in steps, and the speaker's past turns as they were asked, :mod:`.window`) and
+the task of this call last.
 llama.cpp and llama-cpp-python reuse the longest evaluated prefix (the last
 request's; with ``--cache true`` any recent one's), so a call evaluates little more than the new
 lines and its task. The task comes last also because a small model continues whatever the prompt
@@ -142,12 +144,25 @@ _SPEAKER_RULES = (
 )
 
 
-def speaker_instructions(me: Metadata, role: str, note: str = "") -> str:
+def speaker_instructions(
+    me: Metadata, role: str, note: str = "", assessed: Mapping[str, object] | None = None
+) -> str:
     """The instructions of both of a speaker's calls, the same on every call of this companion:
     who it is, how it speaks and how its words reach the others (``note``, from
-    :func:`speaking_note`), so a server's cache keeps them evaluated."""
+    :func:`speaking_note`), and the parameters it assesses before it speaks when a parameters
+    call comes first (``assessed``, the card's schema), so a server's cache keeps them
+    evaluated. In the parameters call's task the schema was evaluated anew every turn (about 75
+    of the 120 prompt tokens it evaluated with SmolLM2-135M's tokenizer, measured)."""
     rules = _SPEAKER_RULES.format(name=me.name)
-    return f"{persona(me, role)}\n\n{rules}" + (f"\n{note}" if note else "")
+    text = f"{persona(me, role)}\n\n{rules}" + (f"\n{note}" if note else "")
+    if assessed is None:
+        return text
+    schema = json.dumps(assessed, ensure_ascii=False, sort_keys=True)
+    return (
+        f"{text}\nBefore you speak, you are asked to assess the situation: then you fill in these "
+        f"parameters from the conversation and your character, and say nothing.\n"
+        f"Parameters (JSON Schema): {schema}"
+    )
 
 
 def speaking_note(wire_names: Mapping[str, ToolSpec], text_reply: bool) -> str:
@@ -220,13 +235,10 @@ def params_prompt(
     are the speak call's (``text_reply``: the form that call takes), so the speak call that
     follows reuses the evaluated prefix on a server that keeps only the last request's."""
     note = speaking_note(wire_tool_names(request.tools), text_reply)
-    instructions = speaker_instructions(request.me, request.role, note)
+    instructions = speaker_instructions(request.me, request.role, note, request.schema)
     prompt = _conversation(request.me, request.history, request.message) + (
-        "Before you reply, assess the situation: fill in the parameters below from the "
-        "conversation and your character. "
-        + answer_rule(tool_name, request.schema if as_json else None)
-        + "\n\nParameters (JSON Schema):\n"
-        + json.dumps(request.schema, ensure_ascii=False, sort_keys=True)
+        "Assess the situation now: fill in the parameters from the conversation and your "
+        "character. " + answer_rule(tool_name, request.schema if as_json else None)
     )
     return instructions, prompt
 
@@ -261,7 +273,7 @@ def speak_prompt(
         lines.append(f"What do you say now, {request.me.name}? Only your words.")
     prompt = _conversation(request.me, request.history, request.message) + "\n".join(lines)
     note = speaking_note(wire_names, text_reply)
-    return speaker_instructions(request.me, request.role, note), prompt
+    return speaker_instructions(request.me, request.role, note, request.assessed), prompt
 
 
 _MEMORY_ITEMS = 8
