@@ -155,18 +155,15 @@ def speaker_instructions(
     was 75 of the about 120 prompt tokens the call evaluated (SmolLM2-135M's tokenizer), 26
     without it."""
     rules = _SPEAKER_RULES.format(name=me.name)
-    speaking = f"{rules}" + (f"\n{note}" if note else "")
+    text = f"{persona(me, role)}\n\n{rules}" + (f"\n{note}" if note else "")
     if assessed is None:
-        return f"{persona(me, role)}\n\n{speaking}"
-    # Before the rules of speech, not after them: the speak call's instructions end with how to
-    # speak, as they do for a card that reads no parameter (a small model continues what comes last).
+        return text
     schema = json.dumps(assessed, ensure_ascii=False, sort_keys=True)
-    assessing = (
-        "Before you speak, you are asked to assess the situation: then you fill in these "
+    return (
+        f"{text}\nBefore you speak, you are asked to assess the situation: then you fill in these "
         f"parameters from the conversation and your character, and say nothing.\n"
         f"Parameters (JSON Schema): {schema}"
     )
-    return f"{persona(me, role)}\n\n{assessing}\n\n{speaking}"
 
 
 def speaking_note(wire_names: Mapping[str, ToolSpec], text_reply: bool) -> str:
