@@ -341,8 +341,8 @@ class ProviderModel:
 
     def _in_window(self, key: str, request: _R) -> _R:
         """``request`` with only the earlier messages its prompt quotes (:mod:`.window`): the
-        leader's window (``key`` ``"leader"``), and each speaker's (``"speaker ID"``), shared by
-        its parameters and speak calls."""
+        leader's window (``key`` ``"leader"``), and each speaker's (:func:`_speaker_window`), shared
+        by its parameters and speak calls."""
         quoted: list[Message] = self._window.quoted(key, request.history, request.message)
         return replace(request, history=[*quoted, request.message])
 
@@ -368,7 +368,7 @@ class ProviderModel:
         problems = params_schema_problems(request.schema)
         if problems is not None:
             raise self.error("params", str(problems), str(problems))
-        key = f"speaker {request.me.id}"
+        key = _speaker_window(request.me.id)
         request = self._in_window(key, request)
         tool = ToolDefinition(
             name=PARAMS_TOOL,
@@ -552,7 +552,7 @@ class ProviderModel:
         text_reply = form == "text"
         turn.start_form(text_reply)
         # the prompt's history only: the card's own line, if it comes to that, reads it all
-        key = f"speaker {request.me.id}"
+        key = _speaker_window(request.me.id)
         quoting = self._in_window(key, request)
         instructions, prompt = speak_prompt(quoting, turn.tools, text_reply)
         # What the model must not echo as its line: the persona and the turn's own lines (not the
@@ -730,6 +730,12 @@ class ProviderModel:
             else f"Nobody heard that: use an action tool ({names}) to talk or act."
         )
         return nudge(words)
+
+
+def _speaker_window(companion_id: str) -> str:
+    """The key of a speaker's history window (:class:`~.window.HistoryWindow`): one for its
+    parameters and speak calls, so both quote the same messages and share a cached prefix."""
+    return f"speaker {companion_id}"
 
 
 def _serves(ids: Sequence[str], name: str) -> bool:
