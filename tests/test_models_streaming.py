@@ -4,9 +4,11 @@ over HTTP, as real servers stream (SSE split across writes, arguments as fragmen
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
+import trio
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 
 from companion.models.base import ModelError
@@ -323,3 +325,36 @@ async def test_a_line_settled_while_its_recipients_are_written_keeps_no_half_wri
     await openai_model(server).speak(speak_request(live=Late(), recipients=recipients), tools)
     assert tools.calls == [("speak", {"message": line, "to": recipients})]
     assert len(server.model_requests()) == 1
+
+
+async def test_a_llama_cpp_python_line_ends_at_its_finish_chunk_not_at_done() -> None:
+    """llama-cpp-python with ``--cache true`` sends ``[DONE]`` only after it copied its state
+    (40-130 ms with SmolLM2, measured) and never a usage chunk: the line is complete at the
+    chunk with the ``finish_reason``. Here ``[DONE]`` is held until the call has returned; a
+    call that waited for it would return only when the fake server gives up holding it."""
+    held = threading.Event()
+    with running_server(profile=PROFILES["llama-cpp-python"], after_finish=held) as srv:
+        srv.push(text(LINE))
+        sink, tools = GrowingLine(), ToolRecorder()
+        model = openai_model(srv)
+        model.memory.identify(model.config, "llama-cpp-python")
+        await model.speak(speak_request(live=sink), tools)
+        assert srv.finish_written.is_set() and not srv.done_written.is_set()
+        held.set()
+    assert tools.calls and tools.calls[0][1]["message"] == LINE
+
+
+async def test_a_stream_that_may_carry_usage_after_its_finish_is_read_to_its_end() -> None:
+    """The OpenAI API sends the usage in a chunk after the finish: that stream is read to its end
+    (the tokens are counted), however long the server takes to send it."""
+    held = threading.Event()
+    with running_server(api_key="sk-test", after_finish=held) as srv:
+        srv.push(tool_call("speak", {"message": LINE, "to": ["user_1"], "emotion": "happy"}))
+        model, tools = openai_model(srv), ToolRecorder()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(model.speak, speak_request(live=GrowingLine()), tools)
+            await trio.to_thread.run_sync(srv.finish_written.wait, 10.0)
+            assert tools.calls == []  # the call still waits for the rest of the stream
+            held.set()
+    assert tools.calls and srv.done_written.is_set()
+    assert model.tokens["output"] > 0

@@ -88,6 +88,7 @@ from companion.models.second_try import fresh_seed, own_line, task_after_refusal
 from companion.models.servers import (
     LOCAL_SERVERS,
     SERIAL_SERVERS,
+    SERVERS_WITHOUT_STREAM_USAGE,
     EndpointMemory,
     SpeakForm,
     StructuredForm,
@@ -286,7 +287,8 @@ class ProviderModel:
     @asynccontextmanager
     async def _session(self, purpose: str) -> AsyncIterator[Session]:
         async with self._open_client() as client:
-            yield Session(self, self.sdk.make_model(client, self.config), purpose)
+            ends_at_finish = self.server in SERVERS_WITHOUT_STREAM_USAGE
+            yield Session(self, self.sdk.make_model(client, self.config, ends_at_finish), purpose)
 
     # --- start-up check ----------------------------------------------------------------------
 

@@ -31,10 +31,12 @@ class Sdk:
 
     make_client: Callable[[ProviderConfig, httpx2.AsyncClient, float], SdkClient]
     """``(config, http_client, timeout)``: an SDK client that never retries on its own."""
-    make_model: Callable[[SdkClient, ProviderConfig], Model]
-    """A pydantic-ai model that may be asked for every request form of
-    :mod:`companion.models.servers` (JSON-schema and JSON-mode output included: whether the
-    server honours them is learned per endpoint, not assumed from the model's name)."""
+    make_model: Callable[[SdkClient, ProviderConfig, bool], Model]
+    """``(client, config, ends_at_finish)``: a pydantic-ai model that may be asked for every
+    request form of :mod:`companion.models.servers` (JSON-schema and JSON-mode output included:
+    whether the server honours them is learned per endpoint, not assumed from the model's name);
+    ``ends_at_finish``: its streams end at the chunk with the ``finish_reason``
+    (:mod:`companion.models.finish`; for servers that send nothing after it)."""
     list_models: Callable[[SdkClient], Awaitable[list[ListedModel]]]
     """Asyncio side: the models the endpoint lists."""
     errors: tuple[type[Exception], ...]
@@ -52,6 +54,8 @@ def _openai() -> Sdk:
     from pydantic_ai.profiles.openai import OpenAIModelProfile
     from pydantic_ai.providers.openai import OpenAIProvider
 
+    from companion.models.finish import FinishingChatModel
+
     def profile(config: ProviderConfig) -> OpenAIModelProfile:
         # Local servers (llama.cpp, llama-cpp-python, Ollama, vLLM) read `max_tokens`; the newer
         # `max_completion_tokens` is silently ignored by llama-cpp-python (measured: a reply ran
@@ -67,10 +71,11 @@ def _openai() -> Sdk:
             api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
         )
 
-    def make_model(client: SdkClient, config: ProviderConfig) -> Model:
+    def make_model(client: SdkClient, config: ProviderConfig, ends_at_finish: bool) -> Model:
         assert isinstance(client, openai.AsyncOpenAI)
         provider = OpenAIProvider(openai_client=client)
-        return OpenAIChatModel(config.model_name, provider=provider, profile=profile(config))
+        kind = FinishingChatModel if ends_at_finish else OpenAIChatModel
+        return kind(config.model_name, provider=provider, profile=profile(config))
 
     async def list_models(client: SdkClient) -> list[ListedModel]:
         assert isinstance(client, openai.AsyncOpenAI)
@@ -90,7 +95,8 @@ def _anthropic() -> Sdk:
             api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
         )
 
-    def make_model(client: SdkClient, config: ProviderConfig) -> Model:
+    def make_model(client: SdkClient, config: ProviderConfig, ends_at_finish: bool) -> Model:
+        # An Anthropic stream ends at its message_stop, which comes with its usage.
         assert isinstance(client, anthropic.AsyncAnthropic)
         return AnthropicModel(config.model_name, provider=AnthropicProvider(anthropic_client=client))
 

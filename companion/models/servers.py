@@ -42,6 +42,7 @@ from companion.models.endpoints import ProviderConfig
 __all__ = [
     "LOCAL_SERVERS",
     "SERIAL_SERVERS",
+    "SERVERS_WITHOUT_STREAM_USAGE",
     "SERVER_LABELS",
     "SPEAK_FORMS",
     "STRUCTURED_FORMS",
@@ -88,6 +89,13 @@ SERIAL_SERVERS: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
 """Servers that answer one request at a time (llama-cpp-python keeps one sequence): requests sent
 side by side wait in its queue, so a request sent ahead only delays the one the first words wait
 for (measured with SmolLM2: the prepared speech, written whole before the states answer came)."""
+
+SERVERS_WITHOUT_STREAM_USAGE: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
+"""Servers whose streams carry nothing after the chunk with the ``finish_reason``: no usage (it
+ignores ``stream_options.include_usage``), only ``[DONE]``. A stream from one of them ends at that
+chunk (:mod:`.finish`): llama-cpp-python with ``--cache true`` copies its state (about 100 MB
+with SmolLM2) between the two, 40-130 ms measured, and a line waiting for ``[DONE]`` waits for
+that copy. Servers that may send usage after the finish (the OpenAI API) are read to the end."""
 
 FLAT_HISTORY: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
 """Servers that refuse tool messages in a history (llama-cpp-python: an assistant message with

@@ -24,7 +24,9 @@ one: llama-cpp-python's never does), then ``[DONE]``;
 several events may share one write and one event may be split across two. With ``ttft`` and
 ``token_rate`` the first token comes after ``ttft`` seconds and the others at ``token_rate``
 tokens a second, as a hosted or a local model writes; :attr:`Reply.cut_after` breaks the
-connection after that many tokens, as a server that dies mid-answer does.
+connection after that many tokens, as a server that dies mid-answer does; with
+:attr:`FakeLLMServer.after_finish` what follows the finish chunk waits, as llama-cpp-python's
+``[DONE]`` waits for its cache copy.
 """
 
 from __future__ import annotations
@@ -390,6 +392,14 @@ class FakeLLMServer:
     ``ttft`` being longer than a busy machine's delays."""
     token_rate: float = 0.0
     """Streamed answers: tokens a second after the first (0: as fast as the socket takes them)."""
+    after_finish: threading.Event | None = None
+    """Streamed OpenAI answers: what follows the chunk with the ``finish_reason`` (a usage chunk,
+    ``[DONE]``) is held until this is set (at most :data:`_HANG_LIMIT` seconds), as
+    llama-cpp-python with ``--cache true`` holds ``[DONE]`` while it copies its state.
+    :attr:`finish_written` is set when that chunk has gone out, :attr:`done_written` when
+    ``[DONE]`` has."""
+    finish_written: threading.Event = field(default_factory=threading.Event)
+    done_written: threading.Event = field(default_factory=threading.Event)
     port: int = 0
     requests: list[Recorded] = field(default_factory=list)
     arrived: threading.Event = field(default_factory=threading.Event)
@@ -566,6 +576,11 @@ def _written(reply: Reply) -> int:
         args if isinstance(args, str) else json.dumps(args, ensure_ascii=False) for _, args in reply.calls
     )
     return len(tokens(written))
+
+
+def _finishes(event: dict[str, Any]) -> bool:
+    """Whether an OpenAI stream's ``event`` is the chunk with its ``finish_reason``."""
+    return any(choice.get("finish_reason") for choice in event.get("choices") or ())
 
 
 def _sse(event: dict[str, Any] | None) -> bytes:
@@ -843,6 +858,16 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                     if event is None or len(pending) > 512:
                         self._write_chunk(pending)
                         pending = b""
+                    if event is None:
+                        server.done_written.set()
+                    elif server.after_finish is not None and _finishes(event):
+                        self._write_chunk(pending)
+                        pending = b""
+                        server.finish_written.set()
+                        deadline = time.monotonic() + _HANG_LIMIT
+                        while not server.after_finish.wait(0.05):
+                            if server.stopping.is_set() or time.monotonic() > deadline:
+                                break
                 self._write_chunk(pending)
                 self.wfile.write(b"0\r\n\r\n")
             except OSError:
