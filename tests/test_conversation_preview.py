@@ -4,6 +4,8 @@ envelope, and a different message or none within a speaking slot drops it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from companion.conversation.events import (
     DropAhead,
     Lead,
@@ -49,7 +51,8 @@ def test_the_same_message_adopts_the_held_work() -> None:
     assert not of(later, DropAhead)
     assert decisions(later, "preview_adopted")
     assert of(later, Lead) == [ahead.lead]  # the driver gives it the held answer
-    assert of(later, Prepare) == [early]
+    assert early.ahead  # from the preview: the line before is still voiced
+    assert of(later, Prepare) == [replace(early, ahead=False)]  # the same reply, now the message's
     assert m.thread.knows(line.params.id)
     assert m.previews.deadline() is None
 

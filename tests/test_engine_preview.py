@@ -32,12 +32,32 @@ def _line(text: str = "The shelf holds three old maps. Shall we look?") -> Messa
     return Message.create(A, [USER, B], text, metadata=meta, id="m-line")
 
 
+class SerialSpeaker(EndlessSpeaker):
+    """The model of a server that answers one request at a time (llama-cpp-python): it prepares
+    no reply beside the states call, but does from a preview (the server is idle while a line is
+    voiced); its parameters come once :attr:`params_release` is set."""
+
+    speculates = False
+    works_ahead = True
+    serial = True
+
+    def __init__(self, decisions: list[StateDecision]) -> None:
+        super().__init__(decisions)
+        self.params_release = trio.Event()
+        self.params = 0
+
+    async def fill_params(self, request: Any) -> dict[str, Any]:
+        self.params += 1
+        await self.params_release.wait()
+        return {}
+
+
 @asynccontextmanager
 async def _next_speaker(
-    pipeline: bool = True,
+    pipeline: bool = True, model: EndlessSpeaker | None = None
 ) -> AsyncIterator[tuple[ConversationEngine, EchoSink, list[Any], EndlessSpeaker]]:
     """B's engine, which A's line addresses alone: B leads its turn and is its likely speaker."""
-    model = EndlessSpeaker([StateDecision(B, "speak", 5, True)])
+    model = model or EndlessSpeaker([StateDecision(B, "speak", 5, True)])
     sink = EchoSink(B)
     events: list[Any] = []
     directory = {A: SPEAKER.card.metadata, B: NEXT.card.metadata}
@@ -128,3 +148,39 @@ async def test_stopping_drops_the_states_asked_from_a_preview() -> None:
         await engine.stop(grace=1.0)
         assert [e.fields["reason"] for e in kinds(events, "states_ahead_dropped")] == ["stopping"]
         assert not sink.on("states")
+
+
+async def test_a_serial_model_prepares_from_a_preview_its_parameters_before_its_speech() -> None:
+    """While A's line is voiced the serial server is idle: B's states, parameters and speech are
+    asked then, the speech only once the parameters came (side by side it would only queue, and
+    be written again if they chose other instructions than the guess)."""
+    model = SerialSpeaker([StateDecision(B, "speak", 5, True)])
+    async with _next_speaker(model=model) as (engine, sink, events, _):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        assert (model.states, model.params, model.speaking) == (1, 1, 0)
+        model.params_release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert model.speaking == 1
+        await engine.handle(Inbound(MESSAGES, _line(), A))
+        model.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert kinds(events, "states_ahead_adopted") and kinds(events, "reply_prepared_adopted")
+        assert (model.states, model.params, model.speaking, model.cancelled) == (1, 1, 1, 0)
+        assert not kinds(events, "reply_prepared_again")
+        assert not sink.on("messages")  # the speech never ends here: nothing said before its slot
+
+
+async def test_a_serial_model_prepares_nothing_beside_the_states_call() -> None:
+    """Without a preview the message's states call is on the server: a reply prepared beside it
+    would queue there, and the first words would wait for both."""
+    model = SerialSpeaker([StateDecision(B, "speak", 5, True)])
+    model.params_release.set()
+    async with _next_speaker(model=model) as (engine, _sink, events, _):
+        await engine.handle(Inbound(MESSAGES, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        assert (model.states, model.params, model.speaking) == (1, 0, 0)
+        assert not kinds(events, "reply_prepared")
+        model.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert (model.params, model.speaking) == (1, 1)  # the slot asks them, one after the other

@@ -260,9 +260,12 @@ class Prepare:
     companion addressed, or the one the rules prefer), so its reply may be *prepared* now, while
     the leader decides; nothing of it may be said before a :class:`Speak` for the same message.
     ``speak`` is the effect this node expects: the engine keeps what it prepared only if the
-    real one asks for the same reply."""
+    real one asks for the same reply. ``ahead``: from a message only previewed
+    (:mod:`.preview`), whose line is still being voiced, so a model server that answers one
+    request at a time is idle now."""
 
     speak: Speak
+    ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from companion.conversation.events import (
@@ -176,7 +176,7 @@ class PreviewRules(MachineState):
         if lead is not None:
             out.append(LeadAhead(lead))
         if prepare is not None:
-            out.append(prepare)
+            out.append(replace(prepare, ahead=True))
 
     def _settle_preview(self, message: Message, out: list[Effect]) -> None:
         """The message of a held preview arrived: its work goes on if it is the same envelope."""

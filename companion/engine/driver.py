@@ -132,7 +132,9 @@ class ConversationEngine(EffectMethods):
             self.me.id, directory, follows=self.conversation.follows_slots, emit=self._emit
         )
         self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit)
-        self._pipelines = self.timings.pipeline and bool(getattr(model, "speculates", False))
+        self._pipelines = self.timings.pipeline and any(
+            getattr(model, flag, False) for flag in ("speculates", "works_ahead")
+        )
         """Whether the next turn starts from previews (:mod:`companion.conversation.preview`):
         this companion publishes its voiced lines' previews and works ahead from its peers'."""
         if self._pipelines:

@@ -77,7 +77,7 @@ class EffectMethods:
     def _prepare(self: _Driver, effect: ev.Prepare) -> None:
         nursery = self._taking_work()
         if nursery is not None and not self._gate.stopping:
-            self._work.prepare(effect.speak, nursery)
+            self._work.prepare(effect.speak, nursery, ahead=effect.ahead)
 
     def _lead_ahead(self: _Driver, effect: ev.LeadAhead) -> None:
         nursery = self._taking_work()

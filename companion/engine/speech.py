@@ -12,7 +12,10 @@ parameters filled as soon as a message opens a turn for this companion
 (``speculates``) has the likely speaker's whole reply *prepared* then (:meth:`Speaker.prepare`):
 its speak call runs beside the states call, held, and the slot adopts it only if it asks exactly
 what the slot would, so the first words wait for the states answer and no request after it;
-whatever else happens, it is cancelled and nothing of it is heard or published.
+whatever else happens, it is cancelled and nothing of it is heard or published. A model that
+asks only to work ahead (``works_ahead``: a server that answers one request at a time) has its
+reply prepared from a message's preview alone, while the line before is voiced and the server
+idle, its parameters first and its speech once they came.
 
 Two checks sit between the model and the runtime, because models get them wrong: one message
 per turn, and a ``to`` that names people and companions of the conversation (names become ids;
@@ -395,10 +398,13 @@ class Speaker:
         memory: Mapping[str, Any],
         nursery: trio.Nursery,
         limit: float,
+        *,
+        ahead: bool = False,
     ) -> bool:
         """Start this companion's reply to ``effect`` (what it expects its slot to ask) in
         ``nursery`` before it knows it speaks, for at most ``limit`` seconds; ``False`` when the
-        model does not ask for it (``speculates``).
+        model does not ask for it (``speculates``; ``works_ahead`` when ``ahead``: the message is
+        only previewed, its line still voiced).
 
         The parameters are filled (:meth:`prefetch`) and, at the same time, ``speak`` is called
         with the instructions the card's conditions give for this companion's last parameters;
@@ -408,7 +414,8 @@ class Speaker:
         when the slot asks exactly what was asked here (:attr:`_Plan.asked`: same message,
         history, instructions, recipients, closing stage). Anything else cancels it
         (:meth:`keep_prepared`): nothing of it reaches anyone."""
-        if not getattr(self.model, "speculates", False):
+        model = self.model
+        if not (getattr(model, "speculates", False) or (ahead and getattr(model, "works_ahead", False))):
             return False
         current = self._prepared
         if current is not None and current.message_id == effect.message_id:
@@ -435,10 +442,17 @@ class Speaker:
         self, prepared: _Prepared, effect: Speak, history: list[Message], memory: Mapping[str, Any]
     ) -> None:
         async with trio.open_nursery() as nursery:
-            guess = self._fitted(effect, self._last_values)[0]
-            self._attempt(prepared, self._plan(effect, history, memory, guess), nursery)
             ahead = self._prefetched
-            if ahead is None or ahead.message_id != effect.message_id:
+            if ahead is not None and ahead.message_id != effect.message_id:
+                ahead = None
+            if ahead is not None and getattr(self.model, "serial", False):
+                # One request at a time: a speak call with guessed instructions would only queue
+                # beside the parameters call, and be written again when they choose others.
+                await ahead.done.wait()
+            known = ahead.values if ahead is not None and ahead.done.is_set() else None
+            guess = self._fitted(effect, self._last_values if known is None else known)[0]
+            self._attempt(prepared, self._plan(effect, history, memory, guess), nursery)
+            if ahead is None:
                 return
             await ahead.done.wait()
             values = self._fitted(effect, ahead.values or {})[0]

@@ -234,16 +234,24 @@ class TurnWork:
             limit = self.timings.states_timeout + self.timings.speak_timeout
             self.speaker.prefetch(message, self.store.recent(self.timings.history_limit), nursery, limit)
 
-    def prepare(self, effect: Speak, nursery: trio.Nursery) -> None:
+    def prepare(self, effect: Speak, nursery: trio.Nursery, *, ahead: bool = False) -> None:
         """This companion is the likely speaker: its reply starts now, held until its slot
         (:meth:`~companion.engine.speech.Speaker.prepare`), unless it replied before a restart
-        or its model does not prepare replies (``speculates``)."""
-        if not getattr(self.model, "speculates", False) or self.conversation.replied(effect.message_id):
+        or its model does not prepare replies: not at all, or (``works_ahead`` without
+        ``speculates``) only ``ahead`` of the message, from its preview."""
+        model = self.model
+        wanted = getattr(model, "speculates", False) or (ahead and getattr(model, "works_ahead", False))
+        if not wanted or self.conversation.replied(effect.message_id):
             return  # the slot will ask it (a scripted model answers at once anyway)
         memory = {**self.store.memory(), "conversation": self.conversation.memory()}
         history = self.history(effect.message)
         self.speaker.prepare(
-            effect, history, memory, nursery, self.timings.states_timeout + self.timings.speak_timeout
+            effect,
+            history,
+            memory,
+            nursery,
+            self.timings.states_timeout + self.timings.speak_timeout,
+            ahead=ahead,
         )
 
 

@@ -153,7 +153,7 @@ class ModelWrapper:
     """A model that wraps another one call by call (to count its calls, to time them).
 
     The wrapped model's name, and whatever else the engine reads from a model
-    (``parallel_params``, ``streams_speech``, ``speculates``, ``states_for_one``), are the
+    (``parallel_params``, ``streams_speech``, ``speculates``, ``works_ahead``, ``states_for_one``), are the
     wrapped one's, read each time (a provider's depend on the server its check found): a wrapper
     never turns streaming or prepared replies off. A subclass says what happens around each
     call in :meth:`_around`.

@@ -236,6 +236,15 @@ class ProviderModel:
         return not self.serial
 
     @property
+    def works_ahead(self) -> bool:
+        """The next turn's model work starts from a preview, while the line before is still
+        voiced (:mod:`companion.conversation.preview`): the leader's states call and the likely
+        speaker's reply, held. On every endpoint, a :attr:`serial` one too: while a line is
+        heard nothing else of the conversation asks the server, so the requests sent then wait
+        for nobody (their parameters first, then speech, one after the other)."""
+        return True
+
+    @property
     def states_for_one(self) -> bool:
         """The leader asks this model for the states of a message that addresses it alone. With
         one addressee the rules already make it the speaker (a model that says everybody listens
