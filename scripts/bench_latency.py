@@ -171,18 +171,24 @@ class Turn:
     """The round of its conversation (1: the first after the warm-up)."""
 
 
+def voice_card(key: str, name: str, reads_param: bool = False) -> str:
+    """The text of a card that answers with ``speak_with_voice``; with ``reads_param``, a
+    condition on ``mood`` (:data:`READS_PARAM`) before its own."""
+    text = speaking_card(key, name, "speak_with_voice")
+    if reads_param:
+        conditions = "  conditions:\n"
+        assert conditions in text
+        text = text.replace(conditions, conditions + READS_PARAM)
+    return text
+
+
 class Companion:
     """``companion run`` with the card, its stdout lines and JSON log events collected."""
 
     def __init__(
         self, tmp: Path, base_url: str, model: str, webrtc: bool = False, reads_param: bool = False
     ) -> None:
-        text = speaking_card("juniper", "Juniper", "speak_with_voice")
-        if reads_param:
-            conditions = "  conditions:\n"
-            assert conditions in text
-            text = text.replace(conditions, conditions + READS_PARAM)
-        card = write_card(tmp, "juniper", text)
+        card = write_card(tmp, "juniper", voice_card("juniper", "Juniper", reads_param))
         argv = [sys.executable, "-m", "companion.cli.run", str(card), "--no-mdns"]
         argv += ["--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", str(tmp / "data"), "--log-format", "json"]
         argv += ["-v", "--ws", "127.0.0.1:0", "--model", model, "--base-url", base_url]
