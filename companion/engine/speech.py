@@ -56,13 +56,20 @@ from companion.lines.sentences import CLAUSE_MARKS
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
 from companion.protocol import MESSAGES, Message, Metadata, new_id
 
-__all__ = ["LINES_TRIED", "ParamsCheck", "Speaker", "Speech"]
+__all__ = ["LINES_TRIED", "ParamsCheck", "Speaker", "Speech", "prepares"]
 
 
 LINES_TRIED = 3
 """Lines checked for one reply before the slot is given up: the model's, its second try, and a
 line of the card's own (a real model's speaker says one after two refused lines, see
 :mod:`companion.models.second_try`; the offline model tries one other line)."""
+
+
+def prepares(model: CompanionModel, ahead: bool) -> bool:
+    """Whether ``model`` has a likely speaker's reply prepared: beside the states call
+    (``speculates``), or only ``ahead`` of a message, from its preview (``works_ahead``)."""
+    return bool(getattr(model, "speculates", False) or (ahead and getattr(model, "works_ahead", False)))
+
 
 Emit = Callable[..., None]
 """``emit(kind, level, **fields)``: one structured event (the engine's log and observer)."""
@@ -414,8 +421,7 @@ class Speaker:
         when the slot asks exactly what was asked here (:attr:`_Plan.asked`: same message,
         history, instructions, recipients, closing stage). Anything else cancels it
         (:meth:`keep_prepared`): nothing of it reaches anyone."""
-        model = self.model
-        if not (getattr(model, "speculates", False) or (ahead and getattr(model, "works_ahead", False))):
+        if not prepares(self.model, ahead):
             return False
         current = self._prepared
         if current is not None and current.message_id == effect.message_id:

@@ -27,7 +27,7 @@ from companion.conversation.machine import Conversation
 from companion.conversation.rules import StateDecision
 from companion.engine.gate import Gate
 from companion.engine.routines import RoutineDriver, current_firing
-from companion.engine.speech import Speaker, Speech
+from companion.engine.speech import Speaker, Speech, prepares
 from companion.models.base import CompanionModel, ModelError, StatesRequest
 from companion.ports import ConversationStore
 from companion.protocol import MESSAGES, Action, Message, Metadata
@@ -239,9 +239,7 @@ class TurnWork:
         (:meth:`~companion.engine.speech.Speaker.prepare`), unless it replied before a restart
         or its model does not prepare replies: not at all, or (``works_ahead`` without
         ``speculates``) only ``ahead`` of the message, from its preview."""
-        model = self.model
-        wanted = getattr(model, "speculates", False) or (ahead and getattr(model, "works_ahead", False))
-        if not wanted or self.conversation.replied(effect.message_id):
+        if not prepares(self.model, ahead) or self.conversation.replied(effect.message_id):
             return  # the slot will ask it (a scripted model answers at once anyway)
         memory = {**self.store.memory(), "conversation": self.conversation.memory()}
         history = self.history(effect.message)
