@@ -28,7 +28,10 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the support package
 
 WORKER_LIFETIME = 900.0
 """A worker never outlives a forgotten benchmark."""
@@ -52,6 +55,7 @@ def worker(index: int, peers: list[str], presence: bool) -> None:
     from companion.memory import Inbound
     from companion.node import CompanionNode, NodeConfig
     from companion.protocol import Metadata
+    from support.commands import serve_commands
 
     configure_logging("WARNING")
     me = f"companion_bench{index:02d}"
@@ -71,18 +75,9 @@ def worker(index: int, peers: list[str], presence: bool) -> None:
         async def handle(self, inbound: Inbound) -> None:
             return None
 
-    async def commands() -> None:
-        stdin = trio.lowlevel.FdStream(sys.stdin.fileno())
-        buffer = b""
-        while True:
-            chunk = await stdin.receive_some(65536)
-            if not chunk:
-                return
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                if json.loads(line)["op"] == "sample":
-                    emit("sample", cpu=time.process_time(), wall=time.monotonic(), stats=node.stats())
+    async def command(sent: dict[str, Any]) -> None:
+        if sent["op"] == "sample":
+            emit("sample", cpu=time.process_time(), wall=time.monotonic(), stats=node.stats())
 
     async def main() -> None:
         with trio.fail_after(WORKER_LIFETIME):
@@ -91,7 +86,7 @@ def worker(index: int, peers: list[str], presence: bool) -> None:
                 emit("started", addr=node.listen_addrs[0])
                 node.add_membership_listener(lambda e: emit("members", count=len(node.directory)))
                 emit("members", count=len(node.directory))
-                await commands()
+                await serve_commands(command)
                 nursery.cancel_scope.cancel()
 
     trio.run(main)
