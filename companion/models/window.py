@@ -27,13 +27,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Final, TypeVar
+from typing import Final
 
+from companion.conversation.state import latest
 from companion.protocol import Message
 
 __all__ = ["HistoryWindow"]
-
-_V = TypeVar("_V")
 
 _KEYS: Final = 64
 """Anchors kept (least recently used dropped): a model serves its node's companion and leader,
@@ -64,7 +63,7 @@ class HistoryWindow:
         if len(ids) - start > self.most:
             start = len(ids) - self.restart
         if start < len(ids):
-            _keep(self._anchors, key, ids[start], _KEYS)
+            latest(self._anchors, key, ids[start], _KEYS)
         return earlier[start:]
 
     def ask(self, key: str, heard: str, prompt: str) -> None:
@@ -72,19 +71,11 @@ class HistoryWindow:
         others' lines ``heard``. At most :attr:`most` are kept a key: a window quotes no more."""
         if not heard:
             return
-        asked = self._asked.pop(key, None) or OrderedDict()
-        _keep(asked, heard, prompt, self.most)
-        _keep(self._asked, key, asked, _KEYS)
+        asked = self._asked.get(key) or OrderedDict()
+        latest(asked, heard, prompt, self.most)
+        latest(self._asked, key, asked, _KEYS)
 
     def asked(self, key: str) -> Mapping[str, str]:
         """The speaker's past user turns as they were sent, by the others' lines that open them
         (for :func:`~.prompts.speaker_turns`)."""
         return self._asked.get(key, {})
-
-
-def _keep(kept: OrderedDict[str, _V], key: str, value: _V, most: int) -> None:
-    """``kept[key] = value`` as the most recent entry, the least recent dropped past ``most``."""
-    kept[key] = value
-    kept.move_to_end(key)
-    while len(kept) > most:
-        kept.popitem(last=False)
