@@ -35,7 +35,7 @@ from companion.engine.directory import DirectoryFollower
 from companion.engine.effects import EFFECTS, EffectMethods
 from companion.engine.gate import Gate, Publishes
 from companion.engine.routines import RoutineDriver, not_a_routine
-from companion.engine.speech import Speaker, Speech
+from companion.engine.speech import Speaker, Speech, prepares
 from companion.engine.tools import PeerTools, ToolsAnnouncer
 from companion.engine.work import EngineEvent, Job
 from companion.log import log_event
@@ -132,9 +132,7 @@ class ConversationEngine(EffectMethods):
             self.me.id, directory, follows=self.conversation.follows_slots, emit=self._emit
         )
         self._speaker = Speaker(loaded, model, self.runtime, directory, self._emit)
-        self._pipelines = self.timings.pipeline and any(
-            getattr(model, flag, False) for flag in ("speculates", "works_ahead")
-        )
+        self._pipelines = self.timings.pipeline and prepares(model, ahead=True)
         """Whether the next turn starts from previews (:mod:`companion.conversation.preview`):
         this companion publishes its voiced lines' previews and works ahead from its peers'."""
         if self._pipelines:
