@@ -10,7 +10,12 @@ without --jinja answers HTTP 500 to any tools; llama-cpp-python ignores ``"requi
 
 from __future__ import annotations
 
+import http.client
 import json
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -426,3 +431,71 @@ def test_a_request_body_cut_short_is_answered_400_and_is_no_model_request() -> N
             assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[:80]
         assert server.model_requests() == []
         assert len([r for r in server.requests if r.method == "POST"]) == 3
+
+
+# --- one request at a time --------------------------------------------------------------------------
+
+
+def _stream_a_line(srv: FakeLLMServer) -> bytes:
+    """One streamed chat completion read to its end, as a client thread beside another sends it."""
+    connection = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+    try:
+        body = {"model": "fake-1", "messages": [{"role": "user", "content": "Hello?"}], "stream": True}
+        connection.request(
+            "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        answer = connection.getresponse()
+        assert answer.status == 200
+        return answer.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    ("profile", "at_once"), [("openai", 2), ("llama-cpp-python", 1), ("llama-cpp-python-fc", 1)]
+)
+def test_llama_cpp_python_answers_one_request_at_a_time_and_others_side_by_side(
+    profile: str, at_once: int
+) -> None:
+    """The llama-cpp-python server holds one lock around each answer: of two requests sent side
+    by side, the second begins when the first is complete. A hosted server answers both at once.
+    Neither answer begins before both requests arrived (``answer_together``), so how busy the
+    machine is cannot decide the order."""
+    with running_server(profile=PROFILES[profile], ttft=0.2, answer_together=2) as srv:
+        srv.push(text("The first line."), text("The second line."))
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda _: _stream_a_line(srv), range(2)))
+    assert all(b"[DONE]" in answer for answer in answers)
+    assert srv.most_answering == at_once and srv.most_in_flight == 2  # both asked at once
+    first, second = sorted(srv.model_requests(), key=lambda r: r.served or math.inf)
+    assert first.served is not None and first.answered is not None
+    assert second.served is not None and second.answered is not None
+    if at_once == 1:
+        assert second.served >= first.answered
+    else:
+        assert second.served < first.answered
+
+
+def test_a_serial_request_waits_for_what_follows_the_finish_chunk() -> None:
+    """llama-cpp-python's lock is held to the end of a stream: a request that comes while the
+    one before has sent its finish chunk but not yet ``[DONE]`` (it copies its cache then) waits
+    for that too. It was not asked while an answer was written: the client had that answer
+    whole, so the two were never in flight together."""
+    held = threading.Event()
+    with running_server(profile=PROFILES["llama-cpp-python"], after_finish=held) as srv:
+        srv.push(text("The first line."), text("The second line."))
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(_stream_a_line, srv)
+            assert srv.finish_written.wait(10)
+            second = pool.submit(_stream_a_line, srv)
+            deadline = time.monotonic() + 10
+            while len(srv.model_requests()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # room for a wrong answer to begin: this can only pass wrongly, never fail
+            waiting = srv.model_requests()[1]
+            assert waiting.served is None and not first.done()
+            held.set()
+            assert b"[DONE]" in first.result(10) and b"[DONE]" in second.result(10)
+    before, after = srv.model_requests()
+    assert before.answered is not None and after.served is not None and after.served >= before.answered
+    assert srv.most_answering == 1 and srv.most_in_flight == 1

@@ -26,7 +26,10 @@ several events may share one write and one event may be split across two. With `
 tokens a second, as a hosted or a local model writes; :attr:`Reply.cut_after` breaks the
 connection after that many tokens, as a server that dies mid-answer does; with
 :attr:`FakeLLMServer.after_finish` what follows the finish chunk waits, as llama-cpp-python's
-``[DONE]`` waits for its cache copy.
+``[DONE]`` waits for its cache copy. A :attr:`ServerProfile.serial` server (llama-cpp-python)
+answers one request at a time, in the order they came. :attr:`FakeLLMServer.most_in_flight` says
+how many requests were ever at the server at once, :attr:`FakeLLMServer.most_answering` how many
+answers were ever written at once.
 """
 
 from __future__ import annotations
@@ -112,6 +115,14 @@ class Recorded:
     """The server profile refused this request (an HTTP error, no model involved)."""
     at: float = field(default_factory=time.monotonic)
     """When the request arrived (``time.monotonic``)."""
+    served: float | None = None
+    """When its answer began (``time.monotonic``): at once, or on a :attr:`ServerProfile.serial`
+    server once the answers before it were complete."""
+    finished: float | None = None
+    """When its answer was out as far as its client can tell (``time.monotonic``): set just
+    before the chunk with the ``finish_reason`` (a whole answer: the response) is written, so
+    before anything the client does about it; what follows that chunk may still hold a serial
+    server (:attr:`answered`). A request that got no answer: when the server was done with it."""
     answered: float | None = None
     """When its answer was complete (``time.monotonic``), if it was."""
 
@@ -180,6 +191,15 @@ class ServerProfile:
     """``refuse``: a streamed request whose tools the model may call at will (``tool_choice``
     ``auto`` or none) fails (llama-cpp-python's chatml-function-calling raises "Automatic
     streaming tool choice is not supported": HTTP 500)."""
+    serial: bool = False
+    """One answer at a time, in the order the requests came: a request waits until the answer
+    before it was complete, its stream to the end (what follows the finish chunk too). The
+    llama-cpp-python server takes a lock around each request for its one ``Llama`` and holds it
+    while it streams; a companion that sends two requests side by side there gets the second
+    only after the first, and a test of that needs the fake to queue them the same way. (A
+    request that waits also cuts the stream in progress short by default, ``interrupt_requests``:
+    not reproduced here; :attr:`FakeLLMServer.most_in_flight` tells whether a client ever asked
+    while an answer was being written.)"""
 
     def screen(self, body: Mapping[str, Any]) -> Outcome:
         tools = body.get("tools") or []
@@ -321,6 +341,7 @@ PROFILES: dict[str, ServerProfile] = {
         call_id="call__0_{name}_cmpl-{rand}",
         cut_call_finish="tool_calls",
         stream_usage=False,
+        serial=True,
     ),
     "llama-cpp-python-fc": ServerProfile(
         "llama-cpp-python-fc",
@@ -332,6 +353,7 @@ PROFILES: dict[str, ServerProfile] = {
         null_content="refuse",
         call_id="call__0_{name}_cmpl-{rand}",
         stream_usage=False,
+        serial=True,
     ),
     "ollama": ServerProfile(
         "ollama",
@@ -407,10 +429,23 @@ class FakeLLMServer:
     disconnected: threading.Event = field(default_factory=threading.Event)
     """Set when the client of a hung request closed its connection."""
     stopping: threading.Event = field(default_factory=threading.Event)
+    most_in_flight: int = 0
+    """The most model requests ever at the server at once, each from its arrival (its wait for
+    its turn included) until its answer was out (:attr:`Recorded.finished`). 1: no client ever
+    sent a request before the one before it was answered, so on a serial server none waited
+    while another was written (where llama-cpp-python would cut that one short)."""
+    most_answering: int = 0
+    """The most model answers ever written at once (a :attr:`ServerProfile.serial` profile: 1)."""
+    _in_flight: int = 0
+    _answering_now: int = 0
+    _tickets: int = 0
+    """Model answers that asked for their turn so far (a serial profile serves them in order)."""
+    _serving: int = 0
+    """The ticket whose turn it is on a serial profile: every answer before it is complete."""
     _script: deque[ReplyScript] = field(default_factory=deque)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _arrivals: threading.Condition = field(init=False)
-    """Notified at each request recorded (under :attr:`_lock`)."""
+    """Notified at each request recorded and at each answer complete (under :attr:`_lock`)."""
 
     def __post_init__(self) -> None:
         self._arrivals = threading.Condition(self._lock)
@@ -434,6 +469,41 @@ class FakeLLMServer:
                 lambda: sum(r.method == "POST" for r in self.requests) >= self.answer_together,
                 timeout=TOGETHER_LIMIT,
             )
+
+    @contextmanager
+    def _answering(self, record: Recorded) -> Iterator[None]:
+        """The block in which ``record``'s answer is written: on a :attr:`ServerProfile.serial`
+        profile only once every answer that asked before it is complete (or the server stops)."""
+        with self._arrivals:
+            ticket = self._tickets
+            self._tickets += 1
+            while self.profile.serial and self._serving != ticket and not self.stopping.is_set():
+                self._arrivals.wait(0.05)  # woken when the answer before it ends; stopping is polled
+            self._answering_now += 1
+            self.most_answering = max(self.most_answering, self._answering_now)
+            record.served = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._arrivals:
+                self._answering_now -= 1
+                self._serving += 1
+                self._arrivals.notify_all()
+
+    def _came(self, record: Recorded) -> None:
+        """A model request arrived: it is in flight until :meth:`_out`."""
+        if isinstance(record.body, dict):
+            with self._lock:
+                self._in_flight += 1
+                self.most_in_flight = max(self.most_in_flight, self._in_flight)
+
+    def _out(self, record: Recorded) -> None:
+        """``record``'s answer is out (:attr:`Recorded.finished`); once, whatever calls it again."""
+        with self._lock:
+            if record.finished is None:
+                record.finished = time.monotonic()
+                if isinstance(record.body, dict):
+                    self._in_flight -= 1
 
     def model_requests(self) -> list[Recorded]:
         """The recorded generation requests (not model listings, nor a body that never arrived
@@ -770,6 +840,14 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = None
             record = self._record(body)
+            server._came(record)
+            try:
+                self._answer(record, body)
+            finally:
+                server._out(record)
+
+        def _answer(self, record: Recorded, body: Any) -> None:
+            """Whatever the server makes of the POST request ``record`` (its ``body`` parsed)."""
             if not self._authorized():
                 return
             if not isinstance(body, dict):
@@ -800,30 +878,37 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 self._send(reply.status, {"error": {"type": "scripted", "message": reply.error}})
                 return
             server._wait_together()
-            seq = len(server.model_requests())
-            model = str(body.get("model", ""))
-            if path == "/v1/messages":
-                if body.get("stream"):
-                    self._stream(_anthropic_stream_events(reply, model, seq), reply)
+            with server._answering(record):
+                seq = len(server.model_requests())
+                model = str(body.get("model", ""))
+                if path == "/v1/messages":
+                    if body.get("stream"):
+                        self._stream(_anthropic_stream_events(reply, model, seq), reply, record)
+                    else:
+                        self._generate(reply)
+                        server._out(record)
+                        self._send(200, _anthropic_message(reply, model, seq))
                 else:
-                    self._generate(reply)
-                    self._send(200, _anthropic_message(reply, model, seq))
-            else:
-                reply = server.profile.realise(outcome, reply)
-                if body.get("stream"):
-                    asked = bool((body.get("stream_options") or {}).get("include_usage"))
-                    usage = asked and server.profile.stream_usage
-                    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-                    limit = limit if isinstance(limit, int) and limit > 0 else None
-                    events = _openai_stream_events(reply, model, seq, server.profile, usage, limit)
-                    self._stream(events, reply)
-                else:
-                    self._generate(reply)
-                    self._send(200, _openai_completion(reply, model, seq, server.profile))
-                record.answered = time.monotonic()
+                    reply = server.profile.realise(outcome, reply)
+                    if body.get("stream"):
+                        asked = bool((body.get("stream_options") or {}).get("include_usage"))
+                        usage = asked and server.profile.stream_usage
+                        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+                        limit = limit if isinstance(limit, int) and limit > 0 else None
+                        events = _openai_stream_events(reply, model, seq, server.profile, usage, limit)
+                        self._stream(events, reply, record)
+                    else:
+                        self._generate(reply)
+                        server._out(record)
+                        self._send(200, _openai_completion(reply, model, seq, server.profile))
+                    record.answered = time.monotonic()
 
-        def _stream(self, events: Iterator[tuple[dict[str, Any] | None, bool]], reply: Reply) -> None:
-            """Server-sent events, paced like a model, in chunks that do not follow the events."""
+        def _stream(
+            self, events: Iterator[tuple[dict[str, Any] | None, bool]], reply: Reply, record: Recorded
+        ) -> None:
+            """Server-sent events, paced like a model, in chunks that do not follow the events;
+            ``record``'s answer is out (:meth:`FakeLLMServer._out`) before its finish chunk is
+            written."""
             arrived = time.monotonic()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -833,6 +918,8 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             pending = b""
             try:
                 for event, is_token in events:
+                    if event is not None and _finishes(event):
+                        server._out(record)
                     data = _sse(event)
                     if not is_token:
                         pending += data
