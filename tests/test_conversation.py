@@ -42,6 +42,7 @@ from companion.conversation.rules import (
     ends_conversation,
     plan_leaders,
 )
+from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES
 from companion.conversation.state import ONE_MESSAGE
 from companion.conversation.turn import SLOT_GRACE, TRANSITIONS, Phase, TransitionError
 from companion.protocol import Action, ClosingStage, Message, State
@@ -674,6 +675,43 @@ def test_a_node_whose_floor_ends_the_conversation_yields_its_slot() -> None:
     assert [s.params["reason"] for s in of(out, PublishSignal)] == ["terminal"]
 
 
+def _lead_floor(m: Conversation, message: Message, now: float) -> ClosingStage:
+    [lead] = of(m.receive(MessageSeen(message), now), Lead)
+    floor: ClosingStage = lead.floor
+    return floor
+
+
+def test_a_goodbye_begins_closing_once_the_conversation_has_had_its_first_replies() -> None:
+    """SmolLM2's companions said "Good night, all!" at the fifth reply and talked on for six more
+    (measured). A goodbye now begins closing: a person's at once, a companion's from the replies
+    on which a leader's model may begin closing too (before, a small model's goodbye is as random
+    as its proposal)."""
+    goodbye = "That's me shutting a rare book. Good night, all!"
+    user_says = machine(A)
+    assert (
+        _lead_floor(user_says, message_led_by(A, [A, B, C], text="Good night, everyone!"), 0.0)
+        == "pre-closing"
+    )
+
+    for replies, floor in ((2, "none"), (DEFAULT_MIN_REPLIES, "pre-closing")):
+        m = machine(A)
+        previous = Message.create(USER, [A, B, C], "hi")
+        m.receive(MessageSeen(previous), 0.0)
+        for n in range(1, replies):
+            previous = reply((B, C)[n % 2], [A, B, C], previous, turn=n)
+            m.receive(MessageSeen(previous), float(n))
+        meta: dict[str, Any] = {
+            META_IN_REPLY_TO: previous.params.id,
+            META_TURN: replies,
+            META_CLOSING: "none",
+        }
+        said = message_led_by(A, [A, C], sender=B, text=goodbye, **meta)
+        assert _lead_floor(m, said, 10.0) == floor, replies
+    # the same line, asked back as a question, is no goodbye
+    m = machine(A)
+    assert _lead_floor(m, message_led_by(A, [A, B], text="Good night already, Ostra?"), 0.0) == "none"
+
+
 def test_a_leader_at_its_own_limit_lets_the_others_close_the_conversation() -> None:
     """Five SmolLM2 companions, mixed limits: the one with the lowest led at its limit while the
     leaders before it had kept the thread open, and its ``terminal`` array cut the talk off with
@@ -684,7 +722,7 @@ def test_a_leader_at_its_own_limit_lets_the_others_close_the_conversation() -> N
     m.receive(MessageSeen(opening), 0.0)
     first = reply(B, [A, C], opening, turn=1)
     m.receive(MessageSeen(first), 1.0)
-    meta = {META_IN_REPLY_TO: first.params.id, META_TURN: 2, META_CLOSING: "none"}
+    meta: dict[str, Any] = {META_IN_REPLY_TO: first.params.id, META_TURN: 2, META_CLOSING: "none"}
     message = message_led_by(A, [A, C], sender=B, **meta)
     out = m.receive(MessageSeen(message), 2.0)
     [lead] = of(out, Lead)
@@ -710,7 +748,7 @@ def test_a_leader_at_its_own_limit_ends_a_conversation_with_aikyo_companions_in_
     first = reply(B, [A, C], opening, turn=1)
     m.receive(MessageSeen(first), 1.0)
     assert m.slotless(C)
-    meta = {META_IN_REPLY_TO: first.params.id, META_TURN: 2, META_CLOSING: "none"}
+    meta: dict[str, Any] = {META_IN_REPLY_TO: first.params.id, META_TURN: 2, META_CLOSING: "none"}
     out = m.receive(MessageSeen(message_led_by(A, [A, C], sender=B, **meta)), 2.0)
     [published] = of(out, PublishStates)
     assert not of(out, Lead) and {s.params.closing for s in published.states} == {"terminal"}
@@ -814,7 +852,10 @@ def test_a_node_whose_floor_ended_the_conversation_still_closes_a_turn_left_sile
     which is B's and stays empty)."""
     opening = Message.create(USER, [A, B, C], "hi")
     message = message_led_by(
-        B, [A, B], sender=C, **{META_IN_REPLY_TO: opening.params.id, META_TURN: 1, META_CLOSING: "none"}
+        B,
+        [A, B],
+        sender=C,
+        **dict[str, Any]({META_IN_REPLY_TO: opening.params.id, META_TURN: 1, META_CLOSING: "none"}),
     )
     net = _Net(message, max_turns={A: 1})
     net.all(MessageSeen(opening), 0.0)

@@ -25,10 +25,12 @@ from companion.conversation.rules import (
     plan_leaders,
     turn_tag,
 )
+from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES
 from companion.conversation.state import ONE_MESSAGE
 from companion.conversation.transcript import Transcript
 from companion.conversation.turn import Phase
 from companion.engine.driver import ConversationEngine, EngineEvent, EngineTimings
+from companion.lines.farewell import takes_leave
 from companion.memory import Inbound, MemoryHub
 from companion.models.base import ModelError, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.models.scripted import ScriptedModel
@@ -505,6 +507,38 @@ async def test_repetition_closes_a_looping_conversation(autojump_clock: trio.tes
         assert published[first].fields["repetition"] >= 0.6
         assert [e.fields["stage"] for e in published[first:]] == ["pre-closing", "closing", "terminal"]
         assert len(rec.replies()) == first + 2  # the repetitive replies, then two closing turns
+
+
+async def test_a_companion_that_says_goodbye_closes_the_conversation(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A model that wants to end at every turn (SmolLM2 does at random): in the first replies its
+    card's goodbye is held back; from the reply on which a leader may begin closing it is said,
+    and the conversation closes after it (a winding-down reply, a closing one), where it used to
+    talk on until a turn limit (measured with SmolLM2: six more replies after "Good night, all!")."""
+    wants_to_end = {"type": "object", "properties": {"wants_to_end": {"type": "boolean"}}}
+    conditions = (("wants_to_end", "Say goodbye to everyone."), ("true", "Continue the conversation."))
+    models = {
+        i: HookedModel(
+            ScriptedModel(i, min_replies=30, max_replies=30), params_override={"wants_to_end": True}
+        )
+        for i in range(3)
+    }
+    card: dict[str, Any] = {"max_turns": None, "params": wants_to_end, "conditions": conditions}
+    async with group_of(3, models=models, **card) as (group, rec):
+        await group.say("Hello everyone, what did you do today?")
+        assert await group.wait_until(_ended, 600)
+        chosen = rec.kinds("instructions")
+        early = [e for e in chosen if e.fields["params"]["wants_to_end"] is False]
+        assert len(early) == DEFAULT_MIN_REPLIES - 1
+        assert all("true this early, and nobody took leave" in str(e.fields["param_changes"]) for e in early)
+        replies = rec.replies()
+        assert takes_leave(replies[DEFAULT_MIN_REPLIES - 1].params.message)
+        assert not any(takes_leave(r.params.message) for r in replies[: DEFAULT_MIN_REPLIES - 1])
+        reasons = [e.fields["floor_reason"] for e in rec.kinds("states_published")]
+        first = reasons.index("farewell")
+        assert reasons[first:] == ["farewell", "continues", "continues"]
+        assert len(replies) == DEFAULT_MIN_REPLIES + 2  # the goodbye, then two closing turns
 
 
 async def test_companions_not_addressed_stay_out(autojump_clock: trio.testing.MockClock) -> None:

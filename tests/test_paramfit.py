@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from companion.card.model import load_card
-from companion.card.paramfit import fit_params, is_ending_param, plausible_on_opening, says_goodbye
+from companion.card.paramfit import fit_params, is_ending_param, plausible_early
 
 PIM = load_card(Path(__file__).resolve().parents[1] / "cards" / "pim.yaml")
 SCHEMA: dict[str, Any] = dict(PIM.card.events.params)
@@ -65,18 +65,16 @@ def test_bounds_lengths_and_extra_keys() -> None:
     assert fit_params({"n": 0}, schema).values == {"n": 1}
 
 
-def test_an_ending_on_the_first_turn_waits_for_a_goodbye() -> None:
+def test_an_early_ending_waits_for_a_goodbye() -> None:
     values = {"emotion": "excited", "foods_mentioned": [], "topic_energy": 3, "wants_to_end": True}
-    opening = plausible_on_opening(values, SCHEMA, "Hello everyone, what did you bake today?")
+    opening = plausible_early(values, SCHEMA, "Hello everyone, what did you bake today?")
     assert opening.values["wants_to_end"] is False
-    assert opening.changes == (
-        "wants_to_end: true before anyone replied, and nobody said goodbye: set false",
-    )
+    assert opening.changes == ("wants_to_end: true this early, and nobody took leave: set false",)
     # the CEL conditions then choose the ordinary reply, not the goodbye
     [instruction] = PIM.triggers.evaluate(opening.values)
     assert "what they would bake" in instruction.instruction
     for goodbye in ("Good night, everyone!", "Bye for now", "おやすみなさい"):
-        assert plausible_on_opening(values, SCHEMA, goodbye).values["wants_to_end"] is True
+        assert plausible_early(values, SCHEMA, goodbye).values["wants_to_end"] is True
 
 
 def test_which_parameters_are_about_ending() -> None:
@@ -84,7 +82,6 @@ def test_which_parameters_are_about_ending() -> None:
     assert all(is_ending_param(n, boolean) for n in ("wants_to_end", "said_goodbye", "ready_to_leave"))
     assert not any(is_ending_param(n, boolean) for n in ("weather_mentioned", "already_met", "tender"))
     assert not is_ending_param("wants_to_end", {"type": "string"})
-    assert says_goodbye("See you tomorrow!") and not says_goodbye("Good morning!")
 
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20))

@@ -304,6 +304,16 @@ def test_turn_limit_closes_gracefully() -> None:
     assert closing_floor(previous="none", turn=4, utterances=[], max_turns=4).reason == "turn_limit"
 
 
+def test_a_goodbye_begins_closing_and_closing_then_runs_its_course() -> None:
+    said = closing_floor(previous="none", turn=5, utterances=[], farewell=True)
+    assert (said.stage, said.reason) == ("pre-closing", "farewell")
+    # a goodbye never holds back a stage already reached, nor the turn limit
+    assert closing_floor(previous="pre-closing", turn=6, utterances=[], farewell=True).stage == "closing"
+    at_limit = closing_floor(previous="none", turn=4, utterances=[], max_turns=4, farewell=True)
+    assert (at_limit.stage, at_limit.reason) == ("terminal", "turn_limit")
+    assert closing_floor(previous="none", turn=5, utterances=[], farewell=False).stage == "none"
+
+
 def test_a_leader_s_own_limit_begins_closing_an_open_conversation() -> None:
     """Cards' limits differ: at this leader's limit the thread may still be open (the leaders
     before it had higher limits); its array then begins closing, it does not end the talk. Only

@@ -11,8 +11,8 @@ fitted is left for the schema's validation to refuse (the model is asked once mo
 - a boolean written ``"true"``/``"false"`` is read; an enum value in another case is the
   schema's spelling; a string longer than ``maxLength`` is cut; an array longer than
   ``maxItems`` is cut; properties the schema forbids (``additionalProperties: false``) go;
-- :func:`plausible_on_opening` says no to an ending (a boolean about ending or goodbyes) before
-  any companion has replied, unless the message it answers says goodbye.
+- :func:`plausible_early` says no to an ending (a boolean about ending or goodbyes) in a
+  conversation's first replies, unless the message it answers takes leave.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Fitted", "fit_params", "is_ending_param", "plausible_on_opening", "says_goodbye"]
+from companion.lines.farewell import takes_leave
+
+__all__ = ["Fitted", "fit_params", "is_ending_param", "plausible_early"]
 
 _DEPTH_LIMIT = 8
 """Nesting followed into objects and arrays (a card's schema is shallow; a model's answer need
@@ -137,11 +139,6 @@ _ENDING = re.compile(
     r"|stop|wrap|sign_?off|done)(?:$|_|\b)",
     re.IGNORECASE,
 )
-_GOODBYE = re.compile(
-    r"\b(?:good ?bye|bye|farewell|good ?night|see (?:you|ya)|take care|gotta go|have to go|so long|later)\b"
-    r"|さようなら|さよなら|おやすみ|またね|じゃあね|バイバイ|失礼します",
-    re.IGNORECASE,
-)
 
 
 def is_ending_param(name: str, schema: Any) -> bool:
@@ -149,22 +146,22 @@ def is_ending_param(name: str, schema: Any) -> bool:
     return isinstance(schema, Mapping) and schema.get("type") == "boolean" and bool(_ENDING.search(name))
 
 
-def says_goodbye(text: str) -> bool:
-    """Whether ``text`` takes leave (English or Japanese)."""
-    return bool(_GOODBYE.search(text[:2000]))
-
-
-def plausible_on_opening(values: Mapping[str, Any], schema: Mapping[str, Any], message: str) -> Fitted:
-    """``values`` for the first reply of a conversation: an ending parameter set true is set
-    false, unless ``message`` (the line being answered) says goodbye. A conversation that has
-    not started cannot be over; a small model says so at random."""
+def plausible_early(values: Mapping[str, Any], schema: Mapping[str, Any], message: str) -> Fitted:
+    """``values`` for one of a conversation's first replies: an ending parameter set true is set
+    false, unless ``message`` (the line being answered) takes leave
+    (:func:`~companion.lines.farewell.takes_leave`). A conversation that has barely started is
+    not over; a small model says so at random (SmolLM2-135M: ``wants_to_end`` true on the first
+    turn, measured). The caller says which replies are early: those in which a leader's model
+    may not begin closing (:data:`~companion.conversation.rules.closing.DEFAULT_MIN_REPLIES`),
+    where a companion's goodbye does not close the conversation either: said then, the card's
+    goodbye would be followed by more of the same conversation."""
     props = schema.get("properties")
-    if not isinstance(props, Mapping) or says_goodbye(message):
+    if not isinstance(props, Mapping) or takes_leave(message):
         return Fitted(dict(values))
     out = dict(values)
     changes = []
     for name, sub in props.items():
         if out.get(name) is True and is_ending_param(str(name), sub):
             out[name] = False
-            changes.append(f"{name}: true before anyone replied, and nobody said goodbye: set false")
+            changes.append(f"{name}: true this early, and nobody took leave: set false")
     return Fitted(out, tuple(changes))

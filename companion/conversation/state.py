@@ -31,6 +31,7 @@ from companion.conversation.rules import (
 )
 from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES
 from companion.conversation.turn import TRANSITIONS, Phase, TransitionError, Turn
+from companion.lines.farewell import takes_leave
 from companion.protocol import COMPANION_ID_PREFIX, ClosingStage, Message, State
 
 __all__ = ["ONE_MESSAGE", "REPLIED_KEPT", "ClosingSettings", "MachineState", "latest", "state_summary"]
@@ -284,7 +285,19 @@ class MachineState:
             utterances=list(self._utterances),
             threshold=self.settings.repetition_threshold,
             max_turns=self.settings.max_turns,
+            farewell=self._farewell(turn),
         )
+
+    def _farewell(self, turn: Turn) -> bool:
+        """Whether ``turn``'s message took leave in a way that begins closing: a person's goodbye
+        at once; a companion's from ``min_replies`` replies on, when a leader's model may begin
+        closing too (a small model's early goodbye is as random as its early proposal; the
+        speaker holds its card's goodbye back until then, ``card.paramfit.plausible_early``).
+        Every node reads the same message and count, so every node's floor agrees."""
+        params = turn.message.params
+        if params.from_.startswith(COMPANION_ID_PREFIX) and turn.replies < self.settings.min_replies:
+            return False
+        return takes_leave(params.message)
 
     def _array_floor(self, turn: Turn, own: ClosingDecision | None = None) -> ClosingDecision:
         """The floor of the array this node publishes leading ``turn``

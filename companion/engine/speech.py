@@ -45,8 +45,9 @@ import trio
 from companion.actions import ActionDef, ActionRuntime, ToolResult
 from companion.actions.builtins import LIVE_LINE, PREVIEW, VOICE_TOOL, no_recipients, resolve_recipients
 from companion.card.model import LoadedCard
-from companion.card.paramfit import fit_params, plausible_on_opening
+from companion.card.paramfit import fit_params, plausible_early
 from companion.conversation.events import Speak
+from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES
 from companion.conversation.state import ONE_MESSAGE
 from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
 from companion.lines.check import LineContext, begins_an_earlier_sentence, check_line
@@ -290,15 +291,13 @@ class Speaker:
             await self.model.speak(plan.request, call_tool)
 
     def _fitted(self, effect: Speak, values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-        """The model's parameters fitted to the card's schema (and, on the first turn, to what
-        an opening may plausibly say)."""
+        """The model's parameters fitted to the card's schema (and, in the first replies of a
+        conversation nobody is closing, to what so early a reply may plausibly say)."""
         fitted = fit_params(dict(values), self.card.events.params)
         changes = list(fitted.changes)
-        if effect.turn <= 1:
-            opening = plausible_on_opening(
-                fitted.values, self.card.events.params, effect.message.params.message
-            )
-            fitted, changes = opening, changes + list(opening.changes)
+        if effect.closing == "none" and effect.turn < max(2, DEFAULT_MIN_REPLIES):
+            early = plausible_early(fitted.values, self.card.events.params, effect.message.params.message)
+            fitted, changes = early, changes + list(early.changes)
         return dict(fitted.values), changes
 
     def _plan(

@@ -171,13 +171,13 @@ def test_echoes_copies_wild_parameters_and_eager_closing_are_not_what_is_said(tm
     gave_up = [r for r in records if r.get("event") == "speaker_failed"]
     assert not any("lines refused" in str(r.get("detail")) for r in gave_up), gave_up
 
-    # Parameters: 32 clamped to the cards' 10 before CEL; no goodbye before anyone replied.
+    # Parameters: 32 clamped to the cards' 10 before CEL; no goodbye in the first replies.
     params = [r for r in records if r.get("event") == "instructions"]
     changes = [c for r in params for c in r.get("param_changes") or []]
     assert any(re.match(r"topic_energy: 32 clamped to 10", c) for c in changes), changes
     (first,) = [r for r in params if r["message_id"] == replies[0]["in_reply_to"]]
     assert first["params"]["wants_to_end"] is False, first
-    assert any("wants_to_end: true before anyone replied" in c for c in first["param_changes"])
+    assert any("wants_to_end: true this early, and nobody took leave" in c for c in first["param_changes"])
 
     # Eager closing: held until the conversation had replies (the stages after are the turn
     # rules' business: pre-closing then terminal here, a stage skipped, see issue 31 item 3).

@@ -50,10 +50,14 @@ def of(effects: Iterable[Effect], kind: type[Any]) -> list[Any]:
     return [e for e in effects if isinstance(e, kind)]
 
 
-def message_led_by(leader: str, to: Sequence[str], *, sender: str = USER, **meta: Any) -> Message:
-    """A message whose aikyo leader among ``to`` is ``leader`` (ids are tried in turn)."""
+def message_led_by(
+    leader: str, to: Sequence[str], *, sender: str = USER, text: str | None = None, **meta: Any
+) -> Message:
+    """A message (saying ``text``, else ``line <n>``) whose aikyo leader among ``to`` is
+    ``leader`` (ids are tried in turn)."""
     for i in itertools.count():
-        message = Message.create(sender, list(to), f"line {i}", metadata=meta or None, id=f"m-{leader}-{i}")
+        said = f"line {i}" if text is None else text
+        message = Message.create(sender, list(to), said, metadata=meta or None, id=f"m-{leader}-{i}")
         if plan_leaders(message, to).leader == leader:
             return message
     raise AssertionError("unreachable")

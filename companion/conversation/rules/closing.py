@@ -1,8 +1,10 @@
 """Closing: how a conversation comes to an end, ``none -> pre-closing -> closing -> terminal``.
 
-Three forces push the stage forward and nothing moves it back: once closing has begun each turn
+Four forces push the stage forward and nothing moves it back: once closing has begun each turn
 moves it one stage on; a turn limit (``max_turns`` companion replies); repetition (character
-bigram similarity over the last five utterances, aikyo's judge looks at five too). The floor
+bigram similarity over the last five utterances, aikyo's judge looks at five too); and a
+goodbye: a message that takes leave (:func:`companion.lines.farewell.takes_leave`) begins
+closing. The floor
 (:func:`closing_floor`) is the least advanced stage the next states may carry; every node applies
 it to the array it accepts, whoever led, so a leader that does not know our rules (aikyo's) cannot
 keep a conversation open past its limit.
@@ -132,7 +134,7 @@ def repetition_score(utterances: Sequence[str], window: int = REPETITION_WINDOW)
     return sum(bigram_jaccard(a, b) for a, b in pairs) / len(pairs)
 
 
-ClosingReason: TypeAlias = Literal["open", "continues", "repetition", "turn_limit"]
+ClosingReason: TypeAlias = Literal["open", "continues", "repetition", "turn_limit", "farewell"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,16 +155,21 @@ def closing_floor(
     threshold: float = DEFAULT_REPETITION_THRESHOLD,
     max_turns: int | None = None,
     window: int = REPETITION_WINDOW,
+    farewell: bool = False,
 ) -> ClosingDecision:
     """The closing floor for the states answering a message after ``turn`` companion replies.
 
-    Three forces push the stage forward; the most advanced wins:
+    Four forces push the stage forward; the most advanced wins:
 
     - once closing has begun (``previous`` past ``none``), each turn moves it one stage on, so a
       closing conversation ends within three turns;
     - a turn limit: the reply that reaches ``max_turns`` is a ``closing`` one, the one before it
       ``pre-closing``, and after it the stage is ``terminal``;
-    - repetition at or above ``threshold`` over the last ``window`` utterances: ``pre-closing``.
+    - repetition at or above ``threshold`` over the last ``window`` utterances: ``pre-closing``;
+    - ``farewell``, the message took leave (the caller decides whose goodbye counts, and when):
+      ``pre-closing``. SmolLM2-135M's companions said "Good night, all!" and went on for six
+      more replies until the turn limit closed the conversation (measured); a goodbye answered
+      by a winding-down reply and then a closing one is how a person ends a talk.
     """
     score = repetition_score(utterances, window)
     candidates: list[ClosingDecision] = []
@@ -191,6 +198,8 @@ def closing_floor(
                 f"repetition {score:.2f} >= {threshold:g} over the last {window} utterances",
             )
         )
+    if farewell:
+        candidates.append(ClosingDecision("pre-closing", "farewell", "the message took leave"))
     best = ClosingDecision("none", "open", "the conversation is open")
     for candidate in candidates:
         if CLOSING_ORDER.index(candidate.stage) > CLOSING_ORDER.index(best.stage):
