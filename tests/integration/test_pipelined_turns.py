@@ -6,11 +6,18 @@ A speaker's line goes out as a ``message.send`` only once its last sentence was 
 client holds that answer until the next turn's first model request (the next leader's states, or
 the next speaker's prepared reply: both ask about the line) has reached the server, or for at
 most a few seconds. Every line another companion answered must have seen that request first; and
-never is one companion's sentence asked for while another's line is still unpublished."""
+never is one companion's sentence asked for while another's line is still unpublished.
+
+The same holds on a server that answers one request at a time (llama-cpp-python), where the
+only time the next turn's work can be done early is while the line before is heard: there it is
+the next speaker's reply, prepared from the line's preview, its parameters and then its speech,
+and never a request sent while another one is still being answered."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +25,7 @@ import pytest
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
-from support.fake_llm_server import FakeLLMServer
+from support.fake_llm_server import PROFILES, FakeLLMServer, running_server
 from support.voice import VoiceModel, ask_over_ws, assert_one_voice, pair_home
 
 pytestmark = pytest.mark.integration
@@ -72,6 +79,21 @@ async def _converse(ws: WebSocketConnection, server: FakeLLMServer, first: str, 
     return frames
 
 
+def _assert_the_next_turn_began_while_each_line_was_voiced(frames: list[Any]) -> list[Any]:
+    """Each line answered by another companion had the next turn's request at the server before
+    its last sentence was answered, so before its ``message.send`` went out; and never were two
+    companions voiced at once. Returns the companions' lines."""
+    lines = _lines(frames)
+    speakers = [f["params"]["from"] for f in lines]
+    assert speakers[:2] in ([JUNIPER, PIM], [PIM, JUNIPER])
+    last_answers = [f for f in frames if f.get("_ahead") is not None]
+    for line, answer in zip(lines[:-1], last_answers, strict=False):
+        assert frames.index(answer) < frames.index(line)
+        assert answer["_ahead"], f"nothing of the next turn started before {line['params']['id']} went out"
+    assert_one_voice(frames)
+    return lines
+
+
 async def test_the_next_turn_starts_while_a_line_is_voiced_and_never_over_it(
     tmp_path: Path, hosted: FakeLLMServer
 ) -> None:
@@ -82,15 +104,49 @@ async def test_the_next_turn_starts_while_a_line_is_voiced_and_never_over_it(
             with trio.fail_after(90):
                 frames = await _converse(ws, hosted, first, lines=3)
         assert home.count("preview_held") >= 2 and home.count("states_ahead_adopted") >= 2
-    lines = _lines(frames)
-    speakers = [f["params"]["from"] for f in lines]
-    assert speakers[:2] in ([JUNIPER, PIM], [PIM, JUNIPER])
+    _assert_the_next_turn_began_while_each_line_was_voiced(frames)
 
-    # Order of events: each line answered by another companion had the next turn's request at
-    # the server before its last sentence was answered, so before its message.send went out.
-    last_answers = [f for f in frames if f.get("_ahead") is not None]
-    for line, answer in zip(lines[:-1], last_answers, strict=False):
-        assert frames.index(answer) < frames.index(line)
-        assert answer["_ahead"], f"nothing of the next turn started before {line['params']['id']} went out"
 
-    assert_one_voice(frames)
+@pytest.fixture
+def llama_cpp_python() -> Iterator[FakeLLMServer]:
+    """The fake model server as llama-cpp-python: identified as it from its model list, one
+    request at a time, nothing after a stream's finish chunk but ``[DONE]``. At the hosted pace
+    (a real one on this machine's CPU takes seconds): what is tested is the order of events."""
+    with running_server(profile=PROFILES["llama-cpp-python"], ttft=0.4, token_rate=60) as server:
+        yield server
+
+
+async def test_on_a_one_request_at_a_time_server_the_next_reply_is_prepared_while_a_line_is_voiced(
+    tmp_path: Path, llama_cpp_python: FakeLLMServer
+) -> None:
+    """llama-cpp-python: each line's next speaker holds the line's preview and prepares its reply
+    from it, parameters then speech, while the line is heard; its slot adopts that reply. Its
+    requests wait for nobody: none reaches the server while another is answered (there one
+    would cut the line being written short), and none is sent beside a message's states call."""
+    server = llama_cpp_python
+    server.push(*([VoiceModel()] * 40))
+    async with pair_home(tmp_path, server, reads_param=True) as (_net, home, url):
+        async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
+            first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER, PIM])
+            with trio.fail_after(60):
+                frames = await _converse(ws, server, first, lines=3)
+            # What the conversation sent; the stop that follows cancels requests (the server goes
+            # on writing a cancelled answer until it notices), so what it sends is not counted.
+            in_flight, asked = server.most_in_flight, server.model_requests()
+        assert home.count("model_server", server="llama-cpp-python") >= 1
+    lines = _assert_the_next_turn_began_while_each_line_was_voiced(frames)
+
+    for line, reply in itertools.pairwise(lines):
+        held = {"message_id": line["params"]["id"], "companion": reply["params"]["from"]}
+        assert home.count("preview_held", **held) == 1
+        assert home.count("reply_prepared", **held) == 1
+        assert home.count("reply_prepared_adopted", **held) == 1
+    assert home.count("reply_prepared", message_id="m-1") == 0  # not beside the states call
+    assert home.count("reply_prepared_again") == 0  # the speech waited for the parameters
+
+    assert in_flight == 1
+    kinds = [
+        {t["function"]["name"] for t in r.body.get("tools") or []} & {"set_params", "speak_with_voice"}
+        for r in asked
+    ]
+    assert kinds.count({"set_params"}) >= 3 and kinds.count({"speak_with_voice"}) >= 3

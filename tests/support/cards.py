@@ -61,24 +61,35 @@ events:
         enum: [calm, curious]
     required: [mood]
   conditions:
-    - expression: "true"
+{curious}    - expression: "true"
       execute:
         - tool: {tool}
           instruction: Reply briefly to what was just said.
 """
 """A card of ``companion_{key}`` that answers every message with ``{tool}``."""
 
+CURIOUS = """\
+    - expression: mood == "curious"
+      execute:
+        - tool: {tool}
+          instruction: Ask one question about what was just said.
+"""
+"""A condition that reads the ``mood`` parameter, so a model is asked for the parameters before
+each reply (a card none of whose conditions reads one is never asked)."""
 
-def speaking_card(key: str, name: str, tool: str) -> str:
+
+def speaking_card(key: str, name: str, tool: str, *, reads_param: bool = False) -> str:
     """The text of a card for ``companion_<key>`` named ``name`` that answers every message with
     ``tool`` (``speak`` or ``speak_with_voice``); each its own story (by name), as real
     companions have: companions sharing one would say one line, and a companion never says
-    another's line (companion.lines.check)."""
+    another's line (companion.lines.check). ``reads_param``: a condition reads a parameter
+    (:data:`CURIOUS`), so each reply asks for the parameters first."""
     story = STORIES[sum(map(ord, name)) % len(STORIES)]
     return SPEAKING_CARD.format(
         key=key,
         name=name,
         tool=tool,
+        curious=CURIOUS.format(tool=tool) if reads_param else "",
         personality="warm and curious",
         sample=f"Hello, I am {name}.",
         story=story,

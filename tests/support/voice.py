@@ -150,13 +150,14 @@ async def ask_over_ws(ws: WebSocketConnection, text: str, msg_id: str, to: list[
 
 @contextlib.asynccontextmanager
 async def pair_home(
-    tmp_path: Path, server: FakeLLMServer, *extra: str
+    tmp_path: Path, server: FakeLLMServer, *extra: str, reads_param: bool = False
 ) -> AsyncIterator[tuple[Network, Proc, str]]:
-    """``companion run --ws`` with Juniper and Pim (both ``speak_with_voice``) on ``server``'s
-    model, ``extra`` arguments added: the network, the process and the bridge's URL."""
+    """``companion run --ws`` with Juniper and Pim (both ``speak_with_voice``, their cards
+    reading a parameter when ``reads_param``) on ``server``'s model, ``extra`` arguments added:
+    the network, the process and the bridge's URL."""
     cards = [
-        write_card(tmp_path, "juniper", speaking_card("juniper", "Juniper", "speak_with_voice")),
-        write_card(tmp_path, "pim", speaking_card("pim", "Pim", "speak_with_voice")),
+        write_card(tmp_path, key, speaking_card(key, name, "speak_with_voice", reads_param=reads_param))
+        for key, name in (("juniper", "Juniper"), ("pim", "Pim"))
     ]
     args = ("--ws", "127.0.0.1:0", "--no-webrtc", *extra, "--model", "openai:fake-1", "--base-url")
     with network(tmp_path) as net:
