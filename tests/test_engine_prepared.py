@@ -1,6 +1,7 @@
 """A reply prepared before its slot (``Speaker.prepare``) ends by itself: at its deadline, or
 when the engine is told the turn went elsewhere; in neither case does anything go out. A
-prepared speech its parameters replaced never speaks, however late its cancellation reaches it."""
+prepared speech its parameters replaced never speaks, however late its cancellation reaches it.
+A stop keeps it for a slot already open for it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import trio
 import trio.testing
 
 from companion.conversation.events import Speak
+from companion.engine.driver import EngineTimings
 from companion.models.base import ParamsRequest, SpeakRequest, StateDecision, StatesRequest, ToolCaller
 from companion.ports import Inbound
 from companion.protocol import MESSAGES, Message
@@ -138,3 +140,66 @@ async def test_a_guess_the_parameters_replaced_never_speaks_when_its_cancellatio
     assert [m.params.message for m in sink.on(MESSAGES)] == [INTRODUCTION]
     kinds = [e.kind for e in events if e.kind.startswith("reply_prepared")]
     assert kinds == ["reply_prepared", "reply_prepared_again", "reply_prepared_adopted"]
+
+
+class HeldSpeaker:
+    """Prepares replies (``speculates``); states and parameters at once; each speech is counted
+    and says its line once the test lets it."""
+
+    speculates = True
+    name = "held-speaker"
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.speeches = 0
+        self.may_speak = trio.Event()
+
+    async def decide_states(self, request: StatesRequest) -> list[StateDecision]:
+        return [StateDecision(self.me, "speak", 7, False)]
+
+    async def fill_params(self, request: ParamsRequest) -> dict[str, Any]:
+        return {"already_replied": False, "energy": 3}
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        self.speeches += 1
+        await self.may_speak.wait()
+        tool = request.instructions[0].tool
+        await call_tool(tool, {"message": INTRODUCTION, "to": ["user_demo"], "emotion": "happy"})
+
+
+async def test_a_stop_leaves_the_prepared_reply_to_the_slot_already_open_for_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A stop that comes once this companion's slot has opened, before the slot took its
+    prepared reply over (here it paces itself first): the slot is a reply in flight, which a
+    stop gives its grace, and it adopts the reply prepared for it. Dropped instead, the slot
+    asked the model for the same reply again (seen end to end: on a server that answers one
+    request at a time it queued behind the cancelled one, still being written)."""
+    card = make_card(0, max_turns=None, conditions=[("true", "Continue the conversation.")])
+    me = card.card.metadata.id
+    model = HeldSpeaker(me)
+    engine, sink, events = solo(card, model, timings=EngineTimings.offline(pace=1.0))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        opening = Message.create("user_demo", [me], "Who are you?")
+        await engine.handle(Inbound(MESSAGES, opening, "peer"))
+        with trio.fail_after(10):
+            while not any(e.kind == "speaker_chosen" for e in events):
+                await trio.sleep(0.01)
+        assert model.speeches == 1  # the prepared one, waiting to speak
+        stopped = trio.Event()
+
+        async def stop() -> None:
+            await engine.stop(grace=5.0)
+            stopped.set()
+
+        nursery.start_soon(stop)
+        await trio.sleep(0.5)  # stopping, the slot still pacing itself
+        model.may_speak.set()
+        with trio.fail_after(30):
+            await stopped.wait()
+        nursery.cancel_scope.cancel()
+    assert model.speeches == 1
+    assert [m.params.message for m in sink.on(MESSAGES) if m.params.from_ == me] == [INTRODUCTION]
+    kinds = [e.kind for e in events if e.kind.startswith("reply_prepared")]
+    assert kinds == ["reply_prepared", "reply_prepared_adopted"]

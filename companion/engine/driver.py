@@ -185,7 +185,10 @@ class ConversationEngine(EffectMethods):
         (``publish_timeout``). Then nothing goes out (:class:`Gate`); every message that still
         arrives is recorded."""
         self._gate.stopping = True
-        self._speaker.keep_prepared(None, "stopping")  # no slot will adopt it now
+        # No slot opens now, so a prepared reply is dropped, unless its slot is open already: a
+        # reply in flight, which the grace is for, and which would ask the model again for it.
+        speaking = next((message_id for what, message_id in self._tasks if what == "speech"), None)
+        self._speaker.keep_prepared(speaking, "stopping")
         self._work.stop_ahead("stopping")  # nor will a lead take the states asked from a preview
         with trio.move_on_after(grace):
             await self._settle(lambda: bool(self._tasks))
