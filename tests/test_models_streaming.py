@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -358,3 +359,45 @@ async def test_a_stream_that_may_carry_usage_after_its_finish_is_read_to_its_end
             held.set()
     assert tools.calls and srv.done_written.is_set()
     assert model.tokens["output"] > 0
+
+
+def _ask_beside(srv: FakeLLMServer) -> None:
+    """Another request to ``srv``, as another companion's would come (blocking)."""
+    body = {"model": "fake-1", "messages": [{"role": "user", "content": "hi"}]}
+    request = urllib.request.Request(
+        f"{srv.openai_base_url}/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json", "Authorization": "Bearer sk-test"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        answer.read()
+
+
+async def test_a_llama_cpp_python_stream_another_request_cut_says_only_whole_sentences(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """llama-cpp-python ends the stream in progress with ``[DONE]`` and no finish chunk when
+    another request comes (``interrupt_requests``, its default; measured with SmolLM2: 24 chunks,
+    then the end). A line cut so is no whole line: only its complete sentences are said, as when
+    the token limit cuts it, never "One of them" as if it were a sentence."""
+    line = "Whales, mostly. One of them sang to the boats all night long! Then the fog came in from the sea."
+    # 10 tokens a second: the other request comes while a dozen tokens are still to be written
+    with running_server(profile=PROFILES["llama-cpp-python"], ttft=0.0, token_rate=10.0) as srv:
+        srv.push(text(line), text("Other."))
+        sink, tools = GrowingLine(), ToolRecorder()
+        model = openai_model(srv)
+        model.memory.identify(model.config, "llama-cpp-python")
+        with trio.fail_after(20), caplog.at_level("INFO"):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(model.speak, speak_request(live=sink), tools)
+                while not any("sang" in seen for _, seen in sink.seen):
+                    await trio.sleep(0.01)
+                await trio.to_thread.run_sync(_ask_beside, srv)
+        first = srv.model_requests()[0]
+    assert first.interrupted
+    said = [args["message"] for _, args in tools.calls]
+    assert said in (
+        [],
+        ["Whales, mostly."],
+        ["Whales, mostly. One of them sang to the boats all night long!"],
+    )

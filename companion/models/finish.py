@@ -10,8 +10,17 @@ chunk loses nothing: the line's last sentence is voiced, and its ``message.send`
 much sooner. Only for :data:`~.servers.SERVERS_WITHOUT_STREAM_USAGE`; every other stream is read
 to its end.
 
-pydantic-ai documents both hooks used here for subclasses:
-``OpenAIChatModel._streamed_response_cls`` and ``OpenAIStreamedResponse._validate_response``.
+The same server ends the stream in progress with ``[DONE]`` and no finish chunk when another
+request comes (``interrupt_requests``, its default; measured with SmolLM2: a story ended after 24
+chunks when a second request came 0.5 s in). pydantic-ai reads a stream with no finish reason
+as one that stopped (``"stop"``), so the half-written sentence would be voiced and published as
+a whole line. Here such a stream counts as cut at its limit (``"length"``): only its complete
+sentences are said (:func:`~.streaming.whole_sentences`), and :func:`~.streaming.ended_early` tells it apart
+for the log.
+
+pydantic-ai documents the three hooks used here for subclasses:
+``OpenAIChatModel._streamed_response_cls``, ``OpenAIStreamedResponse._validate_response`` and
+``OpenAIStreamedResponse._missing_finish_reason``.
 Imported only with the OpenAI SDK (:mod:`.sdks`).
 """
 
@@ -20,7 +29,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator
 
 from openai.types.chat import ChatCompletionChunk
+from pydantic_ai.messages import FinishReason
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIStreamedResponse
+
+from companion.models.streaming import ENDED_EARLY
 
 __all__ = ["FinishingChatModel", "FinishingStreamedResponse", "until_finish"]
 
@@ -38,6 +50,11 @@ class FinishingStreamedResponse(OpenAIStreamedResponse):
 
     def _validate_response(self) -> AsyncIterable[ChatCompletionChunk]:
         return until_finish(super()._validate_response())
+
+    def _missing_finish_reason(self) -> FinishReason:
+        """A stream with no finish chunk was cut by the server (see the module)."""
+        self.provider_details = {**(self.provider_details or {}), ENDED_EARLY: True}
+        return "length"
 
 
 class FinishingChatModel(OpenAIChatModel):

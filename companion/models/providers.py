@@ -97,7 +97,7 @@ from companion.models.servers import (
 )
 from companion.models.session import SPEAK_TOKENS, Session
 from companion.models.speakturn import SpeakTurn, shown_to
-from companion.models.streaming import whole_sentences, with_line
+from companion.models.streaming import ended_early, whole_sentences, with_line
 from companion.models.structured import (
     PARAMS_TOOL,
     STATES_TOOL,
@@ -599,13 +599,19 @@ class ProviderModel:
                 messages, params, settings, form=form, may_refuse=first, partial=partial
             )
             stopped = partial is not None and partial.stopped
+            ended = ended_early(response)
             if partial is not None and partial.settled is not None:
                 # the heard line, from the answer as it was cut (its arguments half written)
                 response, cut = with_line(response, partial.settled, turn.speech_args), False
             else:
                 response, cut = whole_sentences(response, stopped=stopped)
             if cut and not stopped:
-                log_event(_log, "line_cut_at_token_limit", model=self.name, limit=SPEAK_TOKENS)
+                if ended:
+                    log_event(
+                        _log, "line_cut_stream_ended", logging.WARNING, model=self.name, server=self.server
+                    )
+                else:
+                    log_event(_log, "line_cut_at_token_limit", model=self.name, limit=SPEAK_TOKENS)
             first = False
             turn.answers += 1
             speaker = turn.speaking_tool()

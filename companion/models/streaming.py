@@ -28,8 +28,10 @@ from companion.lines.sentences import whole_sentences_of
 from companion.models.base import ToolSpec
 
 __all__ = [
+    "ENDED_EARLY",
     "MAX_PARTIAL_CHARS",
     "Partial",
+    "ended_early",
     "partial_line",
     "stream_response",
     "text_line_ended",
@@ -125,6 +127,18 @@ def _shown(tool_id: str, line: str) -> tuple[str, str] | None:
     return None if said is None else (tool_id, said)
 
 
+ENDED_EARLY: Final = "companion_ended_early"
+"""The key of a response's ``provider_details`` that marks a stream the server ended before its
+finish chunk (:class:`~.finish.FinishingStreamedResponse`: llama-cpp-python ends the one in
+progress when another request comes)."""
+
+
+def ended_early(response: ModelResponse) -> bool:
+    """Whether ``response`` is a stream the server ended before its finish chunk (its
+    ``finish_reason`` then says ``length``: it is cut back as one the token limit cut)."""
+    return bool((response.provider_details or {}).get(ENDED_EARLY))
+
+
 def whole_sentences(response: ModelResponse, *, stopped: bool = False) -> tuple[ModelResponse, bool]:
     """``response`` with its line cut back to its complete sentences when the model stopped at its
     token limit, and whether anything was cut.
@@ -136,7 +150,8 @@ def whole_sentences(response: ModelResponse, *, stopped: bool = False) -> tuple[
     JSON stops before its end. The voice has said only complete sentences while the answer
     streamed, so what is left is exactly what it said; an answer with no complete sentence is
     left with an empty line, which the line check refuses as any empty line. ``stopped``: the
-    stream was closed before its end (its line could no longer be said), which cuts it the same.
+    stream was closed before its end (its line could no longer be said), or it ended before its
+    finish chunk (the server cut it), which cuts it the same.
     """
     calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
     cut_short = stopped or response.finish_reason == "length"

@@ -115,6 +115,8 @@ class Recorded:
     """The server profile refused this request (an HTTP error, no model involved)."""
     at: float = field(default_factory=time.monotonic)
     """When the request arrived (``time.monotonic``)."""
+    interrupted: bool = False
+    """Its stream ended early because another request waited (:attr:`ServerProfile.interrupts`)."""
     served: float | None = None
     """When its answer began (``time.monotonic``): at once, or on a :attr:`ServerProfile.serial`
     server once the answers before it were complete."""
@@ -196,10 +198,14 @@ class ServerProfile:
     before it was complete, its stream to the end (what follows the finish chunk too). The
     llama-cpp-python server takes a lock around each request for its one ``Llama`` and holds it
     while it streams; a companion that sends two requests side by side there gets the second
-    only after the first, and a test of that needs the fake to queue them the same way. (A
-    request that waits also cuts the stream in progress short by default, ``interrupt_requests``:
-    not reproduced here; :attr:`FakeLLMServer.most_in_flight` tells whether a client ever asked
-    while an answer was being written.)"""
+    only after the first, and a test of that needs the fake to queue them the same way."""
+    interrupts: bool = False
+    """A stream in progress ends as soon as another request waits for its turn (on a
+    :attr:`serial` profile): ``data: [DONE]`` at its next token, with no finish chunk, so the
+    client reads a line cut mid-sentence as a stream that ended. llama-cpp-python 0.3.36 does
+    this by default (``interrupt_requests``; measured: a story streaming for 0.5 s ended after 24
+    chunks, no ``finish_reason``, when a second request came). :attr:`Recorded.interrupted` marks
+    the answers so cut."""
 
     def screen(self, body: Mapping[str, Any]) -> Outcome:
         tools = body.get("tools") or []
@@ -342,6 +348,7 @@ PROFILES: dict[str, ServerProfile] = {
         cut_call_finish="tool_calls",
         stream_usage=False,
         serial=True,
+        interrupts=True,
     ),
     "llama-cpp-python-fc": ServerProfile(
         "llama-cpp-python-fc",
@@ -354,6 +361,7 @@ PROFILES: dict[str, ServerProfile] = {
         call_id="call__0_{name}_cmpl-{rand}",
         stream_usage=False,
         serial=True,
+        interrupts=True,
     ),
     "ollama": ServerProfile(
         "ollama",
@@ -504,6 +512,11 @@ class FakeLLMServer:
                 record.finished = time.monotonic()
                 if isinstance(record.body, dict):
                     self._in_flight -= 1
+
+    def _someone_waits(self) -> bool:
+        """Whether an answer asked for its turn after the one being written."""
+        with self._lock:
+            return self._tickets > self._serving + 1
 
     def model_requests(self) -> list[Recorded]:
         """The recorded generation requests (not model listings, nor a body that never arrived
@@ -924,6 +937,12 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                     if not is_token:
                         pending += data
                     else:
+                        if server.profile.interrupts and server._someone_waits():
+                            self._write_chunk(pending + _sse(None))
+                            pending = b""
+                            record.interrupted = True
+                            server._out(record)
+                            break
                         if reply.cut_after is not None and sent >= reply.cut_after:
                             self._write_chunk(pending)
                             self.close_connection = True
