@@ -541,6 +541,42 @@ async def test_a_companion_that_says_goodbye_closes_the_conversation(
         assert len(replies) == DEFAULT_MIN_REPLIES + 2  # the goodbye, then two closing turns
 
 
+class EarlyLeaver(ScriptedModel):
+    """The group's first line is a goodbye, whatever it was told (a small model writes one at
+    random); the rest are the scripted model's."""
+
+    def __init__(self, seed: int, said: list[bool]) -> None:
+        super().__init__(seed, min_replies=30, max_replies=30)
+        self.said = said
+
+    async def speak(self, request: SpeakRequest, call_tool: ToolCaller) -> None:
+        if self.said:
+            return await super().speak(request, call_tool)
+        self.said.append(True)
+        line = {"message": "Good night, all!", "to": list(request.recipients), "emotion": "neutral"}
+        await call_tool("speak", line)
+
+
+async def test_a_companions_early_goodbye_is_not_taken_up(autojump_clock: trio.testing.MockClock) -> None:
+    """A goodbye a companion's model wrote in the first replies closes nothing (the floor waits
+    for ``min_replies``), so the companion answering it does not take it up either: its ending
+    parameter is held as on any early reply, where a person's goodbye would let it through."""
+    wants_to_end = {"type": "object", "properties": {"wants_to_end": {"type": "boolean"}}}
+    conditions = (("wants_to_end", "Say goodbye to everyone."), ("true", "Continue the conversation."))
+    ending = {"wants_to_end": True}
+    said: list[bool] = []
+    models = {i: HookedModel(EarlyLeaver(i, said), params_override=ending) for i in range(2)}
+    card: dict[str, Any] = {"max_turns": 6, "params": wants_to_end, "conditions": conditions}
+    async with group_of(2, models=models, **card) as (group, rec):
+        await group.say("Hello you two, what did you do today?")
+        await rec.until(lambda: len(rec.replies()) >= 2)
+        first = rec.replies()[0]
+        assert takes_leave(first.params.message)
+        [answer] = [e for e in rec.kinds("instructions") if e.fields["message_id"] == first.params.id]
+        assert answer.fields["params"]["wants_to_end"] is False
+        assert "true this early, and nobody took leave" in str(answer.fields["param_changes"])
+
+
 async def test_companions_not_addressed_stay_out(autojump_clock: trio.testing.MockClock) -> None:
     async with group_of(3, max_turns=None) as (group, rec):
         pair = group.active[:2]

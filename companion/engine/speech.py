@@ -55,7 +55,7 @@ from companion.lines.directions import without_directions
 from companion.lines.fields import line_field
 from companion.lines.sentences import CLAUSE_MARKS
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
-from companion.protocol import MESSAGES, Message, Metadata, new_id
+from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, Metadata, new_id
 
 __all__ = ["LINES_TRIED", "ParamsCheck", "Speaker", "Speech", "prepares"]
 
@@ -296,7 +296,11 @@ class Speaker:
         fitted = fit_params(dict(values), self.card.events.params)
         changes = list(fitted.changes)
         if effect.closing == "none" and effect.turn < max(2, DEFAULT_MIN_REPLIES):
-            early = plausible_early(fitted.values, self.card.events.params, effect.message.params.message)
+            # a person's goodbye may be answered with one; a companion's this early is ignored by
+            # the closing floor too (conversation/state.py ``_farewell``), so not taken up here
+            said = effect.message.params
+            heard = "" if said.from_.startswith(COMPANION_ID_PREFIX) else said.message
+            early = plausible_early(fitted.values, self.card.events.params, heard)
             fitted, changes = early, changes + list(early.changes)
         return dict(fitted.values), changes
 
