@@ -11,7 +11,9 @@ never is one companion's sentence asked for while another's line is still unpubl
 The same holds on a server that answers one request at a time (llama-cpp-python), where the
 only time the next turn's work can be done early is while the line before is heard: there it is
 the next speaker's reply, prepared from the line's preview, its parameters and then its speech,
-and never a request sent while another one is still being answered."""
+and never a request sent while another one is still being answered. With three companions a
+line addresses two, so the next leader's states call goes out beside that reply's parameters:
+two requests may wait there together, but a stream being written is never cut by another."""
 
 from __future__ import annotations
 
@@ -26,11 +28,11 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from support.fake_llm_server import PROFILES, FakeLLMServer, running_server
-from support.voice import VoiceModel, ask_over_ws, assert_one_voice, pair_home
+from support.voice import VoiceModel, ask_over_ws, assert_one_voice, pair_home, trio_home
 
 pytestmark = pytest.mark.integration
 
-JUNIPER, PIM = "companion_juniper", "companion_pim"
+JUNIPER, PIM, OSTRA = "companion_juniper", "companion_pim", "companion_ostra"
 SAYING = 0.3
 """Seconds the client takes to say one sentence."""
 HOLD = 3.0
@@ -79,13 +81,16 @@ async def _converse(ws: WebSocketConnection, server: FakeLLMServer, first: str, 
     return frames
 
 
-def _assert_the_next_turn_began_while_each_line_was_voiced(frames: list[Any]) -> list[Any]:
+def _assert_the_next_turn_began_while_each_line_was_voiced(
+    frames: list[Any], companions: tuple[str, ...] = (JUNIPER, PIM)
+) -> list[Any]:
     """Each line answered by another companion had the next turn's request at the server before
     its last sentence was answered, so before its ``message.send`` went out; and never were two
-    companions voiced at once. Returns the companions' lines."""
+    companions voiced at once. The first two lines are two of ``companions``'. Returns the
+    companions' lines."""
     lines = _lines(frames)
     speakers = [f["params"]["from"] for f in lines]
-    assert speakers[:2] in ([JUNIPER, PIM], [PIM, JUNIPER])
+    assert len(set(speakers[:2])) == 2 and set(speakers[:2]) <= set(companions), speakers
     last_answers = [f for f in frames if f.get("_ahead") is not None]
     for line, answer in zip(lines[:-1], last_answers, strict=False):
         assert frames.index(answer) < frames.index(line)
@@ -150,3 +155,35 @@ async def test_on_a_one_request_at_a_time_server_the_next_reply_is_prepared_whil
         for r in asked
     ]
     assert kinds.count({"set_params"}) >= 3 and kinds.count({"speak_with_voice"}) >= 3
+
+
+async def test_three_companions_on_a_one_request_at_a_time_server_never_cut_each_others_lines(
+    tmp_path: Path, llama_cpp_python: FakeLLMServer
+) -> None:
+    """llama-cpp-python with three companions in one process: every line addresses two others,
+    so while it is heard the next leader's states call and (when one is likely: a line owes one
+    of them a turn) the next speaker's prepared reply, its parameters then its speech, are both
+    started from its preview. The server ends the
+    stream in progress as soon as another request waits for its turn; a companion's line must
+    never be cut so by its own neighbours (it would lose its last sentences:
+    ``line_cut_stream_ended``), and the work ahead must still happen. Two requests may wait at
+    the server together (the states call and the parameters, neither streamed): only a stream
+    can be cut, so how many were in flight is not what is asserted."""
+    server = llama_cpp_python
+    # Four lines: fewer speak calls than VoiceModel has lines, so none repeats one (a repeated
+    # line is refused at its first sentence, its stream closed and the next try sent at once,
+    # quicker than the server notices the closed stream: it would be counted as cut).
+    server.push(*([VoiceModel()] * 40))
+    async with trio_home(tmp_path, server, reads_param=True) as (_net, home, url):
+        async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
+            first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER, PIM, OSTRA])
+            with trio.fail_after(40):
+                frames = await _converse(ws, server, first, lines=4)
+            # Before the stop: it cancels requests, and a cancelled stream a queued request
+            # follows is marked interrupted by the server although nobody reads it any more.
+            interrupted = [r.body for r in server.model_requests() if r.interrupted]
+        # the premise: each line's next leader asked for the states from its preview
+        assert home.count("states_ahead_adopted") >= 3
+        assert home.count("line_cut_stream_ended") == 0
+    assert not interrupted, f"{len(interrupted)} answer(s) cut by another request"
+    _assert_the_next_turn_began_while_each_line_was_voiced(frames, (JUNIPER, PIM, OSTRA))

@@ -148,21 +148,51 @@ async def ask_over_ws(ws: WebSocketConnection, text: str, msg_id: str, to: list[
     raise AssertionError("nothing came back to the client's message")
 
 
+PAIR: Final = (("juniper", "Juniper"), ("pim", "Pim"))
+"""The companions of :func:`pair_home`, each ``(key, name)``."""
+
+TRIO: Final = (*PAIR, ("ostra", "Ostra"))
+"""The companions of :func:`trio_home`: with three, a message addresses two companions, so the
+next leader's states call is made beside the next speaker's prepared reply."""
+
+
 @contextlib.asynccontextmanager
-async def pair_home(
-    tmp_path: Path, server: FakeLLMServer, *extra: str, reads_param: bool = False
+async def voice_home(
+    tmp_path: Path,
+    server: FakeLLMServer,
+    companions: tuple[tuple[str, str], ...],
+    *extra: str,
+    reads_param: bool = False,
 ) -> AsyncIterator[tuple[Network, Proc, str]]:
-    """``companion run --ws`` with Juniper and Pim (both ``speak_with_voice``, their cards
-    reading a parameter when ``reads_param``) on ``server``'s model, ``extra`` arguments added:
-    the network, the process and the bridge's URL."""
+    """``companion run --ws`` with ``companions`` (each ``(key, name)``, all ``speak_with_voice``,
+    their cards reading a parameter when ``reads_param``) on ``server``'s model, ``extra``
+    arguments added: the network, the process and the bridge's URL."""
     cards = [
         write_card(tmp_path, key, speaking_card(key, name, "speak_with_voice", reads_param=reads_param))
-        for key, name in (("juniper", "Juniper"), ("pim", "Pim"))
+        for key, name in companions
     ]
     args = ("--ws", "127.0.0.1:0", "--no-webrtc", *extra, "--model", "openai:fake-1", "--base-url")
     with network(tmp_path) as net:
         home = await blocking(start_run, net, "home", cards, extra=(*args, server.openai_base_url))
         yield net, home, await blocking(bridge_url, home)
+
+
+@contextlib.asynccontextmanager
+async def pair_home(
+    tmp_path: Path, server: FakeLLMServer, *extra: str, reads_param: bool = False
+) -> AsyncIterator[tuple[Network, Proc, str]]:
+    """:func:`voice_home` with Juniper and Pim (:data:`PAIR`)."""
+    async with voice_home(tmp_path, server, PAIR, *extra, reads_param=reads_param) as home:
+        yield home
+
+
+@contextlib.asynccontextmanager
+async def trio_home(
+    tmp_path: Path, server: FakeLLMServer, *extra: str, reads_param: bool = False
+) -> AsyncIterator[tuple[Network, Proc, str]]:
+    """:func:`voice_home` with Juniper, Pim and Ostra (:data:`TRIO`)."""
+    async with voice_home(tmp_path, server, TRIO, *extra, reads_param=reads_param) as home:
+        yield home
 
 
 @contextlib.asynccontextmanager
