@@ -115,14 +115,6 @@ QUESTIONS = (
 )
 """One question per round (the warm-up's first): each round's own, so no line is refused as a
 copy of an earlier round's answer to the same question."""
-READS_PARAM = """\
-    - expression: mood == "curious"
-      execute:
-        - tool: speak_with_voice
-          instruction: Ask one short question back.
-"""
-"""The condition ``--reads-param`` puts before the card's own: it reads ``mood``, so the
-companion asks the model for its parameters each turn."""
 PROFILES: dict[str, tuple[float, float]] = {"hosted": (0.4, 60.0), "local": (2.0, 20.0)}
 GOALS = {"hosted": "first words <= 1.0 s", "smollm2": "first words <= 0.6 x line, <= 2 sequential requests"}
 
@@ -173,13 +165,8 @@ class Turn:
 
 def voice_card(key: str, name: str, reads_param: bool = False) -> str:
     """The text of a card that answers with ``speak_with_voice``; with ``reads_param``, a
-    condition on ``mood`` (:data:`READS_PARAM`) before its own."""
-    text = speaking_card(key, name, "speak_with_voice")
-    if reads_param:
-        conditions = "  conditions:\n"
-        assert conditions in text
-        text = text.replace(conditions, conditions + READS_PARAM)
-    return text
+    condition on ``mood`` before its own (``support.cards.CURIOUS``)."""
+    return speaking_card(key, name, "speak_with_voice", reads_param=reads_param)
 
 
 class Companion:
