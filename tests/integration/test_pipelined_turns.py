@@ -170,9 +170,8 @@ async def test_three_companions_on_a_one_request_at_a_time_server_never_cut_each
     the server together (the states call and the parameters, neither streamed): only a stream
     can be cut, so how many were in flight is not what is asserted."""
     server = llama_cpp_python
-    # Four lines: fewer speak calls than VoiceModel has lines, so none repeats one (a repeated
-    # line is refused at its first sentence, its stream closed and the next try sent at once,
-    # quicker than the server notices the closed stream: it would be counted as cut).
+    # Four lines keep it short; twelve pass too (a line refused as a repeat closes its own
+    # stream before its next try, and the server does not count a stream its client left as cut).
     server.push(*([VoiceModel()] * 40))
     async with trio_home(tmp_path, server, reads_param=True) as (_net, home, url):
         async with open_websocket_url(f"{url}?topics=messages,queries") as ws:

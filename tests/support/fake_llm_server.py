@@ -938,9 +938,10 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                         pending += data
                     else:
                         if server.profile.interrupts and server._someone_waits():
+                            # a client that closed its stream first (a refused line) was not cut
+                            record.interrupted = not self._client_left(0.0)
                             self._write_chunk(pending + _sse(None))
                             pending = b""
-                            record.interrupted = True
                             server._out(record)
                             break
                         if reply.cut_after is not None and sent >= reply.cut_after:
@@ -991,20 +992,24 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
 
+        def _client_left(self, wait: float) -> bool:
+            """Whether the client closed its connection (looked for up to ``wait`` seconds)."""
+            conn: socket.socket = self.connection
+            readable, _, _ = select.select([conn], [], [], wait)
+            if not readable:
+                return False
+            try:
+                return not conn.recv(1, socket.MSG_PEEK)
+            except OSError:
+                return True
+
         def _hang(self) -> None:
             server.arrived.set()
-            conn: socket.socket = self.connection
             deadline = time.monotonic() + _HANG_LIMIT
             while time.monotonic() < deadline and not server.stopping.is_set():
-                readable, _, _ = select.select([conn], [], [], 0.05)
-                if readable:
-                    try:
-                        peeked = conn.recv(1, socket.MSG_PEEK)
-                    except OSError:
-                        peeked = b""
-                    if not peeked:
-                        server.disconnected.set()
-                        break
+                if self._client_left(0.05):
+                    server.disconnected.set()
+                    break
             self.close_connection = True
 
     return Handler
