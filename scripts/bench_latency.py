@@ -75,7 +75,7 @@ from trio_websocket import open_websocket_url
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the support package
 
-from bench_support import exit_on_sigterm, stop_process  # noqa: E402
+from bench_support import exit_on_sigterm, machine, stop_process  # noqa: E402
 from llama_perf import Completion, ServerPerf  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
@@ -637,7 +637,7 @@ def llama_server(
     argv += ["--model_alias", ALIAS, "--port", str(port), "--host", "127.0.0.1"]
     flags = cache_flags(cache, cache_size)
     argv += flags
-    print(f"llama-cpp-python server: {' '.join(flags)}")
+    print(f"llama-cpp-python server: {' '.join(flags)}; machine: {machine()}")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
     assert proc.stderr is not None
     perf = ServerPerf(proc.stderr)

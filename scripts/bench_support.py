@@ -26,6 +26,7 @@ __all__ = [
     "data_bytes",
     "exit_on_sigterm",
     "fd_count",
+    "machine",
     "percentile",
     "rss_bytes",
     "stop_process",
@@ -33,6 +34,20 @@ __all__ = [
 ]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def machine() -> str:
+    """The machine a figure was measured on: its cores, its CPU's model name and its load now.
+    A real model's timings, and the ratios between them, move with the CPU: SmolLM2's first
+    words / whole line went from 0.60 to 0.63 between two 2-core machines (docs/figures.md)."""
+    name = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as info:
+        for line in info:
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    load = os.getloadavg()
+    return f"{os.cpu_count()} cores ({name}), load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
 
 
 def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
