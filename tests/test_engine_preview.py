@@ -171,6 +171,29 @@ async def test_a_serial_model_prepares_from_a_preview_its_parameters_before_its_
         assert not sink.on("messages")  # the speech never ends here: nothing said before its slot
 
 
+async def test_a_slot_that_comes_before_the_prepared_speech_says_so() -> None:
+    """The message came while the prepared reply still waited for its parameters: the slot and
+    the preparation wait for the same answer, and whichever wakes first asks for the speech, once.
+    When the slot does, the preparation is dropped for that reason, not for asking another reply
+    (it asked none)."""
+    model = SerialSpeaker([StateDecision(B, "speak", 5, True)])
+    async with _next_speaker(model=model) as (engine, _sink, events, _):
+        await engine.handle(Inbound(PREVIEWS, _line(), A))
+        await trio.testing.wait_all_tasks_blocked()
+        await engine.handle(Inbound(MESSAGES, _line(), A))
+        model.release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert (model.params, model.speaking) == (1, 0)  # both wait for the parameters
+        model.params_release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        dropped = [e.fields["reason"] for e in kinds(events, "reply_prepared_dropped")]
+        # one speech goes on (a preparation dropped as it woke was cancelled before it asked)
+        assert (model.params, model.speaking - model.cancelled) == (1, 1)
+        assert kinds(events, "reply_prepared_adopted") or dropped == [
+            "the slot came before the prepared speech was asked for"
+        ]
+
+
 async def test_a_serial_model_prepares_nothing_beside_the_states_call() -> None:
     """Without a preview the message's states call is on the server: a reply prepared beside it
     would queue there, and the first words would wait for both."""

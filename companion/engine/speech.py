@@ -529,7 +529,11 @@ class Speaker:
         if prepared.message_id == message_id and attempt is not None and attempt.plan.asked == plan.asked:
             self._prepared = None
             return prepared
-        self.keep_prepared(None, "the slot asks for another reply than the one prepared")
+        if prepared.message_id == message_id and attempt is None:
+            # both waited for the same parameters and the slot woke first: nothing was asked yet
+            self.keep_prepared(None, "the slot came before the prepared speech was asked for")
+        else:
+            self.keep_prepared(None, "the slot asks for another reply than the one prepared")
         return None
 
     async def _adopt(self, prepared: _Prepared, speech: Speech) -> None:
