@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,13 +106,21 @@ def main(args: argparse.Namespace) -> int:
         keep_dir=args.keep,
     )
 
+    reader_gone = False
+
     def emit(event: TranscriptEvent) -> None:
-        if args.json:
-            print(json.dumps(event.to_json(), ensure_ascii=False), flush=True)
+        nonlocal reader_gone
+        text = json.dumps(event.to_json(), ensure_ascii=False) if args.json else render_text(event, names)
+        if text is None or reader_gone:
             return
-        line = render_text(event, names)
-        if line is not None:
-            print(line, flush=True)
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:
+            # The reader went away (`companion demo --json | head`): stop as on Ctrl-C, the
+            # companions with it, and say nothing more on a pipe nobody reads.
+            reader_gone = True
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            os.kill(os.getpid(), signal.SIGINT)
 
     if not args.json:
         cast = [name for cid, name in names.items() if cid.startswith("companion_")]
@@ -118,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         end = trio.run(run_demo, options, emit)
     except (KeyboardInterrupt, Interrupted):
-        return 130
+        return 0 if reader_gone else 130
     except (TimeoutError, RuntimeError) as exc:
         print(f"companion demo: {exc}", file=sys.stderr)
         return 1

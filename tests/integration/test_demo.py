@@ -173,3 +173,36 @@ async def test_the_network_s_teardown_after_the_end_line_prints_no_library_recor
     assert any(r.get("event") == "demo_ready" for r in records)  # the capture saw the run
     assert [r for r in records if r.get("event") == "libp2p"] == []
     assert [r for r in records if r.get("level") == "error"] == []
+
+
+def test_a_demo_whose_reader_goes_away_stops_quietly_with_its_companions(tmp_path: Path) -> None:
+    """``companion demo --json | head -2``: the reader closes the pipe after two lines. The demo
+    used to log a BrokenPipeError traceback and talk on to the end; it now stops as on Ctrl-C,
+    its companions with it, says nothing on stderr above info, and exits 0."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-m", "companion", "demo", "--json", "--pace", "0.1", "--log-level", "INFO"]
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    demo = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert demo.stdout is not None
+        first = [demo.stdout.readline() for _ in range(2)]
+        demo.stdout.close()  # as head does once it has its lines
+        _, stderr = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert all(json.loads(line)["event"] for line in first)
+    assert demo.returncode == 0, stderr[-3000:]
+    records = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert not [r for r in records if r["level"] not in ("info", "debug")], stderr[-3000:]
+    assert "Traceback" not in stderr
+    pids = _started_pids(stderr)
+    assert len(pids) == 3
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert list(scratch.iterdir()) == []
