@@ -28,7 +28,7 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from support.fake_llm_server import PROFILES, FakeLLMServer, running_server
-from support.voice import VoiceModel, ask_over_ws, assert_one_voice, pair_home, trio_home
+from support.voice import TRIO, VoiceModel, ask_over_ws, assert_one_voice, pair_home, voice_home
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,7 @@ async def test_three_companions_on_a_one_request_at_a_time_server_never_cut_each
     # Four lines keep it short; twelve pass too (a line refused as a repeat closes its own
     # stream before its next try, and the server does not count a stream its client left as cut).
     server.push(*([VoiceModel()] * 40))
-    async with trio_home(tmp_path, server, reads_param=True) as (_net, home, url):
+    async with voice_home(tmp_path, server, TRIO, reads_param=True) as (_net, home, url):
         async with open_websocket_url(f"{url}?topics=messages,queries") as ws:
             first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER, PIM, OSTRA])
             with trio.fail_after(40):

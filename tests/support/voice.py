@@ -152,7 +152,7 @@ PAIR: Final = (("juniper", "Juniper"), ("pim", "Pim"))
 """The companions of :func:`pair_home`, each ``(key, name)``."""
 
 TRIO: Final = (*PAIR, ("ostra", "Ostra"))
-"""The companions of :func:`trio_home`: with three, a message addresses two companions, so the
+"""Three companions for :func:`voice_home`: with three, a message addresses two companions, so the
 next leader's states call is made beside the next speaker's prepared reply."""
 
 
@@ -183,15 +183,6 @@ async def pair_home(
 ) -> AsyncIterator[tuple[Network, Proc, str]]:
     """:func:`voice_home` with Juniper and Pim (:data:`PAIR`)."""
     async with voice_home(tmp_path, server, PAIR, *extra, reads_param=reads_param) as home:
-        yield home
-
-
-@contextlib.asynccontextmanager
-async def trio_home(
-    tmp_path: Path, server: FakeLLMServer, *extra: str, reads_param: bool = False
-) -> AsyncIterator[tuple[Network, Proc, str]]:
-    """:func:`voice_home` with Juniper, Pim and Ostra (:data:`TRIO`)."""
-    async with voice_home(tmp_path, server, TRIO, *extra, reads_param=reads_param) as home:
         yield home
 
 
