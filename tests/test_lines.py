@@ -73,6 +73,7 @@ CONVERSATION = LineContext(
         "(Your first try was not used)",  # the second try's task, read aloud
         "(Growling)",
         "The conversation is ending.",
+        "You've already addressed the user's question in-character, so no need to mention that.",
         "4: The tide is high.",
         "1.",  # a numbered list's first mark, voiced alone as a sentence (SmolLM2-135M)
         "2) ...",

@@ -99,6 +99,9 @@ _TOOL_TALK = re.compile(
     r"|\b(?:\d+|one|two|three)\s*(?:[-\u2013]|\s(?:or|to)\s)\s*(?:\d+|two|three|four)\s+(?:(?:short|new)\s+)?"
     r"sentences\b|\bwhat is requested here\b"
     r"|\bit is your turn\b|\bstay in character\b|\bthe (?:system|user) prompt\b"
+    # the rules, told back as a note on the line ("You've already addressed the user's question
+    # in-character, so no need to mention that.", SmolLM2-135M in bench_models, measured)
+    r"|\bin-character\b|\bthe user'?s? (?:question|message|request)\b"
     # the persona's framing, told back ("You are a companion in a group of friends with various
     # personalities.", "You are a companion in this role-play, ...": SmolLM2-135M, measured)
     r"|\ba companion in (?:a|this|the|our) (?:group|role[- ]?play)\b|\bother ai companions\b"
