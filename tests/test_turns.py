@@ -25,6 +25,7 @@ from companion.conversation.rules import (
     closing_floor,
     decide_next_speaker,
     fallback_decisions,
+    farewell_counts,
     finalize_states,
     later,
     leader_candidates,
@@ -312,6 +313,9 @@ def test_a_goodbye_begins_closing_and_closing_then_runs_its_course() -> None:
     at_limit = closing_floor(previous="none", turn=4, utterances=[], max_turns=4, farewell=True)
     assert (at_limit.stage, at_limit.reason) == ("terminal", "turn_limit")
     assert closing_floor(previous="none", turn=5, utterances=[], farewell=False).stage == "none"
+    # whose goodbye counts: a person's at once, a companion's from min_replies on
+    assert farewell_counts("user_mika", 0, 4) and farewell_counts("companion_pim", 4, 4)
+    assert not farewell_counts("companion_pim", 3, 4)
 
 
 def test_a_leader_s_own_limit_begins_closing_an_open_conversation() -> None:

@@ -29,7 +29,7 @@ from companion.conversation.rules import (
     stamp_reply,
     turn_info,
 )
-from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES
+from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES, farewell_counts
 from companion.conversation.turn import TRANSITIONS, Phase, TransitionError, Turn
 from companion.lines.farewell import takes_leave
 from companion.protocol import COMPANION_ID_PREFIX, ClosingStage, Message, State
@@ -289,15 +289,13 @@ class MachineState:
         )
 
     def _farewell(self, turn: Turn) -> bool:
-        """Whether ``turn``'s message took leave in a way that begins closing: a person's goodbye
-        at once; a companion's from ``min_replies`` replies on, when a leader's model may begin
-        closing too (a small model's early goodbye is as random as its early proposal; the
-        speaker holds its card's goodbye back until then, ``card.paramfit.plausible_early``).
-        Every node reads the same message and count, so every node's floor agrees."""
+        """Whether ``turn``'s message took leave in a way that begins closing
+        (:func:`~companion.conversation.rules.closing.farewell_counts`). Every node reads the same
+        message and count, so every node's floor agrees."""
         params = turn.message.params
-        if params.from_.startswith(COMPANION_ID_PREFIX) and turn.replies < self.settings.min_replies:
-            return False
-        return takes_leave(params.message)
+        return farewell_counts(params.from_, turn.replies, self.settings.min_replies) and takes_leave(
+            params.message
+        )
 
     def _array_floor(self, turn: Turn, own: ClosingDecision | None = None) -> ClosingDecision:
         """The floor of the array this node publishes leading ``turn``

@@ -47,7 +47,7 @@ from companion.actions.builtins import LIVE_LINE, PREVIEW, VOICE_TOOL, no_recipi
 from companion.card.model import LoadedCard
 from companion.card.paramfit import fit_params, plausible_early
 from companion.conversation.events import Speak
-from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES
+from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES, farewell_counts
 from companion.conversation.state import ONE_MESSAGE
 from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
 from companion.lines.check import LineContext, begins_an_earlier_sentence, check_line
@@ -55,7 +55,7 @@ from companion.lines.directions import without_directions
 from companion.lines.fields import line_field
 from companion.lines.sentences import CLAUSE_MARKS
 from companion.models.base import CompanionModel, ModelError, ParamsRequest, SpeakRequest, ToolCaller
-from companion.protocol import COMPANION_ID_PREFIX, MESSAGES, Message, Metadata, new_id
+from companion.protocol import MESSAGES, Message, Metadata, new_id
 
 __all__ = ["LINES_TRIED", "ParamsCheck", "Speaker", "Speech", "prepares"]
 
@@ -295,13 +295,13 @@ class Speaker:
         conversation nobody is closing, to what so early a reply may plausibly say)."""
         fitted = fit_params(dict(values), self.card.events.params)
         changes = list(fitted.changes)
-        if effect.closing == "none" and effect.turn < max(2, DEFAULT_MIN_REPLIES):
-            # a person's goodbye may be answered with one; a companion's this early is ignored by
-            # the closing floor too (conversation/state.py ``_farewell``), so not taken up here
-            said = effect.message.params
-            heard = "" if said.from_.startswith(COMPANION_ID_PREFIX) else said.message
-            early = plausible_early(fitted.values, self.card.events.params, heard)
-            fitted, changes = early, changes + list(early.changes)
+        said = effect.message.params
+        early = effect.turn <= 1 or not farewell_counts(self.me.id, effect.turn, DEFAULT_MIN_REPLIES)
+        if effect.closing == "none" and early:
+            # a goodbye that would not count is not said; one heard that counted may be answered
+            counted = farewell_counts(said.from_, effect.turn - 1, DEFAULT_MIN_REPLIES)
+            held = plausible_early(fitted.values, self.card.events.params, said.message if counted else "")
+            fitted, changes = held, changes + list(held.changes)
         return dict(fitted.values), changes
 
     def _plan(

@@ -15,8 +15,8 @@ request comes (``interrupt_requests``, its default; measured with SmolLM2: a sto
 chunks when a second request came 0.5 s in). pydantic-ai reads a stream with no finish reason
 as one that stopped (``"stop"``), so the half-written sentence would be voiced and published as
 a whole line. Here such a stream counts as cut at its limit (``"length"``): only its complete
-sentences are said (:func:`~.streaming.whole_sentences`), and :func:`~.streaming.ended_early` tells it apart
-for the log.
+sentences are said (:func:`~.streaming.whole_sentences`), and :func:`~.streaming.ended_early`
+tells it apart for the log.
 
 pydantic-ai documents the three hooks used here for subclasses:
 ``OpenAIChatModel._streamed_response_cls``, ``OpenAIStreamedResponse._validate_response`` and

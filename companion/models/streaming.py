@@ -150,9 +150,8 @@ def whole_sentences(response: ModelResponse, *, stopped: bool = False) -> tuple[
     JSON stops before its end. The voice has said only complete sentences while the answer
     streamed, so what is left is exactly what it said; an answer with no complete sentence is
     left with an empty line, which the line check refuses as any empty line. ``stopped``: the
-    stream was closed before its end (its line could no longer be said), or it ended before its
-    finish chunk (the server cut it), which cuts it the same.
-    """
+    stream was closed before its end (its line could no longer be said), which cuts it the same.
+    A stream the server ended before its finish chunk says "length" too (:func:`ended_early`)."""
     calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
     cut_short = stopped or response.finish_reason == "length"
     if not cut_short and not any(_unfinished_json(p.args) for p in calls):

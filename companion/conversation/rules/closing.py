@@ -4,10 +4,9 @@ Four forces push the stage forward and nothing moves it back: once closing has b
 moves it one stage on; a turn limit (``max_turns`` companion replies); repetition (character
 bigram similarity over the last five utterances, aikyo's judge looks at five too); and a
 goodbye: a message that takes leave (:func:`companion.lines.farewell.takes_leave`) begins
-closing. The floor
-(:func:`closing_floor`) is the least advanced stage the next states may carry; every node applies
-it to the array it accepts, whoever led, so a leader that does not know our rules (aikyo's) cannot
-keep a conversation open past its limit.
+closing, when :func:`farewell_counts`. The floor (:func:`closing_floor`) is the least advanced
+stage the next states may carry; every node applies it to the array it accepts, whoever led, so
+a leader that does not know our rules (aikyo's) cannot keep a conversation open past its limit.
 
 One force is held back: a leader's own model may not begin closing before ``min_replies`` companion
 replies (:func:`counted_proposal`). A small local model proposes ``pre-closing`` at random from the
@@ -25,7 +24,7 @@ from functools import lru_cache
 from itertools import combinations
 from typing import Final, Literal, TypeAlias
 
-from companion.protocol import CLOSING_ORDER, ClosingStage
+from companion.protocol import CLOSING_ORDER, COMPANION_ID_PREFIX, ClosingStage
 
 __all__ = [
     "DEFAULT_MIN_REPLIES",
@@ -38,6 +37,7 @@ __all__ = [
     "closing_floor",
     "closing_stage",
     "counted_proposal",
+    "farewell_counts",
     "later",
     "leading_floor",
     "proposal_ceiling",
@@ -102,6 +102,17 @@ def counted_proposal(
         return floor
     ceiling = proposal_ceiling(floor)
     return proposed if CLOSING_ORDER.index(proposed) <= CLOSING_ORDER.index(ceiling) else ceiling
+
+
+def farewell_counts(sender: str, reply: int, min_replies: int) -> bool:
+    """Whether a goodbye ``sender`` said as the conversation's ``reply``-th companion reply (a
+    person's message: any number) begins closing: a person's at once, a companion's from
+    ``min_replies`` on, where a leader's model may begin closing too (before, a small model's
+    goodbye is as random as its proposal, :func:`counted_proposal`). The one rule both sides of a
+    goodbye read: the floor (:meth:`~companion.conversation.state.MachineState._farewell`) and the
+    speaker, which holds its card's goodbye back while it would not count
+    (:meth:`~companion.engine.speech.Speaker._fitted`)."""
+    return not sender.startswith(COMPANION_ID_PREFIX) or reply >= min_replies
 
 
 @lru_cache(maxsize=256)
