@@ -64,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -624,18 +624,19 @@ def cache_flags(cache: bool, cache_size: int | None = CACHE_SIZE) -> list[str]:
 
 @contextlib.contextmanager
 def llama_server(
-    venv: Path, cache: bool = True, cache_size: int | None = CACHE_SIZE
+    venv: Path, cache: bool = True, cache_size: int | None = CACHE_SIZE, extra: Sequence[str] = ()
 ) -> Iterator[LlamaServer]:
     """SmolLM2 behind llama-cpp-python on a free loopback port, stopped by its PID at the end
     (``venv``: a virtualenv with ``llama_cpp.server``, its ``GGUF`` file naming the model;
-    ``cache_size``: its ``--cache_size`` in bytes, ``None`` for the server's own default)."""
+    ``cache_size``: its ``--cache_size`` in bytes, ``None`` for the server's own default;
+    ``extra``: more of the server's flags, as given)."""
     gguf = (venv / "GGUF").read_text(encoding="utf-8").strip()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf]
     argv += ["--model_alias", ALIAS, "--port", str(port), "--host", "127.0.0.1"]
-    flags = cache_flags(cache, cache_size)
+    flags = [*cache_flags(cache, cache_size), *extra]
     argv += flags
     print(f"llama-cpp-python server: {' '.join(flags)}; machine: {machine()}")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
@@ -681,6 +682,14 @@ def main(argv: list[str] | None = None) -> int:
         help="smollm2: run the server without --cache true (docs/models.md recommends it)",
     )
     parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="smollm2: one more argument for llama_cpp.server, given as is; repeat it "
+        "(--server-arg=--n_batch --server-arg=64)",
+    )
+    parser.add_argument(
         "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
     )
     parser.add_argument("--events", type=Path, help="append the companion's log events to this file")
@@ -701,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.llama_venv is None:
                 parser.error("--source smollm2 needs --llama-venv")
             turns = []
-            with llama_server(args.llama_venv, not args.no_server_cache) as server:
+            with llama_server(args.llama_venv, not args.no_server_cache, extra=args.server_arg) as server:
                 base_url, perf = server.url, server.perf
                 for run in range(args.runs):
                     got = run_source(
