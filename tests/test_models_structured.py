@@ -264,6 +264,37 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     assert prompt.endswith("Address: user_1, companion_a.")
 
 
+def test_a_lone_instruction_for_the_words_is_written_alone() -> None:
+    """The task is evaluated anew every turn, before any word: no heading and no tool name when
+    the answer can only go to one action that says a line."""
+    says = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+    speak = ToolSpec(id="speak", description="", input_schema=says)
+    lookup = ToolSpec(id="kb.lookup", description="", input_schema={}, kind="knowledge")
+    wave = ToolSpec(id="wave", description="", input_schema={})
+    tools = wire_tool_names([speak, lookup])
+    req = SpeakRequest(
+        B,
+        "a helper",
+        OPENING,
+        [OPENING],
+        [ToolInstruction("speak", "Reply briefly.")],
+        list(tools.values()),
+        ["user_1"],
+    )
+    prompt = speak_prompt(req, tools)[1]
+    assert prompt == "user_1: Hello!\n\nReply briefly.\n\nIt is your turn (Bo). Address: user_1."
+    assert speak_prompt(req, tools, text_reply=True)[1].startswith("user_1: Hello!\n\nReply briefly.\n\n")
+    # another action the model could call instead, or an action that says no line: named
+    with_wave = wire_tool_names([speak, wave])
+    assert "- speak: Reply briefly." in speak_prompt(replace(req, tools=[speak, wave]), with_wave)[1]
+    silent = wire_tool_names([replace(speak, input_schema={})])
+    assert "- speak: Reply briefly." in speak_prompt(req, silent)[1]
+    # on a server that takes no tools a lone instruction needs no tool's name either
+    waving = replace(req, instructions=[ToolInstruction("wave", "Wave.")])
+    assert "\n\nWave.\n\n" in speak_prompt(waving, with_wave, text_reply=True)[1]
+    assert "- wave: Wave." in speak_prompt(waving, with_wave)[1]
+
+
 def test_a_companions_instructions_are_the_same_on_every_call() -> None:
     """What a server's prompt cache keeps: the instructions do not change with the turn."""
     later = Message.create(A.id, [B.id], "And then?")
