@@ -538,7 +538,11 @@ def report(source: str, all_turns: list[Turn], reference: float | None, reads_pa
     )
     if turns:
         counts = [len(split_sentences(t.said)) for t in turns]
-        print(f"sentences per line {counts}; last line: {clip(turns[-1].said, 160)!r}")
+        # the ratio falls when lines grow longer with no word sooner: the mean says which moved
+        print(
+            f"sentences per line {counts} (mean {statistics.mean(counts):.2f}); "
+            f"last line: {clip(turns[-1].said, 160)!r}"
+        )
     own = sum(not t.card_line for t in turns)
     print(
         f"lines of the model's own {own} of {len(turns)} (the card's own line said after two refused "
