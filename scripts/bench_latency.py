@@ -15,8 +15,9 @@ one warm-up round. Model sources (``--source``, several allowed):
 - ``smollm2``: SmolLM2-135M-Instruct behind llama-cpp-python's server from
   the virtualenv ``--llama-venv`` names (``bin/python`` with llama-cpp-python, and a ``GGUF``
   file holding the model file's path), started on a free loopback port with ``--cache true
-  --cache_size 268435456`` as docs/models.md tells users to run it (``--no-server-cache``:
-  without) and stopped by its PID (outside CI: it takes minutes on 2 cores). The goal is
+  --cache_size 268435456 --logits_all false --n_batch 64`` as docs/models.md tells users to run
+  it (``--no-server-cache``: without the cache; ``--server-arg``: more flags) and stopped by its
+  PID (outside CI: it takes minutes on 2 cores). The goal is
   printed beside the ratio of first words to the complete line.
 
 Per turn, from the companion's own ``model_request`` log events: the requests before the first
@@ -618,6 +619,16 @@ CACHE_SIZE: Final = 256 * 2**20
 holds about seven times that, since each entry keeps logits its size leaves out."""
 
 
+LEAN: Final = ("--logits_all", "false", "--n_batch", "64")
+"""Flags docs/models.md tells users to run llama-cpp-python 0.3.36 with: its server keeps the logits
+of every prompt token (``logits_all`` true) and, with ``--cache true``, copies them after every
+answer before the next request can start (about 100 MB for SmolLM2); without them and with a
+64-token batch that copy is 12.6 MB. Measured with this bench and ``bench_models.py`` on a 2-core
+EPYC (2026-12-06): with ``--reads-param`` first words 1.44 -> 1.20 s on the same 50 lines; three
+companions' server 3.5 GB -> 0.8-1.0 GB at its peak. Given again with other values through
+``--server-arg``, the later ones count."""
+
+
 def cache_flags(cache: bool, cache_size: int | None = CACHE_SIZE) -> list[str]:
     """llama-cpp-python's prompt-cache flags: ``--cache true`` and its ``--cache_size`` (``None``:
     the server's own), or ``--cache false``."""
@@ -640,7 +651,7 @@ def llama_server(
         port = sock.getsockname()[1]
     argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf]
     argv += ["--model_alias", ALIAS, "--port", str(port), "--host", "127.0.0.1"]
-    flags = [*cache_flags(cache, cache_size), *extra]
+    flags = [*cache_flags(cache, cache_size), *LEAN, *extra]
     argv += flags
     print(f"llama-cpp-python server: {' '.join(flags)}; machine: {machine()}")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())

@@ -17,7 +17,8 @@ back an earlier native build. ``--server-python`` uses an interpreter that has
 ``llama_cpp.server`` already (and ``--gguf`` a model file you have). Never run in CI.
 
 Then, ``--runs`` times, it starts ``python -m llama_cpp.server`` on a free loopback port (with
-``--cache true --cache_size 268435456`` when ``--server-cache``), runs ``companion demo
+``--logits_all false --n_batch 64``, and ``--cache true --cache_size 268435456`` when
+``--server-cache``; ``--server-arg``: more flags), runs ``companion demo
 --in-memory --json`` against it with this interpreter, stops the server by its PID (printing
 its peak memory), and prints: the replies, whether the conversation reached ``terminal`` and
 after how many turns, who spoke how often and the closing stages in order, lines that carry
@@ -51,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_latency import ALIAS, CACHE_SIZE, cache_flags
+from bench_latency import ALIAS, CACHE_SIZE, LEAN, cache_flags
 from bench_support import exit_on_sigterm, machine, peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -214,9 +215,11 @@ def serve(
     cache: bool = False,
     llama_cpp: bool = False,
     cache_size: int | None = None,
+    extra: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start the model server (llama-cpp-python's, or with ``llama_cpp`` llama.cpp's own through
-    ``xllamacpp``); return it and its base URL once it lists the model."""
+    ``xllamacpp``); return it and its base URL once it lists the model (``extra``: more of
+    llama-cpp-python's flags, as given)."""
     port = free_port()
     if llama_cpp:
         cmd = [str(python), "-c", LLAMA_CPP_SERVER, str(gguf), str(port)]
@@ -226,6 +229,7 @@ def serve(
         cmd += ["--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"]
         flags = ["--chat_format", chat_format] if chat_format else []
         flags += cache_flags(True, cache_size) if cache else []
+        flags += [*LEAN, *extra]
         cmd += flags
         say(" ".join(["starting llama-cpp-python", *flags, f"on port {port} …"]))
     started = time.monotonic()
@@ -595,6 +599,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --server-cache: its --cache_size in bytes (default 268435456, as docs/models.md "
         "says; 0: the server's own, 2 GiB)",
     )
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for llama_cpp.server, given as is; repeat it "
+        "(--server-arg=--n_batch --server-arg=64)",
+    )
     parser.add_argument("--runs", type=int, default=1, help="demos to run, each with a fresh server")
     parser.add_argument("--replies", type=int, default=12, help="the demo's --max-turns")
     parser.add_argument(
@@ -638,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.server_cache,
                     args.llama_cpp is not None,
                     args.server_cache_size or None,
+                    args.server_arg,
                 )
                 model = ALIAS
             else:
