@@ -615,8 +615,9 @@ ALIAS: Final = "smollm2-135m"
 MODEL: Final = f"openai:{ALIAS}"
 """A companion's ``--model`` for that server."""
 CACHE_SIZE: Final = 256 * 2**20
-"""The server's ``--cache_size``, as docs/models.md tells users to run it: its default (2 GiB)
-holds about seven times that, since each entry keeps logits its size leaves out."""
+"""The server's ``--cache_size``, as docs/models.md tells users to run it. Its default (2 GiB)
+held about seven times that with the server's own ``logits_all``: each entry keeps a copy of
+logits the size leaves out (about 100 MB for SmolLM2; 12.6 MB with :data:`LEAN`)."""
 
 
 LEAN: Final = ("--logits_all", "false", "--n_batch", "64")
@@ -627,6 +628,19 @@ answer before the next request can start (about 100 MB for SmolLM2); without the
 EPYC (2026-12-06): with ``--reads-param`` first words 1.44 -> 1.20 s on the same 50 lines; three
 companions' server 3.5 GB -> 0.8-1.0 GB at its peak. Given again with other values through
 ``--server-arg``, the later ones count."""
+
+
+def add_server_arg(parser: argparse.ArgumentParser, for_what: str = "") -> None:
+    """``--server-arg ARG``, repeatable: flags given as is to ``llama_cpp.server`` after
+    :data:`LEAN` and the cache's (``for_what`` opens its help)."""
+    parser.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help=f"{for_what}one more argument for llama_cpp.server, given as is; repeat it "
+        "(--server-arg=--n_batch --server-arg=64)",
+    )
 
 
 def cache_flags(cache: bool, cache_size: int | None = CACHE_SIZE) -> list[str]:
@@ -696,14 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="smollm2: run the server without --cache true (docs/models.md recommends it)",
     )
-    parser.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="smollm2: one more argument for llama_cpp.server, given as is; repeat it "
-        "(--server-arg=--n_batch --server-arg=64)",
-    )
+    add_server_arg(parser, "smollm2: ")
     parser.add_argument(
         "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
     )

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_latency import ALIAS, CACHE_SIZE, LEAN, cache_flags
+from bench_latency import ALIAS, CACHE_SIZE, LEAN, add_server_arg, cache_flags
 from bench_support import exit_on_sigterm, machine, peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -599,14 +599,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --server-cache: its --cache_size in bytes (default 268435456, as docs/models.md "
         "says; 0: the server's own, 2 GiB)",
     )
-    parser.add_argument(
-        "--server-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="one more argument for llama_cpp.server, given as is; repeat it "
-        "(--server-arg=--n_batch --server-arg=64)",
-    )
+    add_server_arg(parser)
     parser.add_argument("--runs", type=int, default=1, help="demos to run, each with a fresh server")
     parser.add_argument("--replies", type=int, default=12, help="the demo's --max-turns")
     parser.add_argument(

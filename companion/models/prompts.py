@@ -285,13 +285,12 @@ def speak_prompt(
 
 
 def _says_the_line(request: SpeakRequest, wire_names: Mapping[str, ToolSpec]) -> bool:
-    """Whether the request's one instruction is for the card's one action and that action says
-    a line: the answer, a call or plain text, can then only go to it (plain text is said
-    through it), so the instruction needs no tool's name."""
+    """Whether the request's one instruction (the caller has checked there is one) is for the
+    card's one action and that action says a line: the answer, a call or plain text, can then
+    only go to it (plain text is said through it), so the instruction needs no tool's name."""
     actions = [spec for spec in wire_names.values() if spec.kind == "action"]
     return (
-        len(request.instructions) == 1
-        and len(actions) == 1
+        len(actions) == 1
         and actions[0].id == request.instructions[0].tool
         and speech_args(actions[0], "-", request.recipients) is not None
     )
