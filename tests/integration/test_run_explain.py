@@ -30,7 +30,9 @@ def _lines_of(kind: str, output: str) -> list[str]:
 
 async def test_explain_and_status_read_what_the_running_companions_decided(tmp_path: Path) -> None:
     data = tmp_path / "data-home"
-    with network(tmp_path) as net:
+    # cold: `companion status` tells a running companion by its command line (a warm start's
+    # is the warm-start server's, support/warm.py)
+    with network(tmp_path, warm=False) as net:
         proc, url = await blocking(start_pim_and_ostra, net, 0.2)
         async with open_websocket_url(url) as ws:
             await ws.send_message(

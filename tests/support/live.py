@@ -54,7 +54,7 @@ def spawn_run(
     ]
     for peer in peers:
         argv += ["--peer", peer]
-    proc = Proc(name, argv)
+    proc = Proc(name, argv, warm=net.warm)
     net.procs.append(proc)
     return proc
 

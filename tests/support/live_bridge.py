@@ -50,7 +50,7 @@ def start_bridge(
     ]
     for peer in peers:
         argv += ["--peer", peer]
-    proc = Proc(name, argv)
+    proc = Proc(name, argv, warm=net.warm)
     net.procs.append(proc)
     started = proc.event("started", 30)
     listening = proc.event("bridge_listening", 30)

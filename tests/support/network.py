@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from companion.protocol import MESSAGES, Message, encode
 from support.cards import write_card
 from support.hostile_payloads import message
+from support.warm import popen as warm_popen
 
 Event = dict[str, Any]
 T = TypeVar("T")
@@ -50,9 +51,12 @@ class Proc:
         events_on: str = "stderr",
         stdin: bool = False,
         pythonpath: str | None = None,
+        warm: bool = True,
     ) -> None:
         """``pythonpath``: run the process with another checkout of the package (first on the
-        path, the process started outside any checkout)."""
+        path, the process started outside any checkout). ``warm``: a ``python -m`` process of
+        this checkout may be forked from one that has done its imports (:mod:`support.warm`);
+        ``False`` for a test of what happens while it starts."""
         self.name = name
         self.events: list[Event] = []
         self.lines: list[str] = []
@@ -60,7 +64,8 @@ class Proc:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         inherited = [pythonpath] if pythonpath is not None else [os.environ.get("PYTHONPATH", "")]
         env["PYTHONPATH"] = os.pathsep.join([*filter(None, inherited), str(TESTS)])
-        self.popen = subprocess.Popen(
+        start = warm_popen if warm and pythonpath is None else subprocess.Popen
+        self.popen = start(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -194,8 +199,10 @@ class Proc:
 class Network:
     """Starts ``companion run`` and raw publisher processes; stops every one of them at the end."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, warm: bool = True) -> None:
+        """``warm``: whether its ``python -m`` processes may start warm (:mod:`support.warm`)."""
         self.tmp = tmp
+        self.warm = warm
         self.procs: list[Proc] = []
 
     def companion(
@@ -224,7 +231,7 @@ class Network:
         ]
         for peer in peers:
             argv += ["--peer", peer]
-        proc = Proc(key, argv, pythonpath=pythonpath)
+        proc = Proc(key, argv, pythonpath=pythonpath, warm=self.warm)
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 
@@ -240,7 +247,7 @@ class Network:
             argv += ["--metadata-b64", base64.b64encode(metadata).decode()]
         if identify is not None:
             argv += ["--identify-b64", base64.b64encode(identify).decode()]
-        proc = Proc(key or "raw", argv, events_on="stdout", stdin=True)
+        proc = Proc(key or "raw", argv, events_on="stdout", stdin=True, warm=self.warm)
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 
@@ -256,7 +263,7 @@ class Network:
         ]
         for peer in peers:
             argv += ["--peer", peer]
-        proc = Proc(key, argv, events_on="stdout", stdin=True)
+        proc = Proc(key, argv, events_on="stdout", stdin=True, warm=self.warm)
         self.procs.append(proc)
         return proc, proc.event("started", timeout=30)
 
@@ -275,11 +282,12 @@ class Network:
 
 
 @contextmanager
-def network(tmp: Path) -> Iterator[Network]:
+def network(tmp: Path, *, warm: bool = True) -> Iterator[Network]:
     """The processes a test starts, all stopped at its end; when the test fails, the last
     :data:`TAIL_ON_FAILURE` lines of each are printed to stderr (pytest shows them in the report:
-    a failure on CI is read from there, there is no other trace of it)."""
-    net = Network(tmp)
+    a failure on CI is read from there, there is no other trace of it). ``warm``: as
+    :class:`Network`'s."""
+    net = Network(tmp, warm=warm)
     try:
         yield net
     except BaseException:

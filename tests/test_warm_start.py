@@ -1,0 +1,64 @@
+"""A warm-started process (:mod:`support.warm`) is what its test asked for: a child of this
+process, with its own PID, pipes, environment, arguments, exit status and signals; anything a
+warm start cannot serve starts cold."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from support import warm
+from support.network import TESTS
+
+PROBE = "support.warm_probe"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH", ""), str(TESTS)]))
+    return env
+
+
+def _start(*args: str, **extra: str) -> subprocess.Popen[str]:
+    return warm.popen(
+        [sys.executable, "-m", PROBE, *args],
+        env=_env(**extra),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_warm_child_is_ours_with_its_own_arguments_environment_and_exit_status() -> None:
+    process = _start("a", "b c", COMPANION_PROBE="42")
+    assert type(process).__name__ == "_WarmPopen"
+    out, err = process.communicate("from stdin\n", timeout=30)
+    assert process.returncode == 7, err  # waitpid() on a process not our child would say 0
+    said = json.loads(out)
+    assert said["pid"] == process.pid
+    assert said["argv"][1:] == ["a", "b c"] and said["argv"][0].endswith("warm_probe.py")
+    assert said["env"] == "42" and said["name"] == "__main__"
+    assert said["stdin"] == "from stdin\n"
+    assert err == "to stderr\n"
+
+
+def test_a_warm_child_is_signalled_and_reaped_by_its_pid() -> None:
+    process = _start("wait")
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "waiting"
+    os.kill(process.pid, signal.SIGTERM)
+    assert process.wait(30) == -signal.SIGTERM
+
+
+def test_what_a_warm_start_cannot_serve_starts_cold() -> None:
+    """Another interpreter environment (here ``PYTHONHASHSEED``) is read at the interpreter's
+    start, which a forked child does not redo."""
+    process = _start(PYTHONHASHSEED="3")
+    assert type(process) is subprocess.Popen
+    out, _err = process.communicate("", timeout=60)
+    assert process.returncode == 7
+    assert json.loads(out)["pid"] == process.pid
