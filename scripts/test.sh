@@ -37,23 +37,25 @@ full=$(( $# == 0 ))  # no arguments: the whole suite
 # cputime.py), so a slow run says which tests took it, and whether they needed a core or waited.
 SLOWEST=${COMPANION_TEST_SLOWEST:-30}
 report=(--durations="$SLOWEST" --cpu-durations="$SLOWEST")
-# Two streams run beside lint and types (mypy keeps one core busy for about 30 s on a fresh clone)
-# and on into the phase on the workers, which lasts minutes; each writes its own log, shown after:
+# Three streams run beside the phase on the workers, which lasts minutes; each writes its own log,
+# shown after. (mypy ran before the workers once: they started at 158 s of a 544 s run on a fresh
+# clone. Since the suite's processes start warm, tests/support/warm.py, the cores have room.)
+# - `types`: mypy, strict, about 50 s of one core on a fresh clone;
 # - `early`: tests that need only the package and mostly build or wait (a wheel in a fresh
 #   virtualenv, a minute-long conversation with a JavaScript peer, twenty mixed conversations, two
 #   peers frozen against the health checks' clock), two at a time;
 # - `solo`: tests at real rates (chatter at 50 messages a second, a flood at 150, a dozen nodes
 #   started at once), one at a time and never beside each other. Each needs about half a core
 #   (`--cpu-durations`) and mostly waits; they ran last, one after another, after the workers.
-# Both end well within the workers' phase, which is then the critical path.
+# All end well within the workers' phase, which is the critical path.
 streams=()
-stream() {  # stream NAME PYTEST-ARGS...: a pytest run in the background, its log kept for later
+stream() {  # stream NAME COMMAND...: a command in the background, its log kept for later
     local name=$1 log
     shift
     log=$(mktemp)
     (
         rc=0
-        .venv/bin/python -m pytest "$@" >"$log" 2>&1 || rc=$?
+        "$@" >"$log" 2>&1 || rc=$?
         echo "test.sh: $name tests done at $((SECONDS - began)) s (exit $rc)" >>"$log"
         exit "$rc"
     ) &
@@ -79,14 +81,19 @@ if [ "$full" -eq 1 ]; then
     # the chatter first, while the workers' phase has not started yet
     mapfile -t early_files < <(grep -rl "mark.early" tests --include="test_*.py" | sort)
     mapfile -t solo_files < <(grep -rl "mark.solo" tests --include="test_*.py" | sort -r)
-    stream early -n 2 -m early "${report[@]}" "${early_files[@]}"
-    stream solo -m solo "${report[@]}" "${solo_files[@]}"
+    stream early .venv/bin/python -m pytest -n 2 -m early "${report[@]}" "${early_files[@]}"
+    stream solo .venv/bin/python -m pytest -m solo "${report[@]}" "${solo_files[@]}"
 fi
 trap 'wait "$deps" 2>/dev/null || true; finish_streams || true' EXIT
 .venv/bin/ruff check companion tests scripts
 .venv/bin/ruff format --check companion tests scripts
-.venv/bin/mypy companion scripts tests  # strict for the tests and benchmarks too
-took "lint and types"
+if [ "$full" -eq 1 ]; then
+    # about a minute of one core on a fresh clone: beside the workers, not before them
+    stream types .venv/bin/mypy companion scripts tests  # strict for the tests and benchmarks too
+else
+    .venv/bin/mypy companion scripts tests
+fi
+took "lint"
 wait "$deps" || true
 took "system packages"
 trap 'finish_streams || true' EXIT
