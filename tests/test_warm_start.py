@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from support import warm
 from support.network import TESTS
 
@@ -62,3 +64,19 @@ def test_what_a_warm_start_cannot_serve_starts_cold() -> None:
     out, _err = process.communicate("", timeout=60)
     assert process.returncode == 7
     assert json.loads(out)["pid"] == process.pid
+
+
+def test_a_server_that_stopped_answering_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = warm._Server(_env())
+    try:
+        monkeypatch.setattr(warm, "_server", server)
+        server.process.kill()  # by its PID: the server this test started
+        server.process.wait(30)
+        for _ in range(2):
+            process = _start()
+            assert type(process) is subprocess.Popen  # started cold, and works
+            out, _err = process.communicate("", timeout=60)
+            assert process.returncode == 7 and json.loads(out)["pid"] == process.pid
+        assert server.broken
+    finally:
+        server.close()

@@ -53,6 +53,7 @@ class _Server:
         self.env = _interpreter_env(env)
         self.cwd = os.getcwd()
         self.lock = threading.Lock()
+        self.broken = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
         self.process = subprocess.Popen(
@@ -75,11 +76,19 @@ class _Server:
         return _interpreter_env(env) == self.env and where == self.cwd
 
     def spawn(self, argv: list[str], env: dict[str, str], fds: list[int]) -> int:
-        """The PID of a child running ``python -m`` ``argv`` with ``fds`` as its standard streams."""
+        """The PID of a child running ``python -m`` ``argv`` with ``fds`` as its standard streams.
+        A server that did not answer within :data:`ANSWER_TIMEOUT`, or answered nonsense, is
+        not asked again (a late answer would be read as the next one's)."""
         request = json.dumps({"argv": argv, "env": env}).encode()
         with self.lock:
-            socket.send_fds(self.sock, [request], fds)
-            answer = json.loads(self.sock.recv(4096))
+            if self.broken:
+                raise RuntimeError("the warm-start server failed before")
+            try:
+                socket.send_fds(self.sock, [request], fds)
+                answer = json.loads(self.sock.recv(4096))
+            except (OSError, ValueError):
+                self.broken = True
+                raise
         if "pid" not in answer:
             raise RuntimeError(f"the warm-start server could not fork: {answer.get('error')}")
         return int(answer["pid"])
@@ -176,5 +185,8 @@ def popen(
     if module_argv is not None and os.environ.get("COMPANION_TEST_COLD") != "1":
         server = _server_for(env, cwd)
         if server is not None:
-            return _WarmPopen(server, module_argv, argv, env=env, cwd=cwd, **kwargs)
+            try:
+                return _WarmPopen(server, module_argv, argv, env=env, cwd=cwd, **kwargs)
+            except (OSError, RuntimeError, ValueError) as exc:  # Popen closed its pipes
+                print(f"support.warm: starting {argv[2]} cold ({exc})", file=sys.stderr)
     return subprocess.Popen(argv, env=env, cwd=cwd, **kwargs)
