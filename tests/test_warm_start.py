@@ -18,6 +18,12 @@ from support.network import TESTS
 PROBE = "support.warm_probe"
 
 
+@pytest.fixture(autouse=True)
+def _warm_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are of the warm start itself: they run it even in a cold suite."""
+    monkeypatch.delenv("COMPANION_TEST_COLD", raising=False)
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH", ""), str(TESTS)]))
