@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from support import warm
-from support.network import TESTS
+from support.network import child_env
 
 PROBE = "support.warm_probe"
 
@@ -25,9 +25,7 @@ def _warm_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH", ""), str(TESTS)]))
-    return env
+    return {**child_env(), **extra}
 
 
 def _start(*args: str, **extra: str) -> subprocess.Popen[str]:

@@ -40,6 +40,15 @@ def helper_argv(name: str) -> list[str]:
     return [sys.executable, "-m", f"support.{name}"]
 
 
+def child_env(pythonpath: str | None = None) -> dict[str, str]:
+    """The environment of a child process: this one's, unbuffered, the support package on its
+    path, after ``pythonpath`` (another checkout) if given."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    inherited = [pythonpath] if pythonpath is not None else [os.environ.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join([*filter(None, inherited), str(TESTS)])
+    return env
+
+
 class Proc:
     """One child process whose stderr (or stdout) carries one JSON object per line."""
 
@@ -61,9 +70,7 @@ class Proc:
         self.events: list[Event] = []
         self.lines: list[str] = []
         self._cond = threading.Condition()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        inherited = [pythonpath] if pythonpath is not None else [os.environ.get("PYTHONPATH", "")]
-        env["PYTHONPATH"] = os.pathsep.join([*filter(None, inherited), str(TESTS)])
+        env = child_env(pythonpath)
         start = warm_popen if warm and pythonpath is None else subprocess.Popen
         self.popen = start(
             argv,

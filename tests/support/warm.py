@@ -27,10 +27,8 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
-TESTS = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 60.0
 """Seconds the server may take for its imports (about 4 s of CPU; minutes on a starved machine
 would mean something else is wrong)."""
