@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,8 @@ def _env(**extra: str) -> dict[str, str]:
     return {**child_env(), **extra}
 
 
-def _start(*args: str, **extra: str) -> subprocess.Popen[str]:
+def _start(*args: str, new_session: bool = False, **extra: str) -> subprocess.Popen[str]:
+    options: dict[str, Any] = {"start_new_session": True} if new_session else {}
     return warm.popen(
         [sys.executable, "-m", PROBE, *args],
         env=_env(**extra),
@@ -36,6 +38,7 @@ def _start(*args: str, **extra: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        **options,
     )
 
 
@@ -60,10 +63,12 @@ def test_a_warm_child_is_signalled_and_reaped_by_its_pid() -> None:
     assert process.wait(30) == -signal.SIGTERM
 
 
-def test_what_a_warm_start_cannot_serve_starts_cold() -> None:
+@pytest.mark.parametrize("what", ["interpreter environment", "Popen option"])
+def test_what_a_warm_start_cannot_serve_starts_cold(what: str) -> None:
     """Another interpreter environment (here ``PYTHONHASHSEED``) is read at the interpreter's
-    start, which a forked child does not redo."""
-    process = _start(PYTHONHASHSEED="3")
+    start, which a forked child does not redo; an option such as ``start_new_session`` acts in
+    a child the server makes, not this process."""
+    process = _start(new_session=True) if what == "Popen option" else _start(PYTHONHASHSEED="3")
     assert type(process) is subprocess.Popen
     out, _err = process.communicate("", timeout=60)
     assert process.returncode == 7

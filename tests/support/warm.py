@@ -34,6 +34,10 @@ READY_TIMEOUT = 60.0
 would mean something else is wrong)."""
 ANSWER_TIMEOUT = 30.0
 WARM_MODULES = ("companion", "support.")
+SERVED = frozenset({"stdin", "stdout", "stderr", "text", "bufsize", "encoding", "errors"})
+"""The ``Popen`` options a warm start honours: the streams and how they are read. Any other
+(``start_new_session``, ``pass_fds``, ``preexec_fn``, ...) acts in the forked child, which the
+server makes, so such a process starts cold."""
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -119,7 +123,7 @@ def _server_for(env: dict[str, str], cwd: str | None) -> _Server | None:
                 print(f"support.warm: starting every process cold ({exc})", file=sys.stderr)
                 return None
             atexit.register(_server.close)
-    if _server is not None and _server.fits(env, cwd):
+    if _server is not None and not _server.broken and _server.fits(env, cwd):
         return _server
     return None
 
@@ -180,7 +184,7 @@ def popen(
 ) -> subprocess.Popen[str]:
     """``subprocess.Popen(argv, env=env, cwd=cwd, **kwargs)``, forked warm where it can be."""
     module_argv = _warm_argv(argv)
-    if module_argv is not None and os.environ.get("COMPANION_TEST_COLD") != "1":
+    if module_argv is not None and SERVED.issuperset(kwargs) and os.environ.get("COMPANION_TEST_COLD") != "1":
         server = _server_for(env, cwd)
         if server is not None:
             try:
