@@ -68,6 +68,10 @@ def server() -> Iterator[FakeLLMServer]:
         ([ToolCallPart("speak", '{"message": "(Slightly) whales, mo')], ("speak", "Whales, mo")),
         ([ToolCallPart("speak", '{"message": "(Sligh')], None),
         ([TextPart("*smiles* Whales.")], ("speak", "Whales.")),
+        # nor the speaker's own name called before it, in a call or in text
+        ([ToolCallPart("speak", '{"message": "Ben, whales, mo')], ("speak", "Whales, mo")),
+        ([ToolCallPart("speak", '{"message": "Be')], None),
+        ([TextPart("Ben, whales.")], ("speak", "Whales.")),
     ],
 )
 def test_the_line_so_far_of_a_partial_answer(

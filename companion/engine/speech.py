@@ -634,7 +634,7 @@ class Speaker:
         if field is None:
             return raw
         text = str(raw[field])
-        said = without_directions(text)
+        said = without_directions(text, speaker=(self.me.name, self.me.id))
         if said == text:
             return raw
         effect = speech.effect

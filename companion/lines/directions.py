@@ -9,6 +9,11 @@ chat turns, writes the next one the same way. So a bracketed direction before th
 not part of the line: neither voiced nor published. Nor is one standing alone between two
 sentences ("(Sighs in relief)"); a bracket inside a sentence belongs to it and stays.
 
+It also opened lines with its own name, as if it spoke to itself: the first five lines of a
+conversation, every time, were ``Juniper, I am so glad ...`` from Juniper (measured,
+``bench_latency.py --source smollm2 --reads-param``, 2026-12-06; the prompt asks "What do you
+say now, Juniper?"). Nobody calls themselves by name: that vocative is not said either.
+
 The same model also framed its line as advice to someone else: six lines running of one run
 were ``You can say: "It's been a pleasure to speak with you. ..."`` (measured, 2026-12-05). The
 frame and its quotation marks are not said either: the quoted words are the line.
@@ -22,6 +27,7 @@ is always the start of the line published. Pure and synchronous.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 __all__ = ["FRAMES", "MAX_DIRECTION_CHARS", "without_directions"]
@@ -69,14 +75,15 @@ _FRAME_TEXTS: Final = tuple(f.replace(" ", "") + ":" + q for f in FRAMES for q i
 """Each frame without its spaces, for telling whether a line being written may still become one."""
 
 
-def without_directions(text: str, *, complete: bool = True) -> str | None:
-    """``text`` without the bracketed directions before its first word, and without a frame
-    around the line (``You can say: "..."``).
+def without_directions(text: str, *, complete: bool = True, speaker: Iterable[str] = ()) -> str | None:
+    """``text`` without the bracketed directions before its first word, without the speaker's
+    own name called at its start (``speaker``: its names, ``Juniper, I ...``), and without a
+    frame around the line (``You can say: "..."``).
 
     With ``complete=False`` (a line still being written) ``None`` while a direction at the start
     is still open (it may close, and be dropped, or run past :data:`MAX_DIRECTION_CHARS`, and
-    stay) or the start may still become a frame: a line shown must only grow. A framed line
-    being written holds back a closing quotation mark at its end.
+    stay) or the start may still become the speaker's name or a frame: a line shown must only
+    grow. A framed line being written holds back a closing quotation mark at its end.
     """
     rest = text.lstrip()
     dropped = False
@@ -87,7 +94,13 @@ def without_directions(text: str, *, complete: bool = True) -> str | None:
         rest = rest[found.end() :]
         rest = rest.lstrip(_AFTER)
         dropped = True
-    if not complete and (not rest or _still_open(rest) or _may_become_frame(rest)):
+    names = [n for n in speaker if n.strip()]
+    called = _own_name_called(rest, names)
+    if called:
+        rest, dropped = rest[called:].lstrip(_AFTER), True
+    if not complete and (
+        not rest or _still_open(rest) or _may_become_frame(rest) or _may_become_own_name(rest, names)
+    ):
         return None
     framed = _FRAME.match(rest)
     if framed is not None:
@@ -117,6 +130,27 @@ def _without_asides(text: str, *, complete: bool) -> str:
         if still_open is not None:
             kept = kept[: still_open.start()]
     return kept
+
+
+_CALLING: Final = ",、，"
+"""What follows a name called at a line's start ("Juniper, I ...", "ジュニパー、")."""
+
+
+def _own_name_called(text: str, names: Sequence[str]) -> int:
+    """The length of one of the speaker's ``names`` called at the start of ``text`` with its
+    comma, or 0 ("Juniperberry, ..." and "Juniper is ..." call nobody)."""
+    folded = text.casefold()
+    for name in names:
+        size = len(name)
+        if folded.startswith(name.casefold()) and text[size : size + 1] in tuple(_CALLING):
+            return size + 1
+    return 0
+
+
+def _may_become_own_name(text: str, names: Sequence[str]) -> bool:
+    """Whether ``text`` (a line being written) may still become one of ``names`` called."""
+    folded = text.casefold()
+    return any(name.casefold().startswith(folded) for name in names)
 
 
 def _may_become_frame(text: str) -> bool:

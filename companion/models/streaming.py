@@ -94,7 +94,7 @@ def partial_line(
             continue
         line = _message_of(call.args)
         if line is not None:
-            return _shown(spec.id, line)
+            return _shown(spec.id, line, speaker_names)
     if calls or text_tool is None:
         return None
     text = "".join(p.content for p in response.parts if isinstance(p, TextPart)).lstrip()
@@ -106,7 +106,7 @@ def partial_line(
         return None
     if label and label.group(1).strip().casefold() in {n.casefold() for n in speaker_names}:
         first = first[label.end() :]
-    return _shown(text_tool, first.lstrip("\"'“ "))
+    return _shown(text_tool, first.lstrip("\"'“ "), speaker_names)
 
 
 def text_line_ended(response: ModelResponse) -> bool:
@@ -120,10 +120,11 @@ def text_line_ended(response: ModelResponse) -> bool:
     return "\n" in text
 
 
-def _shown(tool_id: str, line: str) -> tuple[str, str] | None:
+def _shown(tool_id: str, line: str, speaker_names: Iterable[str]) -> tuple[str, str] | None:
     """The line so far as it may be shown: without the stage directions before its first word
-    (held back while one may still be open), as the complete line will be said."""
-    said = without_directions(line, complete=False)
+    and the speaker's own name called (held back while either may still come), as the complete
+    line will be said."""
+    said = without_directions(line, complete=False, speaker=speaker_names)
     return None if said is None else (tool_id, said)
 
 

@@ -119,13 +119,14 @@ async def test_two_companions_are_never_voiced_at_once(tmp_path: Path, hosted: F
 async def test_stage_directions_are_neither_voiced_nor_published(
     tmp_path: Path, hosted: FakeLLMServer
 ) -> None:
-    """SmolLM2-135M opens most lines with "(Slightly)" and puts "(Sighs in relief)" between
-    sentences (measured): a voice would read them out, and the model, reading its lines back,
-    would write the next one the same way."""
+    """SmolLM2-135M opens most lines with "(Slightly)", puts "(Sighs in relief)" between
+    sentences and opened five lines running with its own name, "Juniper, I am ..." (measured): a
+    voice would read them out, and the model, reading its lines back, would write the next one
+    the same way."""
 
     def directed(n: int) -> str:
         first, *rest = split_sentences(LINES[n - 1])
-        return " ".join(["(Slightly)", first, "(Sighs in relief)", *rest])
+        return " ".join(["(Slightly) Juniper,", first, "(Sighs in relief)", *rest])
 
     hosted.push(*([VoiceModel(say=directed)] * 4))
     async with (
