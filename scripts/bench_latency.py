@@ -406,6 +406,7 @@ def print_server_split(turns: list[Turn]) -> None:
         f"  at the server ({len(told)} turns of the model's own line): the line's request evaluated its "
         f"prompt in p50 {prompt:.0f} ms and wrote in p50 {answer:.0f} ms"
     )
+    print_params_split(told)
     single = [(t, done[0]) for t, done in told if len(done) == 1]
     if single:
         least = statistics.median(c.prompt_ms / (c.prompt_ms + c.eval_ms) for _t, c in single)
@@ -414,6 +415,34 @@ def print_server_split(turns: list[Turn]) -> None:
             f"  in its {len(single)} turns of one request, no word before the prompt is evaluated: "
             f"least ratio p50 {least:.2f}, measured p50 {measured:.2f}"
         )
+
+
+def print_params_split(told: list[tuple[Turn, list[Completion]]]) -> None:
+    """``--reads-param``: where the parameters request's time went, the first of the two before
+    any word: the server evaluating its prompt and writing its answer, and the rest of what the
+    companion waited (its ``model_request`` time: HTTP, the client libraries, the server's own
+    work around the model, its prompt cache's copies)."""
+    pairs = [
+        (r, c)
+        for t, done in told
+        for r, c in zip(t.requests, done, strict=True)
+        if r.get("purpose") == "params" and r.get("ms") is not None
+    ]
+    if not pairs:
+        return
+    waited = statistics.median(float(r["ms"]) for r, _c in pairs)
+    prompt = statistics.median(c.prompt_ms for _r, c in pairs)
+    written = statistics.median(c.eval_ms for _r, c in pairs)
+    rest = statistics.median(float(r["ms"]) - c.prompt_ms - c.eval_ms for r, c in pairs)
+    tokens = (
+        statistics.median(c.evaluated for _r, c in pairs),
+        statistics.median(c.generated for _r, c in pairs),
+    )
+    print(
+        f"  the parameters request ({len(pairs)} turns): the companion waited p50 {waited:.0f} ms; the "
+        f"server evaluated {tokens[0]:.0f} prompt tokens in p50 {prompt:.0f} ms and wrote {tokens[1]:.0f} in "
+        f"p50 {written:.0f} ms; the rest (HTTP, client, the server around the model) p50 {rest:.0f} ms"
+    )
 
 
 WINDOW_FULL = HISTORY_LIMIT // 2

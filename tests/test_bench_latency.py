@@ -153,6 +153,28 @@ def test_the_servers_split_gives_the_least_ratio_streaming_could_reach(
     assert "in its 1 turns of one request" in out and "least ratio p50 0.60, measured p50 0.50" in out
 
 
+def test_the_parameters_request_is_split_into_the_servers_work_and_the_rest(
+    bench: ModuleType, perf: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--reads-param``: what the companion waited for its parameters, and how much of it the
+    server spent on the model."""
+    turns = []
+    for waited in (700, 900):
+        turn = bench.Turn(1.2, 2.0, [{"purpose": "params", "ms": waited}, {"purpose": "speak", "ms": 800}])
+        turn.completions = [perf.Completion(54, 10, 300.0, 150.0), perf.Completion(32, 40, 200.0, 600.0)]
+        turns.append(turn)
+    bench.print_server_split(turns)
+    out = capsys.readouterr().out
+    assert "the parameters request (2 turns): the companion waited p50 800 ms" in out
+    assert "evaluated 54 prompt tokens in p50 300 ms and wrote 10 in p50 150 ms" in out
+    assert "the server around the model) p50 350 ms" in out
+    speech_only = bench.Turn(1.0, 1.0, requests("speak"))
+    speech_only.completions = [perf.Completion(32, 40, 200.0, 600.0)]
+    bench.print_server_split([speech_only])
+    out = capsys.readouterr().out
+    assert "the line's request" in out and "parameters request" not in out  # a card that reads none
+
+
 def test_the_rounds_before_and_after_the_history_window_fills_are_apart(
     bench: ModuleType, perf: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
