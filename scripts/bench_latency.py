@@ -15,10 +15,10 @@ one warm-up round. Model sources (``--source``, several allowed):
 - ``smollm2``: SmolLM2-135M-Instruct behind llama-cpp-python's server from
   the virtualenv ``--llama-venv`` names (``bin/python`` with llama-cpp-python, and a ``GGUF``
   file holding the model file's path), started on a free loopback port with ``--cache true
-  --cache_size 268435456 --logits_all false --n_batch 64`` as docs/models.md tells users to run
-  it (``--no-server-cache``: without the cache; ``--server-arg``: more flags) and stopped by its
-  PID (outside CI: it takes minutes on 2 cores). The goal is
-  printed beside the ratio of first words to the complete line.
+  --cache_size 268435456 --logits_all false --n_batch 64 --n_threads CORES`` as docs/models.md
+  tells users to run it (``--no-server-cache``: without the cache; ``--server-arg``: more
+  flags) and stopped by its PID (outside CI: it takes minutes on 2 cores). The goal is printed
+  beside the ratio of first words to the complete line.
 
 Per turn, from the companion's own ``model_request`` log events: the requests before the first
 words and how many of them came one after another (from each request's end time and duration:
@@ -649,13 +649,15 @@ held about seven times that with the server's own ``logits_all``: each entry kee
 logits the size leaves out (about 100 MB for SmolLM2; 12.6 MB with :data:`LEAN`)."""
 
 
-LEAN: Final = ("--logits_all", "false", "--n_batch", "64")
+LEAN: Final = ("--logits_all", "false", "--n_batch", "64", "--n_threads", str(os.cpu_count() or 1))
 """Flags docs/models.md tells users to run llama-cpp-python 0.3.36 with: its server keeps the logits
 of every prompt token (``logits_all`` true) and, with ``--cache true``, copies them after every
 answer before the next request can start (about 100 MB for SmolLM2); without them and with a
 64-token batch that copy is 12.6 MB. Measured with this bench and ``bench_models.py`` on a 2-core
 EPYC (2026-12-06): with ``--reads-param`` first words 1.44 -> 1.20 s on the same 50 lines; three
-companions' server 3.5 GB -> 0.8-1.0 GB at its peak. Given again with other values through
+companions' server 3.5 GB -> 0.8-1.0 GB at its peak. And every core to write with (the server
+writes with half of them by default, one of two): first words 0.69 -> 0.57 s with a card that
+reads no parameter, 1.28 -> 1.16 s with ``--reads-param``. Given again with other values through
 ``--server-arg``, the later ones count."""
 
 

@@ -17,7 +17,7 @@ back an earlier native build. ``--server-python`` uses an interpreter that has
 ``llama_cpp.server`` already (and ``--gguf`` a model file you have). Never run in CI.
 
 Then, ``--runs`` times, it starts ``python -m llama_cpp.server`` on a free loopback port (with
-``--logits_all false --n_batch 64``, and ``--cache true --cache_size 268435456`` when
+``--logits_all false --n_batch 64 --n_threads CORES``, and ``--cache true --cache_size 268435456`` when
 ``--server-cache``; ``--server-arg``: more flags), runs ``companion demo
 --in-memory --json`` against it with this interpreter, stops the server by its PID (printing
 its peak memory), and prints: the replies, whether the conversation reached ``terminal`` and
