@@ -83,8 +83,10 @@ def partial_line(
 
     ``tools`` maps wire names to tools; ``text_tool`` is the id of the tool a plain-text answer
     is said through (``None``: text is not read). The first call of an action that takes a
-    message wins; text counts only when no tool is called.
+    message wins; text counts only when no tool is called. ``speaker_names``: the speaker's own
+    names, its label and its name called at the line's start are not shown.
     """
+    speaker_names = tuple(speaker_names)  # read twice below: a generator would be spent
     calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
     if sum(len(p.args) if isinstance(p.args, str) else 0 for p in calls) > MAX_PARTIAL_CHARS:
         return None
