@@ -80,6 +80,12 @@ def test_the_line_so_far_of_a_partial_answer(
     assert partial_line(ModelResponse(parts=parts), TOOLS, "speak", ("Ben", "companion_ben")) == expected
 
 
+def test_the_speakers_names_may_come_as_any_iterable() -> None:
+    """Read twice (the label, then the name called): a generator must not be spent by the first."""
+    response = ModelResponse(parts=[TextPart("Ben: Ben, whales.")])
+    assert partial_line(response, TOOLS, "speak", iter(("Ben", "companion_ben"))) == ("speak", "Whales.")
+
+
 def test_text_is_not_read_when_no_tool_carries_it() -> None:
     assert partial_line(ModelResponse(parts=[TextPart("Whales.")]), TOOLS, None) is None
 
