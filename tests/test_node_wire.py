@@ -23,10 +23,17 @@ TEXT = "x" * 900
 60 of them are about 80 KB."""
 
 
-async def until(predicate: Callable[[], bool], timeout: float) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.02)
+async def until(predicate: Callable[[], bool], timeout: float, why: Callable[[], str] | None = None) -> None:
+    """Wait until ``predicate`` holds; past ``timeout``, ``TooSlowError``, or an assertion that
+    says ``why()`` when given."""
+    try:
+        with trio.fail_after(timeout):
+            while not predicate():
+                await trio.sleep(0.02)
+    except trio.TooSlowError:
+        if why is None:
+            raise
+        raise AssertionError(why()) from None
 
 
 async def linked(node: CompanionNode, peer: RawPeer) -> None:
@@ -127,12 +134,13 @@ async def test_yamux_window_updates_are_batched_and_traffic_never_stalls() -> No
         for i in range(400):
             await send(f"b{i} {TEXT}")
             await trio.sleep(0.002)
-        with trio.move_on_after(30):
-            while heard() < start + 460:
-                await trio.sleep(0.02)
-        assert heard() >= start + 460, (
-            f"{heard() - start} of 460 heard; the node's drops {node.drops.snapshot()}, "
-            f"the raw peer's {dropped[0]}"
+        await until(
+            lambda: heard() >= start + 460,
+            30,
+            lambda: (
+                f"{heard() - start} of 460 heard; the node's drops {node.drops.snapshot()}, "
+                f"the raw peer's {dropped[0]}"
+            ),
         )
         nursery.cancel_scope.cancel()
 

@@ -132,17 +132,16 @@ def _without_asides(text: str, *, complete: bool) -> str:
     return kept
 
 
-_CALLING: Final = ",、，"
+_CALLING: Final = frozenset(",、，")
 """What follows a name called at a line's start ("Juniper, I ...", "ジュニパー、")."""
 
 
 def _own_name_called(text: str, names: Sequence[str]) -> int:
     """The length of one of the speaker's ``names`` called at the start of ``text`` with its
     comma, or 0 ("Juniperberry, ..." and "Juniper is ..." call nobody)."""
-    folded = text.casefold()
     for name in names:
         size = len(name)
-        if folded.startswith(name.casefold()) and text[size : size + 1] in tuple(_CALLING):
+        if text[:size].casefold() == name.casefold() and text[size : size + 1] in _CALLING:
             return size + 1
     return 0
 
