@@ -22,8 +22,15 @@ import pytest
 import trio
 
 from companion.models.base import ModelError, ToolInstruction
-from companion.models.providers import ProviderModel, resolve_config
-from companion.models.servers import EndpointMemory, ListedModel, identify_server
+from companion.models.providers import PROPS_TIMEOUT, ProviderModel, resolve_config
+from companion.models.servers import (
+    SLOTS_LIMIT,
+    EndpointMemory,
+    ListedModel,
+    identify_server,
+    props_url,
+    slots_of,
+)
 from support.fake_llm_server import (
     PROFILES,
     CooperativeModel,
@@ -34,6 +41,7 @@ from support.fake_llm_server import (
     text,
     tool_call,
 )
+from support.logs import captured_logs
 from support.models import (
     AYA,
     BEN,
@@ -363,6 +371,84 @@ def test_hosted_endpoints_are_known_without_a_list() -> None:
     assert memory.state(openai).server == "openai" and memory.state(anthropic).server == "anthropic"
 
 
+@pytest.mark.parametrize(
+    ("base_url", "url"),
+    [
+        ("http://127.0.0.1:8080/v1", "http://127.0.0.1:8080/props"),
+        ("http://127.0.0.1:8080/v1/", "http://127.0.0.1:8080/props"),
+        ("http://127.0.0.1:8080/api/v1", "http://127.0.0.1:8080/api/props"),  # --api-prefix /api
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080/props"),
+    ],
+)
+def test_llama_cpp_props_are_beside_the_openai_routes(base_url: str, url: str) -> None:
+    assert props_url(base_url) == url
+
+
+@pytest.mark.parametrize(
+    ("props", "slots"),
+    [
+        ({"total_slots": 1}, 1),
+        ({"total_slots": 4, "model_alias": "m"}, 4),
+        ({"total_slots": 0}, None),
+        ({"total_slots": -3}, None),
+        ({"total_slots": SLOTS_LIMIT + 1}, None),
+        ({"total_slots": True}, None),
+        ({"total_slots": 2.0}, None),
+        ({"total_slots": "4"}, None),
+        ({}, None),
+        ([{"total_slots": 1}], None),
+        ("total_slots", None),
+        (None, None),
+    ],
+)
+def test_only_a_plausible_slot_count_is_read(props: object, slots: int | None) -> None:
+    assert slots_of(props) == slots
+
+
+@pytest.mark.parametrize(
+    ("slots", "serial"),
+    [(1, True), (4, False), (None, False)],
+    ids=["one-slot", "four-slots", "untold"],
+)
+async def test_the_check_asks_a_llama_cpp_server_its_slots(
+    memory: EndpointMemory, slots: int | None, serial: bool
+) -> None:
+    """llama.cpp's server with one slot (``-np 1 -kvu``) answers one request at a time, like
+    llama-cpp-python; with four (its default since late 2025) side by side. The check reads
+    which from ``/props``; a server that does not say is taken to answer side by side."""
+    with running_server(profile=PROFILES["llama.cpp"], slots=slots) as srv:
+        model = model_of(srv, memory)
+        with captured_logs("INFO") as logs:
+            await model.check()
+        asked = [r.path for r in srv.requests if r.method == "GET"]
+    assert asked == ["/v1/models", "/props"]
+    assert model.server == "llama.cpp" and model.serial is serial
+    assert model.speculates is not serial and model.parallel_params is not serial
+    (checked,) = [json.loads(line) for line in logs.getvalue().splitlines() if "model_checked" in line]
+    assert checked["slots"] == slots
+
+
+@pytest.mark.parametrize("how", ["hangs", "refuses", "not-json"])
+async def test_a_llama_cpp_server_that_does_not_tell_its_slots_passes_the_check(
+    memory: EndpointMemory, how: str
+) -> None:
+    """``/props`` is read within :data:`PROPS_TIMEOUT` seconds; a late, refused or unreadable
+    answer leaves the slots untold (logged), and the check still passes."""
+    ways: dict[str, dict[str, Any]] = {
+        "hangs": {"hang_props": True},
+        "refuses": {"props_status": 404},
+        "not-json": {"props_raw": b"<html>not here</html>"},
+    }
+    options = ways[how]
+    with running_server(profile=PROFILES["llama.cpp"], slots=1, **options) as srv:
+        model = model_of(srv, memory)
+        with captured_logs("INFO") as logs, trio.fail_after(PROPS_TIMEOUT + 5):
+            await model.check()
+    assert model.server == "llama.cpp" and memory.state(model.config).slots is None and not model.serial
+    unread = [json.loads(line) for line in logs.getvalue().splitlines() if "model_props_unread" in line]
+    assert len(unread) == 1 and unread[0]["url"].endswith("/props"), logs.getvalue()[-2000:]
+
+
 def test_the_memory_is_bounded() -> None:
     memory = EndpointMemory(limit=3)
     for port in range(10):
@@ -452,16 +538,24 @@ def _stream_a_line(srv: FakeLLMServer) -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("profile", "at_once"), [("openai", 2), ("llama-cpp-python", 1), ("llama-cpp-python-fc", 1)]
+    ("profile", "slots", "at_once"),
+    [
+        ("openai", None, 2),
+        ("llama-cpp-python", None, 1),
+        ("llama-cpp-python-fc", None, 1),
+        ("llama.cpp", 1, 1),
+        ("llama.cpp", 4, 2),
+    ],
 )
 def test_llama_cpp_python_answers_one_request_at_a_time_and_others_side_by_side(
-    profile: str, at_once: int
+    profile: str, slots: int | None, at_once: int
 ) -> None:
     """The llama-cpp-python server holds one lock around each answer: of two requests sent side
-    by side, the second begins when the first is complete. A hosted server answers both at once.
-    Neither answer begins before both requests arrived (``answer_together``), so how busy the
-    machine is cannot decide the order."""
-    with running_server(profile=PROFILES[profile], ttft=0.2, answer_together=2) as srv:
+    by side, the second begins when the first is complete; so does llama.cpp's with one slot. A
+    hosted server answers both at once, llama.cpp's with four slots too. Neither answer begins
+    before both requests arrived (``answer_together``), so how busy the machine is cannot decide
+    the order."""
+    with running_server(profile=PROFILES[profile], slots=slots, ttft=0.2, answer_together=2) as srv:
         srv.push(text("The first line."), text("The second line."))
         with ThreadPoolExecutor(2) as pool:
             answers = list(pool.map(lambda _: _stream_a_line(srv), range(2)))

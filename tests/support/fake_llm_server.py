@@ -199,6 +199,9 @@ class ServerProfile:
     llama-cpp-python server takes a lock around each request for its one ``Llama`` and holds it
     while it streams; a companion that sends two requests side by side there gets the second
     only after the first, and a test of that needs the fake to queue them the same way."""
+    props: bool = False
+    """``GET /props`` answers the server's settings, ``total_slots`` among them (llama.cpp's
+    server; beside ``/v1``, not under it)."""
     interrupts: bool = False
     """A stream in progress ends as soon as another request waits for its turn (on a
     :attr:`serial` profile): ``data: [DONE]`` at its next token, with no finish chunk, so the
@@ -324,6 +327,7 @@ PROFILES: dict[str, ServerProfile] = {
         "llama.cpp",
         "llamacpp",
         tools="refused",
+        props=True,
         formats=_BOTH_FORMATS,
         refusal=_llama_cpp_refusal,
         call_id="{rand}",
@@ -331,6 +335,7 @@ PROFILES: dict[str, ServerProfile] = {
     "llama.cpp-jinja": ServerProfile(
         "llama.cpp-jinja",
         "llamacpp",
+        props=True,
         # A named choice is read as "auto"; a forced call came back as text with small templates.
         choices={"named": "as_auto", "required": "ignore"},
         formats=_BOTH_FORMATS,
@@ -410,6 +415,17 @@ class FakeLLMServer:
     """Set to e.g. 404 to make ``GET /v1/models`` fail."""
     hang_models: bool = False
     """Hold ``GET /v1/models`` without answering (like a hung server)."""
+    slots: int | None = 4
+    """What ``GET /props`` tells of the slots on a :attr:`ServerProfile.props` profile (4:
+    llama.cpp's ``llama-server`` run without ``-np`` since late 2025; ``None``: a ``/props``
+    without ``total_slots``). With 1 the server answers one request at a time, in order, as a
+    :attr:`ServerProfile.serial` one does."""
+    hang_props: bool = False
+    """Hold ``GET /props`` without answering (a server that never tells its slots)."""
+    props_status: int = 200
+    """Another status makes ``GET /props`` fail with it."""
+    props_raw: bytes | None = None
+    """Answer ``GET /props`` with these bytes, not JSON (a page some other program serves)."""
     models_gate: threading.Event | None = None
     """When given, ``GET /v1/models`` is answered only once this is set (or after the hang
     limit): a server that is slow to come up. ``arrived`` is set when such a request came."""
@@ -459,6 +475,12 @@ class FakeLLMServer:
         self._arrivals = threading.Condition(self._lock)
 
     @property
+    def serial(self) -> bool:
+        """Answers are written one at a time, in the order they were asked: a serial profile's, or
+        a llama.cpp server's with one slot."""
+        return self.profile.serial or (self.profile.props and self.slots == 1)
+
+    @property
     def openai_base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
@@ -485,7 +507,7 @@ class FakeLLMServer:
         with self._arrivals:
             ticket = self._tickets
             self._tickets += 1
-            while self.profile.serial and self._serving != ticket and not self.stopping.is_set():
+            while self.serial and self._serving != ticket and not self.stopping.is_set():
                 self._arrivals.wait(0.05)  # woken when the answer before it ends; stopping is polled
             self._answering_now += 1
             self.most_answering = max(self.most_answering, self._answering_now)
@@ -828,6 +850,25 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             if server.models_gate is not None:
                 server.arrived.set()
                 server.models_gate.wait(_HANG_LIMIT)
+            if self.path.split("?")[0] == "/props" and server.profile.props:
+                if server.hang_props:
+                    self._hang()
+                    return
+                if server.props_status != 200:
+                    self._send(server.props_status, {"error": "no"})
+                    return
+                if server.props_raw is not None:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(server.props_raw)))
+                    self.end_headers()
+                    self.wfile.write(server.props_raw)
+                    return
+                props: dict[str, Any] = {"model_alias": server.models[0] if server.models else ""}
+                if server.slots is not None:
+                    props["total_slots"] = server.slots
+                self._send(200, props)
+                return
             if self.path.split("?")[0] != "/v1/models" or server.models_status != 200:
                 self._send(server.models_status if server.models_status != 200 else 404, {"error": "no"})
                 return
