@@ -24,6 +24,7 @@ import trio
 from companion.models.base import ModelError, ToolInstruction
 from companion.models.providers import PROPS_TIMEOUT, ProviderModel, resolve_config
 from companion.models.servers import (
+    SLOTS_HINT,
     SLOTS_LIMIT,
     EndpointMemory,
     ListedModel,
@@ -426,6 +427,10 @@ async def test_the_check_asks_a_llama_cpp_server_its_slots(
     assert model.speculates is not serial and model.parallel_params is not serial
     (checked,) = [json.loads(line) for line in logs.getvalue().splitlines() if "model_checked" in line]
     assert checked["slots"] == slots
+    told = [json.loads(line) for line in logs.getvalue().splitlines() if "model_server_slots" in line]
+    assert [(t["slots"], t["serial"], t.get("hint")) for t in told] == (
+        [] if slots is None else [(slots, serial, None if serial else SLOTS_HINT)]
+    )
 
 
 @pytest.mark.parametrize("how", ["hangs", "refuses", "not-json"])

@@ -46,6 +46,7 @@ __all__ = [
     "SERIAL_SERVERS",
     "SERVERS_WITHOUT_STREAM_USAGE",
     "SERVER_LABELS",
+    "SLOTS_HINT",
     "SLOTS_LIMIT",
     "SPEAK_FORMS",
     "STRUCTURED_FORMS",
@@ -95,6 +96,12 @@ SERIAL_SERVERS: Final[frozenset[ServerKind]] = frozenset({"llama-cpp-python"})
 side by side wait in its queue, so a request sent ahead only delays the one the first words wait
 for (measured with SmolLM2: the prepared speech, written whole before the states answer came).
 A llama.cpp server run with one slot is one too (:attr:`EndpointState.serial`)."""
+
+SLOTS_HINT: Final = (
+    "requests go to this server side by side; if it computes on a CPU, run it with one slot "
+    "(llama-server -np 1 -kvu) and the first words come sooner (docs/models.md)"
+)
+"""Said when a llama.cpp server tells several slots."""
 
 SLOTS_LIMIT: Final = 4096
 """The most slots a ``/props`` answer is believed to tell (a larger number is junk, not read)."""
@@ -296,11 +303,17 @@ class EndpointMemory:
         return state.forms(SPEAK_FORMS[state.server], "speak")  # type: ignore[return-value]
 
     def count_slots(self, config: ProviderConfig, slots: int) -> None:
-        """What the server told of its slots (:attr:`EndpointState.slots`)."""
+        """What the server told of its slots (:attr:`EndpointState.slots`). Several are said
+        with a hint: on a CPU they share its cores, and the requests a companion sends side by
+        side then slow each other down (SmolLM2 on 2 cores, 4 slots: first words 4-6 s, against
+        1.5 s with one, measured)."""
         state = self.state(config)
         if state.slots != slots:
             state.slots = slots
-            log_event(_log, "model_server_slots", endpoint=config.endpoint, slots=slots, serial=state.serial)
+            told: dict[str, object] = {"endpoint": config.endpoint, "slots": slots, "serial": state.serial}
+            if slots > 1:
+                told["hint"] = SLOTS_HINT
+            log_event(_log, "model_server_slots", logging.INFO, **told)
 
     def worked(self, config: ProviderConfig, kind: str, form: str) -> None:
         state = self.state(config)
