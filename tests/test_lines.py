@@ -139,6 +139,51 @@ def test_a_line_of_ones_own_passes(said: str) -> None:
     assert check_line(said, CONVERSATION).ok
 
 
+@pytest.mark.parametrize(
+    "said",
+    [
+        # SmolLM2-135M behind llama.cpp's server, whose sampling has no repetition penalty by
+        # default (bench_latency.py --xllamacpp-python, 2026-12-06, measured)
+        "A great, great, great, great, great, great, great, great, great, great, great, great.",
+        "A little, a little, a little, a little, a little, a little, a little, a little.",
+        "A song in a place. A song in a place. It's a song in a place.",
+        "A street in a place. A street, I see. A street in a place.",
+        "It is so, so huge! It is so, so huge!",
+        "ははは、ははは、ははは、ははは、ははは。",
+    ],
+)
+def test_a_line_that_says_the_same_again_is_not_a_line(said: str) -> None:
+    verdict = check_line(said, LineContext())
+    assert verdict.kind == "copy" and ("over and over" in verdict.reason or "twice" in verdict.reason)
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "No, no, no! That is not how bread rises.",
+        "Thank you, thank you, thank you!",
+        "Ha ha ha ha, you got me there.",
+        "Location, location, location.",
+        "It was very, very good. Very good indeed.",
+        "Yes. Yes! I said yes.",  # short sentences may come back
+        "はい、はい、はい。わかりました。",
+        "Row, row, row your boat, gently down the stream.",
+    ],
+)
+def test_words_said_again_for_emphasis_are_a_line(said: str) -> None:
+    assert check_line(said, LineContext()).ok
+
+
+def test_a_sentence_of_a_streamed_line_is_checked_against_the_line_s_earlier_sentences() -> None:
+    """A streamed line is checked a sentence at a time: each after those of the same line
+    already said (``said_before``), which are not yet in the conversation."""
+    before = ("The tide is out.", "A song in a place.")
+    again = check_line("A song in a place.", LineContext(), said_before=before)
+    assert again.kind == "copy" and "twice" in again.reason
+    assert check_line("The harbour lights are on.", LineContext(), said_before=before).ok
+    assert check_line("A song in a place.", LineContext()).ok  # alone, it is a line
+
+
 def test_sentences_keep_their_marks_and_quotes() -> None:
     assert sentences("Hello there. Wow! 「今日は」と言った。 Ok?") == [
         "Hello there.",

@@ -231,6 +231,40 @@ async def test_a_speaker_s_sentences_pass_the_line_check_before_they_are_heard(
     assert [a[1] for a in client.asked] == ["The fog lifted at noon."]
 
 
+async def test_a_line_that_loops_is_heard_up_to_where_it_says_something_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """SmolLM2-135M behind llama.cpp's server (no repetition penalty by default) wrote lines that
+    say one sentence again and again to the token limit. The line is what it said before the
+    first sentence it repeats; nothing after that is voiced."""
+    context = LineContext.of([], "companion_juniper", {"companion_pim": "Pim"}, ["Speak warmly."])
+    client, line = checked(context)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        looped = "A street, I see. A street in a place. It's a new street. A street in a place. A street."
+        said = await line.finish(looped, "neutral", 30)
+    assert said == "A street, I see. A street in a place. It's a new street."
+    assert [a[1] for a in client.asked] == ["A street, I see.", "A street in a place.", "It's a new street."]
+
+
+async def test_a_try_after_a_false_start_may_begin_with_the_same_words(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A lone first clause heard before its sentence was refused is a false start, not part of
+    the line the next try writes: that try is checked after its own sentences only, so it may
+    begin with the same clause (nothing is said twice in the line published)."""
+    context = LineContext.of([], "companion_juniper", {"companion_pim": "Pim"}, ["Speak warmly."])
+    client, line = checked(context)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(line.run)
+        line.grow(VOICE_TOOL, "I am not sure how this can be done, Context: 1. More")
+        assert line.abandoned and line.said == "I am not sure how this can be done,"
+        said = await line.finish("I am not sure how this can be done, but I will try.", "neutral", 30)
+    assert said == "I am not sure how this can be done, but I will try."
+    clause = "I am not sure how this can be done,"  # heard, then said again from the try's start
+    assert [a[1] for a in client.asked] == [clause, clause, "but I will try."]
+
+
 async def test_a_held_line_admits_its_sentences_and_sends_none_before_the_hold_is_released(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -189,12 +189,12 @@ class ParamsCheck:
 
 def _sentence_check(context: LineContext) -> SentenceCheck:
     """The check each sentence of a streamed line passes before it is voiced: the same as a
-    whole line's (:func:`~companion.lines.check.check_line`), so a sentence that reads the prompt aloud
-    or copies the conversation is never heard, and nothing after it either."""
+    whole line's (:func:`~companion.lines.check.check_line`), so a sentence that reads the prompt aloud,
+    copies the conversation or says again what its line said is never heard, nor anything after it."""
 
     def check(sentence: str, said_before: tuple[str, ...]) -> str | None:
         # a first clause (or an over-long sentence cut at a clause) does not "stop mid-sentence"
-        verdict = check_line(sentence.rstrip(CLAUSE_MARKS), context)
+        verdict = check_line(sentence.rstrip(CLAUSE_MARKS), context, said_before)
         return None if verdict.ok else verdict.reason  # a line refusal, as the model is told one
 
     return check

@@ -232,7 +232,7 @@ class LiveVoiceLine:
         says something else)."""
         if self._check is None:
             return None
-        return self._check(sentence, tuple(self._admitted))
+        return self._check(sentence, tuple(self._heard))  # a false start is not of this line
 
     def _take(self, sentences: list[str]) -> None:
         if self._splitter.diverged and not self._stopped:

@@ -63,6 +63,14 @@ another's sentences, reworded, shared 0.31-0.40 of their runs with it (each sent
 below :data:`COPY_SIMILARITY`); every other line of those runs, 0.21 or less."""
 _ECHO_WORDS = 7
 """A run of this many words taken from the prompt's own wording is reading the prompt aloud."""
+_LOOP_WORD = 6
+"""One word said this many times running is a loop, not speech ("A great, great, great, great,
+great, great, ..." to the token limit: SmolLM2-135M behind llama.cpp's server, whose sampling
+has no repetition penalty by default, measured); "No, no, no!" is not one."""
+_LOOP_PHRASE = 4
+"""A phrase of two to :data:`_LOOP_SPAN` words said this many times running is one too ("A little,
+a little, a little, a little, ...", measured); "Thank you, thank you, thank you!" is not."""
+_LOOP_SPAN = 8
 _TEXT_LIMIT = 2000
 """Characters of a text (and of each earlier line) looked at."""
 _EARLIER_LIMIT = 64
@@ -220,13 +228,20 @@ class LineVerdict:
 OK = LineVerdict("ok")
 
 
-def check_line(text: str, context: LineContext) -> LineVerdict:
-    """Whether ``text`` (a whole line or one sentence) may be said in this conversation."""
+def check_line(text: str, context: LineContext, said_before: Sequence[str] = ()) -> LineVerdict:
+    """Whether ``text`` (a whole line or one sentence) may be said in this conversation, after
+    ``said_before``, the sentences of the same line already said (a line being streamed)."""
     text = text[:_TEXT_LIMIT]
     artifact = _artifact(text, context)
     if artifact:
         return LineVerdict("artifact", f"{NOT_SAID} {artifact}. {_ASK_AGAIN}")
     words = _said_words(text)
+    if _loops(words):
+        return LineVerdict("copy", f"{NOT_SAID} says the same words over and over. {_ASK_AGAIN}")
+    again = _said_again(sentences(text), said_before)
+    if again:
+        shown = clip(again, 120)
+        return LineVerdict("copy", f"{NOT_SAID} says \u201c{shown}\u201d twice. {_ASK_AGAIN}", shown)
     size = _size(words)
     if size < _EXACT_SIZE:
         return OK
@@ -259,6 +274,33 @@ def check_line(text: str, context: LineContext) -> LineVerdict:
             ):
                 return _copy(candidate, mine)
     return OK
+
+
+def _loops(words: Sequence[str]) -> bool:
+    """Whether ``words`` say one word :data:`_LOOP_WORD` times running, or one phrase of up to
+    :data:`_LOOP_SPAN` words :data:`_LOOP_PHRASE` times running: a model caught in a loop."""
+    for span in range(1, _LOOP_SPAN + 1):
+        needed = _LOOP_WORD if span == 1 else _LOOP_PHRASE
+        for start in range(len(words) - span * needed + 1):
+            unit = words[start : start + span]
+            if all(words[start + k * span : start + (k + 1) * span] == unit for k in range(1, needed)):
+                return True
+    return False
+
+
+def _said_again(pieces: Sequence[str], said_before: Sequence[str]) -> str:
+    """The first of ``pieces`` (sentences of a line) that repeats one said before it in the same
+    line (``said_before``, then the pieces before it): the same words from :data:`_EXACT_SIZE`,
+    or nearly from :data:`_SENTENCE_SIZE` ("A song in a place. It's a song in a place. A song in
+    a place.", measured); empty when none. A line says each thing once."""
+    earlier = [_said_words(p) for p in said_before]
+    for piece in pieces:
+        words = _said_words(piece)
+        size = _size(words)
+        if any(_copies(words, size, other, _SENTENCE_SIZE) for other in earlier):
+            return piece
+        earlier.append(words)
+    return ""
 
 
 def _copy(said: str, mine: bool) -> LineVerdict:
