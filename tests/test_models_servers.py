@@ -159,6 +159,31 @@ async def test_an_ignored_forced_tool_falls_back_to_a_grammar(memory: EndpointMe
     assert forms(srv) == ["named_tool", "json_schema", "json_schema"]
 
 
+async def test_an_answer_that_loops_to_the_token_limit_is_asked_again_in_its_form(
+    memory: EndpointMemory,
+) -> None:
+    """SmolLM2 behind llama.cpp's server (no repetition penalty) listed one food in an array of
+    strings until the 600 tokens of a structured answer ran out, under the JSON-schema grammar.
+    That is the model's answer cut at the limit, not the server ignoring the form: the form is
+    kept (before, it was dropped for the process, and then the next), and the same request is
+    sent again afresh, without the looping answer read back."""
+    looping = '{"mood": "happy", "interest": 0.5, "foods": ["cake", ' + '"cake", ' * 400
+    with running_server(profile=PROFILES["llama.cpp"]) as srv:
+        srv.push(tool_call("set_params", looping), CooperativeModel(), CooperativeModel())
+        model = model_of(srv, memory)
+        await model.check()
+        with captured_logs("INFO") as logs, trio.fail_after(10):
+            values = await model.fill_params(params_request())
+            again = await model.fill_params(params_request())
+        bodies = [r.body for r in srv.model_requests()]
+    assert values["mood"] in ("happy", "bored", "curious") and again.keys() == values.keys()
+    assert forms(srv) == ["json_schema", "json_schema", "json_schema"]
+    assert bodies[1]["messages"] == bodies[0]["messages"]  # afresh: the loop is not sent back
+    cut = [json.loads(line) for line in logs.getvalue().splitlines() if "model_answer_cut" in line]
+    assert [(c["purpose"], c["form"]) for c in cut] == [("params", "json_schema")]
+    assert "model_form_ignored" not in logs.getvalue()
+
+
 async def test_every_form_refused_is_one_prompt_model_error(memory: EndpointMemory) -> None:
     """A server that refuses every form (e.g. it is broken) fails the call after one request per
     form, with the server's words, and its refusals are forgiven for the next call."""

@@ -465,7 +465,10 @@ class ProviderModel:
                     continue
                 call, raw = output_of(response, tool.name)
                 forcing = form != "prompted"
-                if forcing and call is None and text_of(response) and (form == "named_tool" or raw is None):
+                cut = response.finish_reason == "length"
+                if cut:
+                    self._cut(purpose, form, response)
+                elif forcing and call is None and text_of(response) and (form == "named_tool" or raw is None):
                     # Text where a tool call was forced, or no JSON where JSON was: ignored.
                     self.memory.ignored(config, form)
                     ignored.append(form)
@@ -473,7 +476,10 @@ class ProviderModel:
                         continue
                 result = self._checked(purpose, check, call, raw, tool.name, attempt=1)
                 if isinstance(result, Problems):
-                    messages += [response, feedback(response, call, result, instructions)]
+                    if not cut:
+                        messages += [response, feedback(response, call, result, instructions)]
+                    # an answer cut at the token limit is asked again afresh: sent back, its
+                    # hundreds of looping tokens would only be read again before the retry
                     second = await session.request(messages, params, settings, form=form)
                     call, raw = output_of(second, tool.name)
                     result = self._checked(purpose, check, call, raw, tool.name, attempt=2)
@@ -486,6 +492,21 @@ class ProviderModel:
                 self.memory.worked(config, "structured", form)
                 return result
         raise self._all_refused(purpose, refusals)
+
+    def _cut(self, purpose: str, form: str, response: ModelResponse) -> None:
+        """A structured answer ran to the token limit: the model looped inside the grammar or
+        the form (SmolLM2 behind llama.cpp's server listed the same food in an array of strings
+        until its 600 tokens ran out, 11-14 s, measured). That is the model's answer, not the
+        server ignoring the form: the form is kept, and the answer is asked for again."""
+        log_event(
+            _log,
+            "model_answer_cut",
+            logging.WARNING,
+            model=self.name,
+            purpose=purpose,
+            form=form,
+            output_tokens=response.usage.output_tokens or None,
+        )
 
     def _all_refused(self, purpose: str, refusals: Sequence[tuple[str, FormRefused]]) -> ModelError:
         """Every form failed with an HTTP error: the server's fault, not the forms' (so their

@@ -645,7 +645,14 @@ def _is_states(schema: Mapping[str, Any]) -> bool:
     return isinstance(speak, Mapping) and speak.get("type") == "array" and "minItems" in speak
 
 
-def _openai_completion(reply: Reply, model: str, seq: int, profile: ServerProfile) -> dict[str, Any]:
+def _openai_completion(
+    reply: Reply, model: str, seq: int, profile: ServerProfile, limit: int | None = None
+) -> dict[str, Any]:
+    """A whole answer; past ``limit`` tokens (the request's ``max_tokens``) it stops where the
+    stream would (:func:`_openai_stream_events`), with its ``finish_reason``: text mid-word,
+    tool-call arguments mid-JSON."""
+    if limit is not None and _written(reply) > limit:
+        return _cut_completion(reply, model, seq, profile, limit)
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.calls:
         if reply.text is None:
@@ -671,6 +678,33 @@ def _openai_completion(reply: Reply, model: str, seq: int, profile: ServerProfil
             "completion_tokens": _written(reply),
             "total_tokens": 11 + _written(reply),
         },
+    }
+
+
+def _cut_completion(reply: Reply, model: str, seq: int, profile: ServerProfile, limit: int) -> dict[str, Any]:
+    """The whole answer the stream cut at ``limit`` tokens adds up to."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish = "length"
+    for event, _token in _openai_stream_events(reply, model, seq, profile, usage=False, limit=limit):
+        for choice in (event or {}).get("choices") or ():
+            delta = choice["delta"]
+            content.append(delta.get("content") or "")
+            for part in delta.get("tool_calls") or ():
+                call = calls.setdefault(part["index"], {"id": part.get("id"), "type": "function"})
+                named = call.setdefault("function", {"name": part["function"].get("name"), "arguments": ""})
+                named["arguments"] += part["function"].get("arguments", "")
+            finish = choice["finish_reason"] or finish
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or profile.tool_call_content}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return {
+        "id": f"chatcmpl-{seq}",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": limit, "total_tokens": 11 + limit},
     }
 
 
@@ -944,17 +978,17 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                         self._send(200, _anthropic_message(reply, model, seq))
                 else:
                     reply = server.profile.realise(outcome, reply)
+                    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+                    limit = limit if isinstance(limit, int) and limit > 0 else None
                     if body.get("stream"):
                         asked = bool((body.get("stream_options") or {}).get("include_usage"))
                         usage = asked and server.profile.stream_usage
-                        limit = body.get("max_completion_tokens", body.get("max_tokens"))
-                        limit = limit if isinstance(limit, int) and limit > 0 else None
                         events = _openai_stream_events(reply, model, seq, server.profile, usage, limit)
                         self._stream(events, reply, record)
                     else:
                         self._generate(reply)
                         server._out(record)
-                        self._send(200, _openai_completion(reply, model, seq, server.profile))
+                        self._send(200, _openai_completion(reply, model, seq, server.profile, limit))
                     record.answered = time.monotonic()
 
         def _stream(
