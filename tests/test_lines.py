@@ -184,6 +184,29 @@ def test_a_sentence_of_a_streamed_line_is_checked_against_the_line_s_earlier_sen
     assert check_line("A song in a place.", LineContext()).ok  # alone, it is a line
 
 
+OSTRA_BEFORE = (
+    "The stars. I've been a part of your story, I can't imagine a story I wouldn't write. I'm so glad "
+    "to have been a part of your journey. The stars you've been baking, I'll always remember."
+)
+
+
+def test_two_sentences_of_ones_own_earlier_line_said_again_are_a_copy() -> None:
+    """SmolLM2 behind llama.cpp's server: Ostra's seventh line said three long sentences of her
+    fourth again, after an opening too short to count. One sentence retold is allowed."""
+    context = LineContext(earlier=[OSTRA_BEFORE, "That's remarkable."], speaker_lines=[OSTRA_BEFORE])
+    again = (
+        "The stars. I've been a part of your story, I can't imagine a story I wouldn't write. I'm so "
+        "glad to have been a part of your journey. One small step, I'm going to try."
+    )
+    verdict = check_line(again, context)
+    assert verdict.kind == "copy" and "you already said" in verdict.reason
+    once = (
+        "Good night, everyone, and thank you for all the stories of the sea tonight. I've been a "
+        "part of your story, I can't imagine a story I wouldn't write."
+    )
+    assert check_line(once, context).ok
+
+
 def test_sentences_keep_their_marks_and_quotes() -> None:
     assert sentences("Hello there. Wow! 「今日は」と言った。 Ok?") == [
         "Hello there.",

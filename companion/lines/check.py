@@ -242,6 +242,9 @@ def check_line(text: str, context: LineContext, said_before: Sequence[str] = ())
     if again:
         shown = clip(again, 120)
         return LineVerdict("copy", f"{NOT_SAID} says \u201c{shown}\u201d twice. {_ASK_AGAIN}", shown)
+    retold = _retold(sentences(text), context.speaker_lines)
+    if retold:
+        return _copy(retold, mine=True)
     size = _size(words)
     if size < _EXACT_SIZE:
         return OK
@@ -300,6 +303,28 @@ def _said_again(pieces: Sequence[str], said_before: Sequence[str]) -> str:
         if any(_copies(words, size, other, _SENTENCE_SIZE) for other in earlier):
             return piece
         earlier.append(words)
+    return ""
+
+
+def _retold(pieces: Sequence[str], own: Sequence[str]) -> str:
+    """The second sentence of ``pieces`` (a line's) that repeats one of the speaker's earlier
+    lines (``own``), counting sentences of :data:`_SENTENCE_SIZE` words or more; empty when
+    none. One sentence told again inside a new line is the speaker's to choose (a fact retold in
+    a goodbye); two are its earlier line said again ("The stars. I've been a part of your story,
+    I can't imagine a story I wouldn't write. I'm so glad to have been a part of your journey.
+    ...", Ostra's fourth line and her seventh, SmolLM2 behind llama.cpp's server, measured: the
+    opening too short to count, the line as a whole not near enough). A streamed line's sentence
+    checked alone is refused at the first (a text that is one's earlier sentence is a copy)."""
+    earlier = [w for line in own[-_EARLIER_LIMIT:] for w in map(_said_words, sentences(line[:_TEXT_LIMIT]))]
+    earlier = [w for w in earlier if _size(w) >= _SENTENCE_SIZE]
+    retold = 0
+    for piece in pieces if earlier else ():
+        words = _said_words(piece)
+        size = _size(words)
+        if size >= _SENTENCE_SIZE and any(_copies(words, size, other, _SENTENCE_SIZE) for other in earlier):
+            retold += 1
+            if retold >= 2:
+                return piece
     return ""
 
 
