@@ -18,7 +18,9 @@ one warm-up round. Model sources (``--source``, several allowed):
   --cache_size 268435456 --logits_all false --n_batch 64 --n_threads CORES`` as docs/models.md
   tells users to run it (``--no-server-cache``: without the cache; ``--server-arg``: more
   flags) and stopped by its PID (outside CI: it takes minutes on 2 cores). The goal is printed
-  beside the ratio of first words to the complete line.
+  beside the ratio of first words to the complete line. With ``--xllamacpp-python PY`` the same
+  model is served by llama.cpp's own server instead (PyPI's ``xllamacpp`` in ``PY``'s
+  environment; ``--slots N``, one by default), with every core.
 
 Per turn, from the companion's own ``model_request`` log events: the requests before the first
 words and how many of them came one after another (from each request's end time and duration:
@@ -843,6 +845,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be at least 1")
     if args.runs > 1 and set(args.source) != {"smollm2"}:
         parser.error("--runs is for --source smollm2 (the fake sources say the same lines every run)")
+    if args.slots < 1:
+        parser.error("--slots must be at least 1")
+    if args.xllamacpp_python is not None and (args.server_arg or args.no_server_cache):
+        parser.error("--server-arg and --no-server-cache are llama-cpp-python's: not with --xllamacpp-python")
     if args.rounds + 1 > len(QUESTIONS):
         parser.error(f"--rounds at most {len(QUESTIONS) - 1}: each round asks its own question")
     for source in args.source:
