@@ -238,11 +238,13 @@ def check_line(text: str, context: LineContext, said_before: Sequence[str] = ())
     words = _said_words(text)
     if _loops(words):
         return LineVerdict("copy", f"{NOT_SAID} says the same words over and over. {_ASK_AGAIN}")
-    again = _said_again(sentences(text), said_before)
+    pieces = sentences(text)
+    piece_words = [_said_words(p) for p in pieces]  # read once: each check below compares them
+    again = _said_again(pieces, piece_words, said_before)
     if again:
         shown = clip(again, 120)
         return LineVerdict("copy", f"{NOT_SAID} says \u201c{shown}\u201d twice. {_ASK_AGAIN}", shown)
-    retold = _retold(sentences(text), context.speaker_lines)
+    retold = _retold(pieces, piece_words, context.speaker_lines)
     if retold:
         return _copy(retold, mine=True)
     size = _size(words)
@@ -256,10 +258,9 @@ def check_line(text: str, context: LineContext, said_before: Sequence[str] = ())
     # opens with one's own sentence again (SmolLM2-135M opened three lines in a row with the same
     # two sentences, each line different enough as a whole; a streamed line's first sentence is
     # refused as a copy before anyone hears it, and the whole line is judged the same way).
-    pieces = sentences(text)
-    parts = [(w, _size(w)) for w in (_said_words(p) for p in pieces) if _size(w) >= _SENTENCE_SIZE]
+    parts = [(w, _size(w)) for w in piece_words if _size(w) >= _SENTENCE_SIZE]
     parts = parts if len(pieces) > 1 else []
-    opening = _said_words(pieces[0]) if len(pieces) > 1 else []
+    opening = piece_words[0] if len(pieces) > 1 else []
     runs = _runs(words) if size >= _SPLICE_SIZE else set()
     for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
         whole = _said_words(line[:_TEXT_LIMIT])
@@ -291,14 +292,14 @@ def _loops(words: Sequence[str]) -> bool:
     return False
 
 
-def _said_again(pieces: Sequence[str], said_before: Sequence[str]) -> str:
-    """The first of ``pieces`` (sentences of a line) that repeats one said before it in the same
-    line (``said_before``, then the pieces before it): the same words from :data:`_EXACT_SIZE`,
-    or nearly from :data:`_SENTENCE_SIZE` ("A song in a place. It's a song in a place. A song in
-    a place.", measured); empty when none. A line says each thing once."""
+def _said_again(pieces: Sequence[str], piece_words: Sequence[list[str]], said_before: Sequence[str]) -> str:
+    """The first of ``pieces`` (sentences of a line; ``piece_words``, their words) that repeats
+    one said before it in the same line (``said_before``, then the pieces before it): the same
+    words from :data:`_EXACT_SIZE`, or nearly from :data:`_SENTENCE_SIZE` ("A song in a place.
+    It's a song in a place. A song in a place.", measured); empty when none. A line says each
+    thing once."""
     earlier = [_said_words(p) for p in said_before]
-    for piece in pieces:
-        words = _said_words(piece)
+    for piece, words in zip(pieces, piece_words, strict=True):
         size = _size(words)
         if any(_copies(words, size, other, _SENTENCE_SIZE) for other in earlier):
             return piece
@@ -306,20 +307,20 @@ def _said_again(pieces: Sequence[str], said_before: Sequence[str]) -> str:
     return ""
 
 
-def _retold(pieces: Sequence[str], own: Sequence[str]) -> str:
-    """The second sentence of ``pieces`` (a line's) that repeats one of the speaker's earlier
-    lines (``own``), counting sentences of :data:`_SENTENCE_SIZE` words or more; empty when
-    none. One sentence told again inside a new line is the speaker's to choose (a fact retold in
-    a goodbye); two are its earlier line said again ("The stars. I've been a part of your story,
-    I can't imagine a story I wouldn't write. I'm so glad to have been a part of your journey.
-    ...", Ostra's fourth line and her seventh, SmolLM2 behind llama.cpp's server, measured: the
-    opening too short to count, the line as a whole not near enough). A streamed line's sentence
-    checked alone is refused at the first (a text that is one's earlier sentence is a copy)."""
+def _retold(pieces: Sequence[str], piece_words: Sequence[list[str]], own: Sequence[str]) -> str:
+    """The second sentence of ``pieces`` (a line's; ``piece_words``, their words) that repeats
+    one of the speaker's earlier lines (``own``), counting sentences of :data:`_SENTENCE_SIZE`
+    words or more; empty when none. One sentence told again inside a new line is the speaker's
+    to choose (a fact retold in a goodbye); two are its earlier line said again ("The stars. I've
+    been a part of your story, I can't imagine a story I wouldn't write. I'm so glad to have been
+    a part of your journey. ...", Ostra's fourth line and her seventh, SmolLM2 behind llama.cpp's
+    server, measured: the opening too short to count, the line as a whole not near enough). A
+    streamed line's sentence checked alone is refused at the first (a text that is one's earlier
+    sentence is a copy)."""
     earlier = [w for line in own[-_EARLIER_LIMIT:] for w in map(_said_words, sentences(line[:_TEXT_LIMIT]))]
     earlier = [w for w in earlier if _size(w) >= _SENTENCE_SIZE]
     retold = 0
-    for piece in pieces if earlier else ():
-        words = _said_words(piece)
+    for piece, words in zip(pieces, piece_words, strict=True) if earlier else ():
         size = _size(words)
         if size >= _SENTENCE_SIZE and any(_copies(words, size, other, _SENTENCE_SIZE) for other in earlier):
             retold += 1
