@@ -369,14 +369,13 @@ class ProviderModel:
             return None
         url = props_url(c.base_url)
         unread: tuple[type[Exception], ...] = (*self.errors, ValueError)  # refused, or not JSON
+        why = f"no answer in {timeout:g} s"
         with trio.move_on_after(timeout):
             try:
                 return slots_of(await run_asyncio(self.sdk.read_json, client, url))
             except unread as exc:
                 why = clip(f"{type(exc).__name__}: {exc}", 200)
-                log_event(_log, "model_props_unread", endpoint=c.endpoint, url=url, why=why)
-                return None
-        log_event(_log, "model_props_unread", endpoint=c.endpoint, url=url, why=f"no answer in {timeout:g} s")
+        log_event(_log, "model_props_unread", endpoint=c.endpoint, url=url, why=why)
         return None
 
     # --- the three calls ---------------------------------------------------------------------
