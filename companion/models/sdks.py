@@ -107,9 +107,10 @@ def _anthropic() -> Sdk:
     from pydantic_ai.providers.anthropic import AnthropicProvider
 
     def make_client(config: ProviderConfig, http: httpx2.AsyncClient, timeout: float) -> SdkClient:
-        return anthropic.AsyncAnthropic(
+        client: SdkClient = anthropic.AsyncAnthropic(
             api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
         )
+        return client
 
     def make_model(client: SdkClient, config: ProviderConfig, ends_at_finish: bool) -> Model:
         # An Anthropic stream ends at its message_stop, which comes with its usage.
