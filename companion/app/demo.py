@@ -32,7 +32,7 @@ from companion.app.cards import card_files, packaged_cards
 from companion.app.changes import Changes
 from companion.app.group import USER_ID, MemoryGroup
 from companion.app.lines import parse_peer_line, parse_sees
-from companion.app.stopping import STOP_GRACE, Interrupted, is_interrupt
+from companion.app.stopping import CLIENTS_CATCH_UP, STOP_GRACE, Interrupted, is_interrupt
 from companion.card.model import LoadedCard, load_card
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.log import library_teardown, log_event
@@ -57,6 +57,16 @@ logger = logging.getLogger("companion.app.demo")
 
 FINISHED: Final = ("terminal", "turn_cap")
 """The ends of a demo that did what it should (exit 0; the folder of logs is removed)."""
+
+
+def stops_by_itself() -> float:
+    """Seconds a companion process has to stop in order by itself once the terminal's Ctrl-C
+    reached it too (its turn in flight, its clients, telling its peers it leaves) before the
+    demo's SIGTERM, its second signal, stops it at once. 5 s was too few for one of three on a
+    loaded machine."""
+    from companion.node.presence import LEAVE_NOTICE_TIMEOUT  # (importing this module loads no libp2p)
+
+    return STOP_GRACE + CLIENTS_CATCH_UP + LEAVE_NOTICE_TIMEOUT
 
 
 def check_demo_model(spec: str, base_url: str | None) -> None:
@@ -376,7 +386,7 @@ async def run_demo(options: DemoOptions, emit: Callable[[TranscriptEvent], None]
                 library_teardown()
                 bridge_scope.cancel()  # first, so it does not try to redial companions that stop
                 with trio.CancelScope(shield=True):
-                    await _stop_children(children, settle=STOP_GRACE + 2.0 if ctrl_c.is_set() else 0.0)
+                    await _stop_children(children, settle=stops_by_itself() if ctrl_c.is_set() else 0.0)
                 nursery.cancel_scope.cancel()
         raise Interrupted  # only a Ctrl-C cancels the nursery before the body returned
 
