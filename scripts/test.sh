@@ -24,30 +24,35 @@ deps=$!
 trap 'wait "$deps" 2>/dev/null || true' EXIT
 # The suite starts hundreds of Python processes (companions, drivers, demos): without bytecode on
 # disk each one compiles the package anew (0.3 s a start), and pytest rewrites every test module
-# again in each worker. An installed package has its bytecode, so the tests keep theirs too.
+# again in each worker, so the tests keep their bytecode. pip would compile every file it installs,
+# one after another (about 14 s on a fresh clone, most of it SDK type modules nothing imports):
+# instead, what the suite imports is compiled once, by importing it (scripts/warm_imports.py),
+# beside mypy, before the first test process starts.
 unset PYTHONDONTWRITEBYTECODE
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q --no-compile -e ".[test]"
 took "install"
 full=$(( $# == 0 ))  # no arguments: the whole suite
 # Each pytest run ends with its slowest tests by wall time and by CPU seconds (tests/support/
 # cputime.py), so a slow run says which tests took it, and whether they needed a core or waited.
 SLOWEST=${COMPANION_TEST_SLOWEST:-30}
 report=(--durations="$SLOWEST" --cpu-durations="$SLOWEST")
-# Three streams run beside the phase on the workers, which lasts minutes; each writes its own log,
+# Two streams run beside the phase on the workers, which lasts minutes; each writes its own log,
 # shown after. (mypy ran before the workers once: they started at 158 s of a 544 s run on a fresh
 # clone. Since the suite's processes start warm, tests/support/warm.py, the cores have room.)
-# - `types`: mypy, strict, about 50 s of one core on a fresh clone;
-# - `early`: tests that need only the package and mostly build or wait (a wheel in a fresh
-#   virtualenv, a minute-long conversation with a JavaScript peer, twenty mixed conversations, two
-#   peers frozen against the health checks' clock), two at a time;
-# - `solo`: tests at real rates (chatter at 50 messages a second, a flood at 150, a dozen nodes
-#   started at once), one at a time and never beside each other. Each needs about half a core
-#   (`--cpu-durations`) and mostly waits; they ran last, one after another, after the workers.
-# All end well within the workers' phase, which is the critical path.
+# - `types`: mypy, strict, about 30 s of one core on a fresh clone;
+# - `early-then-solo`: first the tests that need only the package and mostly build or wait (a
+#   wheel in a fresh virtualenv, a minute-long conversation with a JavaScript peer, twenty mixed
+#   conversations, two peers frozen against the health checks' clock), two at a time; then the
+#   tests at real rates (chatter at 50 messages a second, a flood at 150, a dozen nodes started at
+#   once), one at a time and never beside each other. Each of those needs about half a core
+#   (`--cpu-durations`) and mostly waits. They ran beside the early ones once, when the workers,
+#   mypy and the early tests' builds already filled both cores (and the workers' last minutes
+#   left half a core idle): now they take that half core.
+# Both end within the workers' phase, which is the critical path.
 streams=()
 stream() {  # stream NAME COMMAND...: a command in the background, its log kept for later
     local name=$1 log
@@ -76,21 +81,29 @@ finish_streams() {  # waits for every stream, prints its log; the first non-zero
     streams=()
     return "$first"
 }
+trap 'wait "$deps" 2>/dev/null || true; finish_streams || true' EXIT
 if [ "$full" -eq 1 ]; then
-    # collected from the files that hold such tests only (collecting all of them takes 7 s more);
-    # the chatter first, while the workers' phase has not started yet
+    # about half a minute of one core on a fresh clone: beside the tests, not before them
+    stream types .venv/bin/mypy companion scripts tests  # strict for the tests and benchmarks too
+    .venv/bin/python scripts/warm_imports.py
+    took "bytecode"
+fi
+early_then_solo() {  # the solo tests need the cores the start of the workers' phase saturates
+    local rc=0
+    .venv/bin/python -m pytest -n 2 -m early "${report[@]}" "${early_files[@]}" || rc=$?
+    echo "test.sh: early tests done at $((SECONDS - began)) s (exit $rc)"
+    .venv/bin/python -m pytest -m solo "${report[@]}" "${solo_files[@]}" || rc=$((rc ? rc : $?))
+    return "$rc"
+}
+if [ "$full" -eq 1 ]; then
+    # collected from the files that hold such tests only (collecting all of them takes 7 s more)
     mapfile -t early_files < <(grep -rl "mark.early" tests --include="test_*.py" | sort)
     mapfile -t solo_files < <(grep -rl "mark.solo" tests --include="test_*.py" | sort -r)
-    stream early .venv/bin/python -m pytest -n 2 -m early "${report[@]}" "${early_files[@]}"
-    stream solo .venv/bin/python -m pytest -m solo "${report[@]}" "${solo_files[@]}"
+    stream early-then-solo early_then_solo
 fi
-trap 'wait "$deps" 2>/dev/null || true; finish_streams || true' EXIT
 .venv/bin/ruff check companion tests scripts
 .venv/bin/ruff format --check companion tests scripts
-if [ "$full" -eq 1 ]; then
-    # about a minute of one core on a fresh clone: beside the workers, not before them
-    stream types .venv/bin/mypy companion scripts tests  # strict for the tests and benchmarks too
-else
+if [ "$full" -eq 0 ]; then
     .venv/bin/mypy companion scripts tests
 fi
 took "lint"
