@@ -18,6 +18,7 @@ from libp2p.peer.id import ID
 from libp2p.stream_muxer.exceptions import MuxedStreamError
 from libp2p.utils.varint import encode_uvarint
 
+from companion.memory import Inbound
 from companion.node import CompanionNode, NodeConfig
 from companion.node import node as node_module
 from companion.node.announcements import DISCONNECT_GRACE
@@ -27,6 +28,7 @@ from companion.node.metadata import METADATA_PROTOCOL, fetch_metadata
 from companion.node.node import GONE_WAIT
 from companion.node.presence import LEAVE_NOTICE_TIMEOUT, LEAVE_PROTOCOL
 from companion.node.pubsub import GuardedPubsub, reset_quietly
+from companion.protocol import MESSAGES, Message
 from support.cards import metadata as md
 from support.nodes import RawPeer, raw_peer, run_node, running, until
 from support.recorders import Recorder
@@ -428,3 +430,53 @@ async def test_asking_a_companion_that_announced_its_stop_is_routine(
     assert record is not None
     fields = record.__dict__["companion_fields"]
     assert (record.levelno, fields["left"]) == (logging.INFO, True), fields
+
+
+class _BusyHandler:
+    """A companion busy with the last message that passed its edge: its handler takes
+    ``seconds`` over the first payload, so a stop waits that long for it after the host closed."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.busy = trio.Event()
+
+    async def handle(self, inbound: Inbound) -> None:
+        if not self.busy.is_set():
+            self.busy.set()
+            await trio.sleep(self.seconds)
+
+
+async def test_a_stopping_node_dials_nobody_while_its_handler_finishes() -> None:
+    """b stops while its handler still works on a message (a busy companion): its host is closed,
+    and the stop waits for the handler. b's bootstrap peer a is lost then, and b used to dial it
+    again half a second into that wait: a took the new connection, on which b no longer answered,
+    for b still being there, and kept b in its directory (once in a full suite run, a still listed
+    b 20 s after b stopped). A stopping node dials nobody."""
+    seen: set[int] = set()  # a's connections to b, by identity
+
+    async def watch(a: CompanionNode, b: CompanionNode) -> None:
+        while True:
+            seen.update(map(id, a._host.get_network().connections.get(ID.from_base58(b.peer_id), [])))
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery, running(nursery, md("a"), dht=False) as (a, _):
+        b = CompanionNode(md("b"), NodeConfig(dht=False, peers=(a.listen_addrs[0],)))
+        busy = _BusyHandler(3.0)
+        stop_b = trio.CancelScope()
+        await nursery.start(run_node, b, busy, stop_b)
+        await until(lambda: "companion_b" in a.directory and "companion_a" in b.directory, 10)
+        nursery.start_soon(watch, a, b)
+        for _ in range(50):  # the mesh forms on a heartbeat: until b's handler has one
+            await a.publish(MESSAGES, Message.create("companion_a", ["companion_b"], "still there?"))
+            with trio.move_on_after(0.2):
+                await busy.busy.wait()
+        assert busy.busy.is_set()
+        stop_b.cancel()
+        with trio.fail_after(NodeConfig().close_timeout + 1):
+            await b._finished.wait()
+        await until(lambda: not a._is_connected(ID.from_base58(b.peer_id)), AT_ONCE)
+        await trio.sleep(1)  # a dial of b's would be seen by now
+        assert len(seen) == 1, "b dialled a while it stopped"
+        assert not a._is_connected(ID.from_base58(b.peer_id))
+        assert "companion_b" not in a.directory
+        nursery.cancel_scope.cancel()

@@ -113,6 +113,15 @@ class _ConnectionEvents(ConnectionNotifee):
         self._offer("disconnected", conn)
 
 
+async def _stop_auto_connector(host: Any) -> None:
+    """py-libp2p's connection manager dials known peers when a node has fewer connections than
+    its target, on its own timer and when the routing asks (routing.py): a node that stops wants
+    fewer, and dials nobody (:meth:`CompanionNode._dial`)."""
+    connector = getattr(host.get_network(), "auto_connector", None)
+    if connector is not None:
+        await connector.stop()
+
+
 def _known_addrs(host: Any, peer: ID) -> list[Multiaddr]:
     """The peerstore's addresses of ``peer`` (it raises for a peer it never heard of)."""
     try:
@@ -438,7 +447,8 @@ class CompanionNode:
                         )
                         task_status.started()
                         await stop.wait()
-                        self._stopped = True
+                        self._stopped = True  # from here on this node dials nobody (_dial)
+                        await _stop_auto_connector(host)
                         await self.presence.leave()
                         await self._close_host(host)
                         # what passed the edge before the host closed reaches the handler still
@@ -704,7 +714,7 @@ class CompanionNode:
                 name=self.name,
                 max_connections=dial_target(self.config.max_connections),
                 wait_for_change=self._changed_wait,
-                dial_relayed=self.nat.dial_relayed,
+                dial_relayed=self._dial_relayed,
             )
             await nursery.start(self.routing.run)
 
@@ -721,8 +731,9 @@ class CompanionNode:
         relay = addr in self.config.relays
         target = dial_target(self.config.max_connections)
 
-        def needed_elsewhere(peer: ID) -> bool:
-            return self._is_connected(peer) or (not relay and len(self.connected_peers) >= target)
+        def needed_elsewhere(peer: ID) -> bool:  # (or not at all: a node that stops dials nobody)
+            enough = not relay and len(self.connected_peers) >= target
+            return self._stopped or self._is_connected(peer) or enough
 
         await redial_forever(
             info,
@@ -743,12 +754,22 @@ class CompanionNode:
 
     async def _dial(self, info: PeerInfo) -> None:
         """Dial, forgetting py-libp2p's memory of earlier failures (it refuses to redial a peer
-        that failed recently, which would defeat our own backoff)."""
+        that failed recently, which would defeat our own backoff). Never once the node stops:
+        its host closes, and it may wait for its handler after that; a bootstrap peer lost then
+        was dialled again, py-libp2p's closed swarm dropped the connection on its side without
+        closing it, and the peer kept it, and this companion in its directory."""
+        if self._stopped:
+            raise NodeNotRunning(f"node {self.name} is stopping: it dials nobody")
         network = self._host.get_network()
         unblock = getattr(network, "unblock_peer", None)
         if unblock is not None:
             unblock(info.peer_id)
         await self._host.connect(info)
+
+    async def _dial_relayed(self, peer: ID) -> bool:
+        """A peer only a relay reaches, dialled through one (never once the node stops, as
+        :meth:`_dial`)."""
+        return not self._stopped and self.nat is not None and await self.nat.dial_relayed(peer)
 
     async def _changed_wait(self) -> None:
         await self._changed.wait()
