@@ -149,6 +149,8 @@ def test_a_line_of_ones_own_passes(said: str) -> None:
         "A song in a place. A song in a place. It's a song in a place.",
         "A street in a place. A street, I see. A street in a place.",
         "It is so, so huge! It is so, so huge!",
+        "It's my own. It is my own.",  # the same sentence, contracted once
+        "I can't stop. I cannot stop.",
         "ははは、ははは、ははは、ははは、ははは。",
     ],
 )
@@ -168,6 +170,7 @@ def test_a_line_that_says_the_same_again_is_not_a_line(said: str) -> None:
         "Yes. Yes! I said yes.",  # short sentences may come back
         "はい、はい、はい。わかりました。",
         "Row, row, row your boat, gently down the stream.",
+        "It's Pim's bread. Pim's bread is warm.",  # a name's 's is not "is"
     ],
 )
 def test_words_said_again_for_emphasis_are_a_line(said: str) -> None:
@@ -262,8 +265,9 @@ def test_contractions_do_not_hide_a_copy() -> None:
     said = LineContext(earlier=["You are a guardian of facts, and I am the one who created that."])
     assert check_line("You're a guardian of facts, and I'm the one who created it.", said).kind == "copy"
     assert normalized_words("I'm sure they won't, you've seen") == [
-        "i", "am", "sure", "they", "wo", "not", "you", "have", "seen"
+        "i", "am", "sure", "they", "will", "not", "you", "have", "seen"
     ]  # fmt: skip
+    assert normalized_words("It's Pim's, it can't be") == ["it", "is", "pim", "s", "it", "can", "not", "be"]
 
 
 @pytest.mark.parametrize(
