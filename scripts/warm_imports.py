@@ -1,9 +1,9 @@
 """Compile what the test suite imports, once, before its processes start (``scripts/test.sh``).
 
 ``pip install --no-compile`` leaves the virtualenv without bytecode; the first process to import
-a module writes its ``.pyc``. The suite's first moments start five Python processes at once
+a module writes its ``.pyc``. The suite's first moments start several Python processes at once
 (pytest's workers, their warm-start servers, the early tests), each of which would compile the
-same 2,800 modules. Importing them here first compiles each once, and only those: pip compiled
+same 2,500 modules. Importing them here first compiles each once, and only those: pip compiled
 every file it installed, most of them SDK type modules nothing imports.
 
 Only an optimisation: a module missing from these lists is compiled by whoever imports it first.

@@ -452,11 +452,12 @@ async def test_a_stopping_node_dials_nobody_while_its_handler_finishes() -> None
     again half a second into that wait: a took the new connection, on which b no longer answered,
     for b still being there, and kept b in its directory (once in a full suite run, a still listed
     b 20 s after b stopped). A stopping node dials nobody."""
-    seen: set[int] = set()  # a's connections to b, by identity
+    seen: dict[int, object] = {}  # a's connections to b, by identity, kept (an id is not reused)
 
     async def watch(a: CompanionNode, b: CompanionNode) -> None:
+        peer = ID.from_base58(b.peer_id)
         while True:
-            seen.update(map(id, a._host.get_network().connections.get(ID.from_base58(b.peer_id), [])))
+            seen.update((id(c), c) for c in a._host.get_network().connections.get(peer, []))
             await trio.sleep(0.01)
 
     async with trio.open_nursery() as nursery, running(nursery, md("a"), dht=False) as (a, _):
