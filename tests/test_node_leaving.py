@@ -398,7 +398,9 @@ async def test_asking_a_companion_that_announced_its_stop_is_routine(
     """When 30 companions stopped together on two cores, their closes took seconds: a peer that
     dialled one of them meanwhile got no metadata (a stopping companion answers none) from a
     peer still connected a second later, and warned, 24 times. c heard a's stop through b,
-    dials a while a's close is slow, and says so at INFO."""
+    dials a while a's close is slow, and says so at INFO: a left c's directory a moment ago, or
+    a's notice reached c over the new connection before its failed answer did (both happen, by
+    which comes first)."""
     real_close = CompanionNode._close_host
 
     async def slow_close(node: CompanionNode, host: Any) -> None:
@@ -429,7 +431,8 @@ async def test_asking_a_companion_that_announced_its_stop_is_routine(
     record = _unavailable(caplog, "companion_c")
     assert record is not None
     fields = record.__dict__["companion_fields"]
-    assert (record.levelno, fields["left"]) == (logging.INFO, True), fields
+    assert record.levelno == logging.INFO, fields
+    assert fields.get("left") is True or fields["status"] == "leaving", fields
 
 
 class _BusyHandler:
