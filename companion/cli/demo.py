@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -19,6 +19,9 @@ from companion.app.logs import configure_node_logging
 from companion.app.stopping import Interrupted
 from companion.cli.options import add_log_level_arguments, chosen_log_level
 from companion.log import configure_logging
+
+if TYPE_CHECKING:
+    from companion.app.spawner import Spawner
 
 __all__ = ["main", "register"]
 
@@ -72,13 +75,27 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from companion.app.spawner import Spawner, preload_for
+
+    configure = configure_logging if args.in_memory else configure_node_logging  # py-libp2p's too
+    configure(chosen_log_level(args), "json" if args.json else "text")
+    # before anything starts a thread or an event loop (the model's check does): the companions'
+    # imports start now, beside this process's (companion/app/spawner.py)
+    spawner = None if args.in_memory else Spawner.fork(preload_for(args.model))
+    try:
+        return _demo(args, spawner)
+    finally:
+        if spawner is not None:
+            spawner.close()
+
+
+def _demo(args: argparse.Namespace, spawner: Spawner | None) -> int:
+    """The demo once its spawner (if any) runs: checks, then the conversation."""
     from companion.app.cards import resolve_card
     from companion.app.demo import FINISHED, DemoOptions, check_demo_model, default_cards, names_of, run_demo
     from companion.card.model import CardError, load_card
     from companion.conversation.transcript import TranscriptEvent, render_text
 
-    configure = configure_logging if args.in_memory else configure_node_logging  # py-libp2p's too
-    configure(chosen_log_level(args), "json" if args.json else "text")
     if not args.model.startswith("scripted"):
         from companion.models.errors import ModelSetupError
 
@@ -126,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
         cast = [name for cid, name in names.items() if cid.startswith("companion_")]
         print(f"companion demo: {', '.join(cast)} ({args.model})", flush=True)
     try:
-        end = trio.run(run_demo, options, emit)
+        end = trio.run(run_demo, options, emit, spawner)
     except (KeyboardInterrupt, Interrupted):
         return 0 if reader_gone else 130
     except (TimeoutError, RuntimeError) as exc:

@@ -28,23 +28,10 @@ import sys
 import threading
 from typing import Any
 
+from companion.app.spawner import preload_for
+
 PRELOAD = (
-    "companion.cli",
-    "companion.cli.run",
-    "companion.app.run",
-    "companion.app.engines",
-    "companion.node.node",
-    "companion.engine.driver",
-    "companion.models.scripted",
-    "companion.models.providers",
-    "companion.models.factory",
-    "pydantic_ai.models.openai",  # imported when the model is built: the OpenAI SDK, 1.2 s
-    "pydantic_ai.providers.openai",
-    "companion.store.sqlite",
-    "companion.bridge.server",
-    "companion.app.bridge",
-    "companion.app.clients",
-    "companion.app.metrics_http",
+    *preload_for("openai:any"),  # what ``companion demo``'s spawner preloads for a provider model
     "support.raw_publisher",
     "support.node_driver",
 )

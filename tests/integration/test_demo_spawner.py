@@ -1,0 +1,127 @@
+"""The demo's companions are forked by its spawner (companion/app/spawner.py), not started as
+fresh interpreters: what a user meets is the same (a process per card, its PID signalled, its exit
+status reported) and a demo killed outright no longer leaves its companions running."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from companion.app.spawner import GRACE
+from support.cli import started_companion
+
+pytestmark = pytest.mark.integration
+
+READY_WITHIN = 60.0
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command's name: state first, parent PID second."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def _parent(pid: int) -> int:
+    stat = _stat(pid)
+    assert stat is not None, pid
+    return int(stat[1])
+
+
+def test_a_demo_killed_outright_leaves_no_companion_running(tmp_path: Path) -> None:
+    """SIGKILL (``kill -9``, the OOM killer) gives the demo no chance to stop its companions. They
+    are its spawner's children, forked from it; the spawner sees the demo's end of their socket
+    close and stops them (SIGTERM: each stops in order), then ends itself."""
+    args = ["demo", "--pace", "3", "--log-level", "INFO"]
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as demo:
+        assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
+        children = [int(p) for p in re.findall(r"companion_process_started .*?pid=(\d+)", demo.stderr())]
+        assert len(children) == 3 and all(_alive(pid) for pid in children), demo.stderr()
+        (spawner,) = {_parent(pid) for pid in children}
+        assert spawner != demo.process.pid and _parent(spawner) == demo.process.pid
+        os.kill(demo.process.pid, signal.SIGKILL)
+        assert demo.process.wait(timeout=10) == -signal.SIGKILL
+        deadline = time.monotonic() + GRACE + 10
+        while any(_alive(pid) for pid in (*children, spawner)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [pid for pid in (*children, spawner) if _alive(pid)] == []
+
+
+_LIFECYCLE = textwrap.dedent(
+    """
+    import os, signal, sys
+    import trio
+    from companion.app.spawner import Spawner, preload_for
+
+    spawner = Spawner.fork(preload_for("scripted"))
+    assert spawner is not None
+
+    async def read_until(stream, needle):
+        seen = b""
+        with trio.fail_after(60):
+            while needle not in seen:
+                chunk = await stream.receive_some()
+                if not chunk:
+                    break
+                seen += chunk
+        return seen.decode()
+
+    async def one(args, needle, sig=None):
+        read_end, write_end = os.pipe()
+        try:
+            process = await spawner.spawn(args, write_end, write_end)
+        finally:
+            os.close(write_end)
+        async with trio.lowlevel.FdStream(read_end) as out:
+            said = await read_until(out, needle)
+            if sig is not None:
+                process.send_signal(sig)
+            with trio.fail_after(30):
+                code = await process.wait()
+        print(repr((needle.decode() in said, code)), flush=True)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(spawner.serve)
+            await one(["--no-such-option"], b"arguments are required: CARD")
+            await one(
+                ["pim", "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0", "--data-dir", sys.argv[1]],
+                b"companion_pim sees",
+                signal.SIGINT,
+            )
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    print(repr(("spawner", spawner.close())), flush=True)
+    """
+)
+
+
+def test_the_spawner_reports_each_companion_s_output_and_exit_status(tmp_path: Path) -> None:
+    """One companion fails at its arguments (argparse's message on the fd given as its stderr,
+    exit 2); one runs until it listens and sees itself, then takes Ctrl-C's signal as a fresh
+    process does (exit 130); the spawner ends with 0 once its end is closed."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LIFECYCLE, str(tmp_path / "data")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["(True, 2)", "(True, 130)", "('spawner', 0)"], done.stderr[-3000:]
