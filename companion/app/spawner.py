@@ -51,7 +51,7 @@ from companion.log import log_event
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
 
-__all__ = ["GRACE", "RUN_MODULE", "SpawnedProcess", "Spawner", "preload_for"]
+__all__ = ["GRACE", "RUN_MODULE", "SpawnedProcess", "Spawner", "preload_for", "run_as_main"]
 
 logger = logging.getLogger("companion.app.spawner")
 
@@ -337,6 +337,14 @@ class _Serving:
             self.sock.send(json.dumps(message).encode())
 
 
+def run_as_main(module: str) -> None:
+    """Run ``module`` as ``python -m`` does, in a process that imported it already: its code runs
+    anew as ``__main__`` (the imported copy is set aside first, or runpy warns on stderr that
+    it found it: a line in every forked companion's log)."""
+    sys.modules.pop(module, None)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 def _run_companion(args: list[str]) -> int:
     """In a forked companion: ``python -m companion.cli.run ARGS`` from the top, with the
     signal handlers a fresh interpreter has. Returns its exit status."""
@@ -348,7 +356,7 @@ def _run_companion(args: list[str]) -> int:
     sys.argv = [RUN_MODULE, *args]
     code: int = 0
     try:
-        runpy.run_module(RUN_MODULE, run_name="__main__", alter_sys=True)
+        run_as_main(RUN_MODULE)
     except SystemExit as exc:
         if exc.code is None:
             code = 0

@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import socket
 import sys
 import threading
 from typing import Any
 
-from companion.app.spawner import preload_for
+from companion.app.spawner import preload_for, run_as_main
 
 PRELOAD = (
     *preload_for("openai:any"),  # what ``companion demo``'s spawner preloads for a provider model
@@ -115,7 +114,7 @@ def _run(request: dict[str, Any]) -> None:
     os.environ.update(request["env"])
     module, *args = request["argv"]
     sys.argv = [module, *args]  # run_module puts the module's file first
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    run_as_main(module)
 
 
 def main() -> None:
