@@ -71,9 +71,10 @@ def _openai() -> Sdk:
         )
 
     def make_client(config: ProviderConfig, http: httpx2.AsyncClient, timeout: float) -> SdkClient:
-        return openai.AsyncOpenAI(
+        client: SdkClient = openai.AsyncOpenAI(
             api_key=config.api_key, base_url=config.base_url, max_retries=0, timeout=timeout, http_client=http
         )
+        return client
 
     def make_model(client: SdkClient, config: ProviderConfig, ends_at_finish: bool) -> Model:
         assert isinstance(client, openai.AsyncOpenAI)
