@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support.warm import popen as warm_popen
+
 REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["Started", "companion_argv", "run_companion", "run_demo", "started_companion"]
@@ -136,6 +138,22 @@ def run_demo(
         *keep,
         *extra,
     ]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    # forked warm (support.warm): what these tests read is the transcript, not the start-up
+    process = warm_popen(
+        command,
+        env=dict(os.environ if env is None else env),
+        cwd=str(REPO),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=240)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     return done, events
