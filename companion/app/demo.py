@@ -43,6 +43,7 @@ from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.log import library_teardown, log_event
 from companion.memory import Inbound
 from companion.protocol import MESSAGES, PREVIEWS, Message, Metadata
+from companion.text import clip
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -223,14 +224,28 @@ async def _read_child(child: _Child, stream: trio.abc.ReceiveStream) -> None:
     child.changes.note()
 
 
+def _last_line(log: Path, tail: int = 2048) -> str:
+    """The last line a companion's log holds (what a command that refused to start says last),
+    from its last ``tail`` bytes, clipped; empty if there is none."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail))
+            lines = handle.read().decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return ""
+    return clip(lines[-1].strip(), 300) if lines else ""
+
+
 async def _wait_child(child: _Child, predicate: Callable[[_Child], bool], timeout: float, what: str) -> None:
     with trio.move_on_after(timeout):
         while not predicate(child):
             if child.closed:
                 code = await child.process.wait()
+                said = _last_line(child.log_path)
                 raise RuntimeError(
-                    f"companion process for {child.card} exited with {code} before {what}; "
-                    f"its log: {child.log_path}"
+                    f"companion process for {child.card} exited with {code} before {what}"
+                    + (f" ({said})" if said else "")
+                    + f"; its log: {child.log_path}"
                 )
             await child.changes.wait()
         return

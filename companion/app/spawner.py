@@ -51,7 +51,7 @@ from companion.log import log_event
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
 
-__all__ = ["GRACE", "RUN_MODULE", "SpawnedProcess", "Spawner", "preload_for", "run_as_main"]
+__all__ = ["GRACE", "RUN_MODULE", "SPAWN_TIMEOUT", "SpawnedProcess", "Spawner", "preload_for", "run_as_main"]
 
 logger = logging.getLogger("companion.app.spawner")
 
@@ -62,6 +62,9 @@ RUN_MODULE: Final = "companion.cli.run"
 GRACE: Final = 10.0
 """Seconds the spawner gives companions still running when the demo closed its end (the demo
 stops them itself first; this is for a demo that died) before SIGKILL."""
+SPAWN_TIMEOUT: Final = 60.0
+"""Seconds the spawner may take to answer a request: its imports come first (2-4 s of CPU; a
+minute means something else is wrong)."""
 CLOSE_TIMEOUT: Final = GRACE + 5.0
 """Seconds :meth:`Spawner.close` waits for the spawner to end before it kills it."""
 MAX_PACKET: Final = 1 << 16
@@ -137,6 +140,7 @@ class Spawner:
         self._answers: tuple[Channel[Answer], trio.MemoryReceiveChannel[Answer]] = trio.open_memory_channel(1)
         self._processes: dict[int, SpawnedProcess] = {}
         self._closed = False
+        self._what = f"the process that starts the companions (pid {pid})"
 
     @classmethod
     def fork(cls, preload: Sequence[str]) -> Spawner | None:
@@ -164,7 +168,10 @@ class Spawner:
         send, _ = self._answers
         try:
             while True:
-                data = await self._sock.recv(MAX_PACKET)
+                try:
+                    data = await self._sock.recv(MAX_PACKET)
+                except OSError:  # reset: it ended with a request of ours unread
+                    break
                 if not data:
                     break
                 message = json.loads(data)
@@ -175,6 +182,7 @@ class Spawner:
                 else:
                     await send.send(message)
         finally:
+            send.close()  # a spawn waiting for its answer hears that none will come
             if self._processes and not self._closed:
                 log_event(
                     logger,
@@ -187,16 +195,26 @@ class Spawner:
                 process._exited(None)
             self._processes.clear()
 
-    async def spawn(self, args: Sequence[str], stdout: int, stderr: int) -> SpawnedProcess:
+    async def spawn(
+        self, args: Sequence[str], stdout: int, stderr: int, *, timeout: float = SPAWN_TIMEOUT
+    ) -> SpawnedProcess:
         """Fork ``python -m companion.cli.run ARGS`` with these fds as its stdout and stderr
-        (this process keeps its own copies; close them after). Needs :meth:`serve` running."""
+        (this process keeps its own copies; close them after). Needs :meth:`serve` running.
+        Raises :class:`RuntimeError` if the spawner does not answer within ``timeout`` seconds
+        or has ended."""
         _, answers = self._answers
         async with self._lock:
             fds = array.array("i", [stdout, stderr]).tobytes()
-            await self._sock.sendmsg(
-                [json.dumps(list(args)).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
-            )
-            answer = await answers.receive()
+            try:
+                with trio.fail_after(timeout):
+                    await self._sock.sendmsg(
+                        [json.dumps(list(args)).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)]
+                    )
+                    answer = await answers.receive()
+            except trio.TooSlowError as exc:
+                raise RuntimeError(f"{self._what} did not answer within {timeout:g} s") from exc
+            except (OSError, trio.EndOfChannel, trio.ClosedResourceError) as exc:
+                raise RuntimeError(f"{self._what} has ended") from exc
             if "pid" not in answer:
                 raise RuntimeError(f"the companion process could not be started: {answer.get('error')}")
             process = SpawnedProcess(int(answer["pid"]))
@@ -283,7 +301,10 @@ class _Serving:
             pass
 
     def _request(self) -> list[str] | None:
-        data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_PACKET, 2)
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_PACKET, 2)
+        except OSError:  # its end reset: as good as closed
+            data, fds = b"", []
         if not data:  # the demo closed its end: its companions go too
             for fd in fds:
                 os.close(fd)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from companion.app.logs import configure_node_logging
-from companion.app.stopping import Interrupted
+from companion.app.stopping import is_interrupt
 from companion.cli.options import add_log_level_arguments, chosen_log_level
 from companion.log import configure_logging
+from companion.tasks import innermost
 
 if TYPE_CHECKING:
     from companion.app.spawner import Spawner
@@ -106,10 +107,22 @@ def _demo(args: argparse.Namespace, spawner: Spawner | None) -> int:
             return 2
     try:
         cards = [resolve_card(card) for card in args.cards] or default_cards()
-        names = names_of(load_card(path) for path in cards)
+        loaded = [load_card(path) for path in cards]
     except (CardError, FileNotFoundError) as exc:
         print(f"companion demo: {exc}", file=sys.stderr)
         return 2
+    names = names_of(loaded)
+    first: dict[str, Path] = {}
+    for path, card in zip(cards, loaded, strict=True):
+        cid = card.card.metadata.id
+        if cid in first:  # its second process would find the first's data directory locked
+            print(
+                f"companion demo: {first[cid]} and {path} are the same companion ({cid}), which runs "
+                "once: name another card",
+                file=sys.stderr,
+            )
+            return 2
+        first[cid] = path
     options = DemoOptions(
         cards=cards,
         model=args.model,
@@ -144,9 +157,12 @@ def _demo(args: argparse.Namespace, spawner: Spawner | None) -> int:
         print(f"companion demo: {', '.join(cast)} ({args.model})", flush=True)
     try:
         end = trio.run(run_demo, options, emit, spawner)
-    except (KeyboardInterrupt, Interrupted):
-        return 0 if reader_gone else 130
-    except (TimeoutError, RuntimeError) as exc:
-        print(f"companion demo: {exc}", file=sys.stderr)
-        return 1
+    except BaseException as exc:
+        if is_interrupt(exc):
+            return 0 if reader_gone else 130
+        failure = innermost(exc)  # raised inside the demo's nursery: in a group of one
+        if isinstance(failure, TimeoutError | RuntimeError):
+            print(f"companion demo: {failure}", file=sys.stderr)
+            return 1
+        raise
     return 0 if end.reason in FINISHED else 1

@@ -1,6 +1,7 @@
 """The demo's companions are forked by its spawner (companion/app/spawner.py), not started as
 fresh interpreters: what a user meets is the same (a process per card, its PID signalled, its exit
-status reported) and a demo killed outright no longer leaves its companions running."""
+status reported) and a demo killed outright no longer leaves its companions running. A companion
+that cannot start is named in one line, with what it said."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from companion.app.spawner import GRACE
-from support.cli import started_companion
+from support.cli import run_companion, started_companion
 
 pytestmark = pytest.mark.integration
 
@@ -127,3 +128,24 @@ def test_the_spawner_reports_each_companion_s_output_and_exit_status(tmp_path: P
     assert done.returncode == 0, done.stderr[-3000:]
     expected = ["(True, False, 2)", "(True, False, 130)", "('spawner', 0)"]
     assert done.stdout.splitlines() == expected, done.stderr[-3000:]
+
+
+def test_a_companion_that_cannot_start_is_named_in_one_line_with_what_it_said(tmp_path: Path) -> None:
+    """Pim already runs on the data directory the demo is told to keep its data in: the demo's
+    Pim exits 2 at once (the directory is locked). The demo used to print trio's exception group
+    as a traceback; it says which companion, its exit status and its last words, and exits 1.
+    The same card twice is refused before anything starts (exit 2)."""
+    keep = tmp_path / "keep"
+    pim = ["run", "pim", "--data-dir", str(keep / "data"), "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"]
+    with started_companion(pim, cwd=tmp_path, logs=tmp_path / "first") as running:
+        assert running.wait_for_output("companion_pim sees ", READY_WITHIN), running.stderr()
+        demo = run_companion(["demo", "--keep", str(keep), "--pace", "0"], cwd=tmp_path, timeout=120)
+    assert demo.returncode == 1, demo.stderr[-3000:]
+    assert "Traceback" not in demo.stderr and "ExceptionGroup" not in demo.stderr, demo.stderr[-3000:]
+    (said,) = [line for line in demo.stderr.splitlines() if line.startswith("companion demo: ")]
+    assert "pim.yaml exited with 2 before" in said, said
+    assert f"in use by process {running.process.pid}" in said, said
+
+    twice = run_companion(["demo", "pim", "pim"], cwd=tmp_path, timeout=60)
+    assert twice.returncode == 2, twice.stderr
+    assert "are the same companion (companion_pim)" in twice.stderr and "Traceback" not in twice.stderr
