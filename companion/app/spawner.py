@@ -166,13 +166,15 @@ class Spawner:
         cancelled. Runs as long as any :class:`SpawnedProcess` may be waited for."""
         task_status.started()
         send, _ = self._answers
+        lost = False
         try:
             while True:
                 try:
                     data = await self._sock.recv(MAX_PACKET)
                 except OSError:  # reset: it ended with a request of ours unread
-                    break
-                if not data:
+                    data = b""
+                if not data:  # its end closed
+                    lost = True
                     break
                 message = json.loads(data)
                 if "exited" in message:
@@ -183,7 +185,7 @@ class Spawner:
                     await send.send(message)
         finally:
             send.close()  # a spawn waiting for its answer hears that none will come
-            if self._processes and not self._closed:
+            if lost and self._processes and not self._closed:  # (not when this task is cancelled)
                 log_event(
                     logger,
                     "companion_spawner_lost",
