@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from companion.app.spawner import GRACE
-from support.cli import run_companion, started_companion
+from support.cli import run_companion, run_demo, started_companion
 
 pytestmark = pytest.mark.integration
 
@@ -135,11 +135,11 @@ def test_a_companion_that_cannot_start_is_named_in_one_line_with_what_it_said(tm
     Pim exits 2 at once (the directory is locked). The demo used to print trio's exception group
     as a traceback; it says which companion, its exit status and its last words, and exits 1.
     The same card twice is refused before anything starts (exit 2)."""
-    keep = tmp_path / "keep"
-    pim = ["run", "pim", "--data-dir", str(keep / "data"), "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"]
+    data = tmp_path / "run" / "data"  # where run_demo keeps the demo's
+    pim = ["run", "pim", "--data-dir", str(data), "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"]
     with started_companion(pim, cwd=tmp_path, logs=tmp_path / "first") as running:
         assert running.wait_for_output("companion_pim sees ", READY_WITHIN), running.stderr()
-        demo = run_companion(["demo", "--keep", str(keep), "--pace", "0"], cwd=tmp_path, timeout=120)
+        demo, _ = run_demo(tmp_path)
     assert demo.returncode == 1, demo.stderr[-3000:]
     assert "Traceback" not in demo.stderr and "ExceptionGroup" not in demo.stderr, demo.stderr[-3000:]
     (said,) = [line for line in demo.stderr.splitlines() if line.startswith("companion demo: ")]
