@@ -6,9 +6,8 @@
 standard output says when it listens and whom it sees, :mod:`.lines`), all at once with the
 bridge as their one peer: they meet through it. Started one after another, each given the
 earlier ones' addresses, three were ready in 5.4 s; at once, in 3.5-4.3 s (measured). Forked by
-the demo's spawner (:mod:`.spawner`) rather than started as fresh interpreters, a scripted demo
-of three turns took 3.3-3.6 s instead of 4.0-4.3 s, and 3.6 CPU seconds instead of 6.0 (``time
-companion demo --max-turns 3 --pace 0``, three runs each, two cores). It sends
+the demo's spawner (:mod:`.spawner`) rather than started as fresh interpreters, they are ready
+a third sooner, for two thirds of the CPU seconds (``scripts/bench_demo.py``). It sends
 the opening line and prints the transcript until ``terminal`` or the turn cap. With
 ``in_memory`` everything runs in this process instead (:func:`run_in_memory`, on
 :class:`~.group.MemoryGroup`).

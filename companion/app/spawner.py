@@ -2,13 +2,13 @@
 
 Why: ``companion demo`` starts a ``companion run`` process per card, all at once, and each spent
 about 1.3 s of CPU importing (py-libp2p, the engine, the store; 3.5 s with a provider model:
-pydantic-ai and the OpenAI SDK) before it listened: on two cores, most of a scripted demo's
-CPU seconds (5.7 s in all, measured with ``/usr/bin/time``). The demo forks a spawner before its
-event loop starts (:meth:`Spawner.fork`: one process, no thread yet, nothing buffered); the
-spawner imports what a companion process imports, once, while the demo starts its bridge, then
-forks each companion from itself. A forked companion runs ``companion.cli.run`` as ``python -m``
-would, in the same working directory and environment, its stdout a pipe to the demo and its
-stderr its log file.
+pydantic-ai and the OpenAI SDK) before it listened: on two cores, about half of a scripted
+demo's CPU seconds (``scripts/bench_demo.py`` measures both ways; docs/figures.md). The demo
+forks a spawner before its event loop starts (:meth:`Spawner.fork`: one process, no thread yet,
+nothing buffered); the spawner imports what a companion process imports, once, while the demo
+starts its bridge, then forks each companion from itself. A forked companion runs
+``companion.cli.run`` as ``python -m`` would, in the same working directory and environment,
+its stdout a pipe to the demo and its stderr its log file.
 
 Each companion has its own PID, which the demo signals (:class:`SpawnedProcess`). It is the
 spawner's child, not the demo's: the spawner reaps it and tells the demo its exit status, as
