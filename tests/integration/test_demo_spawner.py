@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from companion.app.spawner import GRACE
+from companion.store.dirlock import DirectoryLock
 from support.cli import run_companion, run_demo, started_companion
 
 pytestmark = pytest.mark.integration
@@ -131,20 +132,18 @@ def test_the_spawner_reports_each_companion_s_output_and_exit_status(tmp_path: P
 
 
 def test_a_companion_that_cannot_start_is_named_in_one_line_with_what_it_said(tmp_path: Path) -> None:
-    """Pim already runs on the data directory the demo is told to keep its data in: the demo's
-    Pim exits 2 at once (the directory is locked). The demo used to print trio's exception group
+    """Another Pim holds the data directory the demo's Pim is given (its lock, held here): the
+    demo's Pim exits 2 at once. The demo used to print trio's exception group
     as a traceback; it says which companion, its exit status and its last words, and exits 1.
     The same card twice is refused before anything starts (exit 2)."""
-    data = tmp_path / "run" / "data"  # where run_demo keeps the demo's
-    pim = ["run", "pim", "--data-dir", str(data), "--no-mdns", "--listen", "/ip4/127.0.0.1/tcp/0"]
-    with started_companion(pim, cwd=tmp_path, logs=tmp_path / "first") as running:
-        assert running.wait_for_output("companion_pim sees ", READY_WITHIN), running.stderr()
+    pim_data = tmp_path / "run" / "data" / "companion_pim"  # where run_demo keeps the demo's
+    with DirectoryLock(pim_data, what="companion_pim"):  # as another Pim running there holds it
         demo, _ = run_demo(tmp_path)
     assert demo.returncode == 1, demo.stderr[-3000:]
     assert "Traceback" not in demo.stderr and "ExceptionGroup" not in demo.stderr, demo.stderr[-3000:]
     (said,) = [line for line in demo.stderr.splitlines() if line.startswith("companion demo: ")]
     assert "pim.yaml exited with 2 before" in said, said
-    assert f"in use by process {running.process.pid}" in said, said
+    assert f"in use by process {os.getpid()}" in said, said
 
     twice = run_companion(["demo", "pim", "pim"], cwd=tmp_path, timeout=60)
     assert twice.returncode == 2, twice.stderr
