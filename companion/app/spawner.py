@@ -140,6 +140,7 @@ class Spawner:
         self._answers: tuple[Channel[Answer], trio.MemoryReceiveChannel[Answer]] = trio.open_memory_channel(1)
         self._processes: dict[int, SpawnedProcess] = {}
         self._closed = False
+        self._asked = False
         self._what = f"the process that starts the companions (pid {pid})"
 
     @classmethod
@@ -207,6 +208,7 @@ class Spawner:
         _, answers = self._answers
         async with self._lock:
             fds = array.array("i", [stdout, stderr]).tobytes()
+            self._asked = True
             try:
                 with trio.fail_after(timeout):
                     await self._sock.sendmsg(
@@ -225,9 +227,13 @@ class Spawner:
 
     def close(self) -> int | None:
         """Close our end (the spawner then ends once its companions have) and reap it within
-        :data:`CLOSE_TIMEOUT` seconds, else kill it. Returns its exit status."""
+        :data:`CLOSE_TIMEOUT` seconds, else kill it. Returns its exit status. A spawner never
+        asked for a companion (the demo refused its cards, or its model) is killed at once: it
+        may still be importing, and has nothing to stop."""
         self._closed = True
         self._stdlib_sock.close()
+        if not self._asked:
+            os.kill(self.pid, signal.SIGKILL)
         deadline = time.monotonic() + CLOSE_TIMEOUT
         while time.monotonic() < deadline:
             pid, status = os.waitpid(self.pid, os.WNOHANG)

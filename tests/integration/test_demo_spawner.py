@@ -65,12 +65,15 @@ def test_a_demo_killed_outright_leaves_no_companion_running(tmp_path: Path) -> N
 
 _LIFECYCLE = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, signal, sys, time
     import trio
     from companion.app.spawner import Spawner, preload_for
 
+    idle = Spawner.fork(preload_for("openai:x"))  # a demo that refuses its cards closes it at once
     spawner = Spawner.fork(preload_for("scripted"))
-    assert spawner is not None
+    assert idle is not None and spawner is not None
+    began = time.monotonic()
+    print(repr(("idle", idle.close(), time.monotonic() - began < 1.0)), flush=True)
 
     async def read_until(stream, needle):
         seen = b""
@@ -117,7 +120,8 @@ def test_the_spawner_reports_each_companion_s_output_and_exit_status(tmp_path: P
     """One companion fails at its arguments (argparse's message on the fd given as its stderr,
     exit 2); one runs until it listens and sees itself, then takes Ctrl-C's signal as a fresh
     process does (exit 130); neither prints a warning a fresh process would not (runpy's, about
-    a module it found imported); the spawner ends with 0 once its end is closed."""
+    a module it found imported); the spawner ends with 0 once its end is closed. One never
+    asked for a companion is killed at once, still importing (a demo that refused its cards)."""
     done = subprocess.run(
         [sys.executable, "-c", _LIFECYCLE, str(tmp_path / "data")],
         cwd=tmp_path,
@@ -127,7 +131,7 @@ def test_the_spawner_reports_each_companion_s_output_and_exit_status(tmp_path: P
         stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    expected = ["(True, False, 2)", "(True, False, 130)", "('spawner', 0)"]
+    expected = ["('idle', -9, True)", "(True, False, 2)", "(True, False, 130)", "('spawner', 0)"]
     assert done.stdout.splitlines() == expected, done.stderr[-3000:]
 
 
