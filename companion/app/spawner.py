@@ -109,12 +109,21 @@ class SpawnedProcess:
         self.pid = pid
         self.returncode: int | None = None
         self._ended = trio.Event()
+        # A pidfd names this process and no other, even after the spawner reaped it and before the
+        # demo heard so, when its PID may be another process's already. Linux only; elsewhere the
+        # PID is signalled, with that small window.
+        self._pidfd: int | None = None
+        with contextlib.suppress(AttributeError, OSError):
+            self._pidfd = os.pidfd_open(pid)
 
     def send_signal(self, sig: signal.Signals) -> None:
         if self._ended.is_set():  # reaped: its PID may be another process's by now
             return
         with contextlib.suppress(ProcessLookupError):  # exited, its status on the way
-            os.kill(self.pid, sig)
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -127,6 +136,9 @@ class SpawnedProcess:
     def _exited(self, returncode: int | None) -> None:
         self.returncode = returncode
         self._ended.set()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
 
 class Spawner:
