@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support.network import child_env
 from support.warm import popen as warm_popen
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,7 +142,7 @@ def run_demo(
     # forked warm (support.warm): what these tests read is the transcript, not the start-up
     process = warm_popen(
         command,
-        env=dict(os.environ if env is None else env),
+        env=child_env(base=env),  # the environment the worker's warm-start server serves
         cwd=str(REPO),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,11 +40,13 @@ def helper_argv(name: str) -> list[str]:
     return [sys.executable, "-m", f"support.{name}"]
 
 
-def child_env(pythonpath: str | None = None) -> dict[str, str]:
-    """The environment of a child process: this one's, unbuffered, the support package on its
-    path, after ``pythonpath`` (another checkout) if given."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    inherited = [pythonpath] if pythonpath is not None else [os.environ.get("PYTHONPATH", "")]
+def child_env(pythonpath: str | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process: this one's (or ``base``), unbuffered, the support
+    package on its path, after ``pythonpath`` (another checkout) if given. A warm start serves
+    only this interpreter environment (support.warm: the worker's server is started with it)."""
+    source = os.environ if base is None else base
+    env = dict(source, PYTHONUNBUFFERED="1")
+    inherited = [pythonpath] if pythonpath is not None else [source.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join([*filter(None, inherited), str(TESTS)])
     return env
 
