@@ -55,8 +55,6 @@ __all__ = ["GRACE", "RUN_MODULE", "SPAWN_TIMEOUT", "SpawnedProcess", "Spawner", 
 
 logger = logging.getLogger("companion.app.spawner")
 
-Answer = dict[str, Any]
-Channel = trio.MemorySendChannel
 
 RUN_MODULE: Final = "companion.cli.run"
 GRACE: Final = 10.0
@@ -88,17 +86,18 @@ _COMPANION_MODULES: Final = (
     "companion.app.clients",
     "companion.app.metrics_http",
 )
-_PROVIDER_MODULES: Final = (
-    "pydantic_ai.models.openai",  # imported when a provider model is built: the OpenAI SDK, 1.2 s
-    "pydantic_ai.providers.openai",
-)
+_PROVIDER_MODULES: Final = {  # imported when a provider model is built (sdks.py), by its kind
+    "openai": ("pydantic_ai.models.openai", "pydantic_ai.providers.openai"),  # the OpenAI SDK, 1.2 s
+    "anthropic": ("pydantic_ai.models.anthropic", "pydantic_ai.providers.anthropic"),
+}
 PR_SET_PDEATHSIG: Final = 1
 
 
 def preload_for(model: str) -> tuple[str, ...]:
     """What a ``companion run`` process with ``model`` imports before it listens (all but a few
-    dozen of the 2,500 modules; Anthropic's SDK and WebRTC's are left to the few that use them)."""
-    return _COMPANION_MODULES + (() if model.startswith("scripted") else _PROVIDER_MODULES)
+    dozen of the 2,500 modules; WebRTC's are left to the few that use them), its provider's SDK
+    included: only that one (``scripted`` has none)."""
+    return _COMPANION_MODULES + _PROVIDER_MODULES.get(model.strip().partition(":")[0], ())
 
 
 class SpawnedProcess:
@@ -149,7 +148,8 @@ class Spawner:
         self._stdlib_sock = sock
         self._sock = trio.socket.from_stdlib_socket(sock)
         self._lock = trio.Lock()
-        self._answers: tuple[Channel[Answer], trio.MemoryReceiveChannel[Answer]] = trio.open_memory_channel(1)
+        # the spawner's answers, a process forked or why not, from serve() to spawn()
+        self._answers = trio.open_memory_channel[SpawnedProcess | str](1)
         self._processes: dict[int, SpawnedProcess] = {}
         self._closed = False
         self._asked = False
@@ -194,8 +194,12 @@ class Spawner:
                     process = self._processes.pop(int(message["exited"]), None)
                     if process is not None:
                         process._exited(int(message["returncode"]))
+                elif "pid" in message:  # known here before any exit of it is read
+                    process = SpawnedProcess(int(message["pid"]))
+                    self._processes[process.pid] = process
+                    await send.send(process)
                 else:
-                    await send.send(message)
+                    await send.send(str(message.get("error")))
         finally:
             send.close()  # a spawn waiting for its answer hears that none will come
             if lost and self._processes and not self._closed:  # (not when this task is cancelled)
@@ -231,11 +235,9 @@ class Spawner:
                 raise RuntimeError(f"{self._what} did not answer within {timeout:g} s") from exc
             except (OSError, trio.EndOfChannel, trio.ClosedResourceError) as exc:
                 raise RuntimeError(f"{self._what} has ended") from exc
-            if "pid" not in answer:
-                raise RuntimeError(f"the companion process could not be started: {answer.get('error')}")
-            process = SpawnedProcess(int(answer["pid"]))
-            self._processes[process.pid] = process
-            return process
+            if isinstance(answer, str):
+                raise RuntimeError(f"the companion process could not be started: {answer}")
+            return answer
 
     def close(self) -> int | None:
         """Close our end (the spawner then ends once its companions have) and reap it within
