@@ -15,6 +15,7 @@ the opening line and prints the transcript until ``terminal`` or the turn cap. W
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -23,7 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -224,28 +225,44 @@ async def _read_child(child: _Child, stream: trio.abc.ReceiveStream) -> None:
 
 
 def _last_line(log: Path, tail: int = 2048) -> str:
-    """The last line a companion's log holds (what a command that refused to start says last),
-    from its last ``tail`` bytes, clipped; empty if there is none."""
+    """The last line a companion's log holds (what a command that refused to start says last,
+    a crash's exception), from its last ``tail`` bytes, clipped; empty if there is none. One of
+    the JSON records a running companion writes is named by its event: the whole record would
+    fill a terminal's screen and say little (a killed process's last record is any record)."""
     try:
         with log.open("rb") as handle:
             handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail))
             lines = handle.read().decode("utf-8", "replace").strip().splitlines()
     except OSError:
         return ""
-    return clip(lines[-1].strip(), 300) if lines else ""
+    if not lines:
+        return ""
+    last = lines[-1].strip()
+    try:
+        record = json.loads(last)
+    except ValueError:
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("event"), str):
+        return clip(f"last logged: {record.get('level', '?')} {record['event']}", 300)
+    return clip(last, 300)
+
+
+def _exited_error(child: _Child, code: int | None, when: str) -> RuntimeError:
+    """The demo's error for a companion that exited ``when`` it should not have: its card, its
+    exit status, the last line its log holds, where the log is."""
+    said = _last_line(child.log_path)
+    return RuntimeError(
+        f"companion process for {child.card} exited with {code} {when}"
+        + (f" ({said})" if said else "")
+        + f"; its log: {child.log_path}"
+    )
 
 
 async def _wait_child(child: _Child, predicate: Callable[[_Child], bool], timeout: float, what: str) -> None:
     with trio.move_on_after(timeout):
         while not predicate(child):
             if child.closed:
-                code = await child.process.wait()
-                said = _last_line(child.log_path)
-                raise RuntimeError(
-                    f"companion process for {child.card} exited with {code} before {what}"
-                    + (f" ({said})" if said else "")
-                    + f"; its log: {child.log_path}"
-                )
+                raise _exited_error(child, await child.process.wait(), f"before {what}")
             await child.changes.wait()
         return
     raise TimeoutError(
@@ -428,7 +445,7 @@ async def run_demo(
                     )
                 log_event(logger, "demo_ready", companions=ids, workdir=str(workdir))
                 opening = Message.create(USER_ID, ids, options.text or kickoff_text(loaded))
-                end = await _converse(bridge, watcher, opening, options)
+                end = await _watched(partial(_converse, bridge, watcher, opening, options), children, ctrl_c)
                 if not watcher.transcript.over:
                     emit(end)  # (a terminal end is already in the transcript)
                 return end
@@ -472,6 +489,41 @@ async def _converse(
         return TranscriptEvent("end", None, why="no companion answered the opening line", reason="timeout")
     done = await watcher.wait_until(lambda t: t.over or t.reply_count >= options.max_replies, options.timeout)
     return _end_event(transcript, done, options.max_replies)
+
+
+async def _watched(
+    converse: Callable[[], Awaitable[TranscriptEvent]], children: Sequence[_Child], ctrl_c: trio.Event
+) -> TranscriptEvent:
+    """``converse()``, given up with an error naming the companion as soon as one exits while it
+    runs: the others would go on without it or wait for its turn, and the user would learn
+    nothing until the demo's timeout. An exit after a Ctrl-C is the stop it asked for (the
+    terminal signalled the companions too; the demo's own stop follows)."""
+    end: TranscriptEvent | None = None
+    gone: RuntimeError | None = None
+    async with trio.open_nursery() as race:
+
+        async def talk() -> None:
+            nonlocal end
+            end = await converse()
+            race.cancel_scope.cancel()
+
+        async def watch(child: _Child) -> None:
+            nonlocal gone
+            while not child.closed:
+                await child.changes.wait()
+            code = await child.process.wait()  # by then a Ctrl-C that stopped it has been seen
+            if ctrl_c.is_set():
+                await trio.sleep_forever()  # the demo's stop cancels this
+            gone = gone or _exited_error(child, code, "during the conversation")
+            race.cancel_scope.cancel()
+
+        race.start_soon(talk)
+        for child in children:
+            race.start_soon(watch, child)
+    if end is None:
+        assert gone is not None  # (the race ends early only by one of the two)
+        raise gone
+    return end
 
 
 async def _run_child(

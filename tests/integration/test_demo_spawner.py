@@ -152,3 +152,25 @@ def test_a_companion_that_cannot_start_is_named_in_one_line_with_what_it_said(tm
     twice = run_companion(["demo", "pim", "pim"], cwd=tmp_path, timeout=60)
     assert twice.returncode == 2, twice.stderr
     assert "are the same companion (companion_pim)" in twice.stderr and "Traceback" not in twice.stderr
+
+
+def test_a_companion_that_dies_during_the_conversation_ends_the_demo_at_once(tmp_path: Path) -> None:
+    """Killed mid-conversation (the OOM killer, a crash), a companion used to leave the demo
+    waiting for a reply until its timeout (here ten minutes), the others going on as if it
+    were there. The demo says at once which companion exited, with its status and log, exits 1,
+    and stops the others."""
+    args = ["demo", "--pace", "3", "--timeout", "600", "--log-level", "INFO"]
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as demo:
+        assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
+        started = re.findall(r"companion_process_started .*?card=(\S+) .*?pid=(\d+)", demo.stderr())
+        assert len(started) == 3, demo.stderr()
+        card, victim = started[1][0].strip("'"), int(started[1][1])
+        others = [int(pid) for _, pid in started if int(pid) != victim]
+        os.kill(victim, signal.SIGKILL)
+        assert demo.process.wait(timeout=GRACE + 30) == 1, demo.stderr()[-3000:]
+        (said,) = [line for line in demo.stderr().splitlines() if line.startswith("companion demo: ")]
+        assert said.startswith(f"companion demo: companion process for {card} exited with -9 during"), said
+        assert "(last logged: " in said, said  # its event, not the whole record
+        assert Path(said.rpartition("; its log: ")[2]).is_file(), said  # kept: the error names it
+        assert "Traceback" not in demo.stderr(), demo.stderr()[-3000:]
+        assert [pid for pid in others if _alive(pid)] == []
