@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,16 +30,18 @@ def _env(**extra: str) -> dict[str, str]:
     return {**child_env(), **extra}
 
 
-def _start(*args: str, new_session: bool = False, **extra: str) -> subprocess.Popen[str]:
-    options: dict[str, Any] = {"start_new_session": True} if new_session else {}
+def _start(
+    *args: str, options: dict[str, Any] | None = None, cwd: str | None = None, **extra: str
+) -> subprocess.Popen[str]:
     return warm.popen(
         [sys.executable, "-m", PROBE, *args],
         env=_env(**extra),
+        cwd=cwd,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        **options,
+        **(options or {}),
     )
 
 
@@ -66,13 +69,30 @@ def test_a_warm_child_is_signalled_and_reaped_by_its_pid() -> None:
 @pytest.mark.parametrize("what", ["interpreter environment", "Popen option"])
 def test_what_a_warm_start_cannot_serve_starts_cold(what: str) -> None:
     """Another interpreter environment (here ``PYTHONHASHSEED``) is read at the interpreter's
-    start, which a forked child does not redo; an option such as ``start_new_session`` acts in
+    start, which a forked child does not redo; an option such as ``restore_signals`` acts in
     a child the server makes, not this process."""
-    process = _start(new_session=True) if what == "Popen option" else _start(PYTHONHASHSEED="3")
+    if what == "Popen option":
+        process = _start(options={"restore_signals": False})
+    else:
+        process = _start(PYTHONHASHSEED="3")
     assert type(process) is subprocess.Popen
     out, _err = process.communicate("", timeout=60)
     assert process.returncode == 7
     assert json.loads(out)["pid"] == process.pid
+
+
+def test_a_warm_child_runs_in_the_folder_and_session_it_was_started_in(tmp_path: Path) -> None:
+    """Elsewhere than the worker's folder (a command run from a user's folder), in a session of
+    its own (a terminal's foreground group, which a test presses Ctrl-C on): what
+    ``Popen(cwd=..., start_new_session=True)`` gives a fresh interpreter, module path included."""
+    process = _start(cwd=str(tmp_path), options={"start_new_session": True})
+    assert type(process).__name__ == "_WarmPopen"
+    out, _err = process.communicate("", timeout=30)
+    said = json.loads(out)
+    assert (said["cwd"], said["path0"], said["session_leader"]) == (str(tmp_path), str(tmp_path), True)
+    plain = _start()
+    said = json.loads(plain.communicate("", timeout=30)[0])
+    assert (said["cwd"], said["session_leader"]) == (os.getcwd(), False)
 
 
 def test_a_server_that_stopped_answering_is_not_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,13 +21,16 @@ STOP_WITHIN = 20.0
 
 
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie or a reused pid running something else does not)."""
+    """Whether ``pid`` still runs (a zombie or a reused pid running something else does not). A
+    companion forked by a warm-started demo keeps the command line of the process it was forked
+    from (support.zygote)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return stat.rpartition(")")[2].split()[0] != "Z" and b"companion" in cmdline
+    ours = b"companion" in cmdline or b"support.zygote" in cmdline
+    return stat.rpartition(")")[2].split()[0] != "Z" and ours
 
 
 def _stops_with_130(started: Started) -> None:
@@ -46,7 +49,7 @@ def _stops_with_130(started: Started) -> None:
 )
 def test_ctrl_c_ends_a_node_command_with_130(command: list[str], ready: str, tmp_path: Path) -> None:
     args = [*command, "--data-dir", str(tmp_path / "data")]
-    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as started:
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", warm=True) as started:
         assert started.wait_for_output(ready, READY_WITHIN), started.stderr()
         started.ctrl_c()
         _stops_with_130(started)
@@ -54,13 +57,13 @@ def test_ctrl_c_ends_a_node_command_with_130(command: list[str], ready: str, tmp
 
 def test_ctrl_c_ends_listen_with_130(tmp_path: Path) -> None:
     bridge_args = ["bridge", "--no-mdns", "--ws", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")]
-    with started_companion(bridge_args, cwd=tmp_path, logs=tmp_path / "bridge") as bridge:
+    with started_companion(bridge_args, cwd=tmp_path, logs=tmp_path / "bridge", warm=True) as bridge:
         assert bridge.wait_for_output("ws://", READY_WITHIN), bridge.stderr()
         time.sleep(0.5)  # the rest of its URL lines
         url = re.search(r"ws://\S+", bridge.stdout())
         assert url is not None
         listen_args = ["listen", "--ws", url.group(0), "--as", "user_mika"]
-        with started_companion(listen_args, cwd=tmp_path, logs=tmp_path / "listen") as listen:
+        with started_companion(listen_args, cwd=tmp_path, logs=tmp_path / "listen", warm=True) as listen:
             assert listen.wait_for_output("connected to ", READY_WITHIN), listen.stderr()
             listen.ctrl_c()
             _stops_with_130(listen)
@@ -77,7 +80,7 @@ def test_ctrl_c_ends_the_demo_and_its_companion_processes(whole_group: bool, tmp
     # a pace of 3 s keeps the conversation going while Ctrl-C comes (at 0.2 s a quiet machine
     # finished the whole demo first, exit 0)
     args = ["demo", "--pace", "3", "--log-level", "INFO"]
-    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as demo:
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", warm=True) as demo:
         assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
         children = _companion_pids(demo.stderr())
         assert len(children) == 3 and all(_alive(pid) for pid in children)

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from support.cli import REPO, run_demo
+from support.cli import REPO, run_companion, run_demo
 from support.fake_llm_server import CooperativeModel, running_server
+from support.network import child_env
+from support.warm import popen as warm_popen
 
 pytestmark = pytest.mark.integration
 FIELDS = {"event", "speaker", "recipients", "text", "emotion", "why", "closing"}
@@ -122,16 +124,14 @@ def test_a_demo_that_fails_keeps_its_logs_and_names_the_folder(tmp_path: Path) -
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch)}
-    base = [sys.executable, "-m", "companion", "demo", "--json", "--pace", "0.1", "--log-level", "INFO"]
+    base = ["demo", "--json", "--pace", "0.1", "--log-level", "INFO"]
     with running_server() as server:
-        failed = subprocess.run(
+        failed = run_companion(
             [*base, "--timeout", "6", "--model", "openai:fake-1", "--base-url", server.openai_base_url],
             cwd=REPO,
             env=env,
-            capture_output=True,
-            text=True,
             timeout=240,
-            check=False,
+            warm=True,  # what is read is the end of the conversation, not the start
         )
     assert failed.returncode == 1, failed.stderr[-3000:]
     end = json.loads(failed.stdout.splitlines()[-1])
@@ -183,8 +183,13 @@ def test_a_demo_whose_reader_goes_away_stops_quietly_with_its_companions(tmp_pat
     scratch.mkdir()
     command = [sys.executable, "-m", "companion", "demo", "--json", "--pace", "0.1", "--log-level", "INFO"]
     env = {**os.environ, "TMPDIR": str(scratch)}
-    demo = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    demo = warm_popen(  # forked warm (support.warm): what is read is how it ends
+        command,
+        cwd=str(REPO),
+        env=child_env(base=env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert demo.stdout is not None

@@ -21,7 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 def test_a_japanese_question_to_english_cards_is_answered_in_japanese_to_the_end() -> None:
     opening = "今日は何をしていたの？"
     done = run_companion(
-        ["demo", "--json", "--pace", "0.1", "--timeout", "120", "--say", opening], cwd=REPO, timeout=240
+        ["demo", "--json", "--pace", "0.1", "--timeout", "120", "--say", opening],
+        cwd=REPO,
+        timeout=240,
+        warm=True,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]

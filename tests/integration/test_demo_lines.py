@@ -146,7 +146,7 @@ def test_echoes_copies_wild_parameters_and_eager_closing_are_not_what_is_said(tm
         args += ["--say", "Hello everyone, what did you do today?"]
         args += ["--max-turns", "9", "--timeout", "150", "--pace", "0", "--keep", str(tmp_path / "run")]
         args += ["--log-level", "INFO"]
-        done = run_companion(args, cwd=tmp_path, timeout=240)
+        done = run_companion(args, cwd=tmp_path, timeout=240, warm=True)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     records = _records(tmp_path / "run")
     messages = [e for e in events if e["event"] == "message"]

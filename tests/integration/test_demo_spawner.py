@@ -49,7 +49,7 @@ def test_a_demo_killed_outright_leaves_no_companion_running(tmp_path: Path) -> N
     are its spawner's children, forked from it; the spawner sees the demo's end of their socket
     close and stops them (SIGTERM: each stops in order), then ends itself."""
     args = ["demo", "--pace", "3", "--log-level", "INFO"]
-    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as demo:
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", warm=True) as demo:
         assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
         children = [int(p) for p in re.findall(r"companion_process_started .*?pid=(\d+)", demo.stderr())]
         assert len(children) == 3 and all(_alive(pid) for pid in children), demo.stderr()
@@ -149,7 +149,7 @@ def test_a_companion_that_cannot_start_is_named_in_one_line_with_what_it_said(tm
     assert "pim.yaml exited with 2 before" in said, said
     assert f"in use by process {os.getpid()}" in said, said
 
-    twice = run_companion(["demo", "pim", "pim"], cwd=tmp_path, timeout=60)
+    twice = run_companion(["demo", "pim", "pim"], cwd=tmp_path, timeout=60, warm=True)
     assert twice.returncode == 2, twice.stderr
     assert "are the same companion (companion_pim)" in twice.stderr and "Traceback" not in twice.stderr
 
@@ -160,7 +160,7 @@ def test_a_companion_that_dies_during_the_conversation_ends_the_demo_at_once(tmp
     were there. The demo says at once which companion exited, with its status and log, exits 1,
     and stops the others."""
     args = ["demo", "--pace", "3", "--timeout", "600", "--log-level", "INFO"]
-    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs") as demo:
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", warm=True) as demo:
         assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
         started = re.findall(r"companion_process_started .*?card=(\S+) .*?pid=(\d+)", demo.stderr())
         assert len(started) == 3, demo.stderr()

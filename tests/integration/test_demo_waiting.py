@@ -56,7 +56,7 @@ def test_the_transcript_shows_a_slow_model_thinking_and_a_failure_with_its_reaso
         server.push(*([model] * 400))
         args = ["demo", "--model", "openai:fake-1", "--base-url", server.openai_base_url]
         args += ["--max-turns", "4", "--timeout", "150", "--pace", "0", "--keep", str(tmp_path / "run")]
-        with started_companion(args, cwd=tmp_path, logs=tmp_path / "out") as demo:
+        with started_companion(args, cwd=tmp_path, logs=tmp_path / "out", warm=True) as demo:
             try:
                 demo.wait_for_output("is thinking…", HELD_AT_MOST)
             finally:

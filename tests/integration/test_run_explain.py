@@ -41,7 +41,7 @@ async def test_explain_and_status_read_what_the_running_companions_decided(tmp_p
             replied = await blocking(proc.event, "replied", 30, message_id="m-1")
             await blocking(proc.event, "conversation_over", 60)
 
-        explained = run_companion(["explain", "m-1", "--data-dir", str(data)], cwd=tmp_path)
+        explained = run_companion(["explain", "m-1", "--data-dir", str(data)], cwd=tmp_path, warm=True)
         assert explained.returncode == 0, explained.stderr
         out = explained.stdout
         assert out.splitlines()[0].startswith(f"message m-1 from user_mika to {PIM},{OSTRA}: ")
@@ -53,18 +53,24 @@ async def test_explain_and_status_read_what_the_running_companions_decided(tmp_p
         assert _lines_of("states_published", out) != []
 
         # the reply's own id: the turn that produced it is explained too
-        by_reply = run_companion(["explain", str(replied["reply_id"]), "--data-dir", str(data)], cwd=tmp_path)
+        by_reply = run_companion(
+            ["explain", str(replied["reply_id"]), "--data-dir", str(data)], cwd=tmp_path, warm=True
+        )
         assert by_reply.returncode == 0 and "(the turn on m-1)" in by_reply.stdout
 
-        as_json = run_companion(["explain", "m-1", "--json", "--data-dir", str(data)], cwd=tmp_path)
+        as_json = run_companion(
+            ["explain", "m-1", "--json", "--data-dir", str(data)], cwd=tmp_path, warm=True
+        )
         rows = [json.loads(line) for line in as_json.stdout.splitlines()]
         assert rows[0]["message"]["id"] == "m-1"
         assert {"leader_chosen", "speaker_chosen", "replied"} <= {r.get("kind") for r in rows[1:]}
 
-        unknown = run_companion(["explain", "no-such-message", "--data-dir", str(data)], cwd=tmp_path)
+        unknown = run_companion(
+            ["explain", "no-such-message", "--data-dir", str(data)], cwd=tmp_path, warm=True
+        )
         assert unknown.returncode == 1 and "no local companion kept a decision" in unknown.stdout
 
-        status = run_companion(["status", "--turns", "20", "--data-dir", str(data)], cwd=tmp_path)
+        status = run_companion(["status", "--turns", "20", "--data-dir", str(data)], cwd=tmp_path, warm=True)
         assert status.returncode == 0, status.stderr
         lines = status.stdout.splitlines()
         assert f"  {PIM}: running (pid {proc.pid}, since " in status.stdout
@@ -74,6 +80,6 @@ async def test_explain_and_status_read_what_the_running_companions_decided(tmp_p
         assert "from user_mika" in first and f"replied by {replied['companion']}" in first
 
         assert proc.stop() == 0
-    stopped = run_companion(["status", "--turns", "20", "--data-dir", str(data)], cwd=tmp_path)
+    stopped = run_companion(["status", "--turns", "20", "--data-dir", str(data)], cwd=tmp_path, warm=True)
     assert f"  {PIM}: not running (last: pid {proc.pid}" in stopped.stdout
     assert "  m-1  " in stopped.stdout  # the turns are in the stores, running or not

@@ -32,19 +32,44 @@ def companion_argv() -> list[str]:
     return [script] if script else [sys.executable, "-m", "companion"]
 
 
+def _popen(
+    args: Sequence[str], *, warm: bool, cwd: Path, env: dict[str, str] | None, **options: Any
+) -> subprocess.Popen[str]:
+    """``companion ARGS``: the console script in a fresh interpreter, or with ``warm``
+    ``python -m companion`` forked from the worker's warm-start server (:mod:`support.warm`),
+    for a test that reads what the command does once it runs, not how it starts."""
+    if not warm:
+        return subprocess.Popen([*companion_argv(), *args], cwd=cwd, env=env, text=True, **options)
+    argv = [sys.executable, "-m", "companion", *args]
+    return warm_popen(argv, env=child_env(base=env), cwd=str(cwd), text=True, **options)
+
+
 def run_companion(
-    args: Sequence[str], *, cwd: Path, timeout: float = 60.0, env: dict[str, str] | None = None
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    warm: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``companion ARGS`` to its end (at most ``timeout`` seconds) and capture its output."""
-    return subprocess.run(
-        [*companion_argv(), *args],
+    """Run ``companion ARGS`` to its end (at most ``timeout`` seconds) and capture its output;
+    ``warm``: see :func:`_popen`."""
+    process = _popen(
+        args,
+        warm=warm,
         cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
         env=env,
         stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:  # by its PID: the process this call started
+            process.kill()
+            process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 @dataclass
@@ -88,22 +113,27 @@ class Started:
 
 @contextlib.contextmanager
 def started_companion(
-    args: Sequence[str], *, cwd: Path, logs: Path, env: dict[str, str] | None = None
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    logs: Path,
+    env: dict[str, str] | None = None,
+    warm: bool = False,
 ) -> Iterator[Started]:
     """``companion ARGS`` running in its own process group with an open standard input (a pipe
-    the test holds), output in files under ``logs``;
-    on the way out anything of it still running is killed by its process group's id."""
+    the test holds), output in files under ``logs``; ``warm``: see :func:`_popen`.
+    On the way out anything of it still running is killed by its process group's id."""
     logs.mkdir(parents=True, exist_ok=True)
     out_path, err_path = logs / "stdout.txt", logs / "stderr.txt"
     with out_path.open("w") as out, err_path.open("w") as err:
-        process = subprocess.Popen(
-            [*companion_argv(), *args],
+        process = _popen(
+            args,
+            warm=warm,
             cwd=cwd,
+            env=env,
             stdout=out,
             stderr=err,
             stdin=subprocess.PIPE,  # open, as a terminal's is (``listen`` quits at end of input)
-            text=True,
-            env=env,
             start_new_session=True,
         )
     try:

@@ -5,8 +5,10 @@ interpreter that does them again.
 :func:`popen` is :class:`subprocess.Popen` for the argv it is given: the same pipes, a real child
 process with its own PID, signalled and waited for by that PID. Only where the process could not
 tell the difference does it start warm: a ``-m`` module of this checkout, the interpreter
-environment (every ``PYTHON*`` and locale variable) and the working directory those of the
-server. Anything else, or a server that failed to start, starts cold, as before.
+environment (every ``PYTHON*`` and locale variable) that of the server. The child moves to the
+working directory asked for (first on its module path, as ``python -m`` puts it) and into a new
+session if asked (``start_new_session``). Anything else, or a server that failed to start,
+starts cold, as before.
 
 The worker becomes a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) the first time it
 starts a warm process: the server forks each child through a middle process that exits at once,
@@ -34,10 +36,12 @@ READY_TIMEOUT = 60.0
 would mean something else is wrong)."""
 ANSWER_TIMEOUT = 30.0
 WARM_MODULES = ("companion", "support.")
-SERVED = frozenset({"stdin", "stdout", "stderr", "text", "bufsize", "encoding", "errors"})
-"""The ``Popen`` options a warm start honours: the streams and how they are read. Any other
-(``start_new_session``, ``pass_fds``, ``preexec_fn``, ...) acts in the forked child, which the
-server makes, so such a process starts cold."""
+SERVED = frozenset(
+    {"stdin", "stdout", "stderr", "text", "bufsize", "encoding", "errors", "start_new_session"}
+)
+"""The ``Popen`` options a warm start honours: the streams and how they are read, and a new
+session (the child calls ``setsid``). Any other (``pass_fds``, ``preexec_fn``, ...) acts in the
+forked child, which the server makes, so such a process starts cold."""
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -53,7 +57,6 @@ class _Server:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = _interpreter_env(env)
-        self.cwd = os.getcwd()
         self.lock = threading.Lock()
         self.broken = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -73,15 +76,23 @@ class _Server:
             raise RuntimeError(f"the warm-start server did not start: {said!r}")
         ours.settimeout(ANSWER_TIMEOUT)
 
-    def fits(self, env: dict[str, str], cwd: str | None) -> bool:
-        where = os.path.abspath(cwd if cwd is not None else os.getcwd())
-        return _interpreter_env(env) == self.env and where == self.cwd
+    def fits(self, env: dict[str, str]) -> bool:
+        return _interpreter_env(env) == self.env
 
-    def spawn(self, argv: list[str], env: dict[str, str], fds: list[int]) -> int:
-        """The PID of a child running ``python -m`` ``argv`` with ``fds`` as its standard streams.
-        A server that did not answer within :data:`ANSWER_TIMEOUT`, or answered nonsense, is
-        not asked again (a late answer would be read as the next one's)."""
-        request = json.dumps({"argv": argv, "env": env}).encode()
+    def spawn(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        fds: list[int],
+        cwd: str | None = None,
+        new_session: bool = False,
+    ) -> int:
+        """The PID of a child running ``python -m`` ``argv`` with ``fds`` as its standard streams,
+        in ``cwd`` (else this process's working directory), in a session of its own if
+        ``new_session``. A server that did not answer within :data:`ANSWER_TIMEOUT`, or
+        answered nonsense, is not asked again (a late answer would be read as the next one's)."""
+        where = os.path.abspath(cwd if cwd is not None else os.getcwd())
+        request = json.dumps({"argv": argv, "env": env, "cwd": where, "new_session": new_session}).encode()
         with self.lock:
             if self.broken:
                 raise RuntimeError("the warm-start server failed before")
@@ -111,7 +122,7 @@ _failed = False
 _server_lock = threading.Lock()
 
 
-def _server_for(env: dict[str, str], cwd: str | None) -> _Server | None:
+def _server_for(env: dict[str, str]) -> _Server | None:
     global _server, _failed
     with _server_lock:
         if _server is None and not _failed:
@@ -123,7 +134,7 @@ def _server_for(env: dict[str, str], cwd: str | None) -> _Server | None:
                 print(f"support.warm: starting every process cold ({exc})", file=sys.stderr)
                 return None
             atexit.register(_server.close)
-    if _server is not None and not _server.broken and _server.fits(env, cwd):
+    if _server is not None and not _server.broken and _server.fits(env):
         return _server
     return None
 
@@ -148,6 +159,7 @@ class _WarmPopen(subprocess.Popen[str]):
     def __init__(self, server: _Server, module_argv: list[str], *args: Any, **kwargs: Any) -> None:
         self._server = server
         self._module_argv = module_argv
+        self._new_session = bool(kwargs.pop("start_new_session", False))  # the server's child does it
         super().__init__(*args, **kwargs)
 
     def _execute_child(
@@ -173,7 +185,7 @@ class _WarmPopen(subprocess.Popen[str]):
         streams = [p2cread, c2pwrite, errwrite]
         fds = [fd if fd != -1 else default for fd, default in zip(streams, (0, 1, 2), strict=True)]
         try:
-            self.pid = self._server.spawn(self._module_argv, env, fds)
+            self.pid = self._server.spawn(self._module_argv, env, fds, cwd, self._new_session)
             self._child_created = True
         finally:
             self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # type: ignore[attr-defined]
@@ -185,7 +197,7 @@ def popen(
     """``subprocess.Popen(argv, env=env, cwd=cwd, **kwargs)``, forked warm where it can be."""
     module_argv = _warm_argv(argv)
     if module_argv is not None and SERVED.issuperset(kwargs) and os.environ.get("COMPANION_TEST_COLD") != "1":
-        server = _server_for(env, cwd)
+        server = _server_for(env)
         if server is not None:
             try:
                 return _WarmPopen(server, module_argv, argv, env=env, cwd=cwd, **kwargs)

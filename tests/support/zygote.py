@@ -10,7 +10,8 @@ Tests about starting up (the imports a command loads, what runs before the model
 their process cold.
 
 The protocol, on a ``SOCK_SEQPACKET`` socket inherited as fd ``argv[1]``: the server sends
-``ready`` once its imports are done; each request is one JSON packet ``{"argv", "env"}`` with
+``ready`` once its imports are done; each request is one JSON packet ``{"argv", "env", "cwd",
+"new_session"}`` with
 the child's stdin, stdout and stderr as ``SCM_RIGHTS`` fds, each answer ``{"pid"}`` or
 ``{"error"}``. The child is forked twice, so that it is orphaned at once and the worker (a
 child subreaper, :mod:`support.warm`) becomes its parent: the worker waits for it, signals it
@@ -110,6 +111,12 @@ def _run(request: dict[str, Any]) -> None:
     """In the child: the environment and arguments of the request, then its module as
     ``__main__``, as ``python -m MODULE ARGS...`` runs it. What it raises (``SystemExit``
     included) ends the interpreter as it would have ended that command."""
+    if request.get("new_session"):
+        os.setsid()  # its own session and process group, as Popen(start_new_session=True) makes
+    cwd = request.get("cwd")
+    if cwd is not None:
+        os.chdir(cwd)
+        sys.path[0] = os.getcwd()  # ``python -m`` looks in the working directory first
     os.environ.clear()
     os.environ.update(request["env"])
     module, *args = request["argv"]
