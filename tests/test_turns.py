@@ -134,6 +134,14 @@ def test_speakers_by_importance_when_nobody_selected() -> None:
     assert (decision.speaker, decision.reason, decision.importance) == (C, "wants_to_speak", 6)
 
 
+def test_the_reason_says_how_many_were_compared() -> None:
+    """One candidate is "the only one": "the highest of 1" was read as a second importance."""
+    alone = decide_next_speaker([_state(A, "speak", 2, True), _state(B, "listen", 9)], [A, B])
+    assert alone.why == f"{A} is selected with importance 2, the only one"
+    two = decide_next_speaker([_state(A, "speak", 3), _state(B, "speak", 7)], [A, B])
+    assert two.why == f"{B} wants to speak with importance 7, the highest of 2"
+
+
 def test_ties_go_to_the_earlier_state() -> None:
     states = [_state(C, "speak", 5), _state(A, "speak", 5), _state(B, "speak", 5)]
     decision = decide_next_speaker(states, [A, B, C])

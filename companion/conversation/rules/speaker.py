@@ -116,10 +116,9 @@ def decide_next_speaker(
             )
         ties = sum(1 for s in pool if s.params.importance == best.params.importance)
         tie = " (tie broken by array order)" if ties > 1 else ""
-        why = (
-            f"{who} {label} with importance {round(best.params.importance, 2):g}, "
-            f"the highest of {len(pool)}{tie}{skipped}"
-        )
+        # "the highest of 1" read as if 1 were another importance (a demo's transcript)
+        among = "the only one" if len(pool) == 1 else f"the highest of {len(pool)}"
+        why = f"{who} {label} with importance {round(best.params.importance, 2):g}, {among}{tie}{skipped}"
         return SpeakerDecision(who, reason, why, best.params.closing, best.params.importance)
     return SpeakerDecision(
         None,
