@@ -42,6 +42,7 @@ from companion.card.model import LoadedCard, load_card
 from companion.conversation.transcript import Transcript, TranscriptEvent
 from companion.log import library_teardown, log_event
 from companion.memory import Inbound
+from companion.models.specs import is_offline
 from companion.protocol import MESSAGES, PREVIEWS, Message, Metadata
 from companion.text import clip
 
@@ -79,7 +80,10 @@ def stops_by_itself() -> float:
 
 def check_demo_model(spec: str, base_url: str | None) -> None:
     """Build and check a provider model once, so a missing key or an unreachable endpoint is
-    reported before any process starts. Raises :class:`~companion.models.errors.ModelSetupError`."""
+    reported before any process starts (the scripted model has nothing to check). Raises
+    :class:`~companion.models.errors.ModelSetupError`."""
+    if is_offline(spec):
+        return
     from companion.models.factory import check_model, make_model
 
     trio.run(check_model, make_model(spec, base_url=base_url))
@@ -376,7 +380,7 @@ async def run_demo(
     from companion.models.factory import engine_timings, make_model
 
     # The companions' deadlines (each process derives the same from the server its check found).
-    offline = options.model.startswith("scripted")
+    offline = is_offline(options.model)
     probe = make_model(options.model, base_url=None if offline else options.base_url)
     timings = engine_timings([probe], options.pace)
     transcript = Transcript(timings=timings)

@@ -21,6 +21,7 @@ import trio
 
 from companion.log import log_event
 from companion.memory import Inbound
+from companion.models.specs import is_offline
 from companion.protocol import Action, Message, Query, QueryResult
 
 if TYPE_CHECKING:
@@ -258,10 +259,6 @@ def model_spec(loaded: LoadedCard, override: str | None) -> str:
     return override or loaded.card.settings.model or DEFAULT_MODEL_SPEC
 
 
-def _offline(spec: str) -> bool:
-    return spec.strip().partition(":")[0] == "scripted"
-
-
 def _import_engine_modules(specs: Sequence[str]) -> None:
     """Import the modules the engines and these models need (in a worker thread, see
     :func:`prepare_models`). An import that fails is left for :func:`make_model` to report."""
@@ -269,7 +266,7 @@ def _import_engine_modules(specs: Sequence[str]) -> None:
 
     import_module("companion.engine.driver")
     import_module("companion.models.scripted")
-    if not all(_offline(spec) for spec in specs):
+    if not all(is_offline(spec) for spec in specs):
         with contextlib.suppress(ImportError):
             import_module("companion.models.providers")
 
@@ -292,7 +289,7 @@ async def prepare_models(cards: Sequence[LoadedCard], options: EngineOptions) ->
     built: dict[tuple[str, int | None], CompanionModel] = {}
     out: dict[str, CardModel] = {}
     for index, (loaded, spec) in enumerate(zip(cards, specs, strict=True)):
-        offline = _offline(spec)
+        offline = is_offline(spec)
         seed = options.seed + index
         key = (spec, seed if offline else None)
         model = built.get(key)

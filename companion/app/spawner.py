@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from companion.log import log_event
+from companion.models.specs import spec_kind
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -97,7 +98,7 @@ def preload_for(model: str) -> tuple[str, ...]:
     """What a ``companion run`` process with ``model`` imports before it listens (all but a few
     dozen of the 2,500 modules; WebRTC's are left to the few that use them), its provider's SDK
     included: only that one (``scripted`` has none)."""
-    return _COMPANION_MODULES + _PROVIDER_MODULES.get(model.strip().partition(":")[0], ())
+    return _COMPANION_MODULES + _PROVIDER_MODULES.get(spec_kind(model), ())
 
 
 class SpawnedProcess:

@@ -96,15 +96,13 @@ def _demo(args: argparse.Namespace, spawner: Spawner | None) -> int:
     from companion.app.demo import FINISHED, DemoOptions, check_demo_model, default_cards, names_of, run_demo
     from companion.card.model import CardError, load_card
     from companion.conversation.transcript import TranscriptEvent, render_text
+    from companion.models.errors import ModelSetupError
 
-    if not args.model.startswith("scripted"):
-        from companion.models.errors import ModelSetupError
-
-        try:  # a missing key or an unreachable endpoint is reported now, not mid-conversation
-            check_demo_model(args.model, args.base_url)
-        except ModelSetupError as exc:
-            print(f"companion demo: {exc}", file=sys.stderr)
-            return 2
+    try:  # a missing key or an unreachable endpoint is reported now, not mid-conversation
+        check_demo_model(args.model, args.base_url)
+    except ModelSetupError as exc:
+        print(f"companion demo: {exc}", file=sys.stderr)
+        return 2
     try:
         cards = [resolve_card(card) for card in args.cards] or default_cards()
         loaded = [load_card(path) for path in cards]

@@ -18,6 +18,7 @@ from companion.log import log_event
 from companion.models.base import CompanionModel
 from companion.models.endpoints import DEFAULT_REQUEST_TIMEOUT, ProviderKind, resolve_config
 from companion.models.errors import ModelSetupError
+from companion.models.specs import spec_kind
 from companion.timings import EngineTimings
 
 __all__ = [
@@ -92,7 +93,8 @@ def make_model(
     ``seed`` applies to ``scripted`` (``scripted:SEED`` overrides it); ``base_url`` and
     ``timeout`` (seconds per provider request) apply to provider models.
     """
-    kind, sep, rest = spec.strip().partition(":")
+    kind = spec_kind(spec)
+    _, sep, rest = spec.strip().partition(":")
     if kind == "scripted":
         if sep:
             try:
