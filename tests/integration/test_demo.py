@@ -7,16 +7,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from support.cli import REPO, run_companion, run_demo
+from support.cli import REPO, companion_popen, run_companion, run_demo
 from support.fake_llm_server import CooperativeModel, running_server
-from support.network import child_env
-from support.warm import popen as warm_popen
 
 pytestmark = pytest.mark.integration
 FIELDS = {"event", "speaker", "recipients", "text", "emotion", "why", "closing"}
@@ -181,15 +178,10 @@ def test_a_demo_whose_reader_goes_away_stops_quietly_with_its_companions(tmp_pat
     its companions with it, says nothing on stderr above info, and exits 0."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    command = [sys.executable, "-m", "companion", "demo", "--json", "--pace", "0.1", "--log-level", "INFO"]
+    command = ["demo", "--json", "--pace", "0.1", "--log-level", "INFO"]
     env = {**os.environ, "TMPDIR": str(scratch)}
-    demo = warm_popen(  # forked warm (support.warm): what is read is how it ends
-        command,
-        cwd=str(REPO),
-        env=child_env(base=env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    demo = companion_popen(  # forked warm: what is read is how it ends
+        command, warm=True, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         assert demo.stdout is not None

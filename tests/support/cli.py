@@ -23,7 +23,7 @@ from support.warm import popen as warm_popen
 
 REPO = Path(__file__).resolve().parents[2]
 
-__all__ = ["Started", "companion_argv", "run_companion", "run_demo", "started_companion"]
+__all__ = ["Started", "companion_argv", "companion_popen", "run_companion", "run_demo", "started_companion"]
 
 
 def companion_argv() -> list[str]:
@@ -32,7 +32,7 @@ def companion_argv() -> list[str]:
     return [script] if script else [sys.executable, "-m", "companion"]
 
 
-def _popen(
+def companion_popen(
     args: Sequence[str], *, warm: bool, cwd: Path, env: dict[str, str] | None, **options: Any
 ) -> subprocess.Popen[str]:
     """``companion ARGS``: the console script in a fresh interpreter, or with ``warm``
@@ -53,8 +53,8 @@ def run_companion(
     warm: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run ``companion ARGS`` to its end (at most ``timeout`` seconds) and capture its output;
-    ``warm``: see :func:`_popen`."""
-    process = _popen(
+    ``warm``: see :func:`companion_popen`."""
+    process = companion_popen(
         args,
         warm=warm,
         cwd=cwd,
@@ -121,12 +121,12 @@ def started_companion(
     warm: bool = False,
 ) -> Iterator[Started]:
     """``companion ARGS`` running in its own process group with an open standard input (a pipe
-    the test holds), output in files under ``logs``; ``warm``: see :func:`_popen`.
+    the test holds), output in files under ``logs``; ``warm``: see :func:`companion_popen`.
     On the way out anything of it still running is killed by its process group's id."""
     logs.mkdir(parents=True, exist_ok=True)
     out_path, err_path = logs / "stdout.txt", logs / "stderr.txt"
     with out_path.open("w") as out, err_path.open("w") as err:
-        process = _popen(
+        process = companion_popen(
             args,
             warm=warm,
             cwd=cwd,
@@ -152,39 +152,10 @@ def run_demo(
     tmp_path: Path, *extra: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
     """`companion demo --json` run to its end from the checkout (kept in ``tmp_path/run`` unless
-    ``env`` is given): the finished process and its transcript, one event a line."""
+    ``env`` is given): the finished process and its transcript, one event a line. Forked warm:
+    what these tests read is the transcript, not the start-up."""
     keep = [] if env is not None else ["--keep", str(tmp_path / "run")]
-    command = [
-        sys.executable,
-        "-m",
-        "companion",
-        "demo",
-        "--json",
-        "--pace",
-        "0.1",
-        "--timeout",
-        "120",
-        "--log-level",
-        "INFO",
-        *keep,
-        *extra,
-    ]
-    # forked warm (support.warm): what these tests read is the transcript, not the start-up
-    process = warm_popen(
-        command,
-        env=child_env(base=env),  # the environment the worker's warm-start server serves
-        cwd=str(REPO),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=240)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    done = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    args = ["demo", "--json", "--pace", "0.1", "--timeout", "120", "--log-level", "INFO", *keep, *extra]
+    done = run_companion(args, cwd=REPO, timeout=240, env=env, warm=True)
     events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     return done, events
