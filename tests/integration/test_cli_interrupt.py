@@ -13,24 +13,12 @@ from pathlib import Path
 import pytest
 
 from support.cli import Started, started_companion
+from support.processes import companion_running
 
 pytestmark = pytest.mark.integration
 
 READY_WITHIN = 60.0
 STOP_WITHIN = 20.0
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie or a reused pid running something else does not). A
-    companion forked by a warm-started demo keeps the command line of the process it was forked
-    from (support.zygote)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    ours = b"companion" in cmdline or b"support.zygote" in cmdline
-    return stat.rpartition(")")[2].split()[0] != "Z" and ours
 
 
 def _stops_with_130(started: Started) -> None:
@@ -83,16 +71,16 @@ def test_ctrl_c_ends_the_demo_and_its_companion_processes(whole_group: bool, tmp
     with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", warm=True) as demo:
         assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
         children = _companion_pids(demo.stderr())
-        assert len(children) == 3 and all(_alive(pid) for pid in children)
+        assert len(children) == 3 and all(companion_running(pid) for pid in children)
         if whole_group:
             demo.ctrl_c()
         else:
             os.kill(demo.process.pid, signal.SIGINT)
         _stops_with_130(demo)
         deadline = time.monotonic() + 5
-        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        while any(companion_running(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [pid for pid in children if _alive(pid)] == []
+        assert [pid for pid in children if companion_running(pid)] == []
         # each child is signalled once: by the terminal (it stops on its own, 130), or, when
         # only the demo got SIGINT, by the demo's SIGTERM (0); never a second signal (143)
         exited = dict(re.findall(r"companion_process_exited .*?pid=(\d+) status=(-?\d+)", demo.stderr()))

@@ -19,27 +19,15 @@ import pytest
 from companion.app.spawner import GRACE
 from companion.store.dirlock import DirectoryLock
 from support.cli import run_companion, run_demo, started_companion
+from support.processes import companion_running, proc_stat
 
 pytestmark = pytest.mark.integration
 
 READY_WITHIN = 60.0
 
 
-def _stat(pid: int) -> list[str] | None:
-    """``/proc/PID/stat`` after the command's name: state first, parent PID second."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-
-
-def _alive(pid: int) -> bool:
-    stat = _stat(pid)
-    return stat is not None and stat[0] != "Z"
-
-
 def _parent(pid: int) -> int:
-    stat = _stat(pid)
+    stat = proc_stat(pid)
     assert stat is not None, pid
     return int(stat[1])
 
@@ -52,15 +40,15 @@ def test_a_demo_killed_outright_leaves_no_companion_running(tmp_path: Path) -> N
     with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", warm=True) as demo:
         assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
         children = [int(p) for p in re.findall(r"companion_process_started .*?pid=(\d+)", demo.stderr())]
-        assert len(children) == 3 and all(_alive(pid) for pid in children), demo.stderr()
+        assert len(children) == 3 and all(companion_running(pid) for pid in children), demo.stderr()
         (spawner,) = {_parent(pid) for pid in children}
         assert spawner != demo.process.pid and _parent(spawner) == demo.process.pid
         os.kill(demo.process.pid, signal.SIGKILL)
         assert demo.process.wait(timeout=10) == -signal.SIGKILL
         deadline = time.monotonic() + GRACE + 10
-        while any(_alive(pid) for pid in (*children, spawner)) and time.monotonic() < deadline:
+        while any(companion_running(pid) for pid in (*children, spawner)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [pid for pid in (*children, spawner) if _alive(pid)] == []
+        assert [pid for pid in (*children, spawner) if companion_running(pid)] == []
 
 
 _LIFECYCLE = textwrap.dedent(
@@ -173,4 +161,4 @@ def test_a_companion_that_dies_during_the_conversation_ends_the_demo_at_once(tmp
         assert "(last logged: " in said, said  # its event, not the whole record
         assert Path(said.rpartition("; its log: ")[2]).is_file(), said  # kept: the error names it
         assert "Traceback" not in demo.stderr(), demo.stderr()[-3000:]
-        assert [pid for pid in others if _alive(pid)] == []
+        assert [pid for pid in others if companion_running(pid)] == []

@@ -1,4 +1,5 @@
-"""A child Python process killed at a point it reached: what a crash leaves on disk."""
+"""Processes as the tests see them: a child Python process killed at a point it reached (what a
+crash leaves on disk), and whether a companion process a test saw started still runs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 @contextmanager
@@ -24,3 +26,25 @@ def killed_after(code: str, *args: str, says: str, env: dict[str, str] | None = 
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
     assert child.returncode == -signal.SIGKILL
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` after the command's name (state first, parent PID second); ``None``
+    once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def companion_running(pid: int) -> bool:
+    """Whether the companion process ``pid`` still runs: not a zombie, and not a reused PID
+    running something else. One forked warm by a test (support.zygote) keeps that process's
+    command line."""
+    stat = proc_stat(pid)
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    ours = b"companion" in cmdline or b"support.zygote" in cmdline
+    return stat is not None and stat[0] != "Z" and ours
