@@ -6,10 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e .
+bash scripts/venv.sh . --compile-bytecode  # three processes start at once: compiled before
 exec .venv/bin/companion demo "$@"

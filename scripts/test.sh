@@ -5,7 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3}
 began=$SECONDS
 cpu_file=$(mktemp)
 cpu=0
@@ -24,16 +23,12 @@ deps=$!
 trap 'wait "$deps" 2>/dev/null || true' EXIT
 # The suite starts hundreds of Python processes (companions, drivers, demos): without bytecode on
 # disk each one compiles the package anew (0.3 s a start), and pytest rewrites every test module
-# again in each worker, so the tests keep their bytecode. pip would compile every file it installs,
-# one after another (about 14 s on a fresh clone, most of it SDK type modules nothing imports):
-# instead, what the suite imports is compiled once, by importing it (scripts/warm_imports.py),
-# beside mypy, before the first test process starts.
+# again in each worker, so the tests keep their bytecode. Compiling every file at install time
+# would take most of its time on SDK type modules nothing imports: instead, what the suite
+# imports is compiled once, by importing it (scripts/warm_imports.py), beside mypy, before the
+# first test process starts. (scripts/venv.sh installs with uv, which compiles nothing.)
 unset PYTHONDONTWRITEBYTECODE
-if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q --no-compile -e ".[test]"
+bash scripts/venv.sh ".[test]"
 took "install"
 full=$(( $# == 0 ))  # no arguments: the whole suite
 # Each pytest run ends with its slowest tests by wall time and by CPU seconds (tests/support/
