@@ -34,9 +34,43 @@ from support.processes import killed_after
 
 def test_every_layout_ever_written_has_a_fixture() -> None:
     """One fixture per distinct layout: the history of layout 1 (before and after the known
-    companions) and the last one before this release."""
-    assert FIXTURES == ["2026-11-30", "2026-12-01", "2026-12-05"]
+    companions, and the last one before layout 2), and layout 2 as release 0.2.0 wrote it (no
+    ``decisions`` table: the code after it created one under layout 2 and took 0.2.0's files for
+    up to date, so their companions could record no reply)."""
+    assert FIXTURES == ["2026-11-30", "2026-12-01", "2026-12-05", "2026-12-05-0.2.0"]
     assert set(RELEASES) == set(range(1, DATA_LAYOUT + 1)) and len(layout.MIGRATIONS) == DATA_LAYOUT
+
+
+def _shape(db: sqlite3.Connection) -> set[tuple[str, str, tuple[str, ...]]]:
+    """Every table and index of a file, with a table's columns."""
+    names = db.execute("SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchall()
+    return {
+        (kind, name, tuple(c[1] for c in db.execute(f"PRAGMA table_info({name})")) if kind == "table" else ())
+        for kind, name in names
+    }
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_a_released_layout_is_what_its_steps_make_today(tmp_path: Path, name: str) -> None:
+    """The steps up to a released layout are never changed after its release: a file that
+    release wrote has exactly the tables, indexes and columns they make. (The code after 0.2.0
+    added ``decisions`` to the step to layout 2, and took 0.2.0's files, which lack it, for up
+    to date.) Layout 1 had no fixed shape (see ``companion.store.layout``)."""
+    data = unpack(name, tmp_path)
+    for cid in COMPANIONS:
+        path = data / cid / DB_FILENAME
+        found = version(path)
+        if found < 2:
+            continue
+        made = sqlite3.connect(tmp_path / f"{cid}-made.sqlite3", isolation_level=None)
+        written = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        try:
+            for step in layout.MIGRATIONS[:found]:
+                step(made)
+            assert _shape(written) == _shape(made), f"{name} {cid}: layout {found} as released"
+        finally:
+            made.close()
+            written.close()
 
 
 @pytest.mark.parametrize("name", FIXTURES)

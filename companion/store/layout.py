@@ -26,7 +26,10 @@ directory written by each, with the commit and the command that wrote it):
   open and then stopped doing so, which is how a directory of 2026-12-01 came to fail with
   ``no such table: companions``);
 - **2** (``0.2.0``): every table of layout 1, present, the known companions filled in from the
-  history for a file that had none, and the ``layout`` table.
+  history for a file that had none, and the ``layout`` table;
+- **3** (``0.3.0``): the ``decisions`` table (``companion explain``). The code after 0.2.0 created
+  it under layout 2, so a directory 0.2.0 wrote opened as up to date and every reply failed to
+  be recorded (``no such table: decisions``), i.e. its companions never spoke again.
 
 A migration runs when a file is opened: a copy of the old file is made beside it
 (``companion.sqlite3.v1.bak``, with SQLite's backup API, so the copy is consistent even with a
@@ -63,7 +66,7 @@ __all__ = [
 
 logger = logging.getLogger("companion.store.layout")
 
-RELEASES: Final[dict[int, str]] = {1: "0.1.0", 2: "0.2.0"}
+RELEASES: Final[dict[int, str]] = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0"}
 """The first release of companion that writes each layout (and reads it)."""
 DATA_LAYOUT: Final = max(RELEASES)
 """The layout this code writes; it reads this one and every older one (migrating them)."""
@@ -99,8 +102,7 @@ def _to_1(db: sqlite3.Connection) -> None:
 
 def _to_2(db: sqlite3.Connection) -> None:
     """Known companions and the tools' values (both written under layout 1 from 2026-12-01 on,
-    missing from the files of before), the ``layout`` table, and the decisions kept for
-    ``companion explain`` (new in 0.2.0). The known companions of a file
+    missing from the files of before) and the ``layout`` table. The known companions of a file
     that had none are the companions its history heard from (a restarted node then counts them
     as leaders at once, as it does for the ones it remembered itself)."""
     db.execute("CREATE TABLE IF NOT EXISTS companions (id TEXT PRIMARY KEY, first_seen REAL NOT NULL)")
@@ -117,6 +119,11 @@ def _to_2(db: sqlite3.Connection) -> None:
         "CREATE TABLE IF NOT EXISTS layout (version INTEGER PRIMARY KEY, release TEXT NOT NULL,"
         " reached_at REAL NOT NULL)"
     )
+
+
+def _to_3(db: sqlite3.Connection) -> None:
+    """The decisions kept for ``companion explain`` (new after 0.2.0; a file of layout 2 that
+    the code between 0.2.0 and this layout wrote has them already)."""
     # The turn-taking decisions a companion made or saw, per message, for `companion explain`:
     # one row per engine event that names a message (`kind` is the event's name, `fields` its
     # fields as JSON, `reply_id` the reply it produced, if any); the store keeps the newest
@@ -130,7 +137,7 @@ def _to_2(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS decisions_by_reply ON decisions (reply_id)")
 
 
-MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (_to_1, _to_2)
+MIGRATIONS: Final[tuple[Callable[[sqlite3.Connection], None], ...]] = (_to_1, _to_2, _to_3)
 """``MIGRATIONS[n]`` brings a file of layout ``n`` to ``n + 1``, inside the caller's transaction
 (no ``executescript``: it would commit). Each step tolerates what a file of its layout may
 already hold (``IF NOT EXISTS``, ``OR IGNORE``)."""

@@ -383,7 +383,7 @@ class Store:
     def record_decision(
         self, message_id: str, kind: str, fields: dict[str, Any], *, level: str = "INFO"
     ) -> None:
-        """Keep one decision about ``message_id`` (the ``decisions`` table of data layout 2),
+        """Keep one decision about ``message_id`` (the ``decisions`` table of data layout 3),
         written behind; fields beyond :data:`MAX_DECISION_BYTES` of JSON are cut to their first keys."""
         text = _bounded_json(fields, MAX_DECISION_BYTES)
         reply_id = fields.get("reply_id")

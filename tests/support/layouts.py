@@ -11,10 +11,10 @@ from typing import Final
 
 LAYOUTS: Final = Path(__file__).resolve().parent.parent / "layouts"
 FIXTURES: Final = sorted(p.name.removesuffix(".tar.gz") for p in LAYOUTS.glob("*.tar.gz"))
-"""Each fixture's name: the date of the release that wrote it."""
+"""Each fixture's name: the date of the code that wrote it (and the release, for a release)."""
 COMPANIONS: Final = ("companion_pim", "companion_ostra")
 """The companions each fixture ran (``cards/pim.yaml``, ``cards/ostra.yaml``)."""
-TABLES: Final = ("messages", "memory", "seen", "companions", "action_store")
+TABLES: Final = ("messages", "memory", "seen", "companions", "action_store", "decisions")
 """The tables whose rows a migration must keep."""
 
 
