@@ -50,27 +50,31 @@ def _shape(db: sqlite3.Connection) -> set[tuple[str, str, tuple[str, ...]]]:
     }
 
 
-@pytest.mark.parametrize("name", FIXTURES)
-def test_a_released_layout_is_what_its_steps_make_today(tmp_path: Path, name: str) -> None:
+def test_a_released_layout_is_what_its_steps_make_today(tmp_path: Path) -> None:
     """The steps up to a released layout are never changed after its release: a file that
     release wrote has exactly the tables, indexes and columns they make. (The code after 0.2.0
     added ``decisions`` to the step to layout 2, and took 0.2.0's files, which lack it, for up
-    to date.) Layout 1 had no fixed shape (see ``companion.store.layout``)."""
-    data = unpack(name, tmp_path)
-    for cid in COMPANIONS:
-        path = data / cid / DB_FILENAME
-        found = version(path)
-        if found < 2:
-            continue
-        made = sqlite3.connect(tmp_path / f"{cid}-made.sqlite3", isolation_level=None)
-        written = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-        try:
-            for step in layout.MIGRATIONS[:found]:
-                step(made)
-            assert _shape(written) == _shape(made), f"{name} {cid}: layout {found} as released"
-        finally:
-            made.close()
-            written.close()
+    to date.) Layout 1 had no fixed shape (see ``companion.store.layout``): its fixtures are
+    not compared."""
+    compared = []
+    for name in FIXTURES:
+        data = unpack(name, tmp_path / name)
+        for cid in COMPANIONS:
+            path = data / cid / DB_FILENAME
+            found = version(path)
+            if found < 2:
+                continue
+            made = sqlite3.connect(tmp_path / f"{name}-{cid}-made.sqlite3", isolation_level=None)
+            written = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+            try:
+                for step in layout.MIGRATIONS[:found]:
+                    step(made)
+                assert _shape(written) == _shape(made), f"{name} {cid}: layout {found} as released"
+            finally:
+                made.close()
+                written.close()
+            compared.append((name, found))
+    assert ("2026-12-05-0.2.0", 2) in compared
 
 
 @pytest.mark.parametrize("name", FIXTURES)
