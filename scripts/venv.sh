@@ -11,6 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
+# the machine's certificate store, as pip uses (uv's own roots would refuse a registry mirror
+# or proxy whose certificate only the machine trusts)
+export UV_NATIVE_TLS=${UV_NATIVE_TLS:-1}
 target=${1:-.}
 shift $(($# > 0 ? 1 : 0))
 if [ ! -x .venv/bin/python ]; then
