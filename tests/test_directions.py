@@ -123,12 +123,45 @@ def test_a_frame_is_known_before_anything_is_shown(partial: str, shown: str | No
     assert without_directions(partial, complete=False) == shown
 
 
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (  # measured: SmolLM2-135M, 2026-12-07, five of ten lines of one demo
+            "You're a friend. Here is the answer to your question: "
+            '"I\'m glad you asked! I can bake anything."',
+            "You're a friend. I'm glad you asked! I can bake anything.",
+        ),
+        ('Here\'s my answer: "chocolate, always."', "Chocolate, always."),
+        ('Well. Here\'s the answer: "yes" and more.', "Well. Yes and more."),
+        ("I love cakes. Here is a cake for you.", "I love cakes. Here is a cake for you."),
+        ("Hi. Here is my answer: yes, always.", "Hi. Here is my answer: yes, always."),  # no quotation
+    ],
+)
+def test_an_announced_answer_is_said_without_its_announcement(line: str, said: str) -> None:
+    assert without_directions(line) == said
+
+
+@pytest.mark.parametrize(
+    ("partial", "shown"),
+    [
+        ("You're a friend. Here is the", "You're a friend."),
+        ("You're a friend. Here is the answer to your question: \"", "You're a friend."),
+        ("You're a friend. Here is the answer to your question: \"I", "You're a friend. I"),
+        ("You're a friend. Here is a", "You're a friend. Here is a"),
+        ("Here is the ans", None),
+    ],
+)
+def test_an_announcement_is_known_before_it_is_shown(partial: str, shown: str | None) -> None:
+    assert without_directions(partial, complete=False) == shown
+
+
 _PIECES = st.sampled_from(
     [
         *("(", ")", "*", "[", "]", "Slightly", " ", ", ", "i see", "Hi.", "1", "\n", "【", "】", "x" * 30),
         *("You can say", "Say", ":", '"', "\u201c", "\u201d", "\u300c", "\u300d"),
         *(". ", "!", "Sighs in relief", "x" * 61),
         *("Juniper", "Juni", "juniper", "、", "companion_juniper"),
+        *("Here is the answer", " to your question", "Here's my answer", "here is"),
     ]
 )
 

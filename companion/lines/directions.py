@@ -18,6 +18,12 @@ The same model also framed its line as advice to someone else: six lines running
 were ``You can say: "It's been a pleasure to speak with you. ..."`` (measured, 2026-12-05). The
 frame and its quotation marks are not said either: the quoted words are the line.
 
+Or it announced its answer, at the line's start or after a first sentence: five of ten lines of
+a three-companion demo were ``You're a friend. Here is the answer to your question: "I'm glad
+you asked, ..."`` (measured, ``scripts/bench_models.py --runs 2 --server-cache``, the opening
+"What's your favourite cake?", 2026-12-07). The announcement and its quotation marks are not
+said; the sentence before it is.
+
 :func:`without_directions` serves both readers of a line: the live line while it grows (where a
 direction still open may yet close, so nothing is shown until that is known) and the complete
 line handed to the speaking action. Both see the same text, so what was shown while streaming
@@ -57,11 +63,18 @@ _OPEN_AT_END: Final = re.compile(
 or the space that may come before one (the sentence is handed out only at the next word anyway,
 :class:`~companion.lines.sentences.SentenceSplitter`)."""
 
+ANNOUNCEMENTS: Final = (
+    "here is the answer to your question", "here's the answer to your question",
+    "here is my answer", "here's my answer", "here is the answer", "here's the answer",
+)  # fmt: skip
+"""What a line announcing its answer says before a colon and a quotation mark, at its start or
+at the start of a later sentence."""
 FRAMES: Final = (
     "you can say", "you could say", "you might say", "i would say", "i'd say", "i will say",
-    "i'll say", "say", "answer", "reply", "response", "my answer", "my reply",
+    "i'll say", "say", "answer", "reply", "response", "my answer", "my reply", *ANNOUNCEMENTS,
 )  # fmt: skip
-"""What a line framed as advice opens with, before a colon and a quotation mark."""
+"""What a line framed as advice (or announcing its answer) opens with, before a colon and a
+quotation mark."""
 _QUOTES: Final = {'"': '"', "\u201c": "\u201d", "\u300c": "\u300d", "\u300e": "\u300f"}
 _FRAME: Final = re.compile(
     "(?:"
@@ -73,6 +86,17 @@ _FRAME: Final = re.compile(
 )
 _FRAME_TEXTS: Final = tuple(f.replace(" ", "") + ":" + q for f in FRAMES for q in _QUOTES)
 """Each frame without its spaces, for telling whether a line being written may still become one."""
+_ANNOUNCED: Final = re.compile(
+    rf"(?<=[{_ENDS}])(\s+)(?:"
+    + "|".join(re.escape(f).replace(r"\ ", r"\s+") for f in ANNOUNCEMENTS)
+    + r")\s*:\s*(["
+    + "".join(_QUOTES)
+    + "])",
+    re.IGNORECASE,
+)
+_ANNOUNCEMENT_TEXTS: Final = tuple(f.replace(" ", "") + ":" + q for f in ANNOUNCEMENTS for q in _QUOTES)
+_LAST_SENTENCE: Final = re.compile(rf"(?<=[{_ENDS}])\s+([^{_ENDS}\s][^{_ENDS}]*)$")
+"""The start of the last sentence of a line, after the sentence before it."""
 
 
 def without_directions(text: str, *, complete: bool = True, speaker: Iterable[str] = ()) -> str | None:
@@ -112,8 +136,35 @@ def without_directions(text: str, *, complete: bool = True, speaker: Iterable[st
             return None  # the quoted words have not begun
     if not dropped or (complete and not rest):
         # a line that is all note is the line check's to refuse, with its reason
-        return _without_asides(text, complete=complete)
-    return _without_asides(rest[:1].upper() + rest[1:], complete=complete)
+        return _without_asides(_without_announcements(text, complete=complete), complete=complete)
+    rest = _without_announcements(rest[:1].upper() + rest[1:], complete=complete)
+    return _without_asides(rest, complete=complete)
+
+
+def _without_announcements(text: str, *, complete: bool) -> str:
+    """``text`` without an answer announced after one of its sentences (``... Here is the answer
+    to your question: "I'm glad ..."``): the announcement and its quotation marks go, the quoted
+    words stay, from a capital. While the line is written, a last sentence that may still become
+    an announcement is held back."""
+    kept = text
+    start = 0
+    for _ in range(len(text)):  # every round drops at least the announcement's words
+        found = _ANNOUNCED.search(kept, start)
+        if found is None:
+            break
+        quoted = kept[found.end() :]
+        closing = quoted.find(_QUOTES[found.group(2)])
+        if closing >= 0:
+            quoted = quoted[:closing] + quoted[closing + 1 :]
+        kept = kept[: found.start()] + found.group(1) + quoted[:1].upper() + quoted[1:]
+        start = found.start() + len(found.group(1))
+    if not complete:
+        last = _LAST_SENTENCE.search(kept)
+        if last is not None:
+            words = "".join(last.group(1).casefold().split())
+            if any(t.startswith(words) for t in _ANNOUNCEMENT_TEXTS):
+                kept = kept[: last.start()]
+    return kept
 
 
 def _without_asides(text: str, *, complete: bool) -> str:
