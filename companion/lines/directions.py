@@ -76,25 +76,25 @@ FRAMES: Final = (
 """What a line framed as advice (or announcing its answer) opens with, before a colon and a
 quotation mark."""
 _QUOTES: Final = {'"': '"', "\u201c": "\u201d", "\u300c": "\u300d", "\u300e": "\u300f"}
-_FRAME: Final = re.compile(
-    "(?:"
-    + "|".join(re.escape(f).replace(r"\ ", r"\s+") for f in FRAMES)
-    + r")\s*:\s*(["
-    + "".join(_QUOTES)
-    + "])",
-    re.IGNORECASE,
-)
-_FRAME_TEXTS: Final = tuple(f.replace(" ", "") + ":" + q for f in FRAMES for q in _QUOTES)
-"""Each frame without its spaces, for telling whether a line being written may still become one."""
-_ANNOUNCED: Final = re.compile(
-    rf"(?<=[{_ENDS}])(\s+)(?:"
-    + "|".join(re.escape(f).replace(r"\ ", r"\s+") for f in ANNOUNCEMENTS)
-    + r")\s*:\s*(["
-    + "".join(_QUOTES)
-    + "])",
-    re.IGNORECASE,
-)
-_ANNOUNCEMENT_TEXTS: Final = tuple(f.replace(" ", "") + ":" + q for f in ANNOUNCEMENTS for q in _QUOTES)
+
+
+def _opening(phrases: Sequence[str], before: str = "") -> re.Pattern[str]:
+    """One of ``phrases`` (any run of spaces between their words), a colon and an opening
+    quotation mark (the last group), after ``before``."""
+    words = "|".join(re.escape(f).replace(r"\ ", r"\s+") for f in phrases)
+    return re.compile(rf"{before}(?:{words})\s*:\s*([{''.join(_QUOTES)}])", re.IGNORECASE)
+
+
+def _spaceless(phrases: Sequence[str]) -> tuple[str, ...]:
+    """Each of ``phrases`` with its colon and each opening quotation mark, without spaces: for
+    telling whether a line being written may still become one."""
+    return tuple(f.replace(" ", "") + ":" + q for f in phrases for q in _QUOTES)
+
+
+_FRAME: Final = _opening(FRAMES)
+_FRAME_TEXTS: Final = _spaceless(FRAMES)
+_ANNOUNCED: Final = _opening(ANNOUNCEMENTS, rf"(?<=[{_ENDS}])(\s+)")
+_ANNOUNCEMENT_TEXTS: Final = _spaceless(ANNOUNCEMENTS)
 _LAST_SENTENCE: Final = re.compile(rf"(?<=[{_ENDS}])\s+([^{_ENDS}\s][^{_ENDS}]*)$")
 """The start of the last sentence of a line, after the sentence before it."""
 
