@@ -397,6 +397,28 @@ def test_a_message_answered_elsewhere_before_it_arrived_opens_no_turn() -> None:
 # --- rule: only a due leader's array counts ------------------------------------------------------
 
 
+def test_the_companion_whose_line_was_the_last_records_the_end_too() -> None:
+    """A's reply opens no turn on A (its own line), so A took in no array for it, and when the
+    leader of A's line ended the conversation there, every companion recorded the end but A.
+    Now A does, once, and only from a leader of its line, only for an array that ends it."""
+    opening = Message.create(USER, [A, B, C], "hi")
+    meta = {META_IN_REPLY_TO: opening.params.id, META_TURN: 1, META_CLOSING: "none"}
+    line = message_led_by(B, [USER, B, C], sender=A, **meta)
+    m = machine(A)
+    m.receive(MessageSeen(opening), 0.0)
+    m.receive(MessageSeen(line), 1.0)
+    assert not decisions(m.receive(StatesSeen(array(line, C), B), 1.1), "conversation_over")  # it goes on
+    forged = m.receive(StatesSeen(array(line, None, closing="terminal"), "companion_mallory"), 1.2)
+    assert not decisions(forged, "conversation_over")
+    [over] = decisions(
+        m.receive(StatesSeen(array(line, None, closing="terminal"), B), 1.3), "conversation_over"
+    )
+    assert over.fields["message_id"] == line.params.id and over.fields["closing"] == "terminal"
+    assert over.fields["source"] == B
+    again = m.receive(StatesSeen(array(line, None, closing="terminal"), C), 1.4)
+    assert not decisions(again, "conversation_over")  # recorded once
+
+
 def test_an_array_from_a_non_candidate_is_ignored_whatever_it_says() -> None:
     message = message_led_by(B, [A, B, C])
     m = machine(A, known=(A, B, C, "companion_mallory"))

@@ -24,6 +24,8 @@ from companion.conversation.rules import (
     closing_states,
     ends_conversation,
     later,
+    leader_candidates,
+    plan_leaders,
     quiet_closing,
     speaking_order,
     states_match,
@@ -68,11 +70,38 @@ class ArrayRules(MachineState):
         )
         out.append(PublishStates(reply.params.id, closing_states((), reply, self.me)))
 
+    def _ends_own_line(self, states: list[State], publisher: str | None, out: list[Effect]) -> bool:
+        """Whether ``states`` is an array that ends the conversation at this companion's own last
+        line, from a leader candidate of that line: the others take the end from it, and so does
+        this companion, which has no turn of its own line to take it in (before, the companion
+        whose line was the last never recorded the end). Recorded once."""
+        line = self._own_line
+        if line is None or not states_match(states, line, self.present):
+            return False
+        decision = speaking_order(states).first
+        if not (decision.conversation_over or decision.closing == "terminal"):
+            return False
+        if plan_leaders(line, leader_candidates(line, self.known).ids).rank(publisher) is None:
+            return False  # only a leader of the line ends it (a forger's array is ignored below)
+        self._own_line = None
+        self._log(
+            out,
+            "conversation_over",
+            message_id=line.params.id,
+            turn=self.replies,
+            closing="terminal",
+            reason="terminal",
+            source=publisher,
+        )
+        return True
+
     def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:
         self._evidence(publisher, states_tag(states) is not None)  # our leaders tag their arrays
         turn = self.turn
         froms = [s.params.from_ for s in states]
         if turn is None or not states_match(states, turn.message, self.present):
+            if self._ends_own_line(states, publisher, out):
+                return
             held = self._early.hold(states, (publisher, now))  # its message may still be on the way
             if not held and self.bystander and states_tag(states) is None:
                 # Untagged (aikyo's) arrays cannot be tied to a message not seen yet; a bystander

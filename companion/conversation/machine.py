@@ -233,6 +233,8 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         if params.from_ == self.me:
             if info.in_reply_to is not None and not (set(params.to) & self.present) - {self.me}:
                 self._close_quietly(message, out)
+            else:
+                self._own_line = message
             return
         if self.me is not None and self.me not in params.to:
             self._log(out, "not_addressed", "debug", message_id=params.id, sender=params.from_)

@@ -112,6 +112,9 @@ class MachineState:
         self._early_yields: OrderedDict[str, dict[str, str]] = OrderedDict()
         """Yields whose message has not arrived yet: message id -> companion -> reason."""
         self._messages: OrderedDict[str, Message] = OrderedDict()
+        self._own_line: Message | None = None
+        """This companion's last line, until an array ends the conversation there: it opens no
+        turn here, so the end is recorded for it apart (:meth:`ArrayRules._ends_own_line`)."""
         self._replied: OrderedDict[str, None] = OrderedDict()
         """Messages this companion answered (read back from the store at start: a node killed as
         its reply left never answers the same message twice)."""
