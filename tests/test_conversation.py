@@ -402,7 +402,7 @@ def test_the_companion_whose_line_was_the_last_records_the_end_too() -> None:
     leader of A's line ended the conversation there, every companion recorded the end but A.
     Now A does, once, and only from a leader of its line, only for an array that ends it."""
     opening = Message.create(USER, [A, B, C], "hi")
-    meta = {META_IN_REPLY_TO: opening.params.id, META_TURN: 1, META_CLOSING: "none"}
+    meta: dict[str, Any] = {META_IN_REPLY_TO: opening.params.id, META_TURN: 1, META_CLOSING: "none"}
     line = message_led_by(B, [USER, B, C], sender=A, **meta)
     m = machine(A)
     m.receive(MessageSeen(opening), 0.0)

@@ -465,11 +465,12 @@ async def test_turn_limit_closes_gracefully_and_ends(autojump_clock: trio.testin
         stages = [(r.params.metadata or {})[META_CLOSING] for r in replies]
         assert stages == ["none", "pre-closing", "closing"]
         assert [(r.params.metadata or {})[META_TURN] for r in replies] == [1, 2, 3]
-        # every companion the last reply addressed (all but its speaker) sees the end; the
-        # bystander may read the last array before they do
-        await rec.until(lambda: len(rec.kinds("conversation_over")) >= 2, 60)
+        # every companion sees the end, the last reply's speaker too (its own line opens no
+        # turn there, so it once missed it); the bystander may read the last array before them
+        await rec.until(lambda: len(rec.kinds("conversation_over")) >= 3, 60)
         over = rec.kinds("conversation_over")
-        assert len(over) == 2 and {e.fields["turn"] for e in over} == {3}
+        assert len(over) == 3 and {e.fields["turn"] for e in over} == {3}
+        assert len({e.companion for e in over}) == 3
         finals = rec.kinds("states_published")[-1]
         assert (
             finals.fields["source"] == "closing_floor_terminal"
