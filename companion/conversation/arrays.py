@@ -18,7 +18,14 @@ takeover order one leader slot later, and so on. It counts from the leader whose
 
 from __future__ import annotations
 
-from companion.conversation.events import YIELD_SIGNAL, Effect, PublishSignal, PublishStates, Withdraw
+from companion.conversation.events import (
+    YIELD_SIGNAL,
+    Decision,
+    Effect,
+    PublishSignal,
+    PublishStates,
+    Withdraw,
+)
 from companion.conversation.rules import (
     SpeakingOrder,
     closing_states,
@@ -60,15 +67,13 @@ class ArrayRules(MachineState):
             to=list(reply.params.to),
             why=why,
         )
-        self._log(
-            out,
-            "conversation_over",
-            message_id=reply.params.id,
-            turn=self.replies,
-            closing="terminal",
-            reason="quiet",
-        )
+        self._over(out, reply.params.id, self.replies, "quiet")
         out.append(PublishStates(reply.params.id, closing_states((), reply, self.me)))
+
+    def _over(self, out: list[Effect], message_id: str, turn: int, reason: str, **fields: object) -> None:
+        """Log that the conversation ended here at ``message_id`` (``terminal``), and why."""
+        ended = {"message_id": message_id, "turn": turn, "closing": "terminal", "reason": reason}
+        out.append(Decision("conversation_over", {**ended, **fields}, "info"))
 
     def _ends_own_line(self, states: list[State], publisher: str | None, out: list[Effect]) -> bool:
         """Whether ``states`` is an array that ends the conversation at this companion's own last
@@ -84,15 +89,7 @@ class ArrayRules(MachineState):
         if plan_leaders(line, leader_candidates(line, self.known).ids).rank(publisher) is None:
             return False  # only a leader of the line ends it (a forger's array is ignored below)
         self._own_line = None
-        self._log(
-            out,
-            "conversation_over",
-            message_id=line.params.id,
-            turn=self.replies,
-            closing="terminal",
-            reason="terminal",
-            source=publisher,
-        )
+        self._over(out, line.params.id, self.replies, "terminal", source=publisher)
         return True
 
     def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:
@@ -310,14 +307,8 @@ class ArrayRules(MachineState):
             elif turn.phase not in (Phase.DONE, Phase.REPLIED):
                 self._goto(turn, Phase.DONE)
             if over:
-                self._log(
-                    out,
-                    "conversation_over",
-                    message_id=turn.message_id,
-                    turn=turn.replies,
-                    closing="terminal",
-                    reason="quiet" if quiet else "unanswered" if closes else "terminal",
-                )
+                reason = "quiet" if quiet else "unanswered" if closes else "terminal"
+                self._over(out, turn.message_id, turn.replies, reason)
             return
         if turn.phase in (Phase.AWAITING_STATES, Phase.LEADING, Phase.LED, Phase.DONE):
             self._goto(turn, Phase.AWAITING_SPEAKER)
