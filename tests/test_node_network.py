@@ -19,6 +19,7 @@ from companion.node.metadata import fetch_metadata
 from companion.protocol import (
     ACTIONS,
     MESSAGES,
+    PREVIEWS,
     QUERIES,
     STATES,
     Action,
@@ -88,6 +89,20 @@ async def test_join_publish_and_leave() -> None:
         assert await a.wait_for(lambda: set(a.directory) == {"companion_a"}, 20)
         nursery.cancel_scope.cancel()
     assert [(e.kind, e.companion_id) for e in events] == [("joined", "companion_b"), ("left", "companion_b")]
+
+
+async def test_only_a_message_published_as_such_counts_as_sent() -> None:
+    """A reply's preview (PREVIEWS) carries the id the reply will have: when the preview went
+    out before a stop began and its id counted as sent, the stop took the reply it then
+    published for one sent before, did not wait for the clients to read it, and closed them
+    (the streamed stop's test, failing now and then)."""
+    async with trio.open_nursery() as nursery, running(nursery, md("a")) as (a, _rec):
+        reply = Message.create("companion_a", ["user_x"], "The sea is calm.")
+        await a.publish(PREVIEWS, reply)
+        assert list(a.messages_sent) == []
+        await a.publish(MESSAGES, reply)
+        assert list(a.messages_sent) == [reply.params.id]
+        nursery.cancel_scope.cancel()
 
 
 async def test_publish_outside_run_is_refused() -> None:

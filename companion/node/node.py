@@ -52,7 +52,7 @@ from companion.node.routing import DhtDiscovery
 from companion.node.topology import TRIM_PROTOCOL, Topology, dial_target, disable_libp2p_pruner
 from companion.node.trust import TrustStore
 from companion.node.yamux import batch_window_updates
-from companion.protocol import NODE_TOPICS, TOPICS, Envelope, Message, Metadata, Query, State
+from companion.protocol import MESSAGES, NODE_TOPICS, TOPICS, Envelope, Message, Metadata, Query, State
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus
@@ -315,7 +315,9 @@ class CompanionNode:
         if isinstance(envelope, Query):
             self.guard.asking(envelope)  # before anyone can answer: only allowed peers may
         await self.publish_raw(topic, encode_for_topic(topic, envelope))
-        if isinstance(envelope, Message):
+        if topic == MESSAGES and isinstance(envelope, Message):
+            # not a preview of it (PREVIEWS, same id, before it is voiced): a stop waits for the
+            # ids recorded after it began, and a preview's id recorded before would hide the reply
             self.messages_sent.append(envelope.params.id)
 
     async def publish_raw(self, topic: str, data: bytes) -> None:
