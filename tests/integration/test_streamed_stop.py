@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from trio_websocket import open_websocket_url
 
 from companion.store.sqlite import Store
@@ -33,18 +34,29 @@ EXIT_WITHIN = 15.0
 """The stop's deadlines: 3 s of grace, the reply's publish, the nodes' close."""
 
 
-async def _stopped_while_voiced(ws: Any, home: Proc, speaking: float) -> list[Any]:
-    """Juniper asked; SIGTERM once its first sentence arrives; every sentence answered after
-    ``speaking`` seconds until the bridge closes: the frames the client got."""
+async def _stopped_while_voiced(ws: Any, home: Proc, speaking: float, *, written: bool = False) -> list[Any]:
+    """Juniper asked; SIGTERM once its first sentence arrives (``written``: once the model has
+    written the whole line too, so its preview went out before the stop); every sentence
+    answered after ``speaking`` seconds until the bridge closes: the frames the client got."""
+
+    async def stop_once_written() -> None:
+        await blocking(home.event, "model_request", 30, purpose="speak")
+        await trio.sleep(0.2)  # the preview goes out as the line ends
+        home.signal(signal.SIGTERM)
 
     def stop_at_the_first(frames: list[Any]) -> None:
         if len(speak_queries(frames)) == 1:
-            home.signal(signal.SIGTERM)
+            if written:
+                nursery.start_soon(stop_once_written)
+            else:
+                home.signal(signal.SIGTERM)
 
     first = await ask_over_ws(ws, "Juniper, how is the sea?", "m-1", [JUNIPER])
-    return await frames_until(
-        ws, True, CLOSED, EXIT_WITHIN + 15, first, speaking=speaking, on_query=stop_at_the_first
-    )
+    async with trio.open_nursery() as nursery:
+        frames = await frames_until(
+            ws, True, CLOSED, EXIT_WITHIN + 15, first, speaking=speaking, on_query=stop_at_the_first
+        )
+    return frames
 
 
 def _the_stop(home: Proc, frames: list[Any]) -> str:
@@ -62,17 +74,22 @@ def _stored_reply(data: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("speaking", "whole"), [(0.3, True), (4.0, False)], ids=["said-within-the-grace", "past-the-grace"]
+    ("speaking", "whole", "written"),
+    [(0.3, True, False), (4.0, False, False), (4.0, False, True)],
+    ids=["said-within-the-grace", "past-the-grace", "past-the-grace-line-written"],
 )
 async def test_sigterm_while_a_line_is_voiced_stores_what_was_heard(
-    tmp_path: Path, hosted: FakeLLMServer, speaking: float, whole: bool
+    tmp_path: Path, hosted: FakeLLMServer, speaking: float, whole: bool, written: bool
 ) -> None:
+    """``line-written``: the stop lands after the model wrote the whole line, so the reply's
+    preview (the id the reply will have) went out before it; the stop took the reply for one
+    sent before the stop and closed the client without waiting for it to read the reply."""
     hosted.push(*([VoiceModel()] * 6))
     async with (
         juniper_home(tmp_path, hosted) as (_net, home, url),
         open_websocket_url(f"{url}?topics=messages,queries") as ws,
     ):
-        frames = await _stopped_while_voiced(ws, home, speaking)
+        frames = await _stopped_while_voiced(ws, home, speaking, written=written)
         assert await blocking(home.reap, EXIT_WITHIN) == 0
     bad = [line for line in home.lines if "Traceback" in line or '"level": "error"' in line]
     assert bad == [], "\n".join(bad[:5])
