@@ -32,12 +32,19 @@ def _parent(pid: int) -> int:
     return int(stat[1])
 
 
+def _in(tmp_path: Path) -> dict[str, str]:
+    """The environment with ``TMPDIR`` in the test's folder: a demo killed, or one whose
+    companion died, keeps its temporary folder (the logs it names), which is then removed with
+    the test's own instead of staying in the machine's /tmp."""
+    return {**os.environ, "TMPDIR": str(tmp_path)}
+
+
 def test_a_demo_killed_outright_leaves_no_companion_running(tmp_path: Path) -> None:
     """SIGKILL (``kill -9``, the OOM killer) gives the demo no chance to stop its companions. They
     are its spawner's children, forked from it; the spawner sees the demo's end of their socket
     close and stops them (SIGTERM: each stops in order), then ends itself."""
     args = ["demo", "--pace", "3", "--log-level", "INFO"]
-    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", warm=True) as demo:
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", env=_in(tmp_path), warm=True) as demo:
         assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
         children = [int(p) for p in re.findall(r"companion_process_started .*?pid=(\d+)", demo.stderr())]
         assert len(children) == 3 and all(companion_running(pid) for pid in children), demo.stderr()
@@ -148,7 +155,7 @@ def test_a_companion_that_dies_during_the_conversation_ends_the_demo_at_once(tmp
     were there. The demo says at once which companion exited, with its status and log, exits 1,
     and stops the others."""
     args = ["demo", "--pace", "3", "--timeout", "600", "--log-level", "INFO"]
-    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", warm=True) as demo:
+    with started_companion(args, cwd=tmp_path, logs=tmp_path / "logs", env=_in(tmp_path), warm=True) as demo:
         assert demo.wait_for_output("why: ", READY_WITHIN), demo.stderr()
         started = re.findall(r"companion_process_started .*?card=(\S+) .*?pid=(\d+)", demo.stderr())
         assert len(started) == 3, demo.stderr()
