@@ -80,7 +80,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "tasks": frozenset(),
     "memory": frozenset({"vocabulary", "tasks"}),
     "engine": frozenset({"vocabulary", "core", "state", "tasks"}),
-    "models": frozenset({"vocabulary", "core"}),
+    "models": frozenset({"vocabulary", "core", "tasks"}),
     "node": frozenset({"vocabulary", "core", "state", "memory"}),
     "bridge": frozenset({"vocabulary", "core", "memory"}),
     "voice": frozenset({"vocabulary"}),

@@ -19,6 +19,8 @@ from typing import ParamSpec, TypeVar
 
 import trio_asyncio
 
+from companion.tasks import innermost
+
 __all__ = ["asyncio_loop", "has_asyncio_loop", "run_asyncio"]
 
 P = ParamSpec("P")
@@ -63,8 +65,8 @@ async def asyncio_loop() -> AsyncIterator[None]:
         async with trio_asyncio.open_loop():
             yield
     except BaseExceptionGroup as group:
-        leaf = _sole_leaf(group)
-        if leaf is None:
+        leaf = innermost(group)
+        if isinstance(leaf, BaseExceptionGroup):  # several failures: the group says it all
             raise
         raise leaf from leaf.__cause__
 
@@ -77,18 +79,3 @@ async def run_asyncio(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.
         )
     result: T = await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
     return result
-
-
-def _sole_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
-    """The only exception in a (nested) group, or ``None`` when there are several."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    if len(leaves) != 1:
-        return None
-    return leaves[0]
