@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from companion.lines.directions import MAX_DIRECTION_CHARS, without_directions
+from companion.lines.directions import MAX_DIRECTION_CHARS, own_label, without_directions
 
 
 @pytest.mark.parametrize(
@@ -202,3 +202,27 @@ def test_what_is_shown_while_streaming_only_grows(pieces: list[str]) -> None:
 )
 def test_an_aside_between_sentences_is_held_back_while_it_may_close(partial: str, shown: str) -> None:
     assert without_directions(partial, complete=False) == shown
+
+
+@pytest.mark.parametrize(
+    ("label", "own"),
+    [
+        ("Pim", True),
+        ("pim ", True),
+        ("Pimp", True),  # SmolLM2-135M's label for Pim (measured)
+        ("Pimps", False),
+        ("Pim2", False),
+        ("Pam", False),
+        ("Pimento", False),
+        ("Note", False),
+        ("companion_pim", True),
+    ],
+)
+def test_a_label_is_the_speakers_own_when_it_is_its_name_or_one_letter_more(label: str, own: bool) -> None:
+    assert own_label(label, ("Pim", "companion_pim")) is own
+
+
+def test_a_short_name_has_no_mangled_label() -> None:
+    """Two letters and one more is another word ("Al" and "Ale"), not a slip of the pen."""
+    assert not own_label("Ale", ("Al",))
+    assert own_label("Al", ("Al",))

@@ -60,6 +60,7 @@ def server() -> Iterator[FakeLLMServer]:
         ([ToolCallPart("companions", '{"message": "x"}')], None),  # a look-up says nothing
         ([ToolCallPart("nope", '{"message": "x"}')], None),
         ([TextPart("Ben: Whales, mostly.")], ("speak", "Whales, mostly.")),
+        ([TextPart("Benn: Whales, mostly.")], ("speak", "Whales, mostly.")),  # mangled, still its own
         ([TextPart('"Whales')], ("speak", "Whales")),
         ([TextPart('{"message": "Whales"}')], None),  # JSON written as text is not read out early
         ([TextPart("Whales.\nAya: and more")], ("speak", "Whales.")),

@@ -359,6 +359,13 @@ def test_a_heading_alone_is_not_a_line() -> None:
     assert spoken_text("Note: the oven is warm.", ["Pim"]) == "Note: the oven is warm."
 
 
+def test_the_speakers_own_label_is_not_said_even_mangled() -> None:
+    """Measured with SmolLM2-135M as Pim: "Pimp: I am happy to announce ..."."""
+    assert spoken_text("Pimp: I am happy to announce it.", ["Pim"]) == "I am happy to announce it."
+    assert spoken_text("**Pim** (smiling): Flour first.", ["Pim"]) == "Flour first."
+    assert spoken_text("Pam: Flour first.", ["Pim"]) == "Pam: Flour first."
+
+
 def test_a_small_models_echo_of_its_prompt_is_not_its_line() -> None:
     """Measured with SmolLM2-135M: it repeated a history line or the turn line before its own."""
     prompt = (

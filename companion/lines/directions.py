@@ -24,6 +24,11 @@ you asked, ..."`` (measured, ``scripts/bench_models.py --runs 2 --server-cache``
 "What's your favourite cake?", 2026-12-07). The announcement and its quotation marks are not
 said; the sentence before it is.
 
+A line written as a script's, ``Pim: ...``, begins with a label: the label of the speaker's own
+name is not said (:func:`own_label`, read by the models where they find a label), nor that name
+written with one letter too many, as SmolLM2-135M wrote ``Pimp: I am happy to announce ...``
+for Pim (measured, ``scripts/bench_models.py --runs 2 --server-cache``, 2026-12-07).
+
 :func:`without_directions` serves both readers of a line: the live line while it grows (where a
 direction still open may yet close, so nothing is shown until that is known) and the complete
 line handed to the speaking action. Both see the same text, so what was shown while streaming
@@ -36,7 +41,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-__all__ = ["FRAMES", "MAX_DIRECTION_CHARS", "without_directions"]
+__all__ = ["FRAMES", "MAX_DIRECTION_CHARS", "own_label", "without_directions"]
 
 MAX_DIRECTION_CHARS: Final = 60
 """The longest bracketed text taken for a direction ("(Slightly)", "*leans closer, smiling*"); a
@@ -195,6 +200,21 @@ def _own_name_called(text: str, names: Sequence[str]) -> int:
         if text[:size].casefold() == name.casefold() and text[size : size + 1] in _CALLING:
             return size + 1
     return 0
+
+
+def own_label(label: str, names: Iterable[str]) -> bool:
+    """Whether ``label``, written before a colon at a line's start, is one of the speaker's
+    ``names``: as it is, in any case, or a name of three letters or more with one letter added
+    ("Pimp" for Pim). Another name is not the speaker's ("Pam", "Pimento"), nor a word before a
+    colon ("Note")."""
+    folded = label.strip().casefold()
+    for name in names:
+        own = name.strip().casefold()
+        if folded == own:
+            return True
+        if len(own) >= 3 and len(folded) == len(own) + 1 and folded.startswith(own) and folded[-1].isalpha():
+            return True
+    return False
 
 
 def _may_become_own_name(text: str, names: Sequence[str]) -> bool:

@@ -22,7 +22,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 
-from companion.lines.directions import without_directions
+from companion.lines.directions import own_label, without_directions
 from companion.lines.fields import line_field
 from companion.lines.sentences import whole_sentences_of
 from companion.models.base import ToolSpec
@@ -106,7 +106,7 @@ def partial_line(
     label = _LABEL.match(first)
     if label is None and _MAYBE_LABEL.match(first) and "\n" not in text:
         return None
-    if label and label.group(1).strip().casefold() in {n.casefold() for n in speaker_names}:
+    if label and own_label(label.group(1), speaker_names):
         first = first[label.end() :]
     return _shown(text_tool, first.lstrip("\"'“ "), speaker_names)
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from companion.card.paramfit import fit_params
 from companion.conversation.rules.closing import proposal_ceiling
+from companion.lines.directions import own_label
 from companion.lines.fields import MESSAGE_FIELDS
 from companion.models.base import StateDecision, StatesRequest, ToolSpec
 from companion.protocol import CLOSING_ORDER, ClosingStage
@@ -289,12 +290,12 @@ def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") 
     echoed = {
         " ".join(line.split()) for line in prompt.splitlines() if line.strip() and not _HISTORY.match(line)
     }
-    labels = {n.casefold() for n in speaker_names}
+    speaker_names = tuple(speaker_names)  # read for every paragraph
     line = ""
     for part in text.strip().split("\n"):
         candidate = part.strip()
         label = _LABEL.match(candidate)
-        if label and label.group(1).strip().casefold() in labels:
+        if label and own_label(label.group(1), speaker_names):
             candidate = candidate[label.end() :].strip()
         if len(candidate) >= 2 and candidate[0] == candidate[-1] and candidate[0] in "\"'":
             candidate = candidate[1:-1].strip()
