@@ -386,3 +386,18 @@ def test_a_reply_that_takes_up_a_few_of_another_s_words_is_a_line() -> None:
 def test_the_prompt_read_aloud_mid_line_is_not_a_line(said: str) -> None:
     """SmolLM2-135M in the demo: the prompt's headings after a first sentence of its own."""
     assert check_line(said, CONVERSATION).kind == "artifact", said
+
+
+def test_a_latin_name_in_japanese_is_one_word() -> None:
+    """ "Juniperはどう思う？" once counted Juniper's seven letters as seven words: a Japanese
+    question naming her was taken for a copy of another's line that named her."""
+    assert normalized_words("Juniperはどう思う？")[:2] == ["juniper", "は"]
+    said = [
+        Message.create(
+            "companion_pim",
+            ["companion_juniper"],
+            "えっ！今日はずっとお菓子作りをしていたよ。Juniperはどう思う？",
+        )
+    ]
+    context = LineContext.of(said, "companion_ostra", {}, [])
+    assert check_line("Juniperはオーブンについてどう思う？", context).ok

@@ -164,7 +164,12 @@ _CONTRACTIONS = (
 created it." copies "You are a guardian of facts, and I am the one who created that." (measured).
 A pronoun's "'s" is "is" (a name's stays a possessive): "It's my own. It is my own." is one
 sentence said twice (SmolLM2 behind llama.cpp's server, measured)."""
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af]")
+_CJK_CHARS = r"\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff\uac00-\ud7af"
+_CJK = re.compile(f"[{_CJK_CHARS}]")
+_CJK_OR_RUN = re.compile(f"[{_CJK_CHARS}]|[^\\W{_CJK_CHARS}]+")
+"""A CJK character, or a run of other word characters: "juniperは" is two words, not eight
+(each letter of a name a word made a Japanese question that named Juniper a copy of another
+line that named her: 6 of its 17 runs of words were the name's letters)."""
 _WORD = re.compile(r"\w+")
 
 Kind = Literal["ok", "artifact", "copy"]
@@ -491,7 +496,7 @@ def normalized_words(text: str) -> list[str]:
     out: list[str] = []
     for word in _WORD.findall(flat):
         if _CJK.search(word):
-            out.extend(ch for ch in word if not ch.isspace())
+            out.extend(_CJK_OR_RUN.findall(word))
         else:
             out.append(word)
     return out
