@@ -415,6 +415,32 @@ async def test_a_custom_speaking_action_is_checked_and_cleaned_as_speak_is(
         assert len(rec.replies()) == 1
 
 
+async def test_a_line_written_whole_is_said_as_a_voiced_one_would_be(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A line a model wrote whole is checked a sentence at a time, as a streamed one is before
+    each sentence is voiced: a later sentence that says another's again ends it there, and a
+    first sentence said before refuses it (SmolLM2-135M in the demo, ``speak``: Juniper said
+    Pim's "But not chocolate, but chocolate and cheese." again; Pim opened three lines alike)."""
+    copied = "But not chocolate, but chocolate and cheese."
+    model = Announcer(
+        [f"Oh, I love that. {copied}", "Oh, I love that. The boats came in early and the nets were full."]
+    )
+    announce = ("support.routines:announce",)
+    async with group_of(1, models={0: model}, max_turns=None, actions=announce) as (group, rec):
+        only = group.active[0]
+        await group.say(copied, to=[only])
+        await rec.until(lambda: len(rec.replies()) == 1)
+        assert rec.replies()[0].params.message == "Oh, I love that."
+        [cut] = rec.kinds("line_cut")
+        assert cut.fields["said"] == "Oh, I love that." and cut.fields["verdict"] == "copy"
+        await group.say("And then?", to=[only])
+        await rec.until(lambda: len(model.results) == 2)
+        assert [r["status"] for r in model.results] == ["ok", "refused"]
+        assert "repeats what you already said" in model.results[1]["message"]
+        assert len(rec.replies()) == 1
+
+
 async def test_another_reply_withdraws_a_speech_in_progress(autojump_clock: trio.testing.MockClock) -> None:
     entered = trio.Event()
 

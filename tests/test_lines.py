@@ -11,6 +11,7 @@ from companion.lines.check import (
     LineContext,
     begins_an_earlier_sentence,
     check_line,
+    check_said,
     normalized_words,
     sentences,
 )
@@ -386,6 +387,46 @@ def test_a_reply_that_takes_up_a_few_of_another_s_words_is_a_line() -> None:
 def test_the_prompt_read_aloud_mid_line_is_not_a_line(said: str) -> None:
     """SmolLM2-135M in the demo: the prompt's headings after a first sentence of its own."""
     assert check_line(said, CONVERSATION).kind == "artifact", said
+
+
+# SmolLM2-135M in the demo, ``speak`` (scripts/bench_models.py --runs 2 --server-cache, 2026-12-07)
+_PIM_CAKE = (
+    "You're a friend. I'm glad you asked, I am so excited about this challenge! I would have said I can "
+    "bake anything in my life. But not chocolate, but chocolate and cheese."
+)
+
+
+def test_a_line_written_whole_is_judged_as_its_sentences_would_be_voiced() -> None:
+    """Each sentence after those before it, as a streamed line's before it is voiced: another's
+    sentence said again ends the line there; said again first, the line is refused."""
+    said = [Message.create("companion_pim", ["companion_juniper"], _PIM_CAKE)]
+    juniper = LineContext.of(said, "companion_juniper", {}, [])
+    line = "I'm so glad you asked. But not chocolate, but chocolate and cheese. And with cheese too."
+    kept, verdict = check_said(line, juniper)
+    assert kept == "I'm so glad you asked." and verdict.kind == "copy"
+    assert check_line(line, juniper).ok  # as a whole, the line passed: its copied sentence is short
+    pim = LineContext.of(said, "companion_pim", {}, [])
+    assert check_said("You're a friend. I'm so excited to be your companion!", pim)[0] == ""
+    assert (
+        check_said("Oh! But not chocolate, but chocolate and cheese.", juniper)[0] == ""
+    )  # "Oh!" is no line
+    fresh = "I baked rye this morning. The crust cracked like thin ice."
+    assert check_said(fresh, pim) == (fresh, check_line(fresh, pim))
+
+
+def test_ones_own_sentence_told_again_later_in_a_streamed_line_is_judged_as_in_a_whole_one() -> None:
+    """A fact retold in a goodbye passes in a whole line; streamed, the same sentence once came
+    alone and was refused, so a voiced goodbye lost it and all after it."""
+    fact = "I keep bees on a city roof and name every queen."
+    said = [Message.create("companion_juniper", ["user_mika"], f"{fact} Good day to you!")]
+    context = LineContext.of(said, "companion_juniper", {}, [])
+    goodbye = f"Thanks, everyone, for tonight! {fact} Good night!"
+    assert check_line(goodbye, context).ok
+    assert check_line(fact, context, said_before=("Thanks, everyone, for tonight!",)).ok
+    assert check_said(goodbye, context) == (goodbye, check_line(goodbye, context))
+    # after a first clause alone it opens the line: refused, as it is at a line's start
+    assert not check_line(fact, context, said_before=("Thanks,",)).ok
+    assert not check_line(fact, context).ok
 
 
 def test_a_latin_name_in_japanese_is_one_word() -> None:

@@ -50,7 +50,7 @@ from companion.conversation.events import Speak
 from companion.conversation.rules.closing import DEFAULT_MIN_REPLIES, farewell_counts
 from companion.conversation.state import ONE_MESSAGE
 from companion.engine.voiceline import LiveVoiceLine, SentenceCheck
-from companion.lines.check import LineContext, begins_an_earlier_sentence, check_line
+from companion.lines.check import LineContext, begins_an_earlier_sentence, check_line, check_said
 from companion.lines.directions import without_directions
 from companion.lines.fields import line_field
 from companion.lines.sentences import CLAUSE_MARKS
@@ -661,10 +661,25 @@ class Speaker:
         live = _live_line(tool_id)
         if live is not None and live.settled == text:
             return raw
-        verdict = check_line(text, context)
+        effect = speech.effect
+        if live is None:  # written whole: said as a voiced line would be, a sentence at a time
+            kept, verdict = check_said(text, context)
+            if kept and not verdict.ok:
+                self._emit(
+                    "line_cut",
+                    logging.WARNING,
+                    message_id=effect.message_id,
+                    verdict=verdict.kind,
+                    text=text[:200],
+                    said=kept[:200],
+                    reason="a later sentence was refused: the sentences before it are the line, as "
+                    f"they would be of a line voiced as it is written ({verdict.reason[:160]})",
+                )
+                return {**raw, field: kept}
+        else:  # each sentence passed before it was voiced: the line as a whole is left
+            verdict = check_line(text, context)
         if verdict.ok:
             return raw
-        effect = speech.effect
         heard = None if live is None else live.settle(f"the whole line was refused ({verdict.kind})")
         if heard is not None:
             self._emit(

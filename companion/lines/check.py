@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Final, Literal
 
-from companion.lines.sentences import split_sentences
+from companion.lines.sentences import CLAUSE_MARKS, join_sentences, split_sentences
 from companion.protocol import Message
 from companion.text import clip
 
@@ -32,6 +32,7 @@ __all__ = [
     "LineVerdict",
     "begins_an_earlier_sentence",
     "check_line",
+    "check_said",
     "normalized_words",
     "sentences",
 ]
@@ -255,7 +256,12 @@ def check_line(text: str, context: LineContext, said_before: Sequence[str] = ())
     if again:
         shown = clip(again, 120)
         return LineVerdict("copy", f"{NOT_SAID} says \u201c{shown}\u201d twice. {_ASK_AGAIN}", shown)
-    retold = _retold(pieces, piece_words, context.speaker_lines)
+    # one's own sentences told again are counted over the whole line, the sentences of it
+    # already said included: a streamed sentence is judged as it would be inside its line
+    before = list(said_before)
+    # a sentence after the line's first? (after a first clause alone it is the rest of the first)
+    later = any(not piece.rstrip().endswith(tuple(CLAUSE_MARKS)) for piece in before)
+    retold = _retold([*before, *pieces], [*map(_said_words, before), *piece_words], context.speaker_lines)
     if retold:
         return _copy(retold, mine=True)
     size = _size(words)
@@ -276,6 +282,8 @@ def check_line(text: str, context: LineContext, said_before: Sequence[str] = ())
     for line in reversed(list(context.earlier)[-_EARLIER_LIMIT:]):
         whole = _said_words(line[:_TEXT_LIMIT])
         mine = " ".join(whole) in own
+        if mine and later:
+            continue  # one's own sentence later in a line: _retold has judged it, as in a whole line
         if _copies(words, size, whole, _NEAR_SIZE):
             return _copy(line, mine)
         if runs and not mine and len(runs & _runs(whole)) >= _SPLICE_SHARE * len(runs):
@@ -289,6 +297,36 @@ def check_line(text: str, context: LineContext, said_before: Sequence[str] = ())
             ):
                 return _copy(candidate, mine)
     return OK
+
+
+def check_said(text: str, context: LineContext) -> tuple[str, LineVerdict]:
+    """A whole line judged as it would be said: as a whole (:func:`check_line`), then sentence by
+    sentence, each after those before it, as a streamed line is before each sentence is voiced.
+    What may be said of it, and the verdict of what may not: ``(text, OK)``; the sentences before
+    the first one refused, and its verdict; or ``("", verdict)`` when the line or its first
+    sentence is refused, or what is before the refused one is too short to be a line.
+
+    A line written whole (a model that does not stream, a card's ``speak``) is said as a voiced
+    one would be: a line whose sentences were refused one at a time when voiced was published
+    whole when written whole (SmolLM2-135M in the demo, ``speak``: Pim opened three lines with
+    "You're a friend.", and Juniper said Pim's "But not chocolate, but chocolate and cheese." again;
+    ``scripts/bench_models.py --runs 2 --server-cache``, 2026-12-07, measured)."""
+    verdict = check_line(text, context)
+    if not verdict.ok:
+        return "", verdict
+    pieces = split_sentences(text[:_TEXT_LIMIT])
+    said: list[str] = []
+    for piece in pieces:
+        if _WORD.search(piece):
+            # an over-long sentence cut at a clause is not one that "stops mid-sentence"
+            verdict = check_line(piece.rstrip(CLAUSE_MARKS), context, said)
+            if not verdict.ok:
+                kept = join_sentences(said)
+                # an interjection alone ("Oh!") is no line: written whole, the line can be asked
+                # for again, which a voiced one, heard already, could not
+                return (kept if _size(_said_words(kept)) >= _EXACT_SIZE else ""), verdict
+        said.append(piece)
+    return text, OK
 
 
 def _loops(words: Sequence[str]) -> bool:

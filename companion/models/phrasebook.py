@@ -195,7 +195,11 @@ EN: Final[dict[str, tuple[str, ...]]] = {
     "ask_topic": ("What do you make of {topic}, {who}?", "{Who}, what would you do with {topic}?"),
     "ask_fav": ("What's yours, {who}?", "And you, {who}?"),
     "ask_open": ("What's on your mind, {who}?", "What do you think, {who}?"),
-    "ask_help": ("What do you think would help, {who}?", "Any thoughts on what might help, {who}?"),
+    "ask_help": (
+        "What do you think would help, {who}?",
+        "Any thoughts on what might help, {who}?",
+        "What would help, do you think, {who}?",
+    ),
     "hope": (
         "I just hope it turns out all right{voc}.",
         "Being heard helps, I think{voc}.",

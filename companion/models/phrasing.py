@@ -214,11 +214,14 @@ class _Line:
         the line can do without (a second tip in the same words is no tip)."""
         return self.fresh(slot, **fields) or ""
 
-    def fresh(self, slot: str, **fields: str) -> str | None:
-        """Like :meth:`pick`, but ``None`` once every template of ``slot`` has been said."""
+    def fresh(self, slot: str, others_ok: bool = True, /, **fields: str) -> str | None:
+        """Like :meth:`pick`, but ``None`` once every template of ``slot`` has been said (by me,
+        or with ``others_ok`` false by anyone: words another said are then no fallback)."""
         pool = self.templates.get(slot) or EN[slot]
         usable = [t for t in pool if _fits(t, fields) and not said_before(t, self.spoken)]
         unheard = [t for t in usable if not said_before(t, self.others)]
+        if not others_ok:
+            usable = unheard
         return _fill(self.rng.choice(unheard or usable), fields) if usable else None
 
     def voc(self, chance: float = 0.5) -> str:
@@ -578,10 +581,18 @@ def _follow_up(line: _Line) -> str | None:
         ("ask_topic", bool(topic)),
         ("ask_open", True),
     ]
-    for slot, fits in slots:  # the first kind of question I have not asked yet
-        asked = line.fresh(slot, tie=line.rng.choice(ties) if ties else "", **fields) if fits else None
-        if asked:
-            return asked
+    # The first kind of question nobody has asked in these words yet, else the first I have not:
+    # another's question asked again word for word is a parrot's, and the engine says only
+    # sentences nobody said (companion.lines.check).
+    for others_ok in (False, True):
+        for slot, fits in slots:
+            asked = (
+                line.fresh(slot, others_ok, tie=line.rng.choice(ties) if ties else "", **fields)
+                if fits
+                else None
+            )
+            if asked:
+                return asked
     return None
 
 

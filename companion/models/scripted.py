@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from companion.conversation.rules import bigram_jaccard, turn_info
-from companion.lines.check import NOT_SAID, LineContext, check_line
+from companion.lines.check import NOT_SAID, LineContext, check_said
 from companion.log import log_event
 from companion.models.base import (
     ModelError,
@@ -347,7 +347,7 @@ class ScriptedModel:
     ) -> str:
         """The reply: composed up to a few times until it is unlike my own lines so far and the
         lines to ``avoid`` (one the engine refused to say), whose facts count as told, and passes
-        the engine's line check (:func:`~companion.lines.check.check_line`): a card's line
+        the engine's line check (:func:`~companion.lines.check.check_said`): a card's line
         refused after the model's two gives the slot up, and the person hears nothing (its
         "I've told you most of what I know about a tired friend." after "... a rainy morning.",
         SmolLM2-135M's fallback, measured)."""
@@ -397,7 +397,7 @@ class ScriptedModel:
                 learned=learned,
             )[:_MAX_LINE]
             likeness = max((bigram_jaccard(line, old) for old in mine), default=0.0)
-            refused = not check_line(line, context).ok
+            refused = not check_said(line, context)[1].ok  # refused, or a sentence of it
             if likeness < _SIMILAR and line != text and not refused:
                 return line
             candidates.append((refused, likeness, line))

@@ -154,18 +154,23 @@ async def test_a_line_refused_at_its_first_sentence_stops_its_stream_and_is_neve
         assert LINE.startswith(stopped["written"]) and stopped["written"] != LINE  # before its end
 
 
+HEARD = "The harbour bell rang twice at noon."
+"""A sentence of the person's, which Juniper's line then says again."""
+
+
 async def test_a_line_refused_at_a_later_sentence_is_published_as_heard_without_a_second_try(
     tmp_path: Path, hosted: FakeLLMServer
 ) -> None:
-    """Its first sentence was heard, its second copies the line before: nothing more of it can
+    """Its first sentence was heard, its second says the person's again: nothing more of it can
     be voiced, so its stream is closed there and the message says what was heard, with no
     second request (SmolLM2-135M wrote on to its token limit, then a second try nobody heard:
-    the message came 1.8 s after the line was voiced, measured)."""
+    the message came 1.8 s after the line was voiced, measured). (One's own earlier sentence
+    there is one's to retell, as in a line written whole.)"""
     new = "Fog rolls in slowly now."
-    copy = f"{new} {split_sentences(LINE)[0]} {' '.join(f'More fog, hour {i}.' for i in range(20))}"
+    copy = f"{new} {HEARD} {' '.join(f'More fog, hour {i}.' for i in range(20))}"
     model = VoiceModel(say=lambda n: LINE if n == 1 else copy if n == 2 else LINES[n - 1])
     hosted.push(*([model] * 6))
-    async with second_answer(tmp_path, hosted) as (home, frames):
+    async with second_answer(tmp_path, hosted, f"{HEARD} And now?") as (home, frames):
         assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == [new]
         assert frames[-1]["params"]["message"] == new
         stopped = home.event("speak_stream_stopped", 10)
@@ -178,15 +183,13 @@ async def test_a_line_refused_at_a_later_sentence_is_published_as_heard_without_
 async def test_a_line_whose_last_sentence_is_refused_is_published_as_heard(
     tmp_path: Path, hosted: FakeLLMServer
 ) -> None:
-    """Its last sentence copies the line before: the call is complete before that sentence is
+    """Its last sentence says the person's again: the call is complete before that sentence is
     checked (it ends the line), so the check comes when the line is finished, after its first
     sentence was heard. The message says what was heard, and the model is not asked again."""
     new = "Fog rolls in slowly now."
-    model = VoiceModel(
-        say=lambda n: LINE if n == 1 else f"{new} {split_sentences(LINE)[0]}" if n == 2 else LINES[n - 1]
-    )
+    model = VoiceModel(say=lambda n: LINE if n == 1 else f"{new} {HEARD}" if n == 2 else LINES[n - 1])
     hosted.push(*([model] * 6))
-    async with second_answer(tmp_path, hosted) as (home, frames):
+    async with second_answer(tmp_path, hosted, f"{HEARD} And now?") as (home, frames):
         assert [q["params"]["body"]["message"] for q in speak_queries(frames)] == [new]
         assert frames[-1]["params"]["message"] == new
         assert home.count("line_refused") == 0
