@@ -23,10 +23,10 @@ Then, ``--runs`` times, it starts ``python -m llama_cpp.server`` on a free loopb
 its peak memory), and prints: the replies, whether the conversation reached ``terminal`` and
 after how many turns, who spoke how often and the closing stages in order, lines that carry
 the prompt's format or copy an earlier line (:func:`companion.lines.check.check_line`, and the
-lines the engine refused), HTTP requests and seconds per turn, prompt tokens per turn and how
-many the server took from its cache (its log's ``prefix-match hit`` and ``prompt eval ... / N
-tokens`` lines), failures by kind, and whether every reply was addressed to companions that
-exist. A server that dies is said once, with its
+lines the engine refused or cut before a refused sentence), HTTP requests and seconds per
+turn, prompt tokens per turn and how many the server took from its cache (its log's
+``prefix-match hit`` and ``prompt eval ... / N tokens`` lines), failures by kind, and whether
+every reply was addressed to companions that exist. A server that dies is said once, with its
 exit code and the end of its log, and the demo is stopped. Exit status 0 when the goal holds in
 every run (``terminal`` with at least ``--goal`` replies, every companion spoke, no line with the
 prompt's format, no copy, all addressed to real ids), 1 otherwise.
@@ -442,6 +442,7 @@ def report(
     copies = [b for b in bad if b[1] == "copy"]
     refused = [e for e in logs if e.get("event") == "line_refused"]
     from_card = [e for e in logs if e.get("event") == "speak_own_line"]
+    cut = [e for e in logs if e.get("event") == "line_cut"]
     changed = [c for e in logs if e.get("event") == "instructions" for c in e.get("param_changes") or []]
     print("\nfigures:")
     print(f"  end: {end.get('reason')} ({end.get('why', '')})")
@@ -457,6 +458,9 @@ def report(
     )
     for e in refused[:8]:
         print(f"    {e.get('verdict')}: {str(e.get('text'))[:120]}")
+    print(f"  lines cut before a later sentence refused: {len(cut)}")
+    for e in cut[:4]:
+        print(f"    {str(e.get('text'))[:80]} -> {str(e.get('said'))[:60]}")
     print(f"  lines composed from the card after two refused: {len(from_card)}")
     print(f"  parameters fitted to the card: {len(changed)}")
     for change in changed[:6]:
@@ -529,6 +533,7 @@ def report(
         "copies": len(copies),
         "refused": len(refused),
         "from_card": len(from_card),
+        "cut": len(cut),
         "per_turn": took / turns,
         "prompt_per_turn": prompt_tokens / turns,
         "cached_per_turn": cached / turns if used else None,
@@ -635,7 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"  run {number}: {'terminal' if r['terminal'] else 'NOT terminal'} after {r['replies']} "
                 f"replies, silent {r['silent'] or 'none'}, prompt format {r['artifacts']}, copies "
-                f"{r['copies']}, refused {r['refused']}, from the card {r['from_card']}, "
+                f"{r['copies']}, refused {r['refused']}, cut {r['cut']}, from the card {r['from_card']}, "
                 f"{r['per_turn']:.1f} s a turn, prompt tokens "
                 f"{r['prompt_per_turn']:.0f} a turn ({cached} from the cache), stages {' '.join(r['stages'])}"
             )
