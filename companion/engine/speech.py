@@ -663,35 +663,29 @@ class Speaker:
             return raw
         effect = speech.effect
         if live is None:  # written whole: said as a voiced line would be, a sentence at a time
-            kept, verdict = check_said(text, context)
-            if kept and not verdict.ok:
-                self._emit(
-                    "line_cut",
-                    logging.WARNING,
-                    message_id=effect.message_id,
-                    verdict=verdict.kind,
-                    text=text[:200],
-                    said=kept[:200],
-                    reason="a later sentence was refused: the sentences before it are the line, as "
-                    f"they would be of a line voiced as it is written ({verdict.reason[:160]})",
-                )
-                return {**raw, field: kept}
+            part, verdict = check_said(text, context)
+            event = "line_cut"
+            why = "a later sentence was refused: the sentences before it are the line, as they would "
+            why += f"be of a line voiced as it is written ({verdict.reason[:160]})"
         else:  # each sentence passed before it was voiced: the line as a whole is left
             verdict = check_line(text, context)
+            event = "line_refused_after_heard"
+            why = "part of it was heard already: that part is the line, the model is not asked again"
         if verdict.ok:
             return raw
-        heard = None if live is None else live.settle(f"the whole line was refused ({verdict.kind})")
-        if heard is not None:
+        if live is not None:
+            part = live.settle(f"the whole line was refused ({verdict.kind})") or ""
+        if part:
             self._emit(
-                "line_refused_after_heard",
+                event,
                 logging.WARNING,
                 message_id=effect.message_id,
                 verdict=verdict.kind,
                 text=text[:200],
-                said=heard[:200],
-                reason="part of it was heard already: that part is the line, the model is not asked again",
+                said=part[:200],
+                reason=why,
             )
-            return {**raw, field: heard}
+            return {**raw, field: part}
         speech.lines_refused += 1
         self._emit(
             "line_refused",
