@@ -30,6 +30,12 @@ from support.faults import (
 # 70: with lines that repeat the conversation refused (companion.lines.check), 60 seeds no longer
 # happened to deliver an earlier leader's array late (states_switched); 70 do.
 CONVERSATIONS = int(os.environ.get("COMPANION_FAULT_CONVERSATIONS", "70"))
+RARE = (110, 133, 136)
+"""Seeds past those in which the faults deliver an earlier leader's array late, while a takeover's
+is in force (``states_switched``): after lines were checked a sentence at a time, one seed of the
+first 70 did (36), and in one full run of the suite none did; these three did, of the next 70.
+(Each seed runs reproducibly: :func:`support.faults.reproducible`.)"""
+SEEDS = (*range(CONVERSATIONS), *(seed for seed in RARE if seed >= CONVERSATIONS))
 
 _outcomes: dict[int, Outcome] = {}
 
@@ -82,7 +88,7 @@ def check_scenario(out: Outcome) -> None:
             assert any(e.fields.get("stage") == "terminal" for e in closing) or moved_on, why
 
 
-@pytest.mark.parametrize("seed", range(CONVERSATIONS))
+@pytest.mark.parametrize("seed", SEEDS)
 async def test_no_double_speech_no_stall_closing_reached(
     seed: int, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -115,7 +121,7 @@ async def test_the_suite_exercises_every_fault(autojump_clock: trio.testing.Mock
     scenarios: Counter[str] = Counter()
     engine_events: Counter[str] = Counter()
     closers: Counter[str] = Counter()
-    for seed in range(CONVERSATIONS):
+    for seed in SEEDS:
         out = await outcome(seed)
         totals.update(out.happened)
         scenarios[out.scenario] += 1
