@@ -14,6 +14,7 @@ deterministic and bounded in the size of what it reads; it never raises on odd t
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -76,6 +77,10 @@ _TEXT_LIMIT = 2000
 """Characters of a text (and of each earlier line) looked at."""
 _EARLIER_LIMIT = 64
 """Earlier lines compared with (the most recent)."""
+_WORDS_CACHED = 4096
+"""Texts whose words and sentences are kept once read: every check reads the conversation's
+earlier lines again, and a line written whole is checked once whole and once a sentence at a
+time (the fault suite's 70 conversations read the same texts 29,000 times)."""
 
 _JSON = re.compile(r"""[{\[]\s*["'][^"'\n]{0,80}["']\s*:|["'][\w -]{1,40}["']\s*:\s*[{\["\d]""")
 """A JSON object written out (``{"memory": ...``, ``"params": {``)."""
@@ -521,13 +526,23 @@ def begins_an_earlier_sentence(context: LineContext) -> Callable[[str], bool]:
 
 def _said_words(text: str) -> list[str]:
     """:func:`normalized_words` with the speaker's and the listener's person folded together."""
-    return [_PERSONS.get(word, word) for word in normalized_words(text)]
+    return list(_said_words_of(text))
+
+
+@functools.lru_cache(maxsize=_WORDS_CACHED)
+def _said_words_of(text: str) -> tuple[str, ...]:
+    return tuple(_PERSONS.get(word, word) for word in _normalized(text))
 
 
 def normalized_words(text: str) -> list[str]:
     """The words of ``text`` for comparing: NFKC, case-folded, contractions written out,
     punctuation gone; each CJK character is a word of its own (those scripts put no spaces
     between words)."""
+    return list(_normalized(text))
+
+
+@functools.lru_cache(maxsize=_WORDS_CACHED)
+def _normalized(text: str) -> tuple[str, ...]:
     flat = unicodedata.normalize("NFKC", text).casefold()
     for contraction, written in _CONTRACTIONS:
         flat = contraction.sub(written, flat)
@@ -537,7 +552,7 @@ def normalized_words(text: str) -> list[str]:
             out.extend(_CJK_OR_RUN.findall(word))
         else:
             out.append(word)
-    return out
+    return tuple(out)
 
 
 def _size(words: Sequence[str]) -> float:
@@ -548,4 +563,9 @@ def sentences(text: str) -> list[str]:
     """The sentences of ``text`` that hold a word, cut as a streamed line is cut
     (:func:`companion.lines.sentences.split_sentences`: closing quotes kept, abbreviations and
     decimals not cut), so a line and its sentences are judged alike."""
-    return [p for p in split_sentences(text[:_TEXT_LIMIT]) if _WORD.search(p)]
+    return list(_sentences_of(text[:_TEXT_LIMIT]))
+
+
+@functools.lru_cache(maxsize=_WORDS_CACHED)
+def _sentences_of(text: str) -> tuple[str, ...]:
+    return tuple(p for p in split_sentences(text) if _WORD.search(p))
