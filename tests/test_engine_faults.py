@@ -12,8 +12,6 @@ import os
 from collections import Counter
 
 import pytest
-import trio
-import trio.testing
 
 from support.faults import (
     AIKYO,
@@ -23,27 +21,28 @@ from support.faults import (
     SCENARIOS,
     STRANGER,
     Outcome,
-    converse,
+    converse_alone,
     describe,
 )
 
-# 70: with lines that repeat the conversation refused (companion.lines.check), 60 seeds no longer
-# happened to deliver an earlier leader's array late (states_switched); 70 do.
+# 70 seeds: ten of each scenario. (60 once, until lines that repeat the conversation were refused
+# and no seed of them delivered an earlier leader's array late; see RARE for that now.)
 CONVERSATIONS = int(os.environ.get("COMPANION_FAULT_CONVERSATIONS", "70"))
 RARE = (110, 133, 136)
 """Seeds past those in which the faults deliver an earlier leader's array late, while a takeover's
-is in force (``states_switched``): after lines were checked a sentence at a time, one seed of the
-first 70 did (36), and in one full run of the suite none did; these three did, of the next 70.
-(Each seed runs reproducibly: :func:`support.faults.reproducible`.)"""
+is in force (``states_switched``): none of the first 70 does since lines are checked a sentence
+at a time (seed 36 did only when it ran after other seeds in one trio run, so the summary passed
+or failed by which test had run it first); these three do, of the next 70."""
 SEEDS = (*range(CONVERSATIONS), *(seed for seed in RARE if seed >= CONVERSATIONS))
 
 _outcomes: dict[int, Outcome] = {}
 
 
-async def outcome(seed: int) -> Outcome:
-    """Each seed runs once per session; the summary test reads the same outcomes."""
+def outcome(seed: int) -> Outcome:
+    """Each seed runs once per session, alone (:func:`~support.faults.converse_alone`); the
+    summary test reads the same outcomes, whichever test ran them."""
     if seed not in _outcomes:
-        _outcomes[seed] = await converse(seed)
+        _outcomes[seed] = converse_alone(seed)
     return _outcomes[seed]
 
 
@@ -89,10 +88,8 @@ def check_scenario(out: Outcome) -> None:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-async def test_no_double_speech_no_stall_closing_reached(
-    seed: int, autojump_clock: trio.testing.MockClock
-) -> None:
-    out = await outcome(seed)
+def test_no_double_speech_no_stall_closing_reached(seed: int) -> None:
+    out = outcome(seed)
     assert out.ended, "stalled:\n" + describe(out)
     assert out.double_speech == {}, "double speech:\n" + describe(out)
     assert all(t.reply_count >= 1 for t in out.transcripts)
@@ -115,14 +112,14 @@ def _closers(out: Outcome) -> Counter[str]:
     )
 
 
-async def test_the_suite_exercises_every_fault(autojump_clock: trio.testing.MockClock) -> None:
+def test_the_suite_exercises_every_fault() -> None:
     """The seeds above really inject each kind of fault (a suite of lucky seeds proves nothing)."""
     totals: Counter[str] = Counter()
     scenarios: Counter[str] = Counter()
     engine_events: Counter[str] = Counter()
     closers: Counter[str] = Counter()
     for seed in SEEDS:
-        out = await outcome(seed)
+        out = outcome(seed)
         totals.update(out.happened)
         scenarios[out.scenario] += 1
         engine_events.update(e.kind for _, e in out.events)
