@@ -25,8 +25,9 @@ from support.faults import (
     describe,
 )
 
-# 70 seeds: ten of each scenario. (60 once, until lines that repeat the conversation were refused
-# and no seed of them delivered an earlier leader's array late; see RARE for that now.)
+# 70 seeds: ten of each scenario, plain and outage five each. (60 once, until lines that repeat
+# the conversation were refused and no seed of them delivered an earlier leader's array late; see
+# RARE for that now.)
 CONVERSATIONS = int(os.environ.get("COMPANION_FAULT_CONVERSATIONS", "70"))
 RARE = (110, 133, 136)
 """Seeds past those in which the faults deliver an earlier leader's array late, while a takeover's
