@@ -23,4 +23,7 @@ if [ ! -x .venv/bin/uv ]; then
     # pip's --python puts uv in the venv without a pip there first
     "$PYTHON" -m pip --python .venv/bin/python install -q --disable-pip-version-check uv
 fi
-.venv/bin/uv pip install -q --python .venv/bin/python pip -e "$target" "$@"
+# uv leaves lock files of its build environments (uv-setuptools-*.lock, three a run) in the
+# temporary directory: they go in the venv's own, so a run leaves nothing in /tmp
+mkdir -p .venv/tmp
+TMPDIR="$PWD/.venv/tmp" .venv/bin/uv pip install -q --python .venv/bin/python pip -e "$target" "$@"
