@@ -7,6 +7,7 @@
 - :mod:`.state` -- what the machine knows between two events, and the queries over it
 - :mod:`.arrays` -- which states array counts; the closing array of a turn nobody answered
 - :mod:`.slots` -- the speaking slots: a reply, a failure, a peer's yield or thinking signal
+- :mod:`.repair` -- the thread mended when gossip's order misled it
 - :mod:`.rules` -- the rule book of turn-taking (thread, leader, states, speaker, closing)
 - :mod:`.transcript` -- a bystander's account of a conversation
 - :mod:`.signals` -- thinking and yield signals worded for people

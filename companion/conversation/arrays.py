@@ -28,6 +28,7 @@ from companion.conversation.events import (
 )
 from companion.conversation.rules import (
     SpeakingOrder,
+    TurnInfo,
     closing_states,
     ends_conversation,
     later,
@@ -48,14 +49,31 @@ __all__ = ["ArrayRules"]
 class ArrayRules(MachineState):
     """The machine's rules for arrays: offered, held, accepted; and the closing array."""
 
-    def _close_quietly(self, reply: Message, out: list[Effect]) -> None:
+    def _quiet(self, message: Message, info: TurnInfo) -> bool:
+        """Whether ``message`` is a reply of this companion that addresses nobody who can answer."""
+        return (
+            message.params.from_ == self.me
+            and info.in_reply_to is not None
+            and not (set(message.params.to) & self.present) - {self.me}
+        )
+
+    def _close_quietly(self, reply: Message, out: list[Effect], *, stale: bool = False) -> None:
         """This companion's reply came back addressed to nobody who can answer (only people, or
         companions that are gone): no turn opens for it anywhere, so the conversation would
         neither go on nor end. It ends visibly: this node publishes the reply's quiet closing
         (:func:`~companion.conversation.rules.quiet_closing`), which clients, bystanders and aikyo nodes read
-        as ``terminal``. A person who answers opens a new exchange, as always."""
+        as ``terminal``. A person who answers opens a new exchange, as always.
+
+        ``stale``: the reply crossed a newer message here (gossip's order differs from node to
+        node), so the conversation goes on here; nodes it reached first are at it, and only its
+        closing ends it there (seed 1203 of ``scripts/bench_faults.py``: a bystander waited)."""
         assert self.me is not None
         why = "this companion's reply addresses nobody who can answer; the conversation ends here"
+        if stale:
+            why = (
+                "this companion's reply addresses nobody who can answer and crossed a newer "
+                "message here: it ends the conversation where it arrived first"
+            )
         self._log(
             out,
             "states_published",
@@ -67,7 +85,8 @@ class ArrayRules(MachineState):
             to=list(reply.params.to),
             why=why,
         )
-        self._over(out, reply.params.id, self.replies, "quiet")
+        if not stale:
+            self._over(out, reply.params.id, self.replies, "quiet")
         out.append(PublishStates(reply.params.id, closing_states((), reply, self.me)))
 
     def _over(self, out: list[Effect], message_id: str, turn: int, reason: str, **fields: object) -> None:
@@ -96,10 +115,15 @@ class ArrayRules(MachineState):
         self._evidence(publisher, states_tag(states) is not None)  # our leaders tag their arrays
         turn = self.turn
         froms = [s.params.from_ for s in states]
+        current = self.current
+        if current is not None and states_match(states, current, self.present):
+            self._live = True
         if turn is None or not states_match(states, turn.message, self.present):
             if self._ends_own_line(states, publisher, out):
                 return
             held = self._early.hold(states, (publisher, now))  # its message may still be on the way
+            if not held and states_tag(states) is not None:
+                self._missed.append((states, publisher))  # its turn may come back (repair.py)
             if not held and self.bystander and states_tag(states) is None:
                 # Untagged (aikyo's) arrays cannot be tied to a message not seen yet; a bystander
                 # only reports, so it keeps a few for a slot (a wrong match costs a wrong line).

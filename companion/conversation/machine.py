@@ -54,6 +54,9 @@ slots: :mod:`companion.conversation.slots`):
   companion's turn limit and the leaders before this node are all aikyo's, this node publishes
   the ``terminal`` array at once; its own reply at its limit addresses only the people
   (:meth:`~Conversation._last_word`).
+- *Mending the thread* (:mod:`companion.conversation.repair`): a turn that a late message set
+  aside comes back when that message turns out older; a thread whose message nobody answers
+  joins the newer thread the others follow.
 - *Restarts*: a message this companion answered before a restart (the store's marks, read back
   at start) is never answered again: chosen for it, this node gives its slot up (``no_reply``).
 
@@ -68,7 +71,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
-from companion.conversation.arrays import ArrayRules
 from companion.conversation.events import (
     THINKING_SIGNAL,
     CompanionJoined,
@@ -91,6 +93,7 @@ from companion.conversation.events import (
     YieldSeen,
 )
 from companion.conversation.preview import PreviewRules
+from companion.conversation.repair import RepairRules
 from companion.conversation.rules import (
     StateDecision,
     TurnInfo,
@@ -123,7 +126,7 @@ _PEOPLE: Final = 16
 _REPLIED_BEFORE: Final = "it replied before a restart"
 
 
-class Conversation(PreviewRules, ArrayRules, SlotRules):
+class Conversation(PreviewRules, RepairRules, SlotRules):
     """The conversation as one node follows it (``me``: its companion id; ``None``: a bystander).
 
     ``known``: companions this node knew before (the store remembers them across restarts);
@@ -159,11 +162,13 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         self._offer(list(event.states), event.publisher, now, out)
 
     def _yield_seen(self, event: YieldSeen, now: float, out: list[Effect]) -> None:
+        self._live = self._live or event.in_reply_to == self.thread.current
         if event.publisher == event.companion:
             self._evidence(event.publisher, True)  # aikyo sends no signals
         self._on_yield(event, now, out)
 
     def _thinking_seen(self, event: ThinkingSeen, now: float, out: list[Effect]) -> None:
+        self._live = self._live or event.in_reply_to == self.thread.current
         if event.publisher == event.companion:
             self._evidence(event.publisher, True)
         self._on_thinking(event, now, out)
@@ -194,9 +199,15 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         self._utterances.append(params.message)
         if not params.from_.startswith(COMPANION_ID_PREFIX) and params.from_ != self.me:
             latest(self.people, params.from_, None, _PEOPLE)
+        if placed.kind == "current" and placed.closes is not None and info.in_reply_to != placed.closes:
+            self._set_aside(placed.closes)  # it may turn out older than the thread (repair.py)
         if self.turn is not None and placed.closes == self.turn.message_id:
             self._end_turn(self.turn, message, info, out)
         if placed.kind != "current":
+            if placed.kind == "stale" and params.from_ != self.me:
+                self._rival = message
+            elif placed.kind == "stale" and not event.replayed and self._quiet(message, info):
+                self._close_quietly(message, out, stale=True)  # for the nodes it is current at
             self._log(
                 out,
                 "message_stale",
@@ -209,7 +220,18 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
                 if placed.kind == "overtaken"
                 else "answers a message that a newer one superseded",
             )
+            if placed.kind == "overtaken" and placed.closes is not None:
+                self._resume(now, out)  # the thread went back to where this message had moved it from
             return
+        self._moved(message, info, now, out, replayed=event.replayed)
+
+    def _moved(
+        self, message: Message, info: TurnInfo, now: float, out: list[Effect], *, replayed: bool
+    ) -> None:
+        """The conversation is at ``message`` now: count it, and open its turn if it addresses
+        this companion."""
+        params = message.params
+        self._at(message, now)
         if params.from_.startswith(COMPANION_ID_PREFIX) and not opens_exchange(info):
             # The count follows the thread: our replies say it, aikyo's do not; nobody holds it down.
             self.replies = max(self.replies + 1, info.turn if info.stamped else 0)
@@ -228,10 +250,10 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         latest(
             self.voices, params.from_, {"said": params.message[:_VOICE_CHARS], "turn": self.replies}, _VOICES
         )
-        if event.replayed:
+        if replayed:
             return
         if params.from_ == self.me:
-            if info.in_reply_to is not None and not (set(params.to) & self.present) - {self.me}:
+            if self._quiet(message, info):
                 self._close_quietly(message, out)
             else:
                 self._own_line = message
@@ -301,6 +323,7 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
             self._early_plain.remove(item)
             if not now - item[2] > self.takeover_after:  # (without a clock, inf - inf: kept)
                 self._offer(item[0], item[1], now, out)
+        self._replay_missed(turn, now, out)
         # --- hook (voice, issue 30): the likely speaker prepares its reply while the leader decides
         others = [cid for cid in addressed if cid != params.from_]
         likely = nominated or (others[0] if len(others) == 1 else None)
@@ -448,6 +471,7 @@ class Conversation(PreviewRules, ArrayRules, SlotRules):
         """What time alone does: an array held for its slot counts, a leader takes over, the
         closing array goes out, a speaking slot opens or passes, a turn nobody answered ends."""
         self._expire_previews(now, out)
+        self._adopt(now, out)
         turn = self.turn
         if turn is None:
             return

@@ -115,6 +115,12 @@ class MachineState:
         self._own_line: Message | None = None
         """This companion's last line, until an array ends the conversation there: it opens no
         turn here, so the end is recorded for it apart (:meth:`ArrayRules._ends_own_line`)."""
+        self._live = False
+        """Whether an array or a signal answered the current message (the others follow this
+        thread: :mod:`companion.conversation.repair`)."""
+        self._missed: deque[tuple[list[State], str | None]] = deque(maxlen=8)
+        """Tagged arrays that came for a message of the thread while no turn was open for it (a
+        turn set aside, a stale message): they count if it comes back."""
         self._replied: OrderedDict[str, None] = OrderedDict()
         """Messages this companion answered (read back from the store at start: a node killed as
         its reply left never answers the same message twice)."""

@@ -17,8 +17,9 @@ A turn DONE because every slot passed unanswered is then CLOSED by a closing arr
 CLOSED, no array counts for it any more. Every sub-state is a phase: LED is LEADING once the
 array is out (a lead is withdrawn only before), CLOSED is DONE for good (the state is the phase,
 as in h11, rather than a flag beside it). A turn ends when the thread moves on (a newer message
-of the thread; a speech in progress is then withdrawn). :data:`TRANSITIONS` is the whole table
-of moves; which event is handled in which phase is
+of the thread; a speech in progress is then withdrawn), and comes back, as it was, when that
+message turns out older than it (:mod:`companion.conversation.repair`). :data:`TRANSITIONS` is
+the whole table of moves; which event is handled in which phase is
 :data:`companion.conversation.machine.HANDLERS`.
 
 :class:`Turn` also does the arithmetic of the speaking slots (when each opens, which is open at

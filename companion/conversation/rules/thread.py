@@ -149,6 +149,15 @@ class ConversationThread:
         """Whether ``message_id`` was placed in this conversation."""
         return message_id in self._known
 
+    def adopt(self, message_id: str) -> str | None:
+        """Move the conversation to ``message_id``, a message of it placed before (a stale reply
+        whose thread the others followed, see :mod:`companion.conversation.repair`); the
+        message it was at."""
+        if message_id not in self._known:
+            raise ValueError(f"{message_id} was never placed in this conversation")
+        previous, self.current = self.current, message_id
+        return previous
+
     def place(self, message_id: str, in_reply_to: str | None, *, member: bool = True) -> Placement:
         """Place one message (each id once; duplicates are the caller's to drop). ``member``:
         whether it belongs to this conversation; one that does not only notes what it answers."""

@@ -1,0 +1,149 @@
+"""The thread mended when gossip's order misled it (``companion/conversation/repair.py``): a late
+message that turns out older gives the turn it set aside back; a thread nobody answers joins the
+one the others follow. Both shapes left a conversation silent for good in the fault suite
+(``scripts/bench_faults.py --seeds 1000``, seeds 581 and 363)."""
+
+from __future__ import annotations
+
+import itertools
+
+from companion.conversation.events import (
+    Lead,
+    MessageSeen,
+    PublishStates,
+    Speak,
+    StatesSeen,
+    ThinkingSeen,
+    Withdraw,
+)
+from companion.conversation.machine import Conversation
+from companion.conversation.rules import plan_leaders
+from companion.conversation.turn import Phase
+from companion.protocol import Message
+from support.conversations import USER, A, B, C, T, array, decisions, machine, message_led_by, of, reply
+
+
+def _late_opening(leader: str) -> tuple[Message, Message, Message]:
+    """The user's opening, A's reply to it, and B's reply to A's, which addresses A and C and
+    whose leader is ``leader``."""
+    opening = Message.create(USER, [A, B, C], "Good evening, everyone!")
+    first = reply(A, [USER, B, C], opening)
+    for n in itertools.count():
+        second = reply(B, [A, C], first, turn=2)
+        second = second.model_copy(update={"params": second.params.model_copy(update={"id": f"b-{n}"})})
+        if plan_leaders(second, [A, C]).leader == leader:
+            return opening, first, second
+    raise AssertionError("unreachable")
+
+
+def test_a_late_opening_that_turns_out_older_gives_the_turn_back_and_its_array_counts() -> None:
+    """Seed 581: C saw B's reply first (its turn opened), then the user's opening, delayed: it
+    answers nothing, so the conversation moved to it and C's turn ended; A's array for B's
+    reply then came and was dropped; then A's reply, which answers the opening, showed the
+    opening was older. C sat out the slot A's array gave it, and the closing array found no
+    turn to close. Now the turn comes back with the array, and C speaks in its slot."""
+    opening, first, second = _late_opening(A)
+    m = machine(C)
+    m.receive(MessageSeen(second), 0.0)
+    assert m.turn is not None and m.turn.message_id == second.params.id
+    m.receive(MessageSeen(opening), 0.05)  # late: a person's message, a new exchange
+    assert m.turn is not None and m.turn.message_id == opening.params.id
+    m.receive(StatesSeen(array(second, C), A), 0.06)  # for the turn set aside
+    out = m.receive(MessageSeen(first), 0.1)  # answers the opening: it was older
+    [resumed] = decisions(out, "turn_resumed")
+    assert resumed.fields["message_id"] == second.params.id
+    assert m.thread.current == second.params.id
+    assert m.turn is not None and m.turn.message_id == second.params.id
+    assert [d.fields["speaker"] for d in decisions(out, "speaker_chosen")] == [C]
+    assert of(out, Speak) and phase(m) is Phase.SPEAKING
+    assert m.replies == 2  # the count at B's reply, not the opening's 0
+
+
+def test_a_lead_its_end_withdrew_starts_again_when_the_turn_comes_back() -> None:
+    opening, first, second = _late_opening(C)
+    m = machine(C)
+    out = m.receive(MessageSeen(second), 0.0)
+    assert of(out, Lead)
+    out = m.receive(MessageSeen(opening), 0.05)
+    assert [w.what for w in of(out, Withdraw)] == ["lead"]
+    out = m.receive(MessageSeen(first), 0.1)
+    assert decisions(out, "turn_resumed")
+    [lead] = of(out, Lead)
+    assert lead.message_id == second.params.id and phase(m) is Phase.LEADING
+
+
+def test_a_stale_reply_moves_nothing_while_the_thread_is_answered() -> None:
+    """A person's message crossing a reply: the reply is stale, the person's message gets its
+    array, and the reply never takes the thread, however long one waits."""
+    old = message_led_by(B, [A, B, C])
+    m = machine(A)
+    m.receive(MessageSeen(old), 0.0)
+    newer = message_led_by(B, [A, B, C], text="Wait, one more thing!")
+    m.receive(MessageSeen(newer), 1.0)
+    m.receive(MessageSeen(reply(C, [USER, A, B], old)), 1.1)  # crossed the newer message: stale
+    m.receive(StatesSeen(array(newer, C), B), 1.2)
+    for now in (10.0, 30.0, 100.0):
+        assert not decisions(m.receive(ThinkingSeen(C, newer.params.id, C), now), "thread_adopted")
+    assert m.thread.current == newer.params.id
+
+
+def _split() -> tuple[Conversation, Message, Message]:
+    """Seed 363's shape on C: C's own line answers a message the others left; nobody answers
+    C's line; B's reply in the others' thread, which addresses C, is stale here."""
+    opening = Message.create(USER, [A, B, C], "Good evening, everyone!")
+    left = reply(A, [USER, B, C], opening)  # the others left it (a late message split them)
+    m = machine(C)
+    m.receive(MessageSeen(opening), 0.0)
+    m.receive(MessageSeen(left), 1.0)
+    own = reply(C, [USER, A, B], left, turn=2)
+    m.receive(MessageSeen(own), 2.0)
+    theirs = reply(B, [USER, A, C], opening, turn=3)
+    out = m.receive(MessageSeen(theirs), 3.0)
+    assert decisions(out, "message_stale")[0].fields["placement"] == "stale"
+    return m, own, theirs
+
+
+def test_a_thread_nobody_answers_joins_the_one_the_others_follow() -> None:
+    m, own, theirs = _split()
+    m.receive(StatesSeen(array(theirs, C), A), 3.1)  # their leader's array, dropped until now
+    dead_at = 2.0 + (2 + 1) * T  # one leader slot per candidate of C's line (A, B), and one more
+    assert m.deadline() == dead_at
+    assert not decisions(m.receive(MessageSeen(Message.create("user_other", [], "noise")), dead_at - 0.1))
+    out = m.receive(ThinkingSeen("companion_z", "elsewhere", "companion_z"), dead_at)
+    [adopted] = decisions(out, "thread_adopted")
+    assert adopted.fields["left"] == own.params.id and adopted.fields["message_id"] == theirs.params.id
+    assert m.thread.current == theirs.params.id
+    assert m.turn is not None and m.turn.message_id == theirs.params.id
+    assert [d.fields["speaker"] for d in decisions(out, "speaker_chosen")] == [C]
+    assert of(out, Speak)
+
+
+def test_a_line_the_others_answer_keeps_its_thread() -> None:
+    m, own, _theirs = _split()
+    m.receive(StatesSeen(array(own, A), B), 3.2)  # an array for C's own line: the others follow it
+    assert m.deadline() is None
+    out = m.receive(ThinkingSeen(A, own.params.id, A), 60.0)
+    assert not decisions(out, "thread_adopted") and m.thread.current == own.params.id
+
+
+def phase(m: Conversation) -> Phase | None:
+    return None if m.turn is None else m.turn.phase
+
+
+def test_a_reply_to_the_person_alone_that_crossed_a_newer_message_still_closes_where_it_is_current() -> None:
+    """Seed 1203: A answered an aikyo companion's message with a line to the person alone; here
+    a newer message came first, so A's line is stale and the conversation goes on; a bystander
+    got the line first and is at it, where only its quiet closing can end the conversation."""
+    older = Message.create("companion_j", [A, B], "A plain aikyo line.")
+    newer = Message.create("companion_j", [A, B], "Another plain aikyo line.")
+    m, bystander = machine(A), machine(None)
+    for node in (m, bystander):
+        node.receive(MessageSeen(older), 0.0)
+    m.receive(MessageSeen(newer), 0.1)
+    line = reply(A, [USER], older, turn=2)
+    out = m.receive(MessageSeen(line), 0.2)
+    assert decisions(out, "message_stale") and not decisions(out, "conversation_over")
+    [closing] = of(out, PublishStates)
+    bystander.receive(MessageSeen(line), 0.2)
+    seen = bystander.receive(StatesSeen(closing.states, A), 0.3)
+    assert [d.fields["reason"] for d in decisions(seen, "conversation_over")] == ["quiet"]
