@@ -23,17 +23,22 @@ from companion.protocol import Message
 from support.conversations import USER, A, B, C, T, array, decisions, machine, message_led_by, of, reply
 
 
+def _led_by(leader: str, message: Message) -> Message:
+    """``message`` under the first id (``<id>-<n>``) whose aikyo leader is ``leader``."""
+    params = message.params
+    for n in itertools.count():
+        again = message.model_copy(update={"params": params.model_copy(update={"id": f"{params.id}-{n}"})})
+        if plan_leaders(again, [c for c in params.to if c.startswith("companion_")]).leader == leader:
+            return again
+    raise AssertionError("unreachable")
+
+
 def _late_opening(leader: str) -> tuple[Message, Message, Message]:
     """The user's opening, A's reply to it, and B's reply to A's, which addresses A and C and
     whose leader is ``leader``."""
     opening = Message.create(USER, [A, B, C], "Good evening, everyone!")
     first = reply(A, [USER, B, C], opening)
-    for n in itertools.count():
-        second = reply(B, [A, C], first, turn=2)
-        second = second.model_copy(update={"params": second.params.model_copy(update={"id": f"b-{n}"})})
-        if plan_leaders(second, [A, C]).leader == leader:
-            return opening, first, second
-    raise AssertionError("unreachable")
+    return opening, first, _led_by(leader, reply(B, [A, C], first, turn=2))
 
 
 def test_a_late_opening_that_turns_out_older_gives_the_turn_back_and_its_array_counts() -> None:
@@ -97,7 +102,7 @@ def _split() -> tuple[Conversation, Message, Message]:
     m.receive(MessageSeen(left), 1.0)
     own = reply(C, [USER, A, B], left, turn=2)
     m.receive(MessageSeen(own), 2.0)
-    theirs = reply(B, [USER, A, C], opening, turn=3)
+    theirs = _led_by(A, reply(B, [USER, A, C], opening, turn=3))
     out = m.receive(MessageSeen(theirs), 3.0)
     assert decisions(out, "message_stale")[0].fields["placement"] == "stale"
     return m, own, theirs
