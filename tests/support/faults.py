@@ -1,5 +1,6 @@
 """Seeded conversations under faults on the in-memory transport, for the fault suite
-(``tests/test_engine_faults.py``, 60 seeds) and ``scripts/bench_faults.py`` (1,000 seeds).
+(``tests/test_engine_faults.py``, 49 seeds and the regressions) and ``scripts/bench_faults.py``
+(1,000 seeds).
 
 Every seed draws the background faults of the first version of this suite (leaders and speakers
 killed mid-turn and noticed at once, later or never, failing and slow models, duplicated,
