@@ -1,4 +1,4 @@
-"""Background chatter never silences a conversation: five `companion run` processes (scripted
+"""Background chatter never silences a conversation: three `companion run` processes (scripted
 models) on 127.0.0.1, a bare libp2p peer publishing 25 unaddressed `message.send` per second for
 30 s, and a person (a node in the test) addressing one or two companions meanwhile, every 1.5 s
 or as soon as the previous question was answered (a second question to the same companion
@@ -35,7 +35,10 @@ from support.network import Network, Proc, network
 
 pytestmark = pytest.mark.integration
 
-KEYS = ("a", "b", "c", "d", "e")
+KEYS = ("a", "b", "c")
+"""Three companions: a group, and questions to one or two of them. (Five until the suite had to
+fit in 6 minutes again: every node, the test's own included, decodes every chatter message and
+its gossip duplicates, so the test cost 50 CPU seconds with five, the suite's costliest.)"""
 IDS = tuple(f"companion_{k}" for k in KEYS)
 USER = "user_test"
 CHATTER_RATE = 25
@@ -45,6 +48,9 @@ spends about 6 ms of CPU a message on each receiver, docs/figures.md); the flood
 second are test_network_hostile.py's."""
 CHATTER_SECONDS = 30
 ASK_EVERY = 1.5
+PACE = 0.5
+"""Seconds a speaker pauses before its reply, as a model takes time: the chatter lands while each
+question waits (a scripted reply at once left one or two chatter messages inside most waits)."""
 ANSWER_WITHIN = 20.0
 """Seconds a question may wait for its reply: a lost states array costs a takeover (4 s offline),
 a silent speaker a reply deadline (12 s)."""
@@ -122,8 +128,8 @@ def diagnose(children: list[_Child]) -> str:
 
 @asynccontextmanager
 async def companions(tmp_path: Path, nursery: trio.Nursery, *peers: str) -> AsyncIterator[list[_Child]]:
-    """Five ``companion run`` processes (scripted models), each dialling the ones before."""
-    options = DemoOptions(cards=[], model="scripted", pace=0.0)
+    """The ``companion run`` processes (scripted models), each dialling the ones before."""
+    options = DemoOptions(cards=[], model="scripted", pace=PACE)
     children: list[_Child] = []
     try:
         for index, key in enumerate(KEYS):
@@ -208,7 +214,7 @@ async def test_every_addressed_message_gets_one_reply_under_chatter(tmp_path: Pa
                 asked: list[Message] = []
                 waited: list[float] = []
                 during: list[int] = []  # chatter heard while each question waited for its reply
-                targets = itertools.cycle([(0,), (1, 2), (3,), (4, 0), (2,), (1,), (3, 4)])
+                targets = itertools.cycle([(0,), (1, 2), (2,), (0, 1), (1,), (2, 0)])
                 # questions for as long as the chatter is on the wire (30 s at its rate; longer
                 # when a loaded machine slows the raw peer down), not for a fixed 30 s
                 while not published.is_set():
