@@ -233,7 +233,9 @@ def test_flood_of_large_messages_at_150_per_second_with_a_starved_receiver(tmp_p
         b, _ = net.companion("b", a_addr)
         raw = attacker(net, a_addr)
         joined(a, "b", "x")
-        raw.send({"op": "flood", "topic": MESSAGES, "rate": 150, "count": 1500, "size": 20_000, "to": []})
+        # 7 s of flood: c joins about 2 s in and is starved while the rest goes by (10 s, 1,500
+        # messages, cost 25 CPU seconds of a suite that must fit in 6 minutes)
+        raw.send({"op": "flood", "topic": MESSAGES, "rate": 150, "count": 1050, "size": 20_000, "to": []})
         b.wait_for(  # 2 s in: a's message cache is full of them
             lambda e: (
                 e.get("event") == "inbound"
