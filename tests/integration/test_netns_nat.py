@@ -146,16 +146,8 @@ def test_companions_behind_nat_converse_and_dcutr_makes_cone_pairs_direct(
     def kinds(stats: Event, key: str) -> list[str]:
         return list(stats["connections"].get(ids[key], []))
 
-    a_stats = wait_stats(procs["a"], lambda s: "direct" in kinds(s, "b"), 60)
-    b_stats = wait_stats(procs["b"], lambda s: "direct" in kinds(s, "a"), 30)
-    c_stats = procs["c"].stats()
-    assert "direct" in kinds(a_stats, "b"), json.dumps(a_stats)
-    assert "direct" in kinds(b_stats, "a"), json.dumps(b_stats)
-    for stats, other in ((a_stats, "c"), (b_stats, "c"), (c_stats, "a"), (c_stats, "b")):
-        assert kinds(stats, other) and set(kinds(stats, other)) == {"relayed"}, json.dumps(stats)
-
-    # the direct connection exists a moment before DCUtR returns and logs its punch: wait for it
     def punched() -> list[Event]:
+        """a's and b's hole punches to each other (each says ok, how long, to which addresses)."""
         return [
             e
             for key in ("a", "b")
@@ -163,6 +155,16 @@ def test_companions_behind_nat_converse_and_dcutr_makes_cone_pairs_direct(
             if e.get("event") == "hole_punch" and e.get("peer") == ids["b" if key == "a" else "a"]
         ]
 
+    a_stats = wait_stats(procs["a"], lambda s: "direct" in kinds(s, "b"), 60)
+    b_stats = wait_stats(procs["b"], lambda s: "direct" in kinds(s, "a"), 30)
+    c_stats = procs["c"].stats()
+    # (it failed once in a full run, 5 punches failed in 60 s on the saturated machine: why, next time)
+    assert "direct" in kinds(a_stats, "b"), f"{json.dumps(a_stats)}\npunches: {punched()}"
+    assert "direct" in kinds(b_stats, "a"), json.dumps(b_stats)
+    for stats, other in ((a_stats, "c"), (b_stats, "c"), (c_stats, "a"), (c_stats, "b")):
+        assert kinds(stats, other) and set(kinds(stats, other)) == {"relayed"}, json.dumps(stats)
+
+    # the direct connection exists a moment before DCUtR returns and logs its punch: wait for it
     deadline = time.monotonic() + 30
     while not any(e["ok"] for e in punched()) and time.monotonic() < deadline:
         time.sleep(0.2)
