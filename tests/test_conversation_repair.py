@@ -14,6 +14,7 @@ from companion.conversation.events import (
     Speak,
     StatesSeen,
     ThinkingSeen,
+    Tick,
     Withdraw,
 )
 from companion.conversation.machine import Conversation
@@ -88,7 +89,7 @@ def test_a_stale_reply_moves_nothing_while_the_thread_is_answered() -> None:
     m.receive(MessageSeen(reply(C, [USER, A, B], old)), 1.1)  # crossed the newer message: stale
     m.receive(StatesSeen(array(newer, C), B), 1.2)
     for now in (10.0, 30.0, 100.0):
-        assert not decisions(m.receive(ThinkingSeen(C, newer.params.id, C), now), "thread_adopted")
+        assert not decisions(m.receive(Tick(), now), "thread_adopted")
     assert m.thread.current == newer.params.id
 
 
@@ -114,7 +115,7 @@ def test_a_thread_nobody_answers_joins_the_one_the_others_follow() -> None:
     dead_at = 2.0 + (2 + 1) * T  # one leader slot per candidate of C's line (A, B), and one more
     assert m.deadline() == dead_at
     assert not decisions(m.receive(MessageSeen(Message.create("user_other", [], "noise")), dead_at - 0.1))
-    out = m.receive(ThinkingSeen("companion_z", "elsewhere", "companion_z"), dead_at)
+    out = m.receive(Tick(), dead_at)
     [adopted] = decisions(out, "thread_adopted")
     assert adopted.fields["left"] == own.params.id and adopted.fields["message_id"] == theirs.params.id
     assert m.thread.current == theirs.params.id
@@ -127,7 +128,7 @@ def test_a_line_the_others_answer_keeps_its_thread() -> None:
     m, own, _theirs = _split()
     m.receive(StatesSeen(array(own, A), B), 3.2)  # an array for C's own line: the others follow it
     assert m.deadline() is None
-    out = m.receive(ThinkingSeen(A, own.params.id, A), 60.0)
+    out = m.receive(Tick(), 60.0)
     assert not decisions(out, "thread_adopted") and m.thread.current == own.params.id
 
 
@@ -152,3 +153,29 @@ def test_a_reply_to_the_person_alone_that_crossed_a_newer_message_still_closes_w
     bystander.receive(MessageSeen(line), 0.2)
     seen = bystander.receive(StatesSeen(closing.states, A), 0.3)
     assert [d.fields["reason"] for d in decisions(seen, "conversation_over")] == ["quiet"]
+
+
+def test_a_late_array_never_puts_another_speaker_before_one_that_began() -> None:
+    """Seed 2631: a takeover's array counted and its speaker said it was preparing; then an
+    earlier leader's array came (an aikyo one, matched by its addressees, another message's)
+    that put this companion first: it spoke beside the one that began. The first to begin goes
+    on; a late array that agrees on it still counts."""
+    message = message_led_by(B, [A, B, C])
+    takeover = plan_leaders(message, [A, B, C]).order[1]
+    m = machine(A)
+    m.receive(MessageSeen(message), 0.0)
+    m.receive(StatesSeen(array(message, C), takeover), T)
+    m.receive(ThinkingSeen(message.params.id, C, C), T + 0.1)
+    out = m.receive(StatesSeen(array(message, A), B), T + 0.2)
+    [kept] = decisions(out, "states_ignored")
+    assert kept.fields["began"] == C and not decisions(out, "states_switched")
+    assert not of(out, Speak) and phase(m) is Phase.AWAITING_SPEAKER
+    out = m.receive(StatesSeen(array(message, C, closing="pre-closing"), B), T + 0.3)
+    assert decisions(out, "states_switched")  # it agrees on who speaks: it counts
+
+
+def test_a_line_another_companion_is_answering_keeps_its_thread() -> None:
+    m, own, _theirs = _split()
+    m.receive(ThinkingSeen(own.params.id, A, A), 3.2)  # A prepares its answer to C's line
+    assert m.deadline() is None
+    assert not decisions(m.receive(Tick(), 60.0), "thread_adopted") and m.thread.current == own.params.id

@@ -185,6 +185,21 @@ class ArrayRules(MachineState):
                     reason="duplicate" if same else "an array from an earlier or equal leader came first",
                 )
                 return
+            if turn.began is not None and speaking_order(states).first.speaker != turn.began:
+                # Its node may never see this array (an aikyo one matches by its addressees only,
+                # and may be another message's: seed 2631 of bench_faults): this node would speak
+                # beside it. The first to begin goes on, as thinking signals decide (slots.py).
+                self._log(
+                    out,
+                    "states_ignored",
+                    "info",
+                    publisher=publisher,
+                    message_id=turn.message_id,
+                    rank=rank,
+                    began=turn.began,
+                    reason="a speaker already began under the array that counted",
+                )
+                return
             self._log(
                 out,
                 "states_switched",

@@ -152,6 +152,7 @@ class SlotRules(MachineState):
             return
         slot = turn.order.index(event.companion)
         current = turn.slot_at(now)
+        turn.began = turn.began or event.companion
         if slot < current:
             self._log(out, "thinking_late", "warning", message_id=turn.message_id, speaker=event.companion)
             return

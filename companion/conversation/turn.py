@@ -131,6 +131,9 @@ class Turn:
     ``gave_way``)."""
     closing_at: float | None = None
     """When this node publishes the closing array if nobody's counted first (``None``: never)."""
+    began: str | None = None
+    """The first other companion seen preparing its reply under the accepted array (its thinking
+    signal): a late array that would put another speaker first no longer counts."""
 
     @property
     def message_id(self) -> str:
