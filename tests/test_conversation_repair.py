@@ -5,6 +5,7 @@ one the others follow. Both shapes left a conversation silent for good in the fa
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 from companion.conversation.events import (
@@ -179,3 +180,16 @@ def test_a_line_another_companion_is_answering_keeps_its_thread() -> None:
     m.receive(ThinkingSeen(own.params.id, A, A), 3.2)  # A prepares its answer to C's line
     assert m.deadline() is None
     assert not decisions(m.receive(Tick(), 60.0), "thread_adopted") and m.thread.current == own.params.id
+
+
+def test_an_earlier_leaders_late_terminal_array_still_ends_a_turn_a_speaker_began() -> None:
+    message = message_led_by(B, [A, B, C])
+    takeover = plan_leaders(message, [A, B, C]).order[1]
+    m = machine(A)
+    m.receive(MessageSeen(message), 0.0)
+    m.receive(StatesSeen(array(message, C), takeover), T)
+    m.receive(ThinkingSeen(message.params.id, C, C), T + 0.1)
+    for states in (array(message, None, closing="terminal"), array(message, A, closing="terminal")):
+        n = copy.deepcopy(m)
+        out = n.receive(StatesSeen(states, B), T + 0.2)
+        assert decisions(out, "states_switched") and decisions(out, "conversation_over")

@@ -175,29 +175,30 @@ class ArrayRules(MachineState):
             if not same and rank >= turn.priority and ends_conversation(states):
                 self._offer_closing(turn, states, rank, publisher, now, out)
                 return
-            if same or rank >= turn.priority:
+            # A speaker began under the array that counted: a late array that puts another first
+            # is ignored, for its node may never see it (an aikyo one matches by its addressees
+            # only, and may be another message's: seed 2631 of bench_faults) and this node would
+            # speak beside it. The first to begin goes on, as thinking signals decide (slots.py);
+            # an earlier leader's array that ends the conversation still ends it.
+            first = speaking_order(states).first
+            overruled = (
+                turn.began is not None
+                and first.speaker != turn.began
+                and not (first.conversation_over or first.closing == "terminal")
+            )
+            if same or rank >= turn.priority or overruled:
                 self._log(
                     out,
                     "states_ignored",
                     "debug" if same else "info",
                     publisher=publisher,
                     message_id=turn.message_id,
-                    reason="duplicate" if same else "an array from an earlier or equal leader came first",
-                )
-                return
-            if turn.began is not None and speaking_order(states).first.speaker != turn.began:
-                # Its node may never see this array (an aikyo one matches by its addressees only,
-                # and may be another message's: seed 2631 of bench_faults): this node would speak
-                # beside it. The first to begin goes on, as thinking signals decide (slots.py).
-                self._log(
-                    out,
-                    "states_ignored",
-                    "info",
-                    publisher=publisher,
-                    message_id=turn.message_id,
-                    rank=rank,
                     began=turn.began,
-                    reason="a speaker already began under the array that counted",
+                    reason="duplicate"
+                    if same
+                    else "an array from an earlier or equal leader came first"
+                    if rank >= turn.priority
+                    else "a speaker already began under the array that counted",
                 )
                 return
             self._log(
