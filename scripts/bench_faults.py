@@ -4,8 +4,11 @@ scenarios chatter, two groups, forger, ghosts, flaky provider, aikyo-style leade
 outage), on the in-memory transport with a virtual clock.
 
 Prints, over all seeds and per scenario: double speech (messages answered twice; goal 0),
-stalls (conversations that never reached ``terminal``; goal 0), the longest failover (a failing
-speaker's yield to the next speaker starting; goal under FAILOVER seconds), the longest silence
+stalls (conversations that never reached ``terminal``; goal 0), broken promises (the seed's
+scenario did not keep its own promise, ``support.faults.check_scenario``, as the fault suite
+asks it: an aikyo-style leader past the cap, a forger obeyed, two groups talking across; goal
+0), the longest failover (a failing speaker's yield to the next speaker starting; goal under
+FAILOVER seconds), the longest silence
 between two messages of a conversation (virtual seconds; dead speakers cost a reply deadline
 each), and the terminal rate (goal 100 %); then the seeds that missed a goal (``failing_seeds``
 with ``--json``), each reproducible alone with ``--seeds 1 --first SEED``. Exit status 1 when a
@@ -29,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from companion.log import configure_logging
-from support.faults import FAILOVER, SCENARIOS, Outcome, converse_alone, describe
+from support.faults import FAILOVER, SCENARIOS, Outcome, check_scenario, converse_alone, describe
 
 
 def longest_silence(outcome: Outcome) -> float:
@@ -62,11 +65,23 @@ def run(seeds: range) -> tuple[list[dict[str, Any]], list[Outcome]]:
             "failover": max(gaps, default=0.0),
             "silence": longest_silence(outcome),
             "replies": sum(t.reply_count for t in outcome.transcripts),
+            "promise_broken": not kept_promise(outcome),
         }
         rows.append(row)
-        if row["double_speech"] or row["stalled"] or row["failover"] >= FAILOVER:
+        if row["double_speech"] or row["stalled"] or row["failover"] >= FAILOVER or row["promise_broken"]:
             failures.append(outcome)
     return rows, failures
+
+
+def kept_promise(outcome: Outcome) -> bool:
+    """Whether the seed kept its scenario's own promise (:func:`support.faults.check_scenario`,
+    as the fault suite asks it): chatter and forgers change nothing, two groups never talk
+    across, an aikyo-style leader cannot run past the cap, an outage ends visibly."""
+    try:
+        check_scenario(outcome)
+    except AssertionError:
+        return False
+    return True
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -75,6 +90,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "conversations": n,
         "double_speech": sum(r["double_speech"] for r in rows),
         "stalls": sum(r["stalled"] for r in rows),
+        "promises_broken": sum(r["promise_broken"] for r in rows),
         "longest_failover_s": round(max((r["failover"] for r in rows), default=0.0), 3),
         "longest_silence_s": round(max((r["silence"] for r in rows), default=0.0), 3),
         "terminal_rate": round(100.0 * sum(not r["stalled"] for r in rows) / n, 2) if n else math.nan,
@@ -114,7 +130,7 @@ def main() -> int:
         )
     else:
         header = (
-            f"{'scenario':<12}{'runs':>6}{'double':>8}{'stalls':>8}"
+            f"{'scenario':<12}{'runs':>6}{'double':>8}{'stalls':>8}{'promise':>9}"
             f"{'failover s':>12}{'silence s':>11}{'terminal %':>12}"
         )
         print(header)
@@ -125,16 +141,23 @@ def main() -> int:
                 continue
             print(
                 f"{name:<12}{s['conversations']:>6}{s['double_speech']:>8}{s['stalls']:>8}"
+                f"{s['promises_broken']:>9}"
                 f"{s['longest_failover_s']:>12.3f}{s['longest_silence_s']:>11.1f}{s['terminal_rate']:>12.2f}"
             )
         if failures:
             print(f"\nfailing seeds: {' '.join(str(o.seed) for o in failures)}")
         print(
-            f"\ngoals: double 0, stalls 0, failover < {FAILOVER:g} s, terminal 100 %; {wall:.0f} s wall clock"
+            f"\ngoals: double 0, stalls 0, promises broken 0, failover < {FAILOVER:g} s, terminal 100 %; "
+            f"{wall:.0f} s wall clock"
         )
     for outcome in failures[: args.show]:
         print("\nfailing seed:\n" + describe(outcome), file=sys.stderr)
-    missed = total["double_speech"] or total["stalls"] or total["longest_failover_s"] >= FAILOVER
+    missed = (
+        total["double_speech"]
+        or total["stalls"]
+        or total["promises_broken"]
+        or total["longest_failover_s"] >= FAILOVER
+    )
     return 1 if missed else 0
 
 
