@@ -8,11 +8,10 @@ stalls (conversations that never reached ``terminal``; goal 0), broken promises 
 scenario did not keep its own promise, ``support.faults.check_scenario``, as the fault suite
 asks it: an aikyo-style leader past the cap, a forger obeyed, two groups talking across; goal
 0), the longest failover (a failing speaker's yield to the next speaker starting; goal under
-FAILOVER seconds), the longest silence
-between two messages of a conversation (virtual seconds; dead speakers cost a reply deadline
-each), and the terminal rate (goal 100 %); then the seeds that missed a goal (``failing_seeds``
-with ``--json``), each reproducible alone with ``--seeds 1 --first SEED``. Exit status 1 when a
-goal is missed.
+FAILOVER seconds), the longest silence between two messages of a conversation (virtual seconds;
+dead speakers cost a reply deadline each), and the terminal rate (goal 100 %); then the seeds
+that missed a goal (``failing_seeds`` with ``--json``), each reproducible alone with ``--seeds 1
+--first SEED``. Exit status 1 when a goal is missed.
 
     python scripts/bench_faults.py [--seeds 1000] [--first 0] [--json]
 """

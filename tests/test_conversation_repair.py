@@ -156,17 +156,23 @@ def test_a_reply_to_the_person_alone_that_crossed_a_newer_message_still_closes_w
     assert [d.fields["reason"] for d in decisions(seen, "conversation_over")] == ["quiet"]
 
 
-def test_a_late_array_never_puts_another_speaker_before_one_that_began() -> None:
-    """Seed 2631: a takeover's array counted and its speaker said it was preparing; then an
-    earlier leader's array came (an aikyo one, matched by its addressees, another message's)
-    that put this companion first: it spoke beside the one that began. The first to begin goes
-    on; a late array that agrees on it still counts."""
+def _began() -> tuple[Conversation, Message]:
+    """A's node: the takeover's array counted with C to speak, and C said it is preparing."""
     message = message_led_by(B, [A, B, C])
     takeover = plan_leaders(message, [A, B, C]).order[1]
     m = machine(A)
     m.receive(MessageSeen(message), 0.0)
     m.receive(StatesSeen(array(message, C), takeover), T)
     m.receive(ThinkingSeen(message.params.id, C, C), T + 0.1)
+    return m, message
+
+
+def test_a_late_array_never_puts_another_speaker_before_one_that_began() -> None:
+    """Seed 2631: a takeover's array counted and its speaker said it was preparing; then an
+    earlier leader's array came (an aikyo one, matched by its addressees, another message's)
+    that put this companion first: it spoke beside the one that began. The first to begin goes
+    on; a late array that agrees on it still counts."""
+    m, message = _began()
     out = m.receive(StatesSeen(array(message, A), B), T + 0.2)
     [kept] = decisions(out, "states_ignored")
     assert kept.fields["began"] == C and not decisions(out, "states_switched")
@@ -183,12 +189,7 @@ def test_a_line_another_companion_is_answering_keeps_its_thread() -> None:
 
 
 def test_an_earlier_leaders_late_terminal_array_still_ends_a_turn_a_speaker_began() -> None:
-    message = message_led_by(B, [A, B, C])
-    takeover = plan_leaders(message, [A, B, C]).order[1]
-    m = machine(A)
-    m.receive(MessageSeen(message), 0.0)
-    m.receive(StatesSeen(array(message, C), takeover), T)
-    m.receive(ThinkingSeen(message.params.id, C, C), T + 0.1)
+    m, message = _began()
     for states in (array(message, None, closing="terminal"), array(message, A, closing="terminal")):
         n = copy.deepcopy(m)
         out = n.receive(StatesSeen(states, B), T + 0.2)

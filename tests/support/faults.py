@@ -509,44 +509,45 @@ async def _converse(seed: int) -> Outcome:
 
 def check_scenario(out: Outcome) -> None:
     """The promise of the seed's scenario (see the module's docstring); an ``AssertionError``
-    says which it broke. The fault suite and ``scripts/bench_faults.py`` both ask it."""
-    why = describe(out)
+    says which it broke, with the seed's trace (written only then: the bench asks every seed).
+    The fault suite and ``scripts/bench_faults.py`` both ask it."""
     if out.scenario == "chatter":
-        assert out.happened["chatter"] > 100, why
+        assert out.happened["chatter"] > 100, describe(out)
         withdrawn_by = {e.fields.get("by") for _, e in out.kinds("speech_withdrawn")}
-        assert STRANGER not in withdrawn_by, why
+        assert STRANGER not in withdrawn_by, describe(out)
     elif out.scenario == "two_groups":
         for members, transcript in zip(out.groups, out.transcripts, strict=True):
             others = {cid for group in out.groups if group is not members for cid in group}
             for line in transcript.events:
                 if line.kind == "message" and line.in_reply_to:
-                    assert line.speaker in members and not others & set(line.recipients), why
+                    assert line.speaker in members and not others & set(line.recipients), describe(out)
     elif out.scenario == "forger":
-        assert out.happened["forged_terminal"] + out.happened["forged_states"] > 0, why
-        assert not [e for _, e in out.kinds("speaker_chosen") if e.fields.get("source") == MALLORY], why
-        assert not [e for _, e in out.kinds("speaker_yielded") if e.fields.get("publisher") == MALLORY], why
+        assert out.happened["forged_terminal"] + out.happened["forged_states"] > 0, describe(out)
+        obeyed = [e for _, e in out.kinds("speaker_chosen") if e.fields.get("source") == MALLORY]
+        yielded = [e for _, e in out.kinds("speaker_yielded") if e.fields.get("publisher") == MALLORY]
+        assert not obeyed and not yielded, describe(out)
     elif out.scenario == "ghosts":
         opened = [e for _, e in out.kinds("leader_chosen") if e.fields.get("unknown_addressees") == 1000]
-        assert opened and all(len(e.fields["order"]) <= out.size for e in opened), why
+        assert opened and all(len(e.fields["order"]) <= out.size for e in opened), describe(out)
     elif out.scenario == "flaky":
         gaps = out.failover_gaps()
-        assert max(gaps, default=0.0) < FAILOVER, f"failover gaps {gaps}\n{why}"
+        assert max(gaps, default=0.0) < FAILOVER, f"failover gaps {gaps}\n{describe(out)}"
     elif out.scenario == "aikyo":
         replies = [e for t in out.transcripts for e in t.events if e.kind == "message" and e.in_reply_to]
         plain = [e for t in out.transcripts for e in t.events if e.kind == "message" and e.speaker == AIKYO]
-        assert len(replies) + len(plain) <= AIKYO_MAX_TURNS + 1, why
+        assert len(replies) + len(plain) <= AIKYO_MAX_TURNS + 1, describe(out)
         ours = [e for _, e in out.kinds("replied")]
-        assert all(e.fields["turn"] <= AIKYO_MAX_TURNS for e in ours), why
+        assert all(e.fields["turn"] <= AIKYO_MAX_TURNS for e in ours), describe(out)
     elif out.scenario == "outage":
         ended = [e for t in out.transcripts for e in t.events if e.kind == "end"]
         # a closing array ends it as ``unanswered`` (the transcript says nobody could answer);
         # a late reply that went on may still reach a normal ``terminal``
-        assert ended and ended[-1].reason in ("terminal", "unanswered"), why
+        assert ended and ended[-1].reason in ("terminal", "unanswered"), describe(out)
         for at, unanswered in out.kinds("turn_unanswered"):  # closed, unless a late reply went on
             mid = unanswered.fields["message_id"]
             closing = [e for _, e in out.kinds("states_published") if e.fields.get("message_id") == mid]
             moved_on = any(t >= at and e.fields["message_id"] != mid for t, e in out.kinds("leader_chosen"))
-            assert any(e.fields.get("stage") == "terminal" for e in closing) or moved_on, why
+            assert any(e.fields.get("stage") == "terminal" for e in closing) or moved_on, describe(out)
 
 
 def describe(outcome: Outcome) -> str:
