@@ -73,6 +73,11 @@ def server() -> Iterator[FakeLLMServer]:
         ([ToolCallPart("speak", '{"message": "Ben, whales, mo')], ("speak", "Whales, mo")),
         ([ToolCallPart("speak", '{"message": "Be')], None),
         ([TextPart("Ben, whales.")], ("speak", "Whales.")),
+        # a label with a note in brackets, as the complete line drops it (structured.spoken_text)
+        ([TextPart("Ben (smiling): Whales, mostly.")], ("speak", "Whales, mostly.")),
+        ([TextPart("**Ben** (softly): Whales.")], ("speak", "Whales.")),
+        ([TextPart("Ben (smil")], None),
+        ([TextPart("Ben (smiling)")], None),
     ],
 )
 def test_the_line_so_far_of_a_partial_answer(

@@ -41,7 +41,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-__all__ = ["FRAMES", "MAX_DIRECTION_CHARS", "own_label", "without_directions"]
+__all__ = ["FRAMES", "MAX_DIRECTION_CHARS", "MAYBE_LABEL", "SPEAKER_LABEL", "own_label", "without_directions"]
 
 MAX_DIRECTION_CHARS: Final = 60
 """The longest bracketed text taken for a direction ("(Slightly)", "*leans closer, smiling*"); a
@@ -200,6 +200,16 @@ def _own_name_called(text: str, names: Sequence[str]) -> int:
         if text[:size].casefold() == name.casefold() and text[size : size + 1] in _CALLING:
             return size + 1
     return 0
+
+
+SPEAKER_LABEL: Final = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\))?\s*:\s+")
+"""A ``Name:`` label at a line's start, bold or with a note in brackets ("Juniper (softly): "),
+as small models write one; group 1 is the name (:func:`own_label` says whether it is the
+speaker's). One pattern for the line streamed and the line complete: with two, "Juniper
+(smiling): Hello." was voiced with its label and published without it."""
+MAYBE_LABEL: Final = re.compile(r"^\s*(?:\*\*)?[A-Z][\w .'-]{0,40}(?:\*\*)?\s*(?:\([^)]*\)?)?\s*:?$")
+"""A first line that may still become a :data:`SPEAKER_LABEL` (held back until it is certain:
+the label is no part of the line, and a line shown must only grow)."""
 
 
 def own_label(label: str, names: Iterable[str]) -> bool:

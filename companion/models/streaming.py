@@ -11,7 +11,6 @@ callback; what the callback does with it (sentences, the voice) is the speaker's
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Final
@@ -22,7 +21,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models import Model, ModelRequestParameters
 from pydantic_ai.settings import ModelSettings
 
-from companion.lines.directions import own_label, without_directions
+from companion.lines.directions import MAYBE_LABEL, SPEAKER_LABEL, own_label, without_directions
 from companion.lines.fields import line_field
 from companion.lines.sentences import whole_sentences_of
 from companion.models.base import ToolSpec
@@ -50,10 +49,6 @@ far: a server streaming megabytes would cost quadratic time). A spoken line is a
 characters; the complete answer is still handled as usual."""
 _NOT_SPEECH: Final = tuple("{[<`")
 """A text answer that starts with one of these is JSON, markup or code: never read out early."""
-_LABEL: Final = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*:\s+")
-_MAYBE_LABEL: Final = re.compile(r"^\s*(?:\*\*)?[A-Z][\w .'-]{0,40}(?:\*\*)?\s*:?$")
-"""A first line that may still become ``Name:`` (held back until it is certain: the label of the
-speaker's own name is no part of the line, and a line shown must only grow)."""
 
 
 async def stream_response(
@@ -103,8 +98,8 @@ def partial_line(
     if not text or text.startswith(_NOT_SPEECH) or len(text) > MAX_PARTIAL_CHARS:
         return None
     first = text.split("\n", 1)[0]
-    label = _LABEL.match(first)
-    if label is None and _MAYBE_LABEL.match(first) and "\n" not in text:
+    label = SPEAKER_LABEL.match(first)
+    if label is None and MAYBE_LABEL.match(first) and "\n" not in text:
         return None
     if label and own_label(label.group(1), speaker_names):
         first = first[label.end() :]

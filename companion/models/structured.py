@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from companion.card.paramfit import fit_params
 from companion.conversation.rules.closing import proposal_ceiling
-from companion.lines.directions import own_label
+from companion.lines.directions import SPEAKER_LABEL, own_label
 from companion.lines.fields import MESSAGE_FIELDS
 from companion.models.base import StateDecision, StatesRequest, ToolSpec
 from companion.protocol import CLOSING_ORDER, ClosingStage
@@ -270,7 +270,6 @@ def parse_text_tool_calls(text: str, names: Iterable[str]) -> list[tuple[str, di
 
 
 _NEUTRAL = ("neutral", "calm", "normal", "none")
-_LABEL = re.compile(r"^\s*(?:\*\*)?([A-Z][\w .'-]{0,40}?)(?:\*\*)?\s*(?:\([^)]*\))?\s*:\s+")
 
 
 _LINE_LIMIT = 400
@@ -294,7 +293,7 @@ def spoken_text(text: str, speaker_names: Iterable[str] = (), prompt: str = "") 
     line = ""
     for part in text.strip().split("\n"):
         candidate = part.strip()
-        label = _LABEL.match(candidate)
+        label = SPEAKER_LABEL.match(candidate)
         if label and own_label(label.group(1), speaker_names):
             candidate = candidate[label.end() :].strip()
         if len(candidate) >= 2 and candidate[0] == candidate[-1] and candidate[0] in "\"'":
