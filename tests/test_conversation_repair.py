@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import itertools
 
+from companion.conversation.arrays import EARLY_PLAIN
 from companion.conversation.events import (
     Lead,
     MessageSeen,
@@ -194,3 +195,78 @@ def test_an_earlier_leaders_late_terminal_array_still_ends_a_turn_a_speaker_bega
         n = copy.deepcopy(m)
         out = n.receive(StatesSeen(states, B), T + 0.2)
         assert decisions(out, "states_switched") and decisions(out, "conversation_over")
+
+
+def _plain(sender: str, to: list[str], text: str = "A plain aikyo line.") -> Message:
+    """A line as aikyo's companions say it: no turn, no reply named."""
+    return Message.create(sender, to, text)
+
+
+def test_a_companion_keeps_an_aikyo_array_that_came_before_its_message() -> None:
+    """Seeds 2309 and 2799: an aikyo leader's array (untagged) reached A before the message it
+    was for; A dropped it, took over with its own array and its own order while the others
+    followed aikyo's, and two companions reached their slots at once. Kept for a leader slot
+    (as a bystander keeps them), it decides A's turn as it does the others'."""
+    message = message_led_by(B, [A, B, C])
+    m = machine(A)
+    out = m.receive(StatesSeen(array(message, C, tagged=False), B), 0.0)
+    assert [d.fields["held"] for d in decisions(out, "states_ignored")] == [True]
+    out = m.receive(MessageSeen(message), 0.1)
+    assert [(d.fields["speaker"], d.fields["source"]) for d in decisions(out, "speaker_chosen")] == [(C, B)]
+    assert not decisions(m.receive(Tick(), 0.1 + T), "takeover")
+
+
+def test_a_late_message_its_aikyo_speaker_already_answered_moves_nothing() -> None:
+    """Seed 363: the user's message reached C after A's array for it (untagged) and A's reply
+    to it (which names nothing): it looked new, C gave it a turn of its own, and the group
+    went on in two threads past the turn cap. The speaker the array put first spoke since it
+    came: that was the answer, and the message is older than its answer."""
+    opening = _led_by(A, Message.create(USER, [A, B, C], "Good evening, everyone!"))
+    answer = _plain(A, [USER, B, C])
+    m = machine(C)
+    m.receive(StatesSeen(array(opening, A, tagged=False), A), 0.0)
+    m.receive(MessageSeen(answer), 0.1)
+    out = m.receive(MessageSeen(opening), 0.2)
+    [late] = decisions(out, "message_stale")
+    assert late.fields["placement"] == "overtaken" and not decisions(out, "leader_chosen")
+    assert m.thread.current == answer.params.id
+    assert m.turn is not None and m.turn.message_id == answer.params.id
+
+
+def test_a_late_reply_its_aikyo_speaker_already_answered_gives_the_answer_its_turn_back() -> None:
+    """Seed 580: B got A's array (untagged) for C's reply, then A's answer to it (naming
+    nothing; it looked new), then the user's message late (it moved the thread), then C's
+    reply to it: C's reply looked like the thread's next message, B gave it a turn, and when
+    A, the array's speaker, stayed silent (it had spoken), B answered C's reply a second time.
+    C's reply was answered already: the thread goes on at A's answer, its turn comes back."""
+    opening = Message.create(USER, [A, B, C], "Good evening, everyone!")
+    second = _led_by(A, reply(C, [USER, A, B], opening))
+    answer = _plain(A, [USER, B, C])
+    m = machine(B)
+    m.receive(StatesSeen(array(second, A, tagged=False), A), 0.0)
+    m.receive(MessageSeen(answer), 0.1)
+    m.receive(MessageSeen(opening), 0.2)  # late: it moves the thread, A's answer set aside
+    out = m.receive(MessageSeen(second), 0.3)
+    assert [d.fields["placement"] for d in decisions(out, "message_stale")] == ["overtaken"]
+    assert [d.fields["message_id"] for d in decisions(out, "turn_resumed")] == [answer.params.id]
+    assert m.thread.current == answer.params.id
+    assert m.turn is not None and m.turn.message_id == answer.params.id
+
+
+def test_an_aikyo_array_older_than_gossips_reordering_is_no_early_one_for_a_companion() -> None:
+    """The mixed-network test stalled: aikyo's leaders publish their array for a message after
+    our ``terminal``, and kept for the next message (which it matched by its addressees) it
+    chose that message's speaker, and its speaker's line, said since, passed for the next
+    message's answer. A companion keeps an untagged array for :data:`EARLY_PLAIN` seconds, the
+    reordering of gossip; a bystander, which only reports, for a leader slot."""
+    opening = _led_by(A, Message.create(USER, [A, B, C], "Good evening, everyone!"))
+    late = EARLY_PLAIN + 0.5
+    m, bystander = machine(C), machine(None)
+    for node in (m, bystander):
+        node.receive(StatesSeen(array(opening, A, tagged=False), A), 0.0)
+    m.receive(MessageSeen(_plain(A, [USER, B, C])), 0.1)
+    out = m.receive(MessageSeen(opening), late)
+    assert not decisions(out, "message_stale") and m.thread.current == opening.params.id
+    assert not decisions(out, "speaker_chosen")
+    seen = bystander.receive(MessageSeen(opening), late)
+    assert [d.fields["speaker"] for d in decisions(seen, "speaker_chosen")] == [A]

@@ -536,6 +536,28 @@ def test_thread_jumps_to_the_newest_known_reply() -> None:
     assert placed == Placement("overtaken", "opening") and thread.current == "r3"
 
 
+def test_thread_takes_an_answer_that_names_nothing_from_the_caller() -> None:
+    """aikyo's replies name no message: the machine knows one answered a late message by the
+    arrays (``answered_by``). A late person's message stays behind; a late reply jumps to its
+    answer; an answer that is one of the message's own ancestors is no answer (it went round:
+    seed 2722's bystander stayed at an old message for good)."""
+    thread = ConversationThread()
+    thread.place("plain", None)  # an aikyo answer to "opening", which is still on the way
+    assert thread.place("opening", None, answered_by="plain") == Placement("overtaken")
+    assert thread.current == "plain"
+    jump = ConversationThread()
+    jump.place("plain", None)
+    jump.place("u1", None)  # a late person's message moves it on...
+    placed = jump.place("r1", "u1", answered_by="plain")  # ...and its reply was answered already
+    assert placed == Placement("overtaken", "u1") and jump.current == "plain"
+    chain = ConversationThread()
+    for mid, answers in (("a0", None), ("r1", "a0"), ("r2", "r1")):
+        chain.place(mid, answers)
+    assert chain.place("r3", "r2", answered_by="a0") == Placement("current", "r2")
+    assert chain.current == "r3"
+    assert chain.place("x", None, answered_by="never-seen") == Placement("current", "r3")
+
+
 def test_early_states_wait_for_their_message_only() -> None:
     early: EarlyStates[str] = EarlyStates(capacity=2)
     older = Message.create(A, [B, C], "older", id="m-old")

@@ -18,6 +18,8 @@ takeover order one leader slot later, and so on. It counts from the leader whose
 
 from __future__ import annotations
 
+from typing import Final
+
 from companion.conversation.events import (
     YIELD_SIGNAL,
     Decision,
@@ -43,7 +45,11 @@ from companion.conversation.state import MachineState
 from companion.conversation.turn import Phase, Turn
 from companion.protocol import Message, State
 
-__all__ = ["ArrayRules"]
+__all__ = ["EARLY_PLAIN", "ArrayRules"]
+
+EARLY_PLAIN: Final = 1.0
+"""Seconds a companion keeps an untagged (aikyo's) array for a message that has not come: gossip
+reorders two topics by milliseconds; an older array is more likely a late one of a message seen."""
 
 
 class ArrayRules(MachineState):
@@ -111,6 +117,34 @@ class ArrayRules(MachineState):
         self._over(out, line.params.id, self.replies, "terminal", source=publisher)
         return True
 
+    def _early_window(self) -> float:
+        """How long an untagged array waits for the message it matches. A bystander only reports
+        what it saw: a leader slot. A companion acts on it, and a late array (aikyo's leaders
+        publish theirs after our ``terminal``) taken for the next message's chose its speaker or
+        ended it unanswered (the mixed-network test stalled): :data:`EARLY_PLAIN` for gossip's
+        reordering across topics, milliseconds."""
+        return self.takeover_after if self.bystander else min(self.takeover_after, EARLY_PLAIN)
+
+    def _answered_early(self, message: Message, now: float) -> str | None:
+        """The message that already answered ``message``, by what came before it: an untagged
+        array that matches it came (:meth:`_early_window`), and the speaker it put first said a
+        line naming nothing since. aikyo's replies name no message, so ``message``, late, looked
+        newer than its answer: a person's message delivered late split the group (the nodes it
+        reached late gave it a turn of its own; both sides went on past the turn cap), a reply
+        delivered after its answer got a second one (bench_faults seeds 363 and 580)."""
+        if message.params.from_ == self.me:
+            return None
+        for item in self._early_plain:
+            states, _publisher, arrived, seen = item
+            if now - arrived > self._early_window() or not states_match(states, message, self.present):
+                continue
+            first = speaking_order(states).first.speaker
+            said = None if first is None else self._said.get(first)
+            if said is not None and self._order.get(said, -1) > seen:
+                self._early_plain.remove(item)
+                return said
+        return None
+
     def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:
         self._evidence(publisher, states_tag(states) is not None)  # our leaders tag their arrays
         turn = self.turn
@@ -124,10 +158,12 @@ class ArrayRules(MachineState):
             held = self._early.hold(states, (publisher, now))  # its message may still be on the way
             if not held and states_tag(states) is not None:
                 self._missed.append((states, publisher))  # its turn may come back (repair.py)
-            if not held and self.bystander and states_tag(states) is None:
-                # Untagged (aikyo's) arrays cannot be tied to a message not seen yet; a bystander
-                # only reports, so it keeps a few for a slot (a wrong match costs a wrong line).
-                self._early_plain.append((states, publisher, now))
+            if not held and states_tag(states) is None:
+                # Untagged (aikyo's) arrays cannot be tied to a message not seen yet: a few are
+                # kept for a slot, matched by addressees when a message comes (machine.py). A
+                # companion that dropped them took over with its own array while the others
+                # followed aikyo's, and two reached their slots at once (bench_faults 2309).
+                self._early_plain.append((states, publisher, now, self._seen))
                 held = True
             self._log(
                 out,

@@ -191,10 +191,15 @@ class Conversation(PreviewRules, RepairRules, SlotRules):
             # our companions stamp what they say; aikyo's messages carry no turn extensions
             self._evidence(params.from_, info.stamped or info.in_reply_to is not None)
         member = self.belongs(message, info)
-        placed = self.thread.place(params.id, info.in_reply_to, member=member)
+        answered_by = self._answered_early(message, now) if member else None
+        placed = self.thread.place(params.id, info.in_reply_to, member=member, answered_by=answered_by)
         if not member:
             return  # another conversation, or chatter: it changes nothing here
         latest(self._messages, params.id, message, 256)
+        self._seen += 1
+        latest(self._order, params.id, self._seen, 256)
+        if info.in_reply_to is None and params.from_.startswith(COMPANION_ID_PREFIX):
+            latest(self._said, params.from_, params.id, _VOICES)  # as aikyo's lines are
         self._early.message_seen(message)
         self._utterances.append(params.message)
         if not params.from_.startswith(COMPANION_ID_PREFIX) and params.from_ != self.me:
@@ -321,7 +326,7 @@ class Conversation(PreviewRules, RepairRules, SlotRules):
             self._offer(states, publisher, now, out)
         for item in [i for i in self._early_plain if states_match(i[0], message, self.present)]:
             self._early_plain.remove(item)
-            if not now - item[2] > self.takeover_after:  # (without a clock, inf - inf: kept)
+            if not now - item[2] > self._early_window():  # (without a clock, inf - inf: kept)
                 self._offer(item[0], item[1], now, out)
         self._replay_missed(turn, now, out)
         # --- hook (voice, issue 30): the likely speaker prepares its reply while the leader decides

@@ -25,6 +25,14 @@ silent for good in the fault suite (``scripts/bench_faults.py --seeds 1000``: se
   others follow. A thread that is alive never moves: an array for its message came.
 
 Both are logged (``turn_resumed``, ``thread_adopted``) with why.
+
+A third order is caught before it misleads the thread: an aikyo companion's answer that came
+before what it answered. aikyo's leader publishes its untagged array, then the speaker it put
+first speaks, naming nothing; a node that got both before the message they were for took that
+message, when it came, for the thread's next one (seeds 363 and 580 once the arrays were kept).
+The array shows it (:meth:`~companion.conversation.arrays.ArrayRules._answered_early`): the
+message is placed as one whose reply came first (``overtaken``), and the turn the late message's
+predecessor set aside comes back as above.
 """
 
 from __future__ import annotations

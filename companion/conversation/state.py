@@ -104,7 +104,16 @@ class MachineState:
         """The reply count when each companion of the exchange last spoke."""
         self._utterances: deque[str] = deque(maxlen=REPETITION_WINDOW)
         self._early: EarlyStates[tuple[str | None, float]] = EarlyStates()
-        self._early_plain: deque[tuple[list[State], str | None, float]] = deque(maxlen=4)
+        self._early_plain: deque[tuple[list[State], str | None, float, int]] = deque(maxlen=4)
+        """Untagged arrays whose message has not come: the array, its publisher, when it came
+        and :attr:`_seen` then."""
+        self._seen = 0
+        """Messages of the conversation seen so far: the order of what came, without a clock."""
+        self._order: OrderedDict[str, int] = OrderedDict()
+        """Recent messages: :attr:`_seen` when each came."""
+        self._said: OrderedDict[str, str] = OrderedDict()
+        """Each companion's last line that names nothing it answers (aikyo's lines); a line that
+        names what it answers is placed by that."""
         self._follows: OrderedDict[str, None] = OrderedDict()
         """Companions seen following slots: a stamped reply, a tagged array, a signal, a tool list."""
         self._aikyo_like: OrderedDict[str, None] = OrderedDict()

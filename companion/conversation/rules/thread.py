@@ -145,6 +145,17 @@ class ConversationThread:
             message_id = self._answers[message_id]
         return message_id
 
+    def _leads_to(self, start: str, target: str) -> bool:
+        """Whether the replies from ``start`` on lead to ``target``: then ``start`` is no answer
+        of ``target`` but one of what it answers (taken for one, the thread went round)."""
+        for _ in range(self._limit):
+            if start == target:
+                return True
+            if start not in self._answers:
+                return False
+            start = self._answers[start]
+        return False
+
     def knows(self, message_id: str) -> bool:
         """Whether ``message_id`` was placed in this conversation."""
         return message_id in self._known
@@ -158,9 +169,19 @@ class ConversationThread:
         previous, self.current = self.current, message_id
         return previous
 
-    def place(self, message_id: str, in_reply_to: str | None, *, member: bool = True) -> Placement:
+    def place(
+        self,
+        message_id: str,
+        in_reply_to: str | None,
+        *,
+        member: bool = True,
+        answered_by: str | None = None,
+    ) -> Placement:
         """Place one message (each id once; duplicates are the caller's to drop). ``member``:
-        whether it belongs to this conversation; one that does not only notes what it answers."""
+        whether it belongs to this conversation; one that does not only notes what it answers.
+        ``answered_by``: a message placed before that answered this one though it names nothing
+        (aikyo's replies name no message; the caller knew it otherwise): as a reply that came
+        first."""
         if not member:
             if in_reply_to is not None:
                 self._remember(self._answered_outside, in_reply_to, None)
@@ -169,6 +190,9 @@ class ConversationThread:
         self._remember(self._known, message_id, None)
         if in_reply_to is not None:
             self._remember(self._answers, in_reply_to, message_id)
+        answer = answered_by if answered_by in self._known else None
+        if answer is not None and not self._leads_to(answer, message_id):
+            self._remember(self._answers, message_id, answer)
         if message_id in self._answers and self._answers[message_id] != message_id:
             if in_reply_to is not None and in_reply_to == self.current:
                 self.current = self._head(message_id)
