@@ -65,6 +65,7 @@ def test_stored_values_are_read_and_never_written(
         assert code == 0
         [sent] = printed["would_publish"]
         assert sent["envelope"]["params"]["params"] == {"count": 42}
+    assert sorted(p.name for p in db.parent.iterdir()) == [DB_FILENAME]  # no -wal or -shm left
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT value FROM action_store").fetchall() == [("41",)]
 

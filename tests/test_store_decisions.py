@@ -42,6 +42,17 @@ def test_decisions_are_read_back_by_message_and_by_the_reply_they_produced(tmp_p
     message = read_message(path, "m-1")
     assert message is not None and message.params.message == "hello"
     assert read_message(path, "m-9") is None
+    # read beside a stopped node, nothing is left on disk (no empty -wal and -shm)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(DB_FILENAME)) == [DB_FILENAME]
+
+
+async def test_decisions_are_read_beside_a_node_that_writes(tmp_path: Path) -> None:
+    """With its write-ahead log in use, what was committed to the log is read too."""
+    with Store.in_directory(tmp_path) as store:
+        store.record_decision("m-1", "leader_chosen", {"message_id": "m-1"})
+        assert await store.flush()
+        assert (tmp_path / f"{DB_FILENAME}-wal").exists()
+        assert [d.kind for d in read_decisions(tmp_path / DB_FILENAME, message_id="m-1")] == ["leader_chosen"]
 
 
 def test_fields_beyond_the_bound_are_cut_to_their_first_keys(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from companion.log import log_event
 from companion.protocol import QUERIES, Envelope, Query, QueryResult, QueryResultBody, State, encode
 from companion.store.history import InMemoryHistory
 from companion.store.kv import KV_TABLE
+from companion.store.layout import connect_read_only
 from companion.store.sqlite import DB_FILENAME
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def _stored_copy(data_dir: Path | None, companion_id: str) -> KeyValueStore:
     path = None if data_dir is None else data_dir / companion_id / DB_FILENAME
     if path is None or not path.is_file():
         return kv
-    source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    source = connect_read_only(path)
     try:
         rows = source.execute(
             f"SELECT namespace, key, value FROM {KV_TABLE} WHERE companion = ?", (companion_id,)

@@ -59,6 +59,7 @@ __all__ = [
     "MIGRATIONS",
     "RELEASES",
     "LayoutError",
+    "connect_read_only",
     "migrate_sqlite",
     "prepare_data_dir",
     "refuse_newer",
@@ -254,13 +255,15 @@ def _recorded(data_dir: Path) -> tuple[int, str | None]:
         ) from None
 
 
-def _read_only(path: Path) -> sqlite3.Connection:
-    """A connection that changes nothing on disk: a file closed cleanly (no write-ahead log
-    beside it) is opened as immutable, since even a read-only open of a WAL file leaves its
-    ``-shm`` and ``-wal`` behind; with a log left by a process that was killed, the log is read."""
+def connect_read_only(path: str | Path) -> sqlite3.Connection:
+    """A connection that changes nothing on disk, to a store that may be in use: a file closed
+    cleanly (no write-ahead log beside it: the last connection removes it) is opened as
+    immutable, since even a read-only open of a WAL file leaves its ``-shm`` and ``-wal`` behind
+    (``companion explain`` left both beside a stopped node's store); with a log, whether a node
+    writes it now or a killed one left it, the log is read. A missing file is not created."""
+    path = Path(path).resolve()
     wal = path.with_name(path.name + "-wal")
-    clean = not wal.exists() or wal.stat().st_size == 0
-    return sqlite3.connect(f"file:{path}?mode=ro{'&immutable=1' if clean else ''}", uri=True)
+    return sqlite3.connect(f"{path.as_uri()}?mode=ro{'' if wal.exists() else '&immutable=1'}", uri=True)
 
 
 def refuse_newer(data_dir: Path, stores: Iterable[Path] = ()) -> None:
@@ -273,7 +276,7 @@ def refuse_newer(data_dir: Path, stores: Iterable[Path] = ()) -> None:
         if not path.exists():
             continue
         try:
-            db = _read_only(path)
+            db = connect_read_only(path)
             try:
                 found = int(db.execute("PRAGMA user_version").fetchone()[0])
                 release = _release_of(db, found) if found > DATA_LAYOUT else None

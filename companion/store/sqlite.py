@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from companion.log import log_event
 from companion.protocol import Message, encode
-from companion.store.layout import migrate_sqlite
+from companion.store.layout import connect_read_only, migrate_sqlite
 from companion.store.writer import SqlWriter
 
 __all__ = [
@@ -523,7 +523,7 @@ def _read_only(path: str | Path, sql: str, params: tuple[Any, ...]) -> list[Any]
     runs, in WAL mode: nothing is written, a missing file is not created); ``[]`` when the file
     or the table is not there or cannot be read."""
     try:
-        db = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        db = connect_read_only(path)
     except sqlite3.Error:
         return []
     try:
