@@ -988,8 +988,8 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                     else:
                         self._generate(reply)
                         server._out(record)
+                        record.answered = time.monotonic()
                         self._send(200, _openai_completion(reply, model, seq, server.profile, limit))
-                    record.answered = time.monotonic()
 
         def _stream(
             self, events: Iterator[tuple[dict[str, Any] | None, bool]], reply: Reply, record: Recorded
@@ -1020,6 +1020,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                             server._out(record)
                             break
                         if reply.cut_after is not None and sent >= reply.cut_after:
+                            record.answered = time.monotonic()
                             self._write_chunk(pending)
                             self.close_connection = True
                             self.connection.shutdown(socket.SHUT_RDWR)
@@ -1033,6 +1034,7 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                             self._write_chunk(pending + data[:half])
                             pending = data[half:]
                             if server.stopping.wait(wait):
+                                record.answered = time.monotonic()
                                 return
                         else:
                             pending += data
@@ -1050,9 +1052,13 @@ def _handler(server: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                         while not server.after_finish.wait(0.05):
                             if server.stopping.is_set() or time.monotonic() > deadline:
                                 break
+                # Set before the last bytes: the client has the whole answer once they are out,
+                # and may read this record at once (set after, it was read as None in a full run).
+                record.answered = time.monotonic()
                 self._write_chunk(pending)
                 self.wfile.write(b"0\r\n\r\n")
             except OSError:
+                record.answered = record.answered or time.monotonic()
                 self.close_connection = True
 
         def _generate(self, reply: Reply) -> None:
