@@ -249,7 +249,10 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     assert params_instructions == instructions
     # the parameters are described there, once: the parameters call's task is a few words
     assert 'Parameters (JSON Schema): {"type": "object"}' in instructions
-    assert "JSON Schema" not in params_text and params_text.endswith("Call the set_params tool exactly once.")
+    # (a forced tool call needs no rule for its form: the task is the few words that ask for it)
+    assert "JSON Schema" not in params_text and params_text.endswith("\n\nAssess the situation now.")
+    json_text = params_prompt(params, "set_params", as_json=True)[1]
+    assert json_text.endswith('valid against this JSON Schema: {"type": "object"}')
     assert "Parameters" not in speak_prompt(replace(req, assessed=None), tools)[0]  # none asked for
     text_instructions = speak_prompt(req, tools, text_reply=True)[0]
     assert params_prompt(params, "set_params", text_reply=True)[0] == text_instructions
