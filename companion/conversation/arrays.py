@@ -140,9 +140,9 @@ class ArrayRules(MachineState):
                 continue
             first = speaking_order(states).first.speaker
             said = None if first is None else self._said.get(first)
-            if said is not None and self._order.get(said, -1) > seen:
+            if said is not None and said[0] > seen:
                 self._early_plain.remove(item)
-                return said
+                return said[1]
         return None
 
     def _offer(self, states: list[State], publisher: str | None, now: float, out: list[Effect]) -> None:

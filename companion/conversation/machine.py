@@ -197,9 +197,8 @@ class Conversation(PreviewRules, RepairRules, SlotRules):
             return  # another conversation, or chatter: it changes nothing here
         latest(self._messages, params.id, message, 256)
         self._seen += 1
-        latest(self._order, params.id, self._seen, 256)
         if info.in_reply_to is None and params.from_.startswith(COMPANION_ID_PREFIX):
-            latest(self._said, params.from_, params.id, _VOICES)  # as aikyo's lines are
+            latest(self._said, params.from_, (self._seen, params.id), _VOICES)  # as aikyo's lines are
         self._early.message_seen(message)
         self._utterances.append(params.message)
         if not params.from_.startswith(COMPANION_ID_PREFIX) and params.from_ != self.me:

@@ -109,11 +109,9 @@ class MachineState:
         and :attr:`_seen` then."""
         self._seen = 0
         """Messages of the conversation seen so far: the order of what came, without a clock."""
-        self._order: OrderedDict[str, int] = OrderedDict()
-        """Recent messages: :attr:`_seen` when each came."""
-        self._said: OrderedDict[str, str] = OrderedDict()
-        """Each companion's last line that names nothing it answers (aikyo's lines); a line that
-        names what it answers is placed by that."""
+        self._said: OrderedDict[str, tuple[int, str]] = OrderedDict()
+        """Each companion's last line that names nothing it answers (aikyo's lines): :attr:`_seen`
+        when it came, and its id. A line that names what it answers is placed by that."""
         self._follows: OrderedDict[str, None] = OrderedDict()
         """Companions seen following slots: a stamped reply, a tagged array, a signal, a tool list."""
         self._aikyo_like: OrderedDict[str, None] = OrderedDict()
