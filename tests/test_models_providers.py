@@ -213,8 +213,8 @@ async def test_the_speakers_history_goes_as_chat_turns_in_both_calls(server: Fak
         assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
         assert messages[1]["content"] == "user_1: Ben, what did you see at sea?"
         assert messages[2]["content"] == "Whales, mostly."  # his own line, as his own turn
-        last = messages[3]["content"]
-        assert last.startswith(f"user_1: And birds?\n{AYA.id}: Tell him about the gulls.\n\n")
+        last, heard = messages[3]["content"], f"user_1: And birds?\n{AYA.id}: Tell him about the gulls."
+        assert last == heard or last.startswith(f"{heard}\n\n")  # the forced parameters call: no task
         assert "->" not in json.dumps(messages)  # no record for a small model to write on
 
 

@@ -247,10 +247,10 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     )
     params_instructions, params_text = params_prompt(params, "set_params")
     assert params_instructions == instructions
-    # the parameters are described there, once: the parameters call's task is a few words
+    # the parameters are described there, once: the parameters call needs no task
     assert 'Parameters (JSON Schema): {"type": "object"}' in instructions
-    # (a forced tool call needs no rule for its form: the task is the few words that ask for it)
-    assert "JSON Schema" not in params_text and params_text.endswith("\n\nAssess the situation now.")
+    # a forced tool call needs no task at all: the others' lines are the whole user turn
+    assert params_text == "user_1: Hello!"
     json_text = params_prompt(params, "set_params", as_json=True)[1]
     assert json_text.endswith('valid against this JSON Schema: {"type": "object"}')
     assert "Parameters" not in speak_prompt(replace(req, assessed=None), tools)[0]  # none asked for
@@ -260,11 +260,58 @@ def test_speak_prompt_names_tools_instructions_and_closing() -> None:
     assert "Action tools" not in text_instructions
     # stable first (the same instructions), then the conversation, identical in both calls, and
     # the volatile task last: what a small model continues is its own turn, never a JSON block
-    conversation = "user_1: Hello!\n\n"
+    conversation = "user_1: Hello!"
     assert prompt.startswith(conversation) and params_text.startswith(conversation)
     assert "Hello!" not in instructions and "->" not in prompt
     assert "- weather: rain" in prompt and "Context:" not in prompt and 'turn": 3' not in prompt
     assert prompt.endswith("Address: user_1, companion_a.")
+
+
+def test_the_turn_line_is_said_only_when_it_tells_something() -> None:
+    """Answering whoever spoke since the speaker's own line needs no turn line (17 of the 32
+    tokens a one-to-one turn evaluated anew before any word); other recipients, or a task with
+    nothing else in it, keep it."""
+    says = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+    tools = wire_tool_names([ToolSpec(id="speak", description="", input_schema=says)])
+    reply = Message.create(B.id, ["user_1"], "Hi.")
+    again = Message.create("user_1", [B.id], "And you, Ann?")
+    asked = Message.create(A.id, [B.id], "Bo?")
+    req = SpeakRequest(
+        B,
+        "a helper",
+        again,
+        [OPENING, reply, asked, again],
+        [ToolInstruction("speak", "Reply.")],
+        list(tools.values()),
+        ["user_1", A.id],
+    )
+    # the lines since Bo's own come from user_1 and Ann: addressing both says nothing new
+    assert speak_prompt(req, tools)[1] == f"{A.id}: Bo?\nuser_1: And you, Ann?\n\nReply."
+    # one of them only, or someone else as well: said
+    for recipients in (["user_1"], ["user_1", A.id, "user_2"]):
+        prompt = speak_prompt(replace(req, recipients=recipients), tools)[1]
+        assert prompt.endswith(f"It is your turn (Bo). Address: {', '.join(recipients)}.")
+    # Bo's own line ends what it heard: the lines before it do not count
+    late = replace(req, history=[OPENING, asked, reply, again], recipients=["user_1"])
+    assert speak_prompt(late, tools)[1] == "user_1: And you, Ann?\n\nReply."
+    # no instruction, memory or closing stage: the turn line is the task
+    bare = speak_prompt(replace(req, instructions=[]), tools)[1]
+    assert bare.endswith(f"It is your turn (Bo). Address: user_1, {A.id}.")
+    # a server that takes no tools is still asked for only its words
+    text_prompt = speak_prompt(req, tools, text_reply=True)[1]
+    assert text_prompt.endswith("Reply.\n\nWhat do you say now, Bo? Only your words.")
+
+
+def test_a_forced_parameters_call_has_no_task() -> None:
+    """The server fills the tool's schema and the instructions say what it is for: the others'
+    lines are the whole user turn. Written out as JSON, or with nothing heard, the task stays."""
+    params = ParamsRequest(me=B, role="r", schema={"type": "object"}, message=OPENING, history=[OPENING])
+    assert params_prompt(params, "set_params")[1] == "user_1: Hello!"
+    as_json = params_prompt(params, "set_params", as_json=True)[1]
+    assert as_json.startswith("user_1: Hello!\n\nAssess the situation now: fill in the parameters")
+    mine = Message.create(B.id, ["user_1"], "Hi.")
+    alone = replace(params, message=mine, history=[OPENING, mine])
+    assert params_prompt(alone, "set_params")[1] == "Assess the situation now."
 
 
 def test_a_lone_instruction_for_the_words_is_written_alone() -> None:
@@ -285,7 +332,7 @@ def test_a_lone_instruction_for_the_words_is_written_alone() -> None:
         ["user_1"],
     )
     prompt = speak_prompt(req, tools)[1]
-    assert prompt == "user_1: Hello!\n\nReply briefly.\n\nIt is your turn (Bo). Address: user_1."
+    assert prompt == "user_1: Hello!\n\nReply briefly."
     assert speak_prompt(req, tools, text_reply=True)[1].startswith("user_1: Hello!\n\nReply briefly.\n\n")
     # another action the model could call instead, or an action that says no line: named
     with_wave = wire_tool_names([speak, wave])

@@ -129,7 +129,7 @@ class SpeakRequest:
     assessed: Mapping[str, Any] | None = None
     """The card's parameters (its ``events.params`` JSON Schema) when a parameters call comes
     before this one, every turn, because a condition reads them: a provider describes them in
-    the instructions both calls share, so the parameters call's task is a few words."""
+    the instructions both calls share, so the parameters call needs a few words of task or none."""
 
 
 class CompanionModel(Protocol):

@@ -68,13 +68,18 @@ def format_history(
     history: Sequence[Message], message: Message, names: Mapping[str, str], limit: int = HISTORY_LIMIT
 ) -> str:
     """Recent messages as numbered lines, oldest first, ending with the triggering ``message``."""
-    recent = [m for m in history if m.params.id != message.params.id][-(limit - 1) :] if limit > 1 else []
     lines = []
-    for number, item in enumerate([*recent, message], start=1):
+    for number, item in enumerate(_recent(history, message, limit), start=1):
         p = item.params
         to = ", ".join(_who(t, names) for t in p.to) or "everyone"
         lines.append(f"{number}. {_who(p.from_, names)} -> {to}: {clip(p.message, _TEXT_LIMIT)}")
     return "\n".join(lines)
+
+
+def _recent(history: Sequence[Message], message: Message, limit: int) -> list[Message]:
+    """The last ``limit`` messages a prompt quotes, oldest first, ``message`` last."""
+    recent = [m for m in history if m.params.id != message.params.id][-(limit - 1) :] if limit > 1 else []
+    return [*recent, message]
 
 
 def answer_rule(tool_name: str, json_schema: Mapping[str, object] | None, *, as_json: bool = False) -> str:
@@ -205,10 +210,9 @@ def speaker_turns(
     as it was sent, its task included (:meth:`~.window.HistoryWindow.asked`): each own line then
     follows what it answered, word for word, and the prompt extends the earlier request and its
     answer, which a server's cache still holds."""
-    recent = [m for m in history if m.params.id != message.params.id][-(limit - 1) :] if limit > 1 else []
     turns: list[tuple[bool, str]] = []
     heard: list[str] = []
-    for item in [*recent, message]:
+    for item in _recent(history, message, limit):
         p = item.params
         if p.from_ != me.id:
             heard.append(f"{p.from_}: {clip(p.message, _TEXT_LIMIT)}")
@@ -228,6 +232,15 @@ def _conversation(me: Metadata, history: Sequence[Message], message: Message) ->
     return f"{heard}\n\n" if heard else ""
 
 
+def _heard_from(me: Metadata, history: Sequence[Message], message: Message) -> set[str]:
+    """Who said the others' lines that open the speaker's last user turn (its own last line
+    since the window's start ends them): the ones its answer goes back to."""
+    senders: set[str] = set()
+    for item in _recent(history, message, HISTORY_LIMIT):
+        senders = set() if item.params.from_ == me.id else senders | {item.params.from_}
+    return senders
+
+
 def params_prompt(
     request: ParamsRequest, tool_name: str, as_json: bool = False, text_reply: bool = False
 ) -> tuple[str, str]:
@@ -237,6 +250,13 @@ def params_prompt(
     follows reuses the evaluated prefix on a server that keeps only the last request's."""
     note = speaking_note(wire_tool_names(request.tools), text_reply)
     instructions = speaker_instructions(request.me, request.role, note, request.schema)
+    heard = speaker_turns(request.me, request.history, request.message)[1]
+    if heard and not as_json:
+        # A forced call needs no task: the instructions say what the parameters are and that
+        # they are filled before the speaker speaks, and the server fills the tool's schema. The
+        # task was evaluated anew every turn, after the new lines and before any word is heard
+        # (8 of the 34 tokens SmolLM2-135M's parameters request evaluated a turn, measured).
+        return instructions, heard
     task = "Assess the situation now."
     if as_json:
         # Nothing forces the form: the task says it. A forced tool call (the request names the
@@ -247,15 +267,16 @@ def params_prompt(
             "Assess the situation now: fill in the parameters from the conversation and your "
             "character. " + answer_rule(tool_name, request.schema)
         )
-    return instructions, _conversation(request.me, request.history, request.message) + task
+    return instructions, f"{heard}\n\n{task}" if heard else task
 
 
 def speak_prompt(
     request: SpeakRequest, wire_names: Mapping[str, ToolSpec], text_reply: bool = False
 ) -> tuple[str, str]:
     """The speaker's turn: the conversation, then what is remembered, trigger instructions,
-    closing stage and recipients, and last the question to answer (how its words reach the
-    others is in the instructions: :func:`speaking_note`).
+    closing stage, and last the turn line with the recipients when it tells something
+    (:func:`_heard_from`) and the question to answer (how its words reach the others is in the
+    instructions: :func:`speaking_note`).
 
     ``text_reply`` is for servers that take no tools: the answer's text is the line said.
 
@@ -281,10 +302,17 @@ def speak_prompt(
     }.get(request.closing)
     if closing:
         lines.append(closing)
-    recipients = ", ".join(request.recipients) or "everyone"
-    lines += ["", f"It is your turn ({request.me.name}). Address: {recipients}."]
+    last: list[str] = []
+    if not lines or set(request.recipients) != _heard_from(request.me, request.history, request.message):
+        # Said only when it tells something: the answer goes back to whoever spoke since the
+        # speaker's own line, and who the speaker is the instructions say. The line was 17 of the
+        # 32 prompt tokens a one-to-one turn evaluated anew before any word (SmolLM2-135M).
+        recipients = ", ".join(request.recipients) or "everyone"
+        last.append(f"It is your turn ({request.me.name}). Address: {recipients}.")
     if text_reply:
-        lines.append(f"What do you say now, {request.me.name}? Only your words.")
+        last.append(f"What do you say now, {request.me.name}? Only your words.")
+    if last:
+        lines += ["", *last]
     prompt = _conversation(request.me, request.history, request.message) + "\n".join(lines)
     note = speaking_note(wire_names, text_reply)
     return speaker_instructions(request.me, request.role, note, request.assessed), prompt

@@ -585,7 +585,8 @@ _SCHEMA_IN_TEXT = re.compile(r"JSON Schema\)?:\s*")
 class CooperativeModel:
     """A model that answers what each request asks, from what the request shows: the output
     tool's schema, the ``response_format`` schema, or the schema written in the instructions;
-    and for speaking, a line to the recipients the prompt names. It rotates the speaker, one per
+    and for speaking, a line to the recipients the prompt names (without a turn line naming them,
+    to the senders of the lines the task follows). It rotates the speaker, one per
     states call, so a group conversation moves on. It calls tools when the request has tools and
     writes JSON or its line as text when it has none; the server profile decides what of that
     reaches the client."""
@@ -606,7 +607,10 @@ class CooperativeModel:
             args = self._states(schema) if _is_states(schema) else plain_value(schema)
             return tool_call(name, args) if name in tools else text(json.dumps(args))
         address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
-        to = [a.strip() for a in address.group(1).split(",")] if address else []
+        if address:
+            to = [a.strip() for a in address.group(1).split(",")]
+        else:  # no turn line: back to whoever spoke in the lines the task follows, as a model would
+            to = list(dict.fromkeys(re.findall(r"^([\w.-]+): ", user.split("\n\n")[0], re.MULTILINE)))
         self.lines += 1
         line = f"Reply number {self.lines}."
         if "speak" in tools:
