@@ -54,6 +54,7 @@ __all__ = [
     "Recorded",
     "Reply",
     "ServerProfile",
+    "addressees",
     "free_port",
     "hang",
     "http_error",
@@ -606,11 +607,7 @@ class CooperativeModel:
             name, schema = wanted
             args = self._states(schema) if _is_states(schema) else plain_value(schema)
             return tool_call(name, args) if name in tools else text(json.dumps(args))
-        address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
-        if address:
-            to = [a.strip() for a in address.group(1).split(",")]
-        else:  # no turn line: back to whoever spoke in the lines the task follows, as a model would
-            to = list(dict.fromkeys(re.findall(r"^([\w.-]+): ", user.split("\n\n")[0], re.MULTILINE)))
+        to = addressees(user)
         self.lines += 1
         line = f"Reply number {self.lines}."
         if "speak" in tools:
@@ -640,6 +637,15 @@ class CooperativeModel:
         speaker = self.turn % count
         self.turn += 1
         return {"speak": [7 if index == speaker else 0 for index in range(count)]}
+
+
+def addressees(user: str) -> list[str]:
+    """Whom a model answering the speaker's last user turn ``user`` addresses: the recipients its
+    turn line names, or without one whoever spoke in the lines the task follows (``id: line``)."""
+    address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
+    if address:
+        return [a.strip() for a in address.group(1).split(",")]
+    return list(dict.fromkeys(re.findall(r"^([\w.-]+): ", user.split("\n\n")[0], re.MULTILINE)))
 
 
 def _is_states(schema: Mapping[str, Any]) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -14,7 +13,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from support.cards import speaking_card, write_card
-from support.fake_llm_server import CooperativeModel, FakeLLMServer, Reply, tool_call
+from support.fake_llm_server import CooperativeModel, FakeLLMServer, Reply, addressees, tool_call
 from support.live import bridge_url, start_run
 from support.live_bridge import blocking, message_frame
 from support.network import Network, Proc, network
@@ -60,8 +59,7 @@ class VoiceModel(CooperativeModel):
         self.speaks += 1
         users = [str(m.get("content")) for m in body["messages"] if m.get("role") == "user"]
         user = users[-1] if users else ""  # the last user turn: the task
-        address = re.search(r"Address: (.*?)\.(?:\n|$)", user)
-        to = [a.strip() for a in address.group(1).split(",")] if address else []
+        to = addressees(user)
         line = self.say(self.speaks) if self.say else LINES[(self.speaks - 1) % len(LINES)]
         reply = tool_call("speak_with_voice", {"message": line, "to": to, "emotion": "happy"})
         if self.speaks in self.cut:
