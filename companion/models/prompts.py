@@ -210,35 +210,38 @@ def speaker_turns(
     as it was sent, its task included (:meth:`~.window.HistoryWindow.asked`): each own line then
     follows what it answered, word for word, and the prompt extends the earlier request and its
     answer, which a server's cache still holds."""
+    turns, heard = _split(me, history, message, limit, asked or {})
+    return turns, _heard_text(heard)
+
+
+def _split(
+    me: Metadata, history: Sequence[Message], message: Message, limit: int, asked: Mapping[str, str]
+) -> tuple[Turns, list[Message]]:
+    """:func:`speaker_turns`, with the others' lines since the speaker's own still as messages."""
     turns: list[tuple[bool, str]] = []
-    heard: list[str] = []
+    heard: list[Message] = []
     for item in _recent(history, message, limit):
-        p = item.params
-        if p.from_ != me.id:
-            heard.append(f"{p.from_}: {clip(p.message, _TEXT_LIMIT)}")
+        if item.params.from_ != me.id:
+            heard.append(item)
             continue
         if heard:
-            text = "\n".join(heard)
-            turns.append((False, (asked or {}).get(text, text)))
+            text = _heard_text(heard)
+            turns.append((False, asked.get(text, text)))
             heard = []
         if turns:
-            turns.append((True, clip(p.message, _TEXT_LIMIT)))
-    return tuple(turns), "\n".join(heard)
+            turns.append((True, clip(item.params.message, _TEXT_LIMIT)))
+    return tuple(turns), heard
 
 
-def _conversation(me: Metadata, history: Sequence[Message], message: Message) -> str:
-    """The start of both of a speaker's last user turns: the others' lines since its own."""
-    heard = speaker_turns(me, history, message)[1]
-    return f"{heard}\n\n" if heard else ""
+def _heard_text(heard: Sequence[Message]) -> str:
+    """Others' lines as the speaker's user turn quotes them: ``id: line``, one a line."""
+    return "\n".join(f"{m.params.from_}: {clip(m.params.message, _TEXT_LIMIT)}" for m in heard)
 
 
-def _heard_from(me: Metadata, history: Sequence[Message], message: Message) -> set[str]:
-    """Who said the others' lines that open the speaker's last user turn (its own last line
-    since the window's start ends them): the ones its answer goes back to."""
-    senders: set[str] = set()
-    for item in _recent(history, message, HISTORY_LIMIT):
-        senders = set() if item.params.from_ == me.id else senders | {item.params.from_}
-    return senders
+def _heard(me: Metadata, history: Sequence[Message], message: Message) -> list[Message]:
+    """The others' lines since the speaker's own last one (in the window): they open both of its
+    last user turns, and its answer goes back to whoever said them."""
+    return _split(me, history, message, HISTORY_LIMIT, {})[1]
 
 
 def params_prompt(
@@ -250,7 +253,7 @@ def params_prompt(
     follows reuses the evaluated prefix on a server that keeps only the last request's."""
     note = speaking_note(wire_tool_names(request.tools), text_reply)
     instructions = speaker_instructions(request.me, request.role, note, request.schema)
-    heard = speaker_turns(request.me, request.history, request.message)[1]
+    heard = _heard_text(_heard(request.me, request.history, request.message))
     if heard and not as_json:
         # A forced call needs no task: the instructions say what the parameters are and that
         # they are filled before the speaker speaks, and the server fills the tool's schema. The
@@ -274,9 +277,9 @@ def speak_prompt(
     request: SpeakRequest, wire_names: Mapping[str, ToolSpec], text_reply: bool = False
 ) -> tuple[str, str]:
     """The speaker's turn: the conversation, then what is remembered, trigger instructions,
-    closing stage, and last the turn line with the recipients when it tells something
-    (:func:`_heard_from`) and the question to answer (how its words reach the others is in the
-    instructions: :func:`speaking_note`).
+    closing stage, and last the turn line with the recipients when it tells something (they
+    are not just whoever spoke since the speaker's own line: :func:`_heard`) and the question
+    to answer (how its words reach the others is in the instructions: :func:`speaking_note`).
 
     ``text_reply`` is for servers that take no tools: the answer's text is the line said.
 
@@ -302,8 +305,9 @@ def speak_prompt(
     }.get(request.closing)
     if closing:
         lines.append(closing)
+    heard = _heard(request.me, request.history, request.message)
     last: list[str] = []
-    if not lines or set(request.recipients) != _heard_from(request.me, request.history, request.message):
+    if not lines or set(request.recipients) != {m.params.from_ for m in heard}:
         # Said only when it tells something: the answer goes back to whoever spoke since the
         # speaker's own line, and who the speaker is the instructions say. The line was 17 of the
         # 32 prompt tokens a one-to-one turn evaluated anew before any word (SmolLM2-135M).
@@ -313,7 +317,7 @@ def speak_prompt(
         last.append(f"What do you say now, {request.me.name}? Only your words.")
     if last:
         lines += ["", *last]
-    prompt = _conversation(request.me, request.history, request.message) + "\n".join(lines)
+    prompt = (f"{_heard_text(heard)}\n\n" if heard else "") + "\n".join(lines)
     note = speaking_note(wire_names, text_reply)
     return speaker_instructions(request.me, request.role, note, request.assessed), prompt
 
