@@ -22,8 +22,9 @@ ignores them); the keys are the ``META_*`` constants:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Final, Literal, TypeAlias
 
 from companion.conversation.rules.closing import closing_stage
@@ -138,23 +139,24 @@ class ConversationThread:
             while len(table) > self._limit:
                 table.popitem(last=False)
 
-    def _head(self, message_id: str) -> str:
+    def _replies_from(self, message_id: str) -> Iterator[str]:
+        """``message_id``, then the reply that answered it, and so on, :attr:`_limit` steps at
+        most (a reply taken for another's answer can close a cycle)."""
+        yield message_id
         for _ in range(self._limit):
             if message_id not in self._answers:
-                break
+                return
             message_id = self._answers[message_id]
-        return message_id
+            yield message_id
+
+    def _head(self, message_id: str) -> str:
+        *_, head = self._replies_from(message_id)
+        return head
 
     def _leads_to(self, start: str, target: str) -> bool:
         """Whether the replies from ``start`` on lead to ``target``: then ``start`` is no answer
         of ``target`` but one of what it answers (taken for one, the thread went round)."""
-        for _ in range(self._limit):
-            if start == target:
-                return True
-            if start not in self._answers:
-                return False
-            start = self._answers[start]
-        return False
+        return target in islice(self._replies_from(start), self._limit)
 
     def knows(self, message_id: str) -> bool:
         """Whether ``message_id`` was placed in this conversation."""
